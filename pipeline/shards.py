@@ -1,0 +1,251 @@
+"""The shard contract between `pipeline/` (writer) and `trainer/` (reader). Defined here only.
+
+A packed folder holds `manifest.json` and `shard-00000.arrow`, `shard-00001.arrow`, ... in Arrow IPC
+*file* format (memory-mappable), one packed row per record and no padding stored:
+
+- `input_ids`    list<int32>  token ids of the row, length <= max_len
+- `labels`       list<int32>  the token id where loss is taken, -100 elsewhere; the first token of
+                              every example is always -100, so no token is trained to predict across
+                              a boundary (labels are *unshifted*, as in Hugging Face: the model
+                              predicts labels[t] from tokens[:t])
+- `position_ids` list<int32>  0..n-1, restarting at every example
+- `seq_lens`     list<int32>  the lengths of the examples in the row, in order; sums to len(input_ids)
+- `example_ids`  list<int64>  input-order index of each example (a split example repeats its id)
+
+The manifest records configuration, tokenizer and input fingerprints, counts and one entry per shard
+with its sha256, so a folder can be proven intact (`pack-verify`) before training on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.errors import ShardFormatError
+
+FORMAT_NAME = "packlm-shards"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SHARD_GLOB = "shard-*.arrow"
+IGNORE_INDEX = -100
+
+SCHEMA = pa.schema(
+    [
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("labels", pa.list_(pa.int32()), nullable=False),
+        pa.field("position_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("seq_lens", pa.list_(pa.int32()), nullable=False),
+        pa.field("example_ids", pa.list_(pa.int64()), nullable=False),
+    ]
+)
+TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
+EXAMPLE_COLUMNS = ("seq_lens", "example_ids")
+
+
+def shard_name(index: int) -> str:
+    """File name of shard number `index`."""
+    return f"shard-{index:05d}.arrow"
+
+
+# --------------------------------------------------------------------------------------- manifest
+
+
+@dataclass
+class ShardInfo:
+    """One shard file as recorded in the manifest."""
+
+    file: str
+    rows: int
+    tokens: int
+    sha256: str
+
+
+@dataclass
+class Counts:
+    """What happened to the input examples."""
+
+    examples_read: int = 0
+    examples_packed: int = 0
+    empty_skipped: int = 0
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
+
+
+@dataclass
+class Manifest:
+    """Everything known about a packed folder; serialised as `manifest.json`."""
+
+    max_len: int
+    strategy: str
+    seed: int
+    rows: int
+    total_tokens: int
+    loss_tokens: int
+    efficiency: float
+    counts: Counts
+    shards: list[ShardInfo]
+    tokenizer: dict[str, Any] = field(default_factory=dict)  # name, fingerprint, bos/eos/pad ids, vocab_size
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # path, bytes, sha256
+    config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_NAME) -> Manifest:
+        """Build from parsed JSON, raising ShardFormatError naming the first missing/bad field."""
+        if not isinstance(data, dict):
+            raise ShardFormatError(f"{where}: expected a JSON object")
+        if data.get("format") != FORMAT_NAME:
+            raise ShardFormatError(
+                f"{where}: format is {data.get('format')!r}, expected {FORMAT_NAME!r}: "
+                "not a folder written by pack-data"
+            )
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ShardFormatError(
+                f"{where}: format_version {data.get('format_version')!r} is not supported "
+                f"(this version reads {FORMAT_VERSION}): re-run pack-data"
+            )
+        ints = ("max_len", "seed", "rows", "total_tokens", "loss_tokens")
+        for key in (*ints, "strategy", "efficiency", "counts", "shards"):
+            if key not in data:
+                raise ShardFormatError(f"{where}: missing field {key!r}")
+        for key in ints:
+            if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 0:
+                raise ShardFormatError(f"{where}: field {key!r} must be a non-negative integer")
+        try:
+            counts = Counts(**data["counts"])
+            shards = [ShardInfo(**s) for s in data["shards"]]
+        except TypeError as exc:
+            raise ShardFormatError(f"{where}: malformed counts or shards entry ({exc})") from None
+        fields = {k: v for k, v in data.items() if k not in ("counts", "shards")}
+        try:
+            return cls(counts=counts, shards=shards, **fields)
+        except TypeError as exc:
+            raise ShardFormatError(f"{where}: unexpected field ({exc})") from None
+
+
+def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
+    """Load and validate `folder/manifest.json`."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: no manifest: is {folder} a folder written by pack-data?")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShardFormatError(f"{path}: not valid JSON ({exc})") from None
+    return Manifest.from_dict(data, where=str(path))
+
+
+def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Write `folder/manifest.json` (the caller makes the folder visible atomically)."""
+    (Path(folder) / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ shard files
+
+
+def rows_table(
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    position_ids: np.ndarray,
+    row_offsets: np.ndarray,
+    seq_lens: np.ndarray,
+    example_ids: np.ndarray,
+    example_offsets: np.ndarray,
+) -> pa.Table:
+    """Build a table in SCHEMA from flat arrays and offsets, without copying per row.
+
+    Token columns share `row_offsets` (n_rows + 1 entries into the flat token arrays); example
+    columns share `example_offsets` (n_rows + 1 entries into the flat per-example arrays).
+    """
+    row_off = pa.array(np.asarray(row_offsets, dtype=np.int32))
+    ex_off = pa.array(np.asarray(example_offsets, dtype=np.int32))
+
+    def lists(offsets: pa.Array, values: np.ndarray, dtype: np.dtype) -> pa.ListArray:
+        return pa.ListArray.from_arrays(offsets, pa.array(np.asarray(values, dtype=dtype)))
+
+    columns = [
+        lists(row_off, input_ids, np.int32),
+        lists(row_off, labels, np.int32),
+        lists(row_off, position_ids, np.int32),
+        lists(ex_off, seq_lens, np.int32),
+        lists(ex_off, example_ids, np.int64),
+    ]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def write_shard(path: str | os.PathLike[str], table: pa.Table) -> None:
+    """Write one shard in Arrow IPC file format (uncompressed, so it memory-maps)."""
+    if table.schema != SCHEMA:
+        raise ValueError(f"shard schema mismatch:\n{table.schema}\nexpected:\n{SCHEMA}")
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+        writer.write_table(table)
+
+
+def open_shard(path: str | os.PathLike[str]) -> pa.Table:
+    """Open a shard memory-mapped (zero-copy); raise ShardFormatError if it is not one."""
+    try:
+        source = pa.memory_map(str(path), "r")
+        table = pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({exc})") from None
+    if table.schema != SCHEMA:
+        raise ShardFormatError(f"{path}: schema is\n{table.schema}\nexpected\n{SCHEMA}")
+    return table
+
+
+def shard_paths(folder: str | os.PathLike[str], manifest: Manifest | None = None) -> list[Path]:
+    """Shard files of a packed folder, in manifest order."""
+    manifest = manifest or read_manifest(folder)
+    return [Path(folder) / s.file for s in manifest.shards]
+
+
+@dataclass
+class FlatColumn:
+    """A list column as flat numpy values plus offsets (n_rows + 1), zero-copy where possible."""
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def row(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+
+def flat_column(table: pa.Table, name: str) -> FlatColumn:
+    """Flatten one list column of a shard table into values + offsets."""
+    chunked = table.column(name)
+    arr = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+    offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)
+    # `values` is the child array from its own start; list offsets may not start at 0 after slicing.
+    return FlatColumn(values=values, offsets=offsets)
+
+
+def iter_rows(folder: str | os.PathLike[str]) -> Iterator[dict[str, np.ndarray]]:
+    """Every row of a packed folder as numpy arrays (convenience for tests and small tools)."""
+    for path in shard_paths(folder):
+        table = open_shard(path)
+        cols = {name: flat_column(table, name) for name in SCHEMA.names}
+        for i in range(table.num_rows):
+            yield {name: col.row(i) for name, col in cols.items()}

@@ -1,0 +1,1 @@
+"""Minimal trainer that streams packed shards into a causal LM with varlen attention."""
