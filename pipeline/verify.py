@@ -1,0 +1,372 @@
+"""Fast integrity checks of a packed folder (`verify_folder`) and the `pack-verify` command.
+
+Every check is vectorised over a shard's flat columns (numpy), so verifying costs about one pass
+over the tokens; the only Python loops are per shard. The first defect found raises
+`ShardFormatError` with one line naming the file, row and example index within the row.
+
+What is checked:
+
+- manifest: JSON, format name/version, required fields (`read_manifest`); efficiency consistent
+  with rows/tokens/max_len; counts not contradictory;
+- files: every listed shard present, sha256 as recorded (unless `check_hashes=False`), no stray
+  `shard-*.arrow` file that the manifest does not list; Arrow IPC file with exactly `SCHEMA`;
+- per row: input_ids, labels and position_ids of equal length; seq_lens and example_ids of equal
+  length; seq_lens >= 1 and summing to the row length; row length in 1..max_len; position_ids
+  0..n-1 within each example; the label at each example start is -100 and every other label is
+  -100 or equal to the input id at the same position (labels are unshifted); no negative token id;
+- totals: rows/tokens per shard as in its manifest entry; total rows, tokens and loss tokens
+  (labels != -100) as in the manifest; distinct example ids == counts.examples_packed; ids in
+  0..counts.examples_read-1.
+
+Split examples: a split example repeats its id, and the pieces need not be adjacent (the planner
+may put them in different rows or shards). What can be checked is the number of *ids that repeat*:
+it may not exceed counts.split (one per split example). Which pieces belong together, and their
+order, is not recorded, so it is not checked.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from pipeline.errors import ShardFormatError, UserError, cli_errors
+from pipeline.shards import (
+    IGNORE_INDEX,
+    SHARD_GLOB,
+    FlatColumn,
+    Manifest,
+    file_sha256,
+    flat_column,
+    open_shard,
+    read_manifest,
+    shard_paths,
+)
+
+
+@dataclass
+class _Flat:
+    """One shard's columns as 0-based flat arrays plus offsets (int64)."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    row_off: np.ndarray
+    seq_lens: np.ndarray
+    example_ids: np.ndarray
+    ex_off: np.ndarray
+
+
+def _norm(col: FlatColumn) -> tuple[np.ndarray, np.ndarray]:
+    """Values covered by the offsets, with offsets rebased to start at 0."""
+    off = col.offsets
+    start = int(off[0]) if len(off) else 0
+    end = int(off[-1]) if len(off) else 0
+    return col.values[start:end], off - start
+
+
+def _first(mask: np.ndarray) -> int:
+    """Index of the first True in `mask` (caller knows there is one)."""
+    return int(np.argmax(mask))
+
+
+class _Locator:
+    """Turns flat indices into 'file row R example E (id X)' text."""
+
+    def __init__(self, name: str, flat: _Flat) -> None:
+        self.name, self.flat = name, flat
+
+    def row(self, r: int) -> str:
+        return f"{self.name} row {r}"
+
+    def example(self, k: int) -> str:
+        """Location of flat example index k."""
+        r = int(np.searchsorted(self.flat.ex_off, k, side="right") - 1)
+        e = k - int(self.flat.ex_off[r])
+        return f"{self.name} row {r} example {e} (id {int(self.flat.example_ids[k])})"
+
+    def token(self, t: int, example_starts: np.ndarray) -> str:
+        """Location of flat token index t, given the flat token start of every example."""
+        k = int(np.searchsorted(example_starts, t, side="right") - 1)
+        pos = t - int(example_starts[k])
+        return f"{self.example(k)} token {pos}"
+
+
+def _load(path: Path) -> _Flat:
+    table = open_shard(path)
+    names = ("input_ids", "labels", "position_ids", "seq_lens", "example_ids")
+    cols = {n: _norm(flat_column(table, n)) for n in names}
+    name = path.name
+    row_off = cols["input_ids"][1]
+    for other in ("labels", "position_ids"):
+        off = cols[other][1]
+        if not np.array_equal(off, row_off):
+            r = _first(np.diff(off) != np.diff(row_off))
+            raise ShardFormatError(
+                f"{name} row {r}: {other} has {int(np.diff(off)[r])} entries but input_ids has "
+                f"{int(np.diff(row_off)[r])}"
+            )
+    ex_off = cols["seq_lens"][1]
+    if not np.array_equal(cols["example_ids"][1], ex_off):
+        d1, d2 = np.diff(cols["example_ids"][1]), np.diff(ex_off)
+        r = _first(d1 != d2)
+        raise ShardFormatError(
+            f"{name} row {r}: example_ids has {int(d1[r])} entries but seq_lens has {int(d2[r])}"
+        )
+    return _Flat(
+        input_ids=cols["input_ids"][0],
+        labels=cols["labels"][0],
+        position_ids=cols["position_ids"][0],
+        row_off=row_off,
+        seq_lens=cols["seq_lens"][0].astype(np.int64, copy=False),
+        example_ids=cols["example_ids"][0],
+        ex_off=ex_off,
+    )
+
+
+def check_shard(path: Path, max_len: int) -> _Flat:
+    """Structural checks of one shard file; returns its flat columns for the global checks."""
+    flat = _load(path)
+    loc = _Locator(path.name, flat)
+    row_len = np.diff(flat.row_off)
+    n_ex = np.diff(flat.ex_off)
+    if len(row_len) and (bad := (row_len < 1) | (n_ex < 1)).any():
+        r = _first(bad)
+        raise ShardFormatError(f"{loc.row(r)}: empty row ({int(row_len[r])} tokens, "
+                               f"{int(n_ex[r])} examples)")
+    if (bad := row_len > max_len).any():
+        r = _first(bad)
+        raise ShardFormatError(
+            f"{loc.row(r)}: row too long: {int(row_len[r])} tokens > max_len {max_len}"
+        )
+    seq = flat.seq_lens
+    if (bad := seq < 1).any():
+        k = _first(bad)
+        raise ShardFormatError(f"{loc.example(k)}: seq_lens entry is {int(seq[k])}, must be >= 1")
+    # Sum of seq_lens per row, vectorised through a cumulative sum over the flat example lengths.
+    cum = np.concatenate(([0], np.cumsum(seq)))
+    row_sums = cum[flat.ex_off[1:]] - cum[flat.ex_off[:-1]]
+    if (bad := row_sums != row_len).any():
+        r = _first(bad)
+        raise ShardFormatError(
+            f"{loc.row(r)}: seq_lens sum to {int(row_sums[r])} but the row has "
+            f"{int(row_len[r])} tokens"
+        )
+    # From here the example boundaries tile the flat token arrays exactly.
+    starts = cum[:-1]
+    n_tok = int(cum[-1])
+    if (bad := flat.input_ids < 0).any():
+        t = _first(bad)
+        raise ShardFormatError(
+            f"{loc.token(t, starts)}: negative token id {int(flat.input_ids[t])}"
+        )
+    expected = np.arange(n_tok, dtype=np.int64) - np.repeat(starts, seq)
+    if (bad := flat.position_ids != expected).any():
+        t = _first(bad)
+        raise ShardFormatError(
+            f"{loc.token(t, starts)}: position_ids do not restart/count up per example "
+            f"(got {int(flat.position_ids[t])}, expected {int(expected[t])})"
+        )
+    labels = flat.labels
+    if len(starts) and (bad := labels[starts] != IGNORE_INDEX).any():
+        k = _first(bad)
+        raise ShardFormatError(
+            f"{loc.example(k)} token 0: label at an example start is {int(labels[starts[k]])}, "
+            f"must be {IGNORE_INDEX} (no prediction across example boundaries)"
+        )
+    if (bad := (labels != IGNORE_INDEX) & (labels != flat.input_ids)).any():
+        t = _first(bad)
+        raise ShardFormatError(
+            f"{loc.token(t, starts)}: label {int(labels[t])} is neither {IGNORE_INDEX} nor the "
+            f"input id {int(flat.input_ids[t])} (labels must be unshifted copies of input_ids)"
+        )
+    return flat
+
+
+def _check_manifest_self(manifest: Manifest, where: str) -> None:
+    c = manifest.counts
+    if manifest.max_len < 1:
+        raise ShardFormatError(f"{where}: max_len is {manifest.max_len}, must be >= 1")
+    for key, value in vars(c).items():
+        if not isinstance(value, int) or value < 0:
+            raise ShardFormatError(f"{where}: counts.{key} is {value!r}, must be an integer >= 0")
+    if c.examples_packed > c.examples_read:
+        raise ShardFormatError(
+            f"{where}: counts.examples_packed {c.examples_packed} > counts.examples_read "
+            f"{c.examples_read}"
+        )
+    if manifest.loss_tokens > manifest.total_tokens:
+        raise ShardFormatError(
+            f"{where}: loss_tokens {manifest.loss_tokens} > total_tokens {manifest.total_tokens}"
+        )
+    expected = manifest.total_tokens / (manifest.rows * manifest.max_len) if manifest.rows else 0.0
+    if not isinstance(manifest.efficiency, (int, float)) or abs(manifest.efficiency - expected) > 1e-6:
+        raise ShardFormatError(
+            f"{where}: efficiency {manifest.efficiency!r} != total_tokens / (rows x max_len) = "
+            f"{expected:.6f}"
+        )
+
+
+def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> Manifest:
+    """Run the fast checks on a packed folder; return its manifest or raise ShardFormatError.
+
+    Raises on the first defect, naming the file, row and example index within the row.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ShardFormatError(f"{folder}: not a folder (expected the --out folder of pack-data)")
+    manifest = read_manifest(folder)
+    where = str(folder / "manifest.json")
+    _check_manifest_self(manifest, where)
+    paths = shard_paths(folder, manifest)
+    listed = {p.name for p in paths}
+    if len(listed) != len(paths):
+        raise ShardFormatError(f"{where}: a shard file is listed twice")
+    for path in paths:
+        if path.parent != folder or not path.is_file():
+            raise ShardFormatError(f"{path}: shard listed in the manifest is missing")
+    stray = sorted(p.name for p in folder.glob(SHARD_GLOB) if p.name not in listed)
+    if stray:
+        raise ShardFormatError(
+            f"{folder / stray[0]}: shard file not listed in the manifest (left over from another "
+            "run?): remove it or re-run pack-data"
+        )
+
+    rows = tokens = loss = 0
+    ids: list[np.ndarray] = []
+    for info, path in zip(manifest.shards, paths):
+        if check_hashes:
+            digest = file_sha256(path)
+            if digest != info.sha256:
+                raise ShardFormatError(
+                    f"{path}: sha256 {digest[:12]}... does not match the manifest "
+                    f"({str(info.sha256)[:12]}...): the file changed after packing"
+                )
+        flat = check_shard(path, manifest.max_len)
+        n_rows, n_tok = len(flat.row_off) - 1, len(flat.input_ids)
+        if n_rows != info.rows or n_tok != info.tokens:
+            raise ShardFormatError(
+                f"{path.name}: has {n_rows} rows / {n_tok} tokens, manifest says "
+                f"{info.rows} rows / {info.tokens} tokens"
+            )
+        rows += n_rows
+        tokens += n_tok
+        loss += int(np.count_nonzero(flat.labels != IGNORE_INDEX))
+        ids.append(np.asarray(flat.example_ids, dtype=np.int64))
+
+    for label, got, want in (
+        ("rows", rows, manifest.rows),
+        ("total_tokens", tokens, manifest.total_tokens),
+        ("loss_tokens", loss, manifest.loss_tokens),
+    ):
+        if got != want:
+            raise ShardFormatError(f"{where}: {label} is {want} but the shards hold {got}")
+    _check_example_ids(manifest, where, np.concatenate(ids) if ids else np.zeros(0, np.int64))
+    return manifest
+
+
+def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:
+    c = manifest.counts
+    if len(ids) and ids.min() < 0:
+        raise ShardFormatError(f"{where}: negative example id {int(ids.min())} in the shards")
+    if len(ids) and c.examples_read and ids.max() >= c.examples_read:
+        raise ShardFormatError(
+            f"{where}: example id {int(ids.max())} >= counts.examples_read {c.examples_read}"
+        )
+    uniq, n = np.unique(ids, return_counts=True)
+    repeated = uniq[n > 1]
+    if len(repeated) > c.split:
+        times = int(n[n > 1][0])
+        raise ShardFormatError(
+            f"{where}: example id {int(repeated[0])} appears {times} times: {len(repeated)} ids "
+            f"repeat but counts.split is {c.split} (duplicated example)"
+        )
+    if len(uniq) != c.examples_packed:
+        raise ShardFormatError(
+            f"{where}: counts.examples_packed is {c.examples_packed} but the shards hold "
+            f"{len(uniq)} distinct example ids"
+        )
+
+
+# --------------------------------------------------------------------------------------- deep
+
+
+def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: int,
+               seed: int = 0) -> int:
+    """Re-tokenize a sample of source examples and compare with the stored token ids.
+
+    Needs `pipeline.tokenize.tokenize_examples(manifest, example_ids, tokenizer)` returning, per
+    requested example id, the full (untruncated) token id array as pack-data produced it.
+    Returns the number of examples compared.
+    """
+    try:
+        from pipeline import tokenize as tok  # noqa: PLC0415
+    except ImportError as exc:
+        raise UserError(f"--deep needs pipeline.tokenize, which is not available ({exc})") from None
+    fn = getattr(tok, "tokenize_examples", None)
+    if fn is None:
+        raise UserError("--deep needs pipeline.tokenize.tokenize_examples, which does not exist yet")
+    pieces: dict[int, list[tuple[str, int, int, np.ndarray]]] = {}
+    for path in shard_paths(folder, manifest):
+        flat = _load(path)
+        cum = np.concatenate(([0], np.cumsum(flat.seq_lens)))
+        for k, eid in enumerate(flat.example_ids.tolist()):
+            pieces.setdefault(eid, []).append(
+                (path.name, k, int(flat.seq_lens[k]), flat.input_ids[cum[k] : cum[k + 1]])
+            )
+    chosen = sorted(random.Random(seed).sample(sorted(pieces), min(sample, len(pieces))))
+    if not chosen:
+        return 0
+    fresh = fn(manifest, chosen, tokenizer)
+    for eid, ids in zip(chosen, fresh):
+        ids = np.asarray(ids)
+        stored = pieces[eid]
+        got = np.concatenate([p[3] for p in stored])
+        ok = (
+            np.array_equal(got, ids[: len(got)])
+            if len(stored) == 1 and manifest.counts.truncated
+            else np.array_equal(np.sort(got), np.sort(ids)) if len(stored) > 1
+            else np.array_equal(got, ids)
+        )
+        if not ok:
+            raise ShardFormatError(
+                f"{stored[0][0]} example id {eid}: stored token ids ({len(got)}) differ from a "
+                f"fresh tokenization of the source ({len(ids)} tokens): wrong input or tokenizer"
+            )
+    return len(chosen)
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--no-hash", is_flag=True, help="Skip the sha256 of each shard (structure only).")
+@click.option("--deep", is_flag=True,
+              help="Also re-tokenize a sample of the source examples and compare token ids.")
+@click.option("--tokenizer", default=None,
+              help="Tokenizer for --deep (default: the one recorded in the manifest).")
+@click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
+              help="How many examples --deep re-tokenizes.")
+def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
+    """Check that FOLDER (written by pack-data) is intact and follows the shard contract."""
+    with cli_errors():
+        manifest = verify_folder(folder, check_hashes=not no_hash)
+        extra = ""
+        if deep:
+            n = deep_check(folder, manifest, tokenizer, sample)
+            extra = f", {n} examples re-tokenized and matched"
+        hashed = "" if not no_hash else " (sha256 not checked)"
+        click.echo(
+            f"ok: {manifest.rows} rows, {manifest.total_tokens} tokens, "
+            f"{len(manifest.shards)} shards verified{hashed}{extra}"
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pack_verify())
