@@ -13,7 +13,8 @@ What is checked:
 - per row: input_ids, labels and position_ids of equal length; seq_lens and example_ids of equal
   length; seq_lens >= 1 and summing to the row length; row length in 1..max_len; position_ids
   0..n-1 within each example; the label at each example start is -100 and every other label is
-  -100 or equal to the input id at the same position (labels are unshifted); no negative token id;
+  -100 or equal to the input id at the same position (labels are unshifted); token ids in
+  0..vocab_size-1 (when the manifest's tokenizer records vocab_size);
 - totals: rows/tokens per shard as in its manifest entry; total rows, tokens and loss tokens
   (labels != -100) as in the manifest; distinct example ids == counts.examples_packed; ids in
   0..counts.examples_read-1.
@@ -129,7 +130,7 @@ def _load(path: Path) -> _Flat:
     )
 
 
-def check_shard(path: Path, max_len: int) -> _Flat:
+def check_shard(path: Path, max_len: int, vocab_size: int | None = None) -> _Flat:
     """Structural checks of one shard file; returns its flat columns for the global checks."""
     flat = _load(path)
     loc = _Locator(path.name, flat)
@@ -164,6 +165,12 @@ def check_shard(path: Path, max_len: int) -> _Flat:
         t = _first(bad)
         raise ShardFormatError(
             f"{loc.token(t, starts)}: negative token id {int(flat.input_ids[t])}"
+        )
+    if vocab_size and (bad := flat.input_ids >= vocab_size).any():
+        t = _first(bad)
+        raise ShardFormatError(
+            f"{loc.token(t, starts)}: token id {int(flat.input_ids[t])} >= the tokenizer's "
+            f"vocab_size {vocab_size} (manifest): packed with another tokenizer?"
         )
     expected = np.arange(n_tok, dtype=np.int64) - np.repeat(starts, seq)
     if (bad := flat.position_ids != expected).any():
@@ -237,6 +244,8 @@ def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) 
             "run?): remove it or re-run pack-data"
         )
 
+    vocab = manifest.tokenizer.get("vocab_size") if isinstance(manifest.tokenizer, dict) else None
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
     rows = tokens = loss = 0
     ids: list[np.ndarray] = []
     for info, path in zip(manifest.shards, paths):
@@ -247,7 +256,7 @@ def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) 
                     f"{path}: sha256 {digest[:12]}... does not match the manifest "
                     f"({str(info.sha256)[:12]}...): the file changed after packing"
                 )
-        flat = check_shard(path, manifest.max_len)
+        flat = check_shard(path, manifest.max_len, vocab)
         n_rows, n_tok = len(flat.row_off) - 1, len(flat.input_ids)
         if n_rows != info.rows or n_tok != info.tokens:
             raise ShardFormatError(
@@ -298,45 +307,58 @@ def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:
 
 def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: int,
                seed: int = 0) -> int:
-    """Re-tokenize a sample of source examples and compare with the stored token ids.
+    """Re-tokenize a seeded sample of source examples and compare token ids and labels.
 
-    Needs `pipeline.tokenize.tokenize_examples(manifest, example_ids, tokenizer)` returning, per
-    requested example id, the full (untruncated) token id array as pack-data produced it.
-    Returns the number of examples compared.
+    Uses `pipeline.tokenize.tokenize_examples(config, ids)` on the manifest's `config` (inputs,
+    format options, tokenizer; `tokenizer` overrides the recorded one). A split example is compared
+    piece by piece: its pieces are the consecutive max_len chunks of the fresh tokens, each chunk's
+    first label -100, found in any order in the shards. Returns the number of examples compared.
     """
-    try:
-        from pipeline import tokenize as tok  # noqa: PLC0415
-    except ImportError as exc:
-        raise UserError(f"--deep needs pipeline.tokenize, which is not available ({exc})") from None
-    fn = getattr(tok, "tokenize_examples", None)
-    if fn is None:
-        raise UserError("--deep needs pipeline.tokenize.tokenize_examples, which does not exist yet")
-    pieces: dict[int, list[tuple[str, int, int, np.ndarray]]] = {}
-    for path in shard_paths(folder, manifest):
-        flat = _load(path)
-        cum = np.concatenate(([0], np.cumsum(flat.seq_lens)))
-        for k, eid in enumerate(flat.example_ids.tolist()):
-            pieces.setdefault(eid, []).append(
-                (path.name, k, int(flat.seq_lens[k]), flat.input_ids[cum[k] : cum[k + 1]])
-            )
-    chosen = sorted(random.Random(seed).sample(sorted(pieces), min(sample, len(pieces))))
+    from pipeline.tokenize import tokenize_examples  # noqa: PLC0415
+
+    config = dict(manifest.config)
+    if tokenizer:
+        config["tokenizer"] = tokenizer
+    for key in ("inputs", "tokenizer"):
+        if not config.get(key):
+            raise UserError(f"--deep: the manifest's config has no {key!r}: cannot re-tokenize")
+    pieces: dict[int, list[tuple[str, int, np.ndarray, np.ndarray]]] = {}
+    flats = [(path.name, _load(path)) for path in shard_paths(folder, manifest)]
+    all_ids = np.unique(np.concatenate([f.example_ids for _, f in flats])) if flats else []
+    chosen = sorted(random.Random(seed).sample(list(map(int, all_ids)), min(sample, len(all_ids))))
     if not chosen:
         return 0
-    fresh = fn(manifest, chosen, tokenizer)
-    for eid, ids in zip(chosen, fresh):
-        ids = np.asarray(ids)
+    wanted = set(chosen)
+    for name, flat in flats:
+        cum = np.concatenate(([0], np.cumsum(flat.seq_lens)))
+        for k in np.flatnonzero(np.isin(flat.example_ids, chosen)):
+            r = int(np.searchsorted(flat.ex_off, k, side="right") - 1)
+            sl = slice(int(cum[k]), int(cum[k + 1]))
+            pieces.setdefault(int(flat.example_ids[k]), []).append(
+                (f"{name} row {r} example {k - int(flat.ex_off[r])}", r,
+                 flat.input_ids[sl], flat.labels[sl]))
+    assert wanted == set(pieces)
+    fresh = tokenize_examples(config, chosen)
+    for eid, (ids, labels) in zip(chosen, fresh):
+        ids, labels = np.asarray(ids), np.asarray(labels)
         stored = pieces[eid]
-        got = np.concatenate([p[3] for p in stored])
-        ok = (
-            np.array_equal(got, ids[: len(got)])
-            if len(stored) == 1 and manifest.counts.truncated
-            else np.array_equal(np.sort(got), np.sort(ids)) if len(stored) > 1
-            else np.array_equal(got, ids)
-        )
-        if not ok:
+        if len(stored) == 1:
+            expect = [(ids, labels)]
+        else:  # split: consecutive max_len chunks, each chunk's first label masked
+            step = manifest.max_len
+            expect = []
+            for i in range(0, len(ids), step):
+                lab = labels[i : i + step].copy()
+                lab[0] = IGNORE_INDEX
+                expect.append((ids[i : i + step], lab))
+        got = sorted(((p[2].tolist(), p[3].tolist()) for p in stored))
+        want = sorted(((e[0].tolist(), e[1].tolist()) for e in expect))
+        if got != want:
+            what = "token ids" if [g[0] for g in got] != [w[0] for w in want] else "labels"
             raise ShardFormatError(
-                f"{stored[0][0]} example id {eid}: stored token ids ({len(got)}) differ from a "
-                f"fresh tokenization of the source ({len(ids)} tokens): wrong input or tokenizer"
+                f"{stored[0][0]} (id {eid}): stored {what} differ from a fresh tokenization of the "
+                f"source ({sum(len(p[2]) for p in stored)} stored vs {len(ids)} fresh tokens): "
+                "wrong input, tokenizer or format options"
             )
     return len(chosen)
 
@@ -350,7 +372,7 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
 @click.option("--deep", is_flag=True,
               help="Also re-tokenize a sample of the source examples and compare token ids.")
 @click.option("--tokenizer", default=None,
-              help="Tokenizer for --deep (default: the one recorded in the manifest).")
+              help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
 @click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
               help="How many examples --deep re-tokenizes.")
 def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:

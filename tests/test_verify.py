@@ -265,3 +265,11 @@ def test_large_folder_is_fast(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - t0
     assert manifest.total_tokens == int(lengths.sum())
     assert elapsed < 2.0  # well under a second on a quiet machine; generous for shared CI
+
+
+def test_token_beyond_vocab(bad: Path) -> None:
+    edit_manifest(bad, lambda m: m["tokenizer"].update(vocab_size=70))
+    result = run_cli(bad)
+    assert result.exit_code == 1
+    assert "shard-00001.arrow row 0 example 2 (id 5) token 0: token id 71 >= the tokenizer's " \
+           "vocab_size 70" in result.output
