@@ -1,0 +1,195 @@
+"""pack-report: figures of small hand-made packs, checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from packed_factory import make_packed_folder
+
+from pipeline.report import compare, pad_to_longest, pad_to_max, whatif_report
+from pipeline.report_cli import pack_report
+from pipeline.shards import IGNORE_INDEX, Counts
+
+MAX_LEN = 10
+# Lengths in example-id order: 4, 5, 10, 3, 2 -> 24 tokens in 3 rows of 10.
+ROWS = [
+    [(0, [11, 12, 13, 14]), (1, [21, 22, 23, 24, 25])],
+    [(2, list(range(31, 41)))],
+    [(3, [41, 42, 43]), (4, [51, 52], [IGNORE_INDEX, IGNORE_INDEX])],
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rep") / "packed"
+    make_packed_folder(out, ROWS, MAX_LEN, rows_per_shard=2,
+                       counts=Counts(examples_read=7, examples_packed=5, truncated=1, dropped=1,
+                                     empty_skipped=1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cli_run(folder: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    out = tmp_path_factory.mktemp("rep-out")
+    result = CliRunner().invoke(pack_report, [
+        str(folder), "--batch-size", "2", "--hidden", "1",
+        "--json", str(out / "r.json"), "--html", str(out / "r.html"),
+    ])
+    assert result.exit_code == 0, result.output
+    return result, json.loads((out / "r.json").read_text()), (out / "r.html").read_text()
+
+
+def test_layout_arithmetic() -> None:
+    # Batches of 2 in id order: [4,5] [10,3] [2] -> slots 2*5 + 2*10 + 1*2 = 32.
+    lay = pad_to_longest(np.array([4, 5, 10, 3, 2]), 2)
+    assert (lay.rows, lay.token_slots, lay.tokens, lay.padding) == (5, 32, 24, 8)
+    assert lay.attention_pairs == 2 * 15 + 2 * 55 + 1 * 3
+    lay = pad_to_max(np.array([4, 5, 10, 3, 2]), 10)
+    assert (lay.token_slots, lay.padding, lay.attention_pairs) == (50, 26, 5 * 55)
+
+
+def test_folder_figures(cli_run) -> None:  # noqa: ANN001
+    _, r, _ = cli_run
+    assert (r["examples"], r["sequences"], r["tokens"], r["rows"]) == (5, 5, 24, 3)
+    assert r["loss_tokens"] == 3 + 4 + 9 + 2 + 0
+    assert r["efficiency"] == pytest.approx(24 / 30)
+    assert (r["lower_bound_rows"], r["rows_over_lower_bound"]) == (3, 0)
+    assert r["examples_per_row"] == {"mean": pytest.approx(5 / 3), "max": 2}
+    assert r["counts"]["truncated"] == 1 and r["counts"]["dropped"] == 1
+    assert r["lengths"]["max"] == 10 and r["lengths"]["min"] == 2
+    # Packed: 3 rows x 10 slots, 6 padding; varlen attention pairs 10+15+55+6+3 = 89.
+    assert r["packed"] == {"token_slots": 30, "padding_tokens": 6, "attention_pairs": 89}
+    longest, pmax = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
+    assert (longest["padding_tokens"], longest["padding_avoided"]) == (8, 2)
+    assert (pmax["padding_tokens"], pmax["padding_avoided"]) == (26, 20)
+    assert longest["attention_ratio"] == pytest.approx(143 / 89)
+    assert pmax["attention_ratio"] == pytest.approx(275 / 89)
+    # hidden=1: cost = 6 * slots + pairs -> packed 269, pad-to-longest 335, pad-to-max 575.
+    assert longest["estimated_speedup"] == pytest.approx(335 / 269)
+    assert pmax["estimated_speedup"] == pytest.approx(575 / 269)
+    assert [s["rows"] for s in r["shards"]] == [2, 1]
+    assert [s["tokens"] for s in r["shards"]] == [19, 5]
+    assert all(s["sha256_ok"] for s in r["shards"])
+    assert all(r["manifest_matches"].values())
+
+
+def test_comparison_table(cli_run) -> None:  # noqa: ANN001
+    _, r, _ = cli_run
+    by = {row["layout"]: row for row in r["comparison"]}
+    assert list(by) == ["pad-to-longest", "pad-to-max", "minibatch", "sequential", "shuffle",
+                        "ffd", "bfd"]
+    assert by["pad-to-longest"]["token_slots"] == 32
+    assert by["pad-to-max"]["token_slots"] == 50
+    # Packing 4,5,10,3,2 into rows of 10 needs 3 rows; next fit in id order: [4,5] [10] [3,2].
+    assert by["ffd"]["rows"] == by["bfd"]["rows"] == 3
+    assert by["sequential"]["rows"] == 3
+    assert by["ffd"]["speedup_vs_pad_to_longest"] == pytest.approx(335 / 269)
+    assert by["pad-to-longest"]["speedup_vs_pad_to_longest"] == pytest.approx(1.0)
+
+
+def test_terminal_summary(cli_run) -> None:  # noqa: ANN001
+    result, _, _ = cli_run
+    out = result.output
+    assert all(len(line) <= 100 for line in out.splitlines())
+    assert "efficiency              80.00%" in out
+    assert "rows                         3   lower bound ceil(tokens/max_len) 3 (+0)" in out
+    assert "examples/row    mean 1.67, max 2" in out
+    assert "truncated 1, split 0, dropped 1" in out
+    assert "vs pad-to-longest (B=2): 2 padding tokens avoided, 1.61x less attention, " \
+           "est. speedup 1.25x" in out
+    assert "shards: 2, sha256 all ok" in out
+
+
+def test_html_is_self_contained(cli_run) -> None:  # noqa: ANN001
+    _, _, page = cli_run
+    assert page.count("data:image/png;base64,") == 4  # 3 distributions + comparison chart
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    for text in ("80.0%", "shard-00000.arrow", "shard-00001.arrow", "pad-to-longest", "bfd",
+                 "1.25x", "examples per row (max 2)"):
+        assert text in page, text
+
+
+def test_split_example_counts_once(tmp_path: Path) -> None:
+    rows = [[(0, list(range(3, 13)))], [(0, [20, 21, 22]), (1, [30, 31])]]
+    make_packed_folder(tmp_path / "p", rows, 10)
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--json",
+                                              str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert (r["examples"], r["sequences"], r["tokens"], r["rows"]) == (2, 3, 15, 2)
+    assert r["counts"]["split"] == 1
+
+
+def test_sha_mismatch_is_reported(tmp_path: Path) -> None:
+    make_packed_folder(tmp_path / "p", ROWS, MAX_LEN)
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = "f" * 64
+    (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "p")])
+    assert result.exit_code == 0
+    assert "sha256 MISMATCH in shard-00000.arrow" in result.output
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--no-hash"])
+    assert "sha256 not checked" in result.output
+
+
+def test_errors_are_one_line(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(pack_report, [])
+    assert result.exit_code == 1 and "nothing to report" in result.output
+    result = runner.invoke(pack_report, [str(tmp_path)])
+    assert result.exit_code == 1 and "no manifest" in result.output
+    make_packed_folder(tmp_path / "p", ROWS, MAX_LEN)
+    result = runner.invoke(pack_report, [str(tmp_path / "p"), "--strategy", "best"])
+    assert result.exit_code == 1 and "--strategy 'best'" in result.output
+    result = runner.invoke(pack_report, [str(tmp_path / "p"), "--json",
+                                         str(tmp_path / "nodir" / "r.json")])
+    assert result.exit_code == 1 and "does not exist" in result.output
+    assert not (tmp_path / "nodir").exists()
+
+
+def test_whatif_report_numbers() -> None:
+    lengths = np.array([3, 5, 7, 20])
+    r = whatif_report(lengths, [8, 16], strategies=("ffd", "sequential"), batch_size=4, hidden=1)
+    assert r["examples"] == 4 and r["tokens_untruncated"] == 35
+    run8, run16 = r["runs"]
+    # max_len 8: 20 -> 8, tokens 3+5+7+8 = 23, lower bound 3 rows; ffd: [8] [7] [5,3] = 3 rows.
+    assert (run8["over_max_len"], run8["tokens"], run8["lower_bound_rows"]) == (1, 23, 3)
+    by8 = {row["layout"]: row for row in run8["comparison"]}
+    assert by8["ffd"]["rows"] == 3 and by8["ffd"]["padding_tokens"] == 1
+    assert by8["pad-to-longest"]["token_slots"] == 4 * 8
+    assert by8["sequential"]["rows"] == 3  # next fit in order: [3,5] [7] [8]
+    # max_len 16: 20 -> 16, tokens 31, ffd: [16] [7,5,3] = 2 rows.
+    assert (run16["over_max_len"], run16["tokens"]) == (1, 31)
+    by16 = {row["layout"]: row for row in run16["comparison"]}
+    assert by16["ffd"]["rows"] == 2 and by16["pad-to-max"]["token_slots"] == 64
+
+
+def test_compare_uses_planner() -> None:
+    rows = compare(np.array([6, 6, 4, 4]), 10, strategies=("ffd",), batch_size=2)
+    assert rows[-1]["layout"] == "ffd" and rows[-1]["rows"] == 2
+    assert rows[-1]["efficiency"] == pytest.approx(1.0)
+
+
+def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
+    pytest.importorskip("pipeline.sources")
+    if not Path("data/tokenizer/tokenizer.json").is_file():
+        pytest.skip("data/tokenizer not generated")
+    data = tmp_path / "tok.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": list(range(1, n + 1))}) + "\n"
+                            for n in (3, 5, 7, 20)))
+    result = CliRunner().invoke(pack_report, [
+        "--input", str(data), "--format", "tokenized", "--tokenizer", "data/tokenizer",
+        "--max-len", "8,16", "--strategy", "ffd", "--json", str(tmp_path / "w.json"),
+        "--html", str(tmp_path / "w.html"),
+    ])
+    assert result.exit_code == 0, result.output
+    r = json.loads((tmp_path / "w.json").read_text())
+    assert r["kind"] == "what-if" and r["examples"] == 4
+    assert [run["max_len"] for run in r["runs"]] == [8, 16]
+    assert "max_len 8:" in result.output and "max_len 16:" in result.output
+    page = (tmp_path / "w.html").read_text()
+    assert page.count("data:image/png;base64,") == 2
