@@ -1,0 +1,171 @@
+"""trainer.data: seeded rank-split micro-batch plans, exact cursors, and shard gathering."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
+
+from pipeline.errors import UserError  # noqa: E402
+from pipeline.shards import iter_rows, read_manifest  # noqa: E402
+from trainer.batch import collate_rows  # noqa: E402
+from trainer.data import (  # noqa: E402
+    Cursor,
+    CursorSampler,
+    MicroBatchDataset,
+    Planner,
+    ShardReader,
+    make_loader,
+    row_lengths,
+    step_cursor,
+)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~60 rows of up to 64 tokens over 4 shards."""
+    folder = tmp_path_factory.mktemp("packed")
+    lengths = np.random.default_rng(1).integers(3, 50, size=150).tolist()
+    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=17)
+    return folder
+
+
+def test_row_lengths_match_rows(packed: Path) -> None:
+    lengths = row_lengths(packed, read_manifest(packed))
+    assert lengths.tolist() == [len(r["input_ids"]) for r in iter_rows(packed)]
+
+
+def test_plan_respects_budget_covers_rows_and_is_seeded() -> None:
+    lengths = np.random.default_rng(0).integers(1, 100, size=500)
+    planner = Planner(lengths, 256, seed=3, world_size=2, grad_accum=3)
+    plan = planner.plan(0)
+    assert plan.n_microbatches % 6 == 0 and plan.n_microbatches > 0
+    sizes = [int(lengths[plan.rows(i)].sum()) for i in range(plan.n_microbatches)]
+    assert max(sizes) <= 256
+    used = np.concatenate([plan.rows(i) for i in range(plan.n_microbatches)])
+    assert len(np.unique(used)) == len(used)  # no row twice
+    # Only the dropped tail is missing, and it is less than one step's worth of micro-batches.
+    assert plan.n_dropped_microbatches < 6
+    assert len(used) + (len(plan.order) - plan.cuts[-1]) == len(lengths)
+    # Greedy: adding the next row would have overflowed the budget.
+    for i in range(plan.n_microbatches - 1):
+        assert sizes[i] + lengths[plan.order[plan.cuts[i + 1]]] > 256
+    again = Planner(lengths, 256, seed=3, world_size=2, grad_accum=3).plan(0)
+    assert np.array_equal(plan.order, again.order) and np.array_equal(plan.cuts, again.cuts)
+    assert not np.array_equal(planner.plan(1).order, plan.order)  # a new order every epoch
+    assert not np.array_equal(Planner(lengths, 256, seed=4).plan(0).order, plan.order)
+
+
+def test_long_rows_become_their_own_microbatch() -> None:
+    lengths = np.array([10, 300, 20, 30, 500, 5])
+    planner = Planner(lengths, 100, seed=0, shuffle=False)
+    plan = planner.plan(0)
+    groups = [plan.rows(i).tolist() for i in range(plan.n_microbatches)]
+    assert groups == [[0], [1], [2, 3], [4], [5]]
+    assert plan.n_long_rows == 2
+
+
+def test_ranks_get_disjoint_data_and_equal_step_counts() -> None:
+    lengths = np.random.default_rng(2).integers(1, 64, size=333)
+    world, accum = 3, 2
+    planner = Planner(lengths, 128, seed=0, world_size=world, grad_accum=accum)
+    for epoch in range(2):
+        steps = planner.steps_in_epoch(epoch)
+        per_rank = [
+            [planner.local_rows(epoch, k, r) for k in range(steps * accum)] for r in range(world)
+        ]
+        flat = [np.concatenate(rows) for rows in per_rank]
+        assert all(len(rows) == steps * accum for rows in per_rank)
+        for a in range(world):
+            for b in range(a + 1, world):
+                assert not set(flat[a].tolist()) & set(flat[b].tolist())
+
+
+def test_sampler_resumes_exactly_across_epochs() -> None:
+    lengths = np.random.default_rng(5).integers(1, 64, size=60)
+    planner = Planner(lengths, 128, seed=0, grad_accum=2)
+    per_epoch = planner.steps_in_epoch(0)
+    total = per_epoch * 2 + 3
+    full = list(CursorSampler(planner, Cursor(), total))
+    assert len(full) == total * 2
+    assert full[-1][0] == 2  # ran into the third epoch
+    for done in (1, per_epoch, per_epoch + 2, total - 1):
+        cursor = step_cursor(planner, Cursor(), done)
+        assert list(CursorSampler(planner, cursor, total - done)) == full[done * 2 :]
+    assert step_cursor(planner, Cursor(), per_epoch) == Cursor(1, 0)
+
+
+def test_sampler_refuses_data_smaller_than_one_step() -> None:
+    planner = Planner(np.array([10, 10]), 10, world_size=2, grad_accum=2)
+    with pytest.raises(UserError, match="no complete step"):
+        list(CursorSampler(planner, Cursor(), 1))
+
+
+def test_reader_gathers_rows_across_shards(packed: Path) -> None:
+    manifest = read_manifest(packed)
+    rows = list(iter_rows(packed))
+    reader = ShardReader(packed, manifest)
+    pick = np.array([40, 3, 16, 17, len(rows) - 1])  # spans shard boundaries, any order
+    got = reader.microbatch(pick)
+    want = collate_rows([rows[i] for i in pick])
+    for name in ("input_ids", "targets", "position_ids", "cu_seqlens"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.cu_seqlens.dtype == torch.int32
+    assert isinstance(got.max_seqlen, int) and got.max_seqlen == want.max_seqlen
+    assert (got.n_tokens, got.n_loss_tokens) == (want.n_tokens, want.n_loss_tokens)
+
+
+def test_loader_with_workers_yields_the_planned_order(packed: Path) -> None:
+    manifest = read_manifest(packed)
+    planner = Planner(row_lengths(packed, manifest), 100, seed=7, grad_accum=1)
+    dataset = MicroBatchDataset(ShardReader(packed, manifest), planner)
+    sampler = CursorSampler(planner, Cursor(0, 2), 6)
+    serial = [b.input_ids for b in make_loader(dataset, sampler, num_workers=0)]
+    parallel = [b.input_ids for b in make_loader(dataset, sampler, num_workers=2, prefetch_factor=2)]
+    assert len(serial) == len(parallel) == 6
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+    first = dataset[(0, 2)].input_ids
+    assert torch.equal(serial[0], first)
+
+
+def test_open_data_refuses_a_damaged_folder(packed: Path, tmp_path: Path) -> None:
+    from trainer.loop import TrainConfig, open_data
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in packed.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["total_tokens"] += 1
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError):
+        open_data(TrainConfig(data=str(bad), model="tiny", out=str(tmp_path / "run")))
+
+
+def test_open_data_checks_the_tokenizer_fingerprint(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenize = pytest.importorskip("pipeline.tokenize")
+    from trainer.loop import TrainConfig, open_data
+
+    fingerprint = read_manifest(packed).tokenizer["fingerprint"]
+    monkeypatch.setattr(tokenize, "load_tokenizer", lambda path: object())
+    monkeypatch.setattr(tokenize, "tokenizer_fingerprint", lambda tok: fingerprint)
+    config = TrainConfig(data=str(packed), model="tiny", out=str(tmp_path), tokenizer=str(tmp_path))
+    assert open_data(config)[1] is not None
+    monkeypatch.setattr(tokenize, "tokenizer_fingerprint", lambda tok: "f" * 64)
+    with pytest.raises(UserError, match="fingerprint"):
+        open_data(config)
+    # tokenizer files inside a local model folder count as the model's tokenizer
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "tokenizer.json").write_text("{}")
+    with pytest.raises(UserError, match="fingerprint"):
+        open_data(TrainConfig(data=str(packed), model=str(model_dir), out=str(tmp_path)))
