@@ -1,0 +1,346 @@
+"""Packed attention backends: the sdpa reference against naive per-example attention, the
+Hugging Face glue through a real Llama, backend selection, and the GPU branches' dispatch logic
+(kernels replaced by the reference so it runs on CPU)."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import UserError
+from trainer import attention
+from trainer.attention import BACKENDS, install, select_backend, varlen_attention
+from trainer.batch import collate_flat
+from trainer.model import build_model
+
+LENGTHS = [5, 1, 9, 3, 12]
+
+
+def cu_of(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+
+
+def qkv(lengths, hq=6, hkv=2, d=8, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lengths)
+    mk = lambda h: torch.randn(t, h, d, generator=g, dtype=dtype)  # noqa: E731
+    return mk(hq), mk(hkv), mk(hkv)
+
+
+def naive_attention(q, k, v, lengths, scale=None):
+    """Per-example, per-head softmax attention written out by hand (float64)."""
+    q, k, v = q.double(), k.double(), v.double()
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    scale = d**-0.5 if scale is None else scale
+    out = torch.empty_like(q)
+    start = 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        for h in range(hq):
+            kh = h // (hq // hkv)  # HF grouping: query head h reads kv head h // groups
+            scores = (q[sl, h] @ k[sl, kh].T) * scale
+            scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+            out[sl, h] = torch.softmax(scores, dim=-1) @ v[sl, kh]
+        start += n
+    return out
+
+
+# --------------------------------------------------------------------------- reference kernel
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (6, 2), (8, 1)])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_sdpa_reference_matches_naive_per_example_attention(hq, hkv, scale):
+    q, k, v = qkv(LENGTHS, hq, hkv)
+    out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="sdpa", scale=scale)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS, scale), atol=1e-6, rtol=0)
+
+
+def test_sdpa_reference_never_attends_across_examples():
+    q, k, v = qkv(LENGTHS)
+    cu = cu_of(LENGTHS)
+    base = varlen_attention(q, k, v, cu, max(LENGTHS), backend="sdpa")
+    k2, v2 = k.clone(), v.clone()
+    k2[: LENGTHS[0]] += 100.0  # change the first example's keys/values only
+    v2[: LENGTHS[0]] -= 50.0
+    out = varlen_attention(q, k2, v2, cu, max(LENGTHS), backend="sdpa")
+    assert not torch.allclose(out[: LENGTHS[0]], base[: LENGTHS[0]])
+    torch.testing.assert_close(out[LENGTHS[0] :], base[LENGTHS[0] :], atol=0, rtol=0)
+
+
+def test_block_causal_mask_and_segment_ids():
+    cu = cu_of([2, 3])
+    assert attention.segment_ids(cu, 5).tolist() == [0, 0, 1, 1, 1]
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(attention.block_causal_mask(cu, 5), expected)
+
+
+def test_varlen_attention_rejects_bad_shapes():
+    q, k, v = qkv(LENGTHS, 6, 4)  # 6 is not a multiple of 4
+    with pytest.raises(ValueError, match="multiple"):
+        varlen_attention(q, k, v, cu_of(LENGTHS), 12, backend="sdpa")
+    with pytest.raises(UserError, match="unknown attention backend"):
+        varlen_attention(*qkv(LENGTHS), cu_of(LENGTHS), 12, backend="xformers")
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def test_select_backend_on_cpu():
+    assert select_backend("auto", "cpu") == "sdpa"
+    assert select_backend("sdpa", "cpu") == "sdpa"
+    for backend in ("torch", "flash_attn"):
+        with pytest.raises(UserError, match="needs a CUDA device.*sdpa"):
+            select_backend(backend, "cpu")
+    with pytest.raises(UserError, match="unknown attention backend 'xla'.*auto, flash_attn, torch, sdpa"):
+        select_backend("xla", "cpu")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Pretend a CUDA sm90 GPU is present (the selection logic only asks these functions)."""
+    state = {"capability": (9, 0), "flash_attn": True, "torch_varlen": True}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: state["capability"])
+    monkeypatch.setattr(attention, "_flash_attn_importable", lambda: state["flash_attn"])
+    monkeypatch.setattr(attention, "_torch_varlen_available", lambda: state["torch_varlen"])
+    return state
+
+
+def test_select_backend_auto_order_on_cuda(fake_cuda):
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn"
+    fake_cuda["flash_attn"] = False
+    assert select_backend("auto", "cuda:0", torch.bfloat16) == "torch"
+    with pytest.raises(UserError, match="flash-attn package is not installed.*torch / sdpa"):
+        select_backend("flash_attn", "cuda", torch.bfloat16)
+    fake_cuda["torch_varlen"] = False
+    assert select_backend("auto", "cuda", torch.bfloat16) == "sdpa"
+    with pytest.raises(UserError, match="no FlashAttention varlen kernel"):
+        select_backend("torch", "cuda", torch.bfloat16)
+
+
+def test_select_backend_cuda_float32_and_old_gpu(fake_cuda):
+    assert select_backend("auto", "cuda", torch.float32) == "sdpa"
+    with pytest.raises(UserError, match="bfloat16 or float16"):
+        select_backend("torch", "cuda", torch.float32)
+    fake_cuda["capability"] = (7, 5)
+    with pytest.raises(UserError, match="sm80"):
+        select_backend("flash_attn", "cuda", torch.bfloat16)
+    assert select_backend("auto", "cuda", torch.bfloat16) == "sdpa"
+
+
+# --------------------------------------------------------------------------- GPU-branch glue on CPU
+
+
+def test_varlen_signature_of_installed_torch():
+    fn = attention._torch_varlen_fn()
+    if fn is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    sig = attention.varlen_signature(fn)
+    # exactly one way to ask for causality must exist, or the torch backend refuses to run
+    assert sig["window_size"] or sig["is_causal"]
+    assert sig == {k: k in inspect.signature(fn).parameters for k in sig}
+
+
+def _reference(q, k, v, cu, max_len, scale=None):
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    return naive_attention(q, k, v, lengths, scale).to(q.dtype)
+
+
+def fake_varlen_new(calls):
+    """torch 2.13-style varlen_attn: causal via window_size, scale and enable_gqa keywords."""
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+                    scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None,
+                    block_table=None, num_splits=None):
+        calls.append(dict(window_size=window_size, enable_gqa=enable_gqa, scale=scale,
+                          heads=(query.shape[1], key.shape[1])))
+        assert window_size == (-1, 0), "must ask for causal attention"
+        assert torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
+        assert enable_gqa or key.shape[1] == query.shape[1]
+        return _reference(query, key, value, cu_seq_q, max_q, scale)
+
+    return varlen_attn
+
+
+def fake_varlen_old(calls):
+    """torch ~2.9-2.11-style varlen_attn: is_causal flag, no scale, no GQA."""
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        calls.append(dict(is_causal=is_causal, heads=(query.shape[1], key.shape[1])))
+        assert is_causal
+        assert key.shape[1] == query.shape[1], "old varlen_attn needs repeated kv heads"
+        return _reference(query, key, value, cu_seq_q, max_q)
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("scale", [None, 0.2])
+@pytest.mark.parametrize("flavour", ["new", "old"])
+def test_torch_backend_dispatch_per_signature(monkeypatch, flavour, scale):
+    calls: list[dict] = []
+    fake = fake_varlen_new(calls) if flavour == "new" else fake_varlen_old(calls)
+    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: fake)
+    q, k, v = qkv(LENGTHS, 6, 2)
+    out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", scale=scale)
+    expected = naive_attention(q, k, v, LENGTHS, scale)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    assert len(calls) == 1
+    if flavour == "new":
+        assert calls[0]["enable_gqa"] and calls[0]["heads"] == (6, 2) and calls[0]["scale"] == scale
+    else:
+        assert calls[0]["heads"] == (6, 6)
+
+
+def test_torch_backend_refuses_varlen_without_causal_flag(monkeypatch):
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k):
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
+    with pytest.raises(UserError, match="cannot do causal attention"):
+        varlen_attention(*qkv(LENGTHS), cu_of(LENGTHS), 12, backend="torch")
+
+
+def test_torch_backend_falls_back_to_aten_flash_op(monkeypatch):
+    calls = []
+
+    def op(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale=None):
+        calls.append((dropout_p, is_causal, return_debug_mask, cum_seq_q.dtype))
+        assert is_causal and dropout_p == 0.0
+        out = _reference(q, k, v, cum_seq_q, max_q, scale)
+        return out, None, None, None, None
+
+    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: None)
+    monkeypatch.setattr(attention, "_torch_flash_op", lambda: op)
+    q, k, v = qkv(LENGTHS, 4, 2)
+    cu64 = cu_of(LENGTHS).long()  # int64 offsets must be converted to int32 for the kernel
+    out = varlen_attention(q, k, v, cu64, max(LENGTHS), backend="torch")
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS), atol=1e-5, rtol=0)
+    assert calls == [(0.0, True, False, torch.int32)]
+
+
+def test_flash_attn_backend_dispatch(monkeypatch):
+    calls = []
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               dropout_p=0.0, softmax_scale=None, causal=False, **_):
+        calls.append((causal, dropout_p, softmax_scale, q.is_contiguous()))
+        assert causal
+        return _reference(q, k, v, cu_seqlens_q, max_seqlen_q, softmax_scale)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    q, k, v = qkv(LENGTHS, 6, 3)
+    out = varlen_attention(q.transpose(0, 1).contiguous().transpose(0, 1), k, v, cu_of(LENGTHS),
+                           max(LENGTHS), backend="flash_attn", scale=0.25)
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS, 0.25), atol=1e-5, rtol=0)
+    assert calls == [(True, 0.0, 0.25, True)]
+
+
+# --------------------------------------------------------------------------- Hugging Face glue
+
+
+def packed_example_batch(lengths, vocab=4096, seed=1):
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(3, vocab, n) for n in lengths]
+    labels = [np.concatenate([[-100], x[1:]]) for x in ids]
+    batch = collate_flat(
+        np.concatenate(ids), np.concatenate(labels),
+        np.concatenate([np.arange(n) for n in lengths]), np.asarray(lengths),
+    )
+    return batch, ids
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, backend = build_model("tiny", attn="sdpa", seed=3)
+    assert backend == "sdpa" and model.config._attn_implementation == "packlm_reference"
+    model.eval()
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("eager")
+    return model, reference
+
+
+def test_hf_packed_hidden_states_equal_each_example_alone(tiny):
+    model, reference = tiny
+    lengths = [6, 11, 1, 8]
+    batch, ids = packed_example_batch(lengths)
+    with torch.no_grad():
+        packed = model.model(**batch.model_kwargs()).last_hidden_state[0]
+        start = 0
+        for x in ids:
+            alone = reference.model(input_ids=torch.from_numpy(x)[None]).last_hidden_state[0]
+            torch.testing.assert_close(packed[start : start + len(x)], alone, atol=1e-5, rtol=1e-5)
+            start += len(x)
+
+
+def test_hf_attention_without_cu_seqlens_treats_each_row_as_one_example(tiny):
+    model, reference = tiny
+    ids = torch.randint(3, 4096, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(input_ids=ids).logits
+        eager = reference(input_ids=ids).logits
+    torch.testing.assert_close(ours, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_install_builds_no_dense_mask(tiny, monkeypatch):
+    """transformers must not even scan position_ids for packing (a host sync per forward)."""
+    model, _ = tiny
+    import transformers.masking_utils as mu
+
+    def boom(*a, **k):
+        raise AssertionError("mask preprocessing ran")
+
+    if attention._mask_preprocessing_skips_unregistered():
+        monkeypatch.setattr(mu, "find_packed_sequence_indices", boom)
+    seen = []
+    real = attention.varlen_attention
+
+    def spy(q, k, v, cu_seqlens, max_seqlen, **kw):
+        seen.append((cu_seqlens.tolist(), max_seqlen))
+        return real(q, k, v, cu_seqlens, max_seqlen, **kw)
+
+    monkeypatch.setattr(attention, "varlen_attention", spy)
+    batch, _ = packed_example_batch([3, 4])
+    with torch.no_grad():
+        model.model(**batch.model_kwargs())
+    assert seen == [([0, 3, 7], 4)] * model.config.num_hidden_layers
+
+
+def test_install_registers_every_backend_name():
+    model, _ = build_model("tiny", attn="sdpa")
+    for backend in BACKENDS:
+        name = install(model, backend)
+        assert name.startswith("packlm_") and not any(
+            word in name for word in ("flash", "sdpa", "flex", "eager", "paged")
+        )
+        assert model.config._attn_implementation == name
+    with pytest.raises(UserError, match="unknown attention backend"):
+        install(model, "eager")
+
+
+def test_hf_attention_rejects_dense_masks_and_dropout(tiny):
+    fn = attention.make_hf_attention("sdpa")
+    module = types.SimpleNamespace(is_causal=True)
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(UserError, match="dense attention_mask"):
+        fn(module, q, q, q, torch.ones(1, 1, 3, 3), scaling=0.5)
+    with pytest.raises(UserError, match="dropout"):
+        fn(module, q, q, q, None, scaling=0.5, dropout=0.1)
+    out, weights = fn(module, q, q, q, None, scaling=0.5)
+    assert out.shape == (1, 3, 2, 4) and weights is None

@@ -1,0 +1,122 @@
+"""Causal LMs for the trainer: Llama presets with seeded random weights, or a local HF folder.
+
+Nothing is ever downloaded: a name is either a preset below or a folder on disk holding
+`config.json` and safetensors weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from pipeline.errors import UserError
+from trainer import attention
+
+log = logging.getLogger(__name__)
+
+PRESETS: dict[str, dict] = {
+    # Test/CI size. GQA on purpose (4 query heads share 2 kv heads); vocab matches data/tokenizer.
+    "tiny": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=4096, max_position_embeddings=8192,
+    ),
+    # ~100M parameters (100.5M with vocab 32000, untied embeddings); head_dim 64.
+    "llama-100m": dict(
+        hidden_size=640, num_hidden_layers=12, num_attention_heads=10, num_key_value_heads=10,
+        intermediate_size=1728, vocab_size=32000, max_position_embeddings=8192,
+    ),
+    # ~0.95B parameters (TinyLlama-like width, 16 layers, full multi-head attention); head_dim 128.
+    "llama-1b": dict(
+        hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+        intermediate_size=5632, vocab_size=32000, max_position_embeddings=8192,
+    ),
+}
+
+_COMMON = dict(
+    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attention_dropout=0.0,
+    initializer_range=0.02, bos_token_id=1, eos_token_id=2, pad_token_id=None, use_cache=False,
+)
+
+
+def preset_config(name: str, vocab_size: int | None = None) -> LlamaConfig:
+    """The LlamaConfig of preset `name`, with `vocab_size` overriding the preset's if given."""
+    if name not in PRESETS:
+        raise UserError(f"unknown model preset {name!r}: choose one of {', '.join(PRESETS)}")
+    kwargs = {**_COMMON, **PRESETS[name]}
+    if vocab_size is not None:
+        kwargs["vocab_size"] = int(vocab_size)
+    config = LlamaConfig(**kwargs)
+    # rope_theta moved into rope_parameters in transformers 5; set both spellings harmlessly.
+    if getattr(config, "rope_parameters", None) is None:
+        config.rope_parameters = {"rope_type": "default", "rope_theta": kwargs["rope_theta"]}
+    return config
+
+
+def count_params(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype) -> PreTrainedModel:
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot load the model in {path}: {first}") from None
+    have = model.get_input_embeddings().num_embeddings
+    if vocab_size is not None and vocab_size > have:
+        raise UserError(
+            f"the tokenizer has {vocab_size} tokens but the model in {path} only embeds {have}: "
+            "use the tokenizer the model was trained with"
+        )
+    return model
+
+
+def build_model(
+    name_or_path: str,
+    *,
+    attn: str = "auto",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    vocab_size: int | None = None,
+    seed: int = 0,
+) -> tuple[PreTrainedModel, str]:
+    """Build a causal LM and install the packed attention backend; returns (model, backend).
+
+    A preset name ("tiny", "llama-100m", "llama-1b") gives a LlamaForCausalLM with random weights
+    drawn on the CPU from `seed` (identical on every device and rank); a local folder is loaded
+    with from_pretrained(local_files_only=True). `vocab_size` overrides a preset's vocabulary so
+    the model matches any tokenizer. The model is returned in train mode on `device` in `dtype`.
+    """
+    device = torch.device(device)
+    backend = attention.select_backend(attn, device, dtype)
+    path = Path(os.path.expanduser(str(name_or_path)))
+    if name_or_path in PRESETS:
+        config = preset_config(name_or_path, vocab_size)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+        source = f"preset {name_or_path!r} (random init, seed {seed})"
+    elif path.is_dir():
+        model = _load_local(path, vocab_size, dtype)
+        source = f"local folder {path}"
+    else:
+        raise UserError(
+            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a local folder "
+            "with config.json; nothing is downloaded"
+        )
+    model = model.to(device=device, dtype=dtype)
+    attention.install(model, backend)
+    model.train()
+    message = (
+        f"model: {source}, {count_params(model) / 1e6:.1f}M params, {dtype}, {device}; "
+        f"attention: {attention.DESCRIPTIONS[backend]}"
+    )
+    log.info(message)
+    return model, backend
