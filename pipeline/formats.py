@@ -1,0 +1,364 @@
+"""Detect the format of an input dataset and render each example into text segments.
+
+A *segment* is a piece of text with a loss flag: the prompt of an instruction pair carries no loss
+(unless `--train-on-prompt`), its response does; every token of plain text carries loss; the
+assistant turns of a chat carry loss. `pipeline.tokenize` tokenizes the segments in one batch call and
+concatenates them per example with BOS/EOS; this module only decides *what* text goes where.
+
+Formats:
+- `text`: one column of documents (auto: `text`, `content`, `document`).
+- `instruction`: a prompt column rendered through a template, plus a response column (auto:
+  instruction[+input]/output, instruction/response, prompt/completion, prompt/response,
+  question/answer, query/response).
+- `chat`: a column of `[{role, content}, ...]` lists (auto: `messages`, `conversations`), rendered
+  with the tokenizer's chat template; ShareGPT-style `{from, value}` turns are accepted too.
+- `tokenized`: an `input_ids` column (+ optional `labels`), used as is.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import UserError
+
+FORMATS = ("auto", "text", "instruction", "chat", "tokenized")
+
+ALPACA = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes "
+    "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
+)
+# Named templates for --template. "alpaca" switches to its no-input wording when `input` is empty.
+TEMPLATES: dict[str, str] = {
+    "alpaca": ALPACA,
+    "qa": "Question: {prompt}\nAnswer:\n",
+    "plain": "{prompt}",
+    "chatml-lite": "User: {prompt}\nAssistant:\n",
+}
+
+TEXT_FIELDS = ("text", "content", "document")
+MESSAGE_FIELDS = ("messages", "conversations", "conversation")
+# (prompt field, response field, default template), tried in order.
+PAIRS = (
+    ("instruction", "output", "alpaca"),
+    ("instruction", "response", "alpaca"),
+    ("prompt", "completion", "plain"),
+    ("prompt", "response", "plain"),
+    ("question", "answer", "qa"),
+    ("query", "response", "qa"),
+)
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
+
+
+@dataclass
+class FormatOptions:
+    """What the user asked for (CLI options); `None` fields are auto-detected."""
+
+    format: str = "auto"
+    text_field: str | None = None
+    prompt_field: str | None = None
+    input_field: str | None = None
+    response_field: str | None = None
+    messages_field: str | None = None
+    labels_field: str | None = None
+    template: str | None = None
+    train_on_prompt: bool = False
+
+
+@dataclass
+class ResolvedFormat:
+    """The concrete format and column names used for a dataset (recorded in the manifest)."""
+
+    kind: str  # text | instruction | chat | tokenized
+    fields: dict[str, str | None] = field(default_factory=dict)
+    template: str | None = None
+    template_name: str | None = None
+    train_on_prompt: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Segments:
+    """Rendered segments of a batch: `texts[k]` belongs to example `example[k]` with loss `loss[k]`.
+
+    `example` is non-decreasing; an example with no segment at all (or only blank text) is empty.
+    """
+
+    texts: list[str]
+    example: np.ndarray  # int64, index within the batch
+    loss: np.ndarray  # bool
+    n_examples: int
+
+
+# ------------------------------------------------------------------------------------- detection
+
+
+def _pick(columns: list[str], candidates: tuple[str, ...]) -> str | None:
+    return next((c for c in candidates if c in columns), None)
+
+
+def _require(columns: list[str], name: str, flag: str) -> str:
+    if name not in columns:
+        raise UserError(
+            f"column {name!r} not found in the input (columns: {', '.join(columns) or 'none'}): "
+            f"pass {flag} with the right column name"
+        )
+    return name
+
+
+def resolve_template(template: str | None, default: str) -> tuple[str, str | None]:
+    """Return (template text, preset name or None) for --template (a preset name or a format string)."""
+    name = template or default
+    if name in TEMPLATES:
+        return TEMPLATES[name], name
+    try:
+        keys = {f for _, f, _, _ in string.Formatter().parse(name) if f is not None}
+    except ValueError as exc:
+        raise UserError(f"--template {name!r} is not a valid Python format string ({exc})") from None
+    unknown = keys - {"instruction", "prompt", "input"}
+    if unknown or not keys & {"instruction", "prompt"}:
+        raise UserError(
+            f"--template {name!r}: use the placeholders {{instruction}} (or {{prompt}}) and optionally "
+            f"{{input}}, or a preset: {', '.join(TEMPLATES)}"
+        )
+    return name, None
+
+
+def detect_format(columns: list[str], options: FormatOptions) -> ResolvedFormat:
+    """Choose the format and field names from the column names and the user's options."""
+    fmt = options.format
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    cols = list(columns)
+    if fmt == "auto":
+        if options.messages_field:
+            fmt = "chat"
+        elif options.prompt_field or options.response_field:
+            fmt = "instruction"
+        elif options.text_field:
+            fmt = "text"
+        elif "input_ids" in cols:
+            fmt = "tokenized"
+        elif _pick(cols, MESSAGE_FIELDS):
+            fmt = "chat"
+        elif any(p in cols and r in cols for p, r, _ in PAIRS):
+            fmt = "instruction"
+        elif _pick(cols, TEXT_FIELDS):
+            fmt = "text"
+        else:
+            raise UserError(
+                f"cannot tell the format from the columns ({', '.join(cols) or 'none'}): pass --format "
+                "and the field options (--text-field, --prompt-field/--response-field, --messages-field)"
+            )
+    top = options.train_on_prompt
+    if fmt == "tokenized":
+        ids = _require(cols, "input_ids", "--format tokenized (it needs an input_ids column)")
+        labels = options.labels_field or ("labels" if "labels" in cols else None)
+        if labels:
+            _require(cols, labels, "--labels-field")
+        return ResolvedFormat("tokenized", {"input_ids": ids, "labels": labels}, train_on_prompt=top)
+    if fmt == "text":
+        name = options.text_field or _pick(cols, TEXT_FIELDS) or "text"
+        return ResolvedFormat("text", {"text": _require(cols, name, "--text-field")}, train_on_prompt=top)
+    if fmt == "chat":
+        name = options.messages_field or _pick(cols, MESSAGE_FIELDS) or "messages"
+        return ResolvedFormat(
+            "chat", {"messages": _require(cols, name, "--messages-field")}, train_on_prompt=top
+        )
+    # instruction
+    prompt, response, default_tpl = options.prompt_field, options.response_field, "alpaca"
+    for p, r, tpl in PAIRS:
+        if (prompt in (None, p)) and (response in (None, r)) and p in cols and r in cols:
+            prompt, response, default_tpl = p, r, tpl
+            break
+    if prompt is None:
+        prompt = _pick(cols, ("instruction", "prompt", "question", "query")) or "prompt"
+    if response is None:
+        response = _pick(cols, ("output", "response", "completion", "answer")) or "response"
+    _require(cols, prompt, "--prompt-field")
+    _require(cols, response, "--response-field")
+    input_field = options.input_field
+    if input_field is None and "input" in cols and prompt != "input":
+        input_field = "input"
+    elif input_field is not None:
+        _require(cols, input_field, "--input-field")
+    if options.template is None and default_tpl == "alpaca" and prompt not in ("instruction",):
+        default_tpl = "plain"
+    template, tname = resolve_template(options.template, default_tpl)
+    return ResolvedFormat(
+        "instruction",
+        {"prompt": prompt, "input": input_field, "response": response},
+        template=template,
+        template_name=tname,
+        train_on_prompt=top,
+    )
+
+
+# ------------------------------------------------------------------------------------- rendering
+
+
+Where = Callable[[int], str]  # row index within the batch -> "file line 17" (SourceBatch.where)
+
+
+def rows_where(file: str, first_row: int = 0) -> Where:
+    """A `Where` for a table without line numbers: 1-based record number within `file`."""
+    return lambda i: f"{file} row {first_row + i + 1}"
+
+
+def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -> list[str]:
+    """A column as Python strings; a null in a required field is a one-line error naming its row."""
+    col = table.column(name)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        if pa.types.is_null(col.type):
+            col = pa.chunked_array([pa.nulls(len(col), pa.string())])
+        else:
+            try:
+                col = pc.cast(col, pa.string())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise UserError(
+                    f"{where(0)}: field {name!r} has type {col.type}, expected text: choose another "
+                    "field or --format"
+                ) from None
+    if col.null_count:
+        if optional:
+            col = pc.fill_null(col, "")
+        else:
+            first = int(pc.index(pc.is_null(col), True).as_py())
+            raise UserError(
+                f"{where(first)}: field {name!r} is missing or null: fix the row or "
+                "remove it"
+            )
+    return col.to_pylist()
+
+
+def render_text(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
+    texts = string_column(table, fmt.fields["text"], where, optional=False)
+    n = len(texts)
+    return Segments(texts, np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n)
+
+
+def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
+    prompts = string_column(table, fmt.fields["prompt"], where, optional=False)
+    responses = string_column(table, fmt.fields["response"], where, optional=False)
+    n = len(prompts)
+    inputs = (
+        string_column(table, fmt.fields["input"], where, optional=True)
+        if fmt.fields.get("input")
+        else [""] * n
+    )
+    template = fmt.template or "{prompt}"
+    alpaca = fmt.template_name == "alpaca"
+    texts: list[str] = []
+    for p, x, r in zip(prompts, inputs, responses):
+        if not p.strip() and not r.strip() and not x.strip():
+            texts.extend(("", ""))
+            continue
+        tpl = ALPACA_NO_INPUT if alpaca and not x.strip() else template
+        texts.append(tpl.format(instruction=p, prompt=p, input=x))
+        texts.append(r)
+    example = np.repeat(np.arange(n, dtype=np.int64), 2)
+    loss = np.tile(np.array([fmt.train_on_prompt, True]), n)
+    return Segments(texts, example, loss, n)
+
+
+def normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    """Accept [{role, content}] or ShareGPT [{from, value}]; return [{role, content}]."""
+    if messages is None:
+        raise UserError(f"{where}: field with the messages is missing or null: fix the row or remove it")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise UserError(f"{where}: each message must be an object with role and content")
+        role = m.get("role", m.get("from"))
+        content = m.get("content", m.get("value"))
+        if role is None or content is None:
+            raise UserError(f"{where}: a message lacks role/content (or from/value): fix the row")
+        out.append({"role": ROLE_ALIASES.get(role, role), "content": content})
+    return out
+
+
+def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_prompt: bool) -> list[tuple[str, bool]]:
+    """Render a conversation with the chat template as (text, is_loss) segments.
+
+    The conversation is rendered prefix by prefix; the text an assistant message adds (after the
+    generation prompt) carries loss, everything else does not. A template whose renderings are not
+    prefixes of each other cannot be split this way: then only `--train-on-prompt` works.
+    """
+
+    def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
+        if not msgs:
+            return ""
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    if train_on_prompt:
+        return [(render(messages), True)]
+    segments: list[tuple[str, bool]] = []
+    prev = ""
+    for i, message in enumerate(messages):
+        full = render(messages[: i + 1])
+        if message["role"] == "assistant":
+            head = render(messages[:i], gen=True)
+            if head.startswith(prev) and full.startswith(head):
+                segments.append((head[len(prev) :], False))
+                segments.append((full[len(head) :], True))
+                prev = full
+                continue
+        if not full.startswith(prev):
+            raise UserError(
+                "the tokenizer's chat template does not render conversations prefix by prefix, so "
+                "assistant turns cannot be located: pass --train-on-prompt to train on whole chats"
+            )
+        segments.append((full[len(prev) :], message["role"] == "assistant"))
+        prev = full
+    return segments
+
+
+def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any) -> Segments:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
+            "data cannot be rendered: use a tokenizer with one, or --format instruction/text"
+        )
+    rows = table.column(fmt.fields["messages"]).to_pylist()
+    texts: list[str] = []
+    example: list[int] = []
+    loss: list[bool] = []
+    for i, messages in enumerate(rows):
+        msgs = normalise_messages(messages, where(i))
+        if not msgs:
+            continue
+        try:
+            segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt)
+        except UserError:
+            raise
+        except Exception as exc:  # jinja errors from the template
+            raise UserError(f"{where(i)}: the chat template failed on this conversation ({exc})") from None
+        for text, is_loss in segs:
+            texts.append(text)
+            example.append(i)
+            loss.append(is_loss)
+    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows))
+
+
+def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
+    """Render one batch of a text / instruction / chat dataset into segments."""
+    if fmt.kind == "text":
+        return render_text(table, fmt, where)
+    if fmt.kind == "instruction":
+        return render_instruction(table, fmt, where)
+    if fmt.kind == "chat":
+        return render_chat(table, fmt, where, tokenizer)
+    raise ValueError(f"render() does not handle {fmt.kind!r}")

@@ -1,0 +1,482 @@
+"""Parallel batch tokenization of rendered examples, spilled to disk; only lengths stay in RAM.
+
+Each `SourceBatch` is rendered into segments (`pipeline.formats`), all segment texts of the batch are
+tokenized in one call of the fast tokenizer's batch API, and a numba kernel concatenates them per
+example with BOS/EOS and builds the labels (-100 on prompt segments and always on an example's first
+token; the EOS that ends a response carries loss). Pre-tokenized input skips the tokenizer and is
+reshaped with vectorised pyarrow/numpy only.
+
+Batches are processed by a pool of `num_proc` processes, at most a few batches in flight (bounded
+memory), and their results are consumed *in input order*, so the spill file and hence the shards are
+identical whatever `num_proc` is.
+
+The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`) that the writer
+memory-maps as single contiguous arrays for its gather kernel; per example only the length (and the
+start offset, their cumulative sum) live in RAM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import UserError
+from pipeline.formats import FormatOptions, ResolvedFormat, Where, detect_format, render
+from pipeline.shards import IGNORE_INDEX
+
+OVERLONG = ("truncate", "split", "drop", "error")
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "chat_template")
+
+# ------------------------------------------------------------------------------------- tokenizer
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """Load a fast Hugging Face tokenizer from a local folder (never touching the network) or a Hub name."""
+    from transformers import AutoTokenizer
+
+    path = Path(os.path.expanduser(str(name_or_path)))
+    looks_local = path.exists() or os.sep in str(name_or_path) and not _hub_like(str(name_or_path))
+    try:
+        if path.is_dir():
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        elif looks_local or str(name_or_path).startswith((".", "~", "/")):
+            raise UserError(
+                f"tokenizer folder {name_or_path} not found: pass a folder with tokenizer.json "
+                "(e.g. data/tokenizer) or a Hub name"
+            )
+        else:
+            tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    except UserError:
+        raise
+    except Exception as exc:  # transformers raises OSError/ValueError/... with long messages
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(
+            f"cannot load tokenizer {name_or_path!r} ({first[:200]}): pass a folder holding "
+            "tokenizer.json / tokenizer_config.json"
+        ) from None
+    if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
+        raise UserError(f"tokenizer {name_or_path!r} is not a fast (Rust) tokenizer: provide tokenizer.json")
+    return tok
+
+
+def _hub_like(name: str) -> bool:
+    """`owner/name` with no other path syntax looks like a Hub id rather than a path."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 over the tokenizer's files (the source folder's tokenizer files, else save_pretrained)."""
+    digest = hashlib.sha256()
+    source = Path(str(getattr(tokenizer, "name_or_path", "")))
+    files: list[Path] = []
+    if source.is_dir():
+        files = sorted(
+            p for p in source.iterdir()
+            if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
+        )
+    if files:
+        for p in files:
+            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        return digest.hexdigest()
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        for p in sorted(Path(tmp).iterdir()):
+            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
+    """What the manifest records about the tokenizer."""
+    return {
+        "name": str(name),
+        "fingerprint": tokenizer_fingerprint(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "vocab_size": len(tokenizer),
+        "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
+    }
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize texts (no special tokens added) with the Rust batch API -> flat int32 ids, int64 lengths."""
+    backend = tokenizer.backend_tokenizer
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    ids = [e.ids for e in encode(texts, add_special_tokens=False)]
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
+    return flat, lens
+
+
+# ------------------------------------------------------------------------------- per-batch work
+
+
+@dataclass
+class TokBatch:
+    """One batch tokenized: flat ids/labels of its non-empty examples and a length per example (0 = empty)."""
+
+    input_ids: np.ndarray  # int32
+    labels: np.ndarray  # int32
+    lengths: np.ndarray  # int64, one per input row of the batch
+
+
+@numba.njit(cache=True)
+def _assemble(ids, tok_loss, ex_tok_start, ex_tok_end, ex_last_loss, empty, bos, eos):  # pragma: no cover - numba
+    n = ex_tok_start.shape[0]
+    lengths = np.zeros(n, dtype=np.int64)
+    add_b = np.zeros(n, dtype=np.bool_)
+    add_e = np.zeros(n, dtype=np.bool_)
+    total = 0
+    for e in range(n):
+        if empty[e]:
+            continue
+        a = ex_tok_start[e]
+        b = ex_tok_end[e]
+        add_b[e] = bos >= 0 and (b == a or ids[a] != bos)
+        add_e[e] = eos >= 0 and (b == a or ids[b - 1] != eos)
+        lengths[e] = (b - a) + add_b[e] + add_e[e]
+        total += lengths[e]
+    out_ids = np.empty(total, dtype=np.int32)
+    out_lab = np.empty(total, dtype=np.int32)
+    k = 0
+    for e in range(n):
+        if empty[e]:
+            continue
+        start = k
+        if add_b[e]:
+            out_ids[k] = bos
+            out_lab[k] = -100
+            k += 1
+        for t in range(ex_tok_start[e], ex_tok_end[e]):
+            out_ids[k] = ids[t]
+            out_lab[k] = ids[t] if tok_loss[t] else -100
+            k += 1
+        if add_e[e]:
+            out_ids[k] = eos
+            out_lab[k] = eos if ex_last_loss[e] else -100
+            k += 1
+        out_lab[start] = -100
+    return out_ids, out_lab, lengths
+
+
+def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: Where) -> TokBatch:
+    """Render, tokenize and assemble one batch of a text / instruction / chat dataset."""
+    segs = render(table, fmt, where, tokenizer)
+    n = segs.n_examples
+    blank = np.fromiter((not t.strip() for t in segs.texts), dtype=bool, count=len(segs.texts))
+    # an example is empty when it has no segment with visible text
+    has_text = np.zeros(n, dtype=bool)
+    if len(segs.texts):
+        np.logical_or.at(has_text, segs.example[~blank], True)
+    texts = [t if has_text[e] else "" for t, e in zip(segs.texts, segs.example)]
+    flat, seg_lens = encode_texts(tokenizer, texts)
+    tok_loss = np.repeat(segs.loss, seg_lens)
+    seg_end = np.cumsum(seg_lens)
+    seg_start = seg_end - seg_lens
+    # segments are sorted by example: example e owns segments [first[e], last[e]]
+    counts = np.bincount(segs.example, minlength=n) if len(segs.example) else np.zeros(n, dtype=np.int64)
+    last_seg = np.cumsum(counts) - 1
+    first_seg = last_seg - counts + 1
+    has_seg = counts > 0
+    ex_start = np.where(has_seg, seg_start[np.clip(first_seg, 0, None)] if len(seg_start) else 0, 0)
+    ex_end = np.where(has_seg, seg_end[np.clip(last_seg, 0, None)] if len(seg_end) else 0, 0)
+    ex_last_loss = np.where(has_seg, segs.loss[np.clip(last_seg, 0, None)] if len(segs.loss) else False, False)
+    bos = tokenizer.bos_token_id
+    eos = tokenizer.eos_token_id
+    ids, labels, lengths = _assemble(
+        flat,
+        tok_loss,
+        ex_start.astype(np.int64),
+        ex_end.astype(np.int64),
+        ex_last_loss.astype(bool),
+        ~has_text,
+        -1 if bos is None else int(bos),
+        -1 if eos is None else int(eos),
+    )
+    return TokBatch(ids, labels, lengths)
+
+
+def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
+    """A list<int> column as (flat int32 values, int64 lengths); nulls and bad types are user errors."""
+    col = table.column(name)
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)):
+        raise UserError(f"{where(0)}: column {name!r} has type {col.type}, expected a list of token ids")
+    if col.null_count:
+        first = int(pc.index(pc.is_null(col), True).as_py())
+        raise UserError(f"{where(first)}: {name!r} is missing or null: fix the row or remove it")
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.list_flatten(arr)
+    if not pa.types.is_integer(values.type):
+        raise UserError(f"{where(0)}: column {name!r} holds {values.type}, expected integer token ids")
+    if values.null_count:
+        raise UserError(f"{where(0)}: column {name!r} contains null token ids: fix the data")
+    flat = values.to_numpy(zero_copy_only=False)
+    if flat.dtype != np.int32:
+        if len(flat) and (flat.min() < IGNORE_INDEX or flat.max() > np.iinfo(np.int32).max):
+            raise UserError(f"{where(0)}: column {name!r} holds ids outside the int32 range")
+        flat = flat.astype(np.int32)
+    return flat, lengths
+
+
+def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where) -> TokBatch:
+    """Pre-tokenized rows: ids as given; labels as given or equal to the ids; first label always -100."""
+    ids, lengths = _int_list_column(table, fmt.fields["input_ids"], where)
+    if len(ids) and ids.min() < 0:
+        bad = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(ids < 0)), side="right"))
+        raise UserError(f"{where(bad)}: input_ids contains a negative id: fix the data")
+    starts = np.cumsum(lengths) - lengths
+    if fmt.fields.get("labels"):
+        labels, lab_lens = _int_list_column(table, fmt.fields["labels"], where)
+        if not np.array_equal(lab_lens, lengths):
+            bad = int(np.argmax(lab_lens != lengths))
+            raise UserError(
+                f"{where(bad)}: labels has {lab_lens[bad]} entries but input_ids has "
+                f"{lengths[bad]}: they must be the same length"
+            )
+        wrong = (labels != IGNORE_INDEX) & (labels != ids)
+        if wrong.any():
+            bad = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(wrong)), side="right"))
+            raise UserError(
+                f"{where(bad)}: labels must be -100 or equal to input_ids at the same "
+                "position (unshifted, Hugging Face convention): fix the labels column"
+            )
+        labels = labels.copy() if not labels.flags.writeable else labels
+    else:
+        labels = ids.copy()
+    nonempty = lengths > 0
+    labels[starts[nonempty]] = IGNORE_INDEX
+    return TokBatch(ids, labels, lengths)
+
+
+# --------------------------------------------------------------------------------- pool plumbing
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer: Any, fmt: ResolvedFormat) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER["tokenizer"] = tokenizer
+    _WORKER["fmt"] = fmt
+
+
+def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any) -> TokBatch:
+    if fmt.kind == "tokenized":
+        return tokenized_batch(batch.table, fmt, batch.where)
+    return tokenize_batch(batch.table, fmt, tokenizer, batch.where)
+
+
+def _work(batch: Any) -> TokBatch:
+    return _one(batch, _WORKER["fmt"], _WORKER["tokenizer"])
+
+
+def _pool_context() -> mp.context.BaseContext:
+    return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
+
+
+def iter_tokenized(
+    files: list[Any],
+    fmt: ResolvedFormat,
+    tokenizer: Any,
+    *,
+    num_proc: int = 1,
+    limit: int | None = None,
+    batch_rows: int = 4096,
+) -> Iterator[tuple[Any, TokBatch]]:
+    """Yield (source batch, tokenized batch) in input order, using `num_proc` processes."""
+    from pipeline.sources import iter_batches
+
+    batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
+    if num_proc <= 1 or fmt.kind == "tokenized":  # pre-tokenized input is I/O bound: no pickling
+        for batch in batches:
+            yield batch, _one(batch, fmt, tokenizer)
+        return
+    pool = _pool_context().Pool(num_proc, initializer=_init_worker, initargs=(tokenizer, fmt))
+    try:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append((batch, pool.apply_async(_work, (batch,))))
+            if len(pending) >= 2 * num_proc:
+                done, result = pending.popleft()
+                yield done, result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, result.get()
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+# ------------------------------------------------------------------------------------------ spill
+
+
+@dataclass
+class Spill:
+    """Tokenized examples on disk plus their lengths in RAM (non-empty examples only, input order)."""
+
+    ids_path: Path
+    labels_path: Path
+    lengths: np.ndarray  # int64 per kept example
+    example_ids: np.ndarray  # int64 global input index per kept example
+    examples_read: int = 0
+    empty_skipped: int = 0
+    overlong_rows: list[str] = field(default_factory=list)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Start of each example in the spill arrays."""
+        return np.cumsum(self.lengths) - self.lengths
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The spilled input_ids and labels, memory-mapped."""
+        if self.total_tokens == 0:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        ids = np.memmap(self.ids_path, dtype="<i4", mode="r")
+        labels = np.memmap(self.labels_path, dtype="<i4", mode="r")
+        return ids, labels
+
+
+def tokenize_to_spill(
+    files: list[Any],
+    fmt: ResolvedFormat,
+    tokenizer: Any,
+    spill_dir: str | os.PathLike[str],
+    *,
+    max_len: int,
+    overlong: str = "truncate",
+    num_proc: int = 1,
+    limit: int | None = None,
+    batch_rows: int = 4096,
+    progress: Any = None,
+) -> Spill:
+    """Tokenize every example into `spill_dir`; with overlong == "error", fail on the first too-long one."""
+    spill_dir = Path(spill_dir)
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
+    lengths: list[np.ndarray] = []
+    example_ids: list[np.ndarray] = []
+    read = empty = tokens = 0
+    with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
+        for batch, tok in iter_tokenized(
+            files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows
+        ):
+            n = len(tok.lengths)
+            keep = tok.lengths > 0
+            if overlong == "error" and (tok.lengths > max_len).any():
+                bad = int(np.argmax(tok.lengths > max_len))
+                raise UserError(
+                    f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
+                    f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
+                )
+            tok.input_ids.astype("<i4", copy=False).tofile(fi)
+            tok.labels.astype("<i4", copy=False).tofile(fl)
+            lengths.append(tok.lengths[keep])
+            example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
+            read += n
+            empty += int(n - keep.sum())
+            tokens += len(tok.input_ids)
+            if progress is not None:
+                progress.set_postfix(tokens=_fmt_count(tokens), refresh=False)
+                progress.update(n)
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return Spill(ids_path, labels_path, cat(lengths), cat(example_ids), read, empty)
+
+
+def _fmt_count(n: int) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+# ----------------------------------------------------------------------------- other consumers
+
+
+def _format_options(options: dict[str, Any]) -> FormatOptions:
+    keys = FormatOptions.__dataclass_fields__
+    return FormatOptions(**{k: options[k] for k in keys if options.get(k) is not None})
+
+
+def lengths_of(inputs: list[str] | str, tokenizer: Any, **format_options: Any) -> np.ndarray:
+    """Token count per non-empty example (after BOS/EOS, before any --max-len policy), in input order.
+
+    `tokenizer` is a tokenizer object or a name/path; `format_options` are FormatOptions fields plus
+    optional `num_proc`, `limit`, `batch_rows`.
+    """
+    from pipeline.sources import column_names, resolve_inputs
+
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(str(tokenizer))
+    num_proc = int(format_options.pop("num_proc", 1) or 1)
+    limit = format_options.pop("limit", None)
+    batch_rows = int(format_options.pop("batch_rows", 4096))
+    files = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
+    fmt = detect_format(column_names(files), _format_options(format_options))
+    parts = [
+        tok.lengths[tok.lengths > 0]
+        for _, tok in iter_tokenized(files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Re-tokenize the given examples (global input indices) from a manifest's `config`.
+
+    Returns (input_ids, labels) per requested id, in the order given, exactly as pack-data produced
+    them before packing; with `overlong == "truncate"` they are clipped to `max_len`. A split example
+    is returned whole (its pieces in the shards are consecutive max_len chunks, each chunk's first
+    label set to -100). An empty (skipped) example comes back as two empty arrays.
+    """
+    from pipeline.sources import column_names, iter_batches, resolve_inputs
+
+    wanted = np.asarray(list(example_ids), dtype=np.int64)
+    if len(wanted) == 0:
+        return []
+    tokenizer = load_tokenizer(config["tokenizer"])
+    files = resolve_inputs(list(config["inputs"]))
+    fmt = detect_format(column_names(files), _format_options(config))
+    max_len = int(config.get("max_len") or 0)
+    found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    targets = set(int(i) for i in wanted)
+    stop = int(wanted.max()) + 1
+    for batch in iter_batches(files, batch_rows=int(config.get("batch_rows") or 4096), limit=stop):
+        n = batch.table.num_rows
+        local = [i - batch.first_index for i in targets if batch.first_index <= i < batch.first_index + n]
+        if not local:
+            continue
+        local.sort()
+        for li in local:
+            sub = batch.table.slice(li, 1)
+            where = lambda i, li=li: batch.where(li + i)  # noqa: E731
+            if fmt.kind == "tokenized":
+                tok = tokenized_batch(sub, fmt, where)
+            else:
+                tok = tokenize_batch(sub, fmt, tokenizer, where)
+            ids, labels = tok.input_ids, tok.labels
+            if config.get("overlong", "truncate") == "truncate" and max_len and len(ids) > max_len:
+                ids, labels = ids[:max_len], labels[:max_len]
+            found[batch.first_index + li] = (ids, labels)
+    missing = [int(i) for i in wanted if int(i) not in found]
+    if missing:
+        raise UserError(f"example id {missing[0]} is not in the inputs {config['inputs']}: were they changed?")
+    return [found[int(i)] for i in wanted]

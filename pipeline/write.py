@@ -1,0 +1,407 @@
+"""The pack-data job: inputs -> spill -> plan -> shards + manifest, made visible atomically.
+
+`run_pack_data(PackConfig(...))` is what the `pack-data` command calls; tests and benchmarks call it
+directly. Phases:
+
+1. read + tokenize (`pipeline.tokenize.tokenize_to_spill`): tokens go to a spill on disk, only the
+   per-example lengths stay in RAM;
+2. overlong policy on the lengths (truncate / split / drop; `error` already failed in phase 1), which
+   turns examples into *pieces* (example id, start in the spill, length);
+3. plan: `pipeline.binpack.assign_bins` gives each piece its row; a stable sort by row keeps pieces
+   in input order inside a row;
+4. write: per shard, a numba kernel gathers the pieces from the memory-mapped spill into flat
+   input_ids / labels / position_ids (the first label of every piece set to -100), `rows_table` +
+   `write_shard`, sha256; then the manifest, `verify_folder`, and an atomic rename.
+
+Everything is written inside a hidden temporary sibling of the output folder, removed on any
+failure (including ^C), so a folder named like the output only ever appears complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.binpack import STRATEGIES, assign_bins
+from pipeline.errors import UserError
+from pipeline.formats import FORMATS, FormatOptions, detect_format
+from pipeline.shards import (
+    IGNORE_INDEX,
+    MANIFEST_NAME,
+    Counts,
+    Manifest,
+    ShardInfo,
+    file_sha256,
+    rows_table,
+    shard_name,
+    write_manifest,
+    write_shard,
+)
+from pipeline.tokenize import OVERLONG, Spill, load_tokenizer, tokenize_to_spill, tokenizer_info
+
+SHARD_TARGET_BYTES = 256 << 20  # auto --rows-per-shard aims at shards of about this size
+BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
+
+
+@dataclass
+class PackConfig:
+    """Every option of `pack-data` (recorded verbatim as the manifest's `config`)."""
+
+    inputs: list[str]
+    tokenizer: str
+    max_len: int
+    out: str
+    format: str = "auto"
+    text_field: str | None = None
+    prompt_field: str | None = None
+    input_field: str | None = None
+    response_field: str | None = None
+    messages_field: str | None = None
+    labels_field: str | None = None
+    template: str | None = None
+    train_on_prompt: bool = False
+    strategy: str = "ffd"
+    group_size: int = 32
+    overlong: str = "truncate"
+    num_proc: int = 1
+    seed: int = 0
+    rows_per_shard: int | None = None
+    overwrite: bool = False
+    limit: int | None = None
+    batch_rows: int = 4096
+    progress: bool = True
+
+    def format_options(self) -> FormatOptions:
+        keys = FormatOptions.__dataclass_fields__
+        return FormatOptions(**{k: getattr(self, k) for k in keys})
+
+
+# ------------------------------------------------------------------------------------- validation
+
+
+def _validate(config: PackConfig) -> None:
+    if not config.inputs:
+        raise UserError("no INPUT given: pass one or more files, folders or globs")
+    if config.max_len < 2:
+        raise UserError(f"--max-len must be at least 2, got {config.max_len}")
+    if config.strategy not in STRATEGIES:
+        raise UserError(f"unknown --strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if config.overlong not in OVERLONG:
+        raise UserError(f"unknown --overlong {config.overlong!r}: choose one of {', '.join(OVERLONG)}")
+    if config.format not in FORMATS:
+        raise UserError(f"unknown --format {config.format!r}: choose one of {', '.join(FORMATS)}")
+    if config.num_proc < 1:
+        raise UserError(f"--num-proc must be >= 1, got {config.num_proc}")
+    if config.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {config.seed}")
+    if config.rows_per_shard is not None and config.rows_per_shard < 1:
+        raise UserError(f"--rows-per-shard must be >= 1, got {config.rows_per_shard}")
+    if config.limit is not None and config.limit < 1:
+        raise UserError(f"--limit must be >= 1, got {config.limit}")
+    _check_out(Path(config.out), config.overwrite)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a folder: choose another --out")
+    if not overwrite:
+        raise UserError(f"output folder {out} already exists: pass --overwrite to replace it, or choose another --out")
+    if any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise UserError(
+            f"--out {out} is a non-empty folder that pack-data did not write (no {MANIFEST_NAME}); "
+            "refusing to replace it even with --overwrite: choose another --out"
+        )
+
+
+# ------------------------------------------------------------------------------------ overlong
+
+
+@dataclass
+class Pieces:
+    """What gets packed: one entry per (piece of an) example, in input order."""
+
+    example_ids: np.ndarray  # int64
+    starts: np.ndarray  # int64 offset into the spill
+    lengths: np.ndarray  # int64
+    counts: Counts = field(default_factory=Counts)
+
+
+def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
+    """Turn spilled examples into pieces of at most `max_len` tokens according to `policy`."""
+    lengths, starts, ids = spill.lengths, spill.offsets, spill.example_ids
+    over = lengths > max_len
+    counts = Counts(examples_read=spill.examples_read, empty_skipped=spill.empty_skipped)
+    if policy == "truncate":
+        counts.truncated = int(over.sum())
+        pieces = Pieces(ids, starts, np.minimum(lengths, max_len), counts)
+    elif policy == "drop":
+        counts.dropped = int(over.sum())
+        keep = ~over
+        pieces = Pieces(ids[keep], starts[keep], lengths[keep], counts)
+    elif policy == "split":
+        counts.split = int(over.sum())
+        n_chunks = (lengths + max_len - 1) // max_len
+        rep = np.repeat(np.arange(len(lengths)), n_chunks)
+        first_chunk = np.cumsum(n_chunks) - n_chunks
+        k = np.arange(len(rep), dtype=np.int64) - np.repeat(first_chunk, n_chunks)
+        chunk_start = k * max_len
+        pieces = Pieces(
+            ids[rep], starts[rep] + chunk_start, np.minimum(lengths[rep] - chunk_start, max_len), counts
+        )
+    else:  # "error": tokenize_to_spill already raised on the first overlong example
+        if over.any():
+            raise UserError(f"an example is longer than --max-len {max_len}")
+        pieces = Pieces(ids, starts, lengths, counts)
+    counts.examples_packed = int(len(np.unique(pieces.example_ids))) if policy == "split" else len(pieces.example_ids)
+    return pieces
+
+
+# --------------------------------------------------------------------------------------- gather
+
+
+@numba.njit(cache=True)
+def _gather(src_ids, src_labels, starts, lengths, out_ids, out_labels, out_pos):  # pragma: no cover - numba
+    k = 0
+    loss = 0
+    for p in range(starts.shape[0]):
+        s = starts[p]
+        n = lengths[p]
+        for t in range(n):
+            out_ids[k + t] = src_ids[s + t]
+            out_labels[k + t] = src_labels[s + t]
+            out_pos[k + t] = t
+        out_labels[k] = -100
+        for t in range(n):
+            if out_labels[k + t] != -100:
+                loss += 1
+        k += n
+    return loss
+
+
+def gather_rows(
+    src_ids: np.ndarray, src_labels: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Copy pieces (in row order) out of the spill into flat ids, labels, position_ids; count loss tokens."""
+    total = int(lengths.sum())
+    out_ids = np.empty(total, np.int32)
+    out_labels = np.empty(total, np.int32)
+    out_pos = np.empty(total, np.int32)
+    loss = _gather(src_ids, src_labels, starts, lengths, out_ids, out_labels, out_pos)
+    return out_ids, out_labels, out_pos, int(loss)
+
+
+# ------------------------------------------------------------------------------------------ job
+
+
+def _auto_rows_per_shard(max_len: int) -> int:
+    return max(1, SHARD_TARGET_BYTES // (max_len * BYTES_PER_TOKEN))
+
+
+def _bar(enabled: bool, **kwargs: Any) -> tqdm:
+    return tqdm(file=sys.stderr, disable=not enabled, dynamic_ncols=True, mininterval=0.5, **kwargs)
+
+
+def run_pack_data(
+    config: PackConfig,
+    *,
+    echo: Callable[[str], None] | None = None,
+    stats: dict[str, Any] | None = None,
+) -> Manifest:
+    """Run the whole job; return the manifest of the finished output folder.
+
+    `echo` receives the final summary lines; `stats`, when given, is filled with per-phase seconds
+    and totals (for benchmarks).
+    """
+    from pipeline.sources import column_names, input_fingerprints, resolve_inputs
+    from pipeline.verify import verify_folder
+
+    _validate(config)
+    if config.rows_per_shard is None:
+        config.rows_per_shard = _auto_rows_per_shard(config.max_len)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    files = resolve_inputs(list(config.inputs))
+    fmt = detect_format(column_names(files), config.format_options())
+    tokenizer = load_tokenizer(config.tokenizer)
+    tok_info = tokenizer_info(tokenizer, config.tokenizer)
+    tok_info["format"] = fmt.to_dict()
+    inputs_info = input_fingerprints(files)
+    times["setup"] = time.perf_counter() - t0
+
+    out = Path(config.out)
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        manifest = _pack_into(tmp, config, files, fmt, tokenizer, tok_info, inputs_info, times)
+        t = time.perf_counter()
+        verify_folder(tmp, check_hashes=True)
+        times["verify"] = time.perf_counter() - t
+        _commit(tmp, out, config.overwrite)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    times["total"] = time.perf_counter() - t0
+    lines = summary_lines(manifest, times, stats)
+    if echo is not None:
+        for line in lines:
+            echo(line)
+    if stats is not None:
+        stats["times"] = times
+    return manifest
+
+
+def _pack_into(
+    tmp: Path,
+    config: PackConfig,
+    files: list[Any],
+    fmt: Any,
+    tokenizer: Any,
+    tok_info: dict[str, Any],
+    inputs_info: list[dict[str, Any]],
+    times: dict[str, float],
+) -> Manifest:
+    max_len = config.max_len
+    t = time.perf_counter()
+    with _bar(config.progress, desc="read+tokenize", unit="ex", total=config.limit) as bar:
+        spill = tokenize_to_spill(
+            files,
+            fmt,
+            tokenizer,
+            tmp / "_spill",
+            max_len=max_len,
+            overlong=config.overlong,
+            num_proc=config.num_proc,
+            limit=config.limit,
+            batch_rows=config.batch_rows,
+            progress=bar,
+        )
+    times["read_tokenize"] = time.perf_counter() - t
+    if spill.examples_read == 0:
+        raise UserError(f"the inputs {' '.join(map(str, config.inputs))} hold no rows: nothing to pack")
+    if len(spill.lengths) == 0:
+        raise UserError(
+            f"all {spill.examples_read} examples are empty after rendering: check the field names "
+            "(--text-field, --prompt-field, ...) and --format"
+        )
+
+    t = time.perf_counter()
+    with _bar(config.progress, desc="plan", total=1, unit="step") as bar:
+        pieces = apply_overlong(spill, max_len, config.overlong)
+        if len(pieces.lengths) == 0:
+            raise UserError(
+                f"all {len(spill.lengths)} examples are longer than --max-len {max_len} and were dropped: "
+                "raise --max-len or use --overlong truncate|split"
+            )
+        bins = assign_bins(pieces.lengths, max_len, config.strategy, config.seed, config.group_size)
+        order = np.argsort(bins, kind="stable")
+        n_rows = int(bins.max()) + 1
+        per_row = np.bincount(bins, minlength=n_rows).astype(np.int64)
+        row_pieces = np.concatenate(([0], np.cumsum(per_row)))
+        p_ids = pieces.example_ids[order]
+        p_starts = pieces.starts[order]
+        p_lens = pieces.lengths[order]
+        del bins, order
+        bar.update(1)
+    times["plan"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    src_ids, src_labels = spill.arrays()
+    src_ids, src_labels = np.asarray(src_ids), np.asarray(src_labels)
+    rps = int(config.rows_per_shard or _auto_rows_per_shard(max_len))
+    shards: list[ShardInfo] = []
+    total_tokens = loss_tokens = 0
+    with _bar(config.progress, desc="write", total=n_rows, unit="row") as bar:
+        for s, r0 in enumerate(range(0, n_rows, rps)):
+            r1 = min(n_rows, r0 + rps)
+            a, b = int(row_pieces[r0]), int(row_pieces[r1])
+            lens = p_lens[a:b]
+            ids, labels, pos, loss = gather_rows(src_ids, src_labels, p_starts[a:b], lens)
+            piece_off = row_pieces[r0 : r1 + 1] - a
+            tok_cum = np.concatenate(([0], np.cumsum(lens)))
+            row_off = tok_cum[piece_off]
+            if int(np.diff(row_off).max()) > max_len:
+                raise RuntimeError("planner produced a row longer than max_len")  # a bug, not user input
+            table = rows_table(ids, labels, pos, row_off, lens, p_ids[a:b], piece_off)
+            name = shard_name(s)
+            write_shard(tmp / name, table)
+            del table, ids, labels, pos
+            shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=file_sha256(tmp / name)))
+            total_tokens += int(row_off[-1])
+            loss_tokens += loss
+            bar.update(r1 - r0)
+    del src_ids, src_labels
+    shutil.rmtree(tmp / "_spill", ignore_errors=True)
+    config_dict = asdict(config)
+    manifest = Manifest(
+        max_len=max_len,
+        strategy=config.strategy,
+        seed=config.seed,
+        rows=n_rows,
+        total_tokens=total_tokens,
+        loss_tokens=loss_tokens,
+        efficiency=round(total_tokens / (n_rows * max_len), 6),
+        counts=pieces.counts,
+        shards=shards,
+        tokenizer=tok_info,
+        inputs=inputs_info,
+        config=config_dict,
+    )
+    write_manifest(tmp, manifest)
+    times["write"] = time.perf_counter() - t
+    times["_longest"] = float(p_lens.max())
+    times["_pieces"] = float(len(p_lens))
+    return manifest
+
+
+def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished temporary folder to `out` (replacing an old output when allowed)."""
+    if out.exists():
+        _check_out(out, overwrite)  # it may have appeared while we worked
+        old = out.absolute().parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            os.rename(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+
+
+def summary_lines(manifest: Manifest, times: dict[str, float], stats: dict[str, Any] | None = None) -> list[str]:
+    """Human summary: counts, rows, efficiency, padding avoided, time per phase."""
+    c = manifest.counts
+    longest = int(times.get("_longest", 0))
+    pieces = int(times.get("_pieces", 0))
+    pad_longest = pieces * longest - manifest.total_tokens  # every example padded to the longest one
+    pad_packed = manifest.rows * manifest.max_len - manifest.total_tokens
+    avoided = pad_longest - pad_packed
+    tok_s = manifest.total_tokens / times["total"] if times.get("total") else 0.0
+    if stats is not None:
+        stats.update(tokens=manifest.total_tokens, rows=manifest.rows, pieces=pieces, pad_longest=pad_longest)
+    phases = ", ".join(f"{k.replace('_', '+')} {v:.2f}s" for k, v in times.items() if not k.startswith("_"))
+    return [
+        f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
+        f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped",
+        f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
+        f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}",
+        f"padding avoided vs pad-to-longest ({pieces} rows x {longest}): {avoided} tokens "
+        f"({pad_longest} -> {pad_packed})",
+        f"time: {phases} ({tok_s / 1e6:.2f}M tokens/s)",
+    ]

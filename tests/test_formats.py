@@ -1,0 +1,163 @@
+"""pipeline.formats: format auto-detection, templates, segments with loss flags, clear field errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.formats import (
+    ALPACA,
+    ALPACA_NO_INPUT,
+    TEMPLATES,
+    FormatOptions,
+    chat_segments,
+    detect_format,
+    render,
+    resolve_template,
+    rows_where,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "data" / "tokenizer"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from pipeline.tokenize import load_tokenizer
+
+    return load_tokenizer(str(TOKENIZER))
+
+
+@pytest.mark.parametrize(
+    ("columns", "kind", "fields", "template"),
+    [
+        (["text", "meta"], "text", {"text": "text"}, None),
+        (["content"], "text", {"text": "content"}, None),
+        (["instruction", "input", "output"], "instruction", {"prompt": "instruction", "input": "input", "response": "output"}, "alpaca"),
+        (["instruction", "output"], "instruction", {"prompt": "instruction", "input": None, "response": "output"}, "alpaca"),
+        (["prompt", "completion"], "instruction", {"prompt": "prompt", "input": None, "response": "completion"}, "plain"),
+        (["question", "answer"], "instruction", {"prompt": "question", "input": None, "response": "answer"}, "qa"),
+        (["messages", "id"], "chat", {"messages": "messages"}, None),
+        (["conversations"], "chat", {"messages": "conversations"}, None),
+        (["input_ids", "labels", "text"], "tokenized", {"input_ids": "input_ids", "labels": "labels"}, None),
+        (["input_ids"], "tokenized", {"input_ids": "input_ids", "labels": None}, None),
+    ],
+)
+def test_auto_detection(columns, kind, fields, template):
+    fmt = detect_format(columns, FormatOptions())
+    assert fmt.kind == kind
+    assert fmt.fields == fields
+    assert fmt.template_name == template
+
+
+def test_explicit_fields_choose_format_and_columns():
+    fmt = detect_format(["body", "text"], FormatOptions(text_field="body"))
+    assert (fmt.kind, fmt.fields["text"]) == ("text", "body")
+    fmt = detect_format(["q", "a", "text"], FormatOptions(prompt_field="q", response_field="a"))
+    assert (fmt.kind, fmt.fields["prompt"], fmt.fields["response"]) == ("instruction", "q", "a")
+    assert fmt.template_name == "plain"
+
+
+@pytest.mark.parametrize(
+    ("columns", "options", "needle"),
+    [
+        (["foo", "bar"], FormatOptions(), "cannot tell the format"),
+        (["text"], FormatOptions(text_field="body"), "--text-field"),
+        (["text"], FormatOptions(format="chat"), "--messages-field"),
+        (["instruction"], FormatOptions(format="instruction"), "--response-field"),
+        (["text"], FormatOptions(format="tokenized"), "input_ids"),
+        (["text"], FormatOptions(format="yaml"), "unknown --format"),
+    ],
+)
+def test_detection_errors_are_one_line_with_a_fix(columns, options, needle):
+    with pytest.raises(UserError) as err:
+        detect_format(columns, options)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_templates():
+    assert resolve_template("qa", "alpaca") == (TEMPLATES["qa"], "qa")
+    assert resolve_template(None, "alpaca") == (ALPACA, "alpaca")
+    assert resolve_template("Q: {prompt} ({input})\nA:", "plain") == ("Q: {prompt} ({input})\nA:", None)
+    for bad in ("{nope}", "no placeholder", "{prompt"):
+        with pytest.raises(UserError, match="--template"):
+            resolve_template(bad, "plain")
+
+
+def test_instruction_segments_template_and_loss():
+    table = pa.table({"instruction": ["Add 2+2", "Name a colour"], "input": ["numbers", None], "output": ["4", "red"]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    segs = render(table, fmt, rows_where("f.jsonl", 0))
+    assert segs.texts[0] == ALPACA.format(instruction="Add 2+2", input="numbers")
+    assert segs.texts[2] == ALPACA_NO_INPUT.format(instruction="Name a colour")  # null input is optional
+    assert segs.texts[1::2] == ["4", "red"]
+    assert segs.example.tolist() == [0, 0, 1, 1]
+    assert segs.loss.tolist() == [False, True, False, True]
+    fmt = detect_format(table.column_names, FormatOptions(train_on_prompt=True, template="{instruction}|{input}|"))
+    segs = render(table, fmt, rows_where("f.jsonl", 0))
+    assert segs.texts[0] == "Add 2+2|numbers|" and segs.texts[2] == "Name a colour||"
+    assert segs.loss.all()
+
+
+def test_null_required_field_names_file_and_row():
+    table = pa.table({"question": ["a", "b", None], "answer": ["1", "2", "3"]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    with pytest.raises(UserError, match=r"data.jsonl row 13: field 'question' is missing or null"):
+        render(table, fmt, rows_where("data.jsonl", 10))
+    table = pa.table({"text": ["x", None]})
+    with pytest.raises(UserError, match="t.jsonl row 2"):
+        render(table, detect_format(["text"], FormatOptions()), rows_where("t.jsonl", 0))
+
+
+def test_chat_segments_mark_only_assistant_turns(tokenizer):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    segs = chat_segments(messages, tokenizer, train_on_prompt=False)
+    assert "".join(t for t, _ in segs) == tokenizer.apply_chat_template(messages, tokenize=False)
+    loss_text = [t for t, loss in segs if loss]
+    assert loss_text == ["Hello.<|im_end|>\n", "4<|im_end|>\n"]
+    assert all("Hi?" not in t and "Be brief" not in t for t in loss_text)
+    whole = chat_segments(messages, tokenizer, train_on_prompt=True)
+    assert len(whole) == 1 and whole[0][1]
+
+
+def test_sharegpt_turns_are_accepted(tokenizer):
+    table = pa.table({"conversations": [[{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    segs = render(table, fmt, rows_where("c.jsonl", 0), tokenizer)
+    assert [t for t, loss in zip(segs.texts, segs.loss) if loss] == ["Yo<|im_end|>\n"]
+
+
+def test_chat_without_template_is_a_clear_error(tmp_path):
+    from pipeline.tokenize import load_tokenizer
+
+    folder = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for extra in folder.glob("chat_template*"):
+        extra.unlink()
+    tok = load_tokenizer(str(folder))
+    table = pa.table({"messages": [[{"role": "user", "content": "Hi"}]]})
+    with pytest.raises(UserError, match="no chat template"):
+        render(table, detect_format(["messages"], FormatOptions()), rows_where("c.jsonl", 0), tok)
+
+
+def test_empty_chat_is_an_example_with_no_segments(tokenizer):
+    table = pa.table({"messages": [[], [{"role": "user", "content": "Hi"}]]})
+    segs = render(table, detect_format(["messages"], FormatOptions()), rows_where("c.jsonl", 0), tokenizer)
+    assert segs.n_examples == 2
+    assert set(np.unique(segs.example)) == {1}
