@@ -1,0 +1,223 @@
+"""trainer.loop / trainer.checkpoint: loss normalisation, exact resume, DDP on gloo, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
+
+from pipeline.errors import UserError  # noqa: E402
+from pipeline.shards import read_manifest  # noqa: E402
+from trainer import checkpoint as ckpt  # noqa: E402
+from trainer.data import ShardReader  # noqa: E402
+from trainer.loop import LossModule, Schedule, TrainConfig, backward_window, train  # noqa: E402
+from trainer.model import build_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two OpenMP threads on a shared 2-core machine are 30x slower than one for this tiny model."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 18 rows of <= 64 tokens (token ids < 300) in 3 shards: ~4 steps per epoch."""
+    folder = tmp_path_factory.mktemp("packed")
+    lengths = np.random.default_rng(0).integers(4, 40, size=50).tolist()
+    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=7)
+    return folder
+
+
+def _config(packed: Path, out: Path, **kw) -> TrainConfig:
+    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=2,
+                lr=2e-3, warmup=2, max_steps=6, log_every=1, num_workers=0, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------------- schedule
+
+
+def test_schedule_warmup_then_decay() -> None:
+    cos = Schedule("cosine", warmup=4, total=20, min_ratio=0.1)
+    assert [cos(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert cos(4) == pytest.approx(1.0) and cos(20) == pytest.approx(0.1)
+    assert cos(12) == pytest.approx(0.55)  # halfway: midpoint of 1.0 and 0.1
+    lin = Schedule("linear", warmup=0, total=10, min_ratio=0.0)
+    assert [lin(s) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
+    assert Schedule("constant", 2, 10, 0.1)(9) == 1.0
+
+
+# --------------------------------------------------------------------------- loss normalisation
+
+
+def _grads(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+
+
+def test_accumulation_equals_one_big_batch(packed: Path) -> None:
+    reader = ShardReader(packed, read_manifest(packed))
+    groups = [np.array([0]), np.array([1, 2, 3]), np.array([4, 5])]  # unequal loss-token counts
+    micro = [reader.microbatch(g) for g in groups]
+    big = reader.microbatch(np.concatenate(groups))
+    assert len({m.n_loss_tokens for m in micro}) == 3
+    model, _ = build_model("tiny", seed=1)
+    module = LossModule(model)
+
+    loss_acc, counts, n = backward_window(module, micro, device=torch.device("cpu"))
+    accumulated = _grads(module)
+    assert int(counts[0]) == n == big.n_loss_tokens and int(counts[1]) == big.n_tokens
+    module.zero_grad(set_to_none=True)
+    big_loss, _, _ = backward_window(module, [big], device=torch.device("cpu"))
+    one_batch = _grads(module)
+    assert float(loss_acc) == pytest.approx(float(big_loss), rel=1e-5)
+    torch.testing.assert_close(accumulated, one_batch, rtol=1e-4, atol=1e-7)
+
+    # The tempting alternative, a mean of per-micro-batch means, is measurably different.
+    module.zero_grad(set_to_none=True)
+    for m in micro:
+        (module(m) / m.n_loss_tokens / len(micro)).backward()
+    assert not torch.allclose(_grads(module), one_batch, rtol=1e-3, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------- resume
+
+
+def test_resume_matches_uninterrupted_run_bitwise(packed: Path, tmp_path: Path) -> None:
+    full = train(_config(packed, tmp_path / "full", max_steps=7))
+    part = train(_config(packed, tmp_path / "part", max_steps=7, stop_at=3))
+    assert part["steps"] == 3 and part["checkpoint"].endswith("step-00000003")
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        train(_config(packed, tmp_path / "part", max_steps=7))
+    rest = train(_config(packed, tmp_path / "part", max_steps=7, resume=True))
+    assert rest["steps"] == full["steps"] == 7
+    a, b = _metrics(tmp_path / "full"), _metrics(tmp_path / "part")
+    assert [m["step"] for m in b] == list(range(1, 8))
+    assert {m["epoch"] for m in a} == {0, 1}  # the run crosses an epoch boundary
+    for key in ("loss", "grad_norm", "lr", "tokens"):
+        assert [m[key] for m in a] == [m[key] for m in b], key  # bitwise, not approx
+    assert a[-1]["loss"] < a[0]["loss"]
+    wa = ckpt.load_model_weights(tmp_path / "full" / "checkpoints" / "step-00000007")
+    wb = ckpt.load_model_weights(tmp_path / "part" / "checkpoints" / "step-00000007")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert full["tokens"] == rest["tokens"]
+
+
+def test_resume_refuses_a_changed_data_stream(packed: Path, tmp_path: Path) -> None:
+    train(_config(packed, tmp_path / "run", max_steps=2))
+    with pytest.raises(UserError, match="grad_accum"):
+        train(_config(packed, tmp_path / "run", max_steps=4, grad_accum=1, resume=True))
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        train(_config(packed, tmp_path / "empty", resume=True))
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_is_complete_and_loadable_by_transformers(packed: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    summary = train(_config(packed, run, max_steps=4, save_every=2, keep_last=1))
+    names = [p.name for p in ckpt.list_checkpoints(run)]
+    assert names == ["step-00000004"]  # keep_last=1 removed step 2
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000004"
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+    path = ckpt.latest_checkpoint(run)
+    for name in ("optimizer.pt", "scheduler.pt", "rng-rank0.pt", "trainer_state.json"):
+        assert (path / name).is_file()
+    state = ckpt.read_trainer_state(path)
+    assert state["step"] == 4 and state["tokens_seen"] == summary["tokens"]
+    loaded = AutoModelForCausalLM.from_pretrained(path / "model", local_files_only=True)
+    saved = ckpt.load_model_weights(path)
+    for name, tensor in loaded.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    summary_file = json.loads((run / "summary.json").read_text())
+    assert summary_file["steps"] == 4 and summary_file["attention"] == summary["attention"]
+
+
+def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    (root / "step-00000002").mkdir(parents=True)
+    (root / "step-00000002" / ckpt.STATE_FILE).write_text("{}")
+    (root / "step-00000004").mkdir()  # crashed before the state file: not complete
+    (root / ".tmp-step-00000006").mkdir()
+    assert ckpt.latest_checkpoint(tmp_path) == root / "step-00000002"
+
+
+# ------------------------------------------------------------------------------------- DDP
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
+    """One DDP rank: record which rows it reads, train, write its summary."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from trainer import data
+
+    seen: list[list[int]] = []
+    original = data.ShardReader.microbatch
+
+    def spy(self, rows):
+        seen.append(rows.tolist())
+        return original(self, rows)
+
+    data.ShardReader.microbatch = spy
+    summary = train(config)
+    Path(record, f"rank{rank}.json").write_text(json.dumps({"rows": seen, "summary": summary}))
+    dist.destroy_process_group()
+
+
+def test_ddp_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
+    packed: Path, tmp_path: Path
+) -> None:
+    steps = 4
+    config = _config(packed, tmp_path / "ddp", grad_accum=1, max_steps=steps)
+    # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
+    mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
+                       join=True, start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    rows = [r["rows"] for r in ranks]
+    assert len(rows[0]) == len(rows[1]) == steps  # one micro-batch per step on each rank
+    flat = [{i for mb in r for i in mb} for r in rows]
+    assert not flat[0] & flat[1]
+    assert ranks[0]["summary"]["steps"] == ranks[1]["summary"]["steps"] == steps
+
+    # Same window (2 micro-batches per step) on one process with grad_accum=2: same losses, since
+    # the loss is normalised by the loss tokens of the whole window across ranks.
+    single = train(replace(config, out=str(tmp_path / "single"), grad_accum=2))
+    ddp_losses = [m["loss"] for m in _metrics(tmp_path / "ddp")]
+    one_losses = [m["loss"] for m in _metrics(tmp_path / "single")]
+    assert ddp_losses == pytest.approx(one_losses, rel=1e-5)
+    assert single["tokens"] == ranks[0]["summary"]["tokens"]
+    wd = ckpt.load_model_weights(tmp_path / "ddp" / "checkpoints" / f"step-{steps:08d}")
+    ws = ckpt.load_model_weights(tmp_path / "single" / "checkpoints" / f"step-{steps:08d}")
+    for name in ws:
+        torch.testing.assert_close(wd[name], ws[name], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,89 @@
+"""`pack-train`: train a causal LM on a packed folder (single process, or under torchrun)."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.errors import UserError, cli_errors
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Packed folder written by pack-data.")
+@click.option("--model", "model", required=True,
+              help="Local Hugging Face model folder (config + safetensors) or a preset: tiny, "
+                   "llama-100m, llama-1b (random weights). Nothing is downloaded.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Run folder: metrics.jsonl, checkpoints/, summary.json.")
+@click.option("--tokenizer", default=None, type=click.Path(exists=True),
+              help="Tokenizer the model expects; the data's tokenizer fingerprint must match it. "
+                   "Default: the tokenizer files inside a local --model folder, if any.")
+@click.option("--tokens-per-step", default=16384, type=click.IntRange(min=1),
+              help="Micro-batch token budget: rows are concatenated into one flat [1, T] batch up "
+                   "to it (a longer row is a micro-batch of its own).")
+@click.option("--grad-accum", default=1, type=click.IntRange(min=1),
+              help="Micro-batches per optimizer step on each rank.")
+@click.option("--lr", default=3e-4, type=float, help="Peak learning rate (AdamW).")
+@click.option("--min-lr-ratio", default=0.1, type=click.FloatRange(0, 1),
+              help="Final LR as a fraction of --lr for cosine/linear.")
+@click.option("--warmup", default=0, type=click.IntRange(min=0), help="Linear warmup steps.")
+@click.option("--schedule", default="cosine", type=click.Choice(["cosine", "linear", "constant"]))
+@click.option("--epochs", default=None, type=click.IntRange(min=1),
+              help="Passes over the data (default 1 when --max-steps is not given).")
+@click.option("--max-steps", default=None, type=click.IntRange(min=1),
+              help="Optimizer steps (the schedule's length); with --epochs, whichever ends first.")
+@click.option("--stop-at", default=None, type=click.IntRange(min=1),
+              help="Stop (and checkpoint) after this step while keeping the full schedule; "
+                   "continue later with --resume. For time-sliced jobs.")
+@click.option("--attn", default="auto", type=click.Choice(["auto", "flash_attn", "torch", "sdpa"]),
+              help="Packed attention backend (auto: flash_attn, then torch's varlen kernel, then sdpa).")
+@click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "fp32"]),
+              help="bf16 autocast with fp32 master weights, or plain fp32 (auto: bf16 on GPU).")
+@click.option("--compile", "compile_", is_flag=True, help="torch.compile each decoder layer (dynamic shapes).")
+@click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
+@click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
+              help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
+@click.option("--seed", default=0, type=int, help="Seeds the data order and preset weights.")
+@click.option("--save-every", default=0, type=click.IntRange(min=0),
+              help="Checkpoint every N steps (0: only at the end).")
+@click.option("--keep-last", default=None, type=click.IntRange(min=1), help="Keep only the newest N checkpoints.")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint.")
+@click.option("--log-every", default=10, type=click.IntRange(min=1), help="Metrics line every N steps.")
+@click.option("--weight-decay", default=0.1, type=float)
+@click.option("--grad-clip", default=1.0, type=float, help="Max global gradient norm (0: no clipping).")
+@click.option("--num-workers", default=2, type=click.IntRange(min=0), help="DataLoader worker processes.")
+@click.option("--peak-flops", default=989e12, type=float,
+              help="Peak FLOP/s per device for the MFU estimate (default: H100 bf16 dense).")
+@click.option("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N.")
+@click.option("--verify-hashes", is_flag=True,
+              help="Also check every shard's sha256 at startup (the fast structural checks always run).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def pack_train(**options: object) -> None:
+    """Train a causal LM on pre-packed shards with varlen (packed) attention.
+
+    Example: pack-train --data out/sample --model tiny --out runs/tiny --max-steps 20
+    """
+    with cli_errors():
+        from trainer.loop import TrainConfig, train
+
+        options["compile"] = options.pop("compile_")
+        options["progress"] = not options.pop("no_progress")
+        config = TrainConfig(**options)  # type: ignore[arg-type]
+        if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
+            raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
+        summary = train(config)
+        if summary.get("rank", 0) == 0:
+            click.echo(format_summary(summary))
+
+
+def format_summary(summary: dict) -> str:
+    """The few lines printed when training ends (all of it is in RUN_DIR/summary.json)."""
+    loss = summary.get("final_loss")
+    return "\n".join([
+        f"steps         {summary['steps']} / {summary['total_steps']}",
+        f"tokens        {summary['tokens']:,} ({summary['tokens_this_run']:,} in this run)",
+        f"tokens/s      {summary['tokens_per_s']:,.0f} (all ranks, real tokens only)",
+        f"final loss    {loss:.4f}" if loss is not None else "final loss    -",
+        f"attention     {summary['attention']}",
+        f"checkpoint    {summary['checkpoint']}",
+    ])
