@@ -432,6 +432,7 @@ box-shadow:0 1px 3px rgba(0,0,0,.08);font-size:14px}
 th,td{padding:7px 12px;text-align:right;border-bottom:1px solid #eef0f3}
 th{background:#eef1f5;font-weight:600}td:first-child,th:first-child{text-align:left}
 tr.this td{background:#eaf2fd;font-weight:600}
+table.stats{box-shadow:none;font-size:13px}table.stats th,table.stats td{padding:5px 8px}
 .figs{display:grid;grid-template-columns:1fr 1fr;gap:14px}
 figure{margin:0;background:#fff;border-radius:10px;padding:10px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
 figure img{width:100%}figcaption{color:#616e7c;font-size:13px;padding:4px 6px}
@@ -563,6 +564,26 @@ def _cards(items: list[tuple[str, str, bool]]) -> str:
         f'<div class="k">{html.escape(k)}</div></div>' for v, k, hi in items) + "</div>"
 
 
+def _stats_card(r: dict[str, Any]) -> str:
+    L, F = r["lengths"], r["row_fill"]
+    rows = [
+        ("example length (tokens)", L["min"], L["p50"], L["p90"], L["p99"], L["max"], L["mean"]),
+        ("row fill (% of max_len)", *(100 * F[k] for k in ("min", "p50", "p90", "p99", "max",
+                                                           "mean"))),
+    ]
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td>"
+        + "".join(f"<td>{v:,.{1 if name.startswith('row') else 0}f}</td>" for v in vals[:-1])
+        + f"<td>{vals[-1]:,.1f}</td></tr>" for name, *vals in rows)
+    c = r["counts"]
+    counts = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td>{v:,}</td></tr>" for k, v in c.items())
+    return ('<figure><table class="stats"><tr><th>statistic</th><th>min</th><th>p50</th>'
+            f"<th>p90</th><th>p99</th><th>max</th><th>mean</th></tr>{body}</table><br>"
+            f'<table class="stats"><tr><th>input examples</th><th>count</th></tr>{counts}</table>'
+            "<figcaption>Length and row-fill statistics (polars), and what happened to the "
+            "input examples.</figcaption></figure>")
+
+
 def _note(report: dict[str, Any]) -> str:
     return (f'<p class="note">Estimated speedup = cost(pad-to-longest) / cost(layout), cost = 6 x '
             f"hidden x token slots + causal attention pairs (hidden = {report['hidden']}); "
@@ -601,7 +622,7 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
             f"{s2['attention_ratio']:.2f}x less.</p>")
         if data is not None:
             parts.append('<h2>Distributions</h2><div class="figs">' + "".join(_plots_folder(data))
-                         + "</div>")
+                         + _stats_card(r) + "</div>")
         parts.append("<h2>Strategy comparison (same sequence lengths)</h2>")
         parts.append(_figure(_comparison_plot(r["comparison"], "Layouts of this folder's "
                                               "sequences"), "Grey: padded baselines; blue: "
