@@ -344,3 +344,51 @@ def test_hf_attention_rejects_dense_masks_and_dropout(tiny):
         fn(module, q, q, q, None, scaling=0.5, dropout=0.1)
     out, weights = fn(module, q, q, q, None, scaling=0.5)
     assert out.shape == (1, 3, 2, 4) and weights is None
+
+
+# --------------------------------------------------------------------------- build_model (installs the backend)
+
+
+def test_presets_sizes_and_gqa():
+    from trainer.model import PRESETS, count_params, preset_config
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        sizes = {name: count_params(LlamaForCausalLM(preset_config(name))) for name in PRESETS}
+    assert 90e6 < sizes["llama-100m"] < 110e6
+    assert 0.9e9 < sizes["llama-1b"] < 1.1e9
+    tiny = preset_config("tiny")
+    assert tiny.num_attention_heads > tiny.num_key_value_heads  # GQA exercised by every test
+    assert preset_config("tiny", vocab_size=32000).vocab_size == 32000
+    big = preset_config("llama-1b")
+    assert (big.hidden_size, big.num_hidden_layers, big.num_attention_heads, big.intermediate_size,
+            big.vocab_size) == (2048, 16, 16, 5632, 32000)
+
+
+def test_build_model_is_seeded_and_overrides_vocab():
+    a, _ = build_model("tiny", attn="auto", seed=1, vocab_size=300)
+    b, _ = build_model("tiny", attn="auto", seed=1, vocab_size=300)
+    c, _ = build_model("tiny", attn="auto", seed=2, vocab_size=300)
+    assert a.get_input_embeddings().num_embeddings == 300
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+    assert a.training
+
+
+def test_build_model_from_local_folder(tmp_path):
+    saved, _ = build_model("tiny", attn="sdpa", seed=4)
+    saved.save_pretrained(tmp_path / "m")
+    loaded, backend = build_model(str(tmp_path / "m"), attn="sdpa")
+    assert backend == "sdpa" and loaded.config._attn_implementation == "packlm_reference"
+    assert all(torch.equal(x, y) for x, y in zip(saved.parameters(), loaded.parameters()))
+    with pytest.raises(UserError, match="only embeds 4096"):
+        build_model(str(tmp_path / "m"), vocab_size=5000)
+
+
+def test_build_model_refuses_unknown_names_and_bad_folders(tmp_path):
+    with pytest.raises(UserError, match="neither a preset \\(tiny, llama-100m, llama-1b\\).*nothing is downloaded"):
+        build_model("meta-llama/Llama-2-7b-hf")
+    with pytest.raises(UserError, match="no config.json"):
+        build_model(str(tmp_path))
+    with pytest.raises(UserError, match="needs a CUDA device"):
+        build_model("tiny", attn="torch")

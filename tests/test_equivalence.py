@@ -179,3 +179,19 @@ def test_packed_loss_without_loss_tokens_is_zero_and_differentiable(models):
     assert count == 0 and float(total.detach()) == 0.0
     total.backward()  # must not raise
     model.zero_grad(set_to_none=True)
+
+
+def test_packed_loss_with_hf_gradient_checkpointing(examples):
+    """The trainer may turn on HF activation checkpointing: the cu_seq_lens kwargs must survive it."""
+    model, _ = build_model("tiny", attn="sdpa", seed=11)
+    batch = pack(examples)
+    total, _ = packed_loss(model, batch)
+    plain = params_grad(model, total)
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    total_ckpt, _ = packed_loss(model, batch)
+    torch.testing.assert_close(total_ckpt, total, atol=0, rtol=0)
+    for a, b in zip(params_grad(model, total_ckpt), plain):
+        torch.testing.assert_close(a, b, **TOL)
