@@ -1,0 +1,726 @@
+"""Input readers: turn the user's inputs into a stream of Arrow tables with exact row positions.
+
+Supported inputs (several may be given; globs are expanded in sorted order; order is kept):
+
+- JSON Lines      `.jsonl`, `.ndjson` (also `.gz`), and `.json` files whose content is JSON Lines
+- JSON array      `.json` (also `.json.gz`) holding one list of objects
+- Parquet         `.parquet`, `.pq`
+- Arrow IPC       `.arrow`, `.feather`, `.ipc` (IPC file or stream format, memory-mapped)
+- CSV / TSV       `.csv`, `.tsv` (also `.gz`); every column is read as a string, empty stays ""
+- a folder written by `datasets.save_to_disk` (memory-mapped Arrow); a `DatasetDict` folder is
+  read through its `train` split (or its only split); any other folder is expanded into the
+  supported files it contains (recursively, sorted)
+- a Hugging Face Hub dataset `owner/name`, `owner/name:split` or `owner/name:config:split`
+  (streamed; default split `train`), tried only when no local path of that name exists
+
+Memory stays bounded: JSONL is cut into byte chunks at line ends and each chunk is parsed by pyarrow
+on its own (so a schema that changes between chunks is fine), CSV uses pyarrow's streaming reader,
+Parquet is read batch by batch, Arrow IPC and `save_to_disk` folders are memory-mapped. Every bad
+input raises a one-line `UserError` naming the file and line (or row) and how to fix it.
+
+Row numbering (`SourceBatch.first_row`) is the 0-based index of a *record* in its file: for JSONL a
+record is one non-blank line (blank lines are skipped and not counted), for CSV one data row (the
+header is not counted), for a JSON array one element, for the other formats one table row.
+`SourceBatch.lines` gives the exact 1-based line number of each record where one is known
+(JSONL, JSON arrays); `SourceBatch.where(i)` formats a location for error messages.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import hashlib
+import json
+import os
+import re
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from pipeline.errors import UserError
+from pipeline.shards import file_sha256
+
+KINDS = ("jsonl", "json", "parquet", "arrow", "csv", "hf_disk", "hub")
+# Longest suffix first so that ".jsonl.gz" wins over ".gz".
+EXTENSIONS = {
+    ".jsonl.gz": "jsonl", ".ndjson.gz": "jsonl", ".json.gz": "json", ".csv.gz": "csv",
+    ".tsv.gz": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
+    ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".csv": "csv",
+    ".tsv": "csv",
+}
+SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
+             "formats also .gz), a datasets.save_to_disk folder, or a Hub dataset name")
+# Bytes of JSONL parsed at once (one pyarrow block); a line longer than this makes a larger chunk.
+DEFAULT_CHUNK_BYTES = 8 << 20
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+){0,2}$")
+
+
+@dataclass
+class InputFile:
+    """One resolved input."""
+
+    path: str  # as given, or as matched by a glob / found in a folder; Hub: the name as given
+    kind: str  # one of KINDS
+    size: int  # bytes (folders: their data files; 0 for hub)
+
+
+@dataclass
+class SourceBatch:
+    """A chunk of rows from one input, with where it came from."""
+
+    table: pa.Table  # all columns as read
+    file: str  # InputFile.path it came from
+    first_row: int  # 0-based record index of table's first row within that file (see module doc)
+    first_index: int  # global example index of the first row across all inputs, in input order
+    lines: np.ndarray | None = field(default=None, repr=False)  # 1-based line of each row, if known
+
+    def where(self, i: int) -> str:
+        """Human location of row `i` of this batch, e.g. "data.jsonl line 17" or "x.parquet row 4"."""
+        if self.lines is not None:
+            return f"{self.file} line {int(self.lines[i])}"
+        return f"{self.file} row {self.first_row + i + 1}"
+
+
+# ------------------------------------------------------------------------------------ resolving
+
+
+def _one_line(msg: object, limit: int = 240) -> str:
+    text = " ".join(str(msg).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind_of(path: str) -> str | None:
+    low = path.lower()
+    for ext, kind in EXTENSIONS.items():
+        if low.endswith(ext):
+            return kind
+    return None
+
+
+def _open_binary(path: str) -> BinaryIO:
+    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+
+def _first_char(path: str) -> bytes:
+    """First non-whitespace byte of a text file (after a UTF-8 BOM), b"" if there is none."""
+    with _open_binary(path) as f:
+        head = f.read(1 << 16)
+        while head:
+            stripped = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+            if stripped:
+                return stripped[:1]
+            head = f.read(1 << 16)
+    return b""
+
+
+def _check_readable(path: str) -> None:
+    if not os.access(path, os.R_OK):
+        raise UserError(f"cannot read {path}: permission denied; fix its permissions (chmod +r)")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}; check the file") from None
+
+
+def _is_hf_disk(folder: Path) -> bool:
+    return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+
+
+def _hf_data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.arrow") if p.is_file())
+
+
+def _resolve_file(path: str) -> InputFile:
+    kind = _kind_of(path)
+    if kind is None:
+        ext = "".join(Path(path).suffixes[-2:]) or "(no extension)"
+        raise UserError(f"unknown input format {ext!r} for {path}: supported are {SUPPORTED}")
+    _check_readable(path)
+    size = os.path.getsize(path)
+    if size == 0:
+        raise UserError(f"{path} is empty (0 bytes): give a file with at least one example")
+    if kind in ("json", "jsonl"):
+        try:
+            first = _first_char(path)
+        except (OSError, EOFError) as exc:  # e.g. a broken .gz
+            raise UserError(f"cannot read {path}: {_one_line(exc)}; check the file") from None
+        if not first:
+            raise UserError(f"{path} has no records (only whitespace): give a non-empty file")
+        if kind == "json" and first == b"{":
+            kind = "jsonl"  # JSON Lines saved as .json (as `datasets` does)
+        elif kind == "json" and first != b"[":
+            raise UserError(f"{path} is neither a JSON array of objects nor JSON Lines "
+                            f"(starts with {first.decode(errors='replace')!r}): convert it to JSONL")
+    return InputFile(path=path, kind=kind, size=size)
+
+
+def _resolve_folder(path: str) -> list[InputFile]:
+    folder = Path(path)
+    if _is_hf_disk(folder):
+        _check_readable(str(folder / ("state.json" if (folder / "state.json").is_file()
+                                      else "dataset_dict.json")))
+        size = sum(p.stat().st_size for p in _hf_data_files(folder))
+        return [InputFile(path=path, kind="hf_disk", size=size)]
+    found = sorted(str(p) for p in folder.rglob("*") if p.is_file() and _kind_of(str(p)))
+    if not found:
+        raise UserError(f"folder {path} holds no supported data files and was not written by "
+                        f"datasets.save_to_disk: supported are {SUPPORTED}")
+    return [_resolve_file(p) for p in found]
+
+
+def _parse_hub(name: str) -> tuple[str, str | None, str]:
+    parts = name.split(":")
+    if len(parts) == 1:
+        return parts[0], None, "train"
+    if len(parts) == 2:
+        return parts[0], None, parts[1]
+    return parts[0], parts[1], parts[2]
+
+
+def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
+    """Expand globs and folders, check that every input exists and is readable, detect formats."""
+    if not inputs:
+        raise UserError("no input given: pass at least one file, glob, folder or Hub dataset name")
+    out: list[InputFile] = []
+    for raw in inputs:
+        spec = os.path.expanduser(str(raw))
+        if os.path.exists(spec):
+            out.extend(_resolve_folder(spec) if os.path.isdir(spec) else [_resolve_file(spec)])
+        elif _GLOB_CHARS.search(spec):
+            matches = sorted(globlib.glob(spec, recursive=True))
+            if not matches:
+                raise UserError(f"no files match {raw!r}: check the pattern and quote it so the "
+                                "shell does not expand it")
+            for m in matches:
+                out.extend(_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])
+        elif _kind_of(spec) is None and _HUB_NAME.match(spec) and "/" in spec.split(":")[0]:
+            out.append(_resolve_hub(spec))
+        else:
+            raise UserError(f"input not found: {raw}: check the path (relative to {os.getcwd()})")
+    return out
+
+
+# ------------------------------------------------------------------------------------ the Hub
+
+
+def _hub_reachable(timeout: float = 3.0) -> str | None:
+    """None if the Hub answers a TCP connect, else the reason (offline mode, DNS, refused...)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
+            os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("0", ""):
+        return None  # offline mode: let `datasets` use its cache and say what is missing
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = re.sub(r"^\w+://", "", endpoint).split("/")[0]
+    host, _, port = host.partition(":")
+    try:
+        socket.create_connection((host, int(port or 443)), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host} is unreachable ({exc.strerror or exc})"
+    return None
+
+
+def _load_hub(name: str) -> Any:
+    """The streaming `datasets.IterableDataset` for a Hub name (tests replace this function)."""
+    import datasets
+
+    repo, config, split = _parse_hub(name)
+    return datasets.load_dataset(repo, config, split=split, streaming=True)
+
+
+def _open_hub(name: str) -> Any:
+    problem = _hub_reachable()
+    if problem:
+        raise UserError(f"{name!r} is not a local file or folder, and the Hugging Face Hub cannot "
+                        f"be reached: {problem}; pass a local path or check the network")
+    try:
+        return _load_hub(name)
+    except UserError:
+        raise
+    except Exception as exc:  # datasets raises many types (FileNotFound, ConnectionError, ...)
+        raise UserError(f"could not open Hub dataset {name!r} (it is not a local path either): "
+                        f"{type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def _resolve_hub(name: str) -> InputFile:
+    _open_hub(name)  # fail now, with one line, rather than halfway through
+    return InputFile(path=name, kind="hub", size=0)
+
+
+# ------------------------------------------------------------------------------------ fingerprints
+
+
+def _hub_revision(name: str) -> str | None:
+    if _hub_reachable(timeout=2.0):
+        return None
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(_parse_hub(name)[0], timeout=5).sha
+    except Exception:  # unknown revision is recorded as null, never fatal
+        return None
+
+
+def input_fingerprints(files: list[InputFile]) -> list[dict]:
+    """One manifest entry per input: path, kind, bytes and sha256 of the bytes read.
+
+    Folders from `save_to_disk` hash their Arrow data files (name and content, sorted; the
+    metadata JSON is left out); Hub inputs record the resolved revision when the Hub answers.
+    """
+    out = []
+    for f in files:
+        if f.kind == "hub":
+            out.append({"path": f.path, "kind": "hub", "bytes": 0, "sha256": None,
+                        "revision": _hub_revision(f.path)})
+        elif f.kind == "hf_disk":
+            folder = Path(f.path)
+            h = hashlib.sha256()
+            total = 0
+            for p in _hf_data_files(folder):
+                h.update(f"{p.relative_to(folder).as_posix()}\0{file_sha256(p)}\n".encode())
+                total += p.stat().st_size
+            out.append({"path": f.path, "kind": f.kind, "bytes": total, "sha256": h.hexdigest()})
+        else:
+            out.append({"path": f.path, "kind": f.kind, "bytes": os.path.getsize(f.path),
+                        "sha256": file_sha256(f.path)})
+    return out
+
+
+# ------------------------------------------------------------------------------------ schema drift
+
+
+class _Conformer:
+    """Keeps a column's type steady across independently parsed chunks of one file.
+
+    A column that is all-null in a chunk (type null) is cast to the type seen before, and a column
+    missing from a chunk is added as nulls of its known type, so `input` missing or null in some
+    chunks still arrives as a string column. Columns first seen in a later chunk appear from there.
+    """
+
+    def __init__(self) -> None:
+        self.types: dict[str, pa.DataType] = {}
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        for name, typ in zip(table.column_names, table.schema.types):
+            if not pa.types.is_null(typ):
+                self.types[name] = typ
+            elif name not in self.types:
+                self.types[name] = typ
+        cols, names = [], []
+        for name, typ in self.types.items():
+            if name in table.column_names:
+                col = table.column(name)
+                if pa.types.is_null(col.type) and not pa.types.is_null(typ):
+                    col = pa.nulls(len(table), typ)
+                cols.append(col)
+            else:
+                cols.append(pa.nulls(len(table), typ))
+            names.append(name)
+        return pa.table(cols, names=names) if names else table
+
+
+# ------------------------------------------------------------------------------------ JSON Lines
+
+
+def _json_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | None:
+    """First top-level field whose JSON type changes between records: items are (line, obj)."""
+    first: dict[str, tuple[str, int]] = {}
+    for line, obj in items:
+        for key, value in obj.items():
+            if value is None:
+                continue
+            kind = _json_kind(value)
+            seen = first.setdefault(key, (kind, line))
+            if seen[0] != kind:
+                return UserError(f"{path} line {line}: field {key!r} is a {kind} here but a "
+                                 f"{seen[0]} on line {seen[1]}: use one type per field in every "
+                                 "record")
+    return None
+
+
+def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
+                        exc: Exception) -> UserError:
+    """Error path: re-scan a chunk line by line in Python to name the offending line."""
+    parsed: list[tuple[int, Any]] = []
+    pos = 0
+    for i, raw in enumerate(chunk.split(b"\n")):
+        line = first_line + i
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return UserError(f"{path} line {line} (byte offset {offset + pos + e.start}): not valid "
+                             "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+        pos += len(raw) + 1
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            return UserError(f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); "
+                             "fix or remove that line (one JSON object per line)")
+        if not isinstance(obj, dict):
+            return UserError(f"{path} line {line}: expected a JSON object per line, found a "
+                             f"{_json_kind(obj)}; write one {{...}} record per line")
+        parsed.append((line, obj))
+    conflict = _type_conflict(path, iter(parsed))
+    if conflict:
+        return conflict
+    last = first_line + chunk.count(b"\n")
+    return UserError(f"{path} lines {first_line}-{last}: pyarrow cannot read these records: "
+                     f"{_one_line(exc)}; make nested fields use one type throughout")
+
+
+def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, int, int]]:
+    """(chunk, 1-based line of its first line, byte offset) cut at line ends; bounded memory."""
+    with _open_binary(path) as f:
+        line, offset, rest = 1, 0, b""
+        first = True
+        while True:
+            block = f.read(chunk_bytes)
+            if first and block.startswith(b"\xef\xbb\xbf"):
+                block, offset = block[3:], 3
+            first = False
+            if not block:
+                if rest:
+                    yield rest, line, offset
+                return
+            buf = rest + block if rest else block
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                rest = buf
+                continue
+            chunk, rest = buf[: cut + 1], buf[cut + 1:]
+            yield chunk, line, offset
+            line += chunk.count(b"\n")
+            offset += len(chunk)
+
+
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 10, 13, 32]] = True
+
+
+def _record_lines(chunk: bytes, first_line: int, n_rows: int) -> np.ndarray | None:
+    """1-based line number of each record of a chunk (non-blank lines), None if not one per line."""
+    n_newlines = chunk.count(b"\n")
+    n_lines = n_newlines + (0 if chunk.endswith(b"\n") else 1)
+    if n_lines == n_rows:
+        return np.arange(first_line, first_line + n_rows, dtype=np.int64)
+    arr = np.frombuffer(chunk, dtype=np.uint8)
+    ends = np.flatnonzero(arr == 10)
+    if not chunk.endswith(b"\n"):
+        ends = np.append(ends, len(arr))
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    solid = np.concatenate(([0], np.cumsum(~_WS[arr])))
+    nonblank = np.flatnonzero(solid[ends] - solid[starts] > 0)
+    if len(nonblank) != n_rows:
+        return None  # objects spanning lines or several per line: only record numbers are exact
+    return first_line + nonblank.astype(np.int64)
+
+
+def _read_jsonl(path: str, batch_rows: int, chunk_bytes: int
+                ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    conform = _Conformer()
+    for chunk, line, offset in _jsonl_chunks(path, chunk_bytes):
+        if not chunk.strip():
+            continue
+        try:
+            # pyarrow does not validate UTF-8 inside JSON strings; CPython's decoder does, fast.
+            chunk.decode("utf-8")
+            table = pajson.read_json(
+                pa.BufferReader(chunk),
+                read_options=pajson.ReadOptions(use_threads=False, block_size=len(chunk) + 1),
+            )
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+        table = conform(table)
+        lines = _record_lines(chunk, line, table.num_rows)
+        for start in range(0, table.num_rows, batch_rows):
+            yield (table.slice(start, batch_rows),
+                   None if lines is None else lines[start: start + batch_rows])
+
+
+# ------------------------------------------------------------------------------------ JSON array
+
+
+_SKIP_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, np.ndarray]]:
+    """A JSON array has no line structure to cut it at, so the text is read once (memory about the
+    file size) and decoded one element at a time, building one Arrow table per batch: peak memory is
+    the text plus one batch of Python objects. JSON-array datasets are small in practice (CodeAlpaca:
+    20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
+    with _open_binary(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path} line {line} (byte offset {e.start}): not valid UTF-8; re-encode "
+                        "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    del data
+    dec = json.JSONDecoder()
+    conform = _Conformer()
+    pos = _SKIP_WS.match(text, 0).end()
+    if text[pos: pos + 1] != "[":
+        raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
+    pos += 1
+    line, line_pos = 1, 0
+    batch: list[dict] = []
+    batch_lines: list[int] = []
+
+    def flush() -> tuple[pa.Table, np.ndarray]:
+        try:
+            table = pa.Table.from_pylist(batch)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            err = _type_conflict(path, iter(zip(batch_lines, batch)))
+            raise (err or UserError(f"{path} lines {batch_lines[0]}-{batch_lines[-1]}: pyarrow "
+                                    f"cannot read these records: {_one_line(exc)}")) from None
+        return conform(table), np.asarray(batch_lines, dtype=np.int64)
+
+    while True:
+        pos = _SKIP_WS.match(text, pos).end()
+        if text[pos: pos + 1] == "]":  # end of the array (also tolerates a trailing comma)
+            break
+        line += text.count("\n", line_pos, pos)
+        line_pos = pos
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno});"
+                            " fix that element of the array") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path} line {line}: array element is a {_json_kind(obj)}, not an "
+                            "object; the array must hold one {...} record per example")
+        batch.append(obj)
+        batch_lines.append(line)
+        if len(batch) == batch_rows:
+            yield flush()
+            batch, batch_lines = [], []
+        pos = _SKIP_WS.match(text, pos).end()
+        sep = text[pos: pos + 1]
+        if sep == ",":
+            pos += 1
+        elif sep != "]":
+            line += text.count("\n", line_pos, pos)
+            line_pos = pos
+            raise UserError(f"{path} line {line}: expected ',' or ']' after an array element, found "
+                            f"{sep or 'end of file'!r}; the file is truncated or malformed")
+    if batch:
+        yield flush()
+
+
+# ------------------------------------------------------------------------------------ CSV
+
+
+def _locate_bad_utf8(path: str) -> UserError | None:
+    with _open_binary(path) as f:
+        offset = 0
+        for lineno, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return UserError(f"{path} line {lineno} (byte offset {offset + e.start}): not valid "
+                                 "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+            offset += len(raw)
+    return None
+
+
+def _read_csv(path: str, batch_rows: int, chunk_bytes: int) -> Iterator[pa.Table]:
+    delimiter = "\t" if ".tsv" in path.lower() else ","
+    parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+    read = pacsv.ReadOptions(block_size=chunk_bytes, use_threads=False)
+
+    def fail(exc: Exception) -> UserError:
+        if "UTF8" in str(exc) or "UTF-8" in str(exc):
+            err = _locate_bad_utf8(path)
+            if err:
+                return err
+        return UserError(f"{path}: cannot read as CSV: {_one_line(exc)}; check quoting and that "
+                         "every row has the same number of fields")
+
+    try:
+        with pacsv.open_csv(pa.input_stream(path, compression="detect"), read_options=read,
+                            parse_options=parse) as probe:
+            names = probe.schema.names
+        convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                       strings_can_be_null=False)
+        reader = pacsv.open_csv(pa.input_stream(path, compression="detect"), read_options=read,
+                                parse_options=parse, convert_options=convert)
+    except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        if "Empty CSV file" in str(exc):
+            raise UserError(f"{path} has no header and no rows: give a non-empty CSV") from None
+        raise fail(exc) from None
+    with reader:
+        while True:
+            try:
+                rb = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                raise fail(exc) from None
+            for start in range(0, rb.num_rows, batch_rows):
+                yield pa.Table.from_batches([rb.slice(start, batch_rows)])
+
+
+# ------------------------------------------------------------------------------------ Parquet, Arrow
+
+
+def _read_parquet(path: str, batch_rows: int) -> Iterator[pa.Table]:
+    try:
+        pf = pq.ParquetFile(path, memory_map=True)
+        for rb in pf.iter_batches(batch_size=batch_rows):
+            yield pa.Table.from_batches([rb])
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise UserError(f"{path}: not a readable Parquet file ({_one_line(exc)}); it may be "
+                        "truncated or corrupt: re-export or re-download it") from None
+
+
+def _read_arrow(path: str, batch_rows: int) -> Iterator[pa.Table]:
+    """Arrow IPC, file format (random access) or stream format, memory-mapped: zero-copy slices."""
+    try:
+        source = pa.memory_map(path)
+        try:
+            reader = pa.ipc.open_file(source)
+            batches: Iterator[pa.RecordBatch] = (reader.get_batch(i)
+                                                 for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            batches = iter(pa.ipc.open_stream(source))
+        for rb in batches:
+            for start in range(0, rb.num_rows, batch_rows):
+                yield pa.Table.from_batches([rb.slice(start, batch_rows)])
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise UserError(f"{path}: not a readable Arrow IPC file or stream ({_one_line(exc)}); it "
+                        "may be truncated or corrupt: re-export it") from None
+
+
+# ------------------------------------------------------------------------------------ datasets
+
+
+def _load_disk(path: str) -> Any:
+    import datasets
+
+    if not _hf_data_files(Path(path)):  # `datasets` cannot even load an empty saved dataset
+        raise UserError(f"{path} contains no records: give an input with at least one example")
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as exc:
+        raise UserError(f"{path}: cannot load this datasets.save_to_disk folder: "
+                        f"{type(exc).__name__}: {_one_line(exc)}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds)
+        if len(splits) == 1 or "train" in splits:
+            return ds[splits[0] if len(splits) == 1 else "train"]
+        raise UserError(f"{path} is a DatasetDict with splits {splits} and no 'train': pass one "
+                        f"split folder, e.g. {os.path.join(path, splits[0])}")
+    return ds
+
+
+def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
+    try:
+        for t in ds.with_format("arrow").iter(batch_size=batch_rows):
+            yield t if isinstance(t, pa.Table) else pa.Table.from_pydict(t)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"{name}: reading failed: {type(exc).__name__}: {_one_line(exc)}") from None
+
+
+# ------------------------------------------------------------------------------------ public
+
+
+def _tables(f: InputFile, batch_rows: int, chunk_bytes: int
+            ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    if f.kind == "jsonl":
+        yield from _read_jsonl(f.path, batch_rows, chunk_bytes)
+    elif f.kind == "json":
+        yield from _read_json_array(f.path, batch_rows)
+    else:
+        if f.kind == "csv":
+            tables = _read_csv(f.path, batch_rows, chunk_bytes)
+        elif f.kind == "parquet":
+            tables = _read_parquet(f.path, batch_rows)
+        elif f.kind == "arrow":
+            tables = _read_arrow(f.path, batch_rows)
+        elif f.kind == "hf_disk":
+            tables = _read_datasets(_load_disk(f.path), batch_rows, f.path)
+        elif f.kind == "hub":
+            tables = _read_datasets(_open_hub(f.path), batch_rows, f.path)
+        else:
+            raise UserError(f"unknown input kind {f.kind!r} for {f.path}: expected one of {KINDS}")
+        for t in tables:
+            yield t, None
+
+
+def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[SourceBatch]:
+    """Stream every input in order as tables of at most `batch_rows` rows (never an empty one).
+
+    `limit` stops after that many rows in total. An input that yields no rows is an error.
+    """
+    if batch_rows < 1:
+        raise ValueError("batch_rows must be >= 1")
+    index = 0
+    for f in files:
+        if limit is not None and index >= limit:
+            return
+        row = 0
+        for table, lines in _tables(f, batch_rows, chunk_bytes):
+            if table.num_rows == 0:
+                continue
+            if limit is not None and index + table.num_rows > limit:
+                keep = limit - index
+                table = table.slice(0, keep)
+                lines = None if lines is None else lines[:keep]
+            yield SourceBatch(table=table, file=f.path, first_row=row, first_index=index,
+                              lines=lines)
+            row += table.num_rows
+            index += table.num_rows
+            if limit is not None and index >= limit:
+                return
+        if row == 0:
+            raise UserError(f"{f.path} contains no records: give an input with at least one "
+                            "example")
+
+
+def column_names(files: list[InputFile]) -> list[str]:
+    """Columns of the first input, read from its schema or its first chunk (not the whole file).
+
+    For JSON Lines only the first chunk (8 MiB) is looked at: a field that appears only later is
+    not listed here (its rows still arrive in `iter_batches`).
+    """
+    if not files:
+        raise UserError("no inputs to read columns from")
+    f = files[0]
+    try:
+        if f.kind == "parquet":
+            return list(pq.ParquetFile(f.path).schema_arrow.names)
+        if f.kind == "hf_disk":
+            return list(_load_disk(f.path).column_names)
+        if f.kind == "hub":
+            ds = _open_hub(f.path)
+            if ds.column_names:
+                return list(ds.column_names)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise UserError(f"{f.path}: not a readable Parquet file ({_one_line(exc)}); it may be "
+                        "truncated or corrupt: re-export or re-download it") from None
+    for batch in iter_batches([f], batch_rows=1024, limit=None):
+        return list(batch.table.column_names)
+    raise UserError(f"{f.path} contains no records")  # unreachable: iter_batches raises first

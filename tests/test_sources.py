@@ -1,0 +1,404 @@
+"""pipeline.sources: every input format, ordering and row positions, limits, and every error case."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import sources
+from pipeline.errors import UserError
+from pipeline.sources import InputFile, column_names, input_fingerprints, iter_batches, resolve_inputs
+
+ROWS = [{"instruction": f"task {i}", "input": "" if i % 2 else f"in {i}", "output": f"answer {i}"}
+        for i in range(10)]
+
+
+def write_jsonl(path: Path, rows: list[dict], blank_every: int = 0) -> Path:
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append(json.dumps(r))
+        if blank_every and i % blank_every == 0:
+            lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def read_all(inputs: list[str], **kw) -> tuple[pa.Table, list[sources.SourceBatch]]:
+    batches = list(iter_batches(resolve_inputs(inputs), **kw))
+    return pa.concat_tables([b.table for b in batches], promote_options="permissive"), batches
+
+
+def expect_error(match: str, fn, *args, **kw) -> str:
+    with pytest.raises(UserError, match=match) as info:
+        fn(*args, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    return msg
+
+
+# ------------------------------------------------------------------------------------ formats
+
+
+def _write_format(kind: str, tmp_path: Path) -> Path:
+    table = pa.Table.from_pylist(ROWS)
+    if kind == "jsonl":
+        return write_jsonl(tmp_path / "d.jsonl", ROWS)
+    if kind == "jsonl.gz":
+        p = tmp_path / "d.jsonl.gz"
+        p.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in ROWS).encode(), mtime=0))
+        return p
+    if kind == "json":
+        p = tmp_path / "d.json"
+        p.write_text(json.dumps(ROWS, indent=2))
+        return p
+    if kind == "json-lines-content":
+        return write_jsonl(tmp_path / "d.json", ROWS)
+    if kind == "parquet":
+        pq.write_table(table, tmp_path / "d.parquet", row_group_size=3)
+        return tmp_path / "d.parquet"
+    if kind == "arrow-file":
+        with pa.ipc.new_file(tmp_path / "d.arrow", table.schema) as w:
+            w.write_table(table, max_chunksize=4)
+        return tmp_path / "d.arrow"
+    if kind == "arrow-stream":
+        with pa.ipc.new_stream(tmp_path / "d.arrow", table.schema) as w:
+            w.write_table(table, max_chunksize=4)
+        return tmp_path / "d.arrow"
+    if kind == "feather":
+        feather.write_feather(table, tmp_path / "d.feather")
+        return tmp_path / "d.feather"
+    if kind == "hf_disk":
+        import datasets
+
+        datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
+        return tmp_path / "ds"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json", "json-lines-content", "parquet",
+                                  "arrow-file", "arrow-stream", "feather", "hf_disk"])
+def test_each_format_reads_all_rows_in_order(tmp_path, kind):
+    path = _write_format(kind, tmp_path)
+    files = resolve_inputs([str(path)])
+    expected_kind = {"jsonl.gz": "jsonl", "json-lines-content": "jsonl", "arrow-file": "arrow",
+                     "arrow-stream": "arrow", "feather": "arrow"}.get(kind, kind)
+    assert [f.kind for f in files] == [expected_kind]
+    assert files[0].size > 0
+    table, batches = read_all([str(path)], batch_rows=4)
+    assert table.to_pylist() == ROWS
+    assert all(b.table.num_rows <= 4 for b in batches)
+    assert [b.first_row for b in batches] == [b.first_index for b in batches]
+    assert [b.first_row for b in batches] == list(np.cumsum([0] + [b.table.num_rows
+                                                                   for b in batches[:-1]]))
+    assert column_names(files) == ["instruction", "input", "output"]
+
+
+def test_csv_and_tsv_read_as_strings_with_quoted_newlines(tmp_path):
+    (tmp_path / "a.csv").write_text('instruction,input,output\n"multi\nline",,42\nb,"x, y",007\n')
+    (tmp_path / "b.tsv").write_text("instruction\tinput\toutput\nc\t\t1\n")
+    table, batches = read_all([str(tmp_path / "a.csv"), str(tmp_path / "b.tsv")])
+    assert table.schema.types == [pa.string()] * 3
+    assert table.to_pylist() == [
+        {"instruction": "multi\nline", "input": "", "output": "42"},
+        {"instruction": "b", "input": "x, y", "output": "007"},
+        {"instruction": "c", "input": "", "output": "1"},
+    ]
+    assert [(b.first_row, b.first_index) for b in batches] == [(0, 0), (0, 2)]
+    assert batches[0].where(1) == f"{tmp_path / 'a.csv'} row 2"
+
+
+def test_datasets_dict_folder_uses_train_split(tmp_path):
+    import datasets
+
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:3]),
+                               "test": datasets.Dataset.from_list(ROWS[3:])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    table, _ = read_all([str(tmp_path / "dd")])
+    assert table.to_pylist() == ROWS[:3]
+    table, _ = read_all([str(tmp_path / "dd" / "test")])
+    assert table.to_pylist() == ROWS[3:]
+
+
+def test_dataset_dict_without_train_names_the_splits(tmp_path):
+    import datasets
+
+    datasets.DatasetDict({"a": datasets.Dataset.from_list(ROWS[:2]),
+                          "b": datasets.Dataset.from_list(ROWS[2:])}).save_to_disk(str(tmp_path / "dd"))
+    expect_error(r"splits \['a', 'b'\].*pass one split folder", read_all, [str(tmp_path / "dd")])
+
+
+def test_hub_name_streams_when_not_a_local_path(tmp_path, monkeypatch):
+    import datasets
+
+    seen = []
+
+    def fake_load(name):
+        seen.append(sources._parse_hub(name))
+        return datasets.Dataset.from_list(ROWS).to_iterable_dataset()
+
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: None)
+    monkeypatch.setattr(sources, "_load_hub", fake_load)
+    files = resolve_inputs(["someone/some-data:main:test"])
+    assert files == [InputFile(path="someone/some-data:main:test", kind="hub", size=0)]
+    table, batches = read_all(["someone/some-data:main:test"], batch_rows=4)
+    assert table.to_pylist() == ROWS and len(batches) == 3
+    assert seen[0] == ("someone/some-data", "main", "test")
+    assert column_names(files) == ["instruction", "input", "output"]
+    monkeypatch.setattr(sources, "_hub_revision", lambda name: None)
+    assert input_fingerprints(files) == [{"path": "someone/some-data:main:test", "kind": "hub",
+                                          "bytes": 0, "sha256": None, "revision": None}]
+
+
+def test_hub_unreachable_is_one_clear_line(monkeypatch):
+    monkeypatch.setattr(sources, "_hub_reachable",
+                        lambda timeout=3.0: "huggingface.co is unreachable (Name or service not known)")
+    msg = expect_error("not a local file or folder, and the Hugging Face Hub cannot be reached",
+                       resolve_inputs, ["owner/name"])
+    assert "owner/name" in msg and "pass a local path" in msg
+
+
+def test_hub_load_failure_is_wrapped(monkeypatch):
+    def boom(name):
+        raise FileNotFoundError("Dataset 'owner/nope' doesn't exist on the Hub")
+
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: None)
+    monkeypatch.setattr(sources, "_load_hub", boom)
+    expect_error(r"could not open Hub dataset 'owner/nope'.*FileNotFoundError", resolve_inputs,
+                 ["owner/nope"])
+
+
+# ------------------------------------------------------------------------------------ order, globs
+
+
+def test_globs_and_several_files_keep_order_and_global_index(tmp_path):
+    for name, lo, hi in [("b.jsonl", 0, 3), ("a.jsonl", 3, 7), ("c.jsonl", 7, 10)]:
+        write_jsonl(tmp_path / name, ROWS[lo:hi])
+    pq.write_table(pa.Table.from_pylist(ROWS[:2]), tmp_path / "z.parquet")
+    inputs = [str(tmp_path / "z.parquet"), str(tmp_path / "*.jsonl")]
+    files = resolve_inputs(inputs)
+    assert [Path(f.path).name for f in files] == ["z.parquet", "a.jsonl", "b.jsonl", "c.jsonl"]
+    _, batches = read_all(inputs, batch_rows=2)
+    got = [(Path(b.file).name, b.first_row, b.first_index, b.table.num_rows) for b in batches]
+    assert got == [("z.parquet", 0, 0, 2), ("a.jsonl", 0, 2, 2), ("a.jsonl", 2, 4, 2),
+                   ("b.jsonl", 0, 6, 2), ("b.jsonl", 2, 8, 1), ("c.jsonl", 0, 9, 2),
+                   ("c.jsonl", 2, 11, 1)]
+    # the global index addresses the right example
+    flat = [r for b in batches for r in b.table.to_pylist()]
+    assert flat[4] == ROWS[5] and flat[9] == ROWS[7]
+
+
+def test_plain_folder_expands_to_its_data_files(tmp_path):
+    (tmp_path / "x").mkdir()
+    write_jsonl(tmp_path / "x" / "2.jsonl", ROWS[5:])
+    write_jsonl(tmp_path / "x" / "1.jsonl", ROWS[:5])
+    (tmp_path / "x" / "notes.txt").write_text("ignored")
+    table, _ = read_all([str(tmp_path / "x")])
+    assert table.to_pylist() == ROWS
+
+
+def test_limit_stops_across_files(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ROWS[:4])
+    write_jsonl(tmp_path / "b.jsonl", ROWS[4:])
+    table, batches = read_all([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+                              batch_rows=3, limit=6)
+    assert table.to_pylist() == ROWS[:6]
+    assert [(b.first_row, b.first_index, b.table.num_rows) for b in batches] == \
+        [(0, 0, 3), (3, 3, 1), (0, 4, 2)]
+    assert list(iter_batches(resolve_inputs([str(tmp_path / "a.jsonl")]), limit=0)) == []
+
+
+def test_jsonl_blank_lines_count_records_and_lines_are_exact(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS, blank_every=3)  # blanks after rows 0, 3, 6, 9
+    _, batches = read_all([str(path)], batch_rows=4, chunk_bytes=150)
+    rows = [r for b in batches for r in b.table.to_pylist()]
+    assert rows == ROWS
+    lines = np.concatenate([b.lines for b in batches])
+    text_lines = path.read_text().split("\n")
+    for i, line in enumerate(lines):
+        assert json.loads(text_lines[line - 1]) == ROWS[i]
+    starts = [b.first_row for b in batches]
+    assert starts == list(np.cumsum([0] + [b.table.num_rows for b in batches[:-1]]))
+    assert batches[0].where(1) == f"{path} line 3"
+
+
+# ------------------------------------------------------------------------------------ schema drift
+
+
+@pytest.mark.parametrize("order", ["null-absent-string", "string-null-absent"])
+def test_jsonl_schema_changes_between_chunks(tmp_path, order):
+    """`input` null in whole chunks, missing in others, a new field late: all rows come through."""
+    groups = {
+        "null": [{"instruction": f"n{i}", "input": None, "output": "o"} for i in range(30)],
+        "absent": [{"instruction": f"a{i}", "output": "o"} for i in range(30)],
+        "string": [{"instruction": f"s{i}", "input": "text", "output": "o", "extra": [1, 2]}
+                   for i in range(30)],
+    }
+    rows = [r for g in order.split("-") for r in groups[g]]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    table, batches = read_all([str(path)], batch_rows=16, chunk_bytes=256)
+    assert len(batches) > 6 and table.num_rows == 90
+    got = table.to_pylist()
+    assert [r["instruction"] for r in got] == [r["instruction"] for r in rows]
+    assert [r["input"] for r in got] == [r.get("input") for r in rows]
+    assert [r.get("extra") for r in got] == [r.get("extra") for r in rows]
+    assert [b.first_row for b in batches] == [b.first_index for b in batches]
+    if order.startswith("string"):
+        # once `input` is known to be a string, chunks where it is null or absent still carry it
+        assert all(b.table.schema.field("input").type == pa.string() for b in batches)
+        assert all(b.table.column_names[:3] == ["instruction", "input", "output"] for b in batches)
+
+
+def test_jsonl_type_conflict_within_chunk_names_the_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n\n{"a": "three"}\n')
+    expect_error(r"d.jsonl line 4: field 'a' is a string here but a number on line 1",
+                 read_all, [str(path)])
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def test_malformed_jsonl_line_is_named_even_in_a_later_chunk(tmp_path):
+    good = "".join(json.dumps(r) + "\n" for r in ROWS * 5)  # 50 lines
+    path = tmp_path / "d.jsonl"
+    path.write_text(good + '{"instruction": "x", "output": }\n' + good)
+    msg = expect_error(r"d.jsonl line 51: malformed JSON", read_all, [str(path)], chunk_bytes=500)
+    assert "fix or remove that line" in msg
+
+
+def test_jsonl_non_object_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    expect_error(r"d.jsonl line 2: expected a JSON object per line, found a list", read_all,
+                 [str(path)])
+
+
+def test_non_utf8_jsonl_names_line_and_byte(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"a": "ok"}\n{"a": "caf\xe9"}\n')
+    expect_error(r"d.jsonl line 2 \(byte offset 22\): not valid UTF-8; re-encode", read_all,
+                 [str(path)])
+
+
+def test_non_utf8_csv_and_json_array(tmp_path):
+    (tmp_path / "d.csv").write_bytes(b"a,b\nx,y\nz,caf\xe9\n")
+    expect_error(r"d.csv line 3 \(byte offset 13\): not valid UTF-8", read_all,
+                 [str(tmp_path / "d.csv")])
+    (tmp_path / "d.json").write_bytes(b'[\n{"a": "x"},\n{"a": "caf\xe9"}\n]')
+    expect_error(r"d.json line 3 \(byte offset 24\): not valid UTF-8", read_all,
+                 [str(tmp_path / "d.json")])
+
+
+def test_malformed_json_array(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text('[\n  {"a": 1},\n  {"a": 2\n  {"a": 3}\n]')
+    expect_error(r"d.json line \d+: (malformed JSON|expected ',' or '\]')", read_all, [str(path)])
+    path.write_text('[\n  {"a": 1},\n  "text"\n]')
+    expect_error(r"d.json line 3: array element is a string, not an object", read_all, [str(path)])
+    path.write_text('[\n  {"a": 1},\n  {"a": 2}')
+    expect_error(r"d.json line 3: expected ',' or '\]'.*truncated", read_all, [str(path)])
+    path.write_text('"just a string"')
+    expect_error(r"neither a JSON array of objects nor JSON Lines", resolve_inputs, [str(path)])
+
+
+def test_json_array_type_conflict(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text('[\n{"a": 1},\n{"a": "x"}\n]')
+    expect_error(r"d.json line 3: field 'a' is a string here but a number on line 2", read_all,
+                 [str(path)])
+
+
+def test_missing_file_and_glob_without_match(tmp_path):
+    expect_error(r"input not found: .*nope.jsonl", resolve_inputs, [str(tmp_path / "nope.jsonl")])
+    expect_error(r"no files match .*\*.parquet", resolve_inputs, [str(tmp_path / "*.parquet")])
+
+
+def test_unreadable_file(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    monkeypatch.setattr(sources.os, "access", lambda p, mode: False)
+    expect_error(r"cannot read .*d.jsonl: permission denied", resolve_inputs, [str(path)])
+
+
+def test_unknown_format_lists_supported(tmp_path):
+    (tmp_path / "d.txt").write_text("hello")
+    msg = expect_error(r"unknown input format '.txt' for .*d.txt: supported are", resolve_inputs,
+                       [str(tmp_path / "d.txt")])
+    assert ".jsonl" in msg and ".parquet" in msg and "save_to_disk" in msg
+    (tmp_path / "empty_dir").mkdir()
+    expect_error(r"holds no supported data files", resolve_inputs, [str(tmp_path / "empty_dir")])
+
+
+def test_empty_inputs(tmp_path):
+    (tmp_path / "e.jsonl").write_text("")
+    expect_error(r"e.jsonl is empty \(0 bytes\)", resolve_inputs, [str(tmp_path / "e.jsonl")])
+    (tmp_path / "w.jsonl").write_text("\n  \n\n")
+    expect_error(r"w.jsonl has no records", resolve_inputs, [str(tmp_path / "w.jsonl")])
+    (tmp_path / "e.json").write_text("[]")
+    expect_error(r"e.json contains no records", read_all, [str(tmp_path / "e.json")])
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "e.parquet")
+    expect_error(r"e.parquet contains no records", read_all, [str(tmp_path / "e.parquet")])
+    (tmp_path / "h.csv").write_text("text\n")
+    expect_error(r"h.csv contains no records", read_all, [str(tmp_path / "h.csv")])
+    import datasets
+
+    datasets.Dataset.from_dict({"text": []}).save_to_disk(str(tmp_path / "eds"))
+    expect_error(r"eds contains no records", read_all, [str(tmp_path / "eds")])
+
+
+def test_corrupt_parquet_and_arrow(tmp_path):
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    data = (tmp_path / "d.parquet").read_bytes()
+    (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
+    expect_error(r"t.parquet: not a readable Parquet file.*corrupt", read_all,
+                 [str(tmp_path / "t.parquet")])
+    (tmp_path / "g.arrow").write_bytes(b"this is not arrow at all" * 10)
+    expect_error(r"g.arrow: not a readable Arrow IPC file or stream", read_all,
+                 [str(tmp_path / "g.arrow")])
+    with pa.ipc.new_file(tmp_path / "d.arrow", pa.Table.from_pylist(ROWS).schema) as w:
+        w.write_table(pa.Table.from_pylist(ROWS))
+    data = (tmp_path / "d.arrow").read_bytes()
+    (tmp_path / "t.arrow").write_bytes(data[: len(data) - 40])
+    expect_error(r"t.arrow: not a readable Arrow IPC file or stream", read_all,
+                 [str(tmp_path / "t.arrow")])
+
+
+def test_malformed_csv(tmp_path):
+    (tmp_path / "d.csv").write_text("a,b\n1,2\n3,4,5\n")
+    expect_error(r"d.csv: cannot read as CSV: .*same number of fields", read_all,
+                 [str(tmp_path / "d.csv")])
+
+
+# ------------------------------------------------------------------------------------ fingerprints
+
+
+def test_fingerprints(tmp_path):
+    import datasets
+
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
+    files = resolve_inputs([str(path), str(tmp_path / "ds")])
+    fp = input_fingerprints(files)
+    assert fp[0] == {"path": str(path), "kind": "jsonl", "bytes": path.stat().st_size,
+                     "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert fp[1]["kind"] == "hf_disk" and fp[1]["bytes"] == files[1].size > 0
+    # the folder's hash follows its data, not its metadata
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds2"))
+    assert input_fingerprints(resolve_inputs([str(tmp_path / "ds2")]))[0]["sha256"] == fp[1]["sha256"]
+    datasets.Dataset.from_list(ROWS[:-1]).save_to_disk(str(tmp_path / "ds3"))
+    assert input_fingerprints(resolve_inputs([str(tmp_path / "ds3")]))[0]["sha256"] != fp[1]["sha256"]
+
+
+def test_sample_data_reads(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    files = resolve_inputs([str(root / "data" / "sample" / "instructions.jsonl")])
+    assert column_names(files) == ["instruction", "input", "output"]
+    total = sum(b.table.num_rows for b in iter_batches(files, batch_rows=1000))
+    assert total == 3000
