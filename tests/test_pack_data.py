@@ -1,0 +1,326 @@
+"""pack-data end to end through the CLI: output contract, determinism, overlong policies, clear errors."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import pipeline.write
+from pipeline.cli import pack_data
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
+from pipeline.tokenize import load_tokenizer, tokenize_examples
+from pipeline.verify import verify_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = str(ROOT / "data" / "tokenizer")
+SAMPLE = ROOT / "data" / "sample"
+BOS, EOS = 1, 2
+
+
+def run(*args: str) -> object:
+    return CliRunner().invoke(pack_data, [*map(str, args), "--no-progress"], catch_exceptions=False)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Hidden temporary folders pack-data might have left behind."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".") and ".tmp-" in p.name or ".old-" in p.name)
+
+
+def examples(folder: Path) -> dict[int, list[tuple[list[int], list[int], list[int]]]]:
+    """example id -> its pieces (ids, labels, position_ids), read back from the shards."""
+    out: dict[int, list] = {}
+    for row in iter_rows(folder):
+        k = 0
+        for n, eid in zip(row["seq_lens"], row["example_ids"]):
+            sl = slice(k, k + int(n))
+            out.setdefault(int(eid), []).append(
+                (row["input_ids"][sl].tolist(), row["labels"][sl].tolist(), row["position_ids"][sl].tolist())
+            )
+            k += int(n)
+    return out
+
+
+# ------------------------------------------------------------------------------- the README run
+
+
+@pytest.fixture(scope="module")
+def readme_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("readme") / "sample"
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:  # exactly the README's first command (plus where to write)
+        result = run("data/sample/instructions.jsonl", "--tokenizer", "data/tokenizer", "--max-len", "8192",
+                     "--out", out, "--overwrite")
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_readme_command_output_passes_verify_and_records_everything(readme_out: Path):
+    manifest = verify_folder(readme_out, check_hashes=True)
+    c = manifest.counts
+    assert (c.examples_read, c.examples_packed, c.empty_skipped, c.truncated, c.split, c.dropped) == (3000, 3000, 0, 3, 0, 0)
+    assert manifest.max_len == 8192 and manifest.strategy == "ffd" and manifest.seed == 0
+    assert manifest.efficiency == pytest.approx(manifest.total_tokens / (manifest.rows * 8192), abs=1e-6)
+    assert manifest.efficiency > 0.95
+    assert manifest.config["inputs"] == ["data/sample/instructions.jsonl"]
+    assert manifest.config["overlong"] == "truncate" and manifest.config["num_proc"] == 1
+    assert manifest.tokenizer["name"] == "data/tokenizer" and len(manifest.tokenizer["fingerprint"]) == 64
+    assert (manifest.tokenizer["bos_token_id"], manifest.tokenizer["eos_token_id"]) == (BOS, EOS)
+    assert manifest.tokenizer["format"]["kind"] == "instruction"
+    assert len(manifest.inputs) == 1
+    assert leftovers(readme_out.parent) == []
+
+
+def test_shards_open_with_arrow_mmap_datasets_and_polars(readme_out: Path, tmp_path: Path):
+    import datasets
+    import polars as pl
+
+    manifest = read_manifest(readme_out)
+    path = readme_out / manifest.shards[0].file
+    with pa.memory_map(str(path), "r") as source:
+        table = pa.ipc.open_file(source).read_all()
+        first = table.column("input_ids")[0].as_py()
+        assert table.num_rows == manifest.shards[0].rows
+    # Dataset.from_file reads only the IPC *stream* format; the shard contract is the IPC *file*
+    # format (memory-mappable with a footer), which `datasets` opens through its "arrow" builder.
+    ds = datasets.load_dataset("arrow", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf"))
+    assert len(ds) == manifest.shards[0].rows and ds[0]["input_ids"] == first
+    df = pl.read_ipc(path)
+    assert df.height == manifest.shards[0].rows and df["input_ids"][0].to_list() == first
+    assert sum(map(len, df["input_ids"])) == manifest.shards[0].tokens
+
+
+def test_rows_follow_the_contract(readme_out: Path):
+    tok = load_tokenizer(TOKENIZER)
+    seen = examples(readme_out)
+    assert sorted(seen) == list(range(3000))  # every example once, by input index
+    for eid in (0, 1, 1234):
+        (ids, labels, pos), = seen[eid]
+        assert ids[0] == BOS and labels[0] == IGNORE_INDEX and pos == list(range(len(ids)))
+        assert ids[-1] == EOS and labels[-1] == EOS
+        assert "### Response:" in tok.decode(ids) and "### Response:" not in tok.decode([t for t in labels if t >= 0])
+    fresh = tokenize_examples(read_manifest(readme_out).config, [1234, 0])
+    assert fresh[0][0].tolist() == seen[1234][0][0] and fresh[1][1].tolist() == seen[0][0][1]
+
+
+@pytest.mark.xfail(strict=True, reason="datasets.Dataset.from_file only reads the Arrow IPC stream format; "
+                   "shards are IPC file format by contract (pipeline.shards)")
+def test_datasets_from_file_on_a_shard(readme_out: Path):
+    import datasets
+
+    manifest = read_manifest(readme_out)
+    datasets.Dataset.from_file(str(readme_out / manifest.shards[0].file))
+
+
+# -------------------------------------------------------------------------- content, policies
+
+
+def test_text_content_multiple_inputs_and_global_ids(tmp_path: Path):
+    tok = load_tokenizer(TOKENIZER)
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": "alpha beta"}, {"text": ""}, {"text": "gamma"}])
+    pq.write_table(pa.table({"text": ["delta epsilon", "zeta"]}), tmp_path / "b.parquet")
+    out = tmp_path / "out"
+    result = run(a, tmp_path / "b.parquet", "--tokenizer", TOKENIZER, "--max-len", 16, "--out", out, "--rows-per-shard", 1)
+    assert result.exit_code == 0, result.output
+    manifest = verify_folder(out)
+    assert (manifest.counts.examples_read, manifest.counts.empty_skipped, manifest.counts.examples_packed) == (5, 1, 4)
+    assert len(manifest.shards) == manifest.rows
+    seen = examples(out)
+    texts = {0: "alpha beta", 2: "gamma", 3: "delta epsilon", 4: "zeta"}
+    assert sorted(seen) == sorted(texts)
+    for eid, text in texts.items():
+        body = tok(text, add_special_tokens=False)["input_ids"]
+        assert seen[eid] == [([BOS, *body, EOS], [IGNORE_INDEX, *body, EOS], list(range(len(body) + 2)))]
+    assert "examples: 5 read, 4 packed, 1 empty skipped" in result.output
+
+
+@pytest.fixture()
+def pretok(tmp_path: Path) -> Path:
+    # lengths 5, 12, 3, 20 against --max-len 8
+    rows = [{"input_ids": list(range(10 + i, 10 + i + n))} for i, n in enumerate([5, 12, 3, 20])]
+    return write_jsonl(tmp_path / "tok.jsonl", rows)
+
+
+@pytest.mark.parametrize(
+    ("policy", "counts", "tokens", "pieces"),
+    [
+        ("truncate", {"truncated": 2, "examples_packed": 4}, 24, {0: [5], 1: [8], 2: [3], 3: [8]}),
+        ("split", {"split": 2, "examples_packed": 4}, 40, {0: [5], 1: [8, 4], 2: [3], 3: [8, 8, 4]}),
+        ("drop", {"dropped": 2, "examples_packed": 2}, 8, {0: [5], 2: [3]}),
+    ],
+)
+def test_overlong_policies(pretok: Path, tmp_path: Path, policy, counts, tokens, pieces):
+    out = tmp_path / policy
+    result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 8, "--out", out, "--overlong", policy)
+    assert result.exit_code == 0, result.output
+    manifest = verify_folder(out)
+    for key, value in counts.items():
+        assert getattr(manifest.counts, key) == value
+    assert manifest.total_tokens == tokens and manifest.counts.examples_read == 4
+    seen = examples(out)
+    assert {k: sorted((len(p[0]) for p in v), reverse=True) for k, v in seen.items()} == pieces
+    for eid, chunks in seen.items():
+        start = 10 + eid
+        whole = sum((p[0] for p in sorted(chunks, key=lambda p: p[0][0])), [])
+        assert whole == list(range(start, start + len(whole)))  # pieces are consecutive chunks, in order
+        for ids, labels, pos in chunks:
+            assert labels[0] == IGNORE_INDEX and labels[1:] == ids[1:] and pos == list(range(len(ids)))
+
+
+def test_overlong_error_names_the_row(pretok: Path, tmp_path: Path):
+    result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o", "--overlong", "error")
+    assert result.exit_code == 1
+    assert "tok.jsonl line 2: example is 12 tokens, longer than --max-len 8" in result.output
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
+
+
+def test_same_shards_whatever_num_proc(tmp_path: Path):
+    shas = []
+    for n in (1, 2, 2):
+        out = tmp_path / f"np{n}-{len(shas)}"
+        result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", out,
+                     "--num-proc", n, "--batch-rows", 37, "--rows-per-shard", 20)
+        assert result.exit_code == 0, result.output
+        shas.append([s.sha256 for s in read_manifest(out).shards])
+    assert len(shas[0]) > 1 and shas[0] == shas[1] == shas[2]
+
+
+def test_chat_sample_limit_and_strategy(tmp_path: Path):
+    out = tmp_path / "chat"
+    result = run(SAMPLE / "chat.jsonl", "--tokenizer", TOKENIZER, "--max-len", 2048, "--out", out,
+                 "--limit", 40, "--strategy", "bfd", "--seed", 3)
+    assert result.exit_code == 0, result.output
+    manifest = verify_folder(out)
+    assert manifest.counts.examples_read == 40 and manifest.strategy == "bfd" and manifest.seed == 3
+    tok = load_tokenizer(TOKENIZER)
+    for chunks in examples(out).values():
+        (ids, labels, _), = chunks
+        trained = tok.decode([t for t in labels if t >= 0])
+        assert "<|im_start|>" not in trained and trained.endswith("<|im_end|>\n</s>")
+
+
+def test_overwrite_replaces_only_pack_data_folders(tmp_path: Path, pretok: Path):
+    out = tmp_path / "o"
+    args = (pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
+    assert run(*args).exit_code == 0
+    again = run(*args)
+    assert again.exit_code == 1 and "already exists: pass --overwrite" in again.output
+    assert run(*args, "--overwrite", "--limit", 2).exit_code == 0
+    assert read_manifest(out).counts.examples_read == 2 and leftovers(tmp_path) == []
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "thesis.txt").write_text("precious")
+    refused = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", other, "--overwrite")
+    assert refused.exit_code == 1 and "did not write" in refused.output
+    assert (other / "thesis.txt").read_text() == "precious"
+
+
+def test_help_explains_options_with_an_example():
+    result = CliRunner().invoke(pack_data, ["--help"])
+    assert result.exit_code == 0
+    for option in ("--format", "--text-field", "--prompt-field", "--response-field", "--messages-field",
+                   "--template", "--train-on-prompt", "--strategy", "--overlong", "--num-proc", "--seed",
+                   "--rows-per-shard", "--overwrite", "--limit", "Examples:"):
+        assert option in result.output
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+def _no_template(tmp: Path) -> Path:
+    folder = tmp / "plain-tokenizer"
+    shutil.copytree(TOKENIZER, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (CLI args before the common ones, text the one-line error must contain)."""
+    good = write_jsonl(tmp / "good.jsonl", [{"text": "fine"}])
+    broken = tmp / "broken.jsonl"
+    broken.write_text('{"text": "ok"}\n{"text": oops}\n')
+    (tmp / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    (tmp / "data.xyz").write_text("what")
+    latin = tmp / "latin.jsonl"
+    latin.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    empty = tmp / "empty.json"
+    empty.write_text("[]")
+    return {
+        "missing file": ([str(tmp / "nope.jsonl")], "nope.jsonl"),
+        "corrupt json": ([str(broken)], "line 2"),
+        "corrupt parquet": ([str(tmp / "bad.parquet")], "bad.parquet"),
+        "unknown file format": ([str(tmp / "data.xyz")], "data.xyz"),
+        "unknown columns": ([str(write_jsonl(tmp / "cols.jsonl", [{"foo": 1}]))], "cannot tell the format"),
+        "missing field": ([str(good), "--text-field", "body"], "--text-field"),
+        "null field": ([str(write_jsonl(tmp / "null.jsonl", [{"text": "a"}, {"text": None}]))], "line 2"),
+        "empty dataset": ([str(empty)], "empty.json"),
+        "all empty": ([str(write_jsonl(tmp / "blank.jsonl", [{"text": ""}, {"text": " "}]))], "empty"),
+        "all dropped": ([str(good), "--max-len", "2", "--overlong", "drop"], "dropped"),
+        "bad tokenizer": ([str(good), "--tokenizer", str(tmp / "no-tokenizer")], "no-tokenizer"),
+        "non-utf8": ([str(latin)], "UTF-8"),
+        "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
+                                   "--tokenizer", str(_no_template(tmp))], "no chat template"),
+    }
+
+
+CASES = [
+    "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
+    "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_nonzero_exit_and_no_output(tmp_path: Path, case: str):
+    args, needle = _bad_inputs(tmp_path)[case]
+    out = tmp_path / "out"
+    tokenizer = [] if "--tokenizer" in args else ["--tokenizer", TOKENIZER]
+    max_len = [] if "--max-len" in args else ["--max-len", "64"]
+    result = CliRunner().invoke(pack_data, [*args, *tokenizer, *max_len, "--out", str(out), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert needle in lines[0], lines[0]
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
+    def full(path, table):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pipeline.write, "write_shard", full)
+    out = tmp_path / "o"
+    result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
+    assert result.exit_code == 1 and "disk full" in result.output and "Traceback" not in result.output
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
+    def interrupted(path, table):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.write, "write_shard", interrupted)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "32",
+                                            "--out", str(out), "--no-progress"])
+    assert result.exit_code == 130
+    assert not out.exists() and leftovers(tmp_path) == []

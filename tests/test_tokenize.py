@@ -1,0 +1,144 @@
+"""pipeline.tokenize: BOS/EOS and labels per format, pre-tokenized input, tokenizer loading/fingerprint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.formats import FormatOptions, detect_format, rows_where
+from pipeline.shards import IGNORE_INDEX
+from pipeline.tokenize import (
+    encode_texts,
+    lengths_of,
+    load_tokenizer,
+    tokenize_batch,
+    tokenized_batch,
+    tokenizer_fingerprint,
+    tokenizer_info,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "data" / "tokenizer"
+BOS, EOS = 1, 2
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(str(TOKENIZER))
+
+
+def enc(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def split(batch) -> list[tuple[list[int], list[int]]]:
+    """Per-example (ids, labels) of a TokBatch (empty examples included as empty lists)."""
+    out, k = [], 0
+    for n in batch.lengths:
+        out.append((batch.input_ids[k : k + n].tolist(), batch.labels[k : k + n].tolist()))
+        k += n
+    return out
+
+
+def test_text_bos_eos_and_loss_on_everything_but_the_first_token(tok):
+    table = pa.table({"text": ["hello world", "   ", "second document"]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    ex = split(tokenize_batch(table, fmt, tok, rows_where("t.jsonl")))
+    body = enc(tok, "hello world")
+    assert ex[0][0] == [BOS, *body, EOS]
+    assert ex[0][1] == [IGNORE_INDEX, *body, EOS]  # the EOS carries loss: the model learns to stop
+    assert ex[1] == ([], [])  # blank text -> empty example (skipped, counted by the writer)
+    assert ex[2][0] == [BOS, *enc(tok, "second document"), EOS]
+
+
+def test_instruction_loss_only_on_response_and_its_eos(tok):
+    table = pa.table({"question": ["What is 2+2?"], "answer": ["4"]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    (ids, labels), = split(tokenize_batch(table, fmt, tok, rows_where("q.jsonl")))
+    prompt = enc(tok, "Question: What is 2+2?\nAnswer:\n")
+    response = enc(tok, "4")
+    assert ids == [BOS, *prompt, *response, EOS]
+    assert labels == [IGNORE_INDEX] * (1 + len(prompt)) + response + [EOS]
+    fmt = detect_format(table.column_names, FormatOptions(train_on_prompt=True))
+    (ids2, labels2), = split(tokenize_batch(table, fmt, tok, rows_where("q.jsonl")))
+    assert ids2 == ids and labels2 == [IGNORE_INDEX, *ids[1:]]
+
+
+def test_chat_loss_on_assistant_turns_and_no_double_bos(tok):
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
+    table = pa.table({"messages": [msgs]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    (ids, labels), = split(tokenize_batch(table, fmt, tok, rows_where("c.jsonl")))
+    assert ids[0] == BOS and ids[1] != BOS and ids[-1] == EOS
+    trained = [t for t in labels if t != IGNORE_INDEX]
+    assert tok.decode(trained) == "Hello there<|im_end|>\n</s>"
+
+
+def test_tokenized_input_labels_derived_or_given(tok):
+    table = pa.table({"input_ids": [[5, 6, 7], [], [8, 9]]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    ex = split(tokenized_batch(table, fmt, rows_where("x.parquet")))
+    assert ex == [([5, 6, 7], [IGNORE_INDEX, 6, 7]), ([], []), ([8, 9], [IGNORE_INDEX, 9])]
+    table = pa.table({"input_ids": [[5, 6, 7]], "labels": [[5, -100, 7]]})
+    ex = split(tokenized_batch(table, detect_format(table.column_names, FormatOptions()), rows_where("x")))
+    assert ex == [([5, 6, 7], [IGNORE_INDEX, IGNORE_INDEX, 7])]
+
+
+@pytest.mark.parametrize(
+    ("columns", "needle"),
+    [
+        ({"input_ids": [[1, 2], [3]], "labels": [[1, 2], [3, 4]]}, "x.arrow row 2: labels has 2 entries"),
+        ({"input_ids": [[1, 2]], "labels": [[1, 5]]}, "labels must be -100 or equal"),
+        ({"input_ids": [[1, 2], None]}, "x.arrow row 2: 'input_ids' is missing or null"),
+        ({"input_ids": [[1, -4]]}, "negative id"),
+        ({"input_ids": ["a b"]}, "expected a list of token ids"),
+    ],
+)
+def test_tokenized_input_errors(columns, needle):
+    table = pa.table(columns)
+    fmt = detect_format(table.column_names, FormatOptions(format="tokenized"))
+    with pytest.raises(UserError, match=needle):
+        tokenized_batch(table, fmt, rows_where("x.arrow"))
+
+
+def test_encode_texts_flat_matches_per_text(tok):
+    texts = ["a b c", "", "δ unicode ✓"]
+    flat, lens = encode_texts(tok, texts)
+    assert lens.tolist() == [len(enc(tok, t)) for t in texts]
+    assert flat.dtype == np.int32 and flat.tolist() == sum((enc(tok, t) for t in texts), [])
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_tokenizer(str(tmp_path / "missing"))
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(UserError, match="cannot load tokenizer"):
+        load_tokenizer(str(tmp_path / "junk"))
+
+
+def test_fingerprint_is_stable_and_tracks_content(tok, tmp_path):
+    copy = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, copy)
+    assert tokenizer_fingerprint(load_tokenizer(str(copy))) == tokenizer_fingerprint(tok)
+    cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ messages }}"
+    (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert tokenizer_fingerprint(load_tokenizer(str(copy))) != tokenizer_fingerprint(tok)
+    info = tokenizer_info(tok, "data/tokenizer")
+    assert (info["bos_token_id"], info["eos_token_id"], info["vocab_size"]) == (BOS, EOS, len(tok))
+
+
+def test_lengths_of_counts_bos_and_eos(tok, tmp_path):
+    path = tmp_path / "d.jsonl"
+    texts = ["one", "two three four", "", "five"]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    got = lengths_of([str(path)], tok)
+    assert got.tolist() == [len(enc(tok, t)) + 2 for t in texts if t]
+    assert lengths_of(str(path), str(TOKENIZER), limit=2).tolist() == got[:2].tolist()
