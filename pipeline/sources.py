@@ -543,7 +543,7 @@ def _locate_bad_utf8(path: str) -> UserError | None:
 
 
 def _read_csv(path: str, batch_rows: int, chunk_bytes: int) -> Iterator[pa.Table]:
-    delimiter = "\t" if ".tsv" in path.lower() else ","
+    delimiter = "\t" if path.lower().endswith((".tsv", ".tsv.gz")) else ","
     parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
     read = pacsv.ReadOptions(block_size=chunk_bytes, use_threads=False)
 
