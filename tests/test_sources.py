@@ -402,3 +402,25 @@ def test_sample_data_reads(tmp_path):
     assert column_names(files) == ["instruction", "input", "output"]
     total = sum(b.table.num_rows for b in iter_batches(files, batch_rows=1000))
     assert total == 3000
+
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+
+
+@pytest.mark.skipif(not (SHARED / "gsm8k" / "train.jsonl").is_file()
+                    or not (SHARED / "codealpaca" / "code_alpaca.json").is_file(),
+                    reason="../shared/datasets not present")
+def test_real_datasets_read_in_order():
+    gsm = SHARED / "gsm8k" / "train.jsonl"
+    alpaca = SHARED / "codealpaca" / "code_alpaca.json"
+    files = resolve_inputs([str(gsm), str(alpaca)])
+    assert [f.kind for f in files] == ["jsonl", "json"]
+    assert column_names(files) == ["question", "answer"]
+    n_gsm = sum(1 for line in gsm.open(encoding="utf-8") if line.strip())
+    n_alpaca = len(json.loads(alpaca.read_text(encoding="utf-8")))
+    batches = list(iter_batches(files))
+    assert sum(b.table.num_rows for b in batches if b.file == str(gsm)) == n_gsm
+    assert sum(b.table.num_rows for b in batches if b.file == str(alpaca)) == n_alpaca
+    first_alpaca = next(b for b in batches if b.file == str(alpaca))
+    assert first_alpaca.first_row == 0 and first_alpaca.first_index == n_gsm
+    assert first_alpaca.where(0) == f"{alpaca} line 2"
