@@ -218,13 +218,14 @@ def _length_stats(lengths: np.ndarray) -> dict[str, float]:
     if len(lengths) == 0:
         return {k: 0 for k in ("min", "mean", "p50", "p90", "p99", "max")}
     s = pl.Series("len", lengths)
+    exact = float if s.dtype.is_float() else int
     return {
-        "min": int(s.min()),
+        "min": exact(s.min()),
         "mean": float(s.mean()),
         "p50": float(s.quantile(0.5, "nearest")),
         "p90": float(s.quantile(0.9, "nearest")),
         "p99": float(s.quantile(0.99, "nearest")),
-        "max": int(s.max()),
+        "max": exact(s.max()),
     }
 
 
@@ -497,6 +498,7 @@ def _plots_folder(data: FolderData) -> list[str]:
     ax.set_xlabel("examples in the row")
     ax.set_ylabel("rows")
     ax.set_title("Examples per row")
+    ax.yaxis.get_major_locator().set_params(integer=True)
     _style(ax)
     out.append(_figure(_png(fig), "Number of examples packed into each row."))
     return out
@@ -523,7 +525,11 @@ def _comparison_plot(rows: list[dict[str, Any]], title: str) -> str:
     a1.set_xlabel("token efficiency (real tokens / token slots, %)")
     a1.invert_yaxis()
     for i, v in enumerate(eff):
-        a1.text(min(v + 1, 88), i, f"{v:.1f}%", va="center", fontsize=9)
+        if v > 80:  # label inside the bar, right-aligned, so it never crosses the bar's end
+            a1.text(v - 1.5, i, f"{v:.1f}%", va="center", ha="right", fontsize=9, color="white",
+                    fontweight="bold")
+        else:
+            a1.text(v + 1, i, f"{v:.1f}%", va="center", fontsize=9)
     sp = [r.get("speedup_vs_pad_to_longest", 0) for r in rows]
     a2.barh(names, sp, color=colors)
     a2.set_xlabel("estimated speedup vs pad-to-longest (x)")
@@ -601,7 +607,7 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
         s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
         parts.append(f'<p class="sub">max_len {r["max_len"]:,} &middot; strategy '
                      f'<code>{html.escape(r["strategy"])}</code> &middot; {len(r["shards"])} '
-                     "shards</p>")
+                     f'shard{"s" if len(r["shards"]) != 1 else ""}</p>')
         parts.append(_cards([
             (f"{r['examples']:,}", "examples packed", False),
             (f"{_n(r['tokens'])}", f"tokens ({_n(r['loss_tokens'])} with loss)", False),
