@@ -18,6 +18,7 @@ start offset, their cumulative sum) live in RAM.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import multiprocessing as mp
 import os
 import sys
@@ -131,7 +132,7 @@ class TokBatch:
     """One batch tokenized: flat ids/labels of its non-empty examples and a length per example (0 = empty)."""
 
     input_ids: np.ndarray  # int32
-    labels: np.ndarray  # int32
+    labels: np.ndarray | None  # int32; None: equal to input_ids except the (masked) first token
     lengths: np.ndarray  # int64, one per input row of the batch
 
 
@@ -234,8 +235,12 @@ def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarr
     return flat, lengths
 
 
-def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where) -> TokBatch:
-    """Pre-tokenized rows: ids as given; labels as given or equal to the ids; first label always -100."""
+def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where, *, derive_labels: bool = True) -> TokBatch:
+    """Pre-tokenized rows: ids as given; labels as given or equal to the ids; first label always -100.
+
+    Without a labels column and with `derive_labels=False`, labels are left as None (the writer
+    derives them from the ids while gathering, which saves a copy and half the spill).
+    """
     ids, lengths = _int_list_column(table, fmt.fields["input_ids"], where)
     if len(ids) and ids.min() < 0:
         bad = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(ids < 0)), side="right"))
@@ -257,6 +262,8 @@ def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where) -> TokBa
                 "position (unshifted, Hugging Face convention): fix the labels column"
             )
         labels = labels.copy() if not labels.flags.writeable else labels
+    elif not derive_labels:
+        return TokBatch(ids, None, lengths)
     else:
         labels = ids.copy()
     nonempty = lengths > 0
@@ -277,7 +284,7 @@ def _init_worker(tokenizer: Any, fmt: ResolvedFormat) -> None:
 
 def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any) -> TokBatch:
     if fmt.kind == "tokenized":
-        return tokenized_batch(batch.table, fmt, batch.where)
+        return tokenized_batch(batch.table, fmt, batch.where, derive_labels=False)
     return tokenize_batch(batch.table, fmt, tokenizer, batch.where)
 
 
@@ -331,12 +338,11 @@ class Spill:
     """Tokenized examples on disk plus their lengths in RAM (non-empty examples only, input order)."""
 
     ids_path: Path
-    labels_path: Path
+    labels_path: Path | None  # None: labels equal input_ids (pre-tokenized input without labels)
     lengths: np.ndarray  # int64 per kept example
     example_ids: np.ndarray  # int64 global input index per kept example
     examples_read: int = 0
     empty_skipped: int = 0
-    overlong_rows: list[str] = field(default_factory=list)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -347,13 +353,27 @@ class Spill:
     def total_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    _maps: list[mmap.mmap] = field(default_factory=list, repr=False)
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The spilled input_ids and labels, memory-mapped."""
+        """The spilled input_ids and labels, memory-mapped read-only (labels may be the ids array)."""
         if self.total_tokens == 0:
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
-        ids = np.memmap(self.ids_path, dtype="<i4", mode="r")
-        labels = np.memmap(self.labels_path, dtype="<i4", mode="r")
+        ids = self._map(self.ids_path)
+        labels = ids if self.labels_path is None else self._map(self.labels_path)
         return ids, labels
+
+    def _map(self, path: Path) -> np.ndarray:
+        with open(path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps.append(mapped)
+        return np.frombuffer(mapped, dtype="<i4")
+
+    def release(self) -> None:
+        """Drop the mapped pages from this process (they stay in the page cache): bounds peak RSS."""
+        for mapped in self._maps:
+            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def tokenize_to_spill(
@@ -373,6 +393,7 @@ def tokenize_to_spill(
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
+    same_labels = fmt.kind == "tokenized" and not fmt.fields.get("labels")
     lengths: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
     read = empty = tokens = 0
@@ -389,7 +410,8 @@ def tokenize_to_spill(
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
                 )
             tok.input_ids.astype("<i4", copy=False).tofile(fi)
-            tok.labels.astype("<i4", copy=False).tofile(fl)
+            if tok.labels is not None:
+                tok.labels.astype("<i4", copy=False).tofile(fl)
             lengths.append(tok.lengths[keep])
             example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
             read += n
@@ -399,7 +421,9 @@ def tokenize_to_spill(
                 progress.set_postfix(tokens=_fmt_count(tokens), refresh=False)
                 progress.update(n)
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    return Spill(ids_path, labels_path, cat(lengths), cat(example_ids), read, empty)
+    if same_labels:
+        labels_path.unlink()
+    return Spill(ids_path, None if same_labels else labels_path, cat(lengths), cat(example_ids), read, empty)
 
 
 def _fmt_count(n: int) -> str:

@@ -321,7 +321,6 @@ def _pack_into(
 
     t = time.perf_counter()
     src_ids, src_labels = spill.arrays()
-    src_ids, src_labels = np.asarray(src_ids), np.asarray(src_labels)
     rps = int(config.rows_per_shard or _auto_rows_per_shard(max_len))
     shards: list[ShardInfo] = []
     total_tokens = loss_tokens = 0
@@ -343,6 +342,7 @@ def _pack_into(
             shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=file_sha256(tmp / name)))
             total_tokens += int(row_off[-1])
             loss_tokens += loss
+            spill.release()
             bar.update(r1 - r0)
     del src_ids, src_labels
     shutil.rmtree(tmp / "_spill", ignore_errors=True)

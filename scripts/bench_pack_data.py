@@ -1,0 +1,263 @@
+"""Benchmark pack-data end to end against the raw tokenizer and a TRL-style pipeline, same run.
+
+    python scripts/bench_pack_data.py                      # all parts, GSM8K + CodeAlpaca, llama2 tokenizer
+    python scripts/bench_pack_data.py --parts pretok --tokens 1000000000
+
+Parts:
+- `text`: pack-data on ../shared/datasets (GSM8K question/answer, CodeAlpaca instruction/input/output),
+  one run per dataset (they have different fields), at --max-len 8192; vs (a) the raw batch
+  throughput of the same tokenizer on exactly the texts pack-data renders (the ceiling), and (b) a
+  TRL-style pipeline: `datasets.map` tokenization + `trl.data_utils.pack_dataset(strategy="bfd")` +
+  `save_to_disk`.
+- `pretok`: a synthetic pre-tokenized dataset of --tokens tokens (Arrow IPC, generated in a temp dir),
+  packed in a child process; reports tokens/s and the child's peak RSS.
+
+Every pack-data run goes through `pipeline.write.run_pack_data` in a fresh child process (so imports
+and peak RSS are its own); per-phase times come from the job itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+DATASETS = [
+    ("gsm8k", SHARED / "datasets" / "gsm8k" / "train.jsonl"),
+    ("codealpaca", SHARED / "datasets" / "codealpaca" / "code_alpaca.json"),
+]
+TOKENIZER = SHARED / "tokenizers" / "llama2"
+
+CHILD = r"""
+import json, resource, sys, time
+from pipeline.write import PackConfig, run_pack_data
+cfg = json.loads(sys.argv[1])
+stats = {}
+t = time.perf_counter()
+m = run_pack_data(PackConfig(**cfg), stats=stats)
+stats["wall"] = time.perf_counter() - t
+stats["maxrss_self_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+stats["maxrss_children_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+stats["efficiency"] = m.efficiency
+stats["loss_tokens"] = m.loss_tokens
+print("STATS " + json.dumps(stats))
+"""
+
+
+def pack_in_child(**config) -> dict:
+    """Run run_pack_data(PackConfig(**config)) in a fresh interpreter; return its stats."""
+    config.setdefault("progress", False)
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config)], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"pack-data child failed:\n{proc.stderr[-3000:]}")
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))
+    return json.loads(line[6:])
+
+
+def rendered_texts(path: Path, tokenizer) -> list[str]:
+    """Exactly the segment texts pack-data tokenizes for this file."""
+    from pipeline.formats import FormatOptions, detect_format, render
+    from pipeline.sources import column_names, iter_batches, resolve_inputs
+
+    files = resolve_inputs([str(path)])
+    fmt = detect_format(column_names(files), FormatOptions())
+    texts: list[str] = []
+    for batch in iter_batches(files):
+        texts.extend(render(batch.table, fmt, batch.where, tokenizer).texts)
+    return texts
+
+
+def raw_tokenizer(texts: list[str], tokenizer) -> dict:
+    """Tokens/s of the tokenizer's batch APIs on `texts` (best of 2 runs each)."""
+    backend = tokenizer.backend_tokenizer
+    apis = {
+        "tokenizer(texts)": lambda: tokenizer(texts, add_special_tokens=False)["input_ids"],
+        "encode_batch": lambda: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)],
+        "encode_batch_fast": lambda: [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)],
+    }
+    out = {}
+    for name, fn in apis.items():
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            ids = fn()
+            best = min(best, time.perf_counter() - t)
+        n = sum(map(len, ids))
+        out[name] = {"tokens": n, "seconds": best, "tokens_per_s": n / best}
+    return out
+
+
+def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) -> dict:
+    """datasets.map tokenization + trl pack_dataset(bfd) + save_to_disk, same texts and labels rule."""
+    import datasets
+    from trl.data_utils import pack_dataset
+
+    from pipeline.formats import FormatOptions, detect_format, render, rows_where
+
+    t0 = time.perf_counter()
+    kind = "json"
+    ds = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=str(tmp / "hf-cache"))
+    fmt = detect_format(ds.column_names, FormatOptions())
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+
+    def tok(batch):
+        import pyarrow as pa
+
+        segs = render(pa.table(batch), fmt, rows_where(str(path)), tokenizer)
+        enc = tokenizer(segs.texts, add_special_tokens=False)["input_ids"]
+        ids, labels = [], []
+        for i in range(0, len(enc), 2):
+            p, r = enc[i], enc[i + 1]
+            ids.append([bos, *p, *r, eos])
+            labels.append([-100] * (len(p) + 1) + r + [eos])
+        return {"input_ids": ids, "labels": labels}
+
+    ds = ds.map(tok, batched=True, remove_columns=ds.column_names, num_proc=num_proc if num_proc > 1 else None)
+    t1 = time.perf_counter()
+    packed = pack_dataset(ds, seq_length=max_len, strategy="bfd")
+    t2 = time.perf_counter()
+    packed.save_to_disk(str(tmp / "trl-out"))
+    t3 = time.perf_counter()
+    tokens = sum(len(x) for x in ds["input_ids"])
+    return {"tokens": tokens, "rows": len(packed), "seconds": t3 - t0,
+            "phases": {"load+map": t1 - t0, "pack_dataset": t2 - t1, "save_to_disk": t3 - t2}}
+
+
+def bench_text(args, tmp: Path) -> dict:
+    from pipeline.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(str(TOKENIZER))
+    result: dict = {"datasets": {}}
+    totals = {"pack_tokens": 0, "pack_s": 0.0, "pack_tok_s_sum": 0.0, "raw_tokens": 0, "raw_s": 0.0, "trl_s": 0.0}
+    raw_best: dict[str, list[float]] = {}
+    for name, path in DATASETS:
+        if not path.exists():
+            raise SystemExit(f"{path} not found: the text benchmark needs ../shared/datasets")
+        texts = rendered_texts(path, tokenizer)
+        raw = raw_tokenizer(texts, tokenizer)
+        stats = pack_in_child(inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len,
+                              out=str(tmp / f"out-{name}"), overwrite=True, num_proc=args.num_proc)
+        trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
+        # pack-data's time without interpreter start-up and imports, which are the same for any tool
+        pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
+        result["datasets"][name] = {"texts": len(texts), "raw": raw, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl}
+        totals["pack_tokens"] += stats["tokens"]
+        totals["pack_s"] += pack_s
+        totals["trl_s"] += trl["seconds"]
+        for api, r in raw.items():
+            raw_best.setdefault(api, [0, 0.0])
+            raw_best[api][0] += r["tokens"]
+            raw_best[api][1] += r["seconds"]
+    pack_rate = totals["pack_tokens"] / totals["pack_s"]
+    raw_rates = {api: n / s for api, (n, s) in raw_best.items()}
+    ceiling_api = max(raw_rates, key=raw_rates.get)
+    result["summary"] = {
+        "pack_tokens_per_s": pack_rate,
+        "raw_tokens_per_s": raw_rates,
+        "ceiling_api": ceiling_api,
+        "pack_vs_ceiling": pack_rate / raw_rates[ceiling_api],
+        "pack_s": totals["pack_s"],
+        "trl_s": totals["trl_s"],
+        "speedup_vs_trl": totals["trl_s"] / totals["pack_s"],
+    }
+    return result
+
+
+def make_pretokenized(path: Path, tokens: int, seed: int = 0, vocab: int = 32000) -> int:
+    """Write `input_ids` rows (lengths 16..4096, about `tokens` in all) as Parquet or Arrow IPC (by suffix)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([pa.field("input_ids", pa.list_(pa.int32()))])
+    written = 0
+    if path.suffix == ".parquet":
+        writer_cm = pq.ParquetWriter(str(path), schema, compression="none")
+    else:
+        writer_cm = pa.ipc.new_file(pa.OSFile(str(path), "wb"), schema)
+    with writer_cm as writer:
+        while written < tokens:
+            lens = rng.integers(16, 4097, size=8192).astype(np.int32)
+            lens = lens[np.cumsum(lens) <= tokens - written] if lens.sum() > tokens - written else lens
+            if len(lens) == 0:
+                lens = np.array([max(1, tokens - written)], np.int32)
+            values = rng.integers(3, vocab, size=int(lens.sum()), dtype=np.int32)
+            offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int32)
+            arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            if path.suffix == ".parquet":
+                writer.write_table(pa.table([arr], schema=schema), row_group_size=len(lens))
+            else:
+                writer.write_batch(pa.record_batch([arr], schema=schema))
+            written += int(lens.sum())
+    return written
+
+
+def bench_pretok(args, tmp: Path) -> dict:
+    src = tmp / f"pretok.{args.pretok_format}"
+    t = time.perf_counter()
+    n = make_pretokenized(src, args.tokens)
+    gen_s = time.perf_counter() - t
+    stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else ROOT / "data" / "tokenizer"),
+                          max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
+                          batch_rows=args.pretok_batch_rows)
+    pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
+    return {"tokens": n, "generate_s": gen_s, "input_bytes": src.stat().st_size, "pack_data": stats,
+            "pack_s_excl_setup": pack_s, "tokens_per_s": n / pack_s,
+            "tokens_per_s_incl_setup": n / stats["times"]["total"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="text,pretok", help="comma list of: text, pretok")
+    parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--num-proc", type=int, default=1, help="processes for pack-data and datasets.map")
+    parser.add_argument("--tokens", type=int, default=200_000_000, help="size of the synthetic pre-tokenized set")
+    parser.add_argument("--pretok-batch-rows", type=int, default=16384)
+    parser.add_argument("--pretok-format", choices=("parquet", "arrow"), default="parquet",
+                        help="file type of the synthetic set (arrow inputs are memory-mapped, so their "
+                             "pages count in RSS)")
+    parser.add_argument("--tmp", default=None, help="folder for temporary data (default: system temp)")
+    parser.add_argument("--json", default=None, help="also write the full results here")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pack-data-", dir=args.tmp))
+    results: dict = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
+                     "args": vars(args)}
+    try:
+        parts = args.parts.split(",")
+        if "text" in parts:
+            results["text"] = bench_text(args, tmp)
+            s = results["text"]["summary"]
+            print(f"[text] pack-data {s['pack_tokens_per_s'] / 1e6:.2f}M tok/s ({s['pack_s']:.2f}s excl. setup); "
+                  + ", ".join(f"raw {k} {v / 1e6:.2f}M tok/s" for k, v in s["raw_tokens_per_s"].items())
+                  + f"; pack-data = {s['pack_vs_ceiling']:.0%} of {s['ceiling_api']}; "
+                  f"TRL-style {s['trl_s']:.2f}s -> {s['speedup_vs_trl']:.1f}x")
+            for name, d in results["text"]["datasets"].items():
+                ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}
+                print(f"  {name}: {d['pack_data']['tokens']} tokens, {d['pack_data']['rows']} rows, "
+                      f"efficiency {d['pack_data']['efficiency']:.2%}, pack-data phases {ph}; "
+                      f"TRL-style {d['trl']['seconds']:.2f}s {({k: round(v, 2) for k, v in d['trl']['phases'].items()})}")
+        if "pretok" in parts:
+            results["pretok"] = p = bench_pretok(args, tmp)
+            ph = {k: round(v, 2) for k, v in p["pack_data"]["times"].items() if not k.startswith("_")}
+            print(f"[pretok] {p['tokens']} tokens: {p['tokens_per_s'] / 1e6:.1f}M tok/s excl. setup "
+                  f"({p['tokens_per_s_incl_setup'] / 1e6:.1f}M incl.), peak RSS "
+                  f"{p['pack_data']['maxrss_self_mb']:.0f} MB; phases {ph}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
