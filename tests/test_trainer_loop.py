@@ -195,11 +195,12 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
     dist.destroy_process_group()
 
 
-def test_ddp_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
-    packed: Path, tmp_path: Path
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
+    packed: Path, tmp_path: Path, parallel: str
 ) -> None:
     steps = 4
-    config = _config(packed, tmp_path / "ddp", grad_accum=1, max_steps=steps)
+    config = _config(packed, tmp_path / "ddp", grad_accum=1, max_steps=steps, parallel=parallel)
     # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
     mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")

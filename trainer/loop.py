@@ -20,7 +20,7 @@ import random
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,6 @@ class TrainConfig:
     device: str = "auto"
     verify_hashes: bool = False
     progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------ schedule
@@ -326,6 +325,43 @@ def backward_window(
     return loss_acc, counts, window_loss_tokens
 
 
+def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict) -> dict[str, Any]:
+    """The checkpoint's state, if this run can continue it exactly (same data stream), else UserError."""
+    state = ckpt.read_trainer_state(path)
+    saved = state.get("config", {})
+    for key in STREAM_KEYS:
+        now = world if key == "world_size" else getattr(config, key)
+        if saved.get(key) != now:
+            raise UserError(
+                f"cannot resume {path}: it was trained with {key}={saved.get(key)} but this run has "
+                f"{key}={now}; the data order would differ: use the same value"
+            )
+    if state.get("data") != fingerprint:
+        raise UserError(
+            f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ "
+            f"from {config.data})"
+        )
+    return state
+
+
+def wrap_parallel(wrapper: LossModule, info: DistInfo, *, fsdp: bool, bf16: bool) -> torch.nn.Module:
+    """DDP, or FSDP2 (`fully_shard` per decoder layer, then the root), or nothing (one process)."""
+    if fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16 else MixedPrecisionPolicy()
+        )
+        for layer in _decoder_layers(wrapper.model):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(wrapper, mp_policy=policy)
+        return wrapper
+    if info.enabled:
+        return torch.nn.parallel.DistributedDataParallel(wrapper)
+    return wrapper
+
+
 def _resolve_total_steps(config: TrainConfig, planner: Planner) -> int:
     if config.max_steps is not None:
         total = config.max_steps
@@ -351,8 +387,6 @@ def _prepare_run_dir(config: TrainConfig, rank: int) -> tuple[Path, Path | None]
         raise UserError(
             f"{out} already holds checkpoints: pass --resume to continue that run, or choose a new --out"
         )
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
     return out, resume_from if config.resume else None
 
 
@@ -410,22 +444,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         raise UserError(f"the data's tokenizer has {vocab} tokens but the model embeds only {emb}")
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
-    state: dict[str, Any] = {}
     if resume_from is not None:
-        state = ckpt.read_trainer_state(resume_from)
-        saved = state.get("config", {})
-        for key in STREAM_KEYS:
-            now = world if key == "world_size" else getattr(config, key)
-            if saved.get(key) != now:
-                raise UserError(
-                    f"cannot resume {resume_from}: it was trained with {key}={saved.get(key)} but this "
-                    f"run has {key}={now}; the data order would differ: use the same value"
-                )
-        if state.get("data") != fingerprint:
-            raise UserError(
-                f"cannot resume {resume_from}: it was trained on other data (shard hashes or row "
-                f"counts differ from {config.data})"
-            )
+        state = check_resumable(resume_from, config, world, fingerprint)
         load_weights_into(model, resume_from)
         start_step = int(state["step"])
         cursor = Cursor(**state["cursor"])
@@ -437,20 +457,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         for layer in _decoder_layers(model):
             layer.compile(dynamic=True)
 
-    wrapper: torch.nn.Module = LossModule(model)
-    if fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if (
-            dtype_name == "bf16") else MixedPrecisionPolicy()
-        for layer in _decoder_layers(model):
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(wrapper, mp_policy=mp)
-        train_module = wrapper
-    elif info.enabled:
-        train_module = torch.nn.parallel.DistributedDataParallel(wrapper)
-    else:
-        train_module = wrapper
+    wrapper = LossModule(model)
+    train_module = wrap_parallel(wrapper, info, fsdp=fsdp, bf16=dtype_name == "bf16")
 
     optimizer = torch.optim.AdamW(
         param_groups(wrapper, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
@@ -474,7 +482,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     )
 
     metrics_path = out / "metrics.jsonl"
-    if rank == 0:
+    if rank == 0:  # created only now that data, model and checkpoint have been checked
+        out.mkdir(parents=True, exist_ok=True)
         if resume_from is not None:
             _trim_metrics(metrics_path, start_step)
         elif metrics_path.exists():
@@ -519,6 +528,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                desc="pack-train", unit="step", dynamic_ncols=True)
     batches = iter(loader)
     step = start_step
+    position = Cursor(cursor.epoch, cursor.step_in_epoch)  # data cursor after `step`
     last_loss: float | None = None
     last_path: Path | None = None
     pending_tokens: torch.Tensor | int = 0
@@ -547,6 +557,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            epoch_of_step = position.epoch
+            position = step_cursor(planner, position, 1)
             steps_since_log += 1
             wait_since_log += wait
             pending_tokens = pending_tokens + counts[1]  # stays on the device: read when logging
@@ -566,7 +578,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 tps = tokens_since_log / max(elapsed, 1e-9)
                 record = {
                     "step": step,
-                    "epoch": step_cursor(planner, Cursor(), step).epoch,
+                    "epoch": epoch_of_step,
                     "loss": loss_value,
                     "lr": lr,
                     "grad_norm": float(grad_norm),
@@ -586,7 +598,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 t_log, tokens_since_log, wait_since_log, steps_since_log = now, 0, 0.0, 0
             if (config.save_every and step % config.save_every == 0) or step == stop_at:
                 flush_tokens()
-                last_path = save(step, step_cursor(planner, cursor, step - start_step), last_loss)
+                last_path = save(step, position, last_loss)
     finally:
         bar.close()
         if metrics_file is not None:
