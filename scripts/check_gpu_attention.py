@@ -120,7 +120,10 @@ def check_kernels(backends, tokens, seed, device) -> list[tuple]:
 
 
 def check_model(backends, device) -> list[tuple]:
-    """Tiny Llama end to end in bf16: packed loss and gradients of each backend vs sdpa."""
+    """Tiny Llama end to end: packed loss and all gradients of each backend vs the sdpa backend,
+    with bf16 weights, and with float32 weights under bf16 autocast (what pack-train does)."""
+    import contextlib
+
     from trainer.batch import collate_flat
     from trainer.loss import packed_loss
     from trainer.model import build_model
@@ -132,18 +135,24 @@ def check_model(backends, device) -> list[tuple]:
     labels[np.concatenate([[0], np.cumsum(lengths)[:-1]])] = -100
     positions = np.concatenate([np.arange(n) for n in lengths])
     batch = collate_flat(ids, labels, positions, np.asarray(lengths)).to(device)
-    results = {}
-    for backend in ["sdpa", *[b for b in backends if b != "sdpa"]]:
-        model, _ = build_model("tiny", attn=backend, device=device, dtype=torch.bfloat16, seed=0)
-        total, _ = packed_loss(model, batch)
-        total.backward()
-        grad = torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
-        results[backend] = (total.detach().float(), grad)
     rows = []
-    ref_loss, ref_grad = results["sdpa"]
-    for backend, (loss, grad) in results.items():
-        lerr, gerr = rel(loss, ref_loss), rel(grad, ref_grad)
-        rows.append(("tiny-llama", backend, float(loss), lerr, gerr, lerr < TOL and gerr < TOL))
+    modes = {
+        "bf16": (torch.bfloat16, contextlib.nullcontext),
+        "fp32+autocast": (torch.float32, lambda: torch.autocast("cuda", dtype=torch.bfloat16)),
+    }
+    for mode, (dtype, ctx) in modes.items():
+        results = {}
+        for backend in ["sdpa", *[b for b in backends if b != "sdpa"]]:
+            model, _ = build_model("tiny", attn=backend, device=device, dtype=dtype, seed=0)
+            with ctx():
+                total, _ = packed_loss(model, batch)
+            total.backward()
+            grad = torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
+            results[backend] = (total.detach().float(), grad)
+        ref_loss, ref_grad = results["sdpa"]
+        for backend, (loss, grad) in results.items():
+            lerr, gerr = rel(loss, ref_loss), rel(grad, ref_grad)
+            rows.append((mode, backend, float(loss), lerr, gerr, lerr < TOL and gerr < TOL))
     return rows
 
 
@@ -179,7 +188,7 @@ def main() -> int:
     model_rows = check_model(backends, device)
     print(f"\ntiny Llama, packed_loss + all parameter gradients vs the sdpa backend (bf16, tolerance {TOL}):")
     for name, backend, loss, lerr, gerr, ok in model_rows:
-        print(f"{name:10s} {backend:10s} loss {loss:10.4f}  rel err loss {lerr:8.1e}  grads {gerr:8.1e}  {'OK' if ok else 'FAIL'}")
+        print(f"{name:14s} {backend:10s} loss {loss:10.4f}  rel err loss {lerr:8.1e}  grads {gerr:8.1e}  {'OK' if ok else 'FAIL'}")
 
     failed = [r for r in rows if not r[-1]] + [r for r in model_rows if not r[-1]]
     print("\nALL OK" if not failed else f"\n{len(failed)} MISMATCH(ES)")

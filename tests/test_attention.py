@@ -20,6 +20,7 @@ from trainer.batch import collate_flat
 from trainer.model import build_model
 
 LENGTHS = [5, 1, 9, 3, 12]
+FP16_TOL = 4e-3  # the GPU kernels take 16-bit inputs; fakes compute in float64 and round to fp16
 
 
 def cu_of(lengths: list[int]) -> torch.Tensor:
@@ -197,10 +198,10 @@ def test_torch_backend_dispatch_per_signature(monkeypatch, flavour, scale):
     calls: list[dict] = []
     fake = fake_varlen_new(calls) if flavour == "new" else fake_varlen_old(calls)
     monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: fake)
-    q, k, v = qkv(LENGTHS, 6, 2)
+    q, k, v = qkv(LENGTHS, 6, 2, dtype=torch.float16)
     out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", scale=scale)
     expected = naive_attention(q, k, v, LENGTHS, scale)
-    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
     assert len(calls) == 1
     if flavour == "new":
         assert calls[0]["enable_gqa"] and calls[0]["heads"] == (6, 2) and calls[0]["scale"] == scale
@@ -214,7 +215,7 @@ def test_torch_backend_refuses_varlen_without_causal_flag(monkeypatch):
 
     monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
     with pytest.raises(UserError, match="cannot do causal attention"):
-        varlen_attention(*qkv(LENGTHS), cu_of(LENGTHS), 12, backend="torch")
+        varlen_attention(*qkv(LENGTHS, dtype=torch.float16), cu_of(LENGTHS), 12, backend="torch")
 
 
 def test_torch_backend_falls_back_to_aten_flash_op(monkeypatch):
@@ -228,10 +229,10 @@ def test_torch_backend_falls_back_to_aten_flash_op(monkeypatch):
 
     monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: None)
     monkeypatch.setattr(attention, "_torch_flash_op", lambda: op)
-    q, k, v = qkv(LENGTHS, 4, 2)
+    q, k, v = qkv(LENGTHS, 4, 2, dtype=torch.float16)
     cu64 = cu_of(LENGTHS).long()  # int64 offsets must be converted to int32 for the kernel
     out = varlen_attention(q, k, v, cu64, max(LENGTHS), backend="torch")
-    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS), atol=FP16_TOL, rtol=0)
     assert calls == [(0.0, True, False, torch.int32)]
 
 
@@ -245,10 +246,10 @@ def test_flash_attn_backend_dispatch(monkeypatch):
         return _reference(q, k, v, cu_seqlens_q, max_seqlen_q, softmax_scale)
 
     monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
-    q, k, v = qkv(LENGTHS, 6, 3)
+    q, k, v = qkv(LENGTHS, 6, 3, dtype=torch.float16)
     out = varlen_attention(q.transpose(0, 1).contiguous().transpose(0, 1), k, v, cu_of(LENGTHS),
                            max(LENGTHS), backend="flash_attn", scale=0.25)
-    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS, 0.25), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS, 0.25), atol=FP16_TOL, rtol=0)
     assert calls == [(True, 0.0, 0.25, True)]
 
 
@@ -342,8 +343,23 @@ def test_hf_attention_rejects_dense_masks_and_dropout(tiny):
         fn(module, q, q, q, torch.ones(1, 1, 3, 3), scaling=0.5)
     with pytest.raises(UserError, match="dropout"):
         fn(module, q, q, q, None, scaling=0.5, dropout=0.1)
+    with pytest.raises(UserError, match="KV cache"):
+        fn(module, q, torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), None, scaling=0.5)
     out, weights = fn(module, q, q, q, None, scaling=0.5)
     assert out.shape == (1, 3, 2, 4) and weights is None
+
+
+def test_install_falls_back_to_the_config_attribute(monkeypatch):
+    """Older transformers may refuse custom names in set_attn_implementation."""
+    model, _ = build_model("tiny", attn="sdpa")
+
+    def refuse(name, *a, **k):
+        raise ValueError(f"Specified attn_implementation={name} is not supported")
+
+    monkeypatch.setattr(model, "set_attn_implementation", refuse)
+    assert install(model, "torch") == "packlm_torch"
+    assert model.config._attn_implementation == "packlm_torch"
+    assert model.model.layers[0].self_attn.config._attn_implementation == "packlm_torch"
 
 
 # --------------------------------------------------------------------------- build_model (installs the backend)
@@ -392,3 +408,46 @@ def test_build_model_refuses_unknown_names_and_bad_folders(tmp_path):
         build_model(str(tmp_path))
     with pytest.raises(UserError, match="needs a CUDA device"):
         build_model("tiny", attn="torch")
+
+
+def test_kernel_backends_get_16bit_inputs_under_autocast(monkeypatch):
+    """fp32 weights + bf16 autocast: HF's RoPE hands over fp32 q/k and bf16 v; the kernel must
+    receive all three in the autocast dtype, and genuine fp32 activations are refused."""
+    seen = []
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
+                    window_size=(-1, -1), enable_gqa=False):
+        seen.append((query.dtype, key.dtype, value.dtype))
+        return _reference(query, key, value, cu_seq_q, max_q, scale)
+
+    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
+    q, k, v = qkv(LENGTHS, 4, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = varlen_attention(q, k, v.bfloat16(), cu_of(LENGTHS), max(LENGTHS), backend="torch")
+    assert seen == [(torch.bfloat16,) * 3] and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS), atol=3e-2, rtol=0)
+    with pytest.raises(UserError, match="bfloat16/float16 activations.*--attn sdpa"):
+        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch")
+    varlen_attention(q.half(), k.half(), v.half(), cu_of(LENGTHS), max(LENGTHS), backend="torch")
+    assert seen[-1] == (torch.float16,) * 3
+
+
+def test_torch_backend_through_llama_under_autocast(monkeypatch):
+    """The whole GPU path on CPU: fp32 Llama, bf16 autocast, 'torch' backend (kernel faked by the
+    float64 reference): packed losses agree with the float32 sdpa backend to bf16 accuracy."""
+    from trainer.loss import per_example_losses
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
+                    window_size=(-1, -1), enable_gqa=False):
+        assert query.dtype == key.dtype == value.dtype == torch.bfloat16 and window_size == (-1, 0)
+        return _reference(query, key, value, cu_seq_q, max_q, scale)
+
+    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
+    model, _ = build_model("tiny", attn="sdpa", seed=5)
+    batch, _ = packed_example_batch([6, 11, 2, 8])
+    with torch.no_grad():
+        expected = per_example_losses(model, batch)
+        install(model, "torch")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = per_example_losses(model, batch)
+    torch.testing.assert_close(got, expected, atol=0, rtol=2e-2)

@@ -105,8 +105,9 @@ def select_backend(
     """Resolve `requested` ("auto" or one of BACKENDS) to a backend that can run on `device`.
 
     "auto" picks flash_attn, then torch, then sdpa: the first one that can run. An explicit request
-    that cannot run raises UserError saying why and what to use instead. `dtype` (optional) lets
-    "auto" skip the FlashAttention kernels for float32 models.
+    that cannot run raises UserError saying why and what to use instead. Pass `dtype` only when it
+    is the dtype attention will compute in (a bf16 model); float32 weights trained under bf16
+    autocast still get bf16 attention inputs (see `_half_inputs`), so leave it None then.
     """
     if requested == "auto":
         for backend in BACKENDS:
@@ -234,6 +235,32 @@ def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale):
     )
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _half_inputs(q, k, v):
+    """q, k, v in one 16-bit dtype, as the FlashAttention kernels require.
+
+    Under autocast with float32 weights, HF's RoPE multiplies bf16 projections by float32 cos/sin,
+    so q/k arrive in float32 while v is bf16: cast all three to the autocast dtype (what
+    transformers' own flash-attention integration does). Genuine float32 activations (no autocast)
+    are an error rather than a silent precision change.
+    """
+    if q.dtype in _HALF and k.dtype == q.dtype and v.dtype == q.dtype:
+        return q, k, v
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        target = torch.get_autocast_dtype(device_type)
+    elif q.dtype in _HALF:
+        target = q.dtype
+    else:
+        raise UserError(
+            f"FlashAttention kernels need bfloat16/float16 activations, got {q.dtype}: train in "
+            "bf16 (autocast or a bf16 model) or use --attn sdpa"
+        )
+    return q.to(target), k.to(target), v.to(target)
+
+
 _KERNELS: dict[str, Callable] = {
     "sdpa": _sdpa_varlen,
     "torch": _torch_varlen,
@@ -261,6 +288,7 @@ def varlen_attention(
     if backend not in _KERNELS:
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend != "sdpa":
+        q, k, v = _half_inputs(q, k, v)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if cu_seqlens.dtype != torch.int32:
             cu_seqlens = cu_seqlens.to(torch.int32)
@@ -290,7 +318,9 @@ def make_hf_attention(backend: str) -> Callable:
     It receives query [B, Hq, S, D], key/value [B, Hkv, S, D] and the forward kwargs. Example
     boundaries come from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1). If they
     are absent (someone calls the model on ordinary unpacked rows), every batch row is treated as
-    ONE example: plain causal attention over each row, no padding support.
+    ONE example: plain causal attention over each row, no padding support. Self-attention only:
+    `cu_seq_lens_k` / `max_length_k` must equal the query ones (MicroBatch passes the same tensor),
+    and a KV cache (generation) is refused.
     """
 
     def packlm_attention(
@@ -316,6 +346,11 @@ def make_hf_attention(backend: str) -> Callable:
                 "(trainer.batch.MicroBatch.model_kwargs) instead of padding masks"
             )
         batch, n_heads, seq, head_dim = query.shape
+        if key.shape[2] != seq:
+            raise UserError(
+                "packed attention backends do not support a KV cache (generation); switch the "
+                "model to eager/sdpa attention for generation"
+            )
         cu_seqlens = kwargs.get("cu_seq_lens_q")
         max_seqlen = kwargs.get("max_length_q")
         if cu_seqlens is None:
@@ -380,9 +415,13 @@ def install(model: torch.nn.Module, backend: str) -> str:
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     name = register(backend)
     setter = getattr(model, "set_attn_implementation", None)
-    if setter is not None:
+    try:
+        if setter is None:
+            raise AttributeError("no set_attn_implementation")
         setter(name)
-    else:
+    except (AttributeError, ValueError, KeyError, ImportError):
+        # older transformers validate names against their own list; the config attribute is what
+        # the attention layers actually read (the decoder shares the top-level config)
         model.config._attn_implementation = name
     if getattr(model.config, "_attn_implementation", name) != name:
         raise UserError(

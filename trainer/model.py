@@ -95,7 +95,8 @@ def build_model(
     the model matches any tokenizer. The model is returned in train mode on `device` in `dtype`.
     """
     device = torch.device(device)
-    backend = attention.select_backend(attn, device, dtype)
+    # not `dtype`: float32 weights are usually trained under bf16 autocast, where attention runs in bf16
+    backend = attention.select_backend(attn, device)
     path = Path(os.path.expanduser(str(name_or_path)))
     if name_or_path in PRESETS:
         config = preset_config(name_or_path, vocab_size)
