@@ -231,8 +231,9 @@ def _length_stats(lengths: np.ndarray) -> dict[str, float]:
 
 def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
                   hidden: int = DEFAULT_HIDDEN,
-                  strategies: tuple[str, ...] = PACKED_STRATEGIES) -> dict[str, Any]:
-    """Every figure of a packed folder as a JSON-ready dict."""
+                  strategies: tuple[str, ...] = PACKED_STRATEGIES,
+                  seed: int | None = None) -> dict[str, Any]:
+    """Every figure of a packed folder as a JSON-ready dict (planner seed: the folder's)."""
     m = data.manifest
     tokens = int(data.seq_lens.sum())
     rows = len(data.row_tokens)
@@ -281,7 +282,8 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
                    "attention_pairs": this.attention_pairs},
         "savings": savings,
         "comparison": compare(data.seq_lens, m.max_len, batch_size=batch_size,
-                              strategies=strategies, seed=m.seed, hidden=hidden),
+                              strategies=strategies, seed=m.seed if seed is None else seed,
+                              hidden=hidden),
         "shards": data.shards,
         "manifest_matches": {
             "rows": rows == m.rows,

@@ -123,7 +123,7 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,
-                                   strategies=strategies)
+                                   strategies=strategies, seed=seed)
             title = f"packlm packing report: {folder}"
         elif inputs:
             from pipeline.tokenize import lengths_of  # noqa: PLC0415
