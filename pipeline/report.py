@@ -2,7 +2,8 @@
 
 Used by `pack-report` (`pipeline/report_cli.py`). Figures are computed with numpy/polars from the
 shards' `seq_lens`/`example_ids` columns only (never the tokens), so a report over millions of
-examples takes seconds. Renderers: `format_text` (terminal, <= 100 columns), `to_json`, `write_html`.
+examples takes seconds. Renderers: `format_text` (terminal, <= 100 columns), `to_json`,
+`write_html`.
 
 Cost model (documented because every "speedup" below comes from it):
 
@@ -131,7 +132,8 @@ def pad_to_max(lengths: np.ndarray, max_len: int) -> Layout:
     """Every sequence padded to max_len."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
-    return Layout("pad-to-max", n, n * max_len, int(lengths.sum()), n * max_len * (max_len + 1) // 2)
+    pairs = n * max_len * (max_len + 1) // 2
+    return Layout("pad-to-max", n, n * max_len, int(lengths.sum()), pairs)
 
 
 def packed(name: str, lengths: np.ndarray, rows: int, max_len: int, seconds: float = 0.0) -> Layout:
@@ -172,7 +174,7 @@ class FolderData:
     """Per-sequence and per-row arrays of a packed folder (for figures and plots)."""
 
     manifest: Manifest
-    seq_lens: np.ndarray  # per stored sequence, in example-id order (pieces of one id in file order)
+    seq_lens: np.ndarray  # per stored sequence, example-id order (pieces of an id: file order)
     example_ids: np.ndarray  # same order
     row_tokens: np.ndarray  # per row, in file order
     row_examples: np.ndarray  # per row
@@ -186,7 +188,7 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
     manifest = read_manifest(folder)
     seqs, ids, row_tok, row_ex, shards = [], [], [], [], []
     loss = 0
-    for info, path in zip(manifest.shards, shard_paths(folder, manifest)):
+    for info, path in zip(manifest.shards, shard_paths(folder, manifest), strict=True):
         if not path.is_file():
             raise UserError(f"{path}: shard listed in the manifest is missing: run pack-verify")
         table = open_shard(path)
@@ -366,7 +368,8 @@ def format_text(report: dict[str, Any]) -> str:
     s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
     lines = [
         f"packed folder: max_len {r['max_len']}, strategy {r['strategy']}",
-        f"  examples        {r['examples']:>14,}   sequences (split pieces count) {r['sequences']:,}",
+        f"  examples        {r['examples']:>14,}   sequences (split pieces count) "
+        f"{r['sequences']:,}",
         f"  tokens          {r['tokens']:>14,}   loss tokens {r['loss_tokens']:,} "
         f"({_ratio(r['loss_tokens'], r['tokens']):.1%})",
         f"  rows            {r['rows']:>14,}   lower bound ceil(tokens/max_len) "
@@ -423,7 +426,8 @@ _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f5f6f8;
 color:#1f2933}
 main{max-width:1100px;margin:0 auto;padding:28px 32px 48px}
-h1{font-size:26px;margin:0 0 4px}h2{font-size:19px;margin:34px 0 10px;border-bottom:2px solid #d9dde3;
+h1{font-size:26px;margin:0 0 4px}
+h2{font-size:19px;margin:34px 0 10px;border-bottom:2px solid #d9dde3;
 padding-bottom:6px}
 .sub{color:#616e7c;margin:0 0 20px}
 .cards{display:grid;grid-template-columns:repeat(4,1fr);gap:12px}
@@ -437,7 +441,8 @@ th{background:#eef1f5;font-weight:600}td:first-child,th:first-child{text-align:l
 tr.this td{background:#eaf2fd;font-weight:600}
 table.stats{box-shadow:none;font-size:13px}table.stats th,table.stats td{padding:5px 8px}
 .figs{display:grid;grid-template-columns:1fr 1fr;gap:14px}
-figure{margin:0;background:#fff;border-radius:10px;padding:10px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
+figure{margin:0;background:#fff;border-radius:10px;padding:10px;
+box-shadow:0 1px 3px rgba(0,0,0,.08)}
 figure img{width:100%}figcaption{color:#616e7c;font-size:13px;padding:4px 6px}
 .note{color:#616e7c;font-size:13px;margin-top:8px}.ok{color:#18794e}.bad{color:#c92a2a;font-weight:600}
 code{background:#eef1f5;padding:1px 4px;border-radius:4px}

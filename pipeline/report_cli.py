@@ -1,7 +1,8 @@
 """`pack-report`: packing statistics of a packed folder, or a what-if plan of raw data.
 
     pack-report out/sample [--json r.json] [--html r.html]
-    pack-report --input data.jsonl --tokenizer data/tokenizer --max-len 2048,4096,8192 [--html r.html]
+    pack-report --input data.jsonl --tokenizer data/tokenizer --max-len 2048,4096,8192 \
+        [--html r.html]
 
 The first form reads the manifest and shards; the second tokenizes (or reads the `input_ids` of
 pre-tokenized data) and runs the planner for every max_len and strategy without writing shards.
@@ -37,7 +38,9 @@ def _int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise UserError(f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096") from None
+        raise UserError(
+            f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise UserError(f"{name} {text!r}: every value must be >= 1")
     return values

@@ -249,7 +249,7 @@ def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) 
     vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
     rows = tokens = loss = 0
     ids: list[np.ndarray] = []
-    for info, path in zip(manifest.shards, paths):
+    for info, path in zip(manifest.shards, paths, strict=True):
         if check_hashes:
             digest = file_sha256(path)
             if digest != info.sha256:
@@ -340,7 +340,7 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
                  flat.input_ids[sl], flat.labels[sl]))
     assert wanted == set(pieces)
     fresh = tokenize_examples(config, chosen)
-    for eid, (ids, labels) in zip(chosen, fresh):
+    for eid, (ids, labels) in zip(chosen, fresh, strict=True):
         ids, labels = np.asarray(ids), np.asarray(labels)
         stored = pieces[eid]
         if len(stored) == 1:
@@ -376,7 +376,9 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
               help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
 @click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
               help="How many examples --deep re-tokenizes.")
-def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
+def pack_verify(
+    folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int
+) -> None:
     """Check that FOLDER (written by pack-data) is intact and follows the shard contract."""
     with cli_errors():
         manifest = verify_folder(folder, check_hashes=not no_hash)

@@ -144,7 +144,7 @@ def pack_lengths(
 
 
 def shard_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """A shard's flat columns as writable numpy arrays: the five columns plus row/example offsets."""
+    """A shard's flat columns as writable numpy arrays: five columns plus row/example offsets."""
     from pipeline.shards import flat_column, open_shard  # noqa: PLC0415
 
     table = open_shard(path)
