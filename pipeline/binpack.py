@@ -1,7 +1,7 @@
-"""Plan which packed row (bin) every example goes to: `assign_bins(lengths, max_len, strategy, seed)`.
+"""Plan which packed row (bin) every example goes to: `assign_bins(lengths, max_len, ...)`.
 
-The planner only sees token counts, never tokens, so it runs over millions of examples in well under a
-second. Every hot loop is a numba kernel over numpy arrays:
+The planner only sees token counts, never tokens, so it runs over millions of examples in well under
+a second. Every hot loop is a numba kernel over numpy arrays:
 
 - `ffd` / `bfd` never sort the examples: lengths are bounded by `max_len`, so a histogram (counting
   sort) gives the decreasing order, and all examples of one length that land in the same bin are
@@ -51,8 +51,7 @@ def _scan(lengths, max_len):
         if v < 1 or v > max_len:
             return i, total, longest
         total += v
-        if v > longest:
-            longest = v
+        longest = max(longest, v)
     return -1, total, longest
 
 
@@ -132,7 +131,7 @@ def _tree_set(tree, node, value):
     while node >= 1:
         a = tree[2 * node]
         b = tree[2 * node + 1]
-        m = a if a >= b else b
+        m = max(a, b)
         if tree[node] == m:
             break
         tree[node] = m
@@ -168,8 +167,7 @@ def _ffd_runs(counts, max_len, bin_cap):
             node = _tree_first_fit(tree, p, length)
             cap = np.int64(tree[node])
             k = cap // length
-            if k > rem:
-                k = rem
+            k = min(k, rem)
             rem -= k
             if n_runs == run_bin.size:
                 run_bin = _grow(run_bin, n_runs)
@@ -254,8 +252,7 @@ def _bfd_runs(counts, max_len, bin_cap):
                 if head[c] < 0:
                     _bits_clear(l0, l1, c)
             k = c // length
-            if k > rem:
-                k = rem
+            k = min(k, rem)
             rem -= k
             if n_runs == run_bin.size:
                 run_bin = _grow(run_bin, n_runs)
@@ -402,7 +399,9 @@ def assign_bins(
     if max_len < 1 or max_len > MAX_LEN_LIMIT:
         raise PlanError(f"max_len must be in 1..{MAX_LEN_LIMIT}, got {max_len}")
     if strategy not in STRATEGIES:
-        raise PlanError(f"unknown packing strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        raise PlanError(
+            f"unknown packing strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}"
+        )
     seed = _as_int(seed, "seed")
     if seed < 0:
         raise PlanError(f"seed must be a non-negative integer, got {seed}")

@@ -165,7 +165,8 @@ def test_minibatch_never_mixes_groups(problem, seed, group_size):
         members = np.flatnonzero(groups == g)
         assert members.size <= group_size
         # each group packed as tightly as FFD packs it alone
-        assert np.unique(bins[members]).size == len(set(ref_ffd(lengths[members].tolist(), max_len)))
+        want = len(set(ref_ffd(lengths[members].tolist(), max_len)))
+        assert np.unique(bins[members]).size == want
 
 
 @FAST
