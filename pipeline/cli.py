@@ -48,7 +48,7 @@ Examples:
                    "drop it, or stop with an error naming its row. Counted in the manifest.")
 @click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes (output is identical for any value).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
-@click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 256 MiB per shard.")
+@click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
 @click.option("--limit", type=int, default=None, help="Read only the first N examples (to try options on a slice).")
 @click.option("--batch-rows", type=int, default=4096, show_default=True, help="Rows per tokenization batch.")

@@ -394,6 +394,7 @@ def tokenize_to_spill(
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
     same_labels = fmt.kind == "tokenized" and not fmt.fields.get("labels")
+    vocab = len(tokenizer)
     lengths: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
     read = empty = tokens = 0
@@ -408,6 +409,12 @@ def tokenize_to_spill(
                 raise UserError(
                     f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
+                )
+            if fmt.kind == "tokenized" and len(tok.input_ids) and int(tok.input_ids.max()) >= vocab:
+                bad = int(np.searchsorted(np.cumsum(tok.lengths), int(np.argmax(tok.input_ids >= vocab)), side="right"))
+                raise UserError(
+                    f"{batch.where(bad)}: token id {int(tok.input_ids.max())} is outside the tokenizer's "
+                    f"vocabulary ({vocab} ids): was this data tokenized with another tokenizer?"
                 )
             tok.input_ids.astype("<i4", copy=False).tofile(fi)
             if tok.labels is not None:

@@ -50,7 +50,7 @@ from pipeline.shards import (
 )
 from pipeline.tokenize import OVERLONG, Spill, load_tokenizer, tokenize_to_spill, tokenizer_info
 
-SHARD_TARGET_BYTES = 256 << 20  # auto --rows-per-shard aims at shards of about this size
+SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 
 

@@ -113,7 +113,7 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
     def tok(batch):
         import pyarrow as pa
 
-        segs = render(pa.table(batch), fmt, rows_where(str(path)), tokenizer)
+        segs = render(pa.table({k: batch[k] for k in batch.keys()}), fmt, rows_where(str(path)), tokenizer)
         enc = tokenizer(segs.texts, add_special_tokens=False)["input_ids"]
         ids, labels = [], []
         for i in range(0, len(enc), 2):
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--num-proc", type=int, default=1, help="processes for pack-data and datasets.map")
     parser.add_argument("--tokens", type=int, default=200_000_000, help="size of the synthetic pre-tokenized set")
-    parser.add_argument("--pretok-batch-rows", type=int, default=16384)
+    parser.add_argument("--pretok-batch-rows", type=int, default=4096)
     parser.add_argument("--pretok-format", choices=("parquet", "arrow"), default="parquet",
                         help="file type of the synthetic set (arrow inputs are memory-mapped, so their "
                              "pages count in RSS)")

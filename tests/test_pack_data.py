@@ -277,6 +277,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "all dropped": ([str(good), "--max-len", "2", "--overlong", "drop"], "dropped"),
         "bad tokenizer": ([str(good), "--tokenizer", str(tmp / "no-tokenizer")], "no-tokenizer"),
         "non-utf8": ([str(latin)], "UTF-8"),
+        "id outside vocabulary": ([str(write_jsonl(tmp / "ids.jsonl", [{"input_ids": [5, 6]}, {"input_ids": [7, 99999]}]))],
+                                  "ids.jsonl line 2: token id 99999 is outside"),
         "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
                                    "--tokenizer", str(_no_template(tmp))], "no chat template"),
     }
@@ -285,6 +287,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
 CASES = [
     "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
     "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
+    "id outside vocabulary",
 ]
 
 
