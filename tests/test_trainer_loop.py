@@ -222,3 +222,10 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     ws = ckpt.load_model_weights(tmp_path / "single" / "checkpoints" / f"step-{steps:08d}")
     for name in ws:
         torch.testing.assert_close(wd[name], ws[name], rtol=1e-4, atol=1e-5)
+
+
+def test_grad_checkpointing_changes_memory_not_results(packed: Path, tmp_path: Path) -> None:
+    train(_config(packed, tmp_path / "plain", max_steps=3))
+    train(_config(packed, tmp_path / "ckpt", max_steps=3, grad_checkpointing=True))
+    plain, recomputed = _metrics(tmp_path / "plain"), _metrics(tmp_path / "ckpt")
+    assert [m["loss"] for m in recomputed] == pytest.approx([m["loss"] for m in plain], rel=1e-6)

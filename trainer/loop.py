@@ -216,6 +216,16 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else [decoder]
 
 
+def enable_grad_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 renamed the
+    method; both spellings are supported)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on matrices only (not on norms, biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -452,7 +462,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         tokens_seen = int(state.get("tokens_seen", 0))
 
     if config.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_grad_checkpointing(model)
     if config.compile:
         for layer in _decoder_layers(model):
             layer.compile(dynamic=True)
