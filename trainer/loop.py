@@ -518,8 +518,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
                   "so every rank takes the same number of steps", file=sys.stderr)
 
     def save(step: int, cur: Cursor, last_loss: float | None) -> Path:
-        model_state = _full_state(wrapper, fsdp)
-        model_state = {k.removeprefix("model."): v for k, v in model_state.items()}
+        model_state = None  # unsharded: save_pretrained reads the model itself (on rank 0)
+        if fsdp:  # collective: every rank takes part in gathering the full state
+            model_state = {k.removeprefix("model."): v for k, v in _full_state(wrapper, True).items()}
         trainer_state = {
             "step": step, "cursor": cur.to_dict(), "tokens_seen": tokens_seen, "loss": last_loss,
             "config": {**asdict(config), "world_size": world}, "data": fingerprint,
@@ -527,7 +528,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         }
         return ckpt.save_checkpoint(
             out, step, model=model, model_state=model_state,
-            optimizer_state=_optimizer_state(wrapper, optimizer, fsdp),
+            optimizer_state=_optimizer_state(wrapper, optimizer, fsdp) if (fsdp or rank == 0) else None,
             scheduler_state=scheduler.state_dict(), trainer_state=trainer_state,
             tokenizer=tokenizer, rank=rank, barrier=info.barrier, keep_last=config.keep_last,
         )
