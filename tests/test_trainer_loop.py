@@ -229,3 +229,17 @@ def test_grad_checkpointing_changes_memory_not_results(packed: Path, tmp_path: P
     train(_config(packed, tmp_path / "ckpt", max_steps=3, grad_checkpointing=True))
     plain, recomputed = _metrics(tmp_path / "plain"), _metrics(tmp_path / "ckpt")
     assert [m["loss"] for m in recomputed] == pytest.approx([m["loss"] for m in plain], rel=1e-6)
+
+
+def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Path) -> None:
+    from trainer.data import Planner, row_lengths
+
+    planner = Planner(row_lengths(packed, read_manifest(packed)), 128, seed=0, grad_accum=2)
+    two_epochs = planner.steps_in_epoch(0) + planner.steps_in_epoch(1)
+    summary = train(_config(packed, tmp_path / "e", max_steps=None, epochs=2))
+    assert summary["steps"] == summary["total_steps"] == two_epochs
+    metrics = _metrics(tmp_path / "e")
+    assert [m["epoch"] for m in metrics] == [0] * planner.steps_in_epoch(0) + [1] * planner.steps_in_epoch(1)
+    assert metrics[-1]["lr"] < metrics[2]["lr"]  # cosine decays over the two epochs
+    capped = train(_config(packed, tmp_path / "c", max_steps=2, epochs=2))
+    assert capped["total_steps"] == 2
