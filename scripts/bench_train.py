@@ -1,0 +1,875 @@
+#!/usr/bin/env python
+"""Training throughput: Hugging Face padding / flattening baselines against packlm (issue 6).
+
+Every path trains the same randomly initialised model (`--model`, default the `llama-1b` preset) on the
+same examples (GSM8K + CodeAlpaca from `../shared`, Llama-2 tokenizer, one seeded order) with fused
+AdamW and the same learning rate, and reports real (non-padding) tokens/s, step time, peak memory,
+MFU (6 x params x tokens/s over `--peak-tflops`, attention FLOPs reported separately) and the share of
+step time the loop spent waiting for its next batch (host preparation + host-to-device copy).
+
+Paths (`--paths`, comma separated):
+
+- `hf-pad`          HF model, `sdpa`, 32 examples right-padded to the longest + attention mask.
+- `hf-flat-sdpa`    the same 32 examples through `transformers.DataCollatorWithFlattening`, `sdpa`.
+- `hf-flat-flex`    ... with `flex_attention`.
+- `hf-flat-fa2`     ... with `flash_attention_2` (skipped with a note when flash-attn is missing).
+- `packlm-minibatch` packlm on `pack-data --strategy minibatch` shards (groups of 32 examples).
+- `packlm-ffd`      packlm on `pack-data --strategy ffd --max-len 8192` shards, `--ffd-tokens` per step.
+
+The data are prepared once (`--workdir`, reused when the parameters match): the two datasets become
+one instruction/input/output JSONL in a seeded order, then `pack-data` writes `pad`, `minibatch` and
+`ffd` shards. HF paths read the `pad` shards (one example per row) and group the examples exactly as
+the `minibatch` shards do, so every HF step sees one `minibatch` group of 32 examples. HF paths run
+the standard HF forward with `labels=` (HF's own loss), as users do.
+
+packlm paths run the product's own loop, `trainer.loop.train` (what `pack-train` runs), in this
+process, and read its metrics.jsonl back (`--packed-runner pack-train`, the default when
+`trainer.loop` imports; only its final checkpoint write is patched out). On `minibatch` shards a step
+holds at most `--max-len` tokens, which is one whole 32-example group in almost every step (groups
+are drawn in pack-train's own seeded row order, not the HF order). `--packed-runner inline` runs an
+equivalent loop here instead (`build_model` + `collate_rows` + `packed_loss`, exactly the HF groups).
+
+Precision: `--dtype bf16` means bf16 *autocast* with fp32 weights and fp32 AdamW state for every path
+(the HF Trainer's `bf16=True`); `--dtype fp32` disables autocast (CPU tests).
+
+    python scripts/bench_train.py --device cuda --model llama-1b --steps 30 --warmup 5 \
+        --json bench_train.json
+    python scripts/bench_train.py --device cpu --model tiny --limit 200 --steps 2 --warmup 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python scripts/bench_train.py` from anywhere
+    sys.path.insert(0, str(REPO))
+
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
+
+H100_BF16_TFLOPS = 989.0
+HF_PATHS = ("hf-pad", "hf-flat-sdpa", "hf-flat-flex", "hf-flat-fa2")
+PACKED_PATHS = ("packlm-minibatch", "packlm-ffd")
+ALL_PATHS = HF_PATHS + PACKED_PATHS
+HF_ATTN = {
+    "hf-pad": "sdpa",
+    "hf-flat-sdpa": "sdpa",
+    "hf-flat-flex": "flex_attention",
+    "hf-flat-fa2": "flash_attention_2",
+}
+PREP_STRATEGIES = ("pad", "minibatch", "ffd")
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def default_shared() -> Path:
+    """`$SHARED`, else `.devcarry/shared` when present (the GPU box), else `../shared`."""
+    if os.environ.get("SHARED"):
+        return Path(os.environ["SHARED"])
+    carried = REPO / ".devcarry" / "shared"
+    return carried if carried.is_dir() else REPO.parent / "shared"
+
+
+def load_source_examples(shared: Path, limit: int | None = None) -> list[dict[str, str]]:
+    """GSM8K then CodeAlpaca as instruction/input/output records (GSM8K: question -> instruction,
+    answer -> output), each cut to its first `limit` examples. One record layout for both, because
+    pack-data detects one format per run; it renders them with its Alpaca template."""
+    gsm = shared / "datasets" / "gsm8k" / "train.jsonl"
+    alpaca = shared / "datasets" / "codealpaca" / "code_alpaca.json"
+    for path in (gsm, alpaca):
+        if not path.is_file():
+            raise SystemExit(f"missing {path}: pass --shared (or SHARED=) pointing at the shared folder")
+    out: list[dict[str, str]] = []
+    with gsm.open(encoding="utf-8") as handle:
+        for i, line in enumerate(handle):
+            if limit is not None and i >= limit:
+                break
+            rec = json.loads(line)
+            out.append({"instruction": rec["question"], "input": "", "output": rec["answer"]})
+    records = json.loads(alpaca.read_text(encoding="utf-8"))
+    for rec in records[: limit if limit is not None else len(records)]:
+        out.append({"instruction": rec["instruction"], "input": rec.get("input") or "",
+                    "output": rec["output"]})
+    return out
+
+
+def write_jsonl(path: Path, records: Sequence[dict[str, str]]) -> None:
+    """One JSON object per line (written to a temp name, then renamed)."""
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for rec in records:
+            handle.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def seeded_order(records: list[dict[str, str]], seed: int) -> list[dict[str, str]]:
+    """The fixed, seeded example order every path uses (mixes the two datasets)."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    return [records[i] for i in order]
+
+
+def pack_data_command(
+    inputs: Sequence[Path], out: Path, *, tokenizer: Path, max_len: int, strategy: str, seed: int,
+    num_proc: int = 1,
+) -> list[str]:
+    """The `pack-data` command line (run as `python -c` so no console script needs installing)."""
+    return [
+        sys.executable, "-c", "from pipeline.cli import pack_data; pack_data()",
+        *map(str, inputs),
+        "--tokenizer", str(tokenizer), "--max-len", str(max_len), "--out", str(out),
+        "--strategy", strategy, "--seed", str(seed), "--overwrite", "--no-progress",
+        "--num-proc", str(num_proc),
+    ]  # fmt: skip
+
+
+@dataclass
+class PackJob:
+    """One pack-data run: `inputs` -> `out` with `strategy`; skipped when `stamp` matches."""
+
+    inputs: list[Path]
+    out: Path
+    strategy: str
+    stamp: dict[str, Any]
+
+
+def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, seed: int,
+                  num_proc: int = 1) -> None:
+    """Run the pack-data jobs whose output is missing or stale, in parallel subprocesses."""
+    running = []
+    t0 = time.perf_counter()
+    for job in jobs:
+        stamp_file = job.out.parent / f"{job.out.name}.stamp.json"
+        if ((job.out / "manifest.json").is_file() and stamp_file.is_file()
+                and json.loads(stamp_file.read_text()) == job.stamp):
+            print(f"  reusing {job.out}")
+            continue
+        cmd = pack_data_command(job.inputs, job.out, tokenizer=tokenizer, max_len=max_len,
+                                strategy=job.strategy, seed=seed, num_proc=num_proc)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        running.append((job, stamp_file, proc))
+    failures = []
+    for job, stamp_file, proc in running:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"pack-data --strategy {job.strategy} -> {job.out} failed:\n"
+                            f"{err.strip()[-2000:]}")
+            continue
+        stamp_file.write_text(json.dumps(job.stamp))
+        print(f"  pack-data --strategy {job.strategy} --max-len {max_len} -> {job.out.name}")
+    if failures:
+        raise SystemExit("\n".join(failures))
+    if running:
+        print(f"  pack-data: {len(running)} run(s) in parallel, {time.perf_counter() - t0:.1f} s")
+
+
+def prepare_data(
+    workdir: Path, shared: Path, *, limit: int | None, seed: int, max_len: int,
+    strategies: Sequence[str] = PREP_STRATEGIES, tokenizer: Path | None = None, num_proc: int = 1,
+) -> dict[str, Path]:
+    """Write the seeded instruction/input/output JSONL and pack it once per strategy; returns the
+    folders by strategy."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer or shared / "tokenizers" / "llama2"
+    stamp = {"limit": limit, "seed": seed, "max_len": max_len, "tokenizer": str(tokenizer),
+             "shared": str(shared.resolve())}
+    inputs = workdir / "examples.jsonl"
+    input_stamp = workdir / "examples.stamp.json"
+    if not (inputs.is_file() and input_stamp.is_file()
+            and json.loads(input_stamp.read_text()) == stamp):
+        write_jsonl(inputs, seeded_order(load_source_examples(shared, limit), seed))
+        input_stamp.write_text(json.dumps(stamp))
+    jobs = [PackJob([inputs], workdir / s, s, {**stamp, "strategy": s}) for s in strategies]
+    run_pack_jobs(jobs, tokenizer=tokenizer, max_len=max_len, seed=seed, num_proc=num_proc)
+    return {job.strategy: job.out for job in jobs}
+
+
+def minibatch_groups(folder: Path, group_size: int = 32) -> list[list[dict[str, np.ndarray]]]:
+    """The rows of a `minibatch` folder cut back into their groups (rows never mix groups, and every
+    group but the last holds exactly `group_size` examples)."""
+    groups: list[list[dict[str, np.ndarray]]] = []
+    current: list[dict[str, np.ndarray]] = []
+    seen: set[int] = set()
+    for row in iter_rows(folder):
+        current.append(row)
+        seen.update(int(e) for e in row["example_ids"])
+        if len(seen) >= group_size:
+            if len(seen) > group_size:
+                raise ValueError(f"{folder}: a group holds {len(seen)} > {group_size} examples: "
+                                 "was it packed with --strategy minibatch and this group size?")
+            groups.append(current)
+            current, seen = [], set()
+    if current:
+        groups.append(current)
+    return groups
+
+
+def group_example_ids(group: Sequence[dict[str, np.ndarray]]) -> list[int]:
+    """Example ids of a group in first-seen order (a split example counted once)."""
+    ids = np.concatenate([r["example_ids"] for r in group]).tolist()
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
+    """input_ids + labels of every example of a `pad` folder (one example per row), by example id."""
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for row in iter_rows(pad_folder):
+        if len(row["seq_lens"]) != 1:
+            raise ValueError(f"{pad_folder}: a row holds {len(row['seq_lens'])} examples; "
+                             "expected --strategy pad (one example per row)")
+        out[int(row["example_ids"][0])] = {"input_ids": row["input_ids"], "labels": row["labels"]}
+    return out
+
+
+def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndarray]]]:
+    """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step."""
+    steps: list[list[dict[str, np.ndarray]]] = []
+    current: list[dict[str, np.ndarray]] = []
+    acc = 0
+    for row in iter_rows(folder):
+        n = len(row["input_ids"])
+        if current and acc + n > tokens_per_step:
+            steps.append(current)
+            current, acc = [], 0
+        current.append(row)
+        acc += n
+    if current:
+        steps.append(current)
+    return steps
+
+
+# ------------------------------------------------------------------------------------- batching
+
+
+def pad_collate(examples: Sequence[dict[str, np.ndarray]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad examples to the longest: input_ids (pad_id), attention_mask, labels (-100)."""
+    lens = [len(e["input_ids"]) for e in examples]
+    longest = max(lens)
+    input_ids = np.full((len(examples), longest), pad_id, dtype=np.int64)
+    labels = np.full((len(examples), longest), IGNORE_INDEX, dtype=np.int64)
+    mask = np.zeros((len(examples), longest), dtype=np.int64)
+    for i, (e, n) in enumerate(zip(examples, lens)):
+        input_ids[i, :n] = e["input_ids"]
+        labels[i, :n] = e["labels"]
+        mask[i, :n] = 1
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(mask),
+        "labels": torch.from_numpy(labels),
+    }
+
+
+def flatten_collate(examples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """The same examples through HF's own `DataCollatorWithFlattening` (input_ids, labels,
+    position_ids as a [1, T] batch), exactly as the packing paper ships it."""
+    from transformers import DataCollatorWithFlattening
+
+    collator = DataCollatorWithFlattening()
+    return collator([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples],
+                    return_tensors="pt")
+
+
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens of an HF batch."""
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    return int(batch["input_ids"].numel())
+
+
+# ------------------------------------------------------------------------------------ accounting
+
+
+def attention_flops(seq_lens: Sequence[int] | np.ndarray, n_layers: int, hidden: int) -> float:
+    """Causal attention FLOPs of one fwd+bwd over examples of these lengths.
+
+    Per layer, forward: QK^T and PV are 2 * L^2 * hidden multiply-adds each, halved by causality,
+    i.e. 4 * L^2 / 2 * hidden FLOPs; backward is twice the forward, hence x3.
+    """
+    lens = np.asarray(seq_lens, dtype=np.float64)
+    return 3.0 * n_layers * 4.0 * float((lens * lens).sum()) / 2.0 * hidden
+
+
+def dense_flops(n_params: int, tokens: int) -> float:
+    """The usual 6 x params x tokens (fwd + bwd of every weight matmul)."""
+    return 6.0 * n_params * tokens
+
+
+@dataclass
+class PathResult:
+    """What one path measured (JSON-serialisable)."""
+
+    path: str
+    runner: str
+    ok: bool = True
+    note: str = ""
+    steps: int = 0
+    tokens: int = 0  # real tokens in the timed steps
+    examples: int = 0
+    seconds: float = 0.0
+    data_wait_s: float = 0.0
+    peak_gib: float | None = None
+    tokens_per_s: float = 0.0
+    step_ms: float = 0.0
+    mfu: float = 0.0  # 6 N tokens/s / peak
+    attn_tflops_per_s: float = 0.0
+    attn_share: float = 0.0  # attention FLOPs / (6 N tokens + attention FLOPs)
+    data_wait_pct: float = 0.0
+    final_loss: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def finish_result(res: PathResult, *, n_params: int, attn_flops: float, peak_tflops: float) -> None:
+    """Fill the derived rates of `res` from its raw counts."""
+    if res.seconds <= 0 or res.steps <= 0:
+        return
+    res.tokens_per_s = res.tokens / res.seconds
+    res.step_ms = 1000.0 * res.seconds / res.steps
+    dense = dense_flops(n_params, res.tokens)
+    res.mfu = dense / res.seconds / (peak_tflops * 1e12)
+    res.attn_tflops_per_s = attn_flops / res.seconds / 1e12
+    res.attn_share = attn_flops / (dense + attn_flops) if dense + attn_flops else 0.0
+    res.data_wait_pct = 100.0 * res.data_wait_s / res.seconds
+
+
+# ---------------------------------------------------------------------------------------- models
+
+
+def model_config(preset: str, vocab_size: int | None):
+    """The transformers config of a packlm preset (or a local model folder)."""
+    from trainer.model import PRESETS, preset_config
+
+    if preset in PRESETS:
+        return preset_config(preset, vocab_size)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(preset, local_files_only=True)
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
+    return config
+
+
+def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int | None,
+                   seed: int) -> torch.nn.Module:
+    """A plain HF causal LM with a stock attention implementation, fp32 weights, seeded init."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(preset, vocab_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # drawn on the CPU like build_model: the same initial weights
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn,
+                                                 dtype=torch.float32)
+    return model.to(device).train()
+
+
+def n_params_of(model: torch.nn.Module) -> int:
+    """All parameters (embeddings and LM head included, as in the issue's MFU)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, fused on CUDA (the same settings for every path)."""
+    kwargs: dict[str, Any] = {"lr": lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
+    if device.type == "cuda":
+        kwargs["fused"] = True
+    return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def autocast_ctx(device: torch.device, dtype: str):
+    """bf16 autocast (weights stay fp32) or nothing."""
+    if dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gib(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return None
+
+
+# ------------------------------------------------------------------------------------ step loop
+
+
+@dataclass
+class Batch:
+    """A prepared step: model inputs on the device plus what the accounting needs."""
+
+    payload: Any
+    tokens: int
+    seq_lens: np.ndarray
+    examples: int
+
+
+def timed_loop(
+    batches: Iterator[Callable[[], Batch]],
+    step: Callable[[Any], torch.Tensor],
+    *, warmup: int, steps: int, device: torch.device,
+) -> tuple[PathResult, np.ndarray]:
+    """Run `warmup` untimed then `steps` timed steps; returns raw counts and all timed seq_lens.
+
+    Each item of `batches` is a thunk doing the host preparation + H2D copy of one step; the time spent
+    in it is the data wait. CUDA is synchronised only at the edges of the timed region, so the host
+    can run ahead of the GPU as in a real loop.
+    """
+    res = PathResult(path="", runner="")
+    lens: list[np.ndarray] = []
+    losses: list[torch.Tensor] = []
+    t_start = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            sync(device)
+            t_start = time.perf_counter()
+        t0 = time.perf_counter()
+        try:
+            thunk = next(batches)
+        except StopIteration:
+            raise SystemExit(f"ran out of data after {i} steps: lower --steps/--warmup or "
+                             "raise --limit") from None
+        batch = thunk()
+        t1 = time.perf_counter()
+        loss = step(batch.payload)
+        if i >= warmup:
+            res.data_wait_s += t1 - t0
+            res.tokens += batch.tokens
+            res.examples += batch.examples
+            lens.append(batch.seq_lens)
+            losses.append(loss.detach())
+        elif i == 0:
+            float(loss.detach())  # surface errors of the first step early
+    sync(device)
+    res.seconds = time.perf_counter() - t_start
+    res.steps = steps
+    res.final_loss = float(losses[-1]) if losses else None
+    return res, (np.concatenate(lens) if lens else np.zeros(0, np.int64))
+
+
+def hf_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], torch.Tensor]:
+    """Standard HF training step: forward with labels= (HF's loss), backward, AdamW."""
+
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with autocast_ctx(device, dtype):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # HF Trainer's default
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    if device.type == "cuda":
+        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def hf_batches(
+    groups: Sequence[Sequence[int]], examples: dict[int, dict[str, np.ndarray]], *, flatten: bool,
+    pad_id: int, device: torch.device,
+) -> Iterator[Callable[[], Batch]]:
+    """One thunk per group: collate (padding or HF flattening) and copy to the device."""
+    for ids in groups:
+        def thunk(ids: Sequence[int] = ids) -> Batch:
+            exs = [examples[i] for i in ids]
+            host = flatten_collate(exs) if flatten else pad_collate(exs, pad_id)
+            lens = np.array([len(e["input_ids"]) for e in exs], dtype=np.int64)
+            return Batch(to_device(host, device), real_tokens(host), lens, len(exs))
+
+        yield thunk
+
+
+def packed_batches(
+    steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device
+) -> Iterator[Callable[[], Batch]]:
+    """One thunk per step: packlm's `collate_rows` + pinned non-blocking copy."""
+    from trainer.batch import collate_rows
+
+    for rows in steps:
+        def thunk(rows: Sequence[dict[str, np.ndarray]] = rows) -> Batch:
+            mb = collate_rows(rows)
+            if device.type == "cuda":
+                mb = mb.pin_memory()
+            lens = np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)
+            return Batch(mb.to(device), mb.n_tokens, lens, mb.n_examples)
+
+        yield thunk
+
+
+def packed_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], torch.Tensor]:
+    """packlm's step: chunked loss over the flat varlen batch, mean over loss tokens, AdamW."""
+    from trainer.loss import packed_loss
+
+    def step(mb) -> torch.Tensor:
+        with autocast_ctx(device, dtype):
+            loss_sum, n = packed_loss(model, mb)
+        loss = loss_sum / max(int(n), 1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as pack-train (--grad-clip 1)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+# ------------------------------------------------------------------------------------ the paths
+
+
+@dataclass
+class Setup:
+    """Everything the paths share."""
+
+    args: argparse.Namespace
+    device: torch.device
+    folders: dict[str, Path]
+    groups: list[list[dict[str, np.ndarray]]]  # minibatch rows per group
+    group_ids: list[list[int]]
+    examples: dict[int, dict[str, np.ndarray]]
+    pad_id: int
+    vocab_size: int
+    n_layers: int = 0
+    hidden: int = 0
+
+
+def flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return False
+    return True
+
+
+def run_hf_path(path: str, s: Setup) -> PathResult:
+    """One Hugging Face baseline (padding or flattening, stock attention)."""
+    a = s.args
+    attn = HF_ATTN[path]
+    if attn == "flash_attention_2" and not flash_attn_available():
+        return PathResult(path=path, runner="hf", ok=False, note="flash-attn is not importable here")
+    if attn == "flash_attention_2" and s.device.type != "cuda":
+        return PathResult(path=path, runner="hf", ok=False, note="flash_attention_2 needs CUDA")
+    reset_peak(s.device)
+    model = build_hf_model(a.model, attn, s.device, s.vocab_size, a.seed)
+    model.train()
+    opt = make_optimizer(model, a.lr, s.device)
+    n_params = n_params_of(model)
+    batches = hf_batches(s.group_ids, s.examples, flatten=(path != "hf-pad"), pad_id=s.pad_id,
+                         device=s.device)
+    try:
+        res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
+                               warmup=a.warmup, steps=a.steps, device=s.device)
+    finally:
+        del model, opt
+        free_memory(s.device)
+    res.path, res.runner = path, f"hf/{attn}"
+    res.peak_gib = peak_gib(s.device)
+    finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
+                  peak_tflops=a.peak_tflops)
+    res.extra["n_params"] = n_params
+    return res
+
+
+def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
+    """The micro-batches of a packlm path: minibatch groups, or ffd rows cut by --ffd-tokens."""
+    if path == "packlm-minibatch":
+        return s.groups
+    return ffd_steps(s.folders["ffd"], s.args.ffd_tokens)
+
+
+def run_packed_inline(path: str, s: Setup) -> PathResult:
+    """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
+    from trainer.model import build_model
+
+    a = s.args
+    reset_peak(s.device)
+    model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
+                                 vocab_size=s.vocab_size, seed=a.seed)
+    model.train()
+    opt = make_optimizer(model, a.lr, s.device)
+    n_params = n_params_of(model)
+    try:
+        res, lens = timed_loop(packed_batches(packed_step_rows(path, s), s.device),
+                               packed_step_fn(model, opt, s.device, a.dtype),
+                               warmup=a.warmup, steps=a.steps, device=s.device)
+    finally:
+        del model, opt
+        free_memory(s.device)
+    res.path, res.runner = path, f"inline/{backend}"
+    res.peak_gib = peak_gib(s.device)
+    finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
+                  peak_tflops=a.peak_tflops)
+    res.extra["n_params"] = n_params
+    return res
+
+
+def step_seq_lens_of_plan(folder: Path, tokens_per_step: int, seed: int, first: int,
+                          count: int) -> tuple[np.ndarray, int]:
+    """Example lengths and real tokens of optimizer steps first..first+count-1 that pack-train takes
+    (single process, grad_accum 1): the same deterministic `trainer.data.Planner` plan."""
+    from trainer.data import Cursor, Planner, row_lengths, step_cursor
+
+    manifest = read_manifest(folder)
+    lengths = row_lengths(folder, manifest)
+    planner = Planner(lengths, tokens_per_step, seed=seed)
+    row_lens = [r["seq_lens"] for r in iter_rows(folder)]
+    lens: list[np.ndarray] = []
+    for k in range(first, first + count):
+        cur = step_cursor(planner, Cursor(), k)
+        lens.extend(row_lens[int(i)] for i in planner.plan(cur.epoch).rows(cur.step_in_epoch))
+    out = np.concatenate(lens).astype(np.int64) if lens else np.zeros(0, np.int64)
+    return out, int(out.sum())
+
+
+@contextmanager
+def no_checkpoint_writes() -> Iterator[None]:
+    """pack-train always saves a checkpoint at its last step; a benchmark does not need the ~12 GB
+    (1B params + AdamW state) on disk, so the harness replaces the save with a no-op. The timed
+    steps are untouched."""
+    from unittest import mock
+
+    from trainer import loop
+
+    with mock.patch.object(loop, "_full_state", lambda *a, **k: {}), \
+            mock.patch.object(loop, "_optimizer_state", lambda *a, **k: {}), \
+            mock.patch.object(loop.ckpt, "save_checkpoint", lambda *a, **k: None):
+        yield
+
+
+def run_packed_pack_train(path: str, s: Setup) -> PathResult:
+    """A packlm path through the product's own loop (`trainer.loop.train`, what `pack-train` runs),
+    read back from its metrics.jsonl. Steps 1..W are warmup; the timed region is W+1..W+S."""
+    from trainer.loop import TrainConfig, train
+
+    a = s.args
+    folder = s.folders["minibatch" if path == "packlm-minibatch" else "ffd"]
+    # minibatch: a 32-example group fills about one max_len row, and a step of <= max_len tokens
+    # then takes one whole group; ffd: --ffd-tokens of whole rows per step.
+    tokens_per_step = a.max_len if path == "packlm-minibatch" else a.ffd_tokens
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{path}-", dir=a.workdir))
+    log_every = a.warmup if a.warmup > 0 else a.steps
+    config = TrainConfig(
+        data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
+        grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps,
+        attn=a.attn, dtype=a.dtype, compile=a.compile, seed=a.seed, log_every=log_every,
+        device=str(s.device), progress=False, num_workers=a.num_workers,
+        peak_flops=a.peak_tflops * 1e12,
+    )
+    reset_peak(s.device)
+    try:
+        with no_checkpoint_writes():
+            summary = train(config)
+    finally:
+        free_memory(s.device)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+               if line.strip()]
+    res = PathResult(path=path, runner=f"pack-train/{summary.get('attention')}")
+    prev_step, prev_tokens = 0, 0
+    for rec in records:
+        n = rec["step"] - prev_step
+        if rec["step"] > a.warmup:
+            res.steps += n
+            res.seconds += rec["step_time_s"] * n
+            res.data_wait_s += rec["data_wait_s"] * n
+            res.tokens += rec["tokens"] - prev_tokens
+            res.final_loss = rec["loss"]
+        prev_step, prev_tokens = rec["step"], rec["tokens"]
+    res.peak_gib = records[-1]["peak_mem_gib"] if s.device.type == "cuda" else None
+    lens, planned_tokens = step_seq_lens_of_plan(folder, tokens_per_step, a.seed, a.warmup,
+                                                 res.steps)
+    if planned_tokens != res.tokens:
+        res.note = f"planned {planned_tokens} tokens but pack-train counted {res.tokens}"
+    res.examples = len(lens)
+    n_params = int(summary["params"])
+    finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
+                  peak_tflops=a.peak_tflops)
+    res.extra.update(n_params=n_params, tokens_per_step=tokens_per_step,
+                     pack_train_mfu_last=records[-1].get("mfu"))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return res
+
+
+def run_packed_path(path: str, s: Setup) -> PathResult:
+    """A packlm path through `pack-train`'s loop, or the equivalent inline loop."""
+    if s.args.packed_runner == "pack-train":
+        return run_packed_pack_train(path, s)
+    return run_packed_inline(path, s)
+
+
+# ------------------------------------------------------------------------------------- reporting
+
+
+def markdown_table(results: Sequence[PathResult]) -> str:
+    """Path, tokens/s, step ms, peak GiB, MFU, attention share, data-wait %, ratios."""
+    ok = [r for r in results if r.ok and r.tokens_per_s > 0]
+    hf_packed = [r for r in ok if r.path.startswith("hf-flat")]
+    best_hf = max((r.tokens_per_s for r in hf_packed), default=0.0)
+    pad = next((r.tokens_per_s for r in ok if r.path == "hf-pad"), 0.0)
+    head = ("| path | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | attn FLOP share "
+            "| data-wait % | x best HF packed | x padding |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in results:
+        if not r.ok:
+            lines.append(f"| {r.path} | {r.runner} | skipped: {r.note} | | | | | | | | |")
+            continue
+        peak = f"{r.peak_gib:.1f}" if r.peak_gib is not None else "n/a"
+        vs_hf = f"{r.tokens_per_s / best_hf:.2f}" if best_hf else "n/a"
+        vs_pad = f"{r.tokens_per_s / pad:.2f}" if pad else "n/a"
+        lines.append(
+            f"| {r.path} | {r.runner} | {r.tokens / max(r.steps, 1):,.0f} | {r.tokens_per_s:,.0f} | "
+            f"{r.step_ms:.0f} | {peak} | "
+            f"{100 * r.mfu:.1f}% | {100 * r.attn_share:.1f}% | {r.data_wait_pct:.2f} | {vs_hf} | "
+            f"{vs_pad} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", default="llama-1b", help="packlm preset (tests: tiny)")
+    p.add_argument("--steps", type=int, default=30, help="timed optimizer steps per path")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per path before timing")
+    p.add_argument("--paths", default=",".join(ALL_PATHS),
+                   help=f"comma separated subset of {','.join(ALL_PATHS)}")
+    p.add_argument("--json", type=Path, default=None, help="write all results here")
+    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "packlm-bench")
+    p.add_argument("--shared", type=Path, default=None,
+                   help="shared data folder (default $SHARED, .devcarry/shared or ../shared)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="default SHARED/tokenizers/llama2")
+    p.add_argument("--limit", type=int, default=None, help="first N examples of each dataset")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--group", type=int, default=32, help="examples per step (padding/minibatch)")
+    p.add_argument("--max-len", type=int, default=8192, help="pack-data --max-len")
+    p.add_argument("--ffd-tokens", type=int, default=8192,
+                   help="tokens per optimizer step on the ffd path (whole rows; 8192 = one full "
+                        "row, the budget comparable to a 32-example group)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16 = autocast over fp32 weights for every path")
+    p.add_argument("--attn", default="auto", help="packlm attention backend (build_model attn=)")
+    p.add_argument("--packed-runner", choices=("auto", "pack-train", "inline"), default="auto")
+    p.add_argument("--compile", action="store_true", help="pack-train --compile (per-layer)")
+    p.add_argument("--pack-procs", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
+                   help="pack-data --num-proc")
+    p.add_argument("--num-workers", type=int, default=2, help="pack-train DataLoader workers")
+    p.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS,
+                   help="dense bf16 peak for MFU (H100 SXM: 989)")
+    args = p.parse_args(argv)
+    args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    unknown = [x for x in args.paths if x not in ALL_PATHS]
+    if unknown:
+        p.error(f"unknown path(s) {unknown}: choose from {','.join(ALL_PATHS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[PathResult]:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    shared = args.shared or default_shared()
+    t0 = time.perf_counter()
+    print(f"# bench_train: model={args.model} device={device} steps={args.steps} "
+          f"warmup={args.warmup} dtype={args.dtype} (bf16 = autocast, fp32 weights)")
+    print(f"preparing data in {args.workdir} (shared={shared}, limit={args.limit})")
+    folders = prepare_data(args.workdir, shared, limit=args.limit, seed=args.seed,
+                           max_len=args.max_len, tokenizer=args.tokenizer,
+                           num_proc=args.pack_procs)
+    manifest = read_manifest(folders["pad"])
+    tok = manifest.tokenizer
+    pad_id = tok.get("pad_token_id")  # Llama-2 has none: pad with EOS (masked out anyway)
+    pad_id = int(pad_id if pad_id is not None else tok.get("eos_token_id") or 0)
+    vocab_size = int(tok.get("vocab_size") or 32000)
+    groups = minibatch_groups(folders["minibatch"], args.group)
+    group_ids = [group_example_ids(g) for g in groups]
+    examples = examples_by_id(folders["pad"])
+    config = model_config(args.model, vocab_size)
+    setup = Setup(args, device, folders, groups, group_ids, examples, pad_id, vocab_size,
+                  n_layers=config.num_hidden_layers, hidden=config.hidden_size)
+    if args.packed_runner == "auto":
+        try:
+            from trainer.loop import TrainConfig, train  # noqa: F401
+
+            args.packed_runner = "pack-train"
+        except ImportError as exc:
+            print(f"NOTE: trainer.loop is not importable ({exc}); packlm paths run the equivalent "
+                  "inline loop (build_model + collate_rows + packed_loss)")
+            args.packed_runner = "inline"
+    mean_tokens = np.mean([sum(len(r["input_ids"]) for r in g) for g in groups])
+    print(f"data ready in {time.perf_counter() - t0:.1f} s: {len(examples)} examples, "
+          f"{len(groups)} groups of {args.group} (mean {mean_tokens:.0f} tokens/group), "
+          f"vocab {vocab_size}, packed runner {args.packed_runner}")
+    results: list[PathResult] = []
+    for path in args.paths:
+        t_path = time.perf_counter()
+        try:
+            res = run_hf_path(path, setup) if path in HF_PATHS else run_packed_path(path, setup)
+        except torch.cuda.OutOfMemoryError as exc:
+            res = PathResult(path=path, runner="", ok=False, note=f"OOM: {str(exc)[:80]}")
+            free_memory(device)
+        except Exception as exc:  # noqa: BLE001 - one failing path must not lose the others
+            traceback.print_exc()
+            first = (str(exc).strip().splitlines() or [""])[0][:120]
+            res = PathResult(path=path, runner=HF_ATTN.get(path, args.packed_runner), ok=False,
+                             note=f"{type(exc).__name__}: {first}")
+            free_memory(device)
+        print(f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step "
+              f"({time.perf_counter() - t_path:.1f} s){'' if res.ok else ' SKIPPED ' + res.note}")
+        results.append(res)
+    table = markdown_table(results)
+    print()
+    print(table)
+    if args.json:
+        payload = {
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "mean_tokens_per_group": float(mean_tokens),
+            "results": [asdict(r) for r in results],
+            "table": table,
+            "wall_s": time.perf_counter() - t0,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    return results
+
+
+if __name__ == "__main__":
+    main()

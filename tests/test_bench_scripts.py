@@ -1,0 +1,292 @@
+"""CPU checks of the GPU benchmark scripts' logic (scripts/bench_train.py, scripts/bench_loss.py).
+
+The GPU numbers themselves are measured by the lead; here we pin down that the paths compare like
+with like: the padding and flattening collates hold the same examples, every path computes the same
+loss on the same weights, the step/group bookkeeping is right and the FLOP accounting gives the
+expected numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))
+
+import bench_loss as bl  # noqa: E402
+import bench_train as bt  # noqa: E402
+from packed_factory import make_packed_folder  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def _examples(lengths, seed=0, vocab=500):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = rng.integers(3, vocab, n).astype(np.int32)
+        labels = ids.copy()
+        labels[:2] = -100  # first token (contract) and one prompt token carry no loss
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def _rows(examples):
+    return [
+        {
+            "input_ids": e["input_ids"],
+            "labels": e["labels"],
+            "position_ids": np.arange(len(e["input_ids"]), dtype=np.int32),
+            "seq_lens": np.array([len(e["input_ids"])], dtype=np.int32),
+            "example_ids": np.array([i], dtype=np.int64),
+        }
+        for i, e in enumerate(examples)
+    ]
+
+
+# ------------------------------------------------------------------------------------ accounting
+
+
+def test_attention_flops_formula():
+    # per layer fwd 4 * L^2 / 2 * hidden, x3 for fwd+bwd: 3 * 2 layers * 2 * (9 + 16) * 8
+    assert bt.attention_flops([3, 4], n_layers=2, hidden=8) == 3 * 2 * 4 * (9 + 16) / 2 * 8 == 2400
+    # packing does not add attention work: two examples cost the sum, not (3+4)^2
+    assert bt.attention_flops([3, 4], 1, 1) < bt.attention_flops([7], 1, 1)
+    assert bt.dense_flops(100, 10) == 6000
+
+
+def test_finish_result_rates():
+    res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, seconds=2.0, data_wait_s=0.02)
+    bt.finish_result(res, n_params=1_000_000_000, attn_flops=6e15, peak_tflops=989.0)
+    assert res.tokens_per_s == 4000
+    assert res.step_ms == 500
+    assert res.mfu == pytest.approx(6e9 * 4000 / 989e12)
+    dense = 6e9 * 8000
+    assert res.attn_share == pytest.approx(6e15 / (dense + 6e15))
+    assert res.attn_tflops_per_s == pytest.approx(3000)
+    assert res.data_wait_pct == pytest.approx(1.0)
+
+
+def test_markdown_table_ratios_against_best_hf_packed_and_padding():
+    rs = [
+        bt.PathResult(path="hf-pad", runner="hf/sdpa", tokens_per_s=100, peak_gib=1.0),
+        bt.PathResult(path="hf-flat-sdpa", runner="hf/sdpa", tokens_per_s=200),
+        bt.PathResult(path="hf-flat-flex", runner="hf/flex", tokens_per_s=400),
+        bt.PathResult(path="hf-flat-fa2", runner="hf", ok=False, note="no flash-attn"),
+        bt.PathResult(path="packlm-minibatch", runner="pack-train/torch", tokens_per_s=500),
+    ]
+    table = bt.markdown_table(rs).splitlines()
+    assert len(table) == 2 + len(rs)
+    mini = next(line for line in table if line.startswith("| packlm-minibatch"))
+    cells = [c.strip() for c in mini.strip("|").split("|")]
+    assert cells[-2:] == ["1.25", "5.00"]  # vs best HF packed (flex, 400) and vs padding (100)
+    assert "skipped: no flash-attn" in next(line for line in table if "hf-flat-fa2" in line)
+
+
+# -------------------------------------------------------------------------------------- batching
+
+
+def test_pad_collate_right_pads_with_mask_and_ignored_labels():
+    exs = _examples([5, 3, 4])
+    b = bt.pad_collate(exs, pad_id=2)
+    assert b["input_ids"].shape == (3, 5)
+    assert b["attention_mask"].sum(1).tolist() == [5, 3, 4]
+    assert b["input_ids"][1, 3:].tolist() == [2, 2]
+    assert b["labels"][1, 3:].tolist() == [-100, -100]
+    assert b["labels"][2, :4].tolist() == exs[2]["labels"].tolist()
+    assert bt.real_tokens(b) == 12
+
+
+def test_flatten_collate_is_hf_flattening_of_the_same_examples():
+    exs = _examples([5, 3, 4])
+    b = bt.flatten_collate(exs)
+    assert b["input_ids"].shape == (1, 12)
+    assert b["input_ids"][0].tolist() == np.concatenate([e["input_ids"] for e in exs]).tolist()
+    assert b["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]
+    labels = b["labels"][0].tolist()
+    assert [labels[i] for i in (0, 5, 8)] == [-100, -100, -100]  # no loss across a boundary
+    assert bt.real_tokens(b) == 12
+    # packlm's own collate sees the same tokens and boundaries
+    from trainer.batch import collate_rows
+
+    mb = collate_rows(_rows(exs))
+    assert torch.equal(mb.input_ids, b["input_ids"])
+    assert torch.equal(mb.position_ids, b["position_ids"])
+    assert mb.cu_seqlens.tolist() == [0, 5, 8, 12]
+
+
+def test_all_paths_compute_the_same_loss_on_the_same_weights():
+    """HF padding, HF flattening (sdpa) and packlm's packed_loss agree on a tiny model; the HF
+    baseline model starts from exactly build_model's weights."""
+    from trainer.batch import collate_rows
+    from trainer.loss import packed_loss
+    from trainer.model import build_model
+
+    exs = _examples([6, 9, 3, 7])
+    hf = bt.build_hf_model("tiny", "sdpa", CPU, 512, seed=0)
+    packed, _ = build_model("tiny", attn="sdpa", device=CPU, vocab_size=512, seed=0)
+    for a, b in zip(hf.state_dict().values(), packed.state_dict().values()):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        pad_loss = float(hf(**bt.pad_collate(exs, 2)).loss)
+        flat_loss = float(hf(**bt.flatten_collate(exs)).loss)
+        s, n = packed_loss(packed, collate_rows(_rows(exs)))
+    assert n == sum(int((e["labels"][1:] != -100).sum()) for e in exs)
+    assert flat_loss == pytest.approx(pad_loss, rel=1e-5)
+    assert float(s) / n == pytest.approx(pad_loss, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------- groups and steps
+
+
+def _minibatch_folder(tmp_path, group=4, n=10):
+    """Rows as pack-data --strategy minibatch writes them: groups of `group` examples, each packed
+    into one or two rows, never mixed."""
+    rng = np.random.default_rng(1)
+    perm = rng.permutation(n)
+    rows = []
+    for g in range(0, n, group):
+        ids = perm[g : g + group].tolist()
+        ex = [(int(i), rng.integers(3, 100, 3 + int(i))) for i in ids]
+        rows.extend([ex[:2], ex[2:]] if len(ex) > 2 else [ex])
+    make_packed_folder(tmp_path / "mb", rows, max_len=64, strategy="minibatch")
+    return tmp_path / "mb", perm
+
+
+def test_minibatch_groups_are_recovered_from_rows(tmp_path):
+    folder, perm = _minibatch_folder(tmp_path, group=4, n=10)
+    groups = bt.minibatch_groups(folder, 4)
+    assert [len(g) for g in groups] == [2, 2, 1]
+    ids = [bt.group_example_ids(g) for g in groups]
+    assert [sorted(x) for x in ids] == [sorted(perm[:4]), sorted(perm[4:8]), sorted(perm[8:])]
+    with pytest.raises(ValueError, match="group holds"):
+        bt.minibatch_groups(folder, 3)
+
+
+def test_examples_by_id_needs_one_example_per_row(tmp_path):
+    exs = _examples([4, 6])
+    make_packed_folder(tmp_path / "pad", [[(7, exs[0]["input_ids"], exs[0]["labels"])],
+                                          [(3, exs[1]["input_ids"], exs[1]["labels"])]], 16,
+                       strategy="pad")
+    got = bt.examples_by_id(tmp_path / "pad")
+    assert sorted(got) == [3, 7]
+    assert got[3]["labels"].tolist() == exs[1]["labels"].tolist()
+    make_packed_folder(tmp_path / "pad2", [[(0, exs[0]["input_ids"]), (1, exs[1]["input_ids"])]], 16)
+    with pytest.raises(ValueError, match="one example per row"):
+        bt.examples_by_id(tmp_path / "pad2")
+
+
+def test_ffd_steps_cut_rows_at_the_token_budget(tmp_path):
+    lens = [8, 8, 5, 8, 3]
+    rows = [[(i, np.arange(3, 3 + n))] for i, n in enumerate(lens)]
+    make_packed_folder(tmp_path / "ffd", rows, max_len=8)
+    steps = bt.ffd_steps(tmp_path / "ffd", 16)
+    assert [[len(r["input_ids"]) for r in s] for s in steps] == [[8, 8], [5, 8, 3]]
+    assert [len(s) for s in bt.ffd_steps(tmp_path / "ffd", 4)] == [1, 1, 1, 1, 1]  # long rows alone
+
+
+def test_timed_loop_counts_only_timed_steps_and_host_wait():
+    import time
+
+    def thunks():
+        for i in range(5):
+            def thunk(i=i):
+                time.sleep(0.01)
+                return bt.Batch(payload=i, tokens=10 * (i + 1), seq_lens=np.array([i + 1]), examples=1)
+            yield thunk
+
+    res, lens = bt.timed_loop(thunks(), lambda p: torch.tensor(float(p)), warmup=2, steps=3,
+                              device=CPU)
+    assert res.steps == 3 and res.examples == 3
+    assert res.tokens == 30 + 40 + 50
+    assert lens.tolist() == [3, 4, 5]
+    assert res.final_loss == 4.0
+    assert 0.03 <= res.data_wait_s <= res.seconds
+    with pytest.raises(SystemExit, match="ran out of data"):
+        bt.timed_loop(thunks(), lambda p: torch.tensor(0.0), warmup=3, steps=3, device=CPU)
+
+
+def test_planned_steps_match_pack_train_data_plan(tmp_path):
+    """The attention FLOPs of the pack-train path come from the same Planner the loop uses."""
+    from trainer.data import Planner, row_lengths
+
+    lens = [5, 9, 3, 7, 8, 2, 6]
+    rows = [[(i, np.arange(3, 3 + n))] for i, n in enumerate(lens)]
+    make_packed_folder(tmp_path / "p", rows, max_len=16)
+    got, tokens = bt.step_seq_lens_of_plan(tmp_path / "p", 12, seed=3, first=1, count=2)
+    manifest = bt.read_manifest(tmp_path / "p")
+    planner = Planner(row_lengths(tmp_path / "p", manifest), 12, seed=3)
+    want = np.concatenate([np.array(lens)[planner.plan(0).rows(k)] for k in (1, 2)])
+    assert got.tolist() == want.tolist() and tokens == int(want.sum())
+
+
+# -------------------------------------------------------------------------------- bench_loss
+
+
+def test_lr_schedule_is_a_function_of_examples_seen():
+    peak = 1e-3
+    assert bl.lr_at(0, 1000, peak, 0.1, 0.1) == pytest.approx(peak / 100)
+    assert bl.lr_at(100, 1000, peak, 0.1, 0.1) == pytest.approx(peak)
+    assert bl.lr_at(1000, 1000, peak, 0.1, 0.1) == pytest.approx(0.1 * peak)
+    mid = bl.lr_at(550, 1000, peak, 0.1, 0.1)
+    assert mid == pytest.approx(peak * (0.1 + 0.9 * 0.5))
+
+
+def test_split_records_is_deterministic_and_disjoint():
+    recs = [{"instruction": str(i), "input": "", "output": "x"} for i in range(100)]
+    train, held = bl.split_records(recs, 0.02)
+    assert len(held) == 2 and len(train) == 98
+    assert held == recs[98:]
+    assert bl.split_records(recs, 0.0)[1] == []
+
+
+def test_smooth_is_an_unbiased_ema():
+    out = bl.smooth([2.0, 2.0, 2.0], span=5)
+    assert out.tolist() == pytest.approx([2.0, 2.0, 2.0])
+    assert bl.smooth([0.0, 10.0], span=1).tolist() == pytest.approx([0.0, 10.0])
+
+
+def test_pad_and_minibatch_steps_hold_the_same_examples(tmp_path):
+    folder, _ = _minibatch_folder(tmp_path, group=4, n=10)
+    folders = {"minibatch": folder}
+    pad = bl.method_steps("pad", folders, 4, 0, None)
+    mini = bl.method_steps("minibatch", folders, 4, 0, None)
+    assert [s.example_ids for s in pad] == [bt.group_example_ids(s.rows) for s in mini]
+    assert [s.examples for s in pad] == [4, 4, 2]
+    assert [s.tokens for s in pad] == [s.tokens for s in mini]
+
+
+# --------------------------------------------------------------------------- gpu_suite.sh
+
+
+def test_gpu_suite_is_strict_bash_with_parts():
+    text = (REPO / "scripts" / "gpu_suite.sh").read_text()
+    assert "set -o pipefail" in text and "PYTHONUNBUFFERED=1" in text
+    for part in ("attn", "train", "loss"):
+        assert part in text
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_suite.sh")]).returncode == 0
+    bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_suite.sh"), "nonsense"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "OUT": "/tmp"})
+    assert bad.returncode != 0 and "usage" in (bad.stderr + bad.stdout).lower()
+
+
+def test_benchmark_modules_do_not_import_polars_or_datasets():
+    """The GPU box has neither: importing the scripts (and the trainer they use) must not need them."""
+    import subprocess
+
+    code = (
+        "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
+        f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
+        "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, pipeline.cli\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
