@@ -366,6 +366,8 @@ class Spill:
     def _map(self, path: Path) -> np.ndarray:
         with open(path, "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            mapped.madvise(mmap.MADV_RANDOM)  # pieces are read scattered: no readahead / fault-around
         self._maps.append(mapped)
         return np.frombuffer(mapped, dtype="<i4")
 

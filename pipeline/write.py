@@ -25,6 +25,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,7 @@ def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
 # --------------------------------------------------------------------------------------- gather
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _gather(src_ids, src_labels, starts, lengths, out_ids, out_labels, out_pos):  # pragma: no cover - numba
     k = 0
     loss = 0
@@ -324,7 +325,8 @@ def _pack_into(
     rps = int(config.rows_per_shard or _auto_rows_per_shard(max_len))
     shards: list[ShardInfo] = []
     total_tokens = loss_tokens = 0
-    with _bar(config.progress, desc="write", total=n_rows, unit="row") as bar:
+    hashes: list[Future] = []
+    with _bar(config.progress, desc="write", total=n_rows, unit="row") as bar, ThreadPoolExecutor(1) as hasher:
         for s, r0 in enumerate(range(0, n_rows, rps)):
             r1 = min(n_rows, r0 + rps)
             a, b = int(row_pieces[r0]), int(row_pieces[r1])
@@ -339,11 +341,15 @@ def _pack_into(
             name = shard_name(s)
             write_shard(tmp / name, table)
             del table, ids, labels, pos
-            shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=file_sha256(tmp / name)))
+            # hashlib releases the GIL: hash this shard while the next one is gathered and written
+            hashes.append(hasher.submit(file_sha256, tmp / name))
+            shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=""))
             total_tokens += int(row_off[-1])
             loss_tokens += loss
             spill.release()
             bar.update(r1 - r0)
+        for info, digest in zip(shards, hashes):
+            info.sha256 = digest.result()
     del src_ids, src_labels
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)
