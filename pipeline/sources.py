@@ -584,9 +584,14 @@ def _read_csv(path: str, batch_rows: int, chunk_bytes: int) -> Iterator[pa.Table
 
 def _read_parquet(path: str, batch_rows: int) -> Iterator[pa.Table]:
     try:
-        pf = pq.ParquetFile(path, memory_map=True)
-        for rb in pf.iter_batches(batch_size=batch_rows):
-            yield pa.Table.from_batches([rb])
+        # Bounded memory (pack-data's 1B-token benchmark): buffered reads rather than a memory map
+        # (a map keeps every page read resident until the file is closed), and one row group per
+        # iter_batches call (one call over the whole file kept ~0.7 GB of decoded data alive at
+        # 400M tokens). Row order is unchanged.
+        pf = pq.ParquetFile(path, memory_map=False)
+        for group in range(pf.metadata.num_row_groups):
+            for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[group]):
+                yield pa.Table.from_batches([rb])
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise UserError(f"{path}: not a readable Parquet file ({_one_line(exc)}); it may be "
                         "truncated or corrupt: re-export or re-download it") from None
