@@ -217,8 +217,10 @@ def heldout_loss(model: torch.nn.Module, examples: Sequence[dict[str, np.ndarray
                  device: torch.device, dtype: str, batch_size: int = 32) -> float:
     """Mean token loss over all held-out loss tokens: padded batches, `sdpa` attention, the same
     code for every method (a packlm model is switched to sdpa first)."""
-    if hasattr(model, "set_attn_implementation"):
+    try:
         model.set_attn_implementation("sdpa")
+    except (AttributeError, ValueError, KeyError, ImportError):  # older transformers
+        model.config._attn_implementation = "sdpa"
     model.eval()
     total, count = 0.0, 0
     for start in range(0, len(examples), batch_size):
@@ -265,7 +267,7 @@ def plot(results: Sequence[MethodResult], path: Path, title: str) -> None:
         x = [c[0] for c in r.curve]
         y = smooth([c[1] for c in r.curve], span=max(5, len(r.curve) // 40))
         label = f"{r.method} (held-out {r.heldout_loss:.3f})" if r.heldout_loss else r.method
-        ax.plot(x, y, label=label, linewidth=1.3)
+        ax.plot(x, y, label=label, linewidth=1.3, linestyle="--" if r.method == "pad" else "-")
     ax.set_xlabel("examples seen")
     ax.set_ylabel("training loss (EMA)")
     ax.set_title(title, fontsize=9)

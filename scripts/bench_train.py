@@ -45,7 +45,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -128,13 +127,12 @@ def seeded_order(records: list[dict[str, str]], seed: int) -> list[dict[str, str
     return [records[i] for i in order]
 
 
-def pack_data_command(
+def pack_data_args(
     inputs: Sequence[Path], out: Path, *, tokenizer: Path, max_len: int, strategy: str, seed: int,
     num_proc: int = 1,
 ) -> list[str]:
-    """The `pack-data` command line (run as `python -c` so no console script needs installing)."""
+    """The `pack-data` command-line arguments for one strategy."""
     return [
-        sys.executable, "-c", "from pipeline.cli import pack_data; pack_data()",
         *map(str, inputs),
         "--tokenizer", str(tokenizer), "--max-len", str(max_len), "--out", str(out),
         "--strategy", strategy, "--seed", str(seed), "--overwrite", "--no-progress",
@@ -154,33 +152,28 @@ class PackJob:
 
 def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, seed: int,
                   num_proc: int = 1) -> None:
-    """Run the pack-data jobs whose output is missing or stale, in parallel subprocesses."""
-    running = []
-    t0 = time.perf_counter()
+    """Run `pack-data` (its click command, in this process: one import of transformers for all)
+    for the jobs whose output is missing or stale."""
+    import click
+
+    from pipeline.cli import pack_data
+
     for job in jobs:
         stamp_file = job.out.parent / f"{job.out.name}.stamp.json"
         if ((job.out / "manifest.json").is_file() and stamp_file.is_file()
                 and json.loads(stamp_file.read_text()) == job.stamp):
             print(f"  reusing {job.out}")
             continue
-        cmd = pack_data_command(job.inputs, job.out, tokenizer=tokenizer, max_len=max_len,
-                                strategy=job.strategy, seed=seed, num_proc=num_proc)
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        running.append((job, stamp_file, proc))
-    failures = []
-    for job, stamp_file, proc in running:
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            failures.append(f"pack-data --strategy {job.strategy} -> {job.out} failed:\n"
-                            f"{err.strip()[-2000:]}")
-            continue
+        args = pack_data_args(job.inputs, job.out, tokenizer=tokenizer, max_len=max_len,
+                              strategy=job.strategy, seed=seed, num_proc=num_proc)
+        t0 = time.perf_counter()
+        try:
+            pack_data.main(args=args, standalone_mode=False)
+        except click.ClickException as exc:
+            raise SystemExit(f"pack-data {' '.join(args)} failed: {exc.format_message()}") from None
         stamp_file.write_text(json.dumps(job.stamp))
-        print(f"  pack-data --strategy {job.strategy} --max-len {max_len} -> {job.out.name}")
-    if failures:
-        raise SystemExit("\n".join(failures))
-    if running:
-        print(f"  pack-data: {len(running)} run(s) in parallel, {time.perf_counter() - t0:.1f} s")
+        print(f"  pack-data --strategy {job.strategy} --max-len {max_len} -> {job.out.name}: "
+              f"{time.perf_counter() - t0:.1f} s")
 
 
 def prepare_data(
@@ -660,14 +653,19 @@ def step_seq_lens_of_plan(folder: Path, tokens_per_step: int, seed: int, first: 
 def no_checkpoint_writes() -> Iterator[None]:
     """pack-train always saves a checkpoint at its last step; a benchmark does not need the ~12 GB
     (1B params + AdamW state) on disk, so the harness replaces the save with a no-op. The timed
-    steps are untouched."""
+    steps are untouched. (Patches only what this version of trainer.loop has.)"""
+    from contextlib import ExitStack
     from unittest import mock
 
     from trainer import loop
 
-    with mock.patch.object(loop, "_full_state", lambda *a, **k: {}), \
-            mock.patch.object(loop, "_optimizer_state", lambda *a, **k: {}), \
-            mock.patch.object(loop.ckpt, "save_checkpoint", lambda *a, **k: None):
+    targets = [(loop, "_full_state", {}), (loop, "_optimizer_state", {}),
+               (getattr(loop, "ckpt", None), "save_checkpoint", None)]
+    with ExitStack() as stack:
+        for owner, name, value in targets:
+            if owner is not None and hasattr(owner, name):
+                stack.enter_context(mock.patch.object(owner, name,
+                                                      lambda *a, _v=value, **k: _v))
         yield
 
 
@@ -842,13 +840,12 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
             res = run_hf_path(path, setup) if path in HF_PATHS else run_packed_path(path, setup)
         except torch.cuda.OutOfMemoryError as exc:
             res = PathResult(path=path, runner="", ok=False, note=f"OOM: {str(exc)[:80]}")
-            free_memory(device)
         except Exception as exc:  # noqa: BLE001 - one failing path must not lose the others
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0][:120]
             res = PathResult(path=path, runner=HF_ATTN.get(path, args.packed_runner), ok=False,
                              note=f"{type(exc).__name__}: {first}")
-            free_memory(device)
+        free_memory(device)  # here, once the traceback (and the model it holds) is gone
         print(f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step "
               f"({time.perf_counter() - t_path:.1f} s){'' if res.ok else ' SKIPPED ' + res.note}")
         results.append(res)

@@ -290,3 +290,98 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- end to end (CPU)
+
+
+def _fake_shared(root: Path, n: int = 40) -> Path:
+    """A tiny stand-in for ../shared: GSM8K- and CodeAlpaca-shaped files (tests never need the
+    real data); the tokenizer is the project's own data/tokenizer."""
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "sum", "code", "print", "list", "two", "ten"]
+
+    def text(k):
+        return " ".join(rng.choice(words, size=k))
+
+    (root / "datasets" / "gsm8k").mkdir(parents=True)
+    (root / "datasets" / "codealpaca").mkdir(parents=True)
+    with (root / "datasets" / "gsm8k" / "train.jsonl").open("w") as handle:
+        for _ in range(n):
+            handle.write(json.dumps({"question": text(8), "answer": text(int(rng.integers(3, 20)))}) + "\n")
+    alpaca = [{"instruction": text(6), "input": text(3) if i % 2 else "", "output": text(int(rng.integers(3, 20)))}
+              for i in range(n)]
+    (root / "datasets" / "codealpaca" / "code_alpaca.json").write_text(json.dumps(alpaca))
+    return root
+
+
+@pytest.mark.slow
+def test_bench_train_end_to_end_on_cpu(tmp_path):
+    """All CPU-capable paths run on a tiny model; the HF padding, HF flattening and packlm (inline)
+    steps see the same 32 examples from the same weights, so their losses agree; the pack-train
+    runner's token count matches the data plan."""
+    tokenizer = REPO / "data" / "tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        pytest.skip("data/tokenizer is not there")
+    shared = _fake_shared(tmp_path / "shared")
+    common = ["--device", "cpu", "--model", "tiny", "--steps", "1", "--warmup", "1", "--dtype", "fp32",
+              "--shared", str(shared), "--tokenizer", str(tokenizer), "--workdir", str(tmp_path / "w"),
+              "--max-len", "512", "--ffd-tokens", "512", "--num-workers", "0", "--pack-procs", "1"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # OpenMP threads on a shared 2-core box only slow a tiny model down
+    try:
+        _run_end_to_end(common, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_end_to_end(common, tmp_path):
+    out = tmp_path / "bench.json"
+    results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,packlm-minibatch,packlm-ffd",
+                       "--json", str(out)])
+    by = {r.path: r for r in results}
+    assert all(r.ok for r in results), [r.note for r in results]
+    assert by["hf-pad"].runner == "hf/sdpa" and by["packlm-ffd"].runner.startswith("pack-train/")
+    assert by["hf-pad"].tokens == by["hf-flat-sdpa"].tokens > 0
+    assert by["hf-pad"].examples == by["hf-flat-sdpa"].examples == 32
+    assert by["hf-flat-sdpa"].final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
+    assert by["packlm-ffd"].note == "" and 0 < by["packlm-ffd"].tokens <= 512
+    payload = json.loads(out.read_text())
+    assert [r["path"] for r in payload["results"]] == list(by)
+    assert "| hf-pad |" in payload["table"]
+    # the inline packlm loop on the same groups (the data folders are reused, not re-packed)
+    inline = bt.main([*common, "--paths", "packlm-minibatch", "--packed-runner", "inline"])[0]
+    assert inline.ok and inline.runner.startswith("inline/")
+    assert inline.tokens == by["hf-pad"].tokens
+    assert inline.final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_bench_loss_end_to_end_on_cpu(tmp_path):
+    """One epoch per method on a tiny model: padding and minibatch packing train on the same groups
+    with the same objective, so their loss curves and held-out losses coincide."""
+    tokenizer = REPO / "data" / "tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        pytest.skip("data/tokenizer is not there")
+    shared = _fake_shared(tmp_path / "shared", n=40)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = bl.main([
+            "--device", "cpu", "--model", "tiny", "--shared", str(shared), "--tokenizer", str(tokenizer),
+            "--workdir", str(tmp_path / "w"), "--max-len", "256", "--holdout", "0.1",
+            "--pack-procs", "1", "--json", str(tmp_path / "loss.json"), "--plot", str(tmp_path / "c.png"),
+        ])
+    finally:
+        torch.set_num_threads(threads)
+    by = {r.method: r for r in results}
+    assert list(by) == list(bl.METHODS)
+    assert by["pad"].examples == by["minibatch"].examples == by["ffd"].examples == 72  # 80 - 8 held out
+    pad = [loss for _, loss in by["pad"].curve]
+    mini = [loss for _, loss in by["minibatch"].curve]
+    assert [x for x, _ in by["pad"].curve] == [x for x, _ in by["minibatch"].curve] == [32, 64, 72]
+    assert mini == pytest.approx(pad, rel=1e-4)
+    assert by["minibatch"].heldout_loss == pytest.approx(by["pad"].heldout_loss, rel=1e-4)
+    assert all(r.heldout_loss is not None and np.isfinite(r.heldout_loss) for r in results)
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "loss.json").read_text())["token_budget"] > 0
