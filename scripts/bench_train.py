@@ -324,6 +324,7 @@ class PathResult:
     tokens_per_s: float = 0.0
     step_ms: float = 0.0
     mfu: float = 0.0  # 6 N tokens/s / peak
+    mfu_with_attn: float = 0.0  # (6 N tokens + attention FLOPs)/s / peak
     attn_tflops_per_s: float = 0.0
     attn_share: float = 0.0  # attention FLOPs / (6 N tokens + attention FLOPs)
     data_wait_pct: float = 0.0
@@ -340,6 +341,7 @@ def finish_result(res: PathResult, *, n_params: int, attn_flops: float, peak_tfl
     dense = dense_flops(n_params, res.tokens)
     res.mfu = dense / res.seconds / (peak_tflops * 1e12)
     res.attn_tflops_per_s = attn_flops / res.seconds / 1e12
+    res.mfu_with_attn = (dense + attn_flops) / res.seconds / (peak_tflops * 1e12)
     res.attn_share = attn_flops / (dense + attn_flops) if dense + attn_flops else 0.0
     res.data_wait_pct = 100.0 * res.data_wait_s / res.seconds
 
@@ -738,24 +740,44 @@ def markdown_table(results: Sequence[PathResult]) -> str:
     hf_packed = [r for r in ok if r.path.startswith("hf-flat")]
     best_hf = max((r.tokens_per_s for r in hf_packed), default=0.0)
     pad = next((r.tokens_per_s for r in ok if r.path == "hf-pad"), 0.0)
-    head = ("| path | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | attn FLOP share "
-            "| data-wait % | x best HF packed | x padding |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| path | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | MFU incl. attn "
+            "| attn FLOP share | data-wait % | x best HF packed | x padding |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in results:
         if not r.ok:
-            lines.append(f"| {r.path} | {r.runner} | skipped: {r.note} | | | | | | | | |")
+            lines.append(f"| {r.path} | {r.runner} | skipped: {r.note} | | | | | | | | | |")
             continue
         peak = f"{r.peak_gib:.1f}" if r.peak_gib is not None else "n/a"
         vs_hf = f"{r.tokens_per_s / best_hf:.2f}" if best_hf else "n/a"
         vs_pad = f"{r.tokens_per_s / pad:.2f}" if pad else "n/a"
         lines.append(
             f"| {r.path} | {r.runner} | {r.tokens / max(r.steps, 1):,.0f} | {r.tokens_per_s:,.0f} | "
-            f"{r.step_ms:.0f} | {peak} | "
-            f"{100 * r.mfu:.1f}% | {100 * r.attn_share:.1f}% | {r.data_wait_pct:.2f} | {vs_hf} | "
-            f"{vs_pad} |"
+            f"{r.step_ms:.0f} | {peak} | {100 * r.mfu:.1f}% | {100 * r.mfu_with_attn:.1f}% | "
+            f"{100 * r.attn_share:.1f}% | {r.data_wait_pct:.2f} | {vs_hf} | {vs_pad} |"
         )
     return "\n".join(lines)
+
+
+def target_lines(results: Sequence[PathResult]) -> list[str]:
+    """The issue's targets, checked against this run's numbers."""
+    ok = {r.path: r for r in results if r.ok and r.tokens_per_s > 0}
+    best_hf = max((r.tokens_per_s for r in ok.values() if r.path.startswith("hf-flat")), default=0)
+    lines = []
+    if "packlm-minibatch" in ok and best_hf:
+        x = ok["packlm-minibatch"].tokens_per_s / best_hf
+        lines.append(f"packlm-minibatch vs best HF packed path: {x:.2f}x (target >= 1.25x): "
+                     f"{'MET' if x >= 1.25 else 'NOT MET'}")
+    if "packlm-ffd" in ok:
+        mfu = 100 * ok["packlm-ffd"].mfu
+        lines.append(f"packlm-ffd MFU {mfu:.1f}% (target >= 45%, stretch 50%): "
+                     f"{'MET' if mfu >= 45 else 'NOT MET'}")
+    waits = [r for r in ok.values() if r.path.startswith("packlm")]
+    if waits:
+        worst = max(waits, key=lambda r: r.data_wait_pct)
+        lines.append(f"data-wait of packlm paths <= {worst.data_wait_pct:.2f}% of step time "
+                     f"(target < 1%): {'MET' if worst.data_wait_pct < 1 else 'NOT MET'}")
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -852,6 +874,10 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     table = markdown_table(results)
     print()
     print(table)
+    print()
+    targets = target_lines(results)
+    for line in targets:
+        print(line)
     if args.json:
         payload = {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -860,6 +886,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
             "mean_tokens_per_group": float(mean_tokens),
             "results": [asdict(r) for r in results],
             "table": table,
+            "targets": targets,
             "wall_s": time.perf_counter() - t0,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ run_part() {  # name, log file, command...
 
 {
   echo "date: $(date -u +%FT%TZ)  host: $(hostname)  part: $part  SHARED=$SHARED"
-  nvidia-smi || echo "nvidia-smi not available"
+  if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "nvidia-smi not available"; fi
   "$PY" - <<'EOF'
 import importlib.util, platform, sys
 import torch, transformers

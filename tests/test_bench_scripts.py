@@ -385,3 +385,15 @@ def test_bench_loss_end_to_end_on_cpu(tmp_path):
     assert all(r.heldout_loss is not None and np.isfinite(r.heldout_loss) for r in results)
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert json.loads((tmp_path / "loss.json").read_text())["token_budget"] > 0
+
+
+def test_targets_are_checked_against_the_same_run():
+    rs = [
+        bt.PathResult(path="hf-flat-flex", runner="hf", tokens_per_s=400),
+        bt.PathResult(path="packlm-minibatch", runner="p", tokens_per_s=520, data_wait_pct=0.3),
+        bt.PathResult(path="packlm-ffd", runner="p", tokens_per_s=600, mfu=0.44, data_wait_pct=1.5),
+    ]
+    lines = bt.target_lines(rs)
+    assert lines[0].startswith("packlm-minibatch vs best HF packed path: 1.30x") and "NOT" not in lines[0]
+    assert "44.0%" in lines[1] and lines[1].endswith("NOT MET")
+    assert "1.50%" in lines[2] and lines[2].endswith("NOT MET")
