@@ -324,7 +324,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = bt.resolve_device(args.device)
     shared = args.shared or bt.default_shared()
     t_all = time.perf_counter()
     print(f"# bench_loss: model={args.model} device={device} dtype={args.dtype} (autocast) "

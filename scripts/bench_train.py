@@ -396,6 +396,14 @@ def autocast_ctx(device: torch.device, dtype: str):
     return nullcontext()
 
 
+def resolve_device(name: str) -> torch.device:
+    """`cuda` -> `cuda:<current>` (torch.cuda.set_device, which pack-train calls, needs an index)."""
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -822,7 +830,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     shared = args.shared or default_shared()
     t0 = time.perf_counter()
     print(f"# bench_train: model={args.model} device={device} steps={args.steps} "
