@@ -49,9 +49,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_train as bt  # noqa: E402  (scripts/ is not a package)
+import bench_train as bt
 
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 
 METHODS = ("pad", "minibatch", "shuffle", "ffd")
 
@@ -280,8 +280,10 @@ def plot(results: Sequence[MethodResult], path: Path, title: str) -> None:
 
 
 def markdown_table(results: Sequence[MethodResult]) -> str:
-    lines = ["| method | attention | steps | examples | wall s | tokens/s | final train loss "
-             "| held-out loss |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| method | attention | steps | examples | wall s | tokens/s | final train loss | held-out loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         lines.append(
             f"| {r.method} | {r.attention} | {r.steps} | {r.examples} | {r.wall_s:.1f} | "
@@ -338,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
     held = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in iter_rows(folders["heldout"])]
     groups = bt.minibatch_groups(folders["minibatch"], args.group)
     full = [g for g in groups if len(bt.group_example_ids(g)) == args.group] or groups
-    budget = int(round(np.mean([sum(len(r["input_ids"]) for r in g) for g in full])))
+    budget = round(float(np.mean([sum(len(r["input_ids"]) for r in g) for g in full])))
     print(f"data ready in {time.perf_counter() - t_all:.1f} s: {len(examples)} train / {len(held)} "
           f"held-out examples, token budget per packed step {budget} (mean of a {args.group}-"
           f"example group), max_len {args.max_len}")

@@ -62,7 +62,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python scripts/bench_train.py` from anywhere
     sys.path.insert(0, str(REPO))
 
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 
 H100_BF16_TFLOPS = 989.0
 HF_PATHS = ("hf-pad", "hf-flat-sdpa", "hf-flat-flex", "hf-flat-fa2")

@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
 
-import bench_loss as bl  # noqa: E402
-import bench_train as bt  # noqa: E402
-from packed_factory import make_packed_folder  # noqa: E402
+import bench_loss as bl
+import bench_train as bt
+from packed_factory import make_packed_folder
 
 CPU = torch.device("cpu")
 
@@ -273,8 +273,8 @@ def test_gpu_suite_is_strict_bash_with_parts():
         assert part in text
     import subprocess
 
-    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_suite.sh")]).returncode == 0
-    bad = subprocess.run(["bash", str(REPO / "scripts" / "gpu_suite.sh"), "nonsense"],
+    assert subprocess.run(check=False, args=["bash", "-n", str(REPO / "scripts" / "gpu_suite.sh")]).returncode == 0
+    bad = subprocess.run(check=False, args=["bash", str(REPO / "scripts" / "gpu_suite.sh"), "nonsense"],
                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "OUT": "/tmp"})
     assert bad.returncode != 0 and "usage" in (bad.stderr + bad.stdout).lower()
 
@@ -288,7 +288,7 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
         f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
         "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, pipeline.cli\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
