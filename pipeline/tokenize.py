@@ -10,15 +10,16 @@ Batches are processed by a pool of `num_proc` processes, at most a few batches i
 memory), and their results are consumed *in input order*, so the spill file and hence the shards are
 identical whatever `num_proc` is.
 
-The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`) that the writer
-memory-maps as single contiguous arrays for its gather kernel; per example only the length (and the
-start offset, their cumulative sum) live in RAM.
+The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`; no labels file for
+pre-tokenized input without labels) from which the writer reads each piece with one pread, straight
+into the shard's flat arrays; per example only the length (and the start offset, their cumulative
+sum) live in RAM.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import mmap
 import multiprocessing as mp
 import os
 import sys
@@ -353,29 +354,40 @@ class Spill:
     def total_tokens(self) -> int:
         return int(self.lengths.sum())
 
-    _maps: list[mmap.mmap] = field(default_factory=list, repr=False)
+    _fds: dict[Path, int] = field(default_factory=dict, repr=False)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The spilled input_ids and labels, memory-mapped read-only (labels may be the ids array)."""
-        if self.total_tokens == 0:
-            return np.zeros(0, np.int32), np.zeros(0, np.int32)
-        ids = self._map(self.ids_path)
-        labels = ids if self.labels_path is None else self._map(self.labels_path)
+    def read_pieces(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """input_ids and labels (None: same as the ids) of the given pieces, concatenated in order.
+
+        Read with pread, not through a memory map: mapping a freshly written file maps whole large
+        page-cache folios per fault, so scattered reads left nearly all of a 4 GB spill resident.
+        """
+        ids = _pread_pieces(self._fd(self.ids_path), starts, lengths)
+        labels = None if self.labels_path is None else _pread_pieces(self._fd(self.labels_path), starts, lengths)
         return ids, labels
 
-    def _map(self, path: Path) -> np.ndarray:
-        with open(path, "rb") as handle:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-            mapped.madvise(mmap.MADV_RANDOM)  # pieces are read scattered: no readahead / fault-around
-        self._maps.append(mapped)
-        return np.frombuffer(mapped, dtype="<i4")
+    def _fd(self, path: Path) -> int:
+        if path not in self._fds:
+            self._fds[path] = os.open(path, os.O_RDONLY)
+        return self._fds[path]
 
-    def release(self) -> None:
-        """Drop the mapped pages from this process (they stay in the page cache): bounds peak RSS."""
-        for mapped in self._maps:
-            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-                mapped.madvise(mmap.MADV_DONTNEED)
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _pread_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate int32 ranges [start, start + length) of a file (one pread per piece)."""
+    out = np.empty(int(lengths.sum()), dtype="<i4")
+    view = memoryview(out).cast("B")
+    pos = 0
+    for start, n in zip(starts.tolist(), lengths.tolist()):
+        nbytes = 4 * n
+        if os.preadv(fd, [view[pos : pos + nbytes]], 4 * start) != nbytes:
+            raise OSError(errno.EIO, "short read from the spill file (was it changed while packing?)")
+        pos += nbytes
+    return out
 
 
 def tokenize_to_spill(

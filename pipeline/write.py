@@ -9,9 +9,10 @@ directly. Phases:
    turns examples into *pieces* (example id, start in the spill, length);
 3. plan: `pipeline.binpack.assign_bins` gives each piece its row; a stable sort by row keeps pieces
    in input order inside a row;
-4. write: per shard, a numba kernel gathers the pieces from the memory-mapped spill into flat
-   input_ids / labels / position_ids (the first label of every piece set to -100), `rows_table` +
-   `write_shard`, sha256; then the manifest, `verify_folder`, and an atomic rename.
+4. write: per shard, the pieces are read from the spill (one pread each, straight into the flat
+   input_ids / labels arrays), a numba kernel builds position_ids and sets the first label of every
+   piece to -100, `rows_table` + `write_shard`; each shard's sha256 is computed in a thread while
+   the next is gathered; then the manifest, `verify_folder`, and an atomic rename.
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
@@ -24,7 +25,8 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -174,37 +176,42 @@ def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
 
 
 @numba.njit(cache=True, nogil=True)
-def _gather(src_ids, src_labels, starts, lengths, out_ids, out_labels, out_pos):  # pragma: no cover - numba
+def _finish(labels, lengths, out_pos):  # pragma: no cover - numba
     k = 0
     loss = 0
-    for p in range(starts.shape[0]):
-        s = starts[p]
+    for p in range(lengths.shape[0]):
         n = lengths[p]
+        labels[k] = -100
         for t in range(n):
-            out_ids[k + t] = src_ids[s + t]
-            out_labels[k + t] = src_labels[s + t]
             out_pos[k + t] = t
-        out_labels[k] = -100
-        for t in range(n):
-            if out_labels[k + t] != -100:
+            if labels[k + t] != -100:
                 loss += 1
         k += n
     return loss
 
 
-def gather_rows(
-    src_ids: np.ndarray, src_labels: np.ndarray, starts: np.ndarray, lengths: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Copy pieces (in row order) out of the spill into flat ids, labels, position_ids; count loss tokens."""
-    total = int(lengths.sum())
-    out_ids = np.empty(total, np.int32)
-    out_labels = np.empty(total, np.int32)
-    out_pos = np.empty(total, np.int32)
-    loss = _gather(src_ids, src_labels, starts, lengths, out_ids, out_labels, out_pos)
-    return out_ids, out_labels, out_pos, int(loss)
+def gather_rows(spill: Spill, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Read pieces (in row order) from the spill into flat ids, labels, position_ids; count loss tokens.
+
+    The first label of every piece is set to -100 (a split example's later chunks included).
+    """
+    ids, labels = spill.read_pieces(starts, lengths)
+    labels = ids.copy() if labels is None else labels
+    pos = np.empty(len(ids), np.int32)
+    loss = _finish(labels, np.ascontiguousarray(lengths, dtype=np.int64), pos)
+    return ids, labels, pos, int(loss)
 
 
 # ------------------------------------------------------------------------------------------ job
+
+
+@contextmanager
+def spill_closed(spill: Spill) -> Iterator[Spill]:
+    """Close the spill's file descriptors however the block ends."""
+    try:
+        yield spill
+    finally:
+        spill.close()
 
 
 def _auto_rows_per_shard(max_len: int) -> int:
@@ -321,17 +328,16 @@ def _pack_into(
     times["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    src_ids, src_labels = spill.arrays()
     rps = int(config.rows_per_shard or _auto_rows_per_shard(max_len))
     shards: list[ShardInfo] = []
     total_tokens = loss_tokens = 0
     hashes: list[Future] = []
-    with _bar(config.progress, desc="write", total=n_rows, unit="row") as bar, ThreadPoolExecutor(1) as hasher:
+    with spill_closed(spill), _bar(config.progress, desc="write", total=n_rows, unit="row") as bar, ThreadPoolExecutor(1) as hasher:
         for s, r0 in enumerate(range(0, n_rows, rps)):
             r1 = min(n_rows, r0 + rps)
             a, b = int(row_pieces[r0]), int(row_pieces[r1])
             lens = p_lens[a:b]
-            ids, labels, pos, loss = gather_rows(src_ids, src_labels, p_starts[a:b], lens)
+            ids, labels, pos, loss = gather_rows(spill, p_starts[a:b], lens)
             piece_off = row_pieces[r0 : r1 + 1] - a
             tok_cum = np.concatenate(([0], np.cumsum(lens)))
             row_off = tok_cum[piece_off]
@@ -346,11 +352,9 @@ def _pack_into(
             shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=""))
             total_tokens += int(row_off[-1])
             loss_tokens += loss
-            spill.release()
             bar.update(r1 - r0)
         for info, digest in zip(shards, hashes):
             info.sha256 = digest.result()
-    del src_ids, src_labels
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)
     manifest = Manifest(
