@@ -286,7 +286,8 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
     code = (
         "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
         f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
-        "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, pipeline.cli\n"
+        "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, trainer.data\n"
+        "import pipeline.cli, pipeline.write, pipeline.sources, pipeline.tokenize, pipeline.verify\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
