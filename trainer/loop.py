@@ -154,6 +154,8 @@ def pick_device(requested: str) -> torch.device:
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {requested}: no CUDA device is available here; use --device cpu")
+    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
 
 
