@@ -17,7 +17,7 @@ import pipeline.write
 from pipeline.cli import pack_data
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 from pipeline.tokenize import load_tokenizer, tokenize_examples
-from pipeline.verify import verify_folder
+from pipeline.verify import pack_verify, verify_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
@@ -182,6 +182,8 @@ def test_overlong_policies(pretok: Path, tmp_path: Path, policy, counts, tokens,
         assert whole == list(range(start, start + len(whole)))  # pieces are consecutive chunks, in order
         for ids, labels, pos in chunks:
             assert labels[0] == IGNORE_INDEX and labels[1:] == ids[1:] and pos == list(range(len(ids)))
+    deep = CliRunner().invoke(pack_verify, [str(out), "--deep"])  # re-tokenizes via tokenize_examples
+    assert deep.exit_code == 0 and "re-tokenized and matched" in deep.output, deep.output
 
 
 def test_overlong_error_names_the_row(pretok: Path, tmp_path: Path):
