@@ -218,8 +218,21 @@ def rows_where(file: str, first_row: int = 0) -> Where:
     return lambda i: f"{file} row {first_row + i + 1}"
 
 
+def missing_field(table: pa.Table, name: str, where: Where) -> UserError:
+    """Error for an input whose rows lack a field the chosen format needs (inputs with mixed fields)."""
+    file = where(0).rsplit(" line ", 1)[0].rsplit(" row ", 1)[0]
+    return UserError(
+        f"{file} has no field {name!r} (its fields: {', '.join(table.column_names)}): all inputs of one "
+        "run need the same fields; pack them separately or pass the field options"
+    )
+
+
 def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -> list[str]:
     """A column as Python strings; a null in a required field is a one-line error naming its row."""
+    if name not in table.column_names:
+        if optional:
+            return [""] * table.num_rows
+        raise missing_field(table, name, where)
     col = table.column(name)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if pa.types.is_null(col.type):
@@ -332,6 +345,8 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
             "data cannot be rendered: use a tokenizer with one, or --format instruction/text"
         )
+    if fmt.fields["messages"] not in table.column_names:
+        raise missing_field(table, fmt.fields["messages"], where)
     rows = table.column(fmt.fields["messages"]).to_pylist()
     texts: list[str] = []
     example: list[int] = []

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError
-from pipeline.formats import FormatOptions, ResolvedFormat, Where, detect_format, render
+from pipeline.formats import FormatOptions, ResolvedFormat, Where, detect_format, missing_field, render
 from pipeline.shards import IGNORE_INDEX
 
 OVERLONG = ("truncate", "split", "drop", "error")
@@ -215,6 +215,8 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
 
 def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarray, np.ndarray]:
     """A list<int> column as (flat int32 values, int64 lengths); nulls and bad types are user errors."""
+    if name not in table.column_names:
+        raise missing_field(table, name, where)
     col = table.column(name)
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)):
         raise UserError(f"{where(0)}: column {name!r} has type {col.type}, expected a list of token ids")

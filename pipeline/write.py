@@ -214,6 +214,46 @@ def spill_closed(spill: Spill) -> Iterator[Spill]:
         spill.close()
 
 
+def estimate_rows(files: list[Any], limit: int | None = None, max_scan_bytes: int = 1 << 30) -> int | None:
+    """Rows in the inputs for the progress bar's ETA: file metadata (Parquet, Arrow) or a newline
+    count (JSONL, CSV, under `max_scan_bytes` in all); None when it cannot be known cheaply."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    scanned = 0
+    for f in files:
+        try:
+            if f.kind == "parquet":
+                total += pq.ParquetFile(f.path).metadata.num_rows
+            elif f.kind == "arrow":
+                import pyarrow as pa
+
+                with pa.memory_map(f.path) as source:
+                    total += _ipc_rows(source)
+            elif f.kind in ("jsonl", "csv") and not f.path.endswith(".gz") and scanned + f.size <= max_scan_bytes:
+                scanned += f.size
+                with open(f.path, "rb") as handle:
+                    lines = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 22), b""))
+                total += lines - (1 if f.kind == "csv" else 0)
+            else:
+                return limit
+        except Exception:  # only an estimate: the reader reports real problems
+            return limit
+        if limit is not None and total >= limit:
+            return limit
+    return total if limit is None else min(total, limit)
+
+
+def _ipc_rows(source: Any) -> int:
+    import pyarrow as pa
+
+    try:
+        reader = pa.ipc.open_file(source)
+        return sum(reader.get_record_batch(i).num_rows for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:
+        raise ValueError("not an IPC file") from None
+
+
 def _auto_rows_per_shard(max_len: int) -> int:
     return max(1, SHARD_TARGET_BYTES // (max_len * BYTES_PER_TOKEN))
 
@@ -285,7 +325,8 @@ def _pack_into(
 ) -> Manifest:
     max_len = config.max_len
     t = time.perf_counter()
-    with _bar(config.progress, desc="read+tokenize", unit="ex", total=config.limit) as bar:
+    total = estimate_rows(files, config.limit) if config.progress else None
+    with _bar(config.progress, desc="read+tokenize", unit="ex", total=total) as bar:
         spill = tokenize_to_spill(
             files,
             fmt,

@@ -281,6 +281,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "non-utf8": ([str(latin)], "UTF-8"),
         "id outside vocabulary": ([str(write_jsonl(tmp / "ids.jsonl", [{"input_ids": [5, 6]}, {"input_ids": [7, 99999]}]))],
                                   "ids.jsonl line 2: token id 99999 is outside"),
+        "mixed fields": ([str(good), str(write_jsonl(tmp / "other.jsonl", [{"body": "x"}]))],
+                         "other.jsonl has no field 'text'"),
         "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
                                    "--tokenizer", str(_no_template(tmp))], "no chat template"),
     }
@@ -289,7 +291,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
 CASES = [
     "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
     "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
-    "id outside vocabulary",
+    "id outside vocabulary", "mixed fields",
 ]
 
 
@@ -329,3 +331,16 @@ def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: 
                                             "--out", str(out), "--no-progress"])
     assert result.exit_code == 130
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
+    from pipeline.sources import resolve_inputs
+    from pipeline.write import estimate_rows
+
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": str(i)} for i in range(7)])
+    pq.write_table(pa.table({"text": ["x"] * 5}), tmp_path / "b.parquet")
+    files = resolve_inputs([str(a), str(tmp_path / "b.parquet")])
+    assert estimate_rows(files) == 12
+    assert estimate_rows(files, limit=3) == 3
+    (tmp_path / "c.json").write_text(json.dumps([{"text": "x"}]))
+    assert estimate_rows(resolve_inputs([str(tmp_path / "c.json")])) is None  # unknown without parsing
