@@ -359,7 +359,7 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt)
         except UserError:
             raise
-        except Exception as exc:  # jinja errors from the template
+        except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
             raise UserError(f"{where(i)}: the chat template failed on this conversation ({exc})") from None
         for text, is_loss in segs:
             texts.append(text)

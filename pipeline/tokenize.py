@@ -22,7 +22,6 @@ import errno
 import hashlib
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 from collections import deque
 from collections.abc import Iterator
@@ -37,7 +36,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError
-from pipeline.formats import FormatOptions, ResolvedFormat, Where, detect_format, missing_field, render
+from pipeline.formats import (
+    FormatOptions,
+    ResolvedFormat,
+    Where,
+    detect_format,
+    missing_field,
+    render,
+)
 from pipeline.shards import IGNORE_INDEX
 
 OVERLONG = ("truncate", "split", "drop", "error")
@@ -64,7 +70,7 @@ def load_tokenizer(name_or_path: str) -> Any:
             tok = AutoTokenizer.from_pretrained(str(name_or_path))
     except UserError:
         raise
-    except Exception as exc:  # transformers raises OSError/ValueError/... with long messages
+    except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
             f"cannot load tokenizer {name_or_path!r} ({first[:200]}): pass a folder holding "
@@ -443,7 +449,7 @@ def tokenize_to_spill(
             if progress is not None:
                 progress.set_postfix(tokens=_fmt_count(tokens), refresh=False)
                 progress.update(n)
-    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if same_labels:
         labels_path.unlink()
     return Spill(ids_path, None if same_labels else labels_path, cat(lengths), cat(example_ids), read, empty)
@@ -504,7 +510,7 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
     fmt = detect_format(column_names(files), _format_options(config))
     max_len = int(config.get("max_len") or 0)
     found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    targets = set(int(i) for i in wanted)
+    targets = {int(i) for i in wanted}
     stop = int(wanted.max()) + 1
     for batch in iter_batches(files, batch_rows=int(config.get("batch_rows") or 4096), limit=stop):
         n = batch.table.num_rows
@@ -514,7 +520,7 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
         local.sort()
         for li in local:
             sub = batch.table.slice(li, 1)
-            where = lambda i, li=li: batch.where(li + i)  # noqa: E731
+            where = lambda i, li=li, batch=batch: batch.where(li + i)
             if fmt.kind == "tokenized":
                 tok = tokenized_batch(sub, fmt, where)
             else:

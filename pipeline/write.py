@@ -26,8 +26,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from pipeline.binpack import STRATEGIES, assign_bins
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, detect_format
 from pipeline.shards import (
-    IGNORE_INDEX,
     MANIFEST_NAME,
     Counts,
     Manifest,
@@ -51,7 +50,13 @@ from pipeline.shards import (
     write_manifest,
     write_shard,
 )
-from pipeline.tokenize import OVERLONG, Spill, load_tokenizer, tokenize_to_spill, tokenizer_info
+from pipeline.tokenize import (
+    OVERLONG,
+    Spill,
+    load_tokenizer,
+    tokenize_to_spill,
+    tokenizer_info,
+)
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -168,7 +173,7 @@ def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
         if over.any():
             raise UserError(f"an example is longer than --max-len {max_len}")
         pieces = Pieces(ids, starts, lengths, counts)
-    counts.examples_packed = int(len(np.unique(pieces.example_ids))) if policy == "split" else len(pieces.example_ids)
+    counts.examples_packed = len(np.unique(pieces.example_ids)) if policy == "split" else len(pieces.example_ids)
     return pieces
 
 
@@ -237,7 +242,7 @@ def estimate_rows(files: list[Any], limit: int | None = None, max_scan_bytes: in
                 total += lines - (1 if f.kind == "csv" else 0)
             else:
                 return limit
-        except Exception:  # only an estimate: the reader reports real problems
+        except Exception:  # noqa: BLE001 - only an estimate: the reader reports real problems
             return limit
         if limit is not None and total >= limit:
             return limit
@@ -448,11 +453,11 @@ def summary_lines(manifest: Manifest, times: dict[str, float], stats: dict[str, 
         stats.update(tokens=manifest.total_tokens, rows=manifest.rows, pieces=pieces, pad_longest=pad_longest)
     phases = ", ".join(f"{k.replace('_', '+')} {v:.2f}s" for k, v in times.items() if not k.startswith("_"))
     return [
-        f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
-        f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped",
-        f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
-        f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}",
-        f"padding avoided vs pad-to-longest ({pieces} rows x {longest}): {avoided} tokens "
-        f"({pad_longest} -> {pad_packed})",
+        (f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
+         f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"),
+        (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
+         f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
+        (f"padding avoided vs pad-to-longest ({pieces} rows x {longest}): {avoided} tokens "
+         f"({pad_longest} -> {pad_packed})"),
         f"time: {phases} ({tok_s / 1e6:.2f}M tokens/s)",
     ]

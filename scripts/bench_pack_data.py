@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -67,7 +66,7 @@ def pack_in_child(repeat: int = 1, **config) -> dict:
     """
     config.setdefault("progress", False)
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config), str(repeat)], cwd=ROOT,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"pack-data child failed:\n{proc.stderr[-3000:]}")
     line = next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))
@@ -123,7 +122,7 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
     def tok(batch):
         import pyarrow as pa
 
-        segs = render(pa.table({k: batch[k] for k in batch.keys()}), fmt, rows_where(str(path)), tokenizer)
+        segs = render(pa.table({k: batch[k] for k in batch}), fmt, rows_where(str(path)), tokenizer)
         enc = tokenizer(segs.texts, add_special_tokens=False)["input_ids"]
         ids, labels = [], []
         for i in range(0, len(enc), 2):

@@ -7,7 +7,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -178,7 +177,7 @@ def test_overlong_policies(pretok: Path, tmp_path: Path, policy, counts, tokens,
     assert {k: sorted((len(p[0]) for p in v), reverse=True) for k, v in seen.items()} == pieces
     for eid, chunks in seen.items():
         start = 10 + eid
-        whole = sum((p[0] for p in sorted(chunks, key=lambda p: p[0][0])), [])
+        whole = [t for p in sorted(chunks, key=lambda p: p[0][0]) for t in p[0]]
         assert whole == list(range(start, start + len(whole)))  # pieces are consecutive chunks, in order
         for ids, labels, pos in chunks:
             assert labels[0] == IGNORE_INDEX and labels[1:] == ids[1:] and pos == list(range(len(ids)))
@@ -213,7 +212,7 @@ def test_chat_sample_limit_and_strategy(tmp_path: Path):
     assert manifest.counts.examples_read == 40 and manifest.strategy == "bfd" and manifest.seed == 3
     tok = load_tokenizer(TOKENIZER)
     for chunks in examples(out).values():
-        (ids, labels, _), = chunks
+        (_, labels, _), = chunks
         trained = tok.decode([t for t in labels if t >= 0])
         assert "<|im_start|>" not in trained and trained.endswith("<|im_end|>\n</s>")
 

@@ -111,7 +111,7 @@ def test_encode_texts_flat_matches_per_text(tok):
     texts = ["a b c", "", "δ unicode ✓"]
     flat, lens = encode_texts(tok, texts)
     assert lens.tolist() == [len(enc(tok, t)) for t in texts]
-    assert flat.dtype == np.int32 and flat.tolist() == sum((enc(tok, t) for t in texts), [])
+    assert flat.dtype == np.int32 and flat.tolist() == [i for t in texts for i in enc(tok, t)]
 
 
 def test_load_tokenizer_errors(tmp_path):
