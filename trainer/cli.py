@@ -39,7 +39,9 @@ from pipeline.errors import UserError, cli_errors
               help="Packed attention backend (auto: flash_attn, then torch's varlen kernel, then sdpa).")
 @click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "fp32"]),
               help="bf16 autocast with fp32 master weights, or plain fp32 (auto: bf16 on GPU).")
-@click.option("--compile", "compile_", is_flag=True, help="torch.compile each decoder layer (dynamic shapes).")
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="torch.compile each decoder layer (dynamic shapes). Default: on for CUDA "
+                   "(about 1.5x the eager speed on llama-1b), off on CPU.")
 @click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
@@ -84,6 +86,7 @@ def format_summary(summary: dict) -> str:
         f"tokens        {summary['tokens']:,} ({summary['tokens_this_run']:,} in this run)",
         f"tokens/s      {summary['tokens_per_s']:,.0f} (all ranks, real tokens only)",
         f"final loss    {loss:.4f}" if loss is not None else "final loss    -",
-        f"attention     {summary['attention']}",
+        f"attention     {summary['attention']}"
+        + (" (decoder layers compiled)" if summary.get("compiled") else ""),
         f"checkpoint    {summary['checkpoint']}",
     ])

@@ -75,7 +75,7 @@ class TrainConfig:
     stop_at: int | None = None
     attn: str = "auto"
     dtype: str = "auto"
-    compile: bool = False
+    compile: bool | None = None  # None: compile on CUDA (1.5x faster on llama-1b), not on CPU
     grad_checkpointing: bool = False
     seed: int = 0
     save_every: int = 0
@@ -465,7 +465,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     if config.grad_checkpointing:
         enable_grad_checkpointing(model)
-    if config.compile:
+    compiled = config.compile if config.compile is not None else device.type == "cuda"
+    if compiled:
         for layer in _decoder_layers(model):
             layer.compile(dynamic=True)
 
@@ -626,6 +627,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "tokens_per_s": run_tokens / max(elapsed, 1e-9),
         "final_loss": last_loss,
         "attention": backend,
+        "compiled": compiled,
         "params": n_params,
         "world_size": world,
         "elapsed_s": elapsed,
