@@ -110,13 +110,15 @@ def _pick(columns: list[str], candidates: tuple[str, ...]) -> str | None:
     return next((c for c in candidates if c in columns), None)
 
 
-def _require(columns: list[str], name: str, flag: str) -> str:
+def _require(columns: list[str], name: str, flag: str, source: str | None = None) -> str:
     if name not in columns:
+        place = source or "the input"
         raise UserError(
-            f"column {name!r} not found in the input (columns: {', '.join(columns) or 'none'}): "
+            f"column {name!r} not found in {place} (columns: {', '.join(columns) or 'none'}): "
             f"pass {flag} with the right column name"
         )
     return name
+
 
 
 def resolve_template(template: str | None, default: str) -> tuple[str, str | None]:
@@ -137,9 +139,13 @@ def resolve_template(template: str | None, default: str) -> tuple[str, str | Non
     return name, None
 
 
-def detect_format(columns: list[str], options: FormatOptions) -> ResolvedFormat:
-    """Choose the format and field names from the column names and the user's options."""
+def detect_format(columns: list[str], options: FormatOptions, *, source: str | None = None) -> ResolvedFormat:
+    """Choose the format and field names from the column names and the user's options.
+
+    `source` (a file name) is named in the error when a needed column is missing.
+    """
     fmt = options.format
+    req = lambda name, flag: _require(cols, name, flag, source)
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
     cols = list(columns)
@@ -159,24 +165,25 @@ def detect_format(columns: list[str], options: FormatOptions) -> ResolvedFormat:
         elif _pick(cols, TEXT_FIELDS):
             fmt = "text"
         else:
+            place = f" of {source}" if source else ""
             raise UserError(
-                f"cannot tell the format from the columns ({', '.join(cols) or 'none'}): pass --format "
+                f"cannot tell the format from the columns{place} ({', '.join(cols) or 'none'}): pass --format "
                 "and the field options (--text-field, --prompt-field/--response-field, --messages-field)"
             )
     top = options.train_on_prompt
     if fmt == "tokenized":
-        ids = _require(cols, "input_ids", "--format tokenized (it needs an input_ids column)")
+        ids = req("input_ids", "--format tokenized (it needs an input_ids column)")
         labels = options.labels_field or ("labels" if "labels" in cols else None)
         if labels:
-            _require(cols, labels, "--labels-field")
+            req(labels, "--labels-field")
         return ResolvedFormat("tokenized", {"input_ids": ids, "labels": labels}, train_on_prompt=top)
     if fmt == "text":
         name = options.text_field or _pick(cols, TEXT_FIELDS) or "text"
-        return ResolvedFormat("text", {"text": _require(cols, name, "--text-field")}, train_on_prompt=top)
+        return ResolvedFormat("text", {"text": req(name, "--text-field")}, train_on_prompt=top)
     if fmt == "chat":
         name = options.messages_field or _pick(cols, MESSAGE_FIELDS) or "messages"
         return ResolvedFormat(
-            "chat", {"messages": _require(cols, name, "--messages-field")}, train_on_prompt=top
+            "chat", {"messages": req(name, "--messages-field")}, train_on_prompt=top
         )
     # instruction
     prompt, response, default_tpl = options.prompt_field, options.response_field, "alpaca"
@@ -188,13 +195,13 @@ def detect_format(columns: list[str], options: FormatOptions) -> ResolvedFormat:
         prompt = _pick(cols, ("instruction", "prompt", "question", "query")) or "prompt"
     if response is None:
         response = _pick(cols, ("output", "response", "completion", "answer")) or "response"
-    _require(cols, prompt, "--prompt-field")
-    _require(cols, response, "--response-field")
+    req(prompt, "--prompt-field")
+    req(response, "--response-field")
     input_field = options.input_field
     if input_field is None and "input" in cols and prompt != "input":
         input_field = "input"
     elif input_field is not None:
-        _require(cols, input_field, "--input-field")
+        req(input_field, "--input-field")
     if options.template is None and default_tpl == "alpaca" and prompt not in ("instruction",):
         default_tpl = "plain"
     template, tname = resolve_template(options.template, default_tpl)
@@ -205,6 +212,16 @@ def detect_format(columns: list[str], options: FormatOptions) -> ResolvedFormat:
         template_name=tname,
         train_on_prompt=top,
     )
+
+
+def detect_formats(columns_per_file: list[tuple[str, list[str]]], options: FormatOptions) -> list[ResolvedFormat]:
+    """One `ResolvedFormat` per input file, each from that file's own columns.
+
+    With `--format auto` and no field options every file gets its own format and fields (an
+    instruction file, a chat file and a text file can be packed in one run); explicit options apply
+    to every file, and a file they do not fit is a one-line error naming the file and the field.
+    """
+    return [detect_format(cols, options, source=name) for name, cols in columns_per_file]
 
 
 # ------------------------------------------------------------------------------------- rendering

@@ -24,7 +24,7 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -40,7 +40,7 @@ from pipeline.formats import (
     FormatOptions,
     ResolvedFormat,
     Where,
-    detect_format,
+    detect_formats,
     missing_field,
     render,
 )
@@ -284,21 +284,48 @@ def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where, *, deriv
 
 _WORKER: dict[str, Any] = {}
 
+Formats = ResolvedFormat | Sequence[ResolvedFormat]  # one for every file, or one per input file
 
-def _init_worker(tokenizer: Any, fmt: ResolvedFormat) -> None:
+
+def file_formats(files: list[Any], options: FormatOptions) -> list[ResolvedFormat]:
+    """The resolved format of each input file, from its own columns (`formats.detect_formats`)."""
+    from pipeline.sources import column_names
+
+    return detect_formats([(f.path, column_names([f])) for f in files], options)
+
+
+def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
+    """file path -> its format."""
+    if isinstance(fmt, ResolvedFormat):
+        return {f.path: fmt for f in files}
+    if len(fmt) != len(files):
+        raise ValueError(f"{len(fmt)} formats for {len(files)} input files")
+    return {f.path: x for f, x in zip(files, fmt)}
+
+
+def _init_worker(tokenizer: Any) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["tokenizer"] = tokenizer
-    _WORKER["fmt"] = fmt
 
 
-def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any) -> TokBatch:
+def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False) -> TokBatch:
     if fmt.kind == "tokenized":
-        return tokenized_batch(batch.table, fmt, batch.where, derive_labels=False)
+        return tokenized_batch(batch.table, fmt, batch.where, derive_labels=derive_labels)
     return tokenize_batch(batch.table, fmt, tokenizer, batch.where)
 
 
-def _work(batch: Any) -> TokBatch:
-    return _one(batch, _WORKER["fmt"], _WORKER["tokenizer"])
+def _work(batch: Any, fmt: ResolvedFormat) -> TokBatch:
+    return _one(batch, fmt, _WORKER["tokenizer"])
+
+
+class _Done:
+    """An already computed result with the `.get()` of an AsyncResult."""
+
+    def __init__(self, value: TokBatch) -> None:
+        self.value = value
+
+    def get(self) -> TokBatch:
+        return self.value
 
 
 def _pool_context() -> mp.context.BaseContext:
@@ -307,26 +334,37 @@ def _pool_context() -> mp.context.BaseContext:
 
 def iter_tokenized(
     files: list[Any],
-    fmt: ResolvedFormat,
+    fmt: Formats,
     tokenizer: Any,
     *,
     num_proc: int = 1,
     limit: int | None = None,
     batch_rows: int = 4096,
+    derive_labels: bool = False,
 ) -> Iterator[tuple[Any, TokBatch]]:
-    """Yield (source batch, tokenized batch) in input order, using `num_proc` processes."""
+    """Yield (source batch, tokenized batch) in input order, using `num_proc` processes.
+
+    `fmt` is one format for all files or one per file. Pre-tokenized batches are handled in this
+    process (I/O bound: pickling them would cost more than it saves); with `derive_labels`, their
+    labels are filled in when the input has none (else left None).
+    """
     from pipeline.sources import iter_batches
 
+    fmts = _format_map(files, fmt)
     batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
-    if num_proc <= 1 or fmt.kind == "tokenized":  # pre-tokenized input is I/O bound: no pickling
+    if num_proc <= 1 or all(x.kind == "tokenized" for x in fmts.values()):
         for batch in batches:
-            yield batch, _one(batch, fmt, tokenizer)
+            yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
-    pool = _pool_context().Pool(num_proc, initializer=_init_worker, initargs=(tokenizer, fmt))
+    pool = _pool_context().Pool(num_proc, initializer=_init_worker, initargs=(tokenizer,))
     try:
         pending: deque = deque()
         for batch in batches:
-            pending.append((batch, pool.apply_async(_work, (batch,))))
+            f = fmts[batch.file]
+            if f.kind == "tokenized":
+                pending.append((batch, _Done(_one(batch, f, tokenizer, derive_labels))))
+            else:
+                pending.append((batch, pool.apply_async(_work, (batch, f))))
             if len(pending) >= 2 * num_proc:
                 done, result = pending.popleft()
                 yield done, result.get()
@@ -400,7 +438,7 @@ def _pread_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarra
 
 def tokenize_to_spill(
     files: list[Any],
-    fmt: ResolvedFormat,
+    fmt: Formats,
     tokenizer: Any,
     spill_dir: str | os.PathLike[str],
     *,
@@ -411,18 +449,24 @@ def tokenize_to_spill(
     batch_rows: int = 4096,
     progress: Any = None,
 ) -> Spill:
-    """Tokenize every example into `spill_dir`; with overlong == "error", fail on the first too-long one."""
+    """Tokenize every example into `spill_dir`; with overlong == "error", fail on the first too-long one.
+
+    `fmt`: one format for all files or one per file. The labels file is left out only when every
+    file is pre-tokenized without labels.
+    """
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
-    same_labels = fmt.kind == "tokenized" and not fmt.fields.get("labels")
+    fmts = _format_map(files, fmt)
+    same_labels = all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts.values())
     vocab = len(tokenizer)
     lengths: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
     read = empty = tokens = 0
     with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
         for batch, tok in iter_tokenized(
-            files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows
+            files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
+            derive_labels=not same_labels,
         ):
             n = len(tok.lengths)
             keep = tok.lengths > 0
@@ -432,7 +476,7 @@ def tokenize_to_spill(
                     f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
                 )
-            if fmt.kind == "tokenized" and len(tok.input_ids) and int(tok.input_ids.max()) >= vocab:
+            if fmts[batch.file].kind == "tokenized" and len(tok.input_ids) and int(tok.input_ids.max()) >= vocab:
                 bad = int(np.searchsorted(np.cumsum(tok.lengths), int(np.argmax(tok.input_ids >= vocab)), side="right"))
                 raise UserError(
                     f"{batch.where(bad)}: token id {int(tok.input_ids.max())} is outside the tokenizer's "
@@ -476,7 +520,7 @@ def lengths_of(inputs: list[str] | str, tokenizer: Any, **format_options: Any) -
     `tokenizer` is a tokenizer object or a name/path; `format_options` are FormatOptions fields plus
     optional `num_proc`, `limit`, `batch_rows`.
     """
-    from pipeline.sources import column_names, resolve_inputs
+    from pipeline.sources import resolve_inputs
 
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(str(tokenizer))
@@ -484,7 +528,7 @@ def lengths_of(inputs: list[str] | str, tokenizer: Any, **format_options: Any) -
     limit = format_options.pop("limit", None)
     batch_rows = int(format_options.pop("batch_rows", 4096))
     files = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
-    fmt = detect_format(column_names(files), _format_options(format_options))
+    fmt = file_formats(files, _format_options(format_options))
     parts = [
         tok.lengths[tok.lengths > 0]
         for _, tok in iter_tokenized(files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows)
@@ -500,14 +544,14 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
     is returned whole (its pieces in the shards are consecutive max_len chunks, each chunk's first
     label set to -100). An empty (skipped) example comes back as two empty arrays.
     """
-    from pipeline.sources import column_names, iter_batches, resolve_inputs
+    from pipeline.sources import iter_batches, resolve_inputs
 
     wanted = np.asarray(list(example_ids), dtype=np.int64)
     if len(wanted) == 0:
         return []
     tokenizer = load_tokenizer(config["tokenizer"])
     files = resolve_inputs(list(config["inputs"]))
-    fmt = detect_format(column_names(files), _format_options(config))
+    fmts = _format_map(files, file_formats(files, _format_options(config)))
     max_len = int(config.get("max_len") or 0)
     found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     targets = {int(i) for i in wanted}
@@ -521,6 +565,7 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
         for li in local:
             sub = batch.table.slice(li, 1)
             where = lambda i, li=li, batch=batch: batch.where(li + i)
+            fmt = fmts[batch.file]
             if fmt.kind == "tokenized":
                 tok = tokenized_batch(sub, fmt, where)
             else:

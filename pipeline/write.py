@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from pipeline.binpack import STRATEGIES, assign_bins
 from pipeline.errors import UserError
-from pipeline.formats import FORMATS, FormatOptions, detect_format
+from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.shards import (
     MANIFEST_NAME,
     Counts,
@@ -53,6 +53,7 @@ from pipeline.shards import (
 from pipeline.tokenize import (
     OVERLONG,
     Spill,
+    file_formats,
     load_tokenizer,
     tokenize_to_spill,
     tokenizer_info,
@@ -278,7 +279,7 @@ def run_pack_data(
     `echo` receives the final summary lines; `stats`, when given, is filled with per-phase seconds
     and totals (for benchmarks).
     """
-    from pipeline.sources import column_names, input_fingerprints, resolve_inputs
+    from pipeline.sources import input_fingerprints, resolve_inputs
     from pipeline.verify import verify_folder
 
     _validate(config)
@@ -287,10 +288,11 @@ def run_pack_data(
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     files = resolve_inputs(list(config.inputs))
-    fmt = detect_format(column_names(files), config.format_options())
+    fmts = file_formats(files, config.format_options())  # each input file's own format and fields
     tokenizer = load_tokenizer(config.tokenizer)
     tok_info = tokenizer_info(tokenizer, config.tokenizer)
-    tok_info["format"] = fmt.to_dict()
+    dicts = [f.to_dict() for f in fmts]
+    tok_info["format"] = dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}
     inputs_info = input_fingerprints(files)
     times["setup"] = time.perf_counter() - t0
 
@@ -300,7 +302,7 @@ def run_pack_data(
     tmp = parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        manifest = _pack_into(tmp, config, files, fmt, tokenizer, tok_info, inputs_info, times)
+        manifest = _pack_into(tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
         t = time.perf_counter()
         verify_folder(tmp, check_hashes=True)
         times["verify"] = time.perf_counter() - t
@@ -322,7 +324,7 @@ def _pack_into(
     tmp: Path,
     config: PackConfig,
     files: list[Any],
-    fmt: Any,
+    fmts: list[ResolvedFormat],
     tokenizer: Any,
     tok_info: dict[str, Any],
     inputs_info: list[dict[str, Any]],
@@ -334,7 +336,7 @@ def _pack_into(
     with _bar(config.progress, desc="read+tokenize", unit="ex", total=total) as bar:
         spill = tokenize_to_spill(
             files,
-            fmt,
+            fmts,
             tokenizer,
             tmp / "_spill",
             max_len=max_len,
@@ -403,6 +405,8 @@ def _pack_into(
             info.sha256 = digest.result()
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)
+    # what --format auto (or the field options) resolved to, per input file
+    config_dict["resolved_formats"] = [{"file": f.path, **x.to_dict()} for f, x in zip(files, fmts)]
     manifest = Manifest(
         max_len=max_len,
         strategy=config.strategy,

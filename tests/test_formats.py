@@ -18,6 +18,7 @@ from pipeline.formats import (
     FormatOptions,
     chat_segments,
     detect_format,
+    detect_formats,
     render,
     resolve_template,
     rows_where,
@@ -80,6 +81,18 @@ def test_detection_errors_are_one_line_with_a_fix(columns, options, needle):
         detect_format(columns, options)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_formats_are_detected_per_file_and_errors_name_the_file():
+    files = [("a.jsonl", ["instruction", "input", "output"]), ("b.jsonl", ["messages"]), ("c.parquet", ["text"])]
+    kinds = [f.kind for f in detect_formats(files, FormatOptions())]
+    assert kinds == ["instruction", "chat", "text"]
+    with pytest.raises(UserError) as err:
+        detect_formats(files, FormatOptions(text_field="text"))
+    assert "column 'text' not found in a.jsonl" in str(err.value) and "--text-field" in str(err.value)
+    with pytest.raises(UserError) as err:
+        detect_formats([("a.jsonl", ["text"]), ("odd.csv", ["foo"])], FormatOptions())
+    assert "columns of odd.csv (foo)" in str(err.value)
 
 
 def test_templates():

@@ -150,6 +150,44 @@ def test_text_content_multiple_inputs_and_global_ids(tmp_path: Path):
     assert "examples: 5 read, 4 packed, 1 empty skipped" in result.output
 
 
+def test_mixed_formats_each_file_rendered_with_its_own(tmp_path: Path):
+    """--format auto: instruction, chat, text and pre-tokenized files in one run, each detected on its own."""
+    tok = load_tokenizer(TOKENIZER)
+    inputs = []
+    for name in ("instructions", "chat", "text"):
+        lines = (SAMPLE / f"{name}.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+        inputs.append(tmp_path / f"{name}.jsonl")
+        inputs[-1].write_text("".join(lines), encoding="utf-8")
+    inputs.append(write_jsonl(tmp_path / "tok.jsonl", [{"input_ids": [7, 8, 9]}, {"input_ids": [10, 11]}]))
+    shas = []
+    for n in (1, 2):
+        out = tmp_path / f"out{n}"
+        result = run(*inputs, "--tokenizer", TOKENIZER, "--max-len", 8192, "--out", out, "--num-proc", n,
+                     "--batch-rows", 3, "--rows-per-shard", 1)
+        assert result.exit_code == 0, result.output
+        shas.append([s.sha256 for s in verify_folder(out).shards])
+    assert shas[0] == shas[1]  # same bytes whatever --num-proc, pre-tokenized batches included
+    manifest = read_manifest(out)
+    resolved = manifest.config["resolved_formats"]
+    assert [(r["file"], r["kind"]) for r in resolved] == list(
+        zip(map(str, inputs), ["instruction", "chat", "text", "tokenized"])
+    )
+    assert resolved[0]["template_name"] == "alpaca" and resolved[1]["fields"] == {"messages": "messages"}
+    assert manifest.tokenizer["format"] == {"kind": "mixed"}
+    seen = examples(out)
+    assert sorted(seen) == list(range(32))  # global ids follow the input order across files
+    (ids, labels, _), = seen[3]  # instruction: prompt masked
+    assert "### Response:" in tok.decode(ids) and "### Response:" not in tok.decode([t for t in labels if t >= 0])
+    (ids, labels, _), = seen[13]  # chat: only assistant turns trained
+    assert "<|im_start|>" in tok.decode(ids) and "<|im_start|>" not in tok.decode([t for t in labels if t >= 0])
+    (ids, labels, _), = seen[23]  # text: every token but the first
+    assert labels[0] == IGNORE_INDEX and labels[1:] == ids[1:] and ids[-1] == EOS
+    assert seen[30] == [([7, 8, 9], [IGNORE_INDEX, 8, 9], [0, 1, 2])]  # pre-tokenized: used as is
+    fresh = tokenize_examples(manifest.config, [3, 13, 23, 31])  # re-tokenizes with each file's format
+    assert [f[0].tolist() for f in fresh] == [seen[i][0][0] for i in (3, 13, 23, 31)]
+    assert [f[1].tolist() for f in fresh] == [seen[i][0][1] for i in (3, 13, 23, 31)]
+
+
 @pytest.fixture()
 def pretok(tmp_path: Path) -> Path:
     # lengths 5, 12, 3, 20 against --max-len 8
@@ -281,7 +319,13 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "id outside vocabulary": ([str(write_jsonl(tmp / "ids.jsonl", [{"input_ids": [5, 6]}, {"input_ids": [7, 99999]}]))],
                                   "ids.jsonl line 2: token id 99999 is outside"),
         "mixed fields": ([str(good), str(write_jsonl(tmp / "other.jsonl", [{"body": "x"}]))],
-                         "other.jsonl has no field 'text'"),
+                         "cannot tell the format from the columns of " + str(tmp / "other.jsonl")),
+        "explicit field misses one file": (
+            [str(good), str(write_jsonl(tmp / "pairs.jsonl", [{"question": "q", "answer": "a"}])), "--text-field", "text"],
+            "column 'text' not found in " + str(tmp / "pairs.jsonl")),
+        "explicit format misses one file": (
+            [str(write_jsonl(tmp / "pairs.jsonl", [{"question": "q", "answer": "a"}])), str(good), "--format", "instruction"],
+            "column 'prompt' not found in " + str(good)),
         "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
                                    "--tokenizer", str(_no_template(tmp))], "no chat template"),
     }
@@ -290,7 +334,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
 CASES = [
     "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
     "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
-    "id outside vocabulary", "mixed fields",
+    "id outside vocabulary", "mixed fields", "explicit field misses one file", "explicit format misses one file",
 ]
 
 
