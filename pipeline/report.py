@@ -46,100 +46,23 @@ from pipeline.shards import (
     read_manifest,
     shard_paths,
 )
+from pipeline.stats import (  # noqa: F401 - the layout figures live in a polars-free module
+    DEFAULT_BATCH_SIZE,
+    Layout,
+    _cost,
+    _pairs,
+    _ratio,
+    packed,
+    pad_to_longest,
+    pad_to_max,
+)
 
 PADDED_LAYOUTS = ("pad-to-longest", "pad-to-max")
 PACKED_STRATEGIES = ("minibatch", "sequential", "shuffle", "ffd", "bfd")
-DEFAULT_BATCH_SIZE = 32
 DEFAULT_HIDDEN = 2048
 
 
 # ------------------------------------------------------------------------------------- layouts
-
-
-def _pairs(lengths: np.ndarray) -> int:
-    """Causal query-key pairs of sequences of these lengths: sum L(L+1)/2."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return int((lengths * (lengths + 1) // 2).sum())
-
-
-def _cost(slots: int, pairs: int, hidden: int) -> float:
-    return 6.0 * hidden * slots + pairs
-
-
-@dataclass
-class Layout:
-    """One way of laying out the same sequences into batches/rows."""
-
-    name: str
-    rows: int  # packed rows, or padded sequences
-    token_slots: int  # tokens computed, padding included
-    tokens: int
-    attention_pairs: int
-    plan_seconds: float = 0.0
-
-    @property
-    def padding(self) -> int:
-        return self.token_slots - self.tokens
-
-    @property
-    def efficiency(self) -> float:
-        return self.tokens / self.token_slots if self.token_slots else 0.0
-
-    def as_dict(self, hidden: int, reference: Layout | None = None) -> dict[str, Any]:
-        out = {
-            "layout": self.name,
-            "rows": self.rows,
-            "token_slots": self.token_slots,
-            "tokens": self.tokens,
-            "padding_tokens": self.padding,
-            "efficiency": self.efficiency,
-            "attention_pairs": self.attention_pairs,
-            "cost": _cost(self.token_slots, self.attention_pairs, hidden),
-            "plan_seconds": self.plan_seconds,
-        }
-        if reference is not None:
-            out["speedup_vs_pad_to_longest"] = _ratio(
-                _cost(reference.token_slots, reference.attention_pairs, hidden), out["cost"]
-            )
-        return out
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
-def pad_to_longest(lengths_in_order: np.ndarray, batch_size: int) -> Layout:
-    """Batches of `batch_size` consecutive sequences, each padded to its batch's longest."""
-    lengths = np.asarray(lengths_in_order, dtype=np.int64)
-    n = len(lengths)
-    if n == 0:
-        return Layout("pad-to-longest", 0, 0, 0, 0)
-    batch = np.arange(n) // batch_size
-    frame = pl.DataFrame({"batch": batch, "len": lengths})
-    per = frame.group_by("batch").agg(pl.len().alias("n"), pl.col("len").max().alias("longest"))
-    n_b = per["n"].to_numpy().astype(np.int64)
-    longest = per["longest"].to_numpy().astype(np.int64)
-    return Layout(
-        "pad-to-longest",
-        rows=n,
-        token_slots=int((n_b * longest).sum()),
-        tokens=int(lengths.sum()),
-        attention_pairs=int((n_b * longest * (longest + 1) // 2).sum()),
-    )
-
-
-def pad_to_max(lengths: np.ndarray, max_len: int) -> Layout:
-    """Every sequence padded to max_len."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = len(lengths)
-    pairs = n * max_len * (max_len + 1) // 2
-    return Layout("pad-to-max", n, n * max_len, int(lengths.sum()), pairs)
-
-
-def packed(name: str, lengths: np.ndarray, rows: int, max_len: int, seconds: float = 0.0) -> Layout:
-    """Packed rows (each charged max_len slots) with attention confined to each example."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return Layout(name, rows, rows * max_len, int(lengths.sum()), _pairs(lengths), seconds)
 
 
 def plan_layout(lengths: np.ndarray, max_len: int, strategy: str, seed: int = 0,

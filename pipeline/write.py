@@ -50,6 +50,7 @@ from pipeline.shards import (
     write_manifest,
     write_shard,
 )
+from pipeline.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
 from pipeline.tokenize import (
     OVERLONG,
     Spill,
@@ -302,7 +303,7 @@ def run_pack_data(
     tmp = parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        manifest = _pack_into(tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
+        manifest, reference = _pack_into(tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
         t = time.perf_counter()
         verify_folder(tmp, check_hashes=True)
         times["verify"] = time.perf_counter() - t
@@ -311,7 +312,7 @@ def run_pack_data(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     times["total"] = time.perf_counter() - t0
-    lines = summary_lines(manifest, times, stats)
+    lines = summary_lines(manifest, times, stats, reference)
     if echo is not None:
         for line in lines:
             echo(line)
@@ -329,7 +330,8 @@ def _pack_into(
     tok_info: dict[str, Any],
     inputs_info: list[dict[str, Any]],
     times: dict[str, float],
-) -> Manifest:
+) -> tuple[Manifest, Layout]:
+    """Write shards + manifest into `tmp`; return the manifest and the pad-to-longest reference layout."""
     max_len = config.max_len
     t = time.perf_counter()
     total = estimate_rows(files, config.limit) if config.progress else None
@@ -364,6 +366,8 @@ def _pack_into(
                 "raise --max-len or use --overlong truncate|split"
             )
         bins = assign_bins(pieces.lengths, max_len, config.strategy, config.seed, config.group_size)
+        # what pack-report compares against: batches of 32 stored sequences in example-id order
+        reference = pad_to_longest(pieces.lengths, DEFAULT_BATCH_SIZE)
         order = np.argsort(bins, kind="stable")
         n_rows = int(bins.max()) + 1
         per_row = np.bincount(bins, minlength=n_rows).astype(np.int64)
@@ -423,9 +427,7 @@ def _pack_into(
     )
     write_manifest(tmp, manifest)
     times["write"] = time.perf_counter() - t
-    times["_longest"] = float(p_lens.max())
-    times["_pieces"] = float(len(p_lens))
-    return manifest
+    return manifest, reference
 
 
 def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -444,24 +446,38 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
         os.rename(tmp, out)
 
 
-def summary_lines(manifest: Manifest, times: dict[str, float], stats: dict[str, Any] | None = None) -> list[str]:
-    """Human summary: counts, rows, efficiency, padding avoided, time per phase."""
+def summary_lines(
+    manifest: Manifest,
+    times: dict[str, float],
+    stats: dict[str, Any] | None = None,
+    reference: Layout | None = None,
+) -> list[str]:
+    """Human summary: counts, rows, efficiency, padding against pad-to-longest, time per phase.
+
+    `reference` is `pipeline.stats.pad_to_longest` of the stored sequences (batches of 32 in
+    example-id order), the same baseline and figure as `pack-report`'s "padding tokens avoided".
+    """
     c = manifest.counts
-    longest = int(times.get("_longest", 0))
-    pieces = int(times.get("_pieces", 0))
-    pad_longest = pieces * longest - manifest.total_tokens  # every example padded to the longest one
     pad_packed = manifest.rows * manifest.max_len - manifest.total_tokens
-    avoided = pad_longest - pad_packed
     tok_s = manifest.total_tokens / times["total"] if times.get("total") else 0.0
-    if stats is not None:
-        stats.update(tokens=manifest.total_tokens, rows=manifest.rows, pieces=pieces, pad_longest=pad_longest)
     phases = ", ".join(f"{k.replace('_', '+')} {v:.2f}s" for k, v in times.items() if not k.startswith("_"))
-    return [
+    lines = [
         (f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
          f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"),
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
-        (f"padding avoided vs pad-to-longest ({pieces} rows x {longest}): {avoided} tokens "
-         f"({pad_longest} -> {pad_packed})"),
-        f"time: {phases} ({tok_s / 1e6:.2f}M tokens/s)",
     ]
+    if reference is not None:
+        avoided = reference.padding - pad_packed
+        verdict = f"{avoided:,} avoided" if avoided >= 0 else f"{-avoided:,} more than pad-to-longest"
+        lines.append(
+            f"padding: pad-to-longest batches of {DEFAULT_BATCH_SIZE} (example order) {reference.padding:,} "
+            f"tokens (efficiency {reference.efficiency:.2%}); this packing {pad_packed:,} "
+            f"(efficiency {manifest.efficiency:.2%}): {verdict}"
+        )
+        if stats is not None:
+            stats.update(pad_longest=reference.padding, pad_packed=pad_packed, padding_avoided=avoided)
+    if stats is not None:
+        stats.update(tokens=manifest.total_tokens, rows=manifest.rows, pieces=reference.rows if reference else None)
+    lines.append(f"time: {phases} ({tok_s / 1e6:.2f}M tokens/s)")
+    return lines

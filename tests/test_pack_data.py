@@ -188,6 +188,27 @@ def test_mixed_formats_each_file_rendered_with_its_own(tmp_path: Path):
     assert [f[1].tolist() for f in fresh] == [seen[i][0][1] for i in (3, 13, 23, 31)]
 
 
+@pytest.mark.parametrize(("strategy", "max_len", "overlong"), [("ffd", 1024, "split"), ("pad", 8192, "truncate")])
+def test_summary_padding_is_pack_reports_figure(tmp_path: Path, strategy: str, max_len: int, overlong: str):
+    from pipeline.report import folder_report, load_folder
+
+    out = tmp_path / strategy
+    result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", max_len, "--out", out,
+                 "--limit", 150, "--overlong", overlong, "--strategy", strategy)
+    assert result.exit_code == 0, result.output
+    report = folder_report(load_folder(out))
+    longest = report["savings"]["pad_to_longest"]
+    pad_packed = report["rows"] * max_len - report["tokens"]
+    line = next(x for x in result.output.splitlines() if x.startswith("padding:"))
+    assert f"pad-to-longest batches of 32 (example order) {longest['padding_tokens']:,} tokens" in line
+    assert f"this packing {pad_packed:,} (efficiency {report['efficiency']:.2%})" in line
+    avoided = longest["padding_avoided"]
+    if strategy == "ffd":
+        assert avoided > 0 and line.endswith(f": {avoided:,} avoided")
+    else:  # one example per max_len row pads more than pad-to-longest: said so, not a negative "avoided"
+        assert avoided < 0 and line.endswith(f": {-avoided:,} more than pad-to-longest")
+
+
 @pytest.fixture()
 def pretok(tmp_path: Path) -> Path:
     # lengths 5, 12, 3, 20 against --max-len 8

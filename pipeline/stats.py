@@ -1,0 +1,99 @@
+"""Padding/packing layout figures in plain numpy (no polars), shared by `pack-report` and `pack-data`.
+
+`pipeline.report` (polars, plots) builds its reports from these; `pipeline.write` uses them for
+pack-data's final summary, so both print the same "padding avoided vs pad-to-longest" figure. The
+cost model is documented in `pipeline.report`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BATCH_SIZE = 32
+
+
+def _pairs(lengths: np.ndarray) -> int:
+    """Causal query-key pairs of sequences of these lengths: sum L(L+1)/2."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return int((lengths * (lengths + 1) // 2).sum())
+
+
+def _cost(slots: int, pairs: int, hidden: int) -> float:
+    return 6.0 * hidden * slots + pairs
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+@dataclass
+class Layout:
+    """One way of laying out the same sequences into batches/rows."""
+
+    name: str
+    rows: int  # packed rows, or padded sequences
+    token_slots: int  # tokens computed, padding included
+    tokens: int
+    attention_pairs: int
+    plan_seconds: float = 0.0
+
+    @property
+    def padding(self) -> int:
+        return self.token_slots - self.tokens
+
+    @property
+    def efficiency(self) -> float:
+        return self.tokens / self.token_slots if self.token_slots else 0.0
+
+    def as_dict(self, hidden: int, reference: Layout | None = None) -> dict[str, Any]:
+        out = {
+            "layout": self.name,
+            "rows": self.rows,
+            "token_slots": self.token_slots,
+            "tokens": self.tokens,
+            "padding_tokens": self.padding,
+            "efficiency": self.efficiency,
+            "attention_pairs": self.attention_pairs,
+            "cost": _cost(self.token_slots, self.attention_pairs, hidden),
+            "plan_seconds": self.plan_seconds,
+        }
+        if reference is not None:
+            out["speedup_vs_pad_to_longest"] = _ratio(
+                _cost(reference.token_slots, reference.attention_pairs, hidden), out["cost"]
+            )
+        return out
+
+
+def pad_to_longest(lengths_in_order: np.ndarray, batch_size: int = DEFAULT_BATCH_SIZE) -> Layout:
+    """Batches of `batch_size` consecutive sequences, each padded to its batch's longest."""
+    lengths = np.asarray(lengths_in_order, dtype=np.int64)
+    n = len(lengths)
+    if n == 0:
+        return Layout("pad-to-longest", 0, 0, 0, 0)
+    starts = np.arange(0, n, batch_size)
+    longest = np.maximum.reduceat(lengths, starts)
+    n_b = np.diff(np.append(starts, n))
+    return Layout(
+        "pad-to-longest",
+        rows=n,
+        token_slots=int((n_b * longest).sum()),
+        tokens=int(lengths.sum()),
+        attention_pairs=int((n_b * longest * (longest + 1) // 2).sum()),
+    )
+
+
+def pad_to_max(lengths: np.ndarray, max_len: int) -> Layout:
+    """Every sequence padded to max_len."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    pairs = n * max_len * (max_len + 1) // 2
+    return Layout("pad-to-max", n, n * max_len, int(lengths.sum()), pairs)
+
+
+def packed(name: str, lengths: np.ndarray, rows: int, max_len: int, seconds: float = 0.0) -> Layout:
+    """Packed rows (each charged max_len slots) with attention confined to each example."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return Layout(name, rows, rows * max_len, int(lengths.sum()), _pairs(lengths), seconds)
