@@ -12,7 +12,9 @@ directly. Phases:
 4. write: per shard, the pieces are read from the spill (one pread each, straight into the flat
    input_ids / labels arrays), a numba kernel builds position_ids and sets the first label of every
    piece to -100, `rows_table` + `write_shard`; each shard's sha256 is computed in a thread while
-   the next is gathered; then the manifest, `verify_folder`, and an atomic rename.
+   the next is gathered; then the manifest, `verify_folder` without re-hashing (the hashes were
+   just computed; instead every shard's size must still equal what was written), and an atomic
+   rename. `pack-verify` re-hashes everything.
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
@@ -303,9 +305,11 @@ def run_pack_data(
     tmp = parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        manifest, reference = _pack_into(tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
+        manifest, reference, sizes = _pack_into(tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
         t = time.perf_counter()
-        verify_folder(tmp, check_hashes=True)
+        # structure, schema, per-row invariants and totals; no second sha256 pass over every byte
+        verify_folder(tmp, check_hashes=False)
+        check_sizes(tmp, sizes)
         times["verify"] = time.perf_counter() - t
         _commit(tmp, out, config.overwrite)
     finally:
@@ -330,8 +334,9 @@ def _pack_into(
     tok_info: dict[str, Any],
     inputs_info: list[dict[str, Any]],
     times: dict[str, float],
-) -> tuple[Manifest, Layout]:
-    """Write shards + manifest into `tmp`; return the manifest and the pad-to-longest reference layout."""
+) -> tuple[Manifest, Layout, dict[str, int]]:
+    """Write shards + manifest into `tmp`; return the manifest, the pad-to-longest reference layout
+    and the bytes written per shard file."""
     max_len = config.max_len
     t = time.perf_counter()
     total = estimate_rows(files, config.limit) if config.progress else None
@@ -384,6 +389,7 @@ def _pack_into(
     shards: list[ShardInfo] = []
     total_tokens = loss_tokens = 0
     hashes: list[Future] = []
+    sizes: dict[str, int] = {}
     with spill_closed(spill), _bar(config.progress, desc="write", total=n_rows, unit="row") as bar, ThreadPoolExecutor(1) as hasher:
         for s, r0 in enumerate(range(0, n_rows, rps)):
             r1 = min(n_rows, r0 + rps)
@@ -398,6 +404,7 @@ def _pack_into(
             table = rows_table(ids, labels, pos, row_off, lens, p_ids[a:b], piece_off)
             name = shard_name(s)
             write_shard(tmp / name, table)
+            sizes[name] = os.path.getsize(tmp / name)
             del table, ids, labels, pos
             # hashlib releases the GIL: hash this shard while the next one is gathered and written
             hashes.append(hasher.submit(file_sha256, tmp / name))
@@ -427,7 +434,18 @@ def _pack_into(
     )
     write_manifest(tmp, manifest)
     times["write"] = time.perf_counter() - t
-    return manifest, reference
+    return manifest, reference, sizes
+
+
+def check_sizes(folder: Path, sizes: dict[str, int]) -> None:
+    """Cheap integrity check before the rename: each shard file still has the size it was written with."""
+    for name, size in sizes.items():
+        now = os.path.getsize(folder / name)
+        if now != size:
+            raise UserError(
+                f"{folder / name}: shard is {now} bytes but {size} were written (changed on disk while "
+                "packing?): re-run pack-data"
+            )
 
 
 def _commit(tmp: Path, out: Path, overwrite: bool) -> None:

@@ -385,6 +385,39 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
     assert not out.exists() and leftovers(tmp_path) == []
 
 
+def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    import pipeline.verify
+
+    calls: list[bool] = []
+    real = pipeline.verify.verify_folder
+
+    def spy(folder, *, check_hashes=True):
+        calls.append(check_hashes)
+        return real(folder, check_hashes=check_hashes)
+
+    monkeypatch.setattr(pipeline.verify, "verify_folder", spy)
+    monkeypatch.setattr(pipeline.verify, "file_sha256", lambda path: pytest.fail("final check re-hashed a shard"))
+    out = tmp_path / "o"
+    result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert calls == [False]
+    monkeypatch.undo()
+    assert verify_folder(out, check_hashes=True).rows >= 1  # the recorded sha256 are right
+
+    def spy_and_grow(folder, *, check_hashes=True):  # a shard changes after the structural checks
+        manifest = real(folder, check_hashes=check_hashes)
+        with open(Path(folder) / manifest.shards[0].file, "ab") as handle:
+            handle.write(b"\0" * 8)
+        return manifest
+
+    monkeypatch.setattr(pipeline.verify, "verify_folder", spy_and_grow)
+    result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", tmp_path / "o2")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "shard-00000.arrow: shard is" in result.output and "were written" in result.output
+    assert not (tmp_path / "o2").exists() and leftovers(tmp_path) == []
+
+
 def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
     def interrupted(path, table):
         raise KeyboardInterrupt
