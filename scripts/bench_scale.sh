@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2012,SC2094  # ls of our own plain file names; the log is only appended to
 # Multi-GPU scaling of pack-train: 1 GPU vs N GPUs DDP vs N GPUs FSDP2, same data and flags.
 #
 #   OUT=/some/folder bash scripts/bench_scale.sh          # on a box with N CUDA GPUs
