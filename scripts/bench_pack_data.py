@@ -5,10 +5,18 @@
 
 Parts:
 - `text`: pack-data on ../shared/datasets (GSM8K question/answer, CodeAlpaca instruction/input/output),
-  one run per dataset (they have different fields), at --max-len 8192; vs (a) the raw batch
-  throughput of the same tokenizer on exactly the texts pack-data renders (the ceiling), and (b) a
-  TRL-style pipeline: `datasets.map` tokenization + `trl.data_utils.pack_dataset(strategy="bfd")` +
-  `save_to_disk`.
+  one run per dataset (so each baseline is timed on the same file), at --max-len 8192; vs (a) the raw
+  batch throughput of the same tokenizer on exactly the texts pack-data renders (the ceiling), and two
+  TRL pipelines producing packed input_ids/labels from the same rendered prompt/response texts:
+  (b1) "TRL-style, batched map": one batched `Dataset.map` tokenizing with `tokenizer(texts)` and
+  building labels, + `trl.data_utils.pack_dataset(strategy="bfd")` + `save_to_disk`;
+  (b2) "TRL SFTTrainer-style, per-example map as TRL does": the steps `trl.SFTTrainer` runs on a
+  prompt/completion dataset (trl/trainer/sft_trainer.py, `_prepare_dataset`): a per-example `add_eos`
+  map, a per-example (`batched=False`) tokenize map calling TRL's own `_tokenize` on the prompt and on
+  prompt+completion and `common_prefix_length` for the completion mask, a per-example `build_labels`
+  map (a Python loop over tokens), `select_columns` + `pack_dataset(strategy="bfd")`, then
+  `save_to_disk` like (b1). The prompt/completion columns are rendered beforehand with one batched
+  map (cheap; SFTTrainer users prepare them themselves).
 - `pretok`: a synthetic pre-tokenized dataset of --tokens tokens (Arrow IPC, generated in a temp dir),
   packed in a child process; reports tokens/s and the child's peak RSS.
 
@@ -115,7 +123,7 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
 
     t0 = time.perf_counter()
     kind = "json"
-    ds = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=str(tmp / "hf-cache"))
+    ds = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=str(tmp / f"hf-cache-batched-{path.stem}"))
     fmt = detect_format(ds.column_names, FormatOptions())
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
 
@@ -135,11 +143,70 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
     t1 = time.perf_counter()
     packed = pack_dataset(ds, seq_length=max_len, strategy="bfd")
     t2 = time.perf_counter()
-    packed.save_to_disk(str(tmp / "trl-out"))
+    packed.save_to_disk(str(tmp / f"trl-out-{path.stem}"))
     t3 = time.perf_counter()
     tokens = sum(len(x) for x in ds["input_ids"])
     return {"tokens": tokens, "rows": len(packed), "seconds": t3 - t0,
             "phases": {"load+map": t1 - t0, "pack_dataset": t2 - t1, "save_to_disk": t3 - t2}}
+
+
+def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) -> dict:
+    """What trl.SFTTrainer._prepare_dataset does to a prompt/completion dataset with packing (bfd),
+    step by step with TRL's own helpers and its `map` calls (per example, as TRL runs them), + save_to_disk."""
+    import datasets
+    from trl.data_utils import _tokenize, common_prefix_length, pack_dataset
+
+    from pipeline.formats import FormatOptions, detect_format, render, rows_where
+
+    t0 = time.perf_counter()
+    ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp / f"hf-cache-sft-{path.stem}"))
+    fmt = detect_format(ds.column_names, FormatOptions())
+    map_kwargs = {"num_proc": num_proc if num_proc > 1 else None}
+
+    def to_prompt_completion(batch):  # the user's preparation: the same rendered texts as pack-data
+        import pyarrow as pa
+
+        segs = render(pa.table({k: batch[k] for k in batch}), fmt, rows_where(str(path)), tokenizer)
+        return {"prompt": segs.texts[0::2], "completion": segs.texts[1::2]}
+
+    ds = ds.map(to_prompt_completion, batched=True, remove_columns=ds.column_names, **map_kwargs)
+    t1 = time.perf_counter()
+
+    # --- from here on, what SFTTrainer runs (trl/trainer/sft_trainer.py) ---
+    def add_eos(example, eos_token):  # non-conversational prompt/completion: EOS appended to the completion
+        if not example["completion"].endswith(eos_token):
+            example["completion"] = example["completion"] + eos_token
+        return example
+
+    ds = ds.map(add_eos, fn_kwargs={"eos_token": tokenizer.eos_token}, **map_kwargs)
+
+    def tokenize_fn(example, processing_class):  # the prompt-completion, non-conversational branch
+        prompt_ids = _tokenize(processing_class, example["prompt"], chat_template=None)["input_ids"]
+        prompt_completion_ids = _tokenize(
+            processing_class, example["prompt"] + example["completion"], chat_template=None
+        )["input_ids"]
+        prompt_len = common_prefix_length(prompt_ids, prompt_completion_ids)
+        completion_mask = [0] * prompt_len + [1] * (len(prompt_completion_ids) - prompt_len)
+        return {"input_ids": prompt_completion_ids, "completion_mask": completion_mask}
+
+    ds = ds.map(tokenize_fn, fn_kwargs={"processing_class": tokenizer}, **map_kwargs)
+
+    def build_labels(example, mask_columns):
+        masks = [example[column] for column in mask_columns]
+        labels = [token_id if all(bits) else -100 for token_id, *bits in zip(example["input_ids"], *masks, strict=False)]
+        return {"labels": labels}
+
+    ds = ds.map(build_labels, fn_kwargs={"mask_columns": ["completion_mask"]}, remove_columns=["completion_mask"], **map_kwargs)
+    t2 = time.perf_counter()
+    ds = ds.select_columns(["input_ids", "labels"])
+    packed = pack_dataset(ds, max_len, "bfd", map_kwargs)
+    t3 = time.perf_counter()
+    packed.save_to_disk(str(tmp / f"trl-sft-out-{path.stem}"))
+    t4 = time.perf_counter()
+    tokens = sum(len(x) for x in ds["input_ids"])
+    return {"tokens": tokens, "rows": len(packed), "seconds": t4 - t0,
+            "phases": {"load+render": t1 - t0, "eos+tokenize+labels maps": t2 - t1, "pack_dataset": t3 - t2,
+                       "save_to_disk": t4 - t3}}
 
 
 def bench_text(args, tmp: Path) -> dict:
@@ -147,7 +214,7 @@ def bench_text(args, tmp: Path) -> dict:
 
     tokenizer = load_tokenizer(str(TOKENIZER))
     result: dict = {"datasets": {}}
-    totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0}
+    totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0}
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         if not path.exists():
@@ -157,15 +224,18 @@ def bench_text(args, tmp: Path) -> dict:
         stats = pack_in_child(repeat=2, inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len,
                               out=str(tmp / f"out-{name}"), overwrite=True, num_proc=args.num_proc)
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
+        sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
         # pack-data's time without interpreter start-up and imports, which are the same for any tool
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
         warm = stats["warm_runs"][0]["times"]
         warm_s = warm["total"] - warm.get("setup", 0.0)
         totals["warm_s"] += warm_s
-        result["datasets"][name] = {"texts": len(texts), "raw": raw, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl}
+        result["datasets"][name] = {"texts": len(texts), "raw": raw, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl,
+                                   "trl_sft": sft}
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
         totals["trl_s"] += trl["seconds"]
+        totals["sft_s"] += sft["seconds"]
         for api, r in raw.items():
             raw_best.setdefault(api, [0, 0.0])
             raw_best[api][0] += r["tokens"]
@@ -181,9 +251,12 @@ def bench_text(args, tmp: Path) -> dict:
         "warm_pack_tokens_per_s": totals["pack_tokens"] / totals["warm_s"],
         "warm_pack_vs_ceiling": totals["pack_tokens"] / totals["warm_s"] / raw_rates[ceiling_api],
         "warm_speedup_vs_trl": totals["trl_s"] / totals["warm_s"],
+        "warm_speedup_vs_trl_sft": totals["sft_s"] / totals["warm_s"],
         "pack_s": totals["pack_s"],
         "trl_s": totals["trl_s"],
+        "trl_sft_s": totals["sft_s"],
         "speedup_vs_trl": totals["trl_s"] / totals["pack_s"],
+        "speedup_vs_trl_sft": totals["sft_s"] / totals["pack_s"],
     }
     return result
 
@@ -255,15 +328,20 @@ def main() -> None:
             s = results["text"]["summary"]
             print(f"[text] pack-data {s['pack_tokens_per_s'] / 1e6:.2f}M tok/s ({s['pack_s']:.2f}s excl. setup); "
                   + ", ".join(f"raw {k} {v / 1e6:.2f}M tok/s" for k, v in s["raw_tokens_per_s"].items())
-                  + f"; pack-data = {s['pack_vs_ceiling']:.0%} of {s['ceiling_api']}; "
-                  f"TRL-style {s['trl_s']:.2f}s -> {s['speedup_vs_trl']:.1f}x")
+                  + f"; pack-data = {s['pack_vs_ceiling']:.0%} of {s['ceiling_api']}")
+            print(f"[text] TRL-style, batched map {s['trl_s']:.2f}s -> pack-data {s['speedup_vs_trl']:.1f}x faster; "
+                  f"TRL SFTTrainer-style, per-example map as TRL does {s['trl_sft_s']:.2f}s -> pack-data "
+                  f"{s['speedup_vs_trl_sft']:.1f}x faster")
             print(f"[text] warm (2nd run in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
-                  f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style")
+                  f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
+                  f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")
             for name, d in results["text"]["datasets"].items():
                 ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}
                 print(f"  {name}: {d['pack_data']['tokens']} tokens, {d['pack_data']['rows']} rows, "
                       f"efficiency {d['pack_data']['efficiency']:.2%}, pack-data phases {ph}; "
-                      f"TRL-style {d['trl']['seconds']:.2f}s {({k: round(v, 2) for k, v in d['trl']['phases'].items()})}")
+                      f"TRL-style, batched map {d['trl']['seconds']:.2f}s "
+                      f"{({k: round(v, 2) for k, v in d['trl']['phases'].items()})}; TRL SFTTrainer-style, per-example "
+                      f"map {d['trl_sft']['seconds']:.2f}s {({k: round(v, 2) for k, v in d['trl_sft']['phases'].items()})}")
         if "pretok" in parts:
             results["pretok"] = p = bench_pretok(args, tmp)
             ph = {k: round(v, 2) for k, v in p["pack_data"]["times"].items() if not k.startswith("_")}
