@@ -390,10 +390,18 @@ class Spill:
     example_ids: np.ndarray  # int64 global input index per kept example
     examples_read: int = 0
     empty_skipped: int = 0
+    # Direct mode (no spill written): the ids are read from the input Arrow IPC files themselves;
+    # `starts` holds each example's (file index << FILE_SHIFT | int32 element offset in that file).
+    sources: list[Path] = field(default_factory=list)
+    starts: np.ndarray | None = None
+    vocab_size: int | None = None  # direct mode: ids are range-checked while gathering
+    where: Any = None  # direct mode: example id -> "file row N"
 
     @property
     def offsets(self) -> np.ndarray:
-        """Start of each example in the spill arrays."""
+        """Start of each example in the spill arrays (direct mode: encoded file + offset)."""
+        if self.starts is not None:
+            return self.starts
         return np.cumsum(self.lengths) - self.lengths
 
     @property
@@ -408,8 +416,11 @@ class Spill:
         Read with pread, not through a memory map: mapping a freshly written file maps whole large
         page-cache folios per fault, so scattered reads left nearly all of a 4 GB spill resident.
         """
-        ids = _pread_pieces(self._fd(self.ids_path), starts, lengths)
-        labels = None if self.labels_path is None else _pread_pieces(self._fd(self.labels_path), starts, lengths)
+        if self.sources:
+            fds = [self._fd(path) for path in self.sources]
+            return _pread_pieces(fds, starts, lengths), None
+        ids = _pread_pieces([self._fd(self.ids_path)], starts, lengths)
+        labels = None if self.labels_path is None else _pread_pieces([self._fd(self.labels_path)], starts, lengths)
         return ids, labels
 
     def _fd(self, path: Path) -> int:
@@ -423,17 +434,105 @@ class Spill:
         self._fds.clear()
 
 
-def _pread_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate int32 ranges [start, start + length) of a file (one pread per piece)."""
+FILE_SHIFT = 40  # direct mode: int32 element offsets up to 2**40 (4 TiB files), file index above
+_OFFSET_MASK = (1 << FILE_SHIFT) - 1
+
+
+def _pread_pieces(fds: list[int], starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate int32 ranges [start, start + length) of a file (one pread per piece).
+
+    With several files, a start encodes the file: fds[start >> FILE_SHIFT] at start & mask.
+    """
     out = np.empty(int(lengths.sum()), dtype="<i4")
     view = memoryview(out).cast("B")
     pos = 0
+    one = len(fds) == 1
     for start, n in zip(starts.tolist(), lengths.tolist()):
         nbytes = 4 * n
-        if os.preadv(fd, [view[pos : pos + nbytes]], 4 * start) != nbytes:
+        fd = fds[0] if one else fds[start >> FILE_SHIFT]
+        if os.preadv(fd, [view[pos : pos + nbytes]], 4 * (start & _OFFSET_MASK)) != nbytes:
             raise OSError(errno.EIO, "short read from the spill file (was it changed while packing?)")
         pos += nbytes
     return out
+
+
+class _NotDirect(Exception):
+    """The inputs cannot be gathered in place (fall back to the spill)."""
+
+
+def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], vocab: int, *,
+                       max_len: int, overlong: str, limit: int | None, progress: Any = None) -> Spill:
+    """A Spill that points into the input files: every input is an uncompressed Arrow IPC *file* of
+    pre-tokenized list<int32> `input_ids` without labels, so the writer can pread each example from
+    the input itself and nothing is spilled. Only the offsets buffers are read here (not through
+    the memory map's data pages, which would count in RSS); ids are range-checked while gathering.
+
+    Raises `_NotDirect` when an input does not qualify (compressed, stream format, other types).
+    """
+    lengths: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    example_ids: list[np.ndarray] = []
+    bases: list[tuple[int, str]] = []  # (first global index, file) for error locations
+    read = empty = index = 0
+    for k, f in enumerate(files):
+        fmt = fmts[f.path]
+        if f.kind != "arrow" or fmt.kind != "tokenized" or fmt.fields.get("labels"):
+            raise _NotDirect
+        try:
+            source = pa.memory_map(f.path)
+            reader = pa.ipc.open_file(source)
+        except (pa.ArrowInvalid, OSError):
+            raise _NotDirect from None
+        source.seek(0)
+        base = source.read_buffer(8).address
+        size = source.size()
+        name = fmt.fields["input_ids"]
+        if name not in reader.schema.names or reader.schema.field(name).type != pa.list_(pa.int32()):
+            raise _NotDirect
+        bases.append((index, f.path))
+        for b in range(reader.num_record_batches):
+            if limit is not None and index >= limit:
+                break
+            col = reader.get_batch(b).column(name)
+            if limit is not None and index + len(col) > limit:
+                col = col.slice(0, limit - index)
+            values = col.buffers()[3]
+            if values is None or not (base <= values.address and values.address + values.size <= base + size):
+                raise _NotDirect  # compressed or copied: the values are not where the file has them
+            if (values.address - base) % 4:
+                raise _NotDirect
+            if col.null_count:
+                first = int(pc.index(pc.is_null(col), True).as_py())
+                raise UserError(f"{f.path} row {index - bases[-1][0] + first + 1}: {name!r} is missing or null: "
+                                "fix the row or remove it")
+            off = np.frombuffer(col.buffers()[1], dtype=np.int32, count=col.offset + len(col) + 1)[col.offset:]
+            n_ex = np.diff(off).astype(np.int64)
+            first_elem = (values.address - base) // 4 + col.values.offset
+            keep = n_ex > 0
+            if overlong == "error" and (n_ex > max_len).any():
+                bad = int(np.argmax(n_ex > max_len))
+                raise UserError(
+                    f"{f.path} row {index - bases[-1][0] + bad + 1}: example is {int(n_ex[bad])} tokens, "
+                    f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
+                )
+            lengths.append(n_ex[keep])
+            starts.append(((k << FILE_SHIFT) + first_elem + off[:-1].astype(np.int64))[keep])
+            example_ids.append(index + np.flatnonzero(keep).astype(np.int64))
+            read += len(col)
+            empty += int(len(col) - keep.sum())
+            index += len(col)
+            if progress is not None:
+                progress.update(len(col))
+        if index == bases[-1][0] and (limit is None or index < limit):
+            raise UserError(f"{f.path} contains no records: give an input with at least one example")
+
+    def where(example_id: int) -> str:
+        first, path = next((b for b in reversed(bases) if b[0] <= example_id), bases[0])
+        return f"{path} row {example_id - first + 1}"
+
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return Spill(Path(files[0].path), None, cat(lengths), cat(example_ids), read, empty,
+                 sources=[Path(f.path) for f in files], starts=cat(starts), vocab_size=vocab, where=where)
 
 
 def tokenize_to_spill(
@@ -448,11 +547,13 @@ def tokenize_to_spill(
     limit: int | None = None,
     batch_rows: int = 4096,
     progress: Any = None,
+    direct: bool = True,
 ) -> Spill:
     """Tokenize every example into `spill_dir`; with overlong == "error", fail on the first too-long one.
 
     `fmt`: one format for all files or one per file. The labels file is left out only when every
-    file is pre-tokenized without labels.
+    file is pre-tokenized without labels; when they are moreover all uncompressed Arrow IPC files of
+    list<int32> ids (and `direct`), nothing is spilled at all (`direct_arrow_spill`).
     """
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
@@ -460,6 +561,13 @@ def tokenize_to_spill(
     fmts = _format_map(files, fmt)
     same_labels = all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts.values())
     vocab = len(tokenizer)
+    if same_labels and direct and all(f.kind == "arrow" for f in files):
+        try:  # uncompressed Arrow IPC input: gather from the input itself, spill nothing
+            return direct_arrow_spill(files, fmts, vocab, max_len=max_len, overlong=overlong, limit=limit,
+                                      progress=progress)
+        except _NotDirect:
+            if progress is not None:
+                progress.reset()
     lengths: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
     read = empty = tokens = 0

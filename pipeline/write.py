@@ -4,15 +4,16 @@
 directly. Phases:
 
 1. read + tokenize (`pipeline.tokenize.tokenize_to_spill`): tokens go to a spill on disk, only the
-   per-example lengths stay in RAM;
+   per-example lengths stay in RAM (pre-tokenized uncompressed Arrow IPC input is not spilled: the
+   writer reads each example from the input file itself);
 2. overlong policy on the lengths (truncate / split / drop; `error` already failed in phase 1), which
    turns examples into *pieces* (example id, start in the spill, length);
 3. plan: `pipeline.binpack.assign_bins` gives each piece its row; a stable sort by row keeps pieces
    in input order inside a row;
 4. write: per shard, the pieces are read from the spill (one pread each, straight into the flat
    input_ids / labels arrays), a numba kernel builds position_ids and sets the first label of every
-   piece to -100, `rows_table` + `write_shard`; each shard's sha256 is computed in a thread while
-   the next is gathered; then the manifest, `verify_folder` without re-hashing (the hashes were
+   piece to -100, `rows_table`; `write_shard` runs in a writer thread while the next shard is
+   gathered, and each shard's sha256 in a hasher thread after it is written; then the manifest, `verify_folder` without re-hashing (the hashes were
    just computed; instead every shard's size must still equal what was written), and an atomic
    rename. `pack-verify` re-hashes everything.
 
@@ -185,9 +186,12 @@ def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
 
 
 @numba.njit(cache=True, nogil=True)
-def _finish(labels, lengths, out_pos):  # pragma: no cover - numba
+def _finish(ids, labels, lengths, out_pos, vocab):  # pragma: no cover - numba
+    """position_ids, first label of each piece -100, loss count; index of the first id outside
+    [0, vocab) when vocab > 0 (else -1)."""
     k = 0
     loss = 0
+    bad = -1
     for p in range(lengths.shape[0]):
         n = lengths[p]
         labels[k] = -100
@@ -195,19 +199,36 @@ def _finish(labels, lengths, out_pos):  # pragma: no cover - numba
             out_pos[k + t] = t
             if labels[k + t] != -100:
                 loss += 1
+            if vocab > 0 and bad < 0 and (ids[k + t] < 0 or ids[k + t] >= vocab):
+                bad = k + t
         k += n
-    return loss
+    return loss, bad
 
 
-def gather_rows(spill: Spill, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def gather_rows(
+    spill: Spill, starts: np.ndarray, lengths: np.ndarray, example_ids: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Read pieces (in row order) from the spill into flat ids, labels, position_ids; count loss tokens.
 
-    The first label of every piece is set to -100 (a split example's later chunks included).
+    The first label of every piece is set to -100 (a split example's later chunks included). When
+    the spill reads the input in place (`spill.vocab_size` set), ids are range-checked here and a
+    bad one is a UserError naming its example's file and row (`example_ids` of the pieces).
     """
     ids, labels = spill.read_pieces(starts, lengths)
     labels = ids.copy() if labels is None else labels
     pos = np.empty(len(ids), np.int32)
-    loss = _finish(labels, np.ascontiguousarray(lengths, dtype=np.int64), pos)
+    lens = np.ascontiguousarray(lengths, dtype=np.int64)
+    loss, bad = _finish(ids, labels, lens, pos, int(spill.vocab_size or 0))
+    if bad >= 0:
+        piece = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
+        where = spill.where(int(example_ids[piece])) if example_ids is not None and spill.where else "the input"
+        value = int(ids[bad])
+        if value < 0:
+            raise UserError(f"{where}: input_ids contains a negative id: fix the data")
+        raise UserError(
+            f"{where}: token id {value} is outside the tokenizer's vocabulary ({spill.vocab_size} ids): "
+            "was this data tokenized with another tokenizer?"
+        )
     return ids, labels, pos, int(loss)
 
 
@@ -388,14 +409,25 @@ def _pack_into(
     rps = int(config.rows_per_shard or _auto_rows_per_shard(max_len))
     shards: list[ShardInfo] = []
     total_tokens = loss_tokens = 0
-    hashes: list[Future] = []
+    written: list[Future] = []
     sizes: dict[str, int] = {}
-    with spill_closed(spill), _bar(config.progress, desc="write", total=n_rows, unit="row") as bar, ThreadPoolExecutor(1) as hasher:
+
+    def write_one(path: Path, table: Any) -> tuple[int, Future]:
+        write_shard(path, table)  # looked up at call time (tests replace it)
+        # hashlib releases the GIL: hash this shard while the next ones are gathered and written
+        return os.path.getsize(path), hasher.submit(file_sha256, path)
+
+    with (
+        spill_closed(spill),
+        _bar(config.progress, desc="write", total=n_rows, unit="row") as bar,
+        ThreadPoolExecutor(1) as hasher,
+        ThreadPoolExecutor(1) as writer,
+    ):
         for s, r0 in enumerate(range(0, n_rows, rps)):
             r1 = min(n_rows, r0 + rps)
             a, b = int(row_pieces[r0]), int(row_pieces[r1])
             lens = p_lens[a:b]
-            ids, labels, pos, loss = gather_rows(spill, p_starts[a:b], lens)
+            ids, labels, pos, loss = gather_rows(spill, p_starts[a:b], lens, p_ids[a:b])
             piece_off = row_pieces[r0 : r1 + 1] - a
             tok_cum = np.concatenate(([0], np.cumsum(lens)))
             row_off = tok_cum[piece_off]
@@ -403,16 +435,17 @@ def _pack_into(
                 raise RuntimeError("planner produced a row longer than max_len")  # a bug, not user input
             table = rows_table(ids, labels, pos, row_off, lens, p_ids[a:b], piece_off)
             name = shard_name(s)
-            write_shard(tmp / name, table)
-            sizes[name] = os.path.getsize(tmp / name)
+            if written:  # the previous shard is written (in a thread) while this one was gathered;
+                written[-1].result()  # at most one shard waits in RAM
+            written.append(writer.submit(write_one, tmp / name, table))
             del table, ids, labels, pos
-            # hashlib releases the GIL: hash this shard while the next one is gathered and written
-            hashes.append(hasher.submit(file_sha256, tmp / name))
             shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=""))
             total_tokens += int(row_off[-1])
             loss_tokens += loss
             bar.update(r1 - r0)
-        for info, digest in zip(shards, hashes):
+        for info, done in zip(shards, written):
+            size, digest = done.result()
+            sizes[info.file] = size
             info.sha256 = digest.result()
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)

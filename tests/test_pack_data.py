@@ -209,6 +209,70 @@ def test_summary_padding_is_pack_reports_figure(tmp_path: Path, strategy: str, m
         assert avoided < 0 and line.endswith(f": {-avoided:,} more than pad-to-longest")
 
 
+def _ipc(path: Path, rows: list[list[int]], batch: int = 2, compression: str | None = None) -> Path:
+    schema = pa.schema([pa.field("input_ids", pa.list_(pa.int32()))])
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=options) as writer:
+        for i in range(0, len(rows), batch):
+            writer.write_batch(pa.record_batch([pa.array(rows[i : i + batch], pa.list_(pa.int32()))], schema=schema))
+    return path
+
+
+def test_arrow_ipc_pretokenized_is_gathered_in_place_with_the_same_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from pipeline import tokenize
+
+    rows = [list(range(10 + i, 10 + i + n)) for i, n in enumerate([5, 12, 0, 3, 20, 7, 1])]
+    a = _ipc(tmp_path / "a.arrow", rows[:4], batch=3)
+    b = _ipc(tmp_path / "b.arrow", rows[4:], batch=2)
+    z = _ipc(tmp_path / "z.arrow", rows[4:], batch=2, compression="zstd")  # compressed: not in place
+    direct: list[bool] = []
+    real = tokenize.direct_arrow_spill
+
+    def spy(*args, **kwargs):
+        try:
+            spill = real(*args, **kwargs)
+        except tokenize._NotDirect:
+            direct.append(False)
+            raise
+        direct.append(True)
+        return spill
+
+    monkeypatch.setattr(tokenize, "direct_arrow_spill", spy)
+    args = ("--tokenizer", TOKENIZER, "--max-len", 8, "--overlong", "split", "--rows-per-shard", 2)
+    assert run(a, b, *args, "--out", tmp_path / "direct").exit_code == 0
+    assert run(a, z, *args, "--out", tmp_path / "fallback").exit_code == 0
+    assert direct == [True, False]
+    monkeypatch.setattr(tokenize, "direct_arrow_spill", lambda *a, **k: (_ for _ in ()).throw(tokenize._NotDirect()))
+    assert run(a, b, *args, "--out", tmp_path / "spilled").exit_code == 0
+    shas = [[s.sha256 for s in verify_folder(tmp_path / o).shards] for o in ("direct", "fallback", "spilled")]
+    assert shas[0] == shas[1] == shas[2] and len(shas[0]) > 1
+    m = read_manifest(tmp_path / "direct")
+    assert (m.counts.examples_read, m.counts.empty_skipped, m.counts.split) == (7, 1, 2)
+    seen = examples(tmp_path / "direct")
+    assert sorted(seen) == [0, 1, 3, 4, 5, 6]
+    whole = [t for piece in sorted(seen[4], key=lambda p: p[0][0]) for t in piece[0]]
+    assert whole == rows[4]  # example 4 (first row of b.arrow) split into consecutive pieces
+    monkeypatch.setattr(tokenize, "direct_arrow_spill", real)
+    result = run(a, b, *args[:4], "--out", tmp_path / "lim", "--limit", 5)
+    assert result.exit_code == 0 and read_manifest(tmp_path / "lim").counts.examples_read == 5
+
+
+@pytest.mark.parametrize(("bad", "needle"), [(99999, "token id 99999 is outside"), (-3, "negative id")])
+def test_arrow_ipc_in_place_bad_ids_name_file_and_row(tmp_path: Path, bad: int, needle: str):
+    a = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8]])
+    b = _ipc(tmp_path / "b.arrow", [[5, 6], [7, 8], [9, bad, 4]])
+    result = run(a, b, "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"b.arrow row 3: {'input_ids contains a ' if bad < 0 else ''}{needle}" in result.output, result.output
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
+
+
+def test_arrow_ipc_in_place_overlong_error_names_file_and_row(tmp_path: Path):
+    a = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8], [3] * 9])
+    result = run(a, "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o", "--overlong", "error")
+    assert result.exit_code == 1 and "a.arrow row 3: example is 9 tokens, longer than --max-len 8" in result.output
+
+
 @pytest.fixture()
 def pretok(tmp_path: Path) -> Path:
     # lengths 5, 12, 3, 20 against --max-len 8
