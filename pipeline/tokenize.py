@@ -410,17 +410,26 @@ class Spill:
 
     _fds: dict[Path, int] = field(default_factory=dict, repr=False)
 
-    def read_pieces(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def read_pieces(
+        self, starts: np.ndarray, lengths: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """input_ids and labels (None: same as the ids) of the given pieces, concatenated in order.
+
+        `out`: optional (ids, labels) int32 buffers, large enough, to read into (reused across calls
+        to spare page faults on fresh memory); the results are then views of them.
 
         Read with pread, not through a memory map: mapping a freshly written file maps whole large
         page-cache folios per fault, so scattered reads left nearly all of a 4 GB spill resident.
         """
+        o_ids, o_lab = out if out is not None else (None, None)
         if self.sources:
             fds = [self._fd(path) for path in self.sources]
-            return _pread_pieces(fds, starts, lengths), None
-        ids = _pread_pieces([self._fd(self.ids_path)], starts, lengths)
-        labels = None if self.labels_path is None else _pread_pieces([self._fd(self.labels_path)], starts, lengths)
+            return _pread_pieces(fds, starts, lengths, o_ids), None
+        ids = _pread_pieces([self._fd(self.ids_path)], starts, lengths, o_ids)
+        labels = (
+            None if self.labels_path is None
+            else _pread_pieces([self._fd(self.labels_path)], starts, lengths, o_lab)
+        )
         return ids, labels
 
     def _fd(self, path: Path) -> int:
@@ -438,12 +447,14 @@ FILE_SHIFT = 40  # direct mode: int32 element offsets up to 2**40 (4 TiB files),
 _OFFSET_MASK = (1 << FILE_SHIFT) - 1
 
 
-def _pread_pieces(fds: list[int], starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _pread_pieces(fds: list[int], starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Concatenate int32 ranges [start, start + length) of a file (one pread per piece).
 
     With several files, a start encodes the file: fds[start >> FILE_SHIFT] at start & mask.
+    `out`: a buffer to read into (its first sum(lengths) entries are returned).
     """
-    out = np.empty(int(lengths.sum()), dtype="<i4")
+    total = int(lengths.sum())
+    out = np.empty(total, dtype="<i4") if out is None else out[:total]
     view = memoryview(out).cast("B")
     pos = 0
     one = len(fds) == 1

@@ -206,17 +206,27 @@ def _finish(ids, labels, lengths, out_pos, vocab):  # pragma: no cover - numba
 
 
 def gather_rows(
-    spill: Spill, starts: np.ndarray, lengths: np.ndarray, example_ids: np.ndarray | None = None
+    spill: Spill,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    example_ids: np.ndarray | None = None,
+    buffers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Read pieces (in row order) from the spill into flat ids, labels, position_ids; count loss tokens.
 
     The first label of every piece is set to -100 (a split example's later chunks included). When
     the spill reads the input in place (`spill.vocab_size` set), ids are range-checked here and a
     bad one is a UserError naming its example's file and row (`example_ids` of the pieces).
+    `buffers`: optional (ids, labels, position_ids) int32 arrays, large enough, reused across shards;
+    the results are then views of them.
     """
-    ids, labels = spill.read_pieces(starts, lengths)
-    labels = ids.copy() if labels is None else labels
-    pos = np.empty(len(ids), np.int32)
+    ids, labels = spill.read_pieces(starts, lengths, None if buffers is None else buffers[:2])
+    n = len(ids)
+    if labels is None:
+        labels = ids.copy() if buffers is None else buffers[1][:n]
+        if buffers is not None:
+            np.copyto(labels, ids)
+    pos = np.empty(n, np.int32) if buffers is None else buffers[2][:n]
     lens = np.ascontiguousarray(lengths, dtype=np.int64)
     loss, bad = _finish(ids, labels, lens, pos, int(spill.vocab_size or 0))
     if bad >= 0:
@@ -417,6 +427,11 @@ def _pack_into(
         # hashlib releases the GIL: hash this shard while the next ones are gathered and written
         return os.path.getsize(path), hasher.submit(file_sha256, path)
 
+    # two sets of token buffers, reused: one shard is gathered into one set while the previous one,
+    # whose table views the other set, is written (fresh 128 MiB arrays per shard cost page faults)
+    bounds = row_pieces[np.append(np.arange(0, n_rows, rps), n_rows)]
+    cap = int(np.diff(np.concatenate(([0], np.cumsum(p_lens)))[bounds]).max())
+    sets = [tuple(np.empty(cap, np.int32) for _ in range(3)) for _ in range(min(2, -(-n_rows // rps)))]
     with (
         spill_closed(spill),
         _bar(config.progress, desc="write", total=n_rows, unit="row") as bar,
@@ -427,7 +442,7 @@ def _pack_into(
             r1 = min(n_rows, r0 + rps)
             a, b = int(row_pieces[r0]), int(row_pieces[r1])
             lens = p_lens[a:b]
-            ids, labels, pos, loss = gather_rows(spill, p_starts[a:b], lens, p_ids[a:b])
+            ids, labels, pos, loss = gather_rows(spill, p_starts[a:b], lens, p_ids[a:b], sets[s % 2])
             piece_off = row_pieces[r0 : r1 + 1] - a
             tok_cum = np.concatenate(([0], np.cumsum(lens)))
             row_off = tok_cum[piece_off]

@@ -17,8 +17,10 @@ Parts:
   map (a Python loop over tokens), `select_columns` + `pack_dataset(strategy="bfd")`, then
   `save_to_disk` like (b1). The prompt/completion columns are rendered beforehand with one batched
   map (cheap; SFTTrainer users prepare them themselves).
-- `pretok`: a synthetic pre-tokenized dataset of --tokens tokens (Arrow IPC, generated in a temp dir),
-  packed in a child process; reports tokens/s and the child's peak RSS.
+- `pretok`: a synthetic pre-tokenized dataset of --tokens tokens, generated in a temp dir as an
+  uncompressed Arrow IPC file (which pack-data gathers in place, no spill) and/or an uncompressed
+  Parquet file (decoded and spilled first), each packed in a child process; reports tokens/s, the
+  phases and the child's peak RSS per file type.
 
 Every pack-data run goes through `pipeline.write.run_pack_data` in a fresh child process (so imports
 and peak RSS are its own); per-phase times come from the job itself.
@@ -292,17 +294,22 @@ def make_pretokenized(path: Path, tokens: int, seed: int = 0, vocab: int = 32000
 
 
 def bench_pretok(args, tmp: Path) -> dict:
-    src = tmp / f"pretok.{args.pretok_format}"
-    t = time.perf_counter()
-    n = make_pretokenized(src, args.tokens)
-    gen_s = time.perf_counter() - t
-    stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else ROOT / "data" / "tokenizer"),
-                          max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
-                          batch_rows=args.pretok_batch_rows)
-    pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
-    return {"tokens": n, "generate_s": gen_s, "input_bytes": src.stat().st_size, "pack_data": stats,
-            "pack_s_excl_setup": pack_s, "tokens_per_s": n / pack_s,
-            "tokens_per_s_incl_setup": n / stats["times"]["total"]}
+    out: dict = {}
+    for kind in args.pretok_format.split(","):
+        src = tmp / f"pretok.{kind}"
+        t = time.perf_counter()
+        n = make_pretokenized(src, args.tokens)
+        gen_s = time.perf_counter() - t
+        stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else ROOT / "data" / "tokenizer"),
+                              max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
+                              batch_rows=args.pretok_batch_rows)
+        pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
+        out[kind] = {"tokens": n, "generate_s": gen_s, "input_bytes": src.stat().st_size, "pack_data": stats,
+                     "pack_s_excl_setup": pack_s, "tokens_per_s": n / pack_s,
+                     "tokens_per_s_incl_setup": n / stats["times"]["total"]}
+        src.unlink()
+        shutil.rmtree(tmp / "out-pretok", ignore_errors=True)
+    return out
 
 
 def main() -> None:
@@ -312,9 +319,9 @@ def main() -> None:
     parser.add_argument("--num-proc", type=int, default=1, help="processes for pack-data and datasets.map")
     parser.add_argument("--tokens", type=int, default=200_000_000, help="size of the synthetic pre-tokenized set")
     parser.add_argument("--pretok-batch-rows", type=int, default=4096)
-    parser.add_argument("--pretok-format", choices=("parquet", "arrow"), default="parquet",
-                        help="file type of the synthetic set (arrow inputs are memory-mapped, so their "
-                             "pages count in RSS)")
+    parser.add_argument("--pretok-format", default="arrow,parquet",
+                        help="comma list of file types of the synthetic set: arrow (uncompressed IPC file, "
+                             "gathered in place), parquet (uncompressed, decoded and spilled)")
     parser.add_argument("--tmp", default=None, help="folder for temporary data (default: system temp)")
     parser.add_argument("--json", default=None, help="also write the full results here")
     args = parser.parse_args()
@@ -343,11 +350,13 @@ def main() -> None:
                       f"{({k: round(v, 2) for k, v in d['trl']['phases'].items()})}; TRL SFTTrainer-style, per-example "
                       f"map {d['trl_sft']['seconds']:.2f}s {({k: round(v, 2) for k, v in d['trl_sft']['phases'].items()})}")
         if "pretok" in parts:
-            results["pretok"] = p = bench_pretok(args, tmp)
-            ph = {k: round(v, 2) for k, v in p["pack_data"]["times"].items() if not k.startswith("_")}
-            print(f"[pretok] {p['tokens']} tokens: {p['tokens_per_s'] / 1e6:.1f}M tok/s excl. setup "
-                  f"({p['tokens_per_s_incl_setup'] / 1e6:.1f}M incl.), peak RSS "
-                  f"{p['pack_data']['maxrss_self_mb']:.0f} MB; phases {ph}")
+            results["pretok"] = bench_pretok(args, tmp)
+            for kind, p in results["pretok"].items():
+                ph = {k: round(v, 2) for k, v in p["pack_data"]["times"].items() if not k.startswith("_")}
+                print(f"[pretok {kind}] {p['tokens']} tokens ({p['input_bytes'] / 1e9:.2f} GB input): "
+                      f"{p['tokens_per_s'] / 1e6:.1f}M tok/s excl. setup "
+                      f"({p['tokens_per_s_incl_setup'] / 1e6:.1f}M incl.), peak RSS "
+                      f"{p['pack_data']['maxrss_self_mb']:.0f} MB; phases {ph}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
