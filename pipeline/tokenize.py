@@ -13,7 +13,10 @@ identical whatever `num_proc` is.
 The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`; no labels file for
 pre-tokenized input without labels) from which the writer reads each piece with one pread, straight
 into the shard's flat arrays; per example only the length (and the start offset, their cumulative
-sum) live in RAM.
+sum) live in RAM. Pre-tokenized uncompressed Arrow IPC files are not spilled: the "spill" then points
+into the input files themselves (`direct_arrow_spill`), and only their list offsets are read here.
+
+Each input file is rendered with its own format (`file_formats`: detected from that file's columns).
 """
 
 from __future__ import annotations
