@@ -63,6 +63,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["step"])
 
 
+def _rank_steps(run_dir: Path) -> list[int] | None:
+    """Steps each rank says it ran (pack-train writes ranks/rank{r}.json on every rank)."""
+    files = sorted((run_dir / "ranks").glob("rank*.json"), key=lambda f: int(f.stem[4:] or 0))
+    return [int(json.loads(f.read_text())["steps"]) for f in files] or None
+
+
 def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
     """One row of the table: throughput, MFU and memory over the steps after `warmup`."""
     if not run_dir.is_dir():
@@ -87,6 +93,7 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
         "attention": records[-1].get("attention") if records else None,
         "params": summary.get("params") if summary else None,
         "peak_flops": config.get("peak_flops"),
+        "rank_steps": _rank_steps(run_dir),
     }
     prev_step, prev_tokens = 0, 0
     mfu_time = 0.0
@@ -127,8 +134,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], warmup: int) -> str:
     lines = [
         ("| config | GPUs | exit | steps (logged / summary) | steps measured "
          "| tokens/s total (all GPUs, real tokens) | tokens/s per GPU | scaling eff. vs 1 GPU "
-         "| MFU (per GPU) | step time ms | peak mem GiB (rank 0) |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+         "| MFU (per GPU) | step time ms | peak mem GiB (rank 0) | steps per rank |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         steps = f"{r['steps_logged']} / {_fmt(r['steps_summary'], 'd')}"
@@ -138,7 +145,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], warmup: int) -> str:
             f"| {r['steps_measured']} | {_fmt(r['tokens_per_s'], ',.0f')} "
             f"| {_fmt(r['tokens_per_s_per_gpu'], ',.0f')} | {_fmt(r['scaling_efficiency'], '.1%')} "
             f"| {_fmt(r['mfu'], '.2%')} | {_fmt(r['step_time_ms'], '.1f')} "
-            f"| {_fmt(r['peak_mem_gib'], '.2f')} |"
+            f"| {_fmt(r['peak_mem_gib'], '.2f')} "
+            f"| {','.join(map(str, r['rank_steps'])) if r.get('rank_steps') else '-'} |"
         )
     lines += [
         "",
@@ -146,7 +154,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], warmup: int) -> str:
          "`tokens` are summed over all ranks, so tokens/s total is global and per GPU = total / GPUs. "
          "Scaling efficiency = per-GPU tokens/s / the 1-GPU run's. MFU = 6 x params x tokens/s / "
          "(peak FLOP/s x GPUs), as pack-train logs it (peak = its --peak-flops). Only rank 0 logs "
-         "metrics: per-rank step counts are not recorded; exit 0 means all ranks finished."),
+         "metrics; steps per rank come from each rank's own ranks/rank{r}.json."),
     ]
     return "\n".join(lines) + "\n"
 

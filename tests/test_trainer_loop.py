@@ -210,6 +210,9 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     flat = [{i for mb in r for i in mb} for r in rows]
     assert not flat[0] & flat[1]
     assert ranks[0]["summary"]["steps"] == ranks[1]["summary"]["steps"] == steps
+    own = [json.loads((tmp_path / "ddp" / "ranks" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [o["steps"] for o in own] == [steps, steps]
+    assert [o["micro_batches"] for o in own] == [len(rows[0]), len(rows[1])]
 
     # Same window (2 micro-batches per step) on one process with grad_accum=2: same losses, since
     # the loss is normalised by the loss tokens of the whole window across ranks.

@@ -546,6 +546,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     last_loss: float | None = None
     last_path: Path | None = None
     pending_tokens: torch.Tensor | int = 0
+    local_micro, local_tokens = 0, 0  # this rank's own counts (host ints), written to ranks/
 
     def flush_tokens() -> None:
         nonlocal pending_tokens, tokens_seen, run_tokens, tokens_since_log
@@ -560,6 +561,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             t0 = time.perf_counter()
             micro = [next(batches) for _ in range(config.grad_accum)]
             wait = time.perf_counter() - t0
+            local_micro += len(micro)
+            local_tokens += sum(b.n_tokens for b in micro)
             loss_acc, counts, window_loss_tokens = backward_window(
                 train_module, micro, device=device, autocast=autocast, info=info, fsdp=fsdp
             )
@@ -636,6 +639,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
     }
     if rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    # Every rank records what it did itself, so equal step counts across ranks can be checked.
+    (out / "ranks").mkdir(exist_ok=True)
+    (out / "ranks" / f"rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "world_size": world, "steps": step - start_step,
+        "micro_batches": local_micro, "tokens": local_tokens,
+    }) + "\n", encoding="utf-8")
     if info.enabled:
         dist.barrier()
     return summary
