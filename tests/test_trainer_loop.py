@@ -195,18 +195,18 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize(("parallel", "accum"), [("ddp", 1), ("fsdp", 1), ("fsdp", 2)])
 def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
-    packed: Path, tmp_path: Path, parallel: str
+    packed: Path, tmp_path: Path, parallel: str, accum: int
 ) -> None:
-    steps = 4
-    config = _config(packed, tmp_path / "ddp", grad_accum=1, max_steps=steps, parallel=parallel)
+    steps = 4 // accum  # one epoch of this folder: rows are disjoint across ranks within an epoch
+    config = _config(packed, tmp_path / "ddp", grad_accum=accum, max_steps=steps, parallel=parallel)
     # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
     mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     rows = [r["rows"] for r in ranks]
-    assert len(rows[0]) == len(rows[1]) == steps  # one micro-batch per step on each rank
+    assert len(rows[0]) == len(rows[1]) == steps * accum  # `accum` micro-batches per step per rank
     flat = [{i for mb in r for i in mb} for r in rows]
     assert not flat[0] & flat[1]
     assert ranks[0]["summary"]["steps"] == ranks[1]["summary"]["steps"] == steps
@@ -214,9 +214,9 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     assert [o["steps"] for o in own] == [steps, steps]
     assert [o["micro_batches"] for o in own] == [len(rows[0]), len(rows[1])]
 
-    # Same window (2 micro-batches per step) on one process with grad_accum=2: same losses, since
+    # Same window (2 x accum micro-batches per step) on one process: same losses, since
     # the loss is normalised by the loss tokens of the whole window across ranks.
-    single = train(replace(config, out=str(tmp_path / "single"), grad_accum=2))
+    single = train(replace(config, out=str(tmp_path / "single"), grad_accum=2 * accum))
     ddp_losses = [m["loss"] for m in _metrics(tmp_path / "ddp")]
     one_losses = [m["loss"] for m in _metrics(tmp_path / "single")]
     assert ddp_losses == pytest.approx(one_losses, rel=1e-5)
