@@ -323,10 +323,7 @@ def backward_window(
         last = i == len(micro) - 1
         batch = batch.to(device, non_blocking=True)
         if fsdp:
-            # Reduce-scatter gradients only after the last micro-batch, and keep the parameters
-            # gathered between micro-batches (no re-all-gather per micro-batch; costs memory).
             module.set_requires_gradient_sync(last)
-            module.set_reshard_after_backward(last)
             sync: Any = contextlib.nullcontext()
         elif info.enabled and not last:
             sync = module.no_sync()
