@@ -23,6 +23,8 @@ failure (including ^C), so a folder named like the output only ever appears comp
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import sys
@@ -43,6 +45,7 @@ from pipeline.binpack import STRATEGIES, assign_bins
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.shards import (
+    FORMAT_NAME,
     MANIFEST_NAME,
     Counts,
     Manifest,
@@ -122,7 +125,27 @@ def _validate(config: PackConfig) -> None:
         raise UserError(f"--rows-per-shard must be >= 1, got {config.rows_per_shard}")
     if config.limit is not None and config.limit < 1:
         raise UserError(f"--limit must be >= 1, got {config.limit}")
+    if config.batch_rows < 1:
+        raise UserError(f"--batch-rows must be >= 1, got {config.batch_rows}")
+    if config.group_size < 1:
+        raise UserError(f"--group-size must be >= 1, got {config.group_size}")
     _check_out(Path(config.out), config.overwrite)
+
+
+def _absolute_if_local(path: str) -> str:
+    """An existing local path (or a glob) made absolute; anything else (a Hub name) unchanged."""
+    if os.path.exists(path) or any(c in path for c in "*?["):
+        return os.path.abspath(path)
+    return path
+
+
+def _written_by_pack_data(folder: Path) -> bool:
+    """True when `folder` holds a manifest that pack-data wrote (any format version)."""
+    try:
+        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -132,9 +155,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise UserError(f"--out {out} exists and is not a folder: choose another --out")
     if not overwrite:
         raise UserError(f"output folder {out} already exists: pass --overwrite to replace it, or choose another --out")
-    if any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+    if any(out.iterdir()) and not _written_by_pack_data(out):
         raise UserError(
-            f"--out {out} is a non-empty folder that pack-data did not write (no {MANIFEST_NAME}); "
+            f"--out {out} is a non-empty folder that pack-data did not write (no pack-data {MANIFEST_NAME}); "
             "refusing to replace it even with --overwrite: choose another --out"
         )
 
@@ -464,6 +487,9 @@ def _pack_into(
             info.sha256 = digest.result()
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)
+    # local paths absolute, so `pack-verify --deep` can re-read the inputs from any folder
+    config_dict["inputs"] = [_absolute_if_local(p) for p in config.inputs]
+    config_dict["tokenizer"] = _absolute_if_local(config.tokenizer)
     # what --format auto (or the field options) resolved to, per input file
     config_dict["resolved_formats"] = [{"file": f.path, **x.to_dict()} for f, x in zip(files, fmts)]
     manifest = Manifest(
@@ -509,7 +535,15 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
             raise
         shutil.rmtree(old, ignore_errors=True)
     else:
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError as exc:  # --out appeared (non-empty) after the check at the start
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise UserError(
+                f"output folder {out} appeared while packing: pass --overwrite to replace it, or "
+                "choose another --out"
+            ) from None
 
 
 def summary_lines(

@@ -78,7 +78,8 @@ def test_readme_command_output_passes_verify_and_records_everything(readme_out: 
     assert manifest.max_len == 8192 and manifest.strategy == "ffd" and manifest.seed == 0
     assert manifest.efficiency == pytest.approx(manifest.total_tokens / (manifest.rows * 8192), abs=1e-6)
     assert manifest.efficiency > 0.95
-    assert manifest.config["inputs"] == ["data/sample/instructions.jsonl"]
+    # recorded absolute, so `pack-verify --deep` finds the inputs from any working folder
+    assert manifest.config["inputs"] == [str(Path("data/sample/instructions.jsonl").resolve())]
     assert manifest.config["overlong"] == "truncate" and manifest.config["num_proc"] == 1
     assert manifest.tokenizer["name"] == "data/tokenizer" and len(manifest.tokenizer["fingerprint"]) == 64
     assert (manifest.tokenizer["bos_token_id"], manifest.tokenizer["eos_token_id"]) == (BOS, EOS)
@@ -354,6 +355,10 @@ def test_overwrite_replaces_only_pack_data_folders(tmp_path: Path, pretok: Path)
     refused = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", other, "--overwrite")
     assert refused.exit_code == 1 and "did not write" in refused.output
     assert (other / "thesis.txt").read_text() == "precious"
+    (other / "manifest.json").write_text('{"name": "my web app"}')  # a manifest, but not ours
+    refused = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", other, "--overwrite")
+    assert refused.exit_code == 1 and "did not write" in refused.output
+    assert (other / "thesis.txt").read_text() == "precious"
 
 
 def test_help_explains_options_with_an_example():
@@ -413,6 +418,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "column 'prompt' not found in " + str(good)),
         "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
                                    "--tokenizer", str(_no_template(tmp))], "no chat template"),
+        "zero batch rows": ([str(good), "--batch-rows", "0"], "--batch-rows must be >= 1"),
+        "zero group size": ([str(good), "--group-size", "0"], "--group-size must be >= 1"),
     }
 
 
@@ -420,6 +427,7 @@ CASES = [
     "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
     "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
     "id outside vocabulary", "mixed fields", "explicit field misses one file", "explicit format misses one file",
+    "zero batch rows", "zero group size",
 ]
 
 

@@ -81,6 +81,13 @@ def test_cli_errors_are_one_line(packed: Path, tmp_path: Path) -> None:
         pack_train, ["--data", str(packed), "--model", "no-such-preset", "--out", str(tmp_path / "r")]
     )
     assert result.exit_code == 1 and "nothing is downloaded" in result.output
+    for bad, needle in ((["--device", "mps"], "use auto, cpu, cuda"), (["--seed", "-1"], "--seed"),
+                        (["--lr", "-1"], "--lr"), (["--peak-flops", "0"], "--peak-flops")):
+        result = CliRunner().invoke(
+            pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), *bad]
+        )
+        assert result.exit_code != 0 and needle in result.output and "Traceback" not in result.output
+        assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.skipif(not LLAMA2.is_dir(), reason="../shared/tokenizers/llama2 not present")

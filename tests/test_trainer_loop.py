@@ -129,6 +129,17 @@ def test_resume_refuses_a_changed_data_stream(packed: Path, tmp_path: Path) -> N
         train(_config(packed, tmp_path / "empty", resume=True))
 
 
+def test_resume_with_more_steps_stretches_the_schedule(packed: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(_config(packed, run, max_steps=2, warmup=0, schedule="linear"))
+    with pytest.raises(UserError, match="already at step 2 of 2"):
+        train(_config(packed, run, max_steps=2, warmup=0, schedule="linear", resume=True))
+    train(_config(packed, run, max_steps=4, warmup=0, schedule="linear", resume=True))
+    lrs = [m["lr"] for m in _metrics(run)]
+    # steps 3 and 4 follow a 4-step linear decay from 2e-3 towards 0.1 x 2e-3, not the old 2-step one
+    assert lrs[2:] == pytest.approx([2e-3 * (1 - 0.9 * 2 / 4), 2e-3 * (1 - 0.9 * 3 / 4)])
+
+
 # ------------------------------------------------------------------------------- checkpoints
 
 

@@ -23,7 +23,7 @@ from pipeline.errors import UserError, cli_errors
                    "to it (a longer row is a micro-batch of its own).")
 @click.option("--grad-accum", default=1, type=click.IntRange(min=1),
               help="Micro-batches per optimizer step on each rank.")
-@click.option("--lr", default=3e-4, type=float, help="Peak learning rate (AdamW).")
+@click.option("--lr", default=3e-4, type=click.FloatRange(min=0, min_open=True), help="Peak learning rate (AdamW).")
 @click.option("--min-lr-ratio", default=0.1, type=click.FloatRange(0, 1),
               help="Final LR as a fraction of --lr for cosine/linear.")
 @click.option("--warmup", default=0, type=click.IntRange(min=0), help="Linear warmup steps.")
@@ -45,16 +45,16 @@ from pipeline.errors import UserError, cli_errors
 @click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
-@click.option("--seed", default=0, type=int, help="Seeds the data order and preset weights.")
+@click.option("--seed", default=0, type=click.IntRange(min=0), help="Seeds the data order and preset weights.")
 @click.option("--save-every", default=0, type=click.IntRange(min=0),
               help="Checkpoint every N steps (0: only at the end).")
 @click.option("--keep-last", default=None, type=click.IntRange(min=1), help="Keep only the newest N checkpoints.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint.")
 @click.option("--log-every", default=10, type=click.IntRange(min=1), help="Metrics line every N steps.")
-@click.option("--weight-decay", default=0.1, type=float)
-@click.option("--grad-clip", default=1.0, type=float, help="Max global gradient norm (0: no clipping).")
+@click.option("--weight-decay", default=0.1, type=click.FloatRange(min=0))
+@click.option("--grad-clip", default=1.0, type=click.FloatRange(min=0), help="Max global gradient norm (0: no clipping).")
 @click.option("--num-workers", default=2, type=click.IntRange(min=0), help="DataLoader worker processes.")
-@click.option("--peak-flops", default=989e12, type=float,
+@click.option("--peak-flops", default=989e12, type=click.FloatRange(min=0, min_open=True),
               help="Peak FLOP/s per device for the MFU estimate (default: H100 bf16 dense).")
 @click.option("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N.")
 @click.option("--verify-hashes", is_flag=True,

@@ -151,7 +151,12 @@ def pick_device(requested: str) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return torch.device("cpu")
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {requested}: no CUDA device is available here; use --device cpu")
     if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
@@ -462,6 +467,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
         start_step = int(state["step"])
         cursor = Cursor(**state["cursor"])
         tokens_seen = int(state.get("tokens_seen", 0))
+        if start_step >= stop_at:
+            raise UserError(
+                f"{resume_from} is already at step {start_step} of {stop_at}: nothing to resume; "
+                "raise --max-steps (or --stop-at) to train further"
+            )
 
     if config.grad_checkpointing:
         enable_grad_checkpointing(model)
@@ -482,6 +492,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if resume_from is not None:
         _load_optimizer(wrapper, optimizer, ckpt.load_torch(resume_from / "optimizer.pt"), fsdp)
         scheduler.load_state_dict(ckpt.load_torch(resume_from / "scheduler.pt"))
+        schedule.total = total_steps  # the checkpoint restores the old length; --max-steps may grow
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base * schedule(scheduler.last_epoch)
         rng_file = resume_from / f"rng-rank{rank}.pt"
         if rng_file.is_file():
             ckpt.set_rng_state(ckpt.load_torch(rng_file))
@@ -570,7 +583,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 wrapper.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf")
             )
             optimizer.step()
-            lr = scheduler.get_last_lr()[0]
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1

@@ -66,7 +66,7 @@ def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype) -> PreTr
         raise UserError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - config validation raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot load the model in {path}: {first}") from None
     have = model.get_input_embeddings().num_embeddings
