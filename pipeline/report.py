@@ -46,12 +46,12 @@ from pipeline.shards import (
     read_manifest,
     shard_paths,
 )
-from pipeline.stats import (  # noqa: F401 - the layout figures live in a polars-free module
+from pipeline.stats import (  # noqa: F401 - layout figures live in the polars-free stats module
     DEFAULT_BATCH_SIZE,
     Layout,
-    _cost,
-    _pairs,
-    _ratio,
+    compute_cost,
+    causal_pairs,
+    safe_ratio,
     packed,
     pad_to_longest,
     pad_to_max,
@@ -166,7 +166,7 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
     this = packed(f"this folder ({m.strategy})", data.seq_lens, rows, m.max_len)
     longest = pad_to_longest(data.seq_lens, batch_size)
     pmax = pad_to_max(data.seq_lens, m.max_len)
-    cost_this = _cost(this.token_slots, this.attention_pairs, hidden)
+    cost_this = compute_cost(this.token_slots, this.attention_pairs, hidden)
     per_row = pl.Series("n", data.row_examples)
     fill = data.row_tokens / m.max_len if rows else np.zeros(0)
     savings = {}
@@ -177,9 +177,9 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
             "padding_tokens": base.padding,
             "padding_avoided": base.padding - this.padding,
             "attention_pairs": base.attention_pairs,
-            "attention_ratio": _ratio(base.attention_pairs, this.attention_pairs),
-            "token_ratio": _ratio(base.token_slots, this.token_slots),
-            "estimated_speedup": _ratio(_cost(base.token_slots, base.attention_pairs, hidden),
+            "attention_ratio": safe_ratio(base.attention_pairs, this.attention_pairs),
+            "token_ratio": safe_ratio(base.token_slots, this.token_slots),
+            "estimated_speedup": safe_ratio(compute_cost(base.token_slots, base.attention_pairs, hidden),
                                         cost_this),
         }
     return {
@@ -294,7 +294,7 @@ def format_text(report: dict[str, Any]) -> str:
         f"  examples        {r['examples']:>14,}   sequences (split pieces count) "
         f"{r['sequences']:,}",
         f"  tokens          {r['tokens']:>14,}   loss tokens {r['loss_tokens']:,} "
-        f"({_ratio(r['loss_tokens'], r['tokens']):.1%})",
+        f"({safe_ratio(r['loss_tokens'], r['tokens']):.1%})",
         f"  rows            {r['rows']:>14,}   lower bound ceil(tokens/max_len) "
         f"{r['lower_bound_rows']:,} (+{r['rows_over_lower_bound']:,})",
         f"  efficiency      {r['efficiency']:>14.2%}   tokens / (rows x max_len)",

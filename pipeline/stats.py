@@ -15,17 +15,21 @@ import numpy as np
 DEFAULT_BATCH_SIZE = 32
 
 
-def _pairs(lengths: np.ndarray) -> int:
+def causal_pairs(lengths: np.ndarray) -> int:
     """Causal query-key pairs of sequences of these lengths: sum L(L+1)/2."""
     lengths = np.asarray(lengths, dtype=np.int64)
     return int((lengths * (lengths + 1) // 2).sum())
 
 
-def _cost(slots: int, pairs: int, hidden: int) -> float:
+def compute_cost(slots: int, pairs: int, hidden: int) -> float:
+    """Relative compute of a layout, in units of 4 x hidden FLOPs per layer: a token slot costs
+    ~24 hidden^2 FLOPs (6 x hidden units), a causal query-key pair ~4 hidden (1 unit). Only ratios
+    are meaningful."""
     return 6.0 * hidden * slots + pairs
 
 
-def _ratio(a: float, b: float) -> float:
+def safe_ratio(a: float, b: float) -> float:
+    """a / b, or 0 when b is 0 (an empty layout)."""
     return a / b if b else 0.0
 
 
@@ -57,12 +61,12 @@ class Layout:
             "padding_tokens": self.padding,
             "efficiency": self.efficiency,
             "attention_pairs": self.attention_pairs,
-            "cost": _cost(self.token_slots, self.attention_pairs, hidden),
+            "cost": compute_cost(self.token_slots, self.attention_pairs, hidden),
             "plan_seconds": self.plan_seconds,
         }
         if reference is not None:
-            out["speedup_vs_pad_to_longest"] = _ratio(
-                _cost(reference.token_slots, reference.attention_pairs, hidden), out["cost"]
+            out["speedup_vs_pad_to_longest"] = safe_ratio(
+                compute_cost(reference.token_slots, reference.attention_pairs, hidden), out["cost"]
             )
         return out
 
@@ -96,4 +100,4 @@ def pad_to_max(lengths: np.ndarray, max_len: int) -> Layout:
 def packed(name: str, lengths: np.ndarray, rows: int, max_len: int, seconds: float = 0.0) -> Layout:
     """Packed rows (each charged max_len slots) with attention confined to each example."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    return Layout(name, rows, rows * max_len, int(lengths.sum()), _pairs(lengths), seconds)
+    return Layout(name, rows, rows * max_len, int(lengths.sum()), causal_pairs(lengths), seconds)

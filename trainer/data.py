@@ -24,7 +24,7 @@ import torch
 from numba import njit
 
 from pipeline.errors import UserError
-from pipeline.shards import Manifest, flat_column, open_shard, shard_paths
+from pipeline.shards import TOKEN_COLUMNS, Manifest, flat_column, open_shard, shard_paths
 from trainer.batch import MicroBatch, collate_flat
 
 
@@ -164,7 +164,7 @@ class ShardReader:
 
     def _open(self) -> list[dict]:
         if self._columns is None:
-            names = ("input_ids", "labels", "position_ids", "seq_lens")
+            names = (*TOKEN_COLUMNS, "seq_lens")
             self._columns = []
             for path in self.paths:
                 table = open_shard(path)
@@ -178,8 +178,7 @@ class ShardReader:
         """Concatenate global `rows` into one flat MicroBatch (slices per row, no token loops)."""
         columns = self._open()
         shard_of = np.searchsorted(self.starts, rows, side="right") - 1
-        parts: dict[str, list[np.ndarray]] = {"input_ids": [], "labels": [], "position_ids": [],
-                                              "seq_lens": []}
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in (*TOKEN_COLUMNS, "seq_lens")}
         for shard, row in zip(shard_of.tolist(), (rows - self.starts[shard_of]).tolist()):
             for name, col in columns[shard].items():
                 parts[name].append(col.values[col.offsets[row] : col.offsets[row + 1]])
