@@ -41,8 +41,8 @@ def _int_list(text: str, name: str) -> list[int]:
         raise UserError(
             f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096"
         ) from None
-    if not values or any(v < 1 for v in values):
-        raise UserError(f"{name} {text!r}: every value must be >= 1")
+    if not values or any(v < 2 for v in values):
+        raise UserError(f"{name} {text!r}: every value must be >= 2 (as pack-data's --max-len)")
     return values
 
 
@@ -120,6 +120,10 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
     """Packing report of FOLDER (written by pack-data), or a what-if plan with --input."""
     with cli_errors():
         strategies = _strategies(strategy)
+        for path, flag in ((json_path, "--json"), (html_path, "--html")):  # fail before the work
+            if path is not None and not Path(path).absolute().parent.is_dir():
+                raise UserError(f"{flag} {path}: folder {Path(path).absolute().parent} does not exist")
+        max_len_list = _int_list(max_lens, "--max-len") if inputs else None
         data = None
         if folder is not None and inputs:
             raise UserError("give either a packed FOLDER or --input (what-if mode), not both")
@@ -141,7 +145,7 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
             lengths = lengths_of(list(inputs), tokenizer or DEFAULT_TOKENIZER, **options)
             if len(lengths) == 0:
                 raise UserError(f"no non-empty examples in {', '.join(inputs)}")
-            report = whatif_report(lengths, _int_list(max_lens, "--max-len"),
+            report = whatif_report(lengths, max_len_list,
                                    strategies=strategies, batch_size=batch_size,
                                    seed=seed or 0, hidden=hidden)
             report["inputs"] = list(inputs)
