@@ -70,23 +70,15 @@ SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about 
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 
 
-@dataclass
-class PackConfig:
-    """Every option of `pack-data` (recorded verbatim as the manifest's `config`)."""
+@dataclass(kw_only=True)
+class PackConfig(FormatOptions):
+    """Every option of `pack-data` (recorded verbatim as the manifest's `config`): the format
+    options it inherits plus the job's own."""
 
     inputs: list[str]
     tokenizer: str
     max_len: int
     out: str
-    format: str = "auto"
-    text_field: str | None = None
-    prompt_field: str | None = None
-    input_field: str | None = None
-    response_field: str | None = None
-    messages_field: str | None = None
-    labels_field: str | None = None
-    template: str | None = None
-    train_on_prompt: bool = False
     strategy: str = "ffd"
     group_size: int = 32
     overlong: str = "truncate"
