@@ -235,20 +235,14 @@ def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
 
 
 def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndarray]]]:
-    """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step."""
-    steps: list[list[dict[str, np.ndarray]]] = []
-    current: list[dict[str, np.ndarray]] = []
-    acc = 0
-    for row in iter_rows(folder):
-        n = len(row["input_ids"])
-        if current and acc + n > tokens_per_step:
-            steps.append(current)
-            current, acc = [], 0
-        current.append(row)
-        acc += n
-    if current:
-        steps.append(current)
-    return steps
+    """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step
+    (the trainer's own cut, `trainer.data._greedy_cuts`)."""
+    from trainer.data import _greedy_cuts
+
+    rows = list(iter_rows(folder))
+    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
+    cuts = _greedy_cuts(lengths, tokens_per_step)
+    return [rows[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
 
 
 # ------------------------------------------------------------------------------------- batching
@@ -600,12 +594,7 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     finally:
         del model, opt
         free_memory(s.device)
-    res.path, res.runner = path, f"hf/{attn}"
-    res.peak_gib = peak_gib(s.device)
-    finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
-                  peak_tflops=a.peak_tflops)
-    res.extra["n_params"] = n_params
-    return res
+    return _finish_path(res, lens, s, path=path, runner=f"hf/{attn}", n_params=n_params)
 
 
 def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
@@ -633,10 +622,16 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     finally:
         del model, opt
         free_memory(s.device)
-    res.path, res.runner = path, f"inline/{backend}"
+    return _finish_path(res, lens, s, path=path, runner=f"inline/{backend}", n_params=n_params)
+
+
+def _finish_path(res: PathResult, lens: Any, s: Setup, *, path: str, runner: str,
+                 n_params: int) -> PathResult:
+    """Label a timed path and fill in peak memory, MFU and attention FLOPs."""
+    res.path, res.runner = path, runner
     res.peak_gib = peak_gib(s.device)
     finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
-                  peak_tflops=a.peak_tflops)
+                  peak_tflops=s.args.peak_tflops)
     res.extra["n_params"] = n_params
     return res
 
