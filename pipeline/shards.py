@@ -1,7 +1,9 @@
 """The shard contract between `pipeline/` (writer) and `trainer/` (reader). Defined here only.
 
-A packed folder holds `manifest.json` and `shard-00000.arrow`, `shard-00001.arrow`, ... in Arrow IPC
-*file* format (memory-mappable), one packed row per record and no padding stored:
+A packed folder holds `manifest.json` and `shard-00000.arrow`, `shard-00001.arrow`, ..., one packed
+row per record and no padding stored. Each shard is an Arrow IPC *stream* followed by the IPC *file*
+footer (see `write_shard`), so it opens memory-mapped with `pyarrow.ipc.open_file`, with
+`datasets.Dataset.from_file` (which reads only streams) and with `polars.read_ipc`:
 
 - `input_ids`    list<int32>  token ids of the row, length <= max_len
 - `labels`       list<int32>  the token id where loss is taken, -100 elsewhere; the first token of
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -198,11 +201,72 @@ def rows_table(
 
 
 def write_shard(path: str | os.PathLike[str], table: pa.Table) -> None:
-    """Write one shard in Arrow IPC file format (uncompressed, so it memory-maps)."""
+    """Write one shard: the Arrow IPC stream of `table` followed by the IPC file footer.
+
+    A spec IPC file is `ARROW1\\0\\0` + stream + footer + footer size + `ARROW1`. Readers of the file
+    format (pyarrow's `open_file`, `pyarrow.dataset`, polars) locate everything from the footer at the
+    end; `datasets.Dataset.from_file` reads the stream from byte 0. Leaving out the 8 leading bytes
+    (and moving the footer's block offsets back by 8) satisfies both. Uncompressed, so it memory-maps.
+    Only readers that sniff the leading magic (`pyarrow.feather.read_table`) refuse such a file.
+    """
     if table.schema != SCHEMA:
         raise ValueError(f"shard schema mismatch:\n{table.schema}\nexpected:\n{SCHEMA}")
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
-        writer.write_table(table)
+    with open(path, "w+b", buffering=0) as raw:
+        sink = pa.PythonFile(_SkipLeadingMagic(raw), mode="w")
+        with pa.ipc.new_file(sink, SCHEMA) as writer:
+            writer.write_table(table)
+        _shift_footer_blocks(raw.fileno(), -_LEADING_MAGIC)
+
+
+_LEADING_MAGIC = 8  # b"ARROW1" plus 2 bytes of padding
+_BLOCK = struct.Struct("<qi4xq")  # flatbuffers struct Block {offset: long; metaDataLength: int; bodyLength: long}
+
+
+class _SkipLeadingMagic:
+    """File-like sink that drops the first 8 bytes written (the file format's leading magic)."""
+
+    closed = False
+
+    def __init__(self, raw: Any) -> None:
+        self._raw, self._skip = raw, _LEADING_MAGIC
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self._skip:
+            cut = min(self._skip, len(view))
+            self._skip -= cut
+            view = view[cut:]
+        while view:  # raw (unbuffered) writes may be short
+            view = view[self._raw.write(view):]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:  # the caller owns `raw`; it still patches the footer
+        self.closed = True
+
+
+def _shift_footer_blocks(fd: int, delta: int) -> None:
+    """Add `delta` to every block offset in the IPC file footer at the end of `fd`."""
+    size = os.fstat(fd).st_size
+    (footer_len,) = struct.unpack("<i", os.pread(fd, 4, size - 10))
+    start = size - 10 - footer_len
+    footer = bytearray(os.pread(fd, footer_len, start))
+    u32 = struct.Struct("<I")
+    root = u32.unpack_from(footer, 0)[0]  # flatbuffers: root table, then its vtable
+    vtable = root - struct.unpack_from("<i", footer, root)[0]
+    n_fields = (struct.unpack_from("<H", footer, vtable)[0] - 4) // 2
+    for field in (2, 3):  # Footer.dictionaries, Footer.recordBatches: vectors of Block
+        slot = struct.unpack_from("<H", footer, vtable + 4 + 2 * field)[0] if field < n_fields else 0
+        if not slot:
+            continue
+        vector = root + slot + u32.unpack_from(footer, root + slot)[0]
+        for k in range(u32.unpack_from(footer, vector)[0]):
+            at = vector + 4 + _BLOCK.size * k
+            offset, meta_len, body_len = _BLOCK.unpack_from(footer, at)
+            _BLOCK.pack_into(footer, at, offset + delta, meta_len, body_len)
+    os.pwrite(fd, bytes(footer), start)
 
 
 def open_shard(path: str | os.PathLike[str]) -> pa.Table:

@@ -98,8 +98,9 @@ def test_shards_open_with_arrow_mmap_datasets_and_polars(readme_out: Path, tmp_p
         table = pa.ipc.open_file(source).read_all()
         first = table.column("input_ids")[0].as_py()
         assert table.num_rows == manifest.shards[0].rows
-    # Dataset.from_file reads only the IPC *stream* format; the shard contract is the IPC *file*
-    # format (memory-mappable with a footer), which `datasets` opens through its "arrow" builder.
+    ds = datasets.Dataset.from_file(str(path))  # reads the IPC stream from byte 0
+    assert len(ds) == manifest.shards[0].rows and ds[0]["input_ids"] == first
+    assert ds[len(ds) - 1]["seq_lens"] == table.column("seq_lens")[-1].as_py()
     ds = datasets.load_dataset("arrow", data_files=str(path), split="train", cache_dir=str(tmp_path / "hf"))
     assert len(ds) == manifest.shards[0].rows and ds[0]["input_ids"] == first
     df = pl.read_ipc(path)
@@ -118,15 +119,6 @@ def test_rows_follow_the_contract(readme_out: Path):
         assert "### Response:" in tok.decode(ids) and "### Response:" not in tok.decode([t for t in labels if t >= 0])
     fresh = tokenize_examples(read_manifest(readme_out).config, [1234, 0])
     assert fresh[0][0].tolist() == seen[1234][0][0] and fresh[1][1].tolist() == seen[0][0][1]
-
-
-@pytest.mark.xfail(strict=True, reason="datasets.Dataset.from_file only reads the Arrow IPC stream format; "
-                   "shards are IPC file format by contract (pipeline.shards)")
-def test_datasets_from_file_on_a_shard(readme_out: Path):
-    import datasets
-
-    manifest = read_manifest(readme_out)
-    datasets.Dataset.from_file(str(readme_out / manifest.shards[0].file))
 
 
 # -------------------------------------------------------------------------- content, policies
