@@ -83,6 +83,7 @@ class TrainConfig:
     resume: bool = False
     log_every: int = 10
     parallel: str = "ddp"
+    grad_reduce: str = "fp32"
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -361,21 +362,44 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
     return state
 
 
-def wrap_parallel(wrapper: LossModule, info: DistInfo, *, fsdp: bool, bf16: bool) -> torch.nn.Module:
-    """DDP, or FSDP2 (`fully_shard` per decoder layer, then the root), or nothing (one process)."""
+def _bf16_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects string annotations here)
+    """DDP comm hook: average a gradient bucket (dist.GradBucket) across ranks in bf16, write it
+    back in fp32; returns a Future of the bucket's tensor.
+
+    torch's `bf16_compress_hook` does the same but insists on NCCL; this one also runs on gloo,
+    so the CPU tests exercise it."""
+    buffer = bucket.buffer()
+    sent = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(sent, async_op=True).get_future()
+
+    def back(done: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(done.value()[0])
+
+    return future.then(back)
+
+
+def wrap_parallel(
+    wrapper: LossModule, info: DistInfo, *, fsdp: bool, bf16: bool, reduce_bf16: bool = False
+) -> torch.nn.Module:
+    """DDP, or FSDP2 (`fully_shard` per decoder layer, then the root), or nothing (one process).
+
+    `reduce_bf16` sends gradients across ranks in bf16 (DDP comm hook / FSDP2 reduce_dtype); they
+    are accumulated and applied in fp32 either way.
+    """
     if fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if bf16 else MixedPrecisionPolicy()
-        )
+        reduce_dtype = torch.bfloat16 if reduce_bf16 else torch.float32
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=reduce_dtype)
         for layer in _decoder_layers(wrapper.model):
             fully_shard(layer, mp_policy=policy)
         fully_shard(wrapper, mp_policy=policy)
         return wrapper
     if info.enabled:
-        return torch.nn.parallel.DistributedDataParallel(wrapper)
+        ddp = torch.nn.parallel.DistributedDataParallel(wrapper)
+        if reduce_bf16:
+            ddp.register_comm_hook(None, _bf16_allreduce_hook)
+        return ddp
     return wrapper
 
 
@@ -424,6 +448,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         raise UserError(f"unknown --schedule {config.schedule!r}: choose {', '.join(SCHEDULES)}")
     if config.parallel not in PARALLEL:
         raise UserError(f"unknown --parallel {config.parallel!r}: choose {', '.join(PARALLEL)}")
+    if config.grad_reduce not in ("fp32", "bf16"):
+        raise UserError(f"unknown --grad-reduce {config.grad_reduce!r}: choose fp32, bf16")
     device = pick_device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -481,7 +507,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             layer.compile(dynamic=True)
 
     wrapper = LossModule(model)
-    train_module = wrap_parallel(wrapper, info, fsdp=fsdp, bf16=dtype_name == "bf16")
+    train_module = wrap_parallel(wrapper, info, fsdp=fsdp, bf16=dtype_name == "bf16",
+                                 reduce_bf16=config.grad_reduce == "bf16")
 
     optimizer = torch.optim.AdamW(
         param_groups(wrapper, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
