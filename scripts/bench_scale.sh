@@ -9,7 +9,9 @@
 #    scripts/bench_train.py's prepare_data (one instruction/input/output JSONL, as bench_train does);
 # 2. runs `pack-train --model $MODEL --compile --dtype bf16 --tokens-per-step 8192 --grad-accum 1
 #    --max-steps $STEPS --log-every 1 --no-progress` as: single (1 process, no torchrun),
-#    ddp (torchrun N procs, --parallel ddp), fsdp (torchrun N procs, --parallel fsdp);
+#    ddp (torchrun N procs, --parallel ddp), fsdp (torchrun N procs, --parallel fsdp),
+#    ddp-bf16 / fsdp-bf16 (the same with --grad-reduce bf16), and concurrent: N independent 1-GPU
+#    runs at once, one per GPU (no communication at all: what sharing the host costs by itself);
 #    each in its own folder under $WORK/runs; pack-train always writes a final checkpoint (it cannot
 #    be switched off): it goes to $WORK, is not in the timed steps, and is deleted after each run;
 # 3. scripts/scale_table.py turns the runs' metrics.jsonl into the table (steps > WARMUP only).
@@ -17,7 +19,8 @@
 # Writes 3 files into $OUT (default out/bench_scale): scale.md, scale.json, scale.log (everything).
 # Knobs (env): NPROC (default: all visible GPUs), STEPS=30, WARMUP=8, MODEL=llama-1b, DEVICE=cuda,
 #   DTYPE (bf16 on cuda, fp32 on cpu), COMPILE (1 on cuda, 0 on cpu), TOKENS=8192, MAX_LEN=8192,
-#   LIMIT (examples per dataset, default all), CONFIGS="single ddp fsdp", RUN_TIMEOUT=240 (s per run),
+#   LIMIT (examples per dataset, default all), CONFIGS="single ddp fsdp" (also: ddp-bf16
+#   fsdp-bf16 concurrent), RUN_TIMEOUT=240 (s per run),
 #   NUM_PROC (pack-data processes: 8 on cuda, 1 on cpu), TRAIN_ARGS (extra pack-train flags),
 #   SHARED, WORK (default /tmp/packlm-scale), PYTHON=python3.
 set -o pipefail
@@ -105,25 +108,43 @@ entry='from trainer.cli import pack_train; pack_train(prog_name="pack-train")'
 launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --no-python "$PY" -c "$entry")
 run_dirs=()
 failed=()
-for cfg in $CONFIGS; do
-  run="$WORK/runs/$cfg"
-  rm -rf "$run"
-  mkdir -p "$(dirname "$run")"
-  case "$cfg" in
-    single) cmd=("$PY" -c "$entry" "${common[@]}" --out "$run") ;;
-    ddp | fsdp) cmd=("${launch[@]}" "${common[@]}" --parallel "$cfg" --out "$run") ;;
-    *) log "bench_scale: unknown config '$cfg' in CONFIGS (single, ddp, fsdp)"; exit 2 ;;
-  esac
-  log "=== $cfg: ${cmd[*]}"
-  t0=$SECONDS
-  timeout -k 20 "$RUN_TIMEOUT" "${cmd[@]}" 2>&1 | tee -a "$LOG"
+run_one() {  # run_one NAME CMD...: one timed run into $WORK/runs/NAME (its exit code saved there)
+  local name=$1 run="$WORK/runs/$1" rc t0=$SECONDS
+  shift
+  log "=== $name: $*"
+  timeout -k 20 "$RUN_TIMEOUT" "$@" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   mkdir -p "$run"
   echo "$rc" >"$run/exit_code"
-  log "=== $cfg: exit $rc in $((SECONDS - t0)) s (includes startup, compile and the final checkpoint)"
-  ((rc == 0)) || failed+=("$cfg")
+  log "=== $name: exit $rc in $((SECONDS - t0)) s (includes startup, compile and the final checkpoint)"
+  ((rc == 0)) || failed+=("$name")
   rm -rf "$run/checkpoints"  # a llama-1b checkpoint with AdamW state is ~13 GB
   run_dirs+=("$run")
+}
+for cfg in $CONFIGS; do
+  rm -rf "$WORK/runs/$cfg"*
+  mkdir -p "$WORK/runs"
+  case "$cfg" in
+    single) run_one "$cfg" "$PY" -c "$entry" "${common[@]}" --out "$WORK/runs/$cfg" ;;
+    ddp | fsdp) run_one "$cfg" "${launch[@]}" "${common[@]}" --parallel "$cfg" --out "$WORK/runs/$cfg" ;;
+    ddp-bf16 | fsdp-bf16)
+      run_one "$cfg" "${launch[@]}" "${common[@]}" --parallel "${cfg%-bf16}" --grad-reduce bf16 \
+        --out "$WORK/runs/$cfg" ;;
+    concurrent)  # N plain processes at once, GPU i each; every one is a row of its own
+      pids=()
+      for ((i = 0; i < NPROC; i++)); do
+        CUDA_VISIBLE_DEVICES=$i run_one "concurrent-gpu$i" "$PY" -c "$entry" "${common[@]}" \
+          --out "$WORK/runs/concurrent-gpu$i" >/dev/null &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid"; done
+      for ((i = 0; i < NPROC; i++)); do  # run_one ran in subshells: collect here
+        run="$WORK/runs/concurrent-gpu$i"
+        run_dirs+=("$run")
+        [[ "$(cat "$run/exit_code" 2>/dev/null)" == 0 ]] || failed+=("concurrent-gpu$i")
+      done ;;
+    *) log "bench_scale: unknown config '$cfg' in CONFIGS (single, ddp, fsdp, ddp-bf16, fsdp-bf16, concurrent)"; exit 2 ;;
+  esac
 done
 
 # ---- 3. the table
