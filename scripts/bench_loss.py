@@ -17,6 +17,9 @@ Methods (`--methods`):
 - `ffd`       `pack-data --strategy ffd` rows: rows in stored (seeded random) order, cut greedily into
               steps of at most T tokens, T = the mean tokens of a 32-example group, so a step holds
               about as many tokens (and examples) as in the first two methods.
+- `ffd-full`  `pack-data --strategy ffd --max-len --full-len` (8192) rows, one full row per optimizer
+              step: the paper's throughput setting, fewer and fuller steps per epoch (about 1.3x
+              the tokens of a 32-example group here), so fewer optimizer updates for the same data.
 
 Every step's loss is the mean over its loss tokens (the sum over the step divided by the step's
 loss-token count), which is what HF's padded loss computes too. The split: the seeded example order
@@ -53,7 +56,7 @@ import bench_train as bt
 
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 
-METHODS = ("pad", "minibatch", "shuffle", "ffd")
+METHODS = ("pad", "minibatch", "shuffle", "ffd", "ffd-full")
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -81,14 +84,17 @@ def prepare(args: argparse.Namespace, shared: Path) -> dict[str, Path]:
         bt.write_jsonl(train_file, train)
         bt.write_jsonl(held_file, held)
         stamp_file.write_text(json.dumps(stamp))
-    need = sorted(set(args.methods) | {"minibatch", "pad"})
+    need = sorted((set(args.methods) - {"ffd-full"}) | {"minibatch", "pad"})
     jobs = [bt.PackJob([train_file], work / f"train-{s}", s, {**stamp, "strategy": s}) for s in need]
+    if "ffd-full" in args.methods:
+        jobs.append(bt.PackJob([train_file], work / "train-ffd-full", "ffd",
+                               {**stamp, "strategy": "ffd", "max_len": args.full_len}, max_len=args.full_len))
     jobs.append(bt.PackJob([held_file], work / "heldout-pad", "pad",
                            {**stamp, "strategy": "pad", "split": "heldout"}))
     bt.run_pack_jobs(jobs, tokenizer=tokenizer, max_len=args.max_len, seed=args.seed,
                      num_proc=args.pack_procs)
-    folders = {job.strategy: job.out for job in jobs[:-1]}
-    folders["heldout"] = jobs[-1].out
+    folders = {job.out.name.removeprefix("train-"): job.out for job in jobs}
+    folders["heldout"] = folders.pop("heldout-pad")
     return folders
 
 
@@ -114,6 +120,8 @@ def method_steps(method: str, folders: dict[str, Path], group: int, budget: int,
                             example_ids=ids if method == "pad" else None,
                             examples=len(ids), tokens=tokens))
         return out
+    if method == "ffd-full":
+        budget = read_manifest(folders[method]).max_len  # one full row per step
     out = []
     for rows in bt.ffd_steps(folders[method], budget):
         ids = np.unique(np.concatenate([r["example_ids"] for r in rows]))
@@ -305,6 +313,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group", type=int, default=32)
     p.add_argument("--max-len", type=int, default=2048, help="pack-data --max-len")
+    p.add_argument("--full-len", type=int, default=8192, help="pack-data --max-len of ffd-full")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--warmup-frac", type=float, default=0.03)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)

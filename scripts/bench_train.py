@@ -148,6 +148,7 @@ class PackJob:
     out: Path
     strategy: str
     stamp: dict[str, Any]
+    max_len: int | None = None  # None: run_pack_jobs' max_len
 
 
 def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, seed: int,
@@ -164,7 +165,8 @@ def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, see
                 and json.loads(stamp_file.read_text()) == job.stamp):
             print(f"  reusing {job.out}")
             continue
-        args = pack_data_args(job.inputs, job.out, tokenizer=tokenizer, max_len=max_len,
+        job_len = job.max_len or max_len
+        args = pack_data_args(job.inputs, job.out, tokenizer=tokenizer, max_len=job_len,
                               strategy=job.strategy, seed=seed, num_proc=num_proc)
         t0 = time.perf_counter()
         try:
@@ -172,7 +174,7 @@ def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, see
         except click.ClickException as exc:
             raise SystemExit(f"pack-data {' '.join(args)} failed: {exc.format_message()}") from None
         stamp_file.write_text(json.dumps(job.stamp))
-        print(f"  pack-data --strategy {job.strategy} --max-len {max_len} -> {job.out.name}: "
+        print(f"  pack-data --strategy {job.strategy} --max-len {job_len} -> {job.out.name}: "
               f"{time.perf_counter() - t0:.1f} s")
 
 

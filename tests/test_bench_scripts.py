@@ -372,12 +372,15 @@ def test_bench_loss_end_to_end_on_cpu(tmp_path):
             "--device", "cpu", "--model", "tiny", "--shared", str(shared), "--tokenizer", str(tokenizer),
             "--workdir", str(tmp_path / "w"), "--max-len", "256", "--holdout", "0.1",
             "--pack-procs", "1", "--json", str(tmp_path / "loss.json"), "--plot", str(tmp_path / "c.png"),
+            "--full-len", "4096",
         ])
     finally:
         torch.set_num_threads(threads)
     by = {r.method: r for r in results}
     assert list(by) == list(bl.METHODS)
     assert by["pad"].examples == by["minibatch"].examples == by["ffd"].examples == 72  # 80 - 8 held out
+    assert by["ffd-full"].examples == 72 and by["ffd-full"].tokens == by["ffd"].tokens
+    assert by["ffd-full"].steps < by["ffd"].steps  # one full 4096-token row per step
     pad = [loss for _, loss in by["pad"].curve]
     mini = [loss for _, loss in by["minibatch"].curve]
     assert [x for x, _ in by["pad"].curve] == [x for x, _ in by["minibatch"].curve] == [32, 64, 72]
