@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import numba
 import numpy as np
 
 from pipeline.errors import ShardFormatError, UserError, cli_errors
@@ -61,6 +62,73 @@ class _Flat:
     seq_lens: np.ndarray
     example_ids: np.ndarray
     ex_off: np.ndarray
+    loss_tokens: int = -1  # labels != -100; set by check_shard
+
+
+# Defects the token pass finds, in the order they are reported when a shard has several kinds.
+_OK, _NEGATIVE_ID, _BEYOND_VOCAB, _POSITION, _LABEL_AT_START, _LABEL_SHIFTED = range(6)
+
+
+@numba.njit(cache=True, nogil=True)
+def _token_checks(input_ids, labels, position_ids, seq_lens, vocab):  # pragma: no cover - numba
+    """One pass over a shard's flat tokens; `seq_lens` must tile them (checked before).
+
+    Returns (code, index, loss tokens): the first defect kind found, in the `_NEGATIVE_ID` ..
+    `_LABEL_SHIFTED` order (`_OK` if none), the flat token index of its first occurrence (the flat
+    example index for `_LABEL_AT_START`), and the number of labels != -100. `vocab` <= 0: unknown.
+    The pass itself is branch-free (it vectorises); only a shard with a defect gets a second,
+    slower pass (`_token_defects`) that finds which and where.
+    """
+    limit = np.int64(vocab) if vocab > 0 else np.int64(1) << 32
+    loss = 0
+    bad = False
+    t = 0
+    for k in range(seq_lens.shape[0]):
+        n = seq_lens[k]
+        acc = labels[t] != -100
+        for i in range(n):
+            x = np.int64(input_ids[t + i])
+            y = labels[t + i]
+            m = y != -100
+            loss += m
+            acc |= (x < 0) | (x >= limit) | (position_ids[t + i] != i) | (m & (y != x))
+        bad |= acc
+        t += n
+    if not bad:
+        return _OK, -1, loss
+    return _token_defects(input_ids, labels, position_ids, seq_lens, vocab)
+
+
+@numba.njit(cache=True, nogil=True)
+def _token_defects(input_ids, labels, position_ids, seq_lens, vocab):  # pragma: no cover - numba
+    """`_token_checks`'s result for a shard known to have a defect: the first of each kind."""
+    first = np.full(6, -1, np.int64)
+    loss = 0
+    t = 0
+    for k in range(seq_lens.shape[0]):
+        n = seq_lens[k]
+        if labels[t] != -100 and first[_LABEL_AT_START] < 0:
+            first[_LABEL_AT_START] = k
+        for i in range(n):
+            x = input_ids[t]
+            y = labels[t]
+            if x < 0:
+                if first[_NEGATIVE_ID] < 0:
+                    first[_NEGATIVE_ID] = t
+            elif vocab > 0 and x >= vocab:
+                if first[_BEYOND_VOCAB] < 0:
+                    first[_BEYOND_VOCAB] = t
+            if position_ids[t] != i and first[_POSITION] < 0:
+                first[_POSITION] = t
+            if y != -100:
+                loss += 1
+                if y != x and first[_LABEL_SHIFTED] < 0:
+                    first[_LABEL_SHIFTED] = t
+            t += 1
+    for code in range(1, 6):
+        if first[code] >= 0:
+            return code, first[code], loss
+    return _OK, -1, loss
 
 
 def _norm(col: FlatColumn) -> tuple[np.ndarray, np.ndarray]:
@@ -158,39 +226,37 @@ def check_shard(path: Path, max_len: int, vocab_size: int | None = None) -> _Fla
             f"{loc.row(r)}: seq_lens sum to {int(row_sums[r])} but the row has "
             f"{int(row_len[r])} tokens"
         )
-    # From here the example boundaries tile the flat token arrays exactly.
+    # From here the example boundaries tile the flat token arrays exactly: one numba pass over the
+    # tokens finds the first defect of each kind (reported in the order below) and counts loss tokens.
     starts = cum[:-1]
-    n_tok = int(cum[-1])
-    if (bad := flat.input_ids < 0).any():
-        t = _first(bad)
+    code, at, flat.loss_tokens = _token_checks(
+        flat.input_ids, flat.labels, flat.position_ids, seq, int(vocab_size or 0)
+    )
+    if code == _NEGATIVE_ID:
         raise ShardFormatError(
-            f"{loc.token(t, starts)}: negative token id {int(flat.input_ids[t])}"
+            f"{loc.token(at, starts)}: negative token id {int(flat.input_ids[at])}"
         )
-    if vocab_size and (bad := flat.input_ids >= vocab_size).any():
-        t = _first(bad)
+    if code == _BEYOND_VOCAB:
         raise ShardFormatError(
-            f"{loc.token(t, starts)}: token id {int(flat.input_ids[t])} >= the tokenizer's "
+            f"{loc.token(at, starts)}: token id {int(flat.input_ids[at])} >= the tokenizer's "
             f"vocab_size {vocab_size} (manifest): packed with another tokenizer?"
         )
-    expected = np.arange(n_tok, dtype=np.int64) - np.repeat(starts, seq)
-    if (bad := flat.position_ids != expected).any():
-        t = _first(bad)
+    if code == _POSITION:
+        expected = at - int(starts[np.searchsorted(starts, at, side="right") - 1])
         raise ShardFormatError(
-            f"{loc.token(t, starts)}: position_ids do not restart/count up per example "
-            f"(got {int(flat.position_ids[t])}, expected {int(expected[t])})"
+            f"{loc.token(at, starts)}: position_ids do not restart/count up per example "
+            f"(got {int(flat.position_ids[at])}, expected {expected})"
         )
     labels = flat.labels
-    if len(starts) and (bad := labels[starts] != IGNORE_INDEX).any():
-        k = _first(bad)
+    if code == _LABEL_AT_START:  # `at` is the flat example index here
         raise ShardFormatError(
-            f"{loc.example(k)} token 0: label at an example start is {int(labels[starts[k]])}, "
+            f"{loc.example(at)} token 0: label at an example start is {int(labels[starts[at]])}, "
             f"must be {IGNORE_INDEX} (no prediction across example boundaries)"
         )
-    if (bad := (labels != IGNORE_INDEX) & (labels != flat.input_ids)).any():
-        t = _first(bad)
+    if code == _LABEL_SHIFTED:
         raise ShardFormatError(
-            f"{loc.token(t, starts)}: label {int(labels[t])} is neither {IGNORE_INDEX} nor the "
-            f"input id {int(flat.input_ids[t])} (labels must be unshifted copies of input_ids)"
+            f"{loc.token(at, starts)}: label {int(labels[at])} is neither {IGNORE_INDEX} nor the "
+            f"input id {int(flat.input_ids[at])} (labels must be unshifted copies of input_ids)"
         )
     return flat
 
