@@ -261,6 +261,68 @@ def check_shard(path: Path, max_len: int, vocab_size: int | None = None) -> _Fla
     return flat
 
 
+
+@dataclass
+class ShardSummary:
+    """One shard file as `check_shard` found it: what `verify_folder`'s folder-level checks need.
+
+    `size`, `mtime_ns` and `inode` are the file's, taken before it was opened: a summary stands for
+    the file only while all three are unchanged (and it was checked against the same max_len and
+    vocab_size). A same-size rewrite in place within one file-system timestamp tick would go
+    unnoticed; `pack-verify` (sha256) catches that too.
+    """
+
+    rows: int
+    tokens: int
+    loss_tokens: int
+    example_ids: np.ndarray  # int64, a copy (a view would keep the memory-mapped shard resident)
+    max_len: int
+    vocab_size: int | None
+    size: int
+    mtime_ns: int
+    inode: int
+
+    def holds_for(self, path: Path, max_len: int, vocab_size: int | None) -> bool:
+        """True when this summary still describes `path` checked with these limits."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        return (st.st_size, st.st_mtime_ns, st.st_ino, max_len, vocab_size) == (
+            self.size, self.mtime_ns, self.inode, self.max_len, self.vocab_size)
+
+
+def summarize_shard(path: str | os.PathLike[str], max_len: int,
+                    vocab_size: int | None = None) -> ShardSummary:
+    """`check_shard` on the file as it is on disk (memory-mapped); its totals and example ids.
+
+    pack-data calls this on each shard as soon as it is written and hands the results to
+    `verify_folder(..., checked=...)`, which then need not read the tokens again.
+    """
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ShardFormatError(f"{path}: cannot read the shard ({exc.strerror})") from None
+    flat = check_shard(path, max_len, vocab_size)
+    return ShardSummary(
+        rows=len(flat.row_off) - 1,
+        tokens=len(flat.input_ids),
+        loss_tokens=int(flat.loss_tokens),
+        example_ids=np.array(flat.example_ids, dtype=np.int64, copy=True),
+        max_len=max_len,
+        vocab_size=vocab_size,
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        inode=st.st_ino,
+    )
+
+
+def manifest_vocab(tokenizer: object) -> int | None:
+    """The vocab_size a manifest's `tokenizer` entry records, when it is a usable one (else None)."""
+    vocab = tokenizer.get("vocab_size") if isinstance(tokenizer, dict) else None
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+
 def _check_manifest_self(manifest: Manifest, where: str) -> None:
     c = manifest.counts
     if manifest.max_len < 1:
@@ -286,10 +348,19 @@ def _check_manifest_self(manifest: Manifest, where: str) -> None:
         )
 
 
-def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> Manifest:
+def verify_folder(
+    folder: str | os.PathLike[str],
+    *,
+    check_hashes: bool = True,
+    checked: dict[str, ShardSummary] | None = None,
+) -> Manifest:
     """Run the fast checks on a packed folder; return its manifest or raise ShardFormatError.
 
     Raises on the first defect, naming the file, row and example index within the row.
+    `checked` maps shard file names to `summarize_shard` results computed earlier (pack-data checks
+    each shard as it is written): such a shard is not read again while its size and mtime are as
+    they were when it was checked; any other shard is checked here. `pack-verify` and `pack-train`
+    pass nothing, so every shard is read.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -311,8 +382,8 @@ def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) 
             "run?): remove it or re-run pack-data"
         )
 
-    vocab = manifest.tokenizer.get("vocab_size") if isinstance(manifest.tokenizer, dict) else None
-    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+    vocab = manifest_vocab(manifest.tokenizer)
+    checked = checked or {}
     rows = tokens = loss = 0
     ids: list[np.ndarray] = []
     for info, path in zip(manifest.shards, paths, strict=True):
@@ -323,18 +394,18 @@ def verify_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) 
                     f"{path}: sha256 {digest[:12]}... does not match the manifest "
                     f"({str(info.sha256)[:12]}...): the file changed after packing"
                 )
-        flat = check_shard(path, manifest.max_len, vocab)
-        n_rows, n_tok = len(flat.row_off) - 1, len(flat.input_ids)
-        if n_rows != info.rows or n_tok != info.tokens:
+        summary = checked.get(path.name)
+        if summary is None or not summary.holds_for(path, manifest.max_len, vocab):
+            summary = summarize_shard(path, manifest.max_len, vocab)
+        if summary.rows != info.rows or summary.tokens != info.tokens:
             raise ShardFormatError(
-                f"{path.name}: has {n_rows} rows / {n_tok} tokens, manifest says "
+                f"{path.name}: has {summary.rows} rows / {summary.tokens} tokens, manifest says "
                 f"{info.rows} rows / {info.tokens} tokens"
             )
-        rows += n_rows
-        tokens += n_tok
-        loss += int(np.count_nonzero(flat.labels != IGNORE_INDEX))
-        # a copy: a view would keep every memory-mapped shard resident until the end (RSS ~ output size)
-        ids.append(np.array(flat.example_ids, dtype=np.int64, copy=True))
+        rows += summary.rows
+        tokens += summary.tokens
+        loss += summary.loss_tokens
+        ids.append(summary.example_ids)
 
     for label, got, want in (
         ("rows", rows, manifest.rows),

@@ -65,6 +65,7 @@ from pipeline.tokenize import (
     tokenize_to_spill,
     tokenizer_info,
 )
+from pipeline.verify import ShardSummary, manifest_vocab, summarize_shard
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -351,10 +352,12 @@ def run_pack_data(
     tmp = parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        manifest, reference, sizes = _pack_into(tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
+        manifest, reference, sizes, checked = _pack_into(
+            tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
         t = time.perf_counter()
-        # structure, schema, per-row invariants and totals; no second sha256 pass over every byte
-        verify_folder(tmp, check_hashes=False)
+        # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
+        # the checker thread; no second pass over the tokens, no second sha256 pass over every byte
+        verify_folder(tmp, check_hashes=False, checked=checked)
         check_sizes(tmp, sizes)
         times["verify"] = time.perf_counter() - t
         _commit(tmp, out, config.overwrite)
@@ -380,9 +383,9 @@ def _pack_into(
     tok_info: dict[str, Any],
     inputs_info: list[dict[str, Any]],
     times: dict[str, float],
-) -> tuple[Manifest, Layout, dict[str, int]]:
-    """Write shards + manifest into `tmp`; return the manifest, the pad-to-longest reference layout
-    and the bytes written per shard file."""
+) -> tuple[Manifest, Layout, dict[str, int], dict[str, ShardSummary]]:
+    """Write shards + manifest into `tmp`; return the manifest, the pad-to-longest reference layout,
+    the bytes written per shard file and each shard's `summarize_shard` (checked as written)."""
     max_len = config.max_len
     t = time.perf_counter()
     total = estimate_rows(files, config.limit) if config.progress else None
@@ -436,11 +439,17 @@ def _pack_into(
     total_tokens = loss_tokens = 0
     written: list[Future] = []
     sizes: dict[str, int] = {}
+    checked: dict[str, ShardSummary] = {}
+    checks: list[Future] = []
+    vocab = manifest_vocab(tok_info)
 
-    def write_one(path: Path, table: Any) -> tuple[int, Future]:
+    def write_one(path: Path, table: Any) -> tuple[int, Future, Future]:
         write_shard(path, table)  # looked up at call time (tests replace it)
-        # hashlib releases the GIL: hash this shard while the next ones are gathered and written
-        return os.path.getsize(path), hasher.submit(file_sha256, path)
+        # hashlib and the numba checks release the GIL: hash this shard and check the file as it is
+        # on disk (re-opened memory-mapped) while the next ones are gathered and written
+        check = checker.submit(summarize_shard, path, max_len, vocab)
+        checks.append(check)
+        return os.path.getsize(path), hasher.submit(file_sha256, path), check
 
     # two sets of token buffers, reused: one shard is gathered into one set while the previous one,
     # whose table views the other set, is written (fresh 128 MiB arrays per shard cost page faults)
@@ -451,6 +460,7 @@ def _pack_into(
         spill_closed(spill),
         _bar(config.progress, desc="write", total=n_rows, unit="row") as bar,
         ThreadPoolExecutor(1) as hasher,
+        ThreadPoolExecutor(1) as checker,
         ThreadPoolExecutor(1) as writer,
     ):
         for s, r0 in enumerate(range(0, n_rows, rps)):
@@ -467,6 +477,8 @@ def _pack_into(
             name = shard_name(s)
             if written:  # the previous shard is written (in a thread) while this one was gathered;
                 written[-1].result()  # at most one shard waits in RAM
+            while checks and checks[0].done():  # a shard that failed its check stops the job now
+                checks.pop(0).result()
             written.append(writer.submit(write_one, tmp / name, table))
             del table, ids, labels, pos
             shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=""))
@@ -474,8 +486,9 @@ def _pack_into(
             loss_tokens += loss
             bar.update(r1 - r0)
         for info, done in zip(shards, written):
-            size, digest = done.result()
+            size, digest, check = done.result()
             sizes[info.file] = size
+            checked[info.file] = check.result()
             info.sha256 = digest.result()
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)
@@ -500,7 +513,7 @@ def _pack_into(
     )
     write_manifest(tmp, manifest)
     times["write"] = time.perf_counter() - t
-    return manifest, reference, sizes
+    return manifest, reference, sizes, checked
 
 
 def check_sizes(folder: Path, sizes: dict[str, int]) -> None:

@@ -456,9 +456,10 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
     calls: list[bool] = []
     real = pipeline.verify.verify_folder
 
-    def spy(folder, *, check_hashes=True):
+    def spy(folder, *, check_hashes=True, checked=None):
         calls.append(check_hashes)
-        return real(folder, check_hashes=check_hashes)
+        assert checked and all(s.tokens > 0 for s in checked.values())  # each shard checked as written
+        return real(folder, check_hashes=check_hashes, checked=checked)
 
     monkeypatch.setattr(pipeline.verify, "verify_folder", spy)
     monkeypatch.setattr(pipeline.verify, "file_sha256", lambda path: pytest.fail("final check re-hashed a shard"))
@@ -469,8 +470,8 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
     monkeypatch.undo()
     assert verify_folder(out, check_hashes=True).rows >= 1  # the recorded sha256 are right
 
-    def spy_and_grow(folder, *, check_hashes=True):  # a shard changes after the structural checks
-        manifest = real(folder, check_hashes=check_hashes)
+    def spy_and_grow(folder, *, check_hashes=True, checked=None):  # a shard changes after the checks
+        manifest = real(folder, check_hashes=check_hashes, checked=checked)
         with open(Path(folder) / manifest.shards[0].file, "ab") as handle:
             handle.write(b"\0" * 8)
         return manifest
@@ -481,6 +482,65 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
     assert "shard-00000.arrow: shard is" in result.output and "were written" in result.output
     assert not (tmp_path / "o2").exists() and leftovers(tmp_path) == []
 
+
+
+def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Path,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    """What is checked is the file on disk: a bad shard written by the writer thread is caught."""
+    real = pipeline.write.write_shard
+
+    def write_bad(path, table):  # shard 1 reaches the disk with row 0's position_ids not restarting
+        if path.name == "shard-00001.arrow":
+            col = table.column("position_ids").combine_chunks()
+            flat = col.values.to_numpy().copy()
+            flat[1] += 7
+            new = pa.ListArray.from_arrays(col.offsets, pa.array(flat, pa.int32()))
+            table = table.set_column(2, table.schema.field("position_ids"), new)
+        real(path, table)
+
+    monkeypatch.setattr(pipeline.write, "write_shard", write_bad)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "8",
+                                            "--rows-per-shard", "1", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "shard-00001.arrow row 0 example 0 " in lines[0] and "token 1: position_ids" in lines[0]
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: Path,
+                                                        monkeypatch: pytest.MonkeyPatch):
+    """A shard rewritten (same size) after the checker thread saw it is re-read by the final step."""
+    import time
+
+    import pipeline.verify
+    from packed_factory import rewrite_shard, shard_arrays
+
+    real = pipeline.verify.verify_folder
+    rechecked: list[str] = []
+    real_summarize = pipeline.verify.summarize_shard
+
+    def spy_summarize(path, *args, **kwargs):
+        rechecked.append(Path(path).name)
+        return real_summarize(path, *args, **kwargs)
+
+    def tamper_then_verify(folder, *, check_hashes=True, checked=None):
+        time.sleep(0.05)  # past the file system's timestamp granularity
+        arrays = shard_arrays(Path(folder) / "shard-00001.arrow")
+        arrays["labels"][1] = arrays["input_ids"][1] + 1  # neither -100 nor the input id
+        rewrite_shard(folder, 1, arrays, update_hash=False)
+        monkeypatch.setattr(pipeline.verify, "summarize_shard", spy_summarize)
+        return real(folder, check_hashes=check_hashes, checked=checked)
+
+    monkeypatch.setattr(pipeline.verify, "verify_folder", tamper_then_verify)
+    out = tmp_path / "o"
+    result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 8, "--rows-per-shard", 1, "--out", out)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "shard-00001.arrow row 0 example 0 " in result.output
+    assert "is neither -100 nor the input id" in result.output
+    assert rechecked == ["shard-00001.arrow"]  # the unchanged shards were not read again
+    assert not out.exists() and leftovers(tmp_path) == []
 
 def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
     def interrupted(path, table):

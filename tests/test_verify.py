@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ from packed_factory import edit_manifest, make_packed_folder, rewrite_shard, sha
 
 from pipeline.errors import ShardFormatError
 from pipeline.shards import IGNORE_INDEX
-from pipeline.verify import pack_verify, verify_folder
+import pipeline.verify
+from pipeline.verify import pack_verify, summarize_shard, verify_folder
 
 MAX_LEN = 10
 # Example 4 is prompt-only (all labels masked); example 5 was split into two pieces (10 + 2).
@@ -314,3 +316,40 @@ def test_deep_catches_changed_tokens(sample_pack: Path, tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "shard-00000.arrow row 0 example 0" in result.output
     assert "stored token ids differ from a fresh tokenization" in result.output
+
+
+def test_several_defects_report_the_same_first_one_as_before(bad: Path) -> None:
+    """Defect kinds keep their old precedence (ids, positions, start labels, other labels), not
+    their order in the shard: a shifted label before a broken position reports the position."""
+    def change(a: dict) -> None:
+        a["labels"][1] = a["input_ids"][1] + 1  # row 0 example 0 token 1: shifted label
+        a["position_ids"][6] = 9  # row 0 example 1 token 2: wrong position
+
+    _tamper(bad, 0, change)
+    result = run_cli(bad)
+    assert result.exit_code == 1
+    assert "shard-00000.arrow row 0 example 1 (id 1) token 2: position_ids do not restart/count up " \
+           "per example (got 9, expected 2)" in result.output
+
+
+def test_checked_summaries_are_trusted_only_for_the_unchanged_file(
+        bad: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = sorted(bad.glob("shard-*.arrow"))
+    checked = {p.name: summarize_shard(p, MAX_LEN) for p in paths}
+    assert [(s.rows, s.tokens, s.loss_tokens) for s in checked.values()] == [(2, 19, 16), (2, 17, 12)]  # 3+4+9, 2+0+1+9
+    assert checked["shard-00001.arrow"].example_ids.tolist() == [3, 4, 5, 5]
+
+    def no_reread(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        pytest.fail("a shard with a valid summary was read again")
+
+    monkeypatch.setattr(pipeline.verify, "check_shard", no_reread)
+    assert verify_folder(bad, checked=checked).rows == 4
+    monkeypatch.undo()
+    # a summary made with another max_len / vocab_size is not used
+    other = {p.name: summarize_shard(p, MAX_LEN + 1) for p in paths}
+    assert not other["shard-00000.arrow"].holds_for(paths[0], MAX_LEN, None)
+    # the file changes after its summary was taken (same size): it is checked again
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    _tamper(bad, 0, _label_shifted)
+    with pytest.raises(ShardFormatError, match="row 0 example 1 .id 1. token 1: label"):
+        verify_folder(bad, check_hashes=False, checked=checked)
