@@ -1,8 +1,18 @@
 """Fast integrity checks of a packed folder (`verify_folder`) and the `pack-verify` command.
 
-Every check is vectorised over a shard's flat columns (numpy), so verifying costs about one pass
-over the tokens; the only Python loops are per shard. The first defect found raises
-`ShardFormatError` with one line naming the file, row and example index within the row.
+Per-row and per-example checks are vectorised numpy over a shard's offsets; the per-token checks
+(ids in range, position_ids, labels, loss-token count) are one branch-free numba pass over the flat
+token columns (`_token_checks`; only a shard with a defect gets a second pass that finds which and
+where), so verifying costs about one read of the tokens; the only Python loops are per shard. The
+first defect found raises `ShardFormatError` with one line naming the file, row and example index
+within the row; when a shard has defects of several kinds, the first kind in the order listed below
+is reported.
+
+`summarize_shard(path, max_len, vocab_size)` checks one shard file and keeps what the folder-level
+checks need (`ShardSummary`: rows, tokens, loss tokens, example ids, and the file's size / mtime /
+inode). pack-data calls it in a checker thread on each shard as soon as it is written and passes the
+results as `verify_folder(..., checked=...)`, which then runs only the folder-level checks for the
+shards whose file is unchanged. `pack-verify` and `pack-train` pass nothing: every shard is read.
 
 What is checked:
 

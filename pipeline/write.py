@@ -13,9 +13,16 @@ directly. Phases:
 4. write: per shard, the pieces are read from the spill (one pread each, straight into the flat
    input_ids / labels arrays), a numba kernel builds position_ids and sets the first label of every
    piece to -100, `rows_table`; `write_shard` runs in a writer thread while the next shard is
-   gathered, and each shard's sha256 in a hasher thread after it is written; then the manifest, `verify_folder` without re-hashing (the hashes were
-   just computed; instead every shard's size must still equal what was written), and an atomic
-   rename. `pack-verify` re-hashes everything.
+   gathered. As soon as a shard file is written, a hasher thread computes its sha256 and a checker
+   thread re-opens the file memory-mapped and runs `pipeline.verify.summarize_shard` on it (every
+   per-row and per-token check of `check_shard`, one numba pass over the tokens), so what is checked
+   is what is on disk, overlapped with gathering the next shard; a bad shard stops the job;
+5. finish: the manifest, then `verify_folder(tmp, check_hashes=False, checked=...)`: the folder-level
+   checks only (manifest self-consistency, files present and no strays, per-shard and total counts
+   vs the manifest, example ids) from the per-shard summaries, without reading the tokens again (a
+   shard whose size, mtime or inode changed since its check is checked again); then every shard's
+   size must still equal what was written, and an atomic rename. `pack-verify` re-hashes and
+   re-checks everything.
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
