@@ -122,12 +122,10 @@ def _token_defects(input_ids, labels, position_ids, seq_lens, vocab):  # pragma:
         for i in range(n):
             x = input_ids[t]
             y = labels[t]
-            if x < 0:
-                if first[_NEGATIVE_ID] < 0:
-                    first[_NEGATIVE_ID] = t
-            elif vocab > 0 and x >= vocab:
-                if first[_BEYOND_VOCAB] < 0:
-                    first[_BEYOND_VOCAB] = t
+            if x < 0 and first[_NEGATIVE_ID] < 0:
+                first[_NEGATIVE_ID] = t
+            if vocab > 0 and x >= vocab and first[_BEYOND_VOCAB] < 0:
+                first[_BEYOND_VOCAB] = t
             if position_ids[t] != i and first[_POSITION] < 0:
                 first[_POSITION] = t
             if y != -100:

@@ -39,7 +39,7 @@ def numpy_token_checks(ids: np.ndarray, labels: np.ndarray, pos: np.ndarray, seq
     return bad, loss
 
 
-def make_shard(tokens: int, max_example: int, vocab: int, seed: int = 0):  # noqa: ANN201
+def make_shard(tokens: int, max_example: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     """Flat columns of a valid shard of exactly `tokens` tokens."""
     rng = np.random.default_rng(seed)
     seq = rng.integers(1, max_example + 1, size=int(tokens / ((max_example + 1) / 2) * 1.2) + 16).astype(np.int64)

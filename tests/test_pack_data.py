@@ -514,8 +514,9 @@ def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: 
     """A shard rewritten (same size) after the checker thread saw it is re-read by the final step."""
     import time
 
-    import pipeline.verify
     from packed_factory import rewrite_shard, shard_arrays
+
+    import pipeline.verify
 
     real = pipeline.verify.verify_folder
     rechecked: list[str] = []

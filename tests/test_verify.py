@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from packed_factory import edit_manifest, make_packed_folder, rewrite_shard, shard_arrays
 
+import pipeline.verify
 from pipeline.errors import ShardFormatError
 from pipeline.shards import IGNORE_INDEX
-import pipeline.verify
 from pipeline.verify import pack_verify, summarize_shard, verify_folder
 
 MAX_LEN = 10
@@ -339,7 +339,7 @@ def test_checked_summaries_are_trusted_only_for_the_unchanged_file(
     assert [(s.rows, s.tokens, s.loss_tokens) for s in checked.values()] == [(2, 19, 16), (2, 17, 12)]  # 3+4+9, 2+0+1+9
     assert checked["shard-00001.arrow"].example_ids.tolist() == [3, 4, 5, 5]
 
-    def no_reread(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def no_reread(*args: object, **kwargs: object) -> None:
         pytest.fail("a shard with a valid summary was read again")
 
     monkeypatch.setattr(pipeline.verify, "check_shard", no_reread)
