@@ -208,13 +208,14 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
 
 @pytest.mark.parametrize(("parallel", "accum", "reduce"),
                          [("ddp", 1, "fp32"), ("fsdp", 1, "fp32"), ("fsdp", 2, "fp32"),
-                          ("ddp", 1, "bf16"), ("fsdp", 2, "bf16")])
+                          ("ddp", 1, "bf16"), ("fsdp", 2, "bf16"), ("fsdp-keep", 2, "fp32")])
 def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     packed: Path, tmp_path: Path, parallel: str, accum: int, reduce: str
 ) -> None:
     steps = 4 // accum  # one epoch of this folder: rows are disjoint across ranks within an epoch
-    config = _config(packed, tmp_path / "ddp", grad_accum=accum, max_steps=steps, parallel=parallel,
-                     grad_reduce=reduce)
+    config = _config(packed, tmp_path / "ddp", grad_accum=accum, max_steps=steps,
+                     parallel=parallel.removesuffix("-keep"), grad_reduce=reduce,
+                     reshard_after_forward=not parallel.endswith("-keep"))
     # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
     mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")

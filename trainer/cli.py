@@ -48,6 +48,9 @@ from pipeline.errors import UserError, cli_errors
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),
               help="Dtype of the gradient all-reduce (DDP) / reduce-scatter (FSDP2) across ranks: "
                    "bf16 halves the traffic at some precision cost. No effect on one process.")
+@click.option("--reshard-after-forward/--no-reshard-after-forward", default=True,
+              help="FSDP2: free each layer's gathered parameters after its forward (default) or keep "
+                   "them until its backward (one all-gather per micro-batch instead of two, more memory).")
 @click.option("--seed", default=0, type=click.IntRange(min=0), help="Seeds the data order and preset weights.")
 @click.option("--save-every", default=0, type=click.IntRange(min=0),
               help="Checkpoint every N steps (0: only at the end).")
