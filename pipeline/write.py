@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -345,12 +346,13 @@ def run_pack_data(
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     files = resolve_inputs(list(config.inputs))
+    # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
+    inputs_info = _Background(input_fingerprints, files)
     fmts = file_formats(files, config.format_options())  # each input file's own format and fields
     tokenizer = load_tokenizer(config.tokenizer)
     tok_info = tokenizer_info(tokenizer, config.tokenizer)
     dicts = [f.to_dict() for f in fmts]
     tok_info["format"] = dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}
-    inputs_info = input_fingerprints(files)
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)
@@ -381,6 +383,29 @@ def run_pack_data(
     return manifest
 
 
+class _Background:
+    """`fn(*args)` in a daemon thread (a failing job exits without waiting for it); `result()`
+    joins and returns its value or raises its exception."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread by result())
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def _pack_into(
     tmp: Path,
     config: PackConfig,
@@ -388,7 +413,7 @@ def _pack_into(
     fmts: list[ResolvedFormat],
     tokenizer: Any,
     tok_info: dict[str, Any],
-    inputs_info: list[dict[str, Any]],
+    inputs_info: _Background,
     times: dict[str, float],
 ) -> tuple[Manifest, Layout, dict[str, int], dict[str, ShardSummary]]:
     """Write shards + manifest into `tmp`; return the manifest, the pad-to-longest reference layout,
@@ -515,7 +540,7 @@ def _pack_into(
         counts=pieces.counts,
         shards=shards,
         tokenizer=tok_info,
-        inputs=inputs_info,
+        inputs=inputs_info.result(),
         config=config_dict,
     )
     write_manifest(tmp, manifest)

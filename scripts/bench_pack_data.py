@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("SHARED") or ROOT.parent / "shared")  # gpu_suite.sh passes .devcarry/shared
 DATASETS = [
     ("gsm8k", SHARED / "datasets" / "gsm8k" / "train.jsonl"),
     ("codealpaca", SHARED / "datasets" / "codealpaca" / "code_alpaca.json"),

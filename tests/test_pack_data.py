@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -84,7 +85,10 @@ def test_readme_command_output_passes_verify_and_records_everything(readme_out: 
     assert manifest.tokenizer["name"] == "data/tokenizer" and len(manifest.tokenizer["fingerprint"]) == 64
     assert (manifest.tokenizer["bos_token_id"], manifest.tokenizer["eos_token_id"]) == (BOS, EOS)
     assert manifest.tokenizer["format"]["kind"] == "instruction"
-    assert len(manifest.inputs) == 1
+    sample = SAMPLE / "instructions.jsonl"  # hashed in a background thread while packing
+    assert manifest.inputs == [{"path": str(sample.relative_to(ROOT)), "kind": manifest.inputs[0]["kind"],
+                                "bytes": sample.stat().st_size,
+                                "sha256": hashlib.sha256(sample.read_bytes()).hexdigest()}]
     assert leftovers(readme_out.parent) == []
 
 
