@@ -211,12 +211,47 @@ def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: i
                        "save_to_disk": t4 - t3}}
 
 
+BASELINE_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, "scripts")
+from pathlib import Path
+import bench_pack_data as b
+import datasets, trl.data_utils  # imported before the clock, as pack-data's setup is excluded
+from pipeline.tokenize import load_tokenizer
+kind, path, tmp, max_len = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+tokenizer = load_tokenizer(str(b.TOKENIZER))  # a fresh tokenizer: its caches are cold
+if kind == "raw":
+    texts = b.rendered_texts(path, tokenizer)
+    backend = tokenizer.backend_tokenizer
+    t = time.perf_counter()
+    n = sum(len(e.ids) for e in backend.encode_batch_fast(texts, add_special_tokens=False))
+    out = {"tokens": n, "seconds": time.perf_counter() - t}
+elif kind == "trl":
+    out = b.trl_pipeline(path, tokenizer, tmp, max_len, 1)
+else:
+    out = b.trl_sft_pipeline(path, tokenizer, tmp, max_len, 1)
+print("STATS " + json.dumps(out))
+"""
+
+
+def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
+    """One cold baseline (`raw`: the first encode_batch_fast call over the texts; `trl`; `sft`) in a
+    fresh interpreter with a freshly loaded tokenizer, timed after its imports, like pack-data's child."""
+    proc = subprocess.run([sys.executable, "-c", BASELINE_CHILD, kind, str(path), str(tmp / f"cold-{kind}"),
+                           str(max_len)], cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, "SHARED": str(SHARED)})
+    if proc.returncode != 0:
+        raise SystemExit(f"cold {kind} baseline failed:\n{proc.stderr[-3000:]}")
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))[6:])
+
+
 def bench_text(args, tmp: Path) -> dict:
     from pipeline.tokenize import load_tokenizer
 
     tokenizer = load_tokenizer(str(TOKENIZER))
     result: dict = {"datasets": {}}
-    totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0}
+    totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
+              "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0}
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         if not path.exists():
@@ -227,13 +262,18 @@ def bench_text(args, tmp: Path) -> dict:
                               out=str(tmp / f"out-{name}"), overwrite=True, num_proc=args.num_proc)
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
         sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
+        cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl", "sft")}
+        totals["cold_raw_tokens"] += cold["raw"]["tokens"]
+        totals["cold_raw_s"] += cold["raw"]["seconds"]
+        totals["cold_trl_s"] += cold["trl"]["seconds"]
+        totals["cold_sft_s"] += cold["sft"]["seconds"]
         # pack-data's time without interpreter start-up and imports, which are the same for any tool
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
         warm = stats["warm_runs"][0]["times"]
         warm_s = warm["total"] - warm.get("setup", 0.0)
         totals["warm_s"] += warm_s
         result["datasets"][name] = {"texts": len(texts), "raw": raw, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl,
-                                   "trl_sft": sft}
+                                   "trl_sft": sft, "cold_baselines": cold}
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
         totals["trl_s"] += trl["seconds"]
@@ -259,6 +299,13 @@ def bench_text(args, tmp: Path) -> dict:
         "trl_sft_s": totals["sft_s"],
         "speedup_vs_trl": totals["trl_s"] / totals["pack_s"],
         "speedup_vs_trl_sft": totals["sft_s"] / totals["pack_s"],
+        # cold vs cold: every contender in a fresh process, first pass over the texts
+        "cold_raw_tokens_per_s": totals["cold_raw_tokens"] / totals["cold_raw_s"],
+        "cold_pack_vs_cold_raw": pack_rate / (totals["cold_raw_tokens"] / totals["cold_raw_s"]),
+        "cold_trl_s": totals["cold_trl_s"],
+        "cold_trl_sft_s": totals["cold_sft_s"],
+        "cold_speedup_vs_trl": totals["cold_trl_s"] / totals["pack_s"],
+        "cold_speedup_vs_trl_sft": totals["cold_sft_s"] / totals["pack_s"],
     }
     return result
 
@@ -339,6 +386,11 @@ def main() -> None:
             print(f"[text] TRL-style, batched map {s['trl_s']:.2f}s -> pack-data {s['speedup_vs_trl']:.1f}x faster; "
                   f"TRL SFTTrainer-style, per-example map as TRL does {s['trl_sft_s']:.2f}s -> pack-data "
                   f"{s['speedup_vs_trl_sft']:.1f}x faster")
+            print(f"[text] cold vs cold (each contender in a fresh process, first pass over the texts): pack-data "
+                  f"{s['pack_tokens_per_s'] / 1e6:.2f}M tok/s = {s['cold_pack_vs_cold_raw']:.0%} of a fresh tokenizer's "
+                  f"first encode_batch_fast ({s['cold_raw_tokens_per_s'] / 1e6:.2f}M tok/s); TRL-style batched map "
+                  f"{s['cold_trl_s']:.2f}s -> {s['cold_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style "
+                  f"{s['cold_trl_sft_s']:.2f}s -> {s['cold_speedup_vs_trl_sft']:.1f}x")
             print(f"[text] warm (2nd run in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
                   f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
                   f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")
