@@ -257,8 +257,8 @@ def _shift_footer_blocks(fd: int, delta: int) -> None:
     root = u32.unpack_from(footer, 0)[0]  # flatbuffers: root table, then its vtable
     vtable = root - struct.unpack_from("<i", footer, root)[0]
     n_fields = (struct.unpack_from("<H", footer, vtable)[0] - 4) // 2
-    for field in (2, 3):  # Footer.dictionaries, Footer.recordBatches: vectors of Block
-        slot = struct.unpack_from("<H", footer, vtable + 4 + 2 * field)[0] if field < n_fields else 0
+    for member in (2, 3):  # Footer.dictionaries, Footer.recordBatches: vectors of Block
+        slot = struct.unpack_from("<H", footer, vtable + 4 + 2 * member)[0] if member < n_fields else 0
         if not slot:
             continue
         vector = root + slot + u32.unpack_from(footer, root + slot)[0]

@@ -269,7 +269,6 @@ def check_shard(path: Path, max_len: int, vocab_size: int | None = None) -> _Fla
     return flat
 
 
-
 @dataclass
 class ShardSummary:
     """One shard file as `check_shard` found it: what `verify_folder`'s folder-level checks need.
@@ -330,6 +329,7 @@ def manifest_vocab(tokenizer: object) -> int | None:
     """The vocab_size a manifest's `tokenizer` entry records, when it is a usable one (else None)."""
     vocab = tokenizer.get("vocab_size") if isinstance(tokenizer, dict) else None
     return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+
 
 def _check_manifest_self(manifest: Manifest, where: str) -> None:
     c = manifest.counts
