@@ -46,7 +46,8 @@ Examples:
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
               help="What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
                    "drop it, or stop with an error naming its row. Counted in the manifest.")
-@click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes (output is identical for any value).")
+@click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes (output is identical for any value). 1 is usually fastest: the fast "
+                   "tokenizer already encodes each batch on all cores.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
 @click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
