@@ -69,18 +69,23 @@ print("STATS " + json.dumps(stats))
 """
 
 
+def run_child(code: str, *argv: str, what: str) -> dict:
+    """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED); return the JSON
+    it prints on its `STATS ` line."""
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
+                          check=False, env={**os.environ, "SHARED": str(SHARED)})
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))[6:])
+
+
 def pack_in_child(repeat: int = 1, **config) -> dict:
     """Run run_pack_data(PackConfig(**config)) `repeat` times in a fresh interpreter; return the stats.
 
     The returned stats are the first (cold) run's; later (warm) runs are under "warm_runs".
     """
     config.setdefault("progress", False)
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config), str(repeat)], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"pack-data child failed:\n{proc.stderr[-3000:]}")
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))
-    return json.loads(line[6:])
+    return run_child(CHILD, json.dumps(config), str(repeat), what="pack-data child")
 
 
 def rendered_texts(path: Path, tokenizer) -> list[str]:
@@ -237,12 +242,8 @@ print("STATS " + json.dumps(out))
 def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
     """One cold baseline (`raw`: the first encode_batch_fast call over the texts; `trl`; `sft`) in a
     fresh interpreter with a freshly loaded tokenizer, timed after its imports, like pack-data's child."""
-    proc = subprocess.run([sys.executable, "-c", BASELINE_CHILD, kind, str(path), str(tmp / f"cold-{kind}"),
-                           str(max_len)], cwd=ROOT, capture_output=True, text=True, check=False,
-                          env={**os.environ, "SHARED": str(SHARED)})
-    if proc.returncode != 0:
-        raise SystemExit(f"cold {kind} baseline failed:\n{proc.stderr[-3000:]}")
-    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))[6:])
+    return run_child(BASELINE_CHILD, kind, str(path), str(tmp / f"cold-{kind}"), str(max_len),
+                     what=f"cold {kind} baseline")
 
 
 def bench_text(args, tmp: Path) -> dict:

@@ -483,7 +483,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
 
-    vocab = manifest.tokenizer.get("vocab_size")
+    from pipeline.verify import manifest_vocab
+
+    vocab = manifest_vocab(manifest.tokenizer)
     model, backend = build_model(
         config.model, attn=config.attn, device=device, dtype=torch.float32, vocab_size=vocab,
         seed=config.seed,
