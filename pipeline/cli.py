@@ -46,13 +46,16 @@ Examples:
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
               help="What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
                    "drop it, or stop with an error naming its row. Counted in the manifest.")
-@click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes (output is identical for any value). 1 is usually fastest: the fast "
-                   "tokenizer already encodes each batch on all cores.")
+@click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes, one thread each (output is identical for any value). 1 is "
+                   "usually fastest: this process then tokenizes on --threads threads.")
+@click.option("--threads", type=int, default=None, help="Tokenizer threads when --num-proc is 1 (output is identical for any value). Default: "
+                   "every CPU this process may use.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
 @click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
 @click.option("--limit", type=int, default=None, help="Read only the first N examples (to try options on a slice).")
-@click.option("--batch-rows", type=int, default=4096, show_default=True, help="Rows per tokenization batch.")
+@click.option("--batch-rows", type=int, default=None, help="Rows per tokenization batch. Default: 256 for text (enough batches for every "
+                   "thread), 4096 for pre-tokenized input.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs) and write

@@ -27,6 +27,7 @@ header is not counted), for a JSON array one element, for the other formats one 
 
 from __future__ import annotations
 
+import functools
 import glob as globlib
 import gzip
 import hashlib
@@ -58,8 +59,10 @@ EXTENSIONS = {
 }
 SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
              "formats also .gz), a datasets.save_to_disk folder, or a Hub dataset name")
-# Bytes of JSONL parsed at once (one pyarrow block); a line longer than this makes a larger chunk.
-DEFAULT_CHUNK_BYTES = 8 << 20
+# Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
+# the parsing of the next chunk); a line longer than this makes a larger chunk.
+DEFAULT_CHUNK_BYTES = 1 << 20
+COLUMNS_CHUNK_BYTES = 8 << 20  # JSONL bytes looked at to find the columns
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+){0,2}$")
 
@@ -81,7 +84,8 @@ class SourceBatch:
     file: str  # InputFile.path it came from
     first_row: int  # 0-based record index of table's first row within that file (see module doc)
     first_index: int  # global example index of the first row across all inputs, in input order
-    lines: np.ndarray | None = field(default=None, repr=False)  # 1-based line of each row, if known
+    # 1-based line of each row, if known: an array, or ArrayLines (JSON arrays: found when asked for)
+    lines: Any = field(default=None, repr=False)
 
     def where(self, i: int) -> str:
         """Human location of row `i` of this batch, e.g. "data.jsonl line 17" or "x.parquet row 4"."""
@@ -461,43 +465,60 @@ def _read_jsonl(path: str, batch_rows: int, chunk_bytes: int
 _SKIP_WS = re.compile(r"[ \t\n\r]*")
 
 
-def _read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, np.ndarray]]:
+def _read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]]:
     """A JSON array has no line structure to cut it at, so the text is read once (memory about the
-    file size) and decoded one element at a time, building one Arrow table per batch: peak memory is
-    the text plus one batch of Python objects. JSON-array datasets are small in practice (CodeAlpaca:
-    20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
+    file size) and decoded at once in C; one Arrow table is built per batch. Line numbers of the
+    elements are found only if an error message needs one (`ArrayLines`). Malformed arrays are
+    scanned element by element to say where they break. JSON-array datasets are small in practice
+    (CodeAlpaca: 20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
+    text = _json_array_text(path)
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        records = None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        for _ in _scan_json_array(path, text):  # raises the located error
+            pass
+        raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
+    del text
+    conform = _Conformer()
+    for start in range(0, len(records), batch_rows):
+        batch = records[start : start + batch_rows]
+        lines = ArrayLines(path, start, start + len(batch))
+        try:
+            table = pa.Table.from_pylist(batch)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            numbers = [lines[k] for k in range(len(batch))]
+            err = _type_conflict(path, iter(zip(numbers, batch)))
+            raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
+                                    f"these records: {_one_line(exc)}")) from None
+        yield conform(table), lines
+
+
+def _json_array_text(path: str) -> str:
     with _open_binary(path) as f:
         data = f.read()
     try:
-        text = data.decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise UserError(f"{path} line {line} (byte offset {e.start}): not valid UTF-8; re-encode "
                         "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    del data
+
+
+def _scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
+    """(1-based line, object) of each element, decoded one at a time; a malformed array raises a
+    UserError naming the line where it breaks."""
     dec = json.JSONDecoder()
-    conform = _Conformer()
     pos = _SKIP_WS.match(text, 0).end()
     if text[pos: pos + 1] != "[":
         raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
     pos += 1
     line, line_pos = 1, 0
-    batch: list[dict] = []
-    batch_lines: list[int] = []
-
-    def flush() -> tuple[pa.Table, np.ndarray]:
-        try:
-            table = pa.Table.from_pylist(batch)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            err = _type_conflict(path, iter(zip(batch_lines, batch)))
-            raise (err or UserError(f"{path} lines {batch_lines[0]}-{batch_lines[-1]}: pyarrow "
-                                    f"cannot read these records: {_one_line(exc)}")) from None
-        return conform(table), np.asarray(batch_lines, dtype=np.int64)
-
     while True:
         pos = _SKIP_WS.match(text, pos).end()
         if text[pos: pos + 1] == "]":  # end of the array (also tolerates a trailing comma)
-            break
+            return
         line += text.count("\n", line_pos, pos)
         line_pos = pos
         try:
@@ -508,11 +529,7 @@ def _read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, np.
         if not isinstance(obj, dict):
             raise UserError(f"{path} line {line}: array element is a {_json_kind(obj)}, not an "
                             "object; the array must hold one {...} record per example")
-        batch.append(obj)
-        batch_lines.append(line)
-        if len(batch) == batch_rows:
-            yield flush()
-            batch, batch_lines = [], []
+        yield line, obj
         pos = _SKIP_WS.match(text, pos).end()
         sep = text[pos: pos + 1]
         if sep == ",":
@@ -522,8 +539,38 @@ def _read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, np.
             line_pos = pos
             raise UserError(f"{path} line {line}: expected ',' or ']' after an array element, found "
                             f"{sep or 'end of file'!r}; the file is truncated or malformed")
-    if batch:
-        yield flush()
+
+
+def _array_element_lines(path: str) -> np.ndarray:
+    st = os.stat(path)
+    return _element_lines(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _element_lines(path: str, mtime_ns: int, size: int) -> np.ndarray:  # cached per file version
+    return np.fromiter((line for line, _ in _scan_json_array(path, _json_array_text(path))), dtype=np.int64)
+
+
+class ArrayLines:
+    """The 1-based line numbers of elements [start, stop) of a JSON array file, indexable and
+    sliceable like `SourceBatch.lines`; found by scanning the file only when one is asked for
+    (by an error message), so reading does not pay for them."""
+
+    def __init__(self, path: str, start: int, stop: int) -> None:
+        self.path, self.start, self.stop = path, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("ArrayLines slices take no step")
+            return ArrayLines(self.path, self.start + a, self.start + max(a, b))
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return int(_array_element_lines(self.path)[self.start + (i % len(self))])
 
 
 # ------------------------------------------------------------------------------------ CSV
@@ -708,8 +755,8 @@ def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int |
 def column_names(files: list[InputFile]) -> list[str]:
     """Columns of the first input, read from its schema or its first chunk (not the whole file).
 
-    For JSON Lines only the first chunk (8 MiB) is looked at: a field that appears only later is
-    not listed here (its rows still arrive in `iter_batches`).
+    For JSON Lines only the first 8 MiB are looked at: a field that appears only later is not
+    listed here (its rows still arrive in `iter_batches`).
     """
     if not files:
         raise UserError("no inputs to read columns from")
@@ -726,6 +773,6 @@ def column_names(files: list[InputFile]) -> list[str]:
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise UserError(f"{f.path}: not a readable Parquet file ({_one_line(exc)}); it may be "
                         "truncated or corrupt: re-export or re-download it") from None
-    for batch in iter_batches([f], batch_rows=1024, limit=None):
+    for batch in iter_batches([f], batch_rows=1024, limit=None, chunk_bytes=COLUMNS_CHUNK_BYTES):
         return list(batch.table.column_names)
     raise UserError(f"{f.path} contains no records")  # unreachable: iter_batches raises first

@@ -92,11 +92,12 @@ class PackConfig(FormatOptions):
     group_size: int = 32
     overlong: str = "truncate"
     num_proc: int = 1
+    threads: int | None = None  # tokenizer threads when num_proc is 1; None: every usable CPU
     seed: int = 0
     rows_per_shard: int | None = None
     overwrite: bool = False
     limit: int | None = None
-    batch_rows: int = 4096
+    batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -120,13 +121,15 @@ def _validate(config: PackConfig) -> None:
         raise UserError(f"unknown --format {config.format!r}: choose one of {', '.join(FORMATS)}")
     if config.num_proc < 1:
         raise UserError(f"--num-proc must be >= 1, got {config.num_proc}")
+    if config.threads is not None and config.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {config.threads}")
     if config.seed < 0:
         raise UserError(f"--seed must be >= 0, got {config.seed}")
     if config.rows_per_shard is not None and config.rows_per_shard < 1:
         raise UserError(f"--rows-per-shard must be >= 1, got {config.rows_per_shard}")
     if config.limit is not None and config.limit < 1:
         raise UserError(f"--limit must be >= 1, got {config.limit}")
-    if config.batch_rows < 1:
+    if config.batch_rows is not None and config.batch_rows < 1:
         raise UserError(f"--batch-rows must be >= 1, got {config.batch_rows}")
     if config.group_size < 1:
         raise UserError(f"--group-size must be >= 1, got {config.group_size}")
@@ -430,6 +433,7 @@ def _pack_into(
             max_len=max_len,
             overlong=config.overlong,
             num_proc=config.num_proc,
+            threads=config.threads,
             limit=config.limit,
             batch_rows=config.batch_rows,
             progress=bar,

@@ -17,6 +17,9 @@ Parts:
   map (a Python loop over tokens), `select_columns` + `pack_dataset(strategy="bfd")`, then
   `save_to_disk` like (b1). The prompt/completion columns are rendered beforehand with one batched
   map (cheap; SFTTrainer users prepare them themselves).
+  Also shown, not a target: pack-data's tokenizer engine alone (the same texts encoded by its
+  threads, nothing else), to tell pack-data's own overhead from the engine's gain.
+  Cold: every contender's first pass in a fresh process. Warm: the best of REPEATS passes after it.
 - `pretok`: a synthetic pre-tokenized dataset of --tokens tokens, generated in a temp dir as an
   uncompressed Arrow IPC file (which pack-data gathers in place, no spill) and/or an uncompressed
   Parquet file (decoded and spilled first), each packed in a child process; reports tokens/s, the
@@ -46,6 +49,7 @@ DATASETS = [
     ("codealpaca", SHARED / "datasets" / "codealpaca" / "code_alpaca.json"),
 ]
 TOKENIZER = SHARED / "tokenizers" / "llama2"
+REPEATS = 3  # warm measurements (raw tokenizer, engine, pack-data's warm runs): the best of this many
 
 CHILD = r"""
 import json, resource, sys, time
@@ -102,7 +106,7 @@ def rendered_texts(path: Path, tokenizer) -> list[str]:
 
 
 def raw_tokenizer(texts: list[str], tokenizer) -> dict:
-    """Tokens/s of the tokenizer's batch APIs on `texts` (best of 2 runs each)."""
+    """Tokens/s of the tokenizer's batch APIs on `texts` (best of REPEATS runs each)."""
     backend = tokenizer.backend_tokenizer
     apis = {
         "tokenizer(texts)": lambda: tokenizer(texts, add_special_tokens=False)["input_ids"],
@@ -112,13 +116,32 @@ def raw_tokenizer(texts: list[str], tokenizer) -> dict:
     out = {}
     for name, fn in apis.items():
         best = float("inf")
-        for _ in range(2):
+        for _ in range(REPEATS):
             t = time.perf_counter()
             ids = fn()
             best = min(best, time.perf_counter() - t)
         n = sum(map(len, ids))
         out[name] = {"tokens": n, "seconds": best, "tokens_per_s": n / best}
     return out
+
+
+def engine_alone(texts: list[str], tokenizer) -> dict:
+    """Tokens/s of pack-data's tokenizer engine with none of pack-data's other work: the texts in
+    TEXT_BATCH_ROWS pieces, each encoded (ids flattened to int32) by one of default_threads() threads with
+    the tokenizer's own pool off (best of REPEATS). Not the ceiling of the targets, which is the tokenizer's
+    own batch API; shown to tell pack-data's overhead from the engine's gain."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.tokenize import TEXT_BATCH_ROWS, _rust_threads_off, default_threads, encode_texts
+
+    pieces = [texts[i : i + TEXT_BATCH_ROWS] for i in range(0, len(texts), TEXT_BATCH_ROWS)]
+    best = float("inf")
+    with _rust_threads_off(), ThreadPoolExecutor(default_threads()) as pool:
+        for _ in range(REPEATS):
+            t = time.perf_counter()
+            n = sum(len(flat) for flat, _ in pool.map(lambda p: encode_texts(tokenizer, p), pieces))
+            best = min(best, time.perf_counter() - t)
+    return {"tokens": n, "seconds": best, "tokens_per_s": n / best, "threads": default_threads()}
 
 
 def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) -> dict:
@@ -252,14 +275,16 @@ def bench_text(args, tmp: Path) -> dict:
     tokenizer = load_tokenizer(str(TOKENIZER))
     result: dict = {"datasets": {}}
     totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
-              "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0}
+              "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0,
+              "engine_tokens": 0, "engine_s": 0.0}
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         if not path.exists():
             raise SystemExit(f"{path} not found: the text benchmark needs ../shared/datasets")
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer)
-        stats = pack_in_child(repeat=2, inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len,
+        engine = engine_alone(texts, tokenizer)
+        stats = pack_in_child(repeat=1 + REPEATS, inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len,
                               out=str(tmp / f"out-{name}"), overwrite=True, num_proc=args.num_proc)
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
         sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
@@ -270,10 +295,12 @@ def bench_text(args, tmp: Path) -> dict:
         totals["cold_sft_s"] += cold["sft"]["seconds"]
         # pack-data's time without interpreter start-up and imports, which are the same for any tool
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
-        warm = stats["warm_runs"][0]["times"]
-        warm_s = warm["total"] - warm.get("setup", 0.0)
+        # warm: the best of REPEATS runs after the first, like the raw tokenizer's best of REPEATS
+        warm_s = min(w["times"]["total"] - w["times"].get("setup", 0.0) for w in stats["warm_runs"])
         totals["warm_s"] += warm_s
-        result["datasets"][name] = {"texts": len(texts), "raw": raw, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl,
+        totals["engine_tokens"] += engine["tokens"]
+        totals["engine_s"] += engine["seconds"]
+        result["datasets"][name] = {"texts": len(texts), "raw": raw, "engine": engine, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl,
                                    "trl_sft": sft, "cold_baselines": cold}
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
@@ -294,6 +321,8 @@ def bench_text(args, tmp: Path) -> dict:
         "warm_pack_tokens_per_s": totals["pack_tokens"] / totals["warm_s"],
         "warm_pack_vs_ceiling": totals["pack_tokens"] / totals["warm_s"] / raw_rates[ceiling_api],
         "warm_speedup_vs_trl": totals["trl_s"] / totals["warm_s"],
+        "engine_tokens_per_s": totals["engine_tokens"] / totals["engine_s"],
+        "warm_pack_vs_engine": totals["pack_tokens"] / totals["warm_s"] / (totals["engine_tokens"] / totals["engine_s"]),
         "warm_speedup_vs_trl_sft": totals["sft_s"] / totals["warm_s"],
         "pack_s": totals["pack_s"],
         "trl_s": totals["trl_s"],
@@ -392,9 +421,12 @@ def main() -> None:
                   f"first encode_batch_fast ({s['cold_raw_tokens_per_s'] / 1e6:.2f}M tok/s); TRL-style batched map "
                   f"{s['cold_trl_s']:.2f}s -> {s['cold_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style "
                   f"{s['cold_trl_sft_s']:.2f}s -> {s['cold_speedup_vs_trl_sft']:.1f}x")
-            print(f"[text] warm (2nd run in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
+            print(f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
                   f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
                   f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")
+            print(f"[text] pack-data's tokenizer engine alone ({results['text']['datasets']['gsm8k']['engine']['threads']} "
+                  f"threads, no reading/rendering/spill/plan/write): {s['engine_tokens_per_s'] / 1e6:.2f}M tok/s; "
+                  f"warm pack-data = {s['warm_pack_vs_engine']:.0%} of it")
             for name, d in results["text"]["datasets"].items():
                 ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}
                 print(f"  {name}: {d['pack_data']['tokens']} tokens, {d['pack_data']['rows']} rows, "

@@ -312,15 +312,16 @@ def test_overlong_error_names_the_row(pretok: Path, tmp_path: Path):
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
-def test_same_shards_whatever_num_proc(tmp_path: Path):
+def test_same_shards_whatever_num_proc_and_threads(tmp_path: Path):
     shas = []
-    for n in (1, 2, 2):
+    for n, threads, batch_rows in ((1, 1, 37), (2, None, 37), (2, None, None), (1, 3, None), (1, 2, 37)):
         out = tmp_path / f"np{n}-{len(shas)}"
+        extra = (() if threads is None else ("--threads", threads)) + (() if batch_rows is None else ("--batch-rows", batch_rows))
         result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", out,
-                     "--num-proc", n, "--batch-rows", 37, "--rows-per-shard", 20)
+                     "--num-proc", n, "--rows-per-shard", 20, *extra)
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(out).shards])
-    assert len(shas[0]) > 1 and shas[0] == shas[1] == shas[2]
+    assert len(shas[0]) > 1 and all(s == shas[0] for s in shas), shas
 
 
 def test_chat_sample_limit_and_strategy(tmp_path: Path):
@@ -570,3 +571,17 @@ def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
     assert estimate_rows(files, limit=3) == 3
     (tmp_path / "c.json").write_text(json.dumps([{"text": "x"}]))
     assert estimate_rows(resolve_inputs([str(tmp_path / "c.json")])) is None  # unknown without parsing
+
+
+def test_small_spill_in_ram_and_large_spill_by_pread_give_the_same_shards(tmp_path: Path, monkeypatch):
+    import pipeline.tokenize
+
+    shas = []
+    for limit in (pipeline.tokenize.SMALL_SPILL_BYTES, 0):  # read whole and gathered in RAM / one pread per piece
+        monkeypatch.setattr(pipeline.tokenize, "SMALL_SPILL_BYTES", limit)
+        out = tmp_path / f"o{limit}"
+        result = run(SAMPLE / "instructions.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out,
+                     "--overlong", "split", "--rows-per-shard", 50)
+        assert result.exit_code == 0, result.output
+        shas.append([s.sha256 for s in read_manifest(out).shards])
+    assert len(shas[0]) > 1 and shas[0] == shas[1]

@@ -309,6 +309,19 @@ def test_malformed_json_array(tmp_path):
     expect_error(r"neither a JSON array of objects nor JSON Lines", resolve_inputs, [str(path)])
 
 
+def test_json_array_lines_are_found_when_asked_for(tmp_path):
+    path = tmp_path / "d.json"
+    records = [{"text": f"t{i}", "n": i} for i in range(5)]
+    path.write_text("[\n" + ",\n".join(json.dumps(r, indent=1) for r in records) + "\n]\n")  # 4 lines each
+    _, batches = read_all([str(path)], batch_rows=2)
+    assert [b.first_index for b in batches] == [0, 2, 4]
+    assert [batches[1].where(i) for i in range(2)] == [f"{path} line 10", f"{path} line 14"]
+    _, cut = read_all([str(path)], batch_rows=4, limit=3)
+    assert len(cut[0].lines) == 3 and cut[0].where(2) == f"{path} line 10"
+    path.write_text(path.read_text().replace('"t3"', "null"))  # the file changed: lines are found again
+    assert read_all([str(path)], batch_rows=2)[1][1].where(1) == f"{path} line 14"
+
+
 def test_json_array_type_conflict(tmp_path):
     path = tmp_path / "d.json"
     path.write_text('[\n{"a": 1},\n{"a": "x"}\n]')

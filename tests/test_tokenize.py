@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,8 +14,11 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
+from pipeline.sources import resolve_inputs
 from pipeline.tokenize import (
+    TEXT_BATCH_ROWS,
     encode_texts,
+    iter_tokenized,
     lengths_of,
     load_tokenizer,
     tokenize_batch,
@@ -142,3 +146,28 @@ def test_lengths_of_counts_bos_and_eos(tok, tmp_path):
     got = lengths_of([str(path)], tok)
     assert got.tolist() == [len(enc(tok, t)) + 2 for t in texts if t]
     assert lengths_of(str(path), str(TOKENIZER), limit=2).tolist() == got[:2].tolist()
+
+
+def test_threads_keep_input_order_locations_and_the_environment(tok, tmp_path, monkeypatch):
+    """Text batches tokenized by threads come back in input order with their own locations; an
+    error names the right line; the tokenizer's own thread pool setting is restored after."""
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    rows = [{"text": f"example {i} " + "word " * (i % 7)} for i in range(TEXT_BATCH_ROWS * 2 + 30)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files = resolve_inputs([str(path)])
+    fmt = detect_format(["text"], FormatOptions())
+    serial = list(iter_tokenized(files, fmt, tok, threads=1, batch_rows=4096))
+    threaded = list(iter_tokenized(files, fmt, tok, threads=3))
+    assert len(serial) == 1 and len(threaded) == 3  # default text batches: TEXT_BATCH_ROWS rows
+    assert [b.first_index for b, _ in threaded] == [0, TEXT_BATCH_ROWS, 2 * TEXT_BATCH_ROWS]
+    assert threaded[2][0].where(0) == f"{path} line {2 * TEXT_BATCH_ROWS + 1}"
+    assert np.array_equal(np.concatenate([t.input_ids for _, t in threaded]), serial[0][1].input_ids)
+    assert np.array_equal(np.concatenate([t.labels for _, t in threaded]), serial[0][1].labels)
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
+
+    rows[TEXT_BATCH_ROWS + 5] = {"text": None}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(UserError, match=f"d.jsonl line {TEXT_BATCH_ROWS + 6}: "):
+        list(iter_tokenized(files, fmt, tok, threads=3))
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
