@@ -437,3 +437,26 @@ def test_real_datasets_read_in_order():
     first_alpaca = next(b for b in batches if b.file == str(alpaca))
     assert first_alpaca.first_row == 0 and first_alpaca.first_index == n_gsm
     assert first_alpaca.where(0) == f"{alpaca} line 2"
+
+
+def test_parquet_row_groups_decoded_ahead_come_in_order(tmp_path, monkeypatch):
+    """Row groups are decoded by threads, within a byte budget; a group too large for the budget
+    is streamed; either way rows arrive in file order and batches respect batch_rows."""
+    n = 5000
+    texts = [f"row {i} " + "x" * (i % 300 if 2000 <= i < 3000 else i % 7) for i in range(n)]
+    table = pa.table({"text": texts, "i": list(range(n))})
+    path = tmp_path / "groups.parquet"
+    with pq.ParquetWriter(path, table.schema) as writer:
+        for start, size in ((0, 700), (700, 1300), (2000, 1000), (3000, 1), (3001, 1999)):
+            writer.write_table(table.slice(start, size))
+    sizes = [pq.ParquetFile(path).metadata.row_group(g).total_byte_size for g in range(5)]
+    monkeypatch.setattr(sources, "PARQUET_THREADS", 2)
+    monkeypatch.setattr(sources, "PARQUET_AHEAD_BYTES", 4 * sorted(sizes)[-2])  # the largest is streamed
+    decoded = []
+    real = sources._parquet_group
+    monkeypatch.setattr(sources, "_parquet_group", lambda p, g: decoded.append(g) or real(p, g))
+    got, batches = read_all([str(path)], batch_rows=256)
+    assert sorted(decoded) == [g for g in range(5) if g != int(np.argmax(sizes))]
+    assert got.column("i").to_pylist() == list(range(n))
+    assert all(b.table.num_rows <= 256 for b in batches)
+    assert [b.first_index for b in batches] == list(np.cumsum([0] + [b.table.num_rows for b in batches[:-1]]))
