@@ -157,11 +157,14 @@ def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
 
 
 def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks."""
+    """Hex sha256 of a file, read in chunks into one reused buffer (no allocation per chunk, which
+    several hashing threads would otherwise spread over the allocator's per-thread arenas)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as handle:
+        while n := handle.readinto(buf):
+            digest.update(view[:n])
     return digest.hexdigest()
 
 

@@ -676,7 +676,13 @@ def _read_parquet(path: str, batch_rows: int) -> Iterator[pa.Table]:
 
 
 def _parquet_group(path: str, group: int) -> pa.Table:
-    """One row group, decoded by its own reader (ParquetFile objects are not shared across threads)."""
+    """One row group, decoded by its own reader (ParquetFile objects are not shared across threads).
+
+    The groups this thread decoded before were freed by the consuming thread; the allocator keeps
+    such memory for its owning thread until told to collect it, which let peak RSS grow with the
+    input (measured: +0.5 GB at 300M tokens), so collect first.
+    """
+    pa.default_memory_pool().release_unused()
     return pq.ParquetFile(path, memory_map=False).read_row_group(group)
 
 
