@@ -196,7 +196,9 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     has_text = np.zeros(n, dtype=bool)
     if len(segs.texts):
         np.logical_or.at(has_text, segs.example[~blank], True)
-    texts = [t if has_text[e] else "" for t, e in zip(segs.texts, segs.example)]
+    texts = segs.texts if has_text.all() else [
+        t if keep else "" for t, keep in zip(segs.texts, has_text[segs.example].tolist())
+    ]
     flat, seg_lens = encode_texts(tokenizer, texts)
     tok_loss = np.repeat(segs.loss, seg_lens)
     seg_end = np.cumsum(seg_lens)
@@ -373,9 +375,9 @@ _RUST_THREADS = "TOKENIZERS_PARALLELISM"
 def _rust_threads_off() -> Iterator[None]:
     """Turn the tokenizer's own (Rust) thread pool off while our threads each encode a batch.
 
-    Measured on 16 cores: 16 Python threads each encoding serially reach about 2x the throughput of
-    one batch call spread by the Rust pool, and our per-batch Python work overlaps their encoding.
-    The tokenizers library reads this variable on every call.
+    Measured on 16 cores (BENCHMARKS.md): 16 Python threads each encoding whole batches serially
+    reach 1.35-1.46x the throughput of one batch call spread by the Rust pool, and our per-batch
+    Python work overlaps their encoding. The tokenizers library reads this variable on every call.
     """
     old = os.environ.get(_RUST_THREADS)
     os.environ[_RUST_THREADS] = "false"
