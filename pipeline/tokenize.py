@@ -372,7 +372,7 @@ _RUST_THREADS = "TOKENIZERS_PARALLELISM"
 
 
 @contextmanager
-def _rust_threads_off() -> Iterator[None]:
+def rust_threads_off() -> Iterator[None]:
     """Turn the tokenizer's own (Rust) thread pool off while our threads each encode a batch.
 
     Measured on 16 cores (BENCHMARKS.md): 16 Python threads each encoding whole batches serially
@@ -424,7 +424,7 @@ def iter_tokenized(
             yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
     if num_proc <= 1 and threads == 1:
-        with _rust_threads_off():
+        with rust_threads_off():
             for batch in batches:
                 yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
@@ -435,7 +435,7 @@ def iter_tokenized(
     else:
         executor = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
         submit = lambda batch, f: _Future(executor.submit(_one, batch, f, tokenizer))
-        workers, stop, context = threads, lambda: executor.shutdown(cancel_futures=True), _rust_threads_off()
+        workers, stop, context = threads, lambda: executor.shutdown(cancel_futures=True), rust_threads_off()
     try:
         with context:
             pending: deque = deque()

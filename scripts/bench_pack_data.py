@@ -132,11 +132,11 @@ def engine_alone(texts: list[str], tokenizer) -> dict:
     own batch API; shown to tell pack-data's overhead from the engine's gain."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.tokenize import TEXT_BATCH_ROWS, _rust_threads_off, default_threads, encode_texts
+    from pipeline.tokenize import TEXT_BATCH_ROWS, rust_threads_off, default_threads, encode_texts
 
     pieces = [texts[i : i + TEXT_BATCH_ROWS] for i in range(0, len(texts), TEXT_BATCH_ROWS)]
     best = float("inf")
-    with _rust_threads_off(), ThreadPoolExecutor(default_threads()) as pool:
+    with rust_threads_off(), ThreadPoolExecutor(default_threads()) as pool:
         for _ in range(REPEATS):
             t = time.perf_counter()
             n = sum(len(flat) for flat, _ in pool.map(lambda p: encode_texts(tokenizer, p), pieces))
