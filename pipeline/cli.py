@@ -14,7 +14,7 @@ EPILOG = """\b
 Examples:
   pack-data data/sample/instructions.jsonl --tokenizer data/tokenizer --max-len 8192 --out out/sample
   pack-data 'corpus/*.parquet' --tokenizer ../shared/tokenizers/llama2 --max-len 4096 \\
-      --format text --text-field body --num-proc 2 --out out/corpus --overwrite
+      --format text --text-field body --threads 8 --out out/corpus --overwrite
   pack-data data/sample/chat.jsonl --tokenizer data/tokenizer --max-len 2048 --out out/chat --limit 100
 """
 
