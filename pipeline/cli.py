@@ -49,7 +49,7 @@ Examples:
 @click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes, one thread each (output is identical for any value). 1 is "
                    "usually fastest: this process then tokenizes on --threads threads.")
 @click.option("--threads", type=int, default=None, help="Tokenizer threads when --num-proc is 1 (output is identical for any value). Default: "
-                   "every CPU this process may use.")
+                   "every CPU this process may use, at most 16 (the threads share Python's GIL).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
 @click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")

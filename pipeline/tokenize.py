@@ -358,12 +358,17 @@ def _pool_context() -> mp.context.BaseContext:
     return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
 
 
+MAX_DEFAULT_THREADS = 16  # the threads' Python parts share one GIL: 24 threads on 16 cores were slower
+
+
 def default_threads() -> int:
-    """The CPUs this process may use (its affinity mask, else the machine's count)."""
+    """The CPUs this process may use (its affinity mask, else the machine's count), at most
+    MAX_DEFAULT_THREADS."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_THREADS))
 
 
 TEXT_BATCH_ROWS = 256  # default rows per text batch: enough batches to keep every thread busy
