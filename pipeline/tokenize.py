@@ -424,12 +424,8 @@ def iter_tokenized(
         batch_rows = TEXT_BATCH_ROWS if text else TOKENIZED_BATCH_ROWS
     batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
     threads = default_threads() if threads is None else max(1, int(threads))
-    if all(x.kind == "tokenized" for x in fmts.values()):
-        for batch in batches:
-            yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
-        return
-    if num_proc <= 1 and threads == 1:
-        with rust_threads_off():
+    if all(x.kind == "tokenized" for x in fmts.values()) or (num_proc <= 1 and threads == 1):
+        with rust_threads_off():  # one thread: the tokenizer's own pool stays off too
             for batch in batches:
                 yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
