@@ -14,7 +14,7 @@ EPILOG = """\b
 Examples:
   pack-data data/sample/instructions.jsonl --tokenizer data/tokenizer --max-len 8192 --out out/sample
   pack-data 'corpus/*.parquet' --tokenizer ../shared/tokenizers/llama2 --max-len 4096 \\
-      --format text --text-field body --threads 8 --out out/corpus --overwrite
+      --format text --text-field body --num-proc 8 --out out/corpus --overwrite
   pack-data data/sample/chat.jsonl --tokenizer data/tokenizer --max-len 2048 --out out/chat --limit 100
 """
 
@@ -46,16 +46,15 @@ Examples:
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
               help="What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
                    "drop it, or stop with an error naming its row. Counted in the manifest.")
-@click.option("--num-proc", type=int, default=1, show_default=True, help="Tokenizer processes, one thread each (output is identical for any value). 1 is "
-                   "usually fastest: this process then tokenizes on --threads threads.")
-@click.option("--threads", type=int, default=None, help="Tokenizer threads when --num-proc is 1 (output is identical for any value). Default: "
-                   "every CPU this process may use, at most 16 (the threads share Python's GIL).")
+@click.option("--num-proc", type=click.IntRange(min=1), default=None,
+              help="Tokenizer worker processes (output is identical for any value). Default: every CPU this "
+                   "process may use, at most 16; 1 tokenizes in this process.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
 @click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
 @click.option("--limit", type=int, default=None, help="Read only the first N examples (to try options on a slice).")
-@click.option("--batch-rows", type=int, default=None, help="Rows per tokenization batch. Default: 256 for text (enough batches for every "
-                   "thread), 4096 for pre-tokenized input.")
+@click.option("--batch-rows", type=int, default=None, help="Rows per tokenization batch. Default: 128 for text (enough batches for every "
+                   "worker), 4096 for pre-tokenized input.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs) and write

@@ -6,9 +6,10 @@ example with BOS/EOS and builds the labels (-100 on prompt segments and always o
 token; the EOS that ends a response carries loss). Pre-tokenized input skips the tokenizer and is
 reshaped with vectorised pyarrow/numpy only.
 
-Batches are processed by a pool of `num_proc` processes, at most a few batches in flight (bounded
-memory), and their results are consumed *in input order*, so the spill file and hence the shards are
-identical whatever `num_proc` is.
+With `num_proc` > 1, `num_proc` threads each take a batch: they render and assemble it here and
+have its texts encoded by one of `num_proc` worker processes (`pipeline.encode_pool`). At most a few
+batches are in flight (bounded memory), and results are consumed *in input order*, so the spill file
+and hence the shards are identical whatever `num_proc` is.
 
 The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`; no labels file for
 pre-tokenized input without labels) from which the writer reads each piece with one pread, straight
@@ -23,15 +24,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import multiprocessing as mp
 import os
 import tempfile
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
-from itertools import chain
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.encode_pool import flat_ids
 from pipeline.errors import UserError
 from pipeline.formats import (
     FormatOptions,
@@ -127,16 +127,15 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize texts (no special tokens added) with the Rust batch API -> flat int32 ids, int64 lengths."""
-    backend = tokenizer.backend_tokenizer
-    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    ids = [e.ids for e in encode(texts, add_special_tokens=False)]
-    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
-    return flat, lens
+    """Tokenize texts (no special tokens added) with the Rust batch API in this process -> flat
+    int32 ids, int64 lengths (`EncodePool.encode` does the same in worker processes)."""
+    return flat_ids(tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False))
 
 
 # ------------------------------------------------------------------------------- per-batch work
+
+
+Encode = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -187,8 +186,13 @@ def _assemble(ids, tok_loss, ex_tok_start, ex_tok_end, ex_last_loss, empty, bos,
     return out_ids, out_lab, lengths
 
 
-def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: Where) -> TokBatch:
-    """Render, tokenize and assemble one batch of a text / instruction / chat dataset."""
+def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: Where,
+                   encode: Encode | None = None) -> TokBatch:
+    """Render, tokenize and assemble one batch of a text / instruction / chat dataset.
+
+    `encode` turns texts into (flat ids, lengths): `encode_texts` with this tokenizer by default, or
+    a worker pool's `encode`.
+    """
     segs = render(table, fmt, where, tokenizer)
     n = segs.n_examples
     blank = np.fromiter((not t.strip() for t in segs.texts), dtype=bool, count=len(segs.texts))
@@ -199,7 +203,7 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     texts = segs.texts if has_text.all() else [
         t if keep else "" for t, keep in zip(segs.texts, has_text[segs.example].tolist())
     ]
-    flat, seg_lens = encode_texts(tokenizer, texts)
+    flat, seg_lens = encode(texts) if encode is not None else encode_texts(tokenizer, texts)
     tok_loss = np.repeat(segs.loss, seg_lens)
     seg_end = np.cumsum(seg_lens)
     seg_start = seg_end - seg_lens
@@ -289,8 +293,6 @@ def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where, *, deriv
 
 # --------------------------------------------------------------------------------- pool plumbing
 
-_WORKER: dict[str, Any] = {}
-
 Formats = ResolvedFormat | Sequence[ResolvedFormat]  # one for every file, or one per input file
 
 
@@ -310,79 +312,23 @@ def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
     return {f.path: x for f, x in zip(files, fmt)}
 
 
-def _init_worker(tokenizer: Any) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER["tokenizer"] = tokenizer
-
-
-def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False) -> TokBatch:
+def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False,
+         encode: Encode | None = None) -> TokBatch:
     if fmt.kind == "tokenized":
         return tokenized_batch(batch.table, fmt, batch.where, derive_labels=derive_labels)
-    return tokenize_batch(batch.table, fmt, tokenizer, batch.where)
+    return tokenize_batch(batch.table, fmt, tokenizer, batch.where, encode)
 
 
-def _work(batch: Any, fmt: ResolvedFormat) -> TokBatch:
-    return _one(batch, fmt, _WORKER["tokenizer"])
-
-
-class _Done:
-    """An already computed result with the `.get()` of an AsyncResult."""
-
-    def __init__(self, value: TokBatch) -> None:
-        self.value = value
-
-    def get(self) -> TokBatch:
-        return self.value
-
-
-class _Future:
-    """A thread pool future with the `.get()` of an AsyncResult."""
-
-    def __init__(self, future: Future) -> None:
-        self.future = future
-
-    def get(self) -> TokBatch:
-        return self.future.result()
-
-
-def _compact(table: pa.Table) -> pa.Table:
-    """A copy holding only these rows, for sending to a worker: a pickled slice would carry its
-    parent's whole buffers (a 256-row slice of a JSON Lines chunk pickled to 4 MB instead of 130 kB)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return pa.ipc.open_stream(sink.getvalue()).read_all()
-
-
-def _pool_context() -> mp.context.BaseContext:
-    return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-
-
-MAX_DEFAULT_THREADS = 16  # the threads' Python parts share one GIL: 24 threads on 16 cores were slower
-
-
-def default_threads() -> int:
-    """The CPUs this process may use (its affinity mask, else the machine's count), at most
-    MAX_DEFAULT_THREADS."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_DEFAULT_THREADS))
-
-
-TEXT_BATCH_ROWS = 256  # default rows per text batch: enough batches to keep every thread busy
+TEXT_BATCH_ROWS = 128  # default rows per text batch: enough batches to keep every worker busy to the end
 TOKENIZED_BATCH_ROWS = 4096  # default rows per pre-tokenized batch (vectorised work: larger is cheaper)
 _RUST_THREADS = "TOKENIZERS_PARALLELISM"
 
 
 @contextmanager
 def rust_threads_off() -> Iterator[None]:
-    """Turn the tokenizer's own (Rust) thread pool off while our threads each encode a batch.
-
-    Measured on 16 cores (BENCHMARKS.md): 16 Python threads each encoding whole batches serially
-    reach 1.35-1.46x the throughput of one batch call spread by the Rust pool, and our per-batch
-    Python work overlaps their encoding. The tokenizers library reads this variable on every call.
+    """Turn the tokenizer's own (Rust) thread pool off in this process while it encodes batches
+    itself (`num_proc` 1: one batch at a time, as the workers do). The tokenizers library reads this
+    variable on every call.
     """
     old = os.environ.get(_RUST_THREADS)
     os.environ[_RUST_THREADS] = "false"
@@ -395,65 +341,64 @@ def rust_threads_off() -> Iterator[None]:
             os.environ[_RUST_THREADS] = old
 
 
+def needs_encoder(fmt: Formats) -> bool:
+    """Whether any input is text to tokenize (pre-tokenized input needs no encode workers)."""
+    fmts = [fmt] if isinstance(fmt, ResolvedFormat) else list(fmt)
+    return any(x.kind != "tokenized" for x in fmts)
+
+
 def iter_tokenized(
     files: list[Any],
     fmt: Formats,
     tokenizer: Any,
     *,
     num_proc: int = 1,
-    threads: int | None = None,
     limit: int | None = None,
     batch_rows: int | None = None,
     derive_labels: bool = False,
 ) -> Iterator[tuple[Any, TokBatch]]:
     """Yield (source batch, tokenized batch) in input order.
 
-    `fmt` is one format for all files or one per file. With `num_proc` 1, text batches are
-    tokenized by `threads` threads of this process (default: its CPUs); with more, by `num_proc`
-    worker processes of one thread each. Pre-tokenized batches are handled in this process (I/O
-    bound: pickling them would cost more than it saves); with `derive_labels`, their labels are
-    filled in when the input has none (else left None). At most a few batches per worker are in
-    flight (bounded memory). `batch_rows` default: TEXT_BATCH_ROWS when any input is text, else
-    TOKENIZED_BATCH_ROWS.
+    `fmt` is one format for all files or one per file. With `num_proc` 1 everything runs here, one
+    batch at a time; with more, `num_proc` threads render and assemble text batches while
+    `num_proc` worker processes encode them (`pipeline.encode_pool`). Pre-tokenized batches are
+    handled in this thread (vectorised, I/O bound); with `derive_labels`, their labels are filled in
+    when the input has none (else left None). At most 2 batches per worker are in flight (bounded
+    memory). `batch_rows` default: TEXT_BATCH_ROWS when any input is text, else TOKENIZED_BATCH_ROWS.
     """
+    from pipeline.encode_pool import encode_pool
     from pipeline.sources import iter_batches
 
     fmts = _format_map(files, fmt)
     if batch_rows is None:
-        text = any(x.kind != "tokenized" for x in fmts.values())
-        batch_rows = TEXT_BATCH_ROWS if text else TOKENIZED_BATCH_ROWS
+        batch_rows = TEXT_BATCH_ROWS if needs_encoder(list(fmts.values())) else TOKENIZED_BATCH_ROWS
     batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
-    threads = default_threads() if threads is None else max(1, int(threads))
-    if all(x.kind == "tokenized" for x in fmts.values()) or (num_proc <= 1 and threads == 1):
-        with rust_threads_off():  # one thread: the tokenizer's own pool stays off too
+    if num_proc <= 1 or not needs_encoder(list(fmts.values())):
+        with rust_threads_off():
             for batch in batches:
                 yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
-    if num_proc > 1:
-        pool = _pool_context().Pool(num_proc, initializer=_init_worker, initargs=(tokenizer,))
-        submit = lambda batch, f: pool.apply_async(_work, (replace(batch, table=_compact(batch.table)), f))
-        workers, stop, context = num_proc, lambda: (pool.terminate(), pool.join()), nullcontext()
-    else:
-        executor = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
-        submit = lambda batch, f: _Future(executor.submit(_one, batch, f, tokenizer))
-        workers, stop, context = threads, lambda: executor.shutdown(cancel_futures=True), rust_threads_off()
+    pool = encode_pool(num_proc)
+    pool.use(tokenizer.backend_tokenizer)
+    executor = ThreadPoolExecutor(num_proc, thread_name_prefix="tokenize")
     try:
-        with context:
-            pending: deque = deque()
-            for batch in batches:
-                f = fmts[batch.file]
-                if f.kind == "tokenized":
-                    pending.append((batch, _Done(_one(batch, f, tokenizer, derive_labels))))
-                else:
-                    pending.append((batch, submit(batch, f)))
-                while len(pending) > 2 * workers:
-                    done, result = pending.popleft()
-                    yield done, result.get()
-            while pending:
-                done, result = pending.popleft()
-                yield done, result.get()
+        pending: deque[tuple[Any, Future]] = deque()
+        for batch in batches:
+            f = fmts[batch.file]
+            if f.kind == "tokenized":
+                done: Future = Future()
+                done.set_result(_one(batch, f, tokenizer, derive_labels))
+                pending.append((batch, done))
+            else:
+                pending.append((batch, executor.submit(_one, batch, f, tokenizer, False, pool.encode)))
+            while len(pending) > 2 * num_proc:
+                batch, result = pending.popleft()
+                yield batch, result.result()
+        while pending:
+            batch, result = pending.popleft()
+            yield batch, result.result()
     finally:
-        stop()
+        executor.shutdown(cancel_futures=True)
 
 
 # ------------------------------------------------------------------------------------------ spill
@@ -658,7 +603,6 @@ def tokenize_to_spill(
     max_len: int,
     overlong: str = "truncate",
     num_proc: int = 1,
-    threads: int | None = None,
     limit: int | None = None,
     batch_rows: int | None = None,
     progress: Any = None,
@@ -688,7 +632,7 @@ def tokenize_to_spill(
     read = empty = tokens = 0
     with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
         for batch, tok in iter_tokenized(
-            files, fmt, tokenizer, num_proc=num_proc, threads=threads, limit=limit, batch_rows=batch_rows,
+            files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
             derive_labels=not same_labels,
         ):
             n = len(tok.lengths)

@@ -51,6 +51,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.binpack import STRATEGIES, assign_bins
+from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.shards import (
@@ -71,6 +72,7 @@ from pipeline.tokenize import (
     Spill,
     file_formats,
     load_tokenizer,
+    needs_encoder,
     tokenize_to_spill,
     tokenizer_info,
 )
@@ -92,8 +94,7 @@ class PackConfig(FormatOptions):
     strategy: str = "ffd"
     group_size: int = 32
     overlong: str = "truncate"
-    num_proc: int = 1
-    threads: int | None = None  # tokenizer threads when num_proc is 1; None: every usable CPU
+    num_proc: int | None = None  # tokenizer worker processes; None: every usable CPU, at most 16
     seed: int = 0
     rows_per_shard: int | None = None
     overwrite: bool = False
@@ -120,10 +121,8 @@ def _validate(config: PackConfig) -> None:
         raise UserError(f"unknown --overlong {config.overlong!r}: choose one of {', '.join(OVERLONG)}")
     if config.format not in FORMATS:
         raise UserError(f"unknown --format {config.format!r}: choose one of {', '.join(FORMATS)}")
-    if config.num_proc < 1:
+    if config.num_proc is not None and config.num_proc < 1:
         raise UserError(f"--num-proc must be >= 1, got {config.num_proc}")
-    if config.threads is not None and config.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {config.threads}")
     if config.seed < 0:
         raise UserError(f"--seed must be >= 0, got {config.seed}")
     if config.rows_per_shard is not None and config.rows_per_shard < 1:
@@ -348,15 +347,22 @@ def run_pack_data(
     from pipeline.verify import verify_folder
 
     _validate(config)
+    if config.num_proc is None:
+        config.num_proc = default_workers()
     if config.rows_per_shard is None:
         config.rows_per_shard = _auto_rows_per_shard(config.max_len)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     files = resolve_inputs(list(config.inputs))
+    fmts = file_formats(files, config.format_options())  # each input file's own format and fields
+    # tokenizer workers forked now: before the tokenizer's imports (torch) make a fork slow, and
+    # before this process starts threads
+    pool = encode_pool(config.num_proc) if config.num_proc > 1 and needs_encoder(fmts) else None
     # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
     inputs_info = _Background(input_fingerprints, files)
-    fmts = file_formats(files, config.format_options())  # each input file's own format and fields
     tokenizer = load_tokenizer(config.tokenizer)
+    if pool is not None:
+        pool.use(tokenizer.backend_tokenizer)  # the workers load it while the setup goes on
     tok_info = tokenizer_info(tokenizer, config.tokenizer)
     dicts = [f.to_dict() for f in fmts]
     tok_info["format"] = dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}
@@ -437,7 +443,6 @@ def _pack_into(
             max_len=max_len,
             overlong=config.overlong,
             num_proc=config.num_proc,
-            threads=config.threads,
             limit=config.limit,
             batch_rows=config.batch_rows,
             progress=bar,

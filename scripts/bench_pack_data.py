@@ -18,7 +18,7 @@ Parts:
   `save_to_disk` like (b1). The prompt/completion columns are rendered beforehand with one batched
   map (cheap; SFTTrainer users prepare them themselves).
   Also shown, not a target: pack-data's tokenizer engine alone (the same texts encoded by its
-  threads, nothing else), to tell pack-data's own overhead from the engine's gain.
+  worker processes, nothing else), to tell pack-data's own overhead from the engine's gain.
   Cold: every contender's first pass in a fresh process. Warm: the best of REPEATS passes after it.
 - `pretok`: a synthetic pre-tokenized dataset of --tokens tokens, generated in a temp dir as an
   uncompressed Arrow IPC file (which pack-data gathers in place, no spill) and/or an uncompressed
@@ -127,21 +127,26 @@ def raw_tokenizer(texts: list[str], tokenizer) -> dict:
 
 def engine_alone(texts: list[str], tokenizer) -> dict:
     """Tokens/s of pack-data's tokenizer engine with none of pack-data's other work: the texts in
-    TEXT_BATCH_ROWS pieces, each encoded (ids flattened to int32) by one of default_threads() threads with
-    the tokenizer's own pool off (best of REPEATS). Not the ceiling of the targets, which is the tokenizer's
-    own batch API; shown to tell pack-data's overhead from the engine's gain."""
+    TEXT_BATCH_ROWS pieces, each encoded (ids flattened to int32) by one of default_workers() worker
+    processes, driven by as many threads (best of REPEATS; the workers are started beforehand, as
+    pack-data starts them during its setup). Not the ceiling of the targets, which is the
+    tokenizer's own batch API; shown to tell pack-data's overhead from the engine's gain."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.tokenize import TEXT_BATCH_ROWS, rust_threads_off, default_threads, encode_texts
+    from pipeline.encode_pool import default_workers, encode_pool
+    from pipeline.tokenize import TEXT_BATCH_ROWS
 
     pieces = [texts[i : i + TEXT_BATCH_ROWS] for i in range(0, len(texts), TEXT_BATCH_ROWS)]
+    n_workers = default_workers()
+    pool = encode_pool(n_workers)
+    pool.use(tokenizer.backend_tokenizer)
     best = float("inf")
-    with rust_threads_off(), ThreadPoolExecutor(default_threads()) as pool:
+    with ThreadPoolExecutor(n_workers) as threads:
         for _ in range(REPEATS):
             t = time.perf_counter()
-            n = sum(len(flat) for flat, _ in pool.map(lambda p: encode_texts(tokenizer, p), pieces))
+            n = sum(len(flat) for flat, _ in threads.map(pool.encode, pieces))
             best = min(best, time.perf_counter() - t)
-    return {"tokens": n, "seconds": best, "tokens_per_s": n / best, "threads": default_threads()}
+    return {"tokens": n, "seconds": best, "tokens_per_s": n / best, "workers": n_workers}
 
 
 def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) -> dict:
@@ -286,8 +291,8 @@ def bench_text(args, tmp: Path) -> dict:
         engine = engine_alone(texts, tokenizer)
         stats = pack_in_child(repeat=1 + REPEATS, inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len,
                               out=str(tmp / f"out-{name}"), overwrite=True, num_proc=args.num_proc)
-        trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
-        sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc)
+        trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
+        sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl", "sft")}
         totals["cold_raw_tokens"] += cold["raw"]["tokens"]
         totals["cold_raw_s"] += cold["raw"]["seconds"]
@@ -393,7 +398,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="text,pretok", help="comma list of: text, pretok")
     parser.add_argument("--max-len", type=int, default=8192)
-    parser.add_argument("--num-proc", type=int, default=1, help="processes for pack-data and datasets.map")
+    parser.add_argument("--num-proc", type=int, default=None,
+                        help="pack-data --num-proc (default: its own) and datasets.map num_proc (default: none)")
     parser.add_argument("--tokens", type=int, default=200_000_000, help="size of the synthetic pre-tokenized set")
     parser.add_argument("--pretok-batch-rows", type=int, default=4096)
     parser.add_argument("--pretok-format", default="arrow,parquet",
@@ -424,8 +430,8 @@ def main() -> None:
             print(f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
                   f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
                   f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")
-            print(f"[text] pack-data's tokenizer engine alone ({results['text']['datasets']['gsm8k']['engine']['threads']} "
-                  f"threads, no reading/rendering/spill/plan/write): {s['engine_tokens_per_s'] / 1e6:.2f}M tok/s; "
+            print(f"[text] pack-data's tokenizer engine alone ({results['text']['datasets']['gsm8k']['engine']['workers']} "
+                  f"worker processes, no reading/rendering/spill/plan/write): {s['engine_tokens_per_s'] / 1e6:.2f}M tok/s; "
                   f"warm pack-data = {s['warm_pack_vs_engine']:.0%} of it")
             for name, d in results["text"]["datasets"].items():
                 ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}

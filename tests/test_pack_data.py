@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import pipeline.write
 from pipeline.cli import pack_data
+from pipeline.encode_pool import default_workers
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 from pipeline.tokenize import load_tokenizer, tokenize_examples
 from pipeline.verify import pack_verify, verify_folder
@@ -81,7 +82,7 @@ def test_readme_command_output_passes_verify_and_records_everything(readme_out: 
     assert manifest.efficiency > 0.95
     # recorded absolute, so `pack-verify --deep` finds the inputs from any working folder
     assert manifest.config["inputs"] == [str(Path("data/sample/instructions.jsonl").resolve())]
-    assert manifest.config["overlong"] == "truncate" and manifest.config["num_proc"] == 1
+    assert manifest.config["overlong"] == "truncate" and manifest.config["num_proc"] == default_workers()
     assert manifest.tokenizer["name"] == "data/tokenizer" and len(manifest.tokenizer["fingerprint"]) == 64
     assert (manifest.tokenizer["bos_token_id"], manifest.tokenizer["eos_token_id"]) == (BOS, EOS)
     assert manifest.tokenizer["format"]["kind"] == "instruction"
@@ -312,13 +313,13 @@ def test_overlong_error_names_the_row(pretok: Path, tmp_path: Path):
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
-def test_same_shards_whatever_num_proc_and_threads(tmp_path: Path):
+def test_same_shards_whatever_num_proc_and_batch_rows(tmp_path: Path):
     shas = []
-    for n, threads, batch_rows in ((1, 1, 37), (2, None, 37), (2, None, None), (1, 3, None), (1, 2, 37)):
+    for n, batch_rows in ((1, 37), (2, 37), (2, None), (3, None), (None, 37)):
         out = tmp_path / f"np{n}-{len(shas)}"
-        extra = (() if threads is None else ("--threads", threads)) + (() if batch_rows is None else ("--batch-rows", batch_rows))
+        extra = (() if n is None else ("--num-proc", n)) + (() if batch_rows is None else ("--batch-rows", batch_rows))
         result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", out,
-                     "--num-proc", n, "--rows-per-shard", 20, *extra)
+                     "--rows-per-shard", 20, *extra)
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(out).shards])
     assert len(shas[0]) > 1 and all(s == shas[0] for s in shas), shas

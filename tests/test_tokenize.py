@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipeline.encode_pool import encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
@@ -148,26 +149,60 @@ def test_lengths_of_counts_bos_and_eos(tok, tmp_path):
     assert lengths_of(str(path), str(TOKENIZER), limit=2).tolist() == got[:2].tolist()
 
 
-def test_threads_keep_input_order_locations_and_the_environment(tok, tmp_path, monkeypatch):
-    """Text batches tokenized by threads come back in input order with their own locations; an
-    error names the right line; the tokenizer's own thread pool setting is restored after."""
+def test_workers_keep_input_order_locations_and_the_environment(tok, tmp_path, monkeypatch):
+    """Text batches encoded by worker processes come back in input order with their own locations;
+    an error names the right line; the tokenizer's own thread pool setting is restored after."""
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     rows = [{"text": f"example {i} " + "word " * (i % 7)} for i in range(TEXT_BATCH_ROWS * 2 + 30)]
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     files = resolve_inputs([str(path)])
     fmt = detect_format(["text"], FormatOptions())
-    serial = list(iter_tokenized(files, fmt, tok, threads=1, batch_rows=4096))
-    threaded = list(iter_tokenized(files, fmt, tok, threads=3))
-    assert len(serial) == 1 and len(threaded) == 3  # default text batches: TEXT_BATCH_ROWS rows
-    assert [b.first_index for b, _ in threaded] == [0, TEXT_BATCH_ROWS, 2 * TEXT_BATCH_ROWS]
-    assert threaded[2][0].where(0) == f"{path} line {2 * TEXT_BATCH_ROWS + 1}"
-    assert np.array_equal(np.concatenate([t.input_ids for _, t in threaded]), serial[0][1].input_ids)
-    assert np.array_equal(np.concatenate([t.labels for _, t in threaded]), serial[0][1].labels)
+    serial = list(iter_tokenized(files, fmt, tok, num_proc=1, batch_rows=4096))
+    parallel = list(iter_tokenized(files, fmt, tok, num_proc=3))
+    assert len(serial) == 1 and len(parallel) == 3  # default text batches: TEXT_BATCH_ROWS rows
+    assert [b.first_index for b, _ in parallel] == [0, TEXT_BATCH_ROWS, 2 * TEXT_BATCH_ROWS]
+    assert parallel[2][0].where(0) == f"{path} line {2 * TEXT_BATCH_ROWS + 1}"
+    assert np.array_equal(np.concatenate([t.input_ids for _, t in parallel]), serial[0][1].input_ids)
+    assert np.array_equal(np.concatenate([t.labels for _, t in parallel]), serial[0][1].labels)
     assert "TOKENIZERS_PARALLELISM" not in os.environ
 
     rows[TEXT_BATCH_ROWS + 5] = {"text": None}
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(UserError, match=f"d.jsonl line {TEXT_BATCH_ROWS + 6}: "):
-        list(iter_tokenized(files, fmt, tok, threads=3))
+        list(iter_tokenized(files, fmt, tok, num_proc=3))
     assert "TOKENIZERS_PARALLELISM" not in os.environ
+
+
+def test_encode_pool_matches_the_tokenizer_switches_tokenizers_and_reports_a_dead_worker(tok):
+    """Workers give exactly `encode_texts`'s ids, take a new tokenizer when told, are reused while
+    alive, and a worker that died is one clear UserError, after which a fresh pool is forked."""
+    from tokenizers import Tokenizer
+
+    texts = ["hello world", "", "naïve café 😀 " * 3, "def f(x):\n    return x"]
+    pool = encode_pool(2)
+    pool.use(tok.backend_tokenizer)
+    want = encode_texts(tok, texts)
+    got = pool.encode(texts)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert encode_pool(2) is pool  # kept for the next job
+
+    other = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    other.add_tokens(["zzqx"])  # another tokenizer: "zzqx" is one token here, several in `tok`
+    pool.use(other)
+    pool.use(tok.backend_tokenizer)  # handed over twice before any encode: the last one counts
+    assert np.array_equal(pool.encode(["zzqx"])[0], encode_texts(tok, ["zzqx"])[0])
+    pool.use(other)
+    assert pool.encode(["zzqx"])[0].tolist() == [other.token_to_id("zzqx")]
+    pool.use(tok.backend_tokenizer)
+    assert np.array_equal(pool.encode(texts)[0], want[0])
+
+    pool._procs[0].kill()
+    pool._procs[0].join()
+    with pytest.raises(UserError, match="tokenizer worker process exited unexpectedly"):
+        for _ in range(2):  # one of the two workers is dead: at most two calls reach it
+            pool.encode(texts)
+    fresh = encode_pool(2)
+    assert fresh is not pool and fresh.alive
+    fresh.use(tok.backend_tokenizer)
+    assert np.array_equal(fresh.encode(texts)[0], want[0])

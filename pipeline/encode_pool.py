@@ -1,0 +1,193 @@
+"""Worker processes that encode texts into token ids, each with its own interpreter and GIL.
+
+Why processes: the tokenizer's Rust encoder runs without the GIL, but turning its result into
+Python ids (`Encoding.ids`, about 37 ns a token) and flattening them (about 17 ns) need the GIL. On
+16 cores, 16 threads of one process spent most of their time waiting for it (BENCHMARKS.md); in
+separate processes that work runs in parallel, and only int32 buffers come back.
+
+A worker holds only the tokenizer's Rust backend (sent once as its JSON), so it never imports
+transformers or torch. Workers are forked before the parent imports those (`run_pack_data` starts
+them first), which keeps the fork cheap, and the pool is kept for later jobs in the same process.
+Each worker serves one request at a time; `encode` checks a free worker out, so any number of
+threads may call it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+from itertools import chain
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import UserError
+
+MAX_DEFAULT_WORKERS = 16  # measured up to 16 cores (BENCHMARKS.md); each worker holds a tokenizer copy
+
+
+def default_workers() -> int:
+    """The CPUs this process may use (its affinity mask, else the machine's count), at most
+    MAX_DEFAULT_WORKERS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
+
+
+def flat_ids(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Encodings -> flat int32 ids and int64 lengths (one per encoding)."""
+    ids = [e.ids for e in encodings]
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
+    return flat, lens
+
+
+def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker processes
+    """A worker's loop: ("tokenizer", json) loads a backend; a list of texts is encoded; None ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes the pipes
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
+    from tokenizers import Tokenizer
+
+    backend = None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if msg is None:
+            return
+        try:
+            if isinstance(msg, tuple) and msg[0] == "tokenizer":
+                backend = Tokenizer.from_str(msg[1])
+                conn.send(("ok",))
+                continue
+            flat, lens = flat_ids(backend.encode_batch_fast(msg, add_special_tokens=False))
+            conn.send(("ok", lens.tobytes(), flat.tobytes()))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class EncodePool:
+    """`n` worker processes encoding texts with one tokenizer backend (`use`); see the module doc."""
+
+    def __init__(self, n: int) -> None:
+        import tokenizers  # noqa: F401 - imported once here, inherited by forked workers
+
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        self.n = n
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._free: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        self._tokenizer: str | None = None  # sha256 of the backend JSON the workers hold
+        self._backend: Any = None  # the backend object last handed over
+        self._unacked: set[Connection] = set()  # workers whose tokenizer acknowledgement is unread
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="packlm-encode")
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+            self._free.put(parent)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def use(self, backend: Any) -> None:
+        """Hand every worker `backend` (a `tokenizers.Tokenizer`; a no-op when they hold it already).
+
+        Returns at once: the workers load it while this process goes on (pack-data calls this in its
+        setup), and each one's acknowledgement is read before its first `encode`. A tokenizer changed
+        in place after being handed over is not sent again.
+        """
+        if backend is self._backend:
+            return
+        text = backend.to_str()
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest != self._tokenizer:
+            self._drain()
+            for conn in self._conns:
+                self._ask(conn, ("tokenizer", text), reply=False)
+            self._unacked = set(self._conns)
+            self._tokenizer = digest
+        self._backend = backend
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Texts -> flat int32 ids and int64 lengths, as `flat_ids` of the backend's batch call
+        without special tokens."""
+        conn = self._free.get()
+        try:
+            if conn in self._unacked:
+                self._ask(conn, None, send=False)
+                self._unacked.discard(conn)
+            reply = self._ask(conn, texts)
+        finally:
+            self._free.put(conn)
+        return np.frombuffer(reply[2], dtype=np.int32), np.frombuffer(reply[1], dtype=np.int64)
+
+    def _drain(self) -> None:
+        """Read the acknowledgements still pending (before the workers are sent anything else)."""
+        for conn in list(self._unacked):
+            self._ask(conn, None, send=False)
+        self._unacked = set()
+
+    @staticmethod
+    def _ask(conn: Connection, msg: Any, *, send: bool = True, reply: bool = True) -> tuple:
+        """Send `msg` and/or receive the worker's reply; a dead worker is a UserError."""
+        try:
+            if send:
+                conn.send(msg)
+            answer = conn.recv() if reply else ("ok",)
+        except (EOFError, OSError):
+            raise UserError(
+                "a tokenizer worker process exited unexpectedly (out of memory?): rerun with a smaller "
+                "--num-proc"
+            ) from None
+        if answer[0] == "error":
+            raise RuntimeError(f"tokenizer worker failed: {answer[1]}")
+        return answer
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)
+                conn.close()
+            except OSError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        self._procs.clear()
+        self._conns.clear()
+
+
+_POOL: EncodePool | None = None
+
+
+def encode_pool(n: int) -> EncodePool:
+    """The process-wide pool of `n` workers: reused while its workers live, else forked anew."""
+    global _POOL
+    if _POOL is not None and (_POOL.n != n or not _POOL.alive):
+        _POOL.close()
+        _POOL = None
+    if _POOL is None:
+        _POOL = EncodePool(n)
+    return _POOL
+
+
+@atexit.register
+def close_pool() -> None:
+    """Stop the process-wide pool's workers (also run at exit)."""
+    global _POOL
+    if _POOL is not None:
+        _POOL.close()
+        _POOL = None
