@@ -20,6 +20,8 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import chain
 from multiprocessing.connection import Connection
 from typing import Any
@@ -74,6 +76,32 @@ def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker p
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
+@contextmanager
+def _worker_alive() -> Iterator[None]:
+    """A pipe that broke because its worker died becomes one clear UserError."""
+    try:
+        yield
+    except (EOFError, OSError):
+        raise UserError(
+            "a tokenizer worker process exited unexpectedly (out of memory?): rerun with a smaller "
+            "--num-proc"
+        ) from None
+
+
+def _send(conn: Connection, msg: Any) -> None:
+    with _worker_alive():
+        conn.send(msg)
+
+
+def _recv(conn: Connection) -> tuple:
+    """A worker's reply; its reported failure is raised here."""
+    with _worker_alive():
+        answer = conn.recv()
+    if answer[0] == "error":
+        raise RuntimeError(f"tokenizer worker failed: {answer[1]}")
+    return answer
+
+
 class EncodePool:
     """`n` worker processes encoding texts with one tokenizer backend (`use`); see the module doc."""
 
@@ -115,7 +143,7 @@ class EncodePool:
         if digest != self._tokenizer:
             self._drain()
             for conn in self._conns:
-                self._ask(conn, ("tokenizer", text), reply=False)
+                _send(conn, ("tokenizer", text))
             self._unacked = set(self._conns)
             self._tokenizer = digest
         self._backend = backend
@@ -126,9 +154,10 @@ class EncodePool:
         conn = self._free.get()
         try:
             if conn in self._unacked:
-                self._ask(conn, None, send=False)
+                _recv(conn)
                 self._unacked.discard(conn)
-            reply = self._ask(conn, texts)
+            _send(conn, texts)
+            reply = _recv(conn)
         finally:
             self._free.put(conn)
         return np.frombuffer(reply[2], dtype=np.int32), np.frombuffer(reply[1], dtype=np.int64)
@@ -136,24 +165,8 @@ class EncodePool:
     def _drain(self) -> None:
         """Read the acknowledgements still pending (before the workers are sent anything else)."""
         for conn in list(self._unacked):
-            self._ask(conn, None, send=False)
+            _recv(conn)
         self._unacked = set()
-
-    @staticmethod
-    def _ask(conn: Connection, msg: Any, *, send: bool = True, reply: bool = True) -> tuple:
-        """Send `msg` and/or receive the worker's reply; a dead worker is a UserError."""
-        try:
-            if send:
-                conn.send(msg)
-            answer = conn.recv() if reply else ("ok",)
-        except (EOFError, OSError):
-            raise UserError(
-                "a tokenizer worker process exited unexpectedly (out of memory?): rerun with a smaller "
-                "--num-proc"
-            ) from None
-        if answer[0] == "error":
-            raise RuntimeError(f"tokenizer worker failed: {answer[1]}")
-        return answer
 
     def close(self) -> None:
         for conn in self._conns:

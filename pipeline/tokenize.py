@@ -370,10 +370,11 @@ def iter_tokenized(
     from pipeline.sources import iter_batches
 
     fmts = _format_map(files, fmt)
+    text = needs_encoder(list(fmts.values()))
     if batch_rows is None:
-        batch_rows = TEXT_BATCH_ROWS if needs_encoder(list(fmts.values())) else TOKENIZED_BATCH_ROWS
+        batch_rows = TEXT_BATCH_ROWS if text else TOKENIZED_BATCH_ROWS
     batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
-    if num_proc <= 1 or not needs_encoder(list(fmts.values())):
+    if num_proc <= 1 or not text:
         with rust_threads_off():
             for batch in batches:
                 yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
