@@ -794,6 +794,15 @@ def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int |
                             "example")
 
 
+def where_of(files: list[InputFile], index: int) -> str:
+    """Human location of the example with global input index `index` ("data.jsonl line 17"), for an
+    error found after reading: the inputs are read again up to it."""
+    for batch in iter_batches(files, limit=index + 1):
+        if index < batch.first_index + batch.table.num_rows:
+            return batch.where(index - batch.first_index)
+    return f"example {index} of the input"
+
+
 def column_names(files: list[InputFile]) -> list[str]:
     """Columns of the first input, read from its schema or its first chunk (not the whole file).
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +60,14 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "v
 
 def load_tokenizer(name_or_path: str) -> Any:
     """Load a fast Hugging Face tokenizer from a local folder (never touching the network) or a Hub name."""
+    folder = tokenizer_folder(name_or_path)
     from transformers import AutoTokenizer
 
-    path = Path(os.path.expanduser(str(name_or_path)))
-    looks_local = path.exists() or os.sep in str(name_or_path) and not _hub_like(str(name_or_path))
     try:
-        if path.is_dir():
-            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        elif looks_local or str(name_or_path).startswith((".", "~", "/")):
-            raise UserError(
-                f"tokenizer folder {name_or_path} not found: pass a folder with tokenizer.json "
-                "(e.g. data/tokenizer) or a Hub name"
-            )
+        if folder is not None:
+            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         else:
             tok = AutoTokenizer.from_pretrained(str(name_or_path))
-    except UserError:
-        raise
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
@@ -84,6 +77,21 @@ def load_tokenizer(name_or_path: str) -> Any:
     if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
         raise UserError(f"tokenizer {name_or_path!r} is not a fast (Rust) tokenizer: provide tokenizer.json")
     return tok
+
+
+def tokenizer_folder(name_or_path: str) -> Path | None:
+    """The local folder `name_or_path` names, or None for a Hub name; a path that names no folder is
+    a UserError. Cheap (no imports), so a job can check it before starting any work."""
+    path = Path(os.path.expanduser(str(name_or_path)))
+    if path.is_dir():
+        return path
+    looks_local = path.exists() or os.sep in str(name_or_path) and not _hub_like(str(name_or_path))
+    if looks_local or str(name_or_path).startswith((".", "~", "/")):
+        raise UserError(
+            f"tokenizer folder {name_or_path} not found: pass a folder with tokenizer.json "
+            "(e.g. data/tokenizer) or a Hub name"
+        )
+    return None
 
 
 def _hub_like(name: str) -> bool:
@@ -124,6 +132,13 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
         "vocab_size": len(tokenizer),
         "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
+
+
+def load_tokenizer_info(name_or_path: str) -> dict[str, Any]:
+    """`tokenizer_info` of the named tokenizer: all that a job on pre-tokenized input needs of it
+    (pack-data loads it in a forked process, so the job never imports transformers and torch)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # no Rust thread pool in a forked child
+    return tokenizer_info(load_tokenizer(name_or_path), name_or_path)
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -419,8 +434,7 @@ class Spill:
     # `starts` holds each example's (file index << FILE_SHIFT | int32 element offset in that file).
     sources: list[Path] = field(default_factory=list)
     starts: np.ndarray | None = None
-    vocab_size: int | None = None  # direct mode: ids are range-checked while gathering
-    where: Any = None  # direct mode: example id -> "file row N"
+    where: Callable[[int], str] | None = None  # example id -> "file line N" (for error messages)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -520,15 +534,18 @@ class _NotDirect(Exception):
     """The inputs cannot be gathered in place (fall back to the spill)."""
 
 
-def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], vocab: int, *,
+def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
                        max_len: int, overlong: str, limit: int | None, progress: Any = None) -> Spill:
     """A Spill that points into the input files: every input is an uncompressed Arrow IPC *file* of
     pre-tokenized list<int32> `input_ids` without labels, so the writer can pread each example from
     the input itself and nothing is spilled. Only the offsets buffers are read here (not through
-    the memory map's data pages, which would count in RSS); ids are range-checked while gathering.
+    the memory map's data pages, which would count in RSS); the writer rejects negative ids while
+    gathering (ids are not read here).
 
     Raises `_NotDirect` when an input does not qualify (compressed, stream format, other types).
     """
+    from pipeline.sources import where_of
+
     lengths: list[np.ndarray] = []
     starts: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
@@ -586,13 +603,9 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], vocab:
         if index == bases[-1][0] and (limit is None or index < limit):
             raise UserError(f"{f.path} contains no records: give an input with at least one example")
 
-    def where(example_id: int) -> str:
-        first, path = next((b for b in reversed(bases) if b[0] <= example_id), bases[0])
-        return f"{path} row {example_id - first + 1}"
-
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
     return Spill(Path(files[0].path), None, cat(lengths), cat(example_ids), read, empty,
-                 sources=[Path(f.path) for f in files], starts=cat(starts), vocab_size=vocab, where=where)
+                 sources=[Path(f.path) for f in files], starts=cat(starts), where=partial(where_of, files))
 
 
 def tokenize_to_spill(
@@ -615,15 +628,16 @@ def tokenize_to_spill(
     file is pre-tokenized without labels; when they are moreover all uncompressed Arrow IPC files of
     list<int32> ids (and `direct`), nothing is spilled at all (`direct_arrow_spill`).
     """
+    from pipeline.sources import where_of
+
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
     fmts = _format_map(files, fmt)
     same_labels = all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts.values())
-    vocab = len(tokenizer)
     if same_labels and direct and all(f.kind == "arrow" for f in files):
         try:  # uncompressed Arrow IPC input: gather from the input itself, spill nothing
-            return direct_arrow_spill(files, fmts, vocab, max_len=max_len, overlong=overlong, limit=limit,
+            return direct_arrow_spill(files, fmts, max_len=max_len, overlong=overlong, limit=limit,
                                       progress=progress)
         except _NotDirect:
             if progress is not None:
@@ -644,12 +658,6 @@ def tokenize_to_spill(
                     f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
                 )
-            if fmts[batch.file].kind == "tokenized" and len(tok.input_ids) and int(tok.input_ids.max()) >= vocab:
-                bad = int(np.searchsorted(np.cumsum(tok.lengths), int(np.argmax(tok.input_ids >= vocab)), side="right"))
-                raise UserError(
-                    f"{batch.where(bad)}: token id {int(tok.input_ids.max())} is outside the tokenizer's "
-                    f"vocabulary ({vocab} ids): was this data tokenized with another tokenizer?"
-                )
             tok.input_ids.astype("<i4", copy=False).tofile(fi)
             if tok.labels is not None:
                 tok.labels.astype("<i4", copy=False).tofile(fl)
@@ -664,7 +672,8 @@ def tokenize_to_spill(
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if same_labels:
         labels_path.unlink()
-    return Spill(ids_path, None if same_labels else labels_path, cat(lengths), cat(example_ids), read, empty)
+    return Spill(ids_path, None if same_labels else labels_path, cat(lengths), cat(example_ids), read, empty,
+                 where=partial(where_of, files))
 
 
 def _fmt_count(n: int) -> str:

@@ -73,6 +73,7 @@ class _Flat:
     example_ids: np.ndarray
     ex_off: np.ndarray
     loss_tokens: int = -1  # labels != -100; set by check_shard
+    max_id: int = -1  # the largest input id; set by check_shard
 
 
 # Defects the token pass finds, in the order they are reported when a shard has several kinds.
@@ -83,14 +84,16 @@ _OK, _NEGATIVE_ID, _BEYOND_VOCAB, _POSITION, _LABEL_AT_START, _LABEL_SHIFTED = r
 def _token_checks(input_ids, labels, position_ids, seq_lens, vocab):  # pragma: no cover - numba
     """One pass over a shard's flat tokens; `seq_lens` must tile them (checked before).
 
-    Returns (code, index, loss tokens): the first defect kind found, in the `_NEGATIVE_ID` ..
-    `_LABEL_SHIFTED` order (`_OK` if none), the flat token index of its first occurrence (the flat
-    example index for `_LABEL_AT_START`), and the number of labels != -100. `vocab` <= 0: unknown.
+    Returns (code, index, loss tokens, largest id): the first defect kind found, in the
+    `_NEGATIVE_ID` .. `_LABEL_SHIFTED` order (`_OK` if none), the flat token index of its first
+    occurrence (the flat example index for `_LABEL_AT_START`), the number of labels != -100 and the
+    largest input id (-1 for no tokens). `vocab` <= 0: unknown.
     The pass itself is branch-free (it vectorises); only a shard with a defect gets a second,
     slower pass (`_token_defects`) that finds which and where.
     """
     limit = np.int64(vocab) if vocab > 0 else np.int64(1) << 32
     loss = 0
+    top = np.int64(-1)
     bad = False
     t = 0
     for k in range(seq_lens.shape[0]):
@@ -101,12 +104,14 @@ def _token_checks(input_ids, labels, position_ids, seq_lens, vocab):  # pragma: 
             y = labels[t + i]
             m = y != -100
             loss += m
+            top = max(top, x)
             acc |= (x < 0) | (x >= limit) | (position_ids[t + i] != i) | (m & (y != x))
         bad |= acc
         t += n
     if not bad:
-        return _OK, -1, loss
-    return _token_defects(input_ids, labels, position_ids, seq_lens, vocab)
+        return _OK, -1, loss, top
+    code, at, loss = _token_defects(input_ids, labels, position_ids, seq_lens, vocab)
+    return code, at, loss, top
 
 
 @numba.njit(cache=True, nogil=True)
@@ -237,7 +242,7 @@ def check_shard(path: Path, max_len: int, vocab_size: int | None = None) -> _Fla
     # From here the example boundaries tile the flat token arrays exactly: one numba pass over the
     # tokens finds the first defect of each kind (reported in the order below) and counts loss tokens.
     starts = cum[:-1]
-    code, at, flat.loss_tokens = _token_checks(
+    code, at, flat.loss_tokens, flat.max_id = _token_checks(
         flat.input_ids, flat.labels, flat.position_ids, seq, int(vocab_size or 0)
     )
     if code == _NEGATIVE_ID:
@@ -274,8 +279,9 @@ class ShardSummary:
     """One shard file as `check_shard` found it: what `verify_folder`'s folder-level checks need.
 
     `size`, `mtime_ns` and `inode` are the file's, taken before it was opened: a summary stands for
-    the file only while all three are unchanged (and it was checked against the same max_len and
-    vocab_size). A same-size rewrite in place within one file-system timestamp tick would go
+    the file only while all three are unchanged (and it was checked against the same max_len; the
+    vocabulary check is `max_id` < vocab_size, so a summary made before the vocabulary was known
+    still serves). A same-size rewrite in place within one file-system timestamp tick would go
     unnoticed; `pack-verify` (sha256) catches that too.
     """
 
@@ -284,7 +290,7 @@ class ShardSummary:
     loss_tokens: int
     example_ids: np.ndarray  # int64, a copy (a view would keep the memory-mapped shard resident)
     max_len: int
-    vocab_size: int | None
+    max_id: int  # the largest input id (-1 for an empty shard)
     size: int
     mtime_ns: int
     inode: int
@@ -295,8 +301,8 @@ class ShardSummary:
             st = os.stat(path)
         except OSError:
             return False
-        return (st.st_size, st.st_mtime_ns, st.st_ino, max_len, vocab_size) == (
-            self.size, self.mtime_ns, self.inode, self.max_len, self.vocab_size)
+        return (st.st_size, st.st_mtime_ns, st.st_ino, max_len) == (
+            self.size, self.mtime_ns, self.inode, self.max_len) and (vocab_size is None or self.max_id < vocab_size)
 
 
 def summarize_shard(path: str | os.PathLike[str], max_len: int,
@@ -318,11 +324,20 @@ def summarize_shard(path: str | os.PathLike[str], max_len: int,
         loss_tokens=int(flat.loss_tokens),
         example_ids=np.array(flat.example_ids, dtype=np.int64, copy=True),
         max_len=max_len,
-        vocab_size=vocab_size,
+        max_id=int(flat.max_id),
         size=st.st_size,
         mtime_ns=st.st_mtime_ns,
         inode=st.st_ino,
     )
+
+
+def first_beyond_vocab(path: str | os.PathLike[str], vocab_size: int) -> tuple[int, int]:
+    """(example id, token id) of the first token id >= vocab_size in a shard that has one (for the
+    error message: which input example holds it)."""
+    flat = _load(Path(path))
+    t = _first(flat.input_ids >= vocab_size)
+    k = int(np.searchsorted(np.cumsum(flat.seq_lens), t, side="right"))
+    return int(flat.example_ids[k]), int(flat.input_ids[t])
 
 
 def manifest_vocab(tokenizer: object) -> int | None:

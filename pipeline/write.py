@@ -17,13 +17,19 @@ directly. Phases:
    are hashed at once on machines with the cores: sha256 runs at about 1.2 GB/s a core) and a checker
    thread re-opens the file memory-mapped and runs `pipeline.verify.summarize_shard` on it (every
    per-row and per-token check of `check_shard`, one numba pass over the tokens), so what is checked
-   is what is on disk, overlapped with gathering the next shard; a bad shard stops the job;
+   is what is on disk, overlapped with gathering the next shard; a bad shard stops the job. Token
+   ids are compared with the tokenizer's vocabulary through each shard's largest id, as soon as
+   the tokenizer is known;
 5. finish: the manifest, then `verify_folder(tmp, check_hashes=False, checked=...)`: the folder-level
    checks only (manifest self-consistency, files present and no strays, per-shard and total counts
    vs the manifest, example ids) from the per-shard summaries, without reading the tokens again (a
    shard whose size, mtime or inode changed since its check is checked again); then every shard's
    size must still equal what was written, and an atomic rename. `pack-verify` re-hashes and
    re-checks everything.
+
+The tokenizer is loaded during setup, except when every input is pre-tokenized: then only its
+facts (vocabulary size, special ids, fingerprint) are needed, and a forked process loads it while
+the job runs, so this process never imports transformers and torch (seconds on some machines).
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
@@ -36,10 +42,9 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -50,6 +55,7 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.background import Background, Forked
 from pipeline.binpack import STRATEGIES, assign_bins
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
@@ -72,11 +78,18 @@ from pipeline.tokenize import (
     Spill,
     file_formats,
     load_tokenizer,
+    load_tokenizer_info,
     needs_encoder,
     tokenize_to_spill,
+    tokenizer_folder,
     tokenizer_info,
 )
-from pipeline.verify import ShardSummary, manifest_vocab, summarize_shard
+from pipeline.verify import (
+    ShardSummary,
+    first_beyond_vocab,
+    manifest_vocab,
+    summarize_shard,
+)
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -213,9 +226,9 @@ def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
 
 
 @numba.njit(cache=True, nogil=True)
-def _finish(ids, labels, lengths, out_pos, vocab):  # pragma: no cover - numba
-    """position_ids, first label of each piece -100, loss count; index of the first id outside
-    [0, vocab) when vocab > 0 (else -1)."""
+def _finish(ids, labels, lengths, out_pos, check_ids):  # pragma: no cover - numba
+    """position_ids, first label of each piece -100, loss count; with check_ids, the index of the
+    first negative id (else -1)."""
     k = 0
     loss = 0
     bad = -1
@@ -226,7 +239,7 @@ def _finish(ids, labels, lengths, out_pos, vocab):  # pragma: no cover - numba
             out_pos[k + t] = t
             if labels[k + t] != -100:
                 loss += 1
-            if vocab > 0 and bad < 0 and (ids[k + t] < 0 or ids[k + t] >= vocab):
+            if check_ids and bad < 0 and ids[k + t] < 0:
                 bad = k + t
         k += n
     return loss, bad
@@ -242,8 +255,8 @@ def gather_rows(
     """Read pieces (in row order) from the spill into flat ids, labels, position_ids; count loss tokens.
 
     The first label of every piece is set to -100 (a split example's later chunks included). When
-    the spill reads the input in place (`spill.vocab_size` set), ids are range-checked here and a
-    bad one is a UserError naming its example's file and row (`example_ids` of the pieces).
+    the spill reads the input in place (direct mode: its ids were never looked at), a negative id
+    is a UserError naming its example's file and row (`example_ids` of the pieces).
     `buffers`: optional (ids, labels, position_ids) int32 arrays, large enough, reused across shards;
     the results are then views of them.
     """
@@ -255,17 +268,11 @@ def gather_rows(
             np.copyto(labels, ids)
     pos = np.empty(n, np.int32) if buffers is None else buffers[2][:n]
     lens = np.ascontiguousarray(lengths, dtype=np.int64)
-    loss, bad = _finish(ids, labels, lens, pos, int(spill.vocab_size or 0))
+    loss, bad = _finish(ids, labels, lens, pos, bool(spill.sources))
     if bad >= 0:
         piece = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
         where = spill.where(int(example_ids[piece])) if example_ids is not None and spill.where else "the input"
-        value = int(ids[bad])
-        if value < 0:
-            raise UserError(f"{where}: input_ids contains a negative id: fix the data")
-        raise UserError(
-            f"{where}: token id {value} is outside the tokenizer's vocabulary ({spill.vocab_size} ids): "
-            "was this data tokenized with another tokenizer?"
-        )
+        raise UserError(f"{where}: input_ids contains a negative id: fix the data")
     return ids, labels, pos, int(loss)
 
 
@@ -355,17 +362,23 @@ def run_pack_data(
     t0 = time.perf_counter()
     files = resolve_inputs(list(config.inputs))
     fmts = file_formats(files, config.format_options())  # each input file's own format and fields
-    # tokenizer workers forked now: before the tokenizer's imports (torch) make a fork slow, and
-    # before this process starts threads
-    pool = encode_pool(config.num_proc) if config.num_proc > 1 and needs_encoder(fmts) else None
+    text = needs_encoder(fmts)
+    # processes forked now: before the tokenizer's imports (torch) make a fork slow, and before
+    # this process starts threads. Tokenizer workers encode text; pre-tokenized input needs only
+    # the tokenizer's facts, loaded by a child while the job runs.
+    pool = encode_pool(config.num_proc) if config.num_proc > 1 and text else None
+    facts: Future | Forked = Future()
+    if not text:
+        tokenizer_folder(config.tokenizer)  # a path that names no folder fails now, not later
+        facts = Forked(load_tokenizer_info, config.tokenizer)
     # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
-    inputs_info = _Background(input_fingerprints, files)
-    tokenizer = load_tokenizer(config.tokenizer)
-    if pool is not None:
-        pool.use(tokenizer.backend_tokenizer)  # the workers load it while the setup goes on
-    tok_info = tokenizer_info(tokenizer, config.tokenizer)
-    dicts = [f.to_dict() for f in fmts]
-    tok_info["format"] = dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}
+    inputs_info = Background(input_fingerprints, files)
+    tokenizer = None
+    if text:
+        tokenizer = load_tokenizer(config.tokenizer)
+        if pool is not None:
+            pool.use(tokenizer.backend_tokenizer)  # the workers load it while the setup goes on
+        facts.set_result(tokenizer_info(tokenizer, config.tokenizer))
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)
@@ -375,7 +388,7 @@ def run_pack_data(
     tmp.mkdir()
     try:
         manifest, reference, sizes, checked = _pack_into(
-            tmp, config, files, fmts, tokenizer, tok_info, inputs_info, times)
+            tmp, config, files, fmts, tokenizer, facts, inputs_info, times)
         t = time.perf_counter()
         # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
         # the checker thread; no second pass over the tokens, no second sha256 pass over every byte
@@ -396,41 +409,21 @@ def run_pack_data(
     return manifest
 
 
-class _Background:
-    """`fn(*args)` in a daemon thread (a failing job exits without waiting for it); `result()`
-    joins and returns its value or raises its exception."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], args: tuple) -> None:
-        try:
-            self._value = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread by result())
-            self._error = exc
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 def _pack_into(
     tmp: Path,
     config: PackConfig,
     files: list[Any],
     fmts: list[ResolvedFormat],
     tokenizer: Any,
-    tok_info: dict[str, Any],
-    inputs_info: _Background,
+    facts: Future | Forked,
+    inputs_info: Background,
     times: dict[str, float],
 ) -> tuple[Manifest, Layout, dict[str, int], dict[str, ShardSummary]]:
     """Write shards + manifest into `tmp`; return the manifest, the pad-to-longest reference layout,
-    the bytes written per shard file and each shard's `summarize_shard` (checked as written)."""
+    the bytes written per shard file and each shard's `summarize_shard` (checked as written).
+
+    `tokenizer`: None for pre-tokenized input; `facts`: its `tokenizer_info`, maybe still coming.
+    """
     max_len = config.max_len
     t = time.perf_counter()
     total = estimate_rows(files, config.limit) if config.progress else None
@@ -485,15 +478,15 @@ def _pack_into(
     written: list[Future] = []
     sizes: dict[str, int] = {}
     checked: dict[str, ShardSummary] = {}
-    checks: list[Future] = []
-    vocab = manifest_vocab(tok_info)
+    checks: list[tuple[str, Future]] = []
+    in_vocab: list[tuple[str, ShardSummary]] = []  # checked shards whose ids await the vocabulary
 
     def write_one(path: Path, table: Any) -> tuple[int, Future, Future]:
         write_shard(path, table)  # looked up at call time (tests replace it)
         # hashlib and the numba checks release the GIL: hash this shard and check the file as it is
         # on disk (re-opened memory-mapped) while the next ones are gathered and written
-        check = checker.submit(summarize_shard, path, max_len, vocab)
-        checks.append(check)
+        check = checker.submit(summarize_shard, path, max_len)
+        checks.append((path.name, check))
         return os.path.getsize(path), hasher.submit(file_sha256, path), check
 
     # two sets of token buffers, reused: one shard is gathered into one set while the previous one,
@@ -522,8 +515,12 @@ def _pack_into(
             name = shard_name(s)
             if written:  # the previous shard is written (in a thread) while this one was gathered;
                 written[-1].result()  # at most one shard waits in RAM
-            while checks and checks[0].done():  # a shard that failed its check stops the job now
-                checks.pop(0).result()
+            while checks and checks[0][1].done():  # a shard that failed its check stops the job now
+                name_done, check = checks.pop(0)
+                in_vocab.append((name_done, check.result()))
+            if facts.done():  # and so does one with an id beyond the vocabulary, once that is known
+                _check_vocab(tmp, in_vocab, manifest_vocab(_tokenizer_facts(facts, config)), spill)
+                in_vocab.clear()
             written.append(writer.submit(write_one, tmp / name, table))
             del table, ids, labels, pos
             shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=""))
@@ -535,6 +532,12 @@ def _pack_into(
             sizes[info.file] = size
             checked[info.file] = check.result()
             info.sha256 = digest.result()
+    t_wait = time.perf_counter()
+    tok_info = _tokenizer_facts(facts, config)
+    wait = time.perf_counter() - t_wait  # pre-tokenized input: for the forked tokenizer load
+    _check_vocab(tmp, checked.items(), manifest_vocab(tok_info), spill)
+    dicts = [f.to_dict() for f in fmts]
+    tok_info = {**tok_info, "format": dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}}
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
     config_dict = asdict(config)
     # local paths absolute, so `pack-verify --deep` can re-read the inputs from any folder
@@ -557,7 +560,9 @@ def _pack_into(
         config=config_dict,
     )
     write_manifest(tmp, manifest)
-    times["write"] = time.perf_counter() - t
+    times["write"] = time.perf_counter() - t - wait
+    if tokenizer is None:
+        times["tokenizer"] = wait
     return manifest, reference, sizes, checked
 
 
@@ -594,6 +599,27 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
                 f"output folder {out} appeared while packing: pass --overwrite to replace it, or "
                 "choose another --out"
             ) from None
+
+
+def _tokenizer_facts(facts: Future | Forked, config: PackConfig) -> dict[str, Any]:
+    try:
+        return facts.result()
+    except ChildProcessError as exc:  # the forked loader was killed
+        raise UserError(f"loading tokenizer {config.tokenizer!r} failed: {exc} (out of memory?)") from None
+
+
+def _check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,
+                 spill: Spill) -> None:
+    """Every token id below the tokenizer's vocabulary size, else a UserError naming the input
+    example of the first one beyond it."""
+    for name, summary in summaries:
+        if vocab is not None and summary.max_id >= vocab:
+            example, value = first_beyond_vocab(folder / name, vocab)
+            where = spill.where(example) if spill.where else f"example {example} of the input"
+            raise UserError(
+                f"{where}: token id {value} is outside the tokenizer's vocabulary ({vocab} ids): "
+                "was this data tokenized with another tokenizer?"
+            )
 
 
 def summary_lines(

@@ -447,7 +447,8 @@ def main() -> None:
                 print(f"[pretok {kind}] {p['tokens']} tokens ({p['input_bytes'] / 1e9:.2f} GB input): "
                       f"{p['tokens_per_s'] / 1e6:.1f}M tok/s excl. setup "
                       f"({p['tokens_per_s_incl_setup'] / 1e6:.1f}M incl.), peak RSS "
-                      f"{p['pack_data']['maxrss_self_mb']:.0f} MB; phases {ph}")
+                      f"{p['pack_data']['maxrss_self_mb']:.0f} MB (its children: "
+                      f"{p['pack_data']['maxrss_children_mb']:.0f} MB); phases {ph}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:

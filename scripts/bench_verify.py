@@ -71,7 +71,7 @@ def main() -> None:
     best = {"numba": float("inf"), "numpy": float("inf")}
     for _ in range(args.repeat):
         t = time.perf_counter()
-        code, at, loss_nb = _token_checks(ids, labels, pos, seq, args.vocab)
+        code, at, loss_nb, _ = _token_checks(ids, labels, pos, seq, args.vocab)
         best["numba"] = min(best["numba"], time.perf_counter() - t)
         t = time.perf_counter()
         bad, loss_np = numpy_token_checks(ids, labels, pos, seq, args.vocab)

@@ -265,6 +265,59 @@ def test_arrow_ipc_in_place_bad_ids_name_file_and_row(tmp_path: Path, bad: int, 
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
+PRETOK_CHILD = r"""
+import json, sys
+from pipeline.write import PackConfig, run_pack_data
+stats = {}
+m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=8, out=sys.argv[3],
+                             progress=False), stats=stats)
+print(json.dumps({"imported": sorted(k for k in ("transformers", "torch") if k in sys.modules),
+                  "tokenizer": m.tokenizer, "times": sorted(stats["times"])}))
+"""
+
+
+def test_pretokenized_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path: Path):
+    import subprocess
+    import sys
+
+    from pipeline.tokenize import tokenizer_info
+
+    data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+    proc = subprocess.run([sys.executable, "-c", PRETOK_CHILD, str(data), TOKENIZER, str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["imported"] == []  # not in this process: only the forked child loaded the tokenizer
+    assert "tokenizer" in got["times"]  # the wait for it is its own phase
+    expected = tokenizer_info(load_tokenizer(TOKENIZER), TOKENIZER)
+    assert {k: v for k, v in got["tokenizer"].items() if k != "format"} == expected
+    assert got["tokenizer"]["format"]["kind"] == "tokenized"
+
+
+@pytest.mark.parametrize("kind", ["junk", "missing"])
+def test_pretokenized_job_with_a_bad_tokenizer_is_one_line_and_no_output(tmp_path: Path, kind: str):
+    data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+    folder = tmp_path / kind
+    if kind == "junk":  # a folder: only loading it (in the child) finds the problem
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text("{not json")
+    result = run(data, "--tokenizer", folder, "--max-len", 8, "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    needle = "cannot load tokenizer" if kind == "junk" else "not found"
+    assert needle in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
+
+
+def test_id_beyond_vocabulary_in_a_mixed_job_names_file_and_line(tmp_path: Path):
+    """Text and pre-tokenized inputs together: the tokenizer is known from the start, and the
+    vocabulary check names the pre-tokenized example's line."""
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6]}, {"input_ids": [7, 99999]}, {"input_ids": [3]}])
+    result = run(text, ids, "--tokenizer", TOKENIZER, "--max-len", 16, "--rows-per-shard", 1, "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "ids.jsonl line 2: token id 99999 is outside the tokenizer's vocabulary" in result.output, result.output
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
+
+
 def test_arrow_ipc_in_place_overlong_error_names_file_and_row(tmp_path: Path):
     a = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8], [3] * 9])
     result = run(a, "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o", "--overlong", "error")

@@ -345,9 +345,14 @@ def test_checked_summaries_are_trusted_only_for_the_unchanged_file(
     monkeypatch.setattr(pipeline.verify, "check_shard", no_reread)
     assert verify_folder(bad, checked=checked).rows == 4
     monkeypatch.undo()
-    # a summary made with another max_len / vocab_size is not used
+    # a summary made with another max_len is not used; one made before the vocabulary was known
+    # serves for any vocabulary larger than the shard's largest id
     other = {p.name: summarize_shard(p, MAX_LEN + 1) for p in paths}
     assert not other["shard-00000.arrow"].holds_for(paths[0], MAX_LEN, None)
+    top = checked["shard-00000.arrow"].max_id
+    assert top == int(shard_arrays(paths[0])["input_ids"].max())
+    assert checked["shard-00000.arrow"].holds_for(paths[0], MAX_LEN, top + 1)
+    assert not checked["shard-00000.arrow"].holds_for(paths[0], MAX_LEN, top)
     # the file changes after its summary was taken (same size): it is checked again
     time.sleep(0.05)  # past the file system's timestamp granularity
     _tamper(bad, 0, _label_shifted)
