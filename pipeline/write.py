@@ -532,9 +532,11 @@ def _pack_into(
             sizes[info.file] = size
             checked[info.file] = check.result()
             info.sha256 = digest.result()
-    t_wait = time.perf_counter()
-    tok_info = _tokenizer_facts(facts, config)
-    wait = time.perf_counter() - t_wait  # pre-tokenized input: for the forked tokenizer load
+    t_wait = time.perf_counter()  # pre-tokenized input: the forked tokenizer load may still run
+    with _bar(config.progress and not facts.done(), desc="load tokenizer", total=1, unit="step") as bar:
+        tok_info = _tokenizer_facts(facts, config)
+        bar.update(1)
+    wait = time.perf_counter() - t_wait
     _check_vocab(tmp, checked.items(), manifest_vocab(tok_info), spill)
     dicts = [f.to_dict() for f in fmts]
     tok_info = {**tok_info, "format": dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}}
