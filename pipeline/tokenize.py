@@ -137,7 +137,7 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
 def load_tokenizer_info(name_or_path: str) -> dict[str, Any]:
     """`tokenizer_info` of the named tokenizer: all that a job on pre-tokenized input needs of it
     (pack-data loads it in a forked process, so the job never imports transformers and torch)."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # no Rust thread pool in a forked child
+    os.environ[_RUST_THREADS] = "false"  # no Rust thread pool in a forked child
     return tokenizer_info(load_tokenizer(name_or_path), name_or_path)
 
 
@@ -549,7 +549,6 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
     lengths: list[np.ndarray] = []
     starts: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
-    bases: list[tuple[int, str]] = []  # (first global index, file) for error locations
     read = empty = index = 0
     for k, f in enumerate(files):
         fmt = fmts[f.path]
@@ -566,7 +565,7 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
         name = fmt.fields["input_ids"]
         if name not in reader.schema.names or reader.schema.field(name).type != pa.list_(pa.int32()):
             raise _NotDirect
-        bases.append((index, f.path))
+        file_first = index  # global index of this file's first example, for error rows
         for b in range(reader.num_record_batches):
             if limit is not None and index >= limit:
                 break
@@ -580,7 +579,7 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
                 raise _NotDirect
             if col.null_count:
                 first = int(pc.index(pc.is_null(col), True).as_py())
-                raise UserError(f"{f.path} row {index - bases[-1][0] + first + 1}: {name!r} is missing or null: "
+                raise UserError(f"{f.path} row {index - file_first + first + 1}: {name!r} is missing or null: "
                                 "fix the row or remove it")
             off = np.frombuffer(col.buffers()[1], dtype=np.int32, count=col.offset + len(col) + 1)[col.offset:]
             n_ex = np.diff(off).astype(np.int64)
@@ -589,7 +588,7 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
             if overlong == "error" and (n_ex > max_len).any():
                 bad = int(np.argmax(n_ex > max_len))
                 raise UserError(
-                    f"{f.path} row {index - bases[-1][0] + bad + 1}: example is {int(n_ex[bad])} tokens, "
+                    f"{f.path} row {index - file_first + bad + 1}: example is {int(n_ex[bad])} tokens, "
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
                 )
             lengths.append(n_ex[keep])
@@ -600,7 +599,7 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
             index += len(col)
             if progress is not None:
                 progress.update(len(col))
-        if index == bases[-1][0] and (limit is None or index < limit):
+        if index == file_first and (limit is None or index < limit):
             raise UserError(f"{f.path} contains no records: give an input with at least one example")
 
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)

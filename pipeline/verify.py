@@ -9,8 +9,8 @@ within the row; when a shard has defects of several kinds, the first kind in the
 is reported.
 
 `summarize_shard(path, max_len, vocab_size)` checks one shard file and keeps what the folder-level
-checks need (`ShardSummary`: rows, tokens, loss tokens, example ids, and the file's size / mtime /
-inode). pack-data calls it in a checker thread on each shard as soon as it is written and passes the
+checks need (`ShardSummary`: rows, tokens, loss tokens, example ids, the largest id, and the file's
+size / mtime / inode). pack-data calls it in a checker thread on each shard as soon as it is written and passes the
 results as `verify_folder(..., checked=...)`, which then runs only the folder-level checks for the
 shards whose file is unchanged. `pack-verify` and `pack-train` pass nothing: every shard is read.
 
