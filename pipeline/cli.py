@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from pipeline.binpack import STRATEGIES
+from pipeline.console import run_and_exit
 from pipeline.errors import cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
 from pipeline.tokenize import OVERLONG
@@ -67,3 +68,8 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     with cli_errors():
         config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
         run_pack_data(config, echo=click.echo)
+
+
+def main() -> None:
+    """The `pack-data` console script."""
+    run_and_exit(pack_data, "pack-data")

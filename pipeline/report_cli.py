@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from pipeline.console import run_and_exit
 from pipeline.errors import UserError, cli_errors
 from pipeline.report import (
     DEFAULT_BATCH_SIZE,
@@ -160,3 +161,8 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
         if html_path is not None:
             _write_atomic(html_path, lambda p: write_html(report, p, data, title))
             click.echo(f"wrote {html_path}")
+
+
+def main() -> None:
+    """The `pack-report` console script."""
+    run_and_exit(pack_report, "pack-report")

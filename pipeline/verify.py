@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +46,7 @@ import click
 import numba
 import numpy as np
 
+from pipeline.console import run_and_exit
 from pipeline.errors import ShardFormatError, UserError, cli_errors
 from pipeline.shards import (
     IGNORE_INDEX,
@@ -554,5 +554,10 @@ def pack_verify(
         )
 
 
+def main() -> None:
+    """The `pack-verify` console script."""
+    run_and_exit(pack_verify, "pack-verify")
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pack_verify())
+    main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from pipeline.console import run_and_exit
 from pipeline.errors import UserError, cli_errors
 
 
@@ -96,3 +97,8 @@ def format_summary(summary: dict) -> str:
         + (" (decoder layers compiled)" if summary.get("compiled") else ""),
         f"checkpoint    {summary['checkpoint']}",
     ])
+
+
+def main() -> None:
+    """The `pack-train` console script."""
+    run_and_exit(pack_train, "pack-train")

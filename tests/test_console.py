@@ -1,0 +1,112 @@
+"""Console scripts leave without the interpreter's teardown, but keep the exit status, the atexit
+handlers, flushed output and the wait for running non-daemon threads (pipeline/console.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.shards import read_manifest
+from pipeline.verify import verify_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = str(ROOT / "data" / "tokenizer")
+
+TOY = """
+import atexit, sys, threading, time
+from pathlib import Path
+import click
+from pipeline.console import run_and_exit
+
+@click.command()
+@click.argument("what")
+@click.argument("marker")
+def toy(what, marker):
+    atexit.register(lambda: Path(marker).write_text("atexit ran"))
+    sys.stdout.write("no newline yet")  # still buffered when the command returns
+    if what == "user-error":
+        raise click.ClickException("bad input: fix it")
+    if what == "exit-3":
+        sys.exit(3)
+    if what == "exit-message":
+        sys.exit("stopped: a message")
+    if what == "thread":  # a non-daemon thread a normal exit would wait for
+        threading.Thread(target=lambda: (time.sleep(0.3), Path(marker + ".thread").write_text("done"))).start()
+
+run_and_exit(toy, "toy")
+"""
+
+
+def toy(tmp_path: Path, what: str) -> tuple[subprocess.CompletedProcess, Path]:
+    marker = tmp_path / "marker"
+    proc = subprocess.run([sys.executable, "-c", TOY, what, str(marker)], cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=60)
+    return proc, marker
+
+
+@pytest.mark.parametrize(("what", "code"), [("ok", 0), ("user-error", 1), ("exit-3", 3), ("exit-message", 1)])
+def test_exit_status_atexit_handlers_and_buffered_output_survive(tmp_path: Path, what: str, code: int):
+    proc, marker = toy(tmp_path, what)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == "no newline yet"
+    assert marker.read_text() == "atexit ran"
+    if what == "user-error":
+        assert proc.stderr == "Error: bad input: fix it\n"
+    if what == "exit-message":
+        assert proc.stderr == "stopped: a message\n"
+
+
+def test_a_running_non_daemon_thread_is_waited_for(tmp_path: Path):
+    proc, marker = toy(tmp_path, "thread")
+    assert proc.returncode == 0, proc.stderr
+    assert Path(str(marker) + ".thread").read_text() == "done"
+
+
+def _session_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pack_data(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`pack-data` as its console script runs it, in a session of its own; output goes to files, so
+    a child left behind holding them cannot keep this waiting."""
+    code = "import sys; from pipeline.cli import main; sys.argv[0] = 'pack-data'; main()"
+    with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=out, stderr=err,
+                                text=True, start_new_session=True)
+        proc.wait(timeout=300)
+        deadline = time.monotonic() + 10
+        while _session_alive(proc.pid) and time.monotonic() < deadline:  # its children must be gone
+            time.sleep(0.05)
+        leftover = _session_alive(proc.pid)
+        if leftover:
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert not leftover, "pack-data left processes running"
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+def test_pack_data_console_script_with_worker_processes(tmp_path: Path):
+    out = tmp_path / "o"
+    args = [str(ROOT / "data" / "sample" / "instructions.jsonl"), "--tokenizer", TOKENIZER,
+            "--max-len", "2048", "--limit", "300", "--num-proc", "2", "--no-progress", "--out", str(out)]
+    proc = _pack_data(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("time: setup")  # the whole summary was flushed
+    verify_folder(out)
+    assert read_manifest(out).counts.examples_packed == 300
+
+    again = _pack_data(tmp_path, *args)  # the output exists: one line, status 1, nothing touched
+    assert again.returncode == 1
+    assert again.stderr.count("\n") == 1 and again.stderr.startswith("Error: ")
+    verify_folder(out)
