@@ -25,7 +25,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 from pipeline.errors import UserError
 
-__all__ = ["STRATEGIES", "PlanError", "assign_bins", "bin_loads", "minibatch_groups"]
+__all__ = ["STRATEGIES", "PlanError", "assign_bins", "bin_loads", "load_kernels", "minibatch_groups"]
 
 STRATEGIES = ("ffd", "bfd", "shuffle", "sequential", "minibatch", "pad")
 MAX_LEN_LIMIT = 1 << 24  # bfd keeps O(max_len) per-capacity state; no training row is this long
@@ -435,6 +435,13 @@ def assign_bins(
     else:  # pad
         out = rng.permutation(n).astype(np.int64, copy=False)
     return out
+
+
+def load_kernels(strategy: str = "ffd") -> None:
+    """Plan a two-example toy with `strategy`. The first numba call in a process sets numba up
+    (0.1-0.3 s; loading each further cached kernel takes milliseconds), which a caller can do while
+    it waits for something else."""
+    assign_bins(np.array([2, 1], np.int64), 4, strategy)
 
 
 def minibatch_groups(n: int, seed: int = 0, group_size: int = 32) -> np.ndarray:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -134,11 +135,37 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
     }
 
 
-def load_tokenizer_info(name_or_path: str) -> dict[str, Any]:
-    """`tokenizer_info` of the named tokenizer: all that a job on pre-tokenized input needs of it
-    (pack-data loads it in a forked process, so the job never imports transformers and torch)."""
+def load_tokenizer_parts(name_or_path: str, with_backend: bool) -> tuple[dict[str, Any], str | None]:
+    """For a forked child: the tokenizer's `tokenizer_info` and, with `with_backend`, its Rust backend
+    as JSON (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized
+    input needs of the tokenizer, so its own process never imports transformers and torch.
+
+    torch is hidden from transformers here, unless this process imported it already: tokenizers
+    never need it, and importing it takes seconds (BENCHMARKS.md, "the tokenizer loads without torch").
+    """
     os.environ[_RUST_THREADS] = "false"  # no Rust thread pool in a forked child
-    return tokenizer_info(load_tokenizer(name_or_path), name_or_path)
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" note
+    sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
+    tokenizer = load_tokenizer(name_or_path)
+    backend = tokenizer.backend_tokenizer.to_str() if with_backend else None
+    return tokenizer_info(tokenizer, name_or_path), backend
+
+
+@dataclass
+class BackendTokenizer:
+    """What rendering and encoding text needs of a tokenizer (chat needs the transformers object
+    for its template): the Rust backend and the special ids."""
+
+    backend_tokenizer: Any  # tokenizers.Tokenizer
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    @classmethod
+    def from_parts(cls, info: dict[str, Any], backend_json: str) -> BackendTokenizer:
+        """From what `load_tokenizer_parts` returns."""
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_str(backend_json), info["bos_token_id"], info["eos_token_id"])
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

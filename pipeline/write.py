@@ -27,9 +27,11 @@ directly. Phases:
    size must still equal what was written, and an atomic rename. `pack-verify` re-hashes and
    re-checks everything.
 
-The tokenizer is loaded during setup, except when every input is pre-tokenized: then only its
-facts (vocabulary size, special ids, fingerprint) are needed, and a forked process loads it while
-the job runs, so this process never imports transformers and torch (seconds on some machines).
+Unless there is chat data (its template needs the transformers tokenizer in this process), the
+tokenizer is loaded by a forked process, without torch, which sends back its facts (vocabulary
+size, special ids, fingerprint) and, for text, its Rust backend: so this process never imports
+transformers and torch (seconds on some machines). Text waits for it during setup; pre-tokenized
+input needs only the facts, and the job runs meanwhile.
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
@@ -56,7 +58,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.background import Background, Forked
-from pipeline.binpack import STRATEGIES, assign_bins
+from pipeline.binpack import STRATEGIES, assign_bins, load_kernels
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
@@ -75,10 +77,11 @@ from pipeline.shards import (
 from pipeline.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
 from pipeline.tokenize import (
     OVERLONG,
+    BackendTokenizer,
     Spill,
     file_formats,
     load_tokenizer,
-    load_tokenizer_info,
+    load_tokenizer_parts,
     needs_encoder,
     tokenize_to_spill,
     tokenizer_folder,
@@ -363,22 +366,25 @@ def run_pack_data(
     files = resolve_inputs(list(config.inputs))
     fmts = file_formats(files, config.format_options())  # each input file's own format and fields
     text = needs_encoder(fmts)
-    # processes forked now: before the tokenizer's imports (torch) make a fork slow, and before
-    # this process starts threads. Tokenizer workers encode text; pre-tokenized input needs only
-    # the tokenizer's facts, loaded by a child while the job runs.
+    chat = any(f.kind == "chat" for f in fmts)  # the chat template needs the transformers object here
+    # processes forked now: before the tokenizer's imports make a fork slow, and before this process
+    # starts threads. Tokenizer workers encode text. Unless there is chat, the tokenizer itself is
+    # loaded by a child that sends back its facts (and, for text, its Rust backend as JSON).
     pool = encode_pool(config.num_proc) if config.num_proc > 1 and text else None
-    facts: Future | Forked = Future()
-    if not text:
+    if not chat:
         tokenizer_folder(config.tokenizer)  # a path that names no folder fails now, not later
-        facts = Forked(load_tokenizer_info, config.tokenizer)
+    loaded = _TokenizerParts(config, text, forked=not chat)
     # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
     inputs_info = Background(input_fingerprints, files)
     tokenizer = None
-    if text:
+    if chat:
         tokenizer = load_tokenizer(config.tokenizer)
-        if pool is not None:
-            pool.use(tokenizer.backend_tokenizer)  # the workers load it while the setup goes on
-        facts.set_result(tokenizer_info(tokenizer, config.tokenizer))
+        loaded.set((tokenizer_info(tokenizer, config.tokenizer), None))
+    elif text:
+        load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
+        tokenizer = BackendTokenizer.from_parts(*loaded.result())
+    if pool is not None:
+        pool.use(tokenizer.backend_tokenizer)  # the workers load it while the setup goes on
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)
@@ -388,7 +394,7 @@ def run_pack_data(
     tmp.mkdir()
     try:
         manifest, reference, sizes, checked = _pack_into(
-            tmp, config, files, fmts, tokenizer, facts, inputs_info, times)
+            tmp, config, files, fmts, tokenizer, loaded, inputs_info, times)
         t = time.perf_counter()
         # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
         # the checker thread; no second pass over the tokens, no second sha256 pass over every byte
@@ -415,14 +421,15 @@ def _pack_into(
     files: list[Any],
     fmts: list[ResolvedFormat],
     tokenizer: Any,
-    facts: Future | Forked,
+    loaded: _TokenizerParts,
     inputs_info: Background,
     times: dict[str, float],
 ) -> tuple[Manifest, Layout, dict[str, int], dict[str, ShardSummary]]:
     """Write shards + manifest into `tmp`; return the manifest, the pad-to-longest reference layout,
     the bytes written per shard file and each shard's `summarize_shard` (checked as written).
 
-    `tokenizer`: None for pre-tokenized input; `facts`: its `tokenizer_info`, maybe still coming.
+    `tokenizer`: None for pre-tokenized input; `loaded`: its `tokenizer_info` (and backend JSON),
+    maybe still coming.
     """
     max_len = config.max_len
     t = time.perf_counter()
@@ -518,8 +525,8 @@ def _pack_into(
             while checks and checks[0][1].done():  # a shard that failed its check stops the job now
                 name_done, check = checks.pop(0)
                 in_vocab.append((name_done, check.result()))
-            if facts.done():  # and so does one with an id beyond the vocabulary, once that is known
-                _check_vocab(tmp, in_vocab, manifest_vocab(_tokenizer_facts(facts, config)), spill)
+            if loaded.done():  # and so does one with an id beyond the vocabulary, once that is known
+                _check_vocab(tmp, in_vocab, manifest_vocab(loaded.result()[0]), spill)
                 in_vocab.clear()
             written.append(writer.submit(write_one, tmp / name, table))
             del table, ids, labels, pos
@@ -533,8 +540,8 @@ def _pack_into(
             checked[info.file] = check.result()
             info.sha256 = digest.result()
     t_wait = time.perf_counter()  # pre-tokenized input: the forked tokenizer load may still run
-    with _bar(config.progress and not facts.done(), desc="load tokenizer", total=1, unit="step") as bar:
-        tok_info = _tokenizer_facts(facts, config)
+    with _bar(config.progress and not loaded.done(), desc="load tokenizer", total=1, unit="step") as bar:
+        tok_info = loaded.result()[0]
         bar.update(1)
     wait = time.perf_counter() - t_wait
     _check_vocab(tmp, checked.items(), manifest_vocab(tok_info), spill)
@@ -603,11 +610,37 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
             ) from None
 
 
-def _tokenizer_facts(facts: Future | Forked, config: PackConfig) -> dict[str, Any]:
-    try:
-        return facts.result()
-    except ChildProcessError as exc:  # the forked loader was killed
-        raise UserError(f"loading tokenizer {config.tokenizer!r} failed: {exc} (out of memory?)") from None
+class _TokenizerParts:
+    """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON or None),
+    from a child forked now that loads it without torch, or `set` by the caller. A tokenizer that the
+    child cannot load is loaded here, the ordinary way: it may need torch after all, and if it
+    cannot be loaded at all, that raises the same one-line error."""
+
+    def __init__(self, config: PackConfig, text: bool, forked: bool) -> None:
+        self._name = config.tokenizer
+        self._text = text
+        self._child = Forked(load_tokenizer_parts, config.tokenizer, text) if forked else None
+        self._value: tuple[dict[str, Any], str | None] | None = None
+
+    def set(self, value: tuple[dict[str, Any], str | None]) -> None:
+        self._value = value
+
+    def done(self) -> bool:
+        """Whether `result()` would return (or raise) without waiting."""
+        return self._value is not None or self._child is not None and self._child.done()
+
+    def result(self) -> tuple[dict[str, Any], str | None]:
+        if self._value is None:
+            assert self._child is not None, "neither forked nor set"
+            try:
+                self._value = self._child.result()
+            except ChildProcessError as exc:  # the forked loader was killed
+                raise UserError(f"loading tokenizer {self._name!r} failed: {exc} (out of memory?)") from None
+            except UserError:
+                tokenizer = load_tokenizer(self._name)
+                backend = tokenizer.backend_tokenizer.to_str() if self._text else None
+                self._value = (tokenizer_info(tokenizer, self._name), backend)
+        return self._value
 
 
 def _check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,

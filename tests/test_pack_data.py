@@ -22,6 +22,7 @@ from pipeline.verify import pack_verify, verify_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
+LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"  # real data beside the checkout; skipped without it
 SAMPLE = ROOT / "data" / "sample"
 BOS, EOS = 1, 2
 
@@ -265,37 +266,83 @@ def test_arrow_ipc_in_place_bad_ids_name_file_and_row(tmp_path: Path, bad: int, 
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
-PRETOK_CHILD = r"""
+JOB_CHILD = r"""
 import json, sys
 from pipeline.write import PackConfig, run_pack_data
 stats = {}
-m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=8, out=sys.argv[3],
+m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=64, out=sys.argv[3],
                              progress=False), stats=stats)
 print(json.dumps({"imported": sorted(k for k in ("transformers", "torch") if k in sys.modules),
                   "tokenizer": m.tokenizer, "times": sorted(stats["times"])}))
 """
 
 
-def test_pretokenized_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path: Path):
+@pytest.mark.parametrize("kind", ["tokenized", "text"])
+def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path: Path, kind: str):
     import subprocess
     import sys
 
     from pipeline.tokenize import tokenizer_info
 
-    data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
-    proc = subprocess.run([sys.executable, "-c", PRETOK_CHILD, str(data), TOKENIZER, str(tmp_path / "o")],
+    if kind == "tokenized":
+        data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+    else:
+        data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
+    proc = subprocess.run([sys.executable, "-c", JOB_CHILD, str(data), TOKENIZER, str(tmp_path / "o")],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["imported"] == []  # not in this process: only the forked child loaded the tokenizer
-    assert "tokenizer" in got["times"]  # the wait for it is its own phase
+    assert proc.stderr == ""  # nor did transformers' "PyTorch was not found" note show
+    # pre-tokenized: the job ran while the child loaded it, and the wait for it is its own phase
+    assert ("tokenizer" in got["times"]) == (kind == "tokenized")
     expected = tokenizer_info(load_tokenizer(TOKENIZER), TOKENIZER)
     assert {k: v for k, v in got["tokenizer"].items() if k != "format"} == expected
-    assert got["tokenizer"]["format"]["kind"] == "tokenized"
+    assert got["tokenizer"]["format"]["kind"] == kind
 
 
+@pytest.mark.parametrize("tokenizer", [TOKENIZER, str(LLAMA2)])
+def test_the_child_loads_the_same_backend_without_torch(tokenizer: str):
+    """What the forked loader sends back (torch hidden from transformers) is the backend and the
+    facts an ordinary in-process load gives."""
+    from pipeline.background import Forked
+    from pipeline.tokenize import BackendTokenizer, load_tokenizer_parts, tokenizer_info
+
+    if not Path(tokenizer).is_dir():
+        pytest.skip(f"{tokenizer} is not here")
+    info, backend = Forked(load_tokenizer_parts, tokenizer, True).result()
+    here = load_tokenizer(tokenizer)
+    assert backend == here.backend_tokenizer.to_str()
+    assert info == tokenizer_info(here, tokenizer)
+    rebuilt = BackendTokenizer.from_parts(info, backend)
+    texts = ["Hello there!\n  indented\tcode()", "Ünïcödé 🙂 text", ""]
+    got = [e.ids for e in rebuilt.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    assert got == [e.ids for e in here.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    assert (rebuilt.bos_token_id, rebuilt.eos_token_id) == (here.bos_token_id, here.eos_token_id)
+
+
+def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """If loading without torch fails, the job loads the tokenizer itself, the ordinary way, and
+    writes the same shards."""
+    from pipeline.errors import UserError
+
+    def fails(name: str, with_backend: bool) -> None:
+        raise UserError(f"cannot load tokenizer {name!r} (needs torch?)")
+
+    data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    assert run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
+    monkeypatch.setattr(pipeline.write, "load_tokenizer_parts", fails)
+    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    assert read_manifest(tmp_path / "a").shards == read_manifest(tmp_path / "b").shards
+
+
+@pytest.mark.parametrize("data_kind", ["tokenized", "text"])
 @pytest.mark.parametrize("kind", ["junk", "missing"])
-def test_pretokenized_job_with_a_bad_tokenizer_is_one_line_and_no_output(tmp_path: Path, kind: str):
-    data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+def test_a_bad_tokenizer_is_one_line_and_no_output(tmp_path: Path, kind: str, data_kind: str):
+    if data_kind == "tokenized":
+        data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+    else:
+        data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
     folder = tmp_path / kind
     if kind == "junk":  # a folder: only loading it (in the child) finds the problem
         folder.mkdir()
