@@ -105,12 +105,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """sha256 over the tokenizer's files (the source folder's tokenizer files, else save_pretrained)."""
     digest = hashlib.sha256()
     source = Path(str(getattr(tokenizer, "name_or_path", "")))
-    files: list[Path] = []
-    if source.is_dir():
-        files = sorted(
-            p for p in source.iterdir()
-            if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
-        )
+    files = tokenizer_files(source) if source.is_dir() else []
     if files:
         for p in files:
             digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
@@ -120,6 +115,14 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         for p in sorted(Path(tmp).iterdir()):
             digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The files that define the tokenizer in `folder` (those `tokenizer_fingerprint` hashes)."""
+    return sorted(
+        p for p in folder.iterdir()
+        if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
+    )
 
 
 def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:

@@ -84,6 +84,7 @@ from pipeline.tokenize import (
     load_tokenizer_parts,
     needs_encoder,
     tokenize_to_spill,
+    tokenizer_files,
     tokenizer_folder,
     tokenizer_info,
 )
@@ -610,17 +611,30 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
             ) from None
 
 
+_PARTS: dict[tuple, tuple[dict[str, Any], str | None]] = {}  # loaded tokenizers, for later jobs of this process
+
+
 class _TokenizerParts:
     """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON or None),
-    from a child forked now that loads it without torch, or `set` by the caller. A tokenizer that the
-    child cannot load is loaded here, the ordinary way: it may need torch after all, and if it
-    cannot be loaded at all, that raises the same one-line error."""
+    from a child forked now that loads it without torch, or `set` by the caller.
+
+    A tokenizer that the child cannot load is loaded here, the ordinary way: it may need torch after
+    all, and if it cannot be loaded at all, that raises the same one-line error. A later job in this
+    process reuses what was loaded from the same folder while its files' sizes and mtimes stay the
+    same (a child would import transformers again: 2 s on the 16-core box).
+    """
 
     def __init__(self, config: PackConfig, text: bool, forked: bool) -> None:
         self._name = config.tokenizer
         self._text = text
-        self._child = Forked(load_tokenizer_parts, config.tokenizer, text) if forked else None
+        self._child: Forked | None = None
         self._value: tuple[dict[str, Any], str | None] | None = None
+        self._key = _parts_key(config.tokenizer) if forked else None
+        cached = _PARTS.get(self._key) if self._key is not None else None
+        if cached is not None and (cached[1] is not None or not text):
+            self._value = cached
+        elif forked:
+            self._child = Forked(load_tokenizer_parts, config.tokenizer, text)
 
     def set(self, value: tuple[dict[str, Any], str | None]) -> None:
         self._value = value
@@ -640,7 +654,18 @@ class _TokenizerParts:
                 tokenizer = load_tokenizer(self._name)
                 backend = tokenizer.backend_tokenizer.to_str() if self._text else None
                 self._value = (tokenizer_info(tokenizer, self._name), backend)
+            if self._key is not None and (self._value[1] is not None or self._key not in _PARTS):
+                _PARTS[self._key] = self._value
         return self._value
+
+
+def _parts_key(name: str) -> tuple | None:
+    """What identifies a tokenizer folder's contents cheaply (None for a Hub name: not reused)."""
+    folder = tokenizer_folder(name)
+    if folder is None:
+        return None
+    stats = [(p.name, p.stat()) for p in tokenizer_files(folder)]
+    return name, str(folder.resolve()), tuple((n, st.st_size, st.st_mtime_ns, st.st_ino) for n, st in stats)
 
 
 def _check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,

@@ -331,9 +331,38 @@ def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, 
     data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
     assert run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
     monkeypatch.setattr(pipeline.write, "load_tokenizer_parts", fails)
-    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
+    tokenizer = shutil.copytree(TOKENIZER, tmp_path / "tok")  # not loaded by an earlier job of this process
+    result = run(data, "--tokenizer", tokenizer, "--max-len", 64, "--out", tmp_path / "b")
     assert result.exit_code == 0, result.output
     assert read_manifest(tmp_path / "a").shards == read_manifest(tmp_path / "b").shards
+
+
+def test_a_later_job_reuses_the_loaded_tokenizer_until_its_files_change(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    tokenizer = shutil.copytree(TOKENIZER, tmp_path / "tok")
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    ids = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+    forks: list[tuple] = []
+    real = pipeline.write.Forked
+    monkeypatch.setattr(pipeline.write, "Forked", lambda *args: forks.append(args) or real(*args))
+
+    def job(data: Path, out: str) -> Path:
+        result = run(data, "--tokenizer", tokenizer, "--max-len", 64, "--out", tmp_path / out)
+        assert result.exit_code == 0, result.output
+        return tmp_path / out
+
+    first = job(text, "a")
+    assert len(forks) == 1
+    second = job(text, "b")  # same folder, same files: no child
+    job(ids, "c")  # pre-tokenized input needs less than a text job loaded
+    assert len(forks) == 1
+    assert read_manifest(first).shards == read_manifest(second).shards
+    assert read_manifest(first).tokenizer == read_manifest(second).tokenizer
+    config = tokenizer / "tokenizer_config.json"
+    config.write_text(config.read_text() + "\n")  # a changed file: loaded again
+    changed = job(text, "d")
+    assert len(forks) == 2
+    assert read_manifest(changed).tokenizer["fingerprint"] != read_manifest(first).tokenizer["fingerprint"]
 
 
 @pytest.mark.parametrize("data_kind", ["tokenized", "text"])
