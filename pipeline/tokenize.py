@@ -143,12 +143,13 @@ def load_tokenizer_parts(name_or_path: str, with_backend: bool) -> tuple[dict[st
     as JSON (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized
     input needs of the tokenizer, so its own process never imports transformers and torch.
 
-    torch is hidden from transformers here, unless this process imported it already: tokenizers
-    never need it, and importing it takes seconds (BENCHMARKS.md, "the tokenizer loads without torch").
+    torch is hidden from transformers here, unless this process imported transformers already (which
+    then counts on torch): tokenizers never need it, and importing it takes seconds (BENCHMARKS.md).
     """
     os.environ[_RUST_THREADS] = "false"  # no Rust thread pool in a forked child
     os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" note
-    sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
+    if "transformers" not in sys.modules:
+        sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
     tokenizer = load_tokenizer(name_or_path)
     backend = tokenizer.backend_tokenizer.to_str() if with_backend else None
     return tokenizer_info(tokenizer, name_or_path), backend

@@ -618,8 +618,8 @@ class _TokenizerParts:
     """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON or None),
     from a child forked now that loads it without torch, or `set` by the caller.
 
-    A tokenizer that the child cannot load is loaded here, the ordinary way: it may need torch after
-    all, and if it cannot be loaded at all, that raises the same one-line error. A later job in this
+    A tokenizer that the child fails to load is loaded here, the ordinary way: it may need torch
+    after all, and if it cannot be loaded at all, that raises the one-line error. A later job in this
     process reuses what was loaded from the same folder while its files' sizes and mtimes stay the
     same (a child would import transformers again: 2 s on the 16-core box).
     """
@@ -650,7 +650,7 @@ class _TokenizerParts:
                 self._value = self._child.result()
             except ChildProcessError as exc:  # the forked loader was killed
                 raise UserError(f"loading tokenizer {self._name!r} failed: {exc} (out of memory?)") from None
-            except UserError:
+            except Exception:  # noqa: BLE001 - whatever failed there, the ordinary load says what is wrong
                 tokenizer = load_tokenizer(self._name)
                 backend = tokenizer.backend_tokenizer.to_str() if self._text else None
                 self._value = (tokenizer_info(tokenizer, self._name), backend)

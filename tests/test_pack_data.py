@@ -268,6 +268,8 @@ def test_arrow_ipc_in_place_bad_ids_name_file_and_row(tmp_path: Path, bad: int, 
 
 JOB_CHILD = r"""
 import json, sys
+if sys.argv[4:] == ["transformers"]:
+    import transformers  # lazily: torch is not imported yet, but transformers counts on it
 from pipeline.write import PackConfig, run_pack_data
 stats = {}
 m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=64, out=sys.argv[3],
@@ -277,7 +279,7 @@ print(json.dumps({"imported": sorted(k for k in ("transformers", "torch") if k i
 """
 
 
-@pytest.mark.parametrize("kind", ["tokenized", "text"])
+@pytest.mark.parametrize("kind", ["tokenized", "text", "text-after-transformers"])
 def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path: Path, kind: str):
     import subprocess
     import sys
@@ -288,16 +290,18 @@ def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path
         data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
     else:
         data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
-    proc = subprocess.run([sys.executable, "-c", JOB_CHILD, str(data), TOKENIZER, str(tmp_path / "o")],
+    after = ["transformers"] if kind == "text-after-transformers" else []
+    proc = subprocess.run([sys.executable, "-c", JOB_CHILD, str(data), TOKENIZER, str(tmp_path / "o"), *after],
                           cwd=ROOT, capture_output=True, text=True, check=True)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["imported"] == []  # not in this process: only the forked child loaded the tokenizer
+    # not in this process: only the forked child loaded the tokenizer
+    assert got["imported"] == (["transformers"] if after else [])
     assert proc.stderr == ""  # nor did transformers' "PyTorch was not found" note show
     # pre-tokenized: the job ran while the child loaded it, and the wait for it is its own phase
     assert ("tokenizer" in got["times"]) == (kind == "tokenized")
     expected = tokenizer_info(load_tokenizer(TOKENIZER), TOKENIZER)
     assert {k: v for k, v in got["tokenizer"].items() if k != "format"} == expected
-    assert got["tokenizer"]["format"]["kind"] == kind
+    assert got["tokenizer"]["format"]["kind"] == kind.split("-")[0]
 
 
 @pytest.mark.parametrize("tokenizer", [TOKENIZER, str(LLAMA2)])
