@@ -19,7 +19,10 @@ Parts:
   map (cheap; SFTTrainer users prepare them themselves).
   Also shown, not a target: pack-data's tokenizer engine alone (the same texts encoded by its
   worker processes, nothing else), to tell pack-data's own overhead from the engine's gain.
-  Cold: every contender's first pass in a fresh process. Warm: the best of REPEATS passes after it.
+  Cold: every contender's first pass in a fresh process, timed after its imports and tokenizer load
+  (pack-data: without its `setup` phase). Warm: the best of REPEATS passes after it. Whole process:
+  a fresh interpreter from start to exit, imports and tokenizer load included, as a user waits for it
+  (pack-data's console script; the TRL pipelines' cold child processes).
 - `pretok`: a synthetic pre-tokenized dataset of --tokens tokens, generated in a temp dir as an
   uncompressed Arrow IPC file (which pack-data gathers in place, no spill) and/or an uncompressed
   Parquet file (decoded and spilled first), each packed in a child process; reports tokens/s, the
@@ -76,11 +79,25 @@ print("STATS " + json.dumps(stats))
 def run_child(code: str, *argv: str, what: str) -> dict:
     """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED); return the JSON
     it prints on its `STATS ` line."""
+    t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
                           check=False, env={**os.environ, "SHARED": str(SHARED)})
+    process_s = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))[6:])
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("STATS "))[6:])
+    return {**out, "process_s": process_s}
+
+
+def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None) -> float:
+    """Seconds of one whole `pack-data` process, as a user runs it: interpreter start, imports,
+    tokenizer load, the job, and the exit."""
+    argv = [str(path), "--tokenizer", str(TOKENIZER), "--max-len", str(max_len), "--out", str(out),
+            "--overwrite", "--no-progress", *(["--num-proc", str(num_proc)] if num_proc else [])]
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", *argv], cwd=ROOT,
+                   check=True, capture_output=True)
+    return time.perf_counter() - t
 
 
 def pack_in_child(repeat: int = 1, **config) -> dict:
@@ -250,9 +267,9 @@ sys.path.insert(0, "scripts")
 from pathlib import Path
 import bench_pack_data as b
 import datasets, trl.data_utils  # imported before the clock, as pack-data's setup is excluded
-from pipeline.tokenize import load_tokenizer
+from transformers import AutoTokenizer
 kind, path, tmp, max_len = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
-tokenizer = load_tokenizer(str(b.TOKENIZER))  # a fresh tokenizer: its caches are cold
+tokenizer = AutoTokenizer.from_pretrained(str(b.TOKENIZER), local_files_only=True)  # fresh: caches cold
 if kind == "raw":
     texts = b.rendered_texts(path, tokenizer)
     backend = tokenizer.backend_tokenizer
@@ -269,7 +286,8 @@ print("STATS " + json.dumps(out))
 
 def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
     """One cold baseline (`raw`: the first encode_batch_fast call over the texts; `trl`; `sft`) in a
-    fresh interpreter with a freshly loaded tokenizer, timed after its imports, like pack-data's child."""
+    fresh interpreter with a freshly loaded tokenizer, timed after its imports, like pack-data's child
+    (and, as `process_s`, the whole process)."""
     return run_child(BASELINE_CHILD, kind, str(path), str(tmp / f"cold-{kind}"), str(max_len),
                      what=f"cold {kind} baseline")
 
@@ -281,7 +299,8 @@ def bench_text(args, tmp: Path) -> dict:
     result: dict = {"datasets": {}}
     totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
               "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0,
-              "engine_tokens": 0, "engine_s": 0.0}
+              "engine_tokens": 0, "engine_s": 0.0, "pack_process_s": 0.0, "trl_process_s": 0.0,
+              "sft_process_s": 0.0}
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         if not path.exists():
@@ -294,6 +313,10 @@ def bench_text(args, tmp: Path) -> dict:
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl", "sft")}
+        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc)
+        totals["pack_process_s"] += process_s
+        totals["trl_process_s"] += cold["trl"]["process_s"]
+        totals["sft_process_s"] += cold["sft"]["process_s"]
         totals["cold_raw_tokens"] += cold["raw"]["tokens"]
         totals["cold_raw_s"] += cold["raw"]["seconds"]
         totals["cold_trl_s"] += cold["trl"]["seconds"]
@@ -305,7 +328,8 @@ def bench_text(args, tmp: Path) -> dict:
         totals["warm_s"] += warm_s
         totals["engine_tokens"] += engine["tokens"]
         totals["engine_s"] += engine["seconds"]
-        result["datasets"][name] = {"texts": len(texts), "raw": raw, "engine": engine, "pack_data": stats, "pack_s_excl_setup": pack_s, "trl": trl,
+        result["datasets"][name] = {"texts": len(texts), "raw": raw, "engine": engine, "pack_data": stats, "pack_s_excl_setup": pack_s,
+                                   "pack_process_s": process_s, "trl": trl,
                                    "trl_sft": sft, "cold_baselines": cold}
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
@@ -341,6 +365,12 @@ def bench_text(args, tmp: Path) -> dict:
         "cold_trl_sft_s": totals["cold_sft_s"],
         "cold_speedup_vs_trl": totals["cold_trl_s"] / totals["pack_s"],
         "cold_speedup_vs_trl_sft": totals["cold_sft_s"] / totals["pack_s"],
+        # whole processes as a user runs them: imports, tokenizer load and exit included
+        "process_pack_s": totals["pack_process_s"],
+        "process_trl_s": totals["trl_process_s"],
+        "process_trl_sft_s": totals["sft_process_s"],
+        "process_speedup_vs_trl": totals["trl_process_s"] / totals["pack_process_s"],
+        "process_speedup_vs_trl_sft": totals["sft_process_s"] / totals["pack_process_s"],
     }
     return result
 
@@ -427,6 +457,10 @@ def main() -> None:
                   f"first encode_batch_fast ({s['cold_raw_tokens_per_s'] / 1e6:.2f}M tok/s); TRL-style batched map "
                   f"{s['cold_trl_s']:.2f}s -> {s['cold_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style "
                   f"{s['cold_trl_sft_s']:.2f}s -> {s['cold_speedup_vs_trl_sft']:.1f}x")
+            print(f"[text] whole process (fresh interpreter to exit: imports, tokenizer load, job; one per dataset): "
+                  f"pack-data {s['process_pack_s']:.2f}s; TRL-style batched map {s['process_trl_s']:.2f}s -> "
+                  f"{s['process_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style {s['process_trl_sft_s']:.2f}s -> "
+                  f"{s['process_speedup_vs_trl_sft']:.1f}x")
             print(f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
                   f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
                   f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")
