@@ -114,7 +114,7 @@ class EncodePool:
         self._conns: list[Connection] = []
         self._free: queue.SimpleQueue[Connection] = queue.SimpleQueue()
         self._tokenizer: str | None = None  # sha256 of the backend JSON the workers hold
-        self._backend: Any = None  # the backend object last handed over
+        self._backend: Any = None  # the backend (or JSON) object last handed over
         self._unacked: set[Connection] = set()  # workers whose tokenizer acknowledgement is unread
         for _ in range(n):
             parent, child = ctx.Pipe()
@@ -130,7 +130,8 @@ class EncodePool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
     def use(self, backend: Any) -> None:
-        """Hand every worker `backend` (a `tokenizers.Tokenizer`; a no-op when they hold it already).
+        """Hand every worker `backend` (a `tokenizers.Tokenizer`, or its JSON; a no-op when they hold
+        it already).
 
         Returns at once: the workers load it while this process goes on (pack-data calls this in its
         setup), and each one's acknowledgement is read before its first `encode`. A tokenizer changed
@@ -138,7 +139,7 @@ class EncodePool:
         """
         if backend is self._backend:
             return
-        text = backend.to_str()
+        text = backend if isinstance(backend, str) else backend.to_str()
         digest = hashlib.sha256(text.encode()).hexdigest()
         if digest != self._tokenizer:
             self._drain()

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -158,18 +158,30 @@ def load_tokenizer_parts(name_or_path: str, with_backend: bool) -> tuple[dict[st
 @dataclass
 class BackendTokenizer:
     """What rendering and encoding text needs of a tokenizer (chat needs the transformers object
-    for its template): the Rust backend and the special ids."""
+    for its template): the Rust backend, as the JSON a forked loader sent, and the special ids."""
 
-    backend_tokenizer: Any  # tokenizers.Tokenizer
+    backend_json: str = field(repr=False)
     bos_token_id: int | None
     eos_token_id: int | None
 
     @classmethod
     def from_parts(cls, info: dict[str, Any], backend_json: str) -> BackendTokenizer:
         """From what `load_tokenizer_parts` returns."""
+        return cls(backend_json, info["bos_token_id"], info["eos_token_id"])
+
+    @cached_property
+    def backend_tokenizer(self) -> Any:
+        """The `tokenizers.Tokenizer`, built on first use: only encoding in this process needs it
+        (`--num-proc 1`); worker processes build their own from `backend_json`."""
         from tokenizers import Tokenizer
 
-        return cls(Tokenizer.from_str(backend_json), info["bos_token_id"], info["eos_token_id"])
+        return Tokenizer.from_str(self.backend_json)
+
+
+def backend_source(tokenizer: Any) -> Any:
+    """What `EncodePool.use` takes from a tokenizer: the backend's JSON when it came as JSON (this
+    process then never builds nor serializes the backend), else the backend object."""
+    return tokenizer.backend_json if isinstance(tokenizer, BackendTokenizer) else tokenizer.backend_tokenizer
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -426,7 +438,7 @@ def iter_tokenized(
                 yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
     pool = encode_pool(num_proc)
-    pool.use(tokenizer.backend_tokenizer)
+    pool.use(backend_source(tokenizer))
     executor = ThreadPoolExecutor(num_proc, thread_name_prefix="tokenize")
     try:
         pending: deque[tuple[Any, Future]] = deque()

@@ -79,6 +79,7 @@ from pipeline.tokenize import (
     OVERLONG,
     BackendTokenizer,
     Spill,
+    backend_source,
     file_formats,
     load_tokenizer,
     load_tokenizer_parts,
@@ -372,8 +373,6 @@ def run_pack_data(
     # starts threads. Tokenizer workers encode text. Unless there is chat, the tokenizer itself is
     # loaded by a child that sends back its facts (and, for text, its Rust backend as JSON).
     pool = encode_pool(config.num_proc) if config.num_proc > 1 and text else None
-    if not chat:
-        tokenizer_folder(config.tokenizer)  # a path that names no folder fails now, not later
     loaded = _TokenizerParts(config, text, forked=not chat)
     # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
     inputs_info = Background(input_fingerprints, files)
@@ -385,7 +384,7 @@ def run_pack_data(
         load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
         tokenizer = BackendTokenizer.from_parts(*loaded.result())
     if pool is not None:
-        pool.use(tokenizer.backend_tokenizer)  # the workers load it while the setup goes on
+        pool.use(backend_source(tokenizer))  # the workers load it while the setup goes on
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)
@@ -660,7 +659,8 @@ class _TokenizerParts:
 
 
 def _parts_key(name: str) -> tuple | None:
-    """What identifies a tokenizer folder's contents cheaply (None for a Hub name: not reused)."""
+    """What identifies a tokenizer folder's contents cheaply (None for a Hub name: not reused). A
+    path that names no folder fails here, before any child is forked."""
     folder = tokenizer_folder(name)
     if folder is None:
         return None
