@@ -138,10 +138,10 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
     }
 
 
-def load_tokenizer_parts(name_or_path: str, with_backend: bool) -> tuple[dict[str, Any], str | None]:
-    """For a forked child: the tokenizer's `tokenizer_info` and, with `with_backend`, its Rust backend
-    as JSON (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized
-    input needs of the tokenizer, so its own process never imports transformers and torch.
+def load_tokenizer_parts(name_or_path: str) -> tuple[dict[str, Any], str]:
+    """For a forked child: the tokenizer's `tokenizer_info` and its Rust backend as JSON
+    (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized input
+    needs of the tokenizer, so its own process never imports transformers and torch.
 
     torch is hidden from transformers here, unless this process imported transformers already (which
     then counts on torch): tokenizers never need it, and importing it takes seconds (BENCHMARKS.md).
@@ -151,8 +151,7 @@ def load_tokenizer_parts(name_or_path: str, with_backend: bool) -> tuple[dict[st
     if "transformers" not in sys.modules:
         sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
     tokenizer = load_tokenizer(name_or_path)
-    backend = tokenizer.backend_tokenizer.to_str() if with_backend else None
-    return tokenizer_info(tokenizer, name_or_path), backend
+    return tokenizer_info(tokenizer, name_or_path), tokenizer.backend_tokenizer.to_str()
 
 
 @dataclass

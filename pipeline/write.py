@@ -29,9 +29,10 @@ directly. Phases:
 
 Unless there is chat data (its template needs the transformers tokenizer in this process), the
 tokenizer is loaded by a forked process, without torch, which sends back its facts (vocabulary
-size, special ids, fingerprint) and, for text, its Rust backend: so this process never imports
-transformers and torch (seconds on some machines). Text waits for it during setup; pre-tokenized
-input needs only the facts, and the job runs meanwhile.
+size, special ids, fingerprint) and its Rust backend: so this process never imports transformers
+and torch (seconds on some machines). Text waits for it during setup; pre-tokenized input needs
+only the facts, and the job runs meanwhile. What the child sent is kept (`pipeline.tokenizer_cache`,
+in memory and on disk), so a later job with the same tokenizer files needs no child at all.
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
@@ -57,6 +58,7 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
+from pipeline import tokenizer_cache
 from pipeline.background import Background, Forked
 from pipeline.binpack import STRATEGIES, assign_bins, load_kernels
 from pipeline.encode_pool import default_workers, encode_pool
@@ -85,8 +87,6 @@ from pipeline.tokenize import (
     load_tokenizer_parts,
     needs_encoder,
     tokenize_to_spill,
-    tokenizer_files,
-    tokenizer_folder,
     tokenizer_info,
 )
 from pipeline.verify import (
@@ -377,14 +377,19 @@ def run_pack_data(
     # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
     inputs_info = Background(input_fingerprints, files)
     tokenizer = None
+    kernels_loaded = False
     if chat:
         tokenizer = load_tokenizer(config.tokenizer)
         loaded.set((tokenizer_info(tokenizer, config.tokenizer), None))
     elif text:
-        load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
+        if not loaded.done():
+            load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
+            kernels_loaded = True
         tokenizer = BackendTokenizer.from_parts(*loaded.result())
     if pool is not None:
-        pool.use(backend_source(tokenizer))  # the workers load it while the setup goes on
+        pool.use(backend_source(tokenizer))  # the workers build it while the setup goes on
+    if text and not kernels_loaded:
+        load_kernels(config.strategy)  # meanwhile (a cached tokenizer: nothing else to overlap)
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)
@@ -610,30 +615,22 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
             ) from None
 
 
-_PARTS: dict[tuple, tuple[dict[str, Any], str | None]] = {}  # loaded tokenizers, for later jobs of this process
-
-
 class _TokenizerParts:
-    """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON or None),
-    from a child forked now that loads it without torch, or `set` by the caller.
+    """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON), from
+    `pipeline.tokenizer_cache` when an earlier job loaded the same tokenizer, else from a child forked
+    now that loads it without torch; or `set` by the caller.
 
     A tokenizer that the child fails to load is loaded here, the ordinary way: it may need torch
-    after all, and if it cannot be loaded at all, that raises the one-line error. A later job in this
-    process reuses what was loaded from the same folder while its files' sizes and mtimes stay the
-    same (a child would import transformers again: 2 s on the 16-core box).
+    after all, and if it cannot be loaded at all, that raises the one-line error.
     """
 
     def __init__(self, config: PackConfig, text: bool, forked: bool) -> None:
         self._name = config.tokenizer
-        self._text = text
         self._child: Forked | None = None
-        self._value: tuple[dict[str, Any], str | None] | None = None
-        self._key = _parts_key(config.tokenizer) if forked else None
-        cached = _PARTS.get(self._key) if self._key is not None else None
-        if cached is not None and (cached[1] is not None or not text):
-            self._value = cached
-        elif forked:
-            self._child = Forked(load_tokenizer_parts, config.tokenizer, text)
+        self._key = tokenizer_cache.cache_key(config.tokenizer) if forked else None
+        self._value = tokenizer_cache.lookup(self._key, config.tokenizer, need_backend=text)
+        if self._value is None and forked:
+            self._child = Forked(load_tokenizer_parts, config.tokenizer)
 
     def set(self, value: tuple[dict[str, Any], str | None]) -> None:
         self._value = value
@@ -651,21 +648,9 @@ class _TokenizerParts:
                 raise UserError(f"loading tokenizer {self._name!r} failed: {exc} (out of memory?)") from None
             except Exception:  # noqa: BLE001 - whatever failed there, the ordinary load says what is wrong
                 tokenizer = load_tokenizer(self._name)
-                backend = tokenizer.backend_tokenizer.to_str() if self._text else None
-                self._value = (tokenizer_info(tokenizer, self._name), backend)
-            if self._key is not None and (self._value[1] is not None or self._key not in _PARTS):
-                _PARTS[self._key] = self._value
+                self._value = (tokenizer_info(tokenizer, self._name), tokenizer.backend_tokenizer.to_str())
+            tokenizer_cache.store(self._key, self._value)
         return self._value
-
-
-def _parts_key(name: str) -> tuple | None:
-    """What identifies a tokenizer folder's contents cheaply (None for a Hub name: not reused). A
-    path that names no folder fails here, before any child is forked."""
-    folder = tokenizer_folder(name)
-    if folder is None:
-        return None
-    stats = [(p.name, p.stat()) for p in tokenizer_files(folder)]
-    return name, str(folder.resolve()), tuple((n, st.st_size, st.st_mtime_ns, st.st_ino) for n, st in stats)
 
 
 def _check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,

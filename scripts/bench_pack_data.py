@@ -22,7 +22,10 @@ Parts:
   Cold: every contender's first pass in a fresh process, timed after its imports and tokenizer load
   (pack-data: without its `setup` phase). Warm: the best of REPEATS passes after it. Whole process:
   a fresh interpreter from start to exit, imports and tokenizer load included, as a user waits for it
-  (pack-data's console script; the TRL pipelines' cold child processes).
+  (pack-data's console script; the TRL pipelines' cold child processes). pack-data's cold and
+  whole-process runs are timed twice: first with an empty tokenizer cache (`pipeline.tokenizer_cache`,
+  a folder of this benchmark's: the first job ever with this tokenizer), then with the entry that run
+  left (a later job with the same tokenizer, as a user's second run).
 - `pretok`: a synthetic pre-tokenized dataset of --tokens tokens, generated in a temp dir as an
   uncompressed Arrow IPC file (which pack-data gathers in place, no spill) and/or an uncompressed
   Parquet file (decoded and spilled first), each packed in a child process; reports tokens/s, the
@@ -76,12 +79,12 @@ print("STATS " + json.dumps(stats))
 """
 
 
-def run_child(code: str, *argv: str, what: str) -> dict:
-    """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED); return the JSON
-    it prints on its `STATS ` line."""
+def run_child(code: str, *argv: str, what: str, cache: Path | None = None) -> dict:
+    """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED, pack-data's
+    tokenizer cache in `cache`); return the JSON it prints on its `STATS ` line."""
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
-                          check=False, env={**os.environ, "SHARED": str(SHARED)})
+                          check=False, env=child_env(cache))
     process_s = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
@@ -89,24 +92,37 @@ def run_child(code: str, *argv: str, what: str) -> dict:
     return {**out, "process_s": process_s}
 
 
-def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None) -> float:
+def child_env(cache: Path | None) -> dict[str, str]:
+    """The environment of a child process: this SHARED, and pack-data's tokenizer cache in `cache`
+    (None: off)."""
+    return {**os.environ, "SHARED": str(SHARED), "PACKLM_CACHE_DIR": str(cache) if cache else ""}
+
+
+def empty(folder: Path) -> Path:
+    """`folder`, emptied: a tokenizer cache with no entry."""
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
+def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None, cache: Path) -> float:
     """Seconds of one whole `pack-data` process, as a user runs it: interpreter start, imports,
-    tokenizer load, the job, and the exit."""
+    tokenizer load (or the tokenizer cache in `cache`), the job, and the exit."""
     argv = [str(path), "--tokenizer", str(TOKENIZER), "--max-len", str(max_len), "--out", str(out),
             "--overwrite", "--no-progress", *(["--num-proc", str(num_proc)] if num_proc else [])]
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", *argv], cwd=ROOT,
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, env=child_env(cache))
     return time.perf_counter() - t
 
 
-def pack_in_child(repeat: int = 1, **config) -> dict:
-    """Run run_pack_data(PackConfig(**config)) `repeat` times in a fresh interpreter; return the stats.
+def pack_in_child(repeat: int = 1, cache: Path | None = None, **config) -> dict:
+    """Run run_pack_data(PackConfig(**config)) `repeat` times in a fresh interpreter, with the
+    tokenizer cache in `cache`; return the stats.
 
     The returned stats are the first (cold) run's; later (warm) runs are under "warm_runs".
     """
     config.setdefault("progress", False)
-    return run_child(CHILD, json.dumps(config), str(repeat), what="pack-data child")
+    return run_child(CHILD, json.dumps(config), str(repeat), what="pack-data child", cache=cache)
 
 
 def rendered_texts(path: Path, tokenizer) -> list[str]:
@@ -300,7 +316,8 @@ def bench_text(args, tmp: Path) -> dict:
     totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
               "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0,
               "engine_tokens": 0, "engine_s": 0.0, "pack_process_s": 0.0, "trl_process_s": 0.0,
-              "sft_process_s": 0.0}
+              "sft_process_s": 0.0, "cached_pack_s": 0.0, "cached_process_s": 0.0}
+    cache = tmp / "tokenizer-cache"
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         if not path.exists():
@@ -308,13 +325,17 @@ def bench_text(args, tmp: Path) -> dict:
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer)
         engine = engine_alone(texts, tokenizer)
-        stats = pack_in_child(repeat=1 + REPEATS, inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len,
-                              out=str(tmp / f"out-{name}"), overwrite=True, num_proc=args.num_proc)
+        config = {"inputs": [str(path)], "tokenizer": str(TOKENIZER), "max_len": args.max_len,
+                  "out": str(tmp / f"out-{name}"), "overwrite": True, "num_proc": args.num_proc}
+        stats = pack_in_child(repeat=1 + REPEATS, cache=empty(cache), **config)  # the first job ever
+        cached = pack_in_child(cache=cache, **config)  # a later process: the tokenizer from the cache
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl", "sft")}
-        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc)
+        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc, empty(cache))
+        cached_process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc, cache)
         totals["pack_process_s"] += process_s
+        totals["cached_process_s"] += cached_process_s
         totals["trl_process_s"] += cold["trl"]["process_s"]
         totals["sft_process_s"] += cold["sft"]["process_s"]
         totals["cold_raw_tokens"] += cold["raw"]["tokens"]
@@ -323,13 +344,15 @@ def bench_text(args, tmp: Path) -> dict:
         totals["cold_sft_s"] += cold["sft"]["seconds"]
         # pack-data's time without interpreter start-up and imports, which are the same for any tool
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
+        totals["cached_pack_s"] += cached["times"]["total"] - cached["times"].get("setup", 0.0)
         # warm: the best of REPEATS runs after the first, like the raw tokenizer's best of REPEATS
         warm_s = min(w["times"]["total"] - w["times"].get("setup", 0.0) for w in stats["warm_runs"])
         totals["warm_s"] += warm_s
         totals["engine_tokens"] += engine["tokens"]
         totals["engine_s"] += engine["seconds"]
         result["datasets"][name] = {"texts": len(texts), "raw": raw, "engine": engine, "pack_data": stats, "pack_s_excl_setup": pack_s,
-                                   "pack_process_s": process_s, "trl": trl,
+                                   "pack_data_cached": cached, "pack_process_s": process_s,
+                                   "pack_process_cached_s": cached_process_s, "trl": trl,
                                    "trl_sft": sft, "cold_baselines": cold}
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
@@ -371,6 +394,15 @@ def bench_text(args, tmp: Path) -> dict:
         "process_trl_sft_s": totals["sft_process_s"],
         "process_speedup_vs_trl": totals["trl_process_s"] / totals["pack_process_s"],
         "process_speedup_vs_trl_sft": totals["sft_process_s"] / totals["pack_process_s"],
+        # the same, for a later pack-data process that finds the tokenizer in its cache
+        "cached_pack_tokens_per_s": totals["pack_tokens"] / totals["cached_pack_s"],
+        "cached_pack_vs_cold_raw": totals["pack_tokens"] / totals["cached_pack_s"]
+                                   / (totals["cold_raw_tokens"] / totals["cold_raw_s"]),
+        "cached_speedup_vs_trl": totals["cold_trl_s"] / totals["cached_pack_s"],
+        "cached_speedup_vs_trl_sft": totals["cold_sft_s"] / totals["cached_pack_s"],
+        "process_cached_pack_s": totals["cached_process_s"],
+        "process_cached_speedup_vs_trl": totals["trl_process_s"] / totals["cached_process_s"],
+        "process_cached_speedup_vs_trl_sft": totals["sft_process_s"] / totals["cached_process_s"],
     }
     return result
 
@@ -414,7 +446,7 @@ def bench_pretok(args, tmp: Path) -> dict:
         gen_s = time.perf_counter() - t
         stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else ROOT / "data" / "tokenizer"),
                               max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
-                              batch_rows=args.pretok_batch_rows)
+                              batch_rows=args.pretok_batch_rows, cache=empty(tmp / "tokenizer-cache"))
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
         out[kind] = {"tokens": n, "generate_s": gen_s, "input_bytes": src.stat().st_size, "pack_data": stats,
                      "pack_s_excl_setup": pack_s, "tokens_per_s": n / pack_s,
@@ -461,6 +493,12 @@ def main() -> None:
                   f"pack-data {s['process_pack_s']:.2f}s; TRL-style batched map {s['process_trl_s']:.2f}s -> "
                   f"{s['process_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style {s['process_trl_sft_s']:.2f}s -> "
                   f"{s['process_speedup_vs_trl_sft']:.1f}x")
+            print(f"[text] tokenizer cached (a later pack-data process with the same tokenizer): cold "
+                  f"{s['cached_pack_tokens_per_s'] / 1e6:.2f}M tok/s = {s['cached_pack_vs_cold_raw']:.0%} of a fresh "
+                  f"tokenizer's first encode_batch_fast, {s['cached_speedup_vs_trl']:.1f}x / "
+                  f"{s['cached_speedup_vs_trl_sft']:.1f}x the cold TRL-style / SFTTrainer-style; whole process "
+                  f"{s['process_cached_pack_s']:.2f}s -> {s['process_cached_speedup_vs_trl']:.1f}x / "
+                  f"{s['process_cached_speedup_vs_trl_sft']:.1f}x")
             print(f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
                   f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
                   f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+import pipeline.tokenizer_cache
 import pipeline.write
 from pipeline.cli import pack_data
 from pipeline.encode_pool import default_workers
@@ -270,17 +271,22 @@ JOB_CHILD = r"""
 import json, sys
 if sys.argv[4:] == ["transformers"]:
     import transformers  # lazily: torch is not imported yet, but transformers counts on it
+import pipeline.write
 from pipeline.write import PackConfig, run_pack_data
+forks = []
+real = pipeline.write.Forked
+pipeline.write.Forked = lambda *args: forks.append(args) or real(*args)
 stats = {}
 m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=64, out=sys.argv[3],
                              progress=False), stats=stats)
 print(json.dumps({"imported": sorted(k for k in ("transformers", "torch") if k in sys.modules),
-                  "tokenizer": m.tokenizer, "times": sorted(stats["times"])}))
+                  "tokenizer": m.tokenizer, "times": sorted(stats["times"]), "forks": len(forks)}))
 """
 
 
 @pytest.mark.parametrize("kind", ["tokenized", "text", "text-after-transformers"])
 def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path: Path, kind: str):
+    import os
     import subprocess
     import sys
 
@@ -291,17 +297,21 @@ def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path
     else:
         data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
     after = ["transformers"] if kind == "text-after-transformers" else []
-    proc = subprocess.run([sys.executable, "-c", JOB_CHILD, str(data), TOKENIZER, str(tmp_path / "o"), *after],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    # not in this process: only the forked child loaded the tokenizer
-    assert got["imported"] == (["transformers"] if after else [])
-    assert proc.stderr == ""  # nor did transformers' "PyTorch was not found" note show
-    # pre-tokenized: the job ran while the child loaded it, and the wait for it is its own phase
-    assert ("tokenizer" in got["times"]) == (kind == "tokenized")
+    env = {**os.environ, "PACKLM_CACHE_DIR": str(tmp_path / "cache")}
     expected = tokenizer_info(load_tokenizer(TOKENIZER), TOKENIZER)
-    assert {k: v for k, v in got["tokenizer"].items() if k != "format"} == expected
-    assert got["tokenizer"]["format"]["kind"] == kind.split("-")[0]
+    for out, forks in (("o1", 1), ("o2", 0)):  # the second process finds the tokenizer in the disk cache
+        proc = subprocess.run([sys.executable, "-c", JOB_CHILD, str(data), TOKENIZER, str(tmp_path / out), *after],
+                              cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["forks"] == forks
+        # not in this process: only the forked child loaded the tokenizer
+        assert got["imported"] == (["transformers"] if after else [])
+        assert proc.stderr == ""  # nor did transformers' "PyTorch was not found" note show
+        # pre-tokenized: the job ran while the child loaded it, and the wait for it is its own phase
+        assert ("tokenizer" in got["times"]) == (kind == "tokenized")
+        assert {k: v for k, v in got["tokenizer"].items() if k != "format"} == expected
+        assert got["tokenizer"]["format"]["kind"] == kind.split("-")[0]
+    assert (tmp_path / "o1" / "shard-00000.arrow").read_bytes() == (tmp_path / "o2" / "shard-00000.arrow").read_bytes()
 
 
 @pytest.mark.parametrize("tokenizer", [TOKENIZER, str(LLAMA2)])
@@ -313,7 +323,7 @@ def test_the_child_loads_the_same_backend_without_torch(tokenizer: str):
 
     if not Path(tokenizer).is_dir():
         pytest.skip(f"{tokenizer} is not here")
-    info, backend = Forked(load_tokenizer_parts, tokenizer, True).result()
+    info, backend = Forked(load_tokenizer_parts, tokenizer).result()
     here = load_tokenizer(tokenizer)
     assert backend == here.backend_tokenizer.to_str()
     assert info == tokenizer_info(here, tokenizer)
@@ -324,49 +334,111 @@ def test_the_child_loads_the_same_backend_without_torch(tokenizer: str):
     assert (rebuilt.bos_token_id, rebuilt.eos_token_id) == (here.bos_token_id, here.eos_token_id)
 
 
-def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                fresh_tokenizer_cache: Path):
     """If loading without torch fails, the job loads the tokenizer itself, the ordinary way, and
     writes the same shards."""
     from pipeline.errors import UserError
 
-    def fails(name: str, with_backend: bool) -> None:
+    def fails(name: str) -> None:
         raise UserError(f"cannot load tokenizer {name!r} (needs torch?)")
 
     data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    assert run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
+    with pytest.MonkeyPatch.context() as cache_off:
+        cache_off.setenv("PACKLM_CACHE_DIR", "")
+        assert run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
+    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})  # not loaded by an earlier job
     monkeypatch.setattr(pipeline.write, "load_tokenizer_parts", fails)
-    tokenizer = shutil.copytree(TOKENIZER, tmp_path / "tok")  # not loaded by an earlier job of this process
-    result = run(data, "--tokenizer", tokenizer, "--max-len", 64, "--out", tmp_path / "b")
+    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
     assert result.exit_code == 0, result.output
     assert read_manifest(tmp_path / "a").shards == read_manifest(tmp_path / "b").shards
+    assert read_manifest(tmp_path / "a").tokenizer == read_manifest(tmp_path / "b").tokenizer
 
 
-def test_a_later_job_reuses_the_loaded_tokenizer_until_its_files_change(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch):
-    tokenizer = shutil.copytree(TOKENIZER, tmp_path / "tok")
-    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    ids = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The tokenizer children the jobs of this test fork, as a list that grows."""
     forks: list[tuple] = []
     real = pipeline.write.Forked
     monkeypatch.setattr(pipeline.write, "Forked", lambda *args: forks.append(args) or real(*args))
+    return forks
 
-    def job(data: Path, out: str) -> Path:
-        result = run(data, "--tokenizer", tokenizer, "--max-len", 64, "--out", tmp_path / out)
+
+def test_a_later_job_takes_the_tokenizer_from_the_cache_until_its_files_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_tokenizer_cache: Path):
+    tokenizer = shutil.copytree(TOKENIZER, tmp_path / "tok")
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    ids = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
+    forks = _count_forks(monkeypatch)
+
+    def job(data: Path, out: str, tok: Path = tokenizer) -> Path:
+        result = run(data, "--tokenizer", tok, "--max-len", 64, "--out", tmp_path / out)
         assert result.exit_code == 0, result.output
         return tmp_path / out
 
     first = job(text, "a")
     assert len(forks) == 1
-    second = job(text, "b")  # same folder, same files: no child
-    job(ids, "c")  # pre-tokenized input needs less than a text job loaded
+    assert len(list(fresh_tokenizer_cache.glob("*.json"))) == 1
+    second = job(text, "b")  # same files: no child
+    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})  # as a new process: from disk
+    third = job(text, "c")
+    job(ids, "d")
+    moved = shutil.copytree(tokenizer, tmp_path / "elsewhere")  # the key is the files' content
+    fourth = job(text, "e", moved)
     assert len(forks) == 1
-    assert read_manifest(first).shards == read_manifest(second).shards
-    assert read_manifest(first).tokenizer == read_manifest(second).tokenizer
+    for later in (second, third, fourth):
+        assert read_manifest(later).shards == read_manifest(first).shards
+    assert read_manifest(third).tokenizer == read_manifest(first).tokenizer
+    assert read_manifest(fourth).tokenizer == {**read_manifest(first).tokenizer, "name": str(moved)}
     config = tokenizer / "tokenizer_config.json"
     config.write_text(config.read_text() + "\n")  # a changed file: loaded again
-    changed = job(text, "d")
+    changed = job(text, "f")
     assert len(forks) == 2
     assert read_manifest(changed).tokenizer["fingerprint"] != read_manifest(first).tokenizer["fingerprint"]
+    assert len(list(fresh_tokenizer_cache.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["backend", "head", "empty"])
+def test_a_damaged_cache_entry_is_ignored_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        fresh_tokenizer_cache: Path, damage: str):
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    assert run(text, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
+    (entry,) = fresh_tokenizer_cache.glob("*.json")
+    good = entry.read_text()
+    head, _, backend = good.partition("\n")
+    entry.write_text({"backend": head + "\n" + backend.replace('"', "'", 1),
+                      "head": head[:-5] + "\n" + backend, "empty": ""}[damage])
+    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})
+    forks = _count_forks(monkeypatch)
+    result = run(text, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    assert len(forks) == 1  # loaded again ...
+    assert entry.read_text() == good  # ... and the entry written anew
+    assert read_manifest(tmp_path / "b").shards == read_manifest(tmp_path / "a").shards
+
+
+@pytest.mark.parametrize("where", ["off", "a file", "read-only"])
+def test_a_cache_that_is_off_or_cannot_be_written_never_fails_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     where: str):
+    import os
+
+    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})
+    folder = tmp_path / "cache"
+    if where == "off":
+        monkeypatch.setenv("PACKLM_CACHE_DIR", "")
+    elif where == "a file":
+        folder.write_text("not a folder")
+        monkeypatch.setenv("PACKLM_CACHE_DIR", str(folder / "sub"))
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        folder.mkdir(mode=0o500)
+        monkeypatch.setenv("PACKLM_CACHE_DIR", str(folder))
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    result = run(text, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a")
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    if where != "a file":
+        assert not folder.exists() or list(folder.iterdir()) == []
 
 
 @pytest.mark.parametrize("data_kind", ["tokenized", "text"])

@@ -1,0 +1,156 @@
+"""What a pack-data job needs of a tokenizer, kept for later jobs: its facts (`tokenizer_info`) and its
+Rust backend as JSON, in this process and on disk.
+
+Loading a tokenizer means importing transformers: 1-2 s, most of a small job's wall time
+(BENCHMARKS.md). With an entry here, a job on text or pre-tokenized input needs no transformers at
+all. An entry's key is the content of every file in the tokenizer's folder (weights aside), the
+installed transformers and tokenizers, and this package's tokenizer code: an entry is used only where
+loading the tokenizer afresh would give the same result. Hub names are not cached.
+
+On disk the entries live in `$PACKLM_CACHE_DIR`, by default `$XDG_CACHE_HOME/packlm` (else
+`~/.cache/packlm`); an empty `PACKLM_CACHE_DIR` turns the disk cache off. Each entry is written
+atomically and carries the sha256 of its backend; one that does not check out is ignored and
+replaced. A cache folder that cannot be written is skipped without a word: the job loads the
+tokenizer the ordinary way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pipeline.tokenize
+from pipeline.tokenize import tokenizer_folder
+
+Parts = tuple[dict[str, Any], str | None]  # (tokenizer_info, backend JSON or None)
+
+ENV = "PACKLM_CACHE_DIR"
+KEEP = 8  # entries kept on disk (about 2 MB each for Llama-2): the newest used
+_FORMAT = b"packlm-tokenizer-cache-1"
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
+_LIBRARIES = ("transformers", "tokenizers")
+_MEMORY: dict[str, Parts] = {}  # entries of this process, by key
+
+
+def cache_dir() -> Path | None:
+    """The disk cache's folder (None: turned off)."""
+    value = os.environ.get(ENV)
+    if value is not None:
+        return Path(os.path.expanduser(value)) if value.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "packlm"
+
+
+def cache_key(name: str) -> str | None:
+    """The key of tokenizer `name` as it is now (None for a Hub name). A path that names no folder is
+    a UserError here, before any work starts."""
+    folder = tokenizer_folder(name)
+    if folder is None:
+        return None
+    digest = hashlib.sha256(_FORMAT)
+    for library in _LIBRARIES:
+        digest.update(_library_id(library).encode() + b"\0")
+    digest.update(Path(pipeline.tokenize.__file__).read_bytes())  # the code that makes an entry
+    for path in _defining_files(folder):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def lookup(key: str | None, name: str, need_backend: bool) -> Parts | None:
+    """The entry for `key` with its info's name set to `name` (None: no entry, or one without the
+    backend that `need_backend` asks for)."""
+    if key is None:
+        return None
+    parts = _MEMORY.get(key)
+    if parts is None:
+        parts = _read(key)
+        if parts is not None:
+            _MEMORY[key] = parts
+    if parts is None or need_backend and parts[1] is None:
+        return None
+    return {**parts[0], "name": str(name)}, parts[1]
+
+
+def store(key: str | None, parts: Parts) -> None:
+    """Keep `parts` under `key` (an entry with the backend is not replaced by one without)."""
+    if key is None or parts[1] is None and key in _MEMORY:
+        return
+    _MEMORY[key] = parts
+    folder = cache_dir()
+    if folder is None:
+        return
+    info, backend = parts
+    head = {"info": info, "backend_sha256": _sha256(backend) if backend is not None else None}
+    tmp = folder / f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(head) + "\n" + (backend or ""), encoding="utf-8")
+        os.replace(tmp, folder / f"{key}.json")
+        _prune(folder)
+    except OSError:  # read-only, full, not a folder: a cache is never worth failing a job for
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def _read(key: str) -> Parts | None:
+    folder = cache_dir()
+    if folder is None:
+        return None
+    path = folder / f"{key}.json"
+    try:
+        head, _, backend = path.read_text(encoding="utf-8").partition("\n")
+        entry = json.loads(head)
+        info, expected = entry["info"], entry["backend_sha256"]
+        if expected is None:
+            parts: Parts = (info, None)
+        elif _sha256(backend) == expected:
+            parts = (info, backend)
+        else:
+            return None
+        if not isinstance(info, dict) or not {"fingerprint", "vocab_size", "eos_token_id"} <= info.keys():
+            return None
+        os.utime(path)  # recently used: kept by `_prune`
+        return parts
+    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable, torn, foreign
+        return None
+
+
+def _prune(folder: Path) -> None:
+    entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in entries[KEEP:]:
+        old.unlink(missing_ok=True)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _defining_files(folder: Path) -> list[Path]:
+    """The files of a tokenizer folder that loading it may read: all but weights, plus any extra chat
+    templates."""
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.endswith(_WEIGHTS)]
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        files += [p for p in extra.iterdir() if p.is_file()]
+    return sorted(files)
+
+
+def _library_id(name: str) -> str:
+    """What identifies the installed library `name`: its dist-info folder (the version), and the size
+    and mtime of its `__init__.py` and compiled modules (a reinstall or a rebuild in place)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return f"{name}: absent"
+    package = Path(spec.origin).parent
+    parts = sorted(p.name for p in package.parent.glob(f"{name}-*.dist-info"))
+    for entry in sorted(os.scandir(package), key=lambda e: e.name):
+        if entry.name == "__init__.py" or entry.name.endswith((".so", ".pyd")):
+            st = entry.stat()
+            parts.append(f"{entry.name}:{st.st_size}:{st.st_mtime_ns}")
+    return f"{name}: " + " ".join(parts)

@@ -1,0 +1,70 @@
+"""pipeline.tokenizer_cache: a loaded tokenizer's facts and backend, kept per content and versions."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pipeline.tokenizer_cache as cache
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "data" / "tokenizer"
+INFO = {"name": "x", "fingerprint": "f", "vocab_size": 10, "eos_token_id": 2, "bos_token_id": 1}
+
+
+def test_the_key_follows_the_files_content_not_their_place_nor_weights(tmp_path: Path, fresh_tokenizer_cache: Path):
+    a = shutil.copytree(TOKENIZER, tmp_path / "a")
+    b = shutil.copytree(TOKENIZER, tmp_path / "b")
+    key = cache.cache_key(str(a))
+    assert cache.cache_key(str(b)) == key
+    (b / "model.safetensors").write_bytes(b"weights are not read to load a tokenizer")
+    assert cache.cache_key(str(b)) == key
+    (b / "config.json").write_text('{"model_type": "llama"}')  # AutoTokenizer may read it
+    assert cache.cache_key(str(b)) != key
+    (b / "config.json").unlink()
+    (b / "tokenizer_config.json").write_text((b / "tokenizer_config.json").read_text() + " ")
+    assert cache.cache_key(str(b)) != key
+    assert cache.cache_key("owner/some-hub-name") is None  # Hub names are not cached
+
+
+def test_the_key_names_the_installed_libraries():
+    import tokenizers
+    import transformers
+
+    assert f"tokenizers-{tokenizers.__version__}.dist-info" in cache._library_id("tokenizers")
+    assert f"transformers-{transformers.__version__}.dist-info" in cache._library_id("transformers")
+    assert cache._library_id("no_such_library_here") == "no_such_library_here: absent"
+
+
+def test_an_entry_without_the_backend_serves_only_who_needs_none(fresh_tokenizer_cache: Path, monkeypatch):
+    cache.store("k", (INFO, None))
+    assert cache.lookup("k", "y", need_backend=True) is None
+    assert cache.lookup("k", "y", need_backend=False) == ({**INFO, "name": "y"}, None)
+    cache.store("k", (INFO, '{"backend": 1}'))
+    cache.store("k", (INFO, None))  # does not replace the fuller entry
+    monkeypatch.setattr(cache, "_MEMORY", {})  # from disk, as a new process would
+    assert cache.lookup("k", "y", need_backend=True) == ({**INFO, "name": "y"}, '{"backend": 1}')
+    assert cache.lookup(None, "y", need_backend=False) is None
+    cache.store(None, (INFO, "{}"))  # Hub names: nothing kept
+    assert sorted(p.name for p in fresh_tokenizer_cache.iterdir()) == ["k.json"]
+
+
+def test_only_the_newest_entries_stay_on_disk(fresh_tokenizer_cache: Path):
+    for i in range(cache.KEEP + 3):
+        cache.store(f"k{i:02d}", (INFO, "{}"))
+        os.utime(fresh_tokenizer_cache / f"k{i:02d}.json", ns=(i * 10**9, i * 10**9))
+    cache.store("last", (INFO, "{}"))
+    kept = sorted(p.stem for p in fresh_tokenizer_cache.glob("*.json"))
+    assert len(kept) == cache.KEEP
+    assert kept == sorted(["last"] + [f"k{i:02d}" for i in range(cache.KEEP + 3)][-(cache.KEEP - 1):])
+
+
+def test_the_default_folder_and_turning_it_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.delenv("PACKLM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.cache_dir() == tmp_path / "packlm"
+    monkeypatch.setenv("PACKLM_CACHE_DIR", "")
+    assert cache.cache_dir() is None
