@@ -5,9 +5,10 @@ Python ids (`Encoding.ids`, about 37 ns a token) and flattening them (about 17 n
 16 cores, 16 threads of one process spent most of their time waiting for it (BENCHMARKS.md); in
 separate processes that work runs in parallel, and only int32 buffers come back.
 
-A worker holds only the tokenizer's Rust backend (sent once as its JSON), so it never imports
-transformers or torch. Workers are forked before the parent imports those (`run_pack_data` starts
-them first), which keeps the fork cheap, and the pool is kept for later jobs in the same process.
+A worker holds only the tokenizer's Rust backend (sent once as its JSON, or inherited at the fork
+when the job knows it already), so it never imports transformers or torch. Workers are forked before
+the parent imports those (`run_pack_data` starts them first), which keeps the fork cheap, and the
+pool is kept for later jobs in the same process.
 Each worker serves one request at a time; `encode` checks a free worker out, so any number of
 threads may call it.
 """
@@ -51,16 +52,18 @@ def flat_ids(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lens
 
 
-def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the worker processes
-    """A worker's loop: ("tokenizer", json) loads a backend; a list of texts is encoded; None ends."""
+def _serve(conn: Connection, initial: str | None) -> None:  # pragma: no cover - runs in the worker processes
+    """A worker's loop: ("tokenizer", json) loads a backend; a list of texts is encoded; None ends.
+    An `initial` backend JSON is loaded first, as if it had come as the first message."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes the pipes
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
     from tokenizers import Tokenizer
 
     backend = None
+    first = None if initial is None else ("tokenizer", initial)
     while True:
         try:
-            msg = conn.recv()
+            msg, first = (conn.recv(), None) if first is None else (first, None)
         except (EOFError, OSError):  # the parent is gone
             return
         if msg is None:
@@ -103,9 +106,13 @@ def _recv(conn: Connection) -> tuple:
 
 
 class EncodePool:
-    """`n` worker processes encoding texts with one tokenizer backend (`use`); see the module doc."""
+    """`n` worker processes encoding texts with one tokenizer backend (`use`); see the module doc.
 
-    def __init__(self, n: int) -> None:
+    `backend`, a backend's JSON known before the fork, is inherited by the workers, which build it at
+    once: no pipe carries it, and they build it while the job's setup goes on.
+    """
+
+    def __init__(self, n: int, backend: str | None = None) -> None:
         import tokenizers  # noqa: F401 - imported once here, inherited by forked workers
 
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
@@ -118,12 +125,16 @@ class EncodePool:
         self._unacked: set[Connection] = set()  # workers whose tokenizer acknowledgement is unread
         for _ in range(n):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="packlm-encode")
+            proc = ctx.Process(target=_serve, args=(child, backend), daemon=True, name="packlm-encode")
             proc.start()
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)
             self._free.put(parent)
+        if backend is not None:  # each worker acknowledges it as if `use` had sent it
+            self._tokenizer = _digest(backend)
+            self._backend = backend
+            self._unacked = set(self._conns)
 
     @property
     def alive(self) -> bool:
@@ -140,7 +151,7 @@ class EncodePool:
         if backend is self._backend:
             return
         text = backend if isinstance(backend, str) else backend.to_str()
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = _digest(text)
         if digest != self._tokenizer:
             self._drain()
             for conn in self._conns:
@@ -184,17 +195,22 @@ class EncodePool:
         self._conns.clear()
 
 
+def _digest(backend_json: str) -> str:
+    return hashlib.sha256(backend_json.encode()).hexdigest()
+
+
 _POOL: EncodePool | None = None
 
 
-def encode_pool(n: int) -> EncodePool:
-    """The process-wide pool of `n` workers: reused while its workers live, else forked anew."""
+def encode_pool(n: int, backend: str | None = None) -> EncodePool:
+    """The process-wide pool of `n` workers: reused while its workers live, else forked anew (with
+    `backend`, when known, for the workers to inherit; a reused pool gets it through `use`)."""
     global _POOL
     if _POOL is not None and (_POOL.n != n or not _POOL.alive):
         _POOL.close()
         _POOL = None
     if _POOL is None:
-        _POOL = EncodePool(n)
+        _POOL = EncodePool(n, backend)
     return _POOL
 
 

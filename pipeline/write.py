@@ -369,13 +369,12 @@ def run_pack_data(
     fmts = file_formats(files, config.format_options())  # each input file's own format and fields
     text = needs_encoder(fmts)
     chat = any(f.kind == "chat" for f in fmts)  # the chat template needs the transformers object here
-    # processes forked now: before the tokenizer's imports make a fork slow, and before this process
-    # starts threads. Tokenizer workers encode text. Unless there is chat, the tokenizer itself is
-    # loaded by a child that sends back its facts (and, for text, its Rust backend as JSON).
-    pool = encode_pool(config.num_proc) if config.num_proc > 1 and text else None
+    # Unless there is chat, the tokenizer comes from the cache or from a child forked now that loads
+    # it and sends back its facts and its Rust backend as JSON. Processes are forked before this
+    # process starts threads, and before it imports transformers (for chat), which makes forks slow.
     loaded = _TokenizerParts(config, text, forked=not chat)
-    # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
-    inputs_info = Background(input_fingerprints, files)
+    workers = config.num_proc if config.num_proc > 1 and text else 0
+    pool = encode_pool(workers) if workers and chat else None
     tokenizer = None
     kernels_loaded = False
     if chat:
@@ -386,10 +385,14 @@ def run_pack_data(
             load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
             kernels_loaded = True
         tokenizer = BackendTokenizer.from_parts(*loaded.result())
+    if workers and pool is None:  # forked once the backend is known: they inherit it, and build it now
+        pool = encode_pool(workers, tokenizer.backend_json)
     if pool is not None:
-        pool.use(backend_source(tokenizer))  # the workers build it while the setup goes on
+        pool.use(backend_source(tokenizer))  # (for chat, or a pool an earlier job left)
+    # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
+    inputs_info = Background(input_fingerprints, files)
     if text and not kernels_loaded:
-        load_kernels(config.strategy)  # meanwhile (a cached tokenizer: nothing else to overlap)
+        load_kernels(config.strategy)  # while the workers build the tokenizer
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)

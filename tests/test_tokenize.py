@@ -174,6 +174,36 @@ def test_workers_keep_input_order_locations_and_the_environment(tok, tmp_path, m
     assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
+def test_a_pool_forked_with_a_backend_encodes_with_it_and_can_switch(tok):
+    """Workers that inherit a backend at the fork (a job whose tokenizer was cached) encode with it
+    at once, take another one when told, and a backend they cannot build is the first encode's error."""
+    from tokenizers import Tokenizer
+
+    from pipeline.encode_pool import EncodePool
+
+    texts = ["hello world", "", "naïve café 😀 " * 3]
+    backend = tok.backend_tokenizer.to_str()
+    pool = EncodePool(2, backend)
+    try:
+        pool.use(backend)  # what they hold already
+        for _ in range(3):  # every worker
+            got = pool.encode(texts)
+            want = encode_texts(tok, texts)
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        other = Tokenizer.from_str(backend)
+        other.add_tokens(["zzqx"])
+        pool.use(other)
+        assert pool.encode(["zzqx"])[0].tolist() == [other.token_to_id("zzqx")]
+    finally:
+        pool.close()
+    broken = EncodePool(1, "{not a tokenizer")
+    try:
+        with pytest.raises(RuntimeError, match="tokenizer worker failed"):
+            broken.encode(texts)
+    finally:
+        broken.close()
+
+
 def test_encode_pool_matches_the_tokenizer_switches_tokenizers_and_reports_a_dead_worker(tok):
     """Workers give exactly `encode_texts`'s ids, take a new tokenizer when told, are reused while
     alive, and a worker that died is one clear UserError, after which a fresh pool is forked."""
