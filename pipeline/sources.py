@@ -31,6 +31,7 @@ import functools
 import glob as globlib
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -65,6 +66,7 @@ SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .cs
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
 DEFAULT_CHUNK_BYTES = 1 << 20
 COLUMNS_CHUNK_BYTES = 8 << 20  # JSONL bytes looked at to find the columns
+COLUMNS_ROWS = 1024  # records whose fields `column_names` lists
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+){0,2}$")
 
@@ -488,13 +490,26 @@ def _read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any
         batch = records[start : start + batch_rows]
         lines = ArrayLines(path, start, start + len(batch))
         try:
-            table = pa.Table.from_pylist(batch)
+            table = _records_table(batch)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             numbers = [lines[k] for k in range(len(batch))]
             err = _type_conflict(path, iter(zip(numbers, batch)))
             raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
                                     f"these records: {_one_line(exc)}")) from None
         yield conform(table), lines
+
+
+def _records_table(records: list[dict]) -> pa.Table:
+    """Records -> a table with a column for every key that any of them has (in order of first
+    appearance; a record without it gives a null), as the JSON Lines reader does.
+    `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently."""
+    keys = dict.fromkeys(k for r in records for k in r)
+    return pa.Table.from_pydict({k: [r.get(k) for r in records] for k in keys})
+
+
+def _json_array_head(path: str, n: int) -> list[dict]:
+    """The first `n` records of a JSON array file, decoded one by one (not the whole array)."""
+    return [obj for _, obj in itertools.islice(_scan_json_array(path, _json_array_text(path)), n)]
 
 
 def _json_array_text(path: str) -> str:
@@ -824,6 +839,10 @@ def column_names(files: list[InputFile]) -> list[str]:
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise UserError(f"{f.path}: not a readable Parquet file ({_one_line(exc)}); it may be "
                         "truncated or corrupt: re-export or re-download it") from None
-    for batch in iter_batches([f], batch_rows=1024, limit=None, chunk_bytes=COLUMNS_CHUNK_BYTES):
+    if f.kind == "json":  # the first records only: decoding the whole array is the reading's job
+        head = _json_array_head(f.path, COLUMNS_ROWS)
+        if head:
+            return list(dict.fromkeys(k for r in head for k in r))
+    for batch in iter_batches([f], batch_rows=COLUMNS_ROWS, limit=None, chunk_bytes=COLUMNS_CHUNK_BYTES):
         return list(batch.table.column_names)
     raise UserError(f"{f.path} contains no records")  # unreachable: iter_batches raises first

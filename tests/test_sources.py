@@ -322,6 +322,34 @@ def test_json_array_lines_are_found_when_asked_for(tmp_path):
     assert read_all([str(path)], batch_rows=2)[1][1].where(1) == f"{path} line 14"
 
 
+def test_a_json_array_keeps_fields_its_first_record_lacks(tmp_path):
+    """Every field of every record arrives, as from the same records in JSON Lines (pyarrow's
+    `Table.from_pylist` alone would keep only the first record's fields)."""
+    records = [{"instruction": "say hi", "output": "hi"}] + \
+              [{"instruction": "repeat", "input": f"w{i}", "output": f"w{i}", "note": i} for i in range(5)]
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps(records))
+    lines = write_jsonl(tmp_path / "d.jsonl", records)
+    tables = {}
+    for path in (array, lines):
+        files = resolve_inputs([str(path)])
+        assert column_names(files) == ["instruction", "output", "input", "note"]
+        tables[path.suffix] = pa.concat_tables(b.table for b in iter_batches(files, batch_rows=4))
+    assert tables[".json"].to_pylist() == tables[".jsonl"].to_pylist()
+    assert tables[".json"].column("input").to_pylist() == [None, "w0", "w1", "w2", "w3", "w4"]
+
+
+def test_the_columns_of_a_json_array_come_from_its_first_records_only(tmp_path):
+    """Finding the fields does not decode the whole array (reading does, once); a break further on
+    is the reading's one-line error."""
+    path = tmp_path / "d.json"
+    good = ",\n".join(json.dumps({"text": f"t{i}"}) for i in range(sources.COLUMNS_ROWS + 10))
+    path.write_text("[\n" + good + ",\n{\"text\": \"broken\"\n]")
+    files = resolve_inputs([str(path)])
+    assert column_names(files) == ["text"]
+    expect_error(rf"d.json line {sources.COLUMNS_ROWS + 13}: malformed JSON", read_all, [str(path)])
+
+
 def test_json_array_type_conflict(tmp_path):
     path = tmp_path / "d.json"
     path.write_text('[\n{"a": 1},\n{"a": "x"}\n]')
