@@ -504,7 +504,32 @@ def _records_table(records: list[dict]) -> pa.Table:
     appearance; a record without it gives a null), as the JSON Lines reader does.
     `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently."""
     keys = dict.fromkeys(k for r in records for k in r)
-    return pa.Table.from_pydict({k: [r.get(k) for r in records] for k in keys})
+    return pa.Table.from_pydict({k: _column([r.get(k) for r in records]) for k in keys})
+
+
+def _column(values: list) -> Any:
+    """One column of JSON values as Arrow. Text (the usual case) and all-null columns are built
+    from buffers: pyarrow's first conversion of Python objects imports pandas (0.2-0.3 s), so
+    everything else (numbers, nested values, mixed types) is left to it."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return pa.nulls(len(values))
+    if not all(type(v) is str for v in present):
+        return values
+    try:
+        encoded = [b"" if v is None else v.encode() for v in values]
+    except UnicodeEncodeError:  # a lone surrogate: pyarrow says what is wrong
+        return values
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(values)), out=offsets[1:])
+    if offsets[-1] >= 2**31:  # beyond a string array's int32 offsets
+        return values
+    valid = None
+    if len(present) < len(values):
+        valid = pa.py_buffer(np.packbits(np.fromiter((v is not None for v in values), bool, len(values)),
+                                         bitorder="little"))
+    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.astype(np.int32)),
+                                       pa.py_buffer(b"".join(encoded)), valid, len(values) - len(present))
 
 
 def _json_array_head(path: str, n: int) -> list[dict]:
