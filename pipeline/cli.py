@@ -25,7 +25,10 @@ Examples:
     epilog=EPILOG,
 )
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
+@click.option("--tokenizer", required=True,
+              help="Tokenizer folder (tokenizer.json) or Hub name. What a job loads of a local folder is "
+                   "cached (PACKLM_CACHE_DIR, default ~/.cache/packlm; set it empty to turn this off), "
+                   "so later jobs with the same files skip loading it.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (must not exist unless --overwrite).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
