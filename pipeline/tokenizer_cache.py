@@ -28,10 +28,11 @@ from typing import Any
 import pipeline.tokenize
 from pipeline.tokenize import tokenizer_folder
 
-Parts = tuple[dict[str, Any], str | None]  # (tokenizer_info, backend JSON or None)
+Parts = tuple[dict[str, Any], str]  # (tokenizer_info, backend JSON), as `load_tokenizer_parts` gives them
 
 ENV = "PACKLM_CACHE_DIR"
 KEEP = 8  # entries kept on disk (about 2 MB each for Llama-2): the newest used
+HASHED_BYTES = 64 << 20  # files up to this size count by their content (the largest tokenizer.json: ~35 MB)
 _FORMAT = b"packlm-tokenizer-cache-1"
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 _LIBRARIES = ("transformers", "tokenizers")
@@ -48,8 +49,9 @@ def cache_dir() -> Path | None:
 
 
 def cache_key(name: str) -> str | None:
-    """The key of tokenizer `name` as it is now (None for a Hub name). A path that names no folder is
-    a UserError here, before any work starts."""
+    """The key of tokenizer `name` as it is now (None: not cached, for a Hub name or a folder with a
+    file that cannot be read). A path that names no folder is a UserError here, before any work
+    starts. A file larger than HASHED_BYTES counts by its size and mtime, not its content."""
     folder = tokenizer_folder(name)
     if folder is None:
         return None
@@ -57,40 +59,43 @@ def cache_key(name: str) -> str | None:
     for library in _LIBRARIES:
         digest.update(_library_id(library).encode() + b"\0")
     digest.update(Path(pipeline.tokenize.__file__).read_bytes())  # the code that makes an entry
-    for path in _defining_files(folder):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    try:
+        for path in _defining_files(folder):
+            st = path.stat()
+            content = path.read_bytes() if st.st_size <= HASHED_BYTES else f"{st.st_size}:{st.st_mtime_ns}".encode()
+            digest.update(path.name.encode() + b"\0" + content + b"\0")
+    except OSError:  # loading the tokenizer (the ordinary way) says whether that file matters
+        return None
     return digest.hexdigest()
 
 
-def lookup(key: str | None, name: str, need_backend: bool) -> Parts | None:
-    """The entry for `key` with its info's name set to `name` (None: no entry, or one without the
-    backend that `need_backend` asks for)."""
+def lookup(key: str | None, name: str) -> Parts | None:
+    """The entry for `key` with its info's name set to `name` (None: no entry)."""
     if key is None:
         return None
     parts = _MEMORY.get(key)
     if parts is None:
         parts = _read(key)
-        if parts is not None:
-            _MEMORY[key] = parts
-    if parts is None or need_backend and parts[1] is None:
-        return None
+        if parts is None:
+            return None
+        _MEMORY[key] = parts
     return {**parts[0], "name": str(name)}, parts[1]
 
 
 def store(key: str | None, parts: Parts) -> None:
-    """Keep `parts` under `key` (an entry with the backend is not replaced by one without)."""
-    if key is None or parts[1] is None and key in _MEMORY:
+    """Keep `parts` under `key`, in this process and on disk."""
+    if key is None:
         return
     _MEMORY[key] = parts
     folder = cache_dir()
     if folder is None:
         return
     info, backend = parts
-    head = {"info": info, "backend_sha256": _sha256(backend) if backend is not None else None}
     tmp = folder / f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(head) + "\n" + (backend or ""), encoding="utf-8")
+        tmp.write_text(json.dumps({"info": info, "backend_sha256": _sha256(backend)}) + "\n" + backend,
+                       encoding="utf-8")
         os.replace(tmp, folder / f"{key}.json")
         _prune(folder)
     except OSError:  # read-only, full, not a folder: a cache is never worth failing a job for
@@ -106,17 +111,12 @@ def _read(key: str) -> Parts | None:
     try:
         head, _, backend = path.read_text(encoding="utf-8").partition("\n")
         entry = json.loads(head)
-        info, expected = entry["info"], entry["backend_sha256"]
-        if expected is None:
-            parts: Parts = (info, None)
-        elif _sha256(backend) == expected:
-            parts = (info, backend)
-        else:
-            return None
-        if not isinstance(info, dict) or not {"fingerprint", "vocab_size", "eos_token_id"} <= info.keys():
+        info = entry["info"]
+        if _sha256(backend) != entry["backend_sha256"] or not isinstance(info, dict) or \
+                not {"fingerprint", "vocab_size", "eos_token_id"} <= info.keys():
             return None
         os.utime(path)  # recently used: kept by `_prune`
-        return parts
+        return info, backend
     except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable, torn, foreign
         return None
 

@@ -372,7 +372,7 @@ def run_pack_data(
     # Unless there is chat, the tokenizer comes from the cache or from a child forked now that loads
     # it and sends back its facts and its Rust backend as JSON. Processes are forked before this
     # process starts threads, and before it imports transformers (for chat), which makes forks slow.
-    loaded = _TokenizerParts(config, text, forked=not chat)
+    loaded = _TokenizerParts(config, forked=not chat)
     workers = config.num_proc if config.num_proc > 1 and text else 0
     pool = encode_pool(workers) if workers and chat else None
     tokenizer = None
@@ -621,17 +621,17 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
 class _TokenizerParts:
     """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON), from
     `pipeline.tokenizer_cache` when an earlier job loaded the same tokenizer, else from a child forked
-    now that loads it without torch; or `set` by the caller.
+    now that loads it without torch; or `set` by the caller (chat: its info, and None).
 
     A tokenizer that the child fails to load is loaded here, the ordinary way: it may need torch
     after all, and if it cannot be loaded at all, that raises the one-line error.
     """
 
-    def __init__(self, config: PackConfig, text: bool, forked: bool) -> None:
+    def __init__(self, config: PackConfig, forked: bool) -> None:
         self._name = config.tokenizer
         self._child: Forked | None = None
         self._key = tokenizer_cache.cache_key(config.tokenizer) if forked else None
-        self._value = tokenizer_cache.lookup(self._key, config.tokenizer, need_backend=text)
+        self._value = tokenizer_cache.lookup(self._key, config.tokenizer)
         if self._value is None and forked:
             self._child = Forked(load_tokenizer_parts, config.tokenizer)
 

@@ -30,6 +30,32 @@ def test_the_key_follows_the_files_content_not_their_place_nor_weights(tmp_path:
     assert cache.cache_key("owner/some-hub-name") is None  # Hub names are not cached
 
 
+def test_a_large_or_unreadable_file_in_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A file above HASHED_BYTES counts by its size and mtime; one that cannot be read means no cache
+    for that folder (no error: loading the tokenizer decides whether the file matters)."""
+    folder = shutil.copytree(TOKENIZER, tmp_path / "tok")
+    monkeypatch.setattr(cache, "HASHED_BYTES", 10)
+    big = folder / "notes.txt"
+    big.write_text("a" * 20)
+    key = cache.cache_key(str(folder))
+    before = big.stat()
+    big.write_text("b" * 20)
+    os.utime(big, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert cache.cache_key(str(folder)) == key  # same size and mtime
+    os.utime(big, ns=(1, 1))
+    assert cache.cache_key(str(folder)) != key
+    real = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name == "notes.txt":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(cache, "HASHED_BYTES", 1 << 20)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    assert cache.cache_key(str(folder)) is None
+
+
 def test_the_key_names_the_installed_libraries():
     import tokenizers
     import transformers
@@ -39,15 +65,12 @@ def test_the_key_names_the_installed_libraries():
     assert cache._library_id("no_such_library_here") == "no_such_library_here: absent"
 
 
-def test_an_entry_without_the_backend_serves_only_who_needs_none(fresh_tokenizer_cache: Path, monkeypatch):
-    cache.store("k", (INFO, None))
-    assert cache.lookup("k", "y", need_backend=True) is None
-    assert cache.lookup("k", "y", need_backend=False) == ({**INFO, "name": "y"}, None)
+def test_an_entry_is_found_again_from_disk_under_its_key_only(fresh_tokenizer_cache: Path, monkeypatch):
     cache.store("k", (INFO, '{"backend": 1}'))
-    cache.store("k", (INFO, None))  # does not replace the fuller entry
     monkeypatch.setattr(cache, "_MEMORY", {})  # from disk, as a new process would
-    assert cache.lookup("k", "y", need_backend=True) == ({**INFO, "name": "y"}, '{"backend": 1}')
-    assert cache.lookup(None, "y", need_backend=False) is None
+    assert cache.lookup("k", "y") == ({**INFO, "name": "y"}, '{"backend": 1}')
+    assert cache.lookup("other", "y") is None
+    assert cache.lookup(None, "y") is None
     cache.store(None, (INFO, "{}"))  # Hub names: nothing kept
     assert sorted(p.name for p in fresh_tokenizer_cache.iterdir()) == ["k.json"]
 
