@@ -19,6 +19,8 @@ written sorted by length; `sequential` and `minibatch` keep input/group order.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
@@ -437,11 +439,28 @@ def assign_bins(
     return out
 
 
+NUMBA_BLAS_PROBE = True  # pack-data's own process sets it False: see `load_kernels`
+_BLAS_PROBE_MODULE = "scipy.linalg.cython_blas"
+
+
 def load_kernels(strategy: str = "ffd") -> None:
     """Plan a two-example toy with `strategy`. The first numba call in a process sets numba up
-    (0.1-0.3 s; loading each further cached kernel takes milliseconds), which a caller can do while
-    it waits for something else."""
-    assign_bins(np.array([2, 1], np.int64), 4, strategy)
+    (0.2-0.7 s; loading each further cached kernel takes milliseconds), which a caller can do while
+    it waits for something else.
+
+    With NUMBA_BLAS_PROBE False, numba's setup does not look for a BLAS: it imports SciPy's linear
+    algebra for that (0.3 s where SciPy is installed, BENCHMARKS.md), and no kernel here needs one.
+    numba then works as where SciPy is absent (as on CI): its np.dot and np.linalg are unavailable
+    to jitted code in this process. SciPy itself stays importable.
+    """
+    hide = not NUMBA_BLAS_PROBE and "numba.np.arraymath" not in sys.modules and _BLAS_PROBE_MODULE not in sys.modules
+    if hide:
+        sys.modules[_BLAS_PROBE_MODULE] = None  # type: ignore[assignment]  # its import fails: "no BLAS"
+    try:
+        assign_bins(np.array([2, 1], np.int64), 4, strategy)
+    finally:
+        if hide and _BLAS_PROBE_MODULE in sys.modules and sys.modules[_BLAS_PROBE_MODULE] is None:
+            del sys.modules[_BLAS_PROBE_MODULE]
 
 
 def minibatch_groups(n: int, seed: int = 0, group_size: int = 32) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from pipeline import binpack
 from pipeline.binpack import STRATEGIES
 from pipeline.console import run_and_exit
 from pipeline.errors import cli_errors
@@ -74,5 +75,7 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
 
 
 def main() -> None:
-    """The `pack-data` console script."""
+    """The `pack-data` console script. Its process compiles no numba code that needs a BLAS, so
+    numba's probe for one (an import of SciPy's linear algebra) is skipped (`binpack.load_kernels`)."""
+    binpack.NUMBA_BLAS_PROBE = False
     run_and_exit(pack_data, "pack-data")

@@ -391,8 +391,8 @@ def run_pack_data(
         pool.use(backend_source(tokenizer))  # (for chat, or a pool an earlier job left)
     # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
     inputs_info = Background(input_fingerprints, files)
-    if text and not kernels_loaded:
-        load_kernels(config.strategy)  # while the workers build the tokenizer
+    if not kernels_loaded:  # (text: while the workers build the tokenizer)
+        load_kernels(config.strategy)
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)

@@ -791,3 +791,46 @@ def test_small_spill_in_ram_and_large_spill_by_pread_give_the_same_shards(tmp_pa
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(out).shards])
     assert len(shas[0]) > 1 and shas[0] == shas[1]
+
+
+PROBE_CHILD = r"""
+import os, sys
+print("PID", os.getpid(), flush=True)
+if sys.argv[1] == "library":  # run_pack_data called as a library: numba probes as always
+    from pipeline.write import PackConfig, run_pack_data
+    run_pack_data(PackConfig(inputs=[sys.argv[2]], tokenizer=sys.argv[3], max_len=64, out=sys.argv[4], progress=False))
+else:  # the pack-data command
+    sys.argv = ["pack-data", *sys.argv[2:]]
+    from pipeline.cli import main
+    main()
+"""
+
+
+@pytest.mark.parametrize("entry", ["console", "library"])
+def test_the_pack_data_process_skips_numbas_blas_probe(tmp_path: Path, entry: str):
+    """numba's first compile imports scipy.linalg.cython_blas to look for a BLAS (0.3 s where SciPy is
+    installed). The pack-data command's process skips that probe; a library call leaves numba as it is.
+    A stand-in SciPy records which processes imported it."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake"
+    (fake / "scipy" / "linalg").mkdir(parents=True)
+    (fake / "scipy" / "__init__.py").write_text("__version__ = \"1.14.0\"\n")  # numba checks it on import
+    marker = tmp_path / "imported-by"
+    (fake / "scipy" / "linalg" / "__init__.py").write_text(
+        f"import os\nwith open({str(marker)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n")
+    (fake / "scipy" / "linalg" / "cython_blas.py").write_text("")
+    data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    env = {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"}
+    out = tmp_path / "o"
+    argv = [str(data), TOKENIZER, str(out)] if entry == "library" else \
+        [str(data), "--tokenizer", TOKENIZER, "--max-len", "64", "--out", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, "-c", PROBE_CHILD, entry, *argv], cwd=ROOT, capture_output=True, check=False,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    pid = proc.stdout.split()[1]
+    imported_by = marker.read_text().split() if marker.exists() else []
+    assert (pid in imported_by) == (entry == "library")
+    verify_folder(out)
