@@ -54,7 +54,7 @@ class Forked:
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         ctx = mp.get_context("fork")
         self._conn, child_end = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(child_end, fn, args), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child_end, self._conn, fn, args), daemon=True)
         self._proc.start()
         child_end.close()
         self._outcome: tuple[bool, Any] | None = None
@@ -78,7 +78,8 @@ class Forked:
         return value
 
 
-def _child(conn: Connection, fn: Callable[..., Any], args: tuple) -> None:
+def _child(conn: Connection, parent_end: Connection, fn: Callable[..., Any], args: tuple) -> None:
+    parent_end.close()  # then, if the parent dies, sending the answer fails instead of blocking forever
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
     try:
         outcome: tuple[bool, Any] = (True, fn(*args))

@@ -52,9 +52,13 @@ def flat_ids(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lens
 
 
-def _serve(conn: Connection, initial: str | None) -> None:  # pragma: no cover - runs in the worker processes
+def _serve(conn: Connection, initial: str | None, inherited: list[Connection]) -> None:  # pragma: no cover - runs in the worker processes
     """A worker's loop: ("tokenizer", json) loads a backend; a list of texts is encoded; None ends.
-    An `initial` backend JSON is loaded first, as if it had come as the first message."""
+    An `initial` backend JSON is loaded first, as if it had come as the first message. `inherited`:
+    the parent's ends of the pool's pipes, which a forked worker holds too and closes, so that it
+    reads EOF (and ends) when the parent dies, even by SIGKILL."""
+    for other in inherited:
+        other.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes the pipes
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
     from tokenizers import Tokenizer
@@ -125,7 +129,8 @@ class EncodePool:
         self._unacked: set[Connection] = set()  # workers whose tokenizer acknowledgement is unread
         for _ in range(n):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, backend), daemon=True, name="packlm-encode")
+            inherited = [parent, *self._conns] if ctx.get_start_method() == "fork" else []
+            proc = ctx.Process(target=_serve, args=(child, backend, inherited), daemon=True, name="packlm-encode")
             proc.start()
             child.close()
             self._procs.append(proc)
