@@ -355,7 +355,7 @@ def run_pack_data(
     `echo` receives the final summary lines; `stats`, when given, is filled with per-phase seconds
     and totals (for benchmarks).
     """
-    from pipeline.sources import input_fingerprints, resolve_inputs
+    from pipeline.sources import resolve_inputs
     from pipeline.verify import verify_folder
 
     _validate(config)
@@ -367,32 +367,7 @@ def run_pack_data(
     t0 = time.perf_counter()
     files = resolve_inputs(list(config.inputs))
     fmts = file_formats(files, config.format_options())  # each input file's own format and fields
-    text = needs_encoder(fmts)
-    chat = any(f.kind == "chat" for f in fmts)  # the chat template needs the transformers object here
-    # Unless there is chat, the tokenizer comes from the cache or from a child forked now that loads
-    # it and sends back its facts and its Rust backend as JSON. Processes are forked before this
-    # process starts threads, and before it imports transformers (for chat), which makes forks slow.
-    loaded = _TokenizerParts(config, forked=not chat)
-    workers = config.num_proc if config.num_proc > 1 and text else 0
-    pool = encode_pool(workers) if workers and chat else None
-    tokenizer = None
-    kernels_loaded = False
-    if chat:
-        tokenizer = load_tokenizer(config.tokenizer)
-        loaded.set((tokenizer_info(tokenizer, config.tokenizer), None))
-    elif text:
-        if not loaded.done():
-            load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
-            kernels_loaded = True
-        tokenizer = BackendTokenizer.from_parts(*loaded.result())
-    if workers and pool is None:  # forked once the backend is known: they inherit it, and build it now
-        pool = encode_pool(workers, tokenizer.backend_json)
-    if pool is not None:
-        pool.use(backend_source(tokenizer))  # (for chat, or a pool an earlier job left)
-    # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
-    inputs_info = Background(input_fingerprints, files)
-    if not kernels_loaded:  # (text: while the workers build the tokenizer)
-        load_kernels(config.strategy)
+    tokenizer, loaded, inputs_info = _start(config, files, fmts)
     times["setup"] = time.perf_counter() - t0
 
     out = Path(config.out)
@@ -421,6 +396,44 @@ def run_pack_data(
     if stats is not None:
         stats["times"] = times
     return manifest
+
+
+def _start(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat]) -> tuple[Any, _TokenizerParts, Background]:
+    """What the job needs before it reads: the tokenizer, its worker processes, numba and the input
+    hashing thread, ordered so that their waits overlap. Returns the tokenizer (None for
+    pre-tokenized input), its `_TokenizerParts` and the inputs' fingerprints to come.
+
+    Unless there is chat (its template needs the transformers tokenizer in this process), the
+    tokenizer comes from the cache or from a child forked now that loads it and sends back its facts
+    and its Rust backend as JSON. Processes are forked before this process starts threads, and
+    before it imports transformers, which makes forks slow.
+    """
+    from pipeline.sources import input_fingerprints
+
+    text = needs_encoder(fmts)
+    chat = any(f.kind == "chat" for f in fmts)
+    loaded = _TokenizerParts(config, forked=not chat)
+    workers = config.num_proc if config.num_proc > 1 and text else 0
+    pool = encode_pool(workers) if workers and chat else None
+    tokenizer = None
+    kernels_loaded = False
+    if chat:
+        tokenizer = load_tokenizer(config.tokenizer)
+        loaded.set((tokenizer_info(tokenizer, config.tokenizer), None))
+    elif text:
+        if not loaded.done():
+            load_kernels(config.strategy)  # numba's one-time setup, while the child loads the tokenizer
+            kernels_loaded = True
+        tokenizer = BackendTokenizer.from_parts(*loaded.result())
+    if workers and pool is None:  # forked once the backend is known: they inherit it, and build it now
+        pool = encode_pool(workers, tokenizer.backend_json)
+    if pool is not None:
+        pool.use(backend_source(tokenizer))  # (for chat, or a pool an earlier job left)
+    # sha256 of every input byte (for the manifest) in the background: it overlaps everything else
+    inputs_info = Background(input_fingerprints, files)
+    if not kernels_loaded:  # (text: while the workers build the tokenizer)
+        load_kernels(config.strategy)
+    return tokenizer, loaded, inputs_info
 
 
 def _pack_into(
