@@ -44,6 +44,7 @@ import errno
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -373,7 +374,8 @@ def run_pack_data(
     out = Path(config.out)
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    remove_stale_tmp(parent, out.name)
+    tmp = parent / f"{_tmp_prefix(out.name)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         manifest, reference, sizes, checked = _pack_into(
@@ -605,6 +607,35 @@ def check_sizes(folder: Path, sizes: dict[str, int]) -> None:
                 f"{folder / name}: shard is {now} bytes but {size} were written (changed on disk while "
                 "packing?): re-run pack-data"
             )
+
+
+def _tmp_prefix(name: str) -> str:
+    """Temporary folders of output `name` are `.NAME.tmp-HOST-PID-RANDOM`, beside it."""
+    return f".{name}.tmp-{socket.gethostname()}-"
+
+
+def remove_stale_tmp(parent: Path, name: str) -> list[Path]:
+    """Remove the temporary folders of output `name` in `parent` that runs on this host left when
+    they were killed outright (SIGKILL, power loss): those whose process no longer exists. Return
+    them. A folder of another host, or of a process that still exists, is left alone."""
+    prefix = _tmp_prefix(name)
+    removed = []
+    for path in parent.iterdir():
+        pid = path.name[len(prefix):].split("-", 1)[0] if path.name.startswith(prefix) else ""
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _commit(tmp: Path, out: Path, overwrite: bool) -> None:

@@ -834,3 +834,30 @@ def test_the_pack_data_process_skips_numbas_blas_probe(tmp_path: Path, entry: st
     imported_by = marker.read_text().split() if marker.exists() else []
     assert (pid in imported_by) == (entry == "library")
     verify_folder(out)
+
+
+def test_a_later_run_removes_what_killed_runs_left(tmp_path: Path):
+    """A run killed outright leaves its hidden temporary folder; the next run with the same --out
+    removes those of this host whose process is gone, and nothing else."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid now names no process
+    host = socket.gethostname()
+    stale = tmp_path / f".o.tmp-{host}-{gone.pid}-0123abcd"
+    kept = [tmp_path / f".o.tmp-{host}-{os.getpid()}-0123abcd",  # a process that exists
+            tmp_path / f".o.tmp-other-host-{gone.pid}-0123abcd",  # another host's
+            tmp_path / f".other.tmp-{host}-{gone.pid}-0123abcd",  # another output's
+            tmp_path / f".o.old-{gone.pid}-0123abcd"]  # an old output being replaced: never touched
+    for folder in [stale, *kept]:
+        (folder / "_spill").mkdir(parents=True)
+        (folder / "_spill" / "input_ids.bin").write_bytes(b"\0" * 64)
+    data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
+    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    assert not stale.exists()
+    assert all(folder.exists() for folder in kept)
+    verify_folder(tmp_path / "o")
