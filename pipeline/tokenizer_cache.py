@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -122,9 +123,13 @@ def _read(key: str) -> Parts | None:
 
 
 def _prune(folder: Path) -> None:
+    """Keep the KEEP entries used last; drop what writes cut short left (`.*.tmp`, an hour old)."""
     entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for old in entries[KEEP:]:
         old.unlink(missing_ok=True)
+    for tmp in folder.glob(".*.tmp"):
+        if time.time() - tmp.stat().st_mtime > 3600:
+            tmp.unlink(missing_ok=True)
 
 
 def _sha256(text: str) -> str:

@@ -75,11 +75,17 @@ def test_an_entry_is_found_again_from_disk_under_its_key_only(fresh_tokenizer_ca
     assert sorted(p.name for p in fresh_tokenizer_cache.iterdir()) == ["k.json"]
 
 
-def test_only_the_newest_entries_stay_on_disk(fresh_tokenizer_cache: Path):
+def test_only_the_newest_entries_and_no_old_leftovers_stay_on_disk(fresh_tokenizer_cache: Path):
     for i in range(cache.KEEP + 3):
         cache.store(f"k{i:02d}", (INFO, "{}"))
         os.utime(fresh_tokenizer_cache / f"k{i:02d}.json", ns=(i * 10**9, i * 10**9))
+    cut_short = fresh_tokenizer_cache / ".k00.123-abcd.tmp"  # a write that a kill cut short
+    recent = fresh_tokenizer_cache / ".k01.124-abcd.tmp"  # perhaps still being written
+    cut_short.write_text("{")
+    recent.write_text("{")
+    os.utime(cut_short, (1, 1))
     cache.store("last", (INFO, "{}"))
+    assert not cut_short.exists() and recent.exists()
     kept = sorted(p.stem for p in fresh_tokenizer_cache.glob("*.json"))
     assert len(kept) == cache.KEEP
     assert kept == sorted(["last"] + [f"k{i:02d}" for i in range(cache.KEEP + 3)][-(cache.KEEP - 1):])
