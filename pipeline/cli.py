@@ -9,7 +9,7 @@ from pipeline.binpack import STRATEGIES
 from pipeline.console import run_and_exit
 from pipeline.errors import cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.tokenize import OVERLONG
+from pipeline.tokenize import OVERLONG, hide_torch
 from pipeline.write import PackConfig, run_pack_data
 
 EPILOG = """\b
@@ -75,7 +75,9 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
 
 
 def main() -> None:
-    """The `pack-data` console script. Its process compiles no numba code that needs a BLAS, so
-    numba's probe for one (an import of SciPy's linear algebra) is skipped (`binpack.load_kernels`)."""
+    """The `pack-data` console script. Its process loads no model and compiles no numba code that
+    needs a BLAS: transformers (imported here for chat data only) loads without torch, and numba's
+    probe for a BLAS (an import of SciPy's linear algebra) is skipped (`binpack.load_kernels`)."""
+    hide_torch()
     binpack.NUMBA_BLAS_PROBE = False
     run_and_exit(pack_data, "pack-data")

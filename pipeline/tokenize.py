@@ -138,6 +138,15 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
     }
 
 
+def hide_torch() -> None:
+    """Let transformers load without torch in this process: a tokenizer never needs it, and
+    importing it takes seconds (BENCHMARKS.md). Not once transformers is imported (it then counts
+    on torch) or torch is. For processes that load no model: pack-data's own and its tokenizer child."""
+    if "transformers" not in sys.modules:
+        sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
+        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" note
+
+
 def load_tokenizer_parts(name_or_path: str) -> tuple[dict[str, Any], str]:
     """For a forked child: the tokenizer's `tokenizer_info` and its Rust backend as JSON
     (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized input
@@ -147,9 +156,7 @@ def load_tokenizer_parts(name_or_path: str) -> tuple[dict[str, Any], str]:
     then counts on torch): tokenizers never need it, and importing it takes seconds (BENCHMARKS.md).
     """
     os.environ[_RUST_THREADS] = "false"  # no Rust thread pool in a forked child
-    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" note
-    if "transformers" not in sys.modules:
-        sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
+    hide_torch()
     tokenizer = load_tokenizer(name_or_path)
     return tokenizer_info(tokenizer, name_or_path), tokenizer.backend_tokenizer.to_str()
 

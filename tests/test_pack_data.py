@@ -861,3 +861,31 @@ def test_a_later_run_removes_what_killed_runs_left(tmp_path: Path):
     assert not stale.exists()
     assert all(folder.exists() for folder in kept)
     verify_folder(tmp_path / "o")
+
+
+CHAT_CONSOLE = r"""
+import atexit, sys
+atexit.register(lambda: print("torch:", type(sys.modules.get("torch")).__name__,
+                              "transformers:", "transformers" in sys.modules, flush=True))
+sys.argv = ["pack-data", *sys.argv[1:]]
+from pipeline.cli import main
+main()
+"""
+
+
+def test_the_pack_data_command_loads_a_chat_tokenizer_without_torch(tmp_path: Path):
+    """Chat data needs the transformers tokenizer in the job (its template); the command's process
+    loads it with torch hidden (importing torch takes seconds), quietly, and writes what a library
+    call with torch writes."""
+    import subprocess
+    import sys
+
+    chat = ROOT / "data" / "sample" / "chat.jsonl"
+    args = [str(chat), "--tokenizer", TOKENIZER, "--max-len", "512", "--limit", "40", "--no-progress"]
+    proc = subprocess.run([sys.executable, "-c", CHAT_CONSOLE, *args, "--out", str(tmp_path / "cli")],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "torch: NoneType transformers: True"
+    assert proc.stderr == ""
+    assert run(*args, "--out", tmp_path / "lib").exit_code == 0  # a library call: transformers as it comes
+    assert read_manifest(tmp_path / "cli").shards == read_manifest(tmp_path / "lib").shards
