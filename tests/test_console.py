@@ -110,3 +110,33 @@ def test_pack_data_console_script_with_worker_processes(tmp_path: Path):
     assert again.returncode == 1
     assert again.stderr.count("\n") == 1 and again.stderr.startswith("Error: ")
     verify_folder(out)
+
+
+NO_TORCH = r"""
+import atexit, importlib, sys
+atexit.register(lambda: print("torch:", type(sys.modules.get("torch")).__name__,
+                              "transformers:", "transformers" in sys.modules, flush=True))
+module, sys.argv = sys.argv[1], [sys.argv[1], *sys.argv[2:]]
+importlib.import_module(module).main()
+"""
+
+
+@pytest.mark.parametrize("command", ["pack-verify", "pack-report"])
+def test_commands_that_load_a_tokenizer_do_it_without_torch(tmp_path: Path, command: str):
+    """pack-verify --deep and pack-report's what-if mode load the tokenizer in their own process;
+    they hide torch from transformers (importing it takes seconds), quietly."""
+    from pipeline.write import PackConfig, run_pack_data
+
+    chat = str(ROOT / "data" / "sample" / "chat.jsonl")
+    if command == "pack-verify":
+        run_pack_data(PackConfig(inputs=[chat], tokenizer=TOKENIZER, max_len=512, out=str(tmp_path / "o"),
+                                 limit=40, progress=False))
+        argv = ["pipeline.verify", str(tmp_path / "o"), "--deep"]
+    else:
+        argv = ["pipeline.report_cli", "--input", chat, "--tokenizer", TOKENIZER, "--max-len", "512",
+                "--limit", "40", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, *argv], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "torch: NoneType transformers: True"
+    assert "PyTorch" not in proc.stderr
