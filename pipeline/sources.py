@@ -503,8 +503,12 @@ def _records_table(records: list[dict]) -> pa.Table:
     """Records -> a table with a column for every key that any of them has (in order of first
     appearance; a record without it gives a null), as the JSON Lines reader does.
     `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently."""
-    keys = dict.fromkeys(k for r in records for k in r)
-    return pa.Table.from_pydict({k: _column([r.get(k) for r in records]) for k in keys})
+    return pa.Table.from_pydict({k: _column([r.get(k) for r in records]) for k in _record_keys(records)})
+
+
+def _record_keys(records: list[dict]) -> list[str]:
+    """Every key of the records, in order of first appearance."""
+    return list(dict.fromkeys(k for r in records for k in r))
 
 
 def _column(values: list) -> Any:
@@ -867,7 +871,7 @@ def column_names(files: list[InputFile]) -> list[str]:
     if f.kind == "json":  # the first records only: decoding the whole array is the reading's job
         head = _json_array_head(f.path, COLUMNS_ROWS)
         if head:
-            return list(dict.fromkeys(k for r in head for k in r))
+            return _record_keys(head)
     for batch in iter_batches([f], batch_rows=COLUMNS_ROWS, limit=None, chunk_bytes=COLUMNS_CHUNK_BYTES):
         return list(batch.table.column_names)
     raise UserError(f"{f.path} contains no records")  # unreachable: iter_batches raises first

@@ -105,7 +105,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """sha256 over the tokenizer's files (the source folder's tokenizer files, else save_pretrained)."""
     digest = hashlib.sha256()
     source = Path(str(getattr(tokenizer, "name_or_path", "")))
-    files = tokenizer_files(source) if source.is_dir() else []
+    files = sorted(
+        p for p in source.iterdir()
+        if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
+    ) if source.is_dir() else []
     if files:
         for p in files:
             digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
@@ -115,14 +118,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         for p in sorted(Path(tmp).iterdir()):
             digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-def tokenizer_files(folder: Path) -> list[Path]:
-    """The files that define the tokenizer in `folder` (those `tokenizer_fingerprint` hashes)."""
-    return sorted(
-        p for p in folder.iterdir()
-        if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
-    )
 
 
 def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
@@ -150,10 +145,7 @@ def hide_torch() -> None:
 def load_tokenizer_parts(name_or_path: str) -> tuple[dict[str, Any], str]:
     """For a forked child: the tokenizer's `tokenizer_info` and its Rust backend as JSON
     (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized input
-    needs of the tokenizer, so its own process never imports transformers and torch.
-
-    torch is hidden from transformers here, unless this process imported transformers already (which
-    then counts on torch): tokenizers never need it, and importing it takes seconds (BENCHMARKS.md).
+    needs of the tokenizer, so its own process never imports transformers and torch (`hide_torch`).
     """
     os.environ[_RUST_THREADS] = "false"  # no Rust thread pool in a forked child
     hide_torch()

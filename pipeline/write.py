@@ -614,18 +614,15 @@ def _tmp_prefix(name: str) -> str:
     return f".{name}.tmp-{socket.gethostname()}-"
 
 
-def remove_stale_tmp(parent: Path, name: str) -> list[Path]:
+def remove_stale_tmp(parent: Path, name: str) -> None:
     """Remove the temporary folders of output `name` in `parent` that runs on this host left when
-    they were killed outright (SIGKILL, power loss): those whose process no longer exists. Return
-    them. A folder of another host, or of a process that still exists, is left alone."""
+    they were killed outright (SIGKILL, power loss): those whose process no longer exists. A folder
+    of another host, or of a process that still exists, is left alone."""
     prefix = _tmp_prefix(name)
-    removed = []
     for path in parent.iterdir():
         pid = path.name[len(prefix):].split("-", 1)[0] if path.name.startswith(prefix) else ""
         if pid.isdigit() and not _process_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 def _process_exists(pid: int) -> bool:
@@ -634,7 +631,7 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
