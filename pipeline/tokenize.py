@@ -77,6 +77,11 @@ def load_tokenizer(name_or_path: str) -> Any:
         ) from None
     if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
         raise UserError(f"tokenizer {name_or_path!r} is not a fast (Rust) tokenizer: provide tokenizer.json")
+    # A tokenizer.json saved with truncation or padding on would cut or pad every text its backend
+    # encodes here (and in workers, which get the backend as JSON). transformers' own calls set both
+    # anew each time, so turning them off changes nothing for them.
+    tok.backend_tokenizer.no_truncation()
+    tok.backend_tokenizer.no_padding()
     return tok
 
 

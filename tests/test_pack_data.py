@@ -355,6 +355,26 @@ def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, 
     assert read_manifest(tmp_path / "a").tokenizer == read_manifest(tmp_path / "b").tokenizer
 
 
+@pytest.mark.parametrize(("data", "num_proc"), [("instructions.jsonl", 2), ("instructions.jsonl", 1), ("chat.jsonl", 2)])
+def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_token(tmp_path: Path, data: str, num_proc: int,
+                                                                        fresh_tokenizer_cache: Path):
+    """A tokenizer.json saved with truncation and padding on (as some on the Hub are) gives the
+    same tokens as without: the job encodes whole texts and pads nothing, in the forked loader's
+    backend (text), in this process (chat) and with --num-proc 1 alike."""
+    saved = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, saved)
+    spec = json.loads((saved / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    spec["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None,
+                       "pad_id": 3, "pad_type_id": 0, "pad_token": "<pad>"}
+    (saved / "tokenizer.json").write_text(json.dumps(spec))
+    common = [SAMPLE / data, "--max-len", 2048, "--limit", 40, "--num-proc", num_proc]
+    for name, tok in (("plain", TOKENIZER), ("saved", saved)):
+        assert run(*common, "--tokenizer", tok, "--out", tmp_path / name).exit_code == 0
+    assert examples(tmp_path / "saved") == examples(tmp_path / "plain")
+    assert read_manifest(tmp_path / "saved").total_tokens > 40 * 16  # not cut to 8 tokens a text
+
+
 def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The tokenizer children the jobs of this test fork, as a list that grows."""
     forks: list[tuple] = []
