@@ -63,6 +63,12 @@ class Forked:
         """Whether `result()` would return (or raise) without waiting."""
         return self._outcome is not None or self._conn.poll()
 
+    def cancel(self) -> None:
+        """Stop the child: its result is not wanted."""
+        self._proc.kill()
+        self._proc.join()
+        self._conn.close()
+
     def result(self) -> Any:
         if self._outcome is None:
             try:

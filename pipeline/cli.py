@@ -1,15 +1,16 @@
-"""`pack-data`: tokenize a dataset and write bin-packed Arrow shards (thin wrapper over run_pack_data)."""
+"""`pack-data`: tokenize a dataset and write bin-packed Arrow shards (thin wrapper over run_pack_data).
+
+Its console script is `pipeline.console.pack_data_main`, which starts loading the tokenizer first.
+"""
 
 from __future__ import annotations
 
 import click
 
-from pipeline import binpack
 from pipeline.binpack import STRATEGIES
-from pipeline.console import run_and_exit
 from pipeline.errors import cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.tokenize import OVERLONG, hide_torch
+from pipeline.tokenize import OVERLONG
 from pipeline.write import PackConfig, run_pack_data
 
 EPILOG = """\b
@@ -73,11 +74,3 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
         config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
         run_pack_data(config, echo=click.echo)
 
-
-def main() -> None:
-    """The `pack-data` console script. Its process loads no model and compiles no numba code that
-    needs a BLAS: transformers (imported here for chat data only) loads without torch, and numba's
-    probe for a BLAS (an import of SciPy's linear algebra) is skipped (`binpack.load_kernels`)."""
-    hide_torch()
-    binpack.NUMBA_BLAS_PROBE = False
-    run_and_exit(pack_data, "pack-data")

@@ -46,3 +46,37 @@ def run_and_exit(command: click.Command, prog_name: str) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe (`pack-data ... | head`): nothing to flush to
             pass
     os._exit(code)
+
+
+def pack_data_main() -> NoReturn:
+    """The `pack-data` console script. Its first act is to fork the child that loads the tokenizer
+    (`tokenizer_cache.prefetch`, unless the cache has it), so that the child's 1-2 s of imports
+    overlap this process's own (the command's modules: numba, pyarrow). Its process loads no model
+    and compiles no numba code that needs a BLAS: transformers (imported here for chat data only)
+    loads without torch, and numba's probe for a BLAS (an import of SciPy's linear algebra) is
+    skipped (`binpack.load_kernels`)."""
+    from pipeline import tokenizer_cache
+    from pipeline.tokenizer_load import hide_torch
+
+    hide_torch()
+    if not {"-h", "--help"} & set(sys.argv[1:]):
+        name = _option_value(sys.argv[1:], "--tokenizer")
+        if name:
+            tokenizer_cache.prefetch(name)
+    from pipeline import binpack
+    from pipeline.cli import pack_data
+
+    binpack.NUMBA_BLAS_PROBE = False
+    run_and_exit(pack_data, "pack-data")
+
+
+def _option_value(argv: list[str], option: str) -> str | None:
+    """The value given to `option` in `argv` (`--opt value` or `--opt=value`), else None."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg[len(option) + 1:]
+    return None

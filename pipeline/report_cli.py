@@ -165,8 +165,8 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
 
 def main() -> None:
     """The `pack-report` console script. Its process loads no model, so a tokenizer it loads comes
-    without torch (`tokenize.hide_torch`: importing torch takes seconds)."""
-    from pipeline.tokenize import hide_torch
+    without torch (`tokenizer_load.hide_torch`: importing torch takes seconds)."""
+    from pipeline.tokenizer_load import hide_torch
 
     hide_torch()
     run_and_exit(pack_report, "pack-report")

@@ -23,10 +23,7 @@ Each input file is rendered with its own format (`file_formats`: detected from t
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
-import sys
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,111 +49,9 @@ from pipeline.formats import (
     render,
 )
 from pipeline.shards import IGNORE_INDEX
+from pipeline.tokenizer_load import RUST_THREADS, load_tokenizer
 
 OVERLONG = ("truncate", "split", "drop", "error")
-TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "chat_template")
-
-# ------------------------------------------------------------------------------------- tokenizer
-
-
-def load_tokenizer(name_or_path: str) -> Any:
-    """Load a fast Hugging Face tokenizer from a local folder (never touching the network) or a Hub name."""
-    folder = tokenizer_folder(name_or_path)
-    from transformers import AutoTokenizer
-
-    try:
-        if folder is not None:
-            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        else:
-            tok = AutoTokenizer.from_pretrained(str(name_or_path))
-    except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(
-            f"cannot load tokenizer {name_or_path!r} ({first[:200]}): pass a folder holding "
-            "tokenizer.json / tokenizer_config.json"
-        ) from None
-    if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
-        raise UserError(f"tokenizer {name_or_path!r} is not a fast (Rust) tokenizer: provide tokenizer.json")
-    # A tokenizer.json saved with truncation or padding on would cut or pad every text its backend
-    # encodes here (and in workers, which get the backend as JSON). transformers' own calls set both
-    # anew each time, so turning them off changes nothing for them.
-    tok.backend_tokenizer.no_truncation()
-    tok.backend_tokenizer.no_padding()
-    return tok
-
-
-def tokenizer_folder(name_or_path: str) -> Path | None:
-    """The local folder `name_or_path` names, or None for a Hub name; a path that names no folder is
-    a UserError. Cheap (no imports), so a job can check it before starting any work."""
-    path = Path(os.path.expanduser(str(name_or_path)))
-    if path.is_dir():
-        return path
-    looks_local = path.exists() or os.sep in str(name_or_path) and not _hub_like(str(name_or_path))
-    if looks_local or str(name_or_path).startswith((".", "~", "/")):
-        raise UserError(
-            f"tokenizer folder {name_or_path} not found: pass a folder with tokenizer.json "
-            "(e.g. data/tokenizer) or a Hub name"
-        )
-    return None
-
-
-def _hub_like(name: str) -> bool:
-    """`owner/name` with no other path syntax looks like a Hub id rather than a path."""
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 over the tokenizer's files (the source folder's tokenizer files, else save_pretrained)."""
-    digest = hashlib.sha256()
-    source = Path(str(getattr(tokenizer, "name_or_path", "")))
-    files = sorted(
-        p for p in source.iterdir()
-        if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
-    ) if source.is_dir() else []
-    if files:
-        for p in files:
-            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-        return digest.hexdigest()
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        for p in sorted(Path(tmp).iterdir()):
-            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
-    """What the manifest records about the tokenizer."""
-    return {
-        "name": str(name),
-        "fingerprint": tokenizer_fingerprint(tokenizer),
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "vocab_size": len(tokenizer),
-        "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
-    }
-
-
-def hide_torch() -> None:
-    """Let transformers load without torch in this process: a tokenizer never needs it, and
-    importing it takes seconds (BENCHMARKS.md). Not once transformers is imported (it then counts
-    on torch) or torch is. For processes that load no model: pack-data's own and its tokenizer child."""
-    if "transformers" not in sys.modules:
-        sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
-        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" note
-
-
-def load_tokenizer_parts(name_or_path: str) -> tuple[dict[str, Any], str]:
-    """For a forked child: the tokenizer's `tokenizer_info` and its Rust backend as JSON
-    (`BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized input
-    needs of the tokenizer, so its own process never imports transformers and torch (`hide_torch`).
-    """
-    os.environ[_RUST_THREADS] = "false"  # no Rust thread pool in a forked child
-    hide_torch()
-    tokenizer = load_tokenizer(name_or_path)
-    return tokenizer_info(tokenizer, name_or_path), tokenizer.backend_tokenizer.to_str()
-
 
 @dataclass
 class BackendTokenizer:
@@ -382,7 +277,6 @@ def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = 
 
 TEXT_BATCH_ROWS = 128  # default rows per text batch: enough batches to keep every worker busy to the end
 TOKENIZED_BATCH_ROWS = 4096  # default rows per pre-tokenized batch (vectorised work: larger is cheaper)
-_RUST_THREADS = "TOKENIZERS_PARALLELISM"
 
 
 @contextmanager
@@ -391,15 +285,15 @@ def rust_threads_off() -> Iterator[None]:
     itself (`num_proc` 1: one batch at a time, as the workers do). The tokenizers library reads this
     variable on every call.
     """
-    old = os.environ.get(_RUST_THREADS)
-    os.environ[_RUST_THREADS] = "false"
+    old = os.environ.get(RUST_THREADS)
+    os.environ[RUST_THREADS] = "false"
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(_RUST_THREADS, None)
+            os.environ.pop(RUST_THREADS, None)
         else:
-            os.environ[_RUST_THREADS] = old
+            os.environ[RUST_THREADS] = old
 
 
 def needs_encoder(fmt: Formats) -> bool:

@@ -1,11 +1,14 @@
-"""What a pack-data job needs of a tokenizer, kept for later jobs: its facts (`tokenizer_info`) and its
-Rust backend as JSON, in this process and on disk.
+"""What a pack-data job needs of a tokenizer: its facts (`tokenizer_info`) and its Rust backend as
+JSON (`TokenizerParts`), from this process's memory, from disk where an earlier job kept them, or
+from a child process forked to load the tokenizer.
 
 Loading a tokenizer means importing transformers: 1-2 s, most of a small job's wall time
 (BENCHMARKS.md). With an entry here, a job on text or pre-tokenized input needs no transformers at
 all. An entry's key is the content of every file in the tokenizer's folder (weights aside), the
-installed transformers and tokenizers, and this package's tokenizer code: an entry is used only where
-loading the tokenizer afresh would give the same result. Hub names are not cached.
+installed transformers and tokenizers, and this package's tokenizer-loading code: an entry is used
+only where loading the tokenizer afresh would give the same result. Hub names are not cached.
+Without an entry, the `pack-data` command forks the loading child first thing (`prefetch`), so
+that its imports overlap the command's own.
 
 On disk the entries live in `$PACKLM_CACHE_DIR`, by default `$XDG_CACHE_HOME/packlm` (else
 `~/.cache/packlm`); an empty `PACKLM_CACHE_DIR` turns the disk cache off. Each entry is written
@@ -26,8 +29,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pipeline.tokenize
-from pipeline.tokenize import tokenizer_folder
+import pipeline.tokenizer_load
+from pipeline.background import Forked
+from pipeline.errors import UserError
+from pipeline.tokenizer_load import (
+    load_tokenizer,
+    load_tokenizer_parts,
+    tokenizer_folder,
+    tokenizer_info,
+)
 
 Parts = tuple[dict[str, Any], str]  # (tokenizer_info, backend JSON), as `load_tokenizer_parts` gives them
 
@@ -38,6 +48,66 @@ _FORMAT = b"packlm-tokenizer-cache-1"
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
 _LIBRARIES = ("transformers", "tokenizers")
 _MEMORY: dict[str, Parts] = {}  # entries of this process, by key
+_PREFETCHED: dict[str, tuple[str, Forked]] = {}  # tokenizer name -> (its key, the child `prefetch` forked)
+
+
+class TokenizerParts:
+    """A job's tokenizer as `load_tokenizer_parts` gives it, (tokenizer_info, backend JSON): an entry
+    of this cache when an earlier job loaded the same tokenizer, else what a child forked to load it
+    (without torch) sends back; or `set` by the caller (`forked` False: chat, whose template needs
+    the transformers tokenizer in the job's process).
+
+    A tokenizer that the child fails to load is loaded here, the ordinary way: it may need torch
+    after all, and if it cannot be loaded at all, that raises the one-line error.
+    """
+
+    def __init__(self, name: str, forked: bool) -> None:
+        self._name = name
+        prefetched = _PREFETCHED.pop(name, None)
+        self._key, self._child = prefetched if prefetched and forked else (None, None)
+        if prefetched and not forked:
+            prefetched[1].cancel()  # its work is the job's own now
+        if forked and self._key is None:
+            self._key = cache_key(name)
+        self._value = lookup(self._key, name)
+        if self._value is not None and self._child is not None:  # kept since by another job of this process
+            self._child.cancel()
+            self._child = None
+        if self._value is None and forked and self._child is None:
+            self._child = Forked(load_tokenizer_parts, name)
+
+    def set(self, value: tuple[dict[str, Any], str | None]) -> None:
+        self._value = value
+
+    def done(self) -> bool:
+        """Whether `result()` would return (or raise) without waiting."""
+        return self._value is not None or self._child is not None and self._child.done()
+
+    def result(self) -> tuple[dict[str, Any], str | None]:
+        if self._value is None:
+            assert self._child is not None, "neither forked nor set"
+            try:
+                self._value = self._child.result()
+            except ChildProcessError as exc:  # the forked loader was killed
+                raise UserError(f"loading tokenizer {self._name!r} failed: {exc} (out of memory?)") from None
+            except Exception:  # noqa: BLE001 - whatever failed there, the ordinary load says what is wrong
+                tokenizer = load_tokenizer(self._name)
+                self._value = (tokenizer_info(tokenizer, self._name), tokenizer.backend_tokenizer.to_str())
+            store(self._key, self._value)
+        return self._value
+
+
+def prefetch(name: str) -> None:
+    """Fork the child that loads tokenizer `name` now, unless the cache has it (or it is no local
+    folder): for a command's first lines, before its own imports (numba, pyarrow: 0.3-0.9 s), which
+    then overlap the child's (1-2 s). The job's `TokenizerParts` takes the child over, or stops it
+    if the job loads the tokenizer itself. A bad name is left for the job to report."""
+    try:
+        key = cache_key(name)
+    except UserError:
+        return
+    if key is not None and name not in _PREFETCHED and lookup(key, name) is None:
+        _PREFETCHED[name] = key, Forked(load_tokenizer_parts, name)
 
 
 def cache_dir() -> Path | None:
@@ -59,7 +129,7 @@ def cache_key(name: str) -> str | None:
     digest = hashlib.sha256(_FORMAT)
     for library in _LIBRARIES:
         digest.update(_library_id(library).encode() + b"\0")
-    digest.update(Path(pipeline.tokenize.__file__).read_bytes())  # the code that makes an entry
+    digest.update(Path(pipeline.tokenizer_load.__file__).read_bytes())  # the code that makes an entry
     try:
         for path in _defining_files(folder):
             st = path.stat()

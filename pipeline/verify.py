@@ -556,8 +556,8 @@ def pack_verify(
 
 def main() -> None:
     """The `pack-verify` console script. Its process loads no model, so a tokenizer it loads comes
-    without torch (`tokenize.hide_torch`: importing torch takes seconds)."""
-    from pipeline.tokenize import hide_torch
+    without torch (`tokenizer_load.hide_torch`: importing torch takes seconds)."""
+    from pipeline.tokenizer_load import hide_torch
 
     hide_torch()
     run_and_exit(pack_verify, "pack-verify")

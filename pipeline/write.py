@@ -32,7 +32,8 @@ tokenizer is loaded by a forked process, without torch, which sends back its fac
 size, special ids, fingerprint) and its Rust backend: so this process never imports transformers
 and torch (seconds on some machines). Text waits for it during setup; pre-tokenized input needs
 only the facts, and the job runs meanwhile. What the child sent is kept (`pipeline.tokenizer_cache`,
-in memory and on disk), so a later job with the same tokenizer files needs no child at all.
+in memory and on disk), so a later job with the same tokenizer files needs no child at all. The
+`pack-data` command forks that child before it imports this module (`console.pack_data_main`).
 
 Everything is written inside a hidden temporary sibling of the output folder, removed on any
 failure (including ^C), so a folder named like the output only ever appears complete.
@@ -60,7 +61,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline import tokenizer_cache
-from pipeline.background import Background, Forked
+from pipeline.background import Background
 from pipeline.binpack import STRATEGIES, assign_bins, load_kernels
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
@@ -84,12 +85,10 @@ from pipeline.tokenize import (
     Spill,
     backend_source,
     file_formats,
-    load_tokenizer,
-    load_tokenizer_parts,
     needs_encoder,
     tokenize_to_spill,
-    tokenizer_info,
 )
+from pipeline.tokenizer_load import load_tokenizer, tokenizer_info
 from pipeline.verify import (
     ShardSummary,
     first_beyond_vocab,
@@ -400,10 +399,10 @@ def run_pack_data(
     return manifest
 
 
-def _start(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat]) -> tuple[Any, _TokenizerParts, Background]:
+def _start(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat]) -> tuple[Any, tokenizer_cache.TokenizerParts, Background]:
     """What the job needs before it reads: the tokenizer, its worker processes, numba and the input
     hashing thread, ordered so that their waits overlap. Returns the tokenizer (None for
-    pre-tokenized input), its `_TokenizerParts` and the inputs' fingerprints to come.
+    pre-tokenized input), its `tokenizer_cache.TokenizerParts` and the inputs' fingerprints to come.
 
     Unless there is chat (its template needs the transformers tokenizer in this process), the
     tokenizer comes from the cache or from a child forked now that loads it and sends back its facts
@@ -414,7 +413,7 @@ def _start(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat]) -> 
 
     text = needs_encoder(fmts)
     chat = any(f.kind == "chat" for f in fmts)
-    loaded = _TokenizerParts(config, forked=not chat)
+    loaded = tokenizer_cache.TokenizerParts(config.tokenizer, forked=not chat)
     workers = config.num_proc if config.num_proc > 1 and text else 0
     pool = encode_pool(workers) if workers and chat else None
     tokenizer = None
@@ -444,7 +443,7 @@ def _pack_into(
     files: list[Any],
     fmts: list[ResolvedFormat],
     tokenizer: Any,
-    loaded: _TokenizerParts,
+    loaded: tokenizer_cache.TokenizerParts,
     inputs_info: Background,
     times: dict[str, float],
 ) -> tuple[Manifest, Layout, dict[str, int], dict[str, ShardSummary]]:
@@ -657,44 +656,6 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
                 f"output folder {out} appeared while packing: pass --overwrite to replace it, or "
                 "choose another --out"
             ) from None
-
-
-class _TokenizerParts:
-    """The job's tokenizer as `load_tokenizer_parts` gives it: (tokenizer_info, backend JSON), from
-    `pipeline.tokenizer_cache` when an earlier job loaded the same tokenizer, else from a child forked
-    now that loads it without torch; or `set` by the caller (chat: its info, and None).
-
-    A tokenizer that the child fails to load is loaded here, the ordinary way: it may need torch
-    after all, and if it cannot be loaded at all, that raises the one-line error.
-    """
-
-    def __init__(self, config: PackConfig, forked: bool) -> None:
-        self._name = config.tokenizer
-        self._child: Forked | None = None
-        self._key = tokenizer_cache.cache_key(config.tokenizer) if forked else None
-        self._value = tokenizer_cache.lookup(self._key, config.tokenizer)
-        if self._value is None and forked:
-            self._child = Forked(load_tokenizer_parts, config.tokenizer)
-
-    def set(self, value: tuple[dict[str, Any], str | None]) -> None:
-        self._value = value
-
-    def done(self) -> bool:
-        """Whether `result()` would return (or raise) without waiting."""
-        return self._value is not None or self._child is not None and self._child.done()
-
-    def result(self) -> tuple[dict[str, Any], str | None]:
-        if self._value is None:
-            assert self._child is not None, "neither forked nor set"
-            try:
-                self._value = self._child.result()
-            except ChildProcessError as exc:  # the forked loader was killed
-                raise UserError(f"loading tokenizer {self._name!r} failed: {exc} (out of memory?)") from None
-            except Exception:  # noqa: BLE001 - whatever failed there, the ordinary load says what is wrong
-                tokenizer = load_tokenizer(self._name)
-                self._value = (tokenizer_info(tokenizer, self._name), tokenizer.backend_tokenizer.to_str())
-            tokenizer_cache.store(self._key, self._value)
-        return self._value
 
 
 def _check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,

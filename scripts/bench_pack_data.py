@@ -113,7 +113,7 @@ def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None,
     argv = [str(path), "--tokenizer", str(TOKENIZER), "--max-len", str(max_len), "--out", str(out),
             "--overwrite", "--no-progress", *(["--num-proc", str(num_proc)] if num_proc else [])]
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", *argv], cwd=ROOT,
+    subprocess.run([sys.executable, "-c", "from pipeline.console import pack_data_main; pack_data_main()", *argv], cwd=ROOT,
                    check=True, capture_output=True, env=child_env(cache))
     return time.perf_counter() - t
 
@@ -312,7 +312,7 @@ def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
 
 
 def bench_text(args, tmp: Path) -> dict:
-    from pipeline.tokenize import load_tokenizer
+    from pipeline.tokenizer_load import load_tokenizer
 
     tokenizer = load_tokenizer(str(TOKENIZER))
     # numba compiles pack-data's kernels once per installation into its on-disk cache; a first

@@ -76,13 +76,15 @@ def _session_alive(pgid: int) -> bool:
     return True
 
 
-def _pack_data(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """`pack-data` as its console script runs it, in a session of its own; output goes to files, so
-    a child left behind holding them cannot keep this waiting."""
-    code = "import sys; from pipeline.cli import main; sys.argv[0] = 'pack-data'; main()"
+PACK_DATA = "import sys; from pipeline.console import pack_data_main; sys.argv[0] = 'pack-data'; pack_data_main()"
+
+
+def _pack_data(tmp_path: Path, *args: str, code: str = PACK_DATA, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`pack-data` as its console script runs it (or `code`), in a session of its own; output goes
+    to files, so a child left behind holding them cannot keep this waiting."""
     with open(tmp_path / "stdout", "w+") as out, open(tmp_path / "stderr", "w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=out, stderr=err,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, env=env)
         proc.wait(timeout=300)
         deadline = time.monotonic() + 10
         while _session_alive(proc.pid) and time.monotonic() < deadline:  # its children must be gone
@@ -110,6 +112,66 @@ def test_pack_data_console_script_with_worker_processes(tmp_path: Path):
     assert again.returncode == 1
     assert again.stderr.count("\n") == 1 and again.stderr.startswith("Error: ")
     verify_folder(out)
+
+
+PREFETCH_PROBE = r"""
+import atexit, json, sys
+import pipeline.tokenizer_cache as cache
+forks, real = [], cache.Forked
+def forked(*args):  # what this process had imported when it forked a tokenizer loader
+    forks.append(sorted(m for m in ("numba", "pyarrow", "transformers") if m in sys.modules))
+    return real(*args)
+cache.Forked = forked
+atexit.register(lambda: print("FORKS", json.dumps(forks), flush=True))
+from pipeline.console import pack_data_main
+sys.argv[0] = "pack-data"
+pack_data_main()
+"""
+
+
+@pytest.mark.parametrize("form", ["--tokenizer PATH", "--tokenizer=PATH"])
+@pytest.mark.parametrize("data", ["instructions.jsonl", "chat.jsonl"])
+def test_the_command_forks_the_tokenizer_loader_before_its_heavy_imports(tmp_path: Path, data: str, form: str):
+    """With no cache entry, the loading child is forked first thing, so that its imports overlap the
+    command's own, and the job takes it over (text) or stops it (chat, which loads the tokenizer in
+    the job); no process is left behind, and the shards are a library call's. A later process finds
+    the entry and forks nothing."""
+    from pipeline.write import PackConfig, run_pack_data
+
+    tok = ["--tokenizer", TOKENIZER] if form == "--tokenizer PATH" else [f"--tokenizer={TOKENIZER}"]
+    args = [str(ROOT / "data" / "sample" / data), *tok, "--max-len", "2048", "--limit", "60", "--no-progress"]
+    env = {**os.environ, "PACKLM_CACHE_DIR": str(tmp_path / "cache")}
+    first = _pack_data(tmp_path, *args, "--out", str(tmp_path / "a"), code=PREFETCH_PROBE, env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1] == "FORKS [[]]"  # one loader, forked before numba and pyarrow
+    later = _pack_data(tmp_path, *args, "--out", str(tmp_path / "b"), code=PREFETCH_PROBE, env=env)
+    assert later.stdout.splitlines()[-1] == ("FORKS []" if data != "chat.jsonl" else "FORKS [[]]")
+    run_pack_data(PackConfig(inputs=args[:1], tokenizer=TOKENIZER, max_len=2048, limit=60, out=str(tmp_path / "c"),
+                             progress=False))
+    assert read_manifest(tmp_path / "a").shards == read_manifest(tmp_path / "c").shards
+    assert read_manifest(tmp_path / "b").shards == read_manifest(tmp_path / "c").shards
+
+
+def test_a_bad_tokenizer_path_forks_nothing_and_is_the_jobs_one_line_error(tmp_path: Path):
+    args = [str(ROOT / "data" / "sample" / "text.jsonl"), "--tokenizer", str(tmp_path / "nope"), "--max-len", "64",
+            "--no-progress", "--out", str(tmp_path / "o")]
+    proc = _pack_data(tmp_path, *args, code=PREFETCH_PROBE)
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1] == "FORKS []"
+    assert proc.stderr.count("\n") == 1 and "tokenizer folder" in proc.stderr and "not found" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("argv", "value"), [
+    (["in.jsonl", "--tokenizer", "tok", "--max-len", "8"], "tok"),
+    (["--tokenizer=a/b", "in.jsonl"], "a/b"),
+    (["in.jsonl", "--tokenizer"], None),  # no value: click reports it
+    (["--", "--tokenizer", "tok"], None),  # after "--" it is an input's name
+    (["in.jsonl", "--tokenizers", "tok"], None),
+])
+def test_the_tokenizer_option_is_found_as_click_reads_it(argv: list[str], value: str | None):
+    from pipeline.console import _option_value
+
+    assert _option_value(argv, "--tokenizer") == value
 
 
 NO_TORCH = r"""

@@ -30,7 +30,7 @@ TOKENIZER = ROOT / "data" / "tokenizer"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pipeline.tokenize import load_tokenizer
+    from pipeline.tokenizer_load import load_tokenizer
 
     return load_tokenizer(str(TOKENIZER))
 
@@ -154,7 +154,7 @@ def test_sharegpt_turns_are_accepted(tokenizer):
 
 
 def test_chat_without_template_is_a_clear_error(tmp_path):
-    from pipeline.tokenize import load_tokenizer
+    from pipeline.tokenizer_load import load_tokenizer
 
     folder = tmp_path / "tok"
     shutil.copytree(TOKENIZER, folder)

@@ -18,7 +18,8 @@ import pipeline.write
 from pipeline.cli import pack_data
 from pipeline.encode_pool import default_workers
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
-from pipeline.tokenize import load_tokenizer, tokenize_examples
+from pipeline.tokenize import tokenize_examples
+from pipeline.tokenizer_load import load_tokenizer
 from pipeline.verify import pack_verify, verify_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,11 +272,11 @@ JOB_CHILD = r"""
 import json, sys
 if sys.argv[4:] == ["transformers"]:
     import transformers  # lazily: torch is not imported yet, but transformers counts on it
-import pipeline.write
+import pipeline.tokenizer_cache
 from pipeline.write import PackConfig, run_pack_data
 forks = []
-real = pipeline.write.Forked
-pipeline.write.Forked = lambda *args: forks.append(args) or real(*args)
+real = pipeline.tokenizer_cache.Forked
+pipeline.tokenizer_cache.Forked = lambda *args: forks.append(args) or real(*args)
 stats = {}
 m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=64, out=sys.argv[3],
                              progress=False), stats=stats)
@@ -290,7 +291,7 @@ def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path
     import subprocess
     import sys
 
-    from pipeline.tokenize import tokenizer_info
+    from pipeline.tokenizer_load import tokenizer_info
 
     if kind == "tokenized":
         data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
@@ -319,7 +320,8 @@ def test_the_child_loads_the_same_backend_without_torch(tokenizer: str):
     """What the forked loader sends back (torch hidden from transformers) is the backend and the
     facts an ordinary in-process load gives."""
     from pipeline.background import Forked
-    from pipeline.tokenize import BackendTokenizer, load_tokenizer_parts, tokenizer_info
+    from pipeline.tokenize import BackendTokenizer
+    from pipeline.tokenizer_load import load_tokenizer_parts, tokenizer_info
 
     if not Path(tokenizer).is_dir():
         pytest.skip(f"{tokenizer} is not here")
@@ -348,7 +350,7 @@ def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, 
         cache_off.setenv("PACKLM_CACHE_DIR", "")
         assert run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
     monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})  # not loaded by an earlier job
-    monkeypatch.setattr(pipeline.write, "load_tokenizer_parts", fails)
+    monkeypatch.setattr(pipeline.tokenizer_cache, "load_tokenizer_parts", fails)
     result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
     assert result.exit_code == 0, result.output
     assert read_manifest(tmp_path / "a").shards == read_manifest(tmp_path / "b").shards
@@ -378,8 +380,8 @@ def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_token(tmp_path
 def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The tokenizer children the jobs of this test fork, as a list that grows."""
     forks: list[tuple] = []
-    real = pipeline.write.Forked
-    monkeypatch.setattr(pipeline.write, "Forked", lambda *args: forks.append(args) or real(*args))
+    real = pipeline.tokenizer_cache.Forked
+    monkeypatch.setattr(pipeline.tokenizer_cache, "Forked", lambda *args: forks.append(args) or real(*args))
     return forks
 
 
@@ -821,8 +823,8 @@ if sys.argv[1] == "library":  # run_pack_data called as a library: numba probes 
     run_pack_data(PackConfig(inputs=[sys.argv[2]], tokenizer=sys.argv[3], max_len=64, out=sys.argv[4], progress=False))
 else:  # the pack-data command
     sys.argv = ["pack-data", *sys.argv[2:]]
-    from pipeline.cli import main
-    main()
+    from pipeline.console import pack_data_main
+    pack_data_main()
 """
 
 
@@ -888,8 +890,8 @@ import atexit, sys
 atexit.register(lambda: print("torch:", type(sys.modules.get("torch")).__name__,
                               "transformers:", "transformers" in sys.modules, flush=True))
 sys.argv = ["pack-data", *sys.argv[1:]]
-from pipeline.cli import main
-main()
+from pipeline.console import pack_data_main
+pack_data_main()
 """
 
 

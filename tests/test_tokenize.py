@@ -21,9 +21,11 @@ from pipeline.tokenize import (
     encode_texts,
     iter_tokenized,
     lengths_of,
-    load_tokenizer,
     tokenize_batch,
     tokenized_batch,
+)
+from pipeline.tokenizer_load import (
+    load_tokenizer,
     tokenizer_fingerprint,
     tokenizer_info,
 )

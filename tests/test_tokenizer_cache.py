@@ -97,3 +97,29 @@ def test_the_default_folder_and_turning_it_off(monkeypatch: pytest.MonkeyPatch, 
     assert cache.cache_dir() == tmp_path / "packlm"
     monkeypatch.setenv("PACKLM_CACHE_DIR", "")
     assert cache.cache_dir() is None
+
+
+def test_a_prefetched_loader_is_taken_over_by_the_job_or_stopped(tmp_path: Path, fresh_tokenizer_cache: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    """`prefetch` forks the loader for a tokenizer the cache lacks; the job's `TokenizerParts` takes
+    that child over (no second fork) or, when the job loads the tokenizer itself (chat), stops it at
+    once. Cached tokenizers, Hub names and bad paths fork nothing."""
+    monkeypatch.setattr(cache, "_PREFETCHED", {})
+    tok = str(shutil.copytree(TOKENIZER, tmp_path / "tok"))
+    cache.prefetch(tok)
+    child = cache._PREFETCHED[tok][1]
+    parts = cache.TokenizerParts(tok, forked=True)
+    assert not cache._PREFETCHED
+    info, backend = parts.result()
+    assert (info["name"], info["eos_token_id"]) == (tok, 2) and backend.startswith("{")
+    assert not child._proc.is_alive()  # it answered and ended
+    for name in (tok, "owner/hub-name", str(tmp_path / "missing")):  # cached now / no cache / the job's error
+        cache.prefetch(name)
+    assert not cache._PREFETCHED
+
+    other = shutil.copytree(TOKENIZER, tmp_path / "other")
+    (other / "tokenizer_config.json").write_text((other / "tokenizer_config.json").read_text() + " ")
+    cache.prefetch(str(other))
+    child = cache._PREFETCHED[str(other)][1]
+    cache.TokenizerParts(str(other), forked=False)  # chat: the job loads it itself
+    assert not child._proc.is_alive() and not cache._PREFETCHED

@@ -190,7 +190,7 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
         source = str(model_dir)
     if source is None:
         return manifest, None
-    from pipeline.tokenize import load_tokenizer, tokenizer_fingerprint
+    from pipeline.tokenizer_load import load_tokenizer, tokenizer_fingerprint
 
     tokenizer = load_tokenizer(source)
     have = tokenizer_fingerprint(tokenizer)
