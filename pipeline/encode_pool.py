@@ -44,6 +44,9 @@ def default_workers() -> int:
     return max(1, min(cpus, MAX_DEFAULT_WORKERS))
 
 
+Cuts = tuple[np.ndarray, np.ndarray]  # (cuts per text, their char positions): see encode_segments
+
+
 def flat_ids(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Encodings -> flat int32 ids and int64 lengths (one per encoding)."""
     ids = [e.ids for e in encodings]
@@ -52,8 +55,52 @@ def flat_ids(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lens
 
 
+def encode_segments(backend: Any, texts: list[str], cuts: Cuts | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Encode each text whole with a `tokenizers.Tokenizer` (no special tokens) -> flat int32 ids
+    and the int64 token count of each of its segments.
+
+    `cuts` = (counts, positions): text i is cut at counts[i] ascending char positions (taken in
+    order from `positions`) into counts[i] + 1 segments; None: one segment per text. Whole texts,
+    because the ids must be the tokenizer's ids of the text a model will see: segments encoded
+    alone differ at every cut for SentencePiece-style tokenizers (each starts with "▁"), and
+    wherever a merge or a pre-tokenizer word crosses the cut. A token that straddles a cut belongs
+    to the later segment (a response's first token carries loss, as in TRL's prompt/completion
+    split). Texts with cuts need the tokenizer's offsets: `encode_batch`, not `encode_batch_fast`.
+    """
+    if cuts is None or len(cuts[1]) == 0:
+        return flat_ids(backend.encode_batch_fast(texts, add_special_tokens=False))
+    counts, positions = cuts
+    encodings = backend.encode_batch(texts, add_special_tokens=False)
+    flat, lens = flat_ids(encodings)
+    seg_lens = np.empty(len(texts) + len(positions), dtype=np.int64)
+    k = j = 0
+    for text, encoding, n, count in zip(texts, encodings, lens.tolist(), counts.tolist()):
+        prev = 0
+        for char in positions[j : j + count].tolist():
+            token = _first_token_from(encoding, char, len(text), n)
+            seg_lens[k] = max(token - prev, 0)
+            prev = max(token, prev)
+            k += 1
+        seg_lens[k] = n - prev
+        k += 1
+        j += count
+    return flat, seg_lens
+
+
+def _first_token_from(encoding: Any, char: int, n_chars: int, n_tokens: int) -> int:
+    """The index of the token holding char `char` of the text, or of the first char after it that
+    a token holds (normalizers may drop chars); `n_tokens` when none does."""
+    while char < n_chars:
+        token = encoding.char_to_token(char)
+        if token is not None:
+            return token
+        char += 1
+    return n_tokens
+
+
 def _serve(conn: Connection, initial: str | None, inherited: list[Connection]) -> None:  # pragma: no cover - runs in the worker processes
-    """A worker's loop: ("tokenizer", json) loads a backend; a list of texts is encoded; None ends.
+    """A worker's loop: ("tokenizer", json) loads a backend; ("encode", texts, counts, positions)
+    answers `encode_segments` (cuts as int64 bytes, or None); None ends.
     An `initial` backend JSON is loaded first, as if it had come as the first message. `inherited`:
     the parent's ends of the pool's pipes, which a forked worker holds too and closes, so that it
     reads EOF (and ends) when the parent dies, even by SIGKILL."""
@@ -73,11 +120,13 @@ def _serve(conn: Connection, initial: str | None, inherited: list[Connection]) -
         if msg is None:
             return
         try:
-            if isinstance(msg, tuple) and msg[0] == "tokenizer":
+            if msg[0] == "tokenizer":
                 backend = Tokenizer.from_str(msg[1])
                 conn.send(("ok",))
                 continue
-            flat, lens = flat_ids(backend.encode_batch_fast(msg, add_special_tokens=False))
+            _, texts, counts, positions = msg
+            cuts = None if counts is None else (np.frombuffer(counts, np.int64), np.frombuffer(positions, np.int64))
+            flat, lens = encode_segments(backend, texts, cuts)
             conn.send(("ok", lens.tobytes(), flat.tobytes()))
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -165,15 +214,16 @@ class EncodePool:
             self._tokenizer = digest
         self._backend = backend
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Texts -> flat int32 ids and int64 lengths, as `flat_ids` of the backend's batch call
-        without special tokens."""
+    def encode(self, texts: list[str], cuts: Cuts | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Texts -> flat int32 ids and int64 segment lengths, as `encode_segments` with the backend."""
         conn = self._free.get()
         try:
             if conn in self._unacked:
                 _recv(conn)
                 self._unacked.discard(conn)
-            _send(conn, texts)
+            counts, positions = (None, None) if cuts is None else (cuts[0].astype(np.int64).tobytes(),
+                                                                   cuts[1].astype(np.int64).tobytes())
+            _send(conn, ("encode", texts, counts, positions))
             reply = _recv(conn)
         finally:
             self._free.put(conn)

@@ -2,8 +2,9 @@
 
 A *segment* is a piece of text with a loss flag: the prompt of an instruction pair carries no loss
 (unless `--train-on-prompt`), its response does; every token of plain text carries loss; the
-assistant turns of a chat carry loss. `pipeline.tokenize` tokenizes the segments in one batch call and
-concatenates them per example with BOS/EOS; this module only decides *what* text goes where.
+assistant turns of a chat carry loss. `pipeline.tokenize` tokenizes each example's segments joined
+into its whole text, splits the ids where the segments meet and adds BOS/EOS; this module only
+decides *what* text goes where.
 
 Formats:
 - `text`: one column of documents (auto: `text`, `content`, `document`).

@@ -1,9 +1,11 @@
 """Parallel batch tokenization of rendered examples, spilled to disk; only lengths stay in RAM.
 
-Each `SourceBatch` is rendered into segments (`pipeline.formats`), all segment texts of the batch are
-tokenized in one call of the fast tokenizer's batch API, and a numba kernel concatenates them per
-example with BOS/EOS and builds the labels (-100 on prompt segments and always on an example's first
-token; the EOS that ends a response carries loss). Pre-tokenized input skips the tokenizer and is
+Each `SourceBatch` is rendered into segments (`pipeline.formats`); each example's segments are
+joined into its whole text, all whole texts of the batch are tokenized in one call of the fast
+tokenizer's batch API, and the ids are split at the segments' cuts (`encode_pool.encode_segments`:
+the ids are the tokenizer's ids of the text a model sees, not those of segments encoded apart). A
+numba kernel then adds BOS/EOS per example and builds the labels (-100 on prompt segments and always
+on an example's first token; the EOS that ends a response carries loss). Pre-tokenized input skips the tokenizer and is
 reshaped with vectorised pyarrow/numpy only.
 
 With `num_proc` > 1, `num_proc` threads each take a batch: they render and assemble it here and
@@ -38,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.encode_pool import flat_ids
+from pipeline.encode_pool import Cuts, encode_segments
 from pipeline.errors import UserError
 from pipeline.formats import (
     FormatOptions,
@@ -82,16 +84,17 @@ def backend_source(tokenizer: Any) -> Any:
     return tokenizer.backend_json if isinstance(tokenizer, BackendTokenizer) else tokenizer.backend_tokenizer
 
 
-def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize texts (no special tokens added) with the Rust batch API in this process -> flat
-    int32 ids, int64 lengths (`EncodePool.encode` does the same in worker processes)."""
-    return flat_ids(tokenizer.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False))
+def encode_texts(tokenizer: Any, texts: list[str], cuts: Cuts | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize whole texts (no special tokens added) with the Rust batch API in this process ->
+    flat int32 ids, int64 lengths of their segments (`encode_segments`; `EncodePool.encode` does the
+    same in worker processes)."""
+    return encode_segments(tokenizer.backend_tokenizer, texts, cuts)
 
 
 # ------------------------------------------------------------------------------- per-batch work
 
 
-Encode = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
+Encode = Callable[[list[str], Cuts | None], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -159,15 +162,16 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     texts = segs.texts if has_text.all() else [
         t if keep else "" for t, keep in zip(segs.texts, has_text[segs.example].tolist())
     ]
-    flat, seg_lens = encode(texts) if encode is not None else encode_texts(tokenizer, texts)
-    tok_loss = np.repeat(segs.loss, seg_lens)
-    seg_end = np.cumsum(seg_lens)
-    seg_start = seg_end - seg_lens
     # segments are sorted by example: example e owns segments [first[e], last[e]]
     counts = np.bincount(segs.example, minlength=n) if len(segs.example) else np.zeros(n, dtype=np.int64)
     last_seg = np.cumsum(counts) - 1
     first_seg = last_seg - counts + 1
     has_seg = counts > 0
+    whole, cuts = _join_segments(texts, counts, first_seg)
+    flat, seg_lens = encode(whole, cuts) if encode is not None else encode_texts(tokenizer, whole, cuts)
+    tok_loss = np.repeat(segs.loss, seg_lens)
+    seg_end = np.cumsum(seg_lens)
+    seg_start = seg_end - seg_lens
     ex_start = np.where(has_seg, seg_start[np.clip(first_seg, 0, None)] if len(seg_start) else 0, 0)
     ex_end = np.where(has_seg, seg_end[np.clip(last_seg, 0, None)] if len(seg_end) else 0, 0)
     ex_last_loss = np.where(has_seg, segs.loss[np.clip(last_seg, 0, None)] if len(segs.loss) else False, False)
@@ -184,6 +188,23 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
         -1 if eos is None else int(eos),
     )
     return TokBatch(ids, labels, lengths)
+
+
+def _join_segments(texts: list[str], counts: np.ndarray, first_seg: np.ndarray) -> tuple[list[str], Cuts | None]:
+    """Each example's segments joined into its whole text (examples with none left out), and the
+    char positions where its later segments start (None: one segment per example)."""
+    if len(texts) == int((counts > 0).sum()):
+        return texts, None
+    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    starts = np.cumsum(chars) - chars  # of each segment in the batch's segments laid end to end
+    owner = np.repeat(np.arange(len(counts)), counts)
+    later = np.ones(len(texts), dtype=bool)
+    later[first_seg[counts > 0]] = False
+    positions = (starts - starts[first_seg[owner]])[later]
+    kept = counts[counts > 0]
+    bounds = np.concatenate(([0], np.cumsum(kept))).tolist()
+    whole = ["".join(texts[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return whole, (kept - 1, positions)
 
 
 def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarray, np.ndarray]:

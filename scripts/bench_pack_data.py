@@ -6,10 +6,11 @@
 Parts:
 - `text`: pack-data on ../shared/datasets (GSM8K question/answer, CodeAlpaca instruction/input/output),
   one run per dataset (so each baseline is timed on the same file), at --max-len 8192; vs (a) the raw
-  batch throughput of the same tokenizer on exactly the texts pack-data renders (the ceiling), and two
+  batch throughput of the same tokenizer on exactly the whole texts pack-data encodes (the ceiling), and two
   TRL pipelines producing packed input_ids/labels from the same rendered prompt/response texts:
   (b1) "TRL-style, batched map": one batched `Dataset.map` tokenizing with `tokenizer(texts)` and
-  building labels, + `trl.data_utils.pack_dataset(strategy="bfd")` + `save_to_disk`;
+  building labels (prompt and response tokenized apart: the cheaper way, whose ids differ from
+  the whole text's at the cut for SentencePiece-style tokenizers such as Llama-2's), + `trl.data_utils.pack_dataset(strategy="bfd")` + `save_to_disk`;
   (b2) "TRL SFTTrainer-style, per-example map as TRL does": the steps `trl.SFTTrainer` runs on a
   prompt/completion dataset (trl/trainer/sft_trainer.py, `_prepare_dataset`): a per-example `add_eos`
   map, a per-example (`batched=False`) tokenize map calling TRL's own `_tokenize` on the prompt and on
@@ -129,7 +130,10 @@ def pack_in_child(repeat: int = 1, cache: Path | None = None, **config) -> dict:
 
 
 def rendered_texts(path: Path, tokenizer) -> list[str]:
-    """Exactly the segment texts pack-data tokenizes for this file."""
+    """Exactly the texts pack-data tokenizes for this file: each example's rendered segments
+    (prompt, response) joined into its whole text."""
+    from itertools import groupby
+
     from pipeline.formats import FormatOptions, detect_format, render
     from pipeline.sources import column_names, iter_batches, resolve_inputs
 
@@ -137,7 +141,9 @@ def rendered_texts(path: Path, tokenizer) -> list[str]:
     fmt = detect_format(column_names(files), FormatOptions())
     texts: list[str] = []
     for batch in iter_batches(files):
-        texts.extend(render(batch.table, fmt, batch.where, tokenizer).texts)
+        segs = render(batch.table, fmt, batch.where, tokenizer)
+        pairs = zip(segs.example.tolist(), segs.texts)
+        texts.extend("".join(t for _, t in group) for _, group in groupby(pairs, key=lambda p: p[0]))
     return texts
 
 

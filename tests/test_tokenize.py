@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from pipeline.encode_pool import encode_pool
+from pipeline.encode_pool import encode_pool, encode_segments
 from pipeline.errors import UserError
 from pipeline.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
@@ -32,6 +34,7 @@ from pipeline.tokenizer_load import (
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "data" / "tokenizer"
+LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"  # real data beside the checkout; skipped without it
 BOS, EOS = 1, 2
 
 
@@ -112,6 +115,72 @@ def test_tokenized_input_errors(columns, needle):
     fmt = detect_format(table.column_names, FormatOptions(format="tokenized"))
     with pytest.raises(UserError, match=needle):
         tokenized_batch(table, fmt, rows_where("x.arrow"))
+
+
+PAIRS = [  # prompt, response: cuts after a space, inside a word, before and after newlines, bytes
+    ("Answer: ", "Hello world"),
+    ("Question: How many apples?\nAnswer:\n", "Natalia sold 48 apples."),
+    ("x = ", "1"),
+    ("Write the code", "ing part"),
+    ("### Response:\n", "\n\nSure"),
+    ("naïve café ", "🙂 ok"),
+    ("", "only a response"),
+    ("only a prompt", ""),
+]
+
+
+def _load_or_skip(folder: Path):
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not here")
+    return load_tokenizer(str(folder))
+
+
+def _first_token_after(tok, text: str, char: int) -> int:
+    """Index of the first token of `text` that ends after `char` (offsets of the whole text)."""
+    ends = [end for _, end in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+    return next((i for i, end in enumerate(ends) if end > char), len(ends))
+
+
+@pytest.mark.parametrize("folder", [TOKENIZER, LLAMA2], ids=["data-tokenizer", "llama2"])
+def test_an_example_is_encoded_whole_and_its_loss_starts_at_the_token_holding_the_response(folder: Path):
+    """The ids are the tokenizer's ids of the whole rendered text, as a model sees it (a
+    SentencePiece tokenizer would start a response encoded alone with "▁", a byte-level one loses
+    merges across the cut); the token that straddles prompt and response carries loss."""
+    tk = _load_or_skip(folder)
+    table = pa.table({"prompt": [p for p, _ in PAIRS], "response": [r for _, r in PAIRS]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    assert fmt.template == "{prompt}"
+    got = split(tokenize_batch(table, fmt, tk, rows_where("t.jsonl")))
+    bos, eos = tk.bos_token_id, tk.eos_token_id
+    for (prompt, response), (ids, labels) in zip(PAIRS, got):
+        whole = enc(tk, prompt + response)
+        assert ids == [bos, *whole, eos]
+        assert tk.decode(ids[1:-1]) == prompt + response  # no space or byte the data lacks
+        cut = _first_token_after(tk, prompt + response, len(prompt))
+        assert labels == [IGNORE_INDEX] * (1 + cut) + whole[cut:] + [eos]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.text(alphabet="ab cé\n🙂.:", max_size=12), min_size=1, max_size=4), min_size=1, max_size=6))
+def test_segments_split_the_whole_texts_ids_at_their_cuts(tok, examples: list[list[str]]):
+    """encode_segments: the ids of every whole text, cut into segments whose token counts add up
+    and whose first token is the first one to end after the cut."""
+    texts = ["".join(segs) for segs in examples]
+    counts = np.array([len(segs) - 1 for segs in examples], dtype=np.int64)
+    positions = np.array([sum(map(len, segs[:k])) for segs in examples for k in range(1, len(segs))], dtype=np.int64)
+    flat, seg_lens = encode_segments(tok.backend_tokenizer, texts, (counts, positions))
+    assert flat.tolist() == [i for t in texts for i in enc(tok, t)]
+    assert len(seg_lens) == sum(map(len, examples)) and (seg_lens >= 0).all()
+    k = 0
+    for text, segs in zip(texts, examples):
+        mine = seg_lens[k : k + len(segs)].tolist()
+        assert sum(mine) == len(enc(tok, text))
+        starts = np.cumsum([0, *mine[:-1]]).tolist()
+        for j in range(1, len(segs)):
+            cut = sum(map(len, segs[:j]))
+            if cut < len(text):
+                assert starts[j] == _first_token_after(tok, text, cut)
+        k += len(segs)
 
 
 def test_encode_texts_flat_matches_per_text(tok):
