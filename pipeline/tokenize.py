@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.encode_pool import Cuts, encode_segments
+from pipeline.encode_pool import Cuts, cached_token_sizes, encode_segments
 from pipeline.errors import UserError
 from pipeline.formats import (
     FormatOptions,
@@ -88,7 +89,8 @@ def encode_texts(tokenizer: Any, texts: list[str], cuts: Cuts | None = None) -> 
     """Tokenize whole texts (no special tokens added) with the Rust batch API in this process ->
     flat int32 ids, int64 lengths of their segments (`encode_segments`; `EncodePool.encode` does the
     same in worker processes)."""
-    return encode_segments(tokenizer.backend_tokenizer, texts, cuts)
+    backend = tokenizer.backend_tokenizer
+    return encode_segments(backend, texts, cuts, cached_token_sizes(backend) if cuts is not None else None)
 
 
 # ------------------------------------------------------------------------------- per-batch work
@@ -203,7 +205,7 @@ def _join_segments(texts: list[str], counts: np.ndarray, first_seg: np.ndarray) 
     positions = (starts - starts[first_seg[owner]])[later]
     kept = counts[counts > 0]
     bounds = np.concatenate(([0], np.cumsum(kept))).tolist()
-    whole = ["".join(texts[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    whole = ["".join(texts[a:b]) for a, b in pairwise(bounds)]
     return whole, (kept - 1, positions)
 
 

@@ -13,7 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.encode_pool import encode_pool, encode_segments
+from pipeline.encode_pool import (
+    cached_token_sizes,
+    encode_pool,
+    encode_segments,
+    token_sizes,
+)
 from pipeline.errors import UserError
 from pipeline.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
@@ -160,27 +165,79 @@ def test_an_example_is_encoded_whole_and_its_loss_starts_at_the_token_holding_th
         assert labels == [IGNORE_INDEX] * (1 + cut) + whole[cut:] + [eos]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.text(alphabet="ab cé\n🙂.:", max_size=12), min_size=1, max_size=4), min_size=1, max_size=6))
-def test_segments_split_the_whole_texts_ids_at_their_cuts(tok, examples: list[list[str]]):
+PIECES = ["a", "b", "ab", " ", "  ", "é", "\n", "🙂", ".", ":", "x = ", "▁", "<s>", "<unk>", "\t"]
+
+
+@pytest.fixture(scope="module", params=[TOKENIZER, LLAMA2], ids=["data-tokenizer", "llama2"])
+def any_tok(request):
+    return _load_or_skip(request.param)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.lists(st.sampled_from(PIECES), max_size=5).map("".join), min_size=1, max_size=4),
+                min_size=1, max_size=6))
+def test_segments_split_the_whole_texts_ids_at_their_cuts(any_tok, examples: list[list[str]]):
     """encode_segments: the ids of every whole text, cut into segments whose token counts add up
-    and whose first token is the first one to end after the cut."""
+    and whose first token is the first one to end after the cut; the same from the ids' byte sizes
+    (texts whose sizes do not add up, such as those holding an added token that strips spaces or
+    an unknown token, are measured with offsets) as from the tokenizer's offsets."""
+    backend = any_tok.backend_tokenizer
     texts = ["".join(segs) for segs in examples]
     counts = np.array([len(segs) - 1 for segs in examples], dtype=np.int64)
     positions = np.array([sum(map(len, segs[:k])) for segs in examples for k in range(1, len(segs))], dtype=np.int64)
-    flat, seg_lens = encode_segments(tok.backend_tokenizer, texts, (counts, positions))
-    assert flat.tolist() == [i for t in texts for i in enc(tok, t)]
+    flat, seg_lens = encode_segments(backend, texts, (counts, positions))
+    sizes = cached_token_sizes(backend)
+    assert sizes is not None  # both tokenizers are measured from their ids
+    sized = encode_segments(backend, texts, (counts, positions), sizes)
+    assert np.array_equal(sized[0], flat) and np.array_equal(sized[1], seg_lens)
+    assert flat.tolist() == [i for t in texts for i in enc(any_tok, t)]
     assert len(seg_lens) == sum(map(len, examples)) and (seg_lens >= 0).all()
     k = 0
     for text, segs in zip(texts, examples):
         mine = seg_lens[k : k + len(segs)].tolist()
-        assert sum(mine) == len(enc(tok, text))
+        assert sum(mine) == len(enc(any_tok, text))
         starts = np.cumsum([0, *mine[:-1]]).tolist()
         for j in range(1, len(segs)):
             cut = sum(map(len, segs[:j]))
             if cut < len(text):
-                assert starts[j] == _first_token_after(tok, text, cut)
+                assert starts[j] == _first_token_after(any_tok, text, cut)
         k += len(segs)
+
+
+def test_tokenizers_whose_ids_do_not_tell_their_text_length_are_measured_with_offsets(tok):
+    """A normalizer that may change lengths (NFKC, lowercasing) or a prefix space: no sizes."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    for change in ({"normalizer": {"type": "NFKC"}}, {"normalizer": {"type": "Lowercase"}},
+                   {"pre_tokenizer": {**spec["pre_tokenizer"], "add_prefix_space": True}}):
+        assert token_sizes(Tokenizer.from_str(json.dumps({**spec, **change}))) is None
+
+
+def test_texts_whose_sizes_do_not_add_up_are_cut_by_offsets_in_workers_too(tok):
+    """An unknown token's size is unknown: that text is measured with offsets, the others from their
+    ids; worker processes give what this process gives."""
+    from pipeline.encode_pool import _split_by_sizes, flat_ids
+
+    texts = ["Answer: <unk> yes", "Answer: fine", "plain"]
+    cuts = (np.array([1, 1, 0]), np.array([8, 8]))
+    sizes = cached_token_sizes(tok.backend_tokenizer)
+    flat, lens = flat_ids(tok.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False))
+    assert _split_by_sizes(sizes, flat, lens, texts, *cuts)[1].tolist() == [False, True, True]
+    want = encode_segments(tok.backend_tokenizer, texts, cuts)  # all by offsets
+    got = encode_texts(tok, texts, cuts)
+    assert np.array_equal(got[0], want[0]) and got[1].tolist() == want[1].tolist()
+    # the cut is after "Answer: ": the token "Ġfine", which holds that space, goes with the response
+    assert want[1].tolist()[2:4] == [len(enc(tok, "Answer:")), len(enc(tok, " fine"))] == [2, 1]
+    from pipeline.encode_pool import EncodePool
+
+    pool = EncodePool(2, tok.backend_tokenizer.to_str())
+    try:
+        for _ in range(2):  # every worker
+            from_workers = pool.encode(texts, cuts)
+            assert np.array_equal(from_workers[0], want[0]) and np.array_equal(from_workers[1], want[1])
+    finally:
+        pool.close()
 
 
 def test_encode_texts_flat_matches_per_text(tok):
