@@ -22,6 +22,7 @@ import os
 import queue
 import re
 import signal
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,7 +134,9 @@ class TokenSizes:
 
     bytes: np.ndarray  # int64 per id; an unknown token gets an impossible size
     added: np.ndarray  # bool per id: an added (special) token, matched in the raw text
+    strips: np.ndarray  # bool per id: an added token that takes the spaces beside it (lstrip/rstrip)
     prepends: bool  # the pre-tokenizer puts a "▁" before the text unless it starts with a space
+    nfc: bool  # the normalizer is NFC: only texts it leaves as they are can be measured
 
 
 def cached_token_sizes(backend: Any) -> TokenSizes | None:
@@ -152,13 +155,15 @@ _IMPOSSIBLE = 1 << 40
 def token_sizes(backend: Any) -> TokenSizes | None:
     """The byte size of every token of `backend`, where its string alone says it: BPE (no dropout,
     no subword affixes) with a byte-level pre-tokenizer (each char of a token is one byte; no prefix
-    space; no normalizer but NFC) or a SentencePiece-style Metaspace one ("▁" is one space,
-    `<0xNN>` one byte; no normalizer). None for other tokenizers, whose texts need offsets.
+    space; no normalizer but NFC, for texts already in NFC) or a SentencePiece-style Metaspace one
+    ("▁" is one space, `<0xNN>` one byte; no normalizer). None for other tokenizers, whose texts
+    need offsets.
 
     A text whose token sizes add up to its UTF-8 length (`encode_segments` checks every one) is
-    measured right: here every way the tokens can misstate a text (normalization, a stripped space
-    around an added token, an unknown token) makes them add up to another length, except the
-    Metaspace "▁" put before a text, which is counted.
+    measured right: here the tokens can only understate a text (a literal "▁"), but
+    for an unknown token (given an impossible size) and the Metaspace "▁" put before a text (which is
+    counted), so they add up to its length only when they state it exactly. Texts with an added
+    token that strips the spaces beside it are not measured this way at all.
     """
     model, pre, norm = backend.model, backend.pre_tokenizer, backend.normalizer
     if type(model).__name__ != "BPE" or model.dropout or model.continuing_subword_prefix or model.end_of_word_suffix:
@@ -175,12 +180,14 @@ def token_sizes(backend: Any) -> TokenSizes | None:
     sizes[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = np.fromiter(
         map(size, vocab), dtype=np.int64, count=len(vocab))
     added = np.zeros(len(sizes), dtype=bool)
+    strips = np.zeros(len(sizes), dtype=bool)
     for i, token in backend.get_added_tokens_decoder().items():
         sizes[i] = len(token.content.encode())
         added[i] = True
+        strips[i] = token.lstrip or token.rstrip
     if model.unk_token is not None and backend.token_to_id(model.unk_token) is not None:
         sizes[backend.token_to_id(model.unk_token)] = _IMPOSSIBLE  # it stands for any char
-    return TokenSizes(sizes, added, prepends)
+    return TokenSizes(sizes, added, strips, prepends, norm is not None)
 
 
 def _metaspace_size(token: str) -> int:
@@ -202,6 +209,11 @@ def _split_by_sizes(sizes: TokenSizes, flat: np.ndarray, lens: np.ndarray, texts
         first_added = sizes.added[flat[np.minimum(first_tok, len(flat) - 1)]] if len(flat) else np.ones(n, bool)
         prepended = ((lens > 0) & ~spaced & ~first_added).astype(np.int64)
     ok = ends[first_tok + lens] - base - prepended == text_bytes
+    if sizes.nfc:
+        ok &= np.fromiter((unicodedata.is_normalized("NFC", t) for t in texts), dtype=bool, count=n)
+    if sizes.strips.any():
+        stripping = np.concatenate(([0], np.cumsum(sizes.strips[flat])))
+        ok &= stripping[first_tok + lens] == stripping[first_tok]
     owner = np.repeat(np.arange(n), counts)
     cut_bytes = np.fromiter((len(texts[i][:c].encode()) for i, c in zip(owner.tolist(), positions.tolist())),
                             dtype=np.int64, count=len(positions))

@@ -5,8 +5,8 @@ joined into its whole text, all whole texts of the batch are tokenized in one ca
 tokenizer's batch API, and the ids are split at the segments' cuts (`encode_pool.encode_segments`:
 the ids are the tokenizer's ids of the text a model sees, not those of segments encoded apart). A
 numba kernel then adds BOS/EOS per example and builds the labels (-100 on prompt segments and always
-on an example's first token; the EOS that ends a response carries loss). Pre-tokenized input skips the tokenizer and is
-reshaped with vectorised pyarrow/numpy only.
+on an example's first token; the EOS that ends a response carries loss). Pre-tokenized input skips
+the tokenizer and is reshaped with vectorised pyarrow/numpy only.
 
 With `num_proc` > 1, `num_proc` threads each take a batch: they render and assemble it here and
 have its texts encoded by one of `num_proc` worker processes (`pipeline.encode_pool`). At most a few

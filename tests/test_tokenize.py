@@ -240,6 +240,27 @@ def test_texts_whose_sizes_do_not_add_up_are_cut_by_offsets_in_workers_too(tok):
         pool.close()
 
 
+def test_nfc_and_space_stripping_added_tokens_leave_only_texts_the_sizes_can_measure(tok):
+    """With an NFC normalizer, only texts already in NFC are measured from their ids (NFC may
+    lengthen one char and shorten another); an added token that strips the spaces beside it sends
+    its texts to offsets too. Either way the cuts are the offsets' cuts."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from pipeline.encode_pool import _split_by_sizes, flat_ids
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    backend = Tokenizer.from_str(json.dumps({**spec, "normalizer": {"type": "NFC"}}))
+    backend.add_special_tokens([AddedToken("<sep>", lstrip=True)])
+    sizes = token_sizes(backend)
+    assert sizes is not None and sizes.nfc
+    texts = ["Ohm \u2126 and e\u0301 here", "plain text: yes", "\ufa6c and \u2126 x", "a   <sep> b", "a <s> b"]
+    cuts = (np.ones(len(texts), dtype=np.int64), np.array([6, 6, 3, 2, 2]))
+    flat, lens = flat_ids(backend.encode_batch_fast(texts, add_special_tokens=False))
+    assert _split_by_sizes(sizes, flat, lens, texts, *cuts)[1].tolist() == [False, True, False, False, True]
+    got, want = encode_segments(backend, texts, cuts, sizes), encode_segments(backend, texts, cuts)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
 def test_encode_texts_flat_matches_per_text(tok):
     texts = ["a b c", "", "δ unicode ✓"]
     flat, lens = encode_texts(tok, texts)
