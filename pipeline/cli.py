@@ -73,4 +73,3 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     with cli_errors():
         config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
         run_pack_data(config, echo=click.echo)
-

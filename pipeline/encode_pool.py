@@ -85,17 +85,12 @@ def encode_segments(backend: Any, texts: list[str], cuts: Cuts | None = None,
     if not ok.all():  # the sizes do not add up for these texts: their offsets tell
         bad = np.flatnonzero(~ok).tolist()
         redo = [texts[i] for i in bad]
+        cut0 = np.cumsum(counts) - counts  # each text's first cut in `positions`
+        seg0 = cut0 + np.arange(len(texts))  # and its first segment in `seg_lens`
         _, fixed = _split_by_offsets(backend.encode_batch(redo, add_special_tokens=False), redo, counts[bad],
-                                     np.concatenate([_cuts_of(counts, positions, i) for i in bad]))
-        first = np.cumsum(counts + 1) - (counts + 1)
-        slots = np.concatenate([np.arange(first[i], first[i] + counts[i] + 1) for i in bad])
-        seg_lens[slots] = fixed
+                                     np.concatenate([positions[cut0[i] : cut0[i] + counts[i]] for i in bad]))
+        seg_lens[np.concatenate([np.arange(seg0[i], seg0[i] + counts[i] + 1) for i in bad])] = fixed
     return flat, seg_lens
-
-
-def _cuts_of(counts: np.ndarray, positions: np.ndarray, i: int) -> np.ndarray:
-    start = int(counts[:i].sum())
-    return positions[start : start + int(counts[i])]
 
 
 def _split_by_offsets(encodings: list[Any], texts: list[str], counts: np.ndarray,

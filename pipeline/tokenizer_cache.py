@@ -63,18 +63,15 @@ class TokenizerParts:
 
     def __init__(self, name: str, forked: bool) -> None:
         self._name = name
-        prefetched = _PREFETCHED.pop(name, None)
-        self._key, self._child = prefetched if prefetched and forked else (None, None)
-        if prefetched and not forked:
-            prefetched[1].cancel()  # its work is the job's own now
-        if forked and self._key is None:
-            self._key = cache_key(name)
+        key, child = _PREFETCHED.pop(name, (None, None))  # a child `prefetch` forked, and its key
+        self._key = (key if child else cache_key(name)) if forked else None
         self._value = lookup(self._key, name)
-        if self._value is not None and self._child is not None:  # kept since by another job of this process
-            self._child.cancel()
-            self._child = None
-        if self._value is None and forked and self._child is None:
-            self._child = Forked(load_tokenizer_parts, name)
+        if child is not None and (not forked or self._value is not None):
+            child.cancel()  # the job loads the tokenizer itself, or another job of this process kept it
+            child = None
+        if forked and self._value is None and child is None:
+            child = Forked(load_tokenizer_parts, name)
+        self._child = child
 
     def set(self, value: tuple[dict[str, Any], str | None]) -> None:
         self._value = value
