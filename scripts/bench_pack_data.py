@@ -2,6 +2,7 @@
 
     python scripts/bench_pack_data.py                      # all parts, GSM8K + CodeAlpaca, llama2 tokenizer
     python scripts/bench_pack_data.py --parts pretok --tokens 1000000000
+    python scripts/bench_pack_data.py --parts scale --copies 20
 
 Parts:
 - `text`: pack-data on ../shared/datasets (GSM8K question/answer, CodeAlpaca instruction/input/output),
@@ -28,10 +29,19 @@ Parts:
   whole-process runs are timed twice: first with an empty tokenizer cache (`pipeline.tokenizer_cache`,
   a folder of this benchmark's: the first job ever with this tokenizer), then with the entry that run
   left (a later job with the same tokenizer, as a user's second run).
+- `scale`: the first job on a larger text set, where fixed costs (a worker pool's start, writing
+  the manifest) weigh less than on the 2-4 s datasets themselves: each dataset's records --copies
+  times over, every copy's first field prefixed with its number (so that no text repeats and no
+  tokenizer cache can help), as JSONL. Timed cold only: pack-data's first job with an empty
+  tokenizer cache, a fresh tokenizer's first encode_batch_fast (and its best of REPEATS later ones,
+  in this process) and the TRL-style batched map pipeline, each in a fresh process after its
+  imports, and as whole processes. The SFTTrainer-style pipeline is left out: at this size it would
+  take minutes, and its ratio is the largest on the small sets.
 - `pretok`: a synthetic pre-tokenized dataset of --tokens tokens, generated in a temp dir as an
   uncompressed Arrow IPC file (which pack-data gathers in place, no spill) and/or an uncompressed
   Parquet file (decoded and spilled first), each packed in a child process; reports tokens/s, the
-  phases and the child's peak RSS per file type.
+  phases and the child's peak RSS per file type (its own, VmHWM; and the largest of its forked
+  children's, pages shared with it included).
 
 Every pack-data run goes through `pipeline.write.run_pack_data` in a fresh child process (so imports
 and peak RSS are its own); per-phase times come from the job itself.
@@ -57,6 +67,7 @@ DATASETS = [
     ("codealpaca", SHARED / "datasets" / "codealpaca" / "code_alpaca.json"),
 ]
 TOKENIZER = SHARED / "tokenizers" / "llama2"
+RAW_APIS = ("tokenizer(texts)", "encode_batch", "encode_batch_fast")
 REPEATS = 3  # warm measurements (raw tokenizer, engine, pack-data's warm runs): the best of this many
 
 CHILD = r"""
@@ -75,7 +86,12 @@ for i in range(repeat):  # run 1 is cold (fresh process); later runs reuse the w
     runs.append(stats)
 stats = runs[0]
 stats["warm_runs"] = runs[1:]
-stats["maxrss_self_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# this process's own peak: VmHWM. Its ru_maxrss would count the benchmark's RSS too, which Linux
+# keeps across the exec that started it (the benchmark holds GBs of token lists at times)
+hwm = [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:")]
+stats["maxrss_self_mb"] = int(hwm[0]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# the largest forked child's peak (tokenizer workers, the tokenizer loader): pages it shares with
+# this process count in full, so this is an upper bound of what it adds
 stats["maxrss_children_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 stats["efficiency"] = m.efficiency
 stats["loss_tokens"] = m.loss_tokens
@@ -147,16 +163,17 @@ def rendered_texts(path: Path, tokenizer) -> list[str]:
     return texts
 
 
-def raw_tokenizer(texts: list[str], tokenizer) -> dict:
-    """Tokens/s of the tokenizer's batch APIs on `texts` (best of REPEATS runs each)."""
+def raw_tokenizer(texts: list[str], tokenizer, apis: tuple[str, ...] = RAW_APIS) -> dict:
+    """Tokens/s of the tokenizer's batch APIs (those named in `apis`) on `texts`, best of REPEATS runs each."""
     backend = tokenizer.backend_tokenizer
-    apis = {
+    calls = {
         "tokenizer(texts)": lambda: tokenizer(texts, add_special_tokens=False)["input_ids"],
         "encode_batch": lambda: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)],
         "encode_batch_fast": lambda: [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)],
     }
     out = {}
-    for name, fn in apis.items():
+    for name in apis:
+        fn = calls[name]
         best = float("inf")
         for _ in range(REPEATS):
             t = time.perf_counter()
@@ -420,6 +437,52 @@ def speedups(prefix: str, trl_s: float, sft_s: float, pack_s: float) -> dict[str
     return {f"{prefix}speedup_vs_trl": trl_s / pack_s, f"{prefix}speedup_vs_trl_sft": sft_s / pack_s}
 
 
+def make_copies(path: Path, copies: int, out: Path) -> Path:
+    """`path`'s records `copies` times over as JSONL at `out`, copy k's first field prefixed "k. "."""
+    if path.suffix == ".jsonl":
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    else:
+        records = json.loads(path.read_text())
+    first = next(iter(records[0]))
+    with out.open("w") as f:
+        for k in range(copies):
+            for r in records:
+                f.write(json.dumps({**r, first: f"{k}. {r[first]}"}) + "\n")
+    return out
+
+
+def bench_scale(args, tmp: Path) -> dict:
+    """The first job on each dataset --copies times over, against the cold raw tokenizer and the
+    cold TRL-style batched map pipeline (see the module docstring)."""
+    from pipeline.tokenizer_load import load_tokenizer
+
+    tokenizer = load_tokenizer(str(TOKENIZER))
+    out: dict = {"copies": args.copies, "datasets": {}}
+    for name, source in DATASETS:
+        path = make_copies(source, args.copies, tmp / f"{name}-x{args.copies}.jsonl")
+        pack_in_child(inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len, limit=200,
+                      out=str(tmp / "out-compile"), overwrite=True, num_proc=args.num_proc)  # numba's cache
+        config = {"inputs": [str(path)], "tokenizer": str(TOKENIZER), "max_len": args.max_len,
+                  "out": str(tmp / f"out-{name}"), "overwrite": True, "num_proc": args.num_proc}
+        stats = pack_in_child(cache=empty(tmp / "tokenizer-cache"), **config)  # the first job ever
+        texts = rendered_texts(path, tokenizer)
+        raw = raw_tokenizer(texts, tokenizer, apis=("encode_batch_fast",))["encode_batch_fast"]
+        cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl")}
+        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc,
+                                      empty(tmp / "tokenizer-cache"))
+        pack_s = stats["times"]["total"] - stats["times"]["setup"]
+        out["datasets"][name] = {
+            "texts": len(texts), "tokens": stats["tokens"], "pack_data": stats,
+            "pack_s_excl_setup": pack_s, "pack_process_s": process_s, "raw_warm": raw, "cold_baselines": cold,
+            "vs_cold_raw": stats["tokens"] / pack_s / (cold["raw"]["tokens"] / cold["raw"]["seconds"]),
+            "vs_warm_raw": stats["tokens"] / pack_s / raw["tokens_per_s"],
+            "speedup_vs_trl": cold["trl"]["seconds"] / pack_s,
+            "process_speedup_vs_trl": cold["trl"]["process_s"] / process_s,
+        }
+        path.unlink()
+    return out
+
+
 def make_pretokenized(path: Path, tokens: int, seed: int = 0, vocab: int = 32000) -> int:
     """Write `input_ids` rows (lengths 16..4096, about `tokens` in all) as Parquet or Arrow IPC (by suffix)."""
     import numpy as np
@@ -471,10 +534,11 @@ def bench_pretok(args, tmp: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="text,pretok", help="comma list of: text, pretok")
+    parser.add_argument("--parts", default="text,pretok", help="comma list of: text, scale, pretok")
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--num-proc", type=int, default=None,
                         help="pack-data --num-proc (default: its own) and datasets.map num_proc (default: none)")
+    parser.add_argument("--copies", type=int, default=20, help="scale: how many copies of each dataset")
     parser.add_argument("--tokens", type=int, default=200_000_000, help="size of the synthetic pre-tokenized set")
     parser.add_argument("--pretok-batch-rows", type=int, default=4096)
     parser.add_argument("--pretok-format", default="arrow,parquet",
@@ -525,6 +589,19 @@ def main() -> None:
                       f"TRL-style, batched map {d['trl']['seconds']:.2f}s "
                       f"{({k: round(v, 2) for k, v in d['trl']['phases'].items()})}; TRL SFTTrainer-style, per-example "
                       f"map {d['trl_sft']['seconds']:.2f}s {({k: round(v, 2) for k, v in d['trl_sft']['phases'].items()})}")
+        if "scale" in parts:
+            results["scale"] = bench_scale(args, tmp)
+            for name, d in results["scale"]["datasets"].items():
+                cold = d["cold_baselines"]
+                ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}
+                print(f"[scale {name} x{args.copies}] {d['texts']} texts, {d['tokens']} tokens, first job: pack-data "
+                      f"{d['tokens'] / d['pack_s_excl_setup'] / 1e6:.2f}M tok/s excl. setup = {d['vs_cold_raw']:.0%} of a "
+                      f"fresh tokenizer's first encode_batch_fast ({cold['raw']['tokens'] / cold['raw']['seconds'] / 1e6:.2f}M "
+                      f"tok/s), {d['vs_warm_raw']:.0%} of its best later one ({d['raw_warm']['tokens_per_s'] / 1e6:.2f}M); "
+                      f"TRL-style batched map {cold['trl']['seconds']:.2f}s -> {d['speedup_vs_trl']:.1f}x; whole processes "
+                      f"{d['pack_process_s']:.2f}s vs {cold['trl']['process_s']:.2f}s -> {d['process_speedup_vs_trl']:.1f}x; "
+                      f"pack-data peak RSS {d['pack_data']['maxrss_self_mb']:.0f} MB (its children: "
+                      f"{d['pack_data']['maxrss_children_mb']:.0f} MB), phases {ph}")
         if "pretok" in parts:
             results["pretok"] = bench_pretok(args, tmp)
             for kind, p in results["pretok"].items():
