@@ -286,8 +286,15 @@ def load_weights_into(model: torch.nn.Module, path: Path) -> None:
 
 
 def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: the most memory allocated; CPU: this process's peak RSS (VmHWM, where Linux has it:
+    `ru_maxrss` of a process started by another also counts the starter's peak, kept across exec)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
