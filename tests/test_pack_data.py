@@ -801,13 +801,13 @@ def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
     assert estimate_rows(resolve_inputs([str(tmp_path / "c.json")])) is None  # unknown without parsing
 
 
-def test_small_spill_in_ram_and_large_spill_by_pread_give_the_same_shards(tmp_path: Path, monkeypatch):
+def test_spill_read_in_one_window_or_many_gives_the_same_shards(tmp_path: Path, monkeypatch):
     import pipeline.tokenize
 
     shas = []
-    for limit in (pipeline.tokenize.SMALL_SPILL_BYTES, 0):  # read whole and gathered in RAM / one pread per piece
-        monkeypatch.setattr(pipeline.tokenize, "SMALL_SPILL_BYTES", limit)
-        out = tmp_path / f"o{limit}"
+    for window in (pipeline.tokenize.MAP_WINDOW_BYTES, 4096):  # the whole spill mapped at once / a page at a time
+        monkeypatch.setattr(pipeline.tokenize, "MAP_WINDOW_BYTES", window)
+        out = tmp_path / f"o{window}"
         result = run(SAMPLE / "instructions.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out,
                      "--overlong", "split", "--rows-per-shard", 50)
         assert result.exit_code == 0, result.output

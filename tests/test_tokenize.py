@@ -25,6 +25,7 @@ from pipeline.shards import IGNORE_INDEX
 from pipeline.sources import resolve_inputs
 from pipeline.tokenize import (
     TEXT_BATCH_ROWS,
+    _map_pieces,
     encode_texts,
     iter_tokenized,
     lengths_of,
@@ -385,3 +386,45 @@ def test_encode_pool_matches_the_tokenizer_switches_tokenizers_and_reports_a_dea
     assert fresh is not pool and fresh.alive
     fresh.use(tok.backend_tokenizer)
     assert np.array_equal(fresh.encode(texts)[0], want[0])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=40),
+    window_pages=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_spill_pieces_read_through_map_windows_equal_the_slices(tmp_path_factory, monkeypatch, sizes, window_pages, seed):
+    """Any pieces of a spill file, in any order, some crossing window edges or ending at the file's
+    end, come back concatenated in the order asked, whatever the window size."""
+    import pipeline.tokenize
+
+    monkeypatch.setattr(pipeline.tokenize, "MAP_WINDOW_BYTES", 4096 * window_pages)
+    rng = np.random.default_rng(seed)
+    data = rng.integers(-(2**31), 2**31 - 1, size=sum(sizes), dtype=np.int32)  # the last piece ends at the end
+    path = tmp_path_factory.mktemp("spill") / "ids.bin"
+    data.tofile(path)
+    starts = np.cumsum(sizes) - np.asarray(sizes)
+    order = rng.permutation(len(sizes))
+    want = np.concatenate([data[starts[k] : starts[k] + sizes[k]] for k in order])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = _map_pieces(fd, starts[order], np.asarray(sizes)[order])
+        buffer = np.full(len(want) + 5, 7, np.int32)
+        into = _map_pieces(fd, starts[order], np.asarray(sizes)[order], buffer)
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(into, want)
+    assert into.base is buffer or into.base is buffer.base  # read into the buffer given
+
+
+def test_a_spill_file_shorter_than_its_pieces_is_an_os_error(tmp_path):
+    path = tmp_path / "ids.bin"
+    np.arange(10, dtype=np.int32).tofile(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="short read from the spill file"):
+            _map_pieces(fd, np.array([8]), np.array([5]))
+    finally:
+        os.close(fd)
