@@ -15,9 +15,10 @@ and hence the shards are identical whatever `num_proc` is.
 
 The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`; no labels file for
 pre-tokenized input without labels) from which the writer copies each piece straight into the
-shard's flat arrays, through memory maps of a bounded window of the file at a time; per example only the length (and the start offset, their cumulative
-sum) live in RAM. Pre-tokenized uncompressed Arrow IPC files are not spilled: the "spill" then points
-into the input files themselves (`direct_arrow_spill`), and only their list offsets are read here.
+shard's flat arrays, through memory maps of a bounded window of the file at a time; per example
+only the length (and the start offset, their cumulative sum) live in RAM. Pre-tokenized
+uncompressed Arrow IPC files are not spilled: the "spill" then points into the input files
+themselves (`direct_arrow_spill`), and only their list offsets are read here.
 
 Each input file is rendered with its own format (`file_formats`: detected from that file's columns).
 """

@@ -394,7 +394,9 @@ def test_encode_pool_matches_the_tokenizer_switches_tokenizers_and_reports_a_dea
     window_pages=st.integers(1, 3),
     seed=st.integers(0, 2**16),
 )
-def test_spill_pieces_read_through_map_windows_equal_the_slices(tmp_path_factory, monkeypatch, sizes, window_pages, seed):
+def test_spill_pieces_read_through_map_windows_equal_the_slices(
+    tmp_path_factory, monkeypatch, sizes, window_pages, seed
+):
     """Any pieces of a spill file, in any order, some crossing window edges or ending at the file's
     end, come back concatenated in the order asked, whatever the window size."""
     import pipeline.tokenize
