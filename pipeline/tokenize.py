@@ -452,7 +452,8 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
     """Concatenate int32 ranges [start, start + length) of a file, in the order given, copied out of
     memory maps of it: the pieces sorted by start, one window of about MAP_WINDOW_BYTES mapped at a
     time and unmapped before the next, so a read costs no syscall per piece (against one pread
-    each: 1-3 us, GIL held) and adds at most a window to RSS, whatever the file's size.
+    each: 1-3 us, GIL held) and adds at most a window to RSS, whatever the file's size. Where the
+    file cannot be mapped, it is read with one pread per piece.
     `out`: a buffer to read into (its first sum(lengths) entries are returned).
     """
     starts = starts.astype(np.int64, copy=False)
@@ -471,6 +472,8 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
                 window = mmap.mmap(fd, size, offset=base, access=mmap.ACCESS_READ)
             except ValueError:  # the file ends before the piece
                 raise OSError(errno.EIO, "short read from the spill file (was it changed while packing?)") from None
+            except OSError:  # a file system that cannot map files (some FUSE mounts): piece by piece
+                return _pread_pieces([fd], starts, lengths, out)
             with window:
                 src = np.frombuffer(window, dtype="<i4")
                 _copy_pieces(src, first[i:j] - base // 4, n[i:j], dest[i:j], out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -430,3 +431,25 @@ def test_a_spill_file_shorter_than_its_pieces_is_an_os_error(tmp_path):
             _map_pieces(fd, np.array([8]), np.array([5]))
     finally:
         os.close(fd)
+
+
+def test_a_spill_file_that_cannot_be_mapped_is_read_piece_by_piece(tmp_path, monkeypatch):
+    import pipeline.tokenize
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")  # what a FUSE mount without mmap answers
+
+    path = tmp_path / "ids.bin"
+    data = np.arange(5000, dtype=np.int32)
+    data.tofile(path)
+    starts, lengths = np.array([4000, 10, 2000]), np.array([900, 5, 1000])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapped = _map_pieces(fd, starts, lengths)
+        monkeypatch.setattr(pipeline.tokenize.mmap, "mmap", refuse)
+        read = _map_pieces(fd, starts, lengths)
+    finally:
+        os.close(fd)
+    want = np.concatenate([data[4000:4900], data[10:15], data[2000:3000]])
+    np.testing.assert_array_equal(mapped, want)
+    np.testing.assert_array_equal(read, want)
