@@ -471,7 +471,7 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
             try:
                 window = mmap.mmap(fd, size, offset=base, access=mmap.ACCESS_READ)
             except ValueError:  # the file ends before the piece
-                raise OSError(errno.EIO, "short read from the spill file (was it changed while packing?)") from None
+                raise _short_read() from None
             except OSError:  # a file system that cannot map files (some FUSE mounts): piece by piece
                 return _pread_pieces([fd], starts, lengths, out)
             with window:
@@ -480,6 +480,10 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
                 del src  # before the window closes
         i = j
     return out
+
+
+def _short_read() -> OSError:
+    return OSError(errno.EIO, "short read from the spill file (was it changed while packing?)")
 
 
 @numba.njit(cache=True, nogil=True)
@@ -510,7 +514,7 @@ def _pread_pieces(fds: list[int], starts: np.ndarray, lengths: np.ndarray, out: 
         nbytes = 4 * n
         fd = fds[0] if one else fds[start >> FILE_SHIFT]
         if os.preadv(fd, [view[pos : pos + nbytes]], 4 * (start & _OFFSET_MASK)) != nbytes:
-            raise OSError(errno.EIO, "short read from the spill file (was it changed while packing?)")
+            raise _short_read()
         pos += nbytes
     return out
 

@@ -135,6 +135,13 @@ def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None,
     return time.perf_counter() - t
 
 
+def job_config(args, path: Path, out: Path) -> dict:
+    """The PackConfig fields of a benchmark job on `path`: the Llama-2 tokenizer, --max-len and
+    --num-proc, output to `out`."""
+    return {"inputs": [str(path)], "tokenizer": str(TOKENIZER), "max_len": args.max_len, "out": str(out),
+            "overwrite": True, "num_proc": args.num_proc}
+
+
 def pack_in_child(repeat: int = 1, cache: Path | None = None, **config) -> dict:
     """Run run_pack_data(PackConfig(**config)) `repeat` times in a fresh interpreter, with the
     tokenizer cache in `cache`; return the stats.
@@ -341,8 +348,7 @@ def bench_text(args, tmp: Path) -> dict:
     # numba compiles pack-data's kernels once per installation into its on-disk cache; a first
     # process would time that (seconds) as well: one small job fills the cache, untimed
     for _, path in DATASETS:
-        pack_in_child(inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len, limit=200,
-                      out=str(tmp / "out-compile"), overwrite=True, num_proc=args.num_proc)
+        pack_in_child(**job_config(args, path, tmp / "out-compile"), limit=200)
     result: dict = {"datasets": {}}
     totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
               "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0,
@@ -356,8 +362,7 @@ def bench_text(args, tmp: Path) -> dict:
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer)
         engine = engine_alone(texts, tokenizer)
-        config = {"inputs": [str(path)], "tokenizer": str(TOKENIZER), "max_len": args.max_len,
-                  "out": str(tmp / f"out-{name}"), "overwrite": True, "num_proc": args.num_proc}
+        config = job_config(args, path, tmp / f"out-{name}")
         stats = pack_in_child(repeat=1 + REPEATS, cache=empty(cache), **config)  # the first job ever
         cached = pack_in_child(cache=cache, **config)  # a later process: the tokenizer from the cache
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
@@ -460,10 +465,8 @@ def bench_scale(args, tmp: Path) -> dict:
     out: dict = {"copies": args.copies, "datasets": {}}
     for name, source in DATASETS:
         path = make_copies(source, args.copies, tmp / f"{name}-x{args.copies}.jsonl")
-        pack_in_child(inputs=[str(path)], tokenizer=str(TOKENIZER), max_len=args.max_len, limit=200,
-                      out=str(tmp / "out-compile"), overwrite=True, num_proc=args.num_proc)  # numba's cache
-        config = {"inputs": [str(path)], "tokenizer": str(TOKENIZER), "max_len": args.max_len,
-                  "out": str(tmp / f"out-{name}"), "overwrite": True, "num_proc": args.num_proc}
+        pack_in_child(**job_config(args, path, tmp / "out-compile"), limit=200)  # numba's cache, untimed
+        config = job_config(args, path, tmp / f"out-{name}")
         stats = pack_in_child(cache=empty(tmp / "tokenizer-cache"), **config)  # the first job ever
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer, apis=("encode_batch_fast",))["encode_batch_fast"]
