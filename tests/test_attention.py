@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from trainer import attention
+from trainer import attention, kernels
 from trainer.attention import BACKENDS, install, select_backend, varlen_attention
 from trainer.batch import collate_flat
 from trainer.model import build_model
@@ -76,20 +76,12 @@ def test_sdpa_reference_never_attends_across_examples():
     torch.testing.assert_close(out[LENGTHS[0] :], base[LENGTHS[0] :], atol=0, rtol=0)
 
 
-def test_block_causal_mask_and_segment_ids():
+def test_segment_ids_and_chunk_splits():
     cu = cu_of([2, 3])
-    assert attention.segment_ids(cu, 5).tolist() == [0, 0, 1, 1, 1]
-    expected = torch.tensor(
-        [
-            [1, 0, 0, 0, 0],
-            [1, 1, 0, 0, 0],
-            [0, 0, 1, 0, 0],
-            [0, 0, 1, 1, 0],
-            [0, 0, 1, 1, 1],
-        ],
-        dtype=torch.bool,
-    )
-    assert torch.equal(attention.block_causal_mask(cu, 5), expected)
+    assert kernels.segment_ids(cu, 5).tolist() == [0, 0, 1, 1, 1]
+    split, longest = kernels.split_chunks(cu_of([10, 3, 8]), 4)
+    assert split.tolist() == [0, 4, 8, 10, 13, 17, 21] and longest == 4
+    assert split.dtype == torch.int32
 
 
 def test_varlen_attention_rejects_bad_shapes():
@@ -109,7 +101,7 @@ def test_select_backend_on_cpu():
     for backend in ("torch", "flash_attn"):
         with pytest.raises(UserError, match="needs a CUDA device.*sdpa"):
             select_backend(backend, "cpu")
-    with pytest.raises(UserError, match="unknown attention backend 'xla'.*auto, flash_attn, torch, sdpa"):
+    with pytest.raises(UserError, match="unknown attention backend 'xla'.*auto, flash_attn, torch, flex, sdpa"):
         select_backend("xla", "cpu")
 
 
@@ -119,8 +111,9 @@ def fake_cuda(monkeypatch):
     state = {"capability": (9, 0), "flash_attn": True, "torch_varlen": True}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: state["capability"])
-    monkeypatch.setattr(attention, "_flash_attn_importable", lambda: state["flash_attn"])
-    monkeypatch.setattr(attention, "_torch_varlen_available", lambda: state["torch_varlen"])
+    monkeypatch.setattr(attention, "flash_attn_importable", lambda: state["flash_attn"])
+    monkeypatch.setattr(attention, "torch_varlen_fn", lambda: (lambda: None) if state["torch_varlen"] else None)
+    monkeypatch.setattr(attention, "torch_flash_op", lambda: None)
     return state
 
 
@@ -128,32 +121,32 @@ def test_select_backend_auto_order_on_cuda(fake_cuda):
     assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn"
     fake_cuda["flash_attn"] = False
     assert select_backend("auto", "cuda:0", torch.bfloat16) == "torch"
-    with pytest.raises(UserError, match="flash-attn package is not installed.*torch / sdpa"):
+    with pytest.raises(UserError, match="flash-attn package is not installed.*torch / flex / sdpa"):
         select_backend("flash_attn", "cuda", torch.bfloat16)
     fake_cuda["torch_varlen"] = False
-    assert select_backend("auto", "cuda", torch.bfloat16) == "sdpa"
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flex"
     with pytest.raises(UserError, match="no FlashAttention varlen kernel"):
         select_backend("torch", "cuda", torch.bfloat16)
 
 
 def test_select_backend_cuda_float32_and_old_gpu(fake_cuda):
-    assert select_backend("auto", "cuda", torch.float32) == "sdpa"
+    assert select_backend("auto", "cuda", torch.float32) == "flex"
     with pytest.raises(UserError, match="bfloat16 or float16"):
         select_backend("torch", "cuda", torch.float32)
     fake_cuda["capability"] = (7, 5)
     with pytest.raises(UserError, match="sm80"):
         select_backend("flash_attn", "cuda", torch.bfloat16)
-    assert select_backend("auto", "cuda", torch.bfloat16) == "sdpa"
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flex"
 
 
 # --------------------------------------------------------------------------- GPU-branch glue on CPU
 
 
 def test_varlen_signature_of_installed_torch():
-    fn = attention._torch_varlen_fn()
+    fn = kernels.torch_varlen_fn()
     if fn is None:
         pytest.skip("this torch has no torch.nn.attention.varlen")
-    sig = attention.varlen_signature(fn)
+    sig = kernels.varlen_signature(fn)
     # exactly one way to ask for causality must exist, or the torch backend refuses to run
     assert sig["window_size"] or sig["is_causal"]
     assert sig == {k: k in inspect.signature(fn).parameters for k in sig}
@@ -197,7 +190,7 @@ def fake_varlen_old(calls):
 def test_torch_backend_dispatch_per_signature(monkeypatch, flavour, scale):
     calls: list[dict] = []
     fake = fake_varlen_new(calls) if flavour == "new" else fake_varlen_old(calls)
-    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: fake)
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: fake)
     q, k, v = qkv(LENGTHS, 6, 2, dtype=torch.float16)
     out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", scale=scale)
     expected = naive_attention(q, k, v, LENGTHS, scale)
@@ -213,7 +206,7 @@ def test_torch_backend_refuses_varlen_without_causal_flag(monkeypatch):
     def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k):
         raise AssertionError("must not be called")
 
-    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: varlen_attn)
     with pytest.raises(UserError, match="cannot do causal attention"):
         varlen_attention(*qkv(LENGTHS, dtype=torch.float16), cu_of(LENGTHS), 12, backend="torch")
 
@@ -227,8 +220,8 @@ def test_torch_backend_falls_back_to_aten_flash_op(monkeypatch):
         out = _reference(q, k, v, cum_seq_q, max_q, scale)
         return out, None, None, None, None
 
-    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: None)
-    monkeypatch.setattr(attention, "_torch_flash_op", lambda: op)
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: None)
+    monkeypatch.setattr(kernels, "torch_flash_op", lambda: op)
     q, k, v = qkv(LENGTHS, 4, 2, dtype=torch.float16)
     cu64 = cu_of(LENGTHS).long()  # int64 offsets must be converted to int32 for the kernel
     out = varlen_attention(q, k, v, cu64, max(LENGTHS), backend="torch")
@@ -290,13 +283,12 @@ def test_hf_packed_hidden_states_equal_each_example_alone(tiny):
             start += len(x)
 
 
-def test_hf_attention_without_cu_seqlens_treats_each_row_as_one_example(tiny):
-    model, reference = tiny
+def test_hf_attention_without_cu_seqlens_is_refused(tiny):
+    """No silent "one example per row" fallback: a call without boundaries is an error."""
+    model, _ = tiny
     ids = torch.randint(3, 4096, (2, 7), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ours = model(input_ids=ids).logits
-        eager = reference(input_ids=ids).logits
-    torch.testing.assert_close(ours, eager, atol=1e-5, rtol=1e-5)
+    with pytest.raises(UserError, match="LlamaAttention was called without example boundaries"), torch.no_grad():
+        model(input_ids=ids)
 
 
 def test_install_builds_no_dense_mask(tiny, monkeypatch):
@@ -345,7 +337,10 @@ def test_hf_attention_rejects_dense_masks_and_dropout(tiny):
         fn(module, q, q, q, None, scaling=0.5, dropout=0.1)
     with pytest.raises(UserError, match="KV cache"):
         fn(module, q, torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), None, scaling=0.5)
-    out, weights = fn(module, q, q, q, None, scaling=0.5)
+    with pytest.raises(UserError, match="without example boundaries"):
+        fn(module, q, q, q, None, scaling=0.5)
+    bounds = dict(cu_seq_lens_q=torch.tensor([0, 1, 3], dtype=torch.int32), max_length_q=2)
+    out, weights = fn(module, q, q, q, None, scaling=0.5, **bounds)
     assert out.shape == (1, 3, 2, 4) and weights is None
 
 
@@ -420,7 +415,7 @@ def test_kernel_backends_get_16bit_inputs_under_autocast(monkeypatch):
         seen.append((query.dtype, key.dtype, value.dtype))
         return _reference(query, key, value, cu_seq_q, max_q, scale)
 
-    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: varlen_attn)
     q, k, v = qkv(LENGTHS, 4, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = varlen_attention(q, k, v.bfloat16(), cu_of(LENGTHS), max(LENGTHS), backend="torch")
@@ -442,7 +437,7 @@ def test_torch_backend_through_llama_under_autocast(monkeypatch):
         assert query.dtype == key.dtype == value.dtype == torch.bfloat16 and window_size == (-1, 0)
         return _reference(query, key, value, cu_seq_q, max_q, scale)
 
-    monkeypatch.setattr(attention, "_torch_varlen_fn", lambda: varlen_attn)
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: varlen_attn)
     model, _ = build_model("tiny", attn="sdpa", seed=5)
     batch, _ = packed_example_batch([6, 11, 2, 8])
     with torch.no_grad():
@@ -451,3 +446,149 @@ def test_torch_backend_through_llama_under_autocast(monkeypatch):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             got = per_example_losses(model, batch)
     torch.testing.assert_close(got, expected, atol=0, rtol=2e-2)
+
+
+# --------------------------------------------------------------------------- attention features
+
+
+def test_auto_picks_the_fastest_backend_that_reproduces_the_features(fake_cuda, monkeypatch):
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: fake_varlen_new([]))  # has window_size
+    pick = lambda *features: select_backend("auto", "cuda", features=set(features))  # noqa: E731
+    assert pick() == pick("window") == pick("softcap", "window") == pick("chunk", "value_dim") == "flash_attn"
+    assert pick("sinks") == pick("window", "sinks") == pick("wide_head") == "flex"
+    fake_cuda["flash_attn"] = False
+    assert pick("window") == pick("chunk") == "torch"
+    assert pick("softcap") == "flex"
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: fake_varlen_old([]))  # no window_size
+    assert pick("window") == "flex"
+    with pytest.raises(UserError, match="'torch' cannot be used: it cannot reproduce attention logit soft-capping"):
+        select_backend("torch", "cuda", features={"softcap"})
+    fake_cuda["flash_attn"] = True
+    with pytest.raises(UserError, match="'flash_attn' cannot be used: it cannot reproduce attention sinks.*flex / sdpa"):
+        select_backend("flash_attn", "cuda", features={"sinks", "window"})
+
+
+def test_cpu_trains_with_the_reference_whatever_the_features():
+    assert select_backend("auto", "cpu", features={"sinks", "softcap", "window", "chunk"}) == "sdpa"
+    with pytest.raises(UserError, match="no FlexAttention backward on the CPU"):
+        select_backend("flex", "cpu")
+    why = attention.explain_choice("auto", "sdpa", "cpu", features={"sinks"})
+    assert "uses attention sinks" in why and "not flex: PyTorch has no FlexAttention backward" in why
+
+
+def flash_semantics(q, k, v, cu, scale, window_size=(-1, -1), softcap=0.0):
+    """What flash-attn documents for causal=True: query i sees keys j with i - left <= j <= i
+    (left = window_size[0], -1 for no limit), scores soft-capped as softcap * tanh(s / softcap)."""
+    q, k, v = q.double(), k.double(), v.double()
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
+    bounds = cu.tolist()
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        scores = torch.einsum("ihd,jhd->hij", q[s:e], k[s:e]) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        i = torch.arange(e - s)
+        keep = i[None, :] <= i[:, None]
+        if window_size[0] >= 0:
+            keep &= i[None, :] >= i[:, None] - window_size[0]
+        scores = scores.masked_fill(~keep, float("-inf"))
+        out[s:e] = torch.einsum("hij,jhd->ihd", torch.softmax(scores, -1), v[s:e])
+    return out
+
+
+@pytest.mark.parametrize("features", [
+    kernels.Features(window=4), kernels.Features(softcap=0.5), kernels.Features(chunk=3),
+    kernels.Features(window=5, softcap=2.0), kernels.Features(),
+], ids=lambda f: ",".join(sorted(f.used())) or "plain")
+@pytest.mark.parametrize("value_dim", [8, 6])
+def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, value_dim):
+    """window w -> window_size=(w - 1, 0), softcap passed on, chunks as extra sequence starts, a
+    narrower value head zero-padded and the output sliced back: the kernel (faked here with
+    flash-attn's documented semantics) then matches the reference exactly."""
+    calls = []
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None,
+                               causal=False, window_size=(-1, -1), softcap=0.0, **_):
+        calls.append(dict(window_size=window_size, softcap=softcap, dims={q.shape[-1], v.shape[-1]},
+                          cu=cu_q.tolist()))
+        assert causal and torch.equal(cu_q, cu_k)
+        return flash_semantics(q, k, v, cu_q, softmax_scale, window_size, softcap).to(q.dtype)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    q, k, _ = qkv(LENGTHS, 6, 2, d=8, dtype=torch.float16)
+    v = torch.randn(q.shape[0], 2, value_dim, generator=torch.Generator().manual_seed(1)).half()
+    out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn", scale=0.3, features=features)
+    expected = varlen_attention(q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS),
+                                backend="sdpa", scale=0.3, features=features)
+    assert out.shape == (q.shape[0], 6, value_dim)
+    torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
+    left = -1 if features.window is None else features.window - 1
+    assert calls[0]["window_size"] == (left, 0) and calls[0]["softcap"] == (features.softcap or 0.0)
+    assert calls[0]["dims"] == {8}  # one head dim for q, k and v
+    if features.chunk:
+        assert calls[0]["cu"] == kernels.split_chunks(cu_of(LENGTHS), features.chunk)[0].tolist()
+    if features.window is not None:  # negative control: the kernel's own count, w, is one too many
+        wrong = flash_semantics(q, k, v, cu_of(LENGTHS), 0.3, (features.window, 0), features.softcap or 0.0)
+        assert float((wrong[..., :value_dim] - expected).abs().max()) > 10 * FP16_TOL
+
+
+def test_torch_backend_gets_the_window_in_its_own_terms(monkeypatch):
+    calls: list[dict] = []
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+                    scale=None, window_size=(-1, -1), enable_gqa=False, **_):
+        calls.append(dict(window_size=window_size))
+        return flash_semantics(query, key, value, cu_seq_q, scale, window_size).to(query.dtype)
+
+    monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: varlen_attn)
+    q, k, v = qkv(LENGTHS, 4, 2, dtype=torch.float16)
+    feats = kernels.Features(window=3)
+    out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=feats)
+    expected = varlen_attention(q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS),
+                                backend="sdpa", features=feats)
+    torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
+    assert calls == [dict(window_size=(2, 0))]
+    with pytest.raises(UserError, match="cannot reproduce attention logit soft-capping"):
+        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=kernels.Features(softcap=1.0))
+
+
+@pytest.mark.parametrize("features", [
+    kernels.Features(window=4), kernels.Features(chunk=3), kernels.Features(softcap=0.5),
+    kernels.Features(window=4, softcap=0.5),
+], ids=lambda f: ",".join(sorted(f.used())))
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_flex_forward_matches_the_reference_on_cpu(features, with_sinks):
+    q, k, v = qkv(LENGTHS, 6, 2)
+    sinks = torch.linspace(-2.0, 2.0, 6) if with_sinks else None
+    args = (q, k, v, cu_of(LENGTHS), max(LENGTHS))
+    flex = varlen_attention(*args, backend="flex", scale=0.4, features=features, sinks=sinks)
+    reference = varlen_attention(*args, backend="sdpa", scale=0.4, features=features, sinks=sinks)
+    torch.testing.assert_close(flex, reference, atol=2e-6, rtol=1e-5)
+    plain = varlen_attention(*args, backend="sdpa", scale=0.4)  # negative control
+    assert float((plain - reference).abs().max()) > 1e-2
+
+
+def test_reference_spells_out_each_feature():
+    """The sdpa reference against attention written out by hand, one feature at a time."""
+    q, k, v = qkv([9], 2, 1, d=4)
+    cu = cu_of([9])
+    scores = torch.einsum("ihd,jhd->hij", q, k.repeat_interleave(2, 1)) * 0.5
+    i = torch.arange(9)
+    causal = i[None, :] <= i[:, None]
+    cases = {
+        kernels.Features(window=3): (scores, causal & (i[:, None] - i[None, :] < 3)),
+        kernels.Features(chunk=4): (scores, causal & (i[:, None] // 4 == i[None, :] // 4)),
+        kernels.Features(softcap=0.7): (0.7 * torch.tanh(scores / 0.7), causal),
+    }
+    for features, (s, keep) in cases.items():
+        probs = torch.softmax(s.masked_fill(~keep, float("-inf")), -1)
+        expected = torch.einsum("hij,jhd->ihd", probs, v.repeat_interleave(2, 1))
+        out = varlen_attention(q, k, v, cu, 9, backend="sdpa", scale=0.5, features=features)
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    sinks = torch.tensor([1.5, -0.5])
+    s = torch.cat([scores.masked_fill(~causal, float("-inf")), sinks[:, None, None].expand(2, 9, 1)], -1)
+    expected = torch.einsum("hij,jhd->ihd", torch.softmax(s, -1)[..., :9], v.repeat_interleave(2, 1))
+    out = varlen_attention(q, k, v, cu, 9, backend="sdpa", scale=0.5, sinks=sinks)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)

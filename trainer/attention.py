@@ -1,76 +1,55 @@
-"""Packed (varlen) causal attention backends, plugged into Hugging Face models.
+"""Packed attention for Hugging Face models: which backend, and the glue that plugs it in.
 
-A packed micro-batch is one flat sequence of T tokens holding several examples back to back;
-`cu_seqlens` (int32, [n_examples + 1]) marks where each example starts. Every backend here attends
-causally *within* each example and never across a boundary:
+`install(model, backend)` registers a varlen kernel (`trainer.kernels`) with transformers'
+`AttentionInterface` and switches the model to it. Every attention layer of the model then
+receives the example boundaries (`cu_seq_lens_q`, `max_length_q` forward kwargs, see
+`trainer.batch.MicroBatch.model_kwargs`) and its own features, read per call:
 
-- "flash_attn": `flash_attn.flash_attn_varlen_func` (the flash-attn package), CUDA only.
-- "torch":      PyTorch's built-in FlashAttention varlen kernel (`torch.nn.attention.varlen.varlen_attn`,
-                or `torch.ops.aten._flash_attention_forward` on versions without it), CUDA only.
-- "sdpa":       the reference: causal `F.scaled_dot_product_attention` on each example alone.
-                Runs anywhere (memory for sum(L^2) scores, bounds read on the host); it is the
-                correctness oracle for the other two.
+- from what transformers passes the attention function: `sliding_window`, `softcap`, `s_aux`
+  (sinks), and the value head dim (from the tensors);
+- from the config where the model does not pass it: a layer whose `config.layer_types` entry is
+  "sliding_attention" gets `config.sliding_window` (every layer does, in a model without
+  layer types), "chunked_attention" gets `config.attention_chunk_size`.
 
-`install(model, backend)` registers the chosen backend with `transformers.AttentionInterface` and
-switches the model to it; the model then reads example boundaries from the `cu_seq_lens_q` /
-`max_length_q` forward kwargs (see `trainer.batch.MicroBatch.model_kwargs`).
+A layer called without boundaries is refused (its model does not pass them on to attention, so
+examples would see each other), and so is a feature the backend cannot reproduce.
+
+Backends, fastest first: flash_attn, torch (both CUDA, 16-bit), flex (CUDA), sdpa (the reference,
+anywhere). `select_backend("auto", device, features)` takes the first one that runs on the device
+and reproduces every feature the model uses; `trainer.model_check` finds those features.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from pipeline.errors import UserError
+from trainer.kernels import (
+    FEATURE_NAMES,
+    KERNELS,
+    Features,
+    flash_attn_importable,
+    supported,
+    torch_flash_op,
+    torch_varlen_fn,
+    varlen_attention,
+)
 
-BACKENDS = ("flash_attn", "torch", "sdpa")
+BACKENDS = KERNELS
 
 DESCRIPTIONS = {
     "flash_attn": "flash-attn varlen (flash_attn.flash_attn_varlen_func)",
     "torch": "torch varlen (FlashAttention, built into PyTorch)",
-    "sdpa": "sdpa reference (causal SDPA per example)",
+    "flex": "flex_attention with a document-causal block mask",
+    "sdpa": "sdpa reference (attention on each example alone)",
 }
 
 
-# --------------------------------------------------------------------------- availability
-
-
-def _flash_attn_importable() -> bool:
-    """True when the flash-attn package can be imported (without importing it if it is absent)."""
-    if importlib.util.find_spec("flash_attn") is None:
-        return False
-    try:
-        from flash_attn import flash_attn_varlen_func  # noqa: F401
-    except Exception:  # a broken build (ABI mismatch) raises ImportError/OSError/RuntimeError
-        return False
-    return True
-
-
-def _torch_varlen_fn() -> Callable | None:
-    """`torch.nn.attention.varlen.varlen_attn` if this PyTorch has it, else None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except Exception:
-        return None
-    return varlen_attn
-
-
-def _torch_flash_op() -> Any | None:
-    """`torch.ops.aten._flash_attention_forward` if this PyTorch build has it, else None."""
-    try:
-        return torch.ops.aten._flash_attention_forward
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def _torch_varlen_available() -> bool:
-    return _torch_varlen_fn() is not None or _torch_flash_op() is not None
+# --------------------------------------------------------------------------- selection
 
 
 def _is_cuda(device: torch.device | str) -> bool:
@@ -78,233 +57,115 @@ def _is_cuda(device: torch.device | str) -> bool:
 
 
 def _why_not(backend: str, device: torch.device | str, dtype: torch.dtype | None) -> str | None:
-    """Why `backend` cannot run on `device`/`dtype`, or None when it can."""
+    """Why `backend` cannot train on `device`/`dtype`, or None when it can."""
     if backend == "sdpa":
         return None
     if not _is_cuda(device):
+        if backend == "flex":
+            return "PyTorch has no FlexAttention backward on the CPU, so it cannot train there"
         return f"needs a CUDA device, but the model is on {torch.device(device).type!r}"
     if not torch.cuda.is_available():
         return "needs CUDA, but torch.cuda.is_available() is False"
+    if backend == "flex":
+        return None
     if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
         return f"FlashAttention kernels need bfloat16 or float16, not {dtype}"
     major, minor = torch.cuda.get_device_capability(torch.device(device))
     if major < 8:
         return f"FlashAttention needs an Ampere or newer GPU (sm80+), this one is sm{major}{minor}"
-    if backend == "flash_attn" and not _flash_attn_importable():
+    if backend == "flash_attn" and not flash_attn_importable():
         return "the flash-attn package is not installed (or does not import)"
-    if backend == "torch" and not _torch_varlen_available():
+    if backend == "torch" and torch_varlen_fn() is None and torch_flash_op() is None:
         return f"this PyTorch ({torch.__version__}) has no FlashAttention varlen kernel"
     return None
+
+
+def _cannot_reproduce(backend: str, features: set[str]) -> str | None:
+    missing = set(features) - supported(backend)
+    if not missing:
+        return None
+    return "it cannot reproduce " + ", ".join(FEATURE_NAMES[m] for m in sorted(missing))
+
+
+def _reasons(device, dtype, features) -> dict[str, str | None]:
+    """Each backend, fastest first, with why it cannot be used here (None: it can)."""
+    return {b: _why_not(b, device, dtype) or _cannot_reproduce(b, features) for b in BACKENDS}
 
 
 def select_backend(
     requested: str = "auto",
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    features: set[str] = frozenset(),
 ) -> str:
-    """Resolve `requested` ("auto" or one of BACKENDS) to a backend that can run on `device`.
+    """Resolve `requested` ("auto" or one of BACKENDS) to a backend that can train on `device` and
+    reproduces every one of `features` (names of `trainer.kernels.Features`, e.g. {"window"}).
 
-    "auto" picks flash_attn, then torch, then sdpa: the first one that can run. An explicit request
-    that cannot run raises UserError saying why and what to use instead. Pass `dtype` only when it
-    is the dtype attention will compute in (a bf16 model); float32 weights trained under bf16
-    autocast still get bf16 attention inputs (see `_half_inputs`), so leave it None then.
+    "auto" picks the first usable one of flash_attn, torch, flex, sdpa (sdpa always is). An
+    explicit request that cannot be used raises UserError saying why and what to use instead.
+    Pass `dtype` only when it is the dtype attention will compute in (a bf16 model); float32
+    weights trained under bf16 autocast still get bf16 attention inputs, so leave it None then.
     """
+    reasons = _reasons(device, dtype, features)
     if requested == "auto":
-        for backend in BACKENDS:
-            if _why_not(backend, device, dtype) is None:
-                return backend
-        return "sdpa"
+        return next(b for b, why in reasons.items() if why is None)
     if requested not in BACKENDS:
+        raise UserError(f"unknown attention backend {requested!r}: choose auto, {', '.join(BACKENDS)}")
+    if reasons[requested] is not None:
+        usable = [b for b, why in reasons.items() if why is None and b != requested]
         raise UserError(
-            f"unknown attention backend {requested!r}: choose auto, {', '.join(BACKENDS)}"
-        )
-    reason = _why_not(requested, device, dtype)
-    if reason is not None:
-        usable = [b for b in BACKENDS if b != requested and _why_not(b, device, dtype) is None]
-        raise UserError(
-            f"attention backend {requested!r} cannot run: {reason}; use --attn auto or "
-            f"{' / '.join(usable)} instead"
+            f"attention backend {requested!r} cannot be used: {reasons[requested]}; use --attn auto "
+            f"or {' / '.join(usable)} instead"
         )
     return requested
 
 
-# --------------------------------------------------------------------------- kernels
-
-
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"varlen attention wants [T, H, D] tensors, got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)}/{tuple(v.shape)} do not match")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[T, Hkv, D] -> [T, Hkv * groups, D], query head h using kv head h // groups (as in HF)."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
-def segment_ids(cu_seqlens: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Example index of every token of the flat sequence, computed on cu_seqlens' device (no sync)."""
-    positions = torch.arange(n_tokens, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True)
-
-
-def block_causal_mask(cu_seqlens: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Boolean [T, T] mask: True where query i may attend key j (same example, j <= i)."""
-    seg = segment_ids(cu_seqlens, n_tokens)
-    idx = torch.arange(n_tokens, device=cu_seqlens.device)
-    return (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-
-
-def _sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale):
-    """Reference: causal SDPA on each example alone, so it is obviously right and needs memory for
-    sum(L^2) scores, not T^2 (the bounds are read on the host: this is the CPU / oracle path)."""
-    hq = q.shape[1]
-    k = _repeat_kv(k, hq // k.shape[1])
-    v = _repeat_kv(v, hq // v.shape[1])
-    bounds = cu_seqlens.tolist()
-    outs = [
-        F.scaled_dot_product_attention(
-            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
-            is_causal=True, scale=scale,
-        ).transpose(0, 1)
-        for s, e in zip(bounds[:-1], bounds[1:])
-    ]
-    return torch.cat(outs) if outs else q.new_zeros(q.shape)
-
-
-def varlen_signature(fn: Callable) -> dict[str, bool]:
-    """Which optional keywords this `varlen_attn` accepts (they differ across PyTorch versions).
-
-    torch 2.13: (..., *, scale, window_size, enable_gqa, ...), causal via window_size=(-1, 0);
-    torch ~2.9-2.11: (..., is_causal=False, return_aux=None), no scale, equal head counts.
-    """
-    params = inspect.signature(fn).parameters
-    return {
-        "window_size": "window_size" in params,
-        "is_causal": "is_causal" in params,
-        "scale": "scale" in params,
-        "enable_gqa": "enable_gqa" in params,
-    }
-
-
-def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale):
-    """PyTorch's FlashAttention varlen kernel, whichever entry point this version has."""
-    head_dim = q.shape[-1]
-    groups = q.shape[1] // k.shape[1]
-    fn = _torch_varlen_fn()
-    if fn is None:
-        op = _torch_flash_op()
-        if op is None:
-            raise UserError(
-                f"this PyTorch ({torch.__version__}) has no FlashAttention varlen kernel; use --attn sdpa"
-            )
-        # aten._flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-        # is_causal, return_debug_mask, *, scale) -> (out, lse, rng_state, unused, debug_mask);
-        # FlashAttention-2 handles grouped-query attention natively.
-        out = op(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0, True, False, scale=scale)
-        return out[0]
-    sig = varlen_signature(fn)
-    kwargs: dict[str, Any] = {}
-    if sig["window_size"]:
-        kwargs["window_size"] = (-1, 0)  # causal
-    elif sig["is_causal"]:
-        kwargs["is_causal"] = True
-    else:
-        raise UserError(
-            f"torch.nn.attention.varlen.varlen_attn in PyTorch {torch.__version__} has neither "
-            "window_size nor is_causal, so it cannot do causal attention; use --attn sdpa"
-        )
-    if sig["scale"]:
-        kwargs["scale"] = scale
-    elif scale is not None and not math.isclose(scale, head_dim**-0.5, rel_tol=1e-6):
-        q = q * (scale * math.sqrt(head_dim))  # the kernel applies 1/sqrt(D); fold the rest into q
-    if groups > 1:
-        if sig["enable_gqa"]:
-            kwargs["enable_gqa"] = True
-        else:
-            k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-    return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
-
-
-def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale):
-    """flash-attn 2: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
-    softmax_scale, causal); grouped-query attention is native."""
-    from flash_attn import flash_attn_varlen_func
-
-    return flash_attn_varlen_func(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-        dropout_p=0.0, softmax_scale=scale, causal=True,
-    )
-
-
-_HALF = (torch.bfloat16, torch.float16)
-
-
-def _half_inputs(q, k, v):
-    """q, k, v in one 16-bit dtype, as the FlashAttention kernels require.
-
-    Under autocast with float32 weights, HF's RoPE multiplies bf16 projections by float32 cos/sin,
-    so q/k arrive in float32 while v is bf16: cast all three to the autocast dtype (what
-    transformers' own flash-attention integration does). Genuine float32 activations (no autocast)
-    are an error rather than a silent precision change.
-    """
-    if q.dtype in _HALF and k.dtype == q.dtype and v.dtype == q.dtype:
-        return q, k, v
-    device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
-        target = torch.get_autocast_dtype(device_type)
-    elif q.dtype in _HALF:
-        target = q.dtype
-    else:
-        raise UserError(
-            f"FlashAttention kernels need bfloat16/float16 activations, got {q.dtype}: train in "
-            "bf16 (autocast or a bf16 model) or use --attn sdpa"
-        )
-    return q.to(target), k.to(target), v.to(target)
-
-
-_KERNELS: dict[str, Callable] = {
-    "sdpa": _sdpa_varlen,
-    "torch": _torch_varlen,
-    "flash_attn": _flash_attn_varlen,
-}
-
-
-def varlen_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    *,
-    backend: str,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Causal attention within each example of a packed sequence, never across examples.
-
-    q: [T, Hq, D]; k, v: [T, Hkv, D] with Hq a multiple of Hkv (grouped-query attention);
-    cu_seqlens: int32 [n_examples + 1] on q's device, cu_seqlens[-1] == T; max_seqlen: the longest
-    example (a Python int). `scale` defaults to 1/sqrt(D). Returns [T, Hq, D].
-    """
-    _check_shapes(q, k, v)
-    if backend not in _KERNELS:
-        raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend != "sdpa":
-        q, k, v = _half_inputs(q, k, v)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        if cu_seqlens.dtype != torch.int32:
-            cu_seqlens = cu_seqlens.to(torch.int32)
-        cu_seqlens = cu_seqlens.to(q.device, non_blocking=True)
-    return _KERNELS[backend](q, k, v, cu_seqlens, int(max_seqlen), scale)
+def explain_choice(
+    requested: str, backend: str, device: torch.device | str, dtype: torch.dtype | None = None,
+    features: set[str] = frozenset(),
+) -> str:
+    """One line saying what `backend` is and why it was chosen: the features the model uses and,
+    for "auto", the faster backends passed over with their reasons."""
+    uses = ", ".join(FEATURE_NAMES[f] for f in sorted(features)) or "no special attention features"
+    text = f"{backend} ({DESCRIPTIONS[backend]}); the model uses {uses}"
+    if requested != "auto":
+        return text + "; as requested"
+    reasons = _reasons(device, dtype, features)
+    faster = list(reasons)[: list(reasons).index(backend)]
+    return text + "".join(f"; not {b}: {reasons[b]}" for b in faster)
 
 
 # --------------------------------------------------------------------------- Hugging Face glue
 
 
-_HF_NAMES = {"flash_attn": "packlm_fa2", "torch": "packlm_torch", "sdpa": "packlm_reference"}
+def layer_features(
+    module: torch.nn.Module, query: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
+) -> Features:
+    """The features of one attention call: window and soft-cap as transformers passed them, else
+    as the layer's config says (its `layer_types` entry, or `sliding_window` for every layer of a
+    model without layer types, whose mask then applies it everywhere: PhiMoE); sinks when `s_aux`
+    is passed; value_dim and wide_head from the tensors."""
+    config = getattr(module, "config", None)
+    layer_types = getattr(config, "layer_types", None)
+    index = getattr(module, "layer_idx", None)
+    kind = layer_types[index] if layer_types and index is not None and index < len(layer_types) else None
+    window = kwargs.get("sliding_window")
+    if window is None and (kind == "sliding_attention" or not layer_types):
+        window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
+    softcap = kwargs.get("softcap")
+    return Features(
+        window=int(window) if window else None,
+        chunk=int(chunk) if chunk else None,
+        softcap=float(softcap) if softcap else None,
+        sinks=kwargs.get("s_aux") is not None,
+        value_dim=bool(value.shape[-1] != query.shape[-1]),
+        wide_head=bool(max(query.shape[-1], value.shape[-1]) > 256),
+    )
+
+
+_HF_NAMES = {"flash_attn": "packlm_fa2", "torch": "packlm_torch", "flex": "packlm_blockmask",
+             "sdpa": "packlm_reference"}
 
 
 def attention_name(backend: str) -> str:
@@ -317,15 +178,17 @@ def attention_name(backend: str) -> str:
     return _HF_NAMES[backend]
 
 
-def make_hf_attention(backend: str) -> Callable:
+Observer = Callable[[torch.nn.Module, Features], None]
+
+
+def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable:
     """An attention function with the signature transformers' AttentionInterface expects.
 
-    It receives query [B, Hq, S, D], key/value [B, Hkv, S, D] and the forward kwargs. Example
-    boundaries come from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1). If they
-    are absent (someone calls the model on ordinary unpacked rows), every batch row is treated as
-    ONE example: plain causal attention over each row, no padding support. Self-attention only:
-    `cu_seq_lens_k` / `max_length_k` must equal the query ones (MicroBatch passes the same tensor),
-    and a KV cache (generation) is refused.
+    It receives query [B, Hq, S, D], key/value [B, Hkv, S, D(v)] and the forward kwargs, reads the
+    example boundaries from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1) and the
+    layer's features (`layer_features`), and calls `observe(module, features)` first if given.
+    Refused, each with one line: no boundaries, attention dropout, a non-causal layer, a dense
+    attention mask, a KV cache (generation).
     """
 
     def packlm_attention(
@@ -338,17 +201,18 @@ def make_hf_attention(backend: str) -> Callable:
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        layer = type(module).__name__
         if dropout:
             raise UserError(
                 f"attention dropout ({dropout}) is not supported by the packed backends; "
                 "set attention_dropout=0 in the model config"
             )
         if not getattr(module, "is_causal", True):
-            raise UserError("packed attention backends are causal only; this attention layer is not")
+            raise UserError(f"packed attention backends are causal only; {layer} is not")
         if attention_mask is not None:
             raise UserError(
-                "packed attention got a dense attention_mask; pass cu_seq_lens_q/max_length_q "
-                "(trainer.batch.MicroBatch.model_kwargs) instead of padding masks"
+                f"{layer} got a dense attention_mask; packed attention takes the example boundaries "
+                "(cu_seq_lens_q/max_length_q, trainer.batch.MicroBatch.model_kwargs) instead"
             )
         batch, n_heads, seq, head_dim = query.shape
         if key.shape[2] != seq:
@@ -356,19 +220,23 @@ def make_hf_attention(backend: str) -> Callable:
                 "packed attention backends do not support a KV cache (generation); switch the "
                 "model to eager/sdpa attention for generation"
             )
-        cu_seqlens = kwargs.get("cu_seq_lens_q")
-        max_seqlen = kwargs.get("max_length_q")
-        if cu_seqlens is None:
-            cu_seqlens = torch.arange(0, (batch + 1) * seq, seq, device=query.device, dtype=torch.int32)
-            max_seqlen = seq
-        elif max_seqlen is None:
-            raise UserError("cu_seq_lens_q was passed without max_length_q (the longest example)")
-        flat = lambda x: x.transpose(1, 2).reshape(batch * seq, x.shape[1], head_dim)  # noqa: E731
+        cu_seqlens, max_seqlen = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+        if cu_seqlens is None or max_seqlen is None or batch != 1:
+            raise UserError(
+                f"{layer} was called without example boundaries (cu_seq_lens_q and max_length_q on "
+                "a [1, T] batch): the model's layers do not pass them on to attention, so packed "
+                "examples would attend to each other"
+            )
+        features = layer_features(module, query, value, kwargs)
+        if observe is not None:
+            observe(module, features)
+        flat = lambda x: x.transpose(1, 2).reshape(seq, x.shape[1], x.shape[3])  # noqa: E731
         out = varlen_attention(
             flat(query), flat(key), flat(value), cu_seqlens, int(max_seqlen),
-            backend=backend, scale=scaling,
+            backend=backend, scale=scaling, features=features,
+            sinks=kwargs.get("s_aux") if features.sinks else None,
         )
-        return out.view(batch, seq, n_heads, head_dim), None
+        return out.view(batch, seq, n_heads, out.shape[-1]), None
 
     packlm_attention.__name__ = attention_name(backend)
     return packlm_attention
@@ -394,13 +262,14 @@ def _mask_preprocessing_skips_unregistered() -> bool:
     return "ALL_MASK_ATTENTION_FUNCTIONS._global_mapping" in source
 
 
-def register(backend: str) -> str:
+def register(backend: str, name: str | None = None, observe: Observer | None = None) -> str:
     """Register `backend` with transformers (attention function, and a None mask function only
-    where this transformers version needs one). Returns the registered name."""
+    where this transformers version needs one) under `name` (default `attention_name(backend)`).
+    Returns the registered name."""
     from transformers import AttentionInterface
 
-    name = attention_name(backend)
-    AttentionInterface.register(name, make_hf_attention(backend))
+    name = name or attention_name(backend)
+    AttentionInterface.register(name, make_hf_attention(backend, observe))
     if not _mask_preprocessing_skips_unregistered():
         from transformers.masking_utils import AttentionMaskInterface
 
@@ -408,17 +277,9 @@ def register(backend: str) -> str:
     return name
 
 
-def install(model: torch.nn.Module, backend: str) -> str:
-    """Switch a Hugging Face model's attention to the packed `backend`; returns the registered name.
-
-    After this, call the model (or its decoder) with `cu_seq_lens_q`, `cu_seq_lens_k`,
-    `max_length_q`, `max_length_k` and restarting `position_ids` (MicroBatch.model_kwargs()).
-    Without cu_seq_lens_q every row is one causal example. No dense [T, T] mask is ever built
-    except inside the "sdpa" reference backend.
-    """
-    if backend not in BACKENDS:
-        raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    name = register(backend)
+def set_implementation(model: torch.nn.Module, name: str) -> None:
+    """Switch every attention layer of `model` to the registered (or built-in) implementation
+    `name`; refuses models that do not use transformers' AttentionInterface."""
     setter = getattr(model, "set_attn_implementation", None)
     try:
         if setter is None:
@@ -433,4 +294,17 @@ def install(model: torch.nn.Module, backend: str) -> str:
             f"{type(model).__name__} did not accept attention implementation {name!r}; "
             "it does not use transformers' AttentionInterface"
         )
+
+
+def install(model: torch.nn.Module, backend: str) -> str:
+    """Switch a Hugging Face model's attention to the packed `backend`; returns the registered name.
+
+    After this, call the model (or its decoder) with `cu_seq_lens_q`, `cu_seq_lens_k`,
+    `max_length_q`, `max_length_k` and restarting `position_ids` (MicroBatch.model_kwargs()).
+    No dense [T, T] mask is ever built except per example inside the "sdpa" reference backend.
+    """
+    if backend not in BACKENDS:
+        raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    name = register(backend)
+    set_implementation(model, name)
     return name

@@ -36,8 +36,10 @@ from pipeline.errors import UserError, cli_errors
 @click.option("--stop-at", default=None, type=click.IntRange(min=1),
               help="Stop (and checkpoint) after this step while keeping the full schedule; "
                    "continue later with --resume. For time-sliced jobs.")
-@click.option("--attn", default="auto", type=click.Choice(["auto", "flash_attn", "torch", "sdpa"]),
-              help="Packed attention backend (auto: flash_attn, then torch's varlen kernel, then sdpa).")
+@click.option("--attn", default="auto", type=click.Choice(["auto", "flash_attn", "torch", "flex", "sdpa"]),
+              help="Packed attention backend. auto: the fastest that runs here and reproduces every "
+                   "attention feature of the model (sliding window, soft-capping, sinks, chunks), "
+                   "in the order flash_attn, torch (PyTorch's varlen kernel), flex, sdpa (reference).")
 @click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "fp32"]),
               help="bf16 autocast with fp32 master weights, or plain fp32 (auto: bf16 on GPU).")
 @click.option("--compile/--no-compile", "compile_", default=None,

@@ -45,8 +45,9 @@ from trainer.data import (
     row_lengths,
     step_cursor,
 )
-from trainer.loss import packed_loss
-from trainer.model import build_model, count_params
+from trainer.loss import find_decoder, packed_loss
+from trainer.attention import select_backend
+from trainer.model import count_params, load_model, prepare
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ class LossModule(torch.nn.Module):
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = find_decoder(model)
     layers = getattr(decoder, "layers", None)
     return list(layers) if layers is not None else [decoder]
 
@@ -493,10 +494,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
     from pipeline.verify import manifest_vocab
 
     vocab = manifest_vocab(manifest.tokenizer)
-    model, backend = build_model(
-        config.model, attn=config.attn, device=device, dtype=torch.float32, vocab_size=vocab,
-        seed=config.seed,
-    )
+    if config.attn != "auto":  # an impossible request fails before any model is loaded
+        select_backend(config.attn, device)
+    model = load_model(config.model, device=device, dtype=torch.float32, vocab_size=vocab, seed=config.seed)
+    backend, backend_why = prepare(model, config.attn, device)
     n_params = count_params(model)
     emb = model.get_input_embeddings().num_embeddings
     if vocab is not None and int(vocab) > emb:
@@ -570,6 +571,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             + (f", resuming at step {start_step}" if resume_from else ""),
             file=sys.stderr,
         )
+        print(f"pack-train: attention {backend_why}", file=sys.stderr)
         if p0.n_long_rows:
             print(f"pack-train: {p0.n_long_rows} rows are longer than --tokens-per-step and each "
                   "becomes a micro-batch of its own", file=sys.stderr)

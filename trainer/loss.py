@@ -1,7 +1,8 @@
 """Chunked cross-entropy for packed batches: token-loss sum + count, never full fp32 logits.
 
-The decoder runs once over the flat batch; only the positions that carry a loss (targets != -100)
-are gathered, and the output embedding + cross-entropy run over them `chunk_tokens` at a time.
+The decoder (`find_decoder`) runs once over the flat batch; only the positions that carry a loss
+(targets != -100) are gathered, and the output head, the model's own logit post-processing
+(`logit_transform`) and the cross-entropy run over them `chunk_tokens` at a time.
 Each chunk is wrapped in activation checkpointing, so neither the forward nor the backward keeps
 more than one chunk of logits alive: peak extra memory is chunk_tokens x vocab fp32 instead of
 T x vocab.
@@ -13,37 +14,76 @@ nothing compared with unpacked training).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.errors import UserError
 from pipeline.shards import IGNORE_INDEX
-from trainer.attention import segment_ids
+from trainer.kernels import segment_ids
 from trainer.batch import MicroBatch
 
 
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+def find_decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of a causal LM: the module that turns input ids into the hidden states
+    its output head reads. `get_decoder()` is tried first, but not trusted when it returns the
+    model itself (Llama 4's CausalLM does); then the usual attribute names. `trainer.model_check`
+    proves the choice: head(decoder(x)) must give the model's own logits."""
     getter = getattr(model, "get_decoder", None)
-    decoder = getter() if getter is not None else getattr(model, "model", None)
-    if decoder is None:
-        raise UserError(f"{type(model).__name__} has no decoder (get_decoder() / .model) to run")
-    return decoder
+    candidates = [getter() if getter is not None else None]
+    candidates += [getattr(model, name, None) for name in ("model", "transformer", "gpt_neox", "base_model")]
+    for candidate in candidates:
+        if isinstance(candidate, torch.nn.Module) and candidate is not model:
+            return candidate
+    raise UserError(f"{type(model).__name__} has no decoder (get_decoder() / .model / .transformer) to run")
 
 
-def _check_plain_head(model: torch.nn.Module) -> None:
-    config = getattr(model, "config", None)
-    for attr in ("final_logit_softcapping", "logit_scale"):
-        if getattr(config, attr, None) not in (None, 1.0):
-            raise UserError(
-                f"{type(model).__name__} post-processes its logits ({attr}); the chunked loss "
-                "only supports a plain linear output head"
-            )
+LogitTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def logit_transform(model: torch.nn.Module) -> LogitTransform | None:
+    """What the model's forward does to its output head's result before the loss, or None.
+
+    Known, from the config: Granite divides by `logits_scaling`, Cohere multiplies by
+    `logit_scale`, Falcon-H1 by `lm_head_multiplier`, Gemma 2/3/4 soft-cap with
+    `final_logit_softcapping` (c * tanh(logits / c)). `trainer.model_check` compares the result
+    with the model's own logits, so a post-processing not listed here is refused, not ignored.
+    """
+    config = model.config
+    steps: list[LogitTransform] = []
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling not in (None, 1, 1.0):
+        steps.append(lambda x, s=float(scaling): x / s)
+    for attr in ("logit_scale", "lm_head_multiplier"):
+        scale = getattr(config, attr, None)
+        if scale not in (None, 1, 1.0):
+            steps.append(lambda x, s=float(scale): x * s)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        steps.append(lambda x, c=float(cap): c * torch.tanh(x / c))
+    if not steps:
+        return None
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            logits = step(logits)
+        return logits
+
+    return transform
+
+
+def output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of hidden states [N, hidden] exactly as the model's forward makes them."""
+    logits = model.get_output_embeddings()(hidden).float()
+    transform = logit_transform(model)
+    return logits if transform is None else transform(logits)
 
 
 def hidden_states(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
     """Final decoder hidden states of the flat batch, [T, hidden]."""
-    out = _decoder(model)(**batch.model_kwargs(), use_cache=False)
+    out = find_decoder(model)(**batch.model_kwargs(), use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden.reshape(-1, hidden.shape[-1])
 
@@ -60,9 +100,8 @@ def loss_positions(batch: MicroBatch) -> torch.Tensor:
     return torch.nonzero(mask).reshape(-1)
 
 
-def _chunk_token_losses(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = head(hidden).float()
-    return F.cross_entropy(logits, targets, reduction="none")
+def _chunk_token_losses(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output_logits(model, hidden), targets, reduction="none")
 
 
 def token_losses(
@@ -71,8 +110,6 @@ def token_losses(
     """(fp32 cross-entropy of every loss token [n_loss], their flat positions [n_loss])."""
     if chunk_tokens < 1:
         raise UserError(f"chunk_tokens must be positive, got {chunk_tokens}")
-    _check_plain_head(model)
-    head = model.get_output_embeddings()
     hidden = hidden_states(model, batch)
     positions = loss_positions(batch)
     targets = batch.targets.reshape(-1).index_select(0, positions)
@@ -82,9 +119,9 @@ def token_losses(
         h = selected[start : start + chunk_tokens]
         t = targets[start : start + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk_token_losses, head, h, t, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_token_losses, model, h, t, use_reentrant=False))
         else:
-            pieces.append(_chunk_token_losses(head, h, t))
+            pieces.append(_chunk_token_losses(model, h, t))
     if not pieces:  # no loss token at all: keep the graph connected so backward still works
         return hidden.sum().float() * 0.0 + torch.zeros(0, device=hidden.device), positions
     return torch.cat(pieces), positions

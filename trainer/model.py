@@ -6,7 +6,6 @@ Nothing is ever downloaded: a name is either a preset below or a folder on disk 
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 from pipeline.errors import UserError
 from trainer import attention
-
-log = logging.getLogger(__name__)
+from trainer.model_check import check_model
 
 PRESETS: dict[str, dict] = {
     # Test/CI size. GQA on purpose (4 query heads share 2 kv heads); vocab matches data/tokenizer.
@@ -78,6 +76,53 @@ def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype) -> PreTr
     return model
 
 
+def load_model(
+    name_or_path: str,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    vocab_size: int | None = None,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A causal LM on `device` in `dtype`, attention not yet packed (see `prepare`).
+
+    A preset name ("tiny", "llama-100m", "llama-1b") gives a LlamaForCausalLM with random weights
+    drawn on the CPU from `seed` (identical on every device and rank); a local folder is loaded
+    with from_pretrained(local_files_only=True). `vocab_size` overrides a preset's vocabulary so
+    the model matches any tokenizer.
+    """
+    path = Path(os.path.expanduser(str(name_or_path)))
+    if name_or_path in PRESETS:
+        config = preset_config(name_or_path, vocab_size)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+    elif path.is_dir():
+        model = _load_local(path, vocab_size, dtype)
+    else:
+        raise UserError(
+            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a local folder "
+            "with config.json; nothing is downloaded"
+        )
+    return model.to(device=device, dtype=dtype)
+
+
+def prepare(
+    model: PreTrainedModel, attn: str = "auto", device: torch.device | str = "cpu"
+) -> tuple[str, str]:
+    """Make `model` train on packed rows exactly, or refuse it: prove packing leaves its logits
+    unchanged and find the attention features it uses (`trainer.model_check`), pick the backend
+    that reproduces them (`attn`: "auto" or a backend name) and install it. Returns (backend,
+    one line saying which and why). The model is left in train mode.
+    """
+    features = check_model(model)
+    # no dtype: float32 weights are usually trained under bf16 autocast, where attention runs in bf16
+    backend = attention.select_backend(attn, device, features=features)
+    attention.install(model, backend)
+    model.train()
+    return backend, attention.explain_choice(attn, backend, device, features=features)
+
+
 def build_model(
     name_or_path: str,
     *,
@@ -87,37 +132,11 @@ def build_model(
     vocab_size: int | None = None,
     seed: int = 0,
 ) -> tuple[PreTrainedModel, str]:
-    """Build a causal LM and install the packed attention backend; returns (model, backend).
-
-    A preset name ("tiny", "llama-100m", "llama-1b") gives a LlamaForCausalLM with random weights
-    drawn on the CPU from `seed` (identical on every device and rank); a local folder is loaded
-    with from_pretrained(local_files_only=True). `vocab_size` overrides a preset's vocabulary so
-    the model matches any tokenizer. The model is returned in train mode on `device` in `dtype`.
-    """
+    """`load_model` then `prepare`: a causal LM in train mode that trains on packed rows exactly;
+    returns (model, backend)."""
     device = torch.device(device)
-    # not `dtype`: float32 weights are usually trained under bf16 autocast, where attention runs in bf16
-    backend = attention.select_backend(attn, device)
-    path = Path(os.path.expanduser(str(name_or_path)))
-    if name_or_path in PRESETS:
-        config = preset_config(name_or_path, vocab_size)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(config)
-        source = f"preset {name_or_path!r} (random init, seed {seed})"
-    elif path.is_dir():
-        model = _load_local(path, vocab_size, dtype)
-        source = f"local folder {path}"
-    else:
-        raise UserError(
-            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a local folder "
-            "with config.json; nothing is downloaded"
-        )
-    model = model.to(device=device, dtype=dtype)
-    attention.install(model, backend)
-    model.train()
-    message = (
-        f"model: {source}, {count_params(model) / 1e6:.1f}M params, {dtype}, {device}; "
-        f"attention: {attention.DESCRIPTIONS[backend]}"
-    )
-    log.info(message)
+    if attn != "auto":  # an impossible request fails before any model is loaded
+        attention.select_backend(attn, device)
+    model = load_model(name_or_path, device=device, dtype=dtype, vocab_size=vocab_size, seed=seed)
+    backend, _ = prepare(model, attn, device)
     return model, backend
