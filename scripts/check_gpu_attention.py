@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import UserError
-from trainer import attention
+from trainer import attention, kernels
 from trainer.attention import BACKENDS, select_backend, varlen_attention
 
 TOL = 2e-2
@@ -173,8 +173,8 @@ def main() -> int:
         return 1
     device = torch.device("cuda")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
-    fn = attention._torch_varlen_fn()
-    print(f"torch varlen_attn: {attention.varlen_signature(fn) if fn else 'absent (aten op fallback)'}")
+    fn = kernels.torch_varlen_fn()
+    print(f"torch varlen_attn: {kernels.varlen_signature(fn) if fn else 'absent (aten op fallback)'}")
     backends = []
     for backend in BACKENDS:
         try:
