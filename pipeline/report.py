@@ -304,7 +304,8 @@ def format_text(report: dict[str, Any]) -> str:
         f"p99 {L['p99']:.0f}, max {L['max']}, mean {L['mean']:.1f}",
         f"  examples read {c['examples_read']:,}: packed {c['examples_packed']:,}, truncated "
         f"{c['truncated']:,}, split {c['split']:,}, dropped {c['dropped']:,}, empty skipped "
-        f"{c['empty_skipped']:,}",
+        f"{c['empty_skipped']:,}" + (f", {c['no_loss']:,} with no loss token (they train nothing)"
+                                     if c.get("no_loss") else ""),
         "",
         "savings against padding",
         f"  vs pad-to-longest (B={r['batch_size']}): {_n(s1['padding_avoided'])} padding tokens "
@@ -512,7 +513,8 @@ def _stats_card(r: dict[str, Any]) -> str:
         + "".join(f"<td>{v:,.{1 if name.startswith('row') else 0}f}</td>" for v in vals[:-1])
         + f"<td>{vals[-1]:,.1f}</td></tr>" for name, *vals in rows)
     c = r["counts"]
-    counts = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td>{v:,}</td></tr>" for k, v in c.items())
+    counts = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td>{v:,}</td></tr>" for k, v in c.items()
+                     if v is not None)  # no_loss is None in manifests written before it was counted
     return ('<figure><table class="stats"><tr><th>statistic</th><th>min</th><th>p50</th>'
             f"<th>p90</th><th>p99</th><th>max</th><th>mean</th></tr>{body}</table><br>"
             f'<table class="stats"><tr><th>input examples</th><th>count</th></tr>{counts}</table>'

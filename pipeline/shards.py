@@ -81,6 +81,7 @@ class Counts:
     truncated: int = 0
     split: int = 0
     dropped: int = 0
+    no_loss: int | None = None  # examples (pieces) packed with no token that carries a loss; None: not recorded
 
 
 @dataclass

@@ -74,6 +74,7 @@ class _Flat:
     ex_off: np.ndarray
     loss_tokens: int = -1  # labels != -100; set by check_shard
     max_id: int = -1  # the largest input id; set by check_shard
+    no_loss: int = -1  # examples without a label != -100; set by check_shard
 
 
 # Defects the token pass finds, in the order they are reported when a shard has several kinds.
@@ -84,10 +85,11 @@ _OK, _NEGATIVE_ID, _BEYOND_VOCAB, _POSITION, _LABEL_AT_START, _LABEL_SHIFTED = r
 def _token_checks(input_ids, labels, position_ids, seq_lens, vocab):  # pragma: no cover - numba
     """One pass over a shard's flat tokens; `seq_lens` must tile them (checked before).
 
-    Returns (code, index, loss tokens, largest id): the first defect kind found, in the
-    `_NEGATIVE_ID` .. `_LABEL_SHIFTED` order (`_OK` if none), the flat token index of its first
-    occurrence (the flat example index for `_LABEL_AT_START`), the number of labels != -100 and the
-    largest input id (-1 for no tokens). `vocab` <= 0: unknown.
+    Returns (code, index, loss tokens, largest id, examples without a loss token): the first defect
+    kind found, in the `_NEGATIVE_ID` .. `_LABEL_SHIFTED` order (`_OK` if none), the flat token
+    index of its first occurrence (the flat example index for `_LABEL_AT_START`), the number of
+    labels != -100, the largest input id (-1 for no tokens) and the number of examples all of whose
+    labels are -100. `vocab` <= 0: unknown.
     The pass itself is branch-free (it vectorises); only a shard with a defect gets a second,
     slower pass (`_token_defects`) that finds which and where.
     """
@@ -95,23 +97,27 @@ def _token_checks(input_ids, labels, position_ids, seq_lens, vocab):  # pragma: 
     loss = 0
     top = np.int64(-1)
     bad = False
+    no_loss = 0
     t = 0
     for k in range(seq_lens.shape[0]):
         n = seq_lens[k]
         acc = labels[t] != -100
+        example_loss = 0
         for i in range(n):
             x = np.int64(input_ids[t + i])
             y = labels[t + i]
             m = y != -100
-            loss += m
+            example_loss += m
             top = max(top, x)
             acc |= (x < 0) | (x >= limit) | (position_ids[t + i] != i) | (m & (y != x))
+        loss += example_loss
+        no_loss += example_loss == 0
         bad |= acc
         t += n
     if not bad:
-        return _OK, -1, loss, top
+        return _OK, -1, loss, top, no_loss
     code, at, loss = _token_defects(input_ids, labels, position_ids, seq_lens, vocab)
-    return code, at, loss, top
+    return code, at, loss, top, no_loss
 
 
 @numba.njit(cache=True, nogil=True)
@@ -242,7 +248,7 @@ def check_shard(path: Path, max_len: int, vocab_size: int | None = None) -> _Fla
     # From here the example boundaries tile the flat token arrays exactly: one numba pass over the
     # tokens finds the first defect of each kind (reported in the order below) and counts loss tokens.
     starts = cum[:-1]
-    code, at, flat.loss_tokens, flat.max_id = _token_checks(
+    code, at, flat.loss_tokens, flat.max_id, flat.no_loss = _token_checks(
         flat.input_ids, flat.labels, flat.position_ids, seq, int(vocab_size or 0)
     )
     if code == _NEGATIVE_ID:
@@ -288,6 +294,7 @@ class ShardSummary:
     rows: int
     tokens: int
     loss_tokens: int
+    no_loss: int  # examples with no token that carries a loss
     example_ids: np.ndarray  # int64, a copy (a view would keep the memory-mapped shard resident)
     max_len: int
     max_id: int  # the largest input id (-1 for an empty shard)
@@ -322,6 +329,7 @@ def summarize_shard(path: str | os.PathLike[str], max_len: int,
         rows=len(flat.row_off) - 1,
         tokens=len(flat.input_ids),
         loss_tokens=int(flat.loss_tokens),
+        no_loss=int(flat.no_loss),
         example_ids=np.array(flat.example_ids, dtype=np.int64, copy=True),
         max_len=max_len,
         max_id=int(flat.max_id),
@@ -351,6 +359,8 @@ def _check_manifest_self(manifest: Manifest, where: str) -> None:
     if manifest.max_len < 1:
         raise ShardFormatError(f"{where}: max_len is {manifest.max_len}, must be >= 1")
     for key, value in vars(c).items():
+        if key == "no_loss" and value is None:  # manifests written before it was counted
+            continue
         if not isinstance(value, int) or value < 0:
             raise ShardFormatError(f"{where}: counts.{key} is {value!r}, must be an integer >= 0")
     if c.examples_packed > c.examples_read:
@@ -407,7 +417,7 @@ def verify_folder(
 
     vocab = manifest_vocab(manifest.tokenizer)
     checked = checked or {}
-    rows = tokens = loss = 0
+    rows = tokens = loss = no_loss = 0
     ids: list[np.ndarray] = []
     for info, path in zip(manifest.shards, paths, strict=True):
         if check_hashes:
@@ -428,12 +438,14 @@ def verify_folder(
         rows += summary.rows
         tokens += summary.tokens
         loss += summary.loss_tokens
+        no_loss += summary.no_loss
         ids.append(summary.example_ids)
 
     for label, got, want in (
         ("rows", rows, manifest.rows),
         ("total_tokens", tokens, manifest.total_tokens),
         ("loss_tokens", loss, manifest.loss_tokens),
+        ("counts.no_loss", no_loss, no_loss if manifest.counts.no_loss is None else manifest.counts.no_loss),
     ):
         if got != want:
             raise ShardFormatError(f"{where}: {label} is {want} but the shards hold {got}")

@@ -161,26 +161,42 @@ def _absolute_if_local(path: str) -> str:
     return path
 
 
-def _written_by_pack_data(folder: Path) -> bool:
-    """True when `folder` holds a manifest that pack-data wrote (any format version)."""
+def _pack_data_files(folder: Path) -> set[str] | None:
+    """The names pack-data wrote into `folder` (its manifest and the shards the manifest lists),
+    or None when the folder holds no manifest that pack-data wrote (any format version)."""
     try:
         data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        return None
+    shards = data.get("shards") if isinstance(data.get("shards"), list) else []
+    return {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """--out may be new, or, with --overwrite, an empty folder or one that holds only what
+    pack-data wrote into it: nothing of the user's is ever deleted."""
     if not out.exists():
         return
     if not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder: choose another --out")
     if not overwrite:
         raise UserError(f"output folder {out} already exists: pass --overwrite to replace it, or choose another --out")
-    if any(out.iterdir()) and not _written_by_pack_data(out):
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    ours = _pack_data_files(out)
+    if ours is None:
         raise UserError(
             f"--out {out} is a non-empty folder that pack-data did not write (no pack-data {MANIFEST_NAME}); "
             "refusing to replace it even with --overwrite: choose another --out"
+        )
+    foreign = [name for name in entries if name not in ours]
+    if foreign:
+        raise UserError(
+            f"--out {out} holds {foreign[0]!r}, which pack-data did not write; refusing to replace the "
+            "folder even with --overwrite: move it out of the folder, or choose another --out"
         )
 
 
@@ -567,6 +583,13 @@ def _pack_into(
         bar.update(1)
     wait = time.perf_counter() - t_wait
     _check_vocab(tmp, checked.items(), manifest_vocab(tok_info), spill)
+    if loss_tokens == 0:
+        raise UserError(
+            "no packed example has a token that carries a loss (e.g. chat rows without an assistant "
+            "turn, or responses all cut off by --max-len): there is nothing to train on; check the "
+            "data and its format options (pack-report --input shows what the format resolves to)"
+        )
+    pieces.counts.no_loss = sum(summary.no_loss for summary in checked.values())
     dicts = [f.to_dict() for f in fmts]
     tok_info = {**tok_info, "format": dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}}
     shutil.rmtree(tmp / "_spill", ignore_errors=True)
@@ -693,6 +716,9 @@ def summary_lines(
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]
+    if c.no_loss:
+        lines.append(f"warning: {c.no_loss} packed example(s) have no token that carries a loss (e.g. chat "
+                     "rows without an assistant turn): they take room but train nothing")
     if reference is not None:
         avoided = reference.padding - pad_packed
         verdict = f"{avoided:,} avoided" if avoided >= 0 else f"{-avoided:,} more than pad-to-longest"

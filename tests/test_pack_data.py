@@ -586,6 +586,73 @@ def test_overwrite_replaces_only_pack_data_folders(tmp_path: Path, pretok: Path)
     assert (other / "thesis.txt").read_text() == "precious"
 
 
+def test_overwrite_never_deletes_what_pack_data_did_not_write(tmp_path: Path, pretok: Path):
+    """A pack-data folder the user added files to is refused whole, naming the first foreign file;
+    once they are moved out, --overwrite replaces it."""
+    out = tmp_path / "o"
+    args = (pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out, "--overwrite")
+    assert run(*args).exit_code == 0
+    (out / "MY_NOTES.txt").write_text("precious")
+    (out / "eval").mkdir()
+    (out / "eval" / "results.json").write_text("{}")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    refused = run(*args)
+    lines = refused.output.strip().splitlines()
+    assert refused.exit_code == 1 and len(lines) == 1 and "holds 'MY_NOTES.txt', which pack-data did not write" in lines[0]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and leftovers(tmp_path) == []
+    (out / "MY_NOTES.txt").unlink()
+    assert "holds 'eval'" in run(*args).output
+    shutil.rmtree(out / "eval")
+    assert run(*args).exit_code == 0
+
+
+def test_packed_output_is_refused_as_input(tmp_path: Path, pretok: Path):
+    """Packed rows read as input would each become one example (their boundaries lost): a packed
+    folder, one of its shards, or a shard copied elsewhere are refused in one line, and nothing
+    is written or replaced."""
+    packed = tmp_path / "packed"
+    assert run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", packed).exit_code == 0
+    shard = next(packed.glob("shard-*.arrow"))
+    loose = tmp_path / "loose.arrow"
+    shutil.copy(shard, loose)
+    manifest = (packed / "manifest.json").read_bytes()
+    for source, out in [(packed, tmp_path / "again"), (shard, tmp_path / "again"), (loose, tmp_path / "again"),
+                        (shard, packed)]:
+        result = run(source, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", out, "--overwrite")
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1 and "is packed output of pack-data" in lines[0], result.output
+        assert not (tmp_path / "again").exists() and (packed / "manifest.json").read_bytes() == manifest
+
+
+def test_examples_that_train_nothing_are_counted_and_a_job_of_only_those_refused(tmp_path: Path):
+    """Chat rows without an assistant turn have no loss token: counted in the manifest, warned
+    about in the summary and the report; when no example has one the job stops in one line."""
+    from pipeline.report_cli import pack_report
+
+    talk = [{"role": "user", "content": "hello there"}]
+    answered = talk + [{"role": "assistant", "content": "hi"}]
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": answered}] * 3 + [{"messages": talk}] * 2)
+    out = tmp_path / "o"
+    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "warning: 2 packed example(s) have no token that carries a loss" in result.output
+    assert read_manifest(out).counts.no_loss == 2 and verify_folder(out).counts.no_loss == 2
+    report = CliRunner().invoke(pack_report, [str(out)])
+    assert report.exit_code == 0 and "2 with no loss token" in report.output
+    # the count is checked against the shards
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["counts"]["no_loss"] = 0
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="counts.no_loss is 0 but the shards hold 2"):
+        verify_folder(out, check_hashes=False)
+
+    silent = write_jsonl(tmp_path / "silent.jsonl", [{"messages": talk}] * 4)
+    refused = run(silent, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "none")
+    lines = refused.output.strip().splitlines()
+    assert refused.exit_code == 1 and len(lines) == 1 and "nothing to train on" in lines[0], refused.output
+    assert not (tmp_path / "none").exists() and leftovers(tmp_path) == []
+
+
 def test_help_explains_options_with_an_example():
     result = CliRunner().invoke(pack_data, ["--help"])
     assert result.exit_code == 0

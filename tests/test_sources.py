@@ -365,15 +365,33 @@ def test_a_json_array_of_text_is_read_without_pandas(tmp_path):
     assert table.column("n").to_pylist() == [1.0, 2.5] and table.column("text").to_pylist() == ["a", "b"]
 
 
-def test_the_columns_of_a_json_array_come_from_its_first_records_only(tmp_path):
-    """Finding the fields does not decode the whole array (reading does, once); a break further on
-    is the reading's one-line error."""
+def test_the_columns_of_a_json_array_come_from_every_record(tmp_path):
+    """A field of the 1,030th record only is found; a break further on is the same one-line error
+    whether finding the fields or reading meets it first."""
     path = tmp_path / "d.json"
-    good = ",\n".join(json.dumps({"text": f"t{i}"}) for i in range(sources.COLUMNS_ROWS + 10))
+    records = [{"text": f"t{i}"} for i in range(1030)] + [{"text": "late", "source": "web"}]
+    path.write_text(json.dumps(records))
+    assert column_names(resolve_inputs([str(path)])) == ["text", "source"]
+    good = ",\n".join(json.dumps({"text": f"t{i}"}) for i in range(1034))
     path.write_text("[\n" + good + ",\n{\"text\": \"broken\"\n]")
+    expect_error(r"d.json line 1037: malformed JSON", column_names, resolve_inputs([str(path)]))
+    expect_error(r"d.json line 1037: malformed JSON", read_all, [str(path)])
+
+
+def test_a_jsonl_field_that_first_appears_late_is_found(tmp_path):
+    """Silent data loss, fixed: an optional `input` that first appears after the first 20 MB is
+    in the columns --format auto decides from, so the instruction format reads it."""
+    from pipeline.formats import FormatOptions
+    from pipeline.tokenize import file_formats
+
+    path = tmp_path / "late.jsonl"
+    line = json.dumps({"instruction": "x" * 1000, "output": "y"}) + "\n"
+    with open(path, "w") as f:
+        f.write(line * (20 << 10))  # about 20 MB: past a whole scan chunk
+        f.write(json.dumps({"instruction": "add", "input": "2 and 3", "output": "5"}) + "\n")
     files = resolve_inputs([str(path)])
-    assert column_names(files) == ["text"]
-    expect_error(rf"d.json line {sources.COLUMNS_ROWS + 13}: malformed JSON", read_all, [str(path)])
+    assert column_names(files) == ["instruction", "output", "input"]
+    assert file_formats(files, FormatOptions())[0].fields["input"] == "input"
 
 
 def test_json_array_type_conflict(tmp_path):

@@ -169,3 +169,13 @@ def test_open_data_checks_the_tokenizer_fingerprint(
     (model_dir / "tokenizer.json").write_text("{}")
     with pytest.raises(UserError, match="fingerprint"):
         open_data(TrainConfig(data=str(packed), model=str(model_dir), out=str(tmp_path)))
+
+
+def test_open_data_refuses_data_with_no_loss_token(tmp_path: Path) -> None:
+    """A folder whose every label is -100 would train nothing (final loss 0.0000): refused."""
+    from trainer.loop import TrainConfig, open_data
+
+    rows = [[(0, [5, 6, 7], [-100, -100, -100]), (1, [8, 9], [-100, -100])]]
+    make_packed_folder(tmp_path / "silent", rows, 8)
+    with pytest.raises(UserError, match="has no token that carries a loss"):
+        open_data(TrainConfig(data=str(tmp_path / "silent"), model="tiny", out=str(tmp_path / "run")))

@@ -185,6 +185,9 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
     from pipeline.verify import verify_folder
 
     manifest = verify_folder(config.data, check_hashes=config.verify_hashes)
+    if manifest.loss_tokens == 0:
+        raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
+                        "nothing; re-pack data with responses (assistant turns) to train on")
     source = config.tokenizer
     model_dir = Path(config.model)
     if source is None and model_dir.is_dir() and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
