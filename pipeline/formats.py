@@ -60,6 +60,7 @@ PAIRS = (
     ("query", "response", "qa"),
 )
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
@@ -317,7 +318,11 @@ def normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
         content = m.get("content", m.get("value"))
         if role is None or content is None:
             raise UserError(f"{where}: a message lacks role/content (or from/value): fix the row")
-        out.append({"role": ROLE_ALIASES.get(role, role), "content": content})
+        role = ROLE_ALIASES.get(role, role)
+        if role not in ROLES:
+            raise UserError(f"{where}: unknown message role {role!r}: use one of {', '.join(ROLES)} "
+                            f"(or ShareGPT's {', '.join(ROLE_ALIASES)})")
+        out.append({"role": role, "content": content})
     return out
 
 

@@ -43,7 +43,8 @@ def _int_list(text: str, name: str) -> list[int]:
             f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096"
         ) from None
     if not values or any(v < 2 for v in values):
-        raise UserError(f"{name} {text!r}: every value must be >= 2 (as pack-data's --max-len)")
+        bad = next((v for v in values if v < 2), None)
+        raise UserError(f"--max-len must be at least 2, got {bad if bad is not None else text!r}")
     return values
 
 
@@ -161,6 +162,10 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
         if html_path is not None:
             _write_atomic(html_path, lambda p: write_html(report, p, data, title))
             click.echo(f"wrote {html_path}")
+        damaged = [s["file"] for s in report.get("shards", []) if s["sha256_ok"] is False]
+        if damaged:
+            raise UserError(f"{folder}: {damaged[0]} does not match its sha256 in the manifest "
+                            f"({len(damaged)} shard(s) damaged): run pack-verify {folder} for details")
 
 
 def main() -> None:

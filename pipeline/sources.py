@@ -36,6 +36,7 @@ import json
 import os
 import re
 import socket
+import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -179,7 +180,13 @@ def _resolve_folder(path: str) -> list[InputFile]:
                                       else "dataset_dict.json")))
         size = sum(p.stat().st_size for p in _hf_data_files(folder))
         return [InputFile(path=path, kind="hf_disk", size=size)]
-    found = sorted(str(p) for p in folder.rglob("*") if p.is_file() and _kind_of(str(p)))
+    files = sorted(str(p) for p in folder.rglob("*") if p.is_file())
+    found = [p for p in files if _kind_of(p)]
+    skipped = [p for p in files if not _kind_of(p)]
+    if found and skipped:  # said, never silent: a README beside the data is fine, a typo'd .jsonl is not
+        names = ", ".join(os.path.relpath(p, path) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+        print(f"pack-data: {path}: skipping {len(skipped)} file(s) that are not data ({names}); "
+              f"supported are {SUPPORTED}", file=sys.stderr)
     if not found:
         raise UserError(f"folder {path} holds no supported data files and was not written by "
                         f"datasets.save_to_disk: supported are {SUPPORTED}")

@@ -482,6 +482,16 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
     return out
 
 
+def _append(f: Any, values: np.ndarray, path: Path) -> None:
+    """Write int32 values to the spill file. Through Python's file object, not ndarray.tofile:
+    tofile reports a full disk as "N requested and M written" without an errno, which would
+    escape as a traceback instead of the one-line disk-full error (`pipeline.errors.cli_errors`)."""
+    try:
+        f.write(np.ascontiguousarray(values, dtype="<i4").data)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror or exc} (the token spill)", str(path)) from None
+
+
 def _short_read() -> OSError:
     return OSError(errno.EIO, "short read from the spill file (was it changed while packing?)")
 
@@ -646,9 +656,9 @@ def tokenize_to_spill(
                     f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
                 )
-            tok.input_ids.astype("<i4", copy=False).tofile(fi)
+            _append(fi, tok.input_ids, ids_path)
             if tok.labels is not None:
-                tok.labels.astype("<i4", copy=False).tofile(fl)
+                _append(fl, tok.labels, labels_path)
             lengths.append(tok.lengths[keep])
             example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
             read += n

@@ -174,3 +174,13 @@ def test_empty_chat_is_an_example_with_no_segments(tokenizer):
     segs = render(table, detect_format(["messages"], FormatOptions()), rows_where("c.jsonl", 0), tokenizer)
     assert segs.n_examples == 2
     assert set(np.unique(segs.example)) == {1}
+
+
+def test_an_unknown_chat_role_is_refused_naming_the_allowed_ones():
+    from pipeline.formats import normalise_messages
+
+    assert normalise_messages([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "r") == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    with pytest.raises(UserError, match=r"chat.jsonl line 3: unknown message role 'wizard': use one of "
+                                        r"system, developer, user, assistant, tool"):
+        normalise_messages([{"role": "wizard", "content": "abracadabra"}], "chat.jsonl line 3")

@@ -749,6 +749,29 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
     assert not out.exists() and leftovers(tmp_path) == []
 
 
+def test_disk_full_while_spilling_tokens_is_one_line(tmp_path: Path):
+    """A real full disk (a 512 KiB tmpfs) under --out while the token spill is written: one line
+    naming the spill, exit 1, nothing left on that disk. Needs root to mount; skipped otherwise."""
+    import os
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a small file system needs root")
+    try:
+        data = write_jsonl(tmp_path / "d.jsonl", [{"text": f"word {i} " * 100} for i in range(2000)])
+        result = run(data, "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", small / "o")
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+        assert "disk full while writing" in lines[0] and "_spill" in lines[0], lines[0]
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
 def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path,
                                                                  monkeypatch: pytest.MonkeyPatch):
     import pipeline.verify

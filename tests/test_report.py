@@ -130,10 +130,11 @@ def test_sha_mismatch_is_reported(tmp_path: Path) -> None:
     manifest["shards"][0]["sha256"] = "f" * 64
     (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
     result = CliRunner().invoke(pack_report, [str(tmp_path / "p")])
-    assert result.exit_code == 0
+    assert result.exit_code == 1  # the report is printed, and an integrity failure is an error
     assert "sha256 MISMATCH in shard-00000.arrow" in result.output
+    assert "shard-00000.arrow does not match its sha256" in result.output.strip().splitlines()[-1]
     result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--no-hash"])
-    assert "sha256 not checked" in result.output
+    assert result.exit_code == 0 and "sha256 not checked" in result.output
 
 
 def test_errors_are_one_line(tmp_path: Path) -> None:

@@ -204,6 +204,16 @@ def test_plain_folder_expands_to_its_data_files(tmp_path):
     assert table.to_pylist() == ROWS
 
 
+def test_files_skipped_in_a_folder_are_named(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    write_jsonl(tmp_path / "x" / "1.jsonl", ROWS)
+    (tmp_path / "x" / "README.txt").write_text("about the data")
+    (tmp_path / "x" / "more.jsnol").write_text("{}")  # a typo'd extension
+    assert [Path(f.path).name for f in resolve_inputs([str(tmp_path / "x")])] == ["1.jsonl"]
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "skipping 2 file(s) that are not data (README.txt, more.jsnol)" in said[0]
+
+
 def test_limit_stops_across_files(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", ROWS[:4])
     write_jsonl(tmp_path / "b.jsonl", ROWS[4:])
