@@ -270,3 +270,24 @@ def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Pa
     assert metrics[-1]["lr"] < metrics[2]["lr"]  # cosine decays over the two epochs
     capped = train(_config(packed, tmp_path / "c", max_steps=2, epochs=2))
     assert capped["total_steps"] == 2
+
+
+def test_a_shard_changed_after_packing_stops_training_before_any_checkpoint(packed: Path, tmp_path: Path) -> None:
+    """A flipped, in-vocabulary token id passes the structural checks; the sha256 check beside
+    training catches it (by default): one line, and no checkpoint holds what it trained on."""
+    from packed_factory import rewrite_shard, shard_arrays
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in packed.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    arrays = shard_arrays(bad / "shard-00001.arrow")
+    arrays["input_ids"][3] = (arrays["input_ids"][3] + 1) % 300
+    if arrays["labels"][3] != -100:  # labels are unshifted copies: keep the row consistent
+        arrays["labels"][3] = arrays["input_ids"][3]
+    rewrite_shard(bad, 1, arrays, update_hash=False)
+    with pytest.raises(UserError, match="shard-00001.arrow: sha256 .* does not match the manifest"):
+        train(_config(bad, tmp_path / "run", max_steps=4, save_every=1))
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    summary = train(_config(bad, tmp_path / "run2", max_steps=2, verify_hashes=False))
+    assert summary["steps"] == 2  # --no-verify-hashes: the user's call

@@ -66,8 +66,11 @@ from pipeline.errors import UserError, cli_errors
 @click.option("--peak-flops", default=989e12, type=click.FloatRange(min=0, min_open=True),
               help="Peak FLOP/s per device for the MFU estimate (default: H100 bf16 dense).")
 @click.option("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N.")
-@click.option("--verify-hashes", is_flag=True,
-              help="Also check every shard's sha256 at startup (the fast structural checks always run).")
+@click.option("--verify-hashes/--no-verify-hashes", default=True,
+              help="Check every shard's sha256 against the manifest in a background thread while "
+                   "training runs (the fast structural checks always run at startup): a damaged "
+                   "shard stops the run in one line, and no checkpoint is written before all are "
+                   "verified.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.

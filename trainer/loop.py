@@ -33,6 +33,7 @@ from tqdm import tqdm
 from pipeline.errors import UserError
 from pipeline.shards import Manifest
 from trainer import checkpoint as ckpt
+from trainer.integrity import ShardHashCheck
 from trainer.batch import MicroBatch
 from trainer.data import (
     Cursor,
@@ -94,7 +95,7 @@ class TrainConfig:
     prefetch: int = 4
     peak_flops: float = 989e12
     device: str = "auto"
-    verify_hashes: bool = False
+    verify_hashes: bool = True
     progress: bool = True
 
 
@@ -180,11 +181,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 
 
 def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
-    """Verify the packed folder (fast checks) and its tokenizer fingerprint; returns (manifest,
-    tokenizer or None). The tokenizer is `--tokenizer`, else the one inside a local model folder."""
+    """Verify the packed folder (fast checks; the sha256 of its shards is checked beside training,
+    `trainer.integrity`) and its tokenizer fingerprint; returns (manifest, tokenizer or None). The
+    tokenizer is `--tokenizer`, else the one inside a local model folder."""
     from pipeline.verify import verify_folder
 
-    manifest = verify_folder(config.data, check_hashes=config.verify_hashes)
+    manifest = verify_folder(config.data, check_hashes=False)
     if manifest.loss_tokens == 0:
         raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
                         "nothing; re-pack data with responses (assistant turns) to train on")
@@ -493,6 +495,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     total_steps = _resolve_total_steps(config, planner)
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
+    hashes = ShardHashCheck(config.data, manifest, rank, world) if config.verify_hashes else None
 
     from pipeline.verify import manifest_vocab
 
@@ -583,6 +586,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
                   "so every rank takes the same number of steps", file=sys.stderr)
 
     def save(step: int, cur: Cursor, last_loss: float | None) -> Path:
+        if hashes is not None:  # no checkpoint before every shard is known intact
+            hashes.wait(info.enabled, device)
         model_state = None  # unsharded: save_pretrained reads the model itself (on rank 0)
         if fsdp:  # collective: every rank takes part in gathering the full state
             model_state = {k.removeprefix("model."): v for k, v in _full_state(wrapper, True).items()}
@@ -644,6 +649,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             bar.update(1)
 
             if step % config.log_every == 0 or step == stop_at:
+                if hashes is not None:
+                    hashes.raise_if_failed(info.enabled, device)
                 if info.enabled:
                     dist.all_reduce(loss_acc)
                 loss_value = float(loss_acc) / float(window_loss_tokens)
