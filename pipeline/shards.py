@@ -331,3 +331,16 @@ def iter_rows(folder: str | os.PathLike[str]) -> Iterator[dict[str, np.ndarray]]
         cols = {name: flat_column(table, name) for name in SCHEMA.names}
         for i in range(table.num_rows):
             yield {name: col.row(i) for name, col in cols.items()}
+
+
+def pack_data_files(folder: str | os.PathLike[str]) -> set[str] | None:
+    """The names pack-data wrote into `folder` (its manifest and the shards the manifest lists),
+    or None when the folder holds no manifest that pack-data wrote (any format version)."""
+    try:
+        data = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        return None
+    shards = data.get("shards") if isinstance(data.get("shards"), list) else []
+    return {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}

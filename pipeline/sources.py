@@ -51,7 +51,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from pipeline.errors import UserError
-from pipeline.shards import FORMAT_NAME, MANIFEST_NAME, SCHEMA, file_sha256
+from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 
 KINDS = ("jsonl", "json", "parquet", "arrow", "csv", "hf_disk", "hub")
 # Longest suffix first so that ".jsonl.gz" wins over ".gz".
@@ -230,19 +230,11 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
 _PACKED_COLUMNS = {"seq_lens", "position_ids", "example_ids"}
 
 
-def _written_by_pack_data(folder: Path) -> bool:
-    try:
-        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
-
-
 def _refuse_packed(f: InputFile) -> None:
     """Packed shards are rows of several examples each; read as input, every row would become one
     example and the boundaries would be lost. Refused: pack the original dataset instead."""
     path = Path(f.path)
-    packed = path.is_file() and _written_by_pack_data(path.parent)
+    packed = path.is_file() and pack_data_files(path.parent) is not None
     if not packed and f.kind == "arrow":
         try:
             with pa.memory_map(f.path) as source:

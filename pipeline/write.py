@@ -42,7 +42,6 @@ failure (including ^C), so a folder named like the output only ever appears comp
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import socket
@@ -67,12 +66,12 @@ from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.shards import (
-    FORMAT_NAME,
     MANIFEST_NAME,
     Counts,
     Manifest,
     ShardInfo,
     file_sha256,
+    pack_data_files,
     rows_table,
     shard_name,
     write_manifest,
@@ -161,19 +160,6 @@ def _absolute_if_local(path: str) -> str:
     return path
 
 
-def _pack_data_files(folder: Path) -> set[str] | None:
-    """The names pack-data wrote into `folder` (its manifest and the shards the manifest lists),
-    or None when the folder holds no manifest that pack-data wrote (any format version)."""
-    try:
-        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        return None
-    shards = data.get("shards") if isinstance(data.get("shards"), list) else []
-    return {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
-
-
 def _check_out(out: Path, overwrite: bool) -> None:
     """--out may be new, or, with --overwrite, an empty folder or one that holds only what
     pack-data wrote into it: nothing of the user's is ever deleted."""
@@ -186,7 +172,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
-    ours = _pack_data_files(out)
+    ours = pack_data_files(out)
     if ours is None:
         raise UserError(
             f"--out {out} is a non-empty folder that pack-data did not write (no pack-data {MANIFEST_NAME}); "

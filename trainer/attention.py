@@ -37,6 +37,7 @@ from trainer.kernels import (
     torch_flash_op,
     torch_varlen_fn,
     varlen_attention,
+    with_tensors,
 )
 
 BACKENDS = KERNELS
@@ -154,14 +155,12 @@ def layer_features(
         window = getattr(config, "sliding_window", None)
     chunk = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else None
     softcap = kwargs.get("softcap")
-    return Features(
+    read = Features(
         window=int(window) if window else None,
         chunk=int(chunk) if chunk else None,
         softcap=float(softcap) if softcap else None,
-        sinks=kwargs.get("s_aux") is not None,
-        value_dim=bool(value.shape[-1] != query.shape[-1]),
-        wide_head=bool(max(query.shape[-1], value.shape[-1]) > 256),
     )
+    return with_tensors(read, query, value, kwargs.get("s_aux"))
 
 
 _HF_NAMES = {"flash_attn": "packlm_fa2", "torch": "packlm_torch", "flex": "packlm_blockmask",

@@ -120,6 +120,15 @@ def varlen_signature(fn: Callable) -> dict[str, bool]:
     return {name: name in params for name in ("window_size", "is_causal", "scale", "enable_gqa")}
 
 
+def with_tensors(
+    features: Features, q: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None
+) -> Features:
+    """`features` completed with what the tensors themselves say: sinks present, a value head dim
+    unlike the query's, a head dim above 256 (head dims are the last axis in any layout)."""
+    return replace(features, sinks=sinks is not None, value_dim=bool(v.shape[-1] != q.shape[-1]),
+                   wide_head=bool(max(q.shape[-1], v.shape[-1]) > 256))
+
+
 def supported(kernel: str) -> set[str]:
     """The features `kernel` reproduces exactly (with this PyTorch / flash-attn)."""
     every = {f.name for f in fields(Features)}
@@ -221,15 +230,18 @@ _FLEX_MASKS: dict[tuple, tuple[torch.Tensor, Any]] = {}
 
 @torch.compiler.disable
 def _flex_block_mask(cu_seqlens: torch.Tensor, n_tokens: int, feats: Features):
-    """The document-causal (+ window / chunk) BlockMask of this batch, built once per batch: every
-    layer of a forward gets the same cu_seqlens tensor, so it is cached by identity (the cache
-    holds the tensor, so its id cannot be reused while cached)."""
+    """The document-causal (+ window / chunk) BlockMask of this batch, built once per batch and
+    kind of layer: every layer of a forward gets the same cu_seqlens tensor, so masks are cached
+    by its identity (the cache holds the tensor, so its id cannot be reused while cached) and by
+    window and chunk (Gemma's window and full layers alternate)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     key = (n_tokens, feats.window, feats.chunk, cu_seqlens.device)
     cached = _FLEX_MASKS.get(key)
     if cached is not None and cached[0] is cu_seqlens:
         return cached[1]
+    if any(tensor is not cu_seqlens for tensor, _ in _FLEX_MASKS.values()):
+        _FLEX_MASKS.clear()  # a new batch: the old one's masks are done with
     seg = segment_ids(cu_seqlens, n_tokens)
     pos = torch.arange(n_tokens, device=cu_seqlens.device) - cu_seqlens.long()[seg]
     window, chunk = feats.window, feats.chunk
@@ -243,7 +255,6 @@ def _flex_block_mask(cu_seqlens: torch.Tensor, n_tokens: int, feats: Features):
         return keep
 
     mask = create_block_mask(mask_mod, None, None, n_tokens, n_tokens, device=cu_seqlens.device)
-    _FLEX_MASKS.clear()  # one batch at a time
     _FLEX_MASKS[key] = (cu_seqlens, mask)
     return mask
 
@@ -408,8 +419,7 @@ def varlen_attention(
     _check_shapes(q, k, v)
     if backend not in _KERNELS:
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(KERNELS)}")
-    feats = replace(features, sinks=sinks is not None, value_dim=bool(v.shape[-1] != q.shape[-1]),
-                    wide_head=bool(max(q.shape[-1], v.shape[-1]) > 256))
+    feats = with_tensors(features, q, v, sinks)
     missing = feats.used() - supported(backend)
     if missing:
         names = ", ".join(FEATURE_NAMES[m] for m in sorted(missing))
