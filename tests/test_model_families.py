@@ -214,3 +214,25 @@ def test_the_decoder_is_found_where_get_decoder_returns_the_model_itself() -> No
     if model.get_decoder() is not model:
         pytest.skip("this transformers' Llama 4 get_decoder() returns the decoder")
     assert loss.find_decoder(model) is model.model
+
+
+def test_an_attention_feature_the_backends_do_not_know_is_refused_not_ignored(monkeypatch) -> None:
+    """A future model may pass a new feature to attention (as sliding_window and s_aux arrived), or
+    mark a layer with a new kind: refused in one line, never ignored (which would train wrong)."""
+    from transformers.models.llama import modeling_llama
+
+    family = next(f for f in FAMILIES if f.name == "llama")
+    real = modeling_llama.LlamaAttention.forward
+
+    def with_new_feature(self, *args, **kwargs):
+        return real(self, *args, **kwargs, attention_temperature=0.5)
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", with_new_feature)
+    with pytest.raises(UserError, match="LlamaForCausalLM cannot be trained on packed rows: LlamaAttention "
+                                        "passes attention_temperature=0.5 to attention"):
+        prepare(family.build(), "sdpa")
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", real)
+    model = family.build()
+    model.config.layer_types = ["full_attention", "local_attention"]
+    with pytest.raises(UserError, match="LlamaAttention is a 'local_attention' layer"):
+        prepare(model, "sdpa")

@@ -139,17 +139,39 @@ def explain_choice(
 # --------------------------------------------------------------------------- Hugging Face glue
 
 
+# What an attention call may carry: read here (boundaries, features) or harmless to a packed
+# kernel. Anything else with a value is refused rather than ignored: a new model feature arrives
+# this way (as sliding_window, softcap and s_aux did), and ignoring one trains silently wrong.
+READ_KWARGS = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "sliding_window",
+               "softcap", "s_aux"}
+HARMLESS_KWARGS = {"position_ids", "use_cache", "cache_position", "output_attentions",
+                   "output_hidden_states", "return_dict", "past_key_values", "past_key_value",
+                   "position_embeddings"}
+LAYER_KINDS = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
 def layer_features(
     module: torch.nn.Module, query: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
 ) -> Features:
     """The features of one attention call: window and soft-cap as transformers passed them, else
     as the layer's config says (its `layer_types` entry, or `sliding_window` for every layer of a
     model without layer types, whose mask then applies it everywhere: PhiMoE); sinks when `s_aux`
-    is passed; value_dim and wide_head from the tensors."""
+    is passed; value_dim and wide_head from the tensors. An unknown layer kind, or a keyword that
+    is neither read here nor harmless (READ_KWARGS, HARMLESS_KWARGS), is a one-line UserError."""
     config = getattr(module, "config", None)
     layer_types = getattr(config, "layer_types", None)
     index = getattr(module, "layer_idx", None)
     kind = layer_types[index] if layer_types and index is not None and index < len(layer_types) else None
+    layer = type(module).__name__
+    if kind is not None and kind not in LAYER_KINDS:
+        raise UserError(f"{layer} is a {kind!r} layer (config.layer_types), which the packed attention "
+                        f"backends do not know (they know {', '.join(sorted(LAYER_KINDS))}): refused "
+                        "rather than approximated")
+    unknown = sorted(k for k, v in kwargs.items()
+                     if k not in READ_KWARGS | HARMLESS_KWARGS and v is not None and v is not False)
+    if unknown:
+        raise UserError(f"{layer} passes {unknown[0]}={kwargs[unknown[0]]!r} to attention, which the "
+                        "packed backends do not know how to reproduce: refused rather than ignored")
     window = kwargs.get("sliding_window")
     if window is None and (kind == "sliding_attention" or not layer_types):
         window = getattr(config, "sliding_window", None)
