@@ -10,14 +10,13 @@ pre-tokenized data) and runs the planner for every max_len and strategy without 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
 from pipeline.console import run_and_exit
+from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.report import (
     DEFAULT_BATCH_SIZE,
@@ -64,17 +63,7 @@ def _write_atomic(path: Path, write: Any) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         raise UserError(f"{path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, write)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

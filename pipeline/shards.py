@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.durable import fsync_path
 from pipeline.errors import ShardFormatError
 
 FORMAT_NAME = "packlm-shards"
@@ -153,8 +154,10 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
 
 
 def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Write `folder/manifest.json` (the caller makes the folder visible atomically)."""
-    (Path(folder) / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+    """Write `folder/manifest.json`, fsynced (the caller makes the folder visible atomically)."""
+    path = Path(folder) / MANIFEST_NAME
+    path.write_text(manifest.to_json(), encoding="utf-8")
+    fsync_path(path)
 
 
 def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
@@ -220,6 +223,7 @@ def write_shard(path: str | os.PathLike[str], table: pa.Table) -> None:
         with pa.ipc.new_file(sink, SCHEMA) as writer:
             writer.write_table(table)
         _shift_footer_blocks(raw.fileno(), -_LEADING_MAGIC)
+        os.fsync(raw.fileno())  # on disk before the folder's rename commits it (`pipeline.durable`)
 
 
 _LEADING_MAGIC = 8  # b"ARROW1" plus 2 bytes of padding

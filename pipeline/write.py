@@ -62,6 +62,7 @@ from tqdm import tqdm
 from pipeline import tokenizer_cache
 from pipeline.background import Background
 from pipeline.binpack import STRATEGIES, assign_bins, load_kernels
+from pipeline.durable import fsync_path
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
@@ -644,7 +645,10 @@ def _process_exists(pid: int) -> bool:
 
 
 def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished temporary folder to `out` (replacing an old output when allowed)."""
+    """Rename the finished temporary folder to `out` (replacing an old output when allowed).
+    Its files were fsynced as they were written; its entries are fsynced here, before the rename,
+    and the parent's after it (`pipeline.durable`)."""
+    fsync_path(tmp)
     if out.exists():
         _check_out(out, overwrite)  # it may have appeared while we worked
         old = out.absolute().parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -665,6 +669,7 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
                 f"output folder {out} appeared while packing: pass --overwrite to replace it, or "
                 "choose another --out"
             ) from None
+    fsync_path(out.absolute().parent)
 
 
 def _check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,
