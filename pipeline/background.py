@@ -8,6 +8,7 @@ tokenizer, which a thread would take from the job itself.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -87,13 +88,16 @@ class Forked:
 def _child(conn: Connection, parent_end: Connection, fn: Callable[..., Any], args: tuple) -> None:
     parent_end.close()  # then, if the parent dies, sending the answer fails instead of blocking forever
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # SIGTERM ends us without a word
     try:
         outcome: tuple[bool, Any] = (True, fn(*args))
     except BaseException as exc:  # noqa: BLE001 (re-raised in the parent by result())
         outcome = (False, exc)
     try:
         conn.send(outcome)
+    except OSError:  # the parent is gone (killed): nobody to answer
+        pass
     except Exception as exc:  # noqa: BLE001 - a value or exception that does not pickle
-        conn.send((False, RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({exc})")))
-    conn.close()
+        with contextlib.suppress(OSError):
+            conn.send((False, RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({exc})")))
     os._exit(0)  # skip the parent's atexit handlers and buffered output copied by the fork

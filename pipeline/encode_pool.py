@@ -232,10 +232,12 @@ def _serve(conn: Connection, initial: str | None, inherited: list[Connection]) -
     answers `encode_segments` (cuts as int64 bytes, or None); None ends.
     An `initial` backend JSON is loaded first, as if it had come as the first message. `inherited`:
     the parent's ends of the pool's pipes, which a forked worker holds too and closes, so that it
-    reads EOF (and ends) when the parent dies, even by SIGKILL."""
+    reads EOF (and ends) when the parent dies, even by SIGKILL. A reply the dead parent cannot take
+    ends the worker quietly."""
     for other in inherited:
         other.close()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes the pipes
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the parent handles both and closes the pipes
+        signal.signal(sig, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the pool is the parallelism
     from tokenizers import Tokenizer
 
@@ -252,14 +254,18 @@ def _serve(conn: Connection, initial: str | None, inherited: list[Connection]) -
             if msg[0] == "tokenizer":
                 backend = Tokenizer.from_str(msg[1])
                 sizes = token_sizes(backend)  # (20 ms for Llama-2's, while the job sets up)
-                conn.send(("ok",))
-                continue
-            _, texts, counts, positions = msg
-            cuts = None if counts is None else (np.frombuffer(counts, np.int64), np.frombuffer(positions, np.int64))
-            flat, lens = encode_segments(backend, texts, cuts, sizes)
-            conn.send(("ok", lens.tobytes(), flat.tobytes()))
+                reply: tuple = ("ok",)
+            else:
+                _, texts, counts, positions = msg
+                cuts = None if counts is None else (np.frombuffer(counts, np.int64), np.frombuffer(positions, np.int64))
+                flat, lens = encode_segments(backend, texts, cuts, sizes)
+                reply = ("ok", lens.tobytes(), flat.tobytes())
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except OSError:  # the parent is gone
+            return
 
 
 @contextmanager

@@ -8,7 +8,9 @@ non-zero exit.
 from __future__ import annotations
 
 import errno
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,17 +25,49 @@ class ShardFormatError(UserError):
     """A packed folder does not follow the shard contract (see `pipeline.shards`)."""
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (what `timeout`, Slurm and Kubernetes send to stop a job). Raised in the main
+    thread by the handler `cli_errors` installs, it unwinds like Ctrl-C: every `finally` runs, so
+    temporary folders go and worker processes are told to stop."""
+
+
+class _Sigterm:
+    """What the SIGTERM handler has seen, and whether it may still raise (not while an error is
+    being reported: a second exception there would end in a traceback)."""
+
+    arrived = False
+    may_raise = True
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _Sigterm.arrived = True
+    if _Sigterm.may_raise:
+        raise Terminated
+
+
 @contextmanager
-def cli_errors() -> Iterator[None]:
-    """Turn expected failures into `click` errors: one line on stderr, exit status 1 (130 on ^C)."""
+def cli_errors(interrupted: str = "nothing was written to the output folder") -> Iterator[None]:
+    """Turn expected failures into `click` errors: one line on stderr, exit status 1, or 130 after
+    Ctrl-C and 143 after SIGTERM, each with the line `interrupted` (what the command leaves behind).
+
+    A worker process that SIGTERM stopped as well may make its parent fail first with an error of
+    its own; once SIGTERM has arrived, any failure is reported as the termination it is.
+    """
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    _Sigterm.arrived, _Sigterm.may_raise = False, True
     try:
         yield
-    except UserError as exc:
-        raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
-        click.echo("interrupted: nothing was written to the output folder", err=True)
-        sys.exit(130)
-    except OSError as exc:
+    except (KeyboardInterrupt, Terminated, UserError, OSError) as exc:
+        _Sigterm.may_raise = False
+        if isinstance(exc, KeyboardInterrupt):
+            click.echo(f"interrupted: {interrupted}", err=True)
+            sys.exit(130)
+        if isinstance(exc, Terminated) or _Sigterm.arrived:
+            click.echo(f"terminated (SIGTERM): {interrupted}", err=True)
+            sys.exit(143)
+        if isinstance(exc, UserError):
+            raise click.ClickException(str(exc)) from None
         if exc.errno == errno.ENOSPC:
             raise click.ClickException(
                 f"disk full while writing {exc.filename or 'output'}: free some space or choose "
@@ -44,3 +78,6 @@ def cli_errors() -> Iterator[None]:
                 f"permission denied: {exc.filename}: choose a folder you can write to"
             ) from None
         raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
