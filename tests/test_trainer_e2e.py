@@ -76,7 +76,7 @@ def test_cli_errors_are_one_line(packed: Path, tmp_path: Path) -> None:
         pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), "--resume"]
     )
     assert result.exit_code == 1
-    assert "no complete checkpoint" in result.output and "Traceback" not in result.output
+    assert "holds no checkpoint" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(
         pack_train, ["--data", str(packed), "--model", "no-such-preset", "--out", str(tmp_path / "r")]
     )

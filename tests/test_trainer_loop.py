@@ -107,7 +107,7 @@ def test_resume_matches_uninterrupted_run_bitwise(packed: Path, tmp_path: Path) 
     assert part["steps"] == 3 and part["checkpoint"].endswith("step-00000003")
     with pytest.raises(UserError, match="already holds checkpoints"):
         train(_config(packed, tmp_path / "part", max_steps=7))
-    rest = train(_config(packed, tmp_path / "part", max_steps=7, resume=True))
+    rest = train(_config(packed, tmp_path / "part", max_steps=7, resume="newest"))
     assert rest["steps"] == full["steps"] == 7
     a, b = _metrics(tmp_path / "full"), _metrics(tmp_path / "part")
     assert [m["step"] for m in b] == list(range(1, 8))
@@ -124,17 +124,17 @@ def test_resume_matches_uninterrupted_run_bitwise(packed: Path, tmp_path: Path) 
 def test_resume_refuses_a_changed_data_stream(packed: Path, tmp_path: Path) -> None:
     train(_config(packed, tmp_path / "run", max_steps=2))
     with pytest.raises(UserError, match="grad_accum"):
-        train(_config(packed, tmp_path / "run", max_steps=4, grad_accum=1, resume=True))
-    with pytest.raises(UserError, match="no complete checkpoint"):
-        train(_config(packed, tmp_path / "empty", resume=True))
+        train(_config(packed, tmp_path / "run", max_steps=4, grad_accum=1, resume="newest"))
+    with pytest.raises(UserError, match="holds no checkpoint"):
+        train(_config(packed, tmp_path / "empty", resume="newest"))
 
 
 def test_resume_with_more_steps_stretches_the_schedule(packed: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     train(_config(packed, run, max_steps=2, warmup=0, schedule="linear"))
     with pytest.raises(UserError, match="already at step 2 of 2"):
-        train(_config(packed, run, max_steps=2, warmup=0, schedule="linear", resume=True))
-    train(_config(packed, run, max_steps=4, warmup=0, schedule="linear", resume=True))
+        train(_config(packed, run, max_steps=2, warmup=0, schedule="linear", resume="newest"))
+    train(_config(packed, run, max_steps=4, warmup=0, schedule="linear", resume="newest"))
     lrs = [m["lr"] for m in _metrics(run)]
     # steps 3 and 4 follow a 4-step linear decay from 2e-3 towards 0.1 x 2e-3, not the old 2-step one
     assert lrs[2:] == pytest.approx([2e-3 * (1 - 0.9 * 2 / 4), 2e-3 * (1 - 0.9 * 3 / 4)])
@@ -152,7 +152,8 @@ def test_checkpoint_is_complete_and_loadable_by_transformers(packed: Path, tmp_p
     assert names == ["step-00000004"]  # keep_last=1 removed step 2
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000004"
     assert not list((run / "checkpoints").glob(".tmp-*"))
-    path = ckpt.latest_checkpoint(run)
+    path = ckpt.list_checkpoints(run)[-1]
+    assert ckpt.checkpoint_damage(path) is None
     for name in ("optimizer.pt", "scheduler.pt", "rng-rank0.pt", "trainer_state.json"):
         assert (path / name).is_file()
     state = ckpt.read_trainer_state(path)
@@ -166,13 +167,56 @@ def test_checkpoint_is_complete_and_loadable_by_transformers(packed: Path, tmp_p
     assert summary_file["steps"] == 4 and summary_file["attention"] == summary["attention"]
 
 
-def test_incomplete_checkpoint_is_ignored(tmp_path: Path) -> None:
-    root = tmp_path / "checkpoints"
-    (root / "step-00000002").mkdir(parents=True)
-    (root / "step-00000002" / ckpt.STATE_FILE).write_text("{}")
-    (root / "step-00000004").mkdir()  # crashed before the state file: not complete
-    (root / ".tmp-step-00000006").mkdir()
-    assert ckpt.latest_checkpoint(tmp_path) == root / "step-00000002"
+def test_resume_steps_over_a_damaged_checkpoint(packed: Path, tmp_path: Path, capsys) -> None:
+    full = train(_config(packed, tmp_path / "full", max_steps=4))
+    run = tmp_path / "run"
+    train(_config(packed, run, max_steps=4, save_every=2))
+    newest = run / "checkpoints" / "step-00000004"
+    weights = newest / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 1  # one flipped bit inside a tensor: safetensors itself would load it silently
+    weights.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"--resume=strict: checkpoint .*step-00000004 is damaged "
+                                        r"\(model/model.safetensors does not match its sha256\)"):
+        train(_config(packed, run, max_steps=4, resume="strict"))
+    with pytest.raises(UserError, match="already at step 4"):  # the intact one is never skipped
+        train(_config(packed, tmp_path / "full", max_steps=4, resume="strict"))
+    rest = train(_config(packed, run, max_steps=4, resume="newest"))
+    assert "step-00000004 is damaged" in capsys.readouterr().err
+    assert rest["steps"] == 4 and ckpt.checkpoint_damage(newest) is None  # redone from step 2
+    a = ckpt.load_model_weights(tmp_path / "full" / "checkpoints" / "step-00000004")
+    b = ckpt.load_model_weights(newest)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_damage_names_what_is_wrong(packed: Path, tmp_path: Path) -> None:
+    train(_config(packed, tmp_path, max_steps=1))
+    path = ckpt.list_checkpoints(tmp_path)[-1]
+    assert ckpt.checkpoint_damage(path) is None
+    (path / "optimizer.pt").write_bytes((path / "optimizer.pt").read_bytes()[:100])
+    assert ckpt.checkpoint_damage(path) == f"optimizer.pt has 100 bytes, not {_listed(path, 'optimizer.pt')}"
+    (path / "optimizer.pt").unlink()
+    assert ckpt.checkpoint_damage(path) == "optimizer.pt is missing"
+    (path / ckpt.FILE_LIST).write_text("{")
+    assert ckpt.checkpoint_damage(path) == "its checkpoint.json is unreadable (JSONDecodeError)"
+    (path / ckpt.FILE_LIST).unlink()
+    assert "no checkpoint.json" in ckpt.checkpoint_damage(path)
+    with pytest.raises(UserError, match="no intact checkpoint"):
+        ckpt.resume_point(tmp_path, strict=False)
+
+
+def test_a_listed_file_that_does_not_load_is_one_line(packed: Path, tmp_path: Path) -> None:
+    """A file that matches its listing but does not load (written damaged) is one line, too."""
+    train(_config(packed, tmp_path, max_steps=1))
+    path = ckpt.list_checkpoints(tmp_path)[-1]
+    (path / "optimizer.pt").write_bytes(b"not a pickle")
+    ckpt.write_file_list(path)
+    with pytest.raises(UserError, match=r"optimizer.pt: cannot be loaded \(UnpicklingError"):
+        train(_config(packed, tmp_path, max_steps=2, resume="newest"))
+
+
+def _listed(path: Path, name: str) -> int:
+    return json.loads((path / ckpt.FILE_LIST).read_text())["files"][name]["bytes"]
 
 
 # ------------------------------------------------------------------------------------- DDP

@@ -1,4 +1,4 @@
-"""Atomic training checkpoints: everything needed to continue a run exactly where it stopped.
+"""Atomic, verified training checkpoints: everything needed to continue a run exactly.
 
 Layout of `RUN_DIR/checkpoints/step-00000040/`:
 
@@ -7,10 +7,13 @@ Layout of `RUN_DIR/checkpoints/step-00000040/`:
 - `scheduler.pt`        LR scheduler state
 - `rng-rank{r}.pt`      python / numpy / torch (/ cuda) RNG states of every rank
 - `trainer_state.json`  step, data cursor, tokens seen, the run configuration and data fingerprint
+- `checkpoint.json`     written last: size and sha256 of every other file
 
-A checkpoint is written into `checkpoints/.tmp-step-...` and renamed into place only when complete;
-`checkpoints/latest` (a one-line text file, replaced atomically) names the newest complete one. A
-crash while saving therefore never leaves a checkpoint that looks complete but is not.
+A checkpoint is written into `checkpoints/.tmp-step-...`, fsynced, and renamed into place only when
+complete (`pipeline.durable`); `checkpoints/latest` (a one-line text file, replaced atomically)
+names the newest. A checkpoint is intact when every file that `checkpoint.json` lists is there with
+its size and sha256: a crash, a full disk or a flipped byte after saving shows up as a damaged
+checkpoint, which `resume_point` reports and steps over (or refuses, when strict).
 """
 
 from __future__ import annotations
@@ -19,18 +22,23 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from pipeline.durable import fsync_path, fsync_tree, write_text_atomic
 from pipeline.errors import UserError
+from pipeline.shards import file_sha256
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
+FILE_LIST = "checkpoint.json"
 
 
 def checkpoint_name(step: int) -> str:
@@ -56,12 +64,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def save_checkpoint(
@@ -93,15 +95,22 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
     barrier()
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
-    if rank == 0:
-        model.save_pretrained(tmp / "model", state_dict=model_state, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp / "model")
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save(scheduler_state, tmp / "scheduler.pt")
-        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2) + "\n", encoding="utf-8")
-    barrier()
+    try:
+        torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+        if rank == 0:
+            model.save_pretrained(tmp / "model", state_dict=model_state, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / "model")
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save(scheduler_state, tmp / "scheduler.pt")
+            (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2) + "\n", encoding="utf-8")
+        barrier()
+        if rank == 0:
+            write_file_list(tmp)
+            fsync_tree(tmp)
+    except BaseException:  # a full disk, Ctrl-C: the unfinished folder goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if rank == 0:
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it whole
             old = root / f".old-{checkpoint_name(step)}"
@@ -110,7 +119,8 @@ def save_checkpoint(
             shutil.rmtree(old)
         else:
             os.replace(tmp, final)
-        _write_text_atomic(root / LATEST, final.name + "\n")
+        fsync_path(root)
+        write_text_atomic(root / LATEST, final.name + "\n")
         if keep_last:
             for stale in list_checkpoints(run_dir)[:-keep_last]:
                 shutil.rmtree(stale, ignore_errors=True)
@@ -118,38 +128,110 @@ def save_checkpoint(
     return final
 
 
+def write_file_list(folder: Path) -> None:
+    """Write `folder/checkpoint.json`: the size and sha256 of every other file under `folder`."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != FILE_LIST)
+    with ThreadPoolExecutor(4) as pool:  # hashlib releases the GIL
+        digests = list(pool.map(file_sha256, files))
+    listing = {
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)
+    }
+    (folder / FILE_LIST).write_text(json.dumps({"files": listing}, indent=1) + "\n", encoding="utf-8")
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """What is wrong with checkpoint folder `path` (a phrase), or None when it is intact: every
+    file `checkpoint.json` lists is there, with its size and sha256."""
+    try:
+        listing = json.loads((path / FILE_LIST).read_text(encoding="utf-8"))["files"]
+        expected = {name: (int(f["bytes"]), str(f["sha256"])) for name, f in listing.items()}
+    except FileNotFoundError:
+        return f"it has no {FILE_LIST} (its save never finished)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"its {FILE_LIST} is unreadable ({type(exc).__name__})"
+    for name, (size, _) in expected.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, not {size}"
+    names = list(expected)
+    with ThreadPoolExecutor(4) as pool:
+        digests = list(pool.map(file_sha256, [path / n for n in names]))
+    for name, digest in zip(names, digests):
+        if digest != expected[name][1]:
+            return f"{name} does not match its sha256"
+    return None
+
+
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+    """The checkpoint folders of a run (intact or not), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    done = [p for p in root.glob("step-*") if (p / STATE_FILE).is_file()]
-    return sorted(done, key=lambda p: p.name)
+    return sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: p.name)
 
 
-def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint of a run (per `latest`, else the highest step), or None."""
-    root = Path(run_dir) / CHECKPOINTS
-    pointer = root / LATEST
-    if pointer.is_file():
-        named = root / pointer.read_text(encoding="utf-8").strip()
-        if (named / STATE_FILE).is_file():
-            return named
-    done = list_checkpoints(run_dir)
-    return done[-1] if done else None
+def resume_point(run_dir: str | os.PathLike[str], *, strict: bool) -> tuple[Path, list[str]]:
+    """The newest intact checkpoint of a run, and one line for each newer one that is damaged.
+
+    With `strict`, a damaged newest checkpoint is a UserError instead. Example: with step-20 intact
+    and step-30 missing `optimizer.pt`, the answer is (step-20, ["checkpoint .../step-00000030 is
+    damaged (optimizer.pt is missing): resuming from step-00000020, the newest intact one"]).
+    """
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise UserError(f"--resume: {run_dir} holds no checkpoint to resume from")
+    damaged: list[tuple[Path, str]] = []
+    for path in reversed(found):
+        damage = checkpoint_damage(path)
+        if damage is None:
+            break
+        damaged.append((path, damage))
+    else:
+        path, damage = damaged[0]
+        raise UserError(
+            f"--resume: no intact checkpoint in {Path(run_dir) / CHECKPOINTS}: the newest, {path.name}, "
+            f"is damaged ({damage}): start a new run with another --out"
+        )
+    if damaged and strict:
+        bad, damage = damaged[0]
+        raise UserError(
+            f"--resume=strict: checkpoint {bad} is damaged ({damage}): use --resume to continue "
+            f"from {path.name}, the newest intact one"
+        )
+    notes = [f"checkpoint {bad} is damaged ({damage}): resuming from {path.name}, the newest intact one"
+             for bad, damage in damaged]
+    return path, notes
 
 
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON state of checkpoint folder `path`."""
     try:
         return json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise UserError(f"{path}: unreadable checkpoint state ({exc}): pick another checkpoint") from None
+
+
+@contextmanager
+def loading(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Any failure inside (a UserError aside) becomes one line that names `path` as damaged."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raises, the file is unusable
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise UserError(
+            f"{path}: cannot be loaded ({type(exc).__name__}{': ' + first if first else ''}): the "
+            "checkpoint is damaged or from another model; move it aside to resume from an older one"
+        ) from None
 
 
 def load_torch(path: str | os.PathLike[str]) -> Any:
     """torch.load of a file this module wrote (our own files: full unpickling is allowed)."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+    with loading(path):
+        return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def load_model_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -161,7 +243,8 @@ def load_model_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         raise UserError(f"{path}/model: no safetensors weights: the checkpoint is incomplete")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(str(file)))
+        with loading(file):
+            state.update(load_file(str(file)))
     return state
 
 

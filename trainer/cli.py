@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from pipeline.console import run_and_exit
@@ -58,7 +60,11 @@ from pipeline.errors import UserError, cli_errors
 @click.option("--save-every", default=0, type=click.IntRange(min=0),
               help="Checkpoint every N steps (0: only at the end).")
 @click.option("--keep-last", default=None, type=click.IntRange(min=1), help="Keep only the newest N checkpoints.")
-@click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint.")
+@click.option("--resume", is_flag=False, flag_value="newest", default=None,
+              type=click.Choice(["newest", "strict"]),
+              help="Continue the run in --out from its newest intact checkpoint (each checkpoint's "
+                   "files are checked against the sha256 it lists); a damaged newer one is named "
+                   "and stepped over. --resume=strict refuses instead.")
 @click.option("--log-every", default=10, type=click.IntRange(min=1), help="Metrics line every N steps.")
 @click.option("--weight-decay", default=0.1, type=click.FloatRange(min=0))
 @click.option("--grad-clip", default=1.0, type=click.FloatRange(min=0), help="Max global gradient norm (0: no clipping).")
@@ -77,7 +83,7 @@ def pack_train(**options: object) -> None:
 
     Example: pack-train --data out/sample --model tiny --out runs/tiny --max-steps 20
     """
-    with cli_errors():
+    with cli_errors(interrupted="checkpoints saved before are intact (continue with --resume)"):
         from trainer.loop import TrainConfig, train
 
         options["compile"] = options.pop("compile_")
@@ -86,7 +92,12 @@ def pack_train(**options: object) -> None:
         if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
             raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
         summary = train(config)
-        if summary.get("rank", 0) == 0:
+        if summary["stopped_by_sigterm"]:
+            if summary["rank"] == 0:
+                click.echo(f"terminated (SIGTERM): stopped after step {summary['steps']} and saved "
+                           f"{summary['checkpoint']}; continue with --resume", err=True)
+            sys.exit(143)
+        if summary["rank"] == 0:
             click.echo(format_summary(summary))
 
 

@@ -15,8 +15,10 @@ shards memory-mapped on first use, gather the rows with numpy slices and build a
 from __future__ import annotations
 
 import os
+import signal
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,7 +248,8 @@ def make_loader(
     """DataLoader over micro-batch keys: in order, workers prefetching, optionally pinned."""
     extra = {}
     if num_workers > 0:
-        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False}
+        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
+                 "worker_init_fn": _ignore_sigterm}
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=None,
@@ -256,6 +259,28 @@ def make_loader(
         pin_memory=pin_memory,
         **extra,
     )
+
+
+@contextmanager
+def loader_batches(loader: torch.utils.data.DataLoader) -> Iterator[Iterator[MicroBatch]]:
+    """Iterate `loader` within the block; its worker processes end when the block does, however it
+    ends. (An exception's traceback would keep the iterator, and its workers, alive until exit,
+    where multiprocessing waits for them, and they leave SIGTERM to this process.)"""
+    batches = iter(loader)
+    try:
+        yield batches
+    finally:
+        if hasattr(batches, "_shutdown_workers"):  # workers, each asked to end, then joined
+            batches._shutdown_workers()
+            for worker in batches._workers:
+                if worker.is_alive():
+                    worker.kill()
+
+
+def _ignore_sigterm(worker_id: int) -> None:
+    """A loader worker leaves SIGTERM to the training process, which finishes its step and then
+    ends the workers itself (Slurm sends SIGTERM to every process of a job, not just the first)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def step_cursor(planner: Planner, start: Cursor, steps_done: int) -> Cursor:

@@ -42,17 +42,20 @@ from trainer.data import (
     Planner,
     ShardReader,
     data_fingerprint,
+    loader_batches,
     make_loader,
     row_lengths,
     step_cursor,
 )
 from trainer.loss import find_decoder, packed_loss
 from trainer.attention import select_backend
+from trainer.preempt import StopOnSigterm
 from trainer.model import count_params, load_model, prepare
 
 log = logging.getLogger(__name__)
 
 SCHEDULES = ("cosine", "linear", "constant")
+RESUME = ("newest", "strict")
 PARALLEL = ("ddp", "fsdp")
 # Options that fix the data stream: a resume with other values could not continue exactly.
 STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size")
@@ -82,7 +85,7 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 0
     keep_last: int | None = None
-    resume: bool = False
+    resume: str | None = None  # "newest" (intact checkpoint) or "strict" (the latest, or refuse)
     log_every: int = 10
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
@@ -282,7 +285,8 @@ def load_weights_into(model: torch.nn.Module, path: Path) -> None:
     """Load a checkpoint's safetensors into `model` (plain, before wrapping); tied copies may be
     absent from the file."""
     state = ckpt.load_model_weights(path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    with ckpt.loading(path / "model"):  # e.g. a tensor of another shape
+        missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - ckpt.tied_parameter_names(model)
     if missing or unexpected:
         raise UserError(
@@ -439,16 +443,34 @@ def _resolve_total_steps(config: TrainConfig, planner: Planner) -> int:
     return total
 
 
-def _prepare_run_dir(config: TrainConfig, rank: int) -> tuple[Path, Path | None]:
+def _prepare_run_dir(config: TrainConfig, info: DistInfo) -> tuple[Path, Path | None]:
+    """The run folder, and the checkpoint to resume from (None for a new run). Rank 0 verifies the
+    checkpoints (`ckpt.resume_point`) and tells the other ranks which one, or why there is none."""
     out = Path(config.out)
-    resume_from = ckpt.latest_checkpoint(out)
-    if config.resume and resume_from is None:
-        raise UserError(f"--resume: {out} holds no complete checkpoint to resume from")
-    if not config.resume and resume_from is not None:
-        raise UserError(
-            f"{out} already holds checkpoints: pass --resume to continue that run, or choose a new --out"
-        )
-    return out, resume_from if config.resume else None
+    if not config.resume:
+        if ckpt.list_checkpoints(out):
+            raise UserError(
+                f"{out} already holds checkpoints: pass --resume to continue that run, or choose a new --out"
+            )
+        return out, None
+    if config.resume not in RESUME:
+        raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")
+    found: tuple[Path, list[str]] | str | None = None
+    if info.rank == 0:
+        try:
+            found = ckpt.resume_point(out, strict=config.resume == "strict")
+        except UserError as exc:
+            found = str(exc)
+    if info.enabled:
+        box = [found]
+        dist.broadcast_object_list(box, src=0)
+        found = box[0]
+    if isinstance(found, str):
+        raise UserError(found)
+    path, notes = found
+    for note in notes:
+        print(f"pack-train: {note}", file=sys.stderr)
+    return out, path
 
 
 def _trim_metrics(path: Path, step: int) -> None:
@@ -486,7 +508,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     )
 
     transformers.utils.logging.disable_progress_bar()
-    out, resume_from = _prepare_run_dir(config, rank)
+    out, resume_from = _prepare_run_dir(config, info)
     manifest, tokenizer = open_data(config)
     lengths = row_lengths(config.data, manifest)
     planner = Planner(
@@ -541,14 +563,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
     schedule = Schedule(config.schedule, config.warmup, total_steps, config.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     if resume_from is not None:
-        _load_optimizer(wrapper, optimizer, ckpt.load_torch(resume_from / "optimizer.pt"), fsdp)
-        scheduler.load_state_dict(ckpt.load_torch(resume_from / "scheduler.pt"))
+        for name, restore in (
+            ("optimizer.pt", lambda state: _load_optimizer(wrapper, optimizer, state, fsdp)),
+            ("scheduler.pt", scheduler.load_state_dict),
+            (f"rng-rank{rank}.pt", ckpt.set_rng_state),
+        ):
+            with ckpt.loading(resume_from / name):
+                restore(ckpt.load_torch(resume_from / name))
         schedule.total = total_steps  # the checkpoint restores the old length; --max-steps may grow
         for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = base * schedule(scheduler.last_epoch)
-        rng_file = resume_from / f"rng-rank{rank}.pt"
-        if rng_file.is_file():
-            ckpt.set_rng_state(ckpt.load_torch(rng_file))
 
     n_steps = stop_at - start_step
     reader = ShardReader(config.data, manifest)
@@ -607,7 +631,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
     metrics_file = open(metrics_path, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
     bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
                desc="pack-train", unit="step", dynamic_ncols=True)
-    batches = iter(loader)
     step = start_step
     position = Cursor(cursor.epoch, cursor.step_in_epoch)  # data cursor after `step`
     last_loss: float | None = None
@@ -623,7 +646,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
     t_log, wait_since_log, steps_since_log = time.perf_counter(), 0.0, 0
     run_start = time.perf_counter()
-    try:
+    with (
+        StopOnSigterm() as sigterm, bar, metrics_file or contextlib.nullcontext(),
+        loader_batches(loader) as batches,
+    ):
         while step < stop_at:
             t0 = time.perf_counter()
             micro = [next(batches) for _ in range(config.grad_accum)]
@@ -648,7 +674,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
             pending_tokens = pending_tokens + counts[1]  # stays on the device: read when logging
             bar.update(1)
 
-            if step % config.log_every == 0 or step == stop_at:
+            at_log = step % config.log_every == 0 or step == stop_at
+            stopping = sigterm.agreed(info.enabled, device, at_log)
+            if at_log or stopping:
                 if hashes is not None:
                     hashes.raise_if_failed(info.enabled, device)
                 if info.enabled:
@@ -682,13 +710,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
                     metrics_file.flush()
                 bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
                 t_log, tokens_since_log, wait_since_log, steps_since_log = now, 0, 0.0, 0
-            if (config.save_every and step % config.save_every == 0) or step == stop_at:
+            if (config.save_every and step % config.save_every == 0) or step == stop_at or stopping:
                 flush_tokens()
                 last_path = save(step, position, last_loss)
-    finally:
-        bar.close()
-        if metrics_file is not None:
-            metrics_file.close()
+            if stopping:
+                break
 
     elapsed = time.perf_counter() - run_start
     summary = {
@@ -704,6 +730,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "world_size": world,
         "elapsed_s": elapsed,
         "checkpoint": str(last_path) if last_path else None,
+        "stopped_by_sigterm": sigterm.requested and step < stop_at,
         "rank": rank,
     }
     if rank == 0:
