@@ -295,6 +295,44 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
         assert any(float(d.max()) > 0 for d in diffs)  # and the bf16 reduction did happen
 
 
+def _sigterm_worker(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
+    """One DDP rank; rank 1 alone gets SIGTERM while it reads its first micro-batch."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    import signal
+
+    import torch.distributed as dist
+
+    from trainer import data
+
+    original = data.ShardReader.microbatch
+
+    def signalled(self, rows):
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            data.ShardReader.microbatch = original
+        return original(self, rows)
+
+    data.ShardReader.microbatch = signalled
+    summary = train(config)
+    Path(record, f"rank{rank}.json").write_text(json.dumps(summary))
+    dist.destroy_process_group()
+
+
+def test_ranks_agree_to_stop_on_sigterm_at_the_next_log_step(packed: Path, tmp_path: Path) -> None:
+    """SIGTERM that reached one rank at step 1 stops both after step 2 (the first log step), with
+    one checkpoint of that step."""
+    config = _config(packed, tmp_path / "ddp", grad_accum=1, max_steps=4, log_every=2)
+    mp.start_processes(_sigterm_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
+                       join=True, start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["steps"] for r in ranks] == [2, 2]
+    assert [r["stopped_by_sigterm"] for r in ranks] == [True, True]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "ddp")] == ["step-00000002"]
+    assert ckpt.checkpoint_damage(ckpt.list_checkpoints(tmp_path / "ddp")[0]) is None
+
+
 def test_grad_checkpointing_changes_memory_not_results(packed: Path, tmp_path: Path) -> None:
     train(_config(packed, tmp_path / "plain", max_steps=3))
     train(_config(packed, tmp_path / "ckpt", max_steps=3, grad_checkpointing=True))

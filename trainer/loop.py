@@ -635,6 +635,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     position = Cursor(cursor.epoch, cursor.step_in_epoch)  # data cursor after `step`
     last_loss: float | None = None
     last_path: Path | None = None
+    preempted = False  # stopped early by SIGTERM
     pending_tokens: torch.Tensor | int = 0
     local_micro, local_tokens = 0, 0  # this rank's own counts (host ints), written to ranks/
 
@@ -675,7 +676,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             bar.update(1)
 
             at_log = step % config.log_every == 0 or step == stop_at
-            stopping = sigterm.agreed(info.enabled, device, at_log)
+            stopping = sigterm.agreed(info.enabled, device, at_log) and step < stop_at
             if at_log or stopping:
                 if hashes is not None:
                     hashes.raise_if_failed(info.enabled, device)
@@ -714,6 +715,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 flush_tokens()
                 last_path = save(step, position, last_loss)
             if stopping:
+                preempted = True
                 break
 
     elapsed = time.perf_counter() - run_start
@@ -730,7 +732,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         "world_size": world,
         "elapsed_s": elapsed,
         "checkpoint": str(last_path) if last_path else None,
-        "stopped_by_sigterm": sigterm.requested and step < stop_at,
+        "stopped_by_sigterm": preempted,  # on every rank, when any rank got SIGTERM
         "rank": rank,
     }
     if rank == 0:
