@@ -246,6 +246,45 @@ def missing_field(table: pa.Table, name: str, where: Where) -> UserError:
     )
 
 
+def needed_fields(fmt: ResolvedFormat) -> list[str]:
+    """The columns every row of a file in this format must fill (the optional ones left out)."""
+    keys = {"text": ("text",), "instruction": ("prompt", "response"), "chat": ("messages",),
+            "tokenized": ("input_ids",)}[fmt.kind]
+    return [str(fmt.fields[k]) for k in keys]
+
+
+def check_same_format(table: pa.Table, fmt: ResolvedFormat, where: Where) -> None:
+    """Raise a one-line UserError when the first row lacking a field the file's format needs has
+    instead the fields of another format: the file mixes formats (say chat rows, then instruction
+    rows). Other rows with a missing field are left to the readers of each field, which name it.
+
+    The file's format is resolved from all its fields (`detect_format`), so a mixed file is read as
+    the format its fields select first, and the rows of the other format lack that format's fields.
+    """
+    needed = needed_fields(fmt)
+    first = table.num_rows
+    for name in needed:
+        if name not in table.column_names:
+            first = 0
+        elif table.column(name).null_count:
+            first = min(first, int(pc.index(pc.is_null(table.column(name)), True).as_py()))
+    if first == table.num_rows:
+        return
+    has = [c for c in table.column_names if table.column(c)[first].is_valid]
+    if set(has) & set(needed):
+        return  # a row of this format with a field missing
+    try:
+        other = detect_format(has, FormatOptions())
+    except UserError:
+        return  # the fields of no format
+    raise UserError(
+        f"{where(first)}: the file mixes formats: this row has the fields {', '.join(has)} ({other.kind} "
+        f"format), but the file is read as {fmt.kind}, which needs "
+        f"{' and '.join(map(repr, needed))} in every row: split it into one file per format (each input file "
+        "gets its own format), or pass --format and the field options that fit every row"
+    )
+
+
 def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -> list[str]:
     """A column as Python strings; a null in a required field is a one-line error naming its row."""
     if name not in table.column_names:
@@ -393,6 +432,7 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
 
 def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
     """Render one batch of a text / instruction / chat dataset into segments."""
+    check_same_format(table, fmt, where)
     if fmt.kind == "text":
         return render_text(table, fmt, where)
     if fmt.kind == "instruction":

@@ -66,6 +66,7 @@ SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .cs
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
 DEFAULT_CHUNK_BYTES = 1 << 20
+LONG_CHUNK_BYTES = 4 << 20  # a JSONL chunk this long (a long line) has pyarrow's pool released after parsing
 COLUMNS_SCAN_BYTES = 16 << 20  # JSONL bytes parsed at a time (threaded) to find every field
 COLUMNS_SCAN_BLOCK = 4 << 20  # pyarrow's block per thread in that scan
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -430,9 +431,13 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
 
 
 def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, int, int]]:
-    """(chunk, 1-based line of its first line, byte offset) cut at line ends; bounded memory."""
+    """(chunk, 1-based line of its first line, byte offset) cut at line ends; bounded memory.
+
+    The blocks of a line longer than a block are kept apart until its end is read and joined once,
+    so a line of any length is copied a bounded number of times."""
     with _open_binary(path) as f:
-        line, offset, rest = 1, 0, b""
+        line, offset = 1, 0
+        pending: list[bytes] = []  # blocks read since the last line end
         first = True
         while True:
             block = f.read(chunk_bytes)
@@ -440,18 +445,28 @@ def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, int, int
                 block, offset = block[3:], 3
             first = False
             if not block:
-                if rest:
-                    yield rest, line, offset
+                if pending:
+                    yield b"".join(pending), line, offset
                 return
-            buf = rest + block if rest else block
-            cut = buf.rfind(b"\n")
+            cut = block.rfind(b"\n")
             if cut < 0:
-                rest = buf
+                pending.append(block)
                 continue
-            chunk, rest = buf[: cut + 1], buf[cut + 1:]
-            yield chunk, line, offset
-            line += chunk.count(b"\n")
-            offset += len(chunk)
+            pending.append(block[: cut + 1])  # the only part with line ends
+            rest = block[cut + 1:]
+            del block
+            lines, size = pending[-1].count(b"\n"), sum(map(len, pending))
+            yield _joined(pending), line, offset  # (no reference to the chunk stays here)
+            pending = [rest] if rest else []
+            line += lines
+            offset += size
+
+
+def _joined(parts: list[bytes]) -> bytes:
+    """The parts joined, the list emptied."""
+    out = parts[0] if len(parts) == 1 else b"".join(parts)
+    parts.clear()
+    return out
 
 
 _WS = np.zeros(256, dtype=bool)
@@ -480,7 +495,7 @@ def _jsonl_columns(path: str) -> list[str]:
     """Every field name of a JSON Lines file, in order of first appearance (see column_names)."""
     keys: dict[str, None] = {}
     for chunk, line, offset in _jsonl_chunks(path, COLUMNS_SCAN_BYTES):
-        if not chunk.strip():
+        if not chunk or chunk.isspace():
             continue
         try:
             options = pajson.ReadOptions(use_threads=True, block_size=COLUMNS_SCAN_BLOCK)
@@ -492,6 +507,8 @@ def _jsonl_columns(path: str) -> list[str]:
             except pa.ArrowInvalid as exc:
                 raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
         keys.update(dict.fromkeys(table.column_names))
+        del table
+    pa.default_memory_pool().release_unused()  # a long line's parse would otherwise stay in RSS
     return list(keys)
 
 
@@ -499,7 +516,7 @@ def _read_jsonl(path: str, batch_rows: int, chunk_bytes: int
                 ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     conform = _Conformer()
     for chunk, line, offset in _jsonl_chunks(path, chunk_bytes):
-        if not chunk.strip():
+        if not chunk or chunk.isspace():
             continue
         try:
             # pyarrow does not validate UTF-8 inside JSON strings; CPython's decoder does, fast.
@@ -512,6 +529,9 @@ def _read_jsonl(path: str, batch_rows: int, chunk_bytes: int
             raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
         table = conform(table)
         lines = _record_lines(chunk, line, table.num_rows)
+        if len(chunk) > LONG_CHUNK_BYTES:  # a long line: what parsing it took goes back to the system
+            pa.default_memory_pool().release_unused()
+        del chunk  # only the table is needed while its batches are tokenized
         for start in range(0, table.num_rows, batch_rows):
             yield (table.slice(start, batch_rows),
                    None if lines is None else lines[start: start + batch_rows])

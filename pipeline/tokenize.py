@@ -1,8 +1,9 @@
 """Parallel batch tokenization of rendered examples, spilled to disk; only lengths stay in RAM.
 
 Each `SourceBatch` is rendered into segments (`pipeline.formats`); each example's segments are
-joined into its whole text, all whole texts of the batch are tokenized in one call of the fast
-tokenizer's batch API, and the ids are split at the segments' cuts (`encode_pool.encode_segments`:
+joined into its whole text, the whole texts of the batch are tokenized with the fast tokenizer's
+batch API (one call, or calls of bounded size with long texts cut where no id changes:
+`pipeline.long_texts`), and the ids are split at the segments' cuts (`encode_pool.encode_segments`:
 the ids are the tokenizer's ids of the text a model sees, not those of segments encoded apart). A
 numba kernel then adds BOS/EOS per example and builds the labels (-100 on prompt segments and always
 on an example's first token; the EOS that ends a response carries loss). Pre-tokenized input skips
@@ -49,10 +50,13 @@ from pipeline.formats import (
     FormatOptions,
     ResolvedFormat,
     Where,
+    check_same_format,
     detect_formats,
     missing_field,
     render,
+    rows_where,
 )
+from pipeline.long_texts import Encode, encode_bounded
 from pipeline.shards import IGNORE_INDEX
 from pipeline.tokenizer_load import RUST_THREADS, load_tokenizer
 
@@ -96,9 +100,6 @@ def encode_texts(tokenizer: Any, texts: list[str], cuts: Cuts | None = None) -> 
 
 
 # ------------------------------------------------------------------------------- per-batch work
-
-
-Encode = Callable[[list[str], Cuts | None], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -154,11 +155,13 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     """Render, tokenize and assemble one batch of a text / instruction / chat dataset.
 
     `encode` turns texts into (flat ids, lengths): `encode_texts` with this tokenizer by default, or
-    a worker pool's `encode`.
+    a worker pool's `encode`; it is called on texts of bounded size (`long_texts.encode_bounded`:
+    long texts in exact pieces; a text that cannot be cut and is too long is a UserError naming
+    its row).
     """
     segs = render(table, fmt, where, tokenizer)
     n = segs.n_examples
-    blank = np.fromiter((not t.strip() for t in segs.texts), dtype=bool, count=len(segs.texts))
+    blank = np.fromiter((not t or t.isspace() for t in segs.texts), dtype=bool, count=len(segs.texts))
     # an example is empty when it has no segment with visible text
     has_text = np.zeros(n, dtype=bool)
     if len(segs.texts):
@@ -172,7 +175,11 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     first_seg = last_seg - counts + 1
     has_seg = counts > 0
     whole, cuts = _join_segments(texts, counts, first_seg)
-    flat, seg_lens = encode(whole, cuts) if encode is not None else encode_texts(tokenizer, whole, cuts)
+    owner = np.flatnonzero(has_seg)  # the example of each whole text
+    flat, seg_lens = encode_bounded(
+        encode if encode is not None else partial(encode_texts, tokenizer), whole, cuts,
+        lambda: tokenizer.backend_tokenizer, lambda i: where(int(owner[i])),
+    )
     tok_loss = np.repeat(segs.loss, seg_lens)
     seg_end = np.cumsum(seg_lens)
     seg_start = seg_end - seg_lens
@@ -242,6 +249,7 @@ def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where, *, deriv
     Without a labels column and with `derive_labels=False`, labels are left as None (the writer
     derives them from the ids while gathering, which saves a copy and half the spill).
     """
+    check_same_format(table, fmt, where)
     ids, lengths = _int_list_column(table, fmt.fields["input_ids"], where)
     if len(ids) and ids.min() < 0:
         bad = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(ids < 0)), side="right"))
@@ -568,7 +576,8 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
         for b in range(reader.num_record_batches):
             if limit is not None and index >= limit:
                 break
-            col = reader.get_batch(b).column(name)
+            record_batch = reader.get_batch(b)
+            col = record_batch.column(name)
             if limit is not None and index + len(col) > limit:
                 col = col.slice(0, limit - index)
             values = col.buffers()[3]
@@ -577,6 +586,8 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
             if (values.address - base) % 4:
                 raise _NotDirect
             if col.null_count:
+                table = pa.Table.from_batches([record_batch]).slice(0, len(col))
+                check_same_format(table, fmt, rows_where(f.path, index - file_first))
                 first = int(pc.index(pc.is_null(col), True).as_py())
                 raise UserError(f"{f.path} row {index - file_first + first + 1}: {name!r} is missing or null: "
                                 "fix the row or remove it")

@@ -129,6 +129,59 @@ def test_null_required_field_names_file_and_row():
         render(table, detect_format(["text"], FormatOptions()), rows_where("t.jsonl", 0))
 
 
+CHAT_ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+PAIR_ROW = {"instruction": "add 2 and 2", "output": "4"}
+
+
+def records(rows: list[dict]) -> pa.Table:
+    """Rows as a table with a column for every key of any row (None where a row lacks it), as read."""
+    keys = dict.fromkeys(k for r in rows for k in r)
+    return pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})
+
+
+@pytest.mark.parametrize(("rows", "row", "has", "kind", "needs"), [
+    ([CHAT_ROW] * 3 + [PAIR_ROW] * 2, 4, "instruction, output (instruction format)", "chat", "'messages'"),
+    ([PAIR_ROW] * 2 + [CHAT_ROW], 1, "instruction, output (instruction format)", "chat", "'messages'"),
+    ([{"text": "doc"}, {"question": "q", "answer": "a"}], 1, "text (text format)", "instruction", "'question' and 'answer'"),
+    ([{"input_ids": [1, 2]}, {"text": "doc"}], 2, "text (text format)", "tokenized", "'input_ids'"),
+])
+def test_a_file_that_mixes_formats_is_one_line_naming_the_row_its_fields_and_the_fix(
+        tokenizer, rows, row, has, kind, needs):
+    """The format of a file comes from all its fields; its first row that lacks what that format
+    needs and has another format's fields instead is named, with both sets of fields and the fix."""
+    from pipeline.formats import check_same_format
+
+    table = records(rows)
+    fmt = detect_format(table.column_names, FormatOptions())
+    assert fmt.kind == kind
+    with pytest.raises(UserError) as info:
+        if kind == "tokenized":
+            check_same_format(table, fmt, rows_where("mixed.jsonl"))
+        else:
+            render(table, fmt, rows_where("mixed.jsonl"), tokenizer)
+    msg = str(info.value)
+    assert msg == (f"mixed.jsonl row {row}: the file mixes formats: this row has the fields {has}, but the file is "
+                   f"read as {kind}, which needs {needs} in every row: split it into one file per format (each "
+                   "input file gets its own format), or pass --format and the field options that fit every row")
+
+
+def test_rows_missing_a_field_without_another_formats_fields_keep_the_missing_field_message(tokenizer):
+    """A row of the file's own format with a field left out, or with no format's fields at all, is
+    a missing field, not a mix of formats; the same when the file is read with an explicit --format."""
+    table = records([{"question": "q", "answer": "a"}, {"question": "q2"}])
+    fmt = detect_format(table.column_names, FormatOptions())
+    with pytest.raises(UserError, match=r"^d.jsonl row 2: field 'answer' is missing or null"):
+        render(table, fmt, rows_where("d.jsonl"))
+    table = records([{"text": "doc", "id": 1}, {"id": 2}])
+    with pytest.raises(UserError, match=r"^d.jsonl row 2: field 'text' is missing or null"):
+        render(table, detect_format(table.column_names, FormatOptions()), rows_where("d.jsonl"))
+    table = records([PAIR_ROW, CHAT_ROW])
+    fmt = detect_format(table.column_names, FormatOptions(format="instruction"))
+    with pytest.raises(UserError, match=r"^d.jsonl row 2: the file mixes formats: this row has the fields messages "
+                                        r"\(chat format\), but the file is read as instruction"):
+        render(table, fmt, rows_where("d.jsonl"), tokenizer)
+
+
 def test_chat_segments_mark_only_assistant_turns(tokenizer):
     messages = [
         {"role": "system", "content": "Be brief."},

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +17,8 @@ from click.testing import CliRunner
 import pipeline.tokenizer_cache
 import pipeline.write
 from pipeline.cli import pack_data
-from pipeline.encode_pool import default_workers
+from pipeline.encode_pool import default_workers, encode_segments
+from pipeline.long_texts import MAX_PIECE_CHARS
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 from pipeline.tokenize import tokenize_examples
 from pipeline.tokenizer_load import load_tokenizer
@@ -265,6 +267,18 @@ def test_arrow_ipc_in_place_bad_ids_name_file_and_row(tmp_path: Path, bad: int, 
     result = run(a, b, "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"b.arrow row 3: {'input_ids contains a ' if bad < 0 else ''}{needle}" in result.output, result.output
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
+
+
+def test_arrow_ipc_in_place_rows_of_another_format_name_the_file_row_and_fields(tmp_path: Path):
+    """A pre-tokenized Arrow file, gathered in place, whose later rows are text rows (no input_ids)."""
+    table = pa.table({"input_ids": pa.array([[5, 6], [7], None], pa.list_(pa.int32())), "text": [None, None, "doc"]})
+    with pa.ipc.new_file(tmp_path / "a.arrow", table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    result = run(tmp_path / "a.arrow", "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert (f"{tmp_path / 'a.arrow'} row 3: the file mixes formats: this row has the fields text (text format), but "
+            "the file is read as tokenized, which needs 'input_ids' in every row") in result.output, result.output
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
@@ -552,6 +566,42 @@ def test_same_shards_whatever_num_proc_and_batch_rows(tmp_path: Path):
     assert len(shas[0]) > 1 and all(s == shas[0] for s in shas), shas
 
 
+def test_a_long_row_packs_the_same_whatever_num_proc_with_the_ids_of_its_whole_text(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A row longer than LONG_TEXT_CHARS (made small here), tokenized in pieces: the shards are the
+    same for any --num-proc, and its example holds the ids of the whole rendered text, its loss
+    starting where the tokenizer's offsets put the response, split into --max-len pieces."""
+    import pipeline.long_texts
+
+    for name, value in (("LONG_TEXT_CHARS", 60_000), ("CALL_CHARS", 60_000), ("PIECE_CHARS", 2_000)):
+        monkeypatch.setattr(pipeline.long_texts, name, value)
+    docs = [json.loads(line)["text"] for line in (SAMPLE / "text.jsonl").read_text().splitlines()]
+    body = " ".join(docs)[:100_000]
+    prompt, response = body[: len(body) // 2], body[len(body) // 2 :]
+    rows = [{"prompt": "2+2?", "response": "4"}, {"prompt": prompt, "response": response},
+            {"prompt": "3+3?", "response": "6"}]
+    data = write_jsonl(tmp_path / "long.jsonl", rows)
+    shas = []
+    for n in (1, 2):
+        result = run(data, "--tokenizer", TOKENIZER, "--max-len", 4096, "--overlong", "split", "--num-proc", n,
+                     "--strategy", "sequential", "--out", tmp_path / f"np{n}")  # (rows, so pieces, in input order)
+        assert result.exit_code == 0, result.output
+        shas.append([s.sha256 for s in read_manifest(tmp_path / f"np{n}").shards])
+    assert shas[0] == shas[1]
+    backend = load_tokenizer(TOKENIZER).backend_tokenizer
+    ids, (n_prompt, n_response) = encode_segments(backend, [prompt + response], (np.array([1]), np.array([len(prompt)])))
+    pieces = examples(tmp_path / "np1")[1]
+    assert len(pieces) > 1 and all(len(p[0]) <= 4096 for p in pieces)
+    got_ids = [i for p in pieces for i in p[0]]
+    got_labels = [lab for p in pieces for lab in p[1]]
+    assert got_ids == [BOS, *ids.tolist(), EOS]
+    want = [IGNORE_INDEX] * (1 + n_prompt) + ids[n_prompt:].tolist() + [EOS]
+    starts = np.cumsum([0] + [len(p[0]) for p in pieces[:-1]])
+    for k in starts.tolist():  # the first label of every piece is -100
+        want[k] = IGNORE_INDEX
+    assert got_labels == want
+
+
 def test_chat_sample_limit_and_strategy(tmp_path: Path):
     out = tmp_path / "chat"
     result = run(SAMPLE / "chat.jsonl", "--tokenizer", TOKENIZER, "--max-len", 2048, "--out", out,
@@ -710,6 +760,15 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "column 'prompt' not found in " + str(good)),
         "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
                                    "--tokenizer", str(_no_template(tmp))], "no chat template"),
+        "mixed formats in one file": (
+            [str(write_jsonl(tmp / "mixed.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3
+                             + [{"instruction": "add 2 and 2", "output": "4"}]))],
+            "mixed.jsonl line 4: the file mixes formats: this row has the fields instruction, output (instruction "
+            "format), but the file is read as chat, which needs 'messages' in every row: split it into one file per "
+            "format"),
+        "text too long to cut": (
+            [str(write_jsonl(tmp / "long.jsonl", [{"text": "fine"}, {"text": "x" * (MAX_PIECE_CHARS + 1)}]))],
+            f"long.jsonl line 2: the text of {MAX_PIECE_CHARS + 1:,} characters has no place within"),
         "zero batch rows": ([str(good), "--batch-rows", "0"], "--batch-rows must be >= 1"),
         "zero group size": ([str(good), "--group-size", "0"], "--group-size must be >= 1"),
     }
@@ -719,7 +778,7 @@ CASES = [
     "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
     "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
     "id outside vocabulary", "mixed fields", "explicit field misses one file", "explicit format misses one file",
-    "zero batch rows", "zero group size",
+    "zero batch rows", "zero group size", "mixed formats in one file", "text too long to cut",
 ]
 
 
@@ -747,29 +806,6 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
     assert result.exit_code == 1 and "disk full" in result.output and "Traceback" not in result.output
     assert not out.exists() and leftovers(tmp_path) == []
-
-
-def test_disk_full_while_spilling_tokens_is_one_line(tmp_path: Path):
-    """A real full disk (a 512 KiB tmpfs) under --out while the token spill is written: one line
-    naming the spill, exit 1, nothing left on that disk. Needs root to mount; skipped otherwise."""
-    import os
-    import subprocess
-
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode == 0
-    if not mounted:
-        pytest.skip("mounting a small file system needs root")
-    try:
-        data = write_jsonl(tmp_path / "d.jsonl", [{"text": f"word {i} " * 100} for i in range(2000)])
-        result = run(data, "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", small / "o")
-        lines = [line for line in result.output.splitlines() if line.strip()]
-        assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
-        assert "disk full while writing" in lines[0] and "_spill" in lines[0], lines[0]
-        assert list(small.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(small)], check=False)
 
 
 def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path,

@@ -239,6 +239,26 @@ def test_jsonl_blank_lines_count_records_and_lines_are_exact(tmp_path):
     assert batches[0].where(1) == f"{path} line 3"
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 64, 1 << 20])
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_jsonl_lines_longer_than_a_chunk_are_read_whole_with_their_line_numbers(tmp_path, chunk_bytes, last_newline):
+    """A line spanning many read blocks is joined once and parsed whole; the lines around it (blank
+    ones too, and a last line without a line end) keep their numbers."""
+    rows = [{"text": "a"}, {"text": "b" * 300}, {"text": "c", "extra": 1}, {"text": "d" * 150}]
+    body = json.dumps(rows[0]) + "\n" + json.dumps(rows[1]) + "\n\n" + "\n".join(map(json.dumps, rows[2:]))
+    path = tmp_path / "d.jsonl"
+    path.write_text(body + ("\n" if last_newline else ""))
+    table, batches = read_all([str(path)], batch_rows=2, chunk_bytes=chunk_bytes)
+    assert table.to_pylist() == [{"text": r["text"], "extra": r.get("extra")} for r in rows]
+    assert [int(line) for b in batches for line in b.lines] == [1, 2, 4, 5]
+    chunks = list(sources._jsonl_chunks(str(path), chunk_bytes))
+    assert b"".join(c for c, _, _ in chunks) == path.read_bytes()
+    assert [(line, offset) for _, line, offset in chunks] == [
+        (1 + sum(c.count(b"\n") for c, _, _ in chunks[:k]), sum(len(c) for c, _, _ in chunks[:k]))
+        for k in range(len(chunks))]
+    assert column_names(resolve_inputs([str(path)])) == ["text", "extra"]
+
+
 # ------------------------------------------------------------------------------------ schema drift
 
 

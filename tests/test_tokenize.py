@@ -453,3 +453,131 @@ def test_a_spill_file_that_cannot_be_mapped_is_read_piece_by_piece(tmp_path, mon
     want = np.concatenate([data[4000:4900], data[10:15], data[2000:3000]])
     np.testing.assert_array_equal(mapped, want)
     np.testing.assert_array_equal(read, want)
+
+
+# ------------------------------------------------------------------------------------ long texts
+
+LONG_PIECES = [*PIECES, "word", "Hello", " the", "ab cd", "</s>", "x y", "日本"]
+
+
+@pytest.fixture
+def small_limits(monkeypatch):
+    """pipeline.long_texts with limits a few chars long, so that short texts are cut into pieces."""
+    import pipeline.long_texts as lt
+
+    for name, value in (("LONG_TEXT_CHARS", 16), ("PIECE_CHARS", 4), ("CALL_CHARS", 24), ("MAX_PIECE_CHARS", 1 << 20)):
+        monkeypatch.setattr(lt, name, value)
+    return lt
+
+
+def _recording(encode):
+    """`encode`, and the list of the texts of each of its calls."""
+    calls: list[list[str]] = []
+
+    def record(texts, cuts):
+        calls.append(list(texts))
+        return encode(texts, cuts)
+
+    return record, calls
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.lists(st.sampled_from(LONG_PIECES), max_size=12).map("".join), min_size=1, max_size=4),
+                min_size=1, max_size=6), st.booleans())
+def test_long_texts_are_cut_only_where_no_id_changes(any_tok, small_limits, examples: list[list[str]], with_cuts: bool):
+    """encode_bounded cuts texts longer than LONG_TEXT_CHARS into pieces and groups texts into calls
+    of at most CALL_CHARS chars, and still gives the ids and segment lengths of every whole text
+    (from offsets, the reference): the cut places the tokenizer's pipeline proves safe are safe."""
+    from pipeline.long_texts import cut_pattern, encode_bounded
+
+    backend = any_tok.backend_tokenizer
+    assert cut_pattern(backend) is not None  # both pipelines can be cut
+    texts = ["".join(segs) for segs in examples]
+    counts = np.array([len(segs) - 1 for segs in examples], dtype=np.int64)
+    positions = np.array([sum(map(len, segs[:k])) for segs in examples for k in range(1, len(segs))], dtype=np.int64)
+    cuts = (counts, positions) if with_cuts else None
+    want = encode_segments(backend, texts, cuts)
+    sizes = cached_token_sizes(backend)
+    record, calls = _recording(lambda t, c: encode_segments(backend, t, c, sizes))
+    got = encode_bounded(record, texts, cuts, lambda: backend, lambda i: f"row {i}")
+    assert np.array_equal(got[0], want[0]) and got[1].tolist() == want[1].tolist()
+    assert got[0].tolist() == [i for t in texts for i in enc(any_tok, t)]
+    pieces = [p for call in calls for p in call]
+    assert "".join(pieces) == "".join(texts)
+    assert all(len(call) == 1 or sum(map(len, call)) <= small_limits.CALL_CHARS for call in calls)
+    if sum(map(len, texts)) > small_limits.CALL_CHARS:  # (else one call, as for any batch that small)
+        cuttable = [t for t in texts if len(t) > small_limits.LONG_TEXT_CHARS and cut_pattern(backend).search(t, 4)]
+        assert len(pieces) >= len(texts) + len(cuttable)
+
+
+def test_a_long_row_is_tokenized_in_calls_of_bounded_size_with_the_ids_of_its_whole_text(any_tok):
+    """At the real limits: a row of more than LONG_TEXT_CHARS chars reaches the tokenizer as pieces
+    of about PIECE_CHARS chars, in calls of at most CALL_CHARS chars (what bounds the tokenizer's
+    memory), and its example holds the tokenizer's ids of the whole text."""
+    from pipeline import long_texts
+
+    docs = [json.loads(line)["text"] for line in (ROOT / "data" / "sample" / "text.jsonl").read_text().splitlines()]
+    long_text = " ".join(docs * (long_texts.LONG_TEXT_CHARS // len(" ".join(docs)) + 1))
+    assert len(long_text) > long_texts.LONG_TEXT_CHARS
+    table = pa.table({"text": ["a short one", long_text, "another"]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    record, calls = _recording(lambda t, c: encode_texts(any_tok, t, c))
+    batch = tokenize_batch(table, fmt, any_tok, rows_where("t.jsonl"), record)
+    assert max(sum(map(len, call)) for call in calls) <= long_texts.CALL_CHARS
+    assert max(len(p) for call in calls for p in call) < 2 * long_texts.PIECE_CHARS
+    assert len(calls) > 1
+    whole = any_tok.backend_tokenizer.encode(long_text, add_special_tokens=False).ids
+    ids = split(batch)[1][0]
+    assert ids[1:-1] == whole and len(ids) == len(whole) + 2
+
+
+def test_a_long_text_that_cannot_be_cut_is_refused_naming_its_row(tok, small_limits, monkeypatch):
+    """A text with no place to cut within MAX_PIECE_CHARS, or of a tokenizer whose texts cannot be
+    cut, is refused when longer than MAX_PIECE_CHARS (tokenizing it whole would take memory many
+    times its size) with one line naming the row; shorter, it is tokenized whole."""
+    from tokenizers import Tokenizer
+
+    import pipeline.long_texts as lt
+
+    monkeypatch.setattr(lt, "MAX_PIECE_CHARS", 40)
+    fmt = detect_format(["text"], FormatOptions())
+    table = pa.table({"text": ["fine", "x" * 41]})
+    with pytest.raises(UserError, match=r"^t.jsonl row 2: the text of 41 characters has no place within 40 "
+                                        r"characters where cutting it.*: split it into rows") as info:
+        tokenize_batch(table, fmt, tok, rows_where("t.jsonl"))
+    assert "\n" not in str(info.value)
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    uncut = Tokenizer.from_str(json.dumps({**spec, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        spec["pre_tokenizer"]]}}))
+    assert lt.cut_pattern(uncut) is None
+    texts = ["a b " * 9, "word " * 9]  # 36 and 45 chars
+    with pytest.raises(UserError, match=r"^row 1: the text of 45 characters is longer than the 40 characters this tokenizer encodes at once"):
+        lt.encode_bounded(lambda t, c: encode_segments(uncut, t, c), texts, None, lambda: uncut, lambda i: f"row {i}")
+    record, calls = _recording(lambda t, c: encode_segments(uncut, t, c))
+    got = lt.encode_bounded(record, texts[:1] * 2, None, lambda: uncut, lambda i: f"row {i}")
+    assert calls == [texts[:1], texts[:1]]  # whole, one call each (more than CALL_CHARS together)
+    assert got[0].tolist() == enc(tok, texts[0]) * 2
+
+
+def test_cut_places_are_proven_only_for_pipelines_that_keep_them(tok):
+    """cut_pattern: None for any part of the pipeline that could join or change text across a cut."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from pipeline.long_texts import cut_pattern
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    assert cut_pattern(tok.backend_tokenizer).pattern == r"(?<=[A-Za-z]) (?=[A-Za-z])"
+    for change in ({"normalizer": {"type": "Lowercase"}},
+                   {"pre_tokenizer": {**spec["pre_tokenizer"], "use_regex": False}},
+                   {"model": {**spec["model"], "dropout": 0.1}},
+                   {"model": {**spec["model"], "end_of_word_suffix": "</w>"}}):
+        assert cut_pattern(Tokenizer.from_str(json.dumps({**spec, **change}))) is None, change
+    for token in (AddedToken("<sep>", rstrip=True), AddedToken("a b", special=True)):
+        backend = Tokenizer.from_str(json.dumps(spec))
+        backend.add_tokens([token])
+        assert cut_pattern(backend) is None, token
+    if LLAMA2.is_dir():  # SentencePiece style: before a space after any char no token puts before "▁"
+        llama = load_tokenizer(str(LLAMA2)).backend_tokenizer
+        pattern = cut_pattern(llama)
+        assert pattern is not None and pattern.search("ab cd").start() == 2 and pattern.search("ab  cd").start() == 2
+        assert pattern.search("▁ x") is None
