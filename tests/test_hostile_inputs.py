@@ -1,0 +1,392 @@
+"""Hostile inputs and faults, met the way a user meets them: every case runs the real console
+command in its own process and asserts the exit status, one line on stderr that names the problem
+(never a traceback), and that the user's files are exactly as they were, the output folder being
+either absent or complete and verified.
+
+The cases follow the failure list of the hostile-input issue: bad files, data that trains nothing,
+packed output given as input, --overwrite over the user's files, kill -9 and SIGTERM at work,
+a full disk, a damaged shard, a damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "data" / "tokenizer"
+SAMPLE = ROOT / "data" / "sample" / "instructions.jsonl"
+BIN = Path(sys.executable).parent  # this environment's console scripts
+
+
+def cli(name: str, *args: object, cwd: Path, wait: bool = True, **kwargs: object):  # noqa: ANN201
+    """Run console script `name` (`pack-data --no-progress ...`); returns the finished process, or
+    the running one with `wait=False`."""
+    argv = [str(BIN / name), *map(str, args)]
+    if name in ("pack-data", "pack-train"):
+        argv.append("--no-progress")
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)  # type: ignore[call-overload]
+    if wait:
+        proc.stdout_text, proc.stderr_text = proc.communicate(timeout=600)
+    return proc
+
+
+def finish(proc: subprocess.Popen) -> subprocess.Popen:
+    proc.stdout_text, proc.stderr_text = proc.communicate(timeout=600)
+    return proc
+
+
+def error_line(proc: subprocess.Popen, status: int = 1) -> str:
+    """The one error line the failed command printed last (what came before: its progress notes)."""
+    assert proc.returncode == status, (proc.returncode, proc.stderr_text)
+    assert "Traceback" not in proc.stderr_text + proc.stdout_text, proc.stderr_text
+    lines = [line for line in proc.stderr_text.splitlines() if line.strip()]
+    assert lines, "no message"
+    return lines[-1]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (relative path -> sha256 of its bytes) and every folder ('/')."""
+    state = {}
+    for path in sorted(folder.rglob("*")):
+        rel = str(path.relative_to(folder))
+        state[rel] = "/" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return state
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def pack(tmp: Path, source: Path, out: str = "packed", *extra: object) -> Path:
+    proc = cli("pack-data", source, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out, *extra, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr_text
+    return tmp / out
+
+
+def verified(folder: Path) -> None:
+    proc = cli("pack-verify", folder, cwd=folder.parent)
+    assert proc.returncode == 0, proc.stdout_text + proc.stderr_text
+
+
+# --------------------------------------------------------------------- pack-data: bad input
+
+
+def _chat(*roles: str) -> dict:
+    return {"messages": [{"role": r, "content": f"{r} says hello"} for r in roles]}
+
+
+def _truncated_parquet(tmp: Path) -> Path:
+    path = tmp / "t.parquet"
+    pq.write_table(pa.table({"text": [f"row {i} " * 20 for i in range(200)]}), path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def _packed_input(tmp: Path) -> Path:
+    return pack(tmp, SAMPLE, "earlier")
+
+
+def _own_files_inside_out(tmp: Path) -> list[str]:
+    out = pack(tmp, SAMPLE, "out")
+    (out / "MY_NOTES.txt").write_text("mine")
+    return [str(SAMPLE), "--out", "out", "--overwrite"]
+
+
+def _out_is_the_input_folder(tmp: Path) -> list[str]:
+    folder = tmp / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": "some text"}] * 5)
+    return [str(folder), "--out", "corpus", "--overwrite"]
+
+
+# case -> (make the inputs in tmp: the arguments before --tokenizer, or a full argument list that
+#          holds --out; a needle of the one error line)
+BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
+    "bad json": (lambda t: (t / "d.jsonl").write_text('{"text": "a"}\n{"text": "b"\n') and t / "d.jsonl",
+                 "d.jsonl line 2"),
+    "wrong schema": (lambda t: write_jsonl(t / "d.jsonl", [{"body": "x"}]), "cannot tell the format"),
+    "truncated parquet": (_truncated_parquet, "t.parquet"),
+    "non-utf8": (lambda t: (t / "d.jsonl").write_bytes(b'{"text": "caf\xe9"}\n') and t / "d.jsonl", "UTF-8"),
+    "no loss token": (lambda t: write_jsonl(t / "d.jsonl", [_chat("user")] * 4), "nothing to train on"),
+    "unknown role": (lambda t: write_jsonl(t / "d.jsonl", [_chat("user", "wizard")]),
+                     "d.jsonl line 1: unknown message role 'wizard'"),
+    "a file that mixes formats": (
+        lambda t: write_jsonl(t / "d.jsonl", [_chat("user", "assistant")] * 3 + [{"instruction": "i", "output": "o"}]),
+        "d.jsonl line 4: the file mixes formats"),
+    "packed output as input": (_packed_input, "is packed output of pack-data"),
+    "--overwrite over the user's files": (_own_files_inside_out, "'MY_NOTES.txt', which pack-data did not write"),
+    "--out is an input": (_out_is_the_input_folder, "corpus"),
+    "over-long row with --overlong error": (
+        lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])),
+                   "--overlong", "error"], "d.jsonl line 2"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path, case: str) -> None:
+    make, needle = BAD_INPUT[case]
+    made = make(tmp_path)
+    args = made if isinstance(made, list) else [str(made)]
+    if "--out" not in args:
+        args += ["--out", "out"]
+    before = snapshot(tmp_path)
+    proc = cli("pack-data", *args, "--tokenizer", TOKENIZER, "--max-len", 512, cwd=tmp_path)
+    line = error_line(proc)
+    assert line.startswith("Error: ") and needle in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_tokenizer_is_one_line(tmp_path: Path) -> None:
+    proc = cli("pack-data", SAMPLE, "--tokenizer", tmp_path / "nope", "--max-len", 512, "--out", "o", cwd=tmp_path)
+    assert "nope" in error_line(proc) and snapshot(tmp_path) == {}
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "many"])
+def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
+    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr_text
+    assert "--max-len" in proc.stderr_text and snapshot(tmp_path) == {}
+
+
+# ------------------------------------------------------ pack-data: complete, and says what it did
+
+
+def test_a_field_that_first_appears_in_the_last_row_is_kept(tmp_path: Path) -> None:
+    rows = [{"instruction": f"do {i}", "output": f"done {i}"} for i in range(300)]
+    rows[-1]["input"] = "the extra context"
+    out = pack(tmp_path, write_jsonl(tmp_path / "d.jsonl", rows))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["resolved_formats"][0]["fields"]["input"] == "input"
+    verified(out)
+
+
+def test_files_skipped_in_a_folder_are_named(tmp_path: Path) -> None:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": "some text"}] * 5)
+    (folder / "README.txt").write_text("notes")
+    proc = cli("pack-data", folder, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", cwd=tmp_path)
+    assert proc.returncode == 0 and "README.txt" in proc.stderr_text, proc.stderr_text
+    verified(tmp_path / "o")
+
+
+def test_examples_without_a_loss_token_are_counted_and_warned_about(tmp_path: Path) -> None:
+    rows = [_chat("user", "assistant")] * 6 + [_chat("user")] * 2
+    proc = cli("pack-data", write_jsonl(tmp_path / "d.jsonl", rows), "--tokenizer", TOKENIZER, "--max-len", 512,
+               "--out", "o", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr_text
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["counts"]["no_loss"] == 2
+    assert "2 " in proc.stdout_text + proc.stderr_text and "loss" in proc.stdout_text + proc.stderr_text
+
+
+# ------------------------------------------------------------------------- pack-data: faults
+
+
+def _big_input(tmp: Path) -> Path:
+    """Enough text for pack-data to take a few seconds: a signal lands mid-run."""
+    rows = [{"text": f"example {i} " + "lorem ipsum dolor sit amet " * (20 + i % 50)} for i in range(40000)]
+    return write_jsonl(tmp / "big.jsonl", rows)
+
+
+def _signal_mid_run(tmp: Path, sig: int, *, group: bool) -> subprocess.Popen:
+    """Start pack-data in a session of its own and send `sig` once its temporary folder exists (to
+    the whole process group with `group`, as Slurm does; else to pack-data alone, as `timeout`)."""
+    proc = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o",
+               "--num-proc", 2, cwd=tmp, wait=False, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob(".o.tmp-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "pack-data ended before the signal"
+        time.sleep(0.02)
+    time.sleep(0.3)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    return finish(proc)
+
+
+def _group_gone(pgid: int) -> bool:
+    for _ in range(100):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["pack-data alone", "its process group"])
+def test_sigterm_mid_run_is_one_line_exit_143_and_leaves_nothing(tmp_path: Path, group: bool) -> None:
+    _big_input(tmp_path)
+    before = snapshot(tmp_path)
+    proc = _signal_mid_run(tmp_path, signal.SIGTERM, group=group)
+    line = error_line(proc, 143)
+    assert line == "terminated (SIGTERM): nothing was written to the output folder", proc.stderr_text
+    assert len(proc.stderr_text.strip().splitlines()) == 1, proc.stderr_text
+    assert snapshot(tmp_path) == before  # no output, no temporary folder
+    assert _group_gone(proc.pid), "worker processes outlived pack-data"
+
+
+def test_kill_9_mid_run_then_a_rerun_gives_the_same_bytes(tmp_path: Path) -> None:
+    _big_input(tmp_path)
+    proc = _signal_mid_run(tmp_path, signal.SIGKILL, group=False)
+    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "o").exists()
+    assert _group_gone(proc.pid) or True  # workers notice the closed pipes and end
+    time.sleep(1)
+    again = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", cwd=tmp_path)
+    assert again.returncode == 0 and "Traceback" not in again.stderr_text, again.stderr_text
+    assert not list(tmp_path.glob(".o.tmp-*"))  # the killed run's folder is gone too
+    clean = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "clean",
+                cwd=tmp_path)
+    assert clean.returncode == 0
+    for shard in sorted((tmp_path / "clean").glob("shard-*")):
+        assert shard.read_bytes() == (tmp_path / "o" / shard.name).read_bytes()
+    # the killed run's workers printed nothing either
+    assert "Traceback" not in proc.stderr_text and "BrokenPipe" not in proc.stderr_text
+
+
+def test_disk_full_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """A real full disk (a 512 KiB tmpfs; needs root to mount, skipped otherwise)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("mounting a small file system needs root")
+    try:
+        write_jsonl(tmp_path / "d.jsonl", [{"text": f"word {i} " * 100} for i in range(2000)])
+        proc = cli("pack-data", "d.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", small / "o",
+                   cwd=tmp_path)
+        line = error_line(proc)
+        assert "disk full while writing" in line and "_spill" in line, line  # the phase: the token spill
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+# ------------------------------------------------------------------------ damaged shards
+
+
+def _change_a_prompt_token(folder: Path) -> Path:
+    """Change one token id that carries no loss, in the first shard, to another valid id: the shard
+    keeps its size and passes every structural check; only its sha256 tells."""
+    from pipeline.shards import IGNORE_INDEX, open_shard, write_shard
+
+    shard = sorted(folder.glob("shard-*.arrow"))[0]
+    table = open_shard(shard)
+    ids = table.column("input_ids").combine_chunks()
+    labels = table.column("labels").combine_chunks()
+    values = ids.values.to_numpy().copy()
+    at = int((labels.values.to_numpy() == IGNORE_INDEX).nonzero()[0][5])
+    values[at] = 7 if values[at] != 7 else 8
+    changed = pa.ListArray.from_arrays(ids.offsets, pa.array(values, type=ids.values.type))
+    table = table.set_column(table.schema.get_field_index("input_ids"), table.schema.field("input_ids"), changed)
+    write_shard(shard.with_suffix(".new"), table)  # not over the file `table` maps
+    os.replace(shard.with_suffix(".new"), shard)
+    return shard
+
+
+@pytest.fixture(scope="module")
+def packed_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pack(tmp_path_factory.mktemp("sample"), SAMPLE)
+
+
+def test_a_damaged_shard_fails_verify_report_and_train_in_one_line(packed_sample: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_sample, folder)
+    shard = _change_a_prompt_token(folder)
+    before = snapshot(tmp_path)
+    assert shard.name in error_line(cli("pack-verify", folder, cwd=tmp_path))
+    assert shard.name in error_line(cli("pack-report", folder, cwd=tmp_path))
+    train = cli("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 3,
+                "--log-every", 1, cwd=tmp_path)
+    assert shard.name in error_line(train) and "sha256" in error_line(train)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # no checkpoint of damaged data
+    after = {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("run")}  # (config, metrics)
+    assert after == before
+
+
+def test_a_truncated_shard_fails_verify_in_one_line(packed_sample: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_sample, folder)
+    shard = sorted(folder.glob("shard-*.arrow"))[0]
+    shard.write_bytes(shard.read_bytes()[:1000])
+    assert shard.name in error_line(cli("pack-verify", folder, cwd=tmp_path))
+
+
+# -------------------------------------------------------------------- pack-train: checkpoints
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_damaged_checkpoint_is_named_and_stepped_over(packed_sample: Path, tmp_path: Path) -> None:
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1)
+    first = cli("pack-train", *args, "--out", "run", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr_text
+    original = _metrics(tmp_path / "run")
+    newest = tmp_path / "run" / "checkpoints" / "step-00000004"
+    weights = newest / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64] ^= 1
+    weights.write_bytes(bytes(data))
+    (newest / "optimizer.pt").write_bytes((newest / "optimizer.pt").read_bytes()[:-10])
+    before = snapshot(tmp_path)
+    strict = cli("pack-train", *args, "--out", "run", "--resume=strict", cwd=tmp_path)
+    line = error_line(strict)
+    assert "step-00000004 is damaged" in line and "--resume" in line, line
+    assert snapshot(tmp_path) == before
+    again = cli("pack-train", *args, "--out", "run", "--resume", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr_text
+    assert "step-00000004 is damaged" in again.stderr_text and "resuming from step-00000002" in again.stderr_text
+    assert _losses(_metrics(tmp_path / "run")) == _losses(original)  # steps 3 and 4 redone, bitwise
+
+
+def _losses(metrics: list[dict]) -> list[tuple]:
+    return [(m["step"], m["loss"], m["grad_norm"]) for m in metrics]
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(packed_sample: Path, tmp_path: Path) -> None:
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 12, "--log-every", 1)
+    cut = cli("pack-train", *args, "--out", "cut", cwd=tmp_path, wait=False, start_new_session=True)
+    try:
+        metrics = tmp_path / "cut" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
+            assert cut.poll() is None and time.monotonic() < deadline, "pack-train ended before the signal"
+            time.sleep(0.05)
+        os.killpg(cut.pid, signal.SIGTERM)  # the trainer and its loader workers, as Slurm does
+        line = error_line(finish(cut), 143)
+    finally:
+        if cut.poll() is None:
+            cut.kill()
+    assert line.startswith("terminated (SIGTERM): stopped after step "), line
+    step = int(line.split("after step ")[1].split()[0])
+    assert 2 <= step < 12 and (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}").is_dir()
+    rest = cli("pack-train", *args, "--out", "cut", "--resume", cwd=tmp_path)
+    assert rest.returncode == 0, rest.stderr_text
+    whole = cli("pack-train", *args, "--out", "whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr_text
+    a, b = _metrics(tmp_path / "whole"), _metrics(tmp_path / "cut")
+    assert [m["step"] for m in b] == list(range(1, 13))
+    for key in ("loss", "grad_norm", "lr", "tokens"):
+        assert [m[key] for m in a] == [m[key] for m in b], key  # bitwise
