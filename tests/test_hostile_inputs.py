@@ -340,7 +340,8 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_a_damaged_checkpoint_is_named_and_stepped_over(packed_sample: Path, tmp_path: Path) -> None:
-    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1)
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
+            "--tokens-per-step", 2048)
     first = cli("pack-train", *args, "--out", "run", cwd=tmp_path)
     assert first.returncode == 0, first.stderr_text
     original = _metrics(tmp_path / "run")
@@ -366,7 +367,7 @@ def _losses(metrics: list[dict]) -> list[tuple]:
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(packed_sample: Path, tmp_path: Path) -> None:
-    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 12, "--log-every", 1)
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 12, "--log-every", 1, "--tokens-per-step", 2048)
     cut = cli("pack-train", *args, "--out", "cut", cwd=tmp_path, wait=False, start_new_session=True)
     try:
         metrics = tmp_path / "cut" / "metrics.jsonl"
