@@ -131,10 +131,8 @@ def save_checkpoint(
 def write_file_list(folder: Path) -> None:
     """Write `folder/checkpoint.json`: the size and sha256 of every other file under `folder`."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != FILE_LIST)
-    with ThreadPoolExecutor(4) as pool:  # hashlib releases the GIL
-        digests = list(pool.map(file_sha256, files))
     listing = {
-        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, _sha256s(files))
     }
     (folder / FILE_LIST).write_text(json.dumps({"files": listing}, indent=1) + "\n", encoding="utf-8")
 
@@ -156,12 +154,16 @@ def checkpoint_damage(path: Path) -> str | None:
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, not {size}"
     names = list(expected)
-    with ThreadPoolExecutor(4) as pool:
-        digests = list(pool.map(file_sha256, [path / n for n in names]))
-    for name, digest in zip(names, digests):
+    for name, digest in zip(names, _sha256s([path / n for n in names])):
         if digest != expected[name][1]:
             return f"{name} does not match its sha256"
     return None
+
+
+def _sha256s(files: list[Path]) -> list[str]:
+    """The hex sha256 of each file, four files at a time (hashlib releases the GIL)."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(file_sha256, files))
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
