@@ -1,1 +1,19 @@
-"""Offline pipeline: read a dataset, tokenize it, plan bins, write packed Arrow shards, report, verify."""
+"""The data side of packlm: read, tokenize, plan and write packed Arrow shards, then verify them.
+
+    from pipeline import PackConfig, run_pack_data, verify_folder, read_manifest, assign_bins
+
+    manifest = run_pack_data(PackConfig(inputs=["data/sample/instructions.jsonl"],
+                                        tokenizer="data/tokenizer", max_len=8192, out="out/sample"))
+    verify_folder("out/sample") == read_manifest("out/sample")   # True: the folder is intact
+    assign_bins([5, 3, 8, 1], max_len=8)                          # row of each example: [0, 0, 2, 1]
+
+The path data takes, one module per step: sources -> formats -> tokenize (segments, long_texts,
+encode_pool) -> spill -> plan (binpack) -> write -> shards (format, manifest, checks, verify) ->
+job (the whole run) -> cli (pack-data, pack-verify, pack-report). docs/DESIGN.md draws the map.
+"""
+
+from pipeline.binpack import assign_bins
+from pipeline.job import PackConfig, run_pack_data
+from pipeline.shards import read_manifest, verify_folder
+
+__all__ = ["PackConfig", "assign_bins", "read_manifest", "run_pack_data", "verify_folder"]

@@ -19,15 +19,13 @@ written sorted by length; `sequential` and `minibatch` keep input/group order.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from pipeline.errors import UserError
 
-__all__ = ["STRATEGIES", "PlanError", "assign_bins", "bin_loads", "load_kernels", "minibatch_groups"]
+__all__ = ["STRATEGIES", "PlanError", "assign_bins", "bin_loads", "minibatch_groups"]
 
 STRATEGIES = ("ffd", "bfd", "shuffle", "sequential", "minibatch", "pad")
 MAX_LEN_LIMIT = 1 << 24  # bfd keeps O(max_len) per-capacity state; no training row is this long
@@ -437,30 +435,6 @@ def assign_bins(
     else:  # pad
         out = rng.permutation(n).astype(np.int64, copy=False)
     return out
-
-
-NUMBA_BLAS_PROBE = True  # pack-data's own process sets it False: see `load_kernels`
-_BLAS_PROBE_MODULE = "scipy.linalg.cython_blas"
-
-
-def load_kernels(strategy: str = "ffd") -> None:
-    """Plan a two-example toy with `strategy`. The first numba call in a process sets numba up
-    (0.2-0.7 s; loading each further cached kernel takes milliseconds), which a caller can do while
-    it waits for something else.
-
-    With NUMBA_BLAS_PROBE False, numba's setup does not look for a BLAS: it imports SciPy's linear
-    algebra for that (0.3 s where SciPy is installed, BENCHMARKS.md), and no kernel here needs one.
-    numba then works as where SciPy is absent (as on CI): its np.dot and np.linalg are unavailable
-    to jitted code in this process. SciPy itself stays importable.
-    """
-    hide = not NUMBA_BLAS_PROBE and "numba.np.arraymath" not in sys.modules and _BLAS_PROBE_MODULE not in sys.modules
-    if hide:
-        sys.modules[_BLAS_PROBE_MODULE] = None  # type: ignore[assignment]  # its import fails: "no BLAS"
-    try:
-        assign_bins(np.array([2, 1], np.int64), 4, strategy)
-    finally:
-        if hide and _BLAS_PROBE_MODULE in sys.modules and sys.modules[_BLAS_PROBE_MODULE] is None:
-            del sys.modules[_BLAS_PROBE_MODULE]
 
 
 def minibatch_groups(n: int, seed: int = 0, group_size: int = 32) -> np.ndarray:

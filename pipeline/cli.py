@@ -1,19 +1,68 @@
-"""`pack-data`: tokenize a dataset and write bin-packed Arrow shards (thin wrapper over run_pack_data).
-
-Its console script is `pipeline.console.pack_data_main`, which starts loading the tokenizer first.
+"""The three data commands: `pack-data` (tokenize and pack into shards), `pack-verify` (prove a
+packed folder intact) and `pack-report` (packing statistics of a folder, or a what-if plan of raw
+data). Each is a thin click wrapper over the library; bad input ends in one line
+(`pipeline.errors.cli_errors`). pack-data and pack-report share the format options.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import click
 
 from pipeline.binpack import STRATEGIES
-from pipeline.errors import cli_errors
+from pipeline.deep_check import deep_check
+from pipeline.durable import write_atomic
+from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.tokenize import OVERLONG
-from pipeline.write import PackConfig, run_pack_data
+from pipeline.job import PackConfig, run_pack_data
+from pipeline.plan import OVERLONG
+from pipeline.report import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_HIDDEN,
+    PACKED_STRATEGIES,
+    folder_report,
+    load_folder,
+    to_json,
+    whatif_report,
+)
+from pipeline.report_render import format_text, write_html
+from pipeline.shards import verify_folder
+from pipeline.tokenize import lengths_of
 
-EPILOG = """\b
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+FORMAT_OPTIONS = [
+    click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+                 help="Input format; auto looks at column names: input_ids -> tokenized, messages -> chat, "
+                      "instruction/output, prompt/completion, question/answer -> instruction, text -> text."),
+    click.option("--text-field", default=None, help="Column with the documents (text format). Auto: text, content, document."),
+    click.option("--prompt-field", default=None, help="Column with the prompt/instruction. Auto: instruction, prompt, question, query."),
+    click.option("--input-field", default=None, help="Optional extra-context column of instruction data. Auto: input."),
+    click.option("--response-field", default=None, help="Column with the response. Auto: output, response, completion, answer."),
+    click.option("--messages-field", default=None, help="Column with chat messages [{role, content}]. Auto: messages, conversations."),
+    click.option("--labels-field", default=None, help="Column with labels for tokenized input. Auto: labels (else loss on all tokens)."),
+    click.option("--template", default=None,
+                 help=f"Prompt template of instruction data: a preset ({', '.join(TEMPLATES)}) or a Python format "
+                      "string with {instruction} or {prompt}, and optionally {input}. Default: alpaca for "
+                      "instruction/output, qa for question/answer, plain otherwise."),
+    click.option("--train-on-prompt", is_flag=True,
+                 help="Also take loss on prompts / non-assistant turns (default: responses and assistant turns only)."),
+]
+
+
+def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the options that say how input rows become examples (`pipeline.formats.FormatOptions`)."""
+    for option in reversed(FORMAT_OPTIONS):
+        command = option(command)
+    return command
+
+
+# ------------------------------------------------------------------------------------ pack-data
+
+PACK_DATA_EPILOG = """\b
 Examples:
   pack-data data/sample/instructions.jsonl --tokenizer data/tokenizer --max-len 8192 --out out/sample
   pack-data 'corpus/*.parquet' --tokenizer ../shared/tokenizers/llama2 --max-len 4096 \\
@@ -22,31 +71,12 @@ Examples:
 """
 
 
-@click.command(
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog=EPILOG,
-)
+@click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--tokenizer", required=True,
-              help="Tokenizer folder (tokenizer.json) or Hub name. What a job loads of a local folder is "
-                   "cached (PACKLM_CACHE_DIR, default ~/.cache/packlm; set it empty to turn this off), "
-                   "so later jobs with the same files skip loading it.")
+@click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (must not exist unless --overwrite).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
-              help="Input format; auto looks at column names: input_ids -> tokenized, messages -> chat, "
-                   "instruction/output, prompt/completion, question/answer -> instruction, text -> text.")
-@click.option("--text-field", default=None, help="Column with the documents (text format). Auto: text, content, document.")
-@click.option("--prompt-field", default=None, help="Column with the prompt/instruction. Auto: instruction, prompt, question, query.")
-@click.option("--input-field", default=None, help="Optional extra-context column of instruction data. Auto: input.")
-@click.option("--response-field", default=None, help="Column with the response. Auto: output, response, completion, answer.")
-@click.option("--messages-field", default=None, help="Column with chat messages [{role, content}]. Auto: messages, conversations.")
-@click.option("--labels-field", default=None, help="Column with labels for tokenized input. Auto: labels (else loss on all tokens).")
-@click.option("--template", default=None,
-              help=f"Prompt template of instruction data: a preset ({', '.join(TEMPLATES)}) or a Python format "
-                   "string with {instruction} or {prompt}, and optionally {input}. Default: alpaca for "
-                   "instruction/output, qa for question/answer, plain otherwise.")
-@click.option("--train-on-prompt", is_flag=True, help="Also take loss on prompts / non-assistant turns (default: responses and assistant turns only).")
+@format_options
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="ffd", show_default=True, help="Bin-packing strategy of the planner.")
 @click.option("--group-size", type=int, default=32, show_default=True, help="Examples per group of --strategy minibatch.")
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
@@ -73,3 +103,138 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     with cli_errors():
         config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
         run_pack_data(config, echo=click.echo)
+
+
+# ---------------------------------------------------------------------------------- pack-verify
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--no-hash", is_flag=True, help="Skip the sha256 of each shard (structure only).")
+@click.option("--deep", is_flag=True,
+              help="Also re-tokenize a sample of the source examples and compare token ids.")
+@click.option("--tokenizer", default=None,
+              help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
+@click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
+              help="How many examples --deep re-tokenizes.")
+def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
+    """Check that FOLDER (written by pack-data) is intact and follows the shard contract."""
+    with cli_errors():
+        manifest = verify_folder(folder, check_hashes=not no_hash)
+        extra = ""
+        if deep:
+            n = deep_check(folder, manifest, tokenizer, sample)
+            extra = f", {n} examples re-tokenized and matched"
+        hashed = "" if not no_hash else " (sha256 not checked)"
+        click.echo(
+            f"ok: {manifest.rows} rows, {manifest.total_tokens} tokens, "
+            f"{len(manifest.shards)} shards verified{hashed}{extra}"
+        )
+
+
+# ---------------------------------------------------------------------------------- pack-report
+
+DEFAULT_MAX_LENS = "2048,4096,8192"
+DEFAULT_TOKENIZER = "data/tokenizer"
+PACK_REPORT_EPILOG = """\b
+Examples:
+  pack-report out/sample --json r.json --html r.html
+  pack-report --input data.jsonl --tokenizer data/tokenizer --max-len 2048,4096,8192 --html r.html
+"""
+
+
+@click.command(context_settings=CONTEXT, epilog=PACK_REPORT_EPILOG)
+@click.argument("folder", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write every figure to this JSON file.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a self-contained HTML report (embedded charts) to this file.")
+@click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True,
+              type=click.IntRange(min=1),
+              help="Examples per batch of the pad-to-longest baseline (example-id order).")
+@click.option("--hidden", default=DEFAULT_HIDDEN, show_default=True, type=click.IntRange(min=1),
+              help="Model width used by the speedup estimate (token vs attention work).")
+@click.option("--strategy", "strategy", multiple=True,
+              help="Packing strategies to compare (repeat or comma-separate; default: all).")
+@click.option("--seed", default=None, type=click.IntRange(min=0),
+              help="Planner seed (default: the folder's, or 0).")
+@click.option("--no-hash", is_flag=True, help="Do not check shard sha256 sums.")
+@click.option("--input", "inputs", multiple=True,
+              help="What-if mode: data files/folders to tokenize and plan (no shards written).")
+@click.option("--tokenizer", default=None,
+              help=f"What-if: tokenizer folder or name [default: {DEFAULT_TOKENIZER}].")
+@click.option("--max-len", "max_lens", default=DEFAULT_MAX_LENS, show_default=True,
+              help="What-if: comma-separated row lengths to try.")
+@format_options
+@click.option("--limit", default=None, type=click.IntRange(min=1),
+              help="What-if: read only the first N examples.")
+@click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1),
+              help="What-if: tokenizer processes.")
+def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | None,
+                batch_size: int, hidden: int, strategy: tuple[str, ...], seed: int | None,
+                no_hash: bool, inputs: tuple[str, ...], tokenizer: str | None, max_lens: str,
+                fmt: str, limit: int | None, num_proc: int, **format_fields: Any) -> None:
+    """Packing report of FOLDER (written by pack-data), or a what-if plan with --input: the
+    first form reads the manifest and shards; the second tokenizes (or reads the `input_ids` of
+    pre-tokenized data) and runs the planner for every max_len and strategy without writing shards."""
+    with cli_errors():
+        strategies = _strategies(strategy)
+        for path, flag in ((json_path, "--json"), (html_path, "--html")):  # fail before the work
+            if path is not None and not Path(path).absolute().parent.is_dir():
+                raise UserError(f"{flag} {path}: folder {Path(path).absolute().parent} does not exist")
+        max_len_list = _int_list(max_lens, "--max-len") if inputs else None
+        data = None
+        if folder is not None and inputs:
+            raise UserError("give either a packed FOLDER or --input (what-if mode), not both")
+        if folder is not None:
+            data = load_folder(folder, check_hashes=not no_hash)
+            report = folder_report(data, batch_size=batch_size, hidden=hidden,
+                                   strategies=strategies, seed=seed)
+            title = f"packlm packing report: {folder}"
+        elif inputs:
+            options = {"format": fmt, "num_proc": num_proc, "limit": limit, **format_fields}
+            options = {k: v for k, v in options.items() if v is not None}
+            lengths = lengths_of(list(inputs), tokenizer or DEFAULT_TOKENIZER, **options)
+            if len(lengths) == 0:
+                raise UserError(f"no non-empty examples in {', '.join(inputs)}")
+            report = whatif_report(lengths, max_len_list,
+                                   strategies=strategies, batch_size=batch_size,
+                                   seed=seed or 0, hidden=hidden)
+            report["inputs"] = list(inputs)
+            title = f"packlm what-if report: {', '.join(inputs)}"[:200]
+        else:
+            raise UserError("nothing to report: give a packed FOLDER, or --input DATA for a "
+                            "what-if plan (see pack-report --help)")
+        click.echo(format_text(report), nl=False)
+        if json_path is not None:
+            write_atomic(json_path, lambda p: p.write_text(to_json(report), encoding="utf-8"))
+            click.echo(f"wrote {json_path}")
+        if html_path is not None:
+            write_atomic(html_path, lambda p: write_html(report, p, data, title))
+            click.echo(f"wrote {html_path}")
+        damaged = [s["file"] for s in report.get("shards", []) if s["sha256_ok"] is False]
+        if damaged:
+            raise UserError(f"{folder}: {damaged[0]} does not match its sha256 in the manifest "
+                            f"({len(damaged)} shard(s) damaged): run pack-verify {folder} for details")
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise UserError(
+            f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096"
+        ) from None
+    if not values or any(v < 2 for v in values):
+        bad = next((v for v in values if v < 2), None)
+        raise UserError(f"--max-len must be at least 2, got {bad if bad is not None else text!r}")
+    return values
+
+
+def _strategies(values: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(s for v in values for s in v.split(",") if s) or PACKED_STRATEGIES
+    for s in names:
+        if s not in STRATEGIES or s == "pad":
+            choices = ", ".join(x for x in STRATEGIES if x != "pad")
+            raise UserError(f"--strategy {s!r}: choose from {choices} (padding is always shown)")
+    return names

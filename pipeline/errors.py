@@ -81,3 +81,9 @@ def cli_errors(interrupted: str = "nothing was written to the output folder") ->
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def one_line(msg: object, limit: int = 240) -> str:
+    """`msg` (often an exception from a library) as one line of at most `limit` characters."""
+    text = " ".join(str(msg).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

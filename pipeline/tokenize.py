@@ -3,7 +3,7 @@
 Each `SourceBatch` is rendered into segments (`pipeline.formats`); each example's segments are
 joined into its whole text, the whole texts of the batch are tokenized with the fast tokenizer's
 batch API (one call, or calls of bounded size with long texts cut where no id changes:
-`pipeline.long_texts`), and the ids are split at the segments' cuts (`encode_pool.encode_segments`:
+`pipeline.long_texts`), and the ids are split at the segments' cuts (`pipeline.segments.encode_segments`:
 the ids are the tokenizer's ids of the text a model sees, not those of segments encoded apart). A
 numba kernel then adds BOS/EOS per example and builds the labels (-100 on prompt segments and always
 on an example's first token; the EOS that ends a response carries loss). Pre-tokenized input skips
@@ -14,27 +14,21 @@ have its texts encoded by one of `num_proc` worker processes (`pipeline.encode_p
 batches are in flight (bounded memory), and results are consumed *in input order*, so the spill file
 and hence the shards are identical whatever `num_proc` is.
 
-The spill is two raw little-endian int32 files (`input_ids.bin`, `labels.bin`; no labels file for
-pre-tokenized input without labels) from which the writer copies each piece straight into the
-shard's flat arrays, through memory maps of a bounded window of the file at a time; per example
-only the length (and the start offset, their cumulative sum) live in RAM. Pre-tokenized
-uncompressed Arrow IPC files are not spilled: the "spill" then points into the input files
-themselves (`direct_arrow_spill`), and only their list offsets are read here.
+`tokenize_to_spill` writes the results to the spill (`pipeline.spill`): two raw int32 files on disk,
+only the lengths in RAM.
 
 Each input file is rendered with its own format (`file_formats`: detected from that file's columns).
 """
 
 from __future__ import annotations
 
-import errno
-import mmap
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import cached_property, partial
+from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -44,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.encode_pool import Cuts, cached_token_sizes, encode_segments
+from pipeline.encode_pool import encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import (
     FormatOptions,
@@ -54,41 +48,14 @@ from pipeline.formats import (
     detect_formats,
     missing_field,
     render,
-    rows_where,
 )
 from pipeline.long_texts import Encode, encode_bounded
+from pipeline.segments import Cuts, cached_token_sizes, encode_segments
 from pipeline.shards import IGNORE_INDEX
-from pipeline.tokenizer_load import RUST_THREADS, load_tokenizer
+from pipeline.sources import column_names, iter_batches, resolve_inputs, where_of
+from pipeline.spill import Spill, append_values, NotDirect, direct_arrow_spill
+from pipeline.tokenizer import RUST_THREADS, load_tokenizer
 
-OVERLONG = ("truncate", "split", "drop", "error")
-
-@dataclass
-class BackendTokenizer:
-    """What rendering and encoding text needs of a tokenizer (chat needs the transformers object
-    for its template): the Rust backend, as the JSON a forked loader sent, and the special ids."""
-
-    backend_json: str = field(repr=False)
-    bos_token_id: int | None
-    eos_token_id: int | None
-
-    @classmethod
-    def from_parts(cls, info: dict[str, Any], backend_json: str) -> BackendTokenizer:
-        """From what `load_tokenizer_parts` returns."""
-        return cls(backend_json, info["bos_token_id"], info["eos_token_id"])
-
-    @cached_property
-    def backend_tokenizer(self) -> Any:
-        """The `tokenizers.Tokenizer`, built on first use: only encoding in this process needs it
-        (`--num-proc 1`); worker processes build their own from `backend_json`."""
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_str(self.backend_json)
-
-
-def backend_source(tokenizer: Any) -> Any:
-    """What `EncodePool.use` takes from a tokenizer: the backend's JSON when it came as JSON (this
-    process then never builds nor serializes the backend), else the backend object."""
-    return tokenizer.backend_json if isinstance(tokenizer, BackendTokenizer) else tokenizer.backend_tokenizer
 
 
 def encode_texts(tokenizer: Any, texts: list[str], cuts: Cuts | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -287,8 +254,6 @@ Formats = ResolvedFormat | Sequence[ResolvedFormat]  # one for every file, or on
 
 def file_formats(files: list[Any], options: FormatOptions) -> list[ResolvedFormat]:
     """The resolved format of each input file, from its own columns (`formats.detect_formats`)."""
-    from pipeline.sources import column_names
-
     return detect_formats([(f.path, column_names([f])) for f in files], options)
 
 
@@ -354,9 +319,6 @@ def iter_tokenized(
     when the input has none (else left None). At most 2 batches per worker are in flight (bounded
     memory). `batch_rows` default: TEXT_BATCH_ROWS when any input is text, else TOKENIZED_BATCH_ROWS.
     """
-    from pipeline.encode_pool import encode_pool
-    from pipeline.sources import iter_batches
-
     fmts = _format_map(files, fmt)
     text = needs_encoder(list(fmts.values()))
     if batch_rows is None:
@@ -368,7 +330,7 @@ def iter_tokenized(
                 yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
         return
     pool = encode_pool(num_proc)
-    pool.use(backend_source(tokenizer))
+    pool.use(tokenizer.backend_tokenizer)
     executor = ThreadPoolExecutor(num_proc, thread_name_prefix="tokenize")
     try:
         pending: deque[tuple[Any, Future]] = deque()
@@ -388,233 +350,6 @@ def iter_tokenized(
             yield batch, result.result()
     finally:
         executor.shutdown(cancel_futures=True)
-
-
-# ------------------------------------------------------------------------------------------ spill
-
-
-@dataclass
-class Spill:
-    """Tokenized examples on disk plus their lengths in RAM (non-empty examples only, input order)."""
-
-    ids_path: Path
-    labels_path: Path | None  # None: labels equal input_ids (pre-tokenized input without labels)
-    lengths: np.ndarray  # int64 per kept example
-    example_ids: np.ndarray  # int64 global input index per kept example
-    examples_read: int = 0
-    empty_skipped: int = 0
-    # Direct mode (no spill written): the ids are read from the input Arrow IPC files themselves;
-    # `starts` holds each example's (file index << FILE_SHIFT | int32 element offset in that file).
-    sources: list[Path] = field(default_factory=list)
-    starts: np.ndarray | None = None
-    where: Callable[[int], str] | None = None  # example id -> "file line N" (for error messages)
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Start of each example in the spill arrays (direct mode: encoded file + offset)."""
-        if self.starts is not None:
-            return self.starts
-        return np.cumsum(self.lengths) - self.lengths
-
-    @property
-    def total_tokens(self) -> int:
-        return int(self.lengths.sum())
-
-    _fds: dict[Path, int] = field(default_factory=dict, repr=False)
-
-    def read_pieces(
-        self, starts: np.ndarray, lengths: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """input_ids and labels (None: same as the ids) of the given pieces, concatenated in order.
-
-        `out`: optional (ids, labels) int32 buffers, large enough, to read into (reused across calls
-        to spare page faults on fresh memory); the results are then views of them.
-
-        The spill files are read through memory maps, a window at a time (`_map_pieces`); the
-        inputs of direct mode with one pread per piece: they are the user's files, and a file that
-        shrinks while it is mapped kills the process, where a pread comes up short.
-        """
-        o_ids, o_lab = out if out is not None else (None, None)
-        if self.sources:
-            fds = [self._fd(path) for path in self.sources]
-            return _pread_pieces(fds, starts, lengths, o_ids), None
-        ids = _map_pieces(self._fd(self.ids_path), starts, lengths, o_ids)
-        labels = None if self.labels_path is None else _map_pieces(self._fd(self.labels_path), starts, lengths, o_lab)
-        return ids, labels
-
-    def _fd(self, path: Path) -> int:
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY)
-        return self._fds[path]
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
-MAP_WINDOW_BYTES = 64 << 20  # the part of a spill file mapped at once (what its reads add to RSS)
-
-
-def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Concatenate int32 ranges [start, start + length) of a file, in the order given, copied out of
-    memory maps of it: the pieces sorted by start, one window of about MAP_WINDOW_BYTES mapped at a
-    time and unmapped before the next, so a read costs no syscall per piece (against one pread
-    each: 1-3 us, GIL held) and adds at most a window to RSS, whatever the file's size. Where the
-    file cannot be mapped, it is read with one pread per piece.
-    `out`: a buffer to read into (its first sum(lengths) entries are returned).
-    """
-    starts = starts.astype(np.int64, copy=False)
-    lengths = lengths.astype(np.int64, copy=False)
-    total = int(lengths.sum())
-    out = np.empty(total, dtype="<i4") if out is None else out[:total]
-    order = np.argsort(starts, kind="stable")
-    first, n, dest = starts[order], lengths[order], (np.cumsum(lengths) - lengths)[order]
-    i = 0
-    while i < len(first):
-        base = int(first[i]) * 4 // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
-        j = int(np.searchsorted(first, (base + MAP_WINDOW_BYTES) // 4))  # the pieces that start in this window
-        size = int((first[i:j] + n[i:j]).max()) * 4 - base
-        if size > 0:
-            try:
-                window = mmap.mmap(fd, size, offset=base, access=mmap.ACCESS_READ)
-            except ValueError:  # the file ends before the piece
-                raise _short_read() from None
-            except OSError:  # a file system that cannot map files (some FUSE mounts): piece by piece
-                return _pread_pieces([fd], starts, lengths, out)
-            with window:
-                src = np.frombuffer(window, dtype="<i4")
-                _copy_pieces(src, first[i:j] - base // 4, n[i:j], dest[i:j], out)
-                del src  # before the window closes
-        i = j
-    return out
-
-
-def _append(f: Any, values: np.ndarray, path: Path) -> None:
-    """Write int32 values to the spill file. Through Python's file object, not ndarray.tofile:
-    tofile reports a full disk as "N requested and M written" without an errno, which would
-    escape as a traceback instead of the one-line disk-full error (`pipeline.errors.cli_errors`)."""
-    try:
-        f.write(np.ascontiguousarray(values, dtype="<i4").data)
-    except OSError as exc:
-        raise OSError(exc.errno, f"{exc.strerror or exc} (the token spill)", str(path)) from None
-
-
-def _short_read() -> OSError:
-    return OSError(errno.EIO, "short read from the spill file (was it changed while packing?)")
-
-
-@numba.njit(cache=True, nogil=True)
-def _copy_pieces(src, starts, lengths, dest, out):  # pragma: no cover - numba
-    for k in range(starts.shape[0]):
-        a = starts[k]
-        d = dest[k]
-        for t in range(lengths[k]):
-            out[d + t] = src[a + t]
-
-
-FILE_SHIFT = 40  # direct mode: int32 element offsets up to 2**40 (4 TiB files), file index above
-_OFFSET_MASK = (1 << FILE_SHIFT) - 1
-
-
-def _pread_pieces(fds: list[int], starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Concatenate int32 ranges [start, start + length) of a file (one pread per piece).
-
-    With several files, a start encodes the file: fds[start >> FILE_SHIFT] at start & mask.
-    `out`: a buffer to read into (its first sum(lengths) entries are returned).
-    """
-    total = int(lengths.sum())
-    out = np.empty(total, dtype="<i4") if out is None else out[:total]
-    view = memoryview(out).cast("B")
-    pos = 0
-    one = len(fds) == 1
-    for start, n in zip(starts.tolist(), lengths.tolist()):
-        nbytes = 4 * n
-        fd = fds[0] if one else fds[start >> FILE_SHIFT]
-        if os.preadv(fd, [view[pos : pos + nbytes]], 4 * (start & _OFFSET_MASK)) != nbytes:
-            raise _short_read()
-        pos += nbytes
-    return out
-
-
-class _NotDirect(Exception):
-    """The inputs cannot be gathered in place (fall back to the spill)."""
-
-
-def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
-                       max_len: int, overlong: str, limit: int | None, progress: Any = None) -> Spill:
-    """A Spill that points into the input files: every input is an uncompressed Arrow IPC *file* of
-    pre-tokenized list<int32> `input_ids` without labels, so the writer can pread each example from
-    the input itself and nothing is spilled. Only the offsets buffers are read here (not through
-    the memory map's data pages, which would count in RSS); the writer rejects negative ids while
-    gathering (ids are not read here).
-
-    Raises `_NotDirect` when an input does not qualify (compressed, stream format, other types).
-    """
-    from pipeline.sources import where_of
-
-    lengths: list[np.ndarray] = []
-    starts: list[np.ndarray] = []
-    example_ids: list[np.ndarray] = []
-    read = empty = index = 0
-    for k, f in enumerate(files):
-        fmt = fmts[f.path]
-        if f.kind != "arrow" or fmt.kind != "tokenized" or fmt.fields.get("labels"):
-            raise _NotDirect
-        try:
-            source = pa.memory_map(f.path)
-            reader = pa.ipc.open_file(source)
-        except (pa.ArrowInvalid, OSError):
-            raise _NotDirect from None
-        source.seek(0)
-        base = source.read_buffer(8).address
-        size = source.size()
-        name = fmt.fields["input_ids"]
-        if name not in reader.schema.names or reader.schema.field(name).type != pa.list_(pa.int32()):
-            raise _NotDirect
-        file_first = index  # global index of this file's first example, for error rows
-        for b in range(reader.num_record_batches):
-            if limit is not None and index >= limit:
-                break
-            record_batch = reader.get_batch(b)
-            col = record_batch.column(name)
-            if limit is not None and index + len(col) > limit:
-                col = col.slice(0, limit - index)
-            values = col.buffers()[3]
-            if values is None or not (base <= values.address and values.address + values.size <= base + size):
-                raise _NotDirect  # compressed or copied: the values are not where the file has them
-            if (values.address - base) % 4:
-                raise _NotDirect
-            if col.null_count:
-                table = pa.Table.from_batches([record_batch]).slice(0, len(col))
-                check_same_format(table, fmt, rows_where(f.path, index - file_first))
-                first = int(pc.index(pc.is_null(col), True).as_py())
-                raise UserError(f"{f.path} row {index - file_first + first + 1}: {name!r} is missing or null: "
-                                "fix the row or remove it")
-            off = np.frombuffer(col.buffers()[1], dtype=np.int32, count=col.offset + len(col) + 1)[col.offset:]
-            n_ex = np.diff(off).astype(np.int64)
-            first_elem = (values.address - base) // 4 + col.values.offset
-            keep = n_ex > 0
-            if overlong == "error" and (n_ex > max_len).any():
-                bad = int(np.argmax(n_ex > max_len))
-                raise UserError(
-                    f"{f.path} row {index - file_first + bad + 1}: example is {int(n_ex[bad])} tokens, "
-                    f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
-                )
-            lengths.append(n_ex[keep])
-            starts.append(((k << FILE_SHIFT) + first_elem + off[:-1].astype(np.int64))[keep])
-            example_ids.append(index + np.flatnonzero(keep).astype(np.int64))
-            read += len(col)
-            empty += int(len(col) - keep.sum())
-            index += len(col)
-            if progress is not None:
-                progress.update(len(col))
-        if index == file_first and (limit is None or index < limit):
-            raise UserError(f"{f.path} contains no records: give an input with at least one example")
-
-    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return Spill(Path(files[0].path), None, cat(lengths), cat(example_ids), read, empty,
-                 sources=[Path(f.path) for f in files], starts=cat(starts), where=partial(where_of, files))
 
 
 def tokenize_to_spill(
@@ -637,8 +372,6 @@ def tokenize_to_spill(
     file is pre-tokenized without labels; when they are moreover all uncompressed Arrow IPC files of
     list<int32> ids (and `direct`), nothing is spilled at all (`direct_arrow_spill`).
     """
-    from pipeline.sources import where_of
-
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
@@ -648,7 +381,7 @@ def tokenize_to_spill(
         try:  # uncompressed Arrow IPC input: gather from the input itself, spill nothing
             return direct_arrow_spill(files, fmts, max_len=max_len, overlong=overlong, limit=limit,
                                       progress=progress)
-        except _NotDirect:
+        except NotDirect:
             if progress is not None:
                 progress.reset()
     lengths: list[np.ndarray] = []
@@ -667,9 +400,9 @@ def tokenize_to_spill(
                     f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
                     f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
                 )
-            _append(fi, tok.input_ids, ids_path)
+            append_values(fi, tok.input_ids, ids_path)
             if tok.labels is not None:
-                _append(fl, tok.labels, labels_path)
+                append_values(fl, tok.labels, labels_path)
             lengths.append(tok.lengths[keep])
             example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
             read += n
@@ -706,8 +439,6 @@ def lengths_of(inputs: list[str] | str, tokenizer: Any, **format_options: Any) -
     `tokenizer` is a tokenizer object or a name/path; `format_options` are FormatOptions fields plus
     optional `num_proc`, `limit`, `batch_rows`.
     """
-    from pipeline.sources import resolve_inputs
-
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(str(tokenizer))
     num_proc = int(format_options.pop("num_proc", 1) or 1)
@@ -730,8 +461,6 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
     is returned whole (its pieces in the shards are consecutive max_len chunks, each chunk's first
     label set to -100). An empty (skipped) example comes back as two empty arrays.
     """
-    from pipeline.sources import iter_batches, resolve_inputs
-
     wanted = np.asarray(list(example_ids), dtype=np.int64)
     if len(wanted) == 0:
         return []

@@ -307,12 +307,3 @@ def test_bin_loads():
     assert bin_loads(np.array([], np.int64), np.array([], np.int64)).tolist() == []
     with pytest.raises(ValueError, match="shape"):
         bin_loads(np.array([0, 1]), np.array([1]))
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_load_kernels_plans_a_toy_with_every_strategy(strategy: str):
-    """pack-data calls it while waiting for its tokenizer: it must work for any --strategy."""
-    from pipeline.binpack import load_kernels
-
-    load_kernels(strategy)
-    assert len(assign_bins(np.array([2, 1], np.int64), 4, strategy)) == 2

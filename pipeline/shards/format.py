@@ -1,4 +1,4 @@
-"""The shard contract between `pipeline/` (writer) and `trainer/` (reader). Defined here only.
+"""The shard files of a packed folder: their schema, how they are written and how they are read.
 
 A packed folder holds `manifest.json` and `shard-00000.arrow`, `shard-00001.arrow`, ..., one packed
 row per record and no padding stored. Each shard is an Arrow IPC *stream* followed by the IPC *file*
@@ -14,30 +14,25 @@ footer (see `write_shard`), so it opens memory-mapped with `pyarrow.ipc.open_fil
 - `seq_lens`     list<int32>  the lengths of the examples in the row, in order; sums to len(input_ids)
 - `example_ids`  list<int64>  input-order index of each example (a split example repeats its id)
 
-The manifest records configuration, tokenizer and input fingerprints, counts and one entry per shard
-with its sha256, so a folder can be proven intact (`pack-verify`) before training on it.
+Beside them, `manifest.json` (`pipeline.shards.manifest`) records one entry per shard with its
+sha256, so a folder can be proven intact (`pack-verify`) before training on it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.durable import fsync_path
 from pipeline.errors import ShardFormatError
+from pipeline.shards.manifest import Manifest, read_manifest
 
-FORMAT_NAME = "packlm-shards"
-FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 SHARD_GLOB = "shard-*.arrow"
 IGNORE_INDEX = -100
 
@@ -59,119 +54,6 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.arrow"
 
 
-# --------------------------------------------------------------------------------------- manifest
-
-
-@dataclass
-class ShardInfo:
-    """One shard file as recorded in the manifest."""
-
-    file: str
-    rows: int
-    tokens: int
-    sha256: str
-
-
-@dataclass
-class Counts:
-    """What happened to the input examples."""
-
-    examples_read: int = 0
-    examples_packed: int = 0
-    empty_skipped: int = 0
-    truncated: int = 0
-    split: int = 0
-    dropped: int = 0
-    no_loss: int | None = None  # examples (pieces) packed with no token that carries a loss; None: not recorded
-
-
-@dataclass
-class Manifest:
-    """Everything known about a packed folder; serialised as `manifest.json`."""
-
-    max_len: int
-    strategy: str
-    seed: int
-    rows: int
-    total_tokens: int
-    loss_tokens: int
-    efficiency: float
-    counts: Counts
-    shards: list[ShardInfo]
-    tokenizer: dict[str, Any] = field(default_factory=dict)  # name, fingerprint, bos/eos/pad ids, vocab_size
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # path, bytes, sha256
-    config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
-    format: str = FORMAT_NAME
-    format_version: int = FORMAT_VERSION
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_NAME) -> Manifest:
-        """Build from parsed JSON, raising ShardFormatError naming the first missing/bad field."""
-        if not isinstance(data, dict):
-            raise ShardFormatError(f"{where}: expected a JSON object")
-        if data.get("format") != FORMAT_NAME:
-            raise ShardFormatError(
-                f"{where}: format is {data.get('format')!r}, expected {FORMAT_NAME!r}: "
-                "not a folder written by pack-data"
-            )
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ShardFormatError(
-                f"{where}: format_version {data.get('format_version')!r} is not supported "
-                f"(this version reads {FORMAT_VERSION}): re-run pack-data"
-            )
-        ints = ("max_len", "seed", "rows", "total_tokens", "loss_tokens")
-        for key in (*ints, "strategy", "efficiency", "counts", "shards"):
-            if key not in data:
-                raise ShardFormatError(f"{where}: missing field {key!r}")
-        for key in ints:
-            if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 0:
-                raise ShardFormatError(f"{where}: field {key!r} must be a non-negative integer")
-        try:
-            counts = Counts(**data["counts"])
-            shards = [ShardInfo(**s) for s in data["shards"]]
-        except TypeError as exc:
-            raise ShardFormatError(f"{where}: malformed counts or shards entry ({exc})") from None
-        fields = {k: v for k, v in data.items() if k not in ("counts", "shards")}
-        try:
-            return cls(counts=counts, shards=shards, **fields)
-        except TypeError as exc:
-            raise ShardFormatError(f"{where}: unexpected field ({exc})") from None
-
-
-def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
-    """Load and validate `folder/manifest.json`."""
-    path = Path(folder) / MANIFEST_NAME
-    if not path.is_file():
-        raise ShardFormatError(f"{path}: no manifest: is {folder} a folder written by pack-data?")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ShardFormatError(f"{path}: not valid JSON ({exc})") from None
-    return Manifest.from_dict(data, where=str(path))
-
-
-def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Write `folder/manifest.json`, fsynced (the caller makes the folder visible atomically)."""
-    path = Path(folder) / MANIFEST_NAME
-    path.write_text(manifest.to_json(), encoding="utf-8")
-    fsync_path(path)
-
-
-def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks into one reused buffer (no allocation per chunk, which
-    several hashing threads would otherwise spread over the allocator's per-thread arenas)."""
-    digest = hashlib.sha256()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as handle:
-        while n := handle.readinto(buf):
-            digest.update(view[:n])
-    return digest.hexdigest()
-
-
 # ------------------------------------------------------------------------------------ shard files
 
 
@@ -189,8 +71,7 @@ def rows_table(
     Token columns share `row_offsets` (n_rows + 1 entries into the flat token arrays); example
     columns share `example_offsets` (n_rows + 1 entries into the flat per-example arrays).
     """
-    # Arrays are built straight from the numpy buffers (zero-copy; `pa.array` on numpy would also
-    # import pandas, a third of a second on a cold start).
+    # Arrays are built straight from the numpy buffers (zero-copy).
     def lists(offsets: np.ndarray, values: np.ndarray, dtype: type, arrow_type: pa.DataType) -> pa.Array:
         flat = np.ascontiguousarray(values, dtype=dtype)
         child = pa.Array.from_buffers(arrow_type, len(flat), [None, pa.py_buffer(flat)])
@@ -310,7 +191,7 @@ def flat_column(table: pa.Table, name: str) -> FlatColumn:
     """Flatten one list column of a shard table into values + offsets."""
     chunked = table.column(name)
     arr = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
-    # Straight from the Arrow buffers: zero-copy, and unlike to_numpy() it does not import pandas.
+    # Straight from the Arrow buffers: zero-copy.
     # `values` is the child array from its own start; list offsets may not start at 0 after slicing.
     offsets = _buffer_view(arr.buffers()[1], np.int32, arr.offset, len(arr) + 1).astype(np.int64)
     child = arr.values
@@ -318,8 +199,8 @@ def flat_column(table: pa.Table, name: str) -> FlatColumn:
     return FlatColumn(values=values, offsets=offsets)
 
 
-# numpy dtypes of the value types in SCHEMA. `DataType.to_pandas_dtype()` would give them too, but
-# some pyarrow builds import pandas for it: 0.15-0.35 s on the 16-core box, in the shard checker.
+# numpy dtypes of the value types in SCHEMA (`DataType.to_pandas_dtype()` gives the same, but
+# imports pandas in some pyarrow builds).
 _VALUE_DTYPES = {pa.int32(): np.int32, pa.int64(): np.int64}
 
 
@@ -328,23 +209,81 @@ def _buffer_view(buf: pa.Buffer, dtype: type, offset: int, count: int) -> np.nda
     return np.frombuffer(buf, dtype=dtype, count=offset + count)[offset:]
 
 
+@dataclass
+class ShardColumns:
+    """One shard's columns as flat arrays (memory-mapped, zero-copy) plus offsets rebased to 0.
+
+    Row r's tokens are `input_ids[row_off[r]:row_off[r + 1]]` (likewise labels, position_ids); its
+    examples are `seq_lens[ex_off[r]:ex_off[r + 1]]` (likewise example_ids).
+    """
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    row_off: np.ndarray
+    seq_lens: np.ndarray
+    example_ids: np.ndarray
+    ex_off: np.ndarray
+
+
+def _rebased(col: FlatColumn) -> tuple[np.ndarray, np.ndarray]:
+    """Values covered by the offsets, with offsets rebased to start at 0."""
+    off = col.offsets
+    start = int(off[0]) if len(off) else 0
+    end = int(off[-1]) if len(off) else 0
+    return col.values[start:end], off - start
+
+
+def _first_true(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+def load_shard(path: str | os.PathLike[str]) -> ShardColumns:
+    """Open a shard memory-mapped and return its columns; raise ShardFormatError when its token
+    columns, or its example columns, disagree on a row's length. Every reader of shards uses this."""
+    path = Path(path)
+    table = open_shard(path)
+    names = ("input_ids", "labels", "position_ids", "seq_lens", "example_ids")
+    cols = {n: _rebased(flat_column(table, n)) for n in names}
+    name = path.name
+    row_off = cols["input_ids"][1]
+    for other in ("labels", "position_ids"):
+        off = cols[other][1]
+        if not np.array_equal(off, row_off):
+            r = _first_true(np.diff(off) != np.diff(row_off))
+            raise ShardFormatError(
+                f"{name} row {r}: {other} has {int(np.diff(off)[r])} entries but input_ids has "
+                f"{int(np.diff(row_off)[r])}"
+            )
+    ex_off = cols["seq_lens"][1]
+    if not np.array_equal(cols["example_ids"][1], ex_off):
+        d1, d2 = np.diff(cols["example_ids"][1]), np.diff(ex_off)
+        r = _first_true(d1 != d2)
+        raise ShardFormatError(
+            f"{name} row {r}: example_ids has {int(d1[r])} entries but seq_lens has {int(d2[r])}"
+        )
+    return ShardColumns(
+        input_ids=cols["input_ids"][0],
+        labels=cols["labels"][0],
+        position_ids=cols["position_ids"][0],
+        row_off=row_off,
+        seq_lens=cols["seq_lens"][0].astype(np.int64, copy=False),
+        example_ids=cols["example_ids"][0],
+        ex_off=ex_off,
+    )
+
+
 def iter_rows(folder: str | os.PathLike[str]) -> Iterator[dict[str, np.ndarray]]:
     """Every row of a packed folder as numpy arrays (convenience for tests and small tools)."""
     for path in shard_paths(folder):
-        table = open_shard(path)
-        cols = {name: flat_column(table, name) for name in SCHEMA.names}
-        for i in range(table.num_rows):
-            yield {name: col.row(i) for name, col in cols.items()}
-
-
-def pack_data_files(folder: str | os.PathLike[str]) -> set[str] | None:
-    """The names pack-data wrote into `folder` (its manifest and the shards the manifest lists),
-    or None when the folder holds no manifest that pack-data wrote (any format version)."""
-    try:
-        data = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        return None
-    shards = data.get("shards") if isinstance(data.get("shards"), list) else []
-    return {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
+        cols = load_shard(path)
+        for r in range(len(cols.row_off) - 1):
+            tokens = slice(cols.row_off[r], cols.row_off[r + 1])
+            examples = slice(cols.ex_off[r], cols.ex_off[r + 1])
+            yield {
+                "input_ids": cols.input_ids[tokens],
+                "labels": cols.labels[tokens],
+                "position_ids": cols.position_ids[tokens],
+                "seq_lens": cols.seq_lens[examples],
+                "example_ids": cols.example_ids[examples],
+            }

@@ -24,13 +24,13 @@ from pipeline.formats import (
     rows_where,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pipeline.tokenizer_load import load_tokenizer
+    from pipeline.tokenizer import load_tokenizer
 
     return load_tokenizer(str(TOKENIZER))
 
@@ -207,7 +207,7 @@ def test_sharegpt_turns_are_accepted(tokenizer):
 
 
 def test_chat_without_template_is_a_clear_error(tmp_path):
-    from pipeline.tokenizer_load import load_tokenizer
+    from pipeline.tokenizer import load_tokenizer
 
     folder = tmp_path / "tok"
     shutil.copytree(TOKENIZER, folder)

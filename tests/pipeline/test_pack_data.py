@@ -14,17 +14,19 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-import pipeline.tokenizer_cache
+import pipeline.job
+import pipeline.shards.verify
 import pipeline.write
-from pipeline.cli import pack_data
-from pipeline.encode_pool import default_workers, encode_segments
+from pipeline.cli import pack_data, pack_verify
+from pipeline.encode_pool import default_workers
+from pipeline.job import PackConfig, run_pack_data
 from pipeline.long_texts import MAX_PIECE_CHARS
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
+from pipeline.segments import encode_segments
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest, verify_folder
 from pipeline.tokenize import tokenize_examples
-from pipeline.tokenizer_load import load_tokenizer
-from pipeline.verify import pack_verify, verify_folder
+from pipeline.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
 LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"  # real data beside the checkout; skipped without it
 SAMPLE = ROOT / "data" / "sample"
@@ -234,7 +236,7 @@ def test_arrow_ipc_pretokenized_is_gathered_in_place_with_the_same_output(tmp_pa
     def spy(*args, **kwargs):
         try:
             spill = real(*args, **kwargs)
-        except tokenize._NotDirect:
+        except tokenize.NotDirect:
             direct.append(False)
             raise
         direct.append(True)
@@ -245,7 +247,7 @@ def test_arrow_ipc_pretokenized_is_gathered_in_place_with_the_same_output(tmp_pa
     assert run(a, b, *args, "--out", tmp_path / "direct").exit_code == 0
     assert run(a, z, *args, "--out", tmp_path / "fallback").exit_code == 0
     assert direct == [True, False]
-    monkeypatch.setattr(tokenize, "direct_arrow_spill", lambda *a, **k: (_ for _ in ()).throw(tokenize._NotDirect()))
+    monkeypatch.setattr(tokenize, "direct_arrow_spill", lambda *a, **k: (_ for _ in ()).throw(tokenize.NotDirect()))
     assert run(a, b, *args, "--out", tmp_path / "spilled").exit_code == 0
     shas = [[s.sha256 for s in verify_folder(tmp_path / o).shards] for o in ("direct", "fallback", "spilled")]
     assert shas[0] == shas[1] == shas[2] and len(shas[0]) > 1
@@ -282,101 +284,28 @@ def test_arrow_ipc_in_place_rows_of_another_format_name_the_file_row_and_fields(
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
-JOB_CHILD = r"""
-import json, sys
-if sys.argv[4:] == ["transformers"]:
-    import transformers  # lazily: torch is not imported yet, but transformers counts on it
-import pipeline.tokenizer_cache
-from pipeline.write import PackConfig, run_pack_data
-forks = []
-real = pipeline.tokenizer_cache.Forked
-pipeline.tokenizer_cache.Forked = lambda *args: forks.append(args) or real(*args)
-stats = {}
-m = run_pack_data(PackConfig(inputs=[sys.argv[1]], tokenizer=sys.argv[2], max_len=64, out=sys.argv[3],
-                             progress=False), stats=stats)
-print(json.dumps({"imported": sorted(k for k in ("transformers", "torch") if k in sys.modules),
-                  "tokenizer": m.tokenizer, "times": sorted(stats["times"]), "forks": len(forks)}))
-"""
-
-
-@pytest.mark.parametrize("kind", ["tokenized", "text", "text-after-transformers"])
-def test_the_job_loads_the_tokenizer_in_a_child_and_never_imports_torch(tmp_path: Path, kind: str):
-    import os
-    import subprocess
-    import sys
-
-    from pipeline.tokenizer_load import tokenizer_info
+@pytest.mark.parametrize("kind", ["tokenized", "text"])
+def test_the_manifest_records_the_tokenizers_facts_and_the_format(tmp_path: Path, kind: str):
+    from pipeline.tokenizer import tokenizer_info
 
     if kind == "tokenized":
         data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
     else:
         data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
-    after = ["transformers"] if kind == "text-after-transformers" else []
-    env = {**os.environ, "PACKLM_CACHE_DIR": str(tmp_path / "cache")}
     expected = tokenizer_info(load_tokenizer(TOKENIZER), TOKENIZER)
-    for out, forks in (("o1", 1), ("o2", 0)):  # the second process finds the tokenizer in the disk cache
-        proc = subprocess.run([sys.executable, "-c", JOB_CHILD, str(data), TOKENIZER, str(tmp_path / out), *after],
-                              cwd=ROOT, capture_output=True, text=True, check=True, env=env)
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert got["forks"] == forks
-        # not in this process: only the forked child loaded the tokenizer
-        assert got["imported"] == (["transformers"] if after else [])
-        assert proc.stderr == ""  # nor did transformers' "PyTorch was not found" note show
-        # pre-tokenized: the job ran while the child loaded it, and the wait for it is its own phase
-        assert ("tokenizer" in got["times"]) == (kind == "tokenized")
-        assert {k: v for k, v in got["tokenizer"].items() if k != "format"} == expected
-        assert got["tokenizer"]["format"]["kind"] == kind.split("-")[0]
+    for out in ("o1", "o2"):
+        m = run_pack_data(PackConfig(inputs=[str(data)], tokenizer=TOKENIZER, max_len=64, out=str(tmp_path / out),
+                                     progress=False))
+        assert {k: v for k, v in m.tokenizer.items() if k != "format"} == expected
+        assert m.tokenizer["format"]["kind"] == kind
     assert (tmp_path / "o1" / "shard-00000.arrow").read_bytes() == (tmp_path / "o2" / "shard-00000.arrow").read_bytes()
 
 
-@pytest.mark.parametrize("tokenizer", [TOKENIZER, str(LLAMA2)])
-def test_the_child_loads_the_same_backend_without_torch(tokenizer: str):
-    """What the forked loader sends back (torch hidden from transformers) is the backend and the
-    facts an ordinary in-process load gives."""
-    from pipeline.background import Forked
-    from pipeline.tokenize import BackendTokenizer
-    from pipeline.tokenizer_load import load_tokenizer_parts, tokenizer_info
-
-    if not Path(tokenizer).is_dir():
-        pytest.skip(f"{tokenizer} is not here")
-    info, backend = Forked(load_tokenizer_parts, tokenizer).result()
-    here = load_tokenizer(tokenizer)
-    assert backend == here.backend_tokenizer.to_str()
-    assert info == tokenizer_info(here, tokenizer)
-    rebuilt = BackendTokenizer.from_parts(info, backend)
-    texts = ["Hello there!\n  indented\tcode()", "Ünïcödé 🙂 text", ""]
-    got = [e.ids for e in rebuilt.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-    assert got == [e.ids for e in here.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-    assert (rebuilt.bos_token_id, rebuilt.eos_token_id) == (here.bos_token_id, here.eos_token_id)
-
-
-def test_a_tokenizer_the_child_cannot_load_is_loaded_in_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                fresh_tokenizer_cache: Path):
-    """If loading without torch fails, the job loads the tokenizer itself, the ordinary way, and
-    writes the same shards."""
-    from pipeline.errors import UserError
-
-    def fails(name: str) -> None:
-        raise UserError(f"cannot load tokenizer {name!r} (needs torch?)")
-
-    data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    with pytest.MonkeyPatch.context() as cache_off:
-        cache_off.setenv("PACKLM_CACHE_DIR", "")
-        assert run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
-    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})  # not loaded by an earlier job
-    monkeypatch.setattr(pipeline.tokenizer_cache, "load_tokenizer_parts", fails)
-    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
-    assert result.exit_code == 0, result.output
-    assert read_manifest(tmp_path / "a").shards == read_manifest(tmp_path / "b").shards
-    assert read_manifest(tmp_path / "a").tokenizer == read_manifest(tmp_path / "b").tokenizer
-
-
 @pytest.mark.parametrize(("data", "num_proc"), [("instructions.jsonl", 2), ("instructions.jsonl", 1), ("chat.jsonl", 2)])
-def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_token(tmp_path: Path, data: str, num_proc: int,
-                                                                        fresh_tokenizer_cache: Path):
+def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_token(tmp_path: Path, data: str, num_proc: int):
     """A tokenizer.json saved with truncation and padding on (as some on the Hub are) gives the
-    same tokens as without: the job encodes whole texts and pads nothing, in the forked loader's
-    backend (text), in this process (chat) and with --num-proc 1 alike."""
+    same tokens as without: the job encodes whole texts and pads nothing, in worker processes, in
+    this process (chat) and with --num-proc 1 alike."""
     saved = tmp_path / "tok"
     shutil.copytree(TOKENIZER, saved)
     spec = json.loads((saved / "tokenizer.json").read_text())
@@ -389,92 +318,6 @@ def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_token(tmp_path
         assert run(*common, "--tokenizer", tok, "--out", tmp_path / name).exit_code == 0
     assert examples(tmp_path / "saved") == examples(tmp_path / "plain")
     assert read_manifest(tmp_path / "saved").total_tokens > 40 * 16  # not cut to 8 tokens a text
-
-
-def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
-    """The tokenizer children the jobs of this test fork, as a list that grows."""
-    forks: list[tuple] = []
-    real = pipeline.tokenizer_cache.Forked
-    monkeypatch.setattr(pipeline.tokenizer_cache, "Forked", lambda *args: forks.append(args) or real(*args))
-    return forks
-
-
-def test_a_later_job_takes_the_tokenizer_from_the_cache_until_its_files_change(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_tokenizer_cache: Path):
-    tokenizer = shutil.copytree(TOKENIZER, tmp_path / "tok")
-    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    ids = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
-    forks = _count_forks(monkeypatch)
-
-    def job(data: Path, out: str, tok: Path = tokenizer) -> Path:
-        result = run(data, "--tokenizer", tok, "--max-len", 64, "--out", tmp_path / out)
-        assert result.exit_code == 0, result.output
-        return tmp_path / out
-
-    first = job(text, "a")
-    assert len(forks) == 1
-    assert len(list(fresh_tokenizer_cache.glob("*.json"))) == 1
-    second = job(text, "b")  # same files: no child
-    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})  # as a new process: from disk
-    third = job(text, "c")
-    job(ids, "d")
-    moved = shutil.copytree(tokenizer, tmp_path / "elsewhere")  # the key is the files' content
-    fourth = job(text, "e", moved)
-    assert len(forks) == 1
-    for later in (second, third, fourth):
-        assert read_manifest(later).shards == read_manifest(first).shards
-    assert read_manifest(third).tokenizer == read_manifest(first).tokenizer
-    assert read_manifest(fourth).tokenizer == {**read_manifest(first).tokenizer, "name": str(moved)}
-    config = tokenizer / "tokenizer_config.json"
-    config.write_text(config.read_text() + "\n")  # a changed file: loaded again
-    changed = job(text, "f")
-    assert len(forks) == 2
-    assert read_manifest(changed).tokenizer["fingerprint"] != read_manifest(first).tokenizer["fingerprint"]
-    assert len(list(fresh_tokenizer_cache.glob("*.json"))) == 2
-
-
-@pytest.mark.parametrize("damage", ["backend", "head", "empty"])
-def test_a_damaged_cache_entry_is_ignored_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        fresh_tokenizer_cache: Path, damage: str):
-    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    assert run(text, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a").exit_code == 0
-    (entry,) = fresh_tokenizer_cache.glob("*.json")
-    good = entry.read_text()
-    head, _, backend = good.partition("\n")
-    entry.write_text({"backend": head + "\n" + backend.replace('"', "'", 1),
-                      "head": head[:-5] + "\n" + backend, "empty": ""}[damage])
-    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})
-    forks = _count_forks(monkeypatch)
-    result = run(text, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "b")
-    assert result.exit_code == 0, result.output
-    assert len(forks) == 1  # loaded again ...
-    assert entry.read_text() == good  # ... and the entry written anew
-    assert read_manifest(tmp_path / "b").shards == read_manifest(tmp_path / "a").shards
-
-
-@pytest.mark.parametrize("where", ["off", "a file", "read-only"])
-def test_a_cache_that_is_off_or_cannot_be_written_never_fails_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     where: str):
-    import os
-
-    monkeypatch.setattr(pipeline.tokenizer_cache, "_MEMORY", {})
-    folder = tmp_path / "cache"
-    if where == "off":
-        monkeypatch.setenv("PACKLM_CACHE_DIR", "")
-    elif where == "a file":
-        folder.write_text("not a folder")
-        monkeypatch.setenv("PACKLM_CACHE_DIR", str(folder / "sub"))
-    else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes into read-only folders")
-        folder.mkdir(mode=0o500)
-        monkeypatch.setenv("PACKLM_CACHE_DIR", str(folder))
-    text = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    result = run(text, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "a")
-    assert result.exit_code == 0, result.output
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-    if where != "a file":
-        assert not folder.exists() or list(folder.iterdir()) == []
 
 
 @pytest.mark.parametrize("data_kind", ["tokenized", "text"])
@@ -677,7 +520,7 @@ def test_packed_output_is_refused_as_input(tmp_path: Path, pretok: Path):
 def test_examples_that_train_nothing_are_counted_and_a_job_of_only_those_refused(tmp_path: Path):
     """Chat rows without an assistant turn have no loss token: counted in the manifest, warned
     about in the summary and the report; when no example has one the job stops in one line."""
-    from pipeline.report_cli import pack_report
+    from pipeline.cli import pack_report
 
     talk = [{"role": "user", "content": "hello there"}]
     answered = talk + [{"role": "assistant", "content": "hi"}]
@@ -810,18 +653,16 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
 
 def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path,
                                                                  monkeypatch: pytest.MonkeyPatch):
-    import pipeline.verify
-
     calls: list[bool] = []
-    real = pipeline.verify.verify_folder
+    real = pipeline.job.verify_folder
 
     def spy(folder, *, check_hashes=True, checked=None):
         calls.append(check_hashes)
         assert checked and all(s.tokens > 0 for s in checked.values())  # each shard checked as written
         return real(folder, check_hashes=check_hashes, checked=checked)
 
-    monkeypatch.setattr(pipeline.verify, "verify_folder", spy)
-    monkeypatch.setattr(pipeline.verify, "file_sha256", lambda path: pytest.fail("final check re-hashed a shard"))
+    monkeypatch.setattr(pipeline.job, "verify_folder", spy)
+    monkeypatch.setattr(pipeline.shards.verify, "file_sha256", lambda path: pytest.fail("final check re-hashed a shard"))
     out = tmp_path / "o"
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
     assert result.exit_code == 0, result.output
@@ -835,7 +676,7 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
             handle.write(b"\0" * 8)
         return manifest
 
-    monkeypatch.setattr(pipeline.verify, "verify_folder", spy_and_grow)
+    monkeypatch.setattr(pipeline.job, "verify_folder", spy_and_grow)
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", tmp_path / "o2")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "shard-00000.arrow: shard is" in result.output and "were written" in result.output
@@ -875,11 +716,9 @@ def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: 
 
     from packed_factory import rewrite_shard, shard_arrays
 
-    import pipeline.verify
-
-    real = pipeline.verify.verify_folder
+    real = pipeline.job.verify_folder
     rechecked: list[str] = []
-    real_summarize = pipeline.verify.summarize_shard
+    real_summarize = pipeline.shards.verify.summarize_shard
 
     def spy_summarize(path, *args, **kwargs):
         rechecked.append(Path(path).name)
@@ -890,10 +729,10 @@ def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: 
         arrays = shard_arrays(Path(folder) / "shard-00001.arrow")
         arrays["labels"][1] = arrays["input_ids"][1] + 1  # neither -100 nor the input id
         rewrite_shard(folder, 1, arrays, update_hash=False)
-        monkeypatch.setattr(pipeline.verify, "summarize_shard", spy_summarize)
+        monkeypatch.setattr(pipeline.shards.verify, "summarize_shard", spy_summarize)
         return real(folder, check_hashes=check_hashes, checked=checked)
 
-    monkeypatch.setattr(pipeline.verify, "verify_folder", tamper_then_verify)
+    monkeypatch.setattr(pipeline.job, "verify_folder", tamper_then_verify)
     out = tmp_path / "o"
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 8, "--rows-per-shard", 1, "--out", out)
     assert result.exit_code == 1 and "Traceback" not in result.output
@@ -916,7 +755,7 @@ def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: 
 
 def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
     from pipeline.sources import resolve_inputs
-    from pipeline.write import estimate_rows
+    from pipeline.progress import estimate_rows
 
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": str(i)} for i in range(7)])
     pq.write_table(pa.table({"text": ["x"] * 5}), tmp_path / "b.parquet")
@@ -928,60 +767,17 @@ def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
 
 
 def test_spill_read_in_one_window_or_many_gives_the_same_shards(tmp_path: Path, monkeypatch):
-    import pipeline.tokenize
+    import pipeline.spill
 
     shas = []
-    for window in (pipeline.tokenize.MAP_WINDOW_BYTES, 4096):  # the whole spill mapped at once / a page at a time
-        monkeypatch.setattr(pipeline.tokenize, "MAP_WINDOW_BYTES", window)
+    for window in (pipeline.spill.MAP_WINDOW_BYTES, 4096):  # the whole spill mapped at once / a page at a time
+        monkeypatch.setattr(pipeline.spill, "MAP_WINDOW_BYTES", window)
         out = tmp_path / f"o{window}"
         result = run(SAMPLE / "instructions.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out,
                      "--overlong", "split", "--rows-per-shard", 50)
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(out).shards])
     assert len(shas[0]) > 1 and shas[0] == shas[1]
-
-
-PROBE_CHILD = r"""
-import os, sys
-print("PID", os.getpid(), flush=True)
-if sys.argv[1] == "library":  # run_pack_data called as a library: numba probes as always
-    from pipeline.write import PackConfig, run_pack_data
-    run_pack_data(PackConfig(inputs=[sys.argv[2]], tokenizer=sys.argv[3], max_len=64, out=sys.argv[4], progress=False))
-else:  # the pack-data command
-    sys.argv = ["pack-data", *sys.argv[2:]]
-    from pipeline.console import pack_data_main
-    pack_data_main()
-"""
-
-
-@pytest.mark.parametrize("entry", ["console", "library"])
-def test_the_pack_data_process_skips_numbas_blas_probe(tmp_path: Path, entry: str):
-    """numba's first compile imports scipy.linalg.cython_blas to look for a BLAS (0.3 s where SciPy is
-    installed). The pack-data command's process skips that probe; a library call leaves numba as it is.
-    A stand-in SciPy records which processes imported it."""
-    import os
-    import subprocess
-    import sys
-
-    fake = tmp_path / "fake"
-    (fake / "scipy" / "linalg").mkdir(parents=True)
-    (fake / "scipy" / "__init__.py").write_text("__version__ = \"1.14.0\"\n")  # numba checks it on import
-    marker = tmp_path / "imported-by"
-    (fake / "scipy" / "linalg" / "__init__.py").write_text(
-        f"import os\nwith open({str(marker)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n")
-    (fake / "scipy" / "linalg" / "cython_blas.py").write_text("")
-    data = write_jsonl(tmp_path / "t.jsonl", [{"text": f"example {i} " * (i + 1)} for i in range(30)])
-    env = {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"}
-    out = tmp_path / "o"
-    argv = [str(data), TOKENIZER, str(out)] if entry == "library" else \
-        [str(data), "--tokenizer", TOKENIZER, "--max-len", "64", "--out", str(out), "--no-progress"]
-    proc = subprocess.run([sys.executable, "-c", PROBE_CHILD, entry, *argv], cwd=ROOT, capture_output=True, check=False,
-                          text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
-    pid = proc.stdout.split()[1]
-    imported_by = marker.read_text().split() if marker.exists() else []
-    assert (pid in imported_by) == (entry == "library")
-    verify_folder(out)
 
 
 def test_a_later_run_removes_what_killed_runs_left(tmp_path: Path):
@@ -1009,31 +805,3 @@ def test_a_later_run_removes_what_killed_runs_left(tmp_path: Path):
     assert not stale.exists()
     assert all(folder.exists() for folder in kept)
     verify_folder(tmp_path / "o")
-
-
-CHAT_CONSOLE = r"""
-import atexit, sys
-atexit.register(lambda: print("torch:", type(sys.modules.get("torch")).__name__,
-                              "transformers:", "transformers" in sys.modules, flush=True))
-sys.argv = ["pack-data", *sys.argv[1:]]
-from pipeline.console import pack_data_main
-pack_data_main()
-"""
-
-
-def test_the_pack_data_command_loads_a_chat_tokenizer_without_torch(tmp_path: Path):
-    """Chat data needs the transformers tokenizer in the job (its template); the command's process
-    loads it with torch hidden (importing torch takes seconds), quietly, and writes what a library
-    call with torch writes."""
-    import subprocess
-    import sys
-
-    chat = ROOT / "data" / "sample" / "chat.jsonl"
-    args = [str(chat), "--tokenizer", TOKENIZER, "--max-len", "512", "--limit", "40", "--no-progress"]
-    proc = subprocess.run([sys.executable, "-c", CHAT_CONSOLE, *args, "--out", str(tmp_path / "cli")],
-                          cwd=ROOT, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "torch: NoneType transformers: True"
-    assert proc.stderr == ""
-    assert run(*args, "--out", tmp_path / "lib").exit_code == 0  # a library call: transformers as it comes
-    assert read_manifest(tmp_path / "cli").shards == read_manifest(tmp_path / "lib").shards

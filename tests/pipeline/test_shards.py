@@ -52,7 +52,7 @@ def test_write_shard_refuses_another_schema(tmp_path: Path):
 
 def test_every_value_type_of_the_schema_has_its_numpy_dtype():
     """flat_column maps value types itself (pyarrow's to_pandas_dtype imports pandas in some builds)."""
-    from pipeline.shards import _VALUE_DTYPES
+    from pipeline.shards.format import _VALUE_DTYPES
 
     for field in SCHEMA:
         dtype = _VALUE_DTYPES[field.type.value_type]

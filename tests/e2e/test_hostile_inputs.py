@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
 SAMPLE = ROOT / "data" / "sample" / "instructions.jsonl"
 BIN = Path(sys.executable).parent  # this environment's console scripts

@@ -1,16 +1,10 @@
-"""Loading a Hugging Face tokenizer, and what pack-data records of it.
-
-Light to import (no numpy, numba or pyarrow; transformers only when a tokenizer is loaded), so that
-the `pack-data` command can fork the child that loads its tokenizer before anything else
-(`pipeline.tokenizer_cache.prefetch`): importing transformers takes 1-2 s, which then overlap the
-command's own imports.
-"""
+"""Loading a Hugging Face tokenizer (in this process, never touching the network for a local
+folder), and what the manifest records of it: its facts and a fingerprint of its files."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -98,23 +92,3 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
         "vocab_size": len(tokenizer),
         "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
-
-
-def hide_torch() -> None:
-    """Let transformers load without torch in this process: a tokenizer never needs it, and
-    importing it takes seconds (BENCHMARKS.md). Not once transformers is imported (it then counts
-    on torch) or torch is. For processes that load no model: pack-data's own and its tokenizer child."""
-    if "transformers" not in sys.modules:
-        sys.modules.setdefault("torch", None)  # then `import torch` fails and find_spec("torch") is None
-        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" note
-
-
-def load_tokenizer_parts(name_or_path: str) -> tuple[dict[str, Any], str]:
-    """For a forked child: the tokenizer's `tokenizer_info` and its Rust backend as JSON
-    (`pipeline.tokenize.BackendTokenizer.from_parts` rebuilds it). That is all a job on text or pre-tokenized input
-    needs of the tokenizer, so its own process never imports transformers and torch (`hide_torch`).
-    """
-    os.environ[RUST_THREADS] = "false"  # no Rust thread pool in a forked child
-    hide_torch()
-    tokenizer = load_tokenizer(name_or_path)
-    return tokenizer_info(tokenizer, name_or_path), tokenizer.backend_tokenizer.to_str()

@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 from packed_factory import make_packed_folder
 
-from pipeline.report import compare, pad_to_longest, pad_to_max, whatif_report
-from pipeline.report_cli import pack_report
+from pipeline.cli import pack_report
+from pipeline.report import compare, whatif_report
+from pipeline.stats import pad_to_longest, pad_to_max
 from pipeline.shards import IGNORE_INDEX, Counts
 
 MAX_LEN = 10

@@ -14,32 +14,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.encode_pool import (
-    cached_token_sizes,
-    encode_pool,
-    encode_segments,
-    token_sizes,
-)
+from pipeline.encode_pool import encode_pool
+from pipeline.segments import cached_token_sizes, encode_segments, token_sizes
 from pipeline.errors import UserError
 from pipeline.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
 from pipeline.sources import resolve_inputs
+from pipeline.spill import _map_pieces
 from pipeline.tokenize import (
     TEXT_BATCH_ROWS,
-    _map_pieces,
     encode_texts,
     iter_tokenized,
     lengths_of,
     tokenize_batch,
     tokenized_batch,
 )
-from pipeline.tokenizer_load import (
+from pipeline.tokenizer import (
     load_tokenizer,
     tokenizer_fingerprint,
     tokenizer_info,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
 LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"  # real data beside the checkout; skipped without it
 BOS, EOS = 1, 2
@@ -219,7 +215,7 @@ def test_tokenizers_whose_ids_do_not_tell_their_text_length_are_measured_with_of
 def test_texts_whose_sizes_do_not_add_up_are_cut_by_offsets_in_workers_too(tok):
     """An unknown token's size is unknown: that text is measured with offsets, the others from their
     ids; worker processes give what this process gives."""
-    from pipeline.encode_pool import _split_by_sizes, flat_ids
+    from pipeline.segments import _split_by_sizes, flat_ids
 
     texts = ["Answer: <unk> yes", "Answer: fine", "plain"]
     cuts = (np.array([1, 1, 0]), np.array([8, 8]))
@@ -248,7 +244,7 @@ def test_nfc_and_space_stripping_added_tokens_leave_only_texts_the_sizes_can_mea
     its texts to offsets too. Either way the cuts are the offsets' cuts."""
     from tokenizers import AddedToken, Tokenizer
 
-    from pipeline.encode_pool import _split_by_sizes, flat_ids
+    from pipeline.segments import _split_by_sizes, flat_ids
 
     spec = json.loads(tok.backend_tokenizer.to_str())
     backend = Tokenizer.from_str(json.dumps({**spec, "normalizer": {"type": "NFC"}}))
@@ -400,9 +396,9 @@ def test_spill_pieces_read_through_map_windows_equal_the_slices(
 ):
     """Any pieces of a spill file, in any order, some crossing window edges or ending at the file's
     end, come back concatenated in the order asked, whatever the window size."""
-    import pipeline.tokenize
+    import pipeline.spill
 
-    monkeypatch.setattr(pipeline.tokenize, "MAP_WINDOW_BYTES", 4096 * window_pages)
+    monkeypatch.setattr(pipeline.spill, "MAP_WINDOW_BYTES", 4096 * window_pages)
     rng = np.random.default_rng(seed)
     data = rng.integers(-(2**31), 2**31 - 1, size=sum(sizes), dtype=np.int32)  # the last piece ends at the end
     path = tmp_path_factory.mktemp("spill") / "ids.bin"
@@ -434,7 +430,7 @@ def test_a_spill_file_shorter_than_its_pieces_is_an_os_error(tmp_path):
 
 
 def test_a_spill_file_that_cannot_be_mapped_is_read_piece_by_piece(tmp_path, monkeypatch):
-    import pipeline.tokenize
+    import pipeline.spill
 
     def refuse(*args, **kwargs):
         raise OSError(errno.ENODEV, "No such device")  # what a FUSE mount without mmap answers
@@ -446,7 +442,7 @@ def test_a_spill_file_that_cannot_be_mapped_is_read_piece_by_piece(tmp_path, mon
     fd = os.open(path, os.O_RDONLY)
     try:
         mapped = _map_pieces(fd, starts, lengths)
-        monkeypatch.setattr(pipeline.tokenize.mmap, "mmap", refuse)
+        monkeypatch.setattr(pipeline.spill.mmap, "mmap", refuse)
         read = _map_pieces(fd, starts, lengths)
     finally:
         os.close(fd)

@@ -12,10 +12,11 @@ import pytest
 from click.testing import CliRunner
 from packed_factory import edit_manifest, make_packed_folder, rewrite_shard, shard_arrays
 
-import pipeline.verify
+import pipeline.shards.checks
 from pipeline.errors import ShardFormatError
 from pipeline.shards import IGNORE_INDEX
-from pipeline.verify import pack_verify, summarize_shard, verify_folder
+from pipeline.cli import pack_verify
+from pipeline.shards import summarize_shard, verify_folder
 
 MAX_LEN = 10
 # Example 4 is prompt-only (all labels masked); example 5 was split into two pieces (10 + 2).
@@ -280,7 +281,7 @@ def test_token_beyond_vocab(bad: Path) -> None:
 @pytest.fixture(scope="module")
 def sample_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real pack-data folder of the first 40 sample examples (tokenizer + sample in the repo)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if not (root / "data/tokenizer/tokenizer.json").is_file():
         pytest.skip("data/tokenizer not generated")
     from pipeline.cli import pack_data  # noqa: PLC0415
@@ -342,7 +343,7 @@ def test_checked_summaries_are_trusted_only_for_the_unchanged_file(
     def no_reread(*args: object, **kwargs: object) -> None:
         pytest.fail("a shard with a valid summary was read again")
 
-    monkeypatch.setattr(pipeline.verify, "check_shard", no_reread)
+    monkeypatch.setattr(pipeline.shards.checks, "check_shard", no_reread)
     assert verify_folder(bad, checked=checked).rows == 4
     monkeypatch.undo()
     # a summary made with another max_len is not used; one made before the vocabulary was known

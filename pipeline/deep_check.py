@@ -1,0 +1,71 @@
+"""`pack-verify --deep`: re-tokenize a seeded sample of the source examples and compare them with
+what the shards hold."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import ShardFormatError, UserError
+from pipeline.shards.format import IGNORE_INDEX, load_shard, shard_paths
+from pipeline.shards.manifest import Manifest
+from pipeline.tokenize import tokenize_examples
+
+
+def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: int,
+               seed: int = 0) -> int:
+    """Re-tokenize a seeded sample of source examples and compare token ids and labels.
+
+    Uses `pipeline.tokenize.tokenize_examples(config, ids)` on the manifest's `config` (inputs,
+    format options, tokenizer; `tokenizer` overrides the recorded one). A split example is compared
+    piece by piece: its pieces are the consecutive max_len chunks of the fresh tokens, each chunk's
+    first label -100, found in any order in the shards. Returns the number of examples compared.
+    """
+    config = dict(manifest.config)
+    if tokenizer:
+        config["tokenizer"] = tokenizer
+    for key in ("inputs", "tokenizer"):
+        if not config.get(key):
+            raise UserError(f"--deep: the manifest's config has no {key!r}: cannot re-tokenize")
+    pieces: dict[int, list[tuple[str, int, np.ndarray, np.ndarray]]] = {}
+    flats = [(path.name, load_shard(path)) for path in shard_paths(folder, manifest)]
+    all_ids = np.unique(np.concatenate([f.example_ids for _, f in flats])) if flats else []
+    chosen = sorted(random.Random(seed).sample(list(map(int, all_ids)), min(sample, len(all_ids))))
+    if not chosen:
+        return 0
+    wanted = set(chosen)
+    for name, flat in flats:
+        cum = np.concatenate(([0], np.cumsum(flat.seq_lens)))
+        for k in np.flatnonzero(np.isin(flat.example_ids, chosen)):
+            r = int(np.searchsorted(flat.ex_off, k, side="right") - 1)
+            sl = slice(int(cum[k]), int(cum[k + 1]))
+            pieces.setdefault(int(flat.example_ids[k]), []).append(
+                (f"{name} row {r} example {k - int(flat.ex_off[r])}", r,
+                 flat.input_ids[sl], flat.labels[sl]))
+    assert wanted == set(pieces)
+    fresh = tokenize_examples(config, chosen)
+    for eid, (ids, labels) in zip(chosen, fresh, strict=True):
+        ids, labels = np.asarray(ids), np.asarray(labels)
+        stored = pieces[eid]
+        if len(stored) == 1:
+            expect = [(ids, labels)]
+        else:  # split: consecutive max_len chunks, each chunk's first label masked
+            step = manifest.max_len
+            expect = []
+            for i in range(0, len(ids), step):
+                lab = labels[i : i + step].copy()
+                lab[0] = IGNORE_INDEX
+                expect.append((ids[i : i + step], lab))
+        got = sorted(((p[2].tolist(), p[3].tolist()) for p in stored))
+        want = sorted(((e[0].tolist(), e[1].tolist()) for e in expect))
+        if got != want:
+            what = "token ids" if [g[0] for g in got] != [w[0] for w in want] else "labels"
+            raise ShardFormatError(
+                f"{stored[0][0]} (id {eid}): stored {what} differ from a fresh tokenization of the "
+                f"source ({sum(len(p[2]) for p in stored)} stored vs {len(ids)} fresh tokens): "
+                "wrong input, tokenizer or format options (or shards from an older pack-data, which "
+                "tokenized prompts and responses apart: pack the data again)"
+            )
+    return len(chosen)

@@ -1,0 +1,269 @@
+"""The pack-data job: `run_pack_data(PackConfig(...))`, which the `pack-data` command calls (tests
+and benchmarks call it directly). It reads as the pipeline, one step per line:
+
+    resolve inputs -> detect formats -> load tokenizer -> tokenize to spill -> overlong -> plan
+    -> write shards -> manifest -> verify -> commit
+
+Everything is written inside a hidden temporary sibling of the output folder
+(`pipeline.outdir.output_folder`), renamed to the output only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+import shutil
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.background import Background
+from pipeline.binpack import STRATEGIES
+from pipeline.encode_pool import default_workers, encode_pool
+from pipeline.errors import UserError
+from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
+from pipeline.outdir import check_out, output_folder
+from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
+from pipeline.progress import bar, estimate_rows
+from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
+from pipeline.sources import input_fingerprints, resolve_inputs
+from pipeline.spill import Spill
+from pipeline.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
+from pipeline.tokenize import file_formats, needs_encoder, tokenize_to_spill
+from pipeline.tokenizer import load_tokenizer, tokenizer_info
+from pipeline.write import Written, check_sizes, write_shards
+
+SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
+BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
+
+
+@dataclass(kw_only=True)
+class PackConfig(FormatOptions):
+    """Every option of `pack-data` (recorded verbatim as the manifest's `config`): the format
+    options it inherits plus the job's own."""
+
+    inputs: list[str]
+    tokenizer: str
+    max_len: int
+    out: str
+    strategy: str = "ffd"
+    group_size: int = 32
+    overlong: str = "truncate"
+    num_proc: int | None = None  # tokenizer worker processes; None: every usable CPU, at most 16
+    seed: int = 0
+    rows_per_shard: int | None = None
+    overwrite: bool = False
+    limit: int | None = None
+    batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
+    progress: bool = True
+
+    def format_options(self) -> FormatOptions:
+        keys = FormatOptions.__dataclass_fields__
+        return FormatOptions(**{k: getattr(self, k) for k in keys})
+
+
+def run_pack_data(
+    config: PackConfig,
+    *,
+    echo: Callable[[str], None] | None = None,
+    stats: dict[str, Any] | None = None,
+) -> Manifest:
+    """Run the whole job; return the manifest of the finished output folder.
+
+    `echo` receives the final summary lines; `stats`, when given, is filled with per-phase seconds
+    and totals (for benchmarks).
+    """
+    clock = _Clock()
+    validate(config)
+    files = resolve_inputs(list(config.inputs))
+    fmts = file_formats(files, config.format_options())  # each input file's own format and fields
+    tokenizer = load_tokenizer(config.tokenizer)
+    tok_info = tokenizer_info(tokenizer, config.tokenizer)
+    if config.num_proc > 1 and needs_encoder(fmts):
+        encode_pool(config.num_proc)  # its workers are forked before this process starts any thread
+    fingerprints = Background(input_fingerprints, files)  # the sha256 of every input byte, meanwhile
+    with output_folder(Path(config.out), config.overwrite) as tmp:
+        clock.lap("setup")
+        with closing(_tokenize(config, files, fmts, tokenizer, tmp)) as spill:
+            clock.lap("read_tokenize")
+            pieces, plan, reference = _plan(config, spill)
+            clock.lap("plan")
+            written = write_shards(tmp, spill, plan, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
+                                   vocab=manifest_vocab(tok_info), progress=config.progress)
+        shutil.rmtree(tmp / "_spill", ignore_errors=True)
+        manifest = _manifest(config, files, fmts, tok_info, pieces, plan, written, fingerprints.result())
+        write_manifest(tmp, manifest)
+        clock.lap("write")
+        # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
+        # the checker thread; no second pass over the tokens, no second sha256 pass over every byte
+        verify_folder(tmp, check_hashes=False, checked=written.checked)
+        check_sizes(tmp, written.sizes)
+        clock.lap("verify")
+    clock.times["total"] = time.perf_counter() - clock.start
+    for line in summary_lines(manifest, clock.times, stats, reference):
+        if echo is not None:
+            echo(line)
+    if stats is not None:
+        stats["times"] = clock.times
+    return manifest
+
+
+class _Clock:
+    """Seconds per phase, each from the end of the previous one."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.times[phase] = now - self.last
+        self.last = now
+
+
+def validate(config: PackConfig) -> None:
+    """Refuse impossible options in one line each, and fill in the defaults that depend on the
+    machine (`num_proc`) or on max_len (`rows_per_shard`): the manifest records those."""
+    if not config.inputs:
+        raise UserError("no INPUT given: pass one or more files, folders or globs")
+    if config.max_len < 2:
+        raise UserError(f"--max-len must be at least 2, got {config.max_len}")
+    if config.strategy not in STRATEGIES:
+        raise UserError(f"unknown --strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if config.overlong not in OVERLONG:
+        raise UserError(f"unknown --overlong {config.overlong!r}: choose one of {', '.join(OVERLONG)}")
+    if config.format not in FORMATS:
+        raise UserError(f"unknown --format {config.format!r}: choose one of {', '.join(FORMATS)}")
+    if config.num_proc is not None and config.num_proc < 1:
+        raise UserError(f"--num-proc must be >= 1, got {config.num_proc}")
+    if config.seed < 0:
+        raise UserError(f"--seed must be >= 0, got {config.seed}")
+    if config.rows_per_shard is not None and config.rows_per_shard < 1:
+        raise UserError(f"--rows-per-shard must be >= 1, got {config.rows_per_shard}")
+    if config.limit is not None and config.limit < 1:
+        raise UserError(f"--limit must be >= 1, got {config.limit}")
+    if config.batch_rows is not None and config.batch_rows < 1:
+        raise UserError(f"--batch-rows must be >= 1, got {config.batch_rows}")
+    if config.group_size < 1:
+        raise UserError(f"--group-size must be >= 1, got {config.group_size}")
+    check_out(Path(config.out), config.overwrite)
+    if config.num_proc is None:
+        config.num_proc = default_workers()
+    if config.rows_per_shard is None:
+        config.rows_per_shard = max(1, SHARD_TARGET_BYTES // (config.max_len * BYTES_PER_TOKEN))
+
+
+def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:
+    """Read and tokenize every input into a spill in `tmp`, with a progress bar."""
+    total = estimate_rows(files, config.limit) if config.progress else None
+    with bar(config.progress, desc="read+tokenize", unit="ex", total=total) as progress:
+        spill = tokenize_to_spill(files, fmts, tokenizer, tmp / "_spill", max_len=config.max_len,
+                                  overlong=config.overlong, num_proc=config.num_proc, limit=config.limit,
+                                  batch_rows=config.batch_rows, progress=progress)
+    if spill.examples_read == 0:
+        raise UserError(f"the inputs {' '.join(map(str, config.inputs))} hold no rows: nothing to pack")
+    if len(spill.lengths) == 0:
+        raise UserError(
+            f"all {spill.examples_read} examples are empty after rendering: check the field names "
+            "(--text-field, --prompt-field, ...) and --format"
+        )
+    return spill
+
+
+def _plan(config: PackConfig, spill: Spill) -> tuple[Pieces, RowPlan, Layout]:
+    """Overlong policy and row plan; also the pad-to-longest layout pack-report compares against
+    (batches of 32 stored sequences in example-id order)."""
+    with bar(config.progress, desc="plan", total=1, unit="step") as progress:
+        pieces = apply_overlong(spill, config.max_len, config.overlong)
+        if len(pieces.lengths) == 0:
+            raise UserError(
+                f"all {len(spill.lengths)} examples are longer than --max-len {config.max_len} and were dropped: "
+                "raise --max-len or use --overlong truncate|split"
+            )
+        plan = plan_rows(pieces, config.max_len, config.strategy, config.seed, config.group_size)
+        reference = pad_to_longest(pieces.lengths, DEFAULT_BATCH_SIZE)
+        progress.update(1)
+    return pieces, plan, reference
+
+
+def _manifest(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tok_info: dict[str, Any],
+              pieces: Pieces, plan: RowPlan, written: Written, inputs: list[dict]) -> Manifest:
+    """The manifest of the finished shards; refuses data in which no token carries a loss."""
+    if written.loss_tokens == 0:
+        raise UserError(
+            "no packed example has a token that carries a loss (e.g. chat rows without an assistant "
+            "turn, or responses all cut off by --max-len): there is nothing to train on; check the "
+            "data and its format options (pack-report --input shows what the format resolves to)"
+        )
+    pieces.counts.no_loss = sum(summary.no_loss for summary in written.checked.values())
+    dicts = [f.to_dict() for f in fmts]
+    tok_info = {**tok_info, "format": dicts[0] if all(d == dicts[0] for d in dicts) else {"kind": "mixed"}}
+    config_dict = asdict(config)
+    # local paths absolute, so `pack-verify --deep` can re-read the inputs from any folder
+    config_dict["inputs"] = [_absolute_if_local(p) for p in config.inputs]
+    config_dict["tokenizer"] = _absolute_if_local(config.tokenizer)
+    # what --format auto (or the field options) resolved to, per input file
+    config_dict["resolved_formats"] = [{"file": f.path, **x.to_dict()} for f, x in zip(files, fmts)]
+    return Manifest(
+        max_len=config.max_len,
+        strategy=config.strategy,
+        seed=config.seed,
+        rows=plan.n_rows,
+        total_tokens=written.total_tokens,
+        loss_tokens=written.loss_tokens,
+        efficiency=round(written.total_tokens / (plan.n_rows * config.max_len), 6),
+        counts=pieces.counts,
+        shards=written.shards,
+        tokenizer=tok_info,
+        inputs=inputs,
+        config=config_dict,
+    )
+
+
+def _absolute_if_local(path: str) -> str:
+    """An existing local path (or a glob) made absolute; anything else (a Hub name) unchanged."""
+    if os.path.exists(path) or any(c in path for c in "*?["):
+        return os.path.abspath(path)
+    return path
+
+
+def summary_lines(
+    manifest: Manifest,
+    times: dict[str, float],
+    stats: dict[str, Any] | None = None,
+    reference: Layout | None = None,
+) -> list[str]:
+    """Human summary: counts, rows, efficiency, padding against pad-to-longest, time per phase.
+
+    `reference` is `pipeline.stats.pad_to_longest` of the stored sequences (batches of 32 in
+    example-id order), the same baseline and figure as `pack-report`'s "padding tokens avoided".
+    """
+    c = manifest.counts
+    pad_packed = manifest.rows * manifest.max_len - manifest.total_tokens
+    tok_s = manifest.total_tokens / times["total"] if times.get("total") else 0.0
+    phases = ", ".join(f"{k.replace('_', '+')} {v:.2f}s" for k, v in times.items() if not k.startswith("_"))
+    lines = [
+        (f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
+         f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"),
+        (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
+         f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
+    ]
+    if c.no_loss:
+        lines.append(f"warning: {c.no_loss} packed example(s) have no token that carries a loss (e.g. chat "
+                     "rows without an assistant turn): they take room but train nothing")
+    if reference is not None:
+        avoided = reference.padding - pad_packed
+        verdict = f"{avoided:,} avoided" if avoided >= 0 else f"{-avoided:,} more than pad-to-longest"
+        lines.append(
+            f"padding: pad-to-longest batches of {DEFAULT_BATCH_SIZE} (example order) {reference.padding:,} "
+            f"tokens (efficiency {reference.efficiency:.2%}); this packing {pad_packed:,} "
+            f"(efficiency {manifest.efficiency:.2%}): {verdict}"
+        )
+        if stats is not None:
+            stats.update(pad_longest=reference.padding, pad_packed=pad_packed, padding_avoided=avoided)
+    if stats is not None:
+        stats.update(tokens=manifest.total_tokens, rows=manifest.rows, pieces=reference.rows if reference else None)
+    lines.append(f"time: {phases} ({tok_s / 1e6:.2f}M tokens/s)")
+    return lines

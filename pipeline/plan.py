@@ -1,0 +1,89 @@
+"""From tokenized examples to the row plan: the overlong policy turns examples into pieces of at
+most max_len tokens, and the bin packer (`pipeline.binpack.assign_bins`) gives each piece its row.
+
+Example: lengths [5, 3, 9] with max_len 8 and `--overlong split` give pieces of lengths
+[5, 3, 8, 1] (example ids [0, 1, 2, 2]); `ffd` packs them into rows [[5, 3], [8], [1]] - pieces stay
+in input order inside a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.binpack import assign_bins
+from pipeline.errors import UserError
+from pipeline.shards import Counts
+from pipeline.spill import Spill
+
+OVERLONG = ("truncate", "split", "drop", "error")
+
+
+@dataclass
+class Pieces:
+    """What gets packed: one entry per (piece of an) example, in input order."""
+
+    example_ids: np.ndarray  # int64
+    starts: np.ndarray  # int64 offset into the spill
+    lengths: np.ndarray  # int64
+    counts: Counts = field(default_factory=Counts)
+
+
+def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
+    """Turn spilled examples into pieces of at most `max_len` tokens according to `policy`."""
+    lengths, starts, ids = spill.lengths, spill.offsets, spill.example_ids
+    over = lengths > max_len
+    counts = Counts(examples_read=spill.examples_read, empty_skipped=spill.empty_skipped)
+    if policy == "truncate":
+        counts.truncated = int(over.sum())
+        pieces = Pieces(ids, starts, np.minimum(lengths, max_len), counts)
+    elif policy == "drop":
+        counts.dropped = int(over.sum())
+        keep = ~over
+        pieces = Pieces(ids[keep], starts[keep], lengths[keep], counts)
+    elif policy == "split":
+        counts.split = int(over.sum())
+        n_chunks = (lengths + max_len - 1) // max_len
+        rep = np.repeat(np.arange(len(lengths)), n_chunks)
+        first_chunk = np.cumsum(n_chunks) - n_chunks
+        k = np.arange(len(rep), dtype=np.int64) - np.repeat(first_chunk, n_chunks)
+        chunk_start = k * max_len
+        pieces = Pieces(
+            ids[rep], starts[rep] + chunk_start, np.minimum(lengths[rep] - chunk_start, max_len), counts
+        )
+    else:  # "error": tokenize_to_spill already raised on the first overlong example
+        if over.any():
+            raise UserError(f"an example is longer than --max-len {max_len}")
+        pieces = Pieces(ids, starts, lengths, counts)
+    counts.examples_packed = len(np.unique(pieces.example_ids)) if policy == "split" else len(pieces.example_ids)
+    return pieces
+
+
+@dataclass
+class RowPlan:
+    """The pieces in row order: row r holds pieces `row_pieces[r]:row_pieces[r + 1]` of the arrays."""
+
+    example_ids: np.ndarray  # int64 per piece
+    starts: np.ndarray  # int64 offset into the spill
+    lengths: np.ndarray  # int64
+    row_pieces: np.ndarray  # int64, n_rows + 1
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_pieces) - 1
+
+
+def plan_rows(pieces: Pieces, max_len: int, strategy: str, seed: int, group_size: int) -> RowPlan:
+    """Give every piece its row (`assign_bins`); a stable sort by row keeps pieces in input order
+    inside a row."""
+    bins = assign_bins(pieces.lengths, max_len, strategy, seed, group_size)
+    order = np.argsort(bins, kind="stable")
+    n_rows = int(bins.max()) + 1
+    per_row = np.bincount(bins, minlength=n_rows).astype(np.int64)
+    return RowPlan(
+        example_ids=pieces.example_ids[order],
+        starts=pieces.starts[order],
+        lengths=pieces.lengths[order],
+        row_pieces=np.concatenate(([0], np.cumsum(per_row))),
+    )

@@ -1,0 +1,360 @@
+"""Readers of JSON inputs: JSON Lines, cut into byte chunks at line ends that pyarrow parses one by
+one (bounded memory; a schema that changes between chunks is fine), and JSON arrays, decoded
+element by element. Both know the exact line of every record, for one-line errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+
+from pipeline.errors import UserError, one_line
+
+# Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
+# the parsing of the next chunk); a line longer than this makes a larger chunk.
+DEFAULT_CHUNK_BYTES = 1 << 20
+LONG_CHUNK_BYTES = 4 << 20  # a JSONL chunk this long (a long line) has pyarrow's pool released after parsing
+COLUMNS_SCAN_BYTES = 16 << 20  # JSONL bytes parsed at a time (threaded) to find every field
+COLUMNS_SCAN_BLOCK = 4 << 20  # pyarrow's block per thread in that scan
+
+
+def open_input(path: str) -> BinaryIO:
+    """A text input for reading bytes, decompressed when its name ends in .gz."""
+    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+
+class Conformer:
+    """Keeps a column's type steady across independently parsed chunks of one file.
+
+    A column that is all-null in a chunk (type null) is cast to the type seen before, and a column
+    missing from a chunk is added as nulls of its known type, so `input` missing or null in some
+    chunks still arrives as a string column. Columns first seen in a later chunk appear from there.
+    """
+
+    def __init__(self) -> None:
+        self.types: dict[str, pa.DataType] = {}
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        for name, typ in zip(table.column_names, table.schema.types):
+            if not pa.types.is_null(typ):
+                self.types[name] = typ
+            elif name not in self.types:
+                self.types[name] = typ
+        cols, names = [], []
+        for name, typ in self.types.items():
+            if name in table.column_names:
+                col = table.column(name)
+                if pa.types.is_null(col.type) and not pa.types.is_null(typ):
+                    col = pa.nulls(len(table), typ)
+                cols.append(col)
+            else:
+                cols.append(pa.nulls(len(table), typ))
+            names.append(name)
+        return pa.table(cols, names=names) if names else table
+
+
+# ------------------------------------------------------------------------------------ JSON Lines
+
+
+def _json_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | None:
+    """First top-level field whose JSON type changes between records: items are (line, obj)."""
+    first: dict[str, tuple[str, int]] = {}
+    for line, obj in items:
+        for key, value in obj.items():
+            if value is None:
+                continue
+            kind = _json_kind(value)
+            seen = first.setdefault(key, (kind, line))
+            if seen[0] != kind:
+                return UserError(f"{path} line {line}: field {key!r} is a {kind} here but a "
+                                 f"{seen[0]} on line {seen[1]}: use one type per field in every "
+                                 "record")
+    return None
+
+
+def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
+                        exc: Exception) -> UserError:
+    """Error path: re-scan a chunk line by line in Python to name the offending line."""
+    parsed: list[tuple[int, Any]] = []
+    pos = 0
+    for i, raw in enumerate(chunk.split(b"\n")):
+        line = first_line + i
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return UserError(f"{path} line {line} (byte offset {offset + pos + e.start}): not valid "
+                             "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+        pos += len(raw) + 1
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            return UserError(f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); "
+                             "fix or remove that line (one JSON object per line)")
+        if not isinstance(obj, dict):
+            return UserError(f"{path} line {line}: expected a JSON object per line, found a "
+                             f"{_json_kind(obj)}; write one {{...}} record per line")
+        parsed.append((line, obj))
+    conflict = _type_conflict(path, iter(parsed))
+    if conflict:
+        return conflict
+    last = first_line + chunk.count(b"\n")
+    return UserError(f"{path} lines {first_line}-{last}: pyarrow cannot read these records: "
+                     f"{one_line(exc)}; make nested fields use one type throughout")
+
+
+def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, int, int]]:
+    """(chunk, 1-based line of its first line, byte offset) cut at line ends; bounded memory.
+
+    The blocks of a line longer than a block are kept apart until its end is read and joined once,
+    so a line of any length is copied a bounded number of times."""
+    with open_input(path) as f:
+        line, offset = 1, 0
+        pending: list[bytes] = []  # blocks read since the last line end
+        first = True
+        while True:
+            block = f.read(chunk_bytes)
+            if first and block.startswith(b"\xef\xbb\xbf"):
+                block, offset = block[3:], 3
+            first = False
+            if not block:
+                if pending:
+                    yield b"".join(pending), line, offset
+                return
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                pending.append(block)
+                continue
+            pending.append(block[: cut + 1])  # the only part with line ends
+            rest = block[cut + 1:]
+            del block
+            lines, size = pending[-1].count(b"\n"), sum(map(len, pending))
+            yield _joined(pending), line, offset  # (no reference to the chunk stays here)
+            pending = [rest] if rest else []
+            line += lines
+            offset += size
+
+
+def _joined(parts: list[bytes]) -> bytes:
+    """The parts joined, the list emptied."""
+    out = parts[0] if len(parts) == 1 else b"".join(parts)
+    parts.clear()
+    return out
+
+
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 10, 13, 32]] = True
+
+
+def _record_lines(chunk: bytes, first_line: int, n_rows: int) -> np.ndarray | None:
+    """1-based line number of each record of a chunk (non-blank lines), None if not one per line."""
+    n_newlines = chunk.count(b"\n")
+    n_lines = n_newlines + (0 if chunk.endswith(b"\n") else 1)
+    if n_lines == n_rows:
+        return np.arange(first_line, first_line + n_rows, dtype=np.int64)
+    arr = np.frombuffer(chunk, dtype=np.uint8)
+    ends = np.flatnonzero(arr == 10)
+    if not chunk.endswith(b"\n"):
+        ends = np.append(ends, len(arr))
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    solid = np.concatenate(([0], np.cumsum(~_WS[arr])))
+    nonblank = np.flatnonzero(solid[ends] - solid[starts] > 0)
+    if len(nonblank) != n_rows:
+        return None  # objects spanning lines or several per line: only record numbers are exact
+    return first_line + nonblank.astype(np.int64)
+
+
+def jsonl_columns(path: str) -> list[str]:
+    """Every field name of a JSON Lines file, in order of first appearance (see column_names)."""
+    keys: dict[str, None] = {}
+    for chunk, line, offset in _jsonl_chunks(path, COLUMNS_SCAN_BYTES):
+        if not chunk or chunk.isspace():
+            continue
+        try:
+            options = pajson.ReadOptions(use_threads=True, block_size=COLUMNS_SCAN_BLOCK)
+            table = pajson.read_json(pa.BufferReader(chunk), read_options=options)
+        except pa.ArrowInvalid:  # a line longer than a block, or a bad record: parse it as reading does
+            try:
+                options = pajson.ReadOptions(use_threads=False, block_size=len(chunk) + 1)
+                table = pajson.read_json(pa.BufferReader(chunk), read_options=options)
+            except pa.ArrowInvalid as exc:
+                raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+        keys.update(dict.fromkeys(table.column_names))
+        del table
+    pa.default_memory_pool().release_unused()  # a long line's parse would otherwise stay in RSS
+    return list(keys)
+
+
+def read_jsonl(path: str, batch_rows: int, chunk_bytes: int
+                ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    conform = Conformer()
+    for chunk, line, offset in _jsonl_chunks(path, chunk_bytes):
+        if not chunk or chunk.isspace():
+            continue
+        try:
+            # pyarrow does not validate UTF-8 inside JSON strings; CPython's decoder does, fast.
+            chunk.decode("utf-8")
+            table = pajson.read_json(
+                pa.BufferReader(chunk),
+                read_options=pajson.ReadOptions(use_threads=False, block_size=len(chunk) + 1),
+            )
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+        table = conform(table)
+        lines = _record_lines(chunk, line, table.num_rows)
+        if len(chunk) > LONG_CHUNK_BYTES:  # a long line: what parsing it took goes back to the system
+            pa.default_memory_pool().release_unused()
+        del chunk  # only the table is needed while its batches are tokenized
+        for start in range(0, table.num_rows, batch_rows):
+            yield (table.slice(start, batch_rows),
+                   None if lines is None else lines[start: start + batch_rows])
+
+
+# ------------------------------------------------------------------------------------ JSON array
+
+
+_SKIP_WS = re.compile(r"[ \t\n\r]*")
+
+
+def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]]:
+    """A JSON array has no line structure to cut it at, so the text is read once (memory about the
+    file size) and decoded at once in C; one Arrow table is built per batch. Line numbers of the
+    elements are found only if an error message needs one (`ArrayLines`). Malformed arrays are
+    scanned element by element to say where they break. JSON-array datasets are small in practice
+    (CodeAlpaca: 20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
+    text = json_array_text(path)
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError:
+        records = None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        for _ in scan_json_array(path, text):  # raises the located error
+            pass
+        raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
+    del text
+    conform = Conformer()
+    for start in range(0, len(records), batch_rows):
+        batch = records[start : start + batch_rows]
+        lines = ArrayLines(path, start, start + len(batch))
+        try:
+            table = _records_table(batch)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            numbers = [lines[k] for k in range(len(batch))]
+            err = _type_conflict(path, iter(zip(numbers, batch)))
+            raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
+                                    f"these records: {one_line(exc)}")) from None
+        yield conform(table), lines
+
+
+def _records_table(records: list[dict]) -> pa.Table:
+    """Records -> a table with a column for every key that any of them has (in order of first
+    appearance; a record without it gives a null), as the JSON Lines reader does.
+    `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently."""
+    return pa.Table.from_pydict({k: [r.get(k) for r in records] for k in _record_keys(records)})
+
+
+def _record_keys(records: list[dict]) -> list[str]:
+    """Every key of the records, in order of first appearance."""
+    return list(dict.fromkeys(k for r in records for k in r))
+
+
+def _json_array_head(path: str, n: int) -> list[dict]:
+    """The first `n` records of a JSON array file, decoded one by one (not the whole array)."""
+    return [obj for _, obj in itertools.islice(scan_json_array(path, json_array_text(path)), n)]
+
+
+def json_array_text(path: str) -> str:
+    with open_input(path) as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path} line {line} (byte offset {e.start}): not valid UTF-8; re-encode "
+                        "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
+    """(1-based line, object) of each element, decoded one at a time; a malformed array raises a
+    UserError naming the line where it breaks."""
+    dec = json.JSONDecoder()
+    pos = _SKIP_WS.match(text, 0).end()
+    if text[pos: pos + 1] != "[":
+        raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
+    pos += 1
+    line, line_pos = 1, 0
+    while True:
+        pos = _SKIP_WS.match(text, pos).end()
+        if text[pos: pos + 1] == "]":  # end of the array (also tolerates a trailing comma)
+            return
+        line += text.count("\n", line_pos, pos)
+        line_pos = pos
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno});"
+                            " fix that element of the array") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path} line {line}: array element is a {_json_kind(obj)}, not an "
+                            "object; the array must hold one {...} record per example")
+        yield line, obj
+        pos = _SKIP_WS.match(text, pos).end()
+        sep = text[pos: pos + 1]
+        if sep == ",":
+            pos += 1
+        elif sep != "]":
+            line += text.count("\n", line_pos, pos)
+            line_pos = pos
+            raise UserError(f"{path} line {line}: expected ',' or ']' after an array element, found "
+                            f"{sep or 'end of file'!r}; the file is truncated or malformed")
+
+
+def _array_element_lines(path: str) -> np.ndarray:
+    st = os.stat(path)
+    return _element_lines(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _element_lines(path: str, mtime_ns: int, size: int) -> np.ndarray:  # cached per file version
+    return np.fromiter((line for line, _ in scan_json_array(path, json_array_text(path))), dtype=np.int64)
+
+
+class ArrayLines:
+    """The 1-based line numbers of elements [start, stop) of a JSON array file, indexable and
+    sliceable like `SourceBatch.lines`; found by scanning the file only when one is asked for
+    (by an error message), so reading does not pay for them."""
+
+    def __init__(self, path: str, start: int, stop: int) -> None:
+        self.path, self.start, self.stop = path, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("ArrayLines slices take no step")
+            return ArrayLines(self.path, self.start + a, self.start + max(a, b))
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return int(_array_element_lines(self.path)[self.start + (i % len(self))])

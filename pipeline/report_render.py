@@ -1,0 +1,357 @@
+"""How `pack-report` shows a report (`pipeline.report`): a terminal table (<= 100 columns) and a
+self-contained HTML page with embedded charts (matplotlib, PNG as data URIs)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.report import PADDED_LAYOUTS, FolderData
+from pipeline.stats import safe_ratio
+
+def _n(x: float) -> str:
+    """Human number: 1234567 -> '1.23M'."""
+    x = float(x)
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}" if x == int(x) else f"{x:.2f}"
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    head = (f"{'layout':<24}{'rows':>11}{'efficiency':>12}{'padding':>11}{'attn pairs':>12}"
+            f"{'speedup*':>10}{'plan ms':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        plan = "" if r["layout"] in PADDED_LAYOUTS else f"{r['plan_seconds'] * 1000:.1f}"
+        lines.append(
+            f"{r['layout'][:23]:<24}{r['rows']:>11,}{r['efficiency']:>11.1%} "
+            f"{_n(r['padding_tokens']):>10} {_n(r['attention_pairs']):>11} "
+            f"{r.get('speedup_vs_pad_to_longest', 0):>9.2f}x{plan:>10}".rstrip()
+        )
+    return lines
+
+
+def _footnote(report: dict[str, Any]) -> str:
+    return (f"* est. speedup vs pad-to-longest (B={report['batch_size']}) from token slots + "
+            f"causal attention pairs, hidden={report['hidden']}")
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """The terminal summary (lines <= 100 columns)."""
+    if report["kind"] == "what-if":
+        return _format_whatif(report)
+    r, c = report, report["counts"]
+    L = r["lengths"]
+    s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
+    lines = [
+        f"packed folder: max_len {r['max_len']}, strategy {r['strategy']}",
+        f"  examples        {r['examples']:>14,}   sequences (split pieces count) "
+        f"{r['sequences']:,}",
+        f"  tokens          {r['tokens']:>14,}   loss tokens {r['loss_tokens']:,} "
+        f"({safe_ratio(r['loss_tokens'], r['tokens']):.1%})",
+        f"  rows            {r['rows']:>14,}   lower bound ceil(tokens/max_len) "
+        f"{r['lower_bound_rows']:,} (+{r['rows_over_lower_bound']:,})",
+        f"  efficiency      {r['efficiency']:>14.2%}   tokens / (rows x max_len)",
+        f"  examples/row    mean {r['examples_per_row']['mean']:.2f}, max "
+        f"{r['examples_per_row']['max']}",
+        f"  lengths         min {L['min']}, p50 {L['p50']:.0f}, p90 {L['p90']:.0f}, "
+        f"p99 {L['p99']:.0f}, max {L['max']}, mean {L['mean']:.1f}",
+        f"  examples read {c['examples_read']:,}: packed {c['examples_packed']:,}, truncated "
+        f"{c['truncated']:,}, split {c['split']:,}, dropped {c['dropped']:,}, empty skipped "
+        f"{c['empty_skipped']:,}" + (f", {c['no_loss']:,} with no loss token (they train nothing)"
+                                     if c.get("no_loss") else ""),
+        "",
+        "savings against padding",
+        f"  vs pad-to-longest (B={r['batch_size']}): {_n(s1['padding_avoided'])} padding tokens "
+        f"avoided, {s1['attention_ratio']:.2f}x less attention, est. speedup "
+        f"{s1['estimated_speedup']:.2f}x",
+        f"  vs pad-to-max_len:      {_n(s2['padding_avoided'])} padding tokens avoided, "
+        f"{s2['attention_ratio']:.2f}x less attention, est. speedup {s2['estimated_speedup']:.2f}x",
+        "",
+        "strategy comparison on the same sequence lengths",
+        *("  " + x for x in _table(r["comparison"])),
+        "  " + _footnote(r),
+    ]
+    bad = [s["file"] for s in r["shards"] if s["sha256_ok"] is False]
+    lines.append("")
+    lines.append(f"shards: {len(r['shards'])}, sha256 "
+                 + ("not checked" if r["shards"] and r["shards"][0]["sha256_ok"] is None
+                    else "all ok" if not bad else f"MISMATCH in {', '.join(bad[:3])}"))
+    return "\n".join(lines) + "\n"
+
+
+def _format_whatif(r: dict[str, Any]) -> str:
+    L = r["lengths"]
+    lines = [
+        f"what-if: {r['examples']:,} examples, {r['tokens_untruncated']:,} tokens",
+        f"  lengths min {L['min']}, p50 {L['p50']:.0f}, p90 {L['p90']:.0f}, p99 {L['p99']:.0f}, "
+        f"max {L['max']}, mean {L['mean']:.1f}",
+    ]
+    for run in r["runs"]:
+        lines += [
+            "",
+            f"max_len {run['max_len']}: {run['over_max_len']:,} examples longer (truncated here), "
+            f"lower bound {run['lower_bound_rows']:,} rows",
+            *("  " + x for x in _table(run["comparison"])),
+        ]
+    lines.append("  " + _footnote(r))
+    return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f5f6f8;
+color:#1f2933}
+main{max-width:1100px;margin:0 auto;padding:28px 32px 48px}
+h1{font-size:26px;margin:0 0 4px}
+h2{font-size:19px;margin:34px 0 10px;border-bottom:2px solid #d9dde3;
+padding-bottom:6px}
+.sub{color:#616e7c;margin:0 0 20px}
+.cards{display:grid;grid-template-columns:repeat(4,1fr);gap:12px}
+.card{background:#fff;border-radius:10px;padding:14px 16px;box-shadow:0 1px 3px rgba(0,0,0,.08)}
+.card .v{font-size:24px;font-weight:650}.card .k{color:#616e7c;font-size:13px;margin-top:2px}
+.card.hi{background:#e8f4ec}
+table{border-collapse:collapse;width:100%;background:#fff;border-radius:10px;overflow:hidden;
+box-shadow:0 1px 3px rgba(0,0,0,.08);font-size:14px}
+th,td{padding:7px 12px;text-align:right;border-bottom:1px solid #eef0f3}
+th{background:#eef1f5;font-weight:600}td:first-child,th:first-child{text-align:left}
+tr.this td{background:#eaf2fd;font-weight:600}
+table.stats{box-shadow:none;font-size:13px}table.stats th,table.stats td{padding:5px 8px}
+.figs{display:grid;grid-template-columns:1fr 1fr;gap:14px}
+figure{margin:0;background:#fff;border-radius:10px;padding:10px;
+box-shadow:0 1px 3px rgba(0,0,0,.08)}
+figure img{width:100%}figcaption{color:#616e7c;font-size:13px;padding:4px 6px}
+.note{color:#616e7c;font-size:13px;margin-top:8px}.ok{color:#18794e}.bad{color:#c92a2a;font-weight:600}
+code{background:#eef1f5;padding:1px 4px;border-radius:4px}
+"""
+
+
+def _png(fig) -> str:  # noqa: ANN001
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(uri: str, caption: str) -> str:
+    return f'<figure><img alt="{html.escape(caption)}" src="{uri}"><figcaption>' \
+           f"{html.escape(caption)}</figcaption></figure>"
+
+
+def _plots_folder(data: FolderData) -> list[str]:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    max_len = data.manifest.max_len
+    out = []
+    lengths = data.seq_lens
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if len(lengths):
+        bins = np.logspace(0, math.log10(max(max_len, int(lengths.max())) * 1.05), 50)
+        ax.hist(lengths, bins=bins, color="#3b82c4", edgecolor="white", linewidth=0.4)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axvline(max_len, color="#c92a2a", linestyle="--", linewidth=1.5,
+               label=f"max_len = {max_len:,}")
+    ax.set_xlabel("example length (tokens, log scale)")
+    ax.set_ylabel("examples (log scale)")
+    ax.set_title("Example lengths")
+    ax.legend(frameon=False)
+    _style(ax)
+    out.append(_figure(_png(fig), "Length of every stored example; split pieces count separately."))
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fill = data.row_tokens / max_len if len(data.row_tokens) else np.zeros(0)
+    ax.hist(fill * 100, bins=np.linspace(0, 100, 41), color="#2f9e6f", edgecolor="white",
+            linewidth=0.4)
+    ax.set_xlabel("row fill (tokens per row / max_len, %)")
+    ax.set_ylabel("rows")
+    ax.set_title("Row fill")
+    ax.set_xlim(0, 100)
+    _style(ax)
+    out.append(_figure(_png(fig), "How full each packed row is; 100% means no slack."))
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if len(data.row_examples):
+        vals, counts = np.unique(data.row_examples, return_counts=True)
+        ax.bar(vals, counts, color="#7c5cc4", width=0.8 if len(vals) < 60 else 1.0)
+    ax.set_xlabel("examples in the row")
+    ax.set_ylabel("rows")
+    ax.set_title("Examples per row")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    _style(ax)
+    out.append(_figure(_png(fig), "Number of examples packed into each row."))
+    return out
+
+
+def _style(ax) -> None:  # noqa: ANN001
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.grid(axis="y", alpha=0.25)
+
+
+def _comparison_plot(rows: list[dict[str, Any]], title: str) -> str:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    names = [r["layout"] for r in rows]
+    colors = ["#adb5bd" if n in PADDED_LAYOUTS else "#3b82c4" for n in names]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
+    eff = [r["efficiency"] * 100 for r in rows]
+    a1.barh(names, eff, color=colors)
+    a1.set_xlim(0, 100)
+    a1.set_xlabel("token efficiency (real tokens / token slots, %)")
+    a1.invert_yaxis()
+    for i, v in enumerate(eff):
+        if v > 80:  # label inside the bar, right-aligned, so it never crosses the bar's end
+            a1.text(v - 1.5, i, f"{v:.1f}%", va="center", ha="right", fontsize=9, color="white",
+                    fontweight="bold")
+        else:
+            a1.text(v + 1, i, f"{v:.1f}%", va="center", fontsize=9)
+    sp = [r.get("speedup_vs_pad_to_longest", 0) for r in rows]
+    a2.barh(names, sp, color=colors)
+    a2.set_xlabel("estimated speedup vs pad-to-longest (x)")
+    a2.invert_yaxis()
+    a2.axvline(1, color="#616e7c", linewidth=1)
+    for i, v in enumerate(sp):
+        a2.text(v, i, f" {v:.2f}x", va="center", fontsize=9)
+    a2.set_xlim(0, max(sp + [1]) * 1.18)
+    for ax in (a1, a2):
+        _style(ax)
+        ax.grid(axis="x", alpha=0.25)
+        ax.grid(axis="y", visible=False)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=12)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _comparison_table(rows: list[dict[str, Any]], highlight: str | None = None) -> str:
+    head = ("<tr><th>layout</th><th>rows / sequences</th><th>token slots</th><th>efficiency</th>"
+            "<th>padding tokens</th><th>attention pairs</th><th>est. speedup</th>"
+            "<th>plan time</th></tr>")
+    body = []
+    for r in rows:
+        cls = ' class="this"' if r["layout"] == highlight else ""
+        plan = "" if r["layout"] in PADDED_LAYOUTS else f"{r['plan_seconds'] * 1000:.1f} ms"
+        body.append(
+            f"<tr{cls}><td>{html.escape(r['layout'])}</td><td>{r['rows']:,}</td>"
+            f"<td>{r['token_slots']:,}</td><td>{r['efficiency']:.1%}</td>"
+            f"<td>{r['padding_tokens']:,}</td><td>{_n(r['attention_pairs'])}</td>"
+            f"<td>{r.get('speedup_vs_pad_to_longest', 0):.2f}x</td><td>{plan}</td></tr>"
+        )
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _cards(items: list[tuple[str, str, bool]]) -> str:
+    return '<div class="cards">' + "".join(
+        f'<div class="card{" hi" if hi else ""}"><div class="v">{html.escape(v)}</div>'
+        f'<div class="k">{html.escape(k)}</div></div>' for v, k, hi in items) + "</div>"
+
+
+def _stats_card(r: dict[str, Any]) -> str:
+    L, F = r["lengths"], r["row_fill"]
+    rows = [
+        ("example length (tokens)", L["min"], L["p50"], L["p90"], L["p99"], L["max"], L["mean"]),
+        ("row fill (% of max_len)", *(100 * F[k] for k in ("min", "p50", "p90", "p99", "max",
+                                                           "mean"))),
+    ]
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td>"
+        + "".join(f"<td>{v:,.{1 if name.startswith('row') else 0}f}</td>" for v in vals[:-1])
+        + f"<td>{vals[-1]:,.1f}</td></tr>" for name, *vals in rows)
+    c = r["counts"]
+    counts = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td>{v:,}</td></tr>" for k, v in c.items()
+                     if v is not None)  # no_loss is None in manifests written before it was counted
+    return ('<figure><table class="stats"><tr><th>statistic</th><th>min</th><th>p50</th>'
+            f"<th>p90</th><th>p99</th><th>max</th><th>mean</th></tr>{body}</table><br>"
+            f'<table class="stats"><tr><th>input examples</th><th>count</th></tr>{counts}</table>'
+            "<figcaption>Length and row-fill statistics (polars), and what happened to the "
+            "input examples.</figcaption></figure>")
+
+
+def _note(report: dict[str, Any]) -> str:
+    return (f'<p class="note">Estimated speedup = cost(pad-to-longest) / cost(layout), cost = 6 x '
+            f"hidden x token slots + causal attention pairs (hidden = {report['hidden']}); "
+            f"pad-to-longest uses batches of {report['batch_size']} sequences in example-id order; "
+            "a packed row is charged a full max_len (conservative for flat varlen batches).</p>")
+
+
+def write_html(report: dict[str, Any], path: str | os.PathLike[str],
+               data: FolderData | None = None, title: str = "packlm packing report") -> None:
+    """One self-contained HTML page (figures embedded as base64 PNG)."""
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}"
+             f"</title><style>{_CSS}</style></head><body><main><h1>{html.escape(title)}</h1>"]
+    if report["kind"] == "folder":
+        r, c = report, report["counts"]
+        s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
+        parts.append(f'<p class="sub">max_len {r["max_len"]:,} &middot; strategy '
+                     f'<code>{html.escape(r["strategy"])}</code> &middot; {len(r["shards"])} '
+                     f'shard{"s" if len(r["shards"]) != 1 else ""}</p>')
+        parts.append(_cards([
+            (f"{r['examples']:,}", "examples packed", False),
+            (f"{_n(r['tokens'])}", f"tokens ({_n(r['loss_tokens'])} with loss)", False),
+            (f"{r['rows']:,}", f"rows (lower bound {r['lower_bound_rows']:,})", False),
+            (f"{r['efficiency']:.1%}", "efficiency: tokens / (rows x max_len)", True),
+            (f"{r['examples_per_row']['mean']:.2f}",
+             f"examples per row (max {r['examples_per_row']['max']})", False),
+            (f"{_n(s1['padding_avoided'])}", f"padding tokens avoided vs pad-to-longest "
+                                             f"(B={r['batch_size']})", False),
+            (f"{s1['estimated_speedup']:.2f}x", "est. speedup vs pad-to-longest", True),
+            (f"{s2['estimated_speedup']:.2f}x", "est. speedup vs pad-to-max_len", True),
+        ]))
+        parts.append(
+            f'<p class="note">Examples read {c["examples_read"]:,}: packed '
+            f'{c["examples_packed"]:,}, truncated {c["truncated"]:,}, split {c["split"]:,}, '
+            f'dropped {c["dropped"]:,}, empty skipped {c["empty_skipped"]:,}. Attention work vs '
+            f"pad-to-longest {s1['attention_ratio']:.2f}x less, vs pad-to-max_len "
+            f"{s2['attention_ratio']:.2f}x less.</p>")
+        if data is not None:
+            parts.append('<h2>Distributions</h2><div class="figs">' + "".join(_plots_folder(data))
+                         + _stats_card(r) + "</div>")
+        parts.append("<h2>Strategy comparison (same sequence lengths)</h2>")
+        parts.append(_figure(_comparison_plot(r["comparison"], "Layouts of this folder's "
+                                              "sequences"), "Grey: padded baselines; blue: "
+                                              "packing strategies."))
+        parts.append("<br>" + _comparison_table(r["comparison"], r["strategy"]) + _note(r))
+        parts.append("<h2>Shards</h2>")
+        rows = []
+        for s in r["shards"]:
+            ok = ('<span class="ok">ok</span>' if s["sha256_ok"] else
+                  "not checked" if s["sha256_ok"] is None else '<span class="bad">MISMATCH</span>')
+            rows.append(f"<tr><td>{html.escape(s['file'])}</td><td>{s['rows']:,}</td>"
+                        f"<td>{s['tokens']:,}</td><td>{s['loss_tokens']:,}</td>"
+                        f"<td><code>{s['sha256'][:16]}</code></td><td>{ok}</td></tr>")
+        parts.append("<table><tr><th>file</th><th>rows</th><th>tokens</th><th>loss tokens</th>"
+                     f"<th>sha256</th><th>sha256 check</th></tr>{''.join(rows)}</table>")
+    else:
+        r = report
+        L = r["lengths"]
+        parts.append(f'<p class="sub">What-if (nothing written): {r["examples"]:,} examples, '
+                     f'{r["tokens_untruncated"]:,} tokens; lengths p50 {L["p50"]:.0f}, p90 '
+                     f'{L["p90"]:.0f}, max {L["max"]:,}</p>')
+        for run in r["runs"]:
+            parts.append(f"<h2>max_len {run['max_len']:,}</h2>")
+            parts.append(f'<p class="note">{run["over_max_len"]:,} examples longer than max_len '
+                         f'(truncated in this estimate); lower bound '
+                         f'{run["lower_bound_rows"]:,} rows.</p>')
+            parts.append(_figure(_comparison_plot(run["comparison"],
+                                                  f"max_len {run['max_len']:,}"), ""))
+            parts.append("<br>" + _comparison_table(run["comparison"]))
+        parts.append(_note(r))
+    parts.append("</main></body></html>\n")
+    Path(path).write_text("".join(parts), encoding="utf-8")

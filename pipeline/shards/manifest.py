@@ -1,0 +1,143 @@
+"""The manifest of a packed folder: what `manifest.json` holds (configuration, tokenizer and input
+fingerprints, counts, one entry per shard with its sha256), read and written here only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.durable import fsync_path
+from pipeline.errors import ShardFormatError
+
+FORMAT_NAME = "packlm-shards"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class ShardInfo:
+    """One shard file as recorded in the manifest."""
+
+    file: str
+    rows: int
+    tokens: int
+    sha256: str
+
+
+@dataclass
+class Counts:
+    """What happened to the input examples."""
+
+    examples_read: int = 0
+    examples_packed: int = 0
+    empty_skipped: int = 0
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
+    no_loss: int | None = None  # examples (pieces) packed with no token that carries a loss; None: not recorded
+
+
+@dataclass
+class Manifest:
+    """Everything known about a packed folder; serialised as `manifest.json`."""
+
+    max_len: int
+    strategy: str
+    seed: int
+    rows: int
+    total_tokens: int
+    loss_tokens: int
+    efficiency: float
+    counts: Counts
+    shards: list[ShardInfo]
+    tokenizer: dict[str, Any] = field(default_factory=dict)  # name, fingerprint, bos/eos/pad ids, vocab_size
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # path, bytes, sha256
+    config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_NAME) -> Manifest:
+        """Build from parsed JSON, raising ShardFormatError naming the first missing/bad field."""
+        if not isinstance(data, dict):
+            raise ShardFormatError(f"{where}: expected a JSON object")
+        if data.get("format") != FORMAT_NAME:
+            raise ShardFormatError(
+                f"{where}: format is {data.get('format')!r}, expected {FORMAT_NAME!r}: "
+                "not a folder written by pack-data"
+            )
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ShardFormatError(
+                f"{where}: format_version {data.get('format_version')!r} is not supported "
+                f"(this version reads {FORMAT_VERSION}): re-run pack-data"
+            )
+        ints = ("max_len", "seed", "rows", "total_tokens", "loss_tokens")
+        for key in (*ints, "strategy", "efficiency", "counts", "shards"):
+            if key not in data:
+                raise ShardFormatError(f"{where}: missing field {key!r}")
+        for key in ints:
+            if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 0:
+                raise ShardFormatError(f"{where}: field {key!r} must be a non-negative integer")
+        try:
+            counts = Counts(**data["counts"])
+            shards = [ShardInfo(**s) for s in data["shards"]]
+        except TypeError as exc:
+            raise ShardFormatError(f"{where}: malformed counts or shards entry ({exc})") from None
+        fields = {k: v for k, v in data.items() if k not in ("counts", "shards")}
+        try:
+            return cls(counts=counts, shards=shards, **fields)
+        except TypeError as exc:
+            raise ShardFormatError(f"{where}: unexpected field ({exc})") from None
+
+
+def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
+    """Load and validate `folder/manifest.json`."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: no manifest: is {folder} a folder written by pack-data?")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShardFormatError(f"{path}: not valid JSON ({exc})") from None
+    return Manifest.from_dict(data, where=str(path))
+
+
+def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Write `folder/manifest.json`, fsynced (the caller makes the folder visible atomically)."""
+    path = Path(folder) / MANIFEST_NAME
+    path.write_text(manifest.to_json(), encoding="utf-8")
+    fsync_path(path)
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks into one reused buffer (no allocation per chunk, which
+    several hashing threads would otherwise spread over the allocator's per-thread arenas)."""
+    digest = hashlib.sha256()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as handle:
+        while n := handle.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+
+
+def pack_data_files(folder: str | os.PathLike[str]) -> set[str] | None:
+    """The names pack-data wrote into `folder` (its manifest and the shards the manifest lists),
+    or None when the folder holds no manifest that pack-data wrote (any format version)."""
+    try:
+        data = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        return None
+    shards = data.get("shards") if isinstance(data.get("shards"), list) else []
+    return {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}

@@ -1,0 +1,170 @@
+"""Fast integrity checks of a packed folder (`verify_folder`): the manifest, the files, and every
+shard through `pipeline.shards.checks` (about one read of the tokens; the only Python loops are per
+shard). The first defect found raises `ShardFormatError` with one line naming the file, row and
+example index within the row; when a shard has defects of several kinds, the first kind in the
+order listed below is reported.
+
+pack-data calls `summarize_shard` in a checker thread on each shard as soon as it is written and passes the
+results as `verify_folder(..., checked=...)`, which then runs only the folder-level checks for the
+shards whose file is unchanged. `pack-verify` and `pack-train` pass nothing: every shard is read.
+
+What is checked:
+
+- manifest: JSON, format name/version, required fields (`read_manifest`); efficiency consistent
+  with rows/tokens/max_len; counts not contradictory;
+- files: every listed shard present, sha256 as recorded (unless `check_hashes=False`), no stray
+  `shard-*.arrow` file that the manifest does not list; Arrow IPC file with exactly `SCHEMA`;
+- per row: input_ids, labels and position_ids of equal length; seq_lens and example_ids of equal
+  length; seq_lens >= 1 and summing to the row length; row length in 1..max_len; position_ids
+  0..n-1 within each example; the label at each example start is -100 and every other label is
+  -100 or equal to the input id at the same position (labels are unshifted); token ids in
+  0..vocab_size-1 (when the manifest's tokenizer records vocab_size);
+- totals: rows/tokens per shard as in its manifest entry; total rows, tokens and loss tokens
+  (labels != -100) as in the manifest; distinct example ids == counts.examples_packed; ids in
+  0..counts.examples_read-1.
+
+Split examples: a split example repeats its id, and the pieces need not be adjacent (the planner
+may put them in different rows or shards). What can be checked is the number of *ids that repeat*:
+it may not exceed counts.split (one per split example). Which pieces belong together, and their
+order, is not recorded, so it is not checked.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import ShardFormatError
+from pipeline.shards.checks import ShardSummary, summarize_shard
+from pipeline.shards.format import SHARD_GLOB, shard_paths
+from pipeline.shards.manifest import Manifest, file_sha256, read_manifest
+
+
+def manifest_vocab(tokenizer: object) -> int | None:
+    """The vocab_size a manifest's `tokenizer` entry records, when it is a usable one (else None)."""
+    vocab = tokenizer.get("vocab_size") if isinstance(tokenizer, dict) else None
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+
+
+def _check_manifest_self(manifest: Manifest, where: str) -> None:
+    c = manifest.counts
+    if manifest.max_len < 1:
+        raise ShardFormatError(f"{where}: max_len is {manifest.max_len}, must be >= 1")
+    for key, value in vars(c).items():
+        if key == "no_loss" and value is None:  # manifests written before it was counted
+            continue
+        if not isinstance(value, int) or value < 0:
+            raise ShardFormatError(f"{where}: counts.{key} is {value!r}, must be an integer >= 0")
+    if c.examples_packed > c.examples_read:
+        raise ShardFormatError(
+            f"{where}: counts.examples_packed {c.examples_packed} > counts.examples_read "
+            f"{c.examples_read}"
+        )
+    if manifest.loss_tokens > manifest.total_tokens:
+        raise ShardFormatError(
+            f"{where}: loss_tokens {manifest.loss_tokens} > total_tokens {manifest.total_tokens}"
+        )
+    expected = manifest.total_tokens / (manifest.rows * manifest.max_len) if manifest.rows else 0.0
+    eff = manifest.efficiency
+    if not isinstance(eff, (int, float)) or abs(eff - expected) > 1e-5:  # manifests round to 1e-6
+        raise ShardFormatError(
+            f"{where}: efficiency {manifest.efficiency!r} != total_tokens / (rows x max_len) = "
+            f"{expected:.6f}"
+        )
+
+
+def verify_folder(
+    folder: str | os.PathLike[str],
+    *,
+    check_hashes: bool = True,
+    checked: dict[str, ShardSummary] | None = None,
+) -> Manifest:
+    """Run the fast checks on a packed folder; return its manifest or raise ShardFormatError.
+
+    Raises on the first defect, naming the file, row and example index within the row.
+    `checked` maps shard file names to `summarize_shard` results computed earlier (pack-data checks
+    each shard as it is written): such a shard is not read again while its size and mtime are as
+    they were when it was checked; any other shard is checked here. `pack-verify` and `pack-train`
+    pass nothing, so every shard is read.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ShardFormatError(f"{folder}: not a folder (expected the --out folder of pack-data)")
+    manifest = read_manifest(folder)
+    where = str(folder / "manifest.json")
+    _check_manifest_self(manifest, where)
+    paths = shard_paths(folder, manifest)
+    listed = {p.name for p in paths}
+    if len(listed) != len(paths):
+        raise ShardFormatError(f"{where}: a shard file is listed twice")
+    for path in paths:
+        if path.parent != folder or not path.is_file():
+            raise ShardFormatError(f"{path}: shard listed in the manifest is missing")
+    stray = sorted(p.name for p in folder.glob(SHARD_GLOB) if p.name not in listed)
+    if stray:
+        raise ShardFormatError(
+            f"{folder / stray[0]}: shard file not listed in the manifest (left over from another "
+            "run?): remove it or re-run pack-data"
+        )
+
+    vocab = manifest_vocab(manifest.tokenizer)
+    checked = checked or {}
+    rows = tokens = loss = no_loss = 0
+    ids: list[np.ndarray] = []
+    for info, path in zip(manifest.shards, paths, strict=True):
+        if check_hashes:
+            digest = file_sha256(path)
+            if digest != info.sha256:
+                raise ShardFormatError(
+                    f"{path}: sha256 {digest[:12]}... does not match the manifest "
+                    f"({str(info.sha256)[:12]}...): the file changed after packing"
+                )
+        summary = checked.get(path.name)
+        if summary is None or not summary.holds_for(path, manifest.max_len, vocab):
+            summary = summarize_shard(path, manifest.max_len, vocab)
+        if summary.rows != info.rows or summary.tokens != info.tokens:
+            raise ShardFormatError(
+                f"{path.name}: has {summary.rows} rows / {summary.tokens} tokens, manifest says "
+                f"{info.rows} rows / {info.tokens} tokens"
+            )
+        rows += summary.rows
+        tokens += summary.tokens
+        loss += summary.loss_tokens
+        no_loss += summary.no_loss
+        ids.append(summary.example_ids)
+
+    for label, got, want in (
+        ("rows", rows, manifest.rows),
+        ("total_tokens", tokens, manifest.total_tokens),
+        ("loss_tokens", loss, manifest.loss_tokens),
+        ("counts.no_loss", no_loss, no_loss if manifest.counts.no_loss is None else manifest.counts.no_loss),
+    ):
+        if got != want:
+            raise ShardFormatError(f"{where}: {label} is {want} but the shards hold {got}")
+    _check_example_ids(manifest, where, np.concatenate(ids) if ids else np.zeros(0, np.int64))
+    return manifest
+
+
+def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:
+    c = manifest.counts
+    if len(ids) and ids.min() < 0:
+        raise ShardFormatError(f"{where}: negative example id {int(ids.min())} in the shards")
+    if len(ids) and c.examples_read and ids.max() >= c.examples_read:
+        raise ShardFormatError(
+            f"{where}: example id {int(ids.max())} >= counts.examples_read {c.examples_read}"
+        )
+    uniq, n = np.unique(ids, return_counts=True)
+    repeated = uniq[n > 1]
+    if len(repeated) > c.split:
+        times = int(n[n > 1][0])
+        raise ShardFormatError(
+            f"{where}: example id {int(repeated[0])} appears {times} times: {len(repeated)} ids "
+            f"repeat but counts.split is {c.split} (duplicated example)"
+        )
+    if len(uniq) != c.examples_packed:
+        raise ShardFormatError(
+            f"{where}: counts.examples_packed is {c.examples_packed} but the shards hold "
+            f"{len(uniq)} distinct example ids"
+        )
