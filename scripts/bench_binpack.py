@@ -1,8 +1,8 @@
 """Benchmark the bin-packing planner against TRL's and Axolotl's packers on real lengths.
 
 Lengths are resampled (seeded, with replacement) from CodeAlpaca tokenized with the Llama-2
-tokenizer (instruction + input + output, BOS + EOS), or from a seeded lognormal when `../shared`
-is absent.
+tokenizer (instruction + input + output, BOS + EOS), or from a seeded lognormal when the shared
+data (`$SHARED`, else `../shared`) is absent.
 For every (n, max_len) it reports per strategy: seconds (best of --repeat, numba compile reported
 separately), sequences/s, bins, the lower bound ceil(sum/max_len), bins/bound, efficiency
 tokens/(bins*max_len) and the planner's peak extra memory (RSS high-water mark over the RSS before
@@ -15,111 +15,68 @@ the call, reset through /proc/self/clear_refs; includes the 8-byte-per-example o
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
 import platform
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 # a fresh numba cache, so the compile time printed is a real cold compile
 os.environ.setdefault("NUMBA_CACHE_DIR", tempfile.mkdtemp(prefix="bench-binpack-numba-"))
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchlib import (
+    CODEALPACA,
+    LLAMA2,
+    best_of,
+    cpu_model,
+    fix_malloc,
+    read_records,
+    reset_rss_peak,
+    rss_peak_extra_mb,
+    shared_dir,
+    timed,
+)
 
 from pipeline.binpack import STRATEGIES, assign_bins
-
-DATA = ROOT.parent / "shared" / "datasets" / "codealpaca" / "code_alpaca.json"
-TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "llama2" / "tokenizer.json"
-
 
 # ------------------------------------------------------------------------------------ lengths
 
 
 def base_lengths() -> tuple[np.ndarray, str]:
     """Token counts of the real dataset, or a seeded lognormal stand-in."""
-    if DATA.exists() and TOKENIZER.exists():
+    data, tokenizer = shared_dir() / CODEALPACA, shared_dir() / LLAMA2 / "tokenizer.json"
+    if data.exists() and tokenizer.exists():
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(TOKENIZER))
-        rows = json.loads(DATA.read_text())
+        tok = Tokenizer.from_file(str(tokenizer))
+        rows = read_records(data)
         texts = [f"{r['instruction']}\n{r.get('input', '')}\n{r['output']}" for r in rows]
         enc = tok.encode_batch(texts, add_special_tokens=True)  # BOS
         lengths = np.array([len(e.ids) + 1 for e in enc], dtype=np.int64)  # + EOS
         return lengths, f"CodeAlpaca ({len(rows)} examples) tokenized with llama2"
     rng = np.random.default_rng(1234)
     lengths = np.maximum(rng.lognormal(4.8, 0.6, 20_000).astype(np.int64), 1)
-    return lengths, "seeded lognormal(4.8, 0.6) stand-in (../shared data absent)"
-
-
-# ------------------------------------------------------------------------------------ memory
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def fix_malloc() -> None:
-    """Make glibc return every large freed array to the OS, so each call's peak RSS is its own.
-
-    glibc raises its mmap threshold after big frees and then serves the next big arrays from heap
-    pages that are already resident, which would hide them from the RSS high-water mark.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixed, no longer dynamic)
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
-def reset_peak() -> int | None:
-    """Reset the RSS high-water mark to the current RSS; return the RSS in kB (None: no /proc)."""
-    gc.collect()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return None
-    return _status_kb("VmRSS")
-
-
-def peak_extra_mb(base_kb: int | None) -> float | None:
-    hwm = _status_kb("VmHWM")
-    if base_kb is None or hwm is None:
-        return None
-    return (hwm - base_kb) / 1024
+    return lengths, f"seeded lognormal(4.8, 0.6) stand-in ({data} or {tokenizer} absent)"
 
 
 # ------------------------------------------------------------------------------------ runners
 
 
 def run_ours(strategy: str, lengths: np.ndarray, max_len: int, repeat: int) -> dict:
-    best = float("inf")
-    mem = None
-    for r in range(repeat):
-        base = reset_peak() if r == 0 else None
-        t0 = time.perf_counter()
-        bins = assign_bins(lengths, max_len, strategy, seed=0)
-        dt = time.perf_counter() - t0
-        if r == 0:
-            mem = peak_extra_mb(base)
-        best = min(best, dt)
-        n_bins = int(bins.max()) + 1
-        del bins
-    return {"seconds": best, "bins": n_bins, "mem_mb": mem}
+    """Best of `repeat` plans; peak extra memory of the first."""
+
+    def plan() -> np.ndarray:
+        return assign_bins(lengths, max_len, strategy, seed=0)
+
+    base = reset_rss_peak()
+    seconds, bins = timed(plan)
+    mem = rss_peak_extra_mb(base)
+    n_bins = int(bins.max()) + 1
+    del bins
+    if repeat > 1:
+        seconds = min(seconds, best_of(plan, repeat - 1)[0])
+    return {"seconds": seconds, "bins": n_bins, "mem_mb": mem}
 
 
 def trl_dataset(lengths: np.ndarray):
@@ -142,11 +99,9 @@ def run_trl(lengths: np.ndarray, max_len: int) -> dict:
 
     datasets.disable_progress_bars()
     ds = trl_dataset(lengths)  # not timed
-    base = reset_peak()
-    t0 = time.perf_counter()
-    packed = pack_dataset(ds, max_len, strategy="bfd")  # TRL defaults otherwise
-    dt = time.perf_counter() - t0
-    mem = peak_extra_mb(base)
+    base = reset_rss_peak()
+    dt, packed = timed(lambda: pack_dataset(ds, max_len, strategy="bfd"))  # TRL defaults otherwise
+    mem = rss_peak_extra_mb(base)
     col = packed.data.column("input_ids")
     tokens = int(pc.sum(pc.list_value_length(col)).as_py())
     assert tokens == int(lengths.sum()), "TRL dropped tokens"
@@ -158,11 +113,10 @@ def run_axolotl(lengths: np.ndarray, max_len: int) -> dict:
 
     lens32 = lengths.astype(np.int32)
     pack_group(lens32[:64], 0, max_len, 64, 200, True)  # compile its numba kernel before timing
-    t0 = time.perf_counter()
     # Axolotl's trainer defaults: sample_packing_group_size=100_000, sample_packing_bin_size=200;
     # num_processes left to pack_parallel (min(n // group_size, cpu_count, 16) worker processes)
-    packed = pack_parallel(lens32, bin_capacity=max_len, group_size=100_000, bin_size=200)
-    dt = time.perf_counter() - t0
+    dt, packed = timed(lambda: pack_parallel(lens32, bin_capacity=max_len, group_size=100_000,
+                                             bin_size=200))
     placed = sum(len(b) for b in packed)
     assert placed == lengths.size, f"Axolotl placed {placed} of {lengths.size} examples"
     return {"seconds": dt, "bins": len(packed), "mem_mb": None}
@@ -215,16 +169,8 @@ def main() -> None:
     max_lens = [int(s) for s in args.max_lens.split(",")]
     fix_malloc()
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     print(f"command: python {' '.join(sys.argv)}")
-    print(f"machine: {cpu}, {os.cpu_count()} cores, load average at start {os.getloadavg()}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average at start {os.getloadavg()}")
     import numba
 
     print(f"numpy {np.__version__}, numba {numba.__version__}, python {platform.python_version()}")

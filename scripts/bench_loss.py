@@ -41,7 +41,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -50,9 +49,36 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_train as bt
+from benchlib import (
+    LLAMA2,
+    REPO,
+    PackJob,
+    autocast_ctx,
+    build_hf_model,
+    cuda_peak_gib,
+    device_name,
+    examples_by_id,
+    ffd_steps,
+    free_memory,
+    group_example_ids,
+    jsonable,
+    load_source_examples,
+    machine_summary,
+    make_optimizer,
+    minibatch_groups,
+    optimizer_step,
+    pad_collate,
+    reset_cuda_peak,
+    resolve_device,
+    run_pack_jobs,
+    seeded_order,
+    shared_dir,
+    sync,
+    to_device,
+    tokenizer_ids,
+    write_json,
+    write_jsonl,
+)
 
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 
@@ -72,27 +98,27 @@ def prepare(args: argparse.Namespace, shared: Path) -> dict[str, Path]:
     """Write train/held-out JSONL and pack them; returns folders keyed by method (+ "heldout")."""
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    tokenizer = args.tokenizer or shared / "tokenizers" / "llama2"
+    tokenizer = args.tokenizer or shared / LLAMA2
     stamp = {"limit": args.limit, "seed": args.seed, "holdout": args.holdout,
              "tokenizer": str(tokenizer), "shared": str(shared.resolve()), "max_len": args.max_len}
     train_file, held_file = work / "train.jsonl", work / "heldout.jsonl"
     stamp_file = work / "split.stamp.json"
     if not (train_file.is_file() and held_file.is_file() and stamp_file.is_file()
             and json.loads(stamp_file.read_text()) == stamp):
-        records = bt.seeded_order(bt.load_source_examples(shared, args.limit), args.seed)
+        records = seeded_order(load_source_examples(shared, args.limit), args.seed)
         train, held = split_records(records, args.holdout)
-        bt.write_jsonl(train_file, train)
-        bt.write_jsonl(held_file, held)
+        write_jsonl(train_file, train)
+        write_jsonl(held_file, held)
         stamp_file.write_text(json.dumps(stamp))
     need = sorted((set(args.methods) - {"ffd-full"}) | {"minibatch", "pad"})
-    jobs = [bt.PackJob([train_file], work / f"train-{s}", s, {**stamp, "strategy": s}) for s in need]
+    jobs = [PackJob([train_file], work / f"train-{s}", s, {**stamp, "strategy": s}) for s in need]
     if "ffd-full" in args.methods:
-        jobs.append(bt.PackJob([train_file], work / "train-ffd-full", "ffd",
-                               {**stamp, "strategy": "ffd", "max_len": args.full_len}, max_len=args.full_len))
-    jobs.append(bt.PackJob([held_file], work / "heldout-pad", "pad",
-                           {**stamp, "strategy": "pad", "split": "heldout"}))
-    bt.run_pack_jobs(jobs, tokenizer=tokenizer, max_len=args.max_len, seed=args.seed,
-                     num_proc=args.pack_procs)
+        jobs.append(PackJob([train_file], work / "train-ffd-full", "ffd",
+                            {**stamp, "strategy": "ffd", "max_len": args.full_len}, max_len=args.full_len))
+    jobs.append(PackJob([held_file], work / "heldout-pad", "pad",
+                        {**stamp, "strategy": "pad", "split": "heldout"}))
+    run_pack_jobs(jobs, tokenizer=tokenizer, max_len=args.max_len, seed=args.seed,
+                  num_proc=args.pack_procs)
     folders = {job.out.name.removeprefix("train-"): job.out for job in jobs}
     folders["heldout"] = folders.pop("heldout-pad")
     return folders
@@ -113,8 +139,8 @@ def method_steps(method: str, folders: dict[str, Path], group: int, budget: int,
     """The steps of one epoch of `method` (see the module docstring)."""
     if method in ("pad", "minibatch"):
         out = []
-        for rows in bt.minibatch_groups(folders["minibatch"], group):
-            ids = bt.group_example_ids(rows)
+        for rows in minibatch_groups(folders["minibatch"], group):
+            ids = group_example_ids(rows)
             tokens = sum(len(r["input_ids"]) for r in rows)
             out.append(Step(rows=None if method == "pad" else rows,
                             example_ids=ids if method == "pad" else None,
@@ -123,7 +149,7 @@ def method_steps(method: str, folders: dict[str, Path], group: int, budget: int,
     if method == "ffd-full":
         budget = read_manifest(folders[method]).max_len  # one full row per step
     out = []
-    for rows in bt.ffd_steps(folders[method], budget):
+    for rows in ffd_steps(folders[method], budget):
         ids = np.unique(np.concatenate([r["example_ids"] for r in rows]))
         out.append(Step(rows=rows, examples=len(ids), tokens=sum(len(r["input_ids"]) for r in rows)))
     return out
@@ -160,7 +186,7 @@ class MethodResult:
 def build(method: str, args: argparse.Namespace, device: torch.device, vocab: int):
     """The model of a method: HF sdpa for `pad`, packlm's varlen backend otherwise; same init."""
     if method == "pad":
-        return bt.build_hf_model(args.model, "sdpa", device, vocab, args.seed), "hf/sdpa"
+        return build_hf_model(args.model, "sdpa", device, vocab, args.seed), "hf/sdpa"
     from trainer.model import build_model
 
     model, backend = build_model(args.model, attn=args.attn, device=device, dtype=torch.float32,
@@ -174,40 +200,36 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     from trainer.batch import collate_rows
     from trainer.loss import packed_loss
 
-    bt.reset_peak(device)
+    reset_cuda_peak(device)
     model, attention = build(method, args, device, vocab)
-    opt = bt.make_optimizer(model, args.lr, device)
+    opt = make_optimizer(model, args.lr, device)
     total = sum(s.examples for s in steps)
     res = MethodResult(method=method, attention=attention)
     losses: list[torch.Tensor] = []
     seen: list[int] = []
     n_seen = 0
-    bt.sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for step in steps:
         lr = lr_at(n_seen, total, args.lr, args.warmup_frac, args.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
         if method == "pad":
-            batch = bt.to_device(bt.pad_collate([examples[i] for i in step.example_ids], pad_id),
-                                 device)
-            with bt.autocast_ctx(device, args.dtype):
+            batch = to_device(pad_collate([examples[i] for i in step.example_ids], pad_id), device)
+            with autocast_ctx(device, args.dtype):
                 loss = model(**batch).loss
         else:
             mb = collate_rows(step.rows)
             mb = (mb.pin_memory() if device.type == "cuda" else mb).to(device)
-            with bt.autocast_ctx(device, args.dtype):
+            with autocast_ctx(device, args.dtype):
                 loss_sum, n = packed_loss(model, mb)
             loss = loss_sum / max(int(n), 1)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, opt, loss)
         n_seen += step.examples
         losses.append(loss.detach())
         seen.append(n_seen)
         res.tokens += step.tokens
-    bt.sync(device)
+    sync(device)
     res.wall_s = time.perf_counter() - t0
     values = torch.stack(losses).float().cpu().tolist() if losses else []
     res.curve = list(zip(seen, values))
@@ -215,7 +237,7 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     res.tokens_per_s = res.tokens / res.wall_s if res.wall_s > 0 else 0.0
     tail = values[-max(1, len(values) // 20):]
     res.final_train_loss = float(np.mean(tail)) if tail else None
-    res.peak_gib = bt.peak_gib(device)
+    res.peak_gib = cuda_peak_gib(device)
     del opt
     return model, res
 
@@ -232,9 +254,9 @@ def heldout_loss(model: torch.nn.Module, examples: Sequence[dict[str, np.ndarray
     model.eval()
     total, count = 0.0, 0
     for start in range(0, len(examples), batch_size):
-        batch = bt.to_device(bt.pad_collate(examples[start : start + batch_size], pad_id), device)
+        batch = to_device(pad_collate(examples[start : start + batch_size], pad_id), device)
         labels = batch.pop("labels")
-        with bt.autocast_ctx(device, dtype):
+        with autocast_ctx(device, dtype):
             logits = model(**batch).logits
         targets = labels[:, 1:]
         ce = torch.nn.functional.cross_entropy(
@@ -322,7 +344,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto")
     p.add_argument("--pack-procs", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 5)))
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=Path(bt.REPO) / "docs" / "loss_curves.png")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "loss_curves.png")
     args = p.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in METHODS]
@@ -335,20 +357,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
     args = parse_args(argv)
-    device = bt.resolve_device(args.device)
-    shared = args.shared or bt.default_shared()
+    device = resolve_device(args.device)
+    shared = args.shared or shared_dir()
     t_all = time.perf_counter()
     print(f"# bench_loss: model={args.model} device={device} dtype={args.dtype} (autocast) "
           f"methods={','.join(args.methods)} limit={args.limit}")
     folders = prepare(args, shared)
-    tok = read_manifest(folders["pad"]).tokenizer
-    vocab = int(tok.get("vocab_size") or 32000)
-    pad_id = tok.get("pad_token_id")
-    pad_id = int(pad_id if pad_id is not None else tok.get("eos_token_id") or 0)
-    examples = bt.examples_by_id(folders["pad"])
+    vocab, pad_id = tokenizer_ids(folders["pad"])
+    examples = examples_by_id(folders["pad"])
     held = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in iter_rows(folders["heldout"])]
-    groups = bt.minibatch_groups(folders["minibatch"], args.group)
-    full = [g for g in groups if len(bt.group_example_ids(g)) == args.group] or groups
+    groups = minibatch_groups(folders["minibatch"], args.group)
+    full = [g for g in groups if len(group_example_ids(g)) == args.group] or groups
     budget = round(float(np.mean([sum(len(r["input_ids"]) for r in g) for g in full])))
     print(f"data ready in {time.perf_counter() - t_all:.1f} s: {len(examples)} train / {len(held)} "
           f"held-out examples, token budget per packed step {budget} (mean of a {args.group}-"
@@ -359,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
         model, res = train_method(method, steps, args, device, vocab, examples, pad_id)
         res.heldout_loss = heldout_loss(model, held, pad_id, device, args.dtype)
         del model
-        bt.free_memory(device)
+        free_memory(device)
         print(f"  {method}: {res.steps} steps, {res.wall_s:.1f} s, {res.tokens_per_s:,.0f} tokens/s, "
               f"final train {res.final_train_loss:.4f}, held-out {res.heldout_loss:.4f}")
         results.append(res)
@@ -372,16 +391,15 @@ def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
         plot(results, args.plot, title)
         print(f"plot: {args.plot}")
     if args.json:
-        payload = {
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        write_json(args.json, {
+            "config": jsonable(args),
+            "machine": machine_summary(),
+            "device_name": device_name(device),
             "token_budget": budget,
             "results": [asdict(r) for r in results],
             "table": table,
             "wall_s": time.perf_counter() - t_all,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+        })
     print(f"total {time.perf_counter() - t_all:.1f} s")
     return results
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -60,18 +59,29 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("SHARED") or ROOT.parent / "shared")  # gpu_suite.sh passes .devcarry/shared
-DATASETS = [
-    ("gsm8k", SHARED / "datasets" / "gsm8k" / "train.jsonl"),
-    ("codealpaca", SHARED / "datasets" / "codealpaca" / "code_alpaca.json"),
-]
-TOKENIZER = SHARED / "tokenizers" / "llama2"
+from benchlib import (
+    CODEALPACA,
+    GSM8K,
+    LLAMA2,
+    REPO,
+    best_of,
+    machine_summary,
+    read_records,
+    require,
+    shared_dir,
+    write_json,
+)
+
+SHARED = shared_dir()
+DATASETS = [("gsm8k", SHARED / GSM8K), ("codealpaca", SHARED / CODEALPACA)]
+TOKENIZER = SHARED / LLAMA2
 RAW_APIS = ("tokenizer(texts)", "encode_batch", "encode_batch_fast")
 REPEATS = 3  # warm measurements (raw tokenizer, engine, pack-data's warm runs): the best of this many
 
 CHILD = r"""
 import json, resource, sys, time
+sys.path.insert(0, "scripts")
+from benchlib import vmhwm_mb
 import pipeline.binpack
 from pipeline.write import PackConfig, run_pack_data
 pipeline.binpack.NUMBA_BLAS_PROBE = False  # as in the pack-data command's process
@@ -88,8 +98,8 @@ stats = runs[0]
 stats["warm_runs"] = runs[1:]
 # this process's own peak: VmHWM. Its ru_maxrss would count the benchmark's RSS too, which Linux
 # keeps across the exec that started it (the benchmark holds GBs of token lists at times)
-hwm = [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:")]
-stats["maxrss_self_mb"] = int(hwm[0]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+hwm = vmhwm_mb()
+stats["maxrss_self_mb"] = hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 # the largest forked child's peak (tokenizer workers, the tokenizer loader): pages it shares with
 # this process count in full, so this is an upper bound of what it adds
 stats["maxrss_children_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -103,7 +113,7 @@ def run_child(code: str, *argv: str, what: str, cache: Path | None = None) -> di
     """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED, pack-data's
     tokenizer cache in `cache`); return the JSON it prints on its `STATS ` line."""
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True,
                           check=False, env=child_env(cache))
     process_s = time.perf_counter() - t
     if proc.returncode != 0:
@@ -130,7 +140,7 @@ def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None,
     argv = [str(path), "--tokenizer", str(TOKENIZER), "--max-len", str(max_len), "--out", str(out),
             "--overwrite", "--no-progress", *(["--num-proc", str(num_proc)] if num_proc else [])]
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from pipeline.console import pack_data_main; pack_data_main()", *argv], cwd=ROOT,
+    subprocess.run([sys.executable, "-c", "from pipeline.console import pack_data_main; pack_data_main()", *argv], cwd=REPO,
                    check=True, capture_output=True, env=child_env(cache))
     return time.perf_counter() - t
 
@@ -180,12 +190,7 @@ def raw_tokenizer(texts: list[str], tokenizer, apis: tuple[str, ...] = RAW_APIS)
     }
     out = {}
     for name in apis:
-        fn = calls[name]
-        best = float("inf")
-        for _ in range(REPEATS):
-            t = time.perf_counter()
-            ids = fn()
-            best = min(best, time.perf_counter() - t)
+        best, ids = best_of(calls[name], REPEATS)
         n = sum(map(len, ids))
         out[name] = {"tokens": n, "seconds": best, "tokens_per_s": n / best}
     return out
@@ -206,12 +211,8 @@ def engine_alone(texts: list[str], tokenizer) -> dict:
     n_workers = default_workers()
     pool = encode_pool(n_workers)
     pool.use(tokenizer.backend_tokenizer)
-    best = float("inf")
     with ThreadPoolExecutor(n_workers) as threads:
-        for _ in range(REPEATS):
-            t = time.perf_counter()
-            n = sum(len(flat) for flat, _ in threads.map(pool.encode, pieces))
-            best = min(best, time.perf_counter() - t)
+        best, n = best_of(lambda: sum(len(flat) for flat, _ in threads.map(pool.encode, pieces)), REPEATS)
     return {"tokens": n, "seconds": best, "tokens_per_s": n / best, "workers": n_workers}
 
 
@@ -344,6 +345,7 @@ def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
 def bench_text(args, tmp: Path) -> dict:
     from pipeline.tokenizer_load import load_tokenizer
 
+    require(*(path for _, path in DATASETS), TOKENIZER)
     tokenizer = load_tokenizer(str(TOKENIZER))
     # numba compiles pack-data's kernels once per installation into its on-disk cache; a first
     # process would time that (seconds) as well: one small job fills the cache, untimed
@@ -357,8 +359,6 @@ def bench_text(args, tmp: Path) -> dict:
     cache = tmp / "tokenizer-cache"
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
-        if not path.exists():
-            raise SystemExit(f"{path} not found: the text benchmark needs ../shared/datasets")
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer)
         engine = engine_alone(texts, tokenizer)
@@ -444,10 +444,7 @@ def speedups(prefix: str, trl_s: float, sft_s: float, pack_s: float) -> dict[str
 
 def make_copies(path: Path, copies: int, out: Path) -> Path:
     """`path`'s records `copies` times over as JSONL at `out`, copy k's first field prefixed "k. "."""
-    if path.suffix == ".jsonl":
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    else:
-        records = json.loads(path.read_text())
+    records = read_records(path)
     first = next(iter(records[0]))
     with out.open("w") as f:
         for k in range(copies):
@@ -461,6 +458,7 @@ def bench_scale(args, tmp: Path) -> dict:
     cold TRL-style batched map pipeline (see the module docstring)."""
     from pipeline.tokenizer_load import load_tokenizer
 
+    require(*(path for _, path in DATASETS), TOKENIZER)
     tokenizer = load_tokenizer(str(TOKENIZER))
     out: dict = {"copies": args.copies, "datasets": {}}
     for name, source in DATASETS:
@@ -523,7 +521,7 @@ def bench_pretok(args, tmp: Path) -> dict:
         t = time.perf_counter()
         n = make_pretokenized(src, args.tokens)
         gen_s = time.perf_counter() - t
-        stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else ROOT / "data" / "tokenizer"),
+        stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else REPO / "data" / "tokenizer"),
                               max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
                               batch_rows=args.pretok_batch_rows, cache=empty(tmp / "tokenizer-cache"))
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
@@ -551,8 +549,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the full results here")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-pack-data-", dir=args.tmp))
-    results: dict = {"machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
-                     "args": vars(args)}
+    results: dict = {"machine": machine_summary(), "args": vars(args)}
     try:
         parts = args.parts.split(",")
         if "text" in parts:
@@ -617,7 +614,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

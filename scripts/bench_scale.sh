@@ -6,7 +6,7 @@
 #   MODEL=tiny DEVICE=cpu NPROC=2 STEPS=4 LIMIT=200 OUT=out/scale bash scripts/bench_scale.sh  # CPU smoke
 #
 # 1. packs GSM8K + CodeAlpaca once (Llama-2 tokenizer, --strategy ffd --max-len 8192) through
-#    scripts/bench_train.py's prepare_data (one instruction/input/output JSONL, as bench_train does);
+#    scripts/benchlib.py's prepare_data (one instruction/input/output JSONL, as bench_train.py packs);
 # 2. runs `pack-train --model $MODEL --compile --dtype bf16 --tokens-per-step 8192 --grad-accum 1
 #    --max-steps $STEPS --log-every 1 --no-progress` as: single (1 process, no torchrun),
 #    ddp (torchrun N procs, --parallel ddp), fsdp (torchrun N procs, --parallel fsdp),
@@ -85,7 +85,7 @@ DATA="$("$PY" - "$WORK/data" "$SHARED" "$MAX_LEN" "$LIMIT" "$NUM_PROC" 2>>"$LOG"
 import sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
-from bench_train import prepare_data
+from benchlib import prepare_data
 work, shared, max_len, limit, num_proc = sys.argv[1:6]
 folders = prepare_data(Path(work), Path(shared), limit=int(limit) if limit else None, seed=0,
                        max_len=int(max_len), strategies=("ffd",), num_proc=int(num_proc))

@@ -40,29 +40,47 @@ Precision: `--dtype bf16` means bf16 *autocast* with fp32 weights and fp32 AdamW
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import random
 import shutil
-import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from benchlib import (
+    autocast_ctx,
+    build_hf_model,
+    cuda_peak_gib,
+    device_name,
+    examples_by_id,
+    ffd_steps,
+    free_memory,
+    group_example_ids,
+    jsonable,
+    machine_summary,
+    make_optimizer,
+    minibatch_groups,
+    model_config,
+    optimizer_step,
+    pad_collate,
+    prepare_data,
+    reset_cuda_peak,
+    resolve_device,
+    shared_dir,
+    sync,
+    to_device,
+    tokenizer_ids,
+    write_json,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python scripts/bench_train.py` from anywhere
-    sys.path.insert(0, str(REPO))
-
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
+from pipeline.shards import iter_rows, read_manifest
 
 H100_BF16_TFLOPS = 989.0
 HF_PATHS = ("hf-pad", "hf-flat-sdpa", "hf-flat-flex", "hf-flat-fa2")
@@ -74,198 +92,9 @@ HF_ATTN = {
     "hf-flat-flex": "flex_attention",
     "hf-flat-fa2": "flash_attention_2",
 }
-PREP_STRATEGIES = ("pad", "minibatch", "ffd")
-
-
-# ------------------------------------------------------------------------------------------ data
-
-
-def default_shared() -> Path:
-    """`$SHARED`, else `.devcarry/shared` when present (the GPU box), else `../shared`."""
-    if os.environ.get("SHARED"):
-        return Path(os.environ["SHARED"])
-    carried = REPO / ".devcarry" / "shared"
-    return carried if carried.is_dir() else REPO.parent / "shared"
-
-
-def load_source_examples(shared: Path, limit: int | None = None) -> list[dict[str, str]]:
-    """GSM8K then CodeAlpaca as instruction/input/output records (GSM8K: question -> instruction,
-    answer -> output), each cut to its first `limit` examples. One record layout for both, because
-    pack-data detects one format per run; it renders them with its Alpaca template."""
-    gsm = shared / "datasets" / "gsm8k" / "train.jsonl"
-    alpaca = shared / "datasets" / "codealpaca" / "code_alpaca.json"
-    for path in (gsm, alpaca):
-        if not path.is_file():
-            raise SystemExit(f"missing {path}: pass --shared (or SHARED=) pointing at the shared folder")
-    out: list[dict[str, str]] = []
-    with gsm.open(encoding="utf-8") as handle:
-        for i, line in enumerate(handle):
-            if limit is not None and i >= limit:
-                break
-            rec = json.loads(line)
-            out.append({"instruction": rec["question"], "input": "", "output": rec["answer"]})
-    records = json.loads(alpaca.read_text(encoding="utf-8"))
-    for rec in records[: limit if limit is not None else len(records)]:
-        out.append({"instruction": rec["instruction"], "input": rec.get("input") or "",
-                    "output": rec["output"]})
-    return out
-
-
-def write_jsonl(path: Path, records: Sequence[dict[str, str]]) -> None:
-    """One JSON object per line (written to a temp name, then renamed)."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for rec in records:
-            handle.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
-def seeded_order(records: list[dict[str, str]], seed: int) -> list[dict[str, str]]:
-    """The fixed, seeded example order every path uses (mixes the two datasets)."""
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    return [records[i] for i in order]
-
-
-def pack_data_args(
-    inputs: Sequence[Path], out: Path, *, tokenizer: Path, max_len: int, strategy: str, seed: int,
-    num_proc: int = 1,
-) -> list[str]:
-    """The `pack-data` command-line arguments for one strategy."""
-    return [
-        *map(str, inputs),
-        "--tokenizer", str(tokenizer), "--max-len", str(max_len), "--out", str(out),
-        "--strategy", strategy, "--seed", str(seed), "--overwrite", "--no-progress",
-        "--num-proc", str(num_proc),
-    ]  # fmt: skip
-
-
-@dataclass
-class PackJob:
-    """One pack-data run: `inputs` -> `out` with `strategy`; skipped when `stamp` matches."""
-
-    inputs: list[Path]
-    out: Path
-    strategy: str
-    stamp: dict[str, Any]
-    max_len: int | None = None  # None: run_pack_jobs' max_len
-
-
-def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, seed: int,
-                  num_proc: int = 1) -> None:
-    """Run `pack-data` (its click command, in this process: one import of transformers for all)
-    for the jobs whose output is missing or stale."""
-    import click
-
-    from pipeline.cli import pack_data
-
-    for job in jobs:
-        stamp_file = job.out.parent / f"{job.out.name}.stamp.json"
-        if ((job.out / "manifest.json").is_file() and stamp_file.is_file()
-                and json.loads(stamp_file.read_text()) == job.stamp):
-            print(f"  reusing {job.out}")
-            continue
-        job_len = job.max_len or max_len
-        args = pack_data_args(job.inputs, job.out, tokenizer=tokenizer, max_len=job_len,
-                              strategy=job.strategy, seed=seed, num_proc=num_proc)
-        t0 = time.perf_counter()
-        try:
-            pack_data.main(args=args, standalone_mode=False)
-        except click.ClickException as exc:
-            raise SystemExit(f"pack-data {' '.join(args)} failed: {exc.format_message()}") from None
-        stamp_file.write_text(json.dumps(job.stamp))
-        print(f"  pack-data --strategy {job.strategy} --max-len {job_len} -> {job.out.name}: "
-              f"{time.perf_counter() - t0:.1f} s")
-
-
-def prepare_data(
-    workdir: Path, shared: Path, *, limit: int | None, seed: int, max_len: int,
-    strategies: Sequence[str] = PREP_STRATEGIES, tokenizer: Path | None = None, num_proc: int = 1,
-) -> dict[str, Path]:
-    """Write the seeded instruction/input/output JSONL and pack it once per strategy; returns the
-    folders by strategy."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    tokenizer = tokenizer or shared / "tokenizers" / "llama2"
-    stamp = {"limit": limit, "seed": seed, "max_len": max_len, "tokenizer": str(tokenizer),
-             "shared": str(shared.resolve())}
-    inputs = workdir / "examples.jsonl"
-    input_stamp = workdir / "examples.stamp.json"
-    if not (inputs.is_file() and input_stamp.is_file()
-            and json.loads(input_stamp.read_text()) == stamp):
-        write_jsonl(inputs, seeded_order(load_source_examples(shared, limit), seed))
-        input_stamp.write_text(json.dumps(stamp))
-    jobs = [PackJob([inputs], workdir / s, s, {**stamp, "strategy": s}) for s in strategies]
-    run_pack_jobs(jobs, tokenizer=tokenizer, max_len=max_len, seed=seed, num_proc=num_proc)
-    return {job.strategy: job.out for job in jobs}
-
-
-def minibatch_groups(folder: Path, group_size: int = 32) -> list[list[dict[str, np.ndarray]]]:
-    """The rows of a `minibatch` folder cut back into their groups (rows never mix groups, and every
-    group but the last holds exactly `group_size` examples)."""
-    groups: list[list[dict[str, np.ndarray]]] = []
-    current: list[dict[str, np.ndarray]] = []
-    seen: set[int] = set()
-    for row in iter_rows(folder):
-        current.append(row)
-        seen.update(int(e) for e in row["example_ids"])
-        if len(seen) >= group_size:
-            if len(seen) > group_size:
-                raise ValueError(f"{folder}: a group holds {len(seen)} > {group_size} examples: "
-                                 "was it packed with --strategy minibatch and this group size?")
-            groups.append(current)
-            current, seen = [], set()
-    if current:
-        groups.append(current)
-    return groups
-
-
-def group_example_ids(group: Sequence[dict[str, np.ndarray]]) -> list[int]:
-    """Example ids of a group in first-seen order (a split example counted once)."""
-    ids = np.concatenate([r["example_ids"] for r in group]).tolist()
-    return list(dict.fromkeys(int(i) for i in ids))
-
-
-def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
-    """input_ids + labels of every example of a `pad` folder (one example per row), by example id."""
-    out: dict[int, dict[str, np.ndarray]] = {}
-    for row in iter_rows(pad_folder):
-        if len(row["seq_lens"]) != 1:
-            raise ValueError(f"{pad_folder}: a row holds {len(row['seq_lens'])} examples; "
-                             "expected --strategy pad (one example per row)")
-        out[int(row["example_ids"][0])] = {"input_ids": row["input_ids"], "labels": row["labels"]}
-    return out
-
-
-def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndarray]]]:
-    """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step
-    (the trainer's own cut, `trainer.data._greedy_cuts`)."""
-    from trainer.data import _greedy_cuts
-
-    rows = list(iter_rows(folder))
-    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
-    cuts = _greedy_cuts(lengths, tokens_per_step)
-    return [rows[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
 
 
 # ------------------------------------------------------------------------------------- batching
-
-
-def pad_collate(examples: Sequence[dict[str, np.ndarray]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad examples to the longest: input_ids (pad_id), attention_mask, labels (-100)."""
-    lens = [len(e["input_ids"]) for e in examples]
-    longest = max(lens)
-    input_ids = np.full((len(examples), longest), pad_id, dtype=np.int64)
-    labels = np.full((len(examples), longest), IGNORE_INDEX, dtype=np.int64)
-    mask = np.zeros((len(examples), longest), dtype=np.int64)
-    for i, (e, n) in enumerate(zip(examples, lens)):
-        input_ids[i, :n] = e["input_ids"]
-        labels[i, :n] = e["labels"]
-        mask[i, :n] = 1
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "attention_mask": torch.from_numpy(mask),
-        "labels": torch.from_numpy(labels),
-    }
 
 
 def flatten_collate(examples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
@@ -301,6 +130,11 @@ def attention_flops(seq_lens: Sequence[int] | np.ndarray, n_layers: int, hidden:
 def dense_flops(n_params: int, tokens: int) -> float:
     """The usual 6 x params x tokens (fwd + bwd of every weight matmul)."""
     return 6.0 * n_params * tokens
+
+
+def n_params_of(model: torch.nn.Module) -> int:
+    """All parameters (embeddings and LM head included, as in the issue's MFU)."""
+    return sum(p.numel() for p in model.parameters())
 
 
 @dataclass
@@ -340,86 +174,6 @@ def finish_result(res: PathResult, *, n_params: int, attn_flops: float, peak_tfl
     res.mfu_with_attn = (dense + attn_flops) / res.seconds / (peak_tflops * 1e12)
     res.attn_share = attn_flops / (dense + attn_flops) if dense + attn_flops else 0.0
     res.data_wait_pct = 100.0 * res.data_wait_s / res.seconds
-
-
-# ---------------------------------------------------------------------------------------- models
-
-
-def model_config(preset: str, vocab_size: int | None):
-    """The transformers config of a packlm preset (or a local model folder)."""
-    from trainer.model import PRESETS, preset_config
-
-    if preset in PRESETS:
-        return preset_config(preset, vocab_size)
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(preset, local_files_only=True)
-    if vocab_size is not None:
-        config.vocab_size = vocab_size
-    return config
-
-
-def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int | None,
-                   seed: int) -> torch.nn.Module:
-    """A plain HF causal LM with a stock attention implementation, fp32 weights, seeded init."""
-    from transformers import AutoModelForCausalLM
-
-    config = model_config(preset, vocab_size)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # drawn on the CPU like build_model: the same initial weights
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn,
-                                                 dtype=torch.float32)
-    return model.to(device).train()
-
-
-def n_params_of(model: torch.nn.Module) -> int:
-    """All parameters (embeddings and LM head included, as in the issue's MFU)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, fused on CUDA (the same settings for every path)."""
-    kwargs: dict[str, Any] = {"lr": lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
-    if device.type == "cuda":
-        kwargs["fused"] = True
-    return torch.optim.AdamW(model.parameters(), **kwargs)
-
-
-def autocast_ctx(device: torch.device, dtype: str):
-    """bf16 autocast (weights stay fp32) or nothing."""
-    if dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def resolve_device(name: str) -> torch.device:
-    """`cuda` -> `cuda:<current>` (torch.cuda.set_device, which pack-train calls, needs an index)."""
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_gib(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return None
 
 
 # ------------------------------------------------------------------------------------ step loop
@@ -484,19 +238,10 @@ def hf_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], 
     def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with autocast_ctx(device, dtype):
             loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # HF Trainer's default
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, opt, loss)
         return loss
 
     return step
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    if device.type == "cuda":
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def hf_batches(
@@ -539,10 +284,7 @@ def packed_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[An
         with autocast_ctx(device, dtype):
             loss_sum, n = packed_loss(model, mb)
         loss = loss_sum / max(int(n), 1)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as pack-train (--grad-clip 1)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, opt, loss)
         return loss
 
     return step
@@ -583,7 +325,7 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
         return PathResult(path=path, runner="hf", ok=False, note="flash-attn is not importable here")
     if attn == "flash_attention_2" and s.device.type != "cuda":
         return PathResult(path=path, runner="hf", ok=False, note="flash_attention_2 needs CUDA")
-    reset_peak(s.device)
+    reset_cuda_peak(s.device)
     model = build_hf_model(a.model, attn, s.device, s.vocab_size, a.seed)
     model.train()
     opt = make_optimizer(model, a.lr, s.device)
@@ -611,7 +353,7 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     from trainer.model import build_model
 
     a = s.args
-    reset_peak(s.device)
+    reset_cuda_peak(s.device)
     model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
                                  vocab_size=s.vocab_size, seed=a.seed)
     model.train()
@@ -631,7 +373,7 @@ def _finish_path(res: PathResult, lens: Any, s: Setup, *, path: str, runner: str
                  n_params: int) -> PathResult:
     """Label a timed path and fill in peak memory, MFU and attention FLOPs."""
     res.path, res.runner = path, runner
-    res.peak_gib = peak_gib(s.device)
+    res.peak_gib = cuda_peak_gib(s.device)
     finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
                   peak_tflops=s.args.peak_tflops)
     res.extra["n_params"] = n_params
@@ -695,7 +437,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
-    reset_peak(s.device)
+    reset_cuda_peak(s.device)
     try:
         with no_checkpoint_writes():
             summary = train(config)
@@ -828,7 +570,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     args = parse_args(argv)
     device = resolve_device(args.device)
-    shared = args.shared or default_shared()
+    shared = args.shared or shared_dir()
     t0 = time.perf_counter()
     print(f"# bench_train: model={args.model} device={device} steps={args.steps} "
           f"warmup={args.warmup} dtype={args.dtype} (bf16 = autocast, fp32 weights)")
@@ -836,11 +578,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     folders = prepare_data(args.workdir, shared, limit=args.limit, seed=args.seed,
                            max_len=args.max_len, tokenizer=args.tokenizer,
                            num_proc=args.pack_procs)
-    manifest = read_manifest(folders["pad"])
-    tok = manifest.tokenizer
-    pad_id = tok.get("pad_token_id")  # Llama-2 has none: pad with EOS (masked out anyway)
-    pad_id = int(pad_id if pad_id is not None else tok.get("eos_token_id") or 0)
-    vocab_size = int(tok.get("vocab_size") or 32000)
+    vocab_size, pad_id = tokenizer_ids(folders["pad"])
     groups = minibatch_groups(folders["minibatch"], args.group)
     group_ids = [group_example_ids(g) for g in groups]
     examples = examples_by_id(folders["pad"])
@@ -884,18 +622,17 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     for line in targets:
         print(line)
     if args.json:
-        payload = {
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        write_json(args.json, {
+            "config": jsonable(args),
+            "machine": machine_summary(),
+            "device_name": device_name(device),
             "torch": torch.__version__,
             "mean_tokens_per_group": float(mean_tokens),
             "results": [asdict(r) for r in results],
             "table": table,
             "targets": targets,
             "wall_s": time.perf_counter() - t0,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        })
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     return results
 

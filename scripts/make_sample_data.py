@@ -6,7 +6,7 @@
 
 Everything comes from one fixed seed and templated English (sentences, lists, code snippets,
 arithmetic word problems built from the vocabularies below), so a rerun is byte-identical;
-`tests/test_sample_data.py` checks that against the committed files. Files written:
+`tests/scripts/test_sample_data.py` checks that against the committed files. Files written:
 
 - sample/instructions.jsonl  {instruction, input, output}; lognormal lengths (median ~120 tokens,
                              most 50-500, a tail into thousands, 3 examples > 8192 tokens)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "scale_table.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "scale_table.py"
 spec = importlib.util.spec_from_file_location("scale_table", SCRIPT)
 scale_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(scale_table)
