@@ -19,17 +19,8 @@ from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
 from pipeline.job import PackConfig, run_pack_data
 from pipeline.plan import OVERLONG
-from pipeline.report import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_HIDDEN,
-    PACKED_STRATEGIES,
-    folder_report,
-    load_folder,
-    to_json,
-    whatif_report,
-)
-from pipeline.report_render import format_text, write_html
 from pipeline.shards import verify_folder
+from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
 from pipeline.tokenize import lengths_of
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -177,6 +168,11 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
     """Packing report of FOLDER (written by pack-data), or a what-if plan with --input: the
     first form reads the manifest and shards; the second tokenizes (or reads the `input_ids` of
     pre-tokenized data) and runs the planner for every max_len and strategy without writing shards."""
+    # polars (pipeline.report) is imported by this command only: pack-data and pack-verify run
+    # where it is not installed (the GPU benchmark box)
+    from pipeline.report import folder_report, load_folder, to_json, whatif_report
+    from pipeline.report_render import format_text, write_html
+
     with cli_errors():
         strategies = _strategies(strategy)
         for path, flag in ((json_path, "--json"), (html_path, "--html")):  # fail before the work

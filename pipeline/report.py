@@ -37,6 +37,8 @@ from pipeline.errors import UserError
 from pipeline.shards import IGNORE_INDEX, Manifest, file_sha256, load_shard, read_manifest, shard_paths
 from pipeline.stats import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_HIDDEN,
+    PACKED_STRATEGIES,
     Layout,
     compute_cost,
     safe_ratio,
@@ -46,8 +48,6 @@ from pipeline.stats import (
 )
 
 PADDED_LAYOUTS = ("pad-to-longest", "pad-to-max")
-PACKED_STRATEGIES = ("minibatch", "sequential", "shuffle", "ffd", "bfd")
-DEFAULT_HIDDEN = 2048
 
 
 # ------------------------------------------------------------------------------------- layouts

@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_BATCH_SIZE = 32
+DEFAULT_BATCH_SIZE = 32  # examples per pad-to-longest batch of the reference layout
+DEFAULT_HIDDEN = 2048  # model width of the compute estimate (`compute_cost`)
+PACKED_STRATEGIES = ("minibatch", "sequential", "shuffle", "ffd", "bfd")  # compared by pack-report
 
 
 def causal_pairs(lengths: np.ndarray) -> int:

@@ -25,15 +25,15 @@ Parts:
   (pack-data: without its `setup` phase; numba's on-disk cache of compiled kernels is filled
   beforehand by a small untimed job, as after any first run of an installation). Warm: the best of REPEATS passes after it. Whole process:
   a fresh interpreter from start to exit, imports and tokenizer load included, as a user waits for it
-  (pack-data's console script; the TRL pipelines' cold child processes). pack-data's cold and
-  whole-process runs are timed twice: first with an empty tokenizer cache (`pipeline.tokenizer_cache`,
-  a folder of this benchmark's: the first job ever with this tokenizer), then with the entry that run
-  left (a later job with the same tokenizer, as a user's second run).
+  (pack-data's console script, the click command `pipeline.cli:pack_data`; the TRL pipelines' cold
+  child processes). pack-data keeps nothing of the tokenizer between processes: every job loads it
+  in-process (`pipeline.tokenizer.load_tokenizer`, transformers' AutoTokenizer) before it reads any
+  row, so each cold or whole-process run is a first job with this tokenizer, as any user's run is.
 - `scale`: the first job on a larger text set, where fixed costs (a worker pool's start, writing
   the manifest) weigh less than on the 2-4 s datasets themselves: each dataset's records --copies
   times over, every copy's first field prefixed with its number (so that no text repeats and no
-  tokenizer cache can help), as JSONL. Timed cold only: pack-data's first job with an empty
-  tokenizer cache, a fresh tokenizer's first encode_batch_fast (and its best of REPEATS later ones,
+  cache of encoded texts can help), as JSONL. Timed cold only: pack-data's first job in a fresh
+  process, a fresh tokenizer's first encode_batch_fast (and its best of REPEATS later ones,
   in this process) and the TRL-style batched map pipeline, each in a fresh process after its
   imports, and as whole processes. The SFTTrainer-style pipeline is left out: at this size it would
   take minutes, and its ratio is the largest on the small sets.
@@ -43,8 +43,10 @@ Parts:
   phases and the child's peak RSS per file type (its own, VmHWM; and the largest of its forked
   children's, pages shared with it included).
 
-Every pack-data run goes through `pipeline.write.run_pack_data` in a fresh child process (so imports
-and peak RSS are its own); per-phase times come from the job itself.
+Every pack-data run goes through `pipeline.job.run_pack_data` in a fresh child process (so imports
+and peak RSS are its own), or, for the whole-process times, through the `pack-data` command
+itself; per-phase times come from the job itself (setup, read_tokenize, plan, write, verify, total;
+setup holds the tokenizer's load and, for text input, the start of the tokenizer worker processes).
 """
 
 from __future__ import annotations
@@ -82,13 +84,12 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, "scripts")
 from benchlib import vmhwm_mb
-import pipeline.binpack
-from pipeline.write import PackConfig, run_pack_data
-pipeline.binpack.NUMBA_BLAS_PROBE = False  # as in the pack-data command's process
+from pipeline.encode_pool import close_pool
+from pipeline.job import PackConfig, run_pack_data
 cfg = json.loads(sys.argv[1])
 repeat = int(sys.argv[2])
 runs = []
-for i in range(repeat):  # run 1 is cold (fresh process); later runs reuse the warm tokenizer/numba
+for i in range(repeat):  # run 1 is cold (fresh process); later runs reuse its imports, numba kernels, worker pool
     stats = {}
     t = time.perf_counter()
     m = run_pack_data(PackConfig(**{**cfg, "overwrite": True}), stats=stats)
@@ -100,8 +101,11 @@ stats["warm_runs"] = runs[1:]
 # keeps across the exec that started it (the benchmark holds GBs of token lists at times)
 hwm = vmhwm_mb()
 stats["maxrss_self_mb"] = hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-# the largest forked child's peak (tokenizer workers, the tokenizer loader): pages it shares with
-# this process count in full, so this is an upper bound of what it adds
+# the largest forked child's peak (the tokenizer worker processes, text input only; none for
+# pre-tokenized input): pages it shares with this process count in full, so this is an upper bound
+# of what it adds. The job keeps its worker pool for later jobs; only children that have exited and
+# been waited for count, so the pool is closed (its workers joined) first
+close_pool()
 stats["maxrss_children_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 stats["efficiency"] = m.efficiency
 stats["loss_tokens"] = m.loss_tokens
@@ -109,12 +113,12 @@ print("STATS " + json.dumps(stats))
 """
 
 
-def run_child(code: str, *argv: str, what: str, cache: Path | None = None) -> dict:
-    """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED, pack-data's
-    tokenizer cache in `cache`); return the JSON it prints on its `STATS ` line."""
+def run_child(code: str, *argv: str, what: str) -> dict:
+    """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED); return the JSON
+    it prints on its `STATS ` line."""
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True,
-                          check=False, env=child_env(cache))
+                          check=False, env=child_env())
     process_s = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
@@ -122,27 +126,28 @@ def run_child(code: str, *argv: str, what: str, cache: Path | None = None) -> di
     return {**out, "process_s": process_s}
 
 
-def child_env(cache: Path | None) -> dict[str, str]:
-    """The environment of a child process: this SHARED, and pack-data's tokenizer cache in `cache`
-    (None: off)."""
-    return {**os.environ, "SHARED": str(SHARED), "PACKLM_CACHE_DIR": str(cache) if cache else ""}
+def child_env() -> dict[str, str]:
+    """The environment of a child process: this one's, with this SHARED."""
+    return {**os.environ, "SHARED": str(SHARED)}
 
 
-def empty(folder: Path) -> Path:
-    """`folder`, emptied: a tokenizer cache with no entry."""
-    shutil.rmtree(folder, ignore_errors=True)
-    return folder
+# the `pack-data` console script (pyproject's [project.scripts]: pipeline.cli:pack_data), run as
+# the installed executable runs it, whether or not that executable is on PATH
+PACK_DATA_MAIN = "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli import pack_data; pack_data()"
 
 
-def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None, cache: Path) -> float:
+def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None) -> float:
     """Seconds of one whole `pack-data` process, as a user runs it: interpreter start, imports,
-    tokenizer load (or the tokenizer cache in `cache`), the job, and the exit."""
+    tokenizer load, the job, and the exit."""
     argv = [str(path), "--tokenizer", str(TOKENIZER), "--max-len", str(max_len), "--out", str(out),
             "--overwrite", "--no-progress", *(["--num-proc", str(num_proc)] if num_proc else [])]
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from pipeline.console import pack_data_main; pack_data_main()", *argv], cwd=REPO,
-                   check=True, capture_output=True, env=child_env(cache))
-    return time.perf_counter() - t
+    proc = subprocess.run([sys.executable, "-c", PACK_DATA_MAIN, *argv], cwd=REPO, check=False,
+                          capture_output=True, text=True, env=child_env())
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"pack-data process failed:\n{proc.stderr[-3000:]}")
+    return seconds
 
 
 def job_config(args, path: Path, out: Path) -> dict:
@@ -152,14 +157,13 @@ def job_config(args, path: Path, out: Path) -> dict:
             "overwrite": True, "num_proc": args.num_proc}
 
 
-def pack_in_child(repeat: int = 1, cache: Path | None = None, **config) -> dict:
-    """Run run_pack_data(PackConfig(**config)) `repeat` times in a fresh interpreter, with the
-    tokenizer cache in `cache`; return the stats.
+def pack_in_child(repeat: int = 1, **config) -> dict:
+    """Run run_pack_data(PackConfig(**config)) `repeat` times in a fresh interpreter; return the stats.
 
     The returned stats are the first (cold) run's; later (warm) runs are under "warm_runs".
     """
     config.setdefault("progress", False)
-    return run_child(CHILD, json.dumps(config), str(repeat), what="pack-data child", cache=cache)
+    return run_child(CHILD, json.dumps(config), str(repeat), what="pack-data child")
 
 
 def rendered_texts(path: Path, tokenizer) -> list[str]:
@@ -343,7 +347,7 @@ def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
 
 
 def bench_text(args, tmp: Path) -> dict:
-    from pipeline.tokenizer_load import load_tokenizer
+    from pipeline.tokenizer import load_tokenizer
 
     require(*(path for _, path in DATASETS), TOKENIZER)
     tokenizer = load_tokenizer(str(TOKENIZER))
@@ -355,23 +359,19 @@ def bench_text(args, tmp: Path) -> dict:
     totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
               "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0,
               "engine_tokens": 0, "engine_s": 0.0, "pack_process_s": 0.0, "trl_process_s": 0.0,
-              "sft_process_s": 0.0, "cached_pack_s": 0.0, "cached_process_s": 0.0}
-    cache = tmp / "tokenizer-cache"
+              "sft_process_s": 0.0}
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer)
         engine = engine_alone(texts, tokenizer)
         config = job_config(args, path, tmp / f"out-{name}")
-        stats = pack_in_child(repeat=1 + REPEATS, cache=empty(cache), **config)  # the first job ever
-        cached = pack_in_child(cache=cache, **config)  # a later process: the tokenizer from the cache
+        stats = pack_in_child(repeat=1 + REPEATS, **config)  # a fresh process's first job, then warm ones
         trl = trl_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         sft = trl_sft_pipeline(path, tokenizer, tmp, args.max_len, args.num_proc or 1)
         cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl", "sft")}
-        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc, empty(cache))
-        cached_process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc, cache)
+        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc)
         totals["pack_process_s"] += process_s
-        totals["cached_process_s"] += cached_process_s
         totals["trl_process_s"] += cold["trl"]["process_s"]
         totals["sft_process_s"] += cold["sft"]["process_s"]
         totals["cold_raw_tokens"] += cold["raw"]["tokens"]
@@ -380,16 +380,14 @@ def bench_text(args, tmp: Path) -> dict:
         totals["cold_sft_s"] += cold["sft"]["seconds"]
         # pack-data's time without interpreter start-up and imports, which are the same for any tool
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
-        totals["cached_pack_s"] += cached["times"]["total"] - cached["times"].get("setup", 0.0)
         # warm: the best of REPEATS runs after the first, like the raw tokenizer's best of REPEATS
         warm_s = min(w["times"]["total"] - w["times"].get("setup", 0.0) for w in stats["warm_runs"])
         totals["warm_s"] += warm_s
         totals["engine_tokens"] += engine["tokens"]
         totals["engine_s"] += engine["seconds"]
         result["datasets"][name] = {"texts": len(texts), "raw": raw, "engine": engine, "pack_data": stats, "pack_s_excl_setup": pack_s,
-                                   "pack_data_cached": cached, "pack_process_s": process_s,
-                                   "pack_process_cached_s": cached_process_s, "trl": trl,
-                                   "trl_sft": sft, "cold_baselines": cold}
+                                   "pack_process_s": process_s, "trl": trl, "trl_sft": sft,
+                                   "cold_baselines": cold}
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
         totals["trl_s"] += trl["seconds"]
@@ -427,12 +425,6 @@ def bench_text(args, tmp: Path) -> dict:
         "process_trl_s": totals["trl_process_s"],
         "process_trl_sft_s": totals["sft_process_s"],
         **speedups("process_", totals["trl_process_s"], totals["sft_process_s"], totals["pack_process_s"]),
-        # the same, for a later pack-data process that finds the tokenizer in its cache
-        "cached_pack_tokens_per_s": totals["pack_tokens"] / totals["cached_pack_s"],
-        "cached_pack_vs_cold_raw": totals["pack_tokens"] / totals["cached_pack_s"] / cold_raw_rate,
-        **speedups("cached_", totals["cold_trl_s"], totals["cold_sft_s"], totals["cached_pack_s"]),
-        "process_cached_pack_s": totals["cached_process_s"],
-        **speedups("process_cached_", totals["trl_process_s"], totals["sft_process_s"], totals["cached_process_s"]),
     }
     return result
 
@@ -456,7 +448,7 @@ def make_copies(path: Path, copies: int, out: Path) -> Path:
 def bench_scale(args, tmp: Path) -> dict:
     """The first job on each dataset --copies times over, against the cold raw tokenizer and the
     cold TRL-style batched map pipeline (see the module docstring)."""
-    from pipeline.tokenizer_load import load_tokenizer
+    from pipeline.tokenizer import load_tokenizer
 
     require(*(path for _, path in DATASETS), TOKENIZER)
     tokenizer = load_tokenizer(str(TOKENIZER))
@@ -465,12 +457,11 @@ def bench_scale(args, tmp: Path) -> dict:
         path = make_copies(source, args.copies, tmp / f"{name}-x{args.copies}.jsonl")
         pack_in_child(**job_config(args, path, tmp / "out-compile"), limit=200)  # numba's cache, untimed
         config = job_config(args, path, tmp / f"out-{name}")
-        stats = pack_in_child(cache=empty(tmp / "tokenizer-cache"), **config)  # the first job ever
+        stats = pack_in_child(**config)  # a fresh process's first job
         texts = rendered_texts(path, tokenizer)
         raw = raw_tokenizer(texts, tokenizer, apis=("encode_batch_fast",))["encode_batch_fast"]
         cold = {k: baseline_in_child(k, path, tmp, args.max_len) for k in ("raw", "trl")}
-        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc,
-                                      empty(tmp / "tokenizer-cache"))
+        process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc)
         pack_s = stats["times"]["total"] - stats["times"]["setup"]
         out["datasets"][name] = {
             "texts": len(texts), "tokens": stats["tokens"], "pack_data": stats,
@@ -523,7 +514,7 @@ def bench_pretok(args, tmp: Path) -> dict:
         gen_s = time.perf_counter() - t
         stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else REPO / "data" / "tokenizer"),
                               max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
-                              batch_rows=args.pretok_batch_rows, cache=empty(tmp / "tokenizer-cache"))
+                              batch_rows=args.pretok_batch_rows)
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
         out[kind] = {"tokens": n, "generate_s": gen_s, "input_bytes": src.stat().st_size, "pack_data": stats,
                      "pack_s_excl_setup": pack_s, "tokens_per_s": n / pack_s,
@@ -570,12 +561,6 @@ def main() -> None:
                   f"pack-data {s['process_pack_s']:.2f}s; TRL-style batched map {s['process_trl_s']:.2f}s -> "
                   f"{s['process_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style {s['process_trl_sft_s']:.2f}s -> "
                   f"{s['process_speedup_vs_trl_sft']:.1f}x")
-            print(f"[text] tokenizer cached (a later pack-data process with the same tokenizer): cold "
-                  f"{s['cached_pack_tokens_per_s'] / 1e6:.2f}M tok/s = {s['cached_pack_vs_cold_raw']:.0%} of a fresh "
-                  f"tokenizer's first encode_batch_fast, {s['cached_speedup_vs_trl']:.1f}x / "
-                  f"{s['cached_speedup_vs_trl_sft']:.1f}x the cold TRL-style / SFTTrainer-style; whole process "
-                  f"{s['process_cached_pack_s']:.2f}s -> {s['process_cached_speedup_vs_trl']:.1f}x / "
-                  f"{s['process_cached_speedup_vs_trl_sft']:.1f}x")
             print(f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
                   f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
                   f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")

@@ -3,7 +3,8 @@
 The GPU numbers themselves are measured by the lead; here we pin down that the paths compare like
 with like: the padding and flattening collates hold the same examples, every path computes the same
 loss on the same weights, the step/group bookkeeping is right and the FLOP accounting gives the
-expected numbers.
+expected numbers. scripts/bench_pack_data.py's pack-data runs (child and whole process) are run on a
+small job, so that a moved pipeline entry point breaks a test, not the benchmark.
 """
 
 from __future__ import annotations
@@ -287,7 +288,7 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
         "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
         f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
         "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, trainer.data\n"
-        "import pipeline.cli, pipeline.write, pipeline.sources, pipeline.tokenize, pipeline.verify\n"
+        "import pipeline.cli, pipeline.job, pipeline.write, pipeline.sources, pipeline.tokenize, pipeline.shards\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -389,6 +390,29 @@ def test_bench_loss_end_to_end_on_cpu(tmp_path):
     assert all(r.heldout_loss is not None and np.isfinite(r.heldout_loss) for r in results)
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert json.loads((tmp_path / "loss.json").read_text())["token_budget"] > 0
+
+
+@pytest.mark.slow
+def test_bench_pack_data_runs_pack_data_in_a_child_and_as_a_whole_process(tmp_path, monkeypatch):
+    """bench_pack_data's two ways of running pack-data use the pipeline's current entry points: its
+    child's code (run_pack_data, cold then warm, peak RSS of the tokenizer workers) and the whole
+    `pack-data` process (the click command), each on a small text job."""
+    import bench_pack_data as bpd
+
+    tokenizer = REPO / "data" / "tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        pytest.skip("data/tokenizer is not there")
+    source = REPO / "data" / "sample" / "chat.jsonl"
+    stats = bpd.pack_in_child(repeat=2, inputs=[str(source)], tokenizer=str(tokenizer), max_len=1024,
+                              out=str(tmp_path / "child"), num_proc=2, limit=60)
+    assert set(stats["times"]) == {"setup", "read_tokenize", "plan", "write", "verify", "total"}
+    assert stats["tokens"] > 0 and 0 < stats["efficiency"] <= 1 and stats["process_s"] > 0
+    assert [w["tokens"] for w in stats["warm_runs"]] == [stats["tokens"]]
+    assert stats["maxrss_children_mb"] > 0  # the worker processes, joined before it is read
+    monkeypatch.setattr(bpd, "TOKENIZER", tokenizer)
+    assert bpd.pack_data_process(source, tmp_path / "process", 1024, 1) > 0
+    manifest = json.loads((tmp_path / "process" / "manifest.json").read_text())
+    assert manifest["config"]["max_len"] == 1024 and manifest["config"]["num_proc"] == 1
 
 
 def test_targets_are_checked_against_the_same_run():
