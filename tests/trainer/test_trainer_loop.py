@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
