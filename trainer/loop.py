@@ -35,7 +35,7 @@ from pipeline.shards import Manifest
 from trainer import checkpoint as ckpt
 from trainer.integrity import ShardHashCheck
 from trainer.batch import MicroBatch
-from trainer.data import (
+from trainer.stream import (
     Cursor,
     CursorSampler,
     MicroBatchDataset,

@@ -1,4 +1,4 @@
-"""trainer.data: seeded rank-split micro-batch plans, exact cursors, and shard gathering."""
+"""trainer.stream: seeded rank-split micro-batch plans, exact cursors, and shard gathering."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import iter_rows, read_manifest  # noqa: E402
 from trainer.batch import collate_rows  # noqa: E402
-from trainer.data import (  # noqa: E402
+from trainer.stream import (  # noqa: E402
     Cursor,
     CursorSampler,
     MicroBatchDataset,
