@@ -21,7 +21,10 @@ from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import read_manifest  # noqa: E402
 from trainer import checkpoint as ckpt  # noqa: E402
 from trainer.stream import ShardReader  # noqa: E402
-from trainer.loop import LossModule, Schedule, TrainConfig, backward_window, train  # noqa: E402
+from trainer import TrainConfig, train  # noqa: E402
+from trainer.loop import backward_window  # noqa: E402
+from trainer.loss import LossModule  # noqa: E402
+from trainer.optim import Schedule  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 
 
