@@ -102,7 +102,8 @@ def wrap_parallel(
     instead of two, at the memory of the unsharded bf16 parameters).
     """
     if fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # only FSDP runs need it
+        # here, not at the top: torch.distributed.fsdp exports fully_shard only from torch 2.6 on
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         reduce_dtype = torch.bfloat16 if reduce_bf16 else torch.float32
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=reduce_dtype)
