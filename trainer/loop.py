@@ -329,10 +329,10 @@ def save(run: Run, step: int, cursor: Cursor, tokens_seen: int, loss: float | No
         "config": {**asdict(run.config), "world_size": info.world_size}, "data": run.fingerprint,
         "attention": run.backend, "total_steps": run.total_steps,
     }
-    gathered = run.fsdp or info.rank == 0
+    writes_optimizer = run.fsdp or info.rank == 0  # under FSDP every rank helps gather it
     return ckpt.save_checkpoint(
         run.out, step, model=run.model, model_state=model_state,
-        optimizer_state=optimizer_state(run.wrapper, run.optimizer, run.fsdp) if gathered else None,
+        optimizer_state=optimizer_state(run.wrapper, run.optimizer, run.fsdp) if writes_optimizer else None,
         scheduler_state=run.scheduler.state_dict(), trainer_state=trainer_state,
         tokenizer=run.tokenizer, rank=info.rank, barrier=info.barrier, keep_last=run.config.keep_last,
     )
