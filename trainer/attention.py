@@ -26,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers import AttentionInterface, masking_utils
+from transformers.masking_utils import AttentionMaskInterface
 
 from pipeline.errors import UserError
 from trainer.kernels import (
@@ -275,8 +277,6 @@ def _mask_preprocessing_skips_unregistered() -> bool:
     position_ids for packing on every forward (a device-to-host sync) only to get None back.
     """
     try:
-        from transformers import masking_utils
-
         source = inspect.getsource(masking_utils._preprocess_mask_arguments)
     except Exception:
         return False
@@ -287,13 +287,9 @@ def register(backend: str, name: str | None = None, observe: Observer | None = N
     """Register `backend` with transformers (attention function, and a None mask function only
     where this transformers version needs one) under `name` (default `attention_name(backend)`).
     Returns the registered name."""
-    from transformers import AttentionInterface
-
     name = name or attention_name(backend)
     AttentionInterface.register(name, make_hf_attention(backend, observe))
     if not _mask_preprocessing_skips_unregistered():
-        from transformers.masking_utils import AttentionMaskInterface
-
         AttentionMaskInterface.register(name, _no_dense_mask)
     return name
 

@@ -6,7 +6,7 @@ tokens) is computed here on the CPU, so the GPU step never syncs with the host t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -34,23 +34,15 @@ class MicroBatch:
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> MicroBatch:
         """Copy tensors to `device` (pin first for truly asynchronous host-to-device copies)."""
-        moved = {
-            f.name: (
-                v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-            )
-            for f in fields(self)
-            for v in [getattr(self, f.name)]
-        }
-        return MicroBatch(**moved)
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> MicroBatch:
         """Page-locked copy of the tensors (DataLoader calls this when pin_memory=True)."""
-        pinned = {
-            f.name: (v.pin_memory() if isinstance(v, torch.Tensor) else v)
-            for f in fields(self)
-            for v in [getattr(self, f.name)]
-        }
-        return MicroBatch(**pinned)
+        return self._map_tensors(torch.Tensor.pin_memory)
+
+    def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatch:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return MicroBatch(**{k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for a Hugging Face causal LM whose attention is packed varlen."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from pipeline.durable import fsync_path, fsync_tree, write_text_atomic
 from pipeline.errors import UserError
@@ -238,8 +239,6 @@ def load_torch(path: str | os.PathLike[str]) -> Any:
 
 def load_model_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors files in a checkpoint's `model/` folder (sharded or not)."""
-    from safetensors.torch import load_file
-
     files = sorted((Path(path) / "model").glob("*.safetensors"))
     if not files:
         raise UserError(f"{path}/model: no safetensors weights: the checkpoint is incomplete")

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from pipeline.console import run_and_exit
 from pipeline.errors import UserError, cli_errors
+from trainer import TrainConfig, train
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -84,8 +84,6 @@ def pack_train(**options: object) -> None:
     Example: pack-train --data out/sample --model tiny --out runs/tiny --max-steps 20
     """
     with cli_errors(interrupted="checkpoints saved before are intact (continue with --resume)"):
-        from trainer.loop import TrainConfig, train
-
         options["compile"] = options.pop("compile_")
         options["progress"] = not options.pop("no_progress")
         config = TrainConfig(**options)  # type: ignore[arg-type]
@@ -117,4 +115,4 @@ def format_summary(summary: dict) -> str:
 
 def main() -> None:
     """The `pack-train` console script."""
-    run_and_exit(pack_train, "pack-train")
+    pack_train(prog_name="pack-train")

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from pipeline.errors import UserError
 
@@ -234,8 +235,6 @@ def _flex_block_mask(cu_seqlens: torch.Tensor, n_tokens: int, feats: Features):
     kind of layer: every layer of a forward gets the same cu_seqlens tensor, so masks are cached
     by its identity (the cache holds the tensor, so its id cannot be reused while cached) and by
     window and chunk (Gemma's window and full layers alternate)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     key = (n_tokens, feats.window, feats.chunk, cu_seqlens.device)
     cached = _FLEX_MASKS.get(key)
     if cached is not None and cached[0] is cu_seqlens:
@@ -284,8 +283,6 @@ def _flex(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
         except ImportError:  # torch < 2.9 returns (out, lse)
             lse_kwargs = {"return_lse": True}
     as_batch = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [T, H, D] -> [1, H, T, D]
-    from torch.nn.attention.flex_attention import flex_attention
-
     with torch.autocast(q.device.type, enabled=False):  # inputs are cast already; score_mod too
         result = flex_attention(
             as_batch(q), as_batch(k), as_batch(v), score_mod=score_mod, block_mask=block_mask,

@@ -139,6 +139,19 @@ def packed_loss(
     return losses.sum(), batch.n_loss_tokens
 
 
+class LossModule(torch.nn.Module):
+    """The causal LM with `packed_loss` as its forward (the sum of the micro-batch's token losses),
+    so that DDP and FSDP wrap the whole loss computation."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: MicroBatch) -> torch.Tensor:
+        loss_sum, _ = packed_loss(self.model, batch)
+        return loss_sum
+
+
 def per_example_losses(model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096) -> torch.Tensor:
     """Mean token loss of each example of the batch, fp32 [n_examples] (NaN for an example that
     has no loss token). Differentiable; meant for tests and evaluation."""

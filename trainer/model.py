@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 from pipeline.errors import UserError
 from trainer import attention
+from trainer.loss import find_decoder
 from trainer.model_check import check_model
 
 PRESETS: dict[str, dict] = {
@@ -140,3 +141,21 @@ def build_model(
     model = load_model(name_or_path, device=device, dtype=dtype, vocab_size=vocab_size, seed=seed)
     backend, _ = prepare(model, attn, device)
     return model, backend
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder's layers (what `--compile` compiles and FSDP2 shards one by one), or the whole
+    decoder where it has no `layers`."""
+    decoder = find_decoder(model)
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if layers is not None else [decoder]
+
+
+def enable_grad_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 renamed the
+    method; both spellings are supported)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

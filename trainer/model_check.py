@@ -30,7 +30,7 @@ import torch
 from pipeline.errors import UserError
 from trainer import attention
 from trainer.batch import collate_flat
-from trainer.loss import find_decoder, output_logits
+from trainer.loss import hidden_states, output_logits
 
 PROBE_LENGTHS = (7, 12, 9)
 # max |packed - alone| / max(1, max |alone|): float32 rounding, or 16-bit weights' rounding
@@ -84,13 +84,11 @@ def check_model(model: torch.nn.Module) -> set[str]:
     try:
         with _exact_float32(model):
             attention.set_implementation(model, PROBE_NAME)
-            decoder = find_decoder(model)
             model.train()  # as in training: dropout and other training-only paths reach the glue
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                decoder(**batch.model_kwargs(), use_cache=False)
+                hidden_states(model, batch)
             model.eval()
-            hidden = decoder(**batch.model_kwargs(), use_cache=False)[0]
-            packed = output_logits(model, hidden.reshape(-1, hidden.shape[-1]))
+            packed = output_logits(model, hidden_states(model, batch))
             attention.set_implementation(model, "eager")
             alone = torch.cat([model(input_ids=x[None], use_cache=False).logits[0] for x in examples])
     except UserError as exc:

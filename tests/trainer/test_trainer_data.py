@@ -1,4 +1,4 @@
-"""trainer.data: seeded rank-split micro-batch plans, exact cursors, and shard gathering."""
+"""trainer.stream: seeded rank-split micro-batch plans, exact cursors, and shard gathering."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import iter_rows, read_manifest  # noqa: E402
 from trainer.batch import collate_rows  # noqa: E402
-from trainer.data import (  # noqa: E402
+from trainer.stream import (  # noqa: E402
     Cursor,
     CursorSampler,
     MicroBatchDataset,
@@ -136,7 +136,8 @@ def test_loader_with_workers_yields_the_planned_order(packed: Path) -> None:
 
 
 def test_open_data_refuses_a_damaged_folder(packed: Path, tmp_path: Path) -> None:
-    from trainer.loop import TrainConfig, open_data
+    from trainer import TrainConfig
+    from trainer.stream import open_data
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -153,7 +154,8 @@ def test_open_data_checks_the_tokenizer_fingerprint(
     packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tokenize = pytest.importorskip("pipeline.tokenizer_load")
-    from trainer.loop import TrainConfig, open_data
+    from trainer import TrainConfig
+    from trainer.stream import open_data
 
     fingerprint = read_manifest(packed).tokenizer["fingerprint"]
     monkeypatch.setattr(tokenize, "load_tokenizer", lambda path: object())
@@ -173,7 +175,8 @@ def test_open_data_checks_the_tokenizer_fingerprint(
 
 def test_open_data_refuses_data_with_no_loss_token(tmp_path: Path) -> None:
     """A folder whose every label is -100 would train nothing (final loss 0.0000): refused."""
-    from trainer.loop import TrainConfig, open_data
+    from trainer import TrainConfig
+    from trainer.stream import open_data
 
     rows = [[(0, [5, 6, 7], [-100, -100, -100]), (1, [8, 9], [-100, -100])]]
     make_packed_folder(tmp_path / "silent", rows, 8)

@@ -14,14 +14,17 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import read_manifest  # noqa: E402
 from trainer import checkpoint as ckpt  # noqa: E402
-from trainer.data import ShardReader  # noqa: E402
-from trainer.loop import LossModule, Schedule, TrainConfig, backward_window, train  # noqa: E402
+from trainer.stream import ShardReader  # noqa: E402
+from trainer import TrainConfig, train  # noqa: E402
+from trainer.loop import backward_window  # noqa: E402
+from trainer.loss import LossModule  # noqa: E402
+from trainer.optim import Schedule  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 
 
@@ -235,7 +238,7 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from trainer import data
+    from trainer import stream as data
 
     seen: list[list[int]] = []
     original = data.ShardReader.microbatch
@@ -304,7 +307,7 @@ def _sigterm_worker(rank: int, world: int, port: int, config: TrainConfig, recor
 
     import torch.distributed as dist
 
-    from trainer import data
+    from trainer import stream as data
 
     original = data.ShardReader.microbatch
 
@@ -341,7 +344,7 @@ def test_grad_checkpointing_changes_memory_not_results(packed: Path, tmp_path: P
 
 
 def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Path) -> None:
-    from trainer.data import Planner, row_lengths
+    from trainer.stream import Planner, row_lengths
 
     planner = Planner(row_lengths(packed, read_manifest(packed)), 128, seed=0, grad_accum=2)
     two_epochs = planner.steps_in_epoch(0) + planner.steps_in_epoch(1)

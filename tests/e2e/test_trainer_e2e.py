@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from trainer.cli import pack_train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "sample" / "instructions.jsonl"
 TOKENIZER = ROOT / "data" / "tokenizer"
 LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"

@@ -1,11 +1,13 @@
 """Stream packed shards as seeded, rank-split micro-batches.
 
-Every epoch the planner takes a seeded permutation of all rows (of all shards), cuts it greedily into
-micro-batches of at most `tokens_per_step` tokens (a row longer than the budget becomes a micro-batch
-of its own), drops the tail so the count is a multiple of `world_size * grad_accum`, and gives
-micro-batch i to rank i % world_size. Every rank therefore sees the same number of micro-batches and
-optimizer steps (no hang at the end of an epoch), the ranks' data are disjoint, and the plan is a pure
-function of (seed, epoch), so a data cursor of (epoch, micro-batch index) resumes exactly.
+`open_data` checks the packed folder before training (its structure, that some token carries a
+loss, the tokenizer's fingerprint). Every epoch the planner takes a seeded permutation of all rows
+(of all shards), cuts it greedily into micro-batches of at most `tokens_per_step` tokens (a row
+longer than the budget becomes a micro-batch of its own), drops the tail so the count is a multiple
+of `world_size * grad_accum`, and gives micro-batch i to rank i % world_size. Every rank therefore
+sees the same number of micro-batches and optimizer steps (no hang at the end of an epoch), the
+ranks' data are disjoint, and the plan is a pure function of (seed, epoch), so a data cursor of
+(epoch, micro-batch index) resumes exactly.
 
 Loading is a map-style dataset keyed by (epoch, local micro-batch index): DataLoader workers open the
 shards memory-mapped on first use, gather the rows with numpy slices and build a `MicroBatch`
@@ -20,14 +22,47 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from numba import njit
 
+from pipeline import tokenizer_load
 from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, flat_column, open_shard, shard_paths
+from pipeline.verify import verify_folder
 from trainer.batch import MicroBatch, collate_flat
+from trainer.config import TrainConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
+    """Verify the packed folder (fast checks; the sha256 of its shards is checked beside training,
+    `trainer.integrity`) and its tokenizer fingerprint; returns (manifest, tokenizer or None). The
+    tokenizer is `--tokenizer`, else the one inside a local model folder."""
+    manifest = verify_folder(config.data, check_hashes=False)
+    if manifest.loss_tokens == 0:
+        raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
+                        "nothing; re-pack data with responses (assistant turns) to train on")
+    source = config.tokenizer
+    model_dir = Path(config.model)
+    if source is None and model_dir.is_dir() and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        source = str(model_dir)
+    if source is None:
+        return manifest, None
+    tokenizer = tokenizer_load.load_tokenizer(source)
+    have = tokenizer_load.tokenizer_fingerprint(tokenizer)
+    want = manifest.tokenizer.get("fingerprint")
+    if have != want:
+        raise UserError(
+            f"{config.data} was packed with tokenizer {manifest.tokenizer.get('name', '?')!r} "
+            f"(fingerprint {str(want)[:12]}) but the model's tokenizer {source} has fingerprint "
+            f"{have[:12]}: re-run pack-data with this tokenizer, or pass the right --tokenizer"
+        )
+    return manifest, tokenizer
 
 
 @njit(cache=True)

@@ -1,0 +1,69 @@
+"""`TrainConfig`: every option of a training run; `validate` refuses a value outside its choices
+(click's choices do the same for `pack-train`; this covers `train()` called from Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import UserError
+
+SCHEDULES = ("cosine", "linear", "constant")
+RESUME = ("newest", "strict")
+PARALLEL = ("ddp", "fsdp")
+GRAD_REDUCE = ("fp32", "bf16")
+DTYPES = ("auto", "bf16", "fp32")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of `pack-train` (see trainer/cli.py for the user-facing help)."""
+
+    data: str
+    model: str
+    out: str
+    tokenizer: str | None = None
+    tokens_per_step: int = 16384
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup: int = 0
+    schedule: str = "cosine"
+    epochs: int | None = None
+    max_steps: int | None = None
+    stop_at: int | None = None
+    attn: str = "auto"
+    dtype: str = "auto"
+    compile: bool | None = None  # None: compile on CUDA, not on CPU
+    grad_checkpointing: bool = False
+    seed: int = 0
+    save_every: int = 0
+    keep_last: int | None = None
+    resume: str | None = None  # "newest" (intact checkpoint) or "strict" (the latest, or refuse)
+    log_every: int = 10
+    parallel: str = "ddp"
+    grad_reduce: str = "fp32"
+    reshard_after_forward: bool = True
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    num_workers: int = 2
+    prefetch: int = 4
+    peak_flops: float = 989e12
+    device: str = "auto"
+    verify_hashes: bool = True
+    progress: bool = True
+
+
+def validate(config: TrainConfig) -> None:
+    """Raise UserError (one line) for an option outside its choices."""
+    if config.schedule not in SCHEDULES:
+        raise UserError(f"unknown --schedule {config.schedule!r}: choose {', '.join(SCHEDULES)}")
+    if config.parallel not in PARALLEL:
+        raise UserError(f"unknown --parallel {config.parallel!r}: choose {', '.join(PARALLEL)}")
+    if config.grad_reduce not in GRAD_REDUCE:
+        raise UserError(f"unknown --grad-reduce {config.grad_reduce!r}: choose {', '.join(GRAD_REDUCE)}")
+    if config.dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {config.dtype!r}: choose bf16 or fp32")
+    if config.resume and config.resume not in RESUME:
+        raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

@@ -1,0 +1,144 @@
+"""What a run records in `--out` besides its checkpoints: config.json, metrics.jsonl (a line every
+`--log-every` steps, written by `Meter`), summary.json and ranks/rank{r}.json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from trainer.batch import MicroBatch
+from trainer.config import TrainConfig
+
+METRICS = "metrics.jsonl"
+
+
+def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:
+    """Create the run folder and write config.json; metrics lines of steps after the checkpoint a
+    run resumes from are dropped (they will be redone), and a new run starts a new metrics.jsonl."""
+    out.mkdir(parents=True, exist_ok=True)
+    if resume_step is not None:
+        trim_metrics(out / METRICS, resume_step)
+    elif (out / METRICS).exists():
+        (out / METRICS).unlink()
+    (out / "config.json").write_text(
+        json.dumps({**asdict(config), "world_size": world}, indent=2) + "\n", encoding="utf-8"
+    )
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Keep only the metric lines of steps up to `step`."""
+    if not path.is_file():
+        return
+    keep = [
+        line for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= step
+    ]
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: the most memory allocated; CPU: this process's peak RSS (VmHWM, where Linux has it:
+    `ru_maxrss` of a process started by another also counts the starter's peak, kept across exec)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Meter:
+    """Counts tokens, steps and data-loader waits, and writes a metrics line when asked (rank 0
+    writes the file and shows the progress bar). The window token counts of the steps stay device
+    tensors until a line or a checkpoint needs them, so steps do not wait for the host."""
+
+    def __init__(
+        self, out: Path, config: TrainConfig, *, rank: int, world: int, device: torch.device,
+        n_params: int, backend: str, start_step: int, total_steps: int, tokens_seen: int,
+    ) -> None:
+        self.device, self.backend = device, backend
+        self.n_params, self.peak_flops = n_params, config.peak_flops * world  # for the MFU
+        self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
+        self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
+                        desc="pack-train", unit="step", dynamic_ncols=True)
+        self.tokens_seen = tokens_seen  # all ranks, this run and the ones it resumes
+        self.run_tokens = 0  # all ranks, this run
+        self.local_micro_batches = self.local_tokens = 0  # this rank's own, host ints
+        self._pending: torch.Tensor | int = 0  # window tokens not yet added to the counts above
+        self._tokens_since = self._steps_since = 0
+        self._wait_since = 0.0
+        self.run_start = self._log_time = time.perf_counter()
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.bar.close()
+        if self.file is not None:
+            self.file.close()
+
+    def step(self, micro: list[MicroBatch], wait: float, window_tokens: torch.Tensor | int) -> None:
+        """Count one optimizer step: this rank's `micro` batches, the time spent waiting for them,
+        and the tokens of the whole window (all ranks)."""
+        self.local_micro_batches += len(micro)
+        self.local_tokens += sum(b.n_tokens for b in micro)
+        self._wait_since += wait
+        self._steps_since += 1
+        self._pending = self._pending + window_tokens
+        self.bar.update(1)
+
+    def count_tokens(self) -> None:
+        """Bring the token counts up to date (reads the pending device count)."""
+        n = int(self._pending)
+        self.tokens_seen, self.run_tokens, self._tokens_since = (
+            self.tokens_seen + n, self.run_tokens + n, self._tokens_since + n)
+        self._pending = 0
+
+    def log(self, step: int, epoch: int, loss: float, lr: float, grad_norm: float) -> None:
+        """Write the metrics line of `step`: the given values and the throughput since the last line."""
+        self.count_tokens()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        elapsed = now - self._log_time
+        tokens_per_s = self._tokens_since / max(elapsed, 1e-9)
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": self.tokens_seen,
+            "tokens_per_s": tokens_per_s,
+            "mfu": 6.0 * self.n_params * tokens_per_s / self.peak_flops,
+            "step_time_s": elapsed / self._steps_since,
+            "data_wait_s": self._wait_since / self._steps_since,
+            "peak_mem_gib": peak_memory_gib(self.device),
+            "attention": self.backend,
+        }
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+        self._log_time, self._tokens_since, self._wait_since, self._steps_since = now, 0, 0.0, 0
+
+
+def write_summary(out: Path, summary: dict[str, Any], own: dict[str, Any]) -> None:
+    """summary.json (rank 0's `summary`), and ranks/rank{r}.json: what each rank did itself (`own`),
+    so equal step counts across ranks can be checked."""
+    rank = summary["rank"]
+    if rank == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "ranks").mkdir(exist_ok=True)
+    (out / "ranks" / f"rank{rank}.json").write_text(json.dumps(own) + "\n", encoding="utf-8")

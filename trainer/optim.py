@@ -1,0 +1,63 @@
+"""AdamW (weight decay on matrices only) and its learning-rate schedule: linear warmup, then
+cosine, linear or constant."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.config import TrainConfig
+
+
+@dataclass
+class Schedule:
+    """LR multiplier after `step` completed steps: linear warmup, then cosine/linear/constant decay
+    to `min_ratio` at `total` steps. A dataclass, so LambdaLR checkpoints it with the scheduler."""
+
+    kind: str
+    warmup: int
+    total: int
+    min_ratio: float
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        if self.kind == "linear":
+            return 1.0 - (1.0 - self.min_ratio) * progress
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on norms, biases)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(
+    model: torch.nn.Module, config: TrainConfig, device: torch.device, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `model`'s parameters (fused on CUDA) and a LambdaLR that follows `Schedule`."""
+    optimizer = torch.optim.AdamW(
+        param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
+        **({"fused": True} if device.type == "cuda" else {"foreach": True}),
+    )
+    schedule = Schedule(config.schedule, config.warmup, total_steps, config.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def stretch_schedule(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int
+) -> None:
+    """After a scheduler was loaded from a checkpoint: keep this run's length (`--max-steps` may have
+    grown) and set the learning rate of the next step from it."""
+    schedule = scheduler.lr_lambdas[0]
+    schedule.total = total_steps
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base * schedule(scheduler.last_epoch)

@@ -1,0 +1,148 @@
+"""Where training runs: the device, the process group torchrun describes, the data-parallel
+wrapper (DDP, or FSDP2 sharding each decoder layer), and full (unsharded) state dicts for
+checkpoints."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from pipeline.errors import UserError
+
+
+@dataclass
+class DistInfo:
+    """This process's place in the run (rank 0 of 1 when not under torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    enabled: bool = False
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def pick_device(requested: str) -> torch.device:
+    """`--device`: auto (this rank's GPU, else the CPU), cpu, cuda or cuda:N."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {requested}: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {requested}: no CUDA device is available here; use --device cpu")
+    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def setup_distributed(device: torch.device) -> DistInfo:
+    """Join the process group torchrun describes in the environment (NCCL on CUDA, else gloo)."""
+    if "WORLD_SIZE" not in os.environ:
+        return DistInfo()
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank=rank, world_size=world, local_rank=local, enabled=True)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (each rank passes its own seed)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _bf16_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects string annotations here)
+    """DDP comm hook: average a gradient bucket (dist.GradBucket) across ranks in bf16, write it
+    back in fp32; returns a Future of the bucket's tensor.
+
+    torch's `bf16_compress_hook` does the same but insists on NCCL; this one also runs on gloo,
+    so the CPU tests exercise it."""
+    buffer = bucket.buffer()
+    sent = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(sent, async_op=True).get_future()
+
+    def back(done: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(done.value()[0])
+
+    return future.then(back)
+
+
+def wrap_parallel(
+    module: torch.nn.Module, layers: list[torch.nn.Module], info: DistInfo, *, fsdp: bool, bf16: bool,
+    reduce_bf16: bool = False, reshard_after_forward: bool = True,
+) -> torch.nn.Module:
+    """DDP, or FSDP2 (`fully_shard` on each of `layers`, then on `module`), or `module` itself (one
+    process). Returns the module to call in the training step.
+
+    `reduce_bf16` sends gradients across ranks in bf16 (DDP comm hook / FSDP2 reduce_dtype); they
+    are accumulated and applied in fp32 either way. `reshard_after_forward=False` keeps each FSDP2
+    layer's parameters gathered from its forward to its backward (one all-gather per micro-batch
+    instead of two, at the memory of the unsharded bf16 parameters).
+    """
+    if fsdp:
+        # here, not at the top: torch.distributed.fsdp exports fully_shard only from torch 2.6 on
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        reduce_dtype = torch.bfloat16 if reduce_bf16 else torch.float32
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=reduce_dtype)
+        for layer in layers:
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(module, mp_policy=policy)
+        return module
+    if info.enabled:
+        # broadcast_buffers=False: the only buffers are the rotary frequencies, equal on every rank
+        # by construction; broadcasting them before every forward would lock the ranks together on
+        # each micro-batch, no_sync ones included
+        ddp = torch.nn.parallel.DistributedDataParallel(module, broadcast_buffers=False)
+        if reduce_bf16:
+            ddp.register_comm_hook(None, _bf16_allreduce_hook)
+        return ddp
+    return module
+
+
+def full_model_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of an FSDP2-sharded module, on the CPU (collective: every rank calls it)."""
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> dict:
+    """The optimizer's full state (collective under FSDP2)."""
+    if not fsdp:
+        return optimizer.state_dict()
+    return get_optimizer_state_dict(
+        module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def load_optimizer_state(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, fsdp: bool
+) -> None:
+    """Load what `optimizer_state` returned (under FSDP2 each rank keeps its own shard of it)."""
+    if not fsdp:
+        optimizer.load_state_dict(state)
+        return
+    set_optimizer_state_dict(
+        module, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
+    )

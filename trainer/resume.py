@@ -1,0 +1,116 @@
+"""Continuing a run from its checkpoint: which checkpoint (rank 0 checks them and tells the other
+ranks), whether this run can continue it exactly, and loading weights, optimizer, scheduler and
+RNG states from it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import UserError
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig
+from trainer.optim import stretch_schedule
+from trainer.parallel import DistInfo, load_optimizer_state
+from trainer.stream import Cursor
+
+# Options that fix the data stream: a resume with other values could not continue exactly.
+STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size")
+
+
+def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
+    """The checkpoint in `--out` to continue from, or None for a new run (which refuses an `--out`
+    that holds checkpoints). Rank 0 verifies the checkpoints (`ckpt.resume_point`) and tells the
+    other ranks which one, or why there is none."""
+    out = Path(config.out)
+    if not config.resume:
+        if ckpt.list_checkpoints(out):
+            raise UserError(
+                f"{out} already holds checkpoints: pass --resume to continue that run, or choose a new --out"
+            )
+        return None
+    found: tuple[Path, list[str]] | str | None = None
+    if info.rank == 0:
+        try:
+            found = ckpt.resume_point(out, strict=config.resume == "strict")
+        except UserError as exc:
+            found = str(exc)
+    if info.enabled:
+        box = [found]
+        dist.broadcast_object_list(box, src=0)
+        found = box[0]
+    if isinstance(found, str):
+        raise UserError(found)
+    path, notes = found
+    for note in notes:
+        print(f"pack-train: {note}", file=sys.stderr)
+    return path
+
+
+def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict) -> dict[str, Any]:
+    """The checkpoint's state, if this run can continue it exactly (same data stream), else UserError."""
+    state = ckpt.read_trainer_state(path)
+    saved = state.get("config", {})
+    for key in STREAM_KEYS:
+        now = world if key == "world_size" else getattr(config, key)
+        if saved.get(key) != now:
+            raise UserError(
+                f"cannot resume {path}: it was trained with {key}={saved.get(key)} but this run has "
+                f"{key}={now}; the data order would differ: use the same value"
+            )
+    if state.get("data") != fingerprint:
+        raise UserError(
+            f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ "
+            f"from {config.data})"
+        )
+    return state
+
+
+def load_weights_into(model: torch.nn.Module, path: Path) -> None:
+    """Load a checkpoint's safetensors into `model` (plain, before wrapping); tied copies may be
+    absent from the file."""
+    state = ckpt.load_model_weights(path)
+    with ckpt.loading(path / "model"):  # e.g. a tensor of another shape
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - ckpt.tied_parameter_names(model)
+    if missing or unexpected:
+        raise UserError(
+            f"{path}/model does not match the model: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}: resume with the same --model"
+        )
+
+
+def resume_model(
+    path: Path, model: torch.nn.Module, config: TrainConfig, world: int, fingerprint: dict, stop_at: int
+) -> tuple[int, Cursor, int]:
+    """Load the weights of checkpoint `path` into `model`, once `check_resumable` agrees; returns
+    the checkpoint's step, data cursor and tokens seen."""
+    state = check_resumable(path, config, world, fingerprint)
+    load_weights_into(model, path)
+    step, cursor, tokens_seen = int(state["step"]), Cursor(**state["cursor"]), int(state.get("tokens_seen", 0))
+    if step >= stop_at:
+        raise UserError(
+            f"{path} is already at step {step} of {stop_at}: nothing to resume; "
+            "raise --max-steps (or --stop-at) to train further"
+        )
+    return step, cursor, tokens_seen
+
+
+def load_training_state(
+    path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, rank: int, fsdp: bool,
+) -> None:
+    """Load the optimizer (of the wrapped `module`), the scheduler and this rank's RNG states from
+    checkpoint `path`; the schedule keeps this run's length."""
+    for name, restore in (
+        ("optimizer.pt", lambda state: load_optimizer_state(module, optimizer, state, fsdp)),
+        ("scheduler.pt", scheduler.load_state_dict),
+        (f"rng-rank{rank}.pt", ckpt.set_rng_state),
+    ):
+        with ckpt.loading(path / name):
+            restore(ckpt.load_torch(path / name))
+    stretch_schedule(optimizer, scheduler, total_steps)
