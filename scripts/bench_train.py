@@ -383,8 +383,8 @@ def _finish_path(res: PathResult, lens: Any, s: Setup, *, path: str, runner: str
 def step_seq_lens_of_plan(folder: Path, tokens_per_step: int, seed: int, first: int,
                           count: int) -> tuple[np.ndarray, int]:
     """Example lengths and real tokens of optimizer steps first..first+count-1 that pack-train takes
-    (single process, grad_accum 1): the same deterministic `trainer.data.Planner` plan."""
-    from trainer.data import Cursor, Planner, row_lengths, step_cursor
+    (single process, grad_accum 1): the same deterministic `trainer.stream.Planner` plan."""
+    from trainer.stream import Cursor, Planner, row_lengths, step_cursor
 
     manifest = read_manifest(folder)
     lengths = row_lengths(folder, manifest)
@@ -421,7 +421,7 @@ def no_checkpoint_writes() -> Iterator[None]:
 def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     """A packlm path through the product's own loop (`trainer.loop.train`, what `pack-train` runs),
     read back from its metrics.jsonl. Steps 1..W are warmup; the timed region is W+1..W+S."""
-    from trainer.loop import TrainConfig, train
+    from trainer import TrainConfig, train
 
     a = s.args
     folder = s.folders["minibatch" if path == "packlm-minibatch" else "ffd"]
@@ -587,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
                   n_layers=config.num_hidden_layers, hidden=config.hidden_size)
     if args.packed_runner == "auto":
         try:
-            from trainer.loop import TrainConfig, train  # noqa: F401
+            from trainer import TrainConfig, train  # noqa: F401
 
             args.packed_runner = "pack-train"
         except ImportError as exc:

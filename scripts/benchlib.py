@@ -373,11 +373,11 @@ def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
 
 def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndarray]]]:
     """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step
-    (the trainer's own cut, `trainer.data._greedy_cuts`)."""
+    (the trainer's own cut, `trainer.stream._greedy_cuts`)."""
     import numpy as np
 
     from pipeline.shards import iter_rows
-    from trainer.data import _greedy_cuts
+    from trainer.stream import _greedy_cuts
 
     rows = list(iter_rows(folder))
     lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)

@@ -213,7 +213,7 @@ TRAIN_FAMILIES = ("llama", "gemma2", "gpt_oss", "deepseek_v3", "llama4")
 
 def train_rows(device: torch.device, folder: Path) -> list[dict]:
     from packed_factory import make_packed_folder, pack_lengths
-    from trainer.loop import TrainConfig, train
+    from trainer import TrainConfig, train
 
     data = folder / "packed"
     lengths = np.random.default_rng(0).integers(8, 200, size=120).tolist()

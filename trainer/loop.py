@@ -24,7 +24,7 @@ import transformers
 
 from pipeline.errors import UserError
 from pipeline.shards import Manifest
-from pipeline.verify import manifest_vocab
+from pipeline.shards import manifest_vocab
 from trainer import checkpoint as ckpt
 from trainer.attention import select_backend
 from trainer.batch import MicroBatch

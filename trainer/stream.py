@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from numba import njit
 
-from pipeline import tokenizer_load
+from pipeline.tokenizer import load_tokenizer, tokenizer_fingerprint
 from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, flat_column, open_shard, shard_paths
-from pipeline.verify import verify_folder
+from pipeline.shards import verify_folder
 from trainer.batch import MicroBatch, collate_flat
 from trainer.config import TrainConfig
 
@@ -53,8 +53,8 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
         source = str(model_dir)
     if source is None:
         return manifest, None
-    tokenizer = tokenizer_load.load_tokenizer(source)
-    have = tokenizer_load.tokenizer_fingerprint(tokenizer)
+    tokenizer = load_tokenizer(source)
+    have = tokenizer_fingerprint(tokenizer)
     want = manifest.tokenizer.get("fingerprint")
     if have != want:
         raise UserError(

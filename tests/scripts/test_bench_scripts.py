@@ -216,7 +216,7 @@ def test_timed_loop_counts_only_timed_steps_and_host_wait():
 
 def test_planned_steps_match_pack_train_data_plan(tmp_path):
     """The attention FLOPs of the pack-train path come from the same Planner the loop uses."""
-    from trainer.data import Planner, row_lengths
+    from trainer.stream import Planner, row_lengths
 
     lens = [5, 9, 3, 7, 8, 2, 6]
     rows = [[(i, np.arange(3, 3 + n))] for i, n in enumerate(lens)]

@@ -153,7 +153,7 @@ def test_open_data_refuses_a_damaged_folder(packed: Path, tmp_path: Path) -> Non
 def test_open_data_checks_the_tokenizer_fingerprint(
     packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokenize = pytest.importorskip("pipeline.tokenizer_load")
+    tokenize = pytest.importorskip("pipeline.tokenizer")
     from trainer import TrainConfig
     from trainer.stream import open_data
 
