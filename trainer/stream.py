@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from pipeline.tokenizer import load_tokenizer, tokenizer_fingerprint
+from pipeline import tokenizer as hf_tokenizer
 from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, flat_column, open_shard, shard_paths
 from pipeline.shards import verify_folder
@@ -53,8 +53,8 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
         source = str(model_dir)
     if source is None:
         return manifest, None
-    tokenizer = load_tokenizer(source)
-    have = tokenizer_fingerprint(tokenizer)
+    tokenizer = hf_tokenizer.load_tokenizer(source)
+    have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
     want = manifest.tokenizer.get("fingerprint")
     if have != want:
         raise UserError(

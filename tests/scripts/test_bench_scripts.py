@@ -287,7 +287,7 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
     code = (
         "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
         f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
-        "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, trainer.data\n"
+        "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, trainer.stream\n"
         "import pipeline.cli, pipeline.job, pipeline.write, pipeline.sources, pipeline.tokenize, pipeline.shards\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
