@@ -1,9 +1,20 @@
 """Loading a Hugging Face tokenizer (in this process, never touching the network for a local
-folder), and what the manifest records of it: its facts and a fingerprint of its files."""
+folder), and what the manifest records of it: its facts and a fingerprint of its files.
+
+Which class loads a folder is transformers' decision, made by `AutoTokenizer`. Importing
+`AutoTokenizer` imports torch (through transformers' model configs), which takes seconds and which a
+tokenizer never needs. So when the folder's `tokenizer_config.json` names a transformers tokenizer
+class and nothing else could change AutoTokenizer's choice (no `config.json` with a model type, no
+custom code, not a `LlamaTokenizer` over a byte-level `tokenizer.json`), that class is loaded
+directly: the same class AutoTokenizer would pick, the same files, the same ids
+(`tests/pipeline/test_tokenizer.py` compares the two on every kind of folder this project tests).
+Anything else goes through AutoTokenizer.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -18,13 +29,12 @@ RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for i
 def load_tokenizer(name_or_path: str) -> Any:
     """Load a fast Hugging Face tokenizer from a local folder (never touching the network) or a Hub name."""
     folder = tokenizer_folder(name_or_path)
-    from transformers import AutoTokenizer
-
     try:
         if folder is not None:
-            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            loader = declared_class(folder) or _auto_tokenizer()
+            tok = loader.from_pretrained(str(folder), local_files_only=True)
         else:
-            tok = AutoTokenizer.from_pretrained(str(name_or_path))
+            tok = _auto_tokenizer().from_pretrained(str(name_or_path))
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
@@ -39,6 +49,51 @@ def load_tokenizer(name_or_path: str) -> Any:
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
     return tok
+
+
+def _auto_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
+def declared_class(folder: Path) -> type | None:
+    """The fast transformers tokenizer class that `folder`'s tokenizer_config.json names, when that
+    is certainly AutoTokenizer's choice too; else None (AutoTokenizer decides).
+
+    AutoTokenizer prefers the class `tokenizer_config.json` names (its fast variant, `X` -> `XFast`
+    where transformers has one), except when the folder has custom code (`auto_map`), a model
+    `config.json` (whose model type it weighs against the named class), or names `LlamaTokenizer`
+    over a byte-level `tokenizer.json` (loaded as a generic tokenizer instead)."""
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    if not isinstance(name, str) or not name or "auto_map" in config or (folder / "config.json").exists():
+        return None
+    if name.removesuffix("Fast") == "LlamaTokenizer" and _byte_level(folder / "tokenizer.json"):
+        return None
+    import transformers
+
+    for candidate in (name if name.endswith("Fast") else name + "Fast", name):
+        try:
+            cls = getattr(transformers, candidate)
+        except (AttributeError, ImportError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerFast):
+            return cls
+    return None
+
+
+def _byte_level(tokenizer_json: Path) -> bool:
+    """Whether a tokenizer.json declares a ByteLevel pre-tokenizer or decoder (unreadable: True,
+    so that AutoTokenizer decides)."""
+    try:
+        spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return '"ByteLevel"' in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
 
 
 def tokenizer_folder(name_or_path: str) -> Path | None:

@@ -27,7 +27,7 @@ Parts:
   a fresh interpreter from start to exit, imports and tokenizer load included, as a user waits for it
   (pack-data's console script, the click command `pipeline.cli:pack_data`; the TRL pipelines' cold
   child processes). pack-data keeps nothing of the tokenizer between processes: every job loads it
-  in-process (`pipeline.tokenizer.load_tokenizer`, transformers' AutoTokenizer) before it reads any
+  in-process (`pipeline.tokenizer.load_tokenizer`) before it reads any
   row, so each cold or whole-process run is a first job with this tokenizer, as any user's run is.
 - `scale`: the first job on a larger text set, where fixed costs (a worker pool's start, writing
   the manifest) weigh less than on the 2-4 s datasets themselves: each dataset's records --copies

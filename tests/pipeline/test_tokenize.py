@@ -1,11 +1,10 @@
-"""pipeline.tokenize: BOS/EOS and labels per format, pre-tokenized input, tokenizer loading/fingerprint."""
+"""pipeline.tokenize: BOS/EOS and labels per format, pre-tokenized input, segments, worker processes."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +28,7 @@ from pipeline.tokenize import (
     tokenize_batch,
     tokenized_batch,
 )
-from pipeline.tokenizer import (
-    load_tokenizer,
-    tokenizer_fingerprint,
-    tokenizer_info,
-)
+from pipeline.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
@@ -264,27 +259,6 @@ def test_encode_texts_flat_matches_per_text(tok):
     flat, lens = encode_texts(tok, texts)
     assert lens.tolist() == [len(enc(tok, t)) for t in texts]
     assert flat.dtype == np.int32 and flat.tolist() == [i for t in texts for i in enc(tok, t)]
-
-
-def test_load_tokenizer_errors(tmp_path):
-    with pytest.raises(UserError, match="not found"):
-        load_tokenizer(str(tmp_path / "missing"))
-    (tmp_path / "junk").mkdir()
-    (tmp_path / "junk" / "tokenizer.json").write_text("{not json")
-    with pytest.raises(UserError, match="cannot load tokenizer"):
-        load_tokenizer(str(tmp_path / "junk"))
-
-
-def test_fingerprint_is_stable_and_tracks_content(tok, tmp_path):
-    copy = tmp_path / "tok"
-    shutil.copytree(TOKENIZER, copy)
-    assert tokenizer_fingerprint(load_tokenizer(str(copy))) == tokenizer_fingerprint(tok)
-    cfg = json.loads((copy / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{{ messages }}"
-    (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
-    assert tokenizer_fingerprint(load_tokenizer(str(copy))) != tokenizer_fingerprint(tok)
-    info = tokenizer_info(tok, "data/tokenizer")
-    assert (info["bos_token_id"], info["eos_token_id"], info["vocab_size"]) == (BOS, EOS, len(tok))
 
 
 def test_lengths_of_counts_bos_and_eos(tok, tmp_path):

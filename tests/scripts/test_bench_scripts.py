@@ -415,6 +415,20 @@ def test_bench_pack_data_runs_pack_data_in_a_child_and_as_a_whole_process(tmp_pa
     assert manifest["config"]["max_len"] == 1024 and manifest["config"]["num_proc"] == 1
 
 
+def test_bench_startup_runs_a_checkouts_own_console_script(tmp_path):
+    """bench_startup runs the pack-data entry point a checkout's pyproject.toml names, in a fresh
+    interpreter with that checkout first on the path, and digests the shards it wrote."""
+    import bench_startup as bs
+
+    assert "from pipeline.cli import pack_data" in bs.entry_point(REPO)
+    data, tokenizer = bs.jobs()["sample"]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for out in runs:
+        assert bs.run_once(REPO, data, tokenizer, out, tmp_path / "cache") > 0
+    assert json.loads((runs[0] / "manifest.json").read_text())["config"]["max_len"] == 8192
+    assert bs.shard_digest(runs[0]) == bs.shard_digest(runs[1]) != bs.shard_digest(tmp_path)
+
+
 def test_targets_are_checked_against_the_same_run():
     rs = [
         bt.PathResult(path="hf-flat-flex", runner="hf", tokens_per_s=400),
