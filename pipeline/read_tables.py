@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +12,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pipeline.background import done, in_order
 from pipeline.errors import UserError, one_line
 from pipeline.read_json import open_input
 
@@ -86,26 +86,20 @@ def read_parquet(path: str, batch_rows: int) -> Iterator[pa.Table]:
     try:
         pf = pq.ParquetFile(path, memory_map=False)
         sizes = [pf.metadata.row_group(g).total_byte_size for g in range(pf.metadata.num_row_groups)]
+        streamed = [size > PARQUET_AHEAD_BYTES // 4 for size in sizes]
         with ThreadPoolExecutor(PARQUET_THREADS, thread_name_prefix="parquet") as pool:
-            ahead: deque = deque()  # (group, future of its table, or None: stream it)
-            in_flight = 0
-            for group in range(len(sizes)):
-                nxt = group + len(ahead)
-                while nxt < len(sizes) and len(ahead) < 2 * PARQUET_THREADS and (
-                        sizes[nxt] > PARQUET_AHEAD_BYTES // 4 or in_flight + sizes[nxt] <= PARQUET_AHEAD_BYTES):
-                    if sizes[nxt] > PARQUET_AHEAD_BYTES // 4:
-                        ahead.append((nxt, None))
-                    else:
-                        ahead.append((nxt, pool.submit(_parquet_group, path, nxt)))
-                        in_flight += sizes[nxt]
-                    nxt += 1
-                _, future = ahead.popleft()
-                if future is None:
+            groups = in_order(
+                range(len(sizes)),
+                lambda g: done(None) if streamed[g] else pool.submit(_parquet_group, path, g),
+                depth=2 * PARQUET_THREADS,
+                weight=lambda g: 0 if streamed[g] else sizes[g],
+                budget=PARQUET_AHEAD_BYTES,
+            )
+            for group, table in groups:
+                if table is None:
                     for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[group]):
                         yield pa.Table.from_batches([rb])
                     continue
-                table = future.result()
-                in_flight -= sizes[group]
                 for start in range(0, table.num_rows, batch_rows):
                     yield table.slice(start, batch_rows)
                 del table

@@ -23,7 +23,6 @@ Each input file is rendered with its own format (`file_formats`: detected from t
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.background import done, in_order
 from pipeline.encode_pool import encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import (
@@ -332,22 +332,15 @@ def iter_tokenized(
     pool = encode_pool(num_proc)
     pool.use(tokenizer.backend_tokenizer)
     executor = ThreadPoolExecutor(num_proc, thread_name_prefix="tokenize")
+
+    def start(batch: Any) -> Future:
+        f = fmts[batch.file]
+        if f.kind == "tokenized":
+            return done(_one(batch, f, tokenizer, derive_labels))
+        return executor.submit(_one, batch, f, tokenizer, False, pool.encode)
+
     try:
-        pending: deque[tuple[Any, Future]] = deque()
-        for batch in batches:
-            f = fmts[batch.file]
-            if f.kind == "tokenized":
-                done: Future = Future()
-                done.set_result(_one(batch, f, tokenizer, derive_labels))
-                pending.append((batch, done))
-            else:
-                pending.append((batch, executor.submit(_one, batch, f, tokenizer, False, pool.encode)))
-            while len(pending) > 2 * num_proc:
-                batch, result = pending.popleft()
-                yield batch, result.result()
-        while pending:
-            batch, result = pending.popleft()
-            yield batch, result.result()
+        yield from in_order(batches, start, depth=2 * num_proc)
     finally:
         executor.shutdown(cancel_futures=True)
 

@@ -1,4 +1,5 @@
-"""pipeline.background (work in a thread beside the job) and the encode workers, which end with their parent."""
+"""pipeline.background (work in a thread beside the job; work started ahead, results in order) and the
+encode workers, which end with their parent."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import time
 
 import pytest
 
-from pipeline.background import Background
+from concurrent.futures import ThreadPoolExecutor
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.background import Background, done, in_order
 from pipeline.errors import UserError
 
 
@@ -25,6 +31,55 @@ def test_background_thread_returns_value_or_raises() -> None:
     job = Background(_fails)
     with pytest.raises(UserError):
         job.result()
+
+
+class _Recorder:
+    """Starts work for in_order and records how many items, and how much weight, were in flight."""
+
+    def __init__(self, pool: ThreadPoolExecutor, weights: list[int]) -> None:
+        self.pool, self.weights = pool, weights
+        self.started: list[int] = []
+        self.yielded = 0
+        self.most = self.most_weight = 0
+
+    def start(self, i: int):
+        self.started.append(i)
+        flying = self.started[self.yielded:]
+        self.most = max(self.most, len(flying))
+        self.most_weight = max(self.most_weight, sum(self.weights[j] for j in flying))
+        return done(i * i) if i % 3 == 0 else self.pool.submit(lambda: (time.sleep(0.001 * (i % 2)), i * i)[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 10), max_size=30), st.integers(1, 5), st.integers(0, 25))
+def test_in_order_yields_every_result_in_order_within_depth_and_budget(weights, depth, budget):
+    """Results come back in the items' order; at most `depth` items are in flight, and their weight
+    stays within `budget` unless one item alone exceeds it (then it is the only one in flight)."""
+    with ThreadPoolExecutor(3) as pool:
+        rec = _Recorder(pool, weights)
+        out = []
+        for item, result in in_order(range(len(weights)), rec.start, depth=depth,
+                                     weight=weights.__getitem__, budget=budget):
+            out.append((item, result))
+            rec.yielded += 1
+    assert out == [(i, i * i) for i in range(len(weights))]
+    assert rec.most <= depth
+    if budget:
+        assert rec.most_weight <= max(budget, max(weights, default=0))
+
+
+def test_in_order_raises_the_failing_items_error_at_its_turn():
+    def start(i: int):
+        if i == 2:
+            raise_later = ThreadPoolExecutor(1)
+            return raise_later.submit(_fails)
+        return done(i)
+
+    got = []
+    with pytest.raises(UserError, match="not found"):
+        for item, _ in in_order(range(5), start, depth=3):
+            got.append(item)
+    assert got == [0, 1]
 
 
 ORPHAN = r"""
