@@ -73,7 +73,7 @@ Examples:
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
               help="What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
                    "drop it, or stop with an error naming its row. Counted in the manifest.")
-@click.option("--num-proc", type=click.IntRange(min=1), default=None,
+@click.option("--num-proc", type=int, default=None,
               help="Tokenizer worker processes (output is identical for any value). Default: every CPU this "
                    "process may use, at most 16; 1 tokenizes in this process.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
@@ -91,7 +91,7 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     (all tokens of plain text), never on the first token of an example. Rows hold no padding;
     position_ids restart per example. The output folder appears only when complete.
     """
-    with cli_errors():
+    with cli_errors():  # click parses the options' types; the job checks their values (job.validate)
         config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
         run_pack_data(config, echo=click.echo)
 

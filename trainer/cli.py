@@ -46,7 +46,7 @@ from trainer import TrainConfig, train
               help="bf16 autocast with fp32 master weights, or plain fp32 (auto: bf16 on GPU).")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile each decoder layer (dynamic shapes). Default: on for CUDA "
-                   "(about 1.5x the eager speed on llama-1b), off on CPU.")
+                   "(faster than eager there: BENCHMARKS.md), off on CPU.")
 @click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")

@@ -31,7 +31,7 @@ from numba import njit
 
 from pipeline import tokenizer as hf_tokenizer
 from pipeline.errors import UserError
-from pipeline.shards import TOKEN_COLUMNS, Manifest, flat_column, open_shard, shard_paths
+from pipeline.shards import TOKEN_COLUMNS, Manifest, ShardColumns, load_shard, shard_paths
 from pipeline.shards import verify_folder
 from trainer.batch import MicroBatch, collate_flat
 from trainer.config import TrainConfig
@@ -90,7 +90,7 @@ def row_lengths(folder: str | os.PathLike[str], manifest: Manifest) -> np.ndarra
     """Token count of every row of the folder, in global row order (reads only the offsets)."""
     parts = []
     for path, info in zip(shard_paths(folder, manifest), manifest.shards):
-        offsets = flat_column(open_shard(path), "input_ids").offsets
+        offsets = load_shard(path).row_off
         if len(offsets) - 1 != info.rows:
             raise UserError(
                 f"{path}: has {len(offsets) - 1} rows but the manifest says {info.rows}: "
@@ -197,28 +197,27 @@ class ShardReader:
     def __init__(self, folder: str | os.PathLike[str], manifest: Manifest) -> None:
         self.paths = [str(p) for p in shard_paths(folder, manifest)]
         self.starts = np.cumsum([0] + [s.rows for s in manifest.shards]).astype(np.int64)
-        self._columns: list[dict] | None = None
+        self._shards: list[ShardColumns] | None = None
 
-    def _open(self) -> list[dict]:
-        if self._columns is None:
-            names = (*TOKEN_COLUMNS, "seq_lens")
-            self._columns = []
-            for path in self.paths:
-                table = open_shard(path)
-                self._columns.append({name: flat_column(table, name) for name in names})
-        return self._columns
+    def _open(self) -> list[ShardColumns]:
+        if self._shards is None:
+            self._shards = [load_shard(path) for path in self.paths]
+        return self._shards
 
     def __getstate__(self) -> dict:  # workers reopen the memory maps themselves
-        return {**self.__dict__, "_columns": None}
+        return {**self.__dict__, "_shards": None}
 
     def microbatch(self, rows: np.ndarray) -> MicroBatch:
         """Concatenate global `rows` into one flat MicroBatch (slices per row, no token loops)."""
-        columns = self._open()
+        shards = self._open()
         shard_of = np.searchsorted(self.starts, rows, side="right") - 1
         parts: dict[str, list[np.ndarray]] = {name: [] for name in (*TOKEN_COLUMNS, "seq_lens")}
         for shard, row in zip(shard_of.tolist(), (rows - self.starts[shard_of]).tolist()):
-            for name, col in columns[shard].items():
-                parts[name].append(col.values[col.offsets[row] : col.offsets[row + 1]])
+            cols = shards[shard]
+            tokens = slice(cols.row_off[row], cols.row_off[row + 1])
+            for name in TOKEN_COLUMNS:
+                parts[name].append(getattr(cols, name)[tokens])
+            parts["seq_lens"].append(cols.seq_lens[cols.ex_off[row] : cols.ex_off[row + 1]])
         cat = {name: np.concatenate(p).astype(np.int64) for name, p in parts.items()}
         return collate_flat(cat["input_ids"], cat["labels"], cat["position_ids"], cat["seq_lens"])
 

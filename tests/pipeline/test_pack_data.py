@@ -614,6 +614,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             f"long.jsonl line 2: the text of {MAX_PIECE_CHARS + 1:,} characters has no place within"),
         "zero batch rows": ([str(good), "--batch-rows", "0"], "--batch-rows must be >= 1"),
         "zero group size": ([str(good), "--group-size", "0"], "--group-size must be >= 1"),
+        "zero workers": ([str(good), "--num-proc", "0"], "--num-proc must be >= 1, got 0"),
     }
 
 
@@ -621,7 +622,7 @@ CASES = [
     "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
     "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
     "id outside vocabulary", "mixed fields", "explicit field misses one file", "explicit format misses one file",
-    "zero batch rows", "zero group size", "mixed formats in one file", "text too long to cut",
+    "zero batch rows", "zero group size", "zero workers", "mixed formats in one file", "text too long to cut",
 ]
 
 
