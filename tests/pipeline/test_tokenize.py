@@ -1,4 +1,5 @@
-"""pipeline.tokenize: BOS/EOS and labels per format, pre-tokenized input, segments, worker processes."""
+"""pipeline.tokenize_batch and pipeline.tokenize: BOS/EOS and labels per format, pre-tokenized input,
+segments, worker processes, batches in input order."""
 
 from __future__ import annotations
 
@@ -20,14 +21,8 @@ from pipeline.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
 from pipeline.sources import resolve_inputs
 from pipeline.spill import _map_pieces
-from pipeline.tokenize import (
-    TEXT_BATCH_ROWS,
-    encode_texts,
-    iter_tokenized,
-    lengths_of,
-    tokenize_batch,
-    tokenized_batch,
-)
+from pipeline.tokenize import TEXT_BATCH_ROWS, iter_tokenized, lengths_of
+from pipeline.tokenize_batch import encode_texts, tokenize_batch, tokenized_batch
 from pipeline.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
