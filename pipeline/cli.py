@@ -80,6 +80,10 @@ Examples:
 @click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
 @click.option("--limit", type=int, default=None, help="Read only the first N examples (to try options on a slice).")
+@click.option("--mix", default=None, metavar="NAME=W,...",
+              help="Dataset mixture: how many times each example of an input is used, e.g. 'a.jsonl=2,b.parquet=0.5' "
+                   "(2: every example twice; 0.5: a seeded half). NAME is an INPUT as given or a file's name; "
+                   "inputs left out use 1. Recorded per input in the manifest.")
 @click.option("--batch-rows", type=int, default=None, help="Rows per tokenization batch. Default: 128 for text (enough batches for every "
                    "worker), 4096 for pre-tokenized input.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
@@ -140,6 +144,9 @@ Examples:
               help="Also write every figure to this JSON file.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a self-contained HTML report (embedded charts) to this file.")
+@click.option("--sources-csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the per-input table (weight, examples read, uses, tokens, loss tokens, share) "
+                   "of FOLDER as CSV.")
 @click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True,
               type=click.IntRange(min=1),
               help="Examples per batch of the pad-to-longest baseline (example-id order).")
@@ -161,7 +168,7 @@ Examples:
               help="What-if: read only the first N examples.")
 @click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1),
               help="What-if: tokenizer processes.")
-def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | None,
+def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | None, csv_path: Path | None,
                 batch_size: int, hidden: int, strategy: tuple[str, ...], seed: int | None,
                 no_hash: bool, inputs: tuple[str, ...], tokenizer: str | None, max_lens: str,
                 fmt: str, limit: int | None, num_proc: int, **format_fields: Any) -> None:
@@ -175,13 +182,15 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
 
     with cli_errors():
         strategies = _strategies(strategy)
-        for path, flag in ((json_path, "--json"), (html_path, "--html")):  # fail before the work
+        for path, flag in ((json_path, "--json"), (html_path, "--html"), (csv_path, "--sources-csv")):  # fail first
             if path is not None and not Path(path).absolute().parent.is_dir():
                 raise UserError(f"{flag} {path}: folder {Path(path).absolute().parent} does not exist")
         max_len_list = _int_list(max_lens, "--max-len") if inputs else None
         data = None
         if folder is not None and inputs:
             raise UserError("give either a packed FOLDER or --input (what-if mode), not both")
+        if csv_path is not None and folder is None:
+            raise UserError("--sources-csv needs a packed FOLDER (what-if mode has no sources)")
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,
@@ -208,6 +217,14 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
         if html_path is not None:
             write_atomic(html_path, lambda p: write_html(report, p, data, title))
             click.echo(f"wrote {html_path}")
+        if csv_path is not None:
+            import polars as pl
+
+            if not report["sources"]:
+                raise UserError(f"{folder}: its manifest records no sources (written by an older pack-data): "
+                                "pack the data again to get the per-input table")
+            write_atomic(csv_path, lambda p: pl.DataFrame(report["sources"]).write_csv(p))
+            click.echo(f"wrote {csv_path}")
         damaged = [s["file"] for s in report.get("shards", []) if s["sha256_ok"] is False]
         if damaged:
             raise UserError(f"{folder}: {damaged[0]} does not match its sha256 in the manifest "

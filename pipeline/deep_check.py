@@ -45,7 +45,8 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
                 (f"{name} row {r} example {k - int(flat.ex_off[r])}", r,
                  flat.input_ids[sl], flat.labels[sl]))
     assert wanted == set(pieces)
-    fresh = tokenize_examples(config, chosen)
+    # a --mix use k of source example i has id k * examples_read + i
+    fresh = tokenize_examples(config, [eid % manifest.counts.examples_read for eid in chosen])
     for eid, (ids, labels) in zip(chosen, fresh, strict=True):
         ids, labels = np.asarray(ids), np.asarray(labels)
         stored = pieces[eid]

@@ -1,8 +1,8 @@
 """The pack-data job: `run_pack_data(PackConfig(...))`, which the `pack-data` command calls (tests
 and benchmarks call it directly). It reads as the pipeline, one step per line:
 
-    resolve inputs -> detect formats -> load tokenizer -> tokenize to spill -> overlong -> plan
-    -> write shards -> manifest -> verify -> commit
+    resolve inputs -> detect formats -> load tokenizer -> tokenize to spill -> overlong -> mix
+    -> plan -> write shards -> manifest -> verify -> commit
 
 Everything is written inside a hidden temporary sibling of the output folder
 (`pipeline.outdir.output_folder`), renamed to the output only when complete.
@@ -24,6 +24,7 @@ from pipeline.binpack import STRATEGIES
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
+from pipeline.mix import apply_mix, file_weights, parse_mix
 from pipeline.outdir import check_out, output_folder
 from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
@@ -56,6 +57,7 @@ class PackConfig(FormatOptions):
     rows_per_shard: int | None = None
     overwrite: bool = False
     limit: int | None = None
+    mix: str | None = None  # "a.jsonl=2,b.parquet=0.5": uses per example of each input (pipeline.mix)
     batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
     progress: bool = True
 
@@ -88,12 +90,13 @@ def run_pack_data(
         clock.lap("setup")
         with closing(_tokenize(config, files, fmts, tokenizer, tmp)) as spill:
             clock.lap("read_tokenize")
-            pieces, plan, reference = _plan(config, spill)
+            pieces, sources, plan, reference = _plan(config, files, spill)
             clock.lap("plan")
             written = write_shards(tmp, spill, plan, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
                                    vocab=manifest_vocab(tok_info), progress=config.progress)
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
         manifest = _manifest(config, files, fmts, tok_info, pieces, plan, written, fingerprints.result())
+        manifest.sources = sources
         write_manifest(tmp, manifest)
         clock.lap("write")
         # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
@@ -149,6 +152,7 @@ def validate(config: PackConfig) -> None:
     if config.group_size < 1:
         raise UserError(f"--group-size must be >= 1, got {config.group_size}")
     check_out(Path(config.out), config.overwrite)
+    parse_mix(config.mix)  # a malformed --mix fails before any work
     if config.num_proc is None:
         config.num_proc = default_workers()
     if config.rows_per_shard is None:
@@ -172,9 +176,9 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
     return spill
 
 
-def _plan(config: PackConfig, spill: Spill) -> tuple[Pieces, RowPlan, Layout]:
-    """Overlong policy and row plan; also the pad-to-longest layout pack-report compares against
-    (batches of 32 stored sequences in example-id order)."""
+def _plan(config: PackConfig, files: list[Any], spill: Spill) -> tuple[Pieces, list[dict], RowPlan, Layout]:
+    """Overlong policy, mixture (`--mix`) and row plan; also the pad-to-longest layout pack-report
+    compares against (batches of 32 stored sequences in example-id order)."""
     with bar(config.progress, desc="plan", total=1, unit="step") as progress:
         pieces = apply_overlong(spill, config.max_len, config.overlong)
         if len(pieces.lengths) == 0:
@@ -182,10 +186,12 @@ def _plan(config: PackConfig, spill: Spill) -> tuple[Pieces, RowPlan, Layout]:
                 f"all {len(spill.lengths)} examples are longer than --max-len {config.max_len} and were dropped: "
                 "raise --max-len or use --overlong truncate|split"
             )
+        weights = file_weights(parse_mix(config.mix), list(config.inputs), files)
+        pieces, sources = apply_mix(pieces, spill.file_examples, weights, config.seed, [f.path for f in files])
         plan = plan_rows(pieces, config.max_len, config.strategy, config.seed, config.group_size)
         reference = pad_to_longest(pieces.lengths, DEFAULT_BATCH_SIZE)
         progress.update(1)
-    return pieces, plan, reference
+    return pieces, sources, plan, reference
 
 
 def _manifest(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tok_info: dict[str, Any],
@@ -250,6 +256,10 @@ def summary_lines(
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]
+    if any(src.get("weight", 1) != 1 for src in manifest.sources):
+        lines.append("mix: " + "; ".join(
+            f"{Path(src['input']).name} x{src['weight']:g}: {src['examples_used']} of {src['examples_read']} "
+            f"examples used, {src['uses']} uses" for src in manifest.sources))
     if c.no_loss:
         lines.append(f"warning: {c.no_loss} packed example(s) have no token that carries a loss (e.g. chat "
                      "rows without an assistant turn): they take room but train nothing")

@@ -89,13 +89,14 @@ class FolderData:
     row_examples: np.ndarray  # per row
     loss_tokens: int
     shards: list[dict[str, Any]] = field(default_factory=list)
+    seq_loss: np.ndarray | None = None  # loss tokens per stored sequence, same order as seq_lens
 
 
 def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> FolderData:
     """Read the example columns of every shard (token columns only for the loss count)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    seqs, ids, row_tok, row_ex, shards = [], [], [], [], []
+    seqs, ids, row_tok, row_ex, shards, seq_loss = [], [], [], [], [], []
     loss = 0
     for info, path in zip(manifest.shards, shard_paths(folder, manifest), strict=True):
         if not path.is_file():
@@ -105,7 +106,10 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
         ids.append(np.asarray(cols.example_ids, dtype=np.int64))
         row_tok.append(np.diff(cols.row_off))
         row_ex.append(np.diff(cols.ex_off))
-        shard_loss = int(np.count_nonzero(cols.labels != IGNORE_INDEX))
+        has_loss = (cols.labels != IGNORE_INDEX).astype(np.int64)
+        starts = np.cumsum(cols.seq_lens) - cols.seq_lens
+        seq_loss.append(np.add.reduceat(has_loss, starts) if len(starts) else np.zeros(0, np.int64))
+        shard_loss = int(has_loss.sum())
         loss += shard_loss
         sha_ok = (file_sha256(path) == info.sha256) if check_hashes else None
         shards.append({"file": info.file, "rows": len(cols.row_off) - 1, "tokens": int(cols.seq_lens.sum()),
@@ -114,7 +118,29 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
     seq_lens, example_ids = cat(seqs), cat(ids)
     order = np.argsort(example_ids, kind="stable")
     return FolderData(manifest, seq_lens[order], example_ids[order], cat(row_tok), cat(row_ex),
-                      loss, shards)
+                      loss, shards, cat(seq_loss)[order])
+
+
+def source_table(data: FolderData) -> list[dict[str, Any]]:
+    """Per input file (the manifest's `sources`; empty for folders written without them): its
+    weight, examples read, uses packed, tokens, loss tokens and share of all tokens. Use k of source
+    example i has id k * examples_read + i (`pipeline.mix`)."""
+    sources = data.manifest.sources
+    if not sources or data.seq_loss is None:
+        return []
+    read = max(data.manifest.counts.examples_read, 1)
+    source_of = np.searchsorted([s["first_id"] for s in sources], data.example_ids % read, side="right") - 1
+    frame = pl.DataFrame({"source": source_of, "id": data.example_ids, "tokens": data.seq_lens,
+                          "loss": data.seq_loss})
+    per = frame.group_by("source").agg(pl.col("id").n_unique().alias("uses"), pl.col("tokens").sum(),
+                                       pl.col("loss").sum())
+    got = {row["source"]: row for row in per.iter_rows(named=True)}
+    total = max(int(data.seq_lens.sum()), 1)
+    return [{"input": s["input"], "weight": s.get("weight", 1.0), "examples_read": s["examples_read"],
+             "uses": int(got.get(j, {}).get("uses", 0)), "tokens": int(got.get(j, {}).get("tokens", 0)),
+             "loss_tokens": int(got.get(j, {}).get("loss", 0)),
+             "share": int(got.get(j, {}).get("tokens", 0)) / total}
+            for j, s in enumerate(sources)]
 
 
 def _length_stats(lengths: np.ndarray) -> dict[str, float]:
@@ -188,6 +214,7 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
                               strategies=strategies, seed=m.seed if seed is None else seed,
                               hidden=hidden),
         "shards": data.shards,
+        "sources": source_table(data),
         "manifest_matches": {
             "rows": rows == m.rows,
             "total_tokens": tokens == m.total_tokens,

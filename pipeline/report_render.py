@@ -80,6 +80,14 @@ def format_text(report: dict[str, Any]) -> str:
         *("  " + x for x in _table(r["comparison"])),
         "  " + _footnote(r),
     ]
+    if len(r.get("sources", [])) > 1 or any(x["weight"] != 1 for x in r.get("sources", [])):
+        lines += ["", "sources (uses: packed examples, a --mix weight of 2 uses each example twice)",
+                  f"  {'input':<32} {'weight':>6} {'read':>10} {'uses':>10} {'tokens':>12} {'loss tokens':>12} "
+                  f"{'share':>6}"]
+        for x in r["sources"]:
+            name = Path(x["input"]).name
+            lines.append(f"  {name[:32]:<32} {x['weight']:>6g} {x['examples_read']:>10,} {x['uses']:>10,} "
+                         f"{x['tokens']:>12,} {x['loss_tokens']:>12,} {x['share']:>6.1%}")
     bad = [s["file"] for s in r["shards"] if s["sha256_ok"] is False]
     lines.append("")
     lines.append(f"shards: {len(r['shards'])}, sha256 "

@@ -42,6 +42,7 @@ class Spill:
     sources: list[Path] = field(default_factory=list)
     starts: np.ndarray | None = None
     where: Callable[[int], str] | None = None  # example id -> "file line N" (for error messages)
+    file_examples: list[int] = field(default_factory=list)  # examples read per input file, in order
 
     @property
     def offsets(self) -> np.ndarray:
@@ -189,6 +190,7 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
     starts: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
     read = empty = index = 0
+    per_file: list[int] = []
     for k, f in enumerate(files):
         fmt = fmts[f.path]
         if f.kind != "arrow" or fmt.kind != "tokenized" or fmt.fields.get("labels"):
@@ -243,7 +245,9 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
                 progress.update(len(col))
         if index == file_first and (limit is None or index < limit):
             raise UserError(f"{f.path} contains no records: give an input with at least one example")
+        per_file.append(index - file_first)
 
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
     return Spill(Path(files[0].path), None, cat(lengths), cat(example_ids), read, empty,
-                 sources=[Path(f.path) for f in files], starts=cat(starts), where=partial(where_of, files))
+                 sources=[Path(f.path) for f in files], starts=cat(starts), where=partial(where_of, files),
+                 file_examples=per_file + [0] * (len(files) - len(per_file)))

@@ -170,6 +170,7 @@ def tokenize_to_spill(
     lengths: list[np.ndarray] = []
     example_ids: list[np.ndarray] = []
     read = empty = tokens = 0
+    per_file = dict.fromkeys((f.path for f in files), 0)
     with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
         for batch, tok in iter_tokenized(
             files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
@@ -189,6 +190,7 @@ def tokenize_to_spill(
             lengths.append(tok.lengths[keep])
             example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
             read += n
+            per_file[batch.file] += n
             empty += int(n - keep.sum())
             tokens += len(tok.input_ids)
             if progress is not None:
@@ -198,7 +200,7 @@ def tokenize_to_spill(
     if same_labels:
         labels_path.unlink()
     return Spill(ids_path, None if same_labels else labels_path, cat(lengths), cat(example_ids), read, empty,
-                 where=partial(where_of, files))
+                 where=partial(where_of, files), file_examples=[per_file[f.path] for f in files])
 
 
 def _fmt_count(n: int) -> str:

@@ -39,6 +39,7 @@ class Counts:
     split: int = 0
     dropped: int = 0
     no_loss: int | None = None  # examples (pieces) packed with no token that carries a loss; None: not recorded
+    passes: int = 1  # --mix: uses per example at most; use k of example i has id k * examples_read + i
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Manifest:
     shards: list[ShardInfo]
     tokenizer: dict[str, Any] = field(default_factory=dict)  # name, fingerprint, bos/eos/pad ids, vocab_size
     inputs: list[dict[str, Any]] = field(default_factory=list)  # path, bytes, sha256
+    # per input file: input, weight (--mix), first_id, examples_read, examples_used, uses
+    sources: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION

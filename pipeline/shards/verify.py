@@ -57,10 +57,12 @@ def _check_manifest_self(manifest: Manifest, where: str) -> None:
             continue
         if not isinstance(value, int) or value < 0:
             raise ShardFormatError(f"{where}: counts.{key} is {value!r}, must be an integer >= 0")
-    if c.examples_packed > c.examples_read:
+    if c.passes < 1:
+        raise ShardFormatError(f"{where}: counts.passes is {c.passes}, must be >= 1")
+    if c.examples_packed > c.examples_read * c.passes:
         raise ShardFormatError(
             f"{where}: counts.examples_packed {c.examples_packed} > counts.examples_read "
-            f"{c.examples_read}"
+            f"{c.examples_read}" + (f" x counts.passes {c.passes}" if c.passes != 1 else "")
         )
     if manifest.loss_tokens > manifest.total_tokens:
         raise ShardFormatError(
@@ -151,9 +153,10 @@ def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:
     c = manifest.counts
     if len(ids) and ids.min() < 0:
         raise ShardFormatError(f"{where}: negative example id {int(ids.min())} in the shards")
-    if len(ids) and c.examples_read and ids.max() >= c.examples_read:
+    if len(ids) and c.examples_read and ids.max() >= c.examples_read * c.passes:
         raise ShardFormatError(
             f"{where}: example id {int(ids.max())} >= counts.examples_read {c.examples_read}"
+            + (f" x counts.passes {c.passes}" if c.passes != 1 else "")
         )
     uniq, n = np.unique(ids, return_counts=True)
     repeated = uniq[n > 1]

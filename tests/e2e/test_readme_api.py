@@ -1,4 +1,5 @@
-"""The README's "Python API" example runs as printed: pack, verify, plan, train."""
+"""The README's Python examples run as printed: the Python API (pack, verify, plan, train), then
+the Hugging Face Trainer and TRL examples on the folder it wrote."""
 
 from __future__ import annotations
 
@@ -24,3 +25,17 @@ def test_the_readme_python_api_example_runs_as_printed(repo_root: Path, tmp_path
     assert proc.stdout.split()[-2] == "OK" and int(proc.stdout.split()[-1]) > 0
     assert json.loads((tmp_path / "out" / "sample1k" / "manifest.json").read_text())["config"]["max_len"] == 1024
     assert (tmp_path / "runs" / "tiny" / "summary.json").is_file()
+
+    hf_section = readme[readme.index("## Hugging Face Trainer and TRL"):readme.index("## Bin-packing planner")]
+    blocks = re.findall(r"```python\n(.*?)```", hf_section, re.S)
+    assert len(blocks) == 2
+    try:
+        import accelerate  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError:
+        return
+    for code in blocks:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(repo_root)}, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "train_loss" in proc.stdout + proc.stderr
