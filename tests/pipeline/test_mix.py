@@ -21,7 +21,7 @@ from pipeline.deep_check import deep_check
 from pipeline.errors import UserError
 from pipeline.job import PackConfig, run_pack_data
 from pipeline.plan import Pieces
-from pipeline.shards import iter_rows, read_manifest
+from pipeline.shards import iter_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = str(ROOT / "data" / "tokenizer")

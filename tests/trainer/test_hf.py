@@ -185,7 +185,6 @@ def test_transformers_trainer_matches_pack_train_step_losses(packed: Path, tmp_p
     assert len(got) == len(want) == STEPS
     assert got == pytest.approx(want, rel=1e-4)
     # the updates matched too: step 2's loss is not what its rows give with the first weights
-    order = _pack_train_order(packed)
     with torch.no_grad():
         untrained = float(_model("sdpa")(**hf.PackedCollator()([data[i] for i in (ACCUM, ACCUM + 1)])).loss)
     assert abs(untrained - want[1]) > 20 * 1e-4 * want[1], (untrained, want[1])
