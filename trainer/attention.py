@@ -148,7 +148,8 @@ READ_KWARGS = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                "softcap", "s_aux"}
 HARMLESS_KWARGS = {"position_ids", "use_cache", "cache_position", "output_attentions",
                    "output_hidden_states", "return_dict", "past_key_values", "past_key_value",
-                   "position_embeddings"}
+                   "position_embeddings",
+                   "num_items_in_batch"}  # a loss kwarg transformers.Trainer passes down through the model
 LAYER_KINDS = {"full_attention", "sliding_attention", "chunked_attention"}
 
 

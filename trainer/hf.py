@@ -19,7 +19,10 @@ micro-batches are (`trainer.batch`):
   column a model's forward lacks: `Trainer`'s `remove_unused_columns` may stay on.
 - `cu_seq_lens_q/k` and `max_length_q/k` are the kwargs transformers' `flash_attention_2` reads for
   packed input, and pack-train's own attention backends too (`trainer.model.prepare`); `sdpa`,
-  `eager` and `flex_attention` find the boundaries from `position_ids` themselves.
+  `eager` and `flex_attention` find the boundaries from `position_ids` themselves, but only when
+  the model runs without a KV cache: with one (`use_cache`, on in most model configs, also while
+  training) transformers skips that and every example attends to the ones before it in the batch.
+  So the batch carries `use_cache=False`.
 - With `Trainer`, the loss over a step is the token mean over all its micro-batches and ranks
   (`num_items_in_batch`), the same quantity pack-train optimises.
 """
@@ -68,6 +71,7 @@ class PackedCollator:
         if not len(starts) or starts[0] != 0:
             raise ValueError("position_ids must start every row's first example at 0")
         batch: dict[str, Any] = {name: torch.from_numpy(values)[None] for name, values in flat.items()}
+        batch["use_cache"] = False  # with a cache, transformers' masks ignore the packed position_ids
         if self.return_flash_attn_kwargs:
             cu = np.append(starts, len(flat["input_ids"])).astype(np.int32)
             longest = int(np.diff(cu).max())

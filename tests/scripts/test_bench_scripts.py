@@ -439,3 +439,21 @@ def test_targets_are_checked_against_the_same_run():
     assert lines[0].startswith("packlm-minibatch vs best HF packed path: 1.30x") and "NOT" not in lines[0]
     assert "44.0%" in lines[1] and lines[1].endswith("NOT MET")
     assert "1.50%" in lines[2] and lines[2].endswith("NOT MET")
+
+
+def test_check_gpu_hf_builds_valid_packed_rows_and_needs_cuda(monkeypatch):
+    """scripts/check_gpu_hf.py: its rows are full packed rows (examples restart positions, first
+    label -100) that the collator accepts; without CUDA it stops with one line."""
+    import check_gpu_hf as cg
+
+    from trainer.hf import PackedCollator
+
+    rows = cg.rows(3, 256, np.random.default_rng(0))
+    assert all(len(r["input_ids"]) == len(r["labels"]) == len(r["position_ids"]) == 256 for r in rows)
+    batch = PackedCollator()(rows)
+    cu = batch["cu_seq_lens_q"].tolist()
+    assert cu[0] == 0 and cu[-1] == 768 and all(batch["labels"][0, a] == -100 for a in cu[:-1])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["check_gpu_hf.py"])
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        cg.main()

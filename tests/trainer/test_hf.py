@@ -86,10 +86,15 @@ def test_a_damaged_folder_is_refused(packed: Path, tmp_path: Path):
         hf.packed_dataset(copy)
 
 
-def _model(attn: str | None = None):
+def _model(attn: str | None = None, use_cache: bool = True):
+    """The tiny preset, with a KV cache on by default as in most real model configs."""
     model = load_model("tiny", vocab_size=VOCAB, seed=0)
+    model.config.use_cache = use_cache
     if attn is not None:
-        model.config._attn_implementation = attn
+        if attn.startswith("packlm-"):
+            prepare(model, attn.removeprefix("packlm-"))  # pack-train's own backend (reads cu_seq_lens_q)
+        else:
+            model.config._attn_implementation = attn
     return model.eval()
 
 
@@ -97,11 +102,8 @@ def _model(attn: str | None = None):
 def test_a_collated_batch_gives_every_example_its_own_logits_and_loss(packed: Path, attn: str):
     data = hf.packed_dataset(packed, check_hashes=False)
     rows = [data[i] for i in (0, 1, 2)]
-    model = _model(None if attn == "packlm-sdpa" else attn)
-    if attn == "packlm-sdpa":
-        prepare(model, "sdpa")  # pack-train's own backend, which reads cu_seq_lens_q
-        model.eval()
-    reference = _model("eager")  # the same weights, one example at a time
+    model = _model(attn)
+    reference = _model("eager", use_cache=False)  # the same weights, one example at a time
     batch = hf.PackedCollator()(rows)
     with torch.no_grad():
         out = model(**batch)
@@ -117,6 +119,20 @@ def test_a_collated_batch_gives_every_example_its_own_logits_and_loss(packed: Pa
             want_sum += float(alone.loss) * n
             want_count += n
     assert float(out.loss) == pytest.approx(want_sum / want_count, rel=1e-5)
+
+
+def test_negative_control_with_a_kv_cache_transformers_ignores_the_packed_position_ids(packed: Path):
+    """Why the batch carries use_cache=False: with the model's cache on, sdpa masks are plain causal
+    over the whole batch, and the second example sees the first."""
+    data = hf.PackedCollator()([hf.packed_dataset(packed, check_hashes=False)[0]])
+    model = _model("sdpa", use_cache=True)
+    a, b = data["cu_seq_lens_q"].tolist()[1:3]
+    with torch.no_grad():
+        fixed = model(**data).logits[0, a:b]
+        leaky = model(**{**data, "use_cache": True}).logits[0, a:b]
+        alone = model(input_ids=data["input_ids"][:, a:b], use_cache=False).logits[0]
+    torch.testing.assert_close(fixed, alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(leaky, alone, rtol=1e-3, atol=1e-3)
 
 
 def test_negative_control_without_position_ids_examples_see_each_other(packed: Path):
@@ -171,13 +187,15 @@ def _logged_losses(trainer) -> list[float]:
     return [record["loss"] for record in trainer.state.log_history if "loss" in record]
 
 
-def test_transformers_trainer_matches_pack_train_step_losses(packed: Path, tmp_path: Path):
+@pytest.mark.parametrize("attn", ["sdpa", "packlm-sdpa"])
+def test_transformers_trainer_matches_pack_train_step_losses(packed: Path, tmp_path: Path, attn: str):
+    """With transformers' sdpa and with pack-train's own backend installed in the model."""
     pytest.importorskip("accelerate")
     from transformers import Trainer, TrainingArguments
 
     want = _pack_train_losses(packed, tmp_path / "pack")
     data = hf.packed_dataset(packed).select(_pack_train_order(packed))
-    model = _model("sdpa").train()
+    model = _model(attn).train()
     trainer = Trainer(model=model, args=_hf_args(tmp_path / "hf", TrainingArguments), train_dataset=data,
                       data_collator=hf.PackedCollator())
     trainer.train()
@@ -186,7 +204,7 @@ def test_transformers_trainer_matches_pack_train_step_losses(packed: Path, tmp_p
     assert got == pytest.approx(want, rel=1e-4)
     # the updates matched too: step 2's loss is not what its rows give with the first weights
     with torch.no_grad():
-        untrained = float(_model("sdpa")(**hf.PackedCollator()([data[i] for i in (ACCUM, ACCUM + 1)])).loss)
+        untrained = float(_model("sdpa", use_cache=False)(**hf.PackedCollator()([data[i] for i in (ACCUM, ACCUM + 1)])).loss)
     assert abs(untrained - want[1]) > 20 * 1e-4 * want[1], (untrained, want[1])
 
 
