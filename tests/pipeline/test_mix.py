@@ -138,3 +138,12 @@ def test_bad_mixtures_are_one_line_and_no_output(inputs: Path, tmp_path: Path, s
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], result.stderr
     assert not out.exists()
+
+
+def test_the_folder_loads_as_one_polars_frame_as_documented(inputs: Path, tmp_path: Path):
+    import polars as pl
+
+    m = _pack(inputs, tmp_path / "p", None)
+    frame = pl.concat([pl.read_ipc(p) for p in sorted(Path(tmp_path / "p").glob("shard-*.arrow"))])
+    assert frame.height == m.rows and frame["input_ids"].list.len().sum() == m.total_tokens
+    assert frame.columns == ["input_ids", "labels", "position_ids", "seq_lens", "example_ids"]
