@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pipeline.binpack import STRATEGIES
+from pipeline.config_file import config_option
 from pipeline.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
@@ -59,10 +60,12 @@ Examples:
   pack-data 'corpus/*.parquet' --tokenizer ../shared/tokenizers/llama2 --max-len 4096 \\
       --format text --text-field body --num-proc 8 --out out/corpus --overwrite
   pack-data data/sample/chat.jsonl --tokenizer data/tokenizer --max-len 2048 --out out/chat --limit 100
+  pack-data --config data/configs/pack-data.yaml --max-len 4096   # options from a file, flags win
 """
 
 
 @click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
+@config_option
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")

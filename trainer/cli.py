@@ -6,11 +6,13 @@ import sys
 
 import click
 
+from pipeline.config_file import config_option
 from pipeline.errors import UserError, cli_errors
 from trainer import TrainConfig, train
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@config_option
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
               help="Packed folder written by pack-data.")
 @click.option("--model", "model", required=True,
@@ -82,6 +84,8 @@ def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.
 
     Example: pack-train --data out/sample --model tiny --out runs/tiny --max-steps 20
+
+    Or from a file (flags win): pack-train --config data/configs/pack-train.yaml --max-steps 50
     """
     with cli_errors(interrupted="checkpoints saved before are intact (continue with --resume)"):
         options["compile"] = options.pop("compile_")
