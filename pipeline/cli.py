@@ -20,7 +20,7 @@ from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
 from pipeline.job import PackConfig, run_pack_data
 from pipeline.plan import OVERLONG
-from pipeline.shards import verify_folder
+from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
 from pipeline.tokenize import lengths_of
 
@@ -83,6 +83,10 @@ Examples:
 @click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
 @click.option("--limit", type=int, default=None, help="Read only the first N examples (to try options on a slice).")
+@click.option("--eval-fraction", type=float, default=None,
+              help="Hold out this fraction of the examples (seeded by --seed, the same for any --num-proc) "
+                   "into OUT/eval, a packed folder of its own that pack-train evaluates on.")
+@click.option("--eval-examples", type=int, default=None, help="Hold out this many examples instead.")
 @click.option("--mix", default=None, metavar="NAME=W,...",
               help="Dataset mixture: how many times each example of an input is used, e.g. 'a.jsonl=2,b.parquet=0.5' "
                    "(2: every example twice; 0.5: a seeded half). NAME is an INPUT as given or a file's name; "
@@ -116,18 +120,22 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
 @click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
               help="How many examples --deep re-tokenizes.")
 def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
-    """Check that FOLDER (written by pack-data) is intact and follows the shard contract."""
+    """Check that FOLDER (written by pack-data) is intact and follows the shard contract; with a
+    held-out eval folder inside (pack-data --eval-fraction), that one too, and that no example is
+    in both."""
     with cli_errors():
         manifest = verify_folder(folder, check_hashes=not no_hash)
-        extra = ""
-        if deep:
-            n = deep_check(folder, manifest, tokenizer, sample)
-            extra = f", {n} examples re-tokenized and matched"
-        hashed = "" if not no_hash else " (sha256 not checked)"
-        click.echo(
-            f"ok: {manifest.rows} rows, {manifest.total_tokens} tokens, "
-            f"{len(manifest.shards)} shards verified{hashed}{extra}"
-        )
+        folders = [(folder, manifest, "ok")]
+        if manifest.eval.get("folder"):
+            held = folder / manifest.eval["folder"]
+            folders.append((held, verify_eval_folder(folder, manifest, check_hashes=not no_hash), "eval ok"))
+        for path, m, word in folders:
+            extra = ""
+            if deep:
+                n = deep_check(path, m, tokenizer, sample)
+                extra = f", {n} examples re-tokenized and matched"
+            hashed = "" if not no_hash else " (sha256 not checked)"
+            click.echo(f"{word}: {m.rows} rows, {m.total_tokens} tokens, {len(m.shards)} shards verified{hashed}{extra}")
 
 
 # ---------------------------------------------------------------------------------- pack-report

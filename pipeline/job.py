@@ -1,8 +1,8 @@
 """The pack-data job: `run_pack_data(PackConfig(...))`, which the `pack-data` command calls (tests
 and benchmarks call it directly). It reads as the pipeline, one step per line:
 
-    resolve inputs -> detect formats -> load tokenizer -> tokenize to spill -> overlong -> mix
-    -> plan -> write shards -> manifest -> verify -> commit
+    resolve inputs -> detect formats -> load tokenizer -> tokenize to spill -> overlong -> eval split
+    -> mix -> plan -> write shards (and the eval folder's) -> manifest -> verify -> commit
 
 Everything is written inside a hidden temporary sibling of the output folder
 (`pipeline.outdir.output_folder`), renamed to the output only when complete.
@@ -24,6 +24,7 @@ from pipeline.binpack import STRATEGIES
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
+from pipeline.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.mix import apply_mix, file_weights, parse_mix
 from pipeline.outdir import check_out, output_folder
 from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
@@ -58,6 +59,8 @@ class PackConfig(FormatOptions):
     overwrite: bool = False
     limit: int | None = None
     mix: str | None = None  # "a.jsonl=2,b.parquet=0.5": uses per example of each input (pipeline.mix)
+    eval_fraction: float | None = None  # held out into OUT/eval (pipeline.eval_split)
+    eval_examples: int | None = None
     batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
     progress: bool = True
 
@@ -90,19 +93,34 @@ def run_pack_data(
         clock.lap("setup")
         with closing(_tokenize(config, files, fmts, tokenizer, tmp)) as spill:
             clock.lap("read_tokenize")
-            pieces, sources, plan, reference = _plan(config, files, spill)
+            pieces, held, sources, plan, reference = _plan(config, files, spill)
             clock.lap("plan")
             written = write_shards(tmp, spill, plan, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
                                    vocab=manifest_vocab(tok_info), progress=config.progress)
+            if held is not None:  # the held-out examples: a packed folder of their own, OUT/eval
+                held_plan = plan_rows(held, config.max_len, config.strategy, config.seed, config.group_size)
+                (tmp / EVAL_FOLDER).mkdir()
+                held_written = write_shards(tmp / EVAL_FOLDER, spill, held_plan, max_len=config.max_len,
+                                            rows_per_shard=config.rows_per_shard, vocab=manifest_vocab(tok_info),
+                                            progress=config.progress)
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
-        manifest = _manifest(config, files, fmts, tok_info, pieces, plan, written, fingerprints.result())
+        inputs = fingerprints.result()
+        manifest = _manifest(config, files, fmts, tok_info, pieces, plan, written, inputs)
         manifest.sources = sources
+        if held is not None:
+            held_manifest = _manifest(config, files, fmts, tok_info, held, held_plan, held_written, inputs)
+            held_manifest.eval = {"role": "eval"}
+            write_manifest(tmp / EVAL_FOLDER, held_manifest)
+            manifest.eval = {"folder": EVAL_FOLDER, "examples": held.counts.examples_packed}
         write_manifest(tmp, manifest)
         clock.lap("write")
         # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
         # the checker thread; no second pass over the tokens, no second sha256 pass over every byte
         verify_folder(tmp, check_hashes=False, checked=written.checked)
         check_sizes(tmp, written.sizes)
+        if held is not None:
+            verify_folder(tmp / EVAL_FOLDER, check_hashes=False, checked=held_written.checked)
+            check_sizes(tmp / EVAL_FOLDER, held_written.sizes)
         clock.lap("verify")
     clock.times["total"] = time.perf_counter() - clock.start
     for line in summary_lines(manifest, clock.times, stats, reference):
@@ -153,6 +171,12 @@ def validate(config: PackConfig) -> None:
         raise UserError(f"--group-size must be >= 1, got {config.group_size}")
     check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
+    if config.eval_fraction is not None and config.eval_examples is not None:
+        raise UserError("give --eval-fraction or --eval-examples, not both")
+    if config.eval_fraction is not None and not 0 < config.eval_fraction < 1:
+        raise UserError(f"--eval-fraction must be between 0 and 1 (exclusive), got {config.eval_fraction}")
+    if config.eval_examples is not None and config.eval_examples < 1:
+        raise UserError(f"--eval-examples must be >= 1, got {config.eval_examples}")
     if config.num_proc is None:
         config.num_proc = default_workers()
     if config.rows_per_shard is None:
@@ -176,9 +200,11 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
     return spill
 
 
-def _plan(config: PackConfig, files: list[Any], spill: Spill) -> tuple[Pieces, list[dict], RowPlan, Layout]:
-    """Overlong policy, mixture (`--mix`) and row plan; also the pad-to-longest layout pack-report
-    compares against (batches of 32 stored sequences in example-id order)."""
+def _plan(config: PackConfig, files: list[Any], spill: Spill
+          ) -> tuple[Pieces, Pieces | None, list[dict], RowPlan, Layout]:
+    """Overlong policy, held-out examples (`--eval-fraction`/`--eval-examples`), mixture (`--mix`)
+    and row plan; also the pad-to-longest layout pack-report compares against (batches of 32
+    stored sequences in example-id order)."""
     with bar(config.progress, desc="plan", total=1, unit="step") as progress:
         pieces = apply_overlong(spill, config.max_len, config.overlong)
         if len(pieces.lengths) == 0:
@@ -186,12 +212,17 @@ def _plan(config: PackConfig, files: list[Any], spill: Spill) -> tuple[Pieces, l
                 f"all {len(spill.lengths)} examples are longer than --max-len {config.max_len} and were dropped: "
                 "raise --max-len or use --overlong truncate|split"
             )
+        held = None
+        if config.eval_fraction is not None or config.eval_examples is not None:
+            cut = spill.example_ids[spill.lengths > config.max_len] if config.overlong == "truncate" else None
+            pieces, held = split_off_eval(pieces, fraction=config.eval_fraction, examples=config.eval_examples,
+                                          seed=config.seed, truncated_ids=cut)
         weights = file_weights(parse_mix(config.mix), list(config.inputs), files)
         pieces, sources = apply_mix(pieces, spill.file_examples, weights, config.seed, [f.path for f in files])
         plan = plan_rows(pieces, config.max_len, config.strategy, config.seed, config.group_size)
         reference = pad_to_longest(pieces.lengths, DEFAULT_BATCH_SIZE)
         progress.update(1)
-    return pieces, sources, plan, reference
+    return pieces, held, sources, plan, reference
 
 
 def _manifest(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tok_info: dict[str, Any],
@@ -256,6 +287,9 @@ def summary_lines(
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]
+    if manifest.eval.get("folder"):
+        lines.append(f"eval: {manifest.eval['examples']} examples held out in {manifest.eval['folder']}/ "
+                     "(a packed folder of its own; pack-train evaluates on it)")
     if any(src.get("weight", 1) != 1 for src in manifest.sources):
         lines.append("mix: " + "; ".join(
             f"{Path(src['input']).name} x{src['weight']:g}: {src['examples_used']} of {src['examples_read']} "

@@ -215,6 +215,7 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
                               hidden=hidden),
         "shards": data.shards,
         "sources": source_table(data),
+        "eval": dict(m.eval),
         "manifest_matches": {
             "rows": rows == m.rows,
             "total_tokens": tokens == m.total_tokens,

@@ -80,6 +80,12 @@ def format_text(report: dict[str, Any]) -> str:
         *("  " + x for x in _table(r["comparison"])),
         "  " + _footnote(r),
     ]
+    held = r.get("eval") or {}
+    if held.get("folder"):
+        lines += ["", f"eval: {held['examples']:,} examples held out in {held['folder']}/ (not in this folder; "
+                      f"pack-report FOLDER/{held['folder']} for its figures)"]
+    elif held.get("role") == "eval":
+        lines += ["", "this is a held-out eval folder (pack-data --eval-fraction): pack-train evaluates on it"]
     if len(r.get("sources", [])) > 1 or any(x["weight"] != 1 for x in r.get("sources", [])):
         lines += ["", "sources (uses: packed examples, a --mix weight of 2 uses each example twice)",
                   f"  {'input':<32} {'weight':>6} {'read':>10} {'uses':>10} {'tokens':>12} {'loss tokens':>12} "

@@ -79,6 +79,11 @@ from trainer import TrainConfig, train
                    "training runs (the fast structural checks always run at startup): a damaged "
                    "shard stops the run in one line, and no checkpoint is written before all are "
                    "verified.")
+@click.option("--eval-data", default=None,
+              help="Held-out packed folder to evaluate on (token-mean loss over all of it, no gradients, exact "
+                   "across ranks). Default: DATA/eval when pack-data wrote one (--eval-fraction); 'none': off.")
+@click.option("--eval-every", default=0, type=click.IntRange(min=0),
+              help="Evaluate every N steps (0: only after the last step). Logged as eval_loss/eval_ppl.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.
@@ -111,6 +116,8 @@ def format_summary(summary: dict) -> str:
         f"tokens        {summary['tokens']:,} ({summary['tokens_this_run']:,} in this run)",
         f"tokens/s      {summary['tokens_per_s']:,.0f} (all ranks, real tokens only)",
         f"final loss    {loss:.4f}" if loss is not None else "final loss    -",
+        *([f"eval loss     {summary['eval_loss']:.4f} (perplexity {summary['eval_ppl']:.2f}, "
+           f"{summary['eval_loss_tokens']:,} tokens)"] if summary.get("eval_loss") is not None else []),
         f"attention     {summary['attention']}"
         + (" (decoder layers compiled)" if summary.get("compiled") else ""),
         f"checkpoint    {summary['checkpoint']}",

@@ -40,6 +40,8 @@ class TrainConfig:
     keep_last: int | None = None
     resume: str | None = None  # "newest" (intact checkpoint) or "strict" (the latest, or refuse)
     log_every: int = 10
+    eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
+    eval_every: int = 0  # evaluate every N steps (0: only after the last step)
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True

@@ -12,6 +12,7 @@ per-micro-batch means. The window's loss-token count is known on the host before
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +30,7 @@ from trainer import checkpoint as ckpt
 from trainer.attention import select_backend
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig, validate
+from trainer.evaluate import Evaluator
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import Meter, start_run_files, write_summary
@@ -67,6 +69,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     step, position = run.start_step, run.cursor  # position: the data cursor after `step`
     last_loss: float | None = None
+    last_eval: tuple[float, int] | None = None
     last_path: Path | None = None
     stopping = False  # SIGTERM arrived (on any rank): save and stop after this step
     meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,
@@ -100,12 +103,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
                     grad_norm = grad_norm.full_tensor()
                 meter.log(step, epoch, last_loss, lr, float(grad_norm))
+            if run.evaluator is not None and (step == run.stop_at or stopping or
+                                              (config.eval_every and step % config.eval_every == 0)):
+                last_eval = run.evaluator(run.module, run.autocast)
+                meter.log_eval(step, *last_eval)
             if (config.save_every and step % config.save_every == 0) or step == run.stop_at or stopping:
                 meter.count_tokens()
                 last_path = save(run, step, position, meter.tokens_seen, last_loss)
             if stopping:
                 break
-    return finish(run, meter, step, last_loss, last_path, stopped_by_sigterm=stopping)
+    return finish(run, meter, step, last_loss, last_path, last_eval, stopped_by_sigterm=stopping)
 
 
 def backward_window(
@@ -186,6 +193,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     loader: torch.utils.data.DataLoader
+    evaluator: Evaluator | None  # the held-out folder's loss (--eval-data)
     backend: str
     compiled: bool
     n_params: int
@@ -234,15 +242,32 @@ def start(config: TrainConfig) -> Run:
         CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
         num_workers=config.num_workers, pin_memory=device.type == "cuda", prefetch_factor=config.prefetch,
     )
+    evaluator = None
+    eval_folder = _eval_folder(config, manifest)
+    if eval_folder is not None:
+        evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device)
     run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, out=Path(config.out),
               planner=planner, total_steps=total_steps, stop_at=stop_at, start_step=start_step,
               cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint, hashes=hashes,
               tokenizer=tokenizer, model=model, wrapper=wrapper, module=module, optimizer=optimizer,
-              scheduler=scheduler, loader=loader, backend=backend, compiled=compiled, n_params=n_params)
+              scheduler=scheduler, loader=loader, evaluator=evaluator, backend=backend, compiled=compiled,
+              n_params=n_params)
     if info.rank == 0:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
         _announce(run, manifest, dtype_name, backend_why)
     return run
+
+
+def _eval_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
+    """--eval-data, else the eval folder pack-data wrote inside --data; "none" turns it off."""
+    if config.eval_data is not None:
+        if config.eval_data.lower() == "none":
+            return None
+        if not Path(config.eval_data).is_dir():
+            raise UserError(f"--eval-data {config.eval_data}: no such folder (a packed folder, e.g. DATA/eval)")
+        return Path(config.eval_data)
+    held = manifest.eval.get("folder")
+    return Path(config.data) / held if held else None
 
 
 def _model(
@@ -339,8 +364,8 @@ def save(run: Run, step: int, cursor: Cursor, tokens_seen: int, loss: float | No
 
 
 def finish(
-    run: Run, meter: Meter, step: int, last_loss: float | None, last_path: Path | None, *,
-    stopped_by_sigterm: bool,
+    run: Run, meter: Meter, step: int, last_loss: float | None, last_path: Path | None,
+    last_eval: tuple[float, int] | None = None, *, stopped_by_sigterm: bool,
 ) -> dict[str, Any]:
     """The run's summary, written with each rank's own record (then a barrier)."""
     elapsed = time.perf_counter() - meter.run_start
@@ -352,6 +377,9 @@ def finish(
         "tokens_this_run": meter.run_tokens,
         "tokens_per_s": meter.run_tokens / max(elapsed, 1e-9),
         "final_loss": last_loss,
+        "eval_loss": last_eval[0] if last_eval else None,
+        "eval_ppl": math.exp(min(last_eval[0], 700)) if last_eval else None,
+        "eval_loss_tokens": last_eval[1] if last_eval else None,
         "attention": run.backend,
         "compiled": run.compiled,
         "params": run.n_params,

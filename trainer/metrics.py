@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import resource
 import time
 from dataclasses import asdict
@@ -132,6 +133,17 @@ class Meter:
             self.file.flush()
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
         self._log_time, self._tokens_since, self._wait_since, self._steps_since = now, 0, 0.0, 0
+
+    def log_eval(self, step: int, loss: float, loss_tokens: int) -> None:
+        """A metrics line of the held-out loss after `step` (and on the progress bar)."""
+        if self.file is not None:
+            self.file.write(json.dumps(_eval_record(step, loss, loss_tokens)) + "\n")
+            self.file.flush()
+        self.bar.set_postfix(eval_loss=f"{loss:.4f}")
+
+
+def _eval_record(step: int, loss: float, loss_tokens: int) -> dict[str, Any]:
+    return {"step": step, "eval_loss": loss, "eval_ppl": math.exp(min(loss, 700)), "eval_loss_tokens": loss_tokens}
 
 
 def write_summary(out: Path, summary: dict[str, Any], own: dict[str, Any]) -> None:

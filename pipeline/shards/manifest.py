@@ -59,6 +59,8 @@ class Manifest:
     inputs: list[dict[str, Any]] = field(default_factory=list)  # path, bytes, sha256
     # per input file: input, weight (--mix), first_id, examples_read, examples_used, uses
     sources: list[dict[str, Any]] = field(default_factory=list)
+    # held-out examples: the training folder's {"folder": "eval", "examples": n}; the eval folder's {"role": "eval"}
+    eval: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
@@ -143,4 +145,11 @@ def pack_data_files(folder: str | os.PathLike[str]) -> set[str] | None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         return None
     shards = data.get("shards") if isinstance(data.get("shards"), list) else []
-    return {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
+    names = {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
+    held = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    sub = held.get("folder")
+    if isinstance(sub, str) and sub and "/" not in sub and sub not in (".", ".."):
+        inner = pack_data_files(Path(folder) / sub)  # the eval folder counts only when it is all ours
+        if inner is not None and {p.name for p in (Path(folder) / sub).iterdir()} <= inner:
+            names.add(sub)
+    return names

@@ -38,8 +38,8 @@ import numpy as np
 
 from pipeline.errors import ShardFormatError
 from pipeline.shards.checks import ShardSummary, summarize_shard
-from pipeline.shards.format import SHARD_GLOB, shard_paths
-from pipeline.shards.manifest import Manifest, file_sha256, read_manifest
+from pipeline.shards.format import SHARD_GLOB, load_shard, shard_paths
+from pipeline.shards.manifest import MANIFEST_NAME, Manifest, file_sha256, read_manifest
 
 
 def manifest_vocab(tokenizer: object) -> int | None:
@@ -171,3 +171,19 @@ def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:
             f"{where}: counts.examples_packed is {c.examples_packed} but the shards hold "
             f"{len(uniq)} distinct example ids"
         )
+
+
+def verify_eval_folder(folder: str | os.PathLike[str], manifest: Manifest, *, check_hashes: bool = True) -> Manifest:
+    """Verify the held-out eval folder a training folder's manifest names (`pack-data
+    --eval-fraction`) and that no example id is in both; returns the eval folder's manifest."""
+    held = Path(folder) / manifest.eval["folder"]
+    if not (held / MANIFEST_NAME).is_file():
+        raise ShardFormatError(f"{folder}: its manifest names the eval folder {held}, which is missing: re-run pack-data")
+    eval_manifest = verify_folder(held, check_hashes=check_hashes)
+    ids = [np.unique(np.concatenate([load_shard(p).example_ids for p in shard_paths(f, m)] or [np.zeros(0)]))
+           for f, m in ((folder, manifest), (held, eval_manifest))]
+    both = np.intersect1d(*ids)
+    if len(both):
+        raise ShardFormatError(f"{held}: example id {int(both[0])} is in the eval folder and in the training "
+                               f"folder ({len(both)} in both): re-run pack-data")
+    return eval_manifest
