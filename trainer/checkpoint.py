@@ -123,10 +123,30 @@ def save_checkpoint(
         fsync_path(root)
         write_text_atomic(root / LATEST, final.name + "\n")
         if keep_last:
+            best = best_checkpoint(run_dir)
             for stale in list_checkpoints(run_dir)[:-keep_last]:
-                shutil.rmtree(stale, ignore_errors=True)
+                if best is None or stale.name != best["checkpoint"]:  # --save-best's survives --keep-last
+                    shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
+
+
+BEST_FILE = "best.json"
+
+
+def best_checkpoint(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """RUN/best.json ({"step", "eval_loss", "checkpoint": its folder name under checkpoints/}) as
+    `--save-best` writes it, or None."""
+    try:
+        return json.loads((Path(run_dir) / BEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def mark_best(run_dir: str | os.PathLike[str], step: int, eval_loss: float, checkpoint: Path) -> None:
+    """Record `checkpoint` as the one with the lowest eval loss so far (atomically; rank 0 only)."""
+    record = {"step": step, "eval_loss": eval_loss, "checkpoint": Path(checkpoint).name}
+    write_text_atomic(Path(run_dir) / BEST_FILE, json.dumps(record) + "\n")
 
 
 def write_file_list(folder: Path) -> None:

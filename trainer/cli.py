@@ -84,6 +84,9 @@ from trainer import TrainConfig, train
                    "across ranks). Default: DATA/eval when pack-data wrote one (--eval-fraction); 'none': off.")
 @click.option("--eval-every", default=0, type=click.IntRange(min=0),
               help="Evaluate every N steps (0: only after the last step). Logged as eval_loss/eval_ppl.")
+@click.option("--save-best", is_flag=True,
+              help="Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
+                   "it; --keep-last never removes it).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.

@@ -42,6 +42,7 @@ class TrainConfig:
     log_every: int = 10
     eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
     eval_every: int = 0  # evaluate every N steps (0: only after the last step)
+    save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True

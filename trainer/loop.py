@@ -33,7 +33,7 @@ from trainer.config import TrainConfig, validate
 from trainer.evaluate import Evaluator
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
-from trainer.metrics import Meter, start_run_files, write_summary
+from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
 from trainer.parallel import (
@@ -70,6 +70,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     step, position = run.start_step, run.cursor  # position: the data cursor after `step`
     last_loss: float | None = None
     last_eval: tuple[float, int] | None = None
+    best = ckpt.best_checkpoint(run.out) if config.save_best and run.start_step else None  # across --resume
     last_path: Path | None = None
     stopping = False  # SIGTERM arrived (on any rank): save and stop after this step
     meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,
@@ -103,16 +104,22 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
                     grad_norm = grad_norm.full_tensor()
                 meter.log(step, epoch, last_loss, lr, float(grad_norm))
+            improved = False
             if run.evaluator is not None and (step == run.stop_at or stopping or
                                               (config.eval_every and step % config.eval_every == 0)):
                 last_eval = run.evaluator(run.module, run.autocast)
                 meter.log_eval(step, *last_eval)
-            if (config.save_every and step % config.save_every == 0) or step == run.stop_at or stopping:
+                improved = config.save_best and (best is None or last_eval[0] < best["eval_loss"])
+            if (config.save_every and step % config.save_every == 0) or step == run.stop_at or stopping or improved:
                 meter.count_tokens()
                 last_path = save(run, step, position, meter.tokens_seen, last_loss)
+            if improved:
+                best = {"step": step, "eval_loss": last_eval[0], "checkpoint": last_path.name}
+                if info.rank == 0:
+                    ckpt.mark_best(run.out, step, last_eval[0], last_path)
             if stopping:
                 break
-    return finish(run, meter, step, last_loss, last_path, last_eval, stopped_by_sigterm=stopping)
+    return finish(run, meter, step, last_loss, last_path, last_eval, best, stopped_by_sigterm=stopping)
 
 
 def backward_window(
@@ -365,7 +372,7 @@ def save(run: Run, step: int, cursor: Cursor, tokens_seen: int, loss: float | No
 
 def finish(
     run: Run, meter: Meter, step: int, last_loss: float | None, last_path: Path | None,
-    last_eval: tuple[float, int] | None = None, *, stopped_by_sigterm: bool,
+    last_eval: tuple[float, int] | None = None, best: dict[str, Any] | None = None, *, stopped_by_sigterm: bool,
 ) -> dict[str, Any]:
     """The run's summary, written with each rank's own record (then a barrier)."""
     elapsed = time.perf_counter() - meter.run_start
@@ -380,6 +387,8 @@ def finish(
         "eval_loss": last_eval[0] if last_eval else None,
         "eval_ppl": math.exp(min(last_eval[0], 700)) if last_eval else None,
         "eval_loss_tokens": last_eval[1] if last_eval else None,
+        "best_checkpoint": str(run.out / ckpt.CHECKPOINTS / best["checkpoint"]) if best else None,
+        "best_eval_loss": best["eval_loss"] if best else None,
         "attention": run.backend,
         "compiled": run.compiled,
         "params": run.n_params,
@@ -389,6 +398,8 @@ def finish(
         "stopped_by_sigterm": stopped_by_sigterm,  # on every rank, when any rank got SIGTERM
         "rank": info.rank,
     }
+    if info.rank == 0:
+        plot_losses(run.out)
     write_summary(run.out, summary, {
         "rank": info.rank, "world_size": info.world_size, "steps": step - run.start_step,
         "micro_batches": meter.local_micro_batches, "tokens": meter.local_tokens,

@@ -146,6 +146,39 @@ def _eval_record(step: int, loss: float, loss_tokens: int) -> dict[str, Any]:
     return {"step": step, "eval_loss": loss, "eval_ppl": math.exp(min(loss, 700)), "eval_loss_tokens": loss_tokens}
 
 
+def plot_losses(out: Path) -> Path | None:
+    """RUN/loss.png: the training loss of every metrics line and the eval loss of every evaluation,
+    against the step; None when metrics.jsonl holds no loss yet."""
+    train, held = [], []
+    for line in (out / METRICS).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("loss") is not None:
+            train.append((record["step"], record["loss"]))
+        if record.get("eval_loss") is not None:
+            held.append((record["step"], record["eval_loss"]))
+    if not train and not held:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        ax.plot(*zip(*train), label="train loss", color="#1f77b4")
+    if held:
+        ax.plot(*zip(*held), "o-", label="eval loss", color="#d62728")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (token mean)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out / "loss.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_summary(out: Path, summary: dict[str, Any], own: dict[str, Any]) -> None:
     """summary.json (rank 0's `summary`), and ranks/rank{r}.json: what each rank did itself (`own`),
     so equal step counts across ranks can be checked."""

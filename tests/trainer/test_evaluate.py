@@ -101,6 +101,7 @@ def test_the_eval_loss_is_the_token_mean_over_every_eval_example(packed: Path, t
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval_loss" in r]
     assert [r["step"] for r in evals] == [2, 3] and evals[-1]["eval_loss"] == summary["eval_loss"]
+    assert (tmp_path / "run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the curves
 
     from transformers import AutoModelForCausalLM
 
@@ -128,3 +129,56 @@ def test_eval_can_be_turned_off_or_pointed_elsewhere(packed: Path, tmp_path: Pat
                 num_workers=0, progress=False)
     assert train(TrainConfig(out=str(tmp_path / "off"), eval_data="none", **base))["eval_loss"] is None
     assert train(TrainConfig(out=str(tmp_path / "on"), eval_data=str(packed / "eval"), **base))["eval_loss"] > 0
+
+
+def _rank(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    summary = train(config)
+    Path(record, f"rank{rank}.json").write_text(json.dumps(summary))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_eval_loss_is_exact_across_ranks(packed: Path, tmp_path: Path, parallel: str):
+    """Two gloo ranks, each evaluating its share (one of them a micro-batch short, so it runs a
+    forward that does not count): both report the loss one process computes on the same weights."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "ddp"),
+                         tokens_per_step=600, max_steps=1, lr=0.0, warmup=0, num_workers=0, progress=False,
+                         parallel=parallel)
+    mp.start_processes(_rank, args=(2, port, config, str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    from dataclasses import replace
+
+    single = train(replace(config, out=str(tmp_path / "single"), parallel="ddp"))
+    assert ranks[0]["eval_loss"] == ranks[1]["eval_loss"]
+    assert ranks[0]["eval_loss_tokens"] == single["eval_loss_tokens"]
+    assert ranks[0]["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-6)
+
+
+def test_save_best_keeps_the_checkpoint_with_the_lowest_eval_loss(packed: Path, tmp_path: Path):
+    torch.set_num_threads(1)
+    summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
+                                tokens_per_step=1024, max_steps=6, eval_every=1, save_best=True, keep_last=1,
+                                lr=3e-2, num_workers=0, progress=False))  # a high rate: the eval loss goes up again
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "eval_loss" in r]
+    best = min(evals, key=lambda r: r["eval_loss"])
+    record = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert (record["step"], record["eval_loss"]) == (best["step"], best["eval_loss"])
+    assert summary["best_eval_loss"] == best["eval_loss"]
+    assert Path(summary["best_checkpoint"]).name == record["checkpoint"] and Path(summary["best_checkpoint"]).is_dir()
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert record["checkpoint"] in kept and kept[-1] == "step-00000006" and len(kept) <= 2  # --keep-last 1 + best
