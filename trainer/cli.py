@@ -84,6 +84,14 @@ from trainer import TrainConfig, train
                    "across ranks). Default: DATA/eval when pack-data wrote one (--eval-fraction); 'none': off.")
 @click.option("--eval-every", default=0, type=click.IntRange(min=0),
               help="Evaluate every N steps (0: only after the last step). Logged as eval_loss/eval_ppl.")
+@click.option("--lora-r", default=0, type=click.IntRange(min=0),
+              help="Train LoRA adapters of this rank (peft) instead of every weight; 0: full fine-tune. "
+                   "Checkpoints then hold the adapter (PeftModel.from_pretrained(base, CHECKPOINT/model)).")
+@click.option("--lora-alpha", default=16.0, type=float, help="LoRA scaling numerator (scale = alpha / r).")
+@click.option("--lora-dropout", default=0.0, type=click.FloatRange(0, 1, max_open=True), help="Dropout on the LoRA input.")
+@click.option("--lora-target", default="all",
+              help="Modules that get adapters: 'all' linear layers of the decoder, or names such as q_proj,v_proj.")
+@click.option("--merge-lora", is_flag=True, help="At the end, also write RUN/merged: the base model with the adapters merged in.")
 @click.option("--save-best", is_flag=True,
               help="Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
                    "it; --keep-last never removes it).")

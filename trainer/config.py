@@ -42,6 +42,11 @@ class TrainConfig:
     log_every: int = 10
     eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
     eval_every: int = 0  # evaluate every N steps (0: only after the last step)
+    lora_r: int = 0  # LoRA rank (0: full fine-tune), trainer.lora
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target: str = "all"  # "all" linear layers of the decoder, or module names: q_proj,v_proj
+    merge_lora: bool = False  # write RUN/merged, the base model with the adapters merged in
     save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
@@ -60,6 +65,13 @@ class TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option outside its choices."""
+    if config.lora_r < 0:
+        raise UserError(f"--lora-r must be >= 0 (0: no LoRA), got {config.lora_r}")
+    if config.merge_lora and not config.lora_r:
+        raise UserError("--merge-lora needs --lora-r (there is no adapter to merge)")
+    if config.lora_r and config.parallel == "fsdp":
+        raise UserError("--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
+                        "weights are frozen, so DDP holds no optimizer state for them)")
     if config.schedule not in SCHEDULES:
         raise UserError(f"unknown --schedule {config.schedule!r}: choose {', '.join(SCHEDULES)}")
     if config.parallel not in PARALLEL:

@@ -31,6 +31,7 @@ from trainer.attention import select_backend
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig, validate
 from trainer.evaluate import Evaluator
+from trainer.lora import add_lora, merge_and_save
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
@@ -195,6 +196,7 @@ class Run:
     hashes: ShardHashCheck | None
     tokenizer: Any
     model: transformers.PreTrainedModel  # plain, as save_pretrained writes it
+    peft: Any  # with --lora-r: the PeftModel around `model` (checkpoints hold its adapter), else None
     wrapper: LossModule  # the model with the loss as its forward (what the optimizer updates)
     module: torch.nn.Module  # the wrapper as the step calls it: itself, or DDP around it
     optimizer: torch.optim.Optimizer
@@ -232,11 +234,12 @@ def start(config: TrainConfig) -> Run:
     hashes = ShardHashCheck(config.data, manifest, info.rank, info.world_size) if config.verify_hashes else None
     model, backend, backend_why = _model(config, device, manifest)
     n_params = count_params(model)
+    peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:
         start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
-                                                       fingerprint, stop_at)
+                                                       fingerprint, stop_at, peft)
     fsdp = info.enabled and config.parallel == "fsdp"
     compiled = config.compile if config.compile is not None else device.type == "cuda"
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=dtype_name == "bf16")
@@ -256,7 +259,7 @@ def start(config: TrainConfig) -> Run:
     run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, out=Path(config.out),
               planner=planner, total_steps=total_steps, stop_at=stop_at, start_step=start_step,
               cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint, hashes=hashes,
-              tokenizer=tokenizer, model=model, wrapper=wrapper, module=module, optimizer=optimizer,
+              tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module, optimizer=optimizer,
               scheduler=scheduler, loader=loader, evaluator=evaluator, backend=backend, compiled=compiled,
               n_params=n_params)
     if info.rank == 0:
@@ -363,7 +366,7 @@ def save(run: Run, step: int, cursor: Cursor, tokens_seen: int, loss: float | No
     }
     writes_optimizer = run.fsdp or info.rank == 0  # under FSDP every rank helps gather it
     return ckpt.save_checkpoint(
-        run.out, step, model=run.model, model_state=model_state,
+        run.out, step, model=run.peft if run.peft is not None else run.model, model_state=model_state,
         optimizer_state=optimizer_state(run.wrapper, run.optimizer, run.fsdp) if writes_optimizer else None,
         scheduler_state=run.scheduler.state_dict(), trainer_state=trainer_state,
         tokenizer=run.tokenizer, rank=info.rank, barrier=info.barrier, keep_last=run.config.keep_last,
@@ -400,6 +403,8 @@ def finish(
     }
     if info.rank == 0:
         plot_losses(run.out)
+        if run.config.merge_lora and not stopped_by_sigterm:
+            summary["merged_model"] = str(merge_and_save(run.peft, run.out / "merged", run.tokenizer))
     write_summary(run.out, summary, {
         "rank": info.rank, "world_size": info.world_size, "steps": step - run.start_step,
         "micro_batches": meter.local_micro_batches, "tokens": meter.local_tokens,

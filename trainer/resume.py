@@ -14,6 +14,7 @@ import torch.distributed as dist
 from pipeline.errors import UserError
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
+from trainer.lora import load_adapter_into
 from trainer.optim import stretch_schedule
 from trainer.parallel import DistInfo, load_optimizer_state
 from trainer.stream import Cursor
@@ -85,12 +86,16 @@ def load_weights_into(model: torch.nn.Module, path: Path) -> None:
 
 
 def resume_model(
-    path: Path, model: torch.nn.Module, config: TrainConfig, world: int, fingerprint: dict, stop_at: int
+    path: Path, model: torch.nn.Module, config: TrainConfig, world: int, fingerprint: dict, stop_at: int,
+    peft: Any = None,
 ) -> tuple[int, Cursor, int]:
-    """Load the weights of checkpoint `path` into `model`, once `check_resumable` agrees; returns
-    the checkpoint's step, data cursor and tokens seen."""
+    """Load the weights of checkpoint `path` into `model` (with LoRA: its adapter into `peft`), once
+    `check_resumable` agrees; returns the checkpoint's step, data cursor and tokens seen."""
     state = check_resumable(path, config, world, fingerprint)
-    load_weights_into(model, path)
+    if peft is not None:
+        load_adapter_into(peft, path)
+    else:
+        load_weights_into(model, path)
     step, cursor, tokens_seen = int(state["step"]), Cursor(**state["cursor"]), int(state.get("tokens_seen", 0))
     if step >= stop_at:
         raise UserError(

@@ -1,0 +1,151 @@
+"""trainer.lora: LoRA adapters (peft) on packed rows.
+
+- packed LoRA gives every example the loss it has alone and the adapter gradients of the examples
+  run one by one (float32), with a negative control;
+- pack-train --lora-r trains and saves only the adapter, which reloads with peft and reproduces the
+  merged model; --resume continues it bitwise on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
+
+from pipeline.errors import UserError  # noqa: E402
+from trainer import TrainConfig, train  # noqa: E402
+from trainer.batch import collate_rows  # noqa: E402
+from trainer.lora import add_lora  # noqa: E402
+from trainer.loss import per_example_losses  # noqa: E402
+from trainer.model import build_model, load_model  # noqa: E402
+
+VOCAB = 300
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("lora")
+    lengths = np.random.default_rng(0).integers(4, 40, size=40).tolist()
+    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=VOCAB), 64,
+                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    return folder
+
+
+def _lora_model(r: int = 4):
+    model, _ = build_model("tiny", attn="sdpa", vocab_size=VOCAB, seed=0)
+    peft = add_lora(model, TrainConfig(data="x", model="tiny", out="y", lora_r=r))
+    gen = torch.Generator().manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero (A's gradient would be zero too): make both matter
+            p.data = torch.randn(p.shape, generator=gen) * 0.05
+    return model, peft
+
+
+def _rows(lengths: list[int]) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(2)
+    rows = []
+    for n in lengths:
+        ids = rng.integers(3, VOCAB, n).astype(np.int32)
+        labels = ids.copy()
+        labels[0] = -100
+        rows.append({"input_ids": ids, "labels": labels, "position_ids": np.arange(n, dtype=np.int32),
+                     "seq_lens": np.array([n], dtype=np.int32)})
+    return rows
+
+
+def _lora_grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for n, p in model.named_parameters() if p.requires_grad])
+
+
+def test_packed_lora_matches_each_example_alone(packed: Path):
+    model, _ = _lora_model()
+    assert all(("lora_" in n) == p.requires_grad for n, p in model.named_parameters())
+    rows = _rows([9, 17, 5, 30])
+    batch = collate_rows(rows)
+    losses = per_example_losses(model, batch)
+    (losses * torch.tensor([r["labels"][1:].size for r in rows], dtype=torch.float32)).sum().backward()
+    packed_grads = _lora_grads(model)
+    model.zero_grad(set_to_none=True)
+    alone = []
+    for row in rows:
+        loss = per_example_losses(model, collate_rows([row]))[0]
+        alone.append(float(loss.detach()))
+        (loss * (row["labels"][1:].size)).backward()  # grads accumulate: the sum over examples
+    torch.testing.assert_close(losses.detach(), torch.tensor(alone), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed_grads, _lora_grads(model), rtol=1e-4, atol=1e-6)
+    assert packed_grads.abs().sum() > 0
+
+    # negative control: the first two examples run as one sequence (their boundary lost): the second
+    # one's tokens see the first, and the loss is no longer the token mean of the two alone
+    merged = {k: np.concatenate([rows[0][k], rows[1][k]]) for k in ("input_ids", "labels")}
+    merged.update(position_ids=np.arange(26, dtype=np.int32), seq_lens=np.array([26], dtype=np.int32))
+    with torch.no_grad():
+        joined = float(per_example_losses(model, collate_rows([merged]))[0])
+    assert abs(joined - (alone[0] * 8 + alone[1] * 16) / 24) > 1e-4
+
+
+def _config(packed: Path, out: Path, **kw) -> TrainConfig:
+    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=1, lr=5e-3,
+                max_steps=4, log_every=1, num_workers=0, progress=False, lora_r=4, attn="sdpa")
+    return TrainConfig(**{**base, **kw})
+
+
+def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path, tmp_path: Path):
+    from peft import PeftModel
+
+    summary = train(_config(packed, tmp_path / "run", merge_lora=True))
+    saved = Path(summary["checkpoint"]) / "model"
+    assert (saved / "adapter_model.safetensors").is_file() and (saved / "adapter_config.json").is_file()
+    assert not list(saved.glob("model*.safetensors"))  # no base weights in the checkpoints
+    base = load_model("tiny", vocab_size=VOCAB, seed=0).eval()
+    reloaded = PeftModel.from_pretrained(base, saved).eval()
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(summary["merged_model"]).eval()
+    ids = torch.randint(3, VOCAB, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, merged(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+        fresh = load_model("tiny", vocab_size=VOCAB, seed=0).eval()
+        assert not torch.allclose(fresh(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)  # it trained
+
+
+def test_resume_with_lora_is_bitwise(packed: Path, tmp_path: Path):
+    from safetensors.torch import load_file
+
+    full = train(_config(packed, tmp_path / "full"))
+    train(_config(packed, tmp_path / "part", stop_at=2))
+    rest = train(_config(packed, tmp_path / "part", resume="newest"))
+    a = load_file(str(Path(full["checkpoint"]) / "model" / "adapter_model.safetensors"))
+    b = load_file(str(Path(rest["checkpoint"]) / "model" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    losses = lambda run: [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert losses(tmp_path / "full") == losses(tmp_path / "part")
+
+
+def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
+    with pytest.raises(UserError, match="--merge-lora needs --lora-r"):
+        train(_config(packed, tmp_path / "a", lora_r=0, merge_lora=True))
+    with pytest.raises(UserError, match="--lora-target nope"):
+        train(_config(packed, tmp_path / "b", lora_target="nope"))
+    with pytest.raises(UserError, match="holds no LoRA adapter"):
+        train(_config(packed, tmp_path / "c", lora_r=0, stop_at=1))
+        train(_config(packed, tmp_path / "c", resume="newest"))
+    assert replace(_config(packed, tmp_path), lora_r=2).lora_r == 2

@@ -1,0 +1,63 @@
+"""LoRA adapters through `peft` (`pack-train --lora-r R`): only the adapter weights train and are
+saved.
+
+`add_lora` injects LoRA layers into the (already packed, `trainer.model.prepare`d) model in place
+and freezes everything else; the step trains that same model object, so packed attention, the loss,
+compile and DDP see an ordinary module. Checkpoints hold the adapter as peft writes it
+(`adapter_model.safetensors` + `adapter_config.json` in the checkpoint's `model/`), loadable with
+`PeftModel.from_pretrained(base_model, CHECKPOINT/model)`; `--resume` loads it back into the same
+base model. `--merge-lora` writes the merged full model to RUN/merged at the end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import UserError
+from trainer.config import TrainConfig
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
+    """The `peft.PeftModel` around `model` with LoRA adapters on `config.lora_target` ("all": every
+    linear layer of the decoder; else comma-separated module names such as q_proj,v_proj)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UserError("--lora-r needs the peft package: pip install peft (or the project's [lora] extra)") from None
+    targets: Any = "all-linear" if config.lora_target == "all" else [t.strip() for t in config.lora_target.split(",")]
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as exc:  # e.g. target modules not found in the model
+        raise UserError(f"--lora-target {config.lora_target}: {str(exc).splitlines()[0][:200]}") from None
+
+
+def load_adapter_into(peft_model: Any, checkpoint: Path) -> None:
+    """Load a checkpoint's adapter weights into `peft_model` (same base model, same LoRA options)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint) / "model" / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise UserError(f"{checkpoint}/model holds no LoRA adapter ({ADAPTER_WEIGHTS}): it was not trained with "
+                        "--lora-r; resume with the options it was trained with")
+    result = set_peft_model_state_dict(peft_model, load_file(str(path)))
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise UserError(f"{path} does not match this LoRA setup (unexpected {unexpected[:2]}): resume with the "
+                        "same --lora-r / --lora-target")
+
+
+def merge_and_save(peft_model: Any, out: Path, tokenizer: Any = None) -> Path:
+    """The base model with the adapters merged in, saved as a full Hugging Face model at `out`."""
+    merged = peft_model.merge_and_unload()
+    merged.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
