@@ -9,6 +9,7 @@ import click
 from pipeline.config_file import config_option
 from pipeline.errors import UserError, cli_errors
 from trainer import TrainConfig, train
+from trainer.config import REPORT_TO
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -79,6 +80,9 @@ from trainer import TrainConfig, train
                    "training runs (the fast structural checks always run at startup): a damaged "
                    "shard stops the run in one line, and no checkpoint is written before all are "
                    "verified.")
+@click.option("--report-to", default="none", type=click.Choice(REPORT_TO),
+              help="Also log every metrics line's scalars to TensorBoard (RUN/tensorboard) or W&B (offline unless "
+                   "your W&B settings say otherwise); metrics.jsonl is always written.")
 @click.option("--eval-data", default=None,
               help="Held-out packed folder to evaluate on (token-mean loss over all of it, no gradients, exact "
                    "across ranks). Default: DATA/eval when pack-data wrote one (--eval-fraction); 'none': off.")

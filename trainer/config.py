@@ -10,6 +10,7 @@ from pipeline.errors import UserError
 SCHEDULES = ("cosine", "linear", "constant")
 RESUME = ("newest", "strict")
 PARALLEL = ("ddp", "fsdp")
+REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
 DTYPES = ("auto", "bf16", "fp32")
 
@@ -40,6 +41,7 @@ class TrainConfig:
     keep_last: int | None = None
     resume: str | None = None  # "newest" (intact checkpoint) or "strict" (the latest, or refuse)
     log_every: int = 10
+    report_to: str = "none"  # also log the metrics to "tensorboard" or "wandb"
     eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
     eval_every: int = 0  # evaluate every N steps (0: only after the last step)
     lora_r: int = 0  # LoRA rank (0: full fine-tune), trainer.lora
@@ -65,6 +67,8 @@ class TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option outside its choices."""
+    if config.report_to not in REPORT_TO:
+        raise UserError(f"unknown --report-to {config.report_to!r}: choose {', '.join(REPORT_TO)}")
     if config.lora_r < 0:
         raise UserError(f"--lora-r must be >= 0 (0: no LoRA), got {config.lora_r}")
     if config.merge_lora and not config.lora_r:

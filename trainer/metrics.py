@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import resource
 import time
 from dataclasses import asdict
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from pipeline.errors import UserError
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
 
@@ -59,6 +61,42 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+class Reporter:
+    """The scalars of every metrics line, also to TensorBoard (`RUN/tensorboard`, through
+    torch.utils.tensorboard) or Weights & Biases (only when installed; offline unless the user's
+    W&B settings say otherwise). Rank 0 only; "none" does nothing."""
+
+    def __init__(self, kind: str, out: Path, config: TrainConfig, rank: int) -> None:
+        self.kind = kind if rank == 0 else "none"
+        self.writer: Any = None
+        if self.kind == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise UserError("--report-to tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+        elif self.kind == "wandb":
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("--report-to wandb needs the wandb package: pip install wandb") from None
+            os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user set a mode
+            self.writer = wandb.init(project="pack-train", dir=str(out), config=asdict(config), resume="allow")
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        scalars = {k: float(v) for k, v in record.items()
+                   if k not in ("step", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.kind == "tensorboard":
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+        elif self.kind == "wandb":
+            self.writer.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close() if self.kind == "tensorboard" else self.writer.finish()
+
+
 class Meter:
     """Counts tokens, steps and data-loader waits, and writes a metrics line when asked (rank 0
     writes the file and shows the progress bar). The window token counts of the steps stay device
@@ -71,6 +109,7 @@ class Meter:
         self.device, self.backend = device, backend
         self.n_params, self.peak_flops = n_params, config.peak_flops * world  # for the MFU
         self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
+        self.reporter = Reporter(config.report_to, out, config, rank)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
                         desc="pack-train", unit="step", dynamic_ncols=True)
         self.tokens_seen = tokens_seen  # all ranks, this run and the ones it resumes
@@ -86,6 +125,7 @@ class Meter:
 
     def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.bar.close()
+        self.reporter.close()
         if self.file is not None:
             self.file.close()
 
@@ -131,14 +171,17 @@ class Meter:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        self.reporter.log(step, record)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
         self._log_time, self._tokens_since, self._wait_since, self._steps_since = now, 0, 0.0, 0
 
     def log_eval(self, step: int, loss: float, loss_tokens: int) -> None:
         """A metrics line of the held-out loss after `step` (and on the progress bar)."""
+        record = _eval_record(step, loss, loss_tokens)
         if self.file is not None:
-            self.file.write(json.dumps(_eval_record(step, loss, loss_tokens)) + "\n")
+            self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        self.reporter.log(step, record)
         self.bar.set_postfix(eval_loss=f"{loss:.4f}")
 
 

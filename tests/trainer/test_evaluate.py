@@ -182,3 +182,20 @@ def test_save_best_keeps_the_checkpoint_with_the_lowest_eval_loss(packed: Path, 
     assert Path(summary["best_checkpoint"]).name == record["checkpoint"] and Path(summary["best_checkpoint"]).is_dir()
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step-"))
     assert record["checkpoint"] in kept and kept[-1] == "step-00000006" and len(kept) <= 2  # --keep-last 1 + best
+
+
+def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path: Path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.set_num_threads(1)
+    train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
+                      tokens_per_step=1024, max_steps=3, eval_every=3, log_every=1, num_workers=0, progress=False,
+                      report_to="tensorboard"))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    got = {key: [(e.step, e.value) for e in events.Scalars(key)] for key in ("loss", "lr", "eval_loss")}
+    assert got["loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in records if "loss" in r]
+    assert got["eval_loss"] == [(3, pytest.approx(records[-1]["eval_loss"], rel=1e-6))]
+    assert len(got["lr"]) == 3
