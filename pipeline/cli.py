@@ -185,11 +185,13 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
                 fmt: str, limit: int | None, num_proc: int, **format_fields: Any) -> None:
     """Packing report of FOLDER (written by pack-data), or a what-if plan with --input: the
     first form reads the manifest and shards; the second tokenizes (or reads the `input_ids` of
-    pre-tokenized data) and runs the planner for every max_len and strategy without writing shards."""
+    pre-tokenized data) and runs the planner for every max_len and strategy without writing shards.
+    FOLDER may also be a pack-train run folder: its steps, losses, evals and best checkpoint."""
     # polars (pipeline.report) is imported by this command only: pack-data and pack-verify run
     # where it is not installed (the GPU benchmark box)
     from pipeline.report import folder_report, load_folder, to_json, whatif_report
     from pipeline.report_render import format_text, write_html
+    from pipeline.run_summary import format_run, is_run_folder, run_report
 
     with cli_errors():
         strategies = _strategies(strategy)
@@ -202,6 +204,15 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
             raise UserError("give either a packed FOLDER or --input (what-if mode), not both")
         if csv_path is not None and folder is None:
             raise UserError("--sources-csv needs a packed FOLDER (what-if mode has no sources)")
+        if folder is not None and is_run_folder(folder):  # a pack-train run folder
+            if csv_path is not None or html_path is not None:
+                raise UserError("--sources-csv and --html describe packed folders; a run folder has --json")
+            report = run_report(folder)
+            click.echo(format_run(report), nl=False)
+            if json_path is not None:
+                write_atomic(json_path, lambda p: p.write_text(to_json(report), encoding="utf-8"))
+                click.echo(f"wrote {json_path}")
+            return
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,

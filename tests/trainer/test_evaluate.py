@@ -199,3 +199,18 @@ def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path:
     assert got["loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in records if "loss" in r]
     assert got["eval_loss"] == [(3, pytest.approx(records[-1]["eval_loss"], rel=1e-6))]
     assert len(got["lr"]) == 3
+
+
+def test_pack_report_summarises_a_run_folder(packed: Path, tmp_path: Path):
+    from pipeline.cli import pack_report
+
+    torch.set_num_threads(1)
+    summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
+                                tokens_per_step=1024, max_steps=2, eval_every=1, save_best=True, log_every=1,
+                                num_workers=0, progress=False))
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "run"), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert "pack-train run:" in result.output and "(finished)" in result.output and "best" in result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["kind"] == "run" and [e["step"] for e in report["evals"]] == [1, 2]
+    assert report["summary"]["eval_loss"] == summary["eval_loss"] and report["plot"].endswith("loss.png")

@@ -1,0 +1,74 @@
+"""`pack-report RUN_DIR`: what a pack-train run did, from the files it leaves (summary.json,
+metrics.jsonl, best.json, loss.png); reads JSON only, imports nothing of the trainer.
+
+    >>> is_run_folder(Path("data"))
+    False
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError
+
+SUMMARY, METRICS, BEST = "summary.json", "metrics.jsonl", "best.json"
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder pack-train wrote (metrics.jsonl beside config.json), not a packed folder."""
+    return (folder / METRICS).is_file() and (folder / "config.json").is_file() and not (folder / "manifest.json").exists()
+
+
+def run_report(folder: Path) -> dict[str, Any]:
+    """The run's figures: steps, tokens, throughput, first/last/lowest train loss, every eval, the
+    best checkpoint, the plot; a run still in progress (no summary.json yet) is reported as such."""
+    records = []
+    for number, line in enumerate((folder / METRICS).read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise UserError(f"{folder / METRICS} line {number}: not JSON: the file is damaged") from None
+    train = [r for r in records if r.get("loss") is not None]
+    evals = [r for r in records if r.get("eval_loss") is not None]
+    summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8")) if (folder / SUMMARY).is_file() else None
+    best = json.loads((folder / BEST).read_text(encoding="utf-8")) if (folder / BEST).is_file() else None
+    return {
+        "kind": "run",
+        "folder": str(folder),
+        "finished": summary is not None,
+        "summary": summary,
+        "train_loss": {"first": train[0]["loss"], "last": train[-1]["loss"],
+                       "lowest": min(r["loss"] for r in train), "lines": len(train)} if train else None,
+        "last_step": max((r["step"] for r in records), default=0),
+        "tokens_per_s": [r["tokens_per_s"] for r in train if "tokens_per_s" in r][-1:] or None,
+        "evals": [{"step": r["step"], "eval_loss": r["eval_loss"], "eval_ppl": r.get("eval_ppl")} for r in evals],
+        "best": best,
+        "plot": str(folder / "loss.png") if (folder / "loss.png").is_file() else None,
+    }
+
+
+def format_run(report: dict[str, Any]) -> str:
+    """The terminal summary of `run_report`."""
+    s, t = report["summary"], report["train_loss"]
+    lines = [f"pack-train run: {report['folder']} ({'finished' if report['finished'] else 'not finished'})"]
+    if s:
+        lines.append(f"  steps           {s['steps']} / {s['total_steps']}, {s['tokens']:,} tokens, "
+                     f"{s['tokens_per_s']:,.0f} tokens/s, attention {s['attention']}")
+    else:
+        lines.append(f"  last step       {report['last_step']}")
+    if t:
+        lines.append(f"  train loss      first {t['first']:.4f}, last {t['last']:.4f}, lowest {t['lowest']:.4f} "
+                     f"({t['lines']} metrics lines)")
+    for e in report["evals"][-5:]:
+        lines.append(f"  eval loss       step {e['step']}: {e['eval_loss']:.4f} (perplexity {e['eval_ppl']:.2f})")
+    if report["best"]:
+        b = report["best"]
+        lines.append(f"  best            step {b['step']} eval loss {b['eval_loss']:.4f}: checkpoints/{b['checkpoint']}")
+    if s and s.get("checkpoint"):
+        lines.append(f"  last checkpoint {s['checkpoint']}")
+    if report["plot"]:
+        lines.append(f"  curves          {report['plot']}")
+    return "\n".join(lines) + "\n"
