@@ -31,7 +31,7 @@ from trainer.attention import select_backend
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig, validate
 from trainer.evaluate import Evaluator
-from trainer.lora import add_lora, merge_and_save
+from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
@@ -235,6 +235,8 @@ def start(config: TrainConfig) -> Run:
     model, backend, backend_why = _model(config, device, manifest)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
+    if peft is not None and dtype_name == "bf16":
+        freeze_in_bf16(model)  # frozen base weights need no fp32 copy: half their memory
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:

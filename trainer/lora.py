@@ -6,7 +6,8 @@ and freezes everything else; the step trains that same model object, so packed a
 compile and DDP see an ordinary module. Checkpoints hold the adapter as peft writes it
 (`adapter_model.safetensors` + `adapter_config.json` in the checkpoint's `model/`), loadable with
 `PeftModel.from_pretrained(base_model, CHECKPOINT/model)`; `--resume` loads it back into the same
-base model. `--merge-lora` writes the merged full model to RUN/merged at the end.
+base model. `--merge-lora` writes the merged full model to RUN/merged at the end. With `--dtype bf16`
+the frozen base weights are kept in bfloat16 (`freeze_in_bf16`), the adapters in float32.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
         return get_peft_model(model, lora)
     except ValueError as exc:  # e.g. target modules not found in the model
         raise UserError(f"--lora-target {config.lora_target}: {str(exc).splitlines()[0][:200]}") from None
+
+
+def freeze_in_bf16(model: torch.nn.Module) -> None:
+    """Store every frozen parameter (the base model's, with LoRA) in bfloat16; the adapters, which
+    the optimizer updates, stay float32. For bf16 autocast runs, where the base weights are cast to
+    bf16 for every matmul anyway: the same computation with half the base weights' memory."""
+    for param in model.parameters():
+        if not param.requires_grad and param.dtype == torch.float32:
+            param.data = param.data.to(torch.bfloat16)
 
 
 def load_adapter_into(peft_model: Any, checkpoint: Path) -> None:

@@ -127,17 +127,21 @@ def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path,
         assert not torch.allclose(fresh(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)  # it trained
 
 
-def test_resume_with_lora_is_bitwise(packed: Path, tmp_path: Path):
+def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path):
     from safetensors.torch import load_file
 
-    full = train(_config(packed, tmp_path / "full"))
-    train(_config(packed, tmp_path / "part", stop_at=2))
-    rest = train(_config(packed, tmp_path / "part", resume="newest"))
+    held = dict(eval_data=str(packed), eval_every=1)  # any packed folder evaluates; here the training one
+    full = train(_config(packed, tmp_path / "full", **held))
+    train(_config(packed, tmp_path / "part", stop_at=2, **held))
+    rest = train(_config(packed, tmp_path / "part", resume="newest", **held))
     a = load_file(str(Path(full["checkpoint"]) / "model" / "adapter_model.safetensors"))
     b = load_file(str(Path(rest["checkpoint"]) / "model" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    losses = lambda run: [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    assert losses(tmp_path / "full") == losses(tmp_path / "part")
+    lines = lambda run: [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    losses = lambda run, key: [r[key] for r in lines(run) if key in r]  # noqa: E731
+    assert losses(tmp_path / "full", "loss") == losses(tmp_path / "part", "loss")
+    assert losses(tmp_path / "full", "eval_loss") == losses(tmp_path / "part", "eval_loss")
+    assert len(losses(tmp_path / "full", "eval_loss")) == 4 and full["eval_loss"] == rest["eval_loss"]
 
 
 def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
@@ -183,3 +187,15 @@ def test_lora_under_ddp_matches_one_process_with_the_same_window(packed: Path, t
     a = load_file(str(Path(ddp["checkpoint"]) / "model" / "adapter_model.safetensors"))
     b = load_file(str(Path(single["checkpoint"]) / "model" / "adapter_model.safetensors"))
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
+def test_bf16_keeps_the_frozen_base_in_bf16_and_the_adapters_in_fp32(packed: Path, tmp_path: Path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    summary = train(_config(packed, tmp_path / "bf16", dtype="bf16", max_steps=2, merge_lora=True))
+    adapter = load_file(str(Path(summary["checkpoint"]) / "model" / "adapter_model.safetensors"))
+    assert {t.dtype for t in adapter.values()} == {torch.float32}
+    merged = AutoModelForCausalLM.from_pretrained(summary["merged_model"], dtype="auto")
+    assert merged.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert np.isfinite(summary["final_loss"])
