@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "data" / "sample" / "instructions.jsonl")
 TOKENIZER = str(ROOT / "data" / "tokenizer")
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _pack(out: Path, num_proc: int = 1, **kw):
     return run_pack_data(PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=512, out=str(out), limit=200,
@@ -94,7 +96,6 @@ def test_bad_eval_options_are_one_line(tmp_path: Path, args: list[str], needle: 
 
 
 def test_the_eval_loss_is_the_token_mean_over_every_eval_example(packed: Path, tmp_path: Path):
-    torch.set_num_threads(1)
     summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
                                 tokens_per_step=1024, max_steps=3, eval_every=2, lr=1e-3, num_workers=0,
                                 progress=False, log_every=1))
@@ -138,7 +139,6 @@ def _rank(rank: int, world: int, port: int, config: TrainConfig, record: str) ->
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
                       LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
     summary = train(config)
     Path(record, f"rank{rank}.json").write_text(json.dumps(summary))
     dist.destroy_process_group()
@@ -169,7 +169,6 @@ def test_the_eval_loss_is_exact_across_ranks(packed: Path, tmp_path: Path, paral
 
 
 def test_save_best_keeps_the_checkpoint_with_the_lowest_eval_loss(packed: Path, tmp_path: Path):
-    torch.set_num_threads(1)
     summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
                                 tokens_per_step=1024, max_steps=6, eval_every=1, save_best=True, keep_last=1,
                                 lr=3e-2, num_workers=0, progress=False))  # a high rate: the eval loss goes up again
@@ -188,7 +187,6 @@ def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    torch.set_num_threads(1)
     train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
                       tokens_per_step=1024, max_steps=3, eval_every=3, log_every=1, num_workers=0, progress=False,
                       report_to="tensorboard"))
@@ -204,7 +202,6 @@ def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path:
 def test_pack_report_summarises_a_run_folder(packed: Path, tmp_path: Path):
     from pipeline.cli import pack_report
 
-    torch.set_num_threads(1)
     summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
                                 tokens_per_step=1024, max_steps=2, eval_every=1, save_best=True, log_every=1,
                                 num_workers=0, progress=False))

@@ -30,13 +30,8 @@ from trainer.stream import Planner, row_lengths  # noqa: E402
 
 MAX_LEN, VOCAB, ROWS = 64, 300, 8
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,8 @@ from trainer.loss import LossModule  # noqa: E402
 from trainer.optim import Schedule  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two OpenMP threads on a shared 2-core machine are 30x slower than one for this tiny model."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
