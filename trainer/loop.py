@@ -111,7 +111,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 last_eval = run.evaluator(run.module, run.autocast)
                 meter.log_eval(step, *last_eval)
                 improved = config.save_best and (best is None or last_eval[0] < best["eval_loss"])
-            if (config.save_every and step % config.save_every == 0) or step == run.stop_at or stopping or improved:
+            scheduled = config.save_every and step % config.save_every == 0
+            if scheduled or step == run.stop_at or stopping or improved:
                 meter.count_tokens()
                 last_path = save(run, step, position, meter.tokens_seen, last_loss)
             if improved:
