@@ -457,3 +457,16 @@ def test_check_gpu_hf_builds_valid_packed_rows_and_needs_cuda(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["check_gpu_hf.py"])
     with pytest.raises(SystemExit, match="no CUDA device"):
         cg.main()
+
+
+def test_bench_pack_data_long_replicates_without_repeats_and_measures_the_ceiling(tmp_path):
+    import bench_pack_data_long as bl
+
+    from pipeline.tokenizer import load_tokenizer
+
+    path = bl.replicate(1, tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert path.stat().st_size >= 1 << 20
+    assert len({r["instruction"] for r in rows}) == len(rows)  # no text repeats across copies
+    tokenizer = load_tokenizer(str(REPO / "data" / "tokenizer"))
+    assert bl.ceiling([r["output"] for r in rows[:50]], tokenizer) > 0

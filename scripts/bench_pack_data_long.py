@@ -1,0 +1,105 @@
+"""pack-data on long instruction texts against its tokenizer's ceiling, and its peak memory as the
+input grows (issue #20, part 5).
+
+    python scripts/bench_pack_data_long.py --mb 50,200 --json docs/results/bench_pack_data_long_2core.json
+
+Input: data/sample/instructions.jsonl (mean ~250 tokens per example) replicated to each --mb size,
+every copy's instruction prefixed with its number (no text repeats). For each tokenizer (data/tokenizer
+and, where ../shared is here, Llama-2's) and size:
+- pack-data: the whole job in a fresh process (`run_pack_data`, default --num-proc), tokens/s over the
+  job without its setup phase, and peak RSS (the job's own VmHWM; the largest worker's, pages shared
+  with the job included);
+- the ceiling: the same tokenizer's `encode_batch_fast` over exactly the whole texts pack-data encodes,
+  in batches of CEILING_BATCH texts whose ids are counted and dropped (one call over all the texts
+  would keep tens of millions of Python ints alive, and the garbage collector's passes over them
+  slow it down more the larger the input: not the tokenizer's speed), best of 3, in this process,
+  its Rust thread pool on every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import bench_pack_data as bpd
+from benchlib import LLAMA2, REPO, machine_summary, shared_dir, write_json
+
+SAMPLE = REPO / "data" / "sample" / "instructions.jsonl"
+CEILING_BATCH = 4096
+
+
+def ceiling(texts: list[str], tokenizer) -> float:
+    """encode_batch_fast tokens/s over `texts` in CEILING_BATCH batches, best of 3."""
+    import time
+
+    backend, best, tokens = tokenizer.backend_tokenizer, float("inf"), 0
+    for _ in range(3):
+        start, tokens = time.perf_counter(), 0
+        for i in range(0, len(texts), CEILING_BATCH):
+            tokens += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + CEILING_BATCH],
+                                                                         add_special_tokens=False))
+        best = min(best, time.perf_counter() - start)
+    return tokens / best
+
+
+def replicate(target_mb: int, out: Path) -> Path:
+    """SAMPLE's records, copy k's instruction prefixed with "k: ", until the file holds target_mb MB."""
+    records = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    path = out / f"long-{target_mb}mb.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        copy = 0
+        while f.tell() < target_mb << 20:
+            for r in records:
+                f.write(json.dumps({**r, "instruction": f"{copy}: {r['instruction']}"}) + "\n")
+            copy += 1
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", default="50,200", help="input sizes in MB")
+    parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    tokenizers = {"data/tokenizer": REPO / "data" / "tokenizer"}
+    if (shared_dir() / LLAMA2).is_dir():
+        tokenizers["llama2"] = shared_dir() / LLAMA2
+    results: dict = {"machine": machine_summary(), "runs": []}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-long-"))
+    try:
+        for mb in (int(x) for x in args.mb.split(",")):
+            path = replicate(mb, tmp)
+            for name, folder in tokenizers.items():
+                from pipeline.tokenizer import load_tokenizer
+
+                stats = bpd.pack_in_child(inputs=[str(path)], tokenizer=str(folder), max_len=args.max_len,
+                                          out=str(tmp / "out"), overwrite=True)
+                seconds = stats["times"]["total"] - stats["times"]["setup"]
+                tokenizer = load_tokenizer(str(folder))
+                texts = bpd.rendered_texts(path, tokenizer)
+                ceiling_tokens_per_s = ceiling(texts, tokenizer)
+                del texts
+                run = {"mb": mb, "tokenizer": name, "examples": stats.get("rows"), "tokens": stats["tokens"],
+                       "pack_s": seconds, "pack_tokens_per_s": stats["tokens"] / seconds,
+                       "ceiling_tokens_per_s": ceiling_tokens_per_s,
+                       "ratio": stats["tokens"] / seconds / ceiling_tokens_per_s,
+                       "peak_rss_mb": stats["maxrss_self_mb"], "peak_rss_worker_mb": stats["maxrss_children_mb"],
+                       "times": stats["times"]}
+                results["runs"].append(run)
+                print(f"{mb:>4} MB {name:<15} {run['tokens'] / 1e6:6.1f}M tokens: pack-data "
+                      f"{run['pack_tokens_per_s'] / 1e6:.2f}M tok/s = {run['ratio']:.0%} of encode_batch_fast "
+                      f"({run['ceiling_tokens_per_s'] / 1e6:.2f}M); peak RSS {run['peak_rss_mb']:.0f} MB "
+                      f"(+ worker {run['peak_rss_worker_mb']:.0f} MB)", flush=True)
+                shutil.rmtree(tmp / "out", ignore_errors=True)
+            path.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
