@@ -4,7 +4,7 @@ input grows (issue #20, part 5).
     python scripts/bench_pack_data_long.py --mb 50,200 --json docs/results/bench_pack_data_long_2core.json
 
 Input: data/sample/instructions.jsonl (mean ~250 tokens per example) replicated to each --mb size,
-every copy's instruction prefixed with its number (no text repeats). For each tokenizer (data/tokenizer
+every copy's instruction prefixed with its number (no text of one copy repeats in another). For each tokenizer (data/tokenizer
 and, where ../shared is here, Llama-2's) and size:
 - pack-data: the whole job in a fresh process (`run_pack_data`, default --num-proc), tokens/s over the
   job without its setup phase, and peak RSS (the job's own VmHWM; the largest worker's, pages shared

@@ -464,9 +464,10 @@ def test_bench_pack_data_long_replicates_without_repeats_and_measures_the_ceilin
 
     from pipeline.tokenizer import load_tokenizer
 
-    path = bl.replicate(1, tmp_path)
+    path = bl.replicate(3, tmp_path)  # the sample is 2.6 MB: two copies
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert path.stat().st_size >= 1 << 20
-    assert len({r["instruction"] for r in rows}) == len(rows)  # no text repeats across copies
+    assert path.stat().st_size >= 3 << 20 and len(rows) == 6000
+    copies = [{r["instruction"] for r in rows[:3000]}, {r["instruction"] for r in rows[3000:]}]
+    assert not copies[0] & copies[1]  # no text of one copy repeats in another
     tokenizer = load_tokenizer(str(REPO / "data" / "tokenizer"))
     assert bl.ceiling([r["output"] for r in rows[:50]], tokenizer) > 0
