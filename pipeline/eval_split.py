@@ -32,8 +32,7 @@ def split_off_eval(pieces: Pieces, *, fraction: float | None, examples: int | No
     on both; `truncated_ids`: the examples `--overlong truncate` cut). Leaving either side empty is
     a UserError."""
     ids = pieces.example_ids
-    first = np.ones(len(ids), dtype=bool)
-    first[1:] = ids[1:] != ids[:-1]
+    first = pieces.first_pieces()
     present = ids[first]
     n = len(present)
     m = int(round(fraction * n)) if fraction is not None else int(examples or 0)
@@ -43,8 +42,7 @@ def split_off_eval(pieces: Pieces, *, fraction: float | None, examples: int | No
                         "folder need at least one; choose a value that leaves some on each side")
     chosen = np.sort(np.random.default_rng([seed, 1]).choice(present, size=m, replace=False))
     held = np.isin(ids, chosen)
-    multi = ~first.copy()  # pieces after an example's first: the example was split
-    split_ids = np.unique(ids[multi])
+    split_ids = np.unique(ids[~first])  # a piece after an example's first: the example was split
     c = pieces.counts
     held_split = int(np.isin(split_ids, chosen).sum())
     held_truncated = int(np.isin(truncated_ids, chosen).sum()) if truncated_ids is not None else 0

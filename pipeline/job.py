@@ -94,33 +94,33 @@ def run_pack_data(
         with closing(_tokenize(config, files, fmts, tokenizer, tmp)) as spill:
             clock.lap("read_tokenize")
             pieces, held, sources, plan, reference = _plan(config, files, spill)
-            clock.lap("plan")
-            written = write_shards(tmp, spill, plan, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
-                                   vocab=manifest_vocab(tok_info), progress=config.progress)
-            if held is not None:  # the held-out examples: a packed folder of their own, OUT/eval
-                held_plan = plan_rows(held, config.max_len, config.strategy, config.seed, config.group_size)
+            # the packed folders: OUT itself and, with held-out examples, OUT/eval (one of their own)
+            folders = [(tmp, pieces, plan)]
+            if held is not None:
                 (tmp / EVAL_FOLDER).mkdir()
-                held_written = write_shards(tmp / EVAL_FOLDER, spill, held_plan, max_len=config.max_len,
-                                            rows_per_shard=config.rows_per_shard, vocab=manifest_vocab(tok_info),
-                                            progress=config.progress)
+                folders.append((tmp / EVAL_FOLDER, held,
+                                plan_rows(held, config.max_len, config.strategy, config.seed, config.group_size)))
+            clock.lap("plan")
+            written = [write_shards(folder, spill, rows, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
+                                    vocab=manifest_vocab(tok_info), progress=config.progress)
+                       for folder, _, rows in folders]
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
         inputs = fingerprints.result()
-        manifest = _manifest(config, files, fmts, tok_info, pieces, plan, written, inputs)
+        manifests = [_manifest(config, files, fmts, tok_info, parts, rows, w, inputs)
+                     for (_, parts, rows), w in zip(folders, written)]
+        manifest = manifests[0]
         manifest.sources = sources
         if held is not None:
-            held_manifest = _manifest(config, files, fmts, tok_info, held, held_plan, held_written, inputs)
-            held_manifest.eval = {"role": "eval"}
-            write_manifest(tmp / EVAL_FOLDER, held_manifest)
             manifest.eval = {"folder": EVAL_FOLDER, "examples": held.counts.examples_packed}
-        write_manifest(tmp, manifest)
+            manifests[1].eval = {"role": "eval"}
+        for (folder, _, _), m in zip(folders, manifests):
+            write_manifest(folder, m)
         clock.lap("write")
         # folder-level checks (manifest, files, totals, example ids) from the per-shard results of
         # the checker thread; no second pass over the tokens, no second sha256 pass over every byte
-        verify_folder(tmp, check_hashes=False, checked=written.checked)
-        check_sizes(tmp, written.sizes)
-        if held is not None:
-            verify_folder(tmp / EVAL_FOLDER, check_hashes=False, checked=held_written.checked)
-            check_sizes(tmp / EVAL_FOLDER, held_written.sizes)
+        for (folder, _, _), w in zip(folders, written):
+            verify_folder(folder, check_hashes=False, checked=w.checked)
+            check_sizes(folder, w.sizes)
         clock.lap("verify")
     clock.times["total"] = time.perf_counter() - clock.start
     for line in summary_lines(manifest, clock.times, stats, reference):

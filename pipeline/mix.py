@@ -78,8 +78,7 @@ def apply_mix(pieces: Pieces, file_counts: np.ndarray, weights: list[float], see
     n_read = int(bounds[-1])
     ids = pieces.example_ids  # non-decreasing: input order, a split example's pieces side by side
     file_of = np.searchsorted(bounds, ids, side="right") - 1
-    first = np.ones(len(ids), dtype=bool)
-    first[1:] = ids[1:] != ids[:-1]
+    first = pieces.first_pieces()
     passes = max(math.ceil(w) for w in weights) if weights else 1
     copies = np.zeros((passes, len(ids)), dtype=bool)
     records = []

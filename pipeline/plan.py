@@ -29,6 +29,12 @@ class Pieces:
     lengths: np.ndarray  # int64
     counts: Counts = field(default_factory=Counts)
 
+    def first_pieces(self) -> np.ndarray:
+        """True at the first piece of each example (an example's pieces are side by side)."""
+        first = np.ones(len(self.example_ids), dtype=bool)
+        first[1:] = self.example_ids[1:] != self.example_ids[:-1]
+        return first
+
 
 def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
     """Turn spilled examples into pieces of at most `max_len` tokens according to `policy`."""

@@ -27,6 +27,8 @@ from pathlib import Path
 import bench_pack_data as bpd
 from benchlib import LLAMA2, REPO, machine_summary, shared_dir, write_json
 
+from pipeline.tokenizer import load_tokenizer
+
 SAMPLE = REPO / "data" / "sample" / "instructions.jsonl"
 CEILING_BATCH = 4096
 
@@ -73,8 +75,6 @@ def main() -> None:
         for mb in (int(x) for x in args.mb.split(",")):
             path = replicate(mb, tmp)
             for name, folder in tokenizers.items():
-                from pipeline.tokenizer import load_tokenizer
-
                 stats = bpd.pack_in_child(inputs=[str(path)], tokenizer=str(folder), max_len=args.max_len,
                                           out=str(tmp / "out"), overwrite=True)
                 seconds = stats["times"]["total"] - stats["times"]["setup"]
@@ -82,7 +82,7 @@ def main() -> None:
                 texts = bpd.rendered_texts(path, tokenizer)
                 ceiling_tokens_per_s = ceiling(texts, tokenizer)
                 del texts
-                run = {"mb": mb, "tokenizer": name, "examples": stats.get("rows"), "tokens": stats["tokens"],
+                run = {"mb": mb, "tokenizer": name, "rows": stats.get("rows"), "tokens": stats["tokens"],
                        "pack_s": seconds, "pack_tokens_per_s": stats["tokens"] / seconds,
                        "ceiling_tokens_per_s": ceiling_tokens_per_s,
                        "ratio": stats["tokens"] / seconds / ceiling_tokens_per_s,

@@ -373,15 +373,15 @@ def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
 
 def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndarray]]]:
     """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step
-    (the trainer's own cut, `trainer.stream._greedy_cuts`)."""
+    (the trainer's own cut, `trainer.stream.greedy_cuts`)."""
     import numpy as np
 
     from pipeline.shards import iter_rows
-    from trainer.stream import _greedy_cuts
+    from trainer.stream import greedy_cuts
 
     rows = list(iter_rows(folder))
     lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
-    cuts = _greedy_cuts(lengths, tokens_per_step)
+    cuts = greedy_cuts(lengths, tokens_per_step)
     return [rows[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
 
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from pipeline.errors import UserError
 from pipeline.shards import Manifest, verify_folder
 from trainer.parallel import DistInfo
-from trainer.stream import ShardReader, _greedy_cuts, row_lengths
+from trainer.stream import ShardReader, greedy_cuts, row_lengths
 
 
 class Evaluator:
@@ -40,7 +40,7 @@ class Evaluator:
             raise UserError(f"eval data {folder} has no token that carries a loss: nothing to evaluate")
         self.folder, self.info, self.device = str(folder), info, device
         self.reader = ShardReader(folder, manifest)
-        cuts = _greedy_cuts(row_lengths(folder, manifest), tokens_per_step)
+        cuts = greedy_cuts(row_lengths(folder, manifest), tokens_per_step)
         self.batches = [np.arange(a, b) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
         per_rank = math.ceil(len(self.batches) / info.world_size)
         self.mine = [i * info.world_size + info.rank for i in range(per_rank)]

@@ -66,7 +66,7 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
 
 
 @njit(cache=True)
-def _greedy_cuts(lengths: np.ndarray, budget: int) -> np.ndarray:  # pragma: no cover - numba
+def greedy_cuts(lengths: np.ndarray, budget: int) -> np.ndarray:  # pragma: no cover - numba
     """Boundaries of consecutive groups whose token sum stays <= budget (a lone long row allowed)."""
     n = lengths.shape[0]
     cuts = np.empty(n + 1, dtype=np.int64)
@@ -156,7 +156,7 @@ class Planner:
             order = np.random.default_rng([self.seed, epoch]).permutation(n).astype(np.int64)
         else:
             order = np.arange(n, dtype=np.int64)
-        cuts = _greedy_cuts(self.lengths[order], self.tokens_per_step)
+        cuts = greedy_cuts(self.lengths[order], self.tokens_per_step)
         n_mb = len(cuts) - 1
         keep = n_mb - n_mb % self.group
         plan = EpochPlan(

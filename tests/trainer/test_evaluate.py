@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,9 @@ from pipeline.errors import ShardFormatError
 from pipeline.job import PackConfig, run_pack_data
 from pipeline.shards import iter_rows, read_manifest, verify_eval_folder, write_shard
 from trainer import TrainConfig, train
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from gloo_ranks import train_on_two_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "data" / "sample" / "instructions.jsonl")
@@ -132,34 +136,15 @@ def test_eval_can_be_turned_off_or_pointed_elsewhere(packed: Path, tmp_path: Pat
     assert train(TrainConfig(out=str(tmp_path / "on"), eval_data=str(packed / "eval"), **base))["eval_loss"] > 0
 
 
-def _rank(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                      LOCAL_RANK=str(rank))
-    summary = train(config)
-    Path(record, f"rank{rank}.json").write_text(json.dumps(summary))
-    dist.destroy_process_group()
-
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_eval_loss_is_exact_across_ranks(packed: Path, tmp_path: Path, parallel: str):
     """Two gloo ranks, each evaluating its share (one of them a micro-batch short, so it runs a
     forward that does not count): both report the loss one process computes on the same weights."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "ddp"),
                          tokens_per_step=600, max_steps=1, lr=0.0, warmup=0, num_workers=0, progress=False,
                          parallel=parallel)
-    mp.start_processes(_rank, args=(2, port, config, str(tmp_path)), nprocs=2, join=True, start_method="fork")
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = train_on_two_ranks(config, tmp_path)
     from dataclasses import replace
 
     single = train(replace(config, out=str(tmp_path / "single"), parallel="ddp"))

@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("peft")
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from gloo_ranks import train_on_two_ranks  # noqa: E402
 from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
@@ -150,31 +151,14 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
     assert replace(_config(packed, tmp_path), lora_r=2).lora_r == 2
 
 
-def _rank(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    Path(record, f"rank{rank}.json").write_text(json.dumps(train(config)))
-    dist.destroy_process_group()
-
 
 def test_lora_under_ddp_matches_one_process_with_the_same_window(packed: Path, tmp_path: Path):
     """Two gloo ranks of one micro-batch each per step: the same losses and adapter as one process
     accumulating both micro-batches."""
-    import socket
-
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = _config(packed, tmp_path / "ddp", max_steps=3)
-    mp.start_processes(_rank, args=(2, port, config, str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    train_on_two_ranks(config, tmp_path)
     single = train(replace(config, out=str(tmp_path / "single"), grad_accum=2))
     losses = lambda run: [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     assert losses(tmp_path / "ddp") == pytest.approx(losses(tmp_path / "single"), rel=1e-5)
