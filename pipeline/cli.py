@@ -18,7 +18,8 @@ from pipeline.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.job import PackConfig, run_pack_data
+from pipeline.job import ENGINES, PackConfig, run_pack_data
+from pipeline.ray_engine import CHUNK_BYTES
 from pipeline.plan import OVERLONG
 from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
@@ -61,6 +62,8 @@ Examples:
       --format text --text-field body --num-proc 8 --out out/corpus --overwrite
   pack-data data/sample/chat.jsonl --tokenizer data/tokenizer --max-len 2048 --out out/chat --limit 100
   pack-data --config data/configs/pack-data.yaml --max-len 4096   # options from a file, flags win
+  pack-data 's3://bucket/corpus/*.jsonl' --tokenizer tok --max-len 8192 --out s3://bucket/packed \\
+      --engine ray --ray-address 10.0.0.1:6379   # on a Ray cluster
 """
 
 
@@ -93,6 +96,16 @@ Examples:
                    "inputs left out use 1. Recorded per input in the manifest.")
 @click.option("--batch-rows", type=int, default=None, help="Rows per tokenization batch. Default: 128 for text (enough batches for every "
                    "worker), 4096 for pre-tokenized input.")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+              help="Where the work runs: this machine, or Ray tasks (needs pip install 'packlm[ray]'); the shards "
+                   "are byte-identical. With ray, the inputs and --out's folder must be on storage every node "
+                   "mounts at the same path.")
+@click.option("--ray-address", default=None, metavar="HOST:PORT",
+              help="Ray cluster to run on (--engine ray). Default: $RAY_ADDRESS, else a local Ray of --num-proc "
+                   "CPUs started for the job.")
+@click.option("--chunk-bytes", type=int, default=CHUNK_BYTES, show_default=True,
+              help="Input bytes per Ray tokenize task (JSONL is cut at line ends, Parquet at row groups, Arrow "
+                   "files at record batches; other inputs are one task each).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs) and write

@@ -5,7 +5,8 @@ and benchmarks call it directly). It reads as the pipeline, one step per line:
     -> mix -> plan -> write shards (and the eval folder's) -> manifest -> verify -> commit
 
 Everything is written inside a hidden temporary sibling of the output folder
-(`pipeline.outdir.output_folder`), renamed to the output only when complete.
+(`pipeline.outdir.output_folder`), renamed to the output only when complete. With `engine="ray"`
+the tokenize and write steps run as Ray tasks (`pipeline.ray_engine`); the shards are the same.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 import shutil
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from pipeline.mix import apply_mix, file_weights, parse_mix
 from pipeline.outdir import check_out, output_folder
 from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
+from pipeline.ray_engine import (CHUNK_BYTES, check_shared, columns_on_ray, fingerprints_on_ray, ray_session,
+                                 tokenize_on_ray, write_on_ray)
 from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.sources import input_fingerprints, resolve_inputs
 from pipeline.spill import Spill
@@ -39,6 +42,7 @@ from pipeline.write import Written, check_sizes, write_shards
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
+ENGINES = ("local", "ray")
 
 
 @dataclass(kw_only=True)
@@ -62,6 +66,9 @@ class PackConfig(FormatOptions):
     eval_fraction: float | None = None  # held out into OUT/eval (pipeline.eval_split)
     eval_examples: int | None = None
     batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
+    engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.ray_engine)
+    ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
+    chunk_bytes: int = CHUNK_BYTES  # input bytes per Ray tokenize task
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -82,13 +89,24 @@ def run_pack_data(
     """
     clock = _Clock()
     validate(config)
+    on_ray = config.engine == "ray"
+    with ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext():
+        return _run(config, clock, on_ray, echo, stats)
+
+
+def _run(config: PackConfig, clock: _Clock, on_ray: bool, echo: Callable[[str], None] | None,
+         stats: dict[str, Any] | None) -> Manifest:
     files = resolve_inputs(list(config.inputs))
-    fmts = file_formats(files, config.format_options())  # each input file's own format and fields
+    if on_ray:  # every node sees the inputs and where the output goes
+        check_shared(Path(config.out).absolute().parent, files)
+    # each input file's own format and fields
+    fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
     tokenizer = load_tokenizer(config.tokenizer)
     tok_info = tokenizer_info(tokenizer, config.tokenizer)
-    if config.num_proc > 1 and needs_encoder(fmts):
+    if not on_ray and config.num_proc > 1 and needs_encoder(fmts):
         encode_pool(config.num_proc)  # its workers are forked before this process starts any thread
-    fingerprints = Background(input_fingerprints, files)  # the sha256 of every input byte, meanwhile
+    # the sha256 of every input byte, meanwhile
+    fingerprints = Background(fingerprints_on_ray if on_ray else input_fingerprints, files)
     with output_folder(Path(config.out), config.overwrite) as tmp:
         clock.lap("setup")
         with closing(_tokenize(config, files, fmts, tokenizer, tmp)) as spill:
@@ -101,8 +119,9 @@ def run_pack_data(
                 folders.append((tmp / EVAL_FOLDER, held,
                                 plan_rows(held, config.max_len, config.strategy, config.seed, config.group_size)))
             clock.lap("plan")
-            written = [write_shards(folder, spill, rows, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
-                                    vocab=manifest_vocab(tok_info), progress=config.progress)
+            write = write_on_ray if on_ray else write_shards
+            written = [write(folder, spill, rows, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
+                             vocab=manifest_vocab(tok_info), progress=config.progress)
                        for folder, _, rows in folders]
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
         inputs = fingerprints.result()
@@ -169,6 +188,10 @@ def validate(config: PackConfig) -> None:
         raise UserError(f"--batch-rows must be >= 1, got {config.batch_rows}")
     if config.group_size < 1:
         raise UserError(f"--group-size must be >= 1, got {config.group_size}")
+    if config.engine not in ENGINES:
+        raise UserError(f"unknown --engine {config.engine!r}: choose one of {', '.join(ENGINES)}")
+    if config.chunk_bytes < 1:
+        raise UserError(f"--chunk-bytes must be >= 1, got {config.chunk_bytes}")
     check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
     if config.eval_fraction is not None and config.eval_examples is not None:
@@ -185,11 +208,12 @@ def validate(config: PackConfig) -> None:
 
 def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:
     """Read and tokenize every input into a spill in `tmp`, with a progress bar."""
-    total = estimate_rows(files, config.limit) if config.progress else None
-    with bar(config.progress, desc="read+tokenize", unit="ex", total=total) as progress:
-        spill = tokenize_to_spill(files, fmts, tokenizer, tmp / "_spill", max_len=config.max_len,
-                                  overlong=config.overlong, num_proc=config.num_proc, limit=config.limit,
-                                  batch_rows=config.batch_rows, progress=progress)
+    if config.engine == "ray":
+        spill = tokenize_on_ray(files, fmts, config.tokenizer, tmp / "_spill", max_len=config.max_len,
+                                overlong=config.overlong, limit=config.limit, batch_rows=config.batch_rows,
+                                chunk_bytes=config.chunk_bytes, progress=config.progress)
+    else:
+        spill = _tokenize_here(config, files, fmts, tokenizer, tmp)
     if spill.examples_read == 0:
         raise UserError(f"the inputs {' '.join(map(str, config.inputs))} hold no rows: nothing to pack")
     if len(spill.lengths) == 0:
@@ -198,6 +222,16 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
             "(--text-field, --prompt-field, ...) and --format"
         )
     return spill
+
+
+def _tokenize_here(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any,
+                   tmp: Path) -> Spill:
+    """The local engine's read and tokenize (`tokenize_to_spill`), with a progress bar of examples."""
+    total = estimate_rows(files, config.limit) if config.progress else None
+    with bar(config.progress, desc="read+tokenize", unit="ex", total=total) as progress:
+        return tokenize_to_spill(files, fmts, tokenizer, tmp / "_spill", max_len=config.max_len,
+                                 overlong=config.overlong, num_proc=config.num_proc, limit=config.limit,
+                                 batch_rows=config.batch_rows, progress=progress)
 
 
 def _plan(config: PackConfig, files: list[Any], spill: Spill

@@ -79,6 +79,11 @@ class RowPlan:
     def n_rows(self) -> int:
         return len(self.row_pieces) - 1
 
+    def rows(self, r0: int, r1: int) -> RowPlan:
+        """The plan of rows [r0, r1) alone (what one shard holds)."""
+        a, b = int(self.row_pieces[r0]), int(self.row_pieces[r1])
+        return RowPlan(self.example_ids[a:b], self.starts[a:b], self.lengths[a:b], self.row_pieces[r0:r1 + 1] - a)
+
 
 def plan_rows(pieces: Pieces, max_len: int, strategy: str, seed: int, group_size: int) -> RowPlan:
     """Give every piece its row (`assign_bins`); a stable sort by row keeps pieces in input order

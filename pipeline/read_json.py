@@ -122,17 +122,23 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
                      f"{one_line(exc)}; make nested fields use one type throughout")
 
 
-def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, int, int]]:
+def _jsonl_chunks(path: str, chunk_bytes: int, start: int = 0, end: int | None = None,
+                  first_line: int = 1) -> Iterator[tuple[bytes, int, int]]:
     """(chunk, 1-based line of its first line, byte offset) cut at line ends; bounded memory.
 
     The blocks of a line longer than a block are kept apart until its end is read and joined once,
-    so a line of any length is copied a bounded number of times."""
+    so a line of any length is copied a bounded number of times. `start`/`end`: only the bytes
+    [start, end) of an uncompressed file (both at line starts: `line_start`), whose first line is
+    line `first_line`."""
     with open_input(path) as f:
-        line, offset = 1, 0
+        line, offset = first_line, start
+        f.seek(start)
+        left = -1 if end is None else end - start  # bytes still to read (-1: to the end)
         pending: list[bytes] = []  # blocks read since the last line end
-        first = True
+        first = start == 0
         while True:
-            block = f.read(chunk_bytes)
+            block = f.read(chunk_bytes if left < 0 else min(chunk_bytes, left))
+            left -= len(block) if left >= 0 else 0
             if first and block.startswith(b"\xef\xbb\xbf"):
                 block, offset = block[3:], 3
             first = False
@@ -152,6 +158,34 @@ def _jsonl_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[bytes, int, int
             pending = [rest] if rest else []
             line += lines
             offset += size
+
+
+def line_start(path: str, pos: int) -> int:
+    """The first byte offset >= pos at which a line of the (uncompressed) file starts, or its size."""
+    if pos <= 0:
+        return 0
+    with open(path, "rb") as f:
+        f.seek(pos - 1)
+        while True:
+            block = f.read(1 << 16)
+            if not block:
+                return f.tell()
+            cut = block.find(b"\n")
+            if cut >= 0:
+                return f.tell() - len(block) + cut + 1
+
+
+def lines_before(path: str, pos: int) -> int:
+    """How many line ends the (uncompressed) file has before byte `pos`."""
+    count = 0
+    with open(path, "rb") as f:
+        while pos > 0:
+            block = f.read(min(pos, 1 << 24))
+            if not block:
+                break
+            count += block.count(b"\n")
+            pos -= len(block)
+    return count
 
 
 def _joined(parts: list[bytes]) -> bytes:
@@ -204,10 +238,12 @@ def jsonl_columns(path: str) -> list[str]:
     return list(keys)
 
 
-def read_jsonl(path: str, batch_rows: int, chunk_bytes: int
-                ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end: int | None = None,
+               first_line: int = 1) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    """Tables of at most `batch_rows` records and the line of each; `start`, `end`, `first_line`:
+    only that byte range (as `_jsonl_chunks`)."""
     conform = Conformer()
-    for chunk, line, offset in _jsonl_chunks(path, chunk_bytes):
+    for chunk, line, offset in _jsonl_chunks(path, chunk_bytes, start, end, first_line):
         if not chunk or chunk.isspace():
             continue
         try:

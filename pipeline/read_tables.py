@@ -74,8 +74,8 @@ PARQUET_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))  # row groups decode
 PARQUET_AHEAD_BYTES = 384 << 20  # decoded row groups in flight at most (a larger group is streamed)
 
 
-def read_parquet(path: str, batch_rows: int) -> Iterator[pa.Table]:
-    """Row groups in file order, decoded ahead by PARQUET_THREADS threads (pyarrow decodes without
+def read_parquet(path: str, batch_rows: int, groups: range | None = None) -> Iterator[pa.Table]:
+    """Row groups in file order (`groups`: only those), decoded ahead by PARQUET_THREADS threads (pyarrow decodes without
     the GIL; one thread decoded about 0.5 GB/s); each is yielded in `batch_rows` slices.
 
     Bounded memory (pack-data's 1B-token benchmark): buffered reads rather than a memory map (a
@@ -88,14 +88,14 @@ def read_parquet(path: str, batch_rows: int) -> Iterator[pa.Table]:
         sizes = [pf.metadata.row_group(g).total_byte_size for g in range(pf.metadata.num_row_groups)]
         streamed = [size > PARQUET_AHEAD_BYTES // 4 for size in sizes]
         with ThreadPoolExecutor(PARQUET_THREADS, thread_name_prefix="parquet") as pool:
-            groups = in_order(
-                range(len(sizes)),
+            decoded = in_order(
+                range(len(sizes)) if groups is None else groups,
                 lambda g: done(None) if streamed[g] else pool.submit(_parquet_group, path, g),
                 depth=2 * PARQUET_THREADS,
                 weight=lambda g: 0 if streamed[g] else sizes[g],
                 budget=PARQUET_AHEAD_BYTES,
             )
-            for group, table in groups:
+            for group, table in decoded:
                 if table is None:
                     for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[group]):
                         yield pa.Table.from_batches([rb])
@@ -119,14 +119,15 @@ def _parquet_group(path: str, group: int) -> pa.Table:
     return pq.ParquetFile(path, memory_map=False).read_row_group(group)
 
 
-def read_arrow(path: str, batch_rows: int) -> Iterator[pa.Table]:
-    """Arrow IPC, file format (random access) or stream format, memory-mapped: zero-copy slices."""
+def read_arrow(path: str, batch_rows: int, parts: range | None = None) -> Iterator[pa.Table]:
+    """Arrow IPC, file format (random access) or stream format, memory-mapped: zero-copy slices.
+    `parts`: only these record batches of a file-format input."""
     try:
         source = pa.memory_map(path)
         try:
             reader = pa.ipc.open_file(source)
-            batches: Iterator[pa.RecordBatch] = (reader.get_batch(i)
-                                                 for i in range(reader.num_record_batches))
+            batches: Iterator[pa.RecordBatch] = (reader.get_batch(i) for i in
+                                                 (range(reader.num_record_batches) if parts is None else parts))
         except pa.ArrowInvalid:
             source.seek(0)
             batches = iter(pa.ipc.open_stream(source))

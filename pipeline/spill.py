@@ -2,7 +2,9 @@
 while only their lengths stay in RAM, and the gather that reads pieces of them back in row order.
 
 Pre-tokenized uncompressed Arrow IPC input is not spilled at all (direct mode,
-`direct_arrow_spill`): the writer reads each example from the input file itself.
+`direct_arrow_spill`): the writer reads each example from the input file itself. The Ray engine
+(`pipeline.ray_engine`) spills into one pair of files per chunk of input (parts mode,
+`parts_spill`). In both modes an example's start encodes its file: index << FILE_SHIFT | offset.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class Spill:
     starts: np.ndarray | None = None
     where: Callable[[int], str] | None = None  # example id -> "file line N" (for error messages)
     file_examples: list[int] = field(default_factory=list)  # examples read per input file, in order
+    # Parts mode: `sources` are spill files of our own (read through memory maps), one per chunk,
+    # and `label_sources` their labels files (empty: labels equal the ids)
+    label_sources: list[Path] = field(default_factory=list)
+    direct: bool = False  # direct mode: the ids are the user's, never looked at before the writer
 
     @property
     def offsets(self) -> np.ndarray:
@@ -70,12 +76,23 @@ class Spill:
         shrinks while it is mapped kills the process, where a pread comes up short.
         """
         o_ids, o_lab = out if out is not None else (None, None)
-        if self.sources:
+        if self.direct:
             fds = [self._fd(path) for path in self.sources]
             return _pread_pieces(fds, starts, lengths, o_ids), None
+        if self.sources:
+            ids = _map_parts([self._fd(p) for p in self.sources], starts, lengths, o_ids)
+            labels = None if not self.label_sources else \
+                _map_parts([self._fd(p) for p in self.label_sources], starts, lengths, o_lab)
+            return ids, labels
         ids = _map_pieces(self._fd(self.ids_path), starts, lengths, o_ids)
         labels = None if self.labels_path is None else _map_pieces(self._fd(self.labels_path), starts, lengths, o_lab)
         return ids, labels
+
+    def reader(self) -> Spill:
+        """A copy that can read pieces but holds no per-example arrays (cheap to send to a Ray task)."""
+        empty = np.zeros(0, np.int64)
+        return Spill(self.ids_path, self.labels_path, empty, empty, sources=self.sources, where=self.where,
+                     label_sources=self.label_sources, direct=self.direct)
 
     def _fd(self, path: Path) -> int:
         if path not in self._fds:
@@ -91,20 +108,41 @@ class Spill:
 MAP_WINDOW_BYTES = 64 << 20  # the part of a spill file mapped at once (what its reads add to RSS)
 
 
-def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def _map_parts(fds: list[int], starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`_map_pieces` over several files: a start encodes its file (index << FILE_SHIFT | offset)."""
+    starts = starts.astype(np.int64, copy=False)
+    lengths = lengths.astype(np.int64, copy=False)
+    total = int(lengths.sum())
+    out = np.empty(total, dtype="<i4") if out is None else out[:total]
+    dest = np.cumsum(lengths) - lengths
+    which = starts >> FILE_SHIFT
+    for k in np.unique(which).tolist():
+        mine = which == k
+        _map_pieces(fds[k], starts[mine] & _OFFSET_MASK, lengths[mine], out, dest[mine])
+    return out
+
+
+def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None,
+                dest: np.ndarray | None = None) -> np.ndarray:
     """Concatenate int32 ranges [start, start + length) of a file, in the order given, copied out of
     memory maps of it: the pieces sorted by start, one window of about MAP_WINDOW_BYTES mapped at a
     time and unmapped before the next, so a read costs no syscall per piece (against one pread
     each: 1-3 us, GIL held) and adds at most a window to RSS, whatever the file's size. Where the
     file cannot be mapped, it is read with one pread per piece.
-    `out`: a buffer to read into (its first sum(lengths) entries are returned).
+    `out`: a buffer to read into (its first sum(lengths) entries are returned); `dest`: where in
+    `out` each piece goes (default: one after the other).
     """
     starts = starts.astype(np.int64, copy=False)
     lengths = lengths.astype(np.int64, copy=False)
     total = int(lengths.sum())
-    out = np.empty(total, dtype="<i4") if out is None else out[:total]
+    if out is None:
+        out = np.empty(total, dtype="<i4")
+    elif dest is None:
+        out = out[:total]
+    if dest is None:
+        dest = np.cumsum(lengths) - lengths
     order = np.argsort(starts, kind="stable")
-    first, n, dest = starts[order], lengths[order], (np.cumsum(lengths) - lengths)[order]
+    first, n, dest = starts[order], lengths[order], dest[order]
     i = 0
     while i < len(first):
         base = int(first[i]) * 4 // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
@@ -116,7 +154,9 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
             except ValueError:  # the file ends before the piece
                 raise _short_read() from None
             except OSError:  # a file system that cannot map files (some FUSE mounts): piece by piece
-                return _pread_pieces([fd], starts, lengths, out)
+                for a, m, d in zip(first.tolist(), n.tolist(), dest.tolist()):
+                    _pread_pieces([fd], np.array([a]), np.array([m]), out[d:d + m])
+                return out
             with window:
                 src = np.frombuffer(window, dtype="<i4")
                 _copy_pieces(src, first[i:j] - base // 4, n[i:j], dest[i:j], out)
@@ -250,4 +290,4 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
     return Spill(Path(files[0].path), None, cat(lengths), cat(example_ids), read, empty,
                  sources=[Path(f.path) for f in files], starts=cat(starts), where=partial(where_of, files),
-                 file_examples=per_file + [0] * (len(files) - len(per_file)))
+                 file_examples=per_file + [0] * (len(files) - len(per_file)), direct=True)

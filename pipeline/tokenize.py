@@ -16,12 +16,13 @@ Each input file is rendered with its own format (`file_formats`: detected from t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -42,9 +43,13 @@ from pipeline.tokenizer import RUST_THREADS, load_tokenizer
 Formats = ResolvedFormat | Sequence[ResolvedFormat]  # one for every file, or one per input file
 
 
-def file_formats(files: list[Any], options: FormatOptions) -> list[ResolvedFormat]:
-    """The resolved format of each input file, from its own columns (`formats.detect_formats`)."""
-    return detect_formats([(f.path, column_names([f])) for f in files], options)
+def file_formats(files: list[Any], options: FormatOptions, columns: list[list[str]] | None = None
+                 ) -> list[ResolvedFormat]:
+    """The resolved format of each input file, from its own columns (`formats.detect_formats`;
+    `columns`: each file's, when already known)."""
+    if columns is None:
+        columns = [column_names([f]) for f in files]
+    return detect_formats([(f.path, cols) for f, cols in zip(files, columns)], options)
 
 
 def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
@@ -167,40 +172,59 @@ def tokenize_to_spill(
         except NotDirect:
             if progress is not None:
                 progress.reset()
-    lengths: list[np.ndarray] = []
-    example_ids: list[np.ndarray] = []
-    read = empty = tokens = 0
-    per_file = dict.fromkeys((f.path for f in files), 0)
     with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
-        for batch, tok in iter_tokenized(
-            files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
-            derive_labels=not same_labels,
-        ):
-            n = len(tok.lengths)
-            keep = tok.lengths > 0
-            if overlong == "error" and (tok.lengths > max_len).any():
-                bad = int(np.argmax(tok.lengths > max_len))
-                raise UserError(
-                    f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
-                    f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
-                )
-            append_values(fi, tok.input_ids, ids_path)
-            if tok.labels is not None:
-                append_values(fl, tok.labels, labels_path)
-            lengths.append(tok.lengths[keep])
-            example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
-            read += n
-            per_file[batch.file] += n
-            empty += int(n - keep.sum())
-            tokens += len(tok.input_ids)
-            if progress is not None:
-                progress.set_postfix(tokens=_fmt_count(tokens), refresh=False)
-                progress.update(n)
-    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        part = spill_part(
+            iter_tokenized(files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
+                           derive_labels=not same_labels),
+            fi, fl, ids_path, labels_path, max_len=max_len if overlong == "error" else None, progress=progress)
     if same_labels:
         labels_path.unlink()
-    return Spill(ids_path, None if same_labels else labels_path, cat(lengths), cat(example_ids), read, empty,
-                 where=partial(where_of, files), file_examples=[per_file[f.path] for f in files])
+    return Spill(ids_path, None if same_labels else labels_path, part.lengths, part.example_ids, part.read,
+                 part.read - len(part.lengths), where=partial(where_of, files),
+                 file_examples=[part.per_file.get(f.path, 0) for f in files])
+
+
+@dataclass
+class Part:
+    """What `spill_part` wrote: the length and example index of every non-empty example (empty ones
+    write nothing), and the rows read, in all and per input file."""
+
+    lengths: np.ndarray
+    example_ids: np.ndarray
+    read: int
+    per_file: dict[str, int]
+
+
+def spill_part(tokenized: Iterable[tuple[Any, TokBatch]], ids_file: BinaryIO, labels_file: BinaryIO,
+               ids_path: Path, labels_path: Path, *, max_len: int | None = None, progress: Any = None) -> Part:
+    """Append tokenized batches (`iter_tokenized`'s pairs) to open spill files, in order; with
+    `max_len`, the first example longer than it is a UserError naming its row (--overlong error)."""
+    lengths: list[np.ndarray] = []
+    example_ids: list[np.ndarray] = []
+    read = tokens = 0
+    per_file: dict[str, int] = {}
+    for batch, tok in tokenized:
+        n = len(tok.lengths)
+        keep = tok.lengths > 0
+        if max_len is not None and (tok.lengths > max_len).any():
+            bad = int(np.argmax(tok.lengths > max_len))
+            raise UserError(
+                f"{batch.where(bad)}: example is {int(tok.lengths[bad])} tokens, "
+                f"longer than --max-len {max_len}: raise --max-len or use --overlong truncate|split|drop"
+            )
+        append_values(ids_file, tok.input_ids, ids_path)
+        if tok.labels is not None:
+            append_values(labels_file, tok.labels, labels_path)
+        lengths.append(tok.lengths[keep])
+        example_ids.append(batch.first_index + np.flatnonzero(keep).astype(np.int64))
+        read += n
+        per_file[batch.file] = per_file.get(batch.file, 0) + n
+        tokens += len(tok.input_ids)
+        if progress is not None:
+            progress.set_postfix(tokens=_fmt_count(tokens), refresh=False)
+            progress.update(n)
+    cat = lambda parts: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    return Part(cat(lengths), cat(example_ids), read, per_file)
 
 
 def _fmt_count(n: int) -> str:

@@ -83,12 +83,27 @@ def gather_rows(
             np.copyto(labels, ids)
     pos = np.empty(n, np.int32) if buffers is None else buffers[2][:n]
     lens = np.ascontiguousarray(lengths, dtype=np.int64)
-    loss, bad = _finish(ids, labels, lens, pos, bool(spill.sources))
+    loss, bad = _finish(ids, labels, lens, pos, spill.direct)
     if bad >= 0:
         piece = int(np.searchsorted(np.cumsum(lens), bad, side="right"))
         where = spill.where(int(example_ids[piece])) if example_ids is not None and spill.where else "the input"
         raise UserError(f"{where}: input_ids contains a negative id: fix the data")
     return ids, labels, pos, int(loss)
+
+
+def shard_table(spill: Spill, plan: RowPlan, r0: int, r1: int, max_len: int,
+                buffers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[Any, int, int]:
+    """The shard of the planned rows [r0, r1): (Arrow table, tokens, loss tokens), gathered from the
+    spill (`gather_rows`; `buffers` as there)."""
+    row_pieces = plan.row_pieces
+    a, b = int(row_pieces[r0]), int(row_pieces[r1])
+    lens = plan.lengths[a:b]
+    ids, labels, pos, loss = gather_rows(spill, plan.starts[a:b], lens, plan.example_ids[a:b], buffers)
+    piece_off = row_pieces[r0 : r1 + 1] - a
+    row_off = np.concatenate(([0], np.cumsum(lens)))[piece_off]
+    if int(np.diff(row_off).max()) > max_len:
+        raise RuntimeError("planner produced a row longer than max_len")  # a bug, not user input
+    return rows_table(ids, labels, pos, row_off, lens, plan.example_ids[a:b], piece_off), int(row_off[-1]), loss
 
 
 @dataclass
@@ -134,15 +149,7 @@ def write_shards(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, row
     ):
         for s, r0 in enumerate(range(0, n_rows, rps)):
             r1 = min(n_rows, r0 + rps)
-            a, b = int(row_pieces[r0]), int(row_pieces[r1])
-            lens = plan.lengths[a:b]
-            ids, labels, pos, loss = gather_rows(spill, plan.starts[a:b], lens, plan.example_ids[a:b], sets[s % 2])
-            piece_off = row_pieces[r0 : r1 + 1] - a
-            tok_cum = np.concatenate(([0], np.cumsum(lens)))
-            row_off = tok_cum[piece_off]
-            if int(np.diff(row_off).max()) > max_len:
-                raise RuntimeError("planner produced a row longer than max_len")  # a bug, not user input
-            table = rows_table(ids, labels, pos, row_off, lens, plan.example_ids[a:b], piece_off)
+            table, tokens, loss = shard_table(spill, plan, r0, r1, max_len, sets[s % 2])
             name = shard_name(s)
             if written:  # the previous shard is written (in a thread) while this one was gathered;
                 written[-1].result()  # at most one shard waits in RAM
@@ -150,9 +157,9 @@ def write_shards(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, row
                 done_name, check = checks.pop(0)
                 check_vocab(folder, [(done_name, check.result())], vocab, spill)
             written.append(writer.submit(write_one, folder / name, table))
-            del table, ids, labels, pos
-            out.shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=int(row_off[-1]), sha256=""))
-            out.total_tokens += int(row_off[-1])
+            del table
+            out.shards.append(ShardInfo(file=name, rows=r1 - r0, tokens=tokens, sha256=""))
+            out.total_tokens += tokens
             out.loss_tokens += loss
             rows_bar.update(r1 - r0)
         for info, done in zip(out.shards, written):
