@@ -19,7 +19,6 @@ from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
 from pipeline.job import ENGINES, PackConfig, run_pack_data
-from pipeline.ray_engine import CHUNK_BYTES
 from pipeline.plan import OVERLONG
 from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
@@ -103,9 +102,10 @@ Examples:
 @click.option("--ray-address", default=None, metavar="HOST:PORT",
               help="Ray cluster to run on (--engine ray). Default: $RAY_ADDRESS, else a local Ray of --num-proc "
                    "CPUs started for the job.")
-@click.option("--chunk-bytes", type=int, default=CHUNK_BYTES, show_default=True,
+@click.option("--chunk-bytes", type=int, default=None,
               help="Input bytes per Ray tokenize task (JSONL is cut at line ends, Parquet at row groups, Arrow "
-                   "files at record batches; other inputs are one task each).")
+                   "files at record batches; other inputs are one task each). Default: 4 chunks per CPU of the "
+                   "cluster, from 1 MiB to 64 MiB each.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs) and write

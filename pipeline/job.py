@@ -30,7 +30,7 @@ from pipeline.mix import apply_mix, file_weights, parse_mix
 from pipeline.outdir import check_out, output_folder
 from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.ray_engine import (CHUNK_BYTES, check_shared, columns_on_ray, fingerprints_on_ray, ray_session,
+from pipeline.ray_engine import (check_shared, columns_on_ray, fingerprints_on_ray, ray_session,
                                  tokenize_on_ray, write_on_ray)
 from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.sources import input_fingerprints, resolve_inputs
@@ -68,7 +68,7 @@ class PackConfig(FormatOptions):
     batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
     engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.ray_engine)
     ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
-    chunk_bytes: int = CHUNK_BYTES  # input bytes per Ray tokenize task
+    chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -190,7 +190,7 @@ def validate(config: PackConfig) -> None:
         raise UserError(f"--group-size must be >= 1, got {config.group_size}")
     if config.engine not in ENGINES:
         raise UserError(f"unknown --engine {config.engine!r}: choose one of {', '.join(ENGINES)}")
-    if config.chunk_bytes < 1:
+    if config.chunk_bytes is not None and config.chunk_bytes < 1:
         raise UserError(f"--chunk-bytes must be >= 1, got {config.chunk_bytes}")
     check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
@@ -209,7 +209,7 @@ def validate(config: PackConfig) -> None:
 def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:
     """Read and tokenize every input into a spill in `tmp`, with a progress bar."""
     if config.engine == "ray":
-        spill = tokenize_on_ray(files, fmts, config.tokenizer, tmp / "_spill", max_len=config.max_len,
+        spill = tokenize_on_ray(files, fmts, tokenizer, config.tokenizer, tmp / "_spill", max_len=config.max_len,
                                 overlong=config.overlong, limit=config.limit, batch_rows=config.batch_rows,
                                 chunk_bytes=config.chunk_bytes, progress=config.progress)
     else:

@@ -47,10 +47,12 @@ from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard,
 from pipeline.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
 from pipeline.spill import FILE_SHIFT, NotDirect, Spill, direct_arrow_spill
 from pipeline.tokenize import TEXT_BATCH_ROWS, TOKENIZED_BATCH_ROWS, Part, _one, rust_threads_off, spill_part
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tokenizer import BackendOnly, load_tokenizer
 from pipeline.write import Written, check_vocab, shard_table
 
-CHUNK_BYTES = 64 << 20  # input bytes per tokenize task (default of --chunk-bytes)
+CHUNK_BYTES = 64 << 20  # input bytes per tokenize task, at most, by default (--chunk-bytes)
+MIN_CHUNK_BYTES = 1 << 20
+CHUNKS_PER_CPU = 4  # default chunking: enough chunks that every CPU of the cluster stays busy to the end
 RETRIES = 3  # times Ray runs a task again whose worker died
 
 
@@ -199,12 +201,14 @@ def _fingerprint(f: InputFile) -> dict:
     return input_fingerprints([f])[0]
 
 
-def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenizer: str, spill_dir: Path, *,
+def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenizer: Any, name: str, spill_dir: Path, *,
                     max_len: int, overlong: str, limit: int | None, batch_rows: int | None,
-                    chunk_bytes: int, progress: bool) -> Spill:
+                    chunk_bytes: int | None, progress: bool) -> Spill:
     """The local engine's `tokenize_to_spill`, one Ray task per chunk: the same Spill (lengths,
     example ids, counts) over one spill part per chunk, or direct mode for uncompressed Arrow IPC
-    pre-tokenized input (nothing to tokenize: the write tasks read the inputs in place)."""
+    pre-tokenized input (nothing to tokenize: the write tasks read the inputs in place).
+    `tokenizer`: the loaded tokenizer; the tasks get its backend alone (`BackendOnly`), or, for chat
+    data, load it themselves by `name` (from storage every node sees)."""
     fmt_of = {f.path: x for f, x in zip(files, fmts)}
     same_labels = all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts)
     if same_labels and all(f.kind == "arrow" for f in files):
@@ -212,12 +216,15 @@ def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenize
             return direct_arrow_spill(files, fmt_of, max_len=max_len, overlong=overlong, limit=limit)
         except NotDirect:
             pass
+    import ray
+
     if batch_rows is None:
         batch_rows = TOKENIZED_BATCH_ROWS if all(x.kind == "tokenized" for x in fmts) else TEXT_BATCH_ROWS
-    chunks = plan_chunks(files, chunk_bytes)
+    chunks = plan_chunks(files, chunk_bytes or default_chunk_bytes(sum(f.size for f in files)))
     spill_dir.mkdir()
     task = _remote(_tokenize_chunk)
-    refs = [task.remote(files[c.file], fmt_of[files[c.file].path], tokenizer, c, str(spill_dir / f"part-{k:06d}"),
+    spec = ray.put(name if any(x.kind == "chat" for x in fmts) else BackendOnly.of(tokenizer))
+    refs = [task.remote(files[c.file], fmt_of[files[c.file].path], spec, c, str(spill_dir / f"part-{k:06d}"),
                         batch_rows, not same_labels)
             for k, c in enumerate(chunks)]
     with bar(progress, desc="read+tokenize", unit="chunk", total=len(chunks)) as progress_bar:
@@ -226,17 +233,26 @@ def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenize
                          overlong=overlong, limit=limit)
 
 
-_TOKENIZERS: dict[str, Any] = {}  # per worker process: loaded once, used by every task it runs
+def default_chunk_bytes(input_bytes: int) -> int:
+    """CHUNKS_PER_CPU chunks per CPU of the cluster, each between MIN_CHUNK_BYTES and CHUNK_BYTES."""
+    import ray
+
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return int(np.clip(input_bytes // (CHUNKS_PER_CPU * cpus), MIN_CHUNK_BYTES, CHUNK_BYTES))
 
 
-def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str, chunk: Chunk, part: str,
+_TOKENIZERS: dict[str, Any] = {}  # per worker process: built once, used by every task it runs
+
+
+def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str | BackendOnly, chunk: Chunk, part: str,
                     batch_rows: int, derive_labels: bool) -> Part:
     """One chunk into spill part `part` (.ids and .labels). A JSON Lines chunk past its file's start
     is read without its line numbers (counting them reads the file up to there) and, only if it
     fails, read again with them, so the error names the right line."""
-    if fmt.kind != "tokenized" and tokenizer not in _TOKENIZERS:
-        _TOKENIZERS[tokenizer] = load_tokenizer(tokenizer)
-    tok = _TOKENIZERS.get(tokenizer)
+    key = tokenizer if isinstance(tokenizer, str) else tokenizer.key
+    if fmt.kind != "tokenized" and key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    tok = _TOKENIZERS.get(key)
 
     def run(lines_known: bool) -> Part:
         ids_path, labels_path = Path(part + ".ids"), Path(part + ".labels")

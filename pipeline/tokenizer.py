@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +149,37 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
         "vocab_size": len(tokenizer),
         "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
     }
+
+
+@dataclass
+class BackendOnly:
+    """What tokenizing text and instruction data takes from a tokenizer: its Rust backend (as
+    JSON) and the BOS/EOS ids. Cheap to send to another process and rebuilt there with the
+    `tokenizers` library alone, never importing transformers (which may import torch: seconds per
+    process). Chat data also needs the chat template, hence the whole tokenizer.
+
+    >>> tok = BackendOnly.of(load_tokenizer("data/tokenizer"))
+    >>> tok.backend_tokenizer.encode("hello").ids == load_tokenizer("data/tokenizer").backend_tokenizer.encode("hello").ids
+    True
+    """
+
+    backend_json: str
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> BackendOnly:
+        return cls(tokenizer.backend_tokenizer.to_str(), tokenizer.bos_token_id, tokenizer.eos_token_id)
+
+    @cached_property
+    def backend_tokenizer(self) -> Any:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.backend_json)
+
+    @cached_property
+    def key(self) -> str:
+        return hashlib.sha256(self.backend_json.encode()).hexdigest()
+
+    def __getstate__(self) -> dict[str, Any]:  # the fields only, not the built backend
+        return {k: getattr(self, k) for k in ("backend_json", "bos_token_id", "eos_token_id")}
