@@ -71,7 +71,8 @@ Examples:
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (must not exist unless --overwrite).")
+@click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
+              "hdfs://, file://): written locally, then uploaded with manifest.json last.")
 @format_options
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="ffd", show_default=True, help="Bin-packing strategy of the planner.")
 @click.option("--group-size", type=int, default=32, show_default=True, help="Examples per group of --strategy minibatch.")
@@ -106,10 +107,14 @@ Examples:
               help="Input bytes per Ray tokenize task (JSONL is cut at line ends, Parquet at row groups, Arrow "
                    "files at record batches; other inputs are one task each). Default: 4 chunks per CPU of the "
                    "cluster, from 1 MiB to 64 MiB each.")
+@click.option("--tmp-dir", default=None, type=click.Path(file_okay=False),
+              help="Where a remote --out is written before its upload (on a Ray cluster: storage every node sees). "
+                   "Default: the system's temporary folder.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
-    """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs) and write
-    bin-packed Arrow shards plus manifest.json to --out.
+    """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs, and URIs of
+    remote storage such as s3://bucket/data/*.jsonl) and write bin-packed Arrow shards plus
+    manifest.json to --out.
 
     Every example starts with BOS and ends with EOS; loss is taken on responses / assistant turns
     (all tokens of plain text), never on the first token of an example. Rows hold no padding;

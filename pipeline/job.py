@@ -5,7 +5,8 @@ and benchmarks call it directly). It reads as the pipeline, one step per line:
     -> mix -> plan -> write shards (and the eval folder's) -> manifest -> verify -> commit
 
 Everything is written inside a hidden temporary sibling of the output folder
-(`pipeline.outdir.output_folder`), renamed to the output only when complete. With `engine="ray"`
+(`pipeline.outdir.output_folder`), renamed to the output only when complete. Inputs and --out may
+be URIs of remote storage (`pipeline.remote`: inputs downloaded first, the output uploaded last). With `engine="ray"`
 the tokenize and write steps run as Ray tasks (`pipeline.ray_engine`); the shards are the same.
 """
 
@@ -30,8 +31,9 @@ from pipeline.mix import apply_mix, file_weights, parse_mix
 from pipeline.outdir import check_out, output_folder
 from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.ray_engine import (check_shared, columns_on_ray, fingerprints_on_ray, ray_session,
+from pipeline.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
                                  tokenize_on_ray, write_on_ray)
+from pipeline.remote import Staged, download_here, is_uri, local_inputs_folder, remote_out, staged_inputs
 from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.sources import input_fingerprints, resolve_inputs
 from pipeline.spill import Spill
@@ -69,6 +71,7 @@ class PackConfig(FormatOptions):
     engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.ray_engine)
     ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
     chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
+    tmp_dir: str | None = None  # a remote --out is written here first (pipeline.remote); None: the system's
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -90,15 +93,24 @@ def run_pack_data(
     clock = _Clock()
     validate(config)
     on_ray = config.engine == "ray"
-    with ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext():
-        return _run(config, clock, on_ray, echo, stats)
+    with (ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext(),
+          remote_out(config.out, config.overwrite, config.tmp_dir) as out):
+        if on_ray:  # every node sees where the output (and downloaded inputs) go, and the local inputs
+            check_shared(out.absolute().parent, [p for p in config.inputs if not is_uri(p) and os.path.exists(p)])
+        download = download_on_ray if on_ray else download_here
+        with staged_inputs(list(config.inputs), local_inputs_folder(out), download) as staged:
+            try:
+                return _run(config, out, staged, clock, on_ray, echo, stats)
+            except UserError as exc:
+                if not staged.prefixes:
+                    raise
+                raise UserError(staged.in_message(str(exc))) from None  # remote inputs named by their URIs
 
 
-def _run(config: PackConfig, clock: _Clock, on_ray: bool, echo: Callable[[str], None] | None,
-         stats: dict[str, Any] | None) -> Manifest:
-    files = resolve_inputs(list(config.inputs))
-    if on_ray:  # every node sees the inputs and where the output goes
-        check_shared(Path(config.out).absolute().parent, files)
+def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: bool,
+         echo: Callable[[str], None] | None, stats: dict[str, Any] | None) -> Manifest:
+    """The job on local paths: `out` is the local output folder, `staged.inputs` the local inputs."""
+    files = resolve_inputs(staged.inputs)
     # each input file's own format and fields
     fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
     tokenizer = load_tokenizer(config.tokenizer)
@@ -107,11 +119,11 @@ def _run(config: PackConfig, clock: _Clock, on_ray: bool, echo: Callable[[str], 
         encode_pool(config.num_proc)  # its workers are forked before this process starts any thread
     # the sha256 of every input byte, meanwhile
     fingerprints = Background(fingerprints_on_ray if on_ray else input_fingerprints, files)
-    with output_folder(Path(config.out), config.overwrite) as tmp:
+    with output_folder(out, config.overwrite) as tmp:
         clock.lap("setup")
         with closing(_tokenize(config, files, fmts, tokenizer, tmp)) as spill:
             clock.lap("read_tokenize")
-            pieces, held, sources, plan, reference = _plan(config, files, spill)
+            pieces, held, sources, plan, reference = _plan(config, staged, files, spill)
             # the packed folders: OUT itself and, with held-out examples, OUT/eval (one of their own)
             folders = [(tmp, pieces, plan)]
             if held is not None:
@@ -124,8 +136,8 @@ def _run(config: PackConfig, clock: _Clock, on_ray: bool, echo: Callable[[str], 
                              vocab=manifest_vocab(tok_info), progress=config.progress)
                        for folder, _, rows in folders]
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
-        inputs = fingerprints.result()
-        manifests = [_manifest(config, files, fmts, tok_info, parts, rows, w, inputs)
+        inputs = [{**entry, "path": staged.to_uri(entry["path"])} for entry in fingerprints.result()]
+        manifests = [_manifest(config, staged, files, fmts, tok_info, parts, rows, w, inputs)
                      for (_, parts, rows), w in zip(folders, written)]
         manifest = manifests[0]
         manifest.sources = sources
@@ -192,7 +204,8 @@ def validate(config: PackConfig) -> None:
         raise UserError(f"unknown --engine {config.engine!r}: choose one of {', '.join(ENGINES)}")
     if config.chunk_bytes is not None and config.chunk_bytes < 1:
         raise UserError(f"--chunk-bytes must be >= 1, got {config.chunk_bytes}")
-    check_out(Path(config.out), config.overwrite)
+    if not is_uri(config.out):
+        check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
@@ -234,7 +247,7 @@ def _tokenize_here(config: PackConfig, files: list[Any], fmts: list[ResolvedForm
                                  batch_rows=config.batch_rows, progress=progress)
 
 
-def _plan(config: PackConfig, files: list[Any], spill: Spill
+def _plan(config: PackConfig, staged: Staged, files: list[Any], spill: Spill
           ) -> tuple[Pieces, Pieces | None, list[dict], RowPlan, Layout]:
     """Overlong policy, held-out examples (`--eval-fraction`/`--eval-examples`), mixture (`--mix`)
     and row plan; also the pad-to-longest layout pack-report compares against (batches of 32
@@ -251,15 +264,17 @@ def _plan(config: PackConfig, files: list[Any], spill: Spill
             cut = spill.example_ids[spill.lengths > config.max_len] if config.overlong == "truncate" else None
             pieces, held = split_off_eval(pieces, fraction=config.eval_fraction, examples=config.eval_examples,
                                           seed=config.seed, truncated_ids=cut)
-        weights = file_weights(parse_mix(config.mix), list(config.inputs), files)
-        pieces, sources = apply_mix(pieces, spill.file_examples, weights, config.seed, [f.path for f in files])
+        mix = {staged.local_of.get(name, name): w for name, w in parse_mix(config.mix).items()}
+        weights = file_weights(mix, staged.inputs, files)
+        pieces, sources = apply_mix(pieces, spill.file_examples, weights, config.seed,
+                                    [staged.to_uri(f.path) for f in files])
         plan = plan_rows(pieces, config.max_len, config.strategy, config.seed, config.group_size)
         reference = pad_to_longest(pieces.lengths, DEFAULT_BATCH_SIZE)
         progress.update(1)
     return pieces, held, sources, plan, reference
 
 
-def _manifest(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tok_info: dict[str, Any],
+def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[ResolvedFormat], tok_info: dict[str, Any],
               pieces: Pieces, plan: RowPlan, written: Written, inputs: list[dict]) -> Manifest:
     """The manifest of the finished shards; refuses data in which no token carries a loss."""
     if written.loss_tokens == 0:
@@ -276,7 +291,7 @@ def _manifest(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
     config_dict["inputs"] = [_absolute_if_local(p) for p in config.inputs]
     config_dict["tokenizer"] = _absolute_if_local(config.tokenizer)
     # what --format auto (or the field options) resolved to, per input file
-    config_dict["resolved_formats"] = [{"file": f.path, **x.to_dict()} for f, x in zip(files, fmts)]
+    config_dict["resolved_formats"] = [{"file": staged.to_uri(f.path), **x.to_dict()} for f, x in zip(files, fmts)]
     return Manifest(
         max_len=config.max_len,
         strategy=config.strategy,

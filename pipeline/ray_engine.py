@@ -43,6 +43,7 @@ from pipeline.errors import UserError, one_line
 from pipeline.formats import ResolvedFormat
 from pipeline.plan import RowPlan
 from pipeline.progress import bar
+from pipeline.remote import download_file
 from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
 from pipeline.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
 from pipeline.spill import FILE_SHIFT, NotDirect, Spill, direct_arrow_spill
@@ -142,7 +143,7 @@ def _cancel(refs: list[Any]) -> None:
 # ------------------------------------------------------------------------------------ shared storage
 
 
-def check_shared(folder: Path, files: list[InputFile]) -> None:
+def check_shared(folder: Path, inputs: list[str]) -> None:
     """Prove that every alive Ray node sees `folder` (where the job's temporary folder and --out
     go) and the inputs at the same paths: a task pinned to each node reads a probe file written
     here (and removed)."""
@@ -157,7 +158,7 @@ def check_shared(folder: Path, files: list[InputFile]) -> None:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         look = _remote(_sees, num_cpus=0)
         refs = [look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                .remote(str(probe), token, [f.path for f in files if f.kind != "hub"]) for n in nodes]
+                .remote(str(probe), token, [os.path.abspath(p) for p in inputs]) for n in nodes]
         for node, missing in zip(nodes, ray.get(refs)):
             if missing:
                 raise UserError(
@@ -179,6 +180,12 @@ def _sees(probe: str, token: str, inputs: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ read + tokenize
+
+
+def download_on_ray(pairs: list[tuple[str, str]]) -> None:
+    """`remote.download_file` for every (uri, local path), one task each."""
+    task = _remote(download_file)
+    _get([task.remote(uri, local) for uri, local in pairs])
 
 
 def columns_on_ray(files: list[InputFile]) -> list[list[str]]:

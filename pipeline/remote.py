@@ -1,0 +1,285 @@
+"""Inputs and `--out` on remote storage: any URI that `pyarrow.fs` opens (`s3://bucket/key`,
+`gs://bucket/key`, `hdfs://...`, `file:///path`). Credentials and endpoints come from the usual
+environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...).
+
+- Remote inputs (a file, a folder-like prefix, or a glob in the last parts of the key) are
+  downloaded into a hidden folder beside the job's local output folder, one task per file
+  (`download` is the engine's: threads here, Ray tasks on a cluster), read from there like local
+  files, and removed when the job ends. Error messages and the manifest name them by their URIs.
+- A remote `--out`: the job writes and verifies the folder locally (`--tmp-dir`, else the system's
+  temporary folder; on a Ray cluster it must be on storage every node sees), then uploads it with
+  the manifest last, so a folder without `manifest.json` is one that is not finished. An old
+  output is replaced only with `--overwrite` and only when everything in it is what pack-data
+  wrote (its manifest lists it); its manifest is deleted first, the files of the new one uploaded,
+  then the old files the new output does not have are deleted.
+
+Example: `pack-data 's3://corpus/2026/*.jsonl' --tokenizer tok --max-len 8192 --out s3://packed/run1`
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError, one_line
+from pipeline.shards import FORMAT_NAME, MANIFEST_NAME
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_GLOB = re.compile(r"[*?\[]")
+DOWNLOAD_THREADS = 8
+
+
+def is_uri(text: str) -> bool:
+    """Whether `text` is a URI (scheme://...) rather than a local path or a Hub name."""
+    return bool(_URI.match(str(text)))
+
+
+def open_fs(uri: str) -> tuple[Any, str]:
+    """(pyarrow FileSystem, path inside it) of a URI; a one-line UserError when it cannot be opened."""
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... per scheme
+        raise UserError(f"cannot open {uri}: {one_line(exc)}: check the URI (s3://, gs://, hdfs://, file://) "
+                        "and the storage's credentials in the environment") from None
+
+
+def _files_under(fs: Any, path: str, uri: str) -> list[tuple[str, int]]:
+    """(path, size) of every file under a folder-like path, sorted."""
+    import pyarrow.fs as pafs
+
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"cannot list {uri}: {one_line(exc)}: check the URI and the credentials") from None
+    return sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File)
+
+
+def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
+    """The files of a remote input: (the path its files are relative to, [(path, size)]) for a
+    file, a folder-like prefix (every file under it) or a glob (matched against whole paths)."""
+    import pyarrow.fs as pafs
+
+    scheme = uri.split("://", 1)[0]
+    if _GLOB.search(uri.split("://", 1)[1]):
+        head, _, _ = _GLOB.split(uri, 1)[0].rpartition("/")
+        fs, base = open_fs(head)
+        pattern = base.rstrip("/") + "/" + uri[len(head) + 1:]
+        found = [(p, n) for p, n in _files_under(fs, base, uri) if fnmatch.fnmatchcase(p, pattern)]
+        if not found:
+            raise UserError(f"no files match {uri!r}: check the pattern")
+        return base, found
+    fs, path = open_fs(uri)
+    try:
+        info = fs.get_file_info(path)
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"cannot read {uri}: {one_line(exc)}: check the URI and the credentials") from None
+    if info.type == pafs.FileType.File:
+        return path.rpartition("/")[0], [(path, info.size)]
+    if info.type == pafs.FileType.Directory or scheme in ("s3", "gs", "gcs"):
+        found = _files_under(fs, path, uri) if info.type == pafs.FileType.Directory else []
+        if found:
+            return path, found
+    raise UserError(f"input not found: {uri}: check the bucket and key")
+
+
+def download_file(uri: str, local: str) -> None:
+    """Copy one remote file to a local path (its folder must exist)."""
+    import pyarrow.fs as pafs
+
+    fs, path = open_fs(uri)
+    try:
+        pafs.copy_files(path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(),
+                        use_threads=False)
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"cannot download {uri}: {one_line(exc)}") from None
+
+
+def download_here(pairs: list[tuple[str, str]]) -> None:
+    """Download (uri, local path) pairs with a few threads in this process."""
+    with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
+        list(pool.map(lambda pair: download_file(*pair), pairs))
+
+
+@dataclass
+class Staged:
+    """The inputs as the job reads them: remote ones replaced by their local copies."""
+
+    inputs: list[str]  # local paths, in the order given
+    prefixes: list[tuple[str, str]] = field(default_factory=list)  # (local prefix, URI prefix)
+    local_of: dict[str, str] = field(default_factory=dict)  # an input as given -> its local path
+
+    def to_uri(self, path: str) -> str:
+        """A local copy's path as the URI it was downloaded from (other paths unchanged)."""
+        for local, uri in self.prefixes:
+            if path == local or path.startswith(local + "/"):
+                return uri + path[len(local):]
+        return path
+
+    def in_message(self, text: str) -> str:
+        """An error message with every local copy's path replaced by its URI."""
+        for local, uri in self.prefixes:
+            text = text.replace(local, uri)
+        return text
+
+
+@contextmanager
+def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tuple[str, str]]], None]
+                  ) -> Iterator[Staged]:
+    """Download the remote inputs into `folder` (made here, removed afterwards); local inputs pass
+    through. Input k's files go to folder/k/ under their paths relative to the input."""
+    if not any(is_uri(p) for p in inputs):
+        yield Staged(list(inputs))
+        return
+    staged = Staged([])
+    pairs: list[tuple[str, str]] = []
+    try:
+        for k, given in enumerate(inputs):
+            if not is_uri(given):
+                staged.inputs.append(given)
+                continue
+            base, files = list_input(given)
+            scheme = given.split("://", 1)[0]
+            root = folder / str(k)
+            for path, _ in files:
+                local = root / path[len(base):].lstrip("/")
+                local.parent.mkdir(parents=True, exist_ok=True)
+                pairs.append((f"{scheme}://{path}", str(local)))
+            one_file = len(files) == 1 and not _GLOB.search(given) and files[0][0].rstrip("/") == given.split("://", 1)[1].rstrip("/")
+            local_input = str(root / files[0][0][len(base):].lstrip("/")) if one_file else str(root)
+            staged.inputs.append(local_input)
+            staged.local_of[given] = local_input
+            staged.prefixes.append((str(root), f"{scheme}://{base}"))
+        download(pairs)
+        yield staged
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ --out
+
+
+def check_remote_out(uri: str, overwrite: bool) -> None:
+    """A remote --out may be new, or, with --overwrite, empty or holding only what pack-data wrote."""
+    existing = _remote_files(uri)
+    if not existing:
+        return
+    if not overwrite:
+        raise UserError(f"output folder {uri} already exists: pass --overwrite to replace it, or choose another --out")
+    ours = _ours(uri)
+    foreign = sorted(set(existing) - ours)
+    if foreign:
+        raise UserError(f"--out {uri} holds {foreign[0]!r}, which pack-data did not write; refusing to replace it "
+                        "even with --overwrite: choose another --out")
+
+
+def _remote_files(uri: str) -> list[str]:
+    """Paths (relative to `uri`) of every file under it."""
+    import pyarrow.fs as pafs
+
+    fs, root = open_fs(uri)
+    root = root.rstrip("/")
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        raise UserError(f"--out {uri} exists and is not a folder: choose another --out")
+    if info.type == pafs.FileType.NotFound:
+        return []
+    return [p[len(root) + 1:] for p, _ in _files_under(fs, root, uri)]
+
+
+def _ours(uri: str) -> set[str]:
+    """The files pack-data's manifest at `uri` lists (paths relative to it; the eval folder's too),
+    with the manifests; empty when there is no manifest of pack-data's there."""
+    fs, root = open_fs(uri)
+    root = root.rstrip("/")
+
+    def listed(sub: str) -> set[str]:
+        try:
+            with fs.open_input_stream(f"{root}/{sub}{MANIFEST_NAME}") as f:
+                data = json.loads(f.read())
+        except Exception:  # noqa: BLE001 - no manifest there, or not JSON
+            return set()
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            return set()
+        names = {sub + MANIFEST_NAME} | {sub + s["file"] for s in data.get("shards", [])
+                                          if isinstance(s, dict) and isinstance(s.get("file"), str)}
+        held = (data.get("eval") or {}).get("folder") if not sub and isinstance(data.get("eval"), dict) else None
+        if isinstance(held, str) and held and "/" not in held and held not in (".", ".."):
+            names |= listed(held + "/")
+        return names
+
+    return listed("")
+
+
+@contextmanager
+def remote_out(out: str, overwrite: bool, tmp_dir: str | None) -> Iterator[Path]:
+    """Yield the local folder the job writes for `out`: `out` itself when it is local; for a URI,
+    a folder in a fresh temporary folder (under `tmp_dir`), uploaded to the URI when the block
+    succeeds and removed however it ends."""
+    if not is_uri(out):
+        yield Path(out)
+        return
+    check_remote_out(out, overwrite)
+    staging = Path(tempfile.mkdtemp(prefix=f"packlm-out-{socket.gethostname()}-{os.getpid()}-",
+                                    dir=tmp_dir)).absolute()
+    try:
+        yield staging / "out"
+        upload_folder(staging / "out", out, overwrite)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def upload_folder(local: Path, uri: str, overwrite: bool) -> None:
+    """Upload a finished output folder: manifests last (the eval folder's before the top one);
+    an old output's manifest is deleted first and its other leftover files after. On failure,
+    what was uploaded is deleted again."""
+    import pyarrow.fs as pafs
+
+    check_remote_out(uri, overwrite)  # it may have changed while the job ran
+    fs, root = open_fs(uri)
+    root = root.rstrip("/")
+    old = _remote_files(uri)
+    files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    manifests = sorted((f for f in files if f.endswith(MANIFEST_NAME)), key=lambda f: -f.count("/"))
+    if MANIFEST_NAME in old:
+        fs.delete_file(f"{root}/{MANIFEST_NAME}")  # the old output stops looking finished
+    done: list[str] = []
+    try:
+        fs.create_dir(root, recursive=True)
+        for name in [f for f in files if f not in manifests] + manifests:
+            pafs.copy_files(str(local / name), f"{root}/{name}", source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
+            done.append(name)
+    except BaseException as exc:
+        for name in done:
+            try:
+                fs.delete_file(f"{root}/{name}")
+            except Exception:  # noqa: BLE001 - best effort; the manifest went last, so nothing looks finished
+                pass
+        if isinstance(exc, Exception):
+            raise UserError(f"uploading the output to {uri} failed: {one_line(exc)}; nothing was left there "
+                            "that looks finished (no manifest.json): re-run pack-data") from None
+        raise
+    for name in sorted(set(old) - set(files)):
+        fs.delete_file(f"{root}/{name}")
+
+
+def local_inputs_folder(out: Path) -> Path:
+    """Where remote inputs are downloaded: a hidden sibling of the local output folder, named like
+    its temporary folders (so a run killed outright has it removed by the next one)."""
+    from pipeline.outdir import tmp_prefix
+
+    return out.absolute().parent / f"{tmp_prefix(out.name)}{os.getpid()}-inputs-{uuid.uuid4().hex[:8]}"
