@@ -16,6 +16,7 @@ Each input file is rendered with its own format (`file_formats`: detected from t
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from pipeline.encode_pool import encode_pool
 from pipeline.errors import UserError
 from pipeline.formats import FormatOptions, ResolvedFormat, detect_formats
 from pipeline.long_texts import Encode
+from pipeline.remote import download_here, staged_inputs
 from pipeline.sources import column_names, iter_batches, resolve_inputs, where_of
 from pipeline.spill import Spill, append_values, NotDirect, direct_arrow_spill
 from pipeline.tokenize_batch import TokBatch, tokenize_batch, tokenized_batch
@@ -268,13 +270,19 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
     Returns (input_ids, labels) per requested id, in the order given, exactly as pack-data produced
     them before packing; with `overlong == "truncate"` they are clipped to `max_len`. A split example
     is returned whole (its pieces in the shards are consecutive max_len chunks, each chunk's first
-    label set to -100). An empty (skipped) example comes back as two empty arrays.
+    label set to -100). An empty (skipped) example comes back as two empty arrays. Remote inputs
+    (URIs) are downloaded into a temporary folder first (`pipeline.remote`).
     """
     wanted = np.asarray(list(example_ids), dtype=np.int64)
     if len(wanted) == 0:
         return []
+    with tempfile.TemporaryDirectory(prefix="packlm-inputs-") as tmp, \
+            staged_inputs(list(config["inputs"]), Path(tmp) / "inputs", download_here) as staged:
+        return _tokenize_examples(config, wanted, resolve_inputs(staged.inputs))
+
+
+def _tokenize_examples(config: dict[str, Any], wanted: np.ndarray, files: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
     tokenizer = load_tokenizer(config["tokenizer"])
-    files = resolve_inputs(list(config["inputs"]))
     fmts = _format_map(files, file_formats(files, _format_options(config)))
     max_len = int(config.get("max_len") or 0)
     found: dict[int, tuple[np.ndarray, np.ndarray]] = {}

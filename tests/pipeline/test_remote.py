@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from pipeline.cli import pack_data
+from pipeline.cli import pack_data, pack_verify
 from pipeline.job import PackConfig, run_pack_data
 from pipeline.shards import read_manifest, verify_folder
 
@@ -96,6 +96,8 @@ def test_s3_inputs_and_out_give_the_local_jobs_shards(s3, corpus: Path, tmp_path
     assert [s["input"] for s in m.sources] == ["s3://data/corpus/a.jsonl", "s3://data/corpus/b.parquet"]
     assert m.config["inputs"] == ["s3://data/corpus"] and manifest.rows == m.rows
     assert sorted(p.name for p in tmp_path.iterdir()) == ["got", "local"]  # nothing staged is left
+    deep = CliRunner().invoke(pack_verify, [str(got), "--deep", "--sample", "20"])  # re-reads the s3 inputs
+    assert deep.exit_code == 0 and "20 examples re-tokenized and matched" in deep.output, deep.output
 
 
 def test_a_glob_and_a_single_file(s3, corpus: Path, tmp_path: Path) -> None:
