@@ -47,7 +47,7 @@ from pipeline.remote import download_file
 from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
 from pipeline.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
 from pipeline.spill import FILE_SHIFT, NotDirect, Spill, direct_arrow_spill
-from pipeline.tokenize import TEXT_BATCH_ROWS, TOKENIZED_BATCH_ROWS, Part, _one, rust_threads_off, spill_part
+from pipeline.tokenize import TEXT_BATCH_ROWS, TOKENIZED_BATCH_ROWS, Part, tokenize_source_batch, rust_threads_off, spill_part
 from pipeline.tokenizer import BackendOnly, load_tokenizer
 from pipeline.write import Written, check_vocab, shard_table
 
@@ -127,6 +127,10 @@ def _get(refs: list[Any], progress: Any = None) -> list[Any]:
         if isinstance(cause, (UserError, OSError)):
             raise cause from None
         raise
+    except ray.exceptions.RayError as exc:  # a worker or node lost more often than Ray retries, ...
+        _cancel(pending)
+        raise UserError(f"a Ray task failed and was not retried again ({type(exc).__name__}: {one_line(exc)}); "
+                        "check the cluster's nodes and memory (ray status) and re-run") from None
     except BaseException:
         _cancel(pending)
         raise
@@ -265,7 +269,7 @@ def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str | BackendO
         ids_path, labels_path = Path(part + ".ids"), Path(part + ".labels")
         batches = chunk_batches(f, chunk, batch_rows=batch_rows, lines_known=lines_known)
         with rust_threads_off(), open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
-            return spill_part(((b, _one(b, fmt, tok, derive_labels)) for b in batches), fi, fl, ids_path, labels_path)
+            return spill_part(((b, tokenize_source_batch(b, fmt, tok, derive_labels)) for b in batches), fi, fl, ids_path, labels_path)
 
     try:
         return run(lines_known=chunk.start == 0)
@@ -279,8 +283,9 @@ def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str | BackendO
 
 def _joined_spill(files: list[InputFile], chunks: list[Chunk], parts: list[Part], spill_dir: Path, *,
                   same_labels: bool, max_len: int, overlong: str, limit: int | None) -> Spill:
-    """One Spill over the parts: examples numbered across chunks in input order, `--limit` applied,
-    and `--overlong error` raised for the first example too long (as the local engine does)."""
+    """One Spill over the parts: examples numbered across chunks in input order, `--limit` applied
+    (every chunk was read: the rows of a JSON Lines chunk are known only once it is read), and
+    `--overlong error` raised for the first example too long (as the local engine does)."""
     firsts = np.cumsum([0] + [p.read for p in parts])  # global index of each chunk's first row
     lengths, example_ids, starts = [], [], []
     per_file = [0] * len(files)
@@ -292,9 +297,11 @@ def _joined_spill(files: list[InputFile], chunks: list[Chunk], parts: list[Part]
         starts.append((np.int64(k) << FILE_SHIFT) + offsets[keep])
         per_file[c.file] += p.read if limit is None else int(np.clip(limit - firsts[k], 0, p.read))
     read = sum(per_file)
-    for k, f in enumerate(files):  # a file with no records is an error, as when it is read locally
-        chunk_rows = sum(p.read for c, p in zip(chunks, parts) if c.file == k)
-        if chunk_rows == 0 and (limit is None or firsts[[c.file for c in chunks].index(k)] < limit):
+    # a file with no records is an error, as when it is read locally (unless --limit stopped before it)
+    file_rows = np.bincount([c.file for c in chunks], weights=[p.read for p in parts], minlength=len(files))
+    first_chunk = {c.file: k for k, c in reversed(list(enumerate(chunks)))}
+    for k, f in enumerate(files):
+        if file_rows[k] == 0 and (limit is None or firsts[first_chunk[k]] < limit):
             raise UserError(f"{f.path} contains no records: give an input with at least one example")
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)
     spill = Spill(spill_dir / "part-000000.ids", None if same_labels else spill_dir / "part-000000.labels",

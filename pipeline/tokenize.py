@@ -63,8 +63,10 @@ def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
     return {f.path: x for f, x in zip(files, fmt)}
 
 
-def _one(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False,
-         encode: Encode | None = None) -> TokBatch:
+def tokenize_source_batch(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False,
+                          encode: Encode | None = None) -> TokBatch:
+    """One batch of rows (`pipeline.sources.SourceBatch`) as token ids and labels, in its file's
+    format; `encode`: where texts are encoded (default: here, with the tokenizer's backend)."""
     if fmt.kind == "tokenized":
         return tokenized_batch(batch.table, fmt, batch.where, derive_labels=derive_labels)
     return tokenize_batch(batch.table, fmt, tokenizer, batch.where, encode)
@@ -124,7 +126,7 @@ def iter_tokenized(
     if num_proc <= 1 or not text:
         with rust_threads_off():
             for batch in batches:
-                yield batch, _one(batch, fmts[batch.file], tokenizer, derive_labels)
+                yield batch, tokenize_source_batch(batch, fmts[batch.file], tokenizer, derive_labels)
         return
     pool = encode_pool(num_proc)
     pool.use(tokenizer.backend_tokenizer)
@@ -133,8 +135,8 @@ def iter_tokenized(
     def start(batch: Any) -> Future:
         f = fmts[batch.file]
         if f.kind == "tokenized":
-            return done(_one(batch, f, tokenizer, derive_labels))
-        return executor.submit(_one, batch, f, tokenizer, False, pool.encode)
+            return done(tokenize_source_batch(batch, f, tokenizer, derive_labels))
+        return executor.submit(tokenize_source_batch, batch, f, tokenizer, False, pool.encode)
 
     try:
         yield from in_order(batches, start, depth=2 * num_proc)

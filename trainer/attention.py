@@ -163,7 +163,10 @@ def layer_features(
     is neither read here nor harmless (READ_KWARGS, HARMLESS_KWARGS), is a one-line UserError."""
     config = getattr(module, "config", None)
     layer_types = getattr(config, "layer_types", None)
-    index = getattr(module, "layer_idx", None)
+    # the layer's index only where it selects something: torch.compile guards on every int module
+    # attribute read, so reading it in every model would compile this function once per layer (and
+    # past dynamo's recompile limit, run the later layers uncompiled)
+    index = getattr(module, "layer_idx", None) if layer_types else None
     kind = layer_types[index] if layer_types and index is not None and index < len(layer_types) else None
     layer = type(module).__name__
     if kind is not None and kind not in LAYER_KINDS:

@@ -308,6 +308,10 @@ def _wrap(
         enable_grad_checkpointing(model)
     layers = decoder_layers(model)
     if compiled:
+        # a model with per-layer attention kinds (config.layer_types) compiles the attention call
+        # once per layer index: room for every layer before dynamo falls back to running it eagerly
+        dynamo_config = torch._dynamo.config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
         for layer in layers:
             layer.compile(dynamic=True)
     wrapper = LossModule(model)

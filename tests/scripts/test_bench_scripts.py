@@ -471,3 +471,39 @@ def test_bench_pack_data_long_replicates_without_repeats_and_measures_the_ceilin
     assert not copies[0] & copies[1]  # no text of one copy repeats in another
     tokenizer = load_tokenizer(str(REPO / "data" / "tokenizer"))
     assert bl.ceiling([r["output"] for r in rows[:50]], tokenizer) > 0
+
+
+@pytest.mark.slow
+def test_bench_long_on_cpu(tmp_path):
+    """scripts/bench_long.py end to end on a tiny model: every backend that runs on the CPU trains
+    the same rows from the same seed (same loss); one that needs CUDA is reported, not fatal."""
+    import subprocess
+
+    out = tmp_path / "long.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_long.py"), "--device", "cpu", "--model", "tiny",
+                           "--examples", "30", "--min-len", "64", "--max-example-len", "128", "--max-len", "256",
+                           "--steps", "2", "--warmup", "1", "--dtype", "fp32", "--backends", "sdpa,sdpa,torch",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, check=False,
+                          env={"SHARED": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["ok"] for r in results] == [True, True, False] and "CUDA" in results[2]["note"]
+    assert results[0]["tokens"] == results[1]["tokens"] > 0
+    assert results[0]["final_loss"] == pytest.approx(results[1]["final_loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_bench_ray_on_cpu(tmp_path):
+    """scripts/bench_ray.py on a small job: both engines run and their shards are identical."""
+    pytest.importorskip("ray")
+    import subprocess
+
+    out = tmp_path / "ray.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_ray.py"), "--parts", "pretok,plan",
+                           "--workers", "2", "--tokens", "300000", "--plan-tokens", "1e6", "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["pretok"]["arrow"]["identical"] and result["pretok"]["parquet"]["identical"]
+    assert result["pretok"]["parquet"]["ray"]["ray_memory"]["worker_processes"] >= 1
+    assert {p["examples"] for p in result["plan"].values()} == {4000, 486}

@@ -592,3 +592,34 @@ def test_reference_spells_out_each_feature():
     expected = torch.einsum("hij,jhd->ihd", torch.softmax(s, -1)[..., :9], v.repeat_interleave(2, 1))
     out = varlen_attention(q, k, v, cu, 9, backend="sdpa", scale=0.5, sinks=sinks)
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_layer_features_reads_the_layer_index_only_where_layers_differ():
+    """torch.compile guards on every int module attribute that compiled code reads; on the GPU
+    (torch 2.11, whose kernels break the graph inside the attention function) reading `layer_idx`
+    in every model compiled the attention once per layer, and past dynamo's recompile limit (8)
+    the later layers of llama-1b ran it uncompiled: flex_attention then ran eagerly and ran out of
+    memory at 16k tokens. So the index is read only when `config.layer_types` needs it.
+    Negative control: the Gemma-style model with layer_types does read it."""
+
+    class Config:
+        def __init__(self, layer_types=None):
+            self.layer_types = layer_types
+
+    class Layer(torch.nn.Module):
+        reads = 0
+
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+
+        @property
+        def layer_idx(self):
+            Layer.reads += 1
+            return 1
+
+    q = torch.zeros(1, 2, 4, 8)
+    attention.layer_features(Layer(Config()), q, q, {})
+    assert Layer.reads == 0
+    feats = attention.layer_features(Layer(Config(["full_attention", "sliding_attention"])), q, q, {})
+    assert Layer.reads == 1 and feats.window is None  # (no sliding_window in this config)
