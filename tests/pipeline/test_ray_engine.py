@@ -139,15 +139,15 @@ def test_errors_name_the_row_as_the_local_engine_does(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "long.jsonl"]  # nothing left behind
 
 
-def _task_processes(name: str) -> list[int]:
-    """Pids of Ray workers running task `name` now (Ray titles them ray::NAME)."""
+def _pids(match) -> list[int]:
+    """Pids of the processes whose command's first word (Ray titles its workers ray::TASK) matches."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            first = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if cmd.startswith(f"ray::{name}".encode()):
+        if match(first):
             pids.append(int(pid))
     return pids
 
@@ -167,7 +167,7 @@ def test_a_worker_killed_mid_job_is_retried_and_the_output_is_unchanged(tmp_path
     thread = threading.Thread(target=job)
     thread.start()
     while thread.is_alive() and not killed:
-        for pid in _task_processes("_tokenize_chunk"):
+        for pid in _pids(lambda first: first.startswith(b"ray::_tokenize_chunk")):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
         time.sleep(0.002)
@@ -221,3 +221,21 @@ def test_a_node_that_cannot_see_the_output_folder_is_one_line(tmp_path: Path) ->
         subprocess.run(["pkill", "-9", "-f", temp])
         head.wait()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_command_starts_and_stops_its_own_ray(tmp_path: Path) -> None:
+    """`pack-data --engine ray` as a user runs it: a local Ray of --num-proc CPUs, started for the
+    job (beside the one this test module runs) and stopped after it; nothing on stderr with
+    --no-progress; the shards equal the local engine's."""
+    local, _ = pack(tmp_path, "local", [SAMPLE / "chat.jsonl"], max_len=1024)
+    raylets = lambda: set(_pids(lambda first: first.endswith(b"raylet")))  # noqa: E731
+    before = raylets()
+    run = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli import pack_data; pack_data()",
+                          str(SAMPLE / "chat.jsonl"), "--tokenizer", TOKENIZER, "--max-len", "1024",
+                          "--out", str(tmp_path / "ray"), "--engine", "ray", "--num-proc", "2", "--no-progress"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert "examples: 300 read, 300 packed" in run.stdout
+    assert digests(tmp_path / "ray") == digests(local)
+    assert raylets() <= before  # its Ray is gone
+
