@@ -6,8 +6,9 @@ and benchmarks call it directly). It reads as the pipeline, one step per line:
 
 Everything is written inside a hidden temporary sibling of the output folder
 (`pipeline.outdir.output_folder`), renamed to the output only when complete. Inputs and --out may
-be URIs of remote storage (`pipeline.remote`: inputs downloaded first, the output uploaded last). With `engine="ray"`
-the tokenize and write steps run as Ray tasks (`pipeline.ray_engine`); the shards are the same.
+be URIs of remote storage (`pipeline.remote`: inputs downloaded first, the output uploaded last).
+With `engine="ray"` the tokenize and write steps run as Ray tasks (`pipeline.ray_engine`); the
+shards are the same.
 """
 
 from __future__ import annotations

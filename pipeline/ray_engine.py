@@ -269,7 +269,8 @@ def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str | BackendO
         ids_path, labels_path = Path(part + ".ids"), Path(part + ".labels")
         batches = chunk_batches(f, chunk, batch_rows=batch_rows, lines_known=lines_known)
         with rust_threads_off(), open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
-            return spill_part(((b, tokenize_source_batch(b, fmt, tok, derive_labels)) for b in batches), fi, fl, ids_path, labels_path)
+            tokenized = ((b, tokenize_source_batch(b, fmt, tok, derive_labels)) for b in batches)
+            return spill_part(tokenized, fi, fl, ids_path, labels_path)
 
     try:
         return run(lines_known=chunk.start == 0)

@@ -158,7 +158,8 @@ def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tupl
                 local = root / path[len(base):].lstrip("/")
                 local.parent.mkdir(parents=True, exist_ok=True)
                 pairs.append((f"{scheme}://{path}", str(local)))
-            one_file = len(files) == 1 and not _GLOB.search(given) and files[0][0].rstrip("/") == given.split("://", 1)[1].rstrip("/")
+            # a file stays a file (its name tells its format); a prefix or glob becomes the folder
+            one_file = len(files) == 1 and files[0][0] == given.split("://", 1)[1].rstrip("/")
             local_input = str(root / files[0][0][len(base):].lstrip("/")) if one_file else str(root)
             staged.inputs.append(local_input)
             staged.local_of[given] = local_input

@@ -14,9 +14,9 @@ Parts (`--parts`):
 - `plan`: the driver's plan step (`apply_overlong` + `plan_rows`, ffd, --max-len) on synthetic
   lengths of --plan-tokens in all: mean 250 tokens (instruction data) and mean 2056 (the pretok rows).
 
-Each job runs in a fresh child process, after an untimed small job that fills numba's cache: the local engine with --num-proc WORKERS, then the Ray
-engine on a local Ray of WORKERS CPUs that the job starts (its start counts in `setup`), both at
---max-len 8192, ffd. Reported per job: tokens/s with and without setup, the phases, and peak memory
+Each job runs in a fresh child process, after an untimed small job that fills numba's cache: the
+local engine with --num-proc WORKERS, then the Ray engine on a local Ray of WORKERS CPUs that the
+job starts (its start counts in `setup`), both at --max-len 8192, ffd. Reported per job: tokens/s with and without setup, the phases, and peak memory
 per process: the driver's own (VmHWM), and, sampled every 0.1 s from /proc, the largest Ray worker
 process, the sum over all worker processes and Ray's own daemons (raylet, GCS, ...).
 The two engines' shards are compared by sha256 (they must be equal).
