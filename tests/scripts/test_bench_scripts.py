@@ -337,12 +337,26 @@ def test_bench_train_end_to_end_on_cpu(tmp_path):
         torch.set_num_threads(threads)
 
 
+def test_bench_train_paths_and_tunings_are_checked():
+    """HF paths take +layers/+model/+liger tunings; +liger must come last (it patches transformers)."""
+    args = bt.parse_args(["--paths", "hf-pad+layers,hf-flat-fa2+model,packlm-ffd,hf-flat-fa2+layers+liger"])
+    assert args.paths[-1] == "hf-flat-fa2+layers+liger"
+    for bad in ("hf-flat-fa2+turbo", "packlm-ffd+layers", "hf-flat-fa2+liger,hf-pad"):
+        with pytest.raises(SystemExit):
+            bt.parse_args(["--paths", bad])
+    assert bt.split_path("hf-flat-fa2+layers+liger") == ("hf-flat-fa2", ["layers", "liger"])
+
+
 def _run_end_to_end(common, tmp_path):
     out = tmp_path / "bench.json"
-    results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,packlm-minibatch,packlm-ffd",
+    results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,hf-flat-sdpa+layers,packlm-minibatch,packlm-ffd",
                        "--json", str(out)])
     by = {r.path: r for r in results}
     assert all(r.ok for r in results), [r.note for r in results]
+    # the compiled HF path: the same examples, the same loss up to the compiler's rounding
+    assert by["hf-flat-sdpa+layers"].runner == "hf/sdpa+layers"
+    assert by["hf-flat-sdpa+layers"].tokens == by["hf-flat-sdpa"].tokens
+    assert by["hf-flat-sdpa+layers"].final_loss == pytest.approx(by["hf-flat-sdpa"].final_loss, rel=1e-3)
     assert by["hf-pad"].runner == "hf/sdpa" and by["packlm-ffd"].runner.startswith("pack-train/")
     assert by["hf-pad"].tokens == by["hf-flat-sdpa"].tokens > 0
     assert by["hf-pad"].examples == by["hf-flat-sdpa"].examples == 32
