@@ -211,9 +211,11 @@ class Batch:
 def timed_loop(
     batches: Iterator[Callable[[], Batch]],
     step: Callable[[Any], torch.Tensor],
-    *, warmup: int, steps: int, device: torch.device,
+    *, warmup: int, steps: int, device: torch.device, profile_steps: int = 0,
 ) -> tuple[PathResult, np.ndarray]:
     """Run `warmup` untimed then `steps` timed steps; returns raw counts and all timed seq_lens.
+    With `profile_steps`, that many more steps run under torch.profiler afterwards (not timed) and
+    `res.extra["profile"]` gets where their GPU time went (`profile_summary`).
 
     Each item of `batches` is a thunk doing the host preparation + H2D copy of one step; the time spent
     in it is the data wait. CUDA is synchronised only at the edges of the timed region, so the host
@@ -248,7 +250,47 @@ def timed_loop(
     res.seconds = time.perf_counter() - t_start
     res.steps = steps
     res.final_loss = float(losses[-1]) if losses else None
+    if profile_steps:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(profile_steps):
+                step(next(batches)().payload)
+            sync(device)
+        res.extra["profile"] = profile_summary(prof, profile_steps, device)
     return res, (np.concatenate(lens) if lens else np.zeros(0, np.int64))
+
+
+# GPU kernels by kind, matched in order on the lower-cased kernel name
+KERNEL_KINDS = (("attention", ("flash", "fmha", "flex", "attention")), ("optimizer", ("adam", "foreach", "multi_tensor")),
+                ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "wgmma")),
+                ("cross-entropy", ("cross_entropy", "log_softmax", "nll_loss")), ("copy/cast", ("copy", "cast", "to_copy")))
+
+
+def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) -> dict[str, Any]:
+    """Per step: GPU busy ms by kernel kind (KERNEL_KINDS, else "other": fused elementwise and
+    norms), the top kernels, and the GPU's idle share of the wall time (gaps between kernels)."""
+    events = [e for e in prof.events() if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")
+              and (device.type != "cuda" or e.device_time > 0)]
+    if device.type != "cuda":
+        return {"note": "kernel times are measured on CUDA only"}
+    kinds: dict[str, float] = {}
+    names: dict[str, float] = {}
+    for e in events:
+        low = e.name.lower()
+        kind = next((k for k, keys in KERNEL_KINDS if any(key in low for key in keys)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + e.device_time / 1000.0
+        names[e.name[:80]] = names.get(e.name[:80], 0.0) + e.device_time / 1000.0
+    busy = sum(kinds.values())
+    spans = [(e.time_range.start, e.time_range.end) for e in events]
+    wall = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1000.0 if spans else 0.0
+    return {
+        "busy_ms_per_step": busy / steps, "wall_ms_per_step": wall / steps,
+        "gpu_idle_share": 1 - busy / wall if wall else None,
+        "ms_per_step_by_kind": {k: v / steps for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms_per_step": {k: v / steps for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:top]},
+    }
 
 
 def hf_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], torch.Tensor]:
@@ -366,7 +408,7 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
                          device=s.device)
     try:
         res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
-                               warmup=a.warmup, steps=a.steps, device=s.device)
+                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps)
     finally:
         del model, opt
         free_memory(s.device)
@@ -383,19 +425,22 @@ def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
 
 def run_packed_inline(path: str, s: Setup) -> PathResult:
     """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
-    from trainer.model import build_model
+    from trainer.model import build_model, decoder_layers
 
     a = s.args
     reset_cuda_peak(s.device)
     model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
                                  vocab_size=s.vocab_size, seed=a.seed)
     model.train()
+    if a.compile:  # as pack-train --compile does
+        for layer in decoder_layers(model):
+            layer.compile(dynamic=True)
     opt = make_optimizer(model, a.lr, s.device)
     n_params = n_params_of(model)
     try:
         res, lens = timed_loop(packed_batches(packed_step_rows(path, s), s.device),
                                packed_step_fn(model, opt, s.device, a.dtype),
-                               warmup=a.warmup, steps=a.steps, device=s.device)
+                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps)
     finally:
         del model, opt
         free_memory(s.device)
@@ -582,6 +627,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto", help="packlm attention backend (build_model attn=)")
     p.add_argument("--packed-runner", choices=("auto", "pack-train", "inline"), default="auto")
     p.add_argument("--compile", action="store_true", help="pack-train --compile (per-layer)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="HF and inline packlm paths: profile this many more steps (torch.profiler) and "
+                        "report GPU time by kernel kind, top kernels and idle share")
     p.add_argument("--pack-procs", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
                    help="pack-data --num-proc")
     p.add_argument("--num-workers", type=int, default=2, help="pack-train DataLoader workers")
@@ -645,6 +693,8 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
         free_memory(device)  # here, once the traceback (and the model it holds) is gone
         print(f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step "
               f"({time.perf_counter() - t_path:.1f} s){'' if res.ok else ' SKIPPED ' + res.note}")
+        if "profile" in res.extra:
+            print(f"  {path} profile: {json.dumps(res.extra['profile'])}")
         results.append(res)
     table = markdown_table(results)
     print()
