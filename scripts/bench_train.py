@@ -271,8 +271,11 @@ KERNEL_KINDS = (("attention", ("flash", "fmha", "flex", "attention")), ("optimiz
 def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) -> dict[str, Any]:
     """Per step: GPU busy ms by kernel kind (KERNEL_KINDS, else "other": fused elementwise and
     norms), the top kernels, and the GPU's idle share of the wall time (gaps between kernels)."""
+    # kernels only: a user annotation's GPU range ("Optimizer.step#AdamW.step") spans kernels
+    # counted on their own
     events = [e for e in prof.events() if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")
-              and (device.type != "cuda" or e.device_time > 0)]
+              and (device.type != "cuda" or e.device_time > 0)
+              and not getattr(e, "is_user_annotation", False) and "#" not in e.name]
     if device.type != "cuda":
         return {"note": "kernel times are measured on CUDA only"}
     kinds: dict[str, float] = {}
