@@ -46,8 +46,9 @@ from pipeline.progress import bar
 from pipeline.remote import download_file
 from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
 from pipeline.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
-from pipeline.spill import FILE_SHIFT, NotDirect, Spill, direct_arrow_spill
-from pipeline.tokenize import TEXT_BATCH_ROWS, TOKENIZED_BATCH_ROWS, Part, tokenize_source_batch, rust_threads_off, spill_part
+from pipeline.spill import FILE_SHIFT, Spill
+from pipeline.tokenize import (Part, default_batch_rows, ids_are_labels, rust_threads_off, spill_part,
+                               tokenize_source_batch, try_direct)
 from pipeline.tokenizer import BackendOnly, load_tokenizer
 from pipeline.write import Written, check_vocab, shard_table
 
@@ -221,16 +222,13 @@ def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenize
     `tokenizer`: the loaded tokenizer; the tasks get its backend alone (`BackendOnly`), or, for chat
     data, load it themselves by `name` (from storage every node sees)."""
     fmt_of = {f.path: x for f, x in zip(files, fmts)}
-    same_labels = all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts)
-    if same_labels and all(f.kind == "arrow" for f in files):
-        try:
-            return direct_arrow_spill(files, fmt_of, max_len=max_len, overlong=overlong, limit=limit)
-        except NotDirect:
-            pass
+    same_labels = ids_are_labels(fmts)
+    in_place = try_direct(files, fmt_of, max_len=max_len, overlong=overlong, limit=limit)
+    if in_place is not None:
+        return in_place
     import ray
 
-    if batch_rows is None:
-        batch_rows = TOKENIZED_BATCH_ROWS if all(x.kind == "tokenized" for x in fmts) else TEXT_BATCH_ROWS
+    batch_rows = batch_rows or default_batch_rows(fmts)
     chunks = plan_chunks(files, chunk_bytes or default_chunk_bytes(sum(f.size for f in files)))
     spill_dir.mkdir()
     task = _remote(_tokenize_chunk)
@@ -349,7 +347,7 @@ def write_on_ray(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, row
 
 def _write_shard(spill: Spill, rows: RowPlan, path: str, max_len: int) -> tuple[int, int, int, str, Any]:
     """One shard: (tokens, loss tokens, bytes, sha256, `summarize_shard` of the file on disk)."""
-    table, tokens, loss = shard_table(spill, rows, 0, rows.n_rows, max_len)
+    table, tokens, loss = shard_table(spill, rows, max_len)
     write_shard(path, table)
     del table
     try:

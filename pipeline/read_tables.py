@@ -75,8 +75,9 @@ PARQUET_AHEAD_BYTES = 384 << 20  # decoded row groups in flight at most (a large
 
 
 def read_parquet(path: str, batch_rows: int, groups: range | None = None) -> Iterator[pa.Table]:
-    """Row groups in file order (`groups`: only those), decoded ahead by PARQUET_THREADS threads (pyarrow decodes without
-    the GIL; one thread decoded about 0.5 GB/s); each is yielded in `batch_rows` slices.
+    """Row groups in file order (`groups`: only those), decoded ahead by PARQUET_THREADS threads
+    (pyarrow decodes without the GIL; one thread decoded about 0.5 GB/s); each is yielded in
+    `batch_rows` slices.
 
     Bounded memory (pack-data's 1B-token benchmark): buffered reads rather than a memory map (a
     map keeps every page read resident until the file is closed); at most PARQUET_AHEAD_BYTES of

@@ -73,7 +73,6 @@ def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
     file, a folder-like prefix (every file under it) or a glob (matched against whole paths)."""
     import pyarrow.fs as pafs
 
-    scheme = uri.split("://", 1)[0]
     if _GLOB.search(uri.split("://", 1)[1]):
         head, _, _ = _GLOB.split(uri, 1)[0].rpartition("/")
         fs, base = open_fs(head)
@@ -89,10 +88,9 @@ def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
         raise UserError(f"cannot read {uri}: {one_line(exc)}: check the URI and the credentials") from None
     if info.type == pafs.FileType.File:
         return path.rpartition("/")[0], [(path, info.size)]
-    if info.type == pafs.FileType.Directory or scheme in ("s3", "gs", "gcs"):
-        found = _files_under(fs, path, uri) if info.type == pafs.FileType.Directory else []
-        if found:
-            return path, found
+    found = _files_under(fs, path, uri) if info.type == pafs.FileType.Directory else []
+    if found:  # a folder, or an object-store prefix with objects under it
+        return path, found
     raise UserError(f"input not found: {uri}: check the bucket and key")
 
 

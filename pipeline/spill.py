@@ -3,8 +3,8 @@ while only their lengths stay in RAM, and the gather that reads pieces of them b
 
 Pre-tokenized uncompressed Arrow IPC input is not spilled at all (direct mode,
 `direct_arrow_spill`): the writer reads each example from the input file itself. The Ray engine
-(`pipeline.ray_engine`) spills into one pair of files per chunk of input (parts mode,
-`parts_spill`). In both modes an example's start encodes its file: index << FILE_SHIFT | offset.
+(`pipeline.ray_engine`) spills into one pair of files per chunk of input (parts mode: `sources`
+and `label_sources` are those files). In both modes an example's start encodes its file: index << FILE_SHIFT | offset.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def iter_tokenized(
     fmts = _format_map(files, fmt)
     text = needs_encoder(list(fmts.values()))
     if batch_rows is None:
-        batch_rows = TEXT_BATCH_ROWS if text else TOKENIZED_BATCH_ROWS
+        batch_rows = default_batch_rows(fmts.values())
     batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
     if num_proc <= 1 or not text:
         with rust_threads_off():
@@ -168,14 +168,11 @@ def tokenize_to_spill(
     spill_dir.mkdir(parents=True, exist_ok=True)
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
     fmts = _format_map(files, fmt)
-    same_labels = all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts.values())
-    if same_labels and direct and all(f.kind == "arrow" for f in files):
-        try:  # uncompressed Arrow IPC input: gather from the input itself, spill nothing
-            return direct_arrow_spill(files, fmts, max_len=max_len, overlong=overlong, limit=limit,
-                                      progress=progress)
-        except NotDirect:
-            if progress is not None:
-                progress.reset()
+    same_labels = ids_are_labels(fmts.values())
+    in_place = try_direct(files, fmts, max_len=max_len, overlong=overlong, limit=limit, progress=progress) \
+        if direct else None
+    if in_place is not None:
+        return in_place
     with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
         part = spill_part(
             iter_tokenized(files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
@@ -186,6 +183,31 @@ def tokenize_to_spill(
     return Spill(ids_path, None if same_labels else labels_path, part.lengths, part.example_ids, part.read,
                  part.read - len(part.lengths), where=partial(where_of, files),
                  file_examples=[part.per_file.get(f.path, 0) for f in files])
+
+
+def ids_are_labels(fmts: Iterable[ResolvedFormat]) -> bool:
+    """Every file is pre-tokenized without labels: the labels are the ids (no labels file is spilled)."""
+    return all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts)
+
+
+def try_direct(files: list[Any], fmts: dict[str, ResolvedFormat], *, max_len: int, overlong: str,
+               limit: int | None, progress: Any = None) -> Spill | None:
+    """Direct mode (`direct_arrow_spill`: the writer gathers from the inputs themselves, nothing is
+    spilled) when every input is an uncompressed Arrow IPC file of pre-tokenized ids without labels;
+    else None (the progress bar, if any, reset)."""
+    if not (ids_are_labels(fmts.values()) and all(f.kind == "arrow" for f in files)):
+        return None
+    try:
+        return direct_arrow_spill(files, fmts, max_len=max_len, overlong=overlong, limit=limit, progress=progress)
+    except NotDirect:
+        if progress is not None:
+            progress.reset()
+        return None
+
+
+def default_batch_rows(fmts: Iterable[ResolvedFormat]) -> int:
+    """TEXT_BATCH_ROWS when any input is text, else TOKENIZED_BATCH_ROWS."""
+    return TEXT_BATCH_ROWS if needs_encoder(list(fmts)) else TOKENIZED_BATCH_ROWS
 
 
 @dataclass

@@ -91,19 +91,16 @@ def gather_rows(
     return ids, labels, pos, int(loss)
 
 
-def shard_table(spill: Spill, plan: RowPlan, r0: int, r1: int, max_len: int,
+def shard_table(spill: Spill, rows: RowPlan, max_len: int,
                 buffers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[Any, int, int]:
-    """The shard of the planned rows [r0, r1): (Arrow table, tokens, loss tokens), gathered from the
-    spill (`gather_rows`; `buffers` as there)."""
-    row_pieces = plan.row_pieces
-    a, b = int(row_pieces[r0]), int(row_pieces[r1])
-    lens = plan.lengths[a:b]
-    ids, labels, pos, loss = gather_rows(spill, plan.starts[a:b], lens, plan.example_ids[a:b], buffers)
-    piece_off = row_pieces[r0 : r1 + 1] - a
-    row_off = np.concatenate(([0], np.cumsum(lens)))[piece_off]
+    """One shard, the rows of `rows` (`RowPlan.rows`): (Arrow table, tokens, loss tokens), gathered
+    from the spill (`gather_rows`; `buffers` as there)."""
+    ids, labels, pos, loss = gather_rows(spill, rows.starts, rows.lengths, rows.example_ids, buffers)
+    row_off = np.concatenate(([0], np.cumsum(rows.lengths)))[rows.row_pieces]
     if int(np.diff(row_off).max()) > max_len:
         raise RuntimeError("planner produced a row longer than max_len")  # a bug, not user input
-    return rows_table(ids, labels, pos, row_off, lens, plan.example_ids[a:b], piece_off), int(row_off[-1]), loss
+    table = rows_table(ids, labels, pos, row_off, rows.lengths, rows.example_ids, rows.row_pieces)
+    return table, int(row_off[-1]), loss
 
 
 @dataclass
@@ -149,7 +146,7 @@ def write_shards(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, row
     ):
         for s, r0 in enumerate(range(0, n_rows, rps)):
             r1 = min(n_rows, r0 + rps)
-            table, tokens, loss = shard_table(spill, plan, r0, r1, max_len, sets[s % 2])
+            table, tokens, loss = shard_table(spill, plan.rows(r0, r1), max_len, sets[s % 2])
             name = shard_name(s)
             if written:  # the previous shard is written (in a thread) while this one was gathered;
                 written[-1].result()  # at most one shard waits in RAM
