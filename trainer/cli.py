@@ -18,7 +18,7 @@ from trainer.config import REPORT_TO
               help="Packed folder written by pack-data.")
 @click.option("--model", "model", required=True,
               help="Local Hugging Face model folder (config + safetensors) or a preset: tiny, "
-                   "llama-100m, llama-1b (random weights). Nothing is downloaded.")
+                   "llama-100m, llama-1b, llama-8b (random weights). Nothing is downloaded.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Run folder: metrics.jsonl, checkpoints/, summary.json.")
 @click.option("--tokenizer", default=None, type=click.Path(exists=True),
@@ -48,8 +48,8 @@ from trainer.config import REPORT_TO
 @click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "fp32"]),
               help="bf16 autocast with fp32 master weights, or plain fp32 (auto: bf16 on GPU).")
 @click.option("--compile/--no-compile", "compile_", default=None,
-              help="torch.compile each decoder layer (dynamic shapes). Default: on for CUDA "
-                   "(faster than eager there: BENCHMARKS.md), off on CPU.")
+              help="torch.compile each decoder layer and each chunk of the loss (dynamic shapes). "
+                   "Default: on for CUDA (faster than eager there: HISTORY.md), off on CPU.")
 @click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")

@@ -72,6 +72,8 @@ class Features:
         return numbers | {name for name in ("sinks", "value_dim", "wide_head") if getattr(self, name)}
 
 
+EVERY_FEATURE = frozenset(f.name for f in fields(Features))  # computed once: dataclass fields() breaks a compiled graph
+
 FEATURE_NAMES = {
     "window": "sliding-window attention",
     "chunk": "chunked attention",
@@ -132,11 +134,10 @@ def with_tensors(
 
 def supported(kernel: str) -> set[str]:
     """The features `kernel` reproduces exactly (with this PyTorch / flash-attn)."""
-    every = {f.name for f in fields(Features)}
     if kernel in ("sdpa", "flex"):
-        return every
+        return set(EVERY_FEATURE)
     if kernel == "flash_attn":
-        return every - {"sinks", "wide_head"}
+        return EVERY_FEATURE - {"sinks", "wide_head"}
     fn = torch_varlen_fn()
     window = fn is not None and varlen_signature(fn)["window_size"]
     return {"chunk", "value_dim"} | ({"window"} if window else set())

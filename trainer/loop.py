@@ -303,7 +303,9 @@ def _wrap(
     compiled: bool, bf16: bool,
 ) -> tuple[LossModule, torch.nn.Module]:
     """The model with the loss as its forward, and that wrapper as the step calls it (DDP, FSDP2
-    or itself); decoder layers recompute activations and are compiled where asked."""
+    or itself); decoder layers recompute activations and are compiled where asked, and so is
+    the loss of each chunk of tokens, except under FSDP (whose hooks on the output head's sharded
+    weight torch.compile would have to trace)."""
     if config.grad_checkpointing:
         enable_grad_checkpointing(model)
     layers = decoder_layers(model)
@@ -314,7 +316,7 @@ def _wrap(
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
         for layer in layers:
             layer.compile(dynamic=True)
-    wrapper = LossModule(model)
+    wrapper = LossModule(model, compiled=compiled and not fsdp)
     module = wrap_parallel(wrapper, layers, info, fsdp=fsdp, bf16=bf16, reduce_bf16=config.grad_reduce == "bf16",
                            reshard_after_forward=config.reshard_after_forward)
     return wrapper, module

@@ -5,7 +5,9 @@ The decoder (`find_decoder`) runs once over the flat batch; only the positions t
 (`logit_transform`) and the cross-entropy run over them `chunk_tokens` at a time.
 Each chunk is wrapped in activation checkpointing, so neither the forward nor the backward keeps
 more than one chunk of logits alive: peak extra memory is chunk_tokens x vocab fp32 instead of
-T x vocab.
+T x vocab. `LossModule(model, compiled=True)` runs each chunk (head matmul, logit post-processing,
+fp32 cast, cross-entropy) as one `torch.compile`d function, so the cast and the softmax fuse
+instead of writing the fp32 logits out and reading them back several times.
 
 The loss is a SUM plus a token count so the training loop can normalise across micro-batches and
 ranks by the global number of loss tokens (the only normalisation under which packing changes
@@ -104,10 +106,15 @@ def _chunk_token_losses(model: torch.nn.Module, hidden: torch.Tensor, targets: t
     return F.cross_entropy(output_logits(model, hidden), targets, reduction="none")
 
 
+ChunkLosses = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def token_losses(
-    model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096
+    model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096,
+    chunk_losses: ChunkLosses = _chunk_token_losses,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 cross-entropy of every loss token [n_loss], their flat positions [n_loss])."""
+    """(fp32 cross-entropy of every loss token [n_loss], their flat positions [n_loss]);
+    `chunk_losses(model, hidden, targets)` computes one chunk's (a compiled one in training)."""
     if chunk_tokens < 1:
         raise UserError(f"chunk_tokens must be positive, got {chunk_tokens}")
     hidden = hidden_states(model, batch)
@@ -119,36 +126,44 @@ def token_losses(
         h = selected[start : start + chunk_tokens]
         t = targets[start : start + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk_token_losses, model, h, t, use_reentrant=False))
+            pieces.append(checkpoint(chunk_losses, model, h, t, use_reentrant=False))
         else:
-            pieces.append(_chunk_token_losses(model, h, t))
+            pieces.append(chunk_losses(model, h, t))
     if not pieces:  # no loss token at all: keep the graph connected so backward still works
         return hidden.sum().float() * 0.0 + torch.zeros(0, device=hidden.device), positions
     return torch.cat(pieces), positions
 
 
 def packed_loss(
-    model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096
+    model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096,
+    chunk_losses: ChunkLosses = _chunk_token_losses,
 ) -> tuple[torch.Tensor, int]:
     """(sum of token cross-entropies as a 0-d fp32 tensor, number of loss tokens).
 
     Divide the sum by the global loss-token count of the optimizer step (not per micro-batch) to
     get the mean token loss.
     """
-    losses, _ = token_losses(model, batch, chunk_tokens)
+    losses, _ = token_losses(model, batch, chunk_tokens, chunk_losses)
     return losses.sum(), batch.n_loss_tokens
+
+
+def compiled_chunk_losses() -> ChunkLosses:
+    """The per-chunk loss under torch.compile (dynamic shapes: the last chunk is shorter)."""
+    return torch.compile(_chunk_token_losses, dynamic=True)
 
 
 class LossModule(torch.nn.Module):
     """The causal LM with `packed_loss` as its forward (the sum of the micro-batch's token losses),
-    so that DDP and FSDP wrap the whole loss computation."""
+    so that DDP and FSDP wrap the whole loss computation. `compiled`: each loss chunk runs as one
+    compiled function (`compiled_chunk_losses`)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.chunk_losses = compiled_chunk_losses() if compiled else _chunk_token_losses
 
     def forward(self, batch: MicroBatch) -> torch.Tensor:
-        loss_sum, _ = packed_loss(self.model, batch)
+        loss_sum, _ = packed_loss(self.model, batch, chunk_losses=self.chunk_losses)
         return loss_sum
 
 

@@ -33,6 +33,12 @@ PRESETS: dict[str, dict] = {
         hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
         intermediate_size=5632, vocab_size=32000, max_position_embeddings=8192,
     ),
+    # Llama-3-8B's shape: 8.03B parameters with its 128,256-token vocabulary (7.25B with a
+    # 32,000-token one); grouped-query attention (32 query heads, 8 kv heads), head_dim 128.
+    "llama-8b": dict(
+        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+    ),
 }
 
 _COMMON = dict(

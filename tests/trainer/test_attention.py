@@ -368,6 +368,7 @@ def test_presets_sizes_and_gqa():
         sizes = {name: count_params(LlamaForCausalLM(preset_config(name))) for name in PRESETS}
     assert 90e6 < sizes["llama-100m"] < 110e6
     assert 0.9e9 < sizes["llama-1b"] < 1.1e9
+    assert 8.0e9 < sizes["llama-8b"] < 8.1e9  # Llama-3-8B: 8.03B
     tiny = preset_config("tiny")
     assert tiny.num_attention_heads > tiny.num_key_value_heads  # GQA exercised by every test
     assert preset_config("tiny", vocab_size=32000).vocab_size == 32000
@@ -623,3 +624,47 @@ def test_layer_features_reads_the_layer_index_only_where_layers_differ():
     assert Layer.reads == 0
     feats = attention.layer_features(Layer(Config(["full_attention", "sliding_attention"])), q, q, {})
     assert Layer.reads == 1 and feats.window is None  # (no sliding_window in this config)
+
+
+@torch.library.custom_op("packlm_test::varlen", mutates_args=())
+def _custom_op_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                      max_seqlen: int) -> torch.Tensor:
+    """A CPU stand-in for flash-attn's varlen kernel, which flash-attn registers as a custom op
+    (torch.library) so that torch.compile traces through it."""
+    return kernels._sdpa(q, k, v, cu, max_seqlen, None, kernels.Features(), None).contiguous()
+
+
+@_custom_op_kernel.register_fake
+def _(q, k, v, cu, max_seqlen):
+    return torch.empty_like(q)
+
+
+def test_packed_attention_traces_into_one_graph(monkeypatch):
+    """The glue around the kernel (features, checks, casts) must not break a compiled graph: a
+    break ends the graph before attention in every layer, so each layer runs as several compiled
+    frames with host work between them (on the H100 it left the GPU idle 18-49% of the step).
+    With a kernel that is a custom op, as flash-attn's is, a decoder layer compiles whole
+    (fullgraph=True raises at a break). Negative control: `supported` reading dataclass fields()
+    while traced, as it once did, breaks the graph."""
+    monkeypatch.setitem(kernels._KERNELS, "flash_attn",
+                        lambda q, k, v, cu, m, scale, feats, sinks: _custom_op_kernel(q, k, v, cu, m))
+    model, _ = build_model("tiny", attn="sdpa", seed=0)
+    install(model, "flash_attn")
+    model.model.compile(backend="eager", fullgraph=True, dynamic=True)
+    rng = np.random.default_rng(0)
+    for lengths in ([5, 9, 3], [7, 2, 11, 4]):  # another shape and max_seqlen: no recompile needed
+        ids = rng.integers(0, 100, sum(lengths))
+        pos = np.concatenate([np.arange(n) for n in lengths])
+        batch = collate_flat(ids, ids, pos, np.array(lengths))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model.model(**batch.model_kwargs(), use_cache=False)
+
+    old_supported = kernels.supported
+    monkeypatch.setattr(kernels, "supported", lambda kernel: {f.name for f in kernels.fields(kernels.Features)}
+                        if kernel else old_supported(kernel))
+    torch._dynamo.reset()
+    model.model.compile(backend="eager", fullgraph=True, dynamic=True)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model.model(**batch.model_kwargs(), use_cache=False)
+    torch._dynamo.reset()
