@@ -14,7 +14,8 @@ Paths (`--paths`, comma separated):
 - `hf-flat-flex`    ... with `flex_attention`.
 - `hf-flat-fa2`     ... with `flash_attention_2` (skipped with a note when flash-attn is missing).
 - `packlm-minibatch` packlm on `pack-data --strategy minibatch` shards (groups of 32 examples).
-- `packlm-ffd`      packlm on `pack-data --strategy ffd --max-len 8192` shards, `--ffd-tokens` per step.
+- `packlm-ffd`      packlm on `pack-data --strategy ffd --max-len 8192` shards, `--ffd-tokens` per step
+                    (default 16384, pack-train's default --tokens-per-step: two full rows).
 
 An HF path may add what a skilled user would: `+layers` (each decoder layer `torch.compile`d with
 dynamic shapes, as pack-train does), `+model` (the whole model compiled), `+liger` (Liger's Llama
@@ -37,6 +38,13 @@ equivalent loop here instead (`build_model` + `collate_rows` + `packed_loss`, ex
 
 Precision: `--dtype bf16` means bf16 *autocast* with fp32 weights and fp32 AdamW state for every path
 (the HF Trainer's `bf16=True`); `--dtype fp32` disables autocast (CPU tests).
+
+`--lora-r R` trains LoRA adapters (rank R, alpha 16, every linear layer of the decoder) on every path:
+HF paths through `peft.get_peft_model`, packlm paths through `pack-train --lora-r`; both keep the
+frozen base weights in bf16. MFU then counts 4 x params FLOPs per token (forward, and the backward
+through the activations; frozen weights get no weight gradients). `--grad-checkpointing` recomputes
+each decoder layer's activations in the backward on every path (HF's gradient_checkpointing_enable,
+pack-train --grad-checkpointing).
 
     python scripts/bench_train.py --device cuda --model llama-1b --steps 30 --warmup 5 \
         --json bench_train.json
@@ -146,9 +154,10 @@ def attention_flops(seq_lens: Sequence[int] | np.ndarray, n_layers: int, hidden:
     return 3.0 * n_layers * 4.0 * float((lens * lens).sum()) / 2.0 * hidden
 
 
-def dense_flops(n_params: int, tokens: int) -> float:
-    """The usual 6 x params x tokens (fwd + bwd of every weight matmul)."""
-    return 6.0 * n_params * tokens
+def dense_flops(n_params: int, tokens: int, lora: bool = False) -> float:
+    """The usual 6 x params x tokens (fwd + bwd of every weight matmul); 4 x with LoRA, where the
+    frozen weights get no weight gradient (the adapters' own FLOPs are left out)."""
+    return (4.0 if lora else 6.0) * n_params * tokens
 
 
 def n_params_of(model: torch.nn.Module) -> int:
@@ -181,13 +190,14 @@ class PathResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def finish_result(res: PathResult, *, n_params: int, attn_flops: float, peak_tflops: float) -> None:
+def finish_result(res: PathResult, *, n_params: int, attn_flops: float, peak_tflops: float,
+                  lora: bool = False) -> None:
     """Fill the derived rates of `res` from its raw counts."""
     if res.seconds <= 0 or res.steps <= 0:
         return
     res.tokens_per_s = res.tokens / res.seconds
     res.step_ms = 1000.0 * res.seconds / res.steps
-    dense = dense_flops(n_params, res.tokens)
+    dense = dense_flops(n_params, res.tokens, lora)
     res.mfu = dense / res.seconds / (peak_tflops * 1e12)
     res.attn_tflops_per_s = attn_flops / res.seconds / 1e12
     res.mfu_with_attn = (dense + attn_flops) / res.seconds / (peak_tflops * 1e12)
@@ -340,13 +350,17 @@ def packed_batches(
         yield thunk
 
 
-def packed_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], torch.Tensor]:
-    """packlm's step: chunked loss over the flat varlen batch, mean over loss tokens, AdamW."""
-    from trainer.loss import packed_loss
+def packed_step_fn(model, opt, device: torch.device, dtype: str, compiled: bool) -> Callable[[Any], torch.Tensor]:
+    """packlm's step: chunked loss over the flat varlen batch (each chunk compiled where the layers
+    are, as pack-train does), mean over loss tokens, AdamW."""
+    from trainer.loss import LossModule
+
+    loss_module = LossModule(model, compiled=compiled)
 
     def step(mb) -> torch.Tensor:
         with autocast_ctx(device, dtype):
-            loss_sum, n = packed_loss(model, mb)
+            loss_sum = loss_module(mb)
+            n = mb.n_loss_tokens
         loss = loss_sum / max(int(n), 1)
         optimizer_step(model, opt, loss)
         return loss
@@ -400,13 +414,17 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     reset_cuda_peak(s.device)
     model = build_hf_model(a.model, attn, s.device, s.vocab_size, a.seed)
     model.train()
+    n_params = n_params_of(model)
+    if a.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if "layers" in tunings:
         for layer in model.model.layers:
             layer.compile(dynamic=True)
+    if a.lora_r:
+        model = hf_lora(model, a.lora_r)
     if "model" in tunings:
         model.compile(dynamic=True)
     opt = make_optimizer(model, a.lr, s.device)
-    n_params = n_params_of(model)
     batches = hf_batches(s.group_ids, s.examples, flatten=(base != "hf-pad"), pad_id=s.pad_id,
                          device=s.device)
     try:
@@ -417,6 +435,19 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
         free_memory(s.device)
     return _finish_path(res, lens, s, path=path, runner=f"hf/{attn}" + "".join(f"+{t}" for t in tunings),
                         n_params=n_params)
+
+
+def hf_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    """`model` with peft LoRA adapters (rank, alpha 16, every linear layer of the decoder) as a
+    Hugging Face user adds them, the frozen base weights stored in bf16 (the adapters stay fp32)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=16, lora_dropout=0.0,
+                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+    for param in model.parameters():
+        if not param.requires_grad:
+            param.data = param.data.to(torch.bfloat16)
+    return model
 
 
 def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
@@ -435,6 +466,8 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
                                  vocab_size=s.vocab_size, seed=a.seed)
     model.train()
+    if a.lora_r or a.grad_checkpointing:
+        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing: use --packed-runner pack-train")
     if a.compile:  # as pack-train --compile does
         for layer in decoder_layers(model):
             layer.compile(dynamic=True)
@@ -442,7 +475,7 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     n_params = n_params_of(model)
     try:
         res, lens = timed_loop(packed_batches(packed_step_rows(path, s), s.device),
-                               packed_step_fn(model, opt, s.device, a.dtype),
+                               packed_step_fn(model, opt, s.device, a.dtype, a.compile),
                                warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps)
     finally:
         del model, opt
@@ -456,7 +489,7 @@ def _finish_path(res: PathResult, lens: Any, s: Setup, *, path: str, runner: str
     res.path, res.runner = path, runner
     res.peak_gib = cuda_peak_gib(s.device)
     finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
-                  peak_tflops=s.args.peak_tflops)
+                  peak_tflops=s.args.peak_tflops, lora=bool(s.args.lora_r))
     res.extra["n_params"] = n_params
     return res
 
@@ -509,6 +542,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
         grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps,
         attn=a.attn, dtype=a.dtype, compile=a.compile, seed=a.seed, log_every=log_every,
+        lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing,
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
@@ -539,7 +573,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     res.examples = len(lens)
     n_params = int(summary["params"])
     finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
-                  peak_tflops=a.peak_tflops)
+                  peak_tflops=a.peak_tflops, lora=bool(a.lora_r))
     res.extra.update(n_params=n_params, tokens_per_step=tokens_per_step,
                      pack_train_mfu_last=records[-1].get("mfu"))
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -621,15 +655,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group", type=int, default=32, help="examples per step (padding/minibatch)")
     p.add_argument("--max-len", type=int, default=8192, help="pack-data --max-len")
-    p.add_argument("--ffd-tokens", type=int, default=8192,
-                   help="tokens per optimizer step on the ffd path (whole rows; 8192 = one full "
-                        "row, the budget comparable to a 32-example group)")
+    p.add_argument("--ffd-tokens", type=int, default=16384,
+                   help="tokens per optimizer step on the ffd path (whole rows; 16384, pack-train's "
+                        "default --tokens-per-step, is two full 8192-token rows)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
                    help="bf16 = autocast over fp32 weights for every path")
     p.add_argument("--attn", default="auto", help="packlm attention backend (build_model attn=)")
     p.add_argument("--packed-runner", choices=("auto", "pack-train", "inline"), default="auto")
     p.add_argument("--compile", action="store_true", help="pack-train --compile (per-layer)")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank on every path (0: full fine-tune)")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="activation checkpointing of every decoder layer on every path")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="HF and inline packlm paths: profile this many more steps (torch.profiler) and "
                         "report GPU time by kernel kind, top kernels and idle share")
@@ -684,6 +721,9 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     results: list[PathResult] = []
     for path in args.paths:
         t_path = time.perf_counter()
+        # each path compiles from scratch: compiled code of earlier paths (the same Llama classes)
+        # must not use up dynamo's recompile limits of a later one, which then runs uncompiled
+        torch._dynamo.reset()
         try:
             res = run_hf_path(path, setup) if path not in PACKED_PATHS else run_packed_path(path, setup)
         except torch.cuda.OutOfMemoryError as exc:
