@@ -442,11 +442,11 @@ def hf_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     Hugging Face user adds them, the frozen base weights stored in bf16 (the adapters stay fp32)."""
     from peft import LoraConfig, get_peft_model
 
+    from trainer.lora import freeze_in_bf16
+
     model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=16, lora_dropout=0.0,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
-    for param in model.parameters():
-        if not param.requires_grad:
-            param.data = param.data.to(torch.bfloat16)
+    freeze_in_bf16(model)
     return model
 
 
@@ -462,12 +462,12 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     from trainer.model import build_model, decoder_layers
 
     a = s.args
+    if a.lora_r or a.grad_checkpointing:
+        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing: use --packed-runner pack-train")
     reset_cuda_peak(s.device)
     model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
                                  vocab_size=s.vocab_size, seed=a.seed)
     model.train()
-    if a.lora_r or a.grad_checkpointing:
-        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing: use --packed-runner pack-train")
     if a.compile:  # as pack-train --compile does
         for layer in decoder_layers(model):
             layer.compile(dynamic=True)
