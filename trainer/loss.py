@@ -147,9 +147,21 @@ def packed_loss(
     return losses.sum(), batch.n_loss_tokens
 
 
-def compiled_chunk_losses() -> ChunkLosses:
-    """The per-chunk loss under torch.compile (dynamic shapes: the last chunk is shorter)."""
-    return torch.compile(_chunk_token_losses, dynamic=True)
+def compiled_chunk_losses(backend: str | Callable = "inductor") -> ChunkLosses:
+    """The per-chunk loss under torch.compile (dynamic shapes: the last chunk is shorter).
+
+    Each chunk is copied before the compiled call. A chunk is a view into the gathered hidden
+    states, and torch.compile guards on a view's storage offset (0 or not) and on whether it spans
+    its whole base, so views would compile again for each new arrangement: one chunk or several,
+    first or later. A run whose micro-batches vary in size meets such arrangements late and then
+    stalls for a recompile. A fresh tensor of any length runs the one graph.
+    """
+    compiled = torch.compile(_chunk_token_losses, dynamic=True, backend=backend)
+
+    def chunk_losses(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return compiled(model, hidden.clone(), targets.clone())
+
+    return chunk_losses
 
 
 class LossModule(torch.nn.Module):

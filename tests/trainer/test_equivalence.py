@@ -218,3 +218,39 @@ def test_compiled_chunk_loss_equals_the_eager_one(models, examples):
         torch.testing.assert_close(g_c, g, **TOL)
     assert LossModule(model, compiled=False).chunk_losses is not compiled
     torch._dynamo.reset()
+
+
+def test_compiled_chunk_loss_compiles_once_whatever_the_chunking(models, examples):
+    """Micro-batches of varying size cut their loss tokens into one chunk or several; the compiled
+    chunk loss must not compile again for each new arrangement (a stall in the middle of a run).
+    Control: the same compiled function given the chunks as views compiles more than once."""
+    import torch._dynamo
+
+    from trainer.loss import _chunk_token_losses, compiled_chunk_losses
+
+    model, _ = models
+    batch = pack(examples)
+    n = batch.n_loss_tokens
+    # one chunk, exactly one, several, ragged; none leaves a 1-token chunk (dynamo specialises
+    # sizes 0 and 1, so such a chunk compiles once more, once per run)
+    chunkings = [c for c in (n + 5, n, n // 3, n // 2 + 1, n // 2 - 3) if n % c != 1]
+    assert len(chunkings) >= 4
+
+    def graphs(chunk_losses_of) -> int:
+        compiles = []
+
+        def backend(gm, example_inputs):  # noqa: ANN001, ANN202
+            compiles.append(1)
+            return gm.forward
+
+        torch._dynamo.reset()
+        chunk_losses = chunk_losses_of(backend)
+        for chunk in chunkings:
+            total, _ = packed_loss(model, batch, chunk_tokens=chunk, chunk_losses=chunk_losses)
+            total.backward()
+        model.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+        return len(compiles)
+
+    assert graphs(compiled_chunk_losses) == 1
+    assert graphs(lambda b: torch.compile(_chunk_token_losses, dynamic=True, backend=b)) > 1
