@@ -19,8 +19,10 @@ Paths (`--paths`, comma separated):
 
 An HF path may add what a skilled user would: `+layers` (each decoder layer `torch.compile`d with
 dynamic shapes, as pack-train does), `+model` (the whole model compiled), `+liger` (Liger's Llama
-kernels; last in the list, as it patches transformers for the rest of the run). A tuning that fails
-is reported as a skipped path. "Best HF packed" is the fastest `hf-flat*` path of the run, "best
+kernels; last in the list, as it patches transformers for the rest of the run). A packlm path may add
+`+bf16-weights` (`pack-train --dtype bf16-weights`: bf16 weights for compute, fp32 master weights in
+the optimizer, in place of autocast over fp32 weights). A tuning that fails is reported as a skipped
+path. "Best HF packed" is the fastest `hf-flat*` path of the run, "best
 padding" the fastest `hf-pad*` one. The default paths: see DEFAULT_PATHS.
 
 The data are prepared once (`--workdir`, reused when the parameters match): the two datasets become
@@ -37,7 +39,8 @@ are drawn in pack-train's own seeded row order, not the HF order). `--packed-run
 equivalent loop here instead (`build_model` + `collate_rows` + `packed_loss`, exactly the HF groups).
 
 Precision: `--dtype bf16` means bf16 *autocast* with fp32 weights and fp32 AdamW state for every path
-(the HF Trainer's `bf16=True`); `--dtype fp32` disables autocast (CPU tests).
+(the HF Trainer's `bf16=True`) except packlm paths with `+bf16-weights`; `--dtype fp32` disables
+autocast (CPU tests).
 
 `--lora-r R` trains LoRA adapters (rank R, alpha 16, every linear layer of the decoder) on every path:
 HF paths through `peft.get_peft_model`, packlm paths through `pack-train --lora-r`; both keep the
@@ -105,6 +108,8 @@ ALL_PATHS = HF_PATHS + PACKED_PATHS
 # (fused linear cross-entropy, RMSNorm, SwiGLU, RoPE) and must come last: it patches transformers'
 # Llama classes for the rest of the process
 HF_TUNINGS = ("layers", "model", "liger")
+# what a packlm path may add: "+bf16-weights" runs pack-train --dtype bf16-weights
+PACKED_TUNINGS = ("bf16-weights",)
 DEFAULT_PATHS = ("hf-pad", "hf-pad+layers", "hf-flat-flex+layers", "hf-flat-flex+model", "hf-flat-fa2",
                  "hf-flat-fa2+layers", "packlm-minibatch", "packlm-ffd", "hf-flat-fa2+layers+liger")
 
@@ -452,7 +457,7 @@ def hf_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
 
 def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
     """The micro-batches of a packlm path: minibatch groups, or ffd rows cut by --ffd-tokens."""
-    if path == "packlm-minibatch":
+    if split_path(path)[0] == "packlm-minibatch":
         return s.groups
     return ffd_steps(s.folders["ffd"], s.args.ffd_tokens)
 
@@ -462,8 +467,9 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     from trainer.model import build_model, decoder_layers
 
     a = s.args
-    if a.lora_r or a.grad_checkpointing:
-        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing: use --packed-runner pack-train")
+    if a.lora_r or a.grad_checkpointing or split_path(path)[1]:
+        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing / +bf16-weights: use "
+                         "--packed-runner pack-train")
     reset_cuda_peak(s.device)
     model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
                                  vocab_size=s.vocab_size, seed=a.seed)
@@ -532,16 +538,17 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     from trainer import TrainConfig, train
 
     a = s.args
-    folder = s.folders["minibatch" if path == "packlm-minibatch" else "ffd"]
+    base, tunings = split_path(path)
+    folder = s.folders["minibatch" if base == "packlm-minibatch" else "ffd"]
     # minibatch: a 32-example group fills about one max_len row, and a step of <= max_len tokens
     # then takes one whole group; ffd: --ffd-tokens of whole rows per step.
-    tokens_per_step = a.max_len if path == "packlm-minibatch" else a.ffd_tokens
+    tokens_per_step = a.max_len if base == "packlm-minibatch" else a.ffd_tokens
     run_dir = Path(tempfile.mkdtemp(prefix=f"{path}-", dir=a.workdir))
     log_every = a.warmup if a.warmup > 0 else a.steps
     config = TrainConfig(
         data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
         grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps,
-        attn=a.attn, dtype=a.dtype, compile=a.compile, seed=a.seed, log_every=log_every,
+        attn=a.attn, dtype="bf16-weights" if "bf16-weights" in tunings else a.dtype, compile=a.compile, seed=a.seed, log_every=log_every,
         lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing,
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
@@ -617,18 +624,23 @@ def markdown_table(results: Sequence[PathResult]) -> str:
 
 def target_lines(results: Sequence[PathResult]) -> list[str]:
     """The issue's targets, checked against this run's numbers."""
-    ok = {r.path: r for r in results if r.ok and r.tokens_per_s > 0}
-    best_hf = max((r.tokens_per_s for r in ok.values() if r.path.startswith("hf-flat")), default=0)
+    ok = [r for r in results if r.ok and r.tokens_per_s > 0]
+    best_hf = max((r.tokens_per_s for r in ok if r.path.startswith("hf-flat")), default=0)
+
+    def fastest(base: str) -> PathResult | None:  # of the path and its tunings
+        return max((r for r in ok if split_path(r.path)[0] == base), key=lambda r: r.tokens_per_s, default=None)
+
     lines = []
-    if "packlm-minibatch" in ok and best_hf:
-        x = ok["packlm-minibatch"].tokens_per_s / best_hf
-        lines.append(f"packlm-minibatch vs best HF packed path: {x:.2f}x (target >= 1.5x): "
+    minibatch, ffd = fastest("packlm-minibatch"), fastest("packlm-ffd")
+    if minibatch and best_hf:
+        x = minibatch.tokens_per_s / best_hf
+        lines.append(f"{minibatch.path} vs best HF packed path: {x:.2f}x (target >= 1.5x): "
                      f"{'MET' if x >= 1.5 else 'NOT MET'}")
-    if "packlm-ffd" in ok:
-        mfu = 100 * ok["packlm-ffd"].mfu
-        lines.append(f"packlm-ffd MFU {mfu:.1f}% (target >= 55%, stretch 60%): "
+    if ffd:
+        mfu = 100 * ffd.mfu
+        lines.append(f"{ffd.path} MFU {mfu:.1f}% (target >= 55%, stretch 60%): "
                      f"{'MET' if mfu >= 55 else 'NOT MET'}")
-    waits = [r for r in ok.values() if r.path.startswith("packlm")]
+    waits = [r for r in ok if r.path.startswith("packlm")]
     if waits:
         worst = max(waits, key=lambda r: r.data_wait_pct)
         lines.append(f"data-wait of packlm paths <= {worst.data_wait_pct:.2f}% of step time "
@@ -645,7 +657,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per path before timing")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
                    help=f"comma separated, of {','.join(ALL_PATHS)}; an HF path may add +TUNING "
-                        f"({', '.join(HF_TUNINGS)}; +liger last)")
+                        f"({', '.join(HF_TUNINGS)}; +liger last), a packlm path +{'/+'.join(PACKED_TUNINGS)}")
     p.add_argument("--json", type=Path, default=None, help="write all results here")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "packlm-bench")
     p.add_argument("--shared", type=Path, default=None,
@@ -677,10 +689,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="dense bf16 peak for MFU (H100 SXM: 989)")
     args = p.parse_args(argv)
     args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
-    unknown = [x for x in args.paths if x not in PACKED_PATHS and not (
-        split_path(x)[0] in HF_PATHS and set(split_path(x)[1]) <= set(HF_TUNINGS))]
+    known = [(HF_PATHS, HF_TUNINGS), (PACKED_PATHS, PACKED_TUNINGS)]
+    unknown = [x for x in args.paths if not any(
+        split_path(x)[0] in bases and set(split_path(x)[1]) <= set(tunings) for bases, tunings in known)]
     if unknown:
-        p.error(f"unknown path(s) {unknown}: choose from {','.join(ALL_PATHS)} (HF ones with +{'/+'.join(HF_TUNINGS)})")
+        p.error(f"unknown path(s) {unknown}: choose from {','.join(ALL_PATHS)} (HF ones with "
+                f"+{'/+'.join(HF_TUNINGS)}, packlm ones with +{'/+'.join(PACKED_TUNINGS)})")
     liger = [k for k, x in enumerate(args.paths) if "liger" in split_path(x)[1]]
     if liger and liger[0] != len(args.paths) - len(liger):
         p.error("+liger paths must come last: Liger patches transformers' Llama classes for the rest of the run")
@@ -725,7 +739,8 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
         # must not use up dynamo's recompile limits of a later one, which then runs uncompiled
         torch._dynamo.reset()
         try:
-            res = run_hf_path(path, setup) if path not in PACKED_PATHS else run_packed_path(path, setup)
+            packed = split_path(path)[0] in PACKED_PATHS
+            res = run_packed_path(path, setup) if packed else run_hf_path(path, setup)
         except torch.cuda.OutOfMemoryError as exc:
             res = PathResult(path=path, runner="", ok=False, note=f"OOM: {str(exc)[:80]}")
         except Exception as exc:  # noqa: BLE001 - one failing path must not lose the others

@@ -12,7 +12,7 @@ RESUME = ("newest", "strict")
 PARALLEL = ("ddp", "fsdp")
 REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
-DTYPES = ("auto", "bf16", "fp32")
+DTYPES = ("auto", "bf16", "bf16-weights", "fp32")
 
 
 @dataclass
@@ -83,6 +83,6 @@ def validate(config: TrainConfig) -> None:
     if config.grad_reduce not in GRAD_REDUCE:
         raise UserError(f"unknown --grad-reduce {config.grad_reduce!r}: choose {', '.join(GRAD_REDUCE)}")
     if config.dtype not in DTYPES:
-        raise UserError(f"unknown --dtype {config.dtype!r}: choose bf16 or fp32")
+        raise UserError(f"unknown --dtype {config.dtype!r}: choose {', '.join(DTYPES)}")
     if config.resume and config.resume not in RESUME:
         raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

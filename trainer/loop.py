@@ -37,6 +37,7 @@ from trainer.loss import LossModule
 from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
+from trainer.precision import MasterWeights
 from trainer.parallel import (
     DistInfo,
     full_model_state,
@@ -83,13 +84,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
             micro = [next(batches) for _ in range(config.grad_accum)]
             wait = time.perf_counter() - t0
             loss_sum, counts, window_loss_tokens = backward_window(
-                run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp
+                run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
+                masters=run.masters,
             )
-            grad_norm = torch.nn.utils.clip_grad_norm_(run.wrapper.parameters(), max_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
             optimizer.step()
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             run.scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            if run.masters is not None:
+                run.masters.publish()
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])
@@ -132,6 +136,7 @@ def backward_window(
     autocast: Any = None,
     info: DistInfo | None = None,
     fsdp: bool = False,
+    masters: MasterWeights | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
     """Forward + backward over one accumulation window; gradients of the window's mean token loss.
 
@@ -139,7 +144,9 @@ def backward_window(
     the window's loss-token count). Every micro-batch backpropagates loss_sum * world / N where N is
     the loss-token count of the whole window on all ranks, known before any forward pass; under
     torch.distributed it stays a device tensor (no host sync). Gradient sync happens only on the
-    last micro-batch (DDP no_sync / FSDP set_requires_gradient_sync).
+    last micro-batch (DDP no_sync / FSDP set_requires_gradient_sync). With `masters` (--dtype
+    bf16-weights, one process) each micro-batch's bf16 gradients move into the fp32 masters right
+    after its backward, so they accumulate in fp32.
     """
     info = info or DistInfo()
     autocast = autocast if autocast is not None else contextlib.nullcontext()
@@ -170,6 +177,8 @@ def backward_window(
             with autocast:
                 loss_sum = module(batch)
             (loss_sum * scale).backward()
+        if masters is not None:
+            masters.collect_grads()
         loss_acc += loss_sum.detach().float()
     return loss_acc, counts, window_loss_tokens
 
@@ -186,6 +195,7 @@ class Run:
     fsdp: bool  # --parallel fsdp under torchrun
     device: torch.device
     autocast: Any  # bf16 autocast, or a null context for fp32
+    masters: MasterWeights | None  # --dtype bf16-weights (not under FSDP): the fp32 masters
     out: Path
     planner: Planner
     total_steps: int  # the schedule's length
@@ -198,7 +208,8 @@ class Run:
     tokenizer: Any
     model: transformers.PreTrainedModel  # plain, as save_pretrained writes it
     peft: Any  # with --lora-r: the PeftModel around `model` (checkpoints hold its adapter), else None
-    wrapper: LossModule  # the model with the loss as its forward (what the optimizer updates)
+    wrapper: LossModule  # the model with the loss as its forward
+    params: list[torch.nn.Parameter]  # what the optimizer updates: trainable parameters, or their masters
     module: torch.nn.Module  # the wrapper as the step calls it: itself, or DDP around it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -220,9 +231,11 @@ def start(config: TrainConfig) -> Run:
     info = setup_distributed(device)
     seed_everything(config.seed + info.rank)
     dtype_name = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16) if dtype_name == "bf16" else contextlib.nullcontext()
-    )
+    bf16 = dtype_name != "fp32"  # bf16 or bf16-weights
+    if dtype_name == "bf16-weights" and info.enabled and config.parallel != "fsdp":
+        raise UserError("--dtype bf16-weights under torchrun needs --parallel fsdp (FSDP2 computes with "
+                        "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
 
@@ -236,7 +249,7 @@ def start(config: TrainConfig) -> Run:
     model, backend, backend_why = _model(config, device, manifest)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
-    if peft is not None and dtype_name == "bf16":
+    if peft is not None and bf16:
         freeze_in_bf16(model)  # frozen base weights need no fp32 copy: half their memory
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
@@ -245,8 +258,12 @@ def start(config: TrainConfig) -> Run:
                                                        fingerprint, stop_at, peft)
     fsdp = info.enabled and config.parallel == "fsdp"
     compiled = config.compile if config.compile is not None else device.type == "cuda"
-    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=dtype_name == "bf16")
-    optimizer, scheduler = make_optimizer(wrapper, config, device, total_steps)
+    # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
+    # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same there
+    masters = MasterWeights(model) if dtype_name == "bf16-weights" and not fsdp else None
+    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
+    params = masters.params if masters is not None else [p for p in wrapper.parameters() if p.requires_grad]
+    optimizer, scheduler = make_optimizer(params, config, device, total_steps)
     if resume_from is not None:
         load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
                             total_steps=total_steps, rank=info.rank, fsdp=fsdp)
@@ -259,12 +276,12 @@ def start(config: TrainConfig) -> Run:
     eval_folder = _eval_folder(config, manifest)
     if eval_folder is not None:
         evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device)
-    run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, out=Path(config.out),
-              planner=planner, total_steps=total_steps, stop_at=stop_at, start_step=start_step,
-              cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint, hashes=hashes,
-              tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module, optimizer=optimizer,
-              scheduler=scheduler, loader=loader, evaluator=evaluator, backend=backend, compiled=compiled,
-              n_params=n_params)
+    run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
+              out=Path(config.out), planner=planner, total_steps=total_steps, stop_at=stop_at,
+              start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
+              hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, params=params,
+              module=module, optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
+              backend=backend, compiled=compiled, n_params=n_params)
     if info.rank == 0:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
         _announce(run, manifest, dtype_name, backend_why)
@@ -374,12 +391,18 @@ def save(run: Run, step: int, cursor: Cursor, tokens_seen: int, loss: float | No
         "attention": run.backend, "total_steps": run.total_steps,
     }
     writes_optimizer = run.fsdp or info.rank == 0  # under FSDP every rank helps gather it
-    return ckpt.save_checkpoint(
-        run.out, step, model=run.peft if run.peft is not None else run.model, model_state=model_state,
-        optimizer_state=optimizer_state(run.wrapper, run.optimizer, run.fsdp) if writes_optimizer else None,
-        scheduler_state=run.scheduler.state_dict(), trainer_state=trainer_state,
-        tokenizer=run.tokenizer, rank=info.rank, barrier=info.barrier, keep_last=run.config.keep_last,
-    )
+    with full_precision(run):  # the fp32 masters of --dtype bf16-weights, not their bf16 copies
+        return ckpt.save_checkpoint(
+            run.out, step, model=run.peft if run.peft is not None else run.model, model_state=model_state,
+            optimizer_state=optimizer_state(run.wrapper, run.optimizer, run.fsdp) if writes_optimizer else None,
+            scheduler_state=run.scheduler.state_dict(), trainer_state=trainer_state,
+            tokenizer=run.tokenizer, rank=info.rank, barrier=info.barrier, keep_last=run.config.keep_last,
+        )
+
+
+def full_precision(run: Run) -> contextlib.AbstractContextManager:
+    """While saving: the model holds the fp32 masters of --dtype bf16-weights (else as it is)."""
+    return run.masters.full_precision() if run.masters is not None else contextlib.nullcontext()
 
 
 def finish(
@@ -413,7 +436,8 @@ def finish(
     if info.rank == 0:
         plot_losses(run.out)
         if run.config.merge_lora and not stopped_by_sigterm:
-            summary["merged_model"] = str(merge_and_save(run.peft, run.out / "merged", run.tokenizer))
+            with full_precision(run):
+                summary["merged_model"] = str(merge_and_save(run.peft, run.out / "merged", run.tokenizer))
     write_summary(run.out, summary, {
         "rank": info.rank, "world_size": info.world_size, "steps": step - run.start_step,
         "micro_batches": meter.local_micro_batches, "tokens": meter.local_tokens,

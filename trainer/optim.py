@@ -4,6 +4,7 @@ cosine, linear or constant."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +34,20 @@ class Schedule:
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices only (not on norms, biases)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (not on norms, biases); frozen parameters left out."""
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def make_optimizer(
-    model: torch.nn.Module, config: TrainConfig, device: torch.device, total_steps: int
+    params: Iterable[torch.nn.Parameter], config: TrainConfig, device: torch.device, total_steps: int
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `model`'s parameters (fused on CUDA) and a LambdaLR that follows `Schedule`."""
+    """AdamW over `params` (fused on CUDA) and a LambdaLR that follows `Schedule`."""
     optimizer = torch.optim.AdamW(
-        param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
+        param_groups(params, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
         **({"fused": True} if device.type == "cuda" else {"foreach": True}),
     )
     schedule = Schedule(config.schedule, config.warmup, total_steps, config.min_lr_ratio)

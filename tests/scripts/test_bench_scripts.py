@@ -338,10 +338,12 @@ def test_bench_train_end_to_end_on_cpu(tmp_path):
 
 
 def test_bench_train_paths_and_tunings_are_checked():
-    """HF paths take +layers/+model/+liger tunings; +liger must come last (it patches transformers)."""
-    args = bt.parse_args(["--paths", "hf-pad+layers,hf-flat-fa2+model,packlm-ffd,hf-flat-fa2+layers+liger"])
+    """HF paths take +layers/+model/+liger tunings, packlm paths +bf16-weights; +liger must come
+    last (it patches transformers)."""
+    args = bt.parse_args(["--paths", "hf-pad+layers,hf-flat-fa2+model,packlm-ffd,packlm-ffd+bf16-weights,"
+                                     "hf-flat-fa2+layers+liger"])
     assert args.paths[-1] == "hf-flat-fa2+layers+liger"
-    for bad in ("hf-flat-fa2+turbo", "packlm-ffd+layers", "hf-flat-fa2+liger,hf-pad"):
+    for bad in ("hf-flat-fa2+turbo", "packlm-ffd+layers", "hf-pad+bf16-weights", "hf-flat-fa2+liger,hf-pad"):
         with pytest.raises(SystemExit):
             bt.parse_args(["--paths", bad])
     assert bt.split_path("hf-flat-fa2+layers+liger") == ("hf-flat-fa2", ["layers", "liger"])
@@ -349,8 +351,8 @@ def test_bench_train_paths_and_tunings_are_checked():
 
 def _run_end_to_end(common, tmp_path):
     out = tmp_path / "bench.json"
-    results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,hf-flat-sdpa+layers,packlm-minibatch,packlm-ffd",
-                       "--json", str(out)])
+    results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,hf-flat-sdpa+layers,packlm-minibatch,packlm-ffd,"
+                                           "packlm-ffd+bf16-weights", "--json", str(out)])
     by = {r.path: r for r in results}
     assert all(r.ok for r in results), [r.note for r in results]
     # the compiled HF path: the same examples, the same loss up to the compiler's rounding
@@ -362,6 +364,10 @@ def _run_end_to_end(common, tmp_path):
     assert by["hf-pad"].examples == by["hf-flat-sdpa"].examples == 32
     assert by["hf-flat-sdpa"].final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
     assert by["packlm-ffd"].note == "" and 0 < by["packlm-ffd"].tokens <= 512
+    # pack-train --dtype bf16-weights on the same rows: the same tokens, the loss within bf16 rounding
+    assert by["packlm-ffd+bf16-weights"].tokens == by["packlm-ffd"].tokens
+    assert by["packlm-ffd+bf16-weights"].final_loss == pytest.approx(by["packlm-ffd"].final_loss, rel=2e-2)
+    assert by["packlm-ffd+bf16-weights"].final_loss != by["packlm-ffd"].final_loss  # it did run in bf16
     payload = json.loads(out.read_text())
     assert [r["path"] for r in payload["results"]] == list(by)
     assert "| hf-pad |" in payload["table"]

@@ -1,4 +1,5 @@
-"""trainer.loop / trainer.checkpoint: loss normalisation, exact resume, DDP on gloo, checkpoints."""
+"""trainer.loop / trainer.checkpoint / trainer.precision: loss normalisation, exact resume, DDP on gloo,
+checkpoints, --dtype bf16-weights."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from trainer.loop import backward_window  # noqa: E402
 from trainer.loss import LossModule  # noqa: E402
 from trainer.optim import Schedule  # noqa: E402
 from trainer.model import build_model  # noqa: E402
+from trainer.precision import MasterWeights  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -370,3 +372,86 @@ def test_a_shard_changed_after_packing_stops_training_before_any_checkpoint(pack
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
     summary = train(_config(bad, tmp_path / "run2", max_steps=2, verify_hashes=False))
     assert summary["steps"] == 2  # --no-verify-hashes: the user's call
+
+
+# ------------------------------------------------------------------- --dtype bf16-weights
+
+BF16W = "bf16-weights"  # trainer.precision: bf16 weights for compute, fp32 masters in the optimizer
+
+
+def _loss_curve(run: Path) -> list[float]:
+    return [m["loss"] for m in _metrics(run)]
+
+
+def test_masters_hold_fp32_and_gradients_accumulate_in_fp32(packed: Path) -> None:
+    model, _ = build_model("tiny", seed=1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    masters = MasterWeights(model)
+    buffers = {b.dtype for b in model.buffers()}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert buffers == {torch.float32}  # RoPE's inverse frequencies keep their precision
+    assert all(m.dtype == torch.float32 for m in masters.params)
+    assert all(torch.equal(m, before[n]) for m, (n, _) in zip(masters.params, model.named_parameters()))
+
+    reader = ShardReader(packed, read_manifest(packed))
+    micro = [reader.microbatch(np.array([i])) for i in range(3)]
+    module = LossModule(model)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    backward_window(module, micro, device=torch.device("cpu"), autocast=bf16, masters=masters)
+    assert all(p.grad is None for p in model.parameters())  # moved into the masters
+    fp32_sum = torch.cat([m.grad.flatten() for m in masters.params])
+    assert fp32_sum.dtype == torch.float32
+
+    # each micro-batch's bf16 gradient of its loss over the window's loss tokens, added in fp32
+    n = sum(mb.n_loss_tokens for mb in micro)
+    expected = torch.zeros_like(fp32_sum)
+    for mb in micro:
+        with bf16:
+            loss = module(mb)
+        (loss * (1.0 / n)).backward()
+        expected += torch.cat([p.grad.flatten().float() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+    assert torch.equal(fp32_sum, expected)
+    # negative control: the same window accumulated in the bf16 .grad is rounded differently
+    backward_window(module, micro, device=torch.device("cpu"), autocast=bf16)
+    bf16_sum = torch.cat([p.grad.flatten().float() for p in model.parameters()])
+    assert not torch.equal(bf16_sum, fp32_sum)
+
+    masters.params[0].data.add_(1.0)
+    masters.publish()
+    first = next(model.parameters())
+    assert first.dtype == torch.bfloat16 and torch.equal(first, masters.params[0].to(torch.bfloat16))
+
+
+def test_checkpoints_hold_the_fp32_masters_and_resume_bitwise(packed: Path, tmp_path: Path) -> None:
+    full = train(_config(packed, tmp_path / "full", dtype=BF16W))
+    train(_config(packed, tmp_path / "part", dtype=BF16W, stop_at=2))
+    rest = train(_config(packed, tmp_path / "part", dtype=BF16W, resume="newest"))
+    assert full["steps"] == rest["steps"] == 6
+    assert _loss_curve(tmp_path / "full") == _loss_curve(tmp_path / "part")  # bitwise, not approx
+    saved = ckpt.load_model_weights(tmp_path / "full" / "checkpoints" / "step-00000006")
+    again = ckpt.load_model_weights(tmp_path / "part" / "checkpoints" / "step-00000006")
+    assert all(torch.equal(saved[k], again[k]) for k in saved)
+    weights = saved["model.layers.0.mlp.up_proj.weight"]
+    # the fp32 masters, not their bf16 copies (which a bf16 round trip would leave unchanged)
+    assert weights.dtype == torch.float32
+    assert not torch.equal(weights, weights.to(torch.bfloat16).float())
+
+
+def test_bf16_weights_train_like_bf16_autocast(packed: Path, tmp_path: Path) -> None:
+    train(_config(packed, tmp_path / "weights", dtype=BF16W))
+    train(_config(packed, tmp_path / "autocast", dtype="bf16"))
+    weights, autocast = _loss_curve(tmp_path / "weights"), _loss_curve(tmp_path / "autocast")
+    assert weights[0] == pytest.approx(autocast[0], rel=1e-2)  # the same model, before any update
+    assert weights == pytest.approx(autocast, rel=3e-2)
+    assert weights[-1] < weights[0]
+
+
+def test_bf16_weights_refuses_ddp(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import loop
+    from trainer.parallel import DistInfo
+
+    monkeypatch.setattr(loop, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+    with pytest.raises(UserError, match="needs --parallel fsdp"):
+        train(_config(packed, tmp_path / "run", dtype=BF16W))
+    assert not (tmp_path / "run").exists()
