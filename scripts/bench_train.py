@@ -3,7 +3,8 @@
 
 Every path trains the same randomly initialised model (`--model`, default the `llama-1b` preset) on the
 same examples (GSM8K + CodeAlpaca from `../shared`, Llama-2 tokenizer, one seeded order) with fused
-AdamW and the same learning rate, and reports real (non-padding) tokens/s, step time, peak memory,
+AdamW (or, with `--optimizer adafactor`, torch's Adafactor, for a full fine-tune of a large model)
+and the same learning rate, and reports real (non-padding) tokens/s, step time, peak memory,
 MFU (6 x params x tokens/s over `--peak-tflops`, attention FLOPs reported separately) and the share of
 step time the loop spent waiting for its next batch (host preparation + host-to-device copy).
 
@@ -429,7 +430,7 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
         model = hf_lora(model, a.lora_r)
     if "model" in tunings:
         model.compile(dynamic=True)
-    opt = make_optimizer(model, a.lr, s.device)
+    opt = make_optimizer(model, a.lr, s.device, a.optimizer)
     batches = hf_batches(s.group_ids, s.examples, flatten=(base != "hf-pad"), pad_id=s.pad_id,
                          device=s.device)
     try:
@@ -477,7 +478,7 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     if a.compile:  # as pack-train --compile does
         for layer in decoder_layers(model):
             layer.compile(dynamic=True)
-    opt = make_optimizer(model, a.lr, s.device)
+    opt = make_optimizer(model, a.lr, s.device, a.optimizer)
     n_params = n_params_of(model)
     try:
         res, lens = timed_loop(packed_batches(packed_step_rows(path, s), s.device),
@@ -549,7 +550,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
         grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps,
         attn=a.attn, dtype="bf16-weights" if "bf16-weights" in tunings else a.dtype, compile=a.compile, seed=a.seed, log_every=log_every,
-        lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing,
+        lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing, optimizer=a.optimizer,
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
@@ -677,6 +678,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed-runner", choices=("auto", "pack-train", "inline"), default="auto")
     p.add_argument("--compile", action="store_true", help="pack-train --compile (per-layer)")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank on every path (0: full fine-tune)")
+    p.add_argument("--optimizer", choices=("adamw", "adafactor"), default="adamw",
+                   help="every path's optimizer (pack-train --optimizer; torch.optim.Adafactor on HF paths)")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="activation checkpointing of every decoder layer on every path")
     p.add_argument("--profile-steps", type=int, default=0,

@@ -434,10 +434,14 @@ def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int
     return model.to(device).train()
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, fused on CUDA (the same settings for every path)."""
+def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device,
+                   optimizer: str = "adamw") -> torch.optim.Optimizer:
+    """AdamW, fused on CUDA, or torch's Adafactor (the same settings for every path)."""
     import torch
 
+    if optimizer == "adafactor":
+        trained = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.Adafactor(trained, lr=lr, weight_decay=0.1, foreach=True)
     kwargs: dict[str, Any] = {"lr": lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
     if device.type == "cuda":
         kwargs["fused"] = True

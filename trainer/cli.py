@@ -9,7 +9,7 @@ import click
 from pipeline.config_file import config_option
 from pipeline.errors import UserError, cli_errors
 from trainer import TrainConfig, train
-from trainer.config import REPORT_TO
+from trainer.config import OPTIMIZERS, REPORT_TO
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -71,6 +71,11 @@ from trainer.config import REPORT_TO
                    "files are checked against the sha256 it lists); a damaged newer one is named "
                    "and stepped over. --resume=strict refuses instead.")
 @click.option("--log-every", default=10, type=click.IntRange(min=1), help="Metrics line every N steps.")
+@click.option("--optimizer", default="adamw", type=click.Choice(OPTIMIZERS),
+              help="adamw: two fp32 moments per parameter (16 bytes per parameter with weights and "
+                   "gradients). adafactor: torch.optim.Adafactor, no first moment and a row and a "
+                   "column of second-moment statistics per matrix (about 8 bytes per parameter); --lr "
+                   "caps its step relative to each weight's RMS. Not with --parallel fsdp.")
 @click.option("--weight-decay", default=0.1, type=click.FloatRange(min=0))
 @click.option("--grad-clip", default=1.0, type=click.FloatRange(min=0), help="Max global gradient norm (0: no clipping).")
 @click.option("--num-workers", default=2, type=click.IntRange(min=0), help="DataLoader worker processes.")

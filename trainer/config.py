@@ -13,6 +13,7 @@ PARALLEL = ("ddp", "fsdp")
 REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
 DTYPES = ("auto", "bf16", "bf16-weights", "fp32")
+OPTIMIZERS = ("adamw", "adafactor")
 
 
 @dataclass
@@ -53,6 +54,7 @@ class TrainConfig:
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
+    optimizer: str = "adamw"  # or "adafactor": factored second moments, no first moment (trainer.optim)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -84,5 +86,7 @@ def validate(config: TrainConfig) -> None:
         raise UserError(f"unknown --grad-reduce {config.grad_reduce!r}: choose {', '.join(GRAD_REDUCE)}")
     if config.dtype not in DTYPES:
         raise UserError(f"unknown --dtype {config.dtype!r}: choose {', '.join(DTYPES)}")
+    if config.optimizer not in OPTIMIZERS:
+        raise UserError(f"unknown --optimizer {config.optimizer!r}: choose {', '.join(OPTIMIZERS)}")
     if config.resume and config.resume not in RESUME:
         raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

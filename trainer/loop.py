@@ -235,6 +235,9 @@ def start(config: TrainConfig) -> Run:
     if dtype_name == "bf16-weights" and info.enabled and config.parallel != "fsdp":
         raise UserError("--dtype bf16-weights under torchrun needs --parallel fsdp (FSDP2 computes with "
                         "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
+    if config.optimizer == "adafactor" and info.enabled and config.parallel == "fsdp":
+        raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
+                        "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)

@@ -1,5 +1,11 @@
-"""AdamW (weight decay on matrices only) and its learning-rate schedule: linear warmup, then
-cosine, linear or constant."""
+"""The optimizer (weight decay on matrices only) and its learning-rate schedule: linear warmup, then
+cosine, linear or constant.
+
+`adamw` (the default) keeps two fp32 moments per parameter: with fp32 weights and gradients, 16
+bytes per parameter. `adafactor` (`torch.optim.Adafactor`) keeps no first moment and, for a matrix,
+only a row and a column of second-moment statistics: about 8 bytes per parameter in all, which is
+what lets a full fine-tune of an 8B model fit one GPU. Its `lr` caps a step relative to each
+weight's RMS; betas are AdamW's alone."""
 
 from __future__ import annotations
 
@@ -44,12 +50,16 @@ def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> l
 
 def make_optimizer(
     params: Iterable[torch.nn.Parameter], config: TrainConfig, device: torch.device, total_steps: int
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `params` (fused on CUDA) and a LambdaLR that follows `Schedule`."""
-    optimizer = torch.optim.AdamW(
-        param_groups(params, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2),
-        **({"fused": True} if device.type == "cuda" else {"foreach": True}),
-    )
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """`config.optimizer` over `params` (AdamW fused on CUDA) and a LambdaLR that follows `Schedule`."""
+    groups = param_groups(params, config.weight_decay)
+    if config.optimizer == "adafactor":
+        optimizer: torch.optim.Optimizer = torch.optim.Adafactor(groups, lr=config.lr, foreach=True)
+    else:
+        optimizer = torch.optim.AdamW(
+            groups, lr=config.lr, betas=(config.beta1, config.beta2),
+            **({"fused": True} if device.type == "cuda" else {"foreach": True}),
+        )
     schedule = Schedule(config.schedule, config.warmup, total_steps, config.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 

@@ -376,6 +376,10 @@ def _run_end_to_end(common, tmp_path):
     assert inline.ok and inline.runner.startswith("inline/")
     assert inline.tokens == by["hf-pad"].tokens
     assert inline.final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
+    # --optimizer adafactor reaches both kinds of path (its state: tests/trainer/test_trainer_loop.py)
+    ada = {r.path: r for r in bt.main([*common, "--paths", "hf-flat-sdpa,packlm-minibatch", "--optimizer", "adafactor",
+                                       "--warmup", "0"])}
+    assert all(r.ok for r in ada.values()), [r.note for r in ada.values()]
 
 
 @pytest.mark.slow

@@ -455,3 +455,36 @@ def test_bf16_weights_refuses_ddp(packed: Path, tmp_path: Path, monkeypatch: pyt
     with pytest.raises(UserError, match="needs --parallel fsdp"):
         train(_config(packed, tmp_path / "run", dtype=BF16W))
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------- --optimizer adafactor
+
+
+def test_adafactor_keeps_factored_state_and_resumes_bitwise(packed: Path, tmp_path: Path) -> None:
+    """A matrix's optimizer state is one row and one column of statistics, not two full moments
+    (what lets a full fine-tune of a large model fit); a resumed run is the uninterrupted one."""
+    full = train(_config(packed, tmp_path / "full", optimizer="adafactor"))
+    train(_config(packed, tmp_path / "part", optimizer="adafactor", stop_at=3))
+    train(_config(packed, tmp_path / "part", optimizer="adafactor", resume="newest"))
+    assert _loss_curve(tmp_path / "full") == _loss_curve(tmp_path / "part")  # bitwise
+    losses = _loss_curve(tmp_path / "full")
+    assert losses[-1] < losses[0]
+    state = torch.load(Path(full["checkpoint"]) / "optimizer.pt", weights_only=True)["state"]
+    weights = ckpt.load_model_weights(Path(full["checkpoint"]))
+    up = weights["model.layers.0.mlp.up_proj.weight"]
+    shapes = [{k: tuple(v.shape) for k, v in s.items() if k != "step"} for s in state.values()]
+    assert {"row_var": (up.shape[0], 1), "col_var": (1, up.shape[1])} in shapes
+    assert not any("exp_avg" in s for s in shapes)  # AdamW's full-size moments
+    stored = sum(v.numel() for s in state.values() for k, v in s.items() if k != "step")
+    assert stored < sum(w.numel() for w in weights.values()) / 4
+
+
+def test_adafactor_refuses_fsdp(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import loop
+    from trainer.parallel import DistInfo
+
+    monkeypatch.setattr(loop, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+    with pytest.raises(UserError, match="adafactor is not supported with --parallel fsdp"):
+        train(_config(packed, tmp_path / "run", optimizer="adafactor", parallel="fsdp"))
+    with pytest.raises(UserError, match="unknown --optimizer"):
+        train(_config(packed, tmp_path / "run", optimizer="sgd"))
