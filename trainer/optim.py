@@ -3,9 +3,9 @@ cosine, linear or constant.
 
 `adamw` (the default) keeps two fp32 moments per parameter: with fp32 weights and gradients, 16
 bytes per parameter. `adafactor` (`torch.optim.Adafactor`) keeps no first moment and, for a matrix,
-only a row and a column of second-moment statistics: about 8 bytes per parameter in all, which is
-what lets a full fine-tune of an 8B model fit one GPU. Its `lr` caps a step relative to each
-weight's RMS; betas are AdamW's alone."""
+only a row and a column of second-moment statistics: about 8 bytes per parameter in all (for the
+llama-8b preset's 7.2B parameters, 58 GB instead of 116 GB, before activations). Its `lr` caps a
+step relative to each weight's RMS; betas are AdamW's alone."""
 
 from __future__ import annotations
 
