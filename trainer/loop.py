@@ -232,12 +232,8 @@ def start(config: TrainConfig) -> Run:
     seed_everything(config.seed + info.rank)
     dtype_name = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     bf16 = dtype_name != "fp32"  # bf16 or bf16-weights
-    if dtype_name == "bf16-weights" and info.enabled and config.parallel != "fsdp":
-        raise UserError("--dtype bf16-weights under torchrun needs --parallel fsdp (FSDP2 computes with "
-                        "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
-    if config.optimizer == "adafactor" and info.enabled and config.parallel == "fsdp":
-        raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
-                        "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
+    if info.enabled:
+        _refuse_under_torchrun(config, dtype_name)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
@@ -289,6 +285,16 @@ def start(config: TrainConfig) -> Run:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
         _announce(run, manifest, dtype_name, backend_why)
     return run
+
+
+def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
+    """One line for an option that does not combine with the data-parallel mode."""
+    if dtype_name == "bf16-weights" and config.parallel != "fsdp":
+        raise UserError("--dtype bf16-weights under torchrun needs --parallel fsdp (FSDP2 computes with "
+                        "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
+    if config.optimizer == "adafactor" and config.parallel == "fsdp":
+        raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
+                        "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
 
 
 def _eval_folder(config: TrainConfig, manifest: Manifest) -> Path | None:

@@ -56,7 +56,7 @@ class MasterWeights:
     @torch.no_grad()
     def publish(self) -> None:
         """Copy the (updated) masters into the model's bf16 weights."""
-        torch._foreach_copy_([p.data for p in self.model_params], [m.data for m in self.params])
+        torch._foreach_copy_(self.model_params, self.params)
 
     @contextlib.contextmanager
     def full_precision(self) -> Iterator[None]:

@@ -447,11 +447,17 @@ def test_bf16_weights_train_like_bf16_autocast(packed: Path, tmp_path: Path) -> 
     assert weights[-1] < weights[0]
 
 
-def test_bf16_weights_refuses_ddp(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """train() believes it runs under torchrun as rank 0 of 2 (it refuses before any collective)."""
     from trainer import loop
     from trainer.parallel import DistInfo
 
     monkeypatch.setattr(loop, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+
+
+@pytest.mark.usefixtures("as_rank_of_two")
+def test_bf16_weights_refuses_ddp(packed: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="needs --parallel fsdp"):
         train(_config(packed, tmp_path / "run", dtype=BF16W))
     assert not (tmp_path / "run").exists()
@@ -479,11 +485,8 @@ def test_adafactor_keeps_factored_state_and_resumes_bitwise(packed: Path, tmp_pa
     assert stored < sum(w.numel() for w in weights.values()) / 4
 
 
-def test_adafactor_refuses_fsdp(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainer import loop
-    from trainer.parallel import DistInfo
-
-    monkeypatch.setattr(loop, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+@pytest.mark.usefixtures("as_rank_of_two")
+def test_adafactor_refuses_fsdp(packed: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="adafactor is not supported with --parallel fsdp"):
         train(_config(packed, tmp_path / "run", optimizer="adafactor", parallel="fsdp"))
     with pytest.raises(UserError, match="unknown --optimizer"):
