@@ -736,6 +736,22 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
           f"{len(groups)} groups of {args.group} (mean {mean_tokens:.0f} tokens/group), "
           f"vocab {vocab_size}, packed runner {args.packed_runner}")
     results: list[PathResult] = []
+
+    def save(table: str, targets: list[str]) -> None:
+        """The JSON report so far: written after every path, so a run cut short keeps its results."""
+        if args.json:
+            write_json(args.json, {
+                "config": jsonable(args),
+                "machine": machine_summary(),
+                "device_name": device_name(device),
+                "torch": torch.__version__,
+                "mean_tokens_per_group": float(mean_tokens),
+                "results": [asdict(r) for r in results],
+                "table": table,
+                "targets": targets,
+                "wall_s": time.perf_counter() - t0,
+            })
+
     for path in args.paths:
         t_path = time.perf_counter()
         # each path compiles from scratch: compiled code of earlier paths (the same Llama classes)
@@ -757,6 +773,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
         if "profile" in res.extra:
             print(f"  {path} profile: {json.dumps(res.extra['profile'])}")
         results.append(res)
+        save(markdown_table(results), [])
     table = markdown_table(results)
     print()
     print(table)
@@ -764,18 +781,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     targets = target_lines(results)
     for line in targets:
         print(line)
-    if args.json:
-        write_json(args.json, {
-            "config": jsonable(args),
-            "machine": machine_summary(),
-            "device_name": device_name(device),
-            "torch": torch.__version__,
-            "mean_tokens_per_group": float(mean_tokens),
-            "results": [asdict(r) for r in results],
-            "table": table,
-            "targets": targets,
-            "wall_s": time.perf_counter() - t0,
-        })
+    save(table, targets)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     return results
 
