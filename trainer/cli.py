@@ -47,8 +47,9 @@ from trainer.config import OPTIMIZERS, REPORT_TO
                    "in the order flash_attn, torch (PyTorch's varlen kernel), flex, sdpa (reference).")
 @click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "bf16-weights", "fp32"]),
               help="bf16: autocast over fp32 weights. bf16-weights: the weights themselves in bf16 "
-                   "(fewer casts, a bf16 residual stream), fp32 master weights and gradients in the "
-                   "optimizer. fp32: no autocast. auto: bf16 on GPU, fp32 on CPU.")
+                   "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "
+                   "and AdamW (one fused update that also writes the bf16 weights; AdamW only). "
+                   "fp32: no autocast. auto: bf16 on GPU, fp32 on CPU.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile each decoder layer and each chunk of the loss (dynamic shapes). "
                    "Default: on for CUDA (faster than eager there: HISTORY.md), off on CPU.")

@@ -88,5 +88,8 @@ def validate(config: TrainConfig) -> None:
         raise UserError(f"unknown --dtype {config.dtype!r}: choose {', '.join(DTYPES)}")
     if config.optimizer not in OPTIMIZERS:
         raise UserError(f"unknown --optimizer {config.optimizer!r}: choose {', '.join(OPTIMIZERS)}")
+    if config.dtype == "bf16-weights" and config.optimizer != "adamw":
+        raise UserError(f"--dtype bf16-weights needs --optimizer adamw (its fp32 masters are updated by a "
+                        f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
     if config.resume and config.resume not in RESUME:
         raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

@@ -37,7 +37,7 @@ from trainer.loss import LossModule
 from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
-from trainer.precision import MasterWeights
+from trainer.precision import MasterAdamW
 from trainer.parallel import (
     DistInfo,
     full_model_state,
@@ -87,13 +87,14 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
                 masters=run.masters,
             )
-            grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+            if run.masters is not None:  # the clipping itself happens inside its step
+                grad_norm = run.masters.clip_grad_norm_(max_norm)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
             optimizer.step()
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             run.scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            if run.masters is not None:
-                run.masters.publish()
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])
@@ -136,7 +137,7 @@ def backward_window(
     autocast: Any = None,
     info: DistInfo | None = None,
     fsdp: bool = False,
-    masters: MasterWeights | None = None,
+    masters: MasterAdamW | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
     """Forward + backward over one accumulation window; gradients of the window's mean token loss.
 
@@ -145,8 +146,8 @@ def backward_window(
     the loss-token count of the whole window on all ranks, known before any forward pass; under
     torch.distributed it stays a device tensor (no host sync). Gradient sync happens only on the
     last micro-batch (DDP no_sync / FSDP set_requires_gradient_sync). With `masters` (--dtype
-    bf16-weights, one process) each micro-batch's bf16 gradients move into the fp32 masters right
-    after its backward, so they accumulate in fp32.
+    bf16-weights, one process) and several micro-batches, each one's bf16 gradients move into the
+    fp32 masters right after its backward, so they accumulate in fp32.
     """
     info = info or DistInfo()
     autocast = autocast if autocast is not None else contextlib.nullcontext()
@@ -177,7 +178,7 @@ def backward_window(
             with autocast:
                 loss_sum = module(batch)
             (loss_sum * scale).backward()
-        if masters is not None:
+        if masters is not None and len(micro) > 1:
             masters.collect_grads()
         loss_acc += loss_sum.detach().float()
     return loss_acc, counts, window_loss_tokens
@@ -195,7 +196,7 @@ class Run:
     fsdp: bool  # --parallel fsdp under torchrun
     device: torch.device
     autocast: Any  # bf16 autocast, or a null context for fp32
-    masters: MasterWeights | None  # --dtype bf16-weights (not under FSDP): the fp32 masters
+    masters: MasterAdamW | None  # --dtype bf16-weights (not under FSDP): the optimizer, with fp32 masters
     out: Path
     planner: Planner
     total_steps: int  # the schedule's length
@@ -209,7 +210,7 @@ class Run:
     model: transformers.PreTrainedModel  # plain, as save_pretrained writes it
     peft: Any  # with --lora-r: the PeftModel around `model` (checkpoints hold its adapter), else None
     wrapper: LossModule  # the model with the loss as its forward
-    params: list[torch.nn.Parameter]  # what the optimizer updates: trainable parameters, or their masters
+    params: list[torch.nn.Parameter]  # the trainable parameters (bf16 ones under --dtype bf16-weights)
     module: torch.nn.Module  # the wrapper as the step calls it: itself, or DDP around it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -257,12 +258,13 @@ def start(config: TrainConfig) -> Run:
                                                        fingerprint, stop_at, peft)
     fsdp = info.enabled and config.parallel == "fsdp"
     compiled = config.compile if config.compile is not None else device.type == "cuda"
+    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
+    params = [p for p in wrapper.parameters() if p.requires_grad]
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
     # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same there
-    masters = MasterWeights(model) if dtype_name == "bf16-weights" and not fsdp else None
-    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
-    params = masters.params if masters is not None else [p for p in wrapper.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(params, config, device, total_steps)
+    optimizer, scheduler = make_optimizer(params, config, device, total_steps,
+                                          master_weights=dtype_name == "bf16-weights" and not fsdp)
+    masters = optimizer if isinstance(optimizer, MasterAdamW) else None
     if resume_from is not None:
         load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
                             total_steps=total_steps, rank=info.rank, fsdp=fsdp)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trainer.config import TrainConfig
+from trainer.precision import MasterAdamW
 
 
 @dataclass
@@ -49,12 +50,17 @@ def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> l
 
 
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], config: TrainConfig, device: torch.device, total_steps: int
+    params: Iterable[torch.nn.Parameter], config: TrainConfig, device: torch.device, total_steps: int,
+    master_weights: bool = False,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """`config.optimizer` over `params` (AdamW fused on CUDA) and a LambdaLR that follows `Schedule`."""
+    """`config.optimizer` over `params` (AdamW fused on CUDA) and a LambdaLR that follows `Schedule`.
+    `master_weights` (--dtype bf16-weights on one process): `MasterAdamW`, which turns `params` into
+    bf16 and keeps their fp32 masters."""
     groups = param_groups(params, config.weight_decay)
-    if config.optimizer == "adafactor":
-        optimizer: torch.optim.Optimizer = torch.optim.Adafactor(groups, lr=config.lr, foreach=True)
+    if master_weights:
+        optimizer: torch.optim.Optimizer = MasterAdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
+    elif config.optimizer == "adafactor":
+        optimizer = torch.optim.Adafactor(groups, lr=config.lr, foreach=True)
     else:
         optimizer = torch.optim.AdamW(
             groups, lr=config.lr, betas=(config.beta1, config.beta2),

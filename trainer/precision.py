@@ -1,4 +1,4 @@
-"""`--dtype bf16-weights`: the model computes with bf16 weights, the optimizer updates fp32 masters.
+"""`--dtype bf16-weights`: the model computes with bf16 weights, AdamW updates fp32 masters.
 
 Under `--dtype bf16` (autocast) the weights stay fp32. Every matmul casts its weight to bf16 again,
 forward and backward, each bf16 weight gradient is cast back to add into an fp32 `.grad`, and the
@@ -7,44 +7,96 @@ are bf16 (buffers such as RoPE's inverse frequencies stay as they are), so the r
 bf16 too and those casts are gone. Precision is kept where it matters, as in Megatron's bf16
 training and FSDP2's `MixedPrecisionPolicy(param_dtype=bf16)`:
 
-- gradients: after each micro-batch's backward, `collect_grads` adds the bf16 gradients into fp32
-  gradients of the masters and drops them, so accumulation over micro-batches happens in fp32;
-- the update: the optimizer (and gradient clipping) works on the fp32 masters, and `publish` copies
-  them, rounded to bf16, back into the model;
+- gradients: with several micro-batches per step, `collect_grads` adds each one's bf16 gradients
+  into fp32 gradients of the masters right after its backward, so accumulation happens in fp32.
+  With one micro-batch the bf16 gradients are used as they are (every bf16 number is an fp32 one,
+  so that is the same gradient);
+- the update: `MasterAdamW.step` is AdamW on the fp32 masters, and it also writes each updated
+  master, rounded to bf16, into the model. On CUDA it is compiled, one call per parameter group:
+  a kernel per parameter reads the gradient, master and moments once and writes them once,
+  gradient clipping included (`clip_grad_norm_` only computes the coefficient), instead of
+  separate passes to clip, to step and to copy back;
 - checkpoints: `full_precision()` puts the masters into the model while it is saved, so a checkpoint
   (or a merged model) holds the fp32 weights, and a resumed run starts from them exactly.
 
 Example, one step (what `trainer.loop` does)::
 
-    masters = MasterWeights(model)          # model's trainable weights now bf16
-    optimizer = torch.optim.AdamW(masters.params)
-    loss = model(batch); loss.backward()    # bf16 gradients on the model
-    masters.collect_grads()                 # -> fp32 .grad on the masters, none left on the model
-    optimizer.step(); optimizer.zero_grad(); masters.publish()
+    optimizer = MasterAdamW(param_groups(model.parameters(), 0.1), lr=3e-4)  # model's weights now bf16
+    loss = model(batch); loss.backward()                       # bf16 gradients on the model
+    norm = optimizer.clip_grad_norm_(1.0)                      # fp32 norm; the scaling waits for step
+    optimizer.step()                                           # fp32 masters and bf16 weights updated
+    optimizer.zero_grad()
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 
-class MasterWeights:
-    """fp32 master copies of a model's trainable parameters, which become bf16 (see the module)."""
+def adamw_update(masters: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                 exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], weights: list[torch.Tensor],
+                 clip: torch.Tensor, hyper: torch.Tensor) -> None:
+    """One AdamW step (torch.optim.AdamW's arithmetic) of each fp32 master of one group, in place.
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model_params = [p for p in model.parameters() if p.requires_grad]
-        # clone: .float() of an fp32 tensor is the tensor itself
-        self.params = [torch.nn.Parameter(p.detach().float().clone()) for p in self.model_params]
-        for param in self.model_params:
-            param.data = param.data.to(torch.bfloat16)
+    Each gradient is bf16 or fp32 and is scaled by `clip` (the clipping coefficient, a 0-d tensor)
+    as it is read; each `weights` entry (the model's bf16 parameter) receives its new master.
+    `steps` are the masters' step counts and `hyper` the group's [lr, weight_decay, beta1, beta2,
+    eps], all on the masters' device, so neither a new learning rate nor a new step recompiles the
+    compiled form: one graph per group for a whole run, launched with one call per step.
+    """
+    lr, weight_decay, beta1, beta2, eps = hyper.unbind()
+    for master, grad, exp_avg, exp_avg_sq, step, weight in zip(masters, grads, exp_avgs, exp_avg_sqs,
+                                                               steps, weights):
+        step.add_(1)
+        g = grad.float() * clip
+        master.mul_(1 - lr * weight_decay)
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).add_(g * g * (1 - beta2))
+        denom = exp_avg_sq.sqrt() / (1 - beta2 ** step).sqrt() + eps
+        master.sub_(exp_avg / denom * (lr / (1 - beta1 ** step)))
+        weight.copy_(master)
+
+
+class MasterAdamW(torch.optim.Optimizer):
+    """AdamW over fp32 master copies of a model's trainable parameters, which become bf16 (see the
+    module). Its parameters (in `param_groups`) are the masters; its state per master
+    is AdamW's (`exp_avg`, `exp_avg_sq`, `step`, the latter on the device like AdamW's capturable
+    mode), so it saves and resumes through the usual `state_dict`."""
+
+    def __init__(self, groups: list[dict[str, Any]], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        """`groups`: parameter groups of the model's trainable parameters (each with its
+        `weight_decay`); those parameters become bf16, and the groups hold their fp32 masters."""
+        self.weight_of: dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # master -> model's parameter
+        master_groups = []
+        for group in groups:
+            masters = []
+            for param in group["params"]:
+                # clone: .float() of an fp32 tensor is the tensor itself
+                master = torch.nn.Parameter(param.detach().float().clone())
+                param.data = param.data.to(torch.bfloat16)
+                self.weight_of[master] = param
+                masters.append(master)
+            master_groups.append({**group, "params": masters})
+        super().__init__(master_groups, {"lr": lr, "betas": betas, "eps": eps, "capturable": True})
+        self._clip: torch.Tensor | None = None
+        self._update: Callable[..., None] = adamw_update
+        if any(master.is_cuda for master in self.weight_of):
+            # static shapes: each step calls it with the same tensors (a kernel per distinct shape)
+            self._update = torch.compile(adamw_update, dynamic=False, fullgraph=True)
+
+    def _grad(self, master: torch.Tensor) -> torch.Tensor | None:
+        """The step's gradient of `master`: collected in fp32, or the model's bf16 one."""
+        return master.grad if master.grad is not None else self.weight_of[master].grad
 
     @torch.no_grad()
     def collect_grads(self) -> None:
         """Add the model's bf16 gradients into the masters' fp32 gradients and drop them."""
-        for param, master in zip(self.model_params, self.params):
+        for master, param in self.weight_of.items():
             if param.grad is None:
                 continue
             if master.grad is None:
@@ -54,18 +106,56 @@ class MasterWeights:
             param.grad = None
 
     @torch.no_grad()
-    def publish(self) -> None:
-        """Copy the (updated) masters into the model's bf16 weights."""
-        torch._foreach_copy_(self.model_params, self.params)
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """The gradients' total L2 norm (computed in fp32), as `torch.nn.utils.clip_grad_norm_`
+        returns it; the scaling by min(1, max_norm / (norm + 1e-6)) happens inside `step`."""
+        grads = [g for g in map(self._grad, self.weight_of) if g is not None]
+        if not grads:
+            self._clip = None
+            return torch.zeros(())
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)))
+        self._clip = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        return norm
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        """AdamW on every master with a gradient; the model's bf16 weights follow."""
+        for group in self.param_groups:
+            live = [m for m in group["params"] if self._grad(m) is not None]
+            if not live:
+                continue
+            device = live[0].device
+            beta1, beta2 = group["betas"]
+            values = [group["lr"], group["weight_decay"], beta1, beta2, group["eps"]]
+            hyper = torch.tensor(values, dtype=torch.float32)
+            hyper = hyper.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else hyper
+            clip = self._clip if self._clip is not None else torch.ones((), device=device)
+            for master in live:
+                state = self.state[master]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+                    state["exp_avg"] = torch.zeros_like(master)
+                    state["exp_avg_sq"] = torch.zeros_like(master)
+            states = [self.state[master] for master in live]
+            self._update([m.detach() for m in live], [self._grad(m) for m in live],
+                         [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                         [s["step"] for s in states], [self.weight_of[m].detach() for m in live], clip, hyper)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the step's gradients: the masters' fp32 ones and the model's bf16 ones."""
+        for master, param in self.weight_of.items():
+            master.grad = None
+            param.grad = None
+        self._clip = None
 
     @contextlib.contextmanager
     def full_precision(self) -> Iterator[None]:
         """The model holds the fp32 masters meanwhile (to save it); its bf16 weights come back after."""
-        compute = [p.data for p in self.model_params]
-        for param, master in zip(self.model_params, self.params):
+        compute = {param: param.data for param in self.weight_of.values()}
+        for master, param in self.weight_of.items():
             param.data = master.data
         try:
             yield
         finally:
-            for param, data in zip(self.model_params, compute):
+            for param, data in compute.items():
                 param.data = data

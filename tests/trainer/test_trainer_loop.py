@@ -27,7 +27,8 @@ from trainer.loop import backward_window  # noqa: E402
 from trainer.loss import LossModule  # noqa: E402
 from trainer.optim import Schedule  # noqa: E402
 from trainer.model import build_model  # noqa: E402
-from trainer.precision import MasterWeights  # noqa: E402
+from trainer.optim import param_groups  # noqa: E402
+from trainer.precision import MasterAdamW, adamw_update  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -386,12 +387,12 @@ def _loss_curve(run: Path) -> list[float]:
 def test_masters_hold_fp32_and_gradients_accumulate_in_fp32(packed: Path) -> None:
     model, _ = build_model("tiny", seed=1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    masters = MasterWeights(model)
+    masters = MasterAdamW([{"params": list(model.parameters()), "weight_decay": 0.0}])
     buffers = {b.dtype for b in model.buffers()}
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert buffers == {torch.float32}  # RoPE's inverse frequencies keep their precision
-    assert all(m.dtype == torch.float32 for m in masters.params)
-    assert all(torch.equal(m, before[n]) for m, (n, _) in zip(masters.params, model.named_parameters()))
+    assert all(m.dtype == torch.float32 for m in masters.weight_of)
+    assert all(torch.equal(m, before[n]) for m, (n, _) in zip(masters.weight_of, model.named_parameters()))
 
     reader = ShardReader(packed, read_manifest(packed))
     micro = [reader.microbatch(np.array([i])) for i in range(3)]
@@ -399,7 +400,7 @@ def test_masters_hold_fp32_and_gradients_accumulate_in_fp32(packed: Path) -> Non
     bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
     backward_window(module, micro, device=torch.device("cpu"), autocast=bf16, masters=masters)
     assert all(p.grad is None for p in model.parameters())  # moved into the masters
-    fp32_sum = torch.cat([m.grad.flatten() for m in masters.params])
+    fp32_sum = torch.cat([m.grad.flatten() for m in masters.weight_of])
     assert fp32_sum.dtype == torch.float32
 
     # each micro-batch's bf16 gradient of its loss over the window's loss tokens, added in fp32
@@ -416,11 +417,84 @@ def test_masters_hold_fp32_and_gradients_accumulate_in_fp32(packed: Path) -> Non
     backward_window(module, micro, device=torch.device("cpu"), autocast=bf16)
     bf16_sum = torch.cat([p.grad.flatten().float() for p in model.parameters()])
     assert not torch.equal(bf16_sum, fp32_sum)
+    # one micro-batch: its bf16 gradients stay on the model, and the step reads them as they are
+    masters.zero_grad()
+    backward_window(module, micro[:1], device=torch.device("cpu"), autocast=bf16, masters=masters)
+    assert all(m.grad is None for m in masters.weight_of)
+    assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())
 
-    masters.params[0].data.add_(1.0)
-    masters.publish()
-    first = next(model.parameters())
-    assert first.dtype == torch.bfloat16 and torch.equal(first, masters.params[0].to(torch.bfloat16))
+
+def _in_groups(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _reference_and_masters(seed: int) -> tuple[torch.nn.Module, torch.nn.Module, MasterAdamW, torch.optim.AdamW]:
+    """Two copies of one fp32 model: one under torch.optim.AdamW, one under MasterAdamW (so bf16)."""
+    reference, _ = build_model("tiny", seed=seed)
+    model, _ = build_model("tiny", seed=seed)
+    kw = dict(lr=1e-2, betas=(0.9, 0.95))
+    torch_adamw = torch.optim.AdamW(param_groups(reference.parameters(), 0.1), foreach=False, **kw)
+    return reference, model, MasterAdamW(param_groups(model.parameters(), 0.1), **kw), torch_adamw
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, float("inf")])  # clipping every step, and never
+def test_master_adamw_steps_like_torch_adamw_with_clipping(max_norm: float) -> None:
+    """The fused update (clip, AdamW, write the bf16 weight) equals clip_grad_norm_ + torch AdamW
+    on fp32 weights given the same gradients, and the model's weights are the masters in bf16."""
+    reference, model, masters, torch_adamw = _reference_and_masters(seed=3)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(4):
+        for group in (*masters.param_groups, *torch_adamw.param_groups):
+            group["lr"] = 1e-2 * (step + 1) / 4  # a schedule: the rate changes every step
+        for ref, param in zip(reference.parameters(), model.parameters()):
+            grad = torch.randn(param.shape, generator=generator).to(torch.bfloat16)
+            param.grad, ref.grad = grad, grad.float()  # a bf16 gradient is exactly an fp32 one
+        norm = masters.clip_grad_norm_(max_norm)
+        torch.testing.assert_close(norm, torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm))
+        masters.step()
+        torch_adamw.step()
+        masters.zero_grad()
+        torch_adamw.zero_grad()
+    for master, ref in zip(_in_groups(masters), _in_groups(torch_adamw)):
+        torch.testing.assert_close(master, ref, rtol=1e-6, atol=1e-7)
+        assert torch.equal(masters.weight_of[master], master.to(torch.bfloat16))
+
+
+def test_master_adamw_without_clipping_control() -> None:
+    """Negative control for the test above: with clipping skipped (coefficient 1) on one side only,
+    the masters leave torch AdamW's tolerance."""
+    reference, model, masters, torch_adamw = _reference_and_masters(seed=3)
+    for ref, param in zip(reference.parameters(), model.parameters()):
+        grad = torch.ones(param.shape, dtype=torch.bfloat16)
+        param.grad, ref.grad = grad, grad.float()
+    masters.clip_grad_norm_(float("inf"))
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e-3)
+    masters.step()
+    torch_adamw.step()
+    master, ref = _in_groups(masters)[0], _in_groups(torch_adamw)[0]
+    assert not torch.allclose(master, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_master_adamw_compiles_its_update_once() -> None:
+    """The compiled update takes the learning rate, step and clip coefficient as tensors: one graph
+    per parameter group (matrices with weight decay, vectors without) for a whole run, whatever the
+    schedule."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    reference, model, masters, _ = _reference_and_masters(seed=4)
+    masters._update = torch.compile(adamw_update, backend=counter, dynamic=False, fullgraph=True)
+    for step in range(3):
+        for group in masters.param_groups:
+            group["lr"] = 1e-3 * (step + 1)
+        for param in model.parameters():
+            param.grad = torch.randn(param.shape).to(torch.bfloat16)
+        masters.clip_grad_norm_(1.0)
+        masters.step()
+        masters.zero_grad()
+    assert counter.frame_count == len(masters.param_groups) == 2
+    assert all(int(s["step"]) == 3 for s in masters.state.values())
 
 
 def test_checkpoints_hold_the_fp32_masters_and_resume_bitwise(packed: Path, tmp_path: Path) -> None:
@@ -491,3 +565,12 @@ def test_adafactor_refuses_fsdp(packed: Path, tmp_path: Path) -> None:
         train(_config(packed, tmp_path / "run", optimizer="adafactor", parallel="fsdp"))
     with pytest.raises(UserError, match="unknown --optimizer"):
         train(_config(packed, tmp_path / "run", optimizer="sgd"))
+
+
+def test_adafactor_refuses_bf16_weights(packed: Path, tmp_path: Path) -> None:
+    """bf16-weights' masters are updated by its fused AdamW: with Adafactor it says so, before any
+    file is written (and --dtype bf16 with Adafactor trains)."""
+    with pytest.raises(UserError, match="bf16-weights needs --optimizer adamw"):
+        train(_config(packed, tmp_path / "run", optimizer="adafactor", dtype=BF16W))
+    assert not (tmp_path / "run").exists()
+    assert train(_config(packed, tmp_path / "ok", optimizer="adafactor", dtype="bf16", max_steps=1))["steps"] == 1
