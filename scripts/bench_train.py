@@ -278,10 +278,19 @@ def timed_loop(
     return res, (np.concatenate(lens) if lens else np.zeros(0, np.int64))
 
 
-# GPU kernels by kind, matched in order on the lower-cased kernel name
-KERNEL_KINDS = (("attention", ("flash", "fmha", "flex", "attention")), ("optimizer", ("adam", "foreach", "multi_tensor")),
+# GPU kernels by kind, matched in order on the lower-cased kernel name. Inductor names a kernel after
+# its operations: the compiled AdamW update of --dtype bf16-weights (trainer.precision) holds "lerp"
+# (AdamW's first moment; nothing else in these models lerps), and "_to_copy" too.
+KERNEL_KINDS = (("attention", ("flash", "fmha", "flex", "attention")),
+                ("optimizer", ("adam", "foreach", "multi_tensor", "lerp")),
                 ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "wgmma")),
                 ("cross-entropy", ("cross_entropy", "log_softmax", "nll_loss")), ("copy/cast", ("copy", "cast", "to_copy")))
+
+
+def kernel_kind(name: str) -> str:
+    """The KERNEL_KINDS kind of a GPU kernel's name, else "other" (fused elementwise work, norms)."""
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(key in low for key in keys)), "other")
 
 
 def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) -> dict[str, Any]:
@@ -297,8 +306,7 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
     kinds: dict[str, float] = {}
     names: dict[str, float] = {}
     for e in events:
-        low = e.name.lower()
-        kind = next((k for k, keys in KERNEL_KINDS if any(key in low for key in keys)), "other")
+        kind = kernel_kind(e.name)
         kinds[kind] = kinds.get(kind, 0.0) + e.device_time / 1000.0
         names[e.name[:80]] = names.get(e.name[:80], 0.0) + e.device_time / 1000.0
     busy = sum(kinds.values())

@@ -63,6 +63,19 @@ def test_attention_flops_formula():
     assert bt.dense_flops(100, 10) == 6000
 
 
+def test_profile_kernel_kinds_from_names_seen_on_an_h100():
+    """Names from the H100 profiles in docs/results (flash-attn, cuBLAS's nvjet, torch's fused AdamW,
+    Inductor's fused kernels): the compiled AdamW update of bf16-weights is the optimizer although
+    its name holds _to_copy."""
+    kind = bt.kernel_kind
+    assert kind("triton_poi_fused__to_copy_add_copy_copy__div_lerp_mul_pow_rsub_sqrt_sub_unbind_2") == "optimizer"
+    assert kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(a") == "optimizer"
+    assert kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT") == "matmul"
+    assert kind("void flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits") == "attention"
+    assert kind("triton_per_fused__to_copy__unsafe_view_add_div_expand_mul_pow_sum_view_3") == "copy/cast"
+    assert kind("triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_0") == "other"
+
+
 def test_finish_result_rates():
     res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, seconds=2.0, data_wait_s=0.02)
     bt.finish_result(res, n_params=1_000_000_000, attn_flops=6e15, peak_tflops=989.0)
