@@ -123,16 +123,18 @@ def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path,
         assert not torch.allclose(fresh(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)  # it trained
 
 
-def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path):
+@pytest.mark.parametrize("dtype", ["auto", "bf16-weights"])  # bf16-weights: the adapters' fp32 masters
+def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtype: str):
     from safetensors.torch import load_file
 
-    held = dict(eval_data=str(packed), eval_every=1)  # any packed folder evaluates; here the training one
+    held = dict(eval_data=str(packed), eval_every=1, dtype=dtype)  # any packed folder evaluates; here the training one
     full = train(_config(packed, tmp_path / "full", **held))
     train(_config(packed, tmp_path / "part", stop_at=2, **held))
     rest = train(_config(packed, tmp_path / "part", resume="newest", **held))
     a = load_file(str(Path(full["checkpoint"]) / "model" / "adapter_model.safetensors"))
     b = load_file(str(Path(rest["checkpoint"]) / "model" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert {v.dtype for v in a.values()} == {torch.float32}  # with bf16-weights too: the masters are saved
     lines = lambda run: [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     losses = lambda run, key: [r[key] for r in lines(run) if key in r]  # noqa: E731
     assert losses(tmp_path / "full", "loss") == losses(tmp_path / "part", "loss")
