@@ -90,7 +90,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             if run.masters is not None:  # the clipping itself happens inside its step
                 grad_norm = run.masters.clip_grad_norm_(max_norm)
             else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(run.params, max_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(run.wrapper.parameters(), max_norm)
             optimizer.step()
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             run.scheduler.step()
@@ -209,8 +209,7 @@ class Run:
     tokenizer: Any
     model: transformers.PreTrainedModel  # plain, as save_pretrained writes it
     peft: Any  # with --lora-r: the PeftModel around `model` (checkpoints hold its adapter), else None
-    wrapper: LossModule  # the model with the loss as its forward
-    params: list[torch.nn.Parameter]  # the trainable parameters (bf16 ones under --dtype bf16-weights)
+    wrapper: LossModule  # the model with the loss as its forward (what the optimizer updates)
     module: torch.nn.Module  # the wrapper as the step calls it: itself, or DDP around it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -259,10 +258,9 @@ def start(config: TrainConfig) -> Run:
     fsdp = info.enabled and config.parallel == "fsdp"
     compiled = config.compile if config.compile is not None else device.type == "cuda"
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
-    params = [p for p in wrapper.parameters() if p.requires_grad]
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
     # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same there
-    optimizer, scheduler = make_optimizer(params, config, device, total_steps,
+    optimizer, scheduler = make_optimizer(wrapper.parameters(), config, device, total_steps,
                                           master_weights=dtype_name == "bf16-weights" and not fsdp)
     masters = optimizer if isinstance(optimizer, MasterAdamW) else None
     if resume_from is not None:
@@ -280,8 +278,8 @@ def start(config: TrainConfig) -> Run:
     run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
               out=Path(config.out), planner=planner, total_steps=total_steps, stop_at=stop_at,
               start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
-              hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, params=params,
-              module=module, optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
+              hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
+              optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
               backend=backend, compiled=compiled, n_params=n_params)
     if info.rank == 0:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)

@@ -121,25 +121,26 @@ class MasterAdamW(torch.optim.Optimizer):
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         """AdamW on every master with a gradient; the model's bf16 weights follow."""
         for group in self.param_groups:
-            live = [m for m in group["params"] if self._grad(m) is not None]
+            live = [(m, g) for m in group["params"] if (g := self._grad(m)) is not None]
             if not live:
                 continue
-            device = live[0].device
+            device = live[0][0].device
             beta1, beta2 = group["betas"]
             values = [group["lr"], group["weight_decay"], beta1, beta2, group["eps"]]
             hyper = torch.tensor(values, dtype=torch.float32)
             hyper = hyper.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else hyper
             clip = self._clip if self._clip is not None else torch.ones((), device=device)
-            for master in live:
+            states = []
+            for master, _ in live:
                 state = self.state[master]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32, device=device)
                     state["exp_avg"] = torch.zeros_like(master)
                     state["exp_avg_sq"] = torch.zeros_like(master)
-            states = [self.state[master] for master in live]
-            self._update([m.detach() for m in live], [self._grad(m) for m in live],
+                states.append(state)
+            self._update([m.detach() for m, _ in live], [g for _, g in live],
                          [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                         [s["step"] for s in states], [self.weight_of[m].detach() for m in live], clip, hyper)
+                         [s["step"] for s in states], [self.weight_of[m].detach() for m, _ in live], clip, hyper)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the step's gradients: the masters' fp32 ones and the model's bf16 ones."""
