@@ -227,11 +227,12 @@ class Batch:
 def timed_loop(
     batches: Iterator[Callable[[], Batch]],
     step: Callable[[Any], torch.Tensor],
-    *, warmup: int, steps: int, device: torch.device, profile_steps: int = 0,
+    *, warmup: int, steps: int, device: torch.device, profile_steps: int = 0, trace: Path | None = None,
 ) -> tuple[PathResult, np.ndarray]:
     """Run `warmup` untimed then `steps` timed steps; returns raw counts and all timed seq_lens.
     With `profile_steps`, that many more steps run under torch.profiler afterwards (not timed) and
-    `res.extra["profile"]` gets where their GPU time went (`profile_summary`).
+    `res.extra["profile"]` gets where their GPU time went (`profile_summary`); with `trace`, their
+    Chrome trace is written there too.
 
     Each item of `batches` is a thunk doing the host preparation + H2D copy of one step; the time spent
     in it is the data wait. CUDA is synchronised only at the edges of the timed region, so the host
@@ -270,11 +271,13 @@ def timed_loop(
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, with_stack=trace is not None) as prof:
             for _ in range(profile_steps):
                 step(next(batches)().payload)
             sync(device)
         res.extra["profile"] = profile_summary(prof, profile_steps, device)
+        if trace is not None:
+            prof.export_chrome_trace(str(trace))
     return res, (np.concatenate(lens) if lens else np.zeros(0, np.int64))
 
 
@@ -302,7 +305,7 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
               and (device.type != "cuda" or e.device_time > 0)
               and not getattr(e, "is_user_annotation", False) and "#" not in e.name]
     if device.type != "cuda":
-        return {"note": "kernel times are measured on CUDA only"}
+        return {"note": "kernel times are measured on CUDA only", **host_summary(prof, steps)}
     kinds: dict[str, float] = {}
     names: dict[str, float] = {}
     for e in events:
@@ -315,8 +318,74 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
     return {
         "busy_ms_per_step": busy / steps, "wall_ms_per_step": wall / steps,
         "gpu_idle_share": 1 - busy / wall if wall else None,
+        "kernels_per_step": len(events) / steps,
         "ms_per_step_by_kind": {k: v / steps for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top_kernels_ms_per_step": {k: v / steps for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:top]},
+        **gap_summary([(e.time_range.start, e.time_range.end, e.name) for e in events], steps),
+        **host_summary(prof, steps),
+    }
+
+
+# host calls that may wait for the GPU (the two aten ones only when their tensor is on it): where a
+# step waits, the GPU's queue runs dry behind the host
+HOST_WAITS = ("aten::_local_scalar_dense", "aten::is_nonzero", "cudaStreamSynchronize",
+              "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def host_summary(prof: Any, steps: int, top: int = 15) -> dict[str, Any]:
+    """The host side of the profiled steps: the operators with the most self CPU time per step, and
+    every call that waits for the GPU (HOST_WAITS) with the innermost Python frames outside torch
+    that made it (found only where the profiler ran with_stack, as it does with --profile-trace:
+    frames are then parents of the operator events; else "?")."""
+    averages = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)
+    waits: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type.name == "CPU" and e.name in HOST_WAITS:
+            frames, parent = [], e.cpu_parent
+            while parent is not None and len(frames) < 3:  # with_stack: Python frames are parents
+                if ".py(" in parent.name and "torch/" not in parent.name:
+                    frames.append(parent.name)
+                parent = parent.cpu_parent
+            key = f"{e.name} <- {' <- '.join(frames) or '?'}"
+            waits[key] = waits.get(key, 0.0) + 1 / steps
+    return {
+        "top_host_ops_self_ms_per_step": {a.key[:80]: a.self_cpu_time_total / 1000.0 / steps
+                                          for a in averages[:top]},
+        "host_waits_per_step": dict(sorted(waits.items(), key=lambda kv: -kv[1])),
+    }
+
+
+GAP_BUCKETS_US = (5.0, 20.0, 100.0, 1000.0)  # upper edges; the last bucket is open
+
+
+def gap_summary(kernels: Sequence[tuple[float, float, str]], steps: int, top: int = 8) -> dict[str, Any]:
+    """Where the GPU sat idle: the gaps between kernels (start, end in us, name), per step by
+    length bucket, and the longest gaps with the kernels on either side.
+
+    >>> g = gap_summary([(0, 10, "a"), (12, 20, "b"), (520, 530, "c")], steps=1, top=1)
+    >>> g["idle_ms_per_step_by_gap"], g["gaps_per_step"]["<5us"], g["longest_gaps"][0]["after"]
+    ({'<5us': 0.002, '5-20us': 0.0, '20-100us': 0.0, '100-1000us': 0.5, '>=1000us': 0.0}, 1.0, 'b')
+    """
+    edges = (0.0, *GAP_BUCKETS_US)
+    labels = [f"<{GAP_BUCKETS_US[0]:g}us"] + [f"{a:g}-{b:g}us" for a, b in zip(edges[1:], edges[2:])] \
+        + [f">={GAP_BUCKETS_US[-1]:g}us"]
+    idle, count = dict.fromkeys(labels, 0.0), dict.fromkeys(labels, 0.0)
+    gaps: list[tuple[float, str, str]] = []
+    ordered = sorted(kernels)
+    reach = ordered[0][1] if ordered else 0.0  # the latest end so far (kernels may overlap)
+    for (_, _, before), (start, end, after) in zip(ordered, ordered[1:]):
+        if start > reach:
+            gap = start - reach
+            label = labels[int(np.searchsorted(GAP_BUCKETS_US, gap, side="right"))]
+            idle[label] += gap / 1000.0 / steps
+            count[label] += 1 / steps
+            gaps.append((gap, before[:80], after[:80]))
+        reach = max(reach, end)
+    gaps.sort(reverse=True)
+    return {
+        "idle_ms_per_step_by_gap": {k: round(v, 4) for k, v in idle.items()},
+        "gaps_per_step": count,
+        "longest_gaps": [{"us": round(g, 1), "after": b, "before": a} for g, b, a in gaps[:top]],
     }
 
 
@@ -443,7 +512,8 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
                          device=s.device)
     try:
         res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
-                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps)
+                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,
+                               trace=trace_path(a, path))
     finally:
         del model, opt
         free_memory(s.device)
@@ -491,7 +561,8 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
     try:
         res, lens = timed_loop(packed_batches(packed_step_rows(path, s), s.device),
                                packed_step_fn(model, opt, s.device, a.dtype, a.compile),
-                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps)
+                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,
+                               trace=trace_path(a, path))
     finally:
         del model, opt
         free_memory(s.device)
@@ -541,6 +612,51 @@ def no_checkpoint_writes() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def profiled_steps(first: int, count: int, device: torch.device, out: dict[str, Any],
+                   trace: Path | None = None) -> Iterator[None]:
+    """Profile pack-train's steps first+1..first+count (torch.profiler, started and stopped from
+    `trainer.metrics.Meter.step`, which the loop calls once per step after its optimizer step);
+    `out["profile"]` gets `profile_summary` of them, and `trace` (if given) their Chrome trace.
+    With count 0 it does nothing."""
+    from unittest import mock
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer.metrics import Meter
+
+    if not count:
+        yield
+        return
+    original, done = Meter.step, [0]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=activities, with_stack=trace is not None)  # stacks slow the host down
+
+    def step(meter: Meter, *args: Any, **kwargs: Any) -> None:
+        original(meter, *args, **kwargs)
+        done[0] += 1
+        if done[0] == first:
+            sync(device)
+            prof.start()
+        elif done[0] == first + count:
+            sync(device)
+            prof.stop()
+
+    with mock.patch.object(Meter, "step", step):
+        yield
+    out["profile"] = profile_summary(prof, count, device)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+
+
+def trace_path(a: argparse.Namespace, path: str) -> Path | None:
+    """Where --profile-trace puts the Chrome trace of `path`'s profiled steps (gzipped), if asked."""
+    if not (a.profile_trace and a.profile_steps):
+        return None
+    Path(a.profile_trace).mkdir(parents=True, exist_ok=True)
+    return Path(a.profile_trace) / f"{path.replace('+', '_')}.json.gz"
+
+
 def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     """A packlm path through the product's own loop (`trainer.loop.train`, what `pack-train` runs),
     read back from its metrics.jsonl. Steps 1..W are warmup; the timed region is W+1..W+S."""
@@ -554,23 +670,31 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     tokens_per_step = a.max_len if base == "packlm-minibatch" else a.ffd_tokens
     run_dir = Path(tempfile.mkdtemp(prefix=f"{path}-", dir=a.workdir))
     log_every = a.warmup if a.warmup > 0 else a.steps
+    if a.profile_steps and (a.warmup + a.steps) % log_every:
+        raise ValueError("--profile-steps with pack-train paths: --steps must be a multiple of "
+                         "--warmup (the timed region then ends on a metrics line)")
     config = TrainConfig(
         data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
-        grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps,
-        attn=a.attn, dtype="bf16-weights" if "bf16-weights" in tunings else a.dtype, compile=a.compile, seed=a.seed, log_every=log_every,
+        grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps + a.profile_steps,
+        attn=a.attn, dtype="bf16-weights" if "bf16-weights" in tunings else a.dtype, compile=a.compile,
+        seed=a.seed, log_every=log_every,
         lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing, optimizer=a.optimizer,
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
     reset_cuda_peak(s.device)
+    profiled: dict[str, Any] = {}
     try:
-        with no_checkpoint_writes():
+        with no_checkpoint_writes(), profiled_steps(a.warmup + a.steps, a.profile_steps, s.device, profiled,
+                                                         trace_path(a, path)):
             summary = train(config)
     finally:
         free_memory(s.device)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
+    records = [rec for rec in records if rec["step"] <= a.warmup + a.steps]  # not the profiled ones
     res = PathResult(path=path, runner=f"pack-train/{summary.get('attention')}")
+    res.extra.update(profiled)
     prev_step, prev_tokens = 0, 0
     for rec in records:
         n = rec["step"] - prev_step
@@ -691,8 +815,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="activation checkpointing of every decoder layer on every path")
     p.add_argument("--profile-steps", type=int, default=0,
-                   help="HF and inline packlm paths: profile this many more steps (torch.profiler) and "
-                        "report GPU time by kernel kind, top kernels and idle share")
+                   help="profile this many more steps of each path after its timed ones (torch.profiler) "
+                        "and report GPU time by kernel kind, top kernels, GPU idle time by gap length "
+                        "with the longest gaps, and the host's busiest operators and waits for the GPU")
+    p.add_argument("--profile-trace", default=None, metavar="DIR",
+                   help="with --profile-steps: also record Python stacks (which slows the host down) and "
+                        "write each path's Chrome trace of those steps into DIR as PATH.json.gz, '+' "
+                        "written '_' (for chrome://tracing or Perfetto)")
     p.add_argument("--pack-procs", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
                    help="pack-data --num-proc")
     p.add_argument("--num-workers", type=int, default=2, help="pack-train DataLoader workers")

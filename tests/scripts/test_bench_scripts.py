@@ -76,6 +76,19 @@ def test_profile_kernel_kinds_from_names_seen_on_an_h100():
     assert kind("triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_0") == "other"
 
 
+def test_gap_summary_buckets_idle_time_between_kernels():
+    """Overlapping kernels leave no gap; each gap lands in one bucket, per step; the longest gaps
+    name the kernels around them."""
+    kernels = [(0, 10, "a"), (5, 30, "b"), (31, 40, "c"), (70, 80, "d"), (2080, 2090, "e")]
+    g = bt.gap_summary(kernels, steps=2, top=2)
+    assert g["gaps_per_step"] == {"<5us": 0.5, "5-20us": 0.0, "20-100us": 0.5, "100-1000us": 0.0,
+                                  ">=1000us": 0.5}
+    assert g["idle_ms_per_step_by_gap"]["<5us"] == pytest.approx(0.001 / 2)
+    assert g["idle_ms_per_step_by_gap"][">=1000us"] == pytest.approx(2.0 / 2)
+    assert g["longest_gaps"] == [{"us": 2000.0, "after": "d", "before": "e"},
+                                 {"us": 30.0, "after": "c", "before": "d"}]
+
+
 def test_finish_result_rates():
     res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, seconds=2.0, data_wait_s=0.02)
     bt.finish_result(res, n_params=1_000_000_000, attn_flops=6e15, peak_tflops=989.0)
@@ -389,6 +402,15 @@ def _run_end_to_end(common, tmp_path):
     assert inline.ok and inline.runner.startswith("inline/")
     assert inline.tokens == by["hf-pad"].tokens
     assert inline.final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
+    # --profile-steps on a pack-train path profiles steps after the timed ones, which stay as they were
+    profiled = bt.main([*common, "--paths", "packlm-ffd", "--profile-steps", "1",
+                        "--profile-trace", str(tmp_path / "traces")])[0]
+    assert profiled.ok and profiled.tokens == by["packlm-ffd"].tokens and profiled.steps == 1
+    assert profiled.extra["profile"]["note"] == "kernel times are measured on CUDA only"
+    assert profiled.extra["profile"]["top_host_ops_self_ms_per_step"]  # the host side is profiled on CPU too
+    import gzip
+    trace = json.loads(gzip.decompress((tmp_path / "traces" / "packlm-ffd.json.gz").read_bytes()))
+    assert trace["traceEvents"]
     # --optimizer adafactor reaches both kinds of path (its state: tests/trainer/test_trainer_loop.py)
     ada = {r.path: r for r in bt.main([*common, "--paths", "hf-flat-sdpa,packlm-minibatch", "--optimizer", "adafactor",
                                        "--warmup", "0"])}
