@@ -268,17 +268,28 @@ def timed_loop(
     res.steps = steps
     res.final_loss = float(losses[-1]) if losses else None
     if profile_steps:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities, with_stack=trace is not None) as prof:
+        with new_profiler(device, trace) as prof:
             for _ in range(profile_steps):
                 step(next(batches)().payload)
             sync(device)
-        res.extra["profile"] = profile_summary(prof, profile_steps, device)
-        if trace is not None:
-            prof.export_chrome_trace(str(trace))
+        res.extra["profile"] = finish_profile(prof, profile_steps, device, trace)
     return res, (np.concatenate(lens) if lens else np.zeros(0, np.int64))
+
+
+def new_profiler(device: torch.device, trace: Path | None) -> Any:
+    """A torch.profiler of the host and, on CUDA, the GPU; with Python stacks only when a `trace`
+    is asked for (stacks slow the host down)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=activities, with_stack=trace is not None)
+
+
+def finish_profile(prof: Any, steps: int, device: torch.device, trace: Path | None) -> dict[str, Any]:
+    """`profile_summary` of a stopped profiler's `steps` steps; its Chrome trace to `trace` if given."""
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    return profile_summary(prof, steps, device)
 
 
 # GPU kernels by kind, matched in order on the lower-cased kernel name. Inductor names a kernel after
@@ -355,7 +366,9 @@ def host_summary(prof: Any, steps: int, top: int = 15) -> dict[str, Any]:
     }
 
 
-GAP_BUCKETS_US = (5.0, 20.0, 100.0, 1000.0)  # upper edges; the last bucket is open
+# (name, upper edge in us) of each bucket of gap lengths
+GAP_BUCKETS = (("<5us", 5.0), ("5-20us", 20.0), ("20-100us", 100.0), ("100-1000us", 1000.0),
+               (">=1000us", float("inf")))
 
 
 def gap_summary(kernels: Sequence[tuple[float, float, str]], steps: int, top: int = 8) -> dict[str, Any]:
@@ -366,9 +379,7 @@ def gap_summary(kernels: Sequence[tuple[float, float, str]], steps: int, top: in
     >>> g["idle_ms_per_step_by_gap"], g["gaps_per_step"]["<5us"], g["longest_gaps"][0]["after"]
     ({'<5us': 0.002, '5-20us': 0.0, '20-100us': 0.0, '100-1000us': 0.5, '>=1000us': 0.0}, 1.0, 'b')
     """
-    edges = (0.0, *GAP_BUCKETS_US)
-    labels = [f"<{GAP_BUCKETS_US[0]:g}us"] + [f"{a:g}-{b:g}us" for a, b in zip(edges[1:], edges[2:])] \
-        + [f">={GAP_BUCKETS_US[-1]:g}us"]
+    labels = [name for name, _ in GAP_BUCKETS]
     idle, count = dict.fromkeys(labels, 0.0), dict.fromkeys(labels, 0.0)
     gaps: list[tuple[float, str, str]] = []
     ordered = sorted(kernels)
@@ -376,7 +387,7 @@ def gap_summary(kernels: Sequence[tuple[float, float, str]], steps: int, top: in
     for (_, _, before), (start, end, after) in zip(ordered, ordered[1:]):
         if start > reach:
             gap = start - reach
-            label = labels[int(np.searchsorted(GAP_BUCKETS_US, gap, side="right"))]
+            label = next(name for name, edge in GAP_BUCKETS if gap < edge)
             idle[label] += gap / 1000.0 / steps
             count[label] += 1 / steps
             gaps.append((gap, before[:80], after[:80]))
@@ -621,16 +632,13 @@ def profiled_steps(first: int, count: int, device: torch.device, out: dict[str, 
     With count 0 it does nothing."""
     from unittest import mock
 
-    from torch.profiler import ProfilerActivity, profile
-
     from trainer.metrics import Meter
 
     if not count:
         yield
         return
     original, done = Meter.step, [0]
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    prof = profile(activities=activities, with_stack=trace is not None)  # stacks slow the host down
+    prof = new_profiler(device, trace)
 
     def step(meter: Meter, *args: Any, **kwargs: Any) -> None:
         original(meter, *args, **kwargs)
@@ -644,9 +652,7 @@ def profiled_steps(first: int, count: int, device: torch.device, out: dict[str, 
 
     with mock.patch.object(Meter, "step", step):
         yield
-    out["profile"] = profile_summary(prof, count, device)
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
+    out["profile"] = finish_profile(prof, count, device, trace)
 
 
 def trace_path(a: argparse.Namespace, path: str) -> Path | None:
