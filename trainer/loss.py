@@ -1,11 +1,14 @@
-"""Chunked cross-entropy for packed batches: token-loss sum + count, never full fp32 logits.
+"""Cross-entropy for packed batches: token-loss sum + count, with the logits' memory bounded.
 
 The decoder (`find_decoder`) runs once over the flat batch; only the positions that carry a loss
 (targets != -100) are gathered, and the output head, the model's own logit post-processing
 (`logit_transform`) and the cross-entropy run over them `chunk_tokens` at a time.
-Each chunk is wrapped in activation checkpointing, so neither the forward nor the backward keeps
-more than one chunk of logits alive: peak extra memory is chunk_tokens x vocab fp32 instead of
-T x vocab. `LossModule(model, compiled=True)` runs each chunk (head matmul, logit post-processing,
+When the micro-batch's logits are small (loss tokens x vocab <= `KEEP_LOGITS_UP_TO`, e.g. 16,384
+tokens of a 32,000-token vocabulary), they are one chunk kept for the backward pass, as an
+unchunked loss would keep them. Larger ones are cut into chunks, each wrapped in activation
+checkpointing, so neither the forward nor the backward keeps more than one chunk of logits alive:
+peak extra memory is chunk_tokens x vocab fp32 instead of T x vocab, paid for by running each
+chunk's head matmul again in the backward. `LossModule(model, compiled=True)` runs each chunk (head matmul, logit post-processing,
 fp32 cast, cross-entropy) as one `torch.compile`d function, so the cast and the softmax fuse
 instead of writing the fp32 logits out and reading them back several times.
 
@@ -41,6 +44,10 @@ def find_decoder(model: torch.nn.Module) -> torch.nn.Module:
             return candidate
     raise UserError(f"{type(model).__name__} has no decoder (get_decoder() / .model / .transformer) to run")
 
+
+# Logits of at most this many elements (loss tokens x vocabulary) are kept for the backward pass
+# rather than recomputed there: 2**29 is 1 GiB in bf16 (what a compiled chunk keeps), 2 GiB in fp32.
+KEEP_LOGITS_UP_TO = 2**29
 
 LogitTransform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -83,6 +90,11 @@ def output_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits if transform is None else transform(logits)
 
 
+def vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the output head's weight: the number of logits per token."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
 def hidden_states(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
     """Final decoder hidden states of the flat batch, [T, hidden]."""
     out = find_decoder(model)(**batch.model_kwargs(), use_cache=False)
@@ -111,21 +123,28 @@ ChunkLosses = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tens
 
 def token_losses(
     model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096,
-    chunk_losses: ChunkLosses = _chunk_token_losses,
+    chunk_losses: ChunkLosses = _chunk_token_losses, keep_logits_up_to: int = KEEP_LOGITS_UP_TO,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 cross-entropy of every loss token [n_loss], their flat positions [n_loss]);
-    `chunk_losses(model, hidden, targets)` computes one chunk's (a compiled one in training)."""
+    `chunk_losses(model, hidden, targets)` computes one chunk's (a compiled one in training).
+
+    With gradients on and at most `keep_logits_up_to` logits, all loss tokens are one chunk whose
+    logits the backward reuses; otherwise chunks of `chunk_tokens`, each recomputed in the
+    backward (see the module)."""
     if chunk_tokens < 1:
         raise UserError(f"chunk_tokens must be positive, got {chunk_tokens}")
     hidden = hidden_states(model, batch)
     positions = loss_positions(batch)
     targets = batch.targets.reshape(-1).index_select(0, positions)
     selected = hidden.index_select(0, positions)
+    recompute = torch.is_grad_enabled() and selected.requires_grad
+    if recompute and batch.n_loss_tokens * vocab_size(model) <= keep_logits_up_to:
+        recompute, chunk_tokens = False, max(batch.n_loss_tokens, 1)
     pieces = []
     for start in range(0, batch.n_loss_tokens, chunk_tokens):
         h = selected[start : start + chunk_tokens]
         t = targets[start : start + chunk_tokens]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if recompute:
             pieces.append(checkpoint(chunk_losses, model, h, t, use_reentrant=False))
         else:
             pieces.append(chunk_losses(model, h, t))
@@ -136,14 +155,14 @@ def token_losses(
 
 def packed_loss(
     model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096,
-    chunk_losses: ChunkLosses = _chunk_token_losses,
+    chunk_losses: ChunkLosses = _chunk_token_losses, keep_logits_up_to: int = KEEP_LOGITS_UP_TO,
 ) -> tuple[torch.Tensor, int]:
     """(sum of token cross-entropies as a 0-d fp32 tensor, number of loss tokens).
 
     Divide the sum by the global loss-token count of the optimizer step (not per micro-batch) to
     get the mean token loss.
     """
-    losses, _ = token_losses(model, batch, chunk_tokens, chunk_losses)
+    losses, _ = token_losses(model, batch, chunk_tokens, chunk_losses, keep_logits_up_to)
     return losses.sum(), batch.n_loss_tokens
 
 

@@ -161,7 +161,7 @@ def test_with_cu_seqlens_rope_makes_positions_irrelevant(models, examples):
 def test_packed_loss_equals_naive_full_logits_cross_entropy(models, examples, chunk_tokens):
     model, _ = models
     batch = pack(examples)
-    total, count = packed_loss(model, batch, chunk_tokens=chunk_tokens)
+    total, count = packed_loss(model, batch, chunk_tokens=chunk_tokens, keep_logits_up_to=0)
     assert total.dim() == 0 and total.dtype == torch.float32
     assert count == batch.n_loss_tokens == sum(n_loss(labels) for _, labels in examples)
     logits = model(**batch.model_kwargs()).logits[0]
@@ -169,6 +169,33 @@ def test_packed_loss_equals_naive_full_logits_cross_entropy(models, examples, ch
     torch.testing.assert_close(total, naive, **TOL)
     for g_chunked, g_naive in zip(params_grad(model, total), params_grad(model, naive)):
         torch.testing.assert_close(g_chunked, g_naive, **TOL)
+
+
+def test_small_logits_are_kept_for_the_backward_instead_of_recomputed(models, examples):
+    """Below KEEP_LOGITS_UP_TO the loss is one chunk computed once, forward only; its sum and
+    gradients equal the recomputed chunks'. Control: chunked, every chunk runs again in the backward."""
+    from trainer.loss import KEEP_LOGITS_UP_TO, _chunk_token_losses, vocab_size
+
+    model, _ = models
+    batch = pack(examples)
+    assert batch.n_loss_tokens * vocab_size(model) <= KEEP_LOGITS_UP_TO
+    calls: list[int] = []
+
+    def counted(model, hidden, targets):  # noqa: ANN001, ANN202
+        calls.append(len(targets))
+        return _chunk_token_losses(model, hidden, targets)
+
+    kept, _ = packed_loss(model, batch, chunk_tokens=7, chunk_losses=counted)
+    kept_grads = params_grad(model, kept)
+    assert calls == [batch.n_loss_tokens]
+    calls.clear()
+    chunked, _ = packed_loss(model, batch, chunk_tokens=7, chunk_losses=counted, keep_logits_up_to=0)
+    chunked_grads = params_grad(model, chunked)
+    chunks = -(-batch.n_loss_tokens // 7)
+    assert len(calls) == 2 * chunks and sum(calls) == 2 * batch.n_loss_tokens
+    torch.testing.assert_close(kept, chunked, **TOL)
+    for a, b in zip(kept_grads, chunked_grads):
+        torch.testing.assert_close(a, b, **TOL)
 
 
 def test_packed_loss_without_loss_tokens_is_zero_and_differentiable(models):
@@ -208,9 +235,9 @@ def test_compiled_chunk_loss_equals_the_eager_one(models, examples):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled = compiled_chunk_losses()
-    total_c, _ = packed_loss(model, batch, chunk_tokens=7, chunk_losses=compiled)
+    total_c, _ = packed_loss(model, batch, chunk_tokens=7, chunk_losses=compiled, keep_logits_up_to=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
-    total, _ = packed_loss(model, batch, chunk_tokens=7)
+    total, _ = packed_loss(model, batch, chunk_tokens=7, keep_logits_up_to=0)
     torch.testing.assert_close(total_c, total, **TOL)
     params = [p for p in model.parameters() if p.requires_grad]
     # no retain_graph: a compiled backward donates its buffers
@@ -246,7 +273,8 @@ def test_compiled_chunk_loss_compiles_once_whatever_the_chunking(models, example
         torch._dynamo.reset()
         chunk_losses = chunk_losses_of(backend)
         for chunk in chunkings:
-            total, _ = packed_loss(model, batch, chunk_tokens=chunk, chunk_losses=chunk_losses)
+            total, _ = packed_loss(model, batch, chunk_tokens=chunk, chunk_losses=chunk_losses,
+                                   keep_logits_up_to=0)
             total.backward()
         model.zero_grad(set_to_none=True)
         torch._dynamo.reset()
