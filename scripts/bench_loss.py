@@ -21,6 +21,12 @@ Methods (`--methods`):
               step: the paper's throughput setting, fewer and fuller steps per epoch (about 1.3x
               the tokens of a 32-example group here), so fewer optimizer updates for the same data.
 
+A packed method may add `+bf16-weights` (e.g. `ffd+bf16-weights`): the same steps with pack-train's
+`--dtype bf16-weights`, bf16 weights for the forward and backward and AdamW on fp32 master weights
+(`trainer.precision.MasterAdamW`, the same betas and weight decay), still under bf16 autocast; its
+held-out loss is measured with the fp32 masters as the weights. Comparing it with the plain method
+shows what computing with bf16 weights does to the loss.
+
 Every step's loss is the mean over its loss tokens (the sum over the step divided by the step's
 loss-token count), which is what HF's padded loss computes too. The split: the seeded example order
 is cut into train and the last `--holdout` fraction (held out), both written as JSONL in `--workdir`;
@@ -83,6 +89,7 @@ from benchlib import (
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 
 METHODS = ("pad", "minibatch", "shuffle", "ffd", "ffd-full")
+BF16_WEIGHTS = "+bf16-weights"  # a packed method's tuning (see the module)
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -110,9 +117,9 @@ def prepare(args: argparse.Namespace, shared: Path) -> dict[str, Path]:
         write_jsonl(train_file, train)
         write_jsonl(held_file, held)
         stamp_file.write_text(json.dumps(stamp))
-    need = sorted((set(args.methods) - {"ffd-full"}) | {"minibatch", "pad"})
+    need = sorted(({m.removesuffix(BF16_WEIGHTS) for m in args.methods} - {"ffd-full"}) | {"minibatch", "pad"})
     jobs = [PackJob([train_file], work / f"train-{s}", s, {**stamp, "strategy": s}) for s in need]
-    if "ffd-full" in args.methods:
+    if any(m.startswith("ffd-full") for m in args.methods):
         jobs.append(PackJob([train_file], work / "train-ffd-full", "ffd",
                             {**stamp, "strategy": "ffd", "max_len": args.full_len}, max_len=args.full_len))
     jobs.append(PackJob([held_file], work / "heldout-pad", "pad",
@@ -136,7 +143,8 @@ class Step:
 
 def method_steps(method: str, folders: dict[str, Path], group: int, budget: int,
                  examples: dict[int, dict[str, np.ndarray]] | None) -> list[Step]:
-    """The steps of one epoch of `method` (see the module docstring)."""
+    """The steps of one epoch of `method` (see the module docstring; a tuning changes none)."""
+    method = method.removesuffix(BF16_WEIGHTS)
     if method in ("pad", "minibatch"):
         out = []
         for rows in minibatch_groups(folders["minibatch"], group):
@@ -196,13 +204,20 @@ def build(method: str, args: argparse.Namespace, device: torch.device, vocab: in
 
 def train_method(method: str, steps: list[Step], args: argparse.Namespace, device: torch.device,
                  vocab: int, examples: dict[int, dict[str, np.ndarray]], pad_id: int):
-    """One epoch of `method`; returns (model, result)."""
+    """One epoch of `method` (with its tuning, if any); returns (model, result), the model holding
+    fp32 weights."""
     from trainer.batch import collate_rows
     from trainer.loss import packed_loss
+    from trainer.precision import MasterAdamW
 
+    base = method.removesuffix(BF16_WEIGHTS)
     reset_cuda_peak(device)
-    model, attention = build(method, args, device, vocab)
-    opt = make_optimizer(model, args.lr, device)
+    model, attention = build(base, args, device, vocab)
+    if method.endswith(BF16_WEIGHTS):  # the model's weights become bf16, the masters fp32
+        opt: torch.optim.Optimizer = MasterAdamW([{"params": list(model.parameters()), "weight_decay": 0.1}],
+                                                 lr=args.lr, betas=(0.9, 0.95))
+    else:
+        opt = make_optimizer(model, args.lr, device)
     total = sum(s.examples for s in steps)
     res = MethodResult(method=method, attention=attention)
     losses: list[torch.Tensor] = []
@@ -214,7 +229,7 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
         lr = lr_at(n_seen, total, args.lr, args.warmup_frac, args.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        if method == "pad":
+        if base == "pad":
             batch = to_device(pad_collate([examples[i] for i in step.example_ids], pad_id), device)
             with autocast_ctx(device, args.dtype):
                 loss = model(**batch).loss
@@ -224,7 +239,13 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
             with autocast_ctx(device, args.dtype):
                 loss_sum, n = packed_loss(model, mb)
             loss = loss_sum / max(int(n), 1)
-        optimizer_step(model, opt, loss)
+        if isinstance(opt, MasterAdamW):  # as pack-train steps it: clipping inside the update
+            loss.backward()
+            opt.clip_grad_norm_(1.0)
+            opt.step()
+            opt.zero_grad()
+        else:
+            optimizer_step(model, opt, loss)
         n_seen += step.examples
         losses.append(loss.detach())
         seen.append(n_seen)
@@ -238,6 +259,9 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     tail = values[-max(1, len(values) // 20):]
     res.final_train_loss = float(np.mean(tail)) if tail else None
     res.peak_gib = cuda_peak_gib(device)
+    if isinstance(opt, MasterAdamW):
+        for master, weight in opt.weight_of.items():
+            weight.data = master.data
     del opt
     return model, res
 
@@ -347,9 +371,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "loss_curves.png")
     args = p.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.methods if m not in METHODS]
+    bad = [m for m in args.methods if m.removesuffix(BF16_WEIGHTS) not in METHODS or m == "pad" + BF16_WEIGHTS]
     if bad:
-        p.error(f"unknown method(s) {bad}: choose from {','.join(METHODS)}")
+        p.error(f"unknown method(s) {bad}: choose from {','.join(METHODS)}; a packed one may add {BF16_WEIGHTS}")
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
     return args

@@ -452,6 +452,33 @@ def test_bench_loss_end_to_end_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_loss_bf16_weights_tuning_trains_the_same_steps_with_master_weights(tmp_path):
+    """`ffd+bf16-weights` takes ffd's steps with bf16 weights and fp32 masters: the same examples and
+    tokens, a loss close to ffd's but not equal (control: the weights really were bf16), and fp32
+    weights for the held-out loss. A tuning of `pad` is refused."""
+    tokenizer = REPO / "data" / "tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        pytest.skip("data/tokenizer is not there")
+    shared = _fake_shared(tmp_path / "shared", n=40)
+    common = ["--device", "cpu", "--model", "tiny", "--shared", str(shared), "--tokenizer", str(tokenizer),
+              "--workdir", str(tmp_path / "w"), "--max-len", "256", "--holdout", "0.1",
+              "--pack-procs", "1", "--plot", str(tmp_path / "c.png")]
+    with pytest.raises(SystemExit):
+        bl.parse_args([*common, "--methods", "pad+bf16-weights"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plain, tuned = bl.main([*common, "--methods", "ffd,ffd+bf16-weights"])
+    finally:
+        torch.set_num_threads(threads)
+    assert tuned.method == "ffd+bf16-weights" and tuned.attention == plain.attention
+    assert (tuned.steps, tuned.examples, tuned.tokens) == (plain.steps, plain.examples, plain.tokens)
+    first_plain, first_tuned = plain.curve[0][1], tuned.curve[0][1]
+    assert first_tuned == pytest.approx(first_plain, rel=2e-2) and first_tuned != first_plain
+    assert tuned.heldout_loss == pytest.approx(plain.heldout_loss, rel=5e-2)
+
+
+@pytest.mark.slow
 def test_bench_pack_data_runs_pack_data_in_a_child_and_as_a_whole_process(tmp_path, monkeypatch):
     """bench_pack_data's two ways of running pack-data use the pipeline's current entry points: its
     child's code (run_pack_data, cold then warm, peak RSS of the tokenizer workers) and the whole
