@@ -236,11 +236,13 @@ def timed_loop(
 
     Each item of `batches` is a thunk doing the host preparation + H2D copy of one step; the time spent
     in it is the data wait. CUDA is synchronised only at the edges of the timed region, so the host
-    can run ahead of the GPU as in a real loop.
+    can run ahead of the GPU as in a real loop. `res.extra["host_ms_per_step"]`: the host's time in
+    each timed step (data included), which shows a stall (a compile, a wait) in one of them.
     """
     res = PathResult(path="", runner="")
     lens: list[np.ndarray] = []
     losses: list[torch.Tensor] = []
+    host_ms: list[float] = []
     t_start = 0.0
     for i in range(warmup + steps):
         if i == warmup:
@@ -256,6 +258,7 @@ def timed_loop(
         t1 = time.perf_counter()
         loss = step(batch.payload)
         if i >= warmup:
+            host_ms.append(round((time.perf_counter() - t0) * 1000, 1))
             res.data_wait_s += t1 - t0
             res.tokens += batch.tokens
             res.examples += batch.examples
@@ -267,6 +270,7 @@ def timed_loop(
     res.seconds = time.perf_counter() - t_start
     res.steps = steps
     res.final_loss = float(losses[-1]) if losses else None
+    res.extra["host_ms_per_step"] = host_ms
     if profile_steps:
         with new_profiler(device, trace) as prof:
             for _ in range(profile_steps):
@@ -702,9 +706,11 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     res = PathResult(path=path, runner=f"pack-train/{summary.get('attention')}")
     res.extra.update(profiled)
     prev_step, prev_tokens = 0, 0
+    window_ms = []  # the mean step of each timed metrics window (a stall shows in one of them)
     for rec in records:
         n = rec["step"] - prev_step
         if rec["step"] > a.warmup:
+            window_ms.append(round(rec["step_time_s"] * 1000, 1))
             res.steps += n
             res.seconds += rec["step_time_s"] * n
             res.data_wait_s += rec["data_wait_s"] * n
@@ -721,7 +727,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
                   peak_tflops=a.peak_tflops, lora=bool(a.lora_r))
     res.extra.update(n_params=n_params, tokens_per_step=tokens_per_step,
-                     pack_train_mfu_last=records[-1].get("mfu"))
+                     pack_train_mfu_last=records[-1].get("mfu"), step_ms_per_metrics_window=window_ms)
     shutil.rmtree(run_dir, ignore_errors=True)
     return res
 

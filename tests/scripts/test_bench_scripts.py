@@ -390,6 +390,10 @@ def _run_end_to_end(common, tmp_path):
     assert by["hf-pad"].examples == by["hf-flat-sdpa"].examples == 32
     assert by["hf-flat-sdpa"].final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
     assert by["packlm-ffd"].note == "" and 0 < by["packlm-ffd"].tokens <= 512
+    # each timed step's host time (HF and inline loops) or each timed metrics window's (pack-train)
+    assert len(by["hf-pad"].extra["host_ms_per_step"]) == by["hf-pad"].steps == 1
+    assert all(ms > 0 for ms in by["hf-pad"].extra["host_ms_per_step"])
+    assert len(by["packlm-ffd"].extra["step_ms_per_metrics_window"]) == 1
     # pack-train --dtype bf16-weights on the same rows: the same tokens, the loss within bf16 rounding
     assert by["packlm-ffd+bf16-weights"].tokens == by["packlm-ffd"].tokens
     assert by["packlm-ffd+bf16-weights"].final_loss == pytest.approx(by["packlm-ffd"].final_loss, rel=2e-2)
