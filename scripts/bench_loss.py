@@ -44,6 +44,7 @@ Precision: bf16 autocast over fp32 weights (as `pack-train --dtype bf16`); fused
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -203,9 +204,10 @@ def build(method: str, args: argparse.Namespace, device: torch.device, vocab: in
 
 
 def train_method(method: str, steps: list[Step], args: argparse.Namespace, device: torch.device,
-                 vocab: int, examples: dict[int, dict[str, np.ndarray]], pad_id: int):
-    """One epoch of `method` (with its tuning, if any); returns (model, result), the model holding
-    fp32 weights."""
+                 vocab: int, examples: dict[int, dict[str, np.ndarray]], pad_id: int,
+                 held: Sequence[dict[str, np.ndarray]]) -> MethodResult:
+    """One epoch of `method` (with its tuning, if any), then its held-out loss (`heldout_loss`, with
+    the fp32 masters as the weights under +bf16-weights)."""
     from trainer.batch import collate_rows
     from trainer.loss import packed_loss
     from trainer.precision import MasterAdamW
@@ -213,11 +215,7 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     base = method.removesuffix(BF16_WEIGHTS)
     reset_cuda_peak(device)
     model, attention = build(base, args, device, vocab)
-    if method.endswith(BF16_WEIGHTS):  # the model's weights become bf16, the masters fp32
-        opt: torch.optim.Optimizer = MasterAdamW([{"params": list(model.parameters()), "weight_decay": 0.1}],
-                                                 lr=args.lr, betas=(0.9, 0.95))
-    else:
-        opt = make_optimizer(model, args.lr, device)
+    opt = make_optimizer(model, args.lr, device, master_weights=method.endswith(BF16_WEIGHTS))
     total = sum(s.examples for s in steps)
     res = MethodResult(method=method, attention=attention)
     losses: list[torch.Tensor] = []
@@ -239,13 +237,7 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
             with autocast_ctx(device, args.dtype):
                 loss_sum, n = packed_loss(model, mb)
             loss = loss_sum / max(int(n), 1)
-        if isinstance(opt, MasterAdamW):  # as pack-train steps it: clipping inside the update
-            loss.backward()
-            opt.clip_grad_norm_(1.0)
-            opt.step()
-            opt.zero_grad()
-        else:
-            optimizer_step(model, opt, loss)
+        optimizer_step(model, opt, loss)
         n_seen += step.examples
         losses.append(loss.detach())
         seen.append(n_seen)
@@ -259,11 +251,11 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     tail = values[-max(1, len(values) // 20):]
     res.final_train_loss = float(np.mean(tail)) if tail else None
     res.peak_gib = cuda_peak_gib(device)
-    if isinstance(opt, MasterAdamW):
-        for master, weight in opt.weight_of.items():
-            weight.data = master.data
-    del opt
-    return model, res
+    with opt.full_precision() if isinstance(opt, MasterAdamW) else contextlib.nullcontext():
+        res.heldout_loss = heldout_loss(model, held, pad_id, device, args.dtype)
+    del model, opt
+    free_memory(device)
+    return res
 
 
 @torch.no_grad()
@@ -399,10 +391,7 @@ def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
     results: list[MethodResult] = []
     for method in args.methods:
         steps = method_steps(method, folders, args.group, budget, examples)
-        model, res = train_method(method, steps, args, device, vocab, examples, pad_id)
-        res.heldout_loss = heldout_loss(model, held, pad_id, device, args.dtype)
-        del model
-        free_memory(device)
+        res = train_method(method, steps, args, device, vocab, examples, pad_id, held)
         print(f"  {method}: {res.steps} steps, {res.wall_s:.1f} s, {res.tokens_per_s:,.0f} tokens/s, "
               f"final train {res.final_train_loss:.4f}, held-out {res.heldout_loss:.4f}")
         results.append(res)

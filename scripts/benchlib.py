@@ -435,10 +435,16 @@ def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device,
-                   optimizer: str = "adamw") -> torch.optim.Optimizer:
-    """AdamW, fused on CUDA, or torch's Adafactor (the same settings for every path)."""
+                   optimizer: str = "adamw", master_weights: bool = False) -> torch.optim.Optimizer:
+    """AdamW, fused on CUDA, or torch's Adafactor (the same settings for every path).
+    `master_weights`: AdamW as pack-train's --dtype bf16-weights runs it (`trainer.precision.MasterAdamW`,
+    which turns the model's weights into bf16 and keeps their fp32 masters)."""
     import torch
 
+    if master_weights:
+        from trainer.precision import MasterAdamW
+
+        return MasterAdamW([{"params": list(model.parameters()), "weight_decay": 0.1}], lr=lr, betas=(0.9, 0.95))
     if optimizer == "adafactor":
         trained = [p for p in model.parameters() if p.requires_grad]
         return torch.optim.Adafactor(trained, lr=lr, weight_decay=0.1, foreach=True)
@@ -450,11 +456,17 @@ def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device,
 
 def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
     """Backward, gradient norm clipped at 1 (the HF Trainer's default, pack-train's --grad-clip 1),
-    AdamW step, gradients dropped."""
+    AdamW step, gradients dropped. A `MasterAdamW` clips its fp32 masters inside its step, as in
+    pack-train."""
     import torch
 
+    from trainer.precision import MasterAdamW
+
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if isinstance(opt, MasterAdamW):
+        opt.clip_grad_norm_(1.0)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
 
