@@ -46,9 +46,9 @@ autocast (CPU tests).
 `--lora-r R` trains LoRA adapters (rank R, alpha 16, every linear layer of the decoder) on every path:
 HF paths through `peft.get_peft_model`, packlm paths through `pack-train --lora-r`; both keep the
 frozen base weights in bf16. MFU then counts 4 x params FLOPs per token (forward, and the backward
-through the activations; frozen weights get no weight gradients). `--grad-checkpointing` recomputes
-each decoder layer's activations in the backward on every path (HF's gradient_checkpointing_enable,
-pack-train --grad-checkpointing).
+through the activations; frozen weights get no weight gradients). `--grad-checkpointing [N]` recomputes
+the activations of every decoder layer (or of every Nth one) in the backward on every path (HF's
+gradient_checkpointing_enable with the same per-layer choice, pack-train --grad-checkpointing [N]).
 
     python scripts/bench_train.py --device cuda --model llama-1b --steps 30 --warmup 5 \
         --json bench_train.json
@@ -514,7 +514,9 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     model.train()
     n_params = n_params_of(model)
     if a.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from trainer.model import enable_grad_checkpointing
+
+        enable_grad_checkpointing(model, every=a.grad_checkpointing)
     if "layers" in tunings:
         for layer in model.model.layers:
             layer.compile(dynamic=True)
@@ -824,8 +826,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank on every path (0: full fine-tune)")
     p.add_argument("--optimizer", choices=("adamw", "adafactor"), default="adamw",
                    help="every path's optimizer (pack-train --optimizer; torch.optim.Adafactor on HF paths)")
-    p.add_argument("--grad-checkpointing", action="store_true",
-                   help="activation checkpointing of every decoder layer on every path")
+    p.add_argument("--grad-checkpointing", nargs="?", const=1, default=0, type=int, metavar="N",
+                   help="activation checkpointing of every decoder layer on every path, or with N of "
+                        "every Nth one (layers 0, N, 2N, ...)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="profile this many more steps of each path after its timed ones (torch.profiler) "
                         "and report GPU time by kernel kind, top kernels, GPU idle time by gap length "

@@ -53,7 +53,11 @@ from trainer.config import OPTIMIZERS, REPORT_TO
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile each decoder layer and each chunk of the loss (dynamic shapes). "
                    "Default: on for CUDA (faster than eager there: HISTORY.md), off on CPU.")
-@click.option("--grad-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
+@click.option("--grad-checkpointing", is_flag=False, flag_value=1, default=0, type=click.IntRange(min=0),
+              metavar="[N]",
+              help="Recompute activations in the backward pass instead of keeping them: of every "
+                   "decoder layer (the flag alone), or of every Nth one (--grad-checkpointing 2: half "
+                   "the layers; more memory than all, less recompute).")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),

@@ -36,7 +36,7 @@ class TrainConfig:
     attn: str = "auto"
     dtype: str = "auto"
     compile: bool | None = None  # None: compile on CUDA, not on CPU
-    grad_checkpointing: bool = False
+    grad_checkpointing: int = 0  # 0: off; N: every Nth decoder layer recomputes its activations (1: all)
     seed: int = 0
     save_every: int = 0
     keep_last: int | None = None
@@ -71,6 +71,9 @@ def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option outside its choices."""
     if config.report_to not in REPORT_TO:
         raise UserError(f"unknown --report-to {config.report_to!r}: choose {', '.join(REPORT_TO)}")
+    if config.grad_checkpointing < 0:
+        raise UserError(f"--grad-checkpointing must be 0 (off) or N >= 1 (every Nth layer), "
+                        f"got {config.grad_checkpointing}")
     if config.lora_r < 0:
         raise UserError(f"--lora-r must be >= 0 (0: no LoRA), got {config.lora_r}")
     if config.merge_lora and not config.lora_r:

@@ -333,7 +333,7 @@ def _wrap(
     the loss of each chunk of tokens, except under FSDP (whose hooks on the output head's sharded
     weight torch.compile would have to trace)."""
     if config.grad_checkpointing:
-        enable_grad_checkpointing(model)
+        enable_grad_checkpointing(model, every=int(config.grad_checkpointing))
     layers = decoder_layers(model)
     if compiled:
         # a model with per-layer attention kinds (config.layer_types) compiles the attention call

@@ -157,11 +157,29 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else [decoder]
 
 
-def enable_grad_checkpointing(model: PreTrainedModel) -> None:
-    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 renamed the
-    method; both spellings are supported)."""
+def enable_grad_checkpointing(model: PreTrainedModel, every: int = 1) -> None:
+    """Non-reentrant activation checkpointing of every `every`-th decoder layer: layers 0, every,
+    2 x every, ... recompute their activations in the backward, the others keep them.
+
+    every=1 checkpoints all layers (least memory). every=2 on 16 layers checkpoints layers 0, 2, ...,
+    14: the other 8 keep their activations (more memory), and the backward recomputes half as many
+    layer forwards. Which layers recompute changes memory and time, never the gradients.
+    Per-layer choice needs decoder layers that checkpoint themselves (transformers'
+    `GradientCheckpointingLayer`, which reads each layer's own `gradient_checkpointing`); a model
+    whose decoder checkpoints its layers from its own loop gets a UserError for every > 1.
+    (transformers 5 renamed the enabling method; both spellings are supported.)
+    """
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if every == 1:
+        return
+    layers = decoder_layers(model)
+    if not all(getattr(layer, "gradient_checkpointing", False) is True for layer in layers):
+        raise UserError(f"--grad-checkpointing {every}: this model's decoder layers do not checkpoint "
+                        "themselves, so it cannot checkpoint only some of them: use --grad-checkpointing "
+                        "(every layer)")
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i % every == 0

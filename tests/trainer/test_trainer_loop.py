@@ -340,6 +340,88 @@ def test_grad_checkpointing_changes_memory_not_results(packed: Path, tmp_path: P
     assert [m["loss"] for m in recomputed] == pytest.approx([m["loss"] for m in plain], rel=1e-6)
 
 
+def _layer_forwards_in_one_step(every: int | None) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """A 4-layer tiny model, one packed micro-batch forward + backward: how many times each decoder
+    layer's MLP ran, and the gradients; `every` as enable_grad_checkpointing's (None: off)."""
+    from trainer.batch import collate_rows
+    from trainer.loss import packed_loss
+    from trainer.model import PRESETS, decoder_layers, enable_grad_checkpointing
+
+    preset = dict(PRESETS["tiny"])
+    PRESETS["tiny4"] = {**preset, "num_hidden_layers": 4}
+    try:
+        model, _ = build_model("tiny4", attn="sdpa", seed=0)
+    finally:
+        del PRESETS["tiny4"]
+    if every is not None:
+        enable_grad_checkpointing(model, every=every)
+    calls = [0] * 4
+    for i, layer in enumerate(decoder_layers(model)):
+        # a pre-hook: the recompute stops as soon as the backward has what it needs (torch's early
+        # stop), before the MLP returns, so a forward hook would miss it
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    lengths = [5, 9, 3]
+    ids = np.arange(1, sum(lengths) + 1, dtype=np.int32)
+    row = dict(input_ids=ids, labels=ids.copy(), position_ids=np.concatenate([np.arange(n) for n in lengths]).astype(np.int32),
+               seq_lens=np.array(lengths, np.int32))
+    total, _ = packed_loss(model, collate_rows([row]))
+    total.backward()
+    return calls, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_grad_checkpointing_every_nth_layer_recomputes_only_those_layers() -> None:
+    """--grad-checkpointing 2: layers 0 and 2 run their forward again in the backward, 1 and 3 do
+    not, and the gradients are those without checkpointing. Control: every layer recomputes with 1."""
+    calls_off, grads_off = _layer_forwards_in_one_step(None)
+    calls_half, grads_half = _layer_forwards_in_one_step(2)
+    calls_all, grads_all = _layer_forwards_in_one_step(1)
+    assert calls_off == [1, 1, 1, 1]
+    assert calls_half == [2, 1, 2, 1]
+    assert calls_all == [2, 2, 2, 2]  # control: all recompute
+    for name, grad in grads_off.items():
+        torch.testing.assert_close(grads_half[name], grad, rtol=0, atol=0)
+        torch.testing.assert_close(grads_all[name], grad, rtol=0, atol=0)
+
+
+def test_grad_checkpointing_every_nth_layer_is_refused_where_layers_do_not_checkpoint_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decoder that checkpoints its layers from its own loop leaves the layers' flags unset: only
+    "every layer" can be honoured there, so N > 1 is one line, not a silent all-layers run."""
+    from trainer.model import enable_grad_checkpointing
+
+    model, _ = build_model("tiny", attn="sdpa", seed=0)
+    monkeypatch.setattr(model, "activation_checkpointing_enable", lambda **_: None, raising=False)
+    monkeypatch.setattr(model, "gradient_checkpointing_enable", lambda **_: None)
+    with pytest.raises(UserError, match="--grad-checkpointing 2: this model's decoder layers do not checkpoint"):
+        enable_grad_checkpointing(model, every=2)
+    enable_grad_checkpointing(model, every=1)  # every layer: the model's own switch, no per-layer flags needed
+
+
+def test_grad_checkpointing_option_takes_an_optional_layer_interval(packed: Path, tmp_path: Path) -> None:
+    """`--grad-checkpointing` alone is every layer (1), `--grad-checkpointing 3` every third, absent 0."""
+    from click.testing import CliRunner
+
+    from trainer import cli
+
+    seen: list[int] = []
+
+    def fake(**options: object) -> None:
+        seen.append(options["grad_checkpointing"])  # type: ignore[arg-type]
+
+    command = cli.pack_train
+    for args in (["--grad-checkpointing"], ["--grad-checkpointing", "3"], []):
+        original = command.callback
+        command.callback = fake
+        try:
+            result = CliRunner().invoke(command, ["--data", str(packed), "--model", "tiny", "--out",
+                                                  str(tmp_path / "run"), *args])
+        finally:
+            command.callback = original
+        assert result.exit_code == 0, result.output
+    assert seen == [1, 3, 0]
+
+
 def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Path) -> None:
     from trainer.stream import Planner, row_lengths
 
