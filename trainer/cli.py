@@ -57,7 +57,7 @@ from trainer.config import OPTIMIZERS, REPORT_TO
               metavar="[N]",
               help="Recompute activations in the backward pass instead of keeping them: of every "
                    "decoder layer (the flag alone), or of every Nth one (--grad-checkpointing 2: half "
-                   "the layers; more memory than all, less recompute).")
+                   "the layers; more memory than all, less recompute); 0: off.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),
