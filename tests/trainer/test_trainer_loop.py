@@ -252,14 +252,18 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
 
 @pytest.mark.parametrize(("parallel", "accum", "reduce"),
                          [("ddp", 1, "fp32"), ("fsdp", 1, "fp32"), ("fsdp", 2, "fp32"),
-                          ("ddp", 1, "bf16"), ("fsdp", 2, "bf16"), ("fsdp-keep", 2, "fp32")])
+                          ("ddp", 1, "bf16"), ("fsdp", 2, "bf16"), ("fsdp-keep", 2, "fp32"),
+                          ("fsdp-ckpt2", 1, "fp32")])
 def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     packed: Path, tmp_path: Path, parallel: str, accum: int, reduce: str
 ) -> None:
     steps = 4 // accum  # one epoch of this folder: rows are disjoint across ranks within an epoch
+    # "-keep": FSDP2 keeps gathered parameters until the backward; "-ckpt2": layer 0 of the tiny
+    # model's 2 recomputes its activations under FSDP2 (--grad-checkpointing 2), layer 1 keeps them
     config = _config(packed, tmp_path / "ddp", grad_accum=accum, max_steps=steps,
-                     parallel=parallel.removesuffix("-keep"), grad_reduce=reduce,
-                     reshard_after_forward=not parallel.endswith("-keep"))
+                     parallel=parallel.split("-")[0], grad_reduce=reduce,
+                     reshard_after_forward=not parallel.endswith("-keep"),
+                     grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0)
     # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
     mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")
