@@ -2,7 +2,8 @@
 """Check every packed-attention backend available on this CUDA machine against the reference.
 
 For a tiny (4 query / 2 kv heads, head_dim 16) and a llama-1b-shaped (16 heads, head_dim 128)
-attention, and a GQA 1b-like one (32 / 8 heads, head_dim 64), on a packed batch of random-length
+attention, a GQA 1b-like one (32 / 8 heads, head_dim 64) and a phi-2-like one (32 heads, head_dim
+80), on a packed batch of random-length
 examples in bfloat16, each backend's output and its q/k/v gradients are compared PER EXAMPLE with
 float32 attention computed on that example alone (relative Frobenius error must be < 2e-2). It also
 checks that changing one example's keys/values leaves every other example's output unchanged, and
@@ -32,6 +33,7 @@ SHAPES = {  # name: (query heads, kv heads, head dim)
     "tiny": (4, 2, 16),
     "llama-1b": (16, 16, 128),
     "gqa-1b": (32, 8, 64),
+    "phi-2": (32, 32, 80),  # a head dim fa4 pads (to 96)
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The model-family matrix on a CUDA GPU: every packed backend, in bf16, against float32 alone.
 
-1. Kernels: each backend (flash_attn, torch, flex) on packed random q/k/v with each attention
+1. Kernels: each backend (fa4, flash_attn, torch, flex) on packed random q/k/v with each attention
    feature (window, chunk, soft-cap, sinks, a narrower value head), output and q/k/v gradients
    compared per example with the float32 sdpa reference run on that example alone. Negative
    control: the reference with a window one token wider must differ from every backend by more
@@ -55,7 +55,7 @@ from trainer.model import prepare  # noqa: E402
 LOSS_TOL = 2e-2  # relative, per example: a bf16 kernel against float32
 FP32_TOL = 1e-4  # flex in float32 against the stock model: losses and all gradients together
 KERNEL_TOL = 2e-2
-KERNEL_BACKENDS = ("flash_attn", "torch", "flex")
+KERNEL_BACKENDS = ("fa4", "flash_attn", "torch", "flex")
 CASES = {  # name: (Features, sinks?, value head dim)
     "plain": (Features(), False, 64),
     "window": (Features(window=48), False, 64),

@@ -14,8 +14,8 @@ receives the example boundaries (`cu_seq_lens_q`, `max_length_q` forward kwargs,
 A layer called without boundaries is refused (its model does not pass them on to attention, so
 examples would see each other), and so is a feature the backend cannot reproduce.
 
-Backends, fastest first: flash_attn, torch (both CUDA, 16-bit), flex (CUDA), sdpa (the reference,
-anywhere). `select_backend("auto", device, features)` takes the first one that runs on the device
+Backends, fastest first: fa4 (Hopper or newer), flash_attn, torch (all CUDA, 16-bit), flex (CUDA),
+sdpa (the reference, anywhere). `select_backend("auto", device, features)` takes the first one that runs on the device
 and reproduces every feature the model uses; `trainer.model_check` finds those features.
 """
 
@@ -34,6 +34,7 @@ from trainer.kernels import (
     FEATURE_NAMES,
     KERNELS,
     Features,
+    fa4_importable,
     flash_attn_importable,
     supported,
     torch_flash_op,
@@ -45,6 +46,7 @@ from trainer.kernels import (
 BACKENDS = KERNELS
 
 DESCRIPTIONS = {
+    "fa4": "FlashAttention-4 varlen (flash-attn-4: flash_attn.cute)",
     "flash_attn": "flash-attn varlen (flash_attn.flash_attn_varlen_func)",
     "torch": "torch varlen (FlashAttention, built into PyTorch)",
     "flex": "flex_attention with a document-causal block mask",
@@ -76,6 +78,10 @@ def _why_not(backend: str, device: torch.device | str, dtype: torch.dtype | None
     major, minor = torch.cuda.get_device_capability(torch.device(device))
     if major < 8:
         return f"FlashAttention needs an Ampere or newer GPU (sm80+), this one is sm{major}{minor}"
+    if backend == "fa4" and major < 9:
+        return f"FlashAttention-4 trains on Hopper or newer GPUs (sm90+), this one is sm{major}{minor}"
+    if backend == "fa4" and not fa4_importable():
+        return "the flash-attn-4 package is not installed (or does not import)"
     if backend == "flash_attn" and not flash_attn_importable():
         return "the flash-attn package is not installed (or does not import)"
     if backend == "torch" and torch_varlen_fn() is None and torch_flash_op() is None:
@@ -104,7 +110,7 @@ def select_backend(
     """Resolve `requested` ("auto" or one of BACKENDS) to a backend that can train on `device` and
     reproduces every one of `features` (names of `trainer.kernels.Features`, e.g. {"window"}).
 
-    "auto" picks the first usable one of flash_attn, torch, flex, sdpa (sdpa always is). An
+    "auto" picks the first usable one of fa4, flash_attn, torch, flex, sdpa (sdpa always is). An
     explicit request that cannot be used raises UserError saying why and what to use instead.
     Pass `dtype` only when it is the dtype attention will compute in (a bf16 model); float32
     weights trained under bf16 autocast still get bf16 attention inputs, so leave it None then.
@@ -191,7 +197,7 @@ def layer_features(
     return with_tensors(read, query, value, kwargs.get("s_aux"))
 
 
-_HF_NAMES = {"flash_attn": "packlm_fa2", "torch": "packlm_torch", "flex": "packlm_blockmask",
+_HF_NAMES = {"fa4": "packlm_fa4", "flash_attn": "packlm_fa2", "torch": "packlm_torch", "flex": "packlm_blockmask",
              "sdpa": "packlm_reference"}
 
 

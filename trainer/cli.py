@@ -41,10 +41,11 @@ from trainer.config import OPTIMIZERS, REPORT_TO
 @click.option("--stop-at", default=None, type=click.IntRange(min=1),
               help="Stop (and checkpoint) after this step while keeping the full schedule; "
                    "continue later with --resume. For time-sliced jobs.")
-@click.option("--attn", default="auto", type=click.Choice(["auto", "flash_attn", "torch", "flex", "sdpa"]),
+@click.option("--attn", default="auto", type=click.Choice(["auto", "fa4", "flash_attn", "torch", "flex", "sdpa"]),
               help="Packed attention backend. auto: the fastest that runs here and reproduces every "
                    "attention feature of the model (sliding window, soft-capping, sinks, chunks), "
-                   "in the order flash_attn, torch (PyTorch's varlen kernel), flex, sdpa (reference).")
+                   "in the order fa4 (FlashAttention-4, flash-attn-4 package, Hopper or newer), "
+                   "flash_attn (flash-attn 2), torch (PyTorch's varlen kernel), flex, sdpa (reference).")
 @click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "bf16-weights", "fp32"]),
               help="bf16: autocast over fp32 weights. bf16-weights: the weights themselves in bf16 "
                    "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "

@@ -5,7 +5,7 @@ A packed micro-batch is one flat sequence of T tokens holding several examples b
 causally *within* each example and never across a boundary, and reproduces these features of a
 layer exactly as transformers' eager attention computes them (see `Features`):
 
-| feature   | sdpa (reference) | flex              | flash_attn        | torch                      |
+| feature   | sdpa (reference) | flex              | fa4, flash_attn   | torch                      |
 |-----------|------------------|-------------------|-------------------|----------------------------|
 | window    | mask             | mask_mod          | window_size       | window_size (torch >= 2.10)|
 | chunk     | mask             | mask_mod          | cu_seqlens split  | cu_seqlens split           |
@@ -20,7 +20,11 @@ layer exactly as transformers' eager attention computes them (see `Features`):
                 per batch outside any compiled graph. Fused only where it is compiled: pack-train
                 compiles the decoder layers on CUDA, and flex with them; uncompiled it materialises
                 the scores. PyTorch has no flex backward on the CPU, so there it runs without gradients.
-- "flash_attn": `flash_attn.flash_attn_varlen_func` (the flash-attn package), CUDA only.
+- "fa4":        FlashAttention-4 (the flash-attn-4 package, `flash_attn.cute`: CuTe DSL kernels for
+                Hopper and Blackwell, compiled on first use), through the custom ops
+                `packlm::fa4_varlen_fwd` / `packlm::fa4_varlen_bwd` so that torch.compile keeps it
+                whole. Head dims are zero-padded to 64, 96, 128, 192 or 256 (`FA4_HEAD_DIMS`).
+- "flash_attn": `flash_attn.flash_attn_varlen_func` (the flash-attn package, FlashAttention-2), CUDA only.
 - "torch":      PyTorch's built-in FlashAttention varlen kernel, CUDA only.
 
 Windows: transformers' window `w` lets query i see keys i-w+1 .. i (w keys, `kv > q - w`); the
@@ -41,7 +45,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from pipeline.errors import UserError
 
-KERNELS = ("flash_attn", "torch", "flex", "sdpa")
+KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,19 @@ FEATURE_NAMES = {
 
 
 # --------------------------------------------------------------------------- availability
+
+
+def fa4_importable() -> bool:
+    """True when FlashAttention-4 imports: the flash-attn-4 distribution and its `flash_attn.cute`
+    (flash-attn 2.8 ships an older `flash_attn.cute` of its own, hence the distribution check)."""
+    try:
+        from importlib.metadata import version
+
+        version("flash-attn-4")
+        from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 def flash_attn_importable() -> bool:
@@ -136,7 +153,7 @@ def supported(kernel: str) -> set[str]:
     """The features `kernel` reproduces exactly (with this PyTorch / flash-attn)."""
     if kernel in ("sdpa", "flex"):
         return set(EVERY_FEATURE)
-    if kernel == "flash_attn":
+    if kernel in ("fa4", "flash_attn"):
         return EVERY_FEATURE - {"sinks", "wide_head"}
     fn = torch_varlen_fn()
     window = fn is not None and varlen_signature(fn)["window_size"]
@@ -350,6 +367,83 @@ def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, 
     )
 
 
+# FlashAttention-4 as two custom ops: torch.compile sees each as one opaque call with a known output
+# shape (the fake implementations), instead of tracing into flash_attn.cute's Python. `window` is
+# the number of keys to the left (-1: none), `softcap` 0.0 for none, as FlashAttention counts them.
+@torch.library.custom_op("packlm::fa4_varlen_fwd", mutates_args=(), schema=(
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale, SymInt window, "
+    "float softcap) -> (Tensor, Tensor)"))
+def _fa4_fwd(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
+    """out [T, Hq, D] and the softmax's log-sum-exp [Hq, T] (float32), which the backward needs."""
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    out, lse, *_ = _flash_attn_fwd(
+        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True,
+        window_size_left=None if window < 0 else window, window_size_right=None if window < 0 else 0,
+        softcap=softcap, return_lse=True,
+    )
+    return out, lse
+
+
+@_fa4_fwd.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
+    return q.new_empty((*q.shape[:2], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("packlm::fa4_varlen_bwd", mutates_args=(), schema=(
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, SymInt max_seqlen, "
+    "float scale, SymInt window, float softcap) -> (Tensor, Tensor, Tensor)"))
+def _fa4_bwd(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, window, softcap):
+    """dq, dk, dv of `_fa4_fwd` given the output's gradient."""
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    dq, dk, dv = _flash_attn_bwd(
+        q, k, v, out, dout, lse, scale, True, softcap,
+        window_size_left=None if window < 0 else window, window_size_right=None if window < 0 else 0,
+        cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
+    )
+    return dq, dk, dv
+
+
+@_fa4_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, window, softcap):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fa4_save(ctx, inputs, output):
+    q, k, v, cu_seqlens, max_seqlen, scale, window, softcap = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens)
+    ctx.args = (max_seqlen, scale, window, softcap)
+
+
+def _fa4_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = _fa4_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_fa4_fwd.register_autograd(_fa4_backward, setup_context=_fa4_save)
+
+
+FA4_HEAD_DIMS = (64, 96, 128, 192, 256)  # FlashAttention-3's Hopper head dims, which FA4's tiles follow
+
+
+def _fa4_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
+    """FlashAttention-4 through the custom ops above; grouped-query attention is native. Head dims
+    are zero-padded to the next of FA4_HEAD_DIMS (zeros add nothing to scores or outputs) and the
+    output sliced back: FA4 accepts any multiple of 8 up to 256, but on an H100 its backward gave
+    wrong gradients at head dim 16 (forward right), so only the dims its tiles are tuned for run."""
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else scale
+    padded = next(h for h in FA4_HEAD_DIMS if h >= d)
+    q, k, v = (_pad_last(x, padded) for x in (q, k, v))
+    window = -1 if feats.window is None else feats.window - 1
+    softcap = 0.0 if feats.softcap is None else float(feats.softcap)
+    out, _ = torch.ops.packlm.fa4_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap)
+    return out[..., :d]
+
+
 _HALF = (torch.bfloat16, torch.float16)
 
 
@@ -381,6 +475,7 @@ _KERNELS: dict[str, Callable] = {
     "flex": _flex,
     "torch": _torch_varlen,
     "flash_attn": _flash_attn_varlen,
+    "fa4": _fa4_varlen,
 }
 
 

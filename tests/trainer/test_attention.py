@@ -98,19 +98,20 @@ def test_varlen_attention_rejects_bad_shapes():
 def test_select_backend_on_cpu():
     assert select_backend("auto", "cpu") == "sdpa"
     assert select_backend("sdpa", "cpu") == "sdpa"
-    for backend in ("torch", "flash_attn"):
+    for backend in ("fa4", "torch", "flash_attn"):
         with pytest.raises(UserError, match="needs a CUDA device.*sdpa"):
             select_backend(backend, "cpu")
-    with pytest.raises(UserError, match="unknown attention backend 'xla'.*auto, flash_attn, torch, flex, sdpa"):
+    with pytest.raises(UserError, match="unknown attention backend 'xla'.*auto, fa4, flash_attn, torch, flex, sdpa"):
         select_backend("xla", "cpu")
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """Pretend a CUDA sm90 GPU is present (the selection logic only asks these functions)."""
-    state = {"capability": (9, 0), "flash_attn": True, "torch_varlen": True}
+    state = {"capability": (9, 0), "fa4": True, "flash_attn": True, "torch_varlen": True}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: state["capability"])
+    monkeypatch.setattr(attention, "fa4_importable", lambda: state["fa4"])
     monkeypatch.setattr(attention, "flash_attn_importable", lambda: state["flash_attn"])
     monkeypatch.setattr(attention, "torch_varlen_fn", lambda: (lambda: None) if state["torch_varlen"] else None)
     monkeypatch.setattr(attention, "torch_flash_op", lambda: None)
@@ -118,7 +119,16 @@ def fake_cuda(monkeypatch):
 
 
 def test_select_backend_auto_order_on_cuda(fake_cuda):
+    assert select_backend("auto", "cuda", torch.bfloat16) == "fa4"
+    fake_cuda["capability"] = (8, 0)  # FlashAttention-4 does not train on Ampere
     assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn"
+    with pytest.raises(UserError, match="Hopper or newer.*sm80"):
+        select_backend("fa4", "cuda", torch.bfloat16)
+    fake_cuda["capability"] = (9, 0)
+    fake_cuda["fa4"] = False
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn"
+    with pytest.raises(UserError, match="flash-attn-4 package is not installed.*flash_attn / torch / flex / sdpa"):
+        select_backend("fa4", "cuda", torch.bfloat16)
     fake_cuda["flash_attn"] = False
     assert select_backend("auto", "cuda:0", torch.bfloat16) == "torch"
     with pytest.raises(UserError, match="flash-attn package is not installed.*torch / flex / sdpa"):
@@ -244,6 +254,90 @@ def test_flash_attn_backend_dispatch(monkeypatch):
                            max(LENGTHS), backend="flash_attn", scale=0.25)
     torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS, 0.25), atol=FP16_TOL, rtol=0)
     assert calls == [(True, 0.0, 0.25, True)]
+
+
+def fake_fa4(monkeypatch, calls: list) -> None:
+    """Stand in for flash_attn.cute.interface with FlashAttention's documented semantics (float64):
+    the forward returns (out, lse, ...), the backward the gradients of that same function."""
+
+    def window_of(left, right):
+        assert (left is None) == (right is None) and right in (None, 0)
+        return (-1 if left is None else left, 0)
+
+    def _flash_attn_fwd(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                        causal, window_size_left, window_size_right, softcap, return_lse):
+        assert causal and return_lse and torch.equal(cu_seqlens_q, cu_seqlens_k) and max_seqlen_q == max_seqlen_k
+        calls.append(dict(window=window_of(window_size_left, window_size_right), softcap=softcap,
+                          dims={q.shape[-1], k.shape[-1], v.shape[-1]}, cu=cu_seqlens_q.tolist()))
+        out = flash_semantics(q, k, v, cu_seqlens_q, softmax_scale, calls[-1]["window"], softcap)
+        lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float32)
+        return out.to(q.dtype), lse, None, None, None
+
+    def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale, causal, softcap, *, window_size_left,
+                        window_size_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        assert causal and lse.shape == (q.shape[1], q.shape[0]) and out.shape == dout.shape
+        window = window_of(window_size_left, window_size_right)
+        _, vjp = torch.func.vjp(lambda a, b, c: flash_semantics(a, b, c, cu_seqlens_q, softmax_scale, window, softcap),
+                                q.double(), k.double(), v.double())  # (autograd is off inside a custom op)
+        return tuple(g.to(x.dtype) for g, x in zip(vjp(dout.double()), (q, k, v)))
+
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", types.SimpleNamespace(
+        _flash_attn_fwd=_flash_attn_fwd, _flash_attn_bwd=_flash_attn_bwd))
+
+
+@pytest.mark.parametrize("features", [
+    kernels.Features(), kernels.Features(window=4), kernels.Features(softcap=0.5),
+    kernels.Features(chunk=3), kernels.Features(window=5, softcap=2.0),
+], ids=lambda f: ",".join(sorted(f.used())) or "plain")
+def test_fa4_backend_forward_and_backward_match_the_reference(monkeypatch, features):
+    """FlashAttention-4's custom ops (kernel faked with its documented semantics): the window in its
+    own terms (w - 1 keys to the left), softcap passed on, chunks as extra sequence starts, head dim
+    12 zero-padded to 64 and sliced back; output and q/k/v gradients equal the reference's.
+    Negative control: the gradients with a window one key wider differ."""
+    calls: list[dict] = []
+    fake_fa4(monkeypatch, calls)
+    q, k, v = (x.requires_grad_() for x in qkv(LENGTHS, 6, 2, d=12, dtype=torch.float16))
+    out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="fa4", scale=0.3, features=features)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).half()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    def reference(feats):
+        qq, kk, vv = (x.detach().double().requires_grad_() for x in (q, k, v))
+        o = varlen_attention(qq, kk, vv, cu_of(LENGTHS), max(LENGTHS), backend="sdpa", scale=0.3, features=feats)
+        return o, torch.autograd.grad(o, (qq, kk, vv), dout.double())
+
+    expected, expected_grads = reference(features)
+    assert out.shape == (q.shape[0], 6, 12)
+    torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got.double(), want, atol=2 * FP16_TOL, rtol=0)
+    left = -1 if features.window is None else features.window - 1
+    assert calls[0]["window"] == (left, 0) and calls[0]["softcap"] == (features.softcap or 0.0)
+    assert calls[0]["dims"] == {64}
+    if features.chunk:
+        assert calls[0]["cu"] == kernels.split_chunks(cu_of(LENGTHS), features.chunk)[0].tolist()
+    if features.window is not None:
+        wider = kernels.Features(window=features.window + 1, softcap=features.softcap)
+        _, wrong = reference(wider)
+        assert max(float((g.double() - w).abs().max()) for g, w in zip(grads, wrong)) > 10 * FP16_TOL
+
+
+def test_fa4_backend_traces_into_one_graph(monkeypatch):
+    """The custom ops keep FlashAttention-4 whole under torch.compile (fullgraph=True raises at a
+    graph break), forward and backward, across two batch shapes."""
+    fake_fa4(monkeypatch, [])
+
+    def attend(q, k, v, cu, max_len):
+        return varlen_attention(q, k, v, cu, max_len, backend="fa4")
+
+    compiled = torch.compile(attend, backend="eager", fullgraph=True, dynamic=True)
+    for lengths in (LENGTHS, [7, 2, 11, 4]):
+        q, k, v = (x.requires_grad_() for x in qkv(lengths, 4, 2, d=8, dtype=torch.float16))
+        out = compiled(q, k, v, cu_of(lengths), max(lengths))
+        out.float().sum().backward()
+        torch.testing.assert_close(out.double(), naive_attention(q, k, v, lengths), atol=FP16_TOL, rtol=0)
+        assert q.grad is not None and k.grad.shape == k.shape and v.grad.abs().sum() > 0
+    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------- Hugging Face glue
@@ -455,8 +549,10 @@ def test_torch_backend_through_llama_under_autocast(monkeypatch):
 def test_auto_picks_the_fastest_backend_that_reproduces_the_features(fake_cuda, monkeypatch):
     monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: fake_varlen_new([]))  # has window_size
     pick = lambda *features: select_backend("auto", "cuda", features=set(features))  # noqa: E731
-    assert pick() == pick("window") == pick("softcap", "window") == pick("chunk", "value_dim") == "flash_attn"
+    assert pick() == pick("window") == pick("softcap", "window") == pick("chunk", "value_dim") == "fa4"
     assert pick("sinks") == pick("window", "sinks") == pick("wide_head") == "flex"
+    fake_cuda["fa4"] = False
+    assert pick() == pick("window") == pick("softcap", "window") == pick("chunk", "value_dim") == "flash_attn"
     fake_cuda["flash_attn"] = False
     assert pick("window") == pick("chunk") == "torch"
     assert pick("softcap") == "flex"
