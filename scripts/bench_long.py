@@ -1,5 +1,5 @@
 """Long examples, where attention is a large share of the work: pack-train's attention backends
-(`flash_attn`, `torch`, `flex`) on the same packed rows, same run (issue 20, part 4).
+(`fa4`, `flash_attn`, `torch`, `flex`) on the same packed rows, same run (issue 20, part 4).
 
     python scripts/bench_long.py --device cuda --model llama-1b --compile --json bench_long_h100.json
     python scripts/bench_long.py --device cpu --model tiny --examples 40 --min-len 64 --max-example-len 128 \
@@ -52,7 +52,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default="llama-1b")
-    p.add_argument("--backends", default="flash_attn,torch,flex")
+    p.add_argument("--backends", default="fa4,flash_attn,torch,flex")
     p.add_argument("--examples", type=int, default=400)
     p.add_argument("--min-len", type=int, default=4096)
     p.add_argument("--max-example-len", type=int, default=8192)
