@@ -15,8 +15,9 @@ A layer called without boundaries is refused (its model does not pass them on to
 examples would see each other), and so is a feature the backend cannot reproduce.
 
 Backends, fastest first: fa4 (Hopper or newer), flash_attn, torch (all CUDA, 16-bit), flex (CUDA),
-sdpa (the reference, anywhere). `select_backend("auto", device, features)` takes the first one that runs on the device
-and reproduces every feature the model uses; `trainer.model_check` finds those features.
+sdpa (the reference, anywhere). `select_backend("auto", device, features)` takes the first one that
+runs on the device and reproduces every feature the model uses; `trainer.model_check` finds those
+features.
 """
 
 from __future__ import annotations
@@ -197,8 +198,8 @@ def layer_features(
     return with_tensors(read, query, value, kwargs.get("s_aux"))
 
 
-_HF_NAMES = {"fa4": "packlm_fa4", "flash_attn": "packlm_fa2", "torch": "packlm_torch", "flex": "packlm_blockmask",
-             "sdpa": "packlm_reference"}
+_HF_NAMES = {"fa4": "packlm_fa4", "flash_attn": "packlm_fa2", "torch": "packlm_torch",
+             "flex": "packlm_blockmask", "sdpa": "packlm_reference"}
 
 
 def attention_name(backend: str) -> str:
