@@ -367,6 +367,12 @@ def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, 
     )
 
 
+def _fa4_window(window: int) -> dict[str, int | None]:
+    """FlashAttention-4's window keywords (the same for forward and backward): none for -1, else
+    `window` keys to the left and none to the right."""
+    return {"window_size_left": None if window < 0 else window, "window_size_right": None if window < 0 else 0}
+
+
 # FlashAttention-4 as two custom ops: torch.compile sees each as one opaque call with a known output
 # shape (the fake implementations), instead of tracing into flash_attn.cute's Python. `window` is
 # the number of keys to the left (-1: none), `softcap` 0.0 for none, as FlashAttention counts them.
@@ -379,9 +385,8 @@ def _fa4_fwd(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
 
     out, lse, *_ = _flash_attn_fwd(
         q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-        max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True,
-        window_size_left=None if window < 0 else window, window_size_right=None if window < 0 else 0,
-        softcap=softcap, return_lse=True,
+        max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True, softcap=softcap, return_lse=True,
+        **_fa4_window(window),
     )
     return out, lse
 
@@ -399,8 +404,7 @@ def _fa4_bwd(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, window, sof
     from flash_attn.cute.interface import _flash_attn_bwd
 
     dq, dk, dv = _flash_attn_bwd(
-        q, k, v, out, dout, lse, scale, True, softcap,
-        window_size_left=None if window < 0 else window, window_size_right=None if window < 0 else 0,
+        q, k, v, out, dout, lse, scale, True, softcap, **_fa4_window(window),
         cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
     )
     return dq, dk, dv
