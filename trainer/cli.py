@@ -46,11 +46,19 @@ from trainer.config import OPTIMIZERS, REPORT_TO
                    "attention feature of the model (sliding window, soft-capping, sinks, chunks), "
                    "in the order fa4 (FlashAttention-4, flash-attn-4 package, Hopper or newer), "
                    "flash_attn (flash-attn 2), torch (PyTorch's varlen kernel), flex, sdpa (reference).")
-@click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "bf16-weights", "fp32"]),
+@click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "bf16-weights", "fp8", "fp32"]),
               help="bf16: autocast over fp32 weights. bf16-weights: the weights themselves in bf16 "
                    "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "
                    "and AdamW (one fused update that also writes the bf16 weights; AdamW only). "
+                   "fp8: bf16-weights with the decoder's linear layers computing in float8 (torchao; "
+                   "NVIDIA sm89 or newer, see --fp8-recipe). "
                    "fp32: no autocast. auto: bf16 on GPU, fp32 on CPU.")
+@click.option("--fp8-recipe", default="rowwise_with_gw_hp",
+              type=click.Choice(["rowwise_with_gw_hp", "rowwise", "tensorwise"]),
+              help="With --dtype fp8, torchao's float8 scaling. rowwise_with_gw_hp (default): per-token "
+                   "scales and a bf16 weight gradient, so packing changes no example's numbers. rowwise "
+                   "and tensorwise are faster, but their scales span the micro-batch: an example's "
+                   "gradients then depend on the examples packed beside it.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="torch.compile each decoder layer and each chunk of the loss (dynamic shapes). "
                    "Default: on for CUDA (faster than eager there: HISTORY.md), off on CPU.")

@@ -12,7 +12,8 @@ RESUME = ("newest", "strict")
 PARALLEL = ("ddp", "fsdp")
 REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
-DTYPES = ("auto", "bf16", "bf16-weights", "fp32")
+DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
+FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.fp8.RECIPES
 OPTIMIZERS = ("adamw", "adafactor")
 
 
@@ -35,6 +36,7 @@ class TrainConfig:
     stop_at: int | None = None
     attn: str = "auto"
     dtype: str = "auto"
+    fp8_recipe: str = "rowwise_with_gw_hp"  # with dtype "fp8": torchao's float8 scaling (trainer.fp8)
     compile: bool | None = None  # None: compile on CUDA, not on CPU
     grad_checkpointing: int = 0  # 0: off; N: every Nth decoder layer recomputes its activations (1: all)
     seed: int = 0
@@ -91,8 +93,10 @@ def validate(config: TrainConfig) -> None:
         raise UserError(f"unknown --dtype {config.dtype!r}: choose {', '.join(DTYPES)}")
     if config.optimizer not in OPTIMIZERS:
         raise UserError(f"unknown --optimizer {config.optimizer!r}: choose {', '.join(OPTIMIZERS)}")
-    if config.dtype == "bf16-weights" and config.optimizer != "adamw":
-        raise UserError(f"--dtype bf16-weights needs --optimizer adamw (its fp32 masters are updated by a "
+    if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
+        raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
+    if config.fp8_recipe not in FP8_RECIPES:
+        raise UserError(f"unknown --fp8-recipe {config.fp8_recipe!r}: choose {', '.join(FP8_RECIPES)}")
     if config.resume and config.resume not in RESUME:
         raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

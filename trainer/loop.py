@@ -37,9 +37,11 @@ from trainer.loss import LossModule
 from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
+from trainer.fp8 import check_fp8, recipe_note, to_float8
 from trainer.precision import MasterAdamW
 from trainer.parallel import (
     DistInfo,
+    close_distributed,
     full_model_state,
     optimizer_state,
     pick_device,
@@ -126,7 +128,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
                     ckpt.mark_best(run.out, step, last_eval[0], last_path)
             if stopping:
                 break
-    return finish(run, meter, step, last_loss, last_path, last_eval, best, stopped_by_sigterm=stopping)
+    summary = finish(run, meter, step, last_loss, last_path, last_eval, best, stopped_by_sigterm=stopping)
+    close_distributed(info)
+    return summary
 
 
 def backward_window(
@@ -187,6 +191,10 @@ def backward_window(
 # ------------------------------------------------------------------------- before and after the loop
 
 
+# precisions whose weights are bf16 over fp32 masters in one process (trainer.precision)
+MASTER_DTYPES = ("bf16-weights", "fp8")
+
+
 @dataclass
 class Run:
     """What `start` builds, and checks, before the first step."""
@@ -234,6 +242,8 @@ def start(config: TrainConfig) -> Run:
     bf16 = dtype_name != "fp32"  # bf16 or bf16-weights
     if info.enabled:
         _refuse_under_torchrun(config, dtype_name)
+    if dtype_name == "fp8":
+        check_fp8(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
@@ -256,12 +266,15 @@ def start(config: TrainConfig) -> Run:
         start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
                                                        fingerprint, stop_at, peft)
     fsdp = info.enabled and config.parallel == "fsdp"
+    if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
+        to_float8(model, config.fp8_recipe, decoder_layers(model))
     compiled = config.compile if config.compile is not None else device.type == "cuda"
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
-    # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same there
+    # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same
+    # there; under DDP, fp8 runs on fp32 weights with bf16 autocast
     optimizer, scheduler = make_optimizer(wrapper.parameters(), config, device, total_steps,
-                                          master_weights=dtype_name == "bf16-weights" and not fsdp)
+                                          master_weights=dtype_name in MASTER_DTYPES and not info.enabled)
     masters = optimizer if isinstance(optimizer, MasterAdamW) else None
     if resume_from is not None:
         load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
@@ -377,6 +390,8 @@ def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -
         file=sys.stderr,
     )
     print(f"pack-train: attention {backend_why}", file=sys.stderr)
+    if dtype_name == "fp8":
+        print(f"pack-train: {recipe_note(config.fp8_recipe)}", file=sys.stderr)
     plan = run.planner.plan(run.cursor.epoch)
     if plan.n_long_rows:
         print(f"pack-train: {plan.n_long_rows} rows are longer than --tokens-per-step and each "

@@ -29,6 +29,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     enabled: bool = False
+    owns_group: bool = False  # this run created the process group (and destroys it at its end)
 
     def barrier(self) -> None:
         if self.enabled:
@@ -61,9 +62,17 @@ def setup_distributed(device: torch.device) -> DistInfo:
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return DistInfo(rank=rank, world_size=world, local_rank=local, enabled=True)
+    return DistInfo(rank=rank, world_size=world, local_rank=local, enabled=True, owns_group=owns)
+
+
+def close_distributed(info: DistInfo) -> None:
+    """Leave the process group `setup_distributed` created (one a caller created stays theirs);
+    PyTorch warns at exit about a group left open."""
+    if info.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def seed_everything(seed: int) -> None:

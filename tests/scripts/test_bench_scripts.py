@@ -367,9 +367,10 @@ def test_bench_train_paths_and_tunings_are_checked():
     """HF paths take +layers/+model/+liger tunings, packlm paths +bf16-weights; +liger must come
     last (it patches transformers)."""
     args = bt.parse_args(["--paths", "hf-pad+layers,hf-flat-fa2+model,packlm-ffd,packlm-ffd+bf16-weights,"
-                                     "hf-flat-fa2+layers+liger"])
+                                     "hf-ffd-fa2+model+bf16,hf-ffd-flex+fp8,packlm-ffd+fp8,hf-flat-fa2+layers+liger"])
     assert args.paths[-1] == "hf-flat-fa2+layers+liger"
-    for bad in ("hf-flat-fa2+turbo", "packlm-ffd+layers", "hf-pad+bf16-weights", "hf-flat-fa2+liger,hf-pad"):
+    for bad in ("hf-flat-fa2+turbo", "packlm-ffd+layers", "hf-pad+bf16-weights", "hf-flat-fa2+liger,hf-pad",
+                "packlm-ffd+bf16", "hf-ffd-fa2+bf16-weights"):
         with pytest.raises(SystemExit):
             bt.parse_args(["--paths", bad])
     assert bt.split_path("hf-flat-fa2+layers+liger") == ("hf-flat-fa2", ["layers", "liger"])
@@ -378,7 +379,7 @@ def test_bench_train_paths_and_tunings_are_checked():
 def _run_end_to_end(common, tmp_path):
     out = tmp_path / "bench.json"
     results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,hf-flat-sdpa+layers,packlm-minibatch,packlm-ffd,"
-                                           "packlm-ffd+bf16-weights", "--json", str(out)])
+                                           "packlm-ffd+bf16-weights,hf-ffd-sdpa", "--json", str(out)])
     by = {r.path: r for r in results}
     assert all(r.ok for r in results), [r.note for r in results]
     # the compiled HF path: the same examples, the same loss up to the compiler's rounding
@@ -390,6 +391,11 @@ def _run_end_to_end(common, tmp_path):
     assert by["hf-pad"].examples == by["hf-flat-sdpa"].examples == 32
     assert by["hf-flat-sdpa"].final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
     assert by["packlm-ffd"].note == "" and 0 < by["packlm-ffd"].tokens <= 512
+    # the same-row peer: HF fed exactly pack-train's rows, the same model and seed, fp32: the same
+    # tokens, examples and loss as pack-train's own loop
+    assert by["hf-ffd-sdpa"].tokens == by["packlm-ffd"].tokens
+    assert by["hf-ffd-sdpa"].examples == by["packlm-ffd"].examples
+    assert by["hf-ffd-sdpa"].final_loss == pytest.approx(by["packlm-ffd"].final_loss, rel=1e-4)
     # each timed step's host time (HF and inline loops) or each timed metrics window's (pack-train)
     assert len(by["hf-pad"].extra["host_ms_per_step"]) == by["hf-pad"].steps == 1
     assert all(ms > 0 for ms in by["hf-pad"].extra["host_ms_per_step"])
@@ -520,16 +526,37 @@ def test_bench_startup_runs_a_checkouts_own_console_script(tmp_path):
 
 
 def test_targets_are_checked_against_the_same_run():
+    """Every packlm-ffd path is compared with the HF peer fed the same rows (fastest of all, and of
+    its own precision class); fp8 against bf16-weights of the same run; the bf16 MFU target."""
     rs = [
-        bt.PathResult(path="hf-flat-flex", runner="hf", tokens_per_s=300),
-        bt.PathResult(path="hf-flat-flex+model", runner="hf", tokens_per_s=400),  # the best HF packed path
-        bt.PathResult(path="packlm-minibatch", runner="p", tokens_per_s=640, data_wait_pct=0.3),
-        bt.PathResult(path="packlm-ffd", runner="p", tokens_per_s=600, mfu=0.44, data_wait_pct=1.5),
+        bt.PathResult(path="hf-flat-flex+model", runner="hf", tokens_per_s=900),  # other rows: not a peer
+        bt.PathResult(path="hf-ffd-fa2+model", runner="hf", tokens_per_s=400),
+        bt.PathResult(path="hf-ffd-fa2+model+bf16", runner="hf", tokens_per_s=500),  # the best same-row peer
+        bt.PathResult(path="hf-ffd-fa2+model+fp8", runner="hf", tokens_per_s=550),
+        bt.PathResult(path="packlm-ffd", runner="p", tokens_per_s=440, mfu=0.52, data_wait_pct=0.3),
+        bt.PathResult(path="packlm-ffd+bf16-weights", runner="p", tokens_per_s=520, mfu=0.61, data_wait_pct=1.5),
+        bt.PathResult(path="packlm-ffd+fp8", runner="p", tokens_per_s=715, mfu=0.83),
     ]
     lines = bt.target_lines(rs)
-    assert lines[0].startswith("packlm-minibatch vs best HF packed path: 1.60x (target >= 1.5x)") and "NOT" not in lines[0]
-    assert "44.0%" in lines[1] and lines[1].endswith("NOT MET")
-    assert "1.50%" in lines[2] and lines[2].endswith("NOT MET")
+    assert lines[0] == ("packlm-ffd vs best HF same rows (hf-ffd-fa2+model+fp8): 0.80x; "
+                        "vs same precision (hf-ffd-fa2+model): 1.10x")
+    assert lines[1].endswith("vs same precision (hf-ffd-fa2+model+bf16): 1.04x")
+    assert lines[2].endswith("vs same precision (hf-ffd-fa2+model+fp8): 1.30x")
+    assert lines[3].startswith("packlm-ffd+fp8 vs packlm-ffd+bf16-weights: 1.38x") and lines[3].endswith(": MET")
+    assert lines[4].startswith("packlm-ffd+fp8 vs best HF same rows: 1.30x") and lines[4].endswith(": MET")
+    assert lines[5].startswith("packlm-ffd+bf16-weights MFU 61.0%") and lines[5].endswith(": MET")  # fp8 not counted
+    assert "1.50%" in lines[6] and lines[6].endswith("NOT MET")
+    table = bt.markdown_table(rs).splitlines()
+    row = next(line for line in table if line.startswith("| packlm-ffd+fp8 |"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2] == "fp8" and cells[12:16] == ["1.30", "1.30", "0.79", "n/a"]
+
+
+def test_precision_classes_of_paths():
+    assert bt.precision_class("hf-ffd-fa2+model") == bt.precision_class("packlm-ffd") == "autocast"
+    assert bt.precision_class("hf-ffd-fa2+model+bf16") == bt.precision_class("packlm-ffd+bf16-weights") == "bf16 weights"
+    assert bt.precision_class("hf-ffd-flex+fp8") == bt.precision_class("packlm-ffd+fp8") == "fp8"
+    assert bt.packed_dtype(["fp8"], "bf16") == "fp8" and bt.packed_dtype([], "bf16") == "bf16"
 
 
 def test_check_gpu_hf_builds_valid_packed_rows_and_needs_cuda(monkeypatch):

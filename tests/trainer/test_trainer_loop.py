@@ -247,7 +247,7 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
     data.ShardReader.microbatch = spy
     summary = train(config)
     Path(record, f"rank{rank}.json").write_text(json.dumps({"rows": seen, "summary": summary}))
-    dist.destroy_process_group()
+    assert not dist.is_initialized(), "train() left its process group open"
 
 
 @pytest.mark.parametrize(("parallel", "accum", "reduce"),
@@ -321,7 +321,7 @@ def _sigterm_worker(rank: int, world: int, port: int, config: TrainConfig, recor
     data.ShardReader.microbatch = signalled
     summary = train(config)
     Path(record, f"rank{rank}.json").write_text(json.dumps(summary))
-    dist.destroy_process_group()
+    assert not dist.is_initialized(), "train() left its process group open"
 
 
 def test_ranks_agree_to_stop_on_sigterm_at_the_next_log_step(packed: Path, tmp_path: Path) -> None:

@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""Precision against precision on the same rows: speed and held-out loss of pack-train's own loop.
+
+Packs GSM8K + CodeAlpaca (Llama-2 tokenizer, from `../shared`) once with `pack-data --strategy ffd
+--eval-fraction F`, then runs `trainer.train` (what `pack-train` runs) once per `--dtypes` entry from
+the same seed on the same rows for `--steps` optimizer steps, with a held-out evaluation at the end.
+An entry is a pack-train `--dtype`, with an fp8 recipe after a colon (`fp8:tensorwise`; plain `fp8`
+is pack-train's default recipe). Reports tokens/s over the steps after `--warmup` (from
+metrics.jsonl), the held-out loss and each entry's ratios against the first entry: the speed-up
+and the held-out loss's relative difference (issue 38: fp8 within 1% of bf16).
+
+One process, or every rank of a torchrun launch (FSDP2 with `--parallel fsdp`): rank 0 packs while
+the others wait for its marker file; only rank 0 writes the report.
+
+    python scripts/bench_precision.py --model llama-1b --dtypes bf16-weights,fp8,fp8:tensorwise \\
+        --steps 200 --json bench_precision.json
+    torchrun --nproc-per-node 4 scripts/bench_precision.py --model llama-8b --parallel fsdp \\
+        --tokens-per-step 8192 --dtypes bf16,fp8:tensorwise --steps 40 --json fp8_8b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    LLAMA2,
+    jsonable,
+    load_source_examples,
+    machine_summary,
+    seeded_order,
+    shared_dir,
+    write_json,
+    write_jsonl,
+)
+
+
+def parse_entry(entry: str) -> tuple[str, str | None]:
+    """"fp8:tensorwise" -> ("fp8", "tensorwise"); "bf16-weights" -> ("bf16-weights", None)."""
+    dtype, _, recipe = entry.partition(":")
+    return dtype, (recipe or None)
+
+
+def prepare(args: argparse.Namespace, rank: int) -> Path:
+    """The packed folder (with its eval split), written by rank 0 once; other ranks wait for it."""
+    folder = args.workdir / "ffd-eval"
+    ready = args.workdir / "ffd-eval.ready.json"
+    stamp = {"limit": args.limit, "seed": args.seed, "max_len": args.max_len,
+             "eval_fraction": args.eval_fraction, "shared": str(args.shared.resolve())}
+    if rank != 0:
+        deadline = time.time() + 1800
+        while not (ready.is_file() and json.loads(ready.read_text()) == stamp):
+            if time.time() > deadline:
+                raise SystemExit(f"rank {rank}: rank 0 did not finish packing {folder} in 30 min")
+            time.sleep(2)
+        return folder
+    if ready.is_file() and json.loads(ready.read_text()) == stamp:
+        return folder
+    import click
+
+    from pipeline.cli import pack_data
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    inputs = args.workdir / "examples.jsonl"
+    write_jsonl(inputs, seeded_order(load_source_examples(args.shared, args.limit), args.seed))
+    argv = [str(inputs), "--tokenizer", str(args.shared / LLAMA2), "--max-len", str(args.max_len),
+            "--out", str(folder), "--strategy", "ffd", "--seed", str(args.seed), "--overwrite",
+            "--no-progress", "--eval-fraction", str(args.eval_fraction), "--num-proc", str(args.pack_procs)]
+    try:
+        pack_data.main(args=argv, standalone_mode=False)
+    except click.ClickException as exc:
+        raise SystemExit(f"pack-data failed: {exc.format_message()}") from None
+    ready.write_text(json.dumps(stamp))
+    return folder
+
+
+def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """pack-train's loop for one precision; its summary and the timed steps' rate."""
+    from trainer import TrainConfig, train
+
+    dtype, recipe = parse_entry(entry)
+    out = args.workdir / f"run-{entry.replace(':', '-')}"
+    config = TrainConfig(
+        data=str(folder), model=args.model, out=str(out), tokens_per_step=args.tokens_per_step,
+        lr=args.lr, warmup=args.lr_warmup, schedule="cosine", max_steps=args.steps, attn=args.attn,
+        dtype=dtype, fp8_recipe=recipe or "rowwise_with_gw_hp", seed=args.seed, log_every=args.log_every,
+        parallel=args.parallel, grad_checkpointing=args.grad_checkpointing, progress=False,
+        num_workers=2, save_every=0, verify_hashes=False, peak_flops=args.peak_tflops * 1e12,
+    )
+    if out.exists() and int(os.environ.get("RANK", "0")) == 0:
+        import shutil
+
+        shutil.rmtree(out)
+    from unittest import mock
+
+    from trainer import loop
+
+    with mock.patch.object(loop, "save", lambda *a, **k: None):  # no checkpoint of 1-8B on disk
+        summary = train(config)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train_rows = [r for r in records if "loss" in r and "step_time_s" in r]
+    timed = [r for r in train_rows if r["step"] > args.warmup]
+    seconds = tokens = 0.0
+    last_step, last_tokens = 0, 0
+    for r in train_rows:
+        n = r["step"] - last_step
+        if r["step"] > args.warmup:
+            seconds += r["step_time_s"] * n
+            tokens += r["tokens"] - last_tokens
+        last_step, last_tokens = r["step"], r["tokens"]
+    return {
+        "entry": entry, "dtype": dtype, "recipe": recipe, "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "mfu_last": timed[-1].get("mfu") if timed else None, "eval_loss": summary.get("eval_loss"),
+        "final_loss": summary.get("final_loss"), "peak_mem_gib": train_rows[-1].get("peak_mem_gib") if train_rows else None,
+        "world_size": summary.get("world_size"), "attention": summary.get("attention"),
+        "loss_curve": [(r["step"], r["loss"]) for r in train_rows],
+    }
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """One line per entry, ratios against the first."""
+    base = results[0]
+    lines = ["| precision | tokens/s (all ranks) | x first | MFU (last window) | held-out loss | vs first "
+             "| final train loss | peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        speed = r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else float("nan")
+        if r["eval_loss"] is not None and base["eval_loss"]:
+            rel = f"{100 * (r['eval_loss'] - base['eval_loss']) / base['eval_loss']:+.2f}%"
+            ev = f"{r['eval_loss']:.4f}"
+        else:
+            rel = ev = "n/a"
+        mfu = f"{100 * r['mfu_last']:.1f}%" if r["mfu_last"] else "n/a"
+        peak = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "n/a"
+        lines.append(f"| {r['entry']} | {r['tokens_per_s']:,.0f} | {speed:.2f} | {mfu} | {ev} | {rel} | "
+                     f"{r['final_loss']:.4f} | {peak} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="llama-1b")
+    p.add_argument("--dtypes", default="bf16-weights,fp8",
+                   help="comma separated pack-train --dtype values, fp8 with :RECIPE; ratios against the first")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of tokens/s (compile)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--tokens-per-step", type=int, default=16384)
+    p.add_argument("--max-len", type=int, default=8192)
+    p.add_argument("--eval-fraction", type=float, default=0.02)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr-warmup", type=int, default=10)
+    p.add_argument("--attn", default="auto")
+    p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"))
+    p.add_argument("--grad-checkpointing", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="first N examples of each dataset")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pack-procs", type=int, default=4)
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100 SXM: 989)")
+    p.add_argument("--shared", type=Path, default=None)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/packlm-bench-precision"))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.shared = args.shared or shared_dir()
+    args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    t0 = time.perf_counter()
+    folder = prepare(args, rank)
+    results = []
+    for entry in args.dtypes:
+        res = run_entry(entry, folder, args)
+        results.append(res)
+        if rank == 0:
+            print(f"  {entry}: {res['tokens_per_s']:,.0f} tokens/s, held-out {res['eval_loss']}, "
+                  f"final train {res['final_loss']}", flush=True)
+    if rank == 0:
+        text = table(results)
+        print(text)
+        if args.json:
+            import torch
+
+            write_json(args.json, {"config": jsonable(args), "machine": machine_summary(),
+                                   "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                                   "torch": torch.__version__, "results": results, "table": text,
+                                   "wall_s": time.perf_counter() - t0})
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""`--dtype fp8` (trainer.fp8): which layers become float8, where it is refused, and the packing
+guarantee under each recipe, on torchao's CPU emulation of the float8 arithmetic (the GPU kernels
+run the same casts and scales: scripts/bench_precision.py measures them on an H100)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+pytest.importorskip("torchao.float8")
+
+from pipeline.errors import UserError  # noqa: E402
+from trainer import fp8  # noqa: E402
+from trainer.cli import pack_train  # noqa: E402
+from trainer.config import TrainConfig, validate  # noqa: E402
+from trainer.loss import per_example_losses  # noqa: E402
+from trainer.model import build_model, decoder_layers  # noqa: E402
+
+from test_equivalence import alone_loss_sum, n_loss, pack, params_grad  # noqa: E402
+
+LENGTHS = [9, 30, 4, 17]
+
+
+def _tiny(attn: str = "sdpa") -> torch.nn.Module:
+    model, _ = build_model("tiny", attn=attn, dtype=torch.float32, seed=3)
+    return model
+
+
+def _examples() -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    out = []
+    for n in LENGTHS:
+        ids = rng.integers(3, 4096, n)
+        labels = ids.copy()
+        labels[0] = -100
+        out.append((ids, labels))
+    return out
+
+
+def test_only_the_decoders_linear_layers_become_float8_with_the_same_parameters():
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = _tiny()
+    before = {name: p for name, p in model.named_parameters()}
+    n = fp8.to_float8(model, "rowwise_with_gw_hp", decoder_layers(model), emulate=True)
+    float8 = {name for name, m in model.named_modules() if isinstance(m, Float8Linear)}
+    # 2 layers x (q, k, v, o, gate, up, down); the output head and embeddings stay as they are
+    assert n == len(float8) == 14
+    assert all(name.startswith("model.layers.") for name in float8)
+    assert type(model.lm_head) is torch.nn.Linear
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)  # checkpoints unchanged
+
+
+def test_lora_adapters_stay_high_precision_and_their_frozen_base_becomes_float8():
+    pytest.importorskip("peft")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from trainer.lora import add_lora
+
+    model = _tiny()
+    add_lora(model, TrainConfig(data="d", model="tiny", out="o", lora_r=4))
+    fp8.to_float8(model, "rowwise_with_gw_hp", decoder_layers(model), emulate=True)
+    kinds = {name: type(m) for name, m in model.named_modules()}
+    assert kinds["model.layers.0.self_attn.q_proj.base_layer"] is Float8Linear
+    assert kinds["model.layers.0.self_attn.q_proj.lora_A.default"] is torch.nn.Linear
+
+
+def test_a_dimension_the_float8_matmul_cannot_take_stays_high_precision():
+    assert fp8.convertible(torch.nn.Linear(64, 128))
+    assert not fp8.convertible(torch.nn.Linear(64, 100))  # 100 is not a multiple of 16
+    assert not fp8.convertible(torch.nn.Embedding(10, 16))
+
+
+def _packed_vs_alone(recipe: str) -> tuple[float, float]:
+    """The largest gap between an example's packed and alone loss sum, and between their gradients,
+    with both models' decoder linears in float8 (`recipe`, emulated)."""
+    model = _tiny()
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("eager")
+    for m in (model, reference):
+        fp8.to_float8(m, recipe, decoder_layers(m), emulate=True)
+    examples = _examples()
+    batch = pack(examples)
+    means = per_example_losses(model, batch)
+    sums = means * torch.tensor([n_loss(e[1]) for e in examples], dtype=torch.float32)
+    loss_gap = grad_gap = 0.0
+    for i, (ids, labels) in enumerate(examples):
+        alone = alone_loss_sum(reference, ids, labels)
+        loss_gap = max(loss_gap, float((sums[i] - alone).abs().detach() / alone.abs().detach()))
+        for g_packed, g_alone in zip(params_grad(model, sums[i]), params_grad(reference, alone)):
+            if g_alone is None:
+                continue
+            g_packed = torch.zeros_like(g_alone) if g_packed is None else g_packed
+            scale = float(g_alone.abs().max()) or 1.0
+            grad_gap = max(grad_gap, float((g_packed - g_alone).abs().max()) / scale)
+    return loss_gap, grad_gap
+
+
+def test_rowwise_with_gw_hp_keeps_every_example_as_it_is_alone():
+    """Per-token scales and a high-precision weight gradient: packing changes no example's loss or
+    gradients (beyond float32 summation order)."""
+    loss_gap, grad_gap = _packed_vs_alone("rowwise_with_gw_hp")
+    assert loss_gap < 1e-5 and grad_gap < 1e-4
+
+
+def test_batch_wide_scales_change_an_examples_numbers():
+    """Negative control: tensorwise scales over the whole packed row make an example's numbers
+    depend on its neighbours: the same comparison fails, which is why pack-train says so when asked
+    for a recipe with batch-wide scales."""
+    loss_gap, grad_gap = _packed_vs_alone("tensorwise")
+    assert loss_gap > 1e-4 and grad_gap > 1e-2
+    assert "WARNING" in fp8.recipe_note("tensorwise") and "WARNING" not in fp8.recipe_note("rowwise_with_gw_hp")
+
+
+def test_fp8_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
+    with pytest.raises(UserError, match=r"--dtype fp8 needs an NVIDIA GPU .* this run is on cpu"):
+        fp8.check_fp8(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(UserError, match=r"NVIDIA A100 is sm80: use --dtype bf16-weights"):
+        fp8.check_fp8(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):
+        if name.startswith("torchao"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    with pytest.raises(UserError, match=r"needs the torchao package: pip install torchao"):
+        fp8.check_fp8(torch.device("cuda", 0))
+
+
+def test_fp8_options_are_checked():
+    with pytest.raises(UserError, match="--dtype fp8 needs --optimizer adamw"):
+        validate(TrainConfig(data="d", model="m", out="o", dtype="fp8", optimizer="adafactor"))
+    with pytest.raises(UserError, match="unknown --fp8-recipe 'blockwise'"):
+        validate(TrainConfig(data="d", model="m", out="o", dtype="fp8", fp8_recipe="blockwise"))
+    with pytest.raises(UserError, match="unknown --fp8-recipe"):
+        fp8.fp8_config("blockwise")
+    config = fp8.fp8_config("tensorwise")
+    assert config.pad_inner_dim  # a micro-batch's token count is any number
+
+
+def test_pack_train_on_cpu_refuses_fp8_in_one_line(tmp_path):
+    from packed_factory import make_packed_folder, pack_lengths
+
+    data = tmp_path / "data"
+    make_packed_folder(data, pack_lengths([10, 20, 30], 64, vocab=300), 64)
+    result = CliRunner().invoke(pack_train, ["--data", str(data), "--model", "tiny", "--out", str(tmp_path / "run"),
+                                             "--max-steps", "1", "--dtype", "fp8", "--device", "cpu"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: --dtype fp8 needs an NVIDIA GPU"), result.output
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "run" / "checkpoints").exists()
