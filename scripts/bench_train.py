@@ -474,11 +474,17 @@ def row_examples(rows: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.nda
 
 def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device) -> Iterator[Callable[[], Batch]]:
     """One thunk per step of packed rows: their examples through HF's flattening collator (one
-    [1, T] row, restarting position_ids, -100 at each example's first label) and to the device."""
+    [1, T] row, restarting position_ids, -100 at each example's first label) and to the device.
+    Every step is collated before the first one runs (pinned on CUDA), as a DataLoader's workers
+    would have it ready, so the peer's time holds no host collation."""
+    ready = []
     for rows in steps:
-        def thunk(rows: Sequence[dict[str, np.ndarray]] = rows) -> Batch:
-            host = flatten_collate(row_examples(rows))
-            lens = np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)
+        host = flatten_collate(row_examples(rows))
+        if device.type == "cuda":
+            host = {k: v.pin_memory() for k, v in host.items()}
+        ready.append((host, np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)))
+    for host, lens in ready:
+        def thunk(host: dict[str, torch.Tensor] = host, lens: np.ndarray = lens) -> Batch:
             return Batch(to_device(host, device), real_tokens(host), lens, len(lens))
 
         yield thunk
