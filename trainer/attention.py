@@ -221,7 +221,8 @@ def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable
     """An attention function with the signature transformers' AttentionInterface expects.
 
     It receives query [B, Hq, S, D], key/value [B, Hkv, S, D(v)] and the forward kwargs, reads the
-    example boundaries from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1) and the
+    example boundaries from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1; where
+    they are absent, from the decoder's current call, `trainer.packed_row`) and the
     layer's features (`layer_features`), and calls `observe(module, features)` first if given.
     Refused, each with one line: no boundaries, attention dropout, a non-causal layer, a dense
     attention mask, a KV cache (generation).

@@ -114,7 +114,6 @@ def _per_example_rope(module: torch.nn.Module) -> None:
                         "static RoPE scaling (rope_type 'linear', 'yarn' or 'default') in the config")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    stock = module.forward
     init = ROPE_INIT_FUNCTIONS[module.rope_type]
     config = module.config
     if module.rope_type == "longrope":
@@ -126,7 +125,7 @@ def _per_example_rope(module: torch.nn.Module) -> None:
 
     def forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any):
         if packed_row.current() is None or kwargs:
-            return stock(x, position_ids, **kwargs)
+            return type(self).forward(self, x, position_ids, **kwargs)
         lengths = example_lengths(position_ids)
         cos, sin = _with_inv_freq(self, raw, self.original_inv_freq.to(x.device), x, position_ids)
         if self.rope_type == "longrope":
@@ -151,6 +150,8 @@ def packed_queries(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor
     if not getattr(module, _TEMPERATURE, False) or getattr(module, "attn_temperature_tuning", True):
         return query
     row = packed_row.current()
+    if row is None or row.position_ids is None:
+        return query
     positions = row.position_ids.reshape(1, 1, -1, 1)
     scales = torch.log1p(torch.floor((positions.float() + 1.0) / module.floor_scale)) * module.attn_scale + 1.0
     return (query * scales).to(query.dtype)
@@ -177,12 +178,15 @@ def install(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
     for layer in layers:
         setattr(layer, _TEMPERATURE, True)
     if layers:
-        # on the decoder, which runs uncompiled: packed calls switch the layers' row-index scaling
-        # off (packed_queries scales from position_ids instead), other calls leave it on
-        def switch(decoder: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            row = packed_row.current()
-            packed = row is not None and row.position_ids is not None
-            for layer in layers:
-                layer.attn_temperature_tuning = not packed
+        # an attribute, not a closure, so that a deep copy of the model switches its own layers
+        decoder._packlm_temperature_layers = layers
+        decoder.register_forward_pre_hook(_switch_temperature, with_kwargs=True)
 
-        decoder.register_forward_pre_hook(switch, with_kwargs=True)
+
+def _switch_temperature(decoder: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Decoder pre-hook (the decoder runs uncompiled): packed calls switch the NoPE layers' own
+    row-index scaling off (`packed_queries` scales from position_ids instead), others leave it on."""
+    row = packed_row.current()
+    packed = row is not None and row.position_ids is not None
+    for layer in decoder._packlm_temperature_layers:
+        layer.attn_temperature_tuning = not packed

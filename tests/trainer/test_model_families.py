@@ -376,3 +376,25 @@ def test_an_output_linear_named_decoder_is_not_taken_for_the_decoder_stack() -> 
     model = family.build()
     assert model.get_decoder() is model.get_output_embeddings()  # transformers' own lookup is fooled
     assert loss.find_decoder(model) is model.model
+
+
+@pytest.mark.parametrize("name", ["stablelm", "llama4-temperature"])
+def test_activation_checkpointing_recomputes_with_the_rows_boundaries_and_positions(name: str, data) -> None:
+    """A checkpointed layer runs again in the backward, after the decoder's forward returned: it
+    still gets the row's boundaries (StableLM) and per-example temperature (Llama 4)."""
+    from trainer.model import enable_grad_checkpointing
+
+    family = next(f for f in FAMILIES if f.name == name)
+    _installed(family)
+    plain, checkpointed = family.build(), family.build()
+    for model in (plain, checkpointed):
+        prepare(model, "sdpa")
+        model.train()
+    enable_grad_checkpointing(checkpointed)
+    batch = packed_batch(data)
+    grads = []
+    for model in (plain, checkpointed):
+        per_example_losses(model, batch).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    names = [n for n, _ in plain.named_parameters()]
+    assert_grads_close(grads[1], grads[0], names, f"{name} checkpointed")
