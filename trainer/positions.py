@@ -128,12 +128,14 @@ def _per_example_rope(module: torch.nn.Module) -> None:
             return type(self).forward(self, x, position_ids, **kwargs)
         lengths = example_lengths(position_ids)
         cos, sin = _with_inv_freq(self, raw, self.original_inv_freq.to(x.device), x, position_ids)
-        if self.rope_type == "longrope":
+        if self.rope_type == "longrope":  # the long factors, as transformers computes them
             variants = [(threshold + 1, lengths > threshold)]
-        else:  # one set of frequencies per distinct length past the threshold (a host sync)
-            variants = [(n, lengths == n) for n in torch.unique(lengths[lengths > threshold]).tolist()]
+        else:  # one set of frequencies per distinct length past the threshold (a host sync), from
+            # the length as a tensor, as transformers computes them from the batch's largest position
+            variants = [(torch.tensor(n, device=x.device), lengths == n)
+                        for n in torch.unique(lengths[lengths > threshold]).tolist()]
         for length, pick in variants:
-            inv_freq, _ = init(config, x.device, seq_len=torch.tensor(length, device=x.device))
+            inv_freq, _ = init(config, x.device, seq_len=length)
             other_cos, other_sin = _with_inv_freq(self, raw, inv_freq, x, position_ids)
             cos = torch.where(pick[..., None], other_cos, cos)
             sin = torch.where(pick[..., None], other_sin, sin)
@@ -174,6 +176,13 @@ def install(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
         if isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
             _per_example_rope(module)
             setattr(module, _PATCHED, True)
+    kind = _rope_type(getattr(model, "config", None))
+    if isinstance(kind, str) and ("dynamic" in kind or kind == "longrope") and not any(
+        getattr(m, _PATCHED, False) for m in model.modules()
+    ):
+        raise UserError(f"its config asks for a {kind!r} RoPE, whose frequencies depend on the sequence length, "
+                        "but no RoPE module of the model is one the trainer can compute per packed example: "
+                        "refused; use a static RoPE scaling (rope_type 'linear' or 'yarn')")
     layers = [layer for layer in _temperature_layers(model) if not getattr(layer, _TEMPERATURE, False)]
     for layer in layers:
         setattr(layer, _TEMPERATURE, True)

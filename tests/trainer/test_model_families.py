@@ -398,3 +398,17 @@ def test_activation_checkpointing_recomputes_with_the_rows_boundaries_and_positi
         grads.append([p.grad for p in model.parameters()])
     names = [n for n, _ in plain.named_parameters()]
     assert_grads_close(grads[1], grads[0], names, f"{name} checkpointed")
+
+
+def test_a_length_dependent_rope_in_a_form_the_trainer_does_not_know_is_refused() -> None:
+    """The config asks for dynamic NTK RoPE but the RoPE module is not transformers' (no
+    `rope_type`, as in a model's own code): refused in one line, never trained row-wide."""
+    family = next(f for f in POSITION_FAMILIES if f.name == "llama-dynamic-rope")
+    model = family.build()
+    for module in model.modules():
+        if hasattr(module, "rope_type"):
+            del module.rope_type
+    with pytest.raises(UserError) as refused:
+        prepare(model, "sdpa")
+    assert str(refused.value).startswith("LlamaForCausalLM cannot be trained on packed rows: its config asks for "
+                                         "a 'dynamic' RoPE"), refused.value
