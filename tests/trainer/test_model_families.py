@@ -340,7 +340,12 @@ def test_a_layer_that_drops_keyword_arguments_still_gets_each_examples_boundarie
     _llama_attention_without_kwargs(monkeypatch)
     seen = []
     real = attention.varlen_attention
-    monkeypatch.setattr(attention, "varlen_attention", lambda q, k, v, cu, *a, **kw: seen.append(cu) or real(q, k, v, cu, *a, **kw))
+
+    def recording(q, k, v, cu, *args, **kwargs):
+        seen.append(cu)
+        return real(q, k, v, cu, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "varlen_attention", recording)
     model = family.build()
     reference = copy.deepcopy(model).eval()
     prepare(model, "sdpa")
