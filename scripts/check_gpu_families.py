@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from families import FAMILIES, Family, examples  # noqa: E402
+from families import FAMILIES, Family, examples, fresh_rope  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
 from trainer import attention  # noqa: E402
@@ -125,6 +125,7 @@ def stock_alone(model, data, device):
     model.zero_grad(set_to_none=True)
     losses = []
     for ids, labels in data:
+        fresh_rope(model)  # dynamic NTK RoPE: each example on a fresh model's frequencies
         logits = model(input_ids=torch.from_numpy(ids)[None].to(device)).logits[0]
         target = torch.from_numpy(labels[1:]).to(device)
         losses.append(F.cross_entropy(logits[:-1].float(), target, ignore_index=-100))

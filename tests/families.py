@@ -28,6 +28,9 @@ BOUNDARIES = "without example boundaries"
 STATE = "carry state from one example to the next"
 NO_INTERFACE = "does not use transformers' AttentionInterface"
 FAILED = "a packed forward pass failed"
+HEAD = "post-processes its hidden states or logits"
+ROPE_THRESHOLD = 29  # position thresholds of the RoPE-by-length families: passed by 2 of the 4 LENGTHS,
+# and by the row before the second example ends; above the short probe row (28 tokens)
 DROP = None.__class__  # a config value that removes the key from TINY (Falcon has no head_dim)
 
 
@@ -40,6 +43,8 @@ class Family:
     head: bool = False
     refused: str | None = None
     sinks: bool = False  # gpt-oss: sink logits set large after init
+    # dynamic NTK RoPE keeps the longest length it has seen: run each example alone on a fresh copy
+    fresh_alone: bool = False
 
     def build(self, seed: int = 0) -> torch.nn.Module:
         """The model in float32, train mode, stock eager attention, seeded random weights (the
@@ -59,8 +64,8 @@ class Family:
 
 
 def fam(name: str, model_type: str | None = None, *features: str, head: bool = False,
-        refused: str | None = None, sinks: bool = False, **config) -> Family:
-    return Family(name, model_type or name, config, frozenset(features), head, refused, sinks)
+        refused: str | None = None, sinks: bool = False, fresh_alone: bool = False, **config) -> Family:
+    return Family(name, model_type or name, config, frozenset(features), head, refused, sinks, fresh_alone)
 
 
 FAMILIES = [
@@ -107,9 +112,22 @@ FAMILIES = [
     fam("gpt2", n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     fam("phi", resid_pdrop=0.0, embd_pdrop=0.0),
     fam("opt", ffn_dim=128, word_embed_proj_dim=64, dropout=0.0),
+    # decoder layers that do not pass keyword arguments to attention: boundaries via trainer.packed_row
+    fam("stablelm"),
+    fam("nemotron"),
+    fam("hyperclovax", None, head=True, logits_scaling=4.0),  # multiplies its logits by logits_scaling
+    # position features that transformers computes from the row: per example (trainer.positions),
+    # with thresholds far below the examples' lengths
+    fam("llama-dynamic-rope", "llama", fresh_alone=True, max_position_embeddings=ROPE_THRESHOLD,
+        rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0}),
+    fam("phi3-longrope", "phi3", original_max_position_embeddings=ROPE_THRESHOLD, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": ROPE_THRESHOLD,
+        "short_factor": [1.0 + i / 4 for i in range(8)], "long_factor": [1.0 + 4 * i for i in range(8)]}),
+    fam("llama4-temperature", "llama4_text", "chunk", attention_chunk_size=WINDOW, no_rope_layers=[1, 0],
+        floor_scale=ROPE_THRESHOLD, attn_scale=2.0),
     # refused, each with one line
     fam("gpt2-dropout", "gpt2", refused="attention dropout", n_embd=64, n_layer=2, n_head=4),
-    fam("stablelm", refused=BOUNDARIES),
+    fam("modernbert-decoder", refused=HEAD),  # its output Linear is named `decoder`
     fam("lfm2", refused=STATE, layer_types=["conv", "full_attention"]),
     fam("granitemoehybrid", refused=STATE),
     fam("qwen3_next", refused=FAILED),
@@ -132,3 +150,13 @@ def examples(seed: int = 0, vocab: int = 256) -> list[tuple[np.ndarray, np.ndarr
         labels[5:8] = -100
         out.append((ids, labels))
     return out
+
+
+def fresh_rope(model: torch.nn.Module) -> None:
+    """Give RoPE modules the frequencies of a freshly built model: dynamic NTK RoPE keeps those of
+    the longest sequence it has seen until one no longer than max_position_embeddings comes, so an
+    example run alone after a longer one would get the longer one's."""
+    for module in model.modules():
+        if hasattr(module, "original_inv_freq") and hasattr(module, "original_max_seq_len"):
+            module._buffers["inv_freq"] = module.original_inv_freq.clone()
+            module.max_seq_len_cached = module.original_max_seq_len

@@ -11,8 +11,9 @@ receives the example boundaries (`cu_seq_lens_q`, `max_length_q` forward kwargs,
   "sliding_attention" gets `config.sliding_window` (every layer does, in a model without
   layer types), "chunked_attention" gets `config.attention_chunk_size`.
 
-A layer called without boundaries is refused (its model does not pass them on to attention, so
-examples would see each other), and so is a feature the backend cannot reproduce.
+A layer whose decoder layer does not pass the keyword arguments on (StableLM, Nemotron) gets the
+boundaries of the decoder's current call from `trainer.packed_row`; a layer called without any
+is refused (examples would see each other), and so is a feature the backend cannot reproduce.
 
 Backends, fastest first: fa4 (Hopper or newer), flash_attn, torch (all CUDA, 16-bit), flex (CUDA),
 sdpa (the reference, anywhere). `select_backend("auto", device, features)` takes the first one that
@@ -31,6 +32,7 @@ from transformers import AttentionInterface, masking_utils
 from transformers.masking_utils import AttentionMaskInterface
 
 from pipeline.errors import UserError
+from trainer import packed_row, positions
 from trainer.kernels import (
     FEATURE_NAMES,
     KERNELS,
@@ -219,7 +221,8 @@ def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable
     """An attention function with the signature transformers' AttentionInterface expects.
 
     It receives query [B, Hq, S, D], key/value [B, Hkv, S, D(v)] and the forward kwargs, reads the
-    example boundaries from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1) and the
+    example boundaries from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1; where
+    they are absent, from the decoder's current call, `trainer.packed_row`) and the
     layer's features (`layer_features`), and calls `observe(module, features)` first if given.
     Refused, each with one line: no boundaries, attention dropout, a non-causal layer, a dense
     attention mask, a KV cache (generation).
@@ -255,6 +258,9 @@ def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable
                 "model to eager/sdpa attention for generation"
             )
         cu_seqlens, max_seqlen = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+        row = packed_row.current() if cu_seqlens is None else None
+        if row is not None and row.n_tokens == seq:  # a layer that does not pass them on (StableLM)
+            cu_seqlens, max_seqlen = row.cu_seqlens, row.max_seqlen
         if cu_seqlens is None or max_seqlen is None or batch != 1:
             raise UserError(
                 f"{layer} was called without example boundaries (cu_seq_lens_q and max_length_q on "
@@ -264,6 +270,7 @@ def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable
         features = layer_features(module, query, value, kwargs)
         if observe is not None:
             observe(module, features)
+        query = positions.packed_queries(module, query)  # Llama 4's temperature, per example
         flat = lambda x: x.transpose(1, 2).reshape(seq, x.shape[1], x.shape[3])  # noqa: E731
         out = varlen_attention(
             flat(query), flat(key), flat(value), cu_seqlens, int(max_seqlen),

@@ -39,8 +39,10 @@ def find_decoder(model: torch.nn.Module) -> torch.nn.Module:
     getter = getattr(model, "get_decoder", None)
     candidates = [getter() if getter is not None else None]
     candidates += [getattr(model, name, None) for name in ("model", "transformer", "gpt_neox", "base_model")]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for candidate in candidates:
-        if isinstance(candidate, torch.nn.Module) and candidate is not model:
+        # not the output head, which get_decoder() returns where it is named `decoder` (ModernBERT)
+        if isinstance(candidate, torch.nn.Module) and candidate is not model and candidate is not head:
             return candidate
     raise UserError(f"{type(model).__name__} has no decoder (get_decoder() / .model / .transformer) to run")
 
@@ -50,12 +52,15 @@ def find_decoder(model: torch.nn.Module) -> torch.nn.Module:
 KEEP_LOGITS_UP_TO = 2**29
 
 LogitTransform = Callable[[torch.Tensor], torch.Tensor]
+# Model types whose forward multiplies the logits by `config.logits_scaling` (Granite divides).
+MULTIPLIES_LOGITS_SCALING = frozenset({"hyperclovax"})
 
 
 def logit_transform(model: torch.nn.Module) -> LogitTransform | None:
     """What the model's forward does to its output head's result before the loss, or None.
 
-    Known, from the config: Granite divides by `logits_scaling`, Cohere multiplies by
+    Known, from the config: Granite divides by `logits_scaling` (HyperCLOVA X, whose model types
+    are in MULTIPLIES_LOGITS_SCALING, multiplies by it), Cohere multiplies by
     `logit_scale`, Falcon-H1 by `lm_head_multiplier`, Gemma 2/3/4 soft-cap with
     `final_logit_softcapping` (c * tanh(logits / c)). `trainer.model_check` compares the result
     with the model's own logits, so a post-processing not listed here is refused, not ignored.
@@ -63,7 +68,9 @@ def logit_transform(model: torch.nn.Module) -> LogitTransform | None:
     config = model.config
     steps: list[LogitTransform] = []
     scaling = getattr(config, "logits_scaling", None)
-    if scaling not in (None, 1, 1.0):
+    if scaling not in (None, 1, 1.0) and getattr(config, "model_type", None) in MULTIPLIES_LOGITS_SCALING:
+        steps.append(lambda x, s=float(scaling): x * s)
+    elif scaling not in (None, 1, 1.0):
         steps.append(lambda x, s=float(scaling): x / s)
     for attr in ("logit_scale", "lm_head_multiplier"):
         scale = getattr(config, attr, None)

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from pipeline.errors import UserError
-from trainer import attention
+from trainer import attention, positions
 from trainer.loss import find_decoder
 from trainer.model_check import check_model
 
@@ -122,6 +122,10 @@ def prepare(
     that reproduces them (`attn`: "auto" or a backend name) and install it. Returns (backend,
     one line saying which and why). The model is left in train mode.
     """
+    try:  # boundaries and position features per example
+        positions.install(model, find_decoder(model))
+    except UserError as exc:
+        raise UserError(f"{type(model).__name__} cannot be trained on packed rows: {exc}") from None
     features = check_model(model)
     # no dtype: float32 weights are usually trained under bf16 autocast, where attention runs in bf16
     backend = attention.select_backend(attn, device, features=features)

@@ -1,22 +1,31 @@
 """Before training, prove on a small batch that packing does not change what the model computes.
 
-`check_model(model)` runs three short random examples (PROBE_LENGTHS) packed into one row through
-the trainer's own path (`trainer.loss`: the decoder it finds, the packed attention glue with the
-sdpa reference kernel, the output head and the logit post-processing it knows) and each example
-alone through the stock model with transformers' eager attention, in float32, and compares every
+`check_model(model)` runs three random examples (`probe_lengths`) packed into one row through the
+trainer's own path (`trainer.loss`: the decoder it finds, the packed attention glue with the sdpa
+reference kernel, the output head and the logit post-processing it knows) and each example alone
+through the stock model with transformers' eager attention, in float32, and compares every
 logit. It returns the attention features the model's layers use (`trainer.kernels.Features`
 names), so that `trainer.attention.select_backend` can pick a backend that reproduces them.
 
+The probe is 7 + 12 + 9 tokens, unless the model has position features that change past a length
+(`trainer.positions.thresholds`: dynamic NTK RoPE past `max_position_embeddings`, longrope past
+`original_max_position_embeddings`, Llama 4's attention temperature past `floor_scale`): then its
+middle example is longer than that length, so the probe has an example past it and a short one
+that starts past it in the row; a probe that would exceed PROBE_MAX_TOKENS is refused instead.
+
 What it catches, each as one UserError line naming the model:
-- layers that do not pass the example boundaries on to attention (StableLM);
+- layers that never get the example boundaries (the attention glue refuses them);
 - sequence state shared across a row outside attention: convolutions, SSM or linear-attention
-  layers (LFM2, Granite hybrids, Qwen3-Next), found as a difference in the later examples' logits;
-- a head whose logits the loss would compute differently (an unknown logit scale), found as a
-  difference in the first example's logits;
+  layers (LFM2, Granite hybrids, Qwen3-Next), and position features computed from the row, found
+  as a difference in the packed examples' logits;
+- a head whose logits the loss would compute differently (an unknown logit scale, a prediction
+  head before the output Linear), found as a difference on the first example run through the
+  trainer's path alone in a row;
 - anything the packed glue refuses (attention dropout, a dense mask) and any error the model
   raises on a packed batch.
-Features that only matter on examples longer than the probe's (a 4096-token window, say) are
-not exercised here; they are read per layer and the backends are proven on them by the tests.
+Attention features that only matter on examples longer than the probe's (a 4096-token window,
+say) are not exercised here; they are read per layer and the backends are proven on them by the
+tests.
 """
 
 from __future__ import annotations
@@ -28,11 +37,19 @@ import numpy as np
 import torch
 
 from pipeline.errors import UserError
-from trainer import attention
+from trainer import attention, positions
 from trainer.batch import collate_flat
 from trainer.loss import hidden_states, output_logits
 
 PROBE_LENGTHS = (7, 12, 9)
+# The longest probe row built to pass a position threshold (`probe_lengths`); the default tokens
+# per step, so a model trained with it has its rows checked past every threshold they reach.
+PROBE_MAX_TOKENS = 16384
+THRESHOLD_FIXES = {
+    "dynamic NTK RoPE (rope_type 'dynamic')": "use a static RoPE scaling (rope_type 'linear' or 'yarn')",
+    "longrope RoPE": "use a static RoPE scaling (rope_type 'linear' or 'yarn')",
+    "attention temperature tuning (attn_temperature_tuning)": "train a model without it",
+}
 # max |packed - alone| / max(1, max |alone|): float32 rounding, or 16-bit weights' rounding
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4}
 TOLERANCE_16BIT = 3e-2
@@ -59,9 +76,28 @@ def _exact_float32(model: torch.nn.Module) -> Iterator[None]:
             attention.set_implementation(model, implementation)
 
 
-def _probe_examples(vocab: int, device: torch.device) -> list[torch.Tensor]:
+def probe_lengths(model: torch.nn.Module) -> tuple[int, ...]:
+    """PROBE_LENGTHS, or where the model has position features that change past a length
+    (`trainer.positions.thresholds`), a short example, one longer than the largest such length and
+    a short one that starts past it in the row. Raises UserError when that row would be longer
+    than PROBE_MAX_TOKENS."""
+    found = positions.thresholds(model)
+    if not found:
+        return PROBE_LENGTHS
+    feature, threshold = max(found.items(), key=lambda item: item[1])
+    lengths = (PROBE_LENGTHS[0], threshold + 2, PROBE_LENGTHS[2])
+    if sum(lengths) > PROBE_MAX_TOKENS:
+        raise UserError(
+            f"its {feature} changes past {threshold} tokens, and proving that per packed example "
+            f"would take a {sum(lengths)}-token probe row (the check's limit is {PROBE_MAX_TOKENS}): "
+            f"refused unchecked; {THRESHOLD_FIXES.get(feature, 'use a model without it')}"
+        )
+    return lengths
+
+
+def _probe_examples(vocab: int, device: torch.device, lengths: tuple[int, ...]) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab, (n,), generator=generator).to(device) for n in PROBE_LENGTHS]
+    return [torch.randint(0, vocab, (n,), generator=generator).to(device) for n in lengths]
 
 
 def _mixers(model: torch.nn.Module) -> list[str]:
@@ -75,10 +111,16 @@ def check_model(model: torch.nn.Module) -> set[str]:
     attention features its layers use. Raises UserError (one line) when they do not."""
     name = type(model).__name__
     device = next(model.parameters()).device
-    examples = _probe_examples(model.get_input_embeddings().num_embeddings, device)
+    try:
+        probe = probe_lengths(model)
+    except UserError as exc:
+        raise UserError(f"{name} cannot be trained on packed rows: {exc}") from None
+    examples = _probe_examples(model.get_input_embeddings().num_embeddings, device, probe)
     ids = torch.cat(examples).cpu().numpy()
-    lengths = np.array(PROBE_LENGTHS)
+    lengths = np.array(probe)
     batch = collate_flat(ids, ids, np.concatenate([np.arange(n) for n in lengths]), lengths).to(device)
+    head_ids = ids[: probe[0]]  # the first example in a row of its own: the trainer's head, no packing
+    head_batch = collate_flat(head_ids, head_ids, np.arange(probe[0]), lengths[:1]).to(device)
     seen: set[str] = set()
     attention.register("sdpa", PROBE_NAME, observe=lambda module, features: seen.update(features.used()))
     try:
@@ -89,6 +131,7 @@ def check_model(model: torch.nn.Module) -> set[str]:
                 hidden_states(model, batch)
             model.eval()
             packed = output_logits(model, hidden_states(model, batch))
+            head = output_logits(model, hidden_states(model, head_batch))
             attention.set_implementation(model, "eager")
             alone = torch.cat([model(input_ids=x[None], use_cache=False).logits[0] for x in examples])
     except UserError as exc:
@@ -98,23 +141,24 @@ def check_model(model: torch.nn.Module) -> set[str]:
         raise UserError(f"{name} cannot be trained on packed rows: a packed forward pass failed "
                         f"({type(exc).__name__}: {first})") from None
     tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE_16BIT)
-    _compare(name, packed, alone.float(), _mixers(model), tolerance)
+    _compare(name, packed, head, alone.float(), _mixers(model), tolerance)
     return seen
 
 
 def _compare(
-    name: str, packed: torch.Tensor, alone: torch.Tensor, mixers: list[str], tolerance: float
+    name: str, packed: torch.Tensor, head: torch.Tensor, alone: torch.Tensor, mixers: list[str],
+    tolerance: float
 ) -> None:
+    """`head`: the first example's logits from the trainer's decoder + head on a row of its own."""
     scale = max(1.0, float(alone.abs().max()))
-    first = PROBE_LENGTHS[0]
-    head_error = float((packed[:first] - alone[:first]).abs().max()) / scale
+    head_error = float((head - alone[: len(head)]).abs().max()) / scale
     if head_error > tolerance:
         raise UserError(
             f"{name} cannot be trained on packed rows: its logits differ from the trainer's "
-            f"decoder + output head by {head_error:.1e} (relative) even on a row's first example; "
+            f"decoder + output head by {head_error:.1e} (relative) even on an example alone in a row; "
             "it post-processes its hidden states or logits in a way the chunked loss does not know"
         )
-    leak = float((packed[first:] - alone[first:]).abs().max()) / scale
+    leak = float((packed - alone).abs().max()) / scale
     if leak > tolerance:
         why = (f"its {', '.join(mixers)} layers carry state from one example to the next"
                if mixers else "something in the model carries state from one example to the next")

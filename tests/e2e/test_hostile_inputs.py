@@ -331,6 +331,27 @@ def test_a_truncated_shard_fails_verify_in_one_line(packed_sample: Path, tmp_pat
     assert shard.name in error_line(cli("pack-verify", folder, cwd=tmp_path))
 
 
+def test_a_model_packing_would_change_is_refused_in_one_line(packed_sample: Path, tmp_path: Path) -> None:
+    """A dynamic NTK RoPE past the start-up probe's reach: refused before any step."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=4096, max_position_embeddings=32768,
+                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    before = snapshot(tmp_path)
+    train = cli("pack-train", "--data", packed_sample, "--model", tmp_path / "model", "--out", "run",
+                "--max-steps", 1, "--device", "cpu", cwd=tmp_path)
+    line = error_line(train)
+    assert line.endswith("LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type "
+                         "'dynamic') changes past 32768 tokens, and proving that per packed example would take "
+                         "a 32786-token probe row (the check's limit is 16384): refused unchecked; use a static "
+                         "RoPE scaling (rope_type 'linear' or 'yarn')"), line
+    assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
 # -------------------------------------------------------------------- pack-train: checkpoints
 
 

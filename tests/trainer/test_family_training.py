@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-from families import FAMILIES
+from families import FAMILIES, ROPE_THRESHOLD, fresh_rope
 from packed_factory import make_packed_folder
 from pipeline.shards import iter_rows
 from trainer.cli import pack_train
@@ -49,9 +49,9 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def stock_loss_and_grad_norm(model_dir: Path, packed: Path) -> tuple[float, float]:
+def stock_loss_and_grad_norm(model_dir: Path, packed: Path, fresh: bool = False) -> tuple[float, float]:
     """Token-mean loss of every example run alone through the stock eager model, and the norm of
-    its gradient."""
+    its gradient (`fresh`: each example on the RoPE state of a freshly built model)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
@@ -60,6 +60,8 @@ def stock_loss_and_grad_norm(model_dir: Path, packed: Path) -> tuple[float, floa
     for row in iter_rows(packed):
         starts = np.concatenate([[0], np.cumsum(row["seq_lens"])])
         for s, e in zip(starts[:-1], starts[1:]):
+            if fresh:
+                fresh_rope(model)
             ids = torch.from_numpy(row["input_ids"][s:e].astype(np.int64))[None]
             labels = torch.from_numpy(row["labels"][s:e].astype(np.int64))
             logits = model(input_ids=ids).logits[0]
@@ -71,7 +73,10 @@ def stock_loss_and_grad_norm(model_dir: Path, packed: Path) -> tuple[float, floa
     return float(loss), float(norm)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "llama4", "deepseek_v3"])
+# stablelm, nemotron: layers that do not pass keyword arguments to attention; the last three:
+# position features computed per example past thresholds the data's examples and rows pass
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "llama4", "deepseek_v3", "stablelm", "nemotron",
+                                  "llama-dynamic-rope", "phi3-longrope", "llama4-temperature"])
 def test_step_one_loss_and_grad_norm_equal_the_stock_model_example_by_example(
     name: str, packed: Path, tmp_path: Path
 ) -> None:
@@ -88,15 +93,18 @@ def test_step_one_loss_and_grad_norm_equal_the_stock_model_example_by_example(
             "--log-every", "1", "--num-workers", "0", "--no-progress"]
     result = CliRunner().invoke(pack_train, args)
     assert result.exit_code == 0, result.output
+    if name in ("llama-dynamic-rope", "phi3-longrope", "llama4-temperature"):  # the data passes the threshold
+        lengths = [n for row in iter_rows(packed) for n in row["seq_lens"]]
+        assert max(lengths) > ROPE_THRESHOLD and min(lengths) < ROPE_THRESHOLD
     step = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert step["step"] == 1 and step["attention"] == "sdpa"
-    loss, norm = stock_loss_and_grad_norm(model_dir, packed)
+    loss, norm = stock_loss_and_grad_norm(model_dir, packed, family.fresh_alone)
     assert step["loss"] == pytest.approx(loss, rel=1e-5)
     assert step["grad_norm"] == pytest.approx(norm, rel=1e-5)
 
 
 def test_a_family_that_leaks_across_examples_is_refused_in_one_line(packed: Path, tmp_path: Path) -> None:
-    family = next(f for f in FAMILIES if f.name == "stablelm")
+    family = next(f for f in FAMILIES if f.name == "lfm2")
     model_dir = tmp_path / "model"
     family.build().save_pretrained(model_dir)
     run = tmp_path / "run"
@@ -104,5 +112,5 @@ def test_a_family_that_leaks_across_examples_is_refused_in_one_line(packed: Path
                                              str(run), "--device", "cpu", "--no-progress"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "StableLmForCausalLM cannot be trained on packed rows" in lines[0], result.output
+    assert len(lines) == 1 and "Lfm2ForCausalLM cannot be trained on packed rows" in lines[0], result.output
     assert "Traceback" not in result.output and not run.exists()

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from families import FAMILIES, LENGTHS, Family, examples
+from families import FAMILIES, LENGTHS, ROPE_THRESHOLD, Family, examples, fresh_rope
 from pipeline.errors import UserError
-from trainer import attention, loss
+from trainer import attention, loss, model_check, packed_row, positions
 from trainer.batch import collate_flat
 from trainer.loss import per_example_losses
 from trainer.model import prepare
@@ -30,11 +30,14 @@ def _installed(family: Family) -> None:
         pytest.skip(f"transformers has no {family.model_type} here")
 
 
-def stock_alone(model, data) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
-    """Mean token loss of each example run alone through the stock eager model, and its gradients."""
+def stock_alone(model, data, fresh: bool = False) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """Mean token loss of each example run alone through the stock eager model, and its gradients
+    (`fresh`: each on the RoPE state of a freshly built model)."""
     means, grads = [], []
     params = [p for p in model.parameters() if p.requires_grad]
     for ids, labels in data:
+        if fresh:
+            fresh_rope(model)
         logits = model(input_ids=torch.from_numpy(ids)[None]).logits[0]
         mean = F.cross_entropy(logits[:-1].float(), torch.from_numpy(labels[1:]), ignore_index=-100)
         means.append(mean.detach())
@@ -90,7 +93,7 @@ def test_packed_equals_each_example_alone_or_refused(family: Family, data) -> No
     assert attention.select_backend("auto", "cpu") == "sdpa"
     assert set(family.features) == features_of(model), "the exaggerated features are not all in use"
 
-    alone, alone_grads = stock_alone(reference, data)
+    alone, alone_grads = stock_alone(reference, data, family.fresh_alone)
     batch = packed_batch(data)
     packed = per_example_losses(model, batch)
     assert relative_error(packed.detach(), alone) <= RTOL
@@ -145,14 +148,16 @@ def test_negative_control_feature_switched_off_fails(family: Family, feature: st
     model.eval()
     _with_feature_off(monkeypatch, feature)
     with torch.no_grad():
-        alone, _ = stock_alone_no_grad(reference, data)
+        alone, _ = stock_alone_no_grad(reference, data, family.fresh_alone)
         packed = per_example_losses(model, packed_batch(data))
     assert relative_error(packed, alone) > 10 * RTOL, f"{family.name} without {feature} still matches"
 
 
-def stock_alone_no_grad(model, data):
+def stock_alone_no_grad(model, data, fresh: bool = False):
     means = []
     for ids, labels in data:
+        if fresh:
+            fresh_rope(model)
         logits = model(input_ids=torch.from_numpy(ids)[None]).logits[0]
         means.append(F.cross_entropy(logits[:-1].float(), torch.from_numpy(labels[1:]), ignore_index=-100))
     return torch.stack(means), None
@@ -236,3 +241,179 @@ def test_an_attention_feature_the_backends_do_not_know_is_refused_not_ignored(mo
     model.config.layer_types = ["full_attention", "local_attention"]
     with pytest.raises(UserError, match="LlamaAttention is a 'local_attention' layer"):
         prepare(model, "sdpa")
+
+
+# --------------------------------------------------------------------------- position features by length
+
+
+POSITION_FAMILIES = [f for f in FAMILIES if f.name in ("llama-dynamic-rope", "phi3-longrope", "llama4-temperature")]
+
+
+def _row_based_positions(monkeypatch) -> None:
+    """trainer.positions only records the boundaries: every position feature is the row's, as
+    transformers computes it for an unpacked batch."""
+    monkeypatch.setattr(positions, "install", lambda model, decoder: packed_row.install(decoder))
+
+
+@pytest.mark.parametrize("family", POSITION_FAMILIES, ids=lambda f: f.name)
+def test_position_features_taken_from_the_row_train_wrong_and_the_check_says_so(
+    family: Family, data, monkeypatch
+) -> None:
+    """Negative control: without trainer.positions, packed examples get the row's RoPE
+    frequencies or temperature, their losses differ from the examples run alone, and the start-up
+    check refuses the model (its probe passes the feature's threshold); the check with the short
+    probe (PROBE_LENGTHS, 28 tokens) would have missed it."""
+    _installed(family)
+    _row_based_positions(monkeypatch)
+    name = type(family.build()).__name__
+    with pytest.raises(UserError, match=f"^{name} cannot be trained on packed rows: a packed example's logits differ"):
+        prepare(family.build(), "sdpa")
+    short_probe = family.build()
+    with monkeypatch.context() as m:
+        m.setattr(model_check, "probe_lengths", lambda model: model_check.PROBE_LENGTHS)
+        prepare(short_probe, "sdpa")  # the short probe passes no threshold: the check is blind
+
+    monkeypatch.setattr("trainer.model.check_model", lambda m: set())
+    model = family.build()
+    reference = copy.deepcopy(model).eval()
+    prepare(model, "sdpa")
+    model.eval()
+    with torch.no_grad():
+        alone, _ = stock_alone_no_grad(reference, data, family.fresh_alone)
+        packed = per_example_losses(model, packed_batch(data))
+    assert relative_error(packed, alone) > 10 * RTOL, f"{family.name}: the row's positions still match"
+
+
+@pytest.mark.parametrize("family", POSITION_FAMILIES, ids=lambda f: f.name)
+def test_the_start_up_probe_passes_every_position_threshold(family: Family) -> None:
+    _installed(family)
+    model = family.build()
+    assert list(positions.thresholds(model).values()) == [ROPE_THRESHOLD]
+    first, long, last = model_check.probe_lengths(model)
+    assert long > ROPE_THRESHOLD  # an example past the threshold...
+    assert first + long > ROPE_THRESHOLD and last < ROPE_THRESHOLD  # ...and a short one starting past it
+    llama = next(f for f in FAMILIES if f.name == "llama").build()
+    assert positions.thresholds(llama) == {} and model_check.probe_lengths(llama) == model_check.PROBE_LENGTHS
+
+
+def test_llama4_default_floor_scale_is_probed_and_a_threshold_too_far_is_refused_in_one_line() -> None:
+    family = next(f for f in POSITION_FAMILIES if f.name == "llama4-temperature")
+    _installed(family)
+    default = dataclasses.replace(family, config={k: v for k, v in family.config.items() if k != "floor_scale"})
+    assert model_check.probe_lengths(default.build()) == (7, 8194, 9)  # floor_scale 8192
+    dynamic = next(f for f in POSITION_FAMILIES if f.name == "llama-dynamic-rope")
+    far = dataclasses.replace(dynamic, config={**dynamic.config, "max_position_embeddings": 32768})
+    with pytest.raises(UserError) as refused:
+        prepare(far.build(), "sdpa")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        "LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type 'dynamic') "
+        "changes past 32768 tokens"), message
+    assert "use a static RoPE scaling" in message
+
+
+def test_example_lengths_from_restarting_positions() -> None:
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    assert positions.example_lengths(position_ids).tolist() == [
+        [3, 3, 3, 2, 2, 4, 4, 4, 4], [9] * 9]
+
+
+# --------------------------------------------------------------------------- boundaries, logit heads
+
+
+def _llama_attention_without_kwargs(monkeypatch) -> None:
+    """LlamaAttention drops every keyword argument but its tensors (as StableLM's and Nemotron's
+    decoder layers do): the boundaries never reach the attention function as arguments."""
+    from transformers.models.llama import modeling_llama
+
+    real = modeling_llama.LlamaAttention.forward
+    kept = ("hidden_states", "position_embeddings", "attention_mask")
+
+    def dropping(self, *args, **kwargs):
+        return real(self, *args, **{k: v for k, v in kwargs.items() if k in kept})
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", dropping)
+
+
+def test_a_layer_that_drops_keyword_arguments_still_gets_each_examples_boundaries(data, monkeypatch) -> None:
+    family = next(f for f in FAMILIES if f.name == "llama")
+    _llama_attention_without_kwargs(monkeypatch)
+    seen = []
+    real = attention.varlen_attention
+
+    def recording(q, k, v, cu, *args, **kwargs):
+        seen.append(cu)
+        return real(q, k, v, cu, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "varlen_attention", recording)
+    model = family.build()
+    reference = copy.deepcopy(model).eval()
+    prepare(model, "sdpa")
+    model.eval()
+    alone, alone_grads = stock_alone(reference, data)
+    seen.clear()
+    packed = per_example_losses(model, packed_batch(data))
+    assert [c.tolist() for c in seen] == [np.cumsum([0, *LENGTHS]).tolist()] * 2  # both layers
+    assert relative_error(packed.detach(), alone) <= RTOL
+    names = [n for n, p in model.named_parameters()]
+    for i in range(len(data)):
+        grads = torch.autograd.grad(packed[i], list(model.parameters()), retain_graph=True, allow_unused=True)
+        assert_grads_close(grads, alone_grads[i], names, f"example {i}")
+    # negative control: without the decoder's record of the row, the layer has no boundaries
+    monkeypatch.setattr(packed_row, "current", lambda: None)
+    with pytest.raises(UserError, match="LlamaForCausalLM cannot be trained on packed rows: LlamaAttention was "
+                                        "called without example boundaries"):
+        prepare(family.build(), "sdpa")
+
+
+def test_logits_scaling_multiplied_hyperclovax_is_not_divided_as_granite(monkeypatch) -> None:
+    family = next(f for f in FAMILIES if f.name == "hyperclovax")
+    _installed(family)
+    monkeypatch.setattr(loss, "MULTIPLIES_LOGITS_SCALING", frozenset())  # as Granite: divide
+    with pytest.raises(UserError, match="HyperCLOVAXForCausalLM cannot be trained on packed rows: its logits "
+                                        "differ from the trainer's decoder \\+ output head"):
+        prepare(family.build(), "sdpa")
+
+
+def test_an_output_linear_named_decoder_is_not_taken_for_the_decoder_stack() -> None:
+    family = next(f for f in FAMILIES if f.name == "modernbert-decoder")
+    _installed(family)
+    model = family.build()
+    assert model.get_decoder() is model.get_output_embeddings()  # transformers' own lookup is fooled
+    assert loss.find_decoder(model) is model.model
+
+
+@pytest.mark.parametrize("name", ["stablelm", "llama4-temperature"])
+def test_activation_checkpointing_recomputes_with_the_rows_boundaries_and_positions(name: str, data) -> None:
+    """A checkpointed layer runs again in the backward, after the decoder's forward returned: it
+    still gets the row's boundaries (StableLM) and per-example temperature (Llama 4)."""
+    from trainer.model import enable_grad_checkpointing
+
+    family = next(f for f in FAMILIES if f.name == name)
+    _installed(family)
+    plain, checkpointed = family.build(), family.build()
+    for model in (plain, checkpointed):
+        prepare(model, "sdpa")
+        model.train()
+    enable_grad_checkpointing(checkpointed)
+    batch = packed_batch(data)
+    grads = []
+    for model in (plain, checkpointed):
+        per_example_losses(model, batch).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    names = [n for n, _ in plain.named_parameters()]
+    assert_grads_close(grads[1], grads[0], names, f"{name} checkpointed")
+
+
+def test_a_length_dependent_rope_in_a_form_the_trainer_does_not_know_is_refused() -> None:
+    """The config asks for dynamic NTK RoPE but the RoPE module is not transformers' (no
+    `rope_type`, as in a model's own code): refused in one line, never trained row-wide."""
+    family = next(f for f in POSITION_FAMILIES if f.name == "llama-dynamic-rope")
+    model = family.build()
+    for module in model.modules():
+        if hasattr(module, "rope_type"):
+            del module.rope_type
+    with pytest.raises(UserError) as refused:
+        prepare(model, "sdpa")
+    assert str(refused.value).startswith("LlamaForCausalLM cannot be trained on packed rows: its config asks for "
+                                         "a 'dynamic' RoPE"), refused.value
