@@ -18,7 +18,7 @@ from pipeline.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.job import ENGINES, PackConfig, run_pack_data
+from pipeline.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.plan import OVERLONG
 from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
@@ -67,7 +67,7 @@ Examples:
 
 
 @click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
-@config_option
+@config_option(checks=PACK_CHECKS, fields={"fmt": "format"})
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
