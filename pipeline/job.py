@@ -198,7 +198,7 @@ class _Clock:
 def validate(config: PackConfig) -> None:
     """Refuse impossible options in one line each, and fill in the defaults that depend on the
     machine (`num_proc`) or on max_len (`rows_per_shard`): the manifest records those."""
-    check_options(config, PACK_CHECKS)
+    check_options(config, PACK_CHECKS, {"inputs": "inputs"})
     if not config.inputs:
         raise UserError("no INPUT given: pass one or more files, folders or globs")
     if not is_uri(config.out):
