@@ -16,7 +16,9 @@ command line overrides it. For example, with `pack.yaml`:
 Each value must have the type the flag takes (no coercion: `max-len: 1024.7` and `seed: true` are
 refused, not read as 1024 and 1) and pass the flag's range and choices (the command's config
 dataclass checks, `pipeline.option_checks`); a value that fails is one line naming the file, the key
-and the option. An option given twice (`max-len` and `max_len`, or one key repeated) is refused too.
+and the option. An option given twice (`max-len` and `max_len`, or one key repeated) is refused
+too. `key: null` (or an empty value) leaves the flag's default; `true` for an option whose flag may
+stand alone (`resume: true`, `grad-checkpointing: true`) means the flag alone.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
             value = _checked(params[name], value, (checks or {}).get((fields or {}).get(name, name)))
         except UserError as exc:
             raise UserError(f"--config {path}: key {key!r}: {exc}") from None
-        out[name] = (not value) if inverse and isinstance(value, bool) else value
+        if value is not None:  # `key:` or `key: null`: not given, the flag's default holds
+            out[name] = (not value) if inverse and isinstance(value, bool) else value
     return out
 
 
@@ -123,6 +126,8 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
     flag, many = _flag(param), getattr(param, "multiple", False) or param.nargs == -1
     if many and isinstance(value, str):
         value = [value]  # one INPUT
+    if value is True and getattr(param, "_flag_needs_value", False):
+        value = param.flag_value  # `resume: true`: the flag alone (--resume, i.e. newest)
     items = value if many else [value]
     if many and not isinstance(value, list):
         raise UserError(f"{flag} takes a list, got {value!r} ({type(value).__name__})")

@@ -111,9 +111,11 @@ def test_values_the_flags_take_are_read_from_the_file(tmp_path: Path):
     from trainer.config import TRAIN_CHECKS
 
     cfg = tmp_path / "ok.yaml"
-    cfg.write_text("inputs: a.jsonl\nmax-len: '512'\neval-fraction: 0.25\nseed: 3\nprogress: false\n")
+    cfg.write_text("inputs: a.jsonl\nmax-len: '512'\neval-fraction: 0.25\nseed: 3\nprogress: false\nstrategy:\n")
     assert read_config_file(cfg, pack_data, PACK_CHECKS) == {
         "inputs": ["a.jsonl"], "max_len": 512, "eval_fraction": 0.25, "seed": 3, "progress": False}
-    cfg.write_text("lr: 1\nmin-lr-ratio: 1\nwarmup: 0\nmax_steps: 7\nno-progress: true\ngrad-checkpointing: 2\n")
+    cfg.write_text("lr: 1\nmin-lr-ratio: 1\nwarmup: 0\nmax_steps: 7\nno-progress: true\ngrad-checkpointing: 2\n"
+                   "resume: true\nepochs: null\n")
     assert read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}) == {
-        "lr": 1.0, "min_lr_ratio": 1.0, "warmup": 0, "max_steps": 7, "no_progress": True, "grad_checkpointing": 2}
+        "lr": 1.0, "min_lr_ratio": 1.0, "warmup": 0, "max_steps": 7, "no_progress": True, "grad_checkpointing": 2,
+        "resume": "newest"}
