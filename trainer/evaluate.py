@@ -23,8 +23,32 @@ import torch.distributed as dist
 
 from pipeline.errors import UserError
 from pipeline.shards import Manifest, read_manifest, verify_folder
+from trainer.config import TrainConfig
 from trainer.parallel import DistInfo
 from trainer.stream import ShardReader, greedy_cuts, row_lengths
+
+
+def held_out_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
+    """--eval-data, else the eval folder pack-data wrote inside --data; "none" turns it off. A folder
+    that may hold training examples is refused (`check_held_out`), and so are --save-best and
+    --eval-every when there is nothing to evaluate on."""
+    folder = None
+    off = config.eval_data is not None and str(config.eval_data).lower() == "none"
+    if config.eval_data is not None and not off:
+        folder = Path(config.eval_data)
+        if not folder.is_dir():
+            raise UserError(f"--eval-data {config.eval_data}: no such folder (a packed folder, e.g. DATA/eval)")
+        check_held_out(folder, Path(config.data), manifest)
+    elif not off and manifest.eval.get("folder"):
+        folder = Path(config.data) / manifest.eval["folder"]
+    wanted = [flag for flag, on in (("--save-best", config.save_best),
+                                    (f"--eval-every {config.eval_every}", config.eval_every)) if on]
+    if folder is None and wanted:
+        why = ("--eval-data none turns evaluation off" if off else
+               f"{config.data} holds no eval folder (pack-data --eval-fraction) and no --eval-data is given")
+        raise UserError(f"{wanted[0]} needs held-out data to evaluate on, but {why}: pass --eval-data FOLDER, "
+                        f"or drop {wanted[0].split()[0]}")
+    return folder
 
 
 def check_held_out(folder: Path, data: Path, manifest: Manifest) -> None:

@@ -30,7 +30,7 @@ from trainer import checkpoint as ckpt
 from trainer.attention import select_backend
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig, validate
-from trainer.evaluate import Evaluator, check_held_out
+from trainer.evaluate import Evaluator, held_out_folder
 from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
@@ -239,7 +239,7 @@ def start(config: TrainConfig) -> Run:
     resume_from = checkpoint_to_resume(config, info)
 
     manifest, tokenizer = open_data(config)
-    eval_folder = _eval_folder(config, manifest)
+    eval_folder = held_out_folder(config, manifest)
     planner = Planner(row_lengths(config.data, manifest), config.tokens_per_step, seed=config.seed,
                       world_size=info.world_size, grad_accum=config.grad_accum)
     total_steps = _total_steps(config, planner)
@@ -295,29 +295,6 @@ def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
     if config.optimizer == "adafactor" and config.parallel == "fsdp":
         raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
                         "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
-
-
-def _eval_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
-    """--eval-data, else the eval folder pack-data wrote inside --data; "none" turns it off. A folder
-    that may hold training examples is refused (`check_held_out`), and so are --save-best and
-    --eval-every when there is nothing to evaluate on."""
-    folder = None
-    off = config.eval_data is not None and str(config.eval_data).lower() == "none"
-    if config.eval_data is not None and not off:
-        folder = Path(config.eval_data)
-        if not folder.is_dir():
-            raise UserError(f"--eval-data {config.eval_data}: no such folder (a packed folder, e.g. DATA/eval)")
-        check_held_out(folder, Path(config.data), manifest)
-    elif not off and manifest.eval.get("folder"):
-        folder = Path(config.data) / manifest.eval["folder"]
-    wanted = [flag for flag, on in (("--save-best", config.save_best),
-                                    (f"--eval-every {config.eval_every}", config.eval_every)) if on]
-    if folder is None and wanted:
-        why = ("--eval-data none turns evaluation off" if off else
-               f"{config.data} holds no eval folder (pack-data --eval-fraction) and no --eval-data is given")
-        raise UserError(f"{wanted[0]} needs held-out data to evaluate on, but {why}: pass --eval-data FOLDER, "
-                        f"or drop {wanted[0].split()[0]}")
-    return folder
 
 
 def _model(
