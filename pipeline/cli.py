@@ -18,7 +18,7 @@ from pipeline.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.job import ENGINES, PackConfig, run_pack_data
+from pipeline.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.plan import OVERLONG
 from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
@@ -67,7 +67,7 @@ Examples:
 
 
 @click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
-@config_option
+@config_option(checks=PACK_CHECKS, fields={"fmt": "format"})
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
@@ -130,7 +130,7 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
 
 @click.command(context_settings=CONTEXT)
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--no-hash", is_flag=True, help="Skip the sha256 of each shard (structure only).")
+@click.option("--no-hash", is_flag=True, help="Skip the sha256 of each shard and the manifest's checksum (structure only).")
 @click.option("--deep", is_flag=True,
               help="Also re-tokenize a sample of the source examples and compare token ids.")
 @click.option("--tokenizer", default=None,
@@ -152,7 +152,9 @@ def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, 
             if deep:
                 n = deep_check(path, m, tokenizer, sample)
                 extra = f", {n} examples re-tokenized and matched"
-            hashed = "" if not no_hash else " (sha256 not checked)"
+            hashed = " (sha256 not checked)" if no_hash else (
+                " (its manifest has no checksum, written by an older pack-data: max_len and the counts of "
+                "truncated, dropped and skipped examples are not covered)" if m.checksum is None else "")
             click.echo(f"{word}: {m.rows} rows, {m.total_tokens} tokens, {len(m.shards)} shards verified{hashed}{extra}")
 
 

@@ -29,6 +29,7 @@ from pipeline.errors import UserError
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.mix import apply_mix, file_weights, parse_mix
+from pipeline.option_checks import PATH, PATHS, Check, check_options
 from pipeline.outdir import check_out, output_folder
 from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
@@ -78,6 +79,24 @@ class PackConfig(FormatOptions):
     def format_options(self) -> FormatOptions:
         keys = FormatOptions.__dataclass_fields__
         return FormatOptions(**{k: getattr(self, k) for k in keys})
+
+
+_FIELD = Check(str, none=True)
+# the type and range of every PackConfig field (`validate`, and the values of `pack-data --config FILE`)
+PACK_CHECKS: dict[str, Check] = {
+    "format": Check(str, choices=FORMATS), "text_field": _FIELD, "prompt_field": _FIELD, "input_field": _FIELD,
+    "response_field": _FIELD, "messages_field": _FIELD, "labels_field": _FIELD, "template": _FIELD,
+    "train_on_prompt": Check(bool),
+    "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2), "out": Check(PATH),
+    "strategy": Check(str, choices=STRATEGIES), "group_size": Check(int, low=1),
+    "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, none=True),
+    "seed": Check(int, low=0), "rows_per_shard": Check(int, low=1, none=True), "overwrite": Check(bool),
+    "limit": Check(int, low=1, none=True), "mix": Check(str, none=True),
+    "eval_fraction": Check(float, low=0, high=1, low_open=True, high_open=True, none=True),
+    "eval_examples": Check(int, low=1, none=True), "batch_rows": Check(int, low=1, none=True),
+    "engine": Check(str, choices=ENGINES), "ray_address": Check(str, none=True),
+    "chunk_bytes": Check(int, low=1, none=True), "tmp_dir": Check(PATH, none=True), "progress": Check(bool),
+}
 
 
 def run_pack_data(
@@ -179,41 +198,14 @@ class _Clock:
 def validate(config: PackConfig) -> None:
     """Refuse impossible options in one line each, and fill in the defaults that depend on the
     machine (`num_proc`) or on max_len (`rows_per_shard`): the manifest records those."""
+    check_options(config, PACK_CHECKS, {"inputs": "inputs"})
     if not config.inputs:
         raise UserError("no INPUT given: pass one or more files, folders or globs")
-    if config.max_len < 2:
-        raise UserError(f"--max-len must be at least 2, got {config.max_len}")
-    if config.strategy not in STRATEGIES:
-        raise UserError(f"unknown --strategy {config.strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    if config.overlong not in OVERLONG:
-        raise UserError(f"unknown --overlong {config.overlong!r}: choose one of {', '.join(OVERLONG)}")
-    if config.format not in FORMATS:
-        raise UserError(f"unknown --format {config.format!r}: choose one of {', '.join(FORMATS)}")
-    if config.num_proc is not None and config.num_proc < 1:
-        raise UserError(f"--num-proc must be >= 1, got {config.num_proc}")
-    if config.seed < 0:
-        raise UserError(f"--seed must be >= 0, got {config.seed}")
-    if config.rows_per_shard is not None and config.rows_per_shard < 1:
-        raise UserError(f"--rows-per-shard must be >= 1, got {config.rows_per_shard}")
-    if config.limit is not None and config.limit < 1:
-        raise UserError(f"--limit must be >= 1, got {config.limit}")
-    if config.batch_rows is not None and config.batch_rows < 1:
-        raise UserError(f"--batch-rows must be >= 1, got {config.batch_rows}")
-    if config.group_size < 1:
-        raise UserError(f"--group-size must be >= 1, got {config.group_size}")
-    if config.engine not in ENGINES:
-        raise UserError(f"unknown --engine {config.engine!r}: choose one of {', '.join(ENGINES)}")
-    if config.chunk_bytes is not None and config.chunk_bytes < 1:
-        raise UserError(f"--chunk-bytes must be >= 1, got {config.chunk_bytes}")
     if not is_uri(config.out):
         check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
-    if config.eval_fraction is not None and not 0 < config.eval_fraction < 1:
-        raise UserError(f"--eval-fraction must be between 0 and 1 (exclusive), got {config.eval_fraction}")
-    if config.eval_examples is not None and config.eval_examples < 1:
-        raise UserError(f"--eval-examples must be >= 1, got {config.eval_examples}")
     if config.num_proc is None:
         config.num_proc = default_workers()
     if config.rows_per_shard is None:

@@ -22,6 +22,7 @@ from pipeline.shards import (
     Manifest,
     ShardInfo,
     file_sha256,
+    manifest_checksum,
     rows_table,
     shard_name,
     write_manifest,
@@ -165,7 +166,8 @@ def rewrite_shard(
 ) -> None:
     """Write shard `index` from (possibly tampered) `arrays` (see `shard_arrays`).
 
-    With update_hash the manifest's sha256 follows the new file, so only the planted defect shows.
+    With update_hash the manifest's sha256 (and its checksum) follow the new file, so only the
+    planted defect shows.
     """
     import json  # noqa: PLC0415
 
@@ -178,6 +180,8 @@ def rewrite_shard(
     if update_hash:
         data = json.loads((folder / "manifest.json").read_text())
         data["shards"][index]["sha256"] = file_sha256(path)
+        if data.get("checksum"):
+            data["checksum"] = manifest_checksum(data)
         (folder / "manifest.json").write_text(json.dumps(data))
 
 

@@ -7,13 +7,13 @@ import sys
 import click
 
 from pipeline.config_file import config_option
-from pipeline.errors import UserError, cli_errors
+from pipeline.errors import cli_errors
 from trainer import TrainConfig, train
-from trainer.config import OPTIMIZERS, REPORT_TO
+from trainer.config import OPTIMIZERS, REPORT_TO, TRAIN_CHECKS
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@config_option
+@config_option(checks=TRAIN_CHECKS, fields={"compile_": "compile"})
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
               help="Packed folder written by pack-data.")
 @click.option("--model", "model", required=True,
@@ -132,8 +132,6 @@ def pack_train(**options: object) -> None:
         options["compile"] = options.pop("compile_")
         options["progress"] = not options.pop("no_progress")
         config = TrainConfig(**options)  # type: ignore[arg-type]
-        if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
-            raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
         summary = train(config)
         if summary["stopped_by_sigterm"]:
             if summary["rank"] == 0:

@@ -1,11 +1,14 @@
-"""`TrainConfig`: every option of a training run; `validate` refuses a value outside its choices
-(click's choices do the same for `pack-train`; this covers `train()` called from Python)."""
+"""`TrainConfig`: every option of a training run; `validate` refuses a value of the wrong type, out of
+range or outside its choices (`TRAIN_CHECKS`, the same bounds as pack-train's click options), and
+options that contradict each other, in one line each. `train()` and `pack-train` both go through
+it; `pack-train --config FILE` checks each value of the file with `TRAIN_CHECKS` too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pipeline.errors import UserError
+from pipeline.option_checks import PATH, Check, check_options
 
 SCHEDULES = ("cosine", "linear", "constant")
 RESUME = ("newest", "strict")
@@ -69,34 +72,40 @@ class TrainConfig:
     progress: bool = True
 
 
+_AT_LEAST_0, _AT_LEAST_1 = Check(int, low=0), Check(int, low=1)
+_OPTIONAL_1 = Check(int, low=1, none=True)
+_FRACTION = Check(float, low=0, high=1, high_open=True)
+# the type and range of every TrainConfig field: `validate`, and the values of `pack-train --config FILE`
+TRAIN_CHECKS: dict[str, Check] = {
+    "data": Check(PATH), "model": Check(PATH), "out": Check(PATH), "tokenizer": Check(PATH, none=True),
+    "tokens_per_step": _AT_LEAST_1, "grad_accum": _AT_LEAST_1, "lr": Check(float, low=0, low_open=True),
+    "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0, "schedule": Check(str, choices=SCHEDULES),
+    "epochs": _OPTIONAL_1, "max_steps": _OPTIONAL_1, "stop_at": _OPTIONAL_1, "attn": Check(str),
+    "dtype": Check(str, choices=DTYPES), "fp8_recipe": Check(str, choices=FP8_RECIPES), "compile": Check(bool, none=True), "grad_checkpointing": _AT_LEAST_0,
+    "seed": _AT_LEAST_0, "save_every": _AT_LEAST_0, "keep_last": _OPTIONAL_1,
+    "resume": Check(str, choices=RESUME, none=True), "log_every": _AT_LEAST_1,
+    "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
+    "lora_r": _AT_LEAST_0, "lora_alpha": Check(float), "lora_dropout": _FRACTION, "lora_target": Check(str),
+    "merge_lora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
+    "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
+    "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
+    "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": _AT_LEAST_0, "prefetch": _AT_LEAST_1,
+    "peak_flops": Check(float, low=0, low_open=True), "device": Check(str), "verify_hashes": Check(bool),
+    "progress": Check(bool),
+}
+
+
 def validate(config: TrainConfig) -> None:
-    """Raise UserError (one line) for an option outside its choices."""
-    if config.report_to not in REPORT_TO:
-        raise UserError(f"unknown --report-to {config.report_to!r}: choose {', '.join(REPORT_TO)}")
-    if config.grad_checkpointing < 0:
-        raise UserError(f"--grad-checkpointing must be 0 (off) or N >= 1 (every Nth layer), "
-                        f"got {config.grad_checkpointing}")
-    if config.lora_r < 0:
-        raise UserError(f"--lora-r must be >= 0 (0: no LoRA), got {config.lora_r}")
+    """Raise UserError (one line) for an option of the wrong type, out of range or outside its
+    choices, or options that contradict each other."""
+    check_options(config, TRAIN_CHECKS)
+    if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
+        raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
     if config.merge_lora and not config.lora_r:
         raise UserError("--merge-lora needs --lora-r (there is no adapter to merge)")
     if config.lora_r and config.parallel == "fsdp":
         raise UserError("--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
                         "weights are frozen, so DDP holds no optimizer state for them)")
-    if config.schedule not in SCHEDULES:
-        raise UserError(f"unknown --schedule {config.schedule!r}: choose {', '.join(SCHEDULES)}")
-    if config.parallel not in PARALLEL:
-        raise UserError(f"unknown --parallel {config.parallel!r}: choose {', '.join(PARALLEL)}")
-    if config.grad_reduce not in GRAD_REDUCE:
-        raise UserError(f"unknown --grad-reduce {config.grad_reduce!r}: choose {', '.join(GRAD_REDUCE)}")
-    if config.dtype not in DTYPES:
-        raise UserError(f"unknown --dtype {config.dtype!r}: choose {', '.join(DTYPES)}")
-    if config.optimizer not in OPTIMIZERS:
-        raise UserError(f"unknown --optimizer {config.optimizer!r}: choose {', '.join(OPTIMIZERS)}")
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
         raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
-    if config.fp8_recipe not in FP8_RECIPES:
-        raise UserError(f"unknown --fp8-recipe {config.fp8_recipe!r}: choose {', '.join(FP8_RECIPES)}")
-    if config.resume and config.resume not in RESUME:
-        raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

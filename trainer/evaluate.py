@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,9 +22,63 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from pipeline.shards import Manifest, verify_folder
+from pipeline.shards import Manifest, read_manifest, verify_folder
+from trainer.config import TrainConfig
 from trainer.parallel import DistInfo
 from trainer.stream import ShardReader, greedy_cuts, row_lengths
+
+
+def held_out_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
+    """--eval-data, else the eval folder pack-data wrote inside --data; "none" turns it off. A folder
+    that may hold training examples is refused (`check_held_out`), and so are --save-best and
+    --eval-every when there is nothing to evaluate on."""
+    folder = None
+    off = config.eval_data is not None and str(config.eval_data).lower() == "none"
+    if config.eval_data is not None and not off:
+        folder = Path(config.eval_data)
+        if not folder.is_dir():
+            raise UserError(f"--eval-data {config.eval_data}: no such folder (a packed folder, e.g. DATA/eval)")
+        check_held_out(folder, Path(config.data), manifest)
+    elif not off and manifest.eval.get("folder"):
+        folder = Path(config.data) / manifest.eval["folder"]
+    wanted = [flag for flag, on in (("--save-best", config.save_best),
+                                    (f"--eval-every {config.eval_every}", config.eval_every)) if on]
+    if folder is None and wanted:
+        why = ("--eval-data none turns evaluation off" if off else
+               f"{config.data} holds no eval folder (pack-data --eval-fraction) and no --eval-data is given")
+        raise UserError(f"{wanted[0]} needs held-out data to evaluate on, but {why}: pass --eval-data FOLDER, "
+                        f"or drop {wanted[0].split()[0]}")
+    return folder
+
+
+def check_held_out(folder: Path, data: Path, manifest: Manifest) -> None:
+    """Refuse an --eval-data `folder` that may hold examples of the training folder `data` (whose
+    manifest is `manifest`): the training folder itself, or a folder packed from an input file (same
+    sha256 in both manifests) or holding a shard that the training folder holds too. The training
+    folder's own held-out split (pack-data --eval-fraction: DATA/eval, or a copy of it) is kept apart
+    example by example by pack-data and is accepted."""
+    if folder.resolve() == data.resolve():
+        raise UserError(f"--eval-data {folder} is the training folder --data {data} itself: its loss would be a "
+                        "training loss; evaluate on held-out data (pack-data --eval-fraction writes DATA/eval)")
+    held = read_manifest(folder)
+    own = data / manifest.eval["folder"] if manifest.eval.get("folder") else None
+    if own is not None and (own / "manifest.json").is_file():
+        if folder.resolve() == own.resolve() or [s.sha256 for s in read_manifest(own).shards] == \
+                [s.sha256 for s in held.shards]:
+            return
+    train_inputs = {e.get("sha256"): e.get("path") for e in manifest.inputs if isinstance(e, dict) and e.get("sha256")}
+    for entry in held.inputs:
+        if isinstance(entry, dict) and entry.get("sha256") in train_inputs:
+            raise UserError(
+                f"--eval-data {folder} overlaps the training folder --data {data}: both were packed from the same "
+                f"input {entry.get('path')} (sha256 {str(entry['sha256'])[:12]}...), so its examples are training "
+                "examples; evaluate on held-out data (pack-data --eval-fraction writes DATA/eval)")
+    train_shards = {s.sha256 for s in manifest.shards}
+    for shard in held.shards:
+        if shard.sha256 in train_shards:
+            raise UserError(f"--eval-data {folder} overlaps the training folder --data {data}: its {shard.file} is a "
+                            "shard of the training data; evaluate on held-out data (pack-data --eval-fraction "
+                            "writes DATA/eval)")
 
 
 class Evaluator:

@@ -30,7 +30,7 @@ from trainer import checkpoint as ckpt
 from trainer.attention import select_backend
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig, validate
-from trainer.evaluate import Evaluator
+from trainer.evaluate import Evaluator, held_out_folder
 from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
@@ -249,6 +249,7 @@ def start(config: TrainConfig) -> Run:
     resume_from = checkpoint_to_resume(config, info)
 
     manifest, tokenizer = open_data(config)
+    eval_folder = held_out_folder(config, manifest)
     planner = Planner(row_lengths(config.data, manifest), config.tokens_per_step, seed=config.seed,
                       world_size=info.world_size, grad_accum=config.grad_accum)
     total_steps = _total_steps(config, planner)
@@ -285,7 +286,6 @@ def start(config: TrainConfig) -> Run:
         num_workers=config.num_workers, pin_memory=device.type == "cuda", prefetch_factor=config.prefetch,
     )
     evaluator = None
-    eval_folder = _eval_folder(config, manifest)
     if eval_folder is not None:
         evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device)
     run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
@@ -308,18 +308,6 @@ def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
     if config.optimizer == "adafactor" and config.parallel == "fsdp":
         raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
                         "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
-
-
-def _eval_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
-    """--eval-data, else the eval folder pack-data wrote inside --data; "none" turns it off."""
-    if config.eval_data is not None:
-        if config.eval_data.lower() == "none":
-            return None
-        if not Path(config.eval_data).is_dir():
-            raise UserError(f"--eval-data {config.eval_data}: no such folder (a packed folder, e.g. DATA/eval)")
-        return Path(config.eval_data)
-    held = manifest.eval.get("folder")
-    return Path(config.data) / held if held else None
 
 
 def _model(

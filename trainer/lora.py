@@ -30,13 +30,28 @@ def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise UserError("--lora-r needs the peft package: pip install peft (or the project's [lora] extra)") from None
-    targets: Any = "all-linear" if config.lora_target == "all" else [t.strip() for t in config.lora_target.split(",")]
+    targets: Any = "all-linear" if config.lora_target == "all" else lora_targets(model, config.lora_target)
     lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM")
     try:
         return get_peft_model(model, lora)
     except ValueError as exc:  # e.g. target modules not found in the model
         raise UserError(f"--lora-target {config.lora_target}: {str(exc).splitlines()[0][:200]}") from None
+
+
+def lora_targets(model: torch.nn.Module, text: str) -> list[str]:
+    """The module names of `--lora-target` (comma-separated, e.g. q_proj,v_proj); each must name a
+    module of `model` (its full name, or its last parts as peft matches them: `q_proj` matches
+    `model.layers.0.self_attn.q_proj`), else UserError naming it (peft itself only refuses a list
+    that matches nothing)."""
+    names = [t.strip() for t in text.split(",")]
+    modules = [name for name, _ in model.named_modules()]
+    for target in names:
+        if not target or not any(m == target or m.endswith("." + target) for m in modules):
+            linear = sorted({m.rsplit(".", 1)[-1] for m, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+            raise UserError(f"--lora-target {text}: the model has no module named {target!r} (its linear layers: "
+                            f"{', '.join(linear)}; or 'all')")
+    return names
 
 
 def freeze_in_bf16(model: torch.nn.Module) -> None:

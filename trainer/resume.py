@@ -21,6 +21,10 @@ from trainer.stream import Cursor
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
 STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size")
+# Options the checkpoint's optimizer and scheduler states carry (its learning rate, schedule shape and
+# AdamW settings are restored from them): a resume with other values would silently keep the old ones.
+# The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
+OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "schedule", "optimizer", "weight_decay", "beta1", "beta2")
 
 
 def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
@@ -53,7 +57,8 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
 
 
 def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict) -> dict[str, Any]:
-    """The checkpoint's state, if this run can continue it exactly (same data stream), else UserError."""
+    """The checkpoint's state, if this run can continue it exactly (same data stream, same optimizer
+    and learning-rate schedule), else UserError."""
     state = ckpt.read_trainer_state(path)
     saved = state.get("config", {})
     for key in STREAM_KEYS:
@@ -62,6 +67,14 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
             raise UserError(
                 f"cannot resume {path}: it was trained with {key}={saved.get(key)} but this run has "
                 f"{key}={now}; the data order would differ: use the same value"
+            )
+    for key in OPTIMIZER_KEYS:
+        if key in saved and saved[key] != getattr(config, key):
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
+                f"{getattr(config, key)}, and its optimizer and schedule states would carry on with "
+                f"{saved[key]}: resume with {flag} {saved[key]}, or start a new run in another --out"
             )
     if state.get("data") != fingerprint:
         raise UserError(

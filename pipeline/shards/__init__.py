@@ -35,6 +35,7 @@ from pipeline.shards.manifest import (
     Manifest,
     ShardInfo,
     file_sha256,
+    manifest_checksum,
     pack_data_files,
     read_manifest,
     write_manifest,
@@ -45,6 +46,6 @@ __all__ = [
     "EXAMPLE_COLUMNS", "FORMAT_NAME", "FORMAT_VERSION", "IGNORE_INDEX", "MANIFEST_NAME", "SCHEMA",
     "SHARD_GLOB", "TOKEN_COLUMNS", "Counts", "FlatColumn", "Manifest", "ShardColumns", "ShardInfo",
     "ShardSummary", "check_shard", "file_sha256", "first_beyond_vocab", "flat_column", "iter_rows",
-    "load_shard", "manifest_vocab", "open_shard", "pack_data_files", "read_manifest", "rows_table", "verify_eval_folder",
+    "load_shard", "manifest_checksum", "manifest_vocab", "open_shard", "pack_data_files", "read_manifest", "rows_table", "verify_eval_folder",
     "shard_name", "shard_paths", "summarize_shard", "verify_folder", "write_manifest", "write_shard",
 ]

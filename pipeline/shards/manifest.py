@@ -64,9 +64,14 @@ class Manifest:
     config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
+    # sha256 of every other field (`manifest_checksum`), written by `to_json`: covers the figures no
+    # shard can prove (max_len, counts, strategy, ...); None in a manifest written without one
+    checksum: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        data = asdict(self)
+        data["checksum"] = manifest_checksum(data)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_NAME) -> Manifest:
@@ -100,6 +105,13 @@ class Manifest:
             return cls(counts=counts, shards=shards, **fields)
         except TypeError as exc:
             raise ShardFormatError(f"{where}: unexpected field ({exc})") from None
+
+
+def manifest_checksum(data: dict[str, Any]) -> str:
+    """Hex sha256 of a manifest's fields other than `checksum`, as canonical JSON (sorted keys, no
+    spaces): the same for the dict written and the dict read back."""
+    body = {k: v for k, v in data.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> Manifest:

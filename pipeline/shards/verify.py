@@ -12,6 +12,8 @@ What is checked:
 
 - manifest: JSON, format name/version, required fields (`read_manifest`); efficiency consistent
   with rows/tokens/max_len; counts not contradictory;
+- the manifest's own checksum (unless `check_hashes=False`): the figures no shard can prove
+  (max_len, counts of truncated/dropped/skipped examples, strategy, ...) are as pack-data wrote them;
 - files: every listed shard present, sha256 as recorded (unless `check_hashes=False`), no stray
   `shard-*.arrow` file that the manifest does not list; Arrow IPC file with exactly `SCHEMA`;
 - per row: input_ids, labels and position_ids of equal length; seq_lens and example_ids of equal
@@ -31,6 +33,7 @@ order, is not recorded, so it is not checked.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -39,7 +42,7 @@ import numpy as np
 from pipeline.errors import ShardFormatError
 from pipeline.shards.checks import ShardSummary, summarize_shard
 from pipeline.shards.format import SHARD_GLOB, load_shard, shard_paths
-from pipeline.shards.manifest import MANIFEST_NAME, Manifest, file_sha256, read_manifest
+from pipeline.shards.manifest import MANIFEST_NAME, Manifest, file_sha256, manifest_checksum, read_manifest
 
 
 def manifest_vocab(tokenizer: object) -> int | None:
@@ -146,7 +149,21 @@ def verify_folder(
         if got != want:
             raise ShardFormatError(f"{where}: {label} is {want} but the shards hold {got}")
     _check_example_ids(manifest, where, np.concatenate(ids) if ids else np.zeros(0, np.int64))
+    if check_hashes:
+        _check_checksum(folder / MANIFEST_NAME)
     return manifest
+
+
+def _check_checksum(path: Path) -> None:
+    """The manifest's own checksum: the figures no shard can prove (max_len, the counts of
+    truncated, dropped and skipped examples, strategy, seed, ...) as pack-data wrote them. A
+    manifest without one (written by an older pack-data) passes; pack-verify says so."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("checksum") is not None and data["checksum"] != manifest_checksum(data):
+        raise ShardFormatError(
+            f"{path}: its checksum does not match its contents: a figure in it (counts, max_len, efficiency, "
+            "...) was changed after pack-data wrote it; restore the manifest or re-run pack-data"
+        )
 
 
 def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:

@@ -67,6 +67,55 @@ def test_a_bad_value_in_the_file_is_refused_like_the_flag(tmp_path: Path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(f"inputs: [{ROOT / 'data/sample/instructions.jsonl'}]\ntokenizer: x\nmax-len: lots\nout: o\n")
     result = CliRunner().invoke(pack_data, ["--config", str(cfg)])
-    assert result.exit_code == 2 and "--max-len" in result.stderr and "lots" in result.stderr
+    assert result.exit_code == 1 and "--max-len" in result.stderr and "lots" in result.stderr
+    assert str(cfg) in result.stderr and "key 'max-len'" in result.stderr and len(result.stderr.splitlines()) == 1
     missing = CliRunner().invoke(pack_data, ["--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 1 and "cannot read it" in missing.stderr
+
+
+PACK_DATA_BASE = f"inputs: [{ROOT / 'data/sample/instructions.jsonl'}]\ntokenizer: {ROOT / 'data/tokenizer'}\n"
+
+
+@pytest.mark.parametrize(("command", "text", "needle"), [
+    (pack_data, "max-len: 1024.7\n", "key 'max-len': --max-len must be an integer, got 1024.7"),
+    (pack_data, "max-len: 512\nseed: true\n", "key 'seed': --seed must be an integer, got True"),
+    (pack_data, "max-len: 1\n", "key 'max-len': --max-len must be >= 2, got 1"),
+    (pack_data, "max-len: 512\neval-fraction: 1.5\n", "key 'eval-fraction': --eval-fraction must be between 0 and 1"),
+    (pack_data, "max-len: 512\nstrategy: best\n", "key 'strategy'"),
+    (pack_data, "max-len: 512\nno-progress: 1\n", "key 'no-progress': --progress must be true or false, got 1"),
+    (pack_data, "max-len: 512\nlimit: [5]\n", "key 'limit': --limit must be an integer, got [5]"),
+    (pack_data, "max-len: 512\nmax_len: 1024\n", "'max-len' and 'max_len' both set --max-len: keep one"),
+    (pack_data, "max-len: 512\nmax-len: 1024\n", "line 4: option 'max-len' is given twice: keep one"),
+    (pack_train, "max-steps: 2.9\n", "key 'max-steps': --max-steps must be an integer, got 2.9"),
+    (pack_train, "seed: true\n", "key 'seed': --seed must be an integer, got True"),
+    (pack_train, "min-lr-ratio: 2\n", "key 'min-lr-ratio'"),
+    (pack_train, "warmup: -1\n", "key 'warmup'"),
+    (pack_train, "lr: 0\n", "key 'lr'"),
+    (pack_train, "schedule: 5\n", "key 'schedule': --schedule must be text, got 5"),
+])
+def test_a_value_the_flag_refuses_is_refused_in_the_file(tmp_path: Path, command, text: str, needle: str):
+    """Not coerced (1024.7 -> 1024, true -> 1, 2.9 -> 2) and not last-wins: one line naming the file and key."""
+    cfg = tmp_path / "bad.yaml"
+    base = PACK_DATA_BASE if command is pack_data else f"data: {tmp_path}\nmodel: tiny\n"
+    cfg.write_text(base + text)
+    result = CliRunner().invoke(command, ["--config", str(cfg), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and str(cfg) in lines[0], result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_values_the_flags_take_are_read_from_the_file(tmp_path: Path):
+    """Negative control: what the flags accept is accepted, text parsed as the flag's text."""
+    from pipeline.job import PACK_CHECKS
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "ok.yaml"
+    cfg.write_text("inputs: a.jsonl\nmax-len: '512'\neval-fraction: 0.25\nseed: 3\nprogress: false\nstrategy:\n")
+    assert read_config_file(cfg, pack_data, PACK_CHECKS) == {
+        "inputs": ["a.jsonl"], "max_len": 512, "eval_fraction": 0.25, "seed": 3, "progress": False}
+    cfg.write_text("lr: 1\nmin-lr-ratio: 1\nwarmup: 0\nmax_steps: 7\nno-progress: true\ngrad-checkpointing: 2\n"
+                   "resume: true\nepochs: null\n")
+    assert read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}) == {
+        "lr": 1.0, "min_lr_ratio": 1.0, "warmup": 0, "max_steps": 7, "no_progress": True, "grad_checkpointing": 2,
+        "resume": "newest"}

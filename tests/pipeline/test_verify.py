@@ -222,6 +222,42 @@ MANIFEST_DEFECTS = {
 }
 
 
+# Figures no shard can prove, edited so that every other check still holds: the checksum catches them.
+UNPROVABLE_EDITS = {
+    "truncated": lambda m: m["counts"].update(truncated=3),
+    "dropped": lambda m: m["counts"].update(dropped=2),
+    "empty_skipped": lambda m: m["counts"].update(empty_skipped=1),
+    "examples_read": lambda m: m["counts"].update(examples_read=7),
+    "max_len+efficiency": lambda m: m.update(max_len=12, efficiency=round(36 / (4 * 12), 6)),
+    "strategy": lambda m: m.update(strategy="bfd"),
+    "tokenizer": lambda m: m["tokenizer"].update(name="another"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(UNPROVABLE_EDITS))
+def test_a_manifest_figure_edited_after_packing_fails_its_checksum(bad: Path, edit: str) -> None:
+    edit_manifest(bad, UNPROVABLE_EDITS[edit])
+    result = run_cli(bad)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "manifest.json: its checksum does not match its contents" in lines[0], result.output
+    assert "re-run pack-data" in lines[0]
+
+
+def test_the_checksum_covers_content_not_layout(bad: Path) -> None:
+    """Negative controls: the same manifest written without indentation passes; --no-hash skips the
+    checksum as it skips the sha256s; a manifest without a checksum (an older pack-data) passes and
+    pack-verify says what is not covered."""
+    edit_manifest(bad, lambda m: None)  # re-serialised by json.dumps, one line
+    assert run_cli(bad).exit_code == 0
+    edit_manifest(bad, lambda m: m["counts"].update(truncated=3))
+    assert run_cli(bad, "--no-hash").exit_code == 0
+    edit_manifest(bad, lambda m: m.pop("checksum"))
+    result = run_cli(bad)
+    assert result.exit_code == 0 and "its manifest has no checksum" in result.output, result.output
+    assert verify_folder(bad).checksum is None
+
+
 @pytest.mark.parametrize("defect", sorted(MANIFEST_DEFECTS))
 def test_manifest_defect_is_named(bad: Path, defect: str) -> None:
     change, what = MANIFEST_DEFECTS[defect]

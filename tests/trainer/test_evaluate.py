@@ -142,8 +142,8 @@ def test_the_eval_loss_is_exact_across_ranks(packed: Path, tmp_path: Path, paral
     """Two gloo ranks, each evaluating its share (one of them a micro-batch short, so it runs a
     forward that does not count): both report the loss one process computes on the same weights."""
     config = TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "ddp"),
-                         tokens_per_step=600, max_steps=1, lr=0.0, warmup=0, num_workers=0, progress=False,
-                         parallel=parallel)
+                         tokens_per_step=600, max_steps=1, lr=1e-12, warmup=0, num_workers=0, progress=False,
+                         parallel=parallel)  # the weights barely move (--lr must be > 0, as pack-train's)
     ranks = train_on_two_ranks(config, tmp_path)
     from dataclasses import replace
 

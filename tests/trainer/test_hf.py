@@ -149,6 +149,22 @@ def test_the_collator_refuses_rows_it_cannot_cut():
         hf.PackedCollator()([{"input_ids": [5, 6], "labels": [-100], "position_ids": [0, 1]}])
 
 
+def test_the_collator_names_what_is_wrong_with_rows_of_another_shape():
+    """One ValueError naming the row and column, not a raw KeyError or TypeError (or a wrong batch)."""
+    row = {"input_ids": [5, 6], "labels": [-100, 6], "position_ids": [0, 1]}
+    with pytest.raises(ValueError, match=r"PackedCollator: row 1 has no 'labels' \(it has input_ids, position_ids\)"):
+        hf.PackedCollator()([row, {"input_ids": [5, 6], "position_ids": [0, 1]}])
+    with pytest.raises(ValueError, match="PackedCollator takes a list of rows .*got dict"):
+        hf.PackedCollator()(row)  # one row, not a list of rows
+    with pytest.raises(ValueError, match="PackedCollator: row 0 is a str"):
+        hf.PackedCollator()(["input_ids"])
+    with pytest.raises(ValueError, match=r"row 0's 'input_ids' must be a flat list of integers, got .* shape \(1, 2\)"):
+        hf.PackedCollator()([{**row, "input_ids": [[5, 6]]}])
+    with pytest.raises(ValueError, match="return_flash_attn_kwargs=...\) must be True or False, got 'no'"):
+        hf.PackedCollator(return_flash_attn_kwargs="no")
+    assert hf.PackedCollator()((row, row))["input_ids"].tolist() == [[5, 6, 5, 6]]  # a tuple of rows is fine
+
+
 # ------------------------------------------------------------------ Trainer against pack-train
 
 STEPS, ACCUM, LR = 3, 2, 2e-3

@@ -104,6 +104,14 @@ def _config(packed: Path, out: Path, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def test_lora_target_names_get_adapters_and_only_they():
+    """Negative control of the refused unknown name: every name given gets adapters, nothing else does."""
+    model, _ = build_model("tiny", attn="sdpa", vocab_size=VOCAB, seed=0)
+    add_lora(model, TrainConfig(data="x", model="tiny", out="y", lora_r=2, lora_target="q_proj, v_proj"))
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if ".lora_A" in name}
+    assert adapted == {"q_proj", "v_proj"}
+
+
 def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path, tmp_path: Path):
     from peft import PeftModel
 
@@ -127,7 +135,10 @@ def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path,
 def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtype: str):
     from safetensors.torch import load_file
 
-    held = dict(eval_data=str(packed), eval_every=1, dtype=dtype)  # any packed folder evaluates; here the training one
+    lengths = np.random.default_rng(1).integers(4, 40, size=12).tolist()  # a held-out folder of other rows
+    make_packed_folder(tmp_path / "held", pack_lengths(lengths, 64, vocab=VOCAB, seed=1), 64,
+                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    held = dict(eval_data=str(tmp_path / "held"), eval_every=1, dtype=dtype)
     full = train(_config(packed, tmp_path / "full", **held))
     train(_config(packed, tmp_path / "part", stop_at=2, **held))
     rest = train(_config(packed, tmp_path / "part", resume="newest", **held))
@@ -147,6 +158,10 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
         train(_config(packed, tmp_path / "a", lora_r=0, merge_lora=True))
     with pytest.raises(UserError, match="--lora-target nope"):
         train(_config(packed, tmp_path / "b", lora_target="nope"))
+    with pytest.raises(UserError, match=r"--lora-target q_proj,bogus_proj: the model has no module named 'bogus_proj' "
+                                        r"\(its linear layers: .*q_proj"):
+        train(_config(packed, tmp_path / "b2", lora_target="q_proj,bogus_proj"))  # peft alone adapts q_proj only
+    assert not (tmp_path / "b2").exists()
     with pytest.raises(UserError, match="holds no LoRA adapter"):
         train(_config(packed, tmp_path / "c", lora_r=0, stop_at=1))
         train(_config(packed, tmp_path / "c", resume="newest"))
