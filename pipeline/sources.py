@@ -113,7 +113,15 @@ def _first_char(path: str) -> bytes:
     return b""
 
 
+def _broken_link(path: str) -> UserError:
+    """The error for a symbolic link whose target does not exist (or a loop of links)."""
+    return UserError(f"{path} is a broken symbolic link (to {os.readlink(path)!r}, which does not exist): "
+                     "fix the link or remove it")
+
+
 def _check_readable(path: str) -> None:
+    if os.path.islink(path) and not os.path.exists(path):
+        raise _broken_link(path)
     if not os.access(path, os.R_OK):
         raise UserError(f"cannot read {path}: permission denied; fix its permissions (chmod +r)")
     try:
@@ -162,9 +170,14 @@ def _resolve_folder(path: str) -> list[InputFile]:
                                       else "dataset_dict.json")))
         size = sum(p.stat().st_size for p in _hf_data_files(folder))
         return [InputFile(path=path, kind="hf_disk", size=size)]
-    files = sorted(str(p) for p in folder.rglob("*") if p.is_file())
+    entries = list(folder.rglob("*"))
+    broken = sorted(str(p) for p in entries if p.is_symlink() and not p.exists())
+    for p in broken:  # a link to data that is gone: never skipped unsaid
+        if _kind_of(p):
+            raise _broken_link(p)
+    files = sorted(str(p) for p in entries if p.is_file())
     found = [p for p in files if _kind_of(p)]
-    skipped = [p for p in files if not _kind_of(p)]
+    skipped = sorted([p for p in files if not _kind_of(p)] + broken)
     if found and skipped:  # said, never silent: a README beside the data is fine, a typo'd .jsonl is not
         names = ", ".join(os.path.relpath(p, path) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
         print(f"pack-data: {path}: skipping {len(skipped)} file(s) that are not data ({names}); "
@@ -200,6 +213,8 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
                                 "shell does not expand it")
             for m in matches:
                 out.extend(_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])
+        elif os.path.islink(spec):
+            raise _broken_link(spec)
         elif _kind_of(spec) is None and _HUB_NAME.match(spec) and "/" in spec.split(":")[0]:
             out.append(_resolve_hub(spec))
         else:

@@ -589,3 +589,22 @@ def test_integer_and_list_columns_keep_their_types(tmp_path, kind):
     assert table.schema.field("n").type == pa.int64()
     assert pa.types.is_integer(table.schema.field("input_ids").type.value_type)
     assert table.column("w").to_pylist() == [[0.5, 1.5], [2.0]]
+
+
+def test_a_broken_link_to_data_in_a_folder_is_one_line_naming_it(tmp_path):
+    (tmp_path / "x").mkdir()
+    write_jsonl(tmp_path / "x" / "1.jsonl", ROWS)
+    (tmp_path / "x" / "2.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    msg = expect_error("broken symbolic link", resolve_inputs, [str(tmp_path / "x")])
+    assert str(tmp_path / "x" / "2.jsonl") in msg and "gone.jsonl" in msg and "\n" not in msg
+    # given directly or through a glob, the same line (not "permission denied" or "not found")
+    for spec in (tmp_path / "x" / "2.jsonl", tmp_path / "x" / "*.jsonl"):
+        assert "broken symbolic link" in expect_error("2.jsonl", resolve_inputs, [str(spec)])
+
+
+def test_a_broken_link_that_is_not_data_is_named_among_the_skipped_files(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    write_jsonl(tmp_path / "x" / "1.jsonl", ROWS)
+    (tmp_path / "x" / "NOTES").symlink_to(tmp_path / "nowhere")
+    assert [Path(f.path).name for f in resolve_inputs([str(tmp_path / "x")])] == ["1.jsonl"]
+    assert "skipping 1 file(s) that are not data (NOTES)" in capsys.readouterr().err
