@@ -62,7 +62,10 @@ def snapshot(folder: Path) -> dict[str, str]:
     state = {}
     for path in sorted(folder.rglob("*")):
         rel = str(path.relative_to(folder))
-        state[rel] = "/" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.is_symlink() and not path.exists():
+            state[rel] = "-> " + os.readlink(path)
+        else:
+            state[rel] = "/" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return state
 
 
@@ -113,6 +116,19 @@ def _out_is_the_input_folder(tmp: Path) -> list[str]:
     return [str(folder), "--out", "corpus", "--overwrite"]
 
 
+def _broken_link_in_folder(tmp: Path) -> Path:
+    folder = tmp / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": "some text"}] * 5)
+    (folder / "b.jsonl").symlink_to(tmp / "moved-away.jsonl")
+    return folder
+
+
+def _input_field_and_template_without_input(tmp: Path) -> list[str]:
+    rows = [{"instruction": "sum", "input": "", "output": "5"}, {"instruction": "sum", "input": "2 3", "output": "5"}]
+    return [str(write_jsonl(tmp / "d.jsonl", rows)), "--template", "qa"]
+
+
 # case -> (make the inputs in tmp: the arguments before --tokenizer, or a full argument list that
 #          holds --out; a needle of the one error line)
 BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
@@ -130,6 +146,9 @@ BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
     "packed output as input": (_packed_input, "is packed output of pack-data"),
     "--overwrite over the user's files": (_own_files_inside_out, "'MY_NOTES.txt', which pack-data did not write"),
     "--out is an input": (_out_is_the_input_folder, "corpus"),
+    "a template that leaves a field out": (_input_field_and_template_without_input,
+                                           "d.jsonl line 2: field 'input' has text, but --template qa has no {input}"),
+    "a broken link in an input folder": (_broken_link_in_folder, "b.jsonl is a broken symbolic link"),
     "over-long row with --overlong error": (
         lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])),
                    "--overlong", "error"], "d.jsonl line 2"),
