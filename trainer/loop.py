@@ -34,7 +34,7 @@ from trainer.evaluate import Evaluator
 from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
-from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
+from trainer.metrics import Meter, plot_losses, run_folder_lock, start_run_files, write_summary
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
 from trainer.precision import MasterAdamW
@@ -65,7 +65,13 @@ from trainer.stream import (
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
-    """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary."""
+    """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
+    The run folder is locked for the run's life: a second run on it stops in one line."""
+    with run_folder_lock(config.out):
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> dict[str, Any]:
     run = start(config)
     info, device, optimizer = run.info, run.device, run.optimizer
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")

@@ -350,6 +350,56 @@ def test_a_truncated_shard_fails_verify_in_one_line(packed_sample: Path, tmp_pat
     assert shard.name in error_line(cli("pack-verify", folder, cwd=tmp_path))
 
 
+def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 300
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{what}: {proc.stderr.read()}"
+        time.sleep(0.05)
+
+
+def test_a_second_pack_data_on_a_busy_out_is_one_line_and_kill_9_frees_it(tmp_path: Path) -> None:
+    _big_input(tmp_path)
+    args = ("big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o")
+    first = cli("pack-data", *args, "--num-proc", 1, cwd=tmp_path, wait=False, start_new_session=True)
+    try:
+        _wait_for(lambda: bool(list(tmp_path.glob(".o.tmp-*"))), first, "pack-data ended early")
+        os.killpg(first.pid, signal.SIGSTOP)  # holds its lock for as long as the test needs
+        second = cli("pack-data", *args, "--overwrite", cwd=tmp_path)
+        line = error_line(second)
+        assert f"o is in use by another pack-data run (pid {first.pid} on " in line, line
+        assert "choose another --out" in line
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert (tmp_path / ".o.lock").exists()  # what kill -9 leaves: a file, but no lock
+    third = cli("pack-data", *args, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr_text
+    assert not (tmp_path / ".o.lock").exists()
+    verified(tmp_path / "o")
+
+
+def test_a_second_pack_train_on_a_busy_run_folder_is_one_line_and_kill_9_frees_it(
+        packed_sample: Path, tmp_path: Path) -> None:
+    args = ("--data", packed_sample, "--model", "tiny", "--out", "run", "--log-every", 1, "--tokens-per-step", 2048)
+    first = cli("pack-train", *args, "--max-steps", 1000, cwd=tmp_path, wait=False, start_new_session=True)
+    lock = tmp_path / "run" / ".pack-train.lock"
+    try:
+        _wait_for(lambda: (tmp_path / "run" / "metrics.jsonl").exists(), first, "pack-train ended early")
+        assert lock.read_text().split()[0] == str(first.pid)
+        os.killpg(first.pid, signal.SIGSTOP)
+        before = snapshot(tmp_path / "run")
+        second = cli("pack-train", *args, "--max-steps", 2, cwd=tmp_path)
+        line = error_line(second)
+        assert f"run is in use by another pack-train run (pid {first.pid} on " in line, line
+        assert snapshot(tmp_path / "run") == before  # the first run's metrics and config untouched
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    third = cli("pack-train", *args, "--max-steps", 2, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr_text
+    assert [m["step"] for m in _metrics(tmp_path / "run")] == [1, 2] and not lock.exists()
+
+
 # -------------------------------------------------------------------- pack-train: checkpoints
 
 
