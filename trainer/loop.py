@@ -59,7 +59,6 @@ from trainer.stream import (
     loader_batches,
     make_loader,
     open_data,
-    row_lengths,
     step_cursor,
 )
 
@@ -245,12 +244,14 @@ def start(config: TrainConfig) -> Run:
     resume_from = checkpoint_to_resume(config, info)
 
     manifest, tokenizer = open_data(config)
-    planner = Planner(row_lengths(config.data, manifest), config.tokens_per_step, seed=config.seed,
+    reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
+    planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
                       world_size=info.world_size, grad_accum=config.grad_accum)
     total_steps = _total_steps(config, planner)
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
-    hashes = ShardHashCheck(config.data, manifest, info.rank, info.world_size) if config.verify_hashes else None
+    hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
+              if config.verify_hashes else None)
     model, backend, backend_why = _model(config, device, manifest)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
@@ -273,7 +274,7 @@ def start(config: TrainConfig) -> Run:
         load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
                             total_steps=total_steps, rank=info.rank, fsdp=fsdp)
     loader = make_loader(
-        MicroBatchDataset(ShardReader(config.data, manifest), planner, info.rank),
+        MicroBatchDataset(reader, planner, info.rank),
         CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
         num_workers=config.num_workers, pin_memory=device.type == "cuda", prefetch_factor=config.prefetch,
     )

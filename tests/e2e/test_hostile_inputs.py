@@ -193,6 +193,19 @@ def test_a_field_that_first_appears_in_the_last_row_is_kept(tmp_path: Path) -> N
     verified(out)
 
 
+def test_a_number_in_a_text_field_is_packed_as_the_text_the_file_holds(tmp_path: Path) -> None:
+    from pipeline.shards import iter_rows
+    from pipeline.tokenizer import load_tokenizer
+
+    (tmp_path / "d.jsonl").write_text('{"instruction": "the id", "output": 12345678901234567890}\n'
+                                      '{"instruction": "a price", "output": 1.10}\n', encoding="utf-8")
+    out = pack(tmp_path, tmp_path / "d.jsonl")
+    tokenizer = load_tokenizer(str(TOKENIZER))
+    texts = [tokenizer.decode(r["input_ids"]) for r in iter_rows(out)]
+    assert any("12345678901234567890" in t for t in texts) and any("1.10" in t for t in texts), texts
+    assert not any("e+19" in t for t in texts)
+
+
 def test_files_skipped_in_a_folder_are_named(tmp_path: Path) -> None:
     folder = tmp_path / "corpus"
     folder.mkdir()
