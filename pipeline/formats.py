@@ -254,6 +254,12 @@ def missing_field(table: pa.Table, name: str, where: Where) -> UserError:
     )
 
 
+def text_fields(fmt: ResolvedFormat) -> list[str]:
+    """The top-level columns this format reads as text (a JSON number there is kept as its text)."""
+    keys = {"text": ("text",), "instruction": ("prompt", "input", "response")}.get(fmt.kind, ())
+    return [str(fmt.fields[k]) for k in keys if fmt.fields.get(k)]
+
+
 def needed_fields(fmt: ResolvedFormat) -> list[str]:
     """The columns every row of a file in this format must fill (the optional ones left out)."""
     keys = {"text": ("text",), "instruction": ("prompt", "response"), "chat": ("messages",),

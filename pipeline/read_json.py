@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -239,9 +239,11 @@ def jsonl_columns(path: str) -> list[str]:
 
 
 def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end: int | None = None,
-               first_line: int = 1) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+               first_line: int = 1, exact: Collection[str] | None = None
+               ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     """Tables of at most `batch_rows` records and the line of each; `start`, `end`, `first_line`:
-    only that byte range (as `_jsonl_chunks`)."""
+    only that byte range (as `_jsonl_chunks`); `exact`: the columns whose numbers are kept as their
+    text (`exact_numbers`; None: all)."""
     conform = Conformer()
     for chunk, line, offset in _jsonl_chunks(path, chunk_bytes, start, end, first_line):
         if not chunk or chunk.isspace():
@@ -255,7 +257,7 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
             raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
-        table = conform(exact_numbers(table, chunk))
+        table = conform(exact_numbers(table, chunk, exact))
         lines = _record_lines(chunk, line, table.num_rows)
         if len(chunk) > LONG_CHUNK_BYTES:  # a long line: what parsing it took goes back to the system
             pa.default_memory_pool().release_unused()
@@ -271,12 +273,15 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
 _RAW_NUMBERS = json.JSONDecoder(parse_float=str, parse_int=str)  # numbers as the text the file holds
 
 
-def exact_numbers(table: pa.Table, chunk: bytes) -> pa.Table:
+def exact_numbers(table: pa.Table, chunk: bytes, columns: Collection[str] | None = None) -> pa.Table:
     """The top-level columns pyarrow parsed as floating point (JSON numbers with a fraction or an
     exponent, and integers too long for int64), as the exact text of those numbers in `chunk`: a
     number read as a text field stays the string the file holds (`12345678901234567890`, `1.10`),
-    never a float's rendering of it. Other columns, and chunks without such a column, are unchanged."""
-    floats = [i for i, typ in enumerate(table.schema.types) if pa.types.is_floating(typ)]
+    never a float's rendering of it. `columns`: only those (the text fields of the file's format;
+    None: every such column), since this decodes the chunk once more in Python. Other columns, and
+    chunks without such a column, are unchanged."""
+    floats = [i for i, (name, typ) in enumerate(zip(table.column_names, table.schema.types))
+              if pa.types.is_floating(typ) and (columns is None or name in columns)]
     if not floats:
         return table
     text = chunk.decode("utf-8")

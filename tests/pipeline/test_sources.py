@@ -608,3 +608,14 @@ def test_a_broken_link_that_is_not_data_is_named_among_the_skipped_files(tmp_pat
     (tmp_path / "x" / "NOTES").symlink_to(tmp_path / "nowhere")
     assert [Path(f.path).name for f in resolve_inputs([str(tmp_path / "x")])] == ["1.jsonl"]
     assert "skipping 1 file(s) that are not data (NOTES)" in capsys.readouterr().err
+
+
+def test_only_the_text_columns_asked_for_are_decoded_again(tmp_path):
+    """pack-data asks for its format's text fields only (a float metadata column costs no second
+    decode); asking for none of them leaves pyarrow's numbers."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"instruction": "a", "output": 1.10, "score": 0.50}\n', encoding="utf-8")
+    table = next(read_json.read_jsonl(str(path), 10, 1 << 20, exact=["instruction", "output"]))[0]
+    assert table.column("output").to_pylist() == ["1.10"] and table.column("score").to_pylist() == [0.5]
+    batch = next(iter_batches(resolve_inputs([str(path)]), exact={str(path): ["output"]}))
+    assert batch.table.column("output").to_pylist() == ["1.10"]
