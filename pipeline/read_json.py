@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
+from pipeline.json_numbers import exact_column, exact_float, exact_numbers
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
@@ -267,63 +268,6 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
                    None if lines is None else lines[start: start + batch_rows])
 
 
-# ------------------------------------------------------------------------------- exact numbers
-
-
-_RAW_NUMBERS = json.JSONDecoder(parse_float=str, parse_int=str)  # numbers as the text the file holds
-
-
-def exact_numbers(table: pa.Table, chunk: bytes, columns: Collection[str] | None = None) -> pa.Table:
-    """The top-level columns pyarrow parsed as floating point (JSON numbers with a fraction or an
-    exponent, and integers too long for int64), as the exact text of those numbers in `chunk`: a
-    number read as a text field stays the string the file holds (`12345678901234567890`, `1.10`),
-    never a float's rendering of it. `columns`: only those (the text fields of the file's format;
-    None: every such column), since this decodes the chunk once more in Python. Other columns, and
-    chunks without such a column, are unchanged."""
-    floats = [i for i, (name, typ) in enumerate(zip(table.column_names, table.schema.types))
-              if pa.types.is_floating(typ) and (columns is None or name in columns)]
-    if not floats:
-        return table
-    text = chunk.decode("utf-8")
-    records, pos = [], _SKIP_WS.match(text, 0).end()
-    while pos < len(text):
-        obj, pos = _RAW_NUMBERS.raw_decode(text, pos)
-        records.append(obj)
-        pos = _SKIP_WS.match(text, pos).end()
-    if len(records) != table.num_rows:  # not one object per record: leave the table as pyarrow read it
-        return table
-    for i in floats:
-        name = table.column_names[i]
-        table = table.set_column(i, name, pa.array([r.get(name) for r in records], pa.string()))
-    return table
-
-
-class _Float(float):
-    """A JSON number decoded as a float that remembers its text in the file."""
-
-    text: str
-
-
-def _exact_float(text: str) -> float:
-    value = _Float(text)
-    value.text = text
-    return value
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _exact_column(values: list[Any]) -> list[Any]:
-    """A top-level field of JSON-array records: when its values are numbers (or null) and one of
-    them is a float or an integer too long for int64, every number as the text the file holds (as
-    `exact_numbers` does for JSON Lines); otherwise unchanged."""
-    inexact = any(isinstance(v, float) or (_is_number(v) and not -2**63 <= v < 2**63) for v in values)
-    if not inexact or not all(v is None or _is_number(v) for v in values):
-        return values
-    return [None if v is None else v.text if isinstance(v, _Float) else str(v) for v in values]
-
-
 # ------------------------------------------------------------------------------------ JSON array
 
 
@@ -338,7 +282,7 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
     (CodeAlpaca: 20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
     text = json_array_text(path)
     try:
-        records = json.loads(text, parse_float=_exact_float)
+        records = json.loads(text, parse_float=exact_float)
     except json.JSONDecodeError:
         records = None
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
@@ -364,8 +308,8 @@ def _records_table(records: list[dict]) -> pa.Table:
     """Records -> a table with a column for every key that any of them has (in order of first
     appearance; a record without it gives a null), as the JSON Lines reader does.
     `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently.
-    Numbers that pyarrow would hold as floats are kept as their text (`_exact_column`)."""
-    return pa.Table.from_pydict({k: _exact_column([r.get(k) for r in records]) for k in _record_keys(records)})
+    Numbers that pyarrow would hold as floats are kept as their text (`exact_column`)."""
+    return pa.Table.from_pydict({k: exact_column([r.get(k) for r in records]) for k in _record_keys(records)})
 
 
 def _record_keys(records: list[dict]) -> list[str]:
