@@ -32,7 +32,8 @@ FORMAT_OPTIONS = [
                       "instruction/output, prompt/completion, question/answer -> instruction, text -> text."),
     click.option("--text-field", default=None, help="Column with the documents (text format). Auto: text, content, document."),
     click.option("--prompt-field", default=None, help="Column with the prompt/instruction. Auto: instruction, prompt, question, query."),
-    click.option("--input-field", default=None, help="Optional extra-context column of instruction data. Auto: input."),
+    click.option("--input-field", default=None, help="Optional extra-context column of instruction data. Auto: input. 'none': leave it out (a "
+                      "--template without {input} stops at the first row whose input has text, unless given this)."),
     click.option("--response-field", default=None, help="Column with the response. Auto: output, response, completion, answer."),
     click.option("--messages-field", default=None, help="Column with chat messages [{role, content}]. Auto: messages, conversations."),
     click.option("--labels-field", default=None, help="Column with labels for tokenized input. Auto: labels (else loss on all tokens)."),

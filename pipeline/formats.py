@@ -59,6 +59,7 @@ PAIRS = (
     ("question", "answer", "qa"),
     ("query", "response", "qa"),
 )
+NO_INPUT = "none"  # --input-field none: instruction data rendered without its input field
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -123,13 +124,18 @@ def _require(columns: list[str], name: str, flag: str, source: str | None = None
 
 
 
+def template_fields(template: str) -> set[str]:
+    """The placeholders of a format-string template ({instruction}, {prompt}, {input})."""
+    return {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+
+
 def resolve_template(template: str | None, default: str) -> tuple[str, str | None]:
     """Return (template text, preset name or None) for --template (a preset name or a format string)."""
     name = template or default
     if name in TEMPLATES:
         return TEMPLATES[name], name
     try:
-        keys = {f for _, f, _, _ in string.Formatter().parse(name) if f is not None}
+        keys = template_fields(name)
     except ValueError as exc:
         raise UserError(f"--template {name!r} is not a valid Python format string ({exc})") from None
     unknown = keys - {"instruction", "prompt", "input"}
@@ -202,6 +208,8 @@ def detect_format(columns: list[str], options: FormatOptions, *, source: str | N
     input_field = options.input_field
     if input_field is None and "input" in cols and prompt != "input":
         input_field = "input"
+    elif input_field == NO_INPUT:
+        input_field = None  # left out on purpose (recorded in the manifest's config)
     elif input_field is not None:
         req(input_field, "--input-field")
     if options.template is None and default_tpl == "alpaca" and prompt not in ("instruction",):
@@ -244,6 +252,12 @@ def missing_field(table: pa.Table, name: str, where: Where) -> UserError:
         f"{file} has no field {name!r} (its fields: {', '.join(table.column_names)}): all inputs of one "
         "run need the same fields; pack them separately or pass the field options"
     )
+
+
+def text_fields(fmt: ResolvedFormat) -> list[str]:
+    """The top-level columns this format reads as text (a JSON number there is kept as its text)."""
+    keys = {"text": ("text",), "instruction": ("prompt", "input", "response")}.get(fmt.kind, ())
+    return [str(fmt.fields[k]) for k in keys if fmt.fields.get(k)]
 
 
 def needed_fields(fmt: ResolvedFormat) -> list[str]:
@@ -332,6 +346,8 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Se
     )
     template = fmt.template or "{prompt}"
     alpaca = fmt.template_name == "alpaca"
+    if fmt.fields.get("input") and "input" not in template_fields(template):
+        check_input_unused(inputs, fmt, where)
     texts: list[str] = []
     for p, x, r in zip(prompts, inputs, responses):
         if not p.strip() and not r.strip() and not x.strip():
@@ -343,6 +359,20 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Se
     example = np.repeat(np.arange(n, dtype=np.int64), 2)
     loss = np.tile(np.array([fmt.train_on_prompt, True]), n)
     return Segments(texts, example, loss, n)
+
+
+def check_input_unused(inputs: list[str], fmt: ResolvedFormat, where: Where) -> None:
+    """A template without {input} would leave the input field's text out of the shards: the first
+    row whose input is not blank is a one-line error naming the field, the row and the fixes."""
+    first = next((i for i, x in enumerate(inputs) if x.strip()), None)
+    if first is None:
+        return
+    name = f"--template {fmt.template_name}" if fmt.template_name else "the --template given"
+    raise UserError(
+        f"{where(first)}: field {fmt.fields['input']!r} has text, but {name} has no {{input}}, so it would be "
+        "left out of the shards: use a template with {input} (the alpaca preset, or your own --template), or "
+        f"pass --input-field {NO_INPUT} to leave the field out"
+    )
 
 
 def normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:

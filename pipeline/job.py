@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable
 import shutil
-from contextlib import closing, nullcontext
+from contextlib import AbstractContextManager, closing, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from pipeline.background import Background
 from pipeline.binpack import STRATEGIES
 from pipeline.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
+from pipeline.folder_lock import folder_lock
 from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.mix import apply_mix, file_weights, parse_mix
@@ -113,7 +114,8 @@ def run_pack_data(
     clock = _Clock()
     validate(config)
     on_ray = config.engine == "ray"
-    with (ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext(),
+    with (out_lock(config.out),
+          ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext(),
           remote_out(config.out, config.overwrite, config.tmp_dir) as out):
         if on_ray:  # every node sees where the output (and downloaded inputs) go, and the local inputs
             check_shared(out.absolute().parent, [p for p in config.inputs if not is_uri(p) and os.path.exists(p)])
@@ -125,6 +127,15 @@ def run_pack_data(
                 if not staged.prefixes:
                     raise
                 raise UserError(staged.in_message(str(exc))) from None  # remote inputs named by their URIs
+
+
+def out_lock(out: str) -> AbstractContextManager:
+    """The lock that keeps a second pack-data off a local --out while this one runs
+    (`.OUT.lock` beside it, `pipeline.folder_lock`); a remote --out is written from a folder of its own."""
+    if is_uri(out):
+        return nullcontext()
+    path = Path(out).absolute()
+    return folder_lock(path.parent / f".{path.name}.lock", out, "pack-data")
 
 
 def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: bool,

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UserError, one_line
-from pipeline.formats import ResolvedFormat
+from pipeline.formats import ResolvedFormat, text_fields
 from pipeline.plan import RowPlan
 from pipeline.progress import bar
 from pipeline.remote import download_file
@@ -265,7 +265,7 @@ def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str | BackendO
 
     def run(lines_known: bool) -> Part:
         ids_path, labels_path = Path(part + ".ids"), Path(part + ".labels")
-        batches = chunk_batches(f, chunk, batch_rows=batch_rows, lines_known=lines_known)
+        batches = chunk_batches(f, chunk, batch_rows=batch_rows, lines_known=lines_known, exact=text_fields(fmt))
         with rust_threads_off(), open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
             tokenized = ((b, tokenize_source_batch(b, fmt, tok, derive_labels)) for b in batches)
             return spill_part(tokenized, fi, fl, ids_path, labels_path)

@@ -11,7 +11,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
+from pipeline.json_numbers import exact_column, exact_float, exact_numbers
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
@@ -239,9 +240,11 @@ def jsonl_columns(path: str) -> list[str]:
 
 
 def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end: int | None = None,
-               first_line: int = 1) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+               first_line: int = 1, exact: Collection[str] | None = None
+               ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     """Tables of at most `batch_rows` records and the line of each; `start`, `end`, `first_line`:
-    only that byte range (as `_jsonl_chunks`)."""
+    only that byte range (as `_jsonl_chunks`); `exact`: the columns whose numbers are kept as their
+    text (`exact_numbers`; None: all)."""
     conform = Conformer()
     for chunk, line, offset in _jsonl_chunks(path, chunk_bytes, start, end, first_line):
         if not chunk or chunk.isspace():
@@ -255,7 +258,7 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
             raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
-        table = conform(table)
+        table = conform(exact_numbers(table, chunk, exact))
         lines = _record_lines(chunk, line, table.num_rows)
         if len(chunk) > LONG_CHUNK_BYTES:  # a long line: what parsing it took goes back to the system
             pa.default_memory_pool().release_unused()
@@ -279,7 +282,7 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
     (CodeAlpaca: 20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
     text = json_array_text(path)
     try:
-        records = json.loads(text)
+        records = json.loads(text, parse_float=exact_float)
     except json.JSONDecodeError:
         records = None
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
@@ -293,7 +296,7 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
         lines = ArrayLines(path, start, start + len(batch))
         try:
             table = _records_table(batch)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             numbers = [lines[k] for k in range(len(batch))]
             err = _type_conflict(path, iter(zip(numbers, batch)))
             raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
@@ -304,8 +307,9 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
 def _records_table(records: list[dict]) -> pa.Table:
     """Records -> a table with a column for every key that any of them has (in order of first
     appearance; a record without it gives a null), as the JSON Lines reader does.
-    `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently."""
-    return pa.Table.from_pydict({k: [r.get(k) for r in records] for k in _record_keys(records)})
+    `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently.
+    Numbers that pyarrow would hold as floats are kept as their text (`exact_column`)."""
+    return pa.Table.from_pydict({k: exact_column([r.get(k) for r in records]) for k in _record_keys(records)})
 
 
 def _record_keys(records: list[dict]) -> list[str]:

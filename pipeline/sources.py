@@ -34,7 +34,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,15 @@ def _first_char(path: str) -> bytes:
     return b""
 
 
+def _broken_link(path: str) -> UserError:
+    """The error for a symbolic link whose target does not exist (or a loop of links)."""
+    return UserError(f"{path} is a broken symbolic link (to {os.readlink(path)!r}, which does not exist): "
+                     "fix the link or remove it")
+
+
 def _check_readable(path: str) -> None:
+    if os.path.islink(path) and not os.path.exists(path):
+        raise _broken_link(path)
     if not os.access(path, os.R_OK):
         raise UserError(f"cannot read {path}: permission denied; fix its permissions (chmod +r)")
     try:
@@ -162,9 +170,14 @@ def _resolve_folder(path: str) -> list[InputFile]:
                                       else "dataset_dict.json")))
         size = sum(p.stat().st_size for p in _hf_data_files(folder))
         return [InputFile(path=path, kind="hf_disk", size=size)]
-    files = sorted(str(p) for p in folder.rglob("*") if p.is_file())
+    entries = list(folder.rglob("*"))
+    broken = sorted(str(p) for p in entries if p.is_symlink() and not p.exists())
+    for p in broken:  # a link to data that is gone: never skipped unsaid
+        if _kind_of(p):
+            raise _broken_link(p)
+    files = sorted(str(p) for p in entries if p.is_file())
     found = [p for p in files if _kind_of(p)]
-    skipped = [p for p in files if not _kind_of(p)]
+    skipped = sorted([p for p in files if not _kind_of(p)] + broken)
     if found and skipped:  # said, never silent: a README beside the data is fine, a typo'd .jsonl is not
         names = ", ".join(os.path.relpath(p, path) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
         print(f"pack-data: {path}: skipping {len(skipped)} file(s) that are not data ({names}); "
@@ -200,6 +213,8 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
                                 "shell does not expand it")
             for m in matches:
                 out.extend(_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])
+        elif os.path.islink(spec):
+            raise _broken_link(spec)
         elif _kind_of(spec) is None and _HUB_NAME.match(spec) and "/" in spec.split(":")[0]:
             out.append(_resolve_hub(spec))
         else:
@@ -354,10 +369,10 @@ def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
 # ------------------------------------------------------------------------------------ public
 
 
-def _tables(f: InputFile, batch_rows: int, chunk_bytes: int
+def _tables(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None = None
             ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     if f.kind == "jsonl":
-        yield from read_jsonl(f.path, batch_rows, chunk_bytes)
+        yield from read_jsonl(f.path, batch_rows, chunk_bytes, exact=exact)
     elif f.kind == "json":
         yield from read_json_array(f.path, batch_rows)
     else:
@@ -378,10 +393,13 @@ def _tables(f: InputFile, batch_rows: int, chunk_bytes: int
 
 
 def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[SourceBatch]:
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 exact: dict[str, Collection[str]] | None = None) -> Iterator[SourceBatch]:
     """Stream every input in order as tables of at most `batch_rows` rows (never an empty one).
 
     `limit` stops after that many rows in total. An input that yields no rows is an error.
+    `exact`: per file path, the columns whose JSON numbers are kept as their text
+    (`read_json.exact_numbers`); None, or a file not in it: every column.
     """
     if batch_rows < 1:
         raise ValueError("batch_rows must be >= 1")
@@ -390,7 +408,7 @@ def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int |
         if limit is not None and index >= limit:
             return
         row = 0
-        for table, lines in _tables(f, batch_rows, chunk_bytes):
+        for table, lines in _tables(f, batch_rows, chunk_bytes, None if exact is None else exact.get(f.path)):
             if table.num_rows == 0:
                 continue
             if limit is not None and index + table.num_rows > limit:
@@ -465,18 +483,20 @@ def _part_rows(f: InputFile) -> list[int] | None:
 
 
 def chunk_batches(f: InputFile, chunk: Chunk, *, batch_rows: int, lines_known: bool = True,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[SourceBatch]:
+                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, exact: Collection[str] | None = None
+                  ) -> Iterator[SourceBatch]:
     """Stream one chunk as `iter_batches` streams files, `first_index` counted from the chunk's
     first row. A JSON Lines chunk past the file's start knows its line numbers only with
     `lines_known` (which counts the line ends before it: a read of the file up to there); without,
-    they are counted from 1 (fine when nothing is reported)."""
+    they are counted from 1 (fine when nothing is reported). `exact`: as `iter_batches`'s, for `f`."""
     if chunk.end < 0:
-        yield from iter_batches([f], batch_rows=batch_rows, chunk_bytes=chunk_bytes)
+        yield from iter_batches([f], batch_rows=batch_rows, chunk_bytes=chunk_bytes,
+                                exact=None if exact is None else {f.path: exact})
         return
     if f.kind == "jsonl":
         first_line = 1 + (lines_before(f.path, chunk.start) if lines_known and chunk.start else 0)
         tables: Iterator[tuple[pa.Table, Any]] = read_jsonl(f.path, batch_rows, chunk_bytes, chunk.start,
-                                                             chunk.end, first_line)
+                                                             chunk.end, first_line, exact)
     else:
         parts = range(chunk.start, chunk.end)
         read = read_parquet(f.path, batch_rows, parts) if f.kind == "parquet" else read_arrow(f.path, batch_rows, parts)

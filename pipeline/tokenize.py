@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.background import done, in_order
 from pipeline.encode_pool import encode_pool
 from pipeline.errors import UserError
-from pipeline.formats import FormatOptions, ResolvedFormat, detect_formats
+from pipeline.formats import FormatOptions, ResolvedFormat, detect_formats, text_fields
 from pipeline.long_texts import Encode
 from pipeline.remote import download_here, staged_inputs
 from pipeline.sources import column_names, iter_batches, resolve_inputs, where_of
@@ -122,7 +122,8 @@ def iter_tokenized(
     text = needs_encoder(list(fmts.values()))
     if batch_rows is None:
         batch_rows = default_batch_rows(fmts.values())
-    batches = iter_batches(files, batch_rows=batch_rows, limit=limit)
+    batches = iter_batches(files, batch_rows=batch_rows, limit=limit,
+                           exact={path: text_fields(f) for path, f in fmts.items()})
     if num_proc <= 1 or not text:
         with rust_threads_off():
             for batch in batches:

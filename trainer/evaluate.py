@@ -25,7 +25,8 @@ from pipeline.errors import UserError
 from pipeline.shards import Manifest, read_manifest, verify_folder
 from trainer.config import TrainConfig
 from trainer.parallel import DistInfo
-from trainer.stream import ShardReader, greedy_cuts, row_lengths
+from trainer.integrity import shard_problem
+from trainer.stream import ShardReader, greedy_cuts
 
 
 def held_out_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
@@ -86,7 +87,13 @@ class Evaluator:
 
     def __init__(self, folder: str | os.PathLike[str], train_manifest: Manifest, tokens_per_step: int,
                  info: DistInfo, device: torch.device) -> None:
-        manifest = verify_folder(folder, check_hashes=True)
+        manifest = verify_folder(folder, check_hashes=False)
+        # mapped now (read from these files only); their sha256 checked here, of these same files
+        self.reader = ShardReader(folder, manifest)
+        for shard, path, identity in zip(manifest.shards, self.reader.paths, self.reader.identities):
+            problem = shard_problem(Path(path), shard.sha256, identity)
+            if problem is not None:
+                raise UserError(problem)
         want, have = train_manifest.tokenizer.get("fingerprint"), manifest.tokenizer.get("fingerprint")
         if want != have:
             raise UserError(f"eval data {folder} was packed with another tokenizer than the training data "
@@ -94,8 +101,7 @@ class Evaluator:
         if manifest.loss_tokens == 0:
             raise UserError(f"eval data {folder} has no token that carries a loss: nothing to evaluate")
         self.folder, self.info, self.device = str(folder), info, device
-        self.reader = ShardReader(folder, manifest)
-        cuts = greedy_cuts(row_lengths(folder, manifest), tokens_per_step)
+        cuts = greedy_cuts(self.reader.row_lengths(), tokens_per_step)
         self.batches = [np.arange(a, b) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
         per_rank = math.ceil(len(self.batches) / info.world_size)
         self.mine = [i * info.world_size + info.rank for i in range(per_rank)]

@@ -34,7 +34,7 @@ from trainer.evaluate import Evaluator, held_out_folder
 from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
-from trainer.metrics import Meter, plot_losses, start_run_files, write_summary
+from trainer.metrics import Meter, plot_losses, run_folder_lock, start_run_files, write_summary
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
 from trainer.fp8 import check_fp8, recipe_note, to_float8
@@ -61,13 +61,18 @@ from trainer.stream import (
     loader_batches,
     make_loader,
     open_data,
-    row_lengths,
     step_cursor,
 )
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
-    """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary."""
+    """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
+    The run folder is locked for the run's life: a second run on it stops in one line."""
+    with run_folder_lock(config.out):
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> dict[str, Any]:
     run = start(config)
     info, device, optimizer = run.info, run.device, run.optimizer
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
@@ -250,12 +255,14 @@ def start(config: TrainConfig) -> Run:
 
     manifest, tokenizer = open_data(config)
     eval_folder = held_out_folder(config, manifest)
-    planner = Planner(row_lengths(config.data, manifest), config.tokens_per_step, seed=config.seed,
+    reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
+    planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
                       world_size=info.world_size, grad_accum=config.grad_accum)
     total_steps = _total_steps(config, planner)
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
-    hashes = ShardHashCheck(config.data, manifest, info.rank, info.world_size) if config.verify_hashes else None
+    hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
+              if config.verify_hashes else None)
     model, backend, backend_why = _model(config, device, manifest)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
@@ -281,7 +288,7 @@ def start(config: TrainConfig) -> Run:
         load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
                             total_steps=total_steps, rank=info.rank, fsdp=fsdp)
     loader = make_loader(
-        MicroBatchDataset(ShardReader(config.data, manifest), planner, info.rank),
+        MicroBatchDataset(reader, planner, info.rank),
         CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
         num_workers=config.num_workers, pin_memory=device.type == "cuda", prefetch_factor=config.prefetch,
     )

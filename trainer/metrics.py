@@ -1,5 +1,6 @@
 """What a run records in `--out` besides its checkpoints: config.json, metrics.jsonl (a line every
-`--log-every` steps, written by `Meter`), summary.json and ranks/rank{r}.json."""
+`--log-every` steps, written by `Meter`), summary.json and ranks/rank{r}.json; and the lock that
+keeps a second run out of the folder while one runs (`run_folder_lock`)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,20 @@ import torch
 from tqdm import tqdm
 
 from pipeline.errors import UserError
+from pipeline.folder_lock import folder_lock
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
 
 METRICS = "metrics.jsonl"
+LOCK = ".pack-train.lock"  # held by the run that owns the folder (`pipeline.folder_lock`)
+
+
+def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
+    """One run per run folder at a time: the lock `RUN/.pack-train.lock`, taken by rank 0 (the rank
+    that writes the folder; torchrun's RANK) for the whole run, released however it ends."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    return folder_lock(Path(out) / LOCK, out, "pack-train")
 
 
 def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:

@@ -9,9 +9,10 @@ sees the same number of micro-batches and optimizer steps (no hang at the end of
 ranks' data are disjoint, and the plan is a pure function of (seed, epoch), so a data cursor of
 (epoch, micro-batch index) resumes exactly.
 
-Loading is a map-style dataset keyed by (epoch, local micro-batch index): DataLoader workers open the
-shards memory-mapped on first use, gather the rows with numpy slices and build a `MicroBatch`
-(`collate_flat`), whose cu_seqlens / max_seqlen / loss-token count are computed here on the CPU.
+Loading is a map-style dataset keyed by (epoch, local micro-batch index): the training process maps
+the shards at start (`ShardReader`), DataLoader workers forked from it gather the rows with numpy
+slices and build a `MicroBatch` (`collate_flat`), whose cu_seqlens / max_seqlen / loss-token count
+are computed here on the CPU.
 """
 
 from __future__ import annotations
@@ -86,11 +87,13 @@ def greedy_cuts(lengths: np.ndarray, budget: int) -> np.ndarray:  # pragma: no c
     return cuts[: k + 1]
 
 
-def row_lengths(folder: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
-    """Token count of every row of the folder, in global row order (reads only the offsets)."""
+def row_lengths(folder: str | os.PathLike[str], manifest: Manifest,
+                shards: list[ShardColumns] | None = None) -> np.ndarray:
+    """Token count of every row of the folder, in global row order (reads only the offsets);
+    `shards`: the folder's shards already open (a `ShardReader`'s), else they are opened here."""
     parts = []
-    for path, info in zip(shard_paths(folder, manifest), manifest.shards):
-        offsets = load_shard(path).row_off
+    for i, (path, info) in enumerate(zip(shard_paths(folder, manifest), manifest.shards)):
+        offsets = (load_shard(path) if shards is None else shards[i]).row_off
         if len(offsets) - 1 != info.rows:
             raise UserError(
                 f"{path}: has {len(offsets) - 1} rows but the manifest says {info.rows}: "
@@ -191,18 +194,63 @@ class Cursor:
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
 
 
+FileIdentity = tuple[int, int, int, int]  # device, inode, size, mtime (ns)
+
+
+def file_identity(st: os.stat_result) -> FileIdentity:
+    """What tells one version of a file from another: a replaced file (a new inode) or one written
+    in place (its size or mtime) differ."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def replaced(path: str | os.PathLike[str]) -> UserError:
+    """The error for a shard that is no longer the file the run checked at its start."""
+    return UserError(
+        f"{path} was replaced or changed after pack-train started (e.g. by pack-data --overwrite into "
+        "its --data): a run reads only the shards it checked at its start; let it finish before repacking "
+        "its data, or pack into another folder"
+    )
+
+
 class ShardReader:
-    """Gathers rows from memory-mapped shards; opens them lazily (once per worker process)."""
+    """Gathers rows from memory-mapped shards.
+
+    The shards are mapped when the reader is made (by the training process, at start), and the
+    identity of each file is recorded (`file_identity`). Loader workers forked from that process
+    share the maps, so every row comes from the files checked at the start even if the folder is
+    replaced meanwhile (pack-data --overwrite renames a new folder in; the old files live on while
+    mapped); `trainer.integrity` hashes those same files. A process that must map them again (a
+    worker not forked) stops in one line if they changed.
+    """
 
     def __init__(self, folder: str | os.PathLike[str], manifest: Manifest) -> None:
+        self.folder, self.manifest = folder, manifest
         self.paths = [str(p) for p in shard_paths(folder, manifest)]
         self.starts = np.cumsum([0] + [s.rows for s in manifest.shards]).astype(np.int64)
+        self.identities = [file_identity(os.stat(path)) for path in self.paths]
         self._shards: list[ShardColumns] | None = None
+        self._open()
 
     def _open(self) -> list[ShardColumns]:
         if self._shards is None:
-            self._shards = [load_shard(path) for path in self.paths]
+            shards = [load_shard(path) for path in self.paths]
+            self.check_unchanged()  # the maps are of the files identified
+            self._shards = shards
         return self._shards
+
+    def check_unchanged(self) -> None:
+        """Raise a one-line UserError naming the first shard that is no longer the file identified."""
+        for path, want in zip(self.paths, self.identities):
+            try:
+                have = file_identity(os.stat(path))
+            except OSError:
+                have = None
+            if have != want:
+                raise replaced(path)
+
+    def row_lengths(self) -> np.ndarray:
+        """`row_lengths` of the mapped shards."""
+        return row_lengths(self.folder, self.manifest, self._open())
 
     def __getstate__(self) -> dict:  # workers reopen the memory maps themselves
         return {**self.__dict__, "_shards": None}

@@ -62,7 +62,10 @@ def snapshot(folder: Path) -> dict[str, str]:
     state = {}
     for path in sorted(folder.rglob("*")):
         rel = str(path.relative_to(folder))
-        state[rel] = "/" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.is_symlink() and not path.exists():
+            state[rel] = "-> " + os.readlink(path)
+        else:
+            state[rel] = "/" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return state
 
 
@@ -113,6 +116,19 @@ def _out_is_the_input_folder(tmp: Path) -> list[str]:
     return [str(folder), "--out", "corpus", "--overwrite"]
 
 
+def _broken_link_in_folder(tmp: Path) -> Path:
+    folder = tmp / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": "some text"}] * 5)
+    (folder / "b.jsonl").symlink_to(tmp / "moved-away.jsonl")
+    return folder
+
+
+def _input_field_and_template_without_input(tmp: Path) -> list[str]:
+    rows = [{"instruction": "sum", "input": "", "output": "5"}, {"instruction": "sum", "input": "2 3", "output": "5"}]
+    return [str(write_jsonl(tmp / "d.jsonl", rows)), "--template", "qa"]
+
+
 # case -> (make the inputs in tmp: the arguments before --tokenizer, or a full argument list that
 #          holds --out; a needle of the one error line)
 BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
@@ -130,6 +146,9 @@ BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
     "packed output as input": (_packed_input, "is packed output of pack-data"),
     "--overwrite over the user's files": (_own_files_inside_out, "'MY_NOTES.txt', which pack-data did not write"),
     "--out is an input": (_out_is_the_input_folder, "corpus"),
+    "a template that leaves a field out": (_input_field_and_template_without_input,
+                                           "d.jsonl line 2: field 'input' has text, but --template qa has no {input}"),
+    "a broken link in an input folder": (_broken_link_in_folder, "b.jsonl is a broken symbolic link"),
     "over-long row with --overlong error": (
         lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])),
                    "--overlong", "error"], "d.jsonl line 2"),
@@ -172,6 +191,19 @@ def test_a_field_that_first_appears_in_the_last_row_is_kept(tmp_path: Path) -> N
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["resolved_formats"][0]["fields"]["input"] == "input"
     verified(out)
+
+
+def test_a_number_in_a_text_field_is_packed_as_the_text_the_file_holds(tmp_path: Path) -> None:
+    from pipeline.shards import iter_rows
+    from pipeline.tokenizer import load_tokenizer
+
+    (tmp_path / "d.jsonl").write_text('{"instruction": "the id", "output": 12345678901234567890}\n'
+                                      '{"instruction": "a price", "output": 1.10}\n', encoding="utf-8")
+    out = pack(tmp_path, tmp_path / "d.jsonl")
+    tokenizer = load_tokenizer(str(TOKENIZER))
+    texts = [tokenizer.decode(r["input_ids"]) for r in iter_rows(out)]
+    assert any("12345678901234567890" in t for t in texts) and any("1.10" in t for t in texts), texts
+    assert not any("e+19" in t for t in texts)
 
 
 def test_files_skipped_in_a_folder_are_named(tmp_path: Path) -> None:
@@ -350,6 +382,54 @@ def test_a_model_packing_would_change_is_refused_in_one_line(packed_sample: Path
                          "a 32786-token probe row (the check's limit is 16384): refused unchecked; use a static "
                          "RoPE scaling (rope_type 'linear' or 'yarn')"), line
     assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 300
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{what}: {proc.stderr.read()}"
+        time.sleep(0.05)
+
+
+def test_a_second_pack_data_on_a_busy_out_is_one_line_and_kill_9_frees_it(tmp_path: Path) -> None:
+    _big_input(tmp_path)
+    args = ("big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o")
+    first = cli("pack-data", *args, "--num-proc", 1, cwd=tmp_path, wait=False, start_new_session=True)
+    try:
+        _wait_for(lambda: bool(list(tmp_path.glob(".o.tmp-*"))), first, "pack-data ended early")
+        os.killpg(first.pid, signal.SIGSTOP)  # holds its lock for as long as the test needs
+        second = cli("pack-data", *args, "--overwrite", cwd=tmp_path)
+        line = error_line(second)
+        assert f"o is in use by another pack-data run (pid {first.pid} on " in line, line
+        assert "choose another --out" in line
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert (tmp_path / ".o.lock").exists()  # what kill -9 leaves: a file, but no lock
+    third = cli("pack-data", *args, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr_text
+    assert not (tmp_path / ".o.lock").exists()
+    verified(tmp_path / "o")
+
+
+def test_a_second_pack_train_on_a_busy_run_folder_is_one_line_and_kill_9_frees_it(
+        packed_sample: Path, tmp_path: Path) -> None:
+    args = ("--data", packed_sample, "--model", "tiny", "--out", "run", "--log-every", 1, "--tokens-per-step", 2048)
+    first = cli("pack-train", *args, "--max-steps", 1000, cwd=tmp_path, wait=False, start_new_session=True)
+    lock = tmp_path / "run" / ".pack-train.lock"
+    try:
+        _wait_for(lambda: (tmp_path / "run" / "metrics.jsonl").exists(), first, "pack-train ended early")
+        assert lock.read_text().split()[0] == str(first.pid)
+        os.killpg(first.pid, signal.SIGSTOP)
+        before = snapshot(tmp_path / "run")
+        second = cli("pack-train", *args, "--max-steps", 2, cwd=tmp_path)
+        line = error_line(second)
+        assert f"run is in use by another pack-train run (pid {first.pid} on " in line, line
+        assert snapshot(tmp_path / "run") == before  # the first run's metrics and config untouched
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    third = cli("pack-train", *args, "--max-steps", 2, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr_text
+    assert [m["step"] for m in _metrics(tmp_path / "run")] == [1, 2] and not lock.exists()
 
 
 # -------------------------------------------------------------------- pack-train: checkpoints

@@ -119,6 +119,30 @@ def test_instruction_segments_template_and_loss():
     assert segs.loss.all()
 
 
+@pytest.mark.parametrize("template", ["qa", "plain", "chatml-lite", "Q: {instruction}\nA: "])
+def test_a_template_without_input_stops_at_the_first_row_whose_input_has_text(template):
+    table = pa.table({"instruction": ["a", "b", "c"], "input": [None, "  ", "the context"], "output": ["1", "2", "3"]})
+    fmt = detect_format(table.column_names, FormatOptions(template=template))
+    assert fmt.fields["input"] == "input"
+    with pytest.raises(UserError) as err:
+        render(table, fmt, rows_where("d.jsonl", 0))
+    msg = str(err.value)
+    assert msg.startswith("d.jsonl row 3: field 'input' has text") and "--input-field none" in msg and "\n" not in msg
+    # rows whose input is null, empty or blank lose nothing: they render as before
+    assert render(table.slice(0, 2), fmt, rows_where("d.jsonl", 0)).texts[1::2] == ["1", "2"]
+
+
+def test_input_field_none_leaves_the_input_out_on_purpose():
+    table = pa.table({"instruction": ["a"], "input": ["the context"], "output": ["1"]})
+    fmt = detect_format(table.column_names, FormatOptions(template="qa", input_field="none"))
+    assert fmt.fields["input"] is None  # recorded as such in the manifest's resolved_formats
+    assert render(table, fmt, rows_where("d.jsonl", 0)).texts == [TEMPLATES["qa"].format(prompt="a"), "1"]
+    # negative control: templates with {input} keep it
+    for options in (FormatOptions(), FormatOptions(template="{instruction} / {input}")):
+        texts = render(table, detect_format(table.column_names, options), rows_where("d.jsonl", 0)).texts
+        assert "the context" in texts[0]
+
+
 def test_null_required_field_names_file_and_row():
     table = pa.table({"question": ["a", "b", None], "answer": ["1", "2", "3"]})
     fmt = detect_format(table.column_names, FormatOptions())

@@ -239,3 +239,16 @@ def test_the_command_starts_and_stops_its_own_ray(tmp_path: Path) -> None:
     assert digests(tmp_path / "ray") == digests(local)
     assert raylets() <= before  # its Ray is gone
 
+
+
+def test_numbers_in_text_fields_are_the_file_s_text_on_ray_too(tmp_path: Path) -> None:
+    """A JSON number in a text field is packed as the text the file holds, in every chunk."""
+    jsonl = tmp_path / "n.jsonl"
+    jsonl.write_text("".join(f'{{"instruction": "id {i}", "output": {10**19 + i}.{i:02d}0, "score": 0.5}}\n'
+                             for i in range(300)))
+    same_as_local(tmp_path, [jsonl], (2_000, 1 << 30), max_len=128)
+    from pipeline.shards import iter_rows
+    from pipeline.tokenizer import load_tokenizer
+
+    text = "".join(load_tokenizer(TOKENIZER).decode(r["input_ids"]) for r in iter_rows(tmp_path / "ray-2000"))
+    assert f"{10**19 + 7}.070" in text and "e+19" not in text

@@ -382,7 +382,8 @@ def test_a_json_array_of_text_and_nulls_keeps_its_types(tmp_path):
     mixed = tmp_path / "m.json"
     mixed.write_text(json.dumps([{"text": "a", "n": 1}, {"text": "b", "n": 2.5}]))
     table = pa.concat_tables(b.table for b in iter_batches(resolve_inputs([str(mixed)])))
-    assert table.column("n").to_pylist() == [1.0, 2.5] and table.column("text").to_pylist() == ["a", "b"]
+    # numbers that pyarrow would hold as floats arrive as the text the file holds
+    assert table.column("n").to_pylist() == ["1", "2.5"] and table.column("text").to_pylist() == ["a", "b"]
 
 
 def test_the_columns_of_a_json_array_come_from_every_record(tmp_path):
@@ -552,3 +553,69 @@ def test_parquet_row_groups_decoded_ahead_come_in_order(tmp_path, monkeypatch):
     assert got.column("i").to_pylist() == list(range(n))
     assert all(b.table.num_rows <= 256 for b in batches)
     assert [b.first_index for b in batches] == list(np.cumsum([0] + [b.table.num_rows for b in batches[:-1]]))
+
+
+NUMBER_TEXTS = ["12345678901234567890", "1.10", "1E2", "-0.000", "7", "9223372036854775808"]
+
+
+def _records_with_numbers() -> str:
+    """Instruction records whose `output` is a JSON number (one of NUMBER_TEXTS each), one per line."""
+    return "\n".join(f'{{"instruction": "say {i}", "output": {n}}}' for i, n in enumerate(NUMBER_TEXTS)) + "\n"
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_numbers_in_text_fields_stay_the_text_the_file_holds(tmp_path, kind):
+    body = _records_with_numbers()
+    path = tmp_path / f"nums.{kind}"
+    path.write_text(body if kind == "jsonl" else "[\n" + ",\n".join(body.splitlines()) + "\n]\n", encoding="utf-8")
+    table, batches = read_all([str(path)])
+    assert table.column("output").to_pylist() == NUMBER_TEXTS  # never 1.2345678901234567e+19 or 1.1
+    from pipeline.formats import FormatOptions, detect_format, render
+
+    fmt = detect_format(table.column_names, FormatOptions())
+    texts = render(batches[0].table, fmt, batches[0].where).texts
+    assert texts[1::2] == NUMBER_TEXTS  # the responses, as tokenized
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_integer_and_list_columns_keep_their_types(tmp_path, kind):
+    """Negative control: only numbers a float would change become text; int64 fields and lists of
+    numbers (pre-tokenized ids) stay numbers."""
+    rows = [{"input_ids": [1, 2, 3], "n": 5, "w": [0.5, 1.5]}, {"input_ids": [4], "n": 6, "w": [2.0]}]
+    path = tmp_path / f"ids.{kind}"
+    path.write_text("\n".join(map(json.dumps, rows)) + "\n" if kind == "jsonl" else json.dumps(rows),
+                    encoding="utf-8")
+    table, _ = read_all([str(path)])
+    assert table.schema.field("n").type == pa.int64()
+    assert pa.types.is_integer(table.schema.field("input_ids").type.value_type)
+    assert table.column("w").to_pylist() == [[0.5, 1.5], [2.0]]
+
+
+def test_a_broken_link_to_data_in_a_folder_is_one_line_naming_it(tmp_path):
+    (tmp_path / "x").mkdir()
+    write_jsonl(tmp_path / "x" / "1.jsonl", ROWS)
+    (tmp_path / "x" / "2.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    msg = expect_error("broken symbolic link", resolve_inputs, [str(tmp_path / "x")])
+    assert str(tmp_path / "x" / "2.jsonl") in msg and "gone.jsonl" in msg and "\n" not in msg
+    # given directly or through a glob, the same line (not "permission denied" or "not found")
+    for spec in (tmp_path / "x" / "2.jsonl", tmp_path / "x" / "*.jsonl"):
+        assert "broken symbolic link" in expect_error("2.jsonl", resolve_inputs, [str(spec)])
+
+
+def test_a_broken_link_that_is_not_data_is_named_among_the_skipped_files(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    write_jsonl(tmp_path / "x" / "1.jsonl", ROWS)
+    (tmp_path / "x" / "NOTES").symlink_to(tmp_path / "nowhere")
+    assert [Path(f.path).name for f in resolve_inputs([str(tmp_path / "x")])] == ["1.jsonl"]
+    assert "skipping 1 file(s) that are not data (NOTES)" in capsys.readouterr().err
+
+
+def test_only_the_text_columns_asked_for_are_decoded_again(tmp_path):
+    """pack-data asks for its format's text fields only (a float metadata column costs no second
+    decode); asking for none of them leaves pyarrow's numbers."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"instruction": "a", "output": 1.10, "score": 0.50}\n', encoding="utf-8")
+    table = next(read_json.read_jsonl(str(path), 10, 1 << 20, exact=["instruction", "output"]))[0]
+    assert table.column("output").to_pylist() == ["1.10"] and table.column("score").to_pylist() == [0.5]
+    batch = next(iter_batches(resolve_inputs([str(path)]), exact={str(path): ["output"]}))
+    assert batch.table.column("output").to_pylist() == ["1.10"]

@@ -20,7 +20,7 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.cli import pack_data, pack_verify
-from pipeline.errors import ShardFormatError
+from pipeline.errors import ShardFormatError, UserError
 from pipeline.job import PackConfig, run_pack_data
 from pipeline.shards import iter_rows, read_manifest, verify_eval_folder, write_shard
 from trainer import TrainConfig, train
@@ -196,3 +196,55 @@ def test_pack_report_summarises_a_run_folder(packed: Path, tmp_path: Path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["kind"] == "run" and [e["step"] for e in report["evals"]] == [1, 2]
     assert report["summary"]["eval_loss"] == summary["eval_loss"] and report["plot"].endswith("loss.png")
+
+
+def _losses(run: Path) -> list[tuple]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("loss"), r.get("eval_loss")) for r in records]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_data_replaced_under_a_running_train_is_never_read(packed: Path, tmp_path: Path, monkeypatch,
+                                                           num_workers: int):
+    """pack-data --overwrite into --data after pack-train started: the run reads only the shards it
+    checked at its start (training rows and the held-out eval alike), the same numbers as a run on
+    an untouched copy."""
+    import trainer.loop
+
+    data, control = tmp_path / "data", tmp_path / "control"
+    shutil.copytree(packed, data)
+    shutil.copytree(packed, control)
+    base = dict(model="tiny", tokenizer=TOKENIZER, tokens_per_step=1024, max_steps=3, eval_every=1, lr=1e-3,
+                num_workers=num_workers, progress=False, log_every=1, verify_hashes=False)
+    train(TrainConfig(data=str(control), out=str(tmp_path / "control-run"), **base))
+    start = trainer.loop.start
+
+    def start_then_repack(config):
+        run = start(config)
+        _pack(data, eval_fraction=0.2, seed=7, overwrite=True)  # other rows, other eval examples
+        return run
+
+    monkeypatch.setattr(trainer.loop, "start", start_then_repack)
+    train(TrainConfig(data=str(data), out=str(tmp_path / "run"), **base))
+    assert _digest(data) != _digest(control)  # the folder was replaced
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "control-run")
+
+
+def test_a_shard_replaced_before_it_is_hashed_or_mapped_again_stops_in_one_line(packed: Path, tmp_path: Path):
+    import pickle
+
+    from trainer.integrity import shard_problem
+    from trainer.stream import ShardReader
+
+    data = tmp_path / "data"
+    shutil.copytree(packed, data)
+    manifest = read_manifest(data)
+    reader = ShardReader(data, manifest)
+    shard = Path(reader.paths[0])
+    assert shard_problem(shard, manifest.shards[0].sha256, reader.identities[0]) is None  # negative control
+    _pack(data, eval_fraction=0.2, seed=7, overwrite=True)
+    problem = shard_problem(shard, manifest.shards[0].sha256, reader.identities[0])
+    assert problem.startswith(f"{shard} was replaced or changed after pack-train started") and "\n" not in problem
+    assert reader.microbatch(np.arange(2)).n_loss_tokens > 0  # the mapped files are still read
+    with pytest.raises(UserError, match="was replaced or changed after pack-train started"):
+        pickle.loads(pickle.dumps(reader)).microbatch(np.arange(2))  # a process that maps them anew
