@@ -46,9 +46,12 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def cli_errors(interrupted: str = "nothing was written to the output folder") -> Iterator[None]:
+def cli_errors(interrupted: str = "nothing was written to the output folder",
+               disk_full: str = "free some space or choose another --out; nothing was left behind") -> Iterator[None]:
     """Turn expected failures into `click` errors: one line on stderr, exit status 1, or 130 after
     Ctrl-C and 143 after SIGTERM, each with the line `interrupted` (what the command leaves behind).
+    A full disk (ENOSPC, EDQUOT) is "disk full while writing FILE: " + `disk_full` (what to do, and
+    what the command leaves behind).
 
     A worker process that SIGTERM stopped as well may make its parent fail first with an error of
     its own; once SIGTERM has arrived, any failure is reported as the termination it is.
@@ -68,11 +71,8 @@ def cli_errors(interrupted: str = "nothing was written to the output folder") ->
             sys.exit(143)
         if isinstance(exc, UserError):
             raise click.ClickException(str(exc)) from None
-        if exc.errno == errno.ENOSPC:
-            raise click.ClickException(
-                f"disk full while writing {exc.filename or 'output'}: free some space or choose "
-                "another --out; nothing was left behind"
-            ) from None
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise click.ClickException(f"disk full while writing {exc.filename or 'output'}: {disk_full}") from None
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise click.ClickException(
                 f"permission denied: {exc.filename}: choose a folder you can write to"

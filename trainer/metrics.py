@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from pipeline.durable import write_text_atomic
 from pipeline.errors import UserError
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
@@ -27,14 +28,19 @@ METRICS = "metrics.jsonl"
 def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:
     """Create the run folder and write config.json; metrics lines of steps after the checkpoint a
     run resumes from are dropped (they will be redone), and a new run starts a new metrics.jsonl."""
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     if resume_step is not None:
         trim_metrics(out / METRICS, resume_step)
     elif (out / METRICS).exists():
         (out / METRICS).unlink()
-    (out / "config.json").write_text(
-        json.dumps({**asdict(config), "world_size": world}, indent=2) + "\n", encoding="utf-8"
-    )
+    try:  # whole or not at all (a full disk leaves no empty config.json)
+        write_text_atomic(out / "config.json", json.dumps({**asdict(config), "world_size": world}, indent=2) + "\n")
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
 
 
 def trim_metrics(path: Path, step: int) -> None:
@@ -45,7 +51,7 @@ def trim_metrics(path: Path, step: int) -> None:
         line for line in path.read_text(encoding="utf-8").splitlines()
         if line.strip() and json.loads(line).get("step", 0) <= step
     ]
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
+from pipeline.outdir import check_no_file_in_the_way
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.lora import load_adapter_into
@@ -28,6 +29,7 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     that holds checkpoints). Rank 0 verifies the checkpoints (`ckpt.resume_point`) and tells the
     other ranks which one, or why there is none."""
     out = Path(config.out)
+    check_no_file_in_the_way(out)
     if not config.resume:
         if ckpt.list_checkpoints(out):
             raise UserError(
