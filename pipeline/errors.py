@@ -70,7 +70,7 @@ def cli_errors(interrupted: str = "nothing was written to the output folder",
             click.echo(f"terminated (SIGTERM): {interrupted}", err=True)
             sys.exit(143)
         if isinstance(exc, UserError):
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(shortened(str(exc))) from None
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise click.ClickException(f"disk full while writing {exc.filename or 'output'}: {disk_full}") from None
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -81,6 +81,17 @@ def cli_errors(interrupted: str = "nothing was written to the output folder",
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+MAX_MESSAGE = 2000  # characters of an error line; a longer one keeps its start and its end (the fix)
+
+
+def shortened(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` cut in the middle to at most `limit` characters (a message quoting a huge value)."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 4
+    return f"{text[: limit - tail - 5]} ... {text[-tail:]}"
 
 
 def one_line(msg: object, limit: int = 240) -> str:

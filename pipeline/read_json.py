@@ -90,6 +90,28 @@ def _type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | N
     return None
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook that refuses a key given twice (json would keep the last)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
                         exc: Exception) -> UserError:
     """Error path: re-scan a chunk line by line in Python to name the offending line."""
@@ -106,10 +128,15 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             return UserError(f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); "
                              "fix or remove that line (one JSON object per line)")
+        except _DuplicateKey as e:
+            return UserError(f"{path} line {line}: key {_short(e.key)!r} appears twice in one JSON object: "
+                             "keep one of them (each key once per object)")
+        except RecursionError:
+            return UserError(f"{path} line {line}: JSON nested too deeply to read; flatten that record")
         if not isinstance(obj, dict):
             return UserError(f"{path} line {line}: expected a JSON object per line, found a "
                              f"{_json_kind(obj)}; write one {{...}} record per line")
