@@ -88,6 +88,13 @@ def cli_errors(interrupted: str = "nothing was written to the output folder",
                 f"permission denied: {exc.filename}: choose a folder you can write to"
             ) from None
         raise
+    except Exception:  # noqa: BLE001 - e.g. Terminated wrapped by C code it was raised in (Ray's wait)
+        if not _Sigterm.arrived:
+            raise
+        _Sigterm.may_raise = False
+        click.echo(f"terminated (SIGTERM): {interrupted}", err=True)
+        _Exit.status = 143
+        sys.exit(143)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
