@@ -19,7 +19,6 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import pack_data
-from pipeline.errors import shortened
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
@@ -99,6 +98,8 @@ def test_a_deeply_nested_field_is_a_short_line(tmp_path: Path, value: str) -> No
 
 
 def test_an_overlong_error_line_keeps_its_start_and_its_fix() -> None:
+    from pipeline.errors import shortened
+
     text = "a.jsonl line 3: " + "x" * 50_000 + ": fix it"
     short = shortened(text)
     assert len(short) <= 2000 and short.startswith("a.jsonl line 3: ") and short.endswith(": fix it")
