@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,25 @@ def test_disk_full_lines_fit_each_command(tmp_path: Path, monkeypatch: pytest.Mo
     assert "--out" not in lines["pack-verify"] and "the packed folder was not changed" in lines["pack-verify"]
     assert "--out" not in lines["pack-report"] and "--json" in lines["pack-report"]
     assert "checkpoints saved before are intact" in lines["pack-train"]
+
+
+def test_pack_train_out_below_a_regular_file_is_one_line(tmp_path: Path) -> None:
+    import numpy as np
+    from click.testing import CliRunner
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from packed_factory import make_packed_folder, pack_lengths
+    from trainer.cli import pack_train
+
+    data = tmp_path / "packed"
+    data.mkdir()
+    make_packed_folder(data, pack_lengths(np.full(8, 20).tolist(), 64, vocab=300), 64, rows_per_shard=4)
+    (tmp_path / "notes.txt").write_text("mine")
+    out = tmp_path / "notes.txt" / "run"
+    result = CliRunner().invoke(pack_train, ["--data", str(data), "--model", "tiny", "--out", str(out),
+                                             "--max-steps", "1", "--no-progress", "--num-workers", "0"])
+    assert result.exit_code == 1 and not isinstance(result.exception, OSError), result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: --out {out}: {tmp_path / 'notes.txt'} is a file, not a folder, so nothing can be written below it: "
+        "choose another --out"), result.output
+    assert (tmp_path / "notes.txt").read_text() == "mine"
