@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from pipeline.outdir import check_no_file_in_the_way
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.lora import load_adapter_into
@@ -22,6 +21,16 @@ from trainer.stream import Cursor
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
 STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size")
+
+
+def check_no_file_in_the_way(out: Path) -> None:
+    """A UserError when a regular file stands where a folder on the way to `--out` has to be."""
+    for folder in out.absolute().parents:
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                raise UserError(f"--out {out}: {folder} is a file, not a folder, so nothing can be written "
+                                "below it: choose another --out")
+            return
 
 
 def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
