@@ -97,6 +97,22 @@ def test_a_deeply_nested_field_is_a_short_line(tmp_path: Path, value: str) -> No
     assert line.startswith(f"Error: {data} line 1: field 'text' has type ") and "expected text" in line, line
 
 
+@pytest.mark.parametrize("name", ["d.jsonl", "d.json"])
+def test_a_value_nested_10000_deep_is_one_line_not_a_crash(tmp_path: Path, name: str) -> None:
+    """In a process of its own: pyarrow's code overflows the stack on such a type (a segfault)."""
+    deep = '{"text": "x", "m": ' + "[" * 10_000 + "]" * 10_000 + "}"
+    data = tmp_path / name
+    data.write_text('{"text": "fine"}\n' + deep + "\n" if name.endswith("l") else '[{"text": "fine"},\n' + deep + "]\n")
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; "
+                           "from pipeline.cli import pack_data; pack_data()", str(data), "--tokenizer", TOKENIZER,
+                           "--max-len", "512", "--out", str(tmp_path / "o"), "--no-progress"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    element = "record" if name.endswith("l") else "element of the array"
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"Error: {data} line 2: JSON nested too deeply (about 1000 levels or more): flatten that {element}"], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
 def test_an_overlong_error_line_keeps_its_start_and_its_fix() -> None:
     from pipeline.errors import shortened
 
