@@ -224,9 +224,14 @@ def download_here(pairs: list[tuple[str, str]]) -> None:
                for _ in range(min(DOWNLOAD_THREADS, len(pairs)))]
     for t in threads:
         t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(1.0)  # a timed join: SIGTERM and Ctrl-C get through
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(1.0)  # a timed join: SIGTERM and Ctrl-C get through
+    except BaseException:
+        for t in threads:
+            leave_behind(t)
+        raise
     if errors:
         raise errors[0]
 

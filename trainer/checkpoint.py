@@ -119,7 +119,7 @@ def save_checkpoint(
     except BaseException as exc:  # a full disk, Ctrl-C: the unfinished folder goes
         full = isinstance(exc, Exception) and _disk_full(exc, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) or full:
+        if full or _write_failed(exc):
             raise UserError(_save_failed(final, writing.relative_to(tmp.parent), exc, full)) from None
         raise
     if rank == 0:
@@ -159,6 +159,15 @@ def _disk_full(exc: Exception, folder: Path) -> bool:
     return st.f_bavail * st.f_frsize < (1 << 20)
 
 
+def _write_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a failed write (not a bug): an OSError, safetensors' I/O error, or torch's
+    stream writer failing ("PytorchStreamWriter failed writing file", "unexpected pos")."""
+    text = str(exc)
+    return (isinstance(exc, OSError)
+            or (type(exc).__name__ == "SafetensorError" and "I/O error" in text)
+            or (isinstance(exc, RuntimeError) and ("PytorchStreamWriter" in text or "unexpected pos" in text)))
+
+
 def _save_failed(final: Path, writing: Path, exc: Exception, full: bool) -> str:
     """The one line of a checkpoint that could not be written (its unfinished folder is gone)."""
     where = f"saving checkpoint {final} failed while writing {writing}"
@@ -166,7 +175,7 @@ def _save_failed(final: Path, writing: Path, exc: Exception, full: bool) -> str:
              "(continue with --resume)")
     if full:
         return f"disk full: {where}: free some space (or choose another --out); {after}"
-    return f"{where} ({type(exc).__name__}: {one_line(exc, 160)}): {after}"
+    return f"{where} ({type(exc).__name__}: {one_line(exc, 160)}): check the disk (space, quota, errors); {after}"
 
 
 BEST_FILE = "best.json"

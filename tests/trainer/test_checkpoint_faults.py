@@ -95,6 +95,23 @@ def test_another_write_error_is_one_line_too(model, tmp_path: Path, monkeypatch:
     assert not list((tmp_path / "checkpoints").iterdir())
 
 
+def test_a_torch_stream_write_failure_is_one_line(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """torch.save's own error for a failed write (no errno; the disk is not full here)."""
+    real = torch.save
+
+    def save_(obj, f, *a, **kw):  # noqa: ANN001, ANN202
+        if str(f).endswith("optimizer.pt"):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", save_)
+    with pytest.raises(UserError, match=r"saving checkpoint .*step-00000002 failed while writing "
+                                        r"\.tmp-step-00000002/optimizer\.pt \(RuntimeError: .*unexpected pos.*\): "
+                                        r"check the disk"):
+        save(tmp_path, 2, model)
+    assert not list((tmp_path / "checkpoints").iterdir())
+
+
 def test_a_bug_in_the_saver_is_not_hidden(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """Negative control: an exception that is no write failure keeps its traceback (and the folder goes)."""
     def save_(obj, f, *a, **kw):  # noqa: ANN001, ANN202
