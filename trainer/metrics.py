@@ -8,6 +8,7 @@ import json
 import math
 import os
 import resource
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -47,10 +48,19 @@ def trim_metrics(path: Path, step: int) -> None:
     """Keep only the metric lines of steps up to `step`."""
     if not path.is_file():
         return
-    keep = [
-        line for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= step
-    ]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    keep = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number < len(lines):
+                raise UserError(f"{path} line {number}: not a JSON metrics line: fix or remove it") from None
+            print(f"pack-train: {path}: its last line was cut off (a write that did not finish, e.g. on a full "
+                  "disk); dropped", file=sys.stderr)
+            continue
+        if record.get("step", 0) <= step:
+            keep.append(line)
     write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 

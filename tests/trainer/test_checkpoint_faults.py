@@ -218,3 +218,16 @@ def test_pack_train_out_below_a_regular_file_is_one_line(tmp_path: Path) -> None
         f"Error: --out {out}: {tmp_path / 'notes.txt'} is a file, not a folder, so nothing can be written below it: "
         "choose another --out"), result.output
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_resuming_drops_a_metrics_line_a_full_disk_cut_off(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from trainer.metrics import trim_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n{"step": 3, "lo')
+    trim_metrics(path, 2)
+    assert path.read_text() == '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}\n'
+    assert "its last line was cut off" in capsys.readouterr().err
+    path.write_text('{"step": 1, "lo\n{"step": 2, "loss": 1.9}\n')
+    with pytest.raises(UserError, match=r"metrics.jsonl line 1: not a JSON metrics line"):
+        trim_metrics(path, 2)
