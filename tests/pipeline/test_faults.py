@@ -5,7 +5,6 @@ quoted in full, and remote storage that does not answer (bounded in time, stoppa
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
