@@ -142,7 +142,8 @@ def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, 
     """Check that FOLDER (written by pack-data) is intact and follows the shard contract; with a
     held-out eval folder inside (pack-data --eval-fraction), that one too, and that no example is
     in both."""
-    with cli_errors():
+    with cli_errors(interrupted="the packed folder was not changed",
+                    disk_full="free some space; the packed folder was not changed"):
         manifest = verify_folder(folder, check_hashes=not no_hash)
         folders = [(folder, manifest, "ok")]
         if manifest.eval.get("folder"):
@@ -214,7 +215,9 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
     from pipeline.report_render import format_text, write_html
     from pipeline.run_summary import format_run, is_run_folder, run_report
 
-    with cli_errors():
+    with cli_errors(interrupted="no report file was left half-written",
+                    disk_full="free some space or write the report elsewhere (--json, --html, --sources-csv); "
+                              "no report file was left half-written"):
         strategies = _strategies(strategy)
         for path, flag in ((json_path, "--json"), (html_path, "--html"), (csv_path, "--sources-csv")):  # fail first
             if path is not None and not Path(path).absolute().parent.is_dir():

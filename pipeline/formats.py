@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, one_line
 
 FORMATS = ("auto", "text", "instruction", "chat", "tokenized")
 
@@ -314,7 +314,7 @@ def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -
                 col = pc.cast(col, pa.string())
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 raise UserError(
-                    f"{where(0)}: field {name!r} has type {col.type}, expected text: choose another "
+                    f"{where(0)}: field {name!r} has type {one_line(col.type, 80)}, expected text: choose another "
                     "field or --format"
                 ) from None
     if col.null_count:

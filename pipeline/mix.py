@@ -18,6 +18,7 @@ and the uses come in passes: every first use in input order, then every second u
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,7 @@ def apply_mix(pieces: Pieces, file_counts: np.ndarray, weights: list[float], see
     file_of = np.searchsorted(bounds, ids, side="right") - 1
     first = pieces.first_pieces()
     passes = max(math.ceil(w) for w in weights) if weights else 1
+    _check_size(ids, file_of, first, weights, passes, names)
     copies = np.zeros((passes, len(ids)), dtype=bool)
     records = []
     for j, weight in enumerate(weights):
@@ -110,3 +112,44 @@ def apply_mix(pieces: Pieces, file_counts: np.ndarray, weights: list[float], see
     if mixed.counts.split:  # uses of split examples (each use's pieces share its id)
         mixed.counts.split = int((np.diff(np.append(starts, len(idx))) > 1).sum())
     return mixed, records
+
+
+BYTES_PER_USE = 48  # planning memory per used piece: its id, start, length and the indices that pick it
+
+
+def _check_size(ids: np.ndarray, file_of: np.ndarray, first: np.ndarray, weights: list[float], passes: int,
+                names: list[str]) -> None:
+    """Refuse, before allocating it, a mixture too large to plan in this machine's memory (half of
+    what is available): `--mix a.jsonl=1e9` would repeat each example a billion times."""
+    if not weights or max(weights) <= 1:
+        return
+    pieces = np.bincount(file_of, minlength=len(weights)).astype(np.float64)
+    uses = float(np.dot(np.ceil(weights), pieces))
+    need = passes * len(ids) + uses * BYTES_PER_USE
+    free = available_memory()
+    if need <= free / 2:
+        return
+    j = int(np.argmax(np.asarray(weights) * np.maximum(pieces, 1)))
+    examples = int((first & (file_of == j)).sum())
+    raise UserError(f"--mix {names[j]}={weights[j]:g} asks for {weights[j] * examples:.3g} uses of its {examples} "
+                    f"examples: planning them needs about {_gib(need)} of memory and {_gib(free)} is available: "
+                    "use a smaller weight (how many times each example is used)")
+
+
+def available_memory() -> float:
+    """Bytes of memory available to a new allocation (MemAvailable on Linux, else all physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n < 2**40 else f"{n / 2**40:.3g} TiB"

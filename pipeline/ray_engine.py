@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from pipeline.errors import UserError, one_line
 from pipeline.formats import ResolvedFormat, text_fields
 from pipeline.plan import RowPlan
 from pipeline.progress import bar
+from pipeline.ray_reaper import reaped_ray
 from pipeline.remote import download_file
 from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
 from pipeline.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
@@ -76,19 +79,37 @@ def ray_session(address: str | None, num_cpus: int) -> Iterator[None]:
         _check_reachable(address)
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # task errors are reported here, once
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")  # no C++ stack dump for a SIGTERM
     started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(address=address or "local", num_cpus=None if address else num_cpus, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.ERROR)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserError(f"cannot connect to the Ray cluster at {address or 'this machine'}: {one_line(exc)}: "
-                            "check --ray-address / RAY_ADDRESS (host:port of the head node, or 'auto')") from None
-    try:
-        yield
-    finally:
+    with ExitStack() as stack:
         if started:
-            ray.shutdown()
+            mark = stack.enter_context(reaped_ray()) if not address else {}  # a local Ray: stopped even after kill -9
+            _init(ray, address, num_cpus, mark)
+        try:
+            yield
+        finally:
+            if started:
+                ray.shutdown()
+
+
+def _init(ray: Any, address: str | None, num_cpus: int, mark: dict[str, str]) -> None:
+    """ray.init with the processes it starts carrying `mark` in their environment, and this
+    process's SIGTERM handler kept (ray.init installs one that exits with status 15 mid-job, where
+    `cli_errors`' handler unwinds the job and exits 143 with one line)."""
+    in_main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if in_main else None
+    os.environ.update(mark)
+    try:
+        ray.init(address=address or "local", num_cpus=None if address else num_cpus, include_dashboard=False,
+                 log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UserError(f"cannot connect to the Ray cluster at {address or 'this machine'}: {one_line(exc)}: "
+                        "check --ray-address / RAY_ADDRESS (host:port of the head node, or 'auto')") from None
+    finally:
+        for key in mark:
+            os.environ.pop(key, None)
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

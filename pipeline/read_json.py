@@ -75,6 +75,24 @@ def _json_kind(v: Any) -> str:
     return {str: "string", list: "list", dict: "object"}.get(type(v), type(v).__name__)
 
 
+MAX_DEPTH = 1000  # nesting levels of a JSON value read (as Python's json module, whose limit is about this)
+
+
+def _too_deep(table: pa.Table) -> bool:
+    """Whether a column's type nests lists or structs more than MAX_DEPTH levels (walked without
+    recursion: pyarrow's own recursive code overflows the stack on such types)."""
+    todo = [(t, 1) for t in table.schema.types]
+    while todo:
+        typ, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if pa.types.is_struct(typ):
+            todo.extend((typ.field(i).type, depth + 1) for i in range(typ.num_fields))
+        elif pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+            todo.append((typ.value_type, depth + 1))
+    return False
+
+
 def _type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | None:
     """First top-level field whose JSON type changes between records: items are (line, obj)."""
     first: dict[str, tuple[str, int]] = {}
@@ -89,6 +107,28 @@ def _type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | N
                                  f"{seen[0]} on line {seen[1]}: use one type per field in every "
                                  "record")
     return None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook that refuses a key given twice (json would keep the last)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
@@ -107,10 +147,16 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             return UserError(f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); "
                              "fix or remove that line (one JSON object per line)")
+        except _DuplicateKey as e:
+            return UserError(f"{path} line {line}: key {_short(e.key)!r} appears twice in one JSON object: "
+                             "keep one of them (each key once per object)")
+        except RecursionError:
+            return UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
+                             "flatten that record")
         if not isinstance(obj, dict):
             return UserError(f"{path} line {line}: expected a JSON object per line, found a "
                              f"{_json_kind(obj)}; write one {{...}} record per line")
@@ -258,6 +304,8 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
             raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+        if _too_deep(table):  # deeper types crash pyarrow's own code (a segfault, no line at all)
+            raise _locate_jsonl_error(path, chunk, line, offset, ValueError(f"nested more than {MAX_DEPTH} levels"))
         table = conform(exact_numbers(table, chunk, exact))
         lines = _record_lines(chunk, line, table.num_rows)
         if len(chunk) > LONG_CHUNK_BYTES:  # a long line: what parsing it took goes back to the system
@@ -283,7 +331,7 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
     text = json_array_text(path)
     try:
         records = json.loads(text, parse_float=exact_float)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         records = None
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         for _ in scan_json_array(path, text):  # raises the located error
@@ -353,6 +401,9 @@ def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
         except json.JSONDecodeError as e:
             raise UserError(f"{path} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno});"
                             " fix that element of the array") from None
+        except RecursionError:
+            raise UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
+                            "flatten that element of the array") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path} line {line}: array element is a {_json_kind(obj)}, not an "
                             "object; the array must hold one {...} record per example")

@@ -13,6 +13,12 @@ environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS
   wrote (its manifest lists it); its manifest is deleted first, the files of the new one uploaded,
   then the old files the new output does not have are deleted.
 
+Every call to the storage is bounded in time and can be stopped: it runs in a daemon thread that
+the job waits for (so SIGTERM and Ctrl-C stop the job at once, whatever the storage client is
+doing); a call that lists, stats or deletes gets `PACKLM_REMOTE_TIMEOUT` seconds (default 60) before
+it is a one-line error naming the URI; S3 requests time out and retry a bounded number of times,
+GCS retries for a bounded time, so a transfer from storage that stops answering ends too.
+
 Example: `pack-data 's3://corpus/2026/*.jsonl' --tokenizer tok --max-len 8192 --out s3://packed/run1`
 """
 
@@ -20,25 +26,77 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import re
 import shutil
 import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pipeline.errors import UserError, one_line
+from pipeline.errors import UserError, leave_behind, one_line
 from pipeline.shards import FORMAT_NAME, MANIFEST_NAME
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB = re.compile(r"[*?\[]")
 DOWNLOAD_THREADS = 8
+CONNECT_TIMEOUT_S = 10.0  # S3: seconds to connect
+REQUEST_TIMEOUT_S = 60.0  # S3: seconds a request may go without an answer
+S3_ATTEMPTS = 3  # S3: tries of a failing request
+GCS_RETRY_S = 30  # GCS: seconds the client keeps retrying a failing request
+T = TypeVar("T")
+
+
+def remote_timeout() -> float:
+    """Seconds a listing, stat or delete on remote storage may take: $PACKLM_REMOTE_TIMEOUT, else 60."""
+    text = os.environ.get("PACKLM_REMOTE_TIMEOUT", "60")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise UserError(f"PACKLM_REMOTE_TIMEOUT={text!r}: give a number of seconds above 0")
+    return value
+
+
+def bounded(what: str, fn: Callable[[], T], limit: float | None) -> T:
+    """fn() run in a daemon thread, waited for at most `limit` seconds (None: as long as it takes).
+    The wait, unlike a call into the storage client's C++ code, is interrupted by SIGTERM and
+    Ctrl-C; a call that outlives the job is abandoned with its thread. `what` starts the error."""
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="packlm-remote", daemon=True)
+    thread.start()
+    try:
+        answered = done.wait(limit)
+    except BaseException:  # SIGTERM, Ctrl-C: the call is left running
+        leave_behind(thread)
+        raise
+    if not answered:
+        leave_behind(thread)
+        raise UserError(f"{what}: the storage did not answer in {limit:g} s: check the endpoint "
+                        "(e.g. AWS_ENDPOINT_URL), the network and the credentials (set PACKLM_REMOTE_TIMEOUT "
+                        "to wait longer)")
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 def is_uri(text: str) -> bool:
@@ -47,14 +105,39 @@ def is_uri(text: str) -> bool:
 
 
 def open_fs(uri: str) -> tuple[Any, str]:
-    """(pyarrow FileSystem, path inside it) of a URI; a one-line UserError when it cannot be opened."""
+    """(pyarrow FileSystem, path inside it) of a URI, with bounded timeouts and retries (S3, GCS);
+    a one-line UserError when it cannot be opened."""
     import pyarrow.fs as pafs
 
     try:
-        return pafs.FileSystem.from_uri(uri)
+        fs, path = bounded(f"cannot open {uri}", lambda: pafs.FileSystem.from_uri(uri), remote_timeout())
+        return _with_timeouts(fs), path
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... per scheme
         raise UserError(f"cannot open {uri}: {one_line(exc)}: check the URI (s3://, gs://, hdfs://, file://) "
                         "and the storage's credentials in the environment") from None
+
+
+def _with_timeouts(fs: Any) -> Any:
+    """The same file system with the client's waits bounded: S3 connect and request timeouts and a
+    few attempts (the SDK's defaults retry a silent endpoint for minutes), GCS a retry time limit."""
+    import pyarrow.fs as pafs
+
+    if isinstance(fs, pafs.S3FileSystem):
+        options = dict(fs.__reduce__()[1][0])
+        if options.get("connect_timeout", -1) < 0:
+            options["connect_timeout"] = CONNECT_TIMEOUT_S
+        if options.get("request_timeout", -1) < 0:
+            options["request_timeout"] = REQUEST_TIMEOUT_S
+        return pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS))
+    gcs = getattr(pafs, "GcsFileSystem", None)
+    if gcs is not None and isinstance(fs, gcs):
+        options = dict(fs.__reduce__()[1][0])
+        if options.get("retry_time_limit") is None:
+            options["retry_time_limit"] = timedelta(seconds=GCS_RETRY_S)
+        return gcs(**options)
+    return fs
 
 
 def _files_under(fs: Any, path: str, uri: str) -> list[tuple[str, int]]:
@@ -62,7 +145,10 @@ def _files_under(fs: Any, path: str, uri: str) -> list[tuple[str, int]]:
     import pyarrow.fs as pafs
 
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        infos = bounded(f"cannot list {uri}", lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)),
+                        remote_timeout())
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"cannot list {uri}: {one_line(exc)}: check the URI and the credentials") from None
     return sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File)
@@ -82,10 +168,7 @@ def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
             raise UserError(f"no files match {uri!r}: check the pattern")
         return base, found
     fs, path = open_fs(uri)
-    try:
-        info = fs.get_file_info(path)
-    except Exception as exc:  # noqa: BLE001
-        raise UserError(f"cannot read {uri}: {one_line(exc)}: check the URI and the credentials") from None
+    info = _info(fs, path, f"cannot read {uri}")
     if info.type == pafs.FileType.File:
         return path.rpartition("/")[0], [(path, info.size)]
     found = _files_under(fs, path, uri) if info.type == pafs.FileType.Directory else []
@@ -94,22 +177,63 @@ def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
     raise UserError(f"input not found: {uri}: check the bucket and key")
 
 
+def _info(fs: Any, path: str, what: str) -> Any:
+    """fs.get_file_info(path), bounded; a failure is a UserError starting with `what`."""
+    try:
+        return bounded(what, lambda: fs.get_file_info(path), remote_timeout())
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"{what}: {one_line(exc)}: check the URI and the credentials") from None
+
+
 def download_file(uri: str, local: str) -> None:
     """Copy one remote file to a local path (its folder must exist)."""
     import pyarrow.fs as pafs
 
     fs, path = open_fs(uri)
     try:
-        pafs.copy_files(path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(),
-                        use_threads=False)
+        bounded(f"cannot download {uri}", lambda: pafs.copy_files(
+            path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(), use_threads=False),
+            None)
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"cannot download {uri}: {one_line(exc)}") from None
 
 
 def download_here(pairs: list[tuple[str, str]]) -> None:
-    """Download (uri, local path) pairs with a few threads in this process."""
-    with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
-        list(pool.map(lambda pair: download_file(*pair), pairs))
+    """Download (uri, local path) pairs with a few daemon threads in this process (not a thread
+    pool, which the interpreter waits for at exit: a download stuck in the storage client must not
+    keep a stopped job alive); the first failure is raised."""
+    todo = list(reversed(pairs))
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo or errors:
+                    return
+                pair = todo.pop()
+            try:
+                download_file(*pair)
+            except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
+                with lock:
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=work, name="packlm-download", daemon=True)
+               for _ in range(min(DOWNLOAD_THREADS, len(pairs)))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(1.0)  # a timed join: SIGTERM and Ctrl-C get through
+    except BaseException:
+        for t in threads:
+            leave_behind(t)
+        raise
+    if errors:
+        raise errors[0]
 
 
 @dataclass
@@ -191,7 +315,7 @@ def _remote_files(uri: str) -> list[str]:
 
     fs, root = open_fs(uri)
     root = root.rstrip("/")
-    info = fs.get_file_info(root)
+    info = _info(fs, root, f"cannot read --out {uri}")
     if info.type == pafs.FileType.File:
         raise UserError(f"--out {uri} exists and is not a folder: choose another --out")
     if info.type == pafs.FileType.NotFound:
@@ -206,9 +330,14 @@ def _ours(uri: str) -> set[str]:
     root = root.rstrip("/")
 
     def listed(sub: str) -> set[str]:
-        try:
+        def read() -> bytes:
             with fs.open_input_stream(f"{root}/{sub}{MANIFEST_NAME}") as f:
-                data = json.loads(f.read())
+                return f.read()
+
+        try:
+            data = json.loads(bounded(f"cannot read {uri}/{sub}{MANIFEST_NAME}", read, remote_timeout()))
+        except UserError:
+            raise
         except Exception:  # noqa: BLE001 - no manifest there, or not JSON
             return set()
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
@@ -253,27 +382,34 @@ def upload_folder(local: Path, uri: str, overwrite: bool) -> None:
     old = _remote_files(uri)
     files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
     manifests = sorted((f for f in files if f.endswith(MANIFEST_NAME)), key=lambda f: -f.count("/"))
-    if MANIFEST_NAME in old:
-        fs.delete_file(f"{root}/{MANIFEST_NAME}")  # the old output stops looking finished
+    failed = f"uploading the output to {uri} failed"
+
+    def delete(name: str) -> None:
+        bounded(f"{failed} (deleting {name})", lambda: fs.delete_file(f"{root}/{name}"), remote_timeout())
+
     done: list[str] = []
     try:
-        fs.create_dir(root, recursive=True)
+        if MANIFEST_NAME in old:
+            delete(MANIFEST_NAME)  # the old output stops looking finished
+        bounded(failed, lambda: fs.create_dir(root, recursive=True), remote_timeout())
         for name in [f for f in files if f not in manifests] + manifests:
-            pafs.copy_files(str(local / name), f"{root}/{name}", source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=fs)
+            bounded(failed, lambda: pafs.copy_files(str(local / name), f"{root}/{name}",
+                                                    source_filesystem=pafs.LocalFileSystem(),
+                                                    destination_filesystem=fs), None)
             done.append(name)
     except BaseException as exc:
-        for name in done:
-            try:
-                fs.delete_file(f"{root}/{name}")
-            except Exception:  # noqa: BLE001 - best effort; the manifest went last, so nothing looks finished
-                pass
-        if isinstance(exc, Exception):
-            raise UserError(f"uploading the output to {uri} failed: {one_line(exc)}; nothing was left there "
-                            "that looks finished (no manifest.json): re-run pack-data") from None
+        if isinstance(exc, Exception):  # (after SIGTERM or Ctrl-C, no more waiting on the storage)
+            for name in done:
+                try:
+                    delete(name)
+                except Exception:  # noqa: BLE001 - best effort; the manifest went last, so nothing looks finished
+                    break
+            detail = str(exc) if isinstance(exc, UserError) else f"{failed}: {one_line(exc)}"
+            raise UserError(f"{detail}; nothing was left there that looks finished (no manifest.json): "
+                            "re-run pack-data") from None
         raise
     for name in sorted(set(old) - set(files)):
-        fs.delete_file(f"{root}/{name}")
+        delete(name)
 
 
 def local_inputs_folder(out: Path) -> Path:

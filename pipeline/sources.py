@@ -33,6 +33,7 @@ import hashlib
 import os
 import re
 import socket
+import stat
 import sys
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -139,7 +140,22 @@ def _hf_data_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.arrow") if p.is_file())
 
 
+def _check_regular(path: str) -> None:
+    """Refuse, without opening it, an input that is not a regular file: a FIFO with no writer would
+    block the read forever, a device would never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}; check the path") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise UserError(f"{path} is {kind}, not a regular file (reading it could wait forever "
+                        "or never end): save the data to a file and give that")
+
+
 def _resolve_file(path: str) -> InputFile:
+    _check_regular(path)
     kind = _kind_of(path)
     if kind is None:
         ext = "".join(Path(path).suffixes[-2:]) or "(no extension)"

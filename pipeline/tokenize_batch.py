@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, one_line
 from pipeline.formats import ResolvedFormat, Where, check_same_format, missing_field, render
 from pipeline.long_texts import Encode, encode_bounded
 from pipeline.segments import Cuts, cached_token_sizes, encode_segments
@@ -160,7 +160,7 @@ def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarr
         raise missing_field(table, name, where)
     col = table.column(name)
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)):
-        raise UserError(f"{where(0)}: column {name!r} has type {col.type}, expected a list of token ids")
+        raise UserError(f"{where(0)}: column {name!r} has type {one_line(col.type, 80)}, expected a list of token ids")
     if col.null_count:
         first = int(pc.index(pc.is_null(col), True).as_py())
         raise UserError(f"{where(first)}: {name!r} is missing or null: fix the row or remove it")
@@ -168,7 +168,7 @@ def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarr
     lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     values = pc.list_flatten(arr)
     if not pa.types.is_integer(values.type):
-        raise UserError(f"{where(0)}: column {name!r} holds {values.type}, expected integer token ids")
+        raise UserError(f"{where(0)}: column {name!r} holds {one_line(values.type, 80)}, expected integer token ids")
     if values.null_count:
         raise UserError(f"{where(0)}: column {name!r} contains null token ids: fix the data")
     flat = values.to_numpy(zero_copy_only=False)

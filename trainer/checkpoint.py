@@ -18,6 +18,7 @@ checkpoint, which `resume_point` reports and steps over (or refuses, when strict
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -33,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.durable import fsync_path, fsync_tree, write_text_atomic
-from pipeline.errors import UserError
+from pipeline.errors import UserError, one_line
 from pipeline.shards import file_sha256
 
 CHECKPOINTS = "checkpoints"
@@ -96,21 +97,30 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
     barrier()
+    writing = tmp / f"rng-rank{rank}.pt"
     try:
-        torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+        torch.save(rng_state(), writing)
         if rank == 0:
-            model.save_pretrained(tmp / "model", state_dict=model_state, safe_serialization=True)
+            writing = tmp / "model"
+            model.save_pretrained(writing, state_dict=model_state, safe_serialization=True)
             if tokenizer is not None:
-                tokenizer.save_pretrained(tmp / "model")
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-            torch.save(scheduler_state, tmp / "scheduler.pt")
-            (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2) + "\n", encoding="utf-8")
+                tokenizer.save_pretrained(writing)
+            for name, obj in (("optimizer.pt", optimizer_state), ("scheduler.pt", scheduler_state)):
+                writing = tmp / name
+                torch.save(obj, writing)
+            writing = tmp / STATE_FILE
+            writing.write_text(json.dumps(trainer_state, indent=2) + "\n", encoding="utf-8")
         barrier()
         if rank == 0:
+            writing = tmp / FILE_LIST
             write_file_list(tmp)
+            writing = tmp
             fsync_tree(tmp)
-    except BaseException:  # a full disk, Ctrl-C: the unfinished folder goes
+    except BaseException as exc:  # a full disk, Ctrl-C: the unfinished folder goes
+        full = isinstance(exc, Exception) and _disk_full(exc, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full or _write_failed(exc):
+            raise UserError(_save_failed(final, writing.relative_to(tmp.parent), exc, full)) from None
         raise
     if rank == 0:
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it whole
@@ -129,6 +139,43 @@ def save_checkpoint(
                     shutil.rmtree(stale, ignore_errors=True)
     barrier()
     return final
+
+
+def _disk_full(exc: Exception, folder: Path) -> bool:
+    """Whether a failed write into `folder` ran out of space. torch.save reports it as a
+    RuntimeError that names no errno ("unexpected pos ..."), safetensors as a SafetensorError
+    ("... No space left on device (os error 28)"), so the file system's free space decides too."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+        return True
+    if not isinstance(exc, (OSError, RuntimeError)) and type(exc).__name__ != "SafetensorError":
+        return False
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def _write_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a failed write (not a bug): an OSError, safetensors' I/O error, or torch's
+    stream writer failing ("PytorchStreamWriter failed writing file", "unexpected pos")."""
+    text = str(exc)
+    return (isinstance(exc, OSError)
+            or (type(exc).__name__ == "SafetensorError" and "I/O error" in text)
+            or (isinstance(exc, RuntimeError) and ("PytorchStreamWriter" in text or "unexpected pos" in text)))
+
+
+def _save_failed(final: Path, writing: Path, exc: Exception, full: bool) -> str:
+    """The one line of a checkpoint that could not be written (its unfinished folder is gone)."""
+    where = f"saving checkpoint {final} failed while writing {writing}"
+    after = ("the unfinished checkpoint was removed; the checkpoints saved before are intact "
+             "(continue with --resume)")
+    if full:
+        return f"disk full: {where}: free some space (or choose another --out); {after}"
+    return f"{where} ({type(exc).__name__}: {one_line(exc, 160)}): check the disk (space, quota, errors); {after}"
 
 
 BEST_FILE = "best.json"

@@ -128,7 +128,9 @@ def pack_train(**options: object) -> None:
 
     Or from a file (flags win): pack-train --config data/configs/pack-train.yaml --max-steps 50
     """
-    with cli_errors(interrupted="checkpoints saved before are intact (continue with --resume)"):
+    with cli_errors(interrupted="checkpoints saved before are intact (continue with --resume)",
+                    disk_full="free some space (or choose another --out); checkpoints saved before are intact "
+                              "(continue with --resume)"):
         options["compile"] = options.pop("compile_")
         options["progress"] = not options.pop("no_progress")
         config = TrainConfig(**options)  # type: ignore[arg-type]

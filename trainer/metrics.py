@@ -9,6 +9,7 @@ import json
 import math
 import os
 import resource
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from pipeline.durable import write_text_atomic
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
 from trainer.batch import MicroBatch
@@ -38,25 +40,39 @@ def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
 def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:
     """Create the run folder and write config.json; metrics lines of steps after the checkpoint a
     run resumes from are dropped (they will be redone), and a new run starts a new metrics.jsonl."""
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     if resume_step is not None:
         trim_metrics(out / METRICS, resume_step)
     elif (out / METRICS).exists():
         (out / METRICS).unlink()
-    (out / "config.json").write_text(
-        json.dumps({**asdict(config), "world_size": world}, indent=2) + "\n", encoding="utf-8"
-    )
+    try:  # whole or not at all (a full disk leaves no empty config.json)
+        write_text_atomic(out / "config.json", json.dumps({**asdict(config), "world_size": world}, indent=2) + "\n")
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
 
 
 def trim_metrics(path: Path, step: int) -> None:
     """Keep only the metric lines of steps up to `step`."""
     if not path.is_file():
         return
-    keep = [
-        line for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= step
-    ]
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    keep = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number < len(lines):
+                raise UserError(f"{path} line {number}: not a JSON metrics line: fix or remove it") from None
+            print(f"pack-train: {path}: its last line was cut off (a write that did not finish, e.g. on a full "
+                  "disk); dropped", file=sys.stderr)
+            continue
+        if record.get("step", 0) <= step:
+            keep.append(line)
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -1,0 +1,106 @@
+"""Stop the processes of a local Ray that pack-data started, even when pack-data itself is killed
+outright (kill -9, the OOM killer), which no code of its own survives to handle.
+
+Ray makes its GCS server, raylet and workers share the driver's fate, but not the agents the raylet
+starts (ray::DashboardAgent, ray::RuntimeEnvAgent): they outlive a killed driver. So the job marks
+every process of its Ray with an environment variable (`RAY_MARK=<token>`, set while `ray.init`
+starts them: children inherit it) and starts a watchdog, this module's `main`, in a session of its
+own. The watchdog holds the read end of a pipe whose only write end the driver holds: when the
+driver exits, however it exits, the read returns and the watchdog stops every process that carries
+the mark (SIGTERM, then SIGKILL after a grace period), then exits.
+
+    with reaped_ray() as env:   # env: the variable to set while ray.init starts Ray's processes
+        ...
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+RAY_MARK = "PACKLM_RAY_JOB"
+GRACE_S = 3.0
+
+
+@contextmanager
+def reaped_ray() -> Iterator[dict[str, str]]:
+    """Start the watchdog; yield {RAY_MARK: token} for the environment of the processes to stop.
+    Leaving the block closes the pipe, so the watchdog stops what is left of them then, too."""
+    if not os.path.isdir("/proc"):  # the mark is found through /proc (Linux)
+        yield {}
+        return
+    token = uuid.uuid4().hex
+    read, write = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != RAY_MARK}
+    try:
+        watchdog = subprocess.Popen([sys.executable, "-m", "pipeline.ray_reaper", token, str(read)],
+                                    pass_fds=(read,), start_new_session=True, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        os.close(read)
+    try:
+        yield {RAY_MARK: token}
+    finally:
+        os.close(write)
+        try:
+            watchdog.wait(GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def marked(token: str) -> list[int]:
+    """Pids of this user's processes whose environment holds RAY_MARK=token."""
+    needle = f"{RAY_MARK}={token}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def stop(token: str, grace: float = GRACE_S) -> None:
+    """SIGTERM every marked process, then SIGKILL those left after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        pids = marked(token)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = marked(token)
+        if not pids:
+            return
+
+
+def main(argv: list[str]) -> None:
+    """The watchdog: wait for the pipe's write end to close (the driver exited), then `stop`."""
+    token, fd = argv[0], int(argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the driver's to handle
+    while True:
+        try:
+            if not os.read(fd, 1 << 10):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    stop(token)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
