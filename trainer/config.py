@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pipeline.errors import UserError
@@ -61,7 +62,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     num_workers: int = 2
     prefetch: int = 4
-    peak_flops: float = 989e12
+    peak_flops: float | None = None  # None: the device's known peak (trainer.metrics.known_peak_flops), if any
     device: str = "auto"
     verify_hashes: bool = True
     progress: bool = True
@@ -69,6 +70,8 @@ class TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option outside its choices."""
+    for name in ("data", "eval_data", "out"):
+        refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
     if config.report_to not in REPORT_TO:
         raise UserError(f"unknown --report-to {config.report_to!r}: choose {', '.join(REPORT_TO)}")
     if config.grad_checkpointing < 0:
@@ -96,3 +99,20 @@ def validate(config: TrainConfig) -> None:
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
     if config.resume and config.resume not in RESUME:
         raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")
+
+
+def refuse_uri(option: str, value: str | None) -> None:
+    """pack-train reads and writes local folders (or mounted file systems): a URI such as
+    s3://bucket/packed is refused in one line rather than taken as a local path."""
+    problem = uri_problem(option, value)
+    if problem:
+        raise UserError(f"{option} {value}: {problem}")
+
+
+def uri_problem(option: str, value: str | None) -> str | None:
+    """Why `value` cannot be given to `option` (it is a URI), or None."""
+    if value is None or not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(value)):
+        return None
+    fix = ("give a local (or mounted) folder and copy the run folder afterwards" if option == "--out" else
+           "copy the packed folder to a local (or mounted) path first and give that path")
+    return f"pack-train reads and writes local folders only, not URIs: {fix}"
