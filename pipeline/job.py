@@ -310,7 +310,10 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
 
 
 def _absolute_if_local(path: str) -> str:
-    """An existing local path (or a glob) made absolute; anything else (a Hub name) unchanged."""
+    """An existing local path (or a local glob) made absolute; anything else (a URI, a Hub name)
+    unchanged."""
+    if is_uri(path):
+        return path
     if os.path.exists(path) or any(c in path for c in "*?["):
         return os.path.abspath(path)
     return path
