@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.api_errors import python_spelling
 from pipeline.background import Background
 from pipeline.binpack import STRATEGIES
 from pipeline.encode_pool import default_workers, encode_pool
@@ -80,6 +81,7 @@ class PackConfig(FormatOptions):
         return FormatOptions(**{k: getattr(self, k) for k in keys})
 
 
+@python_spelling(PackConfig)
 def run_pack_data(
     config: PackConfig,
     *,
