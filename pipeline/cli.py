@@ -7,6 +7,7 @@ data). Each is a thin click wrapper over the library; bad input ends in one line
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipeline.errors import UserError, cli_errors
 from pipeline.formats import FORMATS, TEMPLATES
 from pipeline.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.plan import OVERLONG
+from pipeline.remote import folder_to_read
 from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
 from pipeline.tokenize import lengths_of
@@ -130,7 +132,7 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--no-hash", is_flag=True, help="Skip the sha256 of each shard and the manifest's checksum (structure only).")
 @click.option("--deep", is_flag=True,
               help="Also re-tokenize a sample of the source examples and compare token ids.")
@@ -138,12 +140,13 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
               help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
 @click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
               help="How many examples --deep re-tokenizes.")
-def pack_verify(folder: Path, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
+def pack_verify(folder: str, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
     """Check that FOLDER (written by pack-data) is intact and follows the shard contract; with a
     held-out eval folder inside (pack-data --eval-fraction), that one too, and that no example is
-    in both."""
+    in both. FOLDER may be a URI (s3://, gs://, hdfs://, file://): it is downloaded and checked."""
     with cli_errors(interrupted="the packed folder was not changed",
-                    disk_full="free some space; the packed folder was not changed"):
+                    disk_full="free some space; the packed folder was not changed"), \
+            folder_to_read(folder) as folder:  # type: ignore[assignment]
         manifest = verify_folder(folder, check_hashes=not no_hash)
         folders = [(folder, manifest, "ok")]
         if manifest.eval.get("folder"):
@@ -172,7 +175,7 @@ Examples:
 
 
 @click.command(context_settings=CONTEXT, epilog=PACK_REPORT_EPILOG)
-@click.argument("folder", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("folder", required=False, type=click.Path(file_okay=False))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write every figure to this JSON file.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -201,14 +204,15 @@ Examples:
               help="What-if: read only the first N examples.")
 @click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1),
               help="What-if: tokenizer processes.")
-def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | None, csv_path: Path | None,
+def pack_report(folder: str | None, json_path: Path | None, html_path: Path | None, csv_path: Path | None,
                 batch_size: int, hidden: int, strategy: tuple[str, ...], seed: int | None,
                 no_hash: bool, inputs: tuple[str, ...], tokenizer: str | None, max_lens: str,
                 fmt: str, limit: int | None, num_proc: int, **format_fields: Any) -> None:
     """Packing report of FOLDER (written by pack-data), or a what-if plan with --input: the
     first form reads the manifest and shards; the second tokenizes (or reads the `input_ids` of
     pre-tokenized data) and runs the planner for every max_len and strategy without writing shards.
-    FOLDER may also be a pack-train run folder: its steps, losses, evals and best checkpoint."""
+    FOLDER may also be a pack-train run folder: its steps, losses, evals and best checkpoint, and
+    a URI (s3://, gs://, hdfs://, file://), which is downloaded first."""
     # polars (pipeline.report) is imported by this command only: pack-data and pack-verify run
     # where it is not installed (the GPU benchmark box)
     from pipeline.report import folder_report, load_folder, to_json, whatif_report
@@ -217,7 +221,9 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
 
     with cli_errors(interrupted="no report file was left half-written",
                     disk_full="free some space or write the report elsewhere (--json, --html, --sources-csv); "
-                              "no report file was left half-written"):
+                              "no report file was left half-written"), \
+            folder_to_read(folder) if folder is not None else nullcontext() as local:
+        shown, folder = folder, local  # the folder as given names it in the report
         strategies = _strategies(strategy)
         for path, flag in ((json_path, "--json"), (html_path, "--html"), (csv_path, "--sources-csv")):  # fail first
             if path is not None and not Path(path).absolute().parent.is_dir():
@@ -241,7 +247,7 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,
                                    strategies=strategies, seed=seed)
-            title = f"packlm packing report: {folder}"
+            title = f"packlm packing report: {shown}"
         elif inputs:
             options = {"format": fmt, "num_proc": num_proc, "limit": limit, **format_fields}
             options = {k: v for k, v in options.items() if v is not None}

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.api_errors import python_spelling
 from pipeline.background import Background
 from pipeline.binpack import STRATEGIES
 from pipeline.encode_pool import default_workers, encode_pool
@@ -100,6 +101,7 @@ PACK_CHECKS: dict[str, Check] = {
 }
 
 
+@python_spelling(PackConfig)
 def run_pack_data(
     config: PackConfig,
     *,
@@ -313,10 +315,34 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
 
 
 def _absolute_if_local(path: str) -> str:
-    """An existing local path (or a glob) made absolute; anything else (a Hub name) unchanged."""
+    """An existing local path (or a local glob) made absolute; anything else (a URI, a Hub name)
+    unchanged."""
+    if is_uri(path):
+        return path
     if os.path.exists(path) or any(c in path for c in "*?["):
         return os.path.abspath(path)
     return path
+
+
+def no_loss_causes(manifest: Manifest) -> str:
+    """What can leave an example of this job without a loss token, from its formats and counts:
+    a cut at --max-len before the response, a chat without an assistant turn, pre-tokenized labels
+    of only -100."""
+    kinds = {f.get("kind") for f in manifest.config.get("resolved_formats", [])}
+    c = manifest.counts
+    causes = []
+    if c.truncated:
+        causes.append(f"examples cut at --max-len {manifest.max_len} before their response begins: "
+                      f"{c.truncated} were truncated")
+    if c.split:
+        causes.append("pieces of split examples that hold only prompt tokens")
+    if "chat" in kinds:
+        causes.append("chat rows without an assistant turn")
+    if "tokenized" in kinds:
+        causes.append("pre-tokenized rows whose labels are all -100")
+    if not causes:
+        return "check the data and its format options"
+    return "likely " + "; or ".join(causes)
 
 
 def summary_lines(
@@ -348,8 +374,8 @@ def summary_lines(
             f"{Path(src['input']).name} x{src['weight']:g}: {src['examples_used']} of {src['examples_read']} "
             f"examples used, {src['uses']} uses" for src in manifest.sources))
     if c.no_loss:
-        lines.append(f"warning: {c.no_loss} packed example(s) have no token that carries a loss (e.g. chat "
-                     "rows without an assistant turn): they take room but train nothing")
+        lines.append(f"warning: {c.no_loss} packed example(s) have no token that carries a loss "
+                     f"({no_loss_causes(manifest)}): they take room but train nothing")
     if reference is not None:
         avoided = reference.padding - pad_packed
         verdict = f"{avoided:,} avoided" if avoided >= 0 else f"{-avoided:,} more than pad-to-longest"

@@ -418,3 +418,43 @@ def local_inputs_folder(out: Path) -> Path:
     from pipeline.outdir import tmp_prefix
 
     return out.absolute().parent / f"{tmp_prefix(out.name)}{os.getpid()}-inputs-{uuid.uuid4().hex[:8]}"
+
+
+# ------------------------------------------------------------------- a packed folder to read
+
+
+@contextmanager
+def folder_to_read(folder: str) -> Iterator[Path]:
+    """The local folder pack-verify and pack-report read for FOLDER: FOLDER itself when it is a
+    local path; for a URI, every file under it downloaded into a temporary folder (removed however
+    the block ends), so the checks see the bytes stored there. A UserError raised in the block
+    names the URI instead of the local copy."""
+    if not is_uri(folder):
+        yield Path(folder)
+        return
+    uri = folder.rstrip("/")
+    fs, root = open_fs(uri)
+    root = root.rstrip("/")
+    import pyarrow.fs as pafs
+
+    try:
+        kind = fs.get_file_info(root).type
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"cannot read {uri}: {one_line(exc)}: check the URI and the credentials") from None
+    files = _files_under(fs, root, uri) if kind == pafs.FileType.Directory else []
+    if not files:
+        raise UserError(f"{uri}: no folder there (expected the --out folder of pack-data): check the bucket and key")
+    scheme = uri.split("://", 1)[0]
+    with tempfile.TemporaryDirectory(prefix="packlm-read-") as tmp:
+        local = Path(tmp) / "folder"
+        pairs = []
+        for path, _ in files:
+            target = local / path[len(root):].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pairs.append((f"{scheme}://{path}", str(target)))
+        download_here(pairs)
+        try:
+            yield local
+        except UserError as exc:
+            exc.args = (str(exc).replace(str(local), uri),)
+            raise

@@ -163,6 +163,13 @@ def _figure(uri: str, caption: str) -> str:
            f"{html.escape(caption)}</figcaption></figure>"
 
 
+def length_bins(lengths: np.ndarray, max_len: int, n: int = 50) -> np.ndarray:
+    """Edges of the length histogram's `n` log-spaced bins: from the shortest example to just past
+    max_len (or the longest example), so the axis spans the lengths there are."""
+    lo, hi = max(1, int(lengths.min())), max(max_len, int(lengths.max())) * 1.05
+    return np.logspace(math.log10(lo), math.log10(hi), n)
+
+
 def _plots_folder(data: FolderData) -> list[str]:
     import matplotlib  # noqa: PLC0415
 
@@ -174,8 +181,9 @@ def _plots_folder(data: FolderData) -> list[str]:
     lengths = data.seq_lens
     fig, ax = plt.subplots(figsize=(6, 3.6))
     if len(lengths):
-        bins = np.logspace(0, math.log10(max(max_len, int(lengths.max())) * 1.05), 50)
+        bins = length_bins(lengths, max_len)
         ax.hist(lengths, bins=bins, color="#3b82c4", edgecolor="white", linewidth=0.4)
+        ax.set_xlim(bins[0], bins[-1])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.axvline(max_len, color="#c92a2a", linestyle="--", linewidth=1.5,

@@ -143,8 +143,10 @@ def explain_choice(
     if requested != "auto":
         return text + "; as requested"
     reasons = _reasons(device, dtype, features)
-    faster = list(reasons)[: list(reasons).index(backend)]
-    return text + "".join(f"; not {b}: {reasons[b]}" for b in faster)
+    passed_over: dict[str, list[str]] = {}  # reason -> the faster backends it rules out, in order
+    for b in list(reasons)[: list(reasons).index(backend)]:
+        passed_over.setdefault(str(reasons[b]), []).append(b)
+    return text + "".join(f"; not {', '.join(bs)}: {why}" for why, bs in passed_over.items())
 
 
 # --------------------------------------------------------------------------- Hugging Face glue

@@ -9,17 +9,27 @@ import click
 from pipeline.config_file import config_option
 from pipeline.errors import cli_errors
 from trainer import TrainConfig, train
-from trainer.config import OPTIMIZERS, REPORT_TO, TRAIN_CHECKS
+from trainer.config import OPTIMIZERS, REPORT_TO, TRAIN_CHECKS, uri_problem
+
+
+class LocalFolder(click.Path):
+    """A local folder: a URI (s3://...) is refused in one line (`uri_problem`), not taken as a path."""
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        problem = uri_problem(param.opts[0] if param else "", value)
+        if problem:
+            self.fail(f"{value}: {problem}", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @config_option(checks=TRAIN_CHECKS, fields={"compile_": "compile"})
-@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--data", required=True, type=LocalFolder(exists=True, file_okay=False),
               help="Packed folder written by pack-data.")
 @click.option("--model", "model", required=True,
               help="Local Hugging Face model folder (config + safetensors) or a preset: tiny, "
                    "llama-100m, llama-1b, llama-8b (random weights). Nothing is downloaded.")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=LocalFolder(file_okay=False),
               help="Run folder: metrics.jsonl, checkpoints/, summary.json.")
 @click.option("--tokenizer", default=None, type=click.Path(exists=True),
               help="Tokenizer the model expects; the data's tokenizer fingerprint must match it. "
@@ -93,8 +103,9 @@ from trainer.config import OPTIMIZERS, REPORT_TO, TRAIN_CHECKS
 @click.option("--weight-decay", default=0.1, type=click.FloatRange(min=0))
 @click.option("--grad-clip", default=1.0, type=click.FloatRange(min=0), help="Max global gradient norm (0: no clipping).")
 @click.option("--num-workers", default=2, type=click.IntRange(min=0), help="DataLoader worker processes.")
-@click.option("--peak-flops", default=989e12, type=click.FloatRange(min=0, min_open=True),
-              help="Peak FLOP/s per device for the MFU estimate (default: H100 bf16 dense).")
+@click.option("--peak-flops", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Peak FLOP/s per device for the MFU estimate. Default: the GPU's bf16 dense peak where "
+                   "known (H100/H200 989e12, A100 312e12); elsewhere (the CPU) no MFU is logged.")
 @click.option("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N.")
 @click.option("--verify-hashes/--no-verify-hashes", default=True,
               help="Check every shard's sha256 against the manifest in a background thread while "

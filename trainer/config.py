@@ -5,6 +5,7 @@ it; `pack-train --config FILE` checks each value of the file with `TRAIN_CHECKS`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pipeline.errors import UserError
@@ -66,7 +67,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     num_workers: int = 2
     prefetch: int = 4
-    peak_flops: float = 989e12
+    peak_flops: float | None = None  # None: the device's known peak (trainer.metrics.known_peak_flops), if any
     device: str = "auto"
     verify_hashes: bool = True
     progress: bool = True
@@ -99,6 +100,8 @@ def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option of the wrong type, out of range or outside its
     choices, or options that contradict each other."""
     check_options(config, TRAIN_CHECKS)
+    for name in ("data", "eval_data", "out"):
+        refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
     if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
         raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
     if config.merge_lora and not config.lora_r:
@@ -109,3 +112,20 @@ def validate(config: TrainConfig) -> None:
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
         raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
+
+
+def refuse_uri(option: str, value: str | None) -> None:
+    """pack-train reads and writes local folders (or mounted file systems): a URI such as
+    s3://bucket/packed is refused in one line rather than taken as a local path."""
+    problem = uri_problem(option, value)
+    if problem:
+        raise UserError(f"{option} {value}: {problem}")
+
+
+def uri_problem(option: str, value: str | None) -> str | None:
+    """Why `value` cannot be given to `option` (it is a URI), or None."""
+    if value is None or not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(value)):
+        return None
+    fix = ("give a local (or mounted) folder and copy the run folder afterwards" if option == "--out" else
+           "copy the packed folder to a local (or mounted) path first and give that path")
+    return f"pack-train reads and writes local folders only, not URIs: {fix}"

@@ -30,6 +30,7 @@ micro-batches are (`trainer.batch`):
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,11 @@ import numpy as np
 import torch
 
 from pipeline.shards import shard_paths, verify_folder
+
+# TRL's SFTConfig turns `gradient_checkpointing` on by default, an argument transformers 5 renamed
+# `activation_checkpointing`, so every SFTConfig() warns of a name its user never wrote; only that
+# message is silenced.
+warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def packed_dataset(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> Any:

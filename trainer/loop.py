@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import transformers
 
+from pipeline.api_errors import python_spelling
 from pipeline.errors import UserError
 from pipeline.shards import Manifest
 from pipeline.shards import manifest_vocab
@@ -65,6 +66,7 @@ from trainer.stream import (
 )
 
 
+@python_spelling(TrainConfig)
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
     The run folder is locked for the run's life: a second run on it stops in one line."""

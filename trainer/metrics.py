@@ -124,6 +124,19 @@ class Reporter:
             self.writer.close() if self.kind == "tensorboard" else self.writer.finish()
 
 
+# bf16 dense peak FLOP/s of the GPUs whose figure is known, by a part of their CUDA device name
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12, "A800": 312e12}
+
+
+def known_peak_flops(device: torch.device) -> float | None:
+    """The bf16 dense peak FLOP/s of `device` when known (PEAK_FLOPS), else None: no MFU is logged
+    for a device (the CPU, another GPU) without a peak to divide by, unless --peak-flops gives one."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for part, peak in PEAK_FLOPS.items() if part in name), None)
+
+
 class Meter:
     """Counts tokens, steps and data-loader waits, and writes a metrics line when asked (rank 0
     writes the file and shows the progress bar). The window token counts of the steps stay device
@@ -134,7 +147,8 @@ class Meter:
         n_params: int, backend: str, start_step: int, total_steps: int, tokens_seen: int,
     ) -> None:
         self.device, self.backend = device, backend
-        self.n_params, self.peak_flops = n_params, config.peak_flops * world  # for the MFU
+        peak = config.peak_flops or known_peak_flops(device)
+        self.n_params, self.peak_flops = n_params, peak * world if peak else None  # for the MFU
         self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
         self.reporter = Reporter(config.report_to, out, config, rank)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
@@ -189,7 +203,7 @@ class Meter:
             "grad_norm": grad_norm,
             "tokens": self.tokens_seen,
             "tokens_per_s": tokens_per_s,
-            "mfu": 6.0 * self.n_params * tokens_per_s / self.peak_flops,
+            "mfu": 6.0 * self.n_params * tokens_per_s / self.peak_flops if self.peak_flops else None,
             "step_time_s": elapsed / self._steps_since,
             "data_wait_s": self._wait_since / self._steps_since,
             "peak_mem_gib": peak_memory_gib(self.device),

@@ -806,3 +806,23 @@ def test_a_later_run_removes_what_killed_runs_left(tmp_path: Path):
     assert not stale.exists()
     assert all(folder.exists() for folder in kept)
     verify_folder(tmp_path / "o")
+
+
+def test_the_no_loss_warning_names_the_causes_this_data_can_have(tmp_path: Path):
+    """Instruction examples cut at --max-len before their response are blamed on the cut, not on
+    chat rows (there are none); a chat file's warning names the missing assistant turn."""
+    long = {"instruction": "word " * 200, "output": "the answer"}
+    data = write_jsonl(tmp_path / "inst.jsonl", [{"instruction": "hi", "output": "hello"}] * 3 + [long] * 2)
+    result = run(data, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    warning = next(line for line in result.output.splitlines() if line.startswith("warning: "))
+    assert warning.startswith("warning: 2 packed example(s) have no token that carries a loss"), warning
+    assert "cut at --max-len 64 before their response begins: 2 were truncated" in warning, warning
+    assert "chat" not in warning, warning
+
+    talk = [{"role": "user", "content": "hello there"}]
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": talk + [{"role": "assistant", "content": "hi"}]}] * 3
+                       + [{"messages": talk}])
+    result = run(chat, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "c")
+    warning = next(line for line in result.output.splitlines() if line.startswith("warning: "))
+    assert "(likely chat rows without an assistant turn)" in warning and "truncated" not in warning, warning

@@ -134,7 +134,7 @@ def test_errors_name_the_row_as_the_local_engine_does(tmp_path: Path) -> None:
     long = tmp_path / "long.jsonl"
     long.write_text("\n".join(lines[:2000] + [json.dumps({"text": "word " * 900})] + lines[2000:]) + "\n")
     for options in ({}, {"engine": "ray", "chunk_bytes": 4_000}):
-        with pytest.raises(UserError, match=r"long.jsonl line 2001: example is \d+ tokens, longer than --max-len 512"):
+        with pytest.raises(UserError, match=r"long.jsonl line 2001: example is \d+ tokens, longer than max_len 512"):
             pack(tmp_path, f"long-{len(options)}", [long], overlong="error", **options)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "long.jsonl"]  # nothing left behind
 

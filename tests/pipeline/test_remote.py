@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -158,3 +159,46 @@ def test_a_missing_remote_input_is_one_line(s3, tmp_path: Path) -> None:
     assert result.exit_code != 0
     assert result.output.strip().splitlines() == ["Error: input not found: s3://data/nothing/here.jsonl: "
                                                   "check the bucket and key"], result.output
+
+
+def test_a_remote_glob_is_recorded_as_its_uri_and_deep_verify_re_reads_it(s3, corpus: Path, tmp_path: Path) -> None:
+    """The manifest's config keeps a remote glob as the URI given (not `<cwd>/file:/...`), so
+    `pack-verify --deep` downloads and re-tokenizes from it; for s3:// and file:// alike."""
+    for given in ("s3://data/corpus/*.jsonl", f"file://{SAMPLE}/te*.jsonl"):
+        out = tmp_path / given.split("://")[0]
+        m = pack([given], str(out))
+        assert m.config["inputs"] == [given] and read_manifest(out).config["inputs"] == [given]
+        deep = CliRunner().invoke(pack_verify, [str(out), "--deep", "--sample", "5"])
+        assert deep.exit_code == 0 and "5 examples re-tokenized and matched" in deep.output, deep.output
+
+
+def test_pack_verify_and_pack_report_read_a_packed_folder_by_its_uri(s3, corpus: Path, tmp_path: Path) -> None:
+    """A packed folder on remote storage is checked and reported where it is (downloaded to a
+    temporary folder, which goes); its defects and a missing folder are one line naming the URI."""
+    from pipeline.cli import pack_report
+
+    uri = "s3://data/packed-to-read"
+    pack([str(corpus / "a.jsonl")], uri, max_len=512, eval_examples=20)
+    local = tmp_path / "local"
+    pafs.copy_files("data/packed-to-read", str(local), source_filesystem=s3, destination_filesystem=pafs.LocalFileSystem())
+    for folder in (uri, f"file://{local}"):
+        ok = CliRunner().invoke(pack_verify, [folder, "--deep", "--sample", "5"])
+        assert ok.exit_code == 0 and ok.output.startswith("ok: ") and "eval ok: " in ok.output, ok.output
+        report = CliRunner().invoke(pack_report, [folder, "--json", str(tmp_path / "r.json")])
+        assert report.exit_code == 0, report.output
+        assert json.loads((tmp_path / "r.json").read_text())["rows"] == read_manifest(local).rows
+    shard = sorted(local.glob("shard-*.arrow"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 1
+    (tmp_path / "bad.arrow").write_bytes(bytes(data))
+    upload(s3, tmp_path / "bad.arrow", f"packed-to-read/{shard.name}")
+    for command in (pack_verify, pack_report):
+        bad = CliRunner().invoke(command, [uri])
+        lines = bad.output.strip().splitlines()
+        assert bad.exit_code == 1 and f"{uri}/{shard.name}" in lines[-1] and "packlm-read-" not in bad.output, bad.output
+    missing = CliRunner().invoke(pack_verify, ["s3://data/no-such-folder"])
+    assert missing.exit_code == 1 and missing.output.strip().splitlines() == [
+        "Error: s3://data/no-such-folder: no folder there (expected the --out folder of pack-data): "
+        "check the bucket and key"], missing.output
+    leftovers = [p for p in Path(tempfile.gettempdir()).glob("packlm-read-*")]
+    assert not leftovers, leftovers

@@ -195,3 +195,19 @@ def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
     assert "max_len 8:" in result.output and "max_len 16:" in result.output
     page = (tmp_path / "w.html").read_text()
     assert page.count("data:image/png;base64,") == 2
+
+
+def test_the_length_histogram_spans_the_lengths_there_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its x-axis starts at the shortest example (92 tokens here), not at 1, and reaches max_len."""
+    from pipeline import report_render
+    from pipeline.report import load_folder
+
+    rows = [[(0, list(range(1, 93))), (1, list(range(1, 151)))], [(2, list(range(1, 301)))]]
+    make_packed_folder(tmp_path / "p", rows, 512)
+    figures = []
+    monkeypatch.setattr(report_render, "_png", lambda fig: figures.append(fig) or "data:,")
+    report_render._plots_folder(load_folder(tmp_path / "p"))
+    left, right = figures[0].axes[0].get_xlim()
+    assert left == pytest.approx(92) and 512 < right < 600, (left, right)
+    edges = report_render.length_bins(np.array([92, 150, 300]), 512)
+    assert edges[0] == pytest.approx(92) and edges[-1] == pytest.approx(512 * 1.05)

@@ -762,3 +762,12 @@ def test_packed_attention_traces_into_one_graph(monkeypatch):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model.model(**batch.model_kwargs(), use_cache=False)
     torch._dynamo.reset()
+
+
+def test_auto_on_the_cpu_names_each_reason_once():
+    """The backends passed over for one reason are listed together: on the CPU fa4, flash_attn and
+    torch all need CUDA, said once; flex's own reason apart."""
+    why = attention.explain_choice("auto", "sdpa", "cpu")
+    assert why.count("needs a CUDA device") == 1, why
+    assert "not fa4, flash_attn, torch: needs a CUDA device, but the model is on 'cpu'" in why, why
+    assert "; not flex: PyTorch has no FlexAttention backward" in why, why

@@ -154,9 +154,9 @@ def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtyp
 
 
 def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
-    with pytest.raises(UserError, match="--merge-lora needs --lora-r"):
+    with pytest.raises(UserError, match="merge_lora=True needs lora_r"):
         train(_config(packed, tmp_path / "a", lora_r=0, merge_lora=True))
-    with pytest.raises(UserError, match="--lora-target nope"):
+    with pytest.raises(UserError, match="lora_target nope"):
         train(_config(packed, tmp_path / "b", lora_target="nope"))
     with pytest.raises(UserError, match=r"--lora-target q_proj,bogus_proj: the model has no module named 'bogus_proj' "
                                         r"\(its linear layers: .*q_proj"):

@@ -176,7 +176,7 @@ def test_resume_steps_over_a_damaged_checkpoint(packed: Path, tmp_path: Path, ca
     data = bytearray(weights.read_bytes())
     data[-100] ^= 1  # one flipped bit inside a tensor: safetensors itself would load it silently
     weights.write_bytes(bytes(data))
-    with pytest.raises(UserError, match=r"--resume=strict: checkpoint .*step-00000004 is damaged "
+    with pytest.raises(UserError, match=r"resume='strict': checkpoint .*step-00000004 is damaged "
                                         r"\(model/model.safetensors does not match its sha256\)"):
         train(_config(packed, run, max_steps=4, resume="strict"))
     with pytest.raises(UserError, match="already at step 4"):  # the intact one is never skipped
@@ -618,7 +618,7 @@ def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("as_rank_of_two")
 def test_bf16_weights_refuses_ddp(packed: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="needs --parallel fsdp"):
+    with pytest.raises(UserError, match="needs parallel fsdp"):
         train(_config(packed, tmp_path / "run", dtype=BF16W))
     assert not (tmp_path / "run").exists()
 
@@ -647,16 +647,16 @@ def test_adafactor_keeps_factored_state_and_resumes_bitwise(packed: Path, tmp_pa
 
 @pytest.mark.usefixtures("as_rank_of_two")
 def test_adafactor_refuses_fsdp(packed: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="adafactor is not supported with --parallel fsdp"):
+    with pytest.raises(UserError, match="adafactor is not supported with parallel fsdp"):
         train(_config(packed, tmp_path / "run", optimizer="adafactor", parallel="fsdp"))
-    with pytest.raises(UserError, match="unknown --optimizer"):
+    with pytest.raises(UserError, match="unknown optimizer"):
         train(_config(packed, tmp_path / "run", optimizer="sgd"))
 
 
 def test_adafactor_refuses_bf16_weights(packed: Path, tmp_path: Path) -> None:
     """bf16-weights' masters are updated by its fused AdamW: with Adafactor it says so, before any
     file is written (and --dtype bf16 with Adafactor trains)."""
-    with pytest.raises(UserError, match="bf16-weights needs --optimizer adamw"):
+    with pytest.raises(UserError, match="bf16-weights needs optimizer adamw"):
         train(_config(packed, tmp_path / "run", optimizer="adafactor", dtype=BF16W))
     assert not (tmp_path / "run").exists()
     assert train(_config(packed, tmp_path / "ok", optimizer="adafactor", dtype="bf16", max_steps=1))["steps"] == 1
