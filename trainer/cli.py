@@ -9,7 +9,7 @@ import click
 from pipeline.config_file import config_option
 from pipeline.errors import UserError, cli_errors
 from trainer import TrainConfig, train
-from trainer.config import OPTIMIZERS, REPORT_TO
+from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -24,9 +24,10 @@ from trainer.config import OPTIMIZERS, REPORT_TO
 @click.option("--tokenizer", default=None, type=click.Path(exists=True),
               help="Tokenizer the model expects; the data's tokenizer fingerprint must match it. "
                    "Default: the tokenizer files inside a local --model folder, if any.")
-@click.option("--tokens-per-step", default=16384, type=click.IntRange(min=1),
+@click.option("--tokens-per-step", default=None, type=click.IntRange(min=1),
               help="Micro-batch token budget: rows are concatenated into one flat [1, T] batch up "
-                   "to it (a longer row is a micro-batch of its own).")
+                   f"to it (a longer row is a micro-batch of its own). Default: {TOKENS_PER_STEP['cuda']} "
+                   f"on a GPU, {TOKENS_PER_STEP['cpu']} on the CPU.")
 @click.option("--grad-accum", default=1, type=click.IntRange(min=1),
               help="Micro-batches per optimizer step on each rank.")
 @click.option("--lr", default=3e-4, type=click.FloatRange(min=0, min_open=True), help="Peak learning rate (AdamW).")

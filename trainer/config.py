@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import UserError
 
@@ -14,6 +14,9 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
 DTYPES = ("auto", "bf16", "bf16-weights", "fp32")
 OPTIMIZERS = ("adamw", "adafactor")
+# Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
+# README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
+TOKENS_PER_STEP = {"cuda": 16384, "cpu": 8192}
 
 
 @dataclass
@@ -24,7 +27,7 @@ class TrainConfig:
     model: str
     out: str
     tokenizer: str | None = None
-    tokens_per_step: int = 16384
+    tokens_per_step: int | None = None  # None: TOKENS_PER_STEP of the device (resolved by `resolved`)
     grad_accum: int = 1
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
@@ -67,6 +70,13 @@ class TrainConfig:
     progress: bool = True
 
 
+def resolved(config: TrainConfig, device_type: str) -> TrainConfig:
+    """`config` with the defaults that depend on the device filled in (tokens_per_step)."""
+    if config.tokens_per_step is not None:
+        return config
+    return replace(config, tokens_per_step=TOKENS_PER_STEP.get(device_type, TOKENS_PER_STEP["cpu"]))
+
+
 def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option outside its choices."""
     if config.report_to not in REPORT_TO:
@@ -94,5 +104,7 @@ def validate(config: TrainConfig) -> None:
     if config.dtype == "bf16-weights" and config.optimizer != "adamw":
         raise UserError(f"--dtype bf16-weights needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
+    if config.tokens_per_step is not None and config.tokens_per_step < 1:
+        raise UserError(f"--tokens-per-step must be >= 1, got {config.tokens_per_step}")
     if config.resume and config.resume not in RESUME:
         raise UserError(f"unknown --resume={config.resume}: choose {' or '.join(RESUME)}")

@@ -29,7 +29,7 @@ from pipeline.shards import manifest_vocab
 from trainer import checkpoint as ckpt
 from trainer.attention import select_backend
 from trainer.batch import MicroBatch
-from trainer.config import TrainConfig, validate
+from trainer.config import TrainConfig, resolved, validate
 from trainer.evaluate import Evaluator
 from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
@@ -67,6 +67,7 @@ from trainer.stream import (
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary."""
     run = start(config)
+    config = run.config  # with the device's defaults filled in
     info, device, optimizer = run.info, run.device, run.optimizer
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     step, position = run.start_step, run.cursor  # position: the data cursor after `step`
@@ -226,6 +227,7 @@ def start(config: TrainConfig) -> Run:
     the run folder only once all of it has been checked."""
     validate(config)
     device = pick_device(config.device)
+    config = resolved(config, device.type)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     info = setup_distributed(device)
