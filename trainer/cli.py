@@ -8,8 +8,8 @@ import click
 
 from pipeline.config_file import config_option
 from pipeline.errors import UserError, cli_errors
-from trainer import TrainConfig, train
-from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP
+from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TrainConfig, validate
+from trainer.presets import model_folder
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -127,6 +127,10 @@ def pack_train(**options: object) -> None:
         config = TrainConfig(**options)  # type: ignore[arg-type]
         if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
             raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
+        validate(config)  # what needs no torch is checked before torch is imported (seconds)
+        model_folder(config.model)
+        from trainer.loop import train
+
         summary = train(config)
         if summary["stopped_by_sigterm"]:
             if summary["rank"] == 0:

@@ -1,0 +1,47 @@
+"""What a user waits for before anything runs: `pack-train --help` and its bad arguments answer
+without importing torch (seconds of imports), in one line where the mistake is the user's."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# pack-train as its console script runs it; the last line says whether torch was imported
+PACK_TRAIN = ("import sys\nfrom trainer.cli import main\nsys.argv[0] = 'pack-train'\ntry:\n    main()\n"
+              "finally:\n    print('imported torch:', 'torch' in sys.modules, 'transformers' in sys.modules)")
+
+
+def _pack_train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PACK_TRAIN, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_pack_train_help_imports_no_torch_and_states_the_default_budget():
+    proc = _pack_train("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "imported torch: False False"
+    text = re.sub(r"\s+", " ", proc.stdout)
+    assert "--tokens-per-step" in text and "Default: 16384 on a GPU, 8192 on the CPU." in text
+
+
+def test_pack_train_argument_errors_come_before_torch(tmp_path: Path):
+    folder = str(tmp_path)  # any existing folder passes the parser's check of --data
+    usage = _pack_train("--data", str(tmp_path / "missing"), "--model", "tiny", "--out", str(tmp_path / "r"))
+    assert usage.returncode == 2 and "'--data'" in usage.stderr and "does not exist" in usage.stderr
+    assert usage.stdout.splitlines()[-1] == "imported torch: False False"
+    cases = {  # mistakes found after parsing: one line, status 1, still no torch
+        ("--model", "tyni"): "model 'tyni' is neither a preset (tiny, llama-100m, llama-1b, llama-8b) nor a local folder",
+        ("--model", folder): "is a folder but has no config.json",
+        ("--model", "tiny", "--lora-r", "4", "--parallel", "fsdp"): "--lora-r is not supported with --parallel fsdp",
+        ("--model", "tiny", "--stop-at", "5", "--max-steps", "2"): "--stop-at 5 is past --max-steps 2",
+    }
+    for args, message in cases.items():
+        proc = _pack_train("--data", folder, "--out", str(tmp_path / "r"), *args)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and message in proc.stderr, (args, proc.stderr)
+        assert proc.stdout.splitlines()[-1] == "imported torch: False False", args
+    assert not (tmp_path / "r").exists()
