@@ -1,5 +1,5 @@
 """Loading a Hugging Face tokenizer (in this process, never touching the network for a local
-folder), and what the manifest records of it: its facts and a fingerprint of its files.
+folder), and what the manifest records of it: its facts and a fingerprint of what it does.
 
 Which class loads a folder is transformers' decision, made by `AutoTokenizer`. Importing
 `AutoTokenizer` imports torch (through transformers' model configs), which takes seconds and which a
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -119,22 +118,48 @@ def _hub_like(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
+SPECIAL_TOKENS = ("bos", "eos", "unk", "pad", "sep", "cls", "mask")
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 over the tokenizer's files (the source folder's tokenizer files, else save_pretrained)."""
-    digest = hashlib.sha256()
-    source = Path(str(getattr(tokenizer, "name_or_path", "")))
+    """sha256 of what the tokenizer does, not of how its files are written: its Rust backend as
+    the tokenizers library serialises it once loaded (normaliser, pre-tokenizer, vocabulary and
+    merges, post-processor with any BOS/EOS it adds, decoder, added tokens; truncation and padding
+    left out, as `load_tokenizer` turns them off), its named special tokens with their ids, and its
+    chat template. A folder re-saved by `save_pretrained` (a checkpoint's `model/`) keeps the
+    fingerprint of the folder it was saved from; a changed merge, vocabulary entry, special token or
+    template changes it."""
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    backend["truncation"] = backend["padding"] = None
+    specials = {name: [_token_text(getattr(tokenizer, f"{name}_token", None)),
+                       getattr(tokenizer, f"{name}_token_id", None)] for name in SPECIAL_TOKENS}
+    facts = {"backend": backend, "special_tokens": specials,
+             "chat_template": getattr(tokenizer, "chat_template", None)}
+    text = json.dumps(facts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _token_text(token: Any) -> str | None:
+    return None if token is None else str(token)
+
+
+def file_fingerprint(tokenizer: Any) -> str | None:
+    """The fingerprint manifests recorded before `tokenizer_fingerprint` described behaviour: sha256
+    over the tokenizer files of the folder it was loaded from (None when it was not loaded from a
+    folder). Trainers accept it too, so data packed then still trains with the same tokenizer folder."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    source = Path(name)
+    if not name or not source.is_dir():
+        return None
     files = sorted(
         p for p in source.iterdir()
         if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
-    ) if source.is_dir() else []
-    if files:
-        for p in files:
-            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-        return digest.hexdigest()
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        for p in sorted(Path(tmp).iterdir()):
-            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    )
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

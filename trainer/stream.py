@@ -56,7 +56,7 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
     tokenizer = hf_tokenizer.load_tokenizer(source)
     have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
     want = manifest.tokenizer.get("fingerprint")
-    if have != want:
+    if want != have and want != hf_tokenizer.file_fingerprint(tokenizer):  # the latter: older manifests
         raise UserError(
             f"{config.data} was packed with tokenizer {manifest.tokenizer.get('name', '?')!r} "
             f"(fingerprint {str(want)[:12]}) but the model's tokenizer {source} has fingerprint "
