@@ -69,7 +69,9 @@ Examples:
 @click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
 @config_option
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
+@click.option("--tokenizer", required=True,
+              help="Tokenizer folder (tokenizer.json), or the name of a Hub tokenizer already in the local "
+                   "Hugging Face cache (nothing is downloaded).")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")

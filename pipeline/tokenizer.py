@@ -28,14 +28,12 @@ RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for i
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """Load a fast Hugging Face tokenizer from a local folder (never touching the network) or a Hub name."""
-    folder = tokenizer_folder(name_or_path)
+    """Load a fast Hugging Face tokenizer from a local folder, or a Hub name's folder in the local
+    Hugging Face cache; never touching the network (a name that is neither fails at once)."""
+    folder = tokenizer_folder(name_or_path) or cached_hub_folder(str(name_or_path))
     try:
-        if folder is not None:
-            loader = declared_class(folder) or _auto_tokenizer()
-            tok = loader.from_pretrained(str(folder), local_files_only=True)
-        else:
-            tok = _auto_tokenizer().from_pretrained(str(name_or_path))
+        loader = declared_class(folder) or _auto_tokenizer()
+        tok = loader.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
@@ -98,8 +96,9 @@ def _byte_level(tokenizer_json: Path) -> bool:
 
 
 def tokenizer_folder(name_or_path: str) -> Path | None:
-    """The local folder `name_or_path` names, or None for a Hub name; a path that names no folder is
-    a UserError. Cheap (no imports), so a job can check it before starting any work."""
+    """The local folder `name_or_path` names, or None for a Hub name (see `cached_hub_folder`); a
+    path that names no folder is a UserError. Cheap (no imports), so a job can check it before
+    starting any work."""
     path = Path(os.path.expanduser(str(name_or_path)))
     if path.is_dir():
         return path
@@ -110,6 +109,25 @@ def tokenizer_folder(name_or_path: str) -> Path | None:
             "(e.g. data/tokenizer) or a Hub name"
         )
     return None
+
+
+def cached_hub_folder(name: str) -> Path:
+    """The folder of Hub tokenizer `name` (its main revision) in the local Hugging Face cache. A name
+    not cached there is a UserError at once: nothing is downloaded (asking the Hub would also retry
+    for most of a minute where there is no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("tokenizer.json", "tokenizer_config.json"):
+        try:
+            found = try_to_load_from_cache(name, filename)
+        except Exception:  # noqa: BLE001 - not a valid Hub id (HFValidationError and the like)
+            found = None
+        if isinstance(found, str):
+            return Path(found).parent
+    raise UserError(
+        f"tokenizer {name!r} is neither a folder nor a Hub tokenizer in the local Hugging Face cache "
+        "(nothing is downloaded): pass a folder with tokenizer.json (e.g. data/tokenizer)"
+    )
 
 
 def _hub_like(name: str) -> bool:

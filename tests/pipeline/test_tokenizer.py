@@ -178,6 +178,51 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(str(bad))
 
 
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
+    """An empty Hugging Face cache, and every socket connection recorded and refused."""
+    import socket
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    attempts: list = []
+
+    def refuse(sock: Any, address: Any) -> None:
+        attempts.append(address)
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return attempts
+
+
+@pytest.mark.parametrize("name", ["data/tokenizr", "gpt2", "someone/missing-tokenizer"])
+def test_a_name_that_is_no_folder_and_not_cached_fails_at_once(no_network: list, name: str):
+    """A mistyped folder such as data/tokenizr looks like a Hub id: it fails at once, in one line,
+    without asking the Hub (which retried for 54 s where there is no network)."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(UserError, match="neither a folder nor a Hub tokenizer in the local Hugging Face cache"):
+        load_tokenizer(name)
+    assert time.monotonic() - start < 5
+    assert no_network == []
+
+
+def test_a_hub_tokenizer_in_the_local_cache_loads_without_the_network(no_network: list, tmp_path: Path):
+    """The cache's layout: models--OWNER--NAME/refs/main names the snapshot folder holding the files."""
+    import huggingface_hub.constants
+
+    repo = Path(huggingface_hub.constants.HF_HUB_CACHE) / "models--someone--tok"
+    shutil.copytree(TOKENIZER, repo / "snapshots" / ("a" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    tok = load_tokenizer("someone/tok")
+    assert _facts(tok) == _facts(load_tokenizer(str(TOKENIZER)))
+    assert no_network == []
+
+
 def test_fingerprint_is_stable_and_tracks_content(tmp_path):
     tok = load_tokenizer(str(TOKENIZER))
     copy = tmp_path / "tok"
