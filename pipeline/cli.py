@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from pipeline.binpack import STRATEGIES
+from pipeline.binpack import STRATEGIES, uncompiled
 from pipeline.config_file import config_option
 from pipeline.deep_check import deep_check
 from pipeline.durable import write_atomic
@@ -233,6 +233,10 @@ def pack_report(folder: Path | None, json_path: Path | None, html_path: Path | N
                 write_atomic(json_path, lambda p: p.write_text(to_json(report), encoding="utf-8"))
                 click.echo(f"wrote {json_path}")
             return
+        cold = uncompiled(strategies)
+        if cold:
+            click.echo(f"pack-report: compiling the planner's numba kernels for {', '.join(cold)} (their first "
+                       "use here; cached for later runs): up to half a minute", err=True)
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,
