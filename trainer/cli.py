@@ -9,6 +9,7 @@ import click
 from pipeline.config_file import config_option
 from pipeline.errors import UserError, cli_errors
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TrainConfig, validate
+from trainer.data_check import open_data
 from trainer.presets import model_folder
 
 
@@ -127,11 +128,13 @@ def pack_train(**options: object) -> None:
         config = TrainConfig(**options)  # type: ignore[arg-type]
         if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
             raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
-        validate(config)  # what needs no torch is checked before torch is imported (seconds)
+        # what needs no torch is checked before torch is imported (seconds): options, model name, data
+        validate(config)
         model_folder(config.model)
+        opened = open_data(config)
         from trainer.loop import train
 
-        summary = train(config)
+        summary = train(config, opened)
         if summary["stopped_by_sigterm"]:
             if summary["rank"] == 0:
                 click.echo(f"terminated (SIGTERM): stopped after step {summary['steps']} and saved "

@@ -64,9 +64,10 @@ from trainer.stream import (
 )
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
-    """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary."""
-    run = start(config)
+def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:
+    """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
+    `opened`: what `open_data(config)` returned, where the caller has checked the data already."""
+    run = start(config, opened)
     config = run.config  # with the device's defaults filled in
     info, device, optimizer = run.info, run.device, run.optimizer
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
@@ -221,7 +222,7 @@ class Run:
     n_params: int
 
 
-def start(config: TrainConfig) -> Run:
+def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
     """Everything before the first step: device and ranks, the checkpoint to resume, the data, the
     model (proven to train on packed rows), its wrapper, optimizer and data loader. Rank 0 writes
     the run folder only once all of it has been checked."""
@@ -240,7 +241,7 @@ def start(config: TrainConfig) -> Run:
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
 
-    manifest, tokenizer = open_data(config)
+    manifest, tokenizer = opened if opened is not None else open_data(config)
     planner = Planner(row_lengths(config.data, manifest), config.tokens_per_step, seed=config.seed,
                       world_size=info.world_size, grad_accum=config.grad_accum)
     total_steps = _total_steps(config, planner)

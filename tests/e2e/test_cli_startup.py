@@ -48,3 +48,23 @@ def test_pack_train_argument_errors_come_before_torch(tmp_path: Path):
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, (args, proc.stderr)
         assert proc.stdout.splitlines()[-1] == "imported torch: False False", args
     assert not (tmp_path / "r").exists()
+
+
+def test_pack_train_data_errors_come_before_torch(tmp_path: Path):
+    """The packed folder's checks and the tokenizer's fingerprint need no torch either."""
+    from packed_factory import make_packed_folder, pack_lengths
+
+    packed = tmp_path / "packed"
+    make_packed_folder(packed, pack_lengths([5, 7, 9], 32, vocab=300), 32,
+                       tokenizer={"name": "another", "fingerprint": "0" * 64})
+    cases = {
+        (str(tmp_path / "empty"), "--tokenizer", str(ROOT / "data" / "tokenizer")): "manifest.json",
+        (str(packed), "--tokenizer", str(ROOT / "data" / "tokenizer")): "was packed with tokenizer 'another'",
+    }
+    (tmp_path / "empty").mkdir()
+    for (data, *args), message in cases.items():
+        proc = _pack_train("--data", data, "--model", "tiny", "--out", str(tmp_path / "r"), *args)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+        assert proc.stdout.splitlines()[-1].startswith("imported torch: False")  # transformers loads the tokenizer
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,40 @@
+"""Before training: the packed folder's fast checks and its tokenizer's fingerprint. No torch, so
+that pack-train makes these checks (and reports what is wrong in one line) before importing it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline import tokenizer as hf_tokenizer
+from pipeline.errors import UserError
+from pipeline.shards import Manifest, verify_folder
+from trainer.config import TrainConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
+    """Verify the packed folder (fast checks; the sha256 of its shards is checked beside training,
+    `trainer.integrity`) and its tokenizer fingerprint; returns (manifest, tokenizer or None). The
+    tokenizer is `--tokenizer`, else the one inside a local model folder."""
+    manifest = verify_folder(config.data, check_hashes=False)
+    if manifest.loss_tokens == 0:
+        raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
+                        "nothing; re-pack data with responses (assistant turns) to train on")
+    source = config.tokenizer
+    model_dir = Path(config.model)
+    if source is None and model_dir.is_dir() and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        source = str(model_dir)
+    if source is None:
+        return manifest, None
+    tokenizer = hf_tokenizer.load_tokenizer(source)
+    have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
+    want = manifest.tokenizer.get("fingerprint")
+    if want != have and want != hf_tokenizer.file_fingerprint(tokenizer):  # the latter: older manifests
+        raise UserError(
+            f"{config.data} was packed with tokenizer {manifest.tokenizer.get('name', '?')!r} "
+            f"(fingerprint {str(want)[:12]}) but the model's tokenizer {source} has fingerprint "
+            f"{have[:12]}: re-run pack-data with this tokenizer, or pass the right --tokenizer"
+        )
+    return manifest, tokenizer
