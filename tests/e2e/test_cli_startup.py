@@ -68,3 +68,30 @@ def test_pack_train_data_errors_come_before_torch(tmp_path: Path):
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
         assert proc.stdout.splitlines()[-1].startswith("imported torch: False")  # transformers loads the tokenizer
     assert not (tmp_path / "r").exists()
+
+
+def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, monkeypatch):
+    """OMP_WAIT_POLICY=PASSIVE unless the user chose a policy: spinning OpenMP threads took the
+    shared 2-core machine's cores (the README's CPU run: 17-52 s spinning, 17-25 s passive)."""
+    import os
+
+    from click.testing import CliRunner
+    from packed_factory import make_packed_folder, pack_lengths
+
+    import trainer.loop
+    from trainer.cli import pack_train
+
+    packed = tmp_path / "packed"
+    make_packed_folder(packed, pack_lengths([5, 7, 9], 32, vocab=300), 32)
+    seen = []
+    summary = dict(steps=1, total_steps=1, tokens=21, tokens_this_run=21, tokens_per_s=1.0, final_loss=1.0,
+                   attention="sdpa", checkpoint="c", stopped_by_sigterm=False, rank=0)
+    monkeypatch.setattr(trainer.loop, "train", lambda config, opened: seen.append(os.environ.get("OMP_WAIT_POLICY"))
+                        or summary)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "restored after the test")
+    args = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r")]
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert CliRunner().invoke(pack_train, args).exit_code == 0
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert CliRunner().invoke(pack_train, args).exit_code == 0
+    assert seen == ["PASSIVE", "ACTIVE"]
