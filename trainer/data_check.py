@@ -31,10 +31,27 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
     tokenizer = hf_tokenizer.load_tokenizer(source)
     have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
     want = manifest.tokenizer.get("fingerprint")
-    if want != have and want != hf_tokenizer.file_fingerprint(tokenizer):  # the latter: older manifests
+    if want != have and not _recorded_by_files(manifest, tokenizer, want, have):
         raise UserError(
             f"{config.data} was packed with tokenizer {manifest.tokenizer.get('name', '?')!r} "
             f"(fingerprint {str(want)[:12]}) but the model's tokenizer {source} has fingerprint "
             f"{have[:12]}: re-run pack-data with this tokenizer, or pass the right --tokenizer"
         )
     return manifest, tokenizer
+
+
+def _recorded_by_files(manifest: Manifest, tokenizer: Any, want: str, have: str) -> bool:
+    """Manifests written before fingerprints described what a tokenizer does hold the sha256 of its
+    folder's files (`file_fingerprint`). The same folder matches them; so does a tokenizer that does
+    what the folder the manifest names does, while that folder still holds those very files (data
+    packed then, and a checkpoint's re-saved copy of its tokenizer)."""
+    if want == hf_tokenizer.file_fingerprint(tokenizer):
+        return True
+    name = manifest.tokenizer.get("name")
+    if not isinstance(name, str) or not Path(name).expanduser().is_dir():
+        return False
+    try:
+        recorded = hf_tokenizer.load_tokenizer(name)
+    except UserError:
+        return False
+    return hf_tokenizer.file_fingerprint(recorded) == want and hf_tokenizer.tokenizer_fingerprint(recorded) == have

@@ -242,7 +242,7 @@ def _sdpa(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
     `F.scaled_dot_product_attention` call (causal, or with the window/chunk mask; 4-D, so that
     PyTorch's fused CPU kernel takes it instead of materialising the scores); with them, the scores,
     mask and softmax are spelled out as transformers' eager attention does."""
-    n_tokens, hq = q.shape[:2]
+    hq = q.shape[1]
     groups = hq // k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     bounds = cu_seqlens.tolist()

@@ -72,7 +72,7 @@ def test_pack_train_data_errors_come_before_torch(tmp_path: Path):
 
 def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, monkeypatch):
     """OMP_WAIT_POLICY=PASSIVE unless the user chose a policy: spinning OpenMP threads took the
-    shared 2-core machine's cores (the README's CPU run: 17-52 s spinning, 17-25 s passive)."""
+    shared 2-core machine's cores (the README's CPU run: 17-52 s spinning, 17-26 s passive)."""
     import os
 
     from click.testing import CliRunner
