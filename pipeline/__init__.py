@@ -12,8 +12,18 @@ encode_pool) -> spill -> plan (binpack) -> write -> shards (format, manifest, ch
 job (the whole run) -> cli (pack-data, pack-verify, pack-report). docs/DESIGN.md draws the map.
 """
 
-from pipeline.binpack import assign_bins
-from pipeline.job import PackConfig, run_pack_data
-from pipeline.shards import read_manifest, verify_folder
+from importlib import import_module
+from typing import Any
+
+# Imported on first use, so that importing one module of the package (pipeline.errors, say, from
+# pack-train's command line) does not import numba, pyarrow and the rest.
+_EXPORTS = {"assign_bins": "pipeline.binpack", "PackConfig": "pipeline.job", "run_pack_data": "pipeline.job",
+            "read_manifest": "pipeline.shards", "verify_folder": "pipeline.shards"}
 
 __all__ = ["PackConfig", "assign_bins", "read_manifest", "run_pack_data", "verify_folder"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -19,6 +19,8 @@ written sorted by length; `sequential` and `minibatch` keep input/group order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
@@ -435,6 +437,33 @@ def assign_bins(
     else:  # pad
         out = rng.permutation(n).astype(np.int64, copy=False)
     return out
+
+
+# The numba kernels each strategy calls itself (kernels they call are compiled into them).
+_STRATEGY_KERNELS = {
+    "ffd": (_scan, _counts, _ffd_runs, _assign_from_runs),
+    "bfd": (_scan, _counts, _bfd_runs, _assign_from_runs),
+    "shuffle": (_scan, _first_fit_order, _relabel),
+    "sequential": (_scan, _next_fit),
+    "minibatch": (_scan, _minibatch),
+    "pad": (_scan,),
+}
+
+
+def uncompiled(strategies: tuple[str, ...] | list[str]) -> list[str]:
+    """Those of `strategies` whose numba kernels are neither compiled in this process nor in numba's
+    on-disk cache (for this source): their first plan compiles them, seconds each (tens on a busy
+    machine), which a command should announce rather than sit silent through."""
+
+    def ready(kernel: Any) -> bool:
+        if kernel.signatures:
+            return True
+        try:  # numba's cache index, empty when missing or stale
+            return bool(kernel._cache._cache_file._load_index())
+        except Exception:  # noqa: BLE001 - another numba version's internals: say it may compile
+            return False
+
+    return [s for s in strategies if not all(ready(k) for k in _STRATEGY_KERNELS.get(s, ()))]
 
 
 def minibatch_groups(n: int, seed: int = 0, group_size: int = 32) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from pipeline.binpack import STRATEGIES
+from pipeline.binpack import STRATEGIES, uncompiled
 from pipeline.config_file import config_option
 from pipeline.deep_check import deep_check
 from pipeline.durable import write_atomic
@@ -72,7 +72,9 @@ Examples:
 @click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
 @config_option(checks=PACK_CHECKS, fields={"fmt": "format"})
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--tokenizer", required=True, help="Tokenizer folder (tokenizer.json) or Hub name.")
+@click.option("--tokenizer", required=True,
+              help="Tokenizer folder (tokenizer.json), or the name of a Hub tokenizer already in the local "
+                   "Hugging Face cache (nothing is downloaded).")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")
@@ -243,6 +245,10 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                 write_atomic(json_path, lambda p: p.write_text(to_json(report), encoding="utf-8"))
                 click.echo(f"wrote {json_path}")
             return
+        cold = uncompiled(strategies)
+        if cold:
+            click.echo(f"pack-report: compiling the planner's numba kernels for {', '.join(cold)} (their first "
+                       "use here; cached for later runs): up to half a minute", err=True)
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,

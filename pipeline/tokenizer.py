@@ -1,5 +1,5 @@
 """Loading a Hugging Face tokenizer (in this process, never touching the network for a local
-folder), and what the manifest records of it: its facts and a fingerprint of its files.
+folder), and what the manifest records of it: its facts and a fingerprint of what it does.
 
 Which class loads a folder is transformers' decision, made by `AutoTokenizer`. Importing
 `AutoTokenizer` imports torch (through transformers' model configs), which takes seconds and which a
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,14 +28,12 @@ RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for i
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """Load a fast Hugging Face tokenizer from a local folder (never touching the network) or a Hub name."""
-    folder = tokenizer_folder(name_or_path)
+    """Load a fast Hugging Face tokenizer from a local folder, or a Hub name's folder in the local
+    Hugging Face cache; never touching the network (a name that is neither fails at once)."""
+    folder = tokenizer_folder(name_or_path) or cached_hub_folder(str(name_or_path))
     try:
-        if folder is not None:
-            loader = declared_class(folder) or _auto_tokenizer()
-            tok = loader.from_pretrained(str(folder), local_files_only=True)
-        else:
-            tok = _auto_tokenizer().from_pretrained(str(name_or_path))
+        loader = declared_class(folder) or _auto_tokenizer()
+        tok = loader.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
@@ -99,8 +96,9 @@ def _byte_level(tokenizer_json: Path) -> bool:
 
 
 def tokenizer_folder(name_or_path: str) -> Path | None:
-    """The local folder `name_or_path` names, or None for a Hub name; a path that names no folder is
-    a UserError. Cheap (no imports), so a job can check it before starting any work."""
+    """The local folder `name_or_path` names, or None for a Hub name (see `cached_hub_folder`); a
+    path that names no folder is a UserError. Cheap (no imports), so a job can check it before
+    starting any work."""
     path = Path(os.path.expanduser(str(name_or_path)))
     if path.is_dir():
         return path
@@ -113,28 +111,73 @@ def tokenizer_folder(name_or_path: str) -> Path | None:
     return None
 
 
+def cached_hub_folder(name: str) -> Path:
+    """The folder of Hub tokenizer `name` (its main revision) in the local Hugging Face cache. A name
+    not cached there is a UserError at once: nothing is downloaded (asking the Hub would also retry
+    for most of a minute where there is no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("tokenizer.json", "tokenizer_config.json"):
+        try:
+            found = try_to_load_from_cache(name, filename)
+        except Exception:  # noqa: BLE001 - not a valid Hub id (HFValidationError and the like)
+            found = None
+        if isinstance(found, str):
+            return Path(found).parent
+    raise UserError(
+        f"tokenizer {name!r} is neither a folder nor a Hub tokenizer in the local Hugging Face cache "
+        "(nothing is downloaded): pass a folder with tokenizer.json (e.g. data/tokenizer)"
+    )
+
+
 def _hub_like(name: str) -> bool:
     """`owner/name` with no other path syntax looks like a Hub id rather than a path."""
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
+SPECIAL_TOKENS = ("bos", "eos", "unk", "pad", "sep", "cls", "mask")
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 over the tokenizer's files (the source folder's tokenizer files, else save_pretrained)."""
-    digest = hashlib.sha256()
-    source = Path(str(getattr(tokenizer, "name_or_path", "")))
+    """sha256 of what the tokenizer does, not of how its files are written: its Rust backend as
+    the tokenizers library serialises it once loaded (normaliser, pre-tokenizer, vocabulary and
+    merges, post-processor with any BOS/EOS it adds, decoder, added tokens; truncation and padding
+    left out, as `load_tokenizer` turns them off), its named special tokens with their ids, and its
+    chat template. A folder re-saved by `save_pretrained` (a checkpoint's `model/`) keeps the
+    fingerprint of the folder it was saved from; a changed merge, vocabulary entry, special token or
+    template changes it."""
+    backend = json.loads(tokenizer.backend_tokenizer.to_str())
+    backend["truncation"] = backend["padding"] = None
+    specials = {name: [_token_text(getattr(tokenizer, f"{name}_token", None)),
+                       getattr(tokenizer, f"{name}_token_id", None)] for name in SPECIAL_TOKENS}
+    facts = {"backend": backend, "special_tokens": specials,
+             "chat_template": getattr(tokenizer, "chat_template", None)}
+    text = json.dumps(facts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _token_text(token: Any) -> str | None:
+    return None if token is None else str(token)
+
+
+def file_fingerprint(tokenizer: Any) -> str | None:
+    """The fingerprint manifests recorded before `tokenizer_fingerprint` described behaviour: sha256
+    over the tokenizer files of the folder it was loaded from (None when it was not loaded from a
+    folder). Trainers accept it too, so data packed then still trains with the same tokenizer folder."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    source = Path(name)
+    if not name or not source.is_dir():
+        return None
     files = sorted(
         p for p in source.iterdir()
         if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
-    ) if source.is_dir() else []
-    if files:
-        for p in files:
-            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-        return digest.hexdigest()
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        for p in sorted(Path(tmp).iterdir()):
-            digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    )
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

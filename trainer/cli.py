@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from pipeline.config_file import config_option
 from pipeline.errors import cli_errors
-from trainer import TrainConfig, train
-from trainer.config import OPTIMIZERS, REPORT_TO, TRAIN_CHECKS, uri_problem
+from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
+from trainer.data_check import open_data
+from trainer.presets import model_folder
 
 
 class LocalFolder(click.Path):
@@ -34,9 +36,10 @@ class LocalFolder(click.Path):
 @click.option("--tokenizer", default=None, type=click.Path(exists=True),
               help="Tokenizer the model expects; the data's tokenizer fingerprint must match it. "
                    "Default: the tokenizer files inside a local --model folder, if any.")
-@click.option("--tokens-per-step", default=16384, type=click.IntRange(min=1),
+@click.option("--tokens-per-step", default=None, type=click.IntRange(min=1),
               help="Micro-batch token budget: rows are concatenated into one flat [1, T] batch up "
-                   "to it (a longer row is a micro-batch of its own).")
+                   f"to it (a longer row is a micro-batch of its own). Default: {TOKENS_PER_STEP['cuda']} "
+                   f"on a GPU, {TOKENS_PER_STEP['cpu']} on the CPU.")
 @click.option("--grad-accum", default=1, type=click.IntRange(min=1),
               help="Micro-batches per optimizer step on each rank.")
 @click.option("--lr", default=3e-4, type=click.FloatRange(min=0, min_open=True), help="Peak learning rate (AdamW).")
@@ -145,7 +148,17 @@ def pack_train(**options: object) -> None:
         options["compile"] = options.pop("compile_")
         options["progress"] = not options.pop("no_progress")
         config = TrainConfig(**options)  # type: ignore[arg-type]
-        summary = train(config)
+        # what needs no torch is checked before torch is imported (seconds): options, model name, data
+        validate(config)
+        model_folder(config.model)
+        opened = open_data(config)
+        # PyTorch's OpenMP threads wait passively (read when torch is imported, just below): spinning
+        # idle threads take the cores that the other threads, and other jobs of a shared machine,
+        # need; on a busy 2-core machine the README's CPU run took 17-26 s this way, 17-52 s spinning.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        from trainer.loop import train
+
+        summary = train(config, opened)
         if summary["stopped_by_sigterm"]:
             if summary["rank"] == 0:
                 click.echo(f"terminated (SIGTERM): stopped after step {summary['steps']} and saved "

@@ -6,7 +6,7 @@ it; `pack-train --config FILE` checks each value of the file with `TRAIN_CHECKS`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import UserError
 from pipeline.option_checks import PATH, Check, check_options
@@ -19,6 +19,9 @@ GRAD_REDUCE = ("fp32", "bf16")
 DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
 FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.fp8.RECIPES
 OPTIMIZERS = ("adamw", "adafactor")
+# Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
+# README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
+TOKENS_PER_STEP = {"cuda": 16384, "cpu": 8192}
 
 
 @dataclass
@@ -29,7 +32,7 @@ class TrainConfig:
     model: str
     out: str
     tokenizer: str | None = None
-    tokens_per_step: int = 16384
+    tokens_per_step: int | None = None  # None: TOKENS_PER_STEP of the device (resolved by `resolved`)
     grad_accum: int = 1
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
@@ -79,7 +82,7 @@ _FRACTION = Check(float, low=0, high=1, high_open=True)
 # the type and range of every TrainConfig field: `validate`, and the values of `pack-train --config FILE`
 TRAIN_CHECKS: dict[str, Check] = {
     "data": Check(PATH), "model": Check(PATH), "out": Check(PATH), "tokenizer": Check(PATH, none=True),
-    "tokens_per_step": _AT_LEAST_1, "grad_accum": _AT_LEAST_1, "lr": Check(float, low=0, low_open=True),
+    "tokens_per_step": _OPTIONAL_1, "grad_accum": _AT_LEAST_1, "lr": Check(float, low=0, low_open=True),
     "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0, "schedule": Check(str, choices=SCHEDULES),
     "epochs": _OPTIONAL_1, "max_steps": _OPTIONAL_1, "stop_at": _OPTIONAL_1, "attn": Check(str),
     "dtype": Check(str, choices=DTYPES), "fp8_recipe": Check(str, choices=FP8_RECIPES), "compile": Check(bool, none=True), "grad_checkpointing": _AT_LEAST_0,
@@ -94,6 +97,13 @@ TRAIN_CHECKS: dict[str, Check] = {
     "peak_flops": Check(float, low=0, low_open=True), "device": Check(str), "verify_hashes": Check(bool),
     "progress": Check(bool),
 }
+
+
+def resolved(config: TrainConfig, device_type: str) -> TrainConfig:
+    """`config` with the defaults that depend on the device filled in (tokens_per_step)."""
+    if config.tokens_per_step is not None:
+        return config
+    return replace(config, tokens_per_step=TOKENS_PER_STEP.get(device_type, TOKENS_PER_STEP["cpu"]))
 
 
 def validate(config: TrainConfig) -> None:

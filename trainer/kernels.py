@@ -14,8 +14,10 @@ layer exactly as transformers' eager attention computes them (see `Features`):
 | value_dim | native           | native            | v zero-padded     | v zero-padded              |
 | wide_head | native           | native            | -                 | -                          |
 
-- "sdpa":       the reference, written the obvious way on each example alone (scores, mask,
-                softmax); runs anywhere and is the oracle for the others. Bounds are read on the host.
+- "sdpa":       the reference: each example attended alone (examples of similar length batched,
+                padded after their last token), through `F.scaled_dot_product_attention` (PyTorch's
+                fused kernel on the CPU) or, with soft-capping or sinks, scores, mask and softmax
+                written out; runs anywhere and is the oracle for the others. Bounds are read on the host.
 - "flex":       `torch.nn.attention.flex_attention` with a document-causal block mask, built once
                 per batch outside any compiled graph. Fused only where it is compiled: pack-train
                 compiles the decoder layers on CUDA, and flex with them; uncompiled it materialises
@@ -207,19 +209,53 @@ def _same_head_dims(q, k, v, scale):
 # --------------------------------------------------------------------------- kernels
 
 
+# Examples whose attention runs as one batched call: a bucket takes every example at least this
+# fraction of its longest as long (right-padded to it), so padding adds at most ~1/0.8^2 = 1.56x
+# to an example's attention work; examples of at most SMALL_EXAMPLE tokens share one bucket, where
+# a call costs more than the padding.
+BUCKET_FILL = 0.8
+SMALL_EXAMPLE = 64
+
+
+def length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Indices of the non-empty examples, grouped into buckets of similar length (longest first):
+    each bucket's examples are padded to its longest and attended in one batched call."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets:
+            longest = lengths[buckets[-1][0]]
+            if lengths[i] >= BUCKET_FILL * longest or longest <= SMALL_EXAMPLE:
+                buckets[-1].append(i)
+                continue
+        buckets.append([i])
+    return buckets
+
+
 def _sdpa(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
-    """Reference: each example alone, written the obvious way. Without soft-capping or sinks it is
-    `F.scaled_dot_product_attention` (causal, or with the window/chunk mask); with them, the
-    scores, mask and softmax are spelled out as transformers' eager attention does."""
+    """Reference: causal attention on each example alone, written the obvious way.
+
+    Examples of similar length (`length_buckets`) are right-padded to the longest of their bucket
+    and attended as one [B, H, L, D] batch: padding sits after every real token, so causality keeps
+    it out of every real query's attention, and the padded queries' outputs are dropped (their
+    gradients are exactly zero). Without soft-capping or sinks each bucket is one
+    `F.scaled_dot_product_attention` call (causal, or with the window/chunk mask; 4-D, so that
+    PyTorch's fused CPU kernel takes it instead of materialising the scores); with them, the scores,
+    mask and softmax are spelled out as transformers' eager attention does."""
     hq = q.shape[1]
-    k = _repeat_kv(k, hq // k.shape[1])
-    v = _repeat_kv(v, hq // v.shape[1])
+    groups = hq // k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    outs = []
     bounds = cu_seqlens.tolist()
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        qe, ke, ve = (x[s:e].transpose(0, 1) for x in (q, k, v))  # [H, L, D]
-        i = torch.arange(e - s, device=q.device)
+    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    pieces, positions = [], []
+    for bucket in length_buckets(lengths):
+        longest = lengths[bucket[0]]
+        i = torch.arange(longest, device=q.device)
+        starts = torch.tensor([bounds[b] for b in bucket], device=q.device)
+        sizes = torch.tensor([lengths[b] for b in bucket], device=q.device)
+        real = i[None, :] < sizes[:, None]  # [B, L]
+        index = starts[:, None] + torch.minimum(i[None, :], sizes[:, None] - 1)  # padding repeats a real token
+        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [B, H, L, D]
         mask = i[None, :] <= i[:, None]
         if feats.window is not None:
             mask &= i[:, None] - i[None, :] < feats.window
@@ -227,21 +263,28 @@ def _sdpa(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
             mask &= i[:, None] // feats.chunk == i[None, :] // feats.chunk
         if feats.softcap is None and sinks is None:
             plain = feats.window is None and feats.chunk is None
-            outs.append(F.scaled_dot_product_attention(
-                qe, ke, ve, attn_mask=None if plain else mask, is_causal=plain, scale=scale))
-            continue
-        scores = (qe @ ke.transpose(-1, -2)) * scale
-        if feats.softcap is not None:
-            scores = feats.softcap * torch.tanh(scores / feats.softcap)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        if sinks is not None:
-            sink = sinks.to(scores.dtype).reshape(-1, 1, 1).expand(-1, e - s, 1)
-            scores = torch.cat([scores, sink], dim=-1)
-        probs = torch.softmax(scores.float(), dim=-1)[..., : e - s].to(ve.dtype)
-        outs.append(probs @ ve)
-    if not outs:
+            out = F.scaled_dot_product_attention(
+                qb, kb, vb, attn_mask=None if plain else mask, is_causal=plain, scale=scale,
+                enable_gqa=groups > 1)
+        else:
+            kb, vb = _repeat_kv(kb, groups), _repeat_kv(vb, groups)  # [B, H, L, D]: heads on dim 1 too
+            scores = (qb @ kb.transpose(-1, -2)) * scale
+            if feats.softcap is not None:
+                scores = feats.softcap * torch.tanh(scores / feats.softcap)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            if sinks is not None:
+                sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+                scores = torch.cat([scores, sink], dim=-1)
+            probs = torch.softmax(scores.float(), dim=-1)[..., :longest].to(vb.dtype)
+            out = probs @ vb
+        pieces.append(out.transpose(1, 2)[real])  # [tokens of the bucket, H, Dv]
+        positions.append(index[real])
+    if not pieces:
         return q.new_zeros((*q.shape[:2], v.shape[-1]))
-    return torch.cat([o.transpose(0, 1) for o in outs])
+    placed = torch.cat(positions)
+    where = torch.empty_like(placed)
+    where[placed] = torch.arange(len(placed), device=placed.device)
+    return torch.cat(pieces)[where]
 
 
 _FLEX_MASKS: dict[tuple, tuple[torch.Tensor, Any]] = {}

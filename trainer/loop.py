@@ -30,7 +30,7 @@ from pipeline.shards import manifest_vocab
 from trainer import checkpoint as ckpt
 from trainer.attention import select_backend
 from trainer.batch import MicroBatch
-from trainer.config import TrainConfig, validate
+from trainer.config import TrainConfig, resolved, validate
 from trainer.evaluate import Evaluator, held_out_folder
 from trainer.lora import add_lora, freeze_in_bf16, merge_and_save
 from trainer.integrity import ShardHashCheck
@@ -67,15 +67,17 @@ from trainer.stream import (
 
 
 @python_spelling(TrainConfig)
-def train(config: TrainConfig) -> dict[str, Any]:
+def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:
     """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
-    The run folder is locked for the run's life: a second run on it stops in one line."""
+    The run folder is locked for the run's life: a second run on it stops in one line. `opened`:
+    what `open_data(config)` returned, where the caller has checked the data already."""
     with run_folder_lock(config.out):
-        return _train(config)
+        return _train(config, opened)
 
 
-def _train(config: TrainConfig) -> dict[str, Any]:
-    run = start(config)
+def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:
+    run = start(config, opened)
+    config = run.config  # with the device's defaults filled in
     info, device, optimizer = run.info, run.device, run.optimizer
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     step, position = run.start_step, run.cursor  # position: the data cursor after `step`
@@ -235,12 +237,13 @@ class Run:
     n_params: int
 
 
-def start(config: TrainConfig) -> Run:
+def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
     """Everything before the first step: device and ranks, the checkpoint to resume, the data, the
     model (proven to train on packed rows), its wrapper, optimizer and data loader. Rank 0 writes
     the run folder only once all of it has been checked."""
     validate(config)
     device = pick_device(config.device)
+    config = resolved(config, device.type)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     info = setup_distributed(device)
@@ -255,7 +258,7 @@ def start(config: TrainConfig) -> Run:
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
 
-    manifest, tokenizer = open_data(config)
+    manifest, tokenizer = opened if opened is not None else open_data(config)
     eval_folder = held_out_folder(config, manifest)
     reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
     planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,

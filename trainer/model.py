@@ -1,12 +1,11 @@
 """Causal LMs for the trainer: Llama presets with seeded random weights, or a local HF folder.
 
-Nothing is ever downloaded: a name is either a preset below or a folder on disk holding
+Nothing is ever downloaded: a name is either a preset (`trainer.presets`) or a folder on disk holding
 `config.json` and safetensors weights.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -16,30 +15,7 @@ from pipeline.errors import UserError
 from trainer import attention, positions
 from trainer.loss import find_decoder
 from trainer.model_check import check_model
-
-PRESETS: dict[str, dict] = {
-    # Test/CI size. GQA on purpose (4 query heads share 2 kv heads); vocab matches data/tokenizer.
-    "tiny": dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=4096, max_position_embeddings=8192,
-    ),
-    # ~100M parameters (100.5M with vocab 32000, untied embeddings); head_dim 64.
-    "llama-100m": dict(
-        hidden_size=640, num_hidden_layers=12, num_attention_heads=10, num_key_value_heads=10,
-        intermediate_size=1728, vocab_size=32000, max_position_embeddings=8192,
-    ),
-    # ~0.95B parameters (TinyLlama-like width, 16 layers, full multi-head attention); head_dim 128.
-    "llama-1b": dict(
-        hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
-        intermediate_size=5632, vocab_size=32000, max_position_embeddings=8192,
-    ),
-    # Llama-3-8B's shape: 8.03B parameters with its 128,256-token vocabulary (7.25B with a
-    # 32,000-token one); grouped-query attention (32 query heads, 8 kv heads), head_dim 128.
-    "llama-8b": dict(
-        hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-        intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-    ),
-}
+from trainer.presets import PRESETS, model_folder
 
 _COMMON = dict(
     rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attention_dropout=0.0,
@@ -67,8 +43,6 @@ def count_params(model: torch.nn.Module) -> int:
 
 
 def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype) -> PreTrainedModel:
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - config validation raises its own exception types
@@ -98,19 +72,14 @@ def load_model(
     with from_pretrained(local_files_only=True). `vocab_size` overrides a preset's vocabulary so
     the model matches any tokenizer.
     """
-    path = Path(os.path.expanduser(str(name_or_path)))
-    if name_or_path in PRESETS:
+    path = model_folder(name_or_path)
+    if path is None:
         config = preset_config(name_or_path, vocab_size)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)
-    elif path.is_dir():
-        model = _load_local(path, vocab_size, dtype)
     else:
-        raise UserError(
-            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a local folder "
-            "with config.json; nothing is downloaded"
-        )
+        model = _load_local(path, vocab_size, dtype)
     return model.to(device=device, dtype=dtype)
 
 

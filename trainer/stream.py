@@ -1,7 +1,7 @@
 """Stream packed shards as seeded, rank-split micro-batches.
 
-`open_data` checks the packed folder before training (its structure, that some token carries a
-loss, the tokenizer's fingerprint). Every epoch the planner takes a seeded permutation of all rows
+`open_data` (`trainer.data_check`) checks the packed folder before training (its structure, that
+some token carries a loss, the tokenizer's fingerprint). Every epoch the planner takes a seeded permutation of all rows
 (of all shards), cuts it greedily into micro-batches of at most `tokens_per_step` tokens (a row
 longer than the budget becomes a micro-batch of its own), drops the tail so the count is a multiple
 of `world_size * grad_accum`, and gives micro-batch i to rank i % world_size. Every rank therefore
@@ -23,47 +23,16 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from numba import njit
 
-from pipeline import tokenizer as hf_tokenizer
 from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, ShardColumns, load_shard, shard_paths
-from pipeline.shards import verify_folder
 from trainer.batch import MicroBatch, collate_flat
 from trainer.config import TrainConfig
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-
-
-def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
-    """Verify the packed folder (fast checks; the sha256 of its shards is checked beside training,
-    `trainer.integrity`) and its tokenizer fingerprint; returns (manifest, tokenizer or None). The
-    tokenizer is `--tokenizer`, else the one inside a local model folder."""
-    manifest = verify_folder(config.data, check_hashes=False)
-    if manifest.loss_tokens == 0:
-        raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
-                        "nothing; re-pack data with responses (assistant turns) to train on")
-    source = config.tokenizer
-    model_dir = Path(config.model)
-    if source is None and model_dir.is_dir() and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
-        source = str(model_dir)
-    if source is None:
-        return manifest, None
-    tokenizer = hf_tokenizer.load_tokenizer(source)
-    have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
-    want = manifest.tokenizer.get("fingerprint")
-    if have != want:
-        raise UserError(
-            f"{config.data} was packed with tokenizer {manifest.tokenizer.get('name', '?')!r} "
-            f"(fingerprint {str(want)[:12]}) but the model's tokenizer {source} has fingerprint "
-            f"{have[:12]}: re-run pack-data with this tokenizer, or pass the right --tokenizer"
-        )
-    return manifest, tokenizer
+from trainer.data_check import open_data  # noqa: F401 - where the trainer's callers have found it
 
 
 @njit(cache=True)

@@ -116,3 +116,25 @@ def test_uris_for_the_data_or_the_run_folder_are_refused_in_one_line(packed: Pat
     with pytest.raises(UserError, match="s3://bucket/packed: pack-train reads and writes local folders only"):
         train(TrainConfig(data="s3://bucket/packed", model="tiny", out=str(tmp_path / "r")))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_checkpoints_model_folder_continues_training_without_tokenizer(packed: Path, tmp_path: Path) -> None:
+    """The checkpoint's model/ holds the tokenizer re-saved by save_pretrained (other files than
+    data/tokenizer's): it is the tokenizer the data was packed with, so training continues from
+    that folder alone. Negative control: the same folder with another EOS token is refused."""
+    common = ["--data", str(packed), "--max-steps", "1", "--tokens-per-step", "1024", "--num-workers", "0",
+              "--no-progress", "--no-verify-hashes"]
+    first = CliRunner().invoke(pack_train, [*common, "--model", "tiny", "--tokenizer", str(TOKENIZER),
+                                            "--out", str(tmp_path / "first")])
+    assert first.exit_code == 0, first.output
+    model_dir = tmp_path / "first" / "checkpoints" / "step-00000001" / "model"
+    assert (model_dir / "tokenizer.json").read_bytes() != (TOKENIZER / "tokenizer.json").read_bytes()
+    again = CliRunner().invoke(pack_train, [*common, "--model", str(model_dir), "--out", str(tmp_path / "second")])
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "second" / "summary.json").read_text())["steps"] == 1
+
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "eos_token": "<pad>"}))
+    refused = CliRunner().invoke(pack_train, [*common, "--model", str(model_dir), "--out", str(tmp_path / "third")])
+    assert refused.exit_code == 1 and "fingerprint" in refused.output and "Traceback" not in refused.output

@@ -211,3 +211,34 @@ def test_the_length_histogram_spans_the_lengths_there_are(tmp_path: Path, monkey
     assert left == pytest.approx(92) and 512 < right < 600, (left, right)
     edges = report_render.length_bins(np.array([92, 150, 300]), 512)
     assert edges[0] == pytest.approx(92) and edges[-1] == pytest.approx(512 * 1.05)
+
+
+def test_the_planners_first_compile_is_announced(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where numba has not compiled a strategy's kernels yet, pack-report says so (on stderr) before
+    the silent seconds of compiling; where all are compiled, it says nothing."""
+    from pipeline import cli
+
+    monkeypatch.setattr(cli, "uncompiled", lambda strategies: [s for s in strategies if s in ("bfd", "shuffle")])
+    result = CliRunner().invoke(pack_report, [str(folder)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["pack-report: compiling the planner's numba kernels for shuffle, bfd "
+                                          "(their first use here; cached for later runs): up to half a minute"]
+    monkeypatch.setattr(cli, "uncompiled", lambda strategies: [])
+    assert CliRunner().invoke(pack_report, [str(folder)]).stderr == ""
+
+
+def test_uncompiled_tells_which_strategies_numba_would_compile(tmp_path: Path) -> None:
+    """In an empty numba cache every strategy would compile; once a plan has run, its kernels are
+    ready in that process and, from the on-disk cache, in the next one."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pipeline.binpack import STRATEGIES, assign_bins, uncompiled\n"
+            "print(uncompiled(STRATEGIES))\nassign_bins([3, 5, 2], 8, strategy='sequential')\n"
+            "print(uncompiled(['sequential', 'ffd']))")
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    root = Path(__file__).resolve().parents[2]
+    runs = [subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                           check=True, timeout=300).stdout.splitlines() for _ in range(2)]
+    assert runs[0] == [str(["ffd", "bfd", "shuffle", "sequential", "minibatch", "pad"]), "['ffd']"]
+    assert runs[1] == [str(["ffd", "bfd", "shuffle", "minibatch"]), "['ffd']"]  # pad needs only _scan

@@ -178,6 +178,51 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(str(bad))
 
 
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
+    """An empty Hugging Face cache, and every socket connection recorded and refused."""
+    import socket
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    attempts: list = []
+
+    def refuse(sock: Any, address: Any) -> None:
+        attempts.append(address)
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return attempts
+
+
+@pytest.mark.parametrize("name", ["data/tokenizr", "gpt2", "someone/missing-tokenizer"])
+def test_a_name_that_is_no_folder_and_not_cached_fails_at_once(no_network: list, name: str):
+    """A mistyped folder such as data/tokenizr looks like a Hub id: it fails at once, in one line,
+    without asking the Hub (which retried for 54 s where there is no network)."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(UserError, match="neither a folder nor a Hub tokenizer in the local Hugging Face cache"):
+        load_tokenizer(name)
+    assert time.monotonic() - start < 5
+    assert no_network == []
+
+
+def test_a_hub_tokenizer_in_the_local_cache_loads_without_the_network(no_network: list, tmp_path: Path):
+    """The cache's layout: models--OWNER--NAME/refs/main names the snapshot folder holding the files."""
+    import huggingface_hub.constants
+
+    repo = Path(huggingface_hub.constants.HF_HUB_CACHE) / "models--someone--tok"
+    shutil.copytree(TOKENIZER, repo / "snapshots" / ("a" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    tok = load_tokenizer("someone/tok")
+    assert _facts(tok) == _facts(load_tokenizer(str(TOKENIZER)))
+    assert no_network == []
+
+
 def test_fingerprint_is_stable_and_tracks_content(tmp_path):
     tok = load_tokenizer(str(TOKENIZER))
     copy = tmp_path / "tok"
@@ -189,6 +234,80 @@ def test_fingerprint_is_stable_and_tracks_content(tmp_path):
     assert tokenizer_fingerprint(load_tokenizer(str(copy))) != tokenizer_fingerprint(tok)
     info = tokenizer_info(tok, "data/tokenizer")
     assert (info["bos_token_id"], info["eos_token_id"], info["vocab_size"]) == (1, 2, len(tok))
+
+
+def _resaved(tokenizer: Any, folder: Path) -> Path:
+    """`tokenizer` saved by save_pretrained beside a model config, as a checkpoint's model/ holds it."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(tokenizer)}))
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _tokenizer_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "config.json"}
+
+
+@pytest.mark.parametrize("base", ["data", "bytelevel", "metaspace", "wordpiece", "llama2"])
+def test_fingerprint_identifies_what_the_tokenizer_does_not_how_its_files_are_written(tmp_path: Path, base: str):
+    """A checkpoint's re-saved tokenizer files differ byte for byte from the folder they came from
+    (other files, fields, order), yet encode every text and chat alike: same fingerprint, so a
+    checkpoint continues training on data packed with the original folder."""
+    folder = _folder(tmp_path, base)
+    original = load_tokenizer(str(folder))
+    again = load_tokenizer(str(_resaved(original, tmp_path / "ckpt" / "model")))
+    assert _tokenizer_files(tmp_path / "ckpt" / "model") != _tokenizer_files(folder)
+    assert {k: v for k, v in _facts(again).items() if k != "class"} == \
+        {k: v for k, v in _facts(original).items() if k != "class"}
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(original)
+
+
+def _edit_json(path: Path, edit: Any) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    edit(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+@pytest.mark.parametrize("base", ["bytelevel", "metaspace", "data"])
+def test_negative_control_a_changed_merge_or_special_token_changes_the_fingerprint(tmp_path: Path, base: str):
+    original = load_tokenizer(str(_folder(tmp_path, base)))
+    want = tokenizer_fingerprint(original)
+    merged = _resaved(original, tmp_path / "merge")
+
+    def drop_first_merge(spec: dict) -> None:
+        spec["model"]["merges"] = spec["model"]["merges"][1:]
+
+    _edit_json(merged / "tokenizer.json", drop_first_merge)
+    changed = load_tokenizer(str(merged))
+    texts = TEXTS + ["the quick brown fox jumps over the lazy dog", "at the top"]
+    assert [changed.backend_tokenizer.encode(t).ids for t in texts] != \
+        [original.backend_tokenizer.encode(t).ids for t in texts]
+    assert tokenizer_fingerprint(changed) != want
+
+    special = _resaved(original, tmp_path / "special")
+    other = next(t for t in changed.all_special_tokens if t != original.eos_token)
+    _edit_json(special / "tokenizer_config.json", lambda config: config.update(eos_token=other))
+    swapped = load_tokenizer(str(special))
+    assert swapped.eos_token_id != original.eos_token_id
+    assert swapped.backend_tokenizer.to_str() == original.backend_tokenizer.to_str()  # only the special token differs
+    assert tokenizer_fingerprint(swapped) != want
+
+
+def test_negative_control_a_wordpiece_vocabulary_entry_or_special_token_changes_the_fingerprint(tmp_path: Path):
+    original = load_tokenizer(str(_folder(tmp_path, "wordpiece")))
+    want = tokenizer_fingerprint(original)
+    vocab = _resaved(original, tmp_path / "vocab")
+
+    def rename_a_word(spec: dict) -> None:
+        words = spec["model"]["vocab"]
+        word = next(w for w in words if len(w) > 3 and not w.startswith(("[", "##")))
+        words["zzzz"] = words.pop(word)
+
+    _edit_json(vocab / "tokenizer.json", rename_a_word)
+    assert tokenizer_fingerprint(load_tokenizer(str(vocab))) != want
+    special = _resaved(original, tmp_path / "special")
+    _edit_json(special / "tokenizer_config.json", lambda config: config.update(pad_token="[MASK]"))
+    assert tokenizer_fingerprint(load_tokenizer(str(special))) != want
 
 
 def test_loading_a_tokenizer_folder_does_not_import_torch(repo_root: Path):

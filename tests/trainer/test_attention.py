@@ -76,6 +76,56 @@ def test_sdpa_reference_never_attends_across_examples():
     torch.testing.assert_close(out[LENGTHS[0] :], base[LENGTHS[0] :], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("features", [kernels.Features(), kernels.Features(window=4), kernels.Features(chunk=5)],
+                         ids=["causal", "window", "chunk"])
+def test_sdpa_reference_runs_on_the_fused_cpu_kernel_alone(features):
+    """The reference hands PyTorch 4-D [B, H, L, D] batches, which its fused (flash) CPU kernel
+    takes: with only that kernel allowed it still runs and matches naive attention, gradients
+    included. (3-D per-example calls have no fused CPU kernel, so PyTorch materialised the L x L
+    scores of every example: 7 GB and minutes for the quick start's 8192-token examples.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    lengths = [5, 1, 9, 3, 12, 70, 66, 90]
+    q, k, v = (x.requires_grad_() for x in qkv(lengths, 4, 2))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = varlen_attention(q, k, v, cu_of(lengths), max(lengths), backend="sdpa", features=features)
+        out.square().sum().backward()
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    expected = varlen_attention(*leaves, cu_of(lengths), max(lengths), backend="sdpa", features=features)
+    expected.square().sum().backward()
+    if not features.used():
+        torch.testing.assert_close(expected, naive_attention(q, k, v, lengths), atol=1e-10, rtol=0)
+    torch.testing.assert_close(out.double(), expected, atol=1e-6, rtol=0)
+    for got, want in zip((q, k, v), leaves):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_reference_batches_examples_of_similar_length(monkeypatch):
+    """One attention call per length bucket, not per example; padding to the bucket's longest
+    changes no output or gradient: each example's result equals the example attended alone."""
+    lengths = [100, 90, 100, 7, 300, 260, 12, 3, 81]
+    assert kernels.length_buckets(lengths) == [[4, 5], [0, 2, 1, 8], [6, 3, 7]]
+    assert kernels.length_buckets([4, 0, 2]) == [[0, 2]]  # empty examples attend to nothing
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: calls.append(tuple(q.shape)) or sdpa(q, *a, **kw))
+    q, k, v = (x.requires_grad_() for x in qkv(lengths, 4, 2))
+    out = varlen_attention(q, k, v, cu_of(lengths), max(lengths), backend="sdpa")
+    out.square().sum().backward()
+    assert calls == [(2, 4, 300, 8), (4, 4, 100, 8), (3, 4, 12, 8)]
+    start = 0
+    for n in lengths:  # each example alone: one call of its own, no padding
+        sl = slice(start, start + n)
+        parts = [x[sl].detach().requires_grad_() for x in (q, k, v)]
+        alone = varlen_attention(*parts, cu_of([n]), n, backend="sdpa")
+        alone.square().sum().backward()
+        torch.testing.assert_close(out[sl], alone, atol=1e-6, rtol=0)
+        for whole, part in zip((q, k, v), parts):
+            torch.testing.assert_close(whole.grad[sl], part.grad, atol=1e-5, rtol=1e-5)
+        start += n
+
+
 def test_segment_ids_and_chunk_splits():
     cu = cu_of([2, 3])
     assert kernels.segment_ids(cu, 5).tolist() == [0, 0, 1, 1, 1]

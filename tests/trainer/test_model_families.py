@@ -1,5 +1,6 @@
 """The family matrix: for every decoder family in tests/families.py, a packed row gives each example
-exactly the loss and the gradients the stock model (eager attention) gives it alone, in float32,
+exactly the loss and the gradients the stock model (eager attention) gives it alone, in float32
+(within 1e-5, or within the stock model's own float32 rounding where that is larger: gemma4's),
 or the model is refused in one line. Each feature has a negative control: switched off in the
 packed path, the comparison must fail."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -52,19 +54,38 @@ def packed_batch(data):
     return collate_flat(ids, labels, positions, np.array([len(d[0]) for d in data]))
 
 
-def assert_grads_close(packed, alone, names, what):
-    """Each gradient within RTOL of the stock one, relative to its own largest entry (or to a
-    hundredth of the largest gradient anywhere, for gradients that are zero but for rounding:
-    a key bias cannot change a softmax)."""
+def gradient_error(packed, alone) -> tuple[float, int]:
+    """The largest difference between two lists of gradients, each relative to its own largest
+    entry (or to a hundredth of the largest gradient anywhere, for gradients that are zero but for
+    rounding: a key bias cannot change a softmax); and where it is."""
     floor = 1e-2 * max(float(g.abs().max()) for g in alone if g is not None)
-    for name, gp, ga in zip(names, packed, alone):
+    worst, where = 0.0, 0
+    for i, (gp, ga) in enumerate(zip(packed, alone)):
         if ga is None and gp is None:
             continue
         gp = torch.zeros_like(ga) if gp is None else gp
         ga = torch.zeros_like(gp) if ga is None else ga
-        scale = max(float(ga.abs().max()), floor)
-        err = float((gp - ga).abs().max()) / scale
-        assert err <= RTOL, f"{what}, {name}: gradient differs by {err:.2e} (relative)"
+        err = float((gp.double() - ga.double()).abs().max()) / max(float(ga.abs().max()), floor)
+        if err > worst:
+            worst, where = err, i
+    return worst, where
+
+
+def float32_rounding(model, data) -> float:
+    """How far the stock model's own float32 gradients are from its float64 ones (the largest
+    `gradient_error` over the examples): what float32 arithmetic alone does to them."""
+    _, grads32 = stock_alone(model, data)
+    _, grads64 = stock_alone(copy.deepcopy(model).double(), data)
+    return max(gradient_error(a, b)[0] for a, b in zip(grads32, grads64))
+
+
+def assert_grads_close(packed, alone, names, what, rounding=None):
+    """Each gradient within RTOL of the stock one (`gradient_error`), or, for a model whose own
+    float32 rounding is larger than that, within that rounding (`rounding()`, computed only then):
+    attention summed in another order (PyTorch's fused CPU kernel) may differ by as much."""
+    err, where = gradient_error(packed, alone)
+    tolerance = RTOL if err <= RTOL or rounding is None else max(RTOL, rounding())
+    assert err <= tolerance, f"{what}, {names[where]}: gradient differs by {err:.2e} (relative, tolerance {tolerance:.1e})"
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -99,9 +120,10 @@ def test_packed_equals_each_example_alone_or_refused(family: Family, data) -> No
     assert relative_error(packed.detach(), alone) <= RTOL
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
+    rounding = functools.cache(lambda: float32_rounding(reference, data))
     for i in range(len(data)):
         grads = torch.autograd.grad(packed[i], params, retain_graph=True, allow_unused=True)
-        assert_grads_close(grads, alone_grads[i], names, f"{family.name} example {i}")
+        assert_grads_close(grads, alone_grads[i], names, f"{family.name} example {i}", rounding)
 
     # flex runs the same batch on the CPU without gradients (PyTorch has no flex backward there)
     attention.install(model, "flex")

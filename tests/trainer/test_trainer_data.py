@@ -173,6 +173,55 @@ def test_open_data_checks_the_tokenizer_fingerprint(
         open_data(TrainConfig(data=str(packed), model=str(model_dir), out=str(tmp_path)))
 
 
+def test_open_data_takes_the_fingerprints_of_what_the_tokenizer_does_and_of_its_files(tmp_path: Path) -> None:
+    """A manifest records what the tokenizer does (`tokenizer_fingerprint`); one written before that
+    recorded the sha256 of its files, which still matches the same folder. Anything else is refused."""
+    from pipeline.tokenizer import file_fingerprint, load_tokenizer, tokenizer_fingerprint
+    from trainer import TrainConfig
+    from trainer.stream import open_data
+
+    folder = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
+    tok = load_tokenizer(str(folder))
+    rows = pack_lengths([5, 7, 9], 32, vocab=300)
+    for name, fingerprint, ok in (("now", tokenizer_fingerprint(tok), True), ("files", file_fingerprint(tok), True),
+                                  ("other", "0" * 64, False)):
+        make_packed_folder(tmp_path / name, rows, 32, tokenizer={"name": "t", "fingerprint": fingerprint})
+        config = TrainConfig(data=str(tmp_path / name), model="tiny", out=str(tmp_path / "r"), tokenizer=str(folder))
+        if ok:
+            assert open_data(config)[1] is not None
+        else:
+            with pytest.raises(UserError, match="fingerprint"):
+                open_data(config)
+
+
+def test_an_older_manifest_takes_a_checkpoints_copy_of_the_tokenizer_it_names(tmp_path: Path) -> None:
+    """An older manifest's file fingerprint of data/tokenizer, and a checkpoint's re-saved copy of that
+    tokenizer (other files): the folder the manifest names still holds those files and does what
+    the copy does, so the copy is taken. Negative controls: a copy with another EOS token, and a
+    manifest naming a folder that is gone."""
+    import json as _json
+
+    from pipeline.tokenizer import file_fingerprint, load_tokenizer
+    from trainer import TrainConfig
+    from trainer.stream import open_data
+
+    folder = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
+    original = load_tokenizer(str(folder))
+    copy = tmp_path / "ckpt" / "model"
+    original.save_pretrained(copy)
+    rows = pack_lengths([5, 7, 9], 32, vocab=300)
+    for name, data in ((str(folder), "named"), (str(tmp_path / "gone"), "gone")):
+        make_packed_folder(tmp_path / data, rows, 32, tokenizer={"name": name, "fingerprint": file_fingerprint(original)})
+    config = TrainConfig(data=str(tmp_path / "named"), model="tiny", out=str(tmp_path / "r"), tokenizer=str(copy))
+    assert open_data(config)[1] is not None
+    with pytest.raises(UserError, match="fingerprint"):
+        open_data(TrainConfig(data=str(tmp_path / "gone"), model="tiny", out=str(tmp_path / "r"), tokenizer=str(copy)))
+    settings = _json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(_json.dumps({**settings, "eos_token": "<pad>"}))
+    with pytest.raises(UserError, match="fingerprint"):
+        open_data(config)
+
+
 def test_open_data_refuses_data_with_no_loss_token(tmp_path: Path) -> None:
     """A folder whose every label is -100 would train nothing (final loss 0.0000): refused."""
     from trainer import TrainConfig

@@ -426,6 +426,21 @@ def test_grad_checkpointing_option_takes_an_optional_layer_interval(packed: Path
     assert seen == [1, 3, 0]
 
 
+def test_tokens_per_step_defaults_to_the_devices_budget(packed: Path, tmp_path: Path) -> None:
+    """No --tokens-per-step: 8192 on the CPU (one row of the README's 8192-token packing per step),
+    16384 on a GPU; the run records the number it used, so --resume compares numbers."""
+    from trainer.config import TOKENS_PER_STEP, resolved
+
+    assert TOKENS_PER_STEP == {"cuda": 16384, "cpu": 8192}
+    config = _config(packed, tmp_path / "d", tokens_per_step=None, grad_accum=1, max_steps=1)
+    assert resolved(config, "cuda").tokens_per_step == 16384
+    assert resolved(replace(config, tokens_per_step=300), "cpu").tokens_per_step == 300
+    train(config)
+    saved = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert saved["tokens_per_step"] == 8192
+    assert ckpt.read_trainer_state(tmp_path / "d" / "checkpoints" / "step-00000001")["config"]["tokens_per_step"] == 8192
+
+
 def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Path) -> None:
     from trainer.stream import Planner, row_lengths
 

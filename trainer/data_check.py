@@ -1,0 +1,57 @@
+"""Before training: the packed folder's fast checks and its tokenizer's fingerprint. No torch, so
+that pack-train makes these checks (and reports what is wrong in one line) before importing it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline import tokenizer as hf_tokenizer
+from pipeline.errors import UserError
+from pipeline.shards import Manifest, verify_folder
+from trainer.config import TrainConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
+    """Verify the packed folder (fast checks; the sha256 of its shards is checked beside training,
+    `trainer.integrity`) and its tokenizer fingerprint; returns (manifest, tokenizer or None). The
+    tokenizer is `--tokenizer`, else the one inside a local model folder."""
+    manifest = verify_folder(config.data, check_hashes=False)
+    if manifest.loss_tokens == 0:
+        raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
+                        "nothing; re-pack data with responses (assistant turns) to train on")
+    source = config.tokenizer
+    model_dir = Path(config.model)
+    if source is None and model_dir.is_dir() and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        source = str(model_dir)
+    if source is None:
+        return manifest, None
+    tokenizer = hf_tokenizer.load_tokenizer(source)
+    have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
+    want = manifest.tokenizer.get("fingerprint")
+    if want != have and not _recorded_by_files(manifest, tokenizer, want, have):
+        raise UserError(
+            f"{config.data} was packed with tokenizer {manifest.tokenizer.get('name', '?')!r} "
+            f"(fingerprint {str(want)[:12]}) but the model's tokenizer {source} has fingerprint "
+            f"{have[:12]}: re-run pack-data with this tokenizer, or pass the right --tokenizer"
+        )
+    return manifest, tokenizer
+
+
+def _recorded_by_files(manifest: Manifest, tokenizer: Any, want: str, have: str) -> bool:
+    """Manifests written before fingerprints described what a tokenizer does hold the sha256 of its
+    folder's files (`file_fingerprint`). The same folder matches them; so does a tokenizer that does
+    what the folder the manifest names does, while that folder still holds those very files (data
+    packed then, and a checkpoint's re-saved copy of its tokenizer)."""
+    if want == hf_tokenizer.file_fingerprint(tokenizer):
+        return True
+    name = manifest.tokenizer.get("name")
+    if not isinstance(name, str) or not Path(name).expanduser().is_dir():
+        return False
+    try:
+        recorded = hf_tokenizer.load_tokenizer(name)
+    except UserError:
+        return False
+    return hf_tokenizer.file_fingerprint(recorded) == want and hf_tokenizer.tokenizer_fingerprint(recorded) == have
