@@ -94,7 +94,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
     "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": _AT_LEAST_0, "prefetch": _AT_LEAST_1,
-    "peak_flops": Check(float, low=0, low_open=True), "device": Check(str), "verify_hashes": Check(bool),
+    "peak_flops": Check(float, low=0, low_open=True, none=True), "device": Check(str), "verify_hashes": Check(bool),
     "progress": Check(bool),
 }
 
