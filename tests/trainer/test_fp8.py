@@ -163,3 +163,48 @@ def test_pack_train_on_cpu_refuses_fp8_in_one_line(tmp_path):
     assert len(lines) == 1, result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _emulated_fp8(monkeypatch) -> dict:
+    """pack-train's fp8 path on the CPU: the GPU check passes and torchao emulates the float8
+    arithmetic; returns what `to_float8` was given and returned."""
+    from trainer import loop
+
+    monkeypatch.setattr(loop, "check_fp8", lambda device: None)
+    real_config, real_convert, seen = fp8.fp8_config, loop.to_float8, {}
+    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False: real_config(recipe, emulate=True))
+
+    def convert(model, recipe, layers, **kwargs):
+        seen.update(model=model, recipe=recipe, swapped=real_convert(model, recipe, layers, **kwargs))
+        return seen["swapped"]
+
+    monkeypatch.setattr(loop, "to_float8", convert)
+    return seen
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_pack_train_fp8_trains_float8_layers_over_fp32_masters_and_saves_fp32(tmp_path, monkeypatch):
+    """--dtype fp8 in one process: the decoder's linears become float8 after the model is built,
+    AdamW keeps fp32 masters (bf16-weights' optimizer), and the checkpoint holds fp32 weights
+    under the stock names, loadable by a plain model."""
+    from packed_factory import make_packed_folder, pack_lengths
+    from safetensors.torch import load_file
+    from torchao.float8.float8_linear import Float8Linear
+
+    from trainer import train
+
+    data = tmp_path / "data"
+    make_packed_folder(data, pack_lengths(np.random.default_rng(0).integers(4, 40, 30).tolist(), 64, vocab=300), 64)
+    seen = _emulated_fp8(monkeypatch)
+    config = TrainConfig(data=str(data), model="tiny", out=str(tmp_path / "run"), tokens_per_step=128, max_steps=2,
+                         dtype="fp8", lr=1e-3, num_workers=0, progress=False, device="cpu", log_every=1,
+                         eval_data="none")
+    summary = train(config)
+    assert seen["recipe"] == "rowwise_with_gw_hp" and seen["swapped"] == 14
+    up = seen["model"].model.layers[0].mlp.up_proj
+    assert isinstance(up, Float8Linear) and up.weight.dtype == torch.bfloat16  # bf16 weights over fp32 masters
+    assert np.isfinite(summary["final_loss"]) and summary["steps"] == 2
+    saved = load_file(str(next((tmp_path / "run" / "checkpoints").glob("step-*")) / "model" / "model.safetensors"))
+    assert saved["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32  # the masters, not bf16 copies
+    plain, _ = build_model("tiny", attn="sdpa", dtype=torch.float32, seed=3)
+    assert saved.keys() == plain.state_dict().keys() - {k for k in plain.state_dict() if "rotary" in k}
