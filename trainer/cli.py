@@ -64,7 +64,7 @@ class LocalFolder(click.Path):
                    "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "
                    "and AdamW (one fused update that also writes the bf16 weights; AdamW only). "
                    "fp8: bf16-weights with the decoder's linear layers computing in float8 (torchao; "
-                   "NVIDIA sm89 or newer, see --fp8-recipe). "
+                   "NVIDIA sm89 or newer, see --fp8-recipe; under torchrun with --parallel fsdp). "
                    "fp32: no autocast. auto: bf16 on GPU, fp32 on CPU.")
 @click.option("--fp8-recipe", default="rowwise_with_gw_hp",
               type=click.Choice(["rowwise_with_gw_hp", "rowwise", "tensorwise"]),

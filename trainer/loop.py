@@ -285,7 +285,6 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
     # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same
-    # there; under DDP, fp8 runs on fp32 weights with bf16 autocast
     optimizer, scheduler = make_optimizer(wrapper.parameters(), config, device, total_steps,
                                           master_weights=dtype_name in MASTER_DTYPES and not info.enabled)
     masters = optimizer if isinstance(optimizer, MasterAdamW) else None
@@ -314,8 +313,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
 
 def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
     """One line for an option that does not combine with the data-parallel mode."""
-    if dtype_name == "bf16-weights" and config.parallel != "fsdp":
-        raise UserError("--dtype bf16-weights under torchrun needs --parallel fsdp (FSDP2 computes with "
+    if dtype_name in MASTER_DTYPES and config.parallel != "fsdp":
+        raise UserError(f"--dtype {dtype_name} under torchrun needs --parallel fsdp (FSDP2 computes with "
                         "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
     if config.optimizer == "adafactor" and config.parallel == "fsdp":
         raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "

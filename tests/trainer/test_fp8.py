@@ -208,3 +208,29 @@ def test_pack_train_fp8_trains_float8_layers_over_fp32_masters_and_saves_fp32(tm
     assert saved["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32  # the masters, not bf16 copies
     plain, _ = build_model("tiny", attn="sdpa", dtype=torch.float32, seed=3)
     assert saved.keys() == plain.state_dict().keys() - {k for k in plain.state_dict() if "rotary" in k}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_pack_train_fp8_under_fsdp2_agrees_across_ranks_and_ddp_is_refused(tmp_path, monkeypatch):
+    """--dtype fp8 on two gloo ranks (emulated float8): FSDP2 (bf16 parameters over fp32 shards)
+    trains the float8 layers and ends with one loss on both ranks. DDP is refused in one line, as
+    for bf16-weights: it would average bf16 gradients."""
+    from dataclasses import replace
+
+    from gloo_ranks import train_on_two_ranks
+    from packed_factory import make_packed_folder, pack_lengths
+
+    data = tmp_path / "data"
+    make_packed_folder(data, pack_lengths(np.random.default_rng(1).integers(4, 40, 40).tolist(), 64, vocab=300), 64)
+    seen = _emulated_fp8(monkeypatch)  # forked ranks inherit the patches
+    config = TrainConfig(data=str(data), model="tiny", out=str(tmp_path / "run"), tokens_per_step=128, max_steps=2,
+                         dtype="fp8", parallel="fsdp", lr=1e-3, num_workers=0, progress=False, device="cpu",
+                         log_every=1, eval_data="none")
+    ranks = train_on_two_ranks(config, tmp_path)
+    assert seen == {}  # the conversion ran in the ranks, not here
+    assert ranks[0]["final_loss"] == ranks[1]["final_loss"] and np.isfinite(ranks[0]["final_loss"])
+    assert all(r["steps"] == 2 and r["world_size"] == 2 for r in ranks)
+    from trainer import loop
+
+    with pytest.raises(UserError, match="--dtype fp8 under torchrun needs --parallel fsdp"):
+        loop._refuse_under_torchrun(replace(config, parallel="ddp"), "fp8")
