@@ -143,6 +143,8 @@ def _hf_data_files(folder: Path) -> list[Path]:
 def _check_regular(path: str) -> None:
     """Refuse, without opening it, an input that is not a regular file: a FIFO with no writer would
     block the read forever, a device would never end."""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise _broken_link(path)
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:

@@ -179,7 +179,10 @@ def test_disk_full_lines_fit_each_command(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(pcli, "verify_folder", full)
     monkeypatch.setattr(pcli, "_strategies", full)
-    monkeypatch.setattr(tcli, "train", full)
+    import trainer.loop
+
+    monkeypatch.setattr(tcli, "open_data", lambda config: None)  # the empty folder passes the early check
+    monkeypatch.setattr(trainer.loop, "train", full)
     (tmp_path / "d").mkdir()
     runs = {
         "pack-verify": CliRunner().invoke(pcli.pack_verify, [str(tmp_path / "d")]),

@@ -219,8 +219,8 @@ def test_data_replaced_under_a_running_train_is_never_read(packed: Path, tmp_pat
     train(TrainConfig(data=str(control), out=str(tmp_path / "control-run"), **base))
     start = trainer.loop.start
 
-    def start_then_repack(config):
-        run = start(config)
+    def start_then_repack(config, opened=None):
+        run = start(config, opened)
         _pack(data, eval_fraction=0.2, seed=7, overwrite=True)  # other rows, other eval examples
         return run
 

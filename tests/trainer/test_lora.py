@@ -158,7 +158,7 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
         train(_config(packed, tmp_path / "a", lora_r=0, merge_lora=True))
     with pytest.raises(UserError, match="lora_target nope"):
         train(_config(packed, tmp_path / "b", lora_target="nope"))
-    with pytest.raises(UserError, match=r"--lora-target q_proj,bogus_proj: the model has no module named 'bogus_proj' "
+    with pytest.raises(UserError, match=r"lora_target q_proj,bogus_proj: the model has no module named 'bogus_proj' "
                                         r"\(its linear layers: .*q_proj"):
         train(_config(packed, tmp_path / "b2", lora_target="q_proj,bogus_proj"))  # peft alone adapts q_proj only
     assert not (tmp_path / "b2").exists()

@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
+from pipeline.api_errors import parameter_names  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.job import PackConfig, run_pack_data  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
@@ -30,6 +31,11 @@ TOKENIZER = str(ROOT / "data" / "tokenizer")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def api(message: str) -> str:
+    """A pack-train line as `train()` says it to a Python caller: parameter names, not flags."""
+    return parameter_names(message, TrainConfig)
+
+
 # ------------------------------------------------------------------------------ the Python API
 
 
@@ -40,13 +46,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
     ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
     ({"max_steps": 2.9}, "--max-steps must be an integer, got 2.9 (float)"),
     ({"seed": True}, "--seed must be an integer, got True (bool)"),
-    ({"tokens_per_step": None}, "--tokens-per-step must be given"),
+    ({"tokens_per_step": 0}, "--tokens-per-step must be >= 1, got 0"),
     ({"schedule": "cosin"}, "unknown --schedule 'cosin': choose one of cosine, linear, constant"),
     ({"stop_at": 5, "max_steps": 3}, "--stop-at 5 is past --max-steps 3"),
     ({"lora_dropout": 1.0}, "--lora-dropout must be >= 0 and < 1, got 1.0"),
 ])
 def test_train_refuses_what_pack_train_refuses(tmp_path: Path, change: dict, needle: str):
-    with pytest.raises(UserError, match=re.escape(needle)):
+    """The same check as the flag's, in the API's words (parameter names, not flags)."""
+    with pytest.raises(UserError, match=re.escape(parameter_names(needle, TrainConfig))):
         train(TrainConfig(data=str(tmp_path), model="tiny", out=str(tmp_path / "run"), **change))
     assert not (tmp_path / "run").exists()
 
@@ -70,7 +77,7 @@ def test_train_config_accepts_what_pack_train_accepts(tmp_path: Path):
 def test_pack_config_refuses_what_pack_data_refuses(tmp_path: Path, change: dict, needle: str):
     config = PackConfig(**{**dict(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=512, out=str(tmp_path / "o"),
                                   limit=20, num_proc=1, progress=False), **change})
-    with pytest.raises(UserError, match=re.escape(needle)):
+    with pytest.raises(UserError, match=re.escape(parameter_names(needle, PackConfig))):
         run_pack_data(config)
     assert not (tmp_path / "o").exists()
 
@@ -106,7 +113,7 @@ def test_resume_refuses_a_changed_learning_rate_or_schedule(rows: Path, tmp_path
     run = tmp_path / "run"
     train(_config(rows, run))
     before = (run / "config.json").read_text()
-    with pytest.raises(UserError, match=re.escape(needle) + r".*resume with --[a-z-]+ \S+, or start a new run"):
+    with pytest.raises(UserError, match=re.escape(api(needle)) + r".*resume with [a-z_]+ \S+, or start a new run"):
         train(_config(rows, run, max_steps=4, resume="newest", **change))
     assert (run / "config.json").read_text() == before  # the record still tells what the checkpoint trained with
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
@@ -147,11 +154,11 @@ def _run(data: Path, out: Path, **kw) -> dict:
 
 def test_an_eval_folder_holding_training_examples_is_refused(folders: dict[str, Path], tmp_path: Path):
     data = folders["train"]
-    with pytest.raises(UserError, match=re.escape(f"--eval-data {data} is the training folder --data {data} itself")):
+    with pytest.raises(UserError, match=re.escape(api(f"--eval-data {data} is the training folder --data {data} itself"))):
         _run(data, tmp_path / "a", eval_data=str(data))
     other = folders["other_job"] / "eval"  # another job's eval split of the same input: examples we train on
-    with pytest.raises(UserError, match=re.escape(f"--eval-data {other} overlaps the training folder --data {data}: "
-                                                  "both were packed from the same input ")
+    with pytest.raises(UserError, match=re.escape(api(f"--eval-data {other} overlaps the training folder --data {data}: "
+                                                      "both were packed from the same input "))
                        + r".*instructions\.jsonl"):
         _run(data, tmp_path / "b", eval_data=str(other))
     copy = tmp_path / "copy"  # a copy of the training shards
@@ -175,11 +182,11 @@ def test_a_held_out_eval_folder_is_still_evaluated(folders: dict[str, Path], tmp
 
 def test_save_best_or_eval_every_with_nothing_to_evaluate_is_refused(folders: dict[str, Path], tmp_path: Path):
     text, data = folders["text"], folders["train"]
-    with pytest.raises(UserError, match=re.escape(f"--save-best needs held-out data to evaluate on, but {text} holds "
-                                                  "no eval folder")):
+    with pytest.raises(UserError, match=re.escape(api(f"--save-best needs held-out data to evaluate on, but {text} holds "
+                                                      "no eval folder"))):
         _run(text, tmp_path / "a", save_best=True)
-    with pytest.raises(UserError, match=re.escape("--eval-every 1 needs held-out data to evaluate on, but "
-                                                  "--eval-data none turns evaluation off")):
+    with pytest.raises(UserError, match=re.escape(api("--eval-every 1 needs held-out data to evaluate on, but "
+                                                      "--eval-data none turns evaluation off"))):
         _run(data, tmp_path / "b", eval_data="none", eval_every=1)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert _run(data, tmp_path / "c", eval_data="none")["eval_loss"] is None  # off without them: fine
