@@ -5,9 +5,16 @@ order the data goes through them. `train` is imported on first use: importing th
 `pack-train --help`) does not import torch.
 """
 
+import warnings
 from typing import Any
 
 from trainer.config import TrainConfig
+
+# peft reads `model.is_gradient_checkpointing` whenever it wraps a model (in `--lora-r` runs, and in a
+# user's own `PeftModel.from_pretrained` on a model from `trainer.model`), a property transformers 5
+# deprecates with a FutureWarning that no user of packlm or peft can act on; only that message is
+# silenced, for any import of this package.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 __all__ = ["TrainConfig", "train"]
 

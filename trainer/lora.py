@@ -12,7 +12,6 @@ the frozen base weights are kept in bfloat16 (`freeze_in_bf16`), the adapters in
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,6 @@ from trainer.config import TrainConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
-# peft reads `model.is_gradient_checkpointing` whenever it wraps a model (here, and in a user's own
-# `PeftModel.from_pretrained`), a property transformers 5 deprecates with a FutureWarning that no
-# user of packlm or peft can act on; only that message is silenced.
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
