@@ -330,8 +330,8 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
     (CodeAlpaca: 20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
     text = json_array_text(path)
     try:
-        records = json.loads(text, parse_float=exact_float)
-    except (json.JSONDecodeError, RecursionError):
+        records = json.loads(text, parse_float=exact_float, object_pairs_hook=_unique_keys)
+    except (json.JSONDecodeError, RecursionError, _DuplicateKey):
         records = None
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         for _ in scan_json_array(path, text):  # raises the located error
@@ -384,7 +384,7 @@ def json_array_text(path: str) -> str:
 def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
     """(1-based line, object) of each element, decoded one at a time; a malformed array raises a
     UserError naming the line where it breaks."""
-    dec = json.JSONDecoder()
+    dec = json.JSONDecoder(object_pairs_hook=_unique_keys)
     pos = _SKIP_WS.match(text, 0).end()
     if text[pos: pos + 1] != "[":
         raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
@@ -404,6 +404,9 @@ def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
         except RecursionError:
             raise UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
                             "flatten that element of the array") from None
+        except _DuplicateKey as e:
+            raise UserError(f"{path} line {line}: key {_short(e.key)!r} appears twice in one JSON object: "
+                            "keep one of them (each key once per object)") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path} line {line}: array element is a {_json_kind(obj)}, not an "
                             "object; the array must hold one {...} record per example")

@@ -86,6 +86,19 @@ def test_a_duplicate_json_key_names_the_file_line_and_key(tmp_path: Path, record
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("record, key", [('{"text": "a", "text": "b"}', "text"),
+                                         ('{"text": "a", "meta": {"k": 1, "k": 2}}', "k")],
+                         ids=["top level", "nested"])
+def test_a_duplicate_key_in_a_json_array_names_the_file_line_and_key(tmp_path: Path, record: str, key: str) -> None:
+    """The same for a .json file holding one array of records (json would silently keep the last value)."""
+    data = tmp_path / "d.json"
+    data.write_text('[\n{"text": "fine", "meta": {"k": 0}},\n' + record + "\n]\n")
+    line = one_error(*run(data, "--out", tmp_path / "o"))
+    assert line == (f"Error: {data} line 3: key {key!r} appears twice in one JSON object: keep one of them "
+                    "(each key once per object)"), line
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("value", ["[" * 500 + '"a"' + "]" * 500, '{"a": ' * 500 + "1" + "}" * 500],
                          ids=["lists", "objects"])
 def test_a_deeply_nested_field_is_a_short_line(tmp_path: Path, value: str) -> None:
