@@ -70,21 +70,28 @@ def marked(token: str) -> list[int]:
     return found
 
 
-def stop(token: str, grace: float = GRACE_S) -> None:
-    """SIGTERM every marked process, then SIGKILL those left after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+def stop(token: str, grace: float = GRACE_S, settle: float = 10.0) -> None:
+    """SIGTERM every marked process, then SIGKILL those left after `grace` seconds, and keep killing
+    for up to `settle` seconds more: a raylet that outlived the first pass may still start an agent."""
+    pids = marked(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.1)
         pids = marked(token)
+    deadline = time.monotonic() + settle
+    while pids and time.monotonic() < deadline:
         for pid in pids:
             try:
-                os.kill(pid, sig)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        deadline = time.monotonic() + wait
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = marked(token)
-        if not pids:
-            return
+        time.sleep(0.2)
+        pids = marked(token)
 
 
 def main(argv: list[str]) -> None:
