@@ -1,7 +1,8 @@
 """`--dtype fp8`: the decoder's linear layers compute in float8 through torchao's float8 training.
 
 The run is `--dtype bf16-weights` (bf16 weights over fp32 masters in one process; FSDP2's bf16
-parameters over fp32 shards under `--parallel fsdp`; DDP is refused, as for bf16-weights) in which every `nn.Linear` inside a decoder layer whose two dimensions are multiples of 16 becomes a
+parameters over fp32 shards under `--parallel fsdp`; DDP is refused, as for bf16-weights) in
+which every `nn.Linear` inside a decoder layer whose two dimensions are multiples of 16 becomes a
 torchao `Float8Linear`: its inputs, weight and output gradient are cast to float8 (e4m3) with scales,
 and the three matmuls of the layer (forward, input gradient, weight gradient) run on the GPU's
 float8 tensor cores where the recipe asks for it. The embedding, the output head, norms, attention
