@@ -30,6 +30,7 @@ def folder_lock(lock_path: str | os.PathLike[str], folder: str | os.PathLike[str
     Folders created here to hold the lock file are removed again afterwards when they are empty (a
     run that fails before writing anything leaves nothing), and so is the lock file.
     """
+    check_no_file_in_the_way(Path(folder))
     lock_path = Path(lock_path)
     created = _make_parents(lock_path.parent)
     try:
@@ -45,6 +46,17 @@ def folder_lock(lock_path: str | os.PathLike[str], folder: str | os.PathLike[str
                 os.unlink(lock_path)  # still held: a run that opened this file retries on the new one
             os.close(fd)
         _remove_empty(created)
+
+
+def check_no_file_in_the_way(out: Path, option: str = "--out") -> None:
+    """A UserError when a regular file stands where a folder on the way to `out` has to be
+    (`--out notes.txt/run` with notes.txt a file): the folder could not be made."""
+    for folder in Path(out).absolute().parents:
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                raise UserError(f"{option} {out}: {folder} is a file, not a folder, so nothing can be "
+                                f"written below it: choose another {option}")
+            return
 
 
 def _acquire(lock_path: Path, folder: str | os.PathLike[str], command: str) -> int | None:

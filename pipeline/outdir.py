@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pipeline.durable import fsync_path
 from pipeline.errors import UserError
+from pipeline.folder_lock import check_no_file_in_the_way
 from pipeline.shards import MANIFEST_NAME, pack_data_files
 
 
@@ -48,17 +49,6 @@ def check_out(out: Path, overwrite: bool) -> None:
             f"--out {out} holds {foreign[0]!r}, which pack-data did not write; refusing to replace the "
             "folder even with --overwrite: move it out of the folder, or choose another --out"
         )
-
-
-def check_no_file_in_the_way(out: Path, option: str = "--out") -> None:
-    """A UserError when a regular file stands where a folder on the way to `out` has to be
-    (`--out notes.txt/run` with notes.txt a file): the folder could not be made."""
-    for folder in Path(out).absolute().parents:
-        if folder.exists() or folder.is_symlink():
-            if not folder.is_dir():
-                raise UserError(f"{option} {out}: {folder} is a file, not a folder, so nothing can be "
-                                f"written below it: choose another {option}")
-            return
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench_train import no_checkpoint_writes
 from benchlib import (
     LLAMA2,
     jsonable,
@@ -96,11 +97,7 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         import shutil
 
         shutil.rmtree(out)
-    from unittest import mock
-
-    from trainer import loop
-
-    with mock.patch.object(loop, "save", lambda *a, **k: None):  # no checkpoint of 1-8B on disk
+    with no_checkpoint_writes():  # no checkpoint of 1-8B parameters on disk
         summary = train(config)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train_rows = [r for r in records if "loss" in r and "step_time_s" in r]

@@ -165,7 +165,7 @@ def pack_train(**options: object) -> None:
         opened = open_data(config)
         # PyTorch's OpenMP threads wait passively (read when torch is imported, just below): spinning
         # idle threads take the cores that the other threads, and other jobs of a shared machine,
-        # need; on a busy 2-core machine the README's CPU run took 17-26 s this way, 17-52 s spinning.
+        # need (BENCHMARKS.md and the README's quick start have the timings).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         quiet_optional_imports()
         from trainer.loop import train

@@ -51,7 +51,7 @@ from trainer.parallel import (
     wrap_parallel,
 )
 from trainer.preempt import StopOnSigterm
-from trainer.resume import check_no_file_in_the_way, checkpoint_to_resume, load_training_state, resume_model
+from trainer.resume import checkpoint_to_resume, load_training_state, resume_model
 from trainer.stream import (
     Cursor,
     CursorSampler,
@@ -71,7 +71,6 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
     """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
     The run folder is locked for the run's life: a second run on it stops in one line. `opened`:
     what `open_data(config)` returned, where the caller has checked the data already."""
-    check_no_file_in_the_way(Path(config.out))  # before the lock makes the folder: name the file in the way
     with run_folder_lock(config.out):
         return _train(config, opened)
 

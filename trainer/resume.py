@@ -27,22 +27,11 @@ STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size")
 OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "schedule", "optimizer", "weight_decay", "beta1", "beta2")
 
 
-def check_no_file_in_the_way(out: Path) -> None:
-    """A UserError when a regular file stands where a folder on the way to `--out` has to be."""
-    for folder in out.absolute().parents:
-        if folder.exists() or folder.is_symlink():
-            if not folder.is_dir():
-                raise UserError(f"--out {out}: {folder} is a file, not a folder, so nothing can be written "
-                                "below it: choose another --out")
-            return
-
-
 def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     """The checkpoint in `--out` to continue from, or None for a new run (which refuses an `--out`
     that holds checkpoints). Rank 0 verifies the checkpoints (`ckpt.resume_point`) and tells the
     other ranks which one, or why there is none."""
     out = Path(config.out)
-    check_no_file_in_the_way(out)
     if not config.resume:
         if ckpt.list_checkpoints(out):
             raise UserError(

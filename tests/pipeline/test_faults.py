@@ -74,27 +74,22 @@ def test_a_fifo_input_is_refused_without_waiting_for_a_writer(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
 
 
+# (file name, its text around the bad record, the bad record's line): JSON Lines, and a .json array
+# (where json would silently keep the last value)
+LAYOUTS = {"jsonl": ("d.jsonl", '{{"text": "fine", "meta": {{"k": 0}}}}\n{record}\n', 2),
+           "json array": ("d.json", '[\n{{"text": "fine", "meta": {{"k": 0}}}},\n{record}\n]\n', 3)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("record, key", [('{"text": "a", "text": "b"}', "text"),
                                          ('{"text": "a", "meta": {"k": 1, "k": 2}}', "k")],
                          ids=["top level", "nested"])
-def test_a_duplicate_json_key_names_the_file_line_and_key(tmp_path: Path, record: str, key: str) -> None:
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"text": "fine", "meta": {"k": 0}}\n' + record + "\n")
+def test_a_duplicate_json_key_names_the_file_line_and_key(tmp_path: Path, layout: str, record: str, key: str) -> None:
+    name, text, bad_line = LAYOUTS[layout]
+    data = tmp_path / name
+    data.write_text(text.format(record=record))
     line = one_error(*run(data, "--out", tmp_path / "o"))
-    assert line == (f"Error: {data} line 2: key {key!r} appears twice in one JSON object: keep one of them "
-                    "(each key once per object)"), line
-    assert not (tmp_path / "o").exists()
-
-
-@pytest.mark.parametrize("record, key", [('{"text": "a", "text": "b"}', "text"),
-                                         ('{"text": "a", "meta": {"k": 1, "k": 2}}', "k")],
-                         ids=["top level", "nested"])
-def test_a_duplicate_key_in_a_json_array_names_the_file_line_and_key(tmp_path: Path, record: str, key: str) -> None:
-    """The same for a .json file holding one array of records (json would silently keep the last value)."""
-    data = tmp_path / "d.json"
-    data.write_text('[\n{"text": "fine", "meta": {"k": 0}},\n' + record + "\n]\n")
-    line = one_error(*run(data, "--out", tmp_path / "o"))
-    assert line == (f"Error: {data} line 3: key {key!r} appears twice in one JSON object: keep one of them "
+    assert line == (f"Error: {data} line {bad_line}: key {key!r} appears twice in one JSON object: keep one of them "
                     "(each key once per object)"), line
     assert not (tmp_path / "o").exists()
 

@@ -625,3 +625,17 @@ def test_bench_ray_on_cpu(tmp_path):
     assert result["pretok"]["arrow"]["identical"] and result["pretok"]["parquet"]["identical"]
     assert result["pretok"]["parquet"]["ray"]["ray_memory"]["worker_processes"] >= 1
     assert {p["examples"] for p in result["plan"].values()} == {4000, 486}
+
+
+def test_bench_precision_entries_and_ratios_against_the_first():
+    """An entry is a pack-train --dtype with an fp8 recipe after a colon; the table divides each
+    entry's speed by the first's and gives its held-out loss's relative difference."""
+    import bench_precision as bp
+
+    assert bp.parse_entry("fp8:tensorwise") == ("fp8", "tensorwise")
+    assert bp.parse_entry("bf16-weights") == ("bf16-weights", None)
+    row = dict(final_loss=2.0, mfu_last=0.5, peak_mem_gib=10.0)
+    rows = bp.table([{**row, "entry": "bf16-weights", "tokens_per_s": 100.0, "eval_loss": 4.0},
+                     {**row, "entry": "fp8", "tokens_per_s": 125.0, "eval_loss": 3.96}]).splitlines()
+    cells = [c.strip() for c in rows[-1].split("|")]
+    assert cells[1:7] == ["fp8", "125", "1.25", "50.0%", "3.9600", "-1.00%"]
