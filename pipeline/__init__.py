@@ -7,9 +7,19 @@
     verify_folder("out/sample") == read_manifest("out/sample")   # True: the folder is intact
     assign_bins([5, 3, 8, 1], max_len=8)                          # row of each example: [0, 0, 2, 1]
 
-The path data takes, one module per step: sources -> formats -> tokenize (segments, long_texts,
-encode_pool) -> spill -> plan (binpack) -> write -> shards (format, manifest, checks, verify) ->
-job (the whole run) -> cli (pack-data, pack-verify, pack-report). docs/DESIGN.md draws the map.
+The folders are the steps data takes, in order; each imports only the ones before it:
+
+    read/      inputs -> Arrow tables: sources, file readers, formats, remote storage
+    tokenize/  tables -> token ids and labels in the spill: tokenizer, encode pool, long texts
+    plan/      lengths -> row plan: overlong policy, bin packing, eval split, mixtures
+    write/     spill + plan -> shard files in an output folder that appears only when complete
+    report/    a finished folder or plan -> figures (pack-report), pack-verify --deep
+    engines/   the job (`run_pack_data`) runs those steps here, or on Ray (`--engine ray`)
+    cli.py     the commands pack-data, pack-verify, pack-report
+
+`shards/` is the shard format, the contract with `trainer/`; the modules at this level (`errors`,
+`api_errors`, `option_checks`, `config_file`, `progress`, `background`, `durable`, `folder_lock`)
+serve every step and the trainer, and import no step. docs/DESIGN.md draws the map.
 """
 
 from importlib import import_module
@@ -17,8 +27,8 @@ from typing import Any
 
 # Imported on first use, so that importing one module of the package (pipeline.errors, say, from
 # pack-train's command line) does not import numba, pyarrow and the rest.
-_EXPORTS = {"assign_bins": "pipeline.binpack", "PackConfig": "pipeline.job", "run_pack_data": "pipeline.job",
-            "read_manifest": "pipeline.shards", "verify_folder": "pipeline.shards"}
+_EXPORTS = {"assign_bins": "pipeline.plan.binpack", "PackConfig": "pipeline.engines.job",
+            "run_pack_data": "pipeline.engines.job", "read_manifest": "pipeline.shards", "verify_folder": "pipeline.shards"}
 
 __all__ = ["PackConfig", "assign_bins", "read_manifest", "run_pack_data", "verify_folder"]
 

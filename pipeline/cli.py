@@ -13,18 +13,18 @@ from typing import Any
 
 import click
 
-from pipeline.binpack import STRATEGIES, uncompiled
+from pipeline.plan.binpack import STRATEGIES, uncompiled
 from pipeline.config_file import config_option
-from pipeline.deep_check import deep_check
+from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
-from pipeline.formats import FORMATS, TEMPLATES
-from pipeline.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
-from pipeline.plan import OVERLONG
-from pipeline.remote import folder_to_read
+from pipeline.read.formats import FORMATS, TEMPLATES
+from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
+from pipeline.plan.rows import OVERLONG
+from pipeline.read.remote import folder_to_read
 from pipeline.shards import verify_eval_folder, verify_folder
-from pipeline.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
-from pipeline.tokenize import lengths_of
+from pipeline.report.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
+from pipeline.tokenize.tokenize_inputs import lengths_of
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -49,7 +49,7 @@ FORMAT_OPTIONS = [
 
 
 def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the options that say how input rows become examples (`pipeline.formats.FormatOptions`)."""
+    """Add the options that say how input rows become examples (`pipeline.read.formats.FormatOptions`)."""
     for option in reversed(FORMAT_OPTIONS):
         command = option(command)
     return command
@@ -215,11 +215,11 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
     pre-tokenized data) and runs the planner for every max_len and strategy without writing shards.
     FOLDER may also be a pack-train run folder: its steps, losses, evals and best checkpoint, and
     a URI (s3://, gs://, hdfs://, file://), which is downloaded first."""
-    # polars (pipeline.report) is imported by this command only: pack-data and pack-verify run
+    # polars (pipeline.report.folder_report) is imported by this command only: pack-data and pack-verify run
     # where it is not installed (the GPU benchmark box)
-    from pipeline.report import folder_report, load_folder, to_json, whatif_report
-    from pipeline.report_render import format_text, write_html
-    from pipeline.run_summary import format_run, is_run_folder, run_report
+    from pipeline.report.folder_report import folder_report, load_folder, to_json, whatif_report
+    from pipeline.report.report_render import format_text, write_html
+    from pipeline.report.run_summary import format_run, is_run_folder, run_report
 
     with cli_errors(interrupted="no report file was left half-written",
                     disk_full="free some space or write the report elsewhere (--json, --html, --sources-csv); "

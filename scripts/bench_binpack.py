@@ -38,7 +38,7 @@ from benchlib import (
     timed,
 )
 
-from pipeline.binpack import STRATEGIES, assign_bins
+from pipeline.plan.binpack import STRATEGIES, assign_bins
 
 # ------------------------------------------------------------------------------------ lengths
 

@@ -70,8 +70,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-long-"))
     tokenizer = shared_dir() / LLAMA2  # its vocabulary sizes the model; else the sample tokenizer's
     tokenizer = tokenizer if tokenizer.exists() else REPO / "data" / "tokenizer"
-    from pipeline.job import PackConfig, run_pack_data
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.engines.job import PackConfig, run_pack_data
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     vocab = len(load_tokenizer(str(tokenizer)))
     lens = make_examples(work / "long.arrow", args.examples, args.min_len, args.max_example_len, args.seed, vocab)

@@ -27,7 +27,7 @@ Parts:
   a fresh interpreter from start to exit, imports and tokenizer load included, as a user waits for it
   (pack-data's console script, the click command `pipeline.cli:pack_data`; the TRL pipelines' cold
   child processes). pack-data keeps nothing of the tokenizer between processes: every job loads it
-  in-process (`pipeline.tokenizer.load_tokenizer`) before it reads any
+  in-process (`pipeline.tokenize.tokenizer.load_tokenizer`) before it reads any
   row, so each cold or whole-process run is a first job with this tokenizer, as any user's run is.
 - `scale`: the first job on a larger text set, where fixed costs (a worker pool's start, writing
   the manifest) weigh less than on the 2-4 s datasets themselves: each dataset's records --copies
@@ -43,7 +43,7 @@ Parts:
   phases and the child's peak RSS per file type (its own, VmHWM; and the largest of its forked
   children's, pages shared with it included).
 
-Every pack-data run goes through `pipeline.job.run_pack_data` in a fresh child process (so imports
+Every pack-data run goes through `pipeline.engines.job.run_pack_data` in a fresh child process (so imports
 and peak RSS are its own), or, for the whole-process times, through the `pack-data` command
 itself; per-phase times come from the job itself (setup, read_tokenize, plan, write, verify, total;
 setup holds the tokenizer's load and, for text input, the start of the tokenizer worker processes).
@@ -84,8 +84,8 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, "scripts")
 from benchlib import vmhwm_mb
-from pipeline.encode_pool import close_pool
-from pipeline.job import PackConfig, run_pack_data
+from pipeline.tokenize.encode_pool import close_pool
+from pipeline.engines.job import PackConfig, run_pack_data
 cfg = json.loads(sys.argv[1])
 repeat = int(sys.argv[2])
 runs = []
@@ -171,8 +171,8 @@ def rendered_texts(path: Path, tokenizer) -> list[str]:
     (prompt, response) joined into its whole text."""
     from itertools import groupby
 
-    from pipeline.formats import FormatOptions, detect_format, render
-    from pipeline.sources import column_names, iter_batches, resolve_inputs
+    from pipeline.read.formats import FormatOptions, detect_format, render
+    from pipeline.read.sources import column_names, iter_batches, resolve_inputs
 
     files = resolve_inputs([str(path)])
     fmt = detect_format(column_names(files), FormatOptions())
@@ -208,8 +208,8 @@ def engine_alone(texts: list[str], tokenizer) -> dict:
     tokenizer's own batch API; shown to tell pack-data's overhead from the engine's gain."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.encode_pool import default_workers, encode_pool
-    from pipeline.tokenize import TEXT_BATCH_ROWS
+    from pipeline.tokenize.encode_pool import default_workers, encode_pool
+    from pipeline.tokenize.tokenize_inputs import TEXT_BATCH_ROWS
 
     pieces = [texts[i : i + TEXT_BATCH_ROWS] for i in range(0, len(texts), TEXT_BATCH_ROWS)]
     n_workers = default_workers()
@@ -225,7 +225,7 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
     import datasets
     from trl.data_utils import pack_dataset
 
-    from pipeline.formats import FormatOptions, detect_format, render, rows_where
+    from pipeline.read.formats import FormatOptions, detect_format, render, rows_where
 
     t0 = time.perf_counter()
     kind = "json"
@@ -262,7 +262,7 @@ def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: i
     import datasets
     from trl.data_utils import _tokenize, common_prefix_length, pack_dataset
 
-    from pipeline.formats import FormatOptions, detect_format, render, rows_where
+    from pipeline.read.formats import FormatOptions, detect_format, render, rows_where
 
     t0 = time.perf_counter()
     ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp / f"hf-cache-sft-{path.stem}"))
@@ -347,7 +347,7 @@ def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
 
 
 def bench_text(args, tmp: Path) -> dict:
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     require(*(path for _, path in DATASETS), TOKENIZER)
     tokenizer = load_tokenizer(str(TOKENIZER))
@@ -448,7 +448,7 @@ def make_copies(path: Path, copies: int, out: Path) -> Path:
 def bench_scale(args, tmp: Path) -> dict:
     """The first job on each dataset --copies times over, against the cold raw tokenizer and the
     cold TRL-style batched map pipeline (see the module docstring)."""
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     require(*(path for _, path in DATASETS), TOKENIZER)
     tokenizer = load_tokenizer(str(TOKENIZER))

@@ -27,7 +27,7 @@ from pathlib import Path
 import bench_pack_data as bpd
 from benchlib import LLAMA2, REPO, machine_summary, shared_dir, write_json
 
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 SAMPLE = REPO / "data" / "sample" / "instructions.jsonl"
 CEILING_BATCH = 4096

@@ -27,7 +27,7 @@ from pathlib import Path
 from bench_pack_data_long import replicate
 from benchlib import LLAMA2, REPO, shared_dir
 
-from pipeline.job import PackConfig, run_pack_data
+from pipeline.engines.job import PackConfig, run_pack_data
 
 FIELDS = ("RssAnon", "RssFile")
 

@@ -44,7 +44,7 @@ CHILD = r"""
 import json, sys, time
 sys.path.insert(0, "scripts")
 from benchlib import vmhwm_mb
-from pipeline.job import PackConfig, run_pack_data
+from pipeline.engines.job import PackConfig, run_pack_data
 stats = {}
 t = time.perf_counter()
 m = run_pack_data(PackConfig(**json.loads(sys.argv[1])), stats=stats)
@@ -167,8 +167,8 @@ def bench_plan(args) -> dict:
     """The driver's plan step on synthetic lengths, as a 100B-token job would give it."""
     import numpy as np
 
-    from pipeline.plan import Pieces, apply_overlong, plan_rows
-    from pipeline.spill import Spill
+    from pipeline.plan.rows import Pieces, apply_overlong, plan_rows
+    from pipeline.tokenize.spill import Spill
 
     out = {}
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import tokenizer as hf_tokenizer
+from pipeline.tokenize import tokenizer as hf_tokenizer
 from pipeline.errors import UserError
 from pipeline.shards import Manifest, verify_folder
 from trainer.config import TrainConfig

@@ -107,7 +107,7 @@ def test_a_value_the_flag_refuses_is_refused_in_the_file(tmp_path: Path, command
 
 def test_values_the_flags_take_are_read_from_the_file(tmp_path: Path):
     """Negative control: what the flags accept is accepted, text parsed as the flag's text."""
-    from pipeline.job import PACK_CHECKS
+    from pipeline.engines.job import PACK_CHECKS
     from trainer.config import TRAIN_CHECKS
 
     cfg = tmp_path / "ok.yaml"

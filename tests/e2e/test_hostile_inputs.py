@@ -195,7 +195,7 @@ def test_a_field_that_first_appears_in_the_last_row_is_kept(tmp_path: Path) -> N
 
 def test_a_number_in_a_text_field_is_packed_as_the_text_the_file_holds(tmp_path: Path) -> None:
     from pipeline.shards import iter_rows
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     (tmp_path / "d.jsonl").write_text('{"instruction": "the id", "output": 12345678901234567890}\n'
                                       '{"instruction": "a price", "output": 1.10}\n', encoding="utf-8")

@@ -84,7 +84,7 @@ def test_in_order_raises_the_failing_items_error_at_its_turn():
 
 ORPHAN = r"""
 import os, sys, time
-from pipeline.encode_pool import EncodePool
+from pipeline.tokenize.encode_pool import EncodePool
 
 pool = EncodePool(3)
 print(*[p.pid for p in pool._procs], flush=True)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.binpack import (
+from pipeline.plan.binpack import (
     STRATEGIES,
     PlanError,
     assign_bins,

@@ -1,4 +1,4 @@
-"""pipeline.formats: format auto-detection, templates, segments with loss flags, clear field errors."""
+"""pipeline.read.formats: format auto-detection, templates, segments with loss flags, clear field errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.formats import (
+from pipeline.read.formats import (
     ALPACA,
     ALPACA_NO_INPUT,
     TEMPLATES,
@@ -30,7 +30,7 @@ TOKENIZER = ROOT / "data" / "tokenizer"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     return load_tokenizer(str(TOKENIZER))
 
@@ -173,7 +173,7 @@ def test_a_file_that_mixes_formats_is_one_line_naming_the_row_its_fields_and_the
         tokenizer, rows, row, has, kind, needs):
     """The format of a file comes from all its fields; its first row that lacks what that format
     needs and has another format's fields instead is named, with both sets of fields and the fix."""
-    from pipeline.formats import check_same_format
+    from pipeline.read.formats import check_same_format
 
     table = records(rows)
     fmt = detect_format(table.column_names, FormatOptions())
@@ -231,7 +231,7 @@ def test_sharegpt_turns_are_accepted(tokenizer):
 
 
 def test_chat_without_template_is_a_clear_error(tmp_path):
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     folder = tmp_path / "tok"
     shutil.copytree(TOKENIZER, folder)
@@ -254,7 +254,7 @@ def test_empty_chat_is_an_example_with_no_segments(tokenizer):
 
 
 def test_an_unknown_chat_role_is_refused_naming_the_allowed_ones():
-    from pipeline.formats import normalise_messages
+    from pipeline.read.formats import normalise_messages
 
     assert normalise_messages([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "r") == [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]

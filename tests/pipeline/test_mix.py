@@ -1,4 +1,4 @@
-"""pipeline.mix and `pack-data --mix`: uses per example, ids unique per use, the same shards for
+"""pipeline.plan.mix and `pack-data --mix`: uses per example, ids unique per use, the same shards for
 any --num-proc, per-input records in the manifest and pack-report, one line for bad weights."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import mix
+from pipeline.plan import mix
 from pipeline.cli import pack_data, pack_report, pack_verify
-from pipeline.deep_check import deep_check
+from pipeline.report.deep_check import deep_check
 from pipeline.errors import UserError
-from pipeline.job import PackConfig, run_pack_data
-from pipeline.plan import Pieces
+from pipeline.engines.job import PackConfig, run_pack_data
+from pipeline.plan.rows import Pieces
 from pipeline.shards import iter_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,17 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-import pipeline.job
+import pipeline.engines.job
 import pipeline.shards.verify
-import pipeline.write
+import pipeline.write.shard_writer
 from pipeline.cli import pack_data, pack_verify
-from pipeline.encode_pool import default_workers
-from pipeline.job import PackConfig, run_pack_data
-from pipeline.long_texts import MAX_PIECE_CHARS
-from pipeline.segments import encode_segments
+from pipeline.tokenize.encode_pool import default_workers
+from pipeline.engines.job import PackConfig, run_pack_data
+from pipeline.tokenize.long_texts import MAX_PIECE_CHARS
+from pipeline.tokenize.segments import encode_segments
 from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest, verify_folder
-from pipeline.tokenize import tokenize_examples
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tokenize.tokenize_inputs import tokenize_examples
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
@@ -195,7 +195,7 @@ def test_mixed_formats_each_file_rendered_with_its_own(tmp_path: Path):
 
 @pytest.mark.parametrize(("strategy", "max_len", "overlong"), [("ffd", 1024, "split"), ("pad", 8192, "truncate")])
 def test_summary_padding_is_pack_reports_figure(tmp_path: Path, strategy: str, max_len: int, overlong: str):
-    from pipeline.report import folder_report, load_folder
+    from pipeline.report.folder_report import folder_report, load_folder
 
     out = tmp_path / strategy
     result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", max_len, "--out", out,
@@ -224,7 +224,7 @@ def _ipc(path: Path, rows: list[list[int]], batch: int = 2, compression: str | N
 
 
 def test_arrow_ipc_pretokenized_is_gathered_in_place_with_the_same_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from pipeline import tokenize
+    from pipeline.tokenize import tokenize_inputs as tokenize
 
     rows = [list(range(10 + i, 10 + i + n)) for i, n in enumerate([5, 12, 0, 3, 20, 7, 1])]
     a = _ipc(tmp_path / "a.arrow", rows[:4], batch=3)
@@ -286,7 +286,7 @@ def test_arrow_ipc_in_place_rows_of_another_format_name_the_file_row_and_fields(
 
 @pytest.mark.parametrize("kind", ["tokenized", "text"])
 def test_the_manifest_records_the_tokenizers_facts_and_the_format(tmp_path: Path, kind: str):
-    from pipeline.tokenizer import tokenizer_info
+    from pipeline.tokenize.tokenizer import tokenizer_info
 
     if kind == "tokenized":
         data = _ipc(tmp_path / "a.arrow", [[5, 6], [7, 8, 9]])
@@ -414,10 +414,10 @@ def test_a_long_row_packs_the_same_whatever_num_proc_with_the_ids_of_its_whole_t
     """A row longer than LONG_TEXT_CHARS (made small here), tokenized in pieces: the shards are the
     same for any --num-proc, and its example holds the ids of the whole rendered text, its loss
     starting where the tokenizer's offsets put the response, split into --max-len pieces."""
-    import pipeline.long_texts
+    import pipeline.tokenize.long_texts
 
     for name, value in (("LONG_TEXT_CHARS", 60_000), ("CALL_CHARS", 60_000), ("PIECE_CHARS", 2_000)):
-        monkeypatch.setattr(pipeline.long_texts, name, value)
+        monkeypatch.setattr(pipeline.tokenize.long_texts, name, value)
     docs = [json.loads(line)["text"] for line in (SAMPLE / "text.jsonl").read_text().splitlines()]
     body = " ".join(docs)[:100_000]
     prompt, response = body[: len(body) // 2], body[len(body) // 2 :]
@@ -645,7 +645,7 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
     def full(path, table):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(pipeline.write, "write_shard", full)
+    monkeypatch.setattr(pipeline.write.shard_writer, "write_shard", full)
     out = tmp_path / "o"
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
     assert result.exit_code == 1 and "disk full" in result.output and "Traceback" not in result.output
@@ -655,14 +655,14 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
 def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path,
                                                                  monkeypatch: pytest.MonkeyPatch):
     calls: list[bool] = []
-    real = pipeline.job.verify_folder
+    real = pipeline.engines.job.verify_folder
 
     def spy(folder, *, check_hashes=True, checked=None):
         calls.append(check_hashes)
         assert checked and all(s.tokens > 0 for s in checked.values())  # each shard checked as written
         return real(folder, check_hashes=check_hashes, checked=checked)
 
-    monkeypatch.setattr(pipeline.job, "verify_folder", spy)
+    monkeypatch.setattr(pipeline.engines.job, "verify_folder", spy)
     monkeypatch.setattr(pipeline.shards.verify, "file_sha256", lambda path: pytest.fail("final check re-hashed a shard"))
     out = tmp_path / "o"
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", out)
@@ -677,7 +677,7 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
             handle.write(b"\0" * 8)
         return manifest
 
-    monkeypatch.setattr(pipeline.job, "verify_folder", spy_and_grow)
+    monkeypatch.setattr(pipeline.engines.job, "verify_folder", spy_and_grow)
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 32, "--out", tmp_path / "o2")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "shard-00000.arrow: shard is" in result.output and "were written" in result.output
@@ -688,7 +688,7 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
 def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Path,
                                                       monkeypatch: pytest.MonkeyPatch):
     """What is checked is the file on disk: a bad shard written by the writer thread is caught."""
-    real = pipeline.write.write_shard
+    real = pipeline.write.shard_writer.write_shard
 
     def write_bad(path, table):  # shard 1 reaches the disk with row 0's position_ids not restarting
         if path.name == "shard-00001.arrow":
@@ -699,7 +699,7 @@ def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Pa
             table = table.set_column(2, table.schema.field("position_ids"), new)
         real(path, table)
 
-    monkeypatch.setattr(pipeline.write, "write_shard", write_bad)
+    monkeypatch.setattr(pipeline.write.shard_writer, "write_shard", write_bad)
     out = tmp_path / "o"
     result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "8",
                                             "--rows-per-shard", "1", "--out", str(out), "--no-progress"])
@@ -717,7 +717,7 @@ def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: 
 
     from packed_factory import rewrite_shard, shard_arrays
 
-    real = pipeline.job.verify_folder
+    real = pipeline.engines.job.verify_folder
     rechecked: list[str] = []
     real_summarize = pipeline.shards.verify.summarize_shard
 
@@ -733,7 +733,7 @@ def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: 
         monkeypatch.setattr(pipeline.shards.verify, "summarize_shard", spy_summarize)
         return real(folder, check_hashes=check_hashes, checked=checked)
 
-    monkeypatch.setattr(pipeline.job, "verify_folder", tamper_then_verify)
+    monkeypatch.setattr(pipeline.engines.job, "verify_folder", tamper_then_verify)
     out = tmp_path / "o"
     result = run(pretok, "--tokenizer", TOKENIZER, "--max-len", 8, "--rows-per-shard", 1, "--out", out)
     assert result.exit_code == 1 and "Traceback" not in result.output
@@ -746,7 +746,7 @@ def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: 
     def interrupted(path, table):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline.write, "write_shard", interrupted)
+    monkeypatch.setattr(pipeline.write.shard_writer, "write_shard", interrupted)
     out = tmp_path / "o"
     result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "32",
                                             "--out", str(out), "--no-progress"])
@@ -755,7 +755,7 @@ def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: 
 
 
 def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
-    from pipeline.sources import resolve_inputs
+    from pipeline.read.sources import resolve_inputs
     from pipeline.progress import estimate_rows
 
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": str(i)} for i in range(7)])
@@ -768,11 +768,11 @@ def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
 
 
 def test_spill_read_in_one_window_or_many_gives_the_same_shards(tmp_path: Path, monkeypatch):
-    import pipeline.spill
+    import pipeline.tokenize.spill
 
     shas = []
-    for window in (pipeline.spill.MAP_WINDOW_BYTES, 4096):  # the whole spill mapped at once / a page at a time
-        monkeypatch.setattr(pipeline.spill, "MAP_WINDOW_BYTES", window)
+    for window in (pipeline.tokenize.spill.MAP_WINDOW_BYTES, 4096):  # the whole spill mapped at once / a page at a time
+        monkeypatch.setattr(pipeline.tokenize.spill, "MAP_WINDOW_BYTES", window)
         out = tmp_path / f"o{window}"
         result = run(SAMPLE / "instructions.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out,
                      "--overlong", "split", "--rows-per-shard", 50)

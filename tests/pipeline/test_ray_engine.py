@@ -1,4 +1,4 @@
-"""pack-data --engine ray (pipeline.ray_engine) on a local Ray of 2 CPUs: the shards equal the local
+"""pack-data --engine ray (pipeline.engines.ray_engine) on a local Ray of 2 CPUs: the shards equal the local
 engine's byte for byte whatever the chunking, a worker killed mid-job changes nothing, and every
 failure is one line."""
 
@@ -25,9 +25,9 @@ from click.testing import CliRunner
 
 from pipeline.cli import pack_data
 from pipeline.errors import UserError
-from pipeline.job import PackConfig, run_pack_data
+from pipeline.engines.job import PackConfig, run_pack_data
 from pipeline.shards import read_manifest, verify_folder
-from pipeline.sources import plan_chunks, resolve_inputs
+from pipeline.read.sources import plan_chunks, resolve_inputs
 
 ray = pytest.importorskip("ray")
 
@@ -248,7 +248,7 @@ def test_numbers_in_text_fields_are_the_file_s_text_on_ray_too(tmp_path: Path) -
                              for i in range(300)))
     same_as_local(tmp_path, [jsonl], (2_000, 1 << 30), max_len=128)
     from pipeline.shards import iter_rows
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     text = "".join(load_tokenizer(TOKENIZER).decode(r["input_ids"]) for r in iter_rows(tmp_path / "ray-2000"))
     assert f"{10**19 + 7}.070" in text and "e+19" not in text

@@ -1,4 +1,4 @@
-"""Inputs and --out on remote storage (pipeline.remote): an S3 server (moto, on 127.0.0.1) started
+"""Inputs and --out on remote storage (pipeline.read.remote): an S3 server (moto, on 127.0.0.1) started
 by the tests, and file:// URIs. Both engines give the shards of the same job on local files."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import pack_data, pack_verify
-from pipeline.job import PackConfig, run_pack_data
+from pipeline.engines.job import PackConfig, run_pack_data
 from pipeline.shards import read_manifest, verify_folder
 
 ROOT = Path(__file__).resolve().parents[2]

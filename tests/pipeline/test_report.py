@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from packed_factory import make_packed_folder
 
 from pipeline.cli import pack_report
-from pipeline.report import compare, whatif_report
-from pipeline.stats import pad_to_longest, pad_to_max
+from pipeline.report.folder_report import compare, whatif_report
+from pipeline.report.stats import pad_to_longest, pad_to_max
 from pipeline.shards import IGNORE_INDEX, Counts
 
 MAX_LEN = 10
@@ -177,7 +177,7 @@ def test_compare_uses_planner() -> None:
 
 
 def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
-    pytest.importorskip("pipeline.sources")
+    pytest.importorskip("pipeline.read.sources")
     if not Path("data/tokenizer/tokenizer.json").is_file():
         pytest.skip("data/tokenizer not generated")
     data = tmp_path / "tok.jsonl"
@@ -199,8 +199,8 @@ def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
 
 def test_the_length_histogram_spans_the_lengths_there_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its x-axis starts at the shortest example (92 tokens here), not at 1, and reaches max_len."""
-    from pipeline import report_render
-    from pipeline.report import load_folder
+    from pipeline.report import report_render
+    from pipeline.report.folder_report import load_folder
 
     rows = [[(0, list(range(1, 93))), (1, list(range(1, 151)))], [(2, list(range(1, 301)))]]
     make_packed_folder(tmp_path / "p", rows, 512)
@@ -233,7 +233,7 @@ def test_uncompiled_tells_which_strategies_numba_would_compile(tmp_path: Path) -
     import subprocess
     import sys
 
-    code = ("import sys\nfrom pipeline.binpack import STRATEGIES, assign_bins, uncompiled\n"
+    code = ("import sys\nfrom pipeline.plan.binpack import STRATEGIES, assign_bins, uncompiled\n"
             "print(uncompiled(STRATEGIES))\nassign_bins([3, 5, 2], 8, strategy='sequential')\n"
             "print(uncompiled(['sequential', 'ffd']))")
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}

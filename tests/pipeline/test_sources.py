@@ -1,4 +1,4 @@
-"""pipeline.sources: every input format, ordering and row positions, limits, and every error case."""
+"""pipeline.read.sources: every input format, ordering and row positions, limits, and every error case."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import read_json, read_tables, sources
+from pipeline.read import json_lines as read_json, sources, tables as read_tables
 from pipeline.errors import UserError
-from pipeline.sources import InputFile, column_names, input_fingerprints, iter_batches, resolve_inputs
+from pipeline.read.sources import InputFile, column_names, input_fingerprints, iter_batches, resolve_inputs
 
 ROWS = [{"instruction": f"task {i}", "input": "" if i % 2 else f"in {i}", "output": f"answer {i}"}
         for i in range(10)]
@@ -402,8 +402,8 @@ def test_the_columns_of_a_json_array_come_from_every_record(tmp_path):
 def test_a_jsonl_field_that_first_appears_late_is_found(tmp_path):
     """Silent data loss, fixed: an optional `input` that first appears after the first 20 MB is
     in the columns --format auto decides from, so the instruction format reads it."""
-    from pipeline.formats import FormatOptions
-    from pipeline.tokenize import file_formats
+    from pipeline.read.formats import FormatOptions
+    from pipeline.tokenize.tokenize_inputs import file_formats
 
     path = tmp_path / "late.jsonl"
     line = json.dumps({"instruction": "x" * 1000, "output": "y"}) + "\n"
@@ -570,7 +570,7 @@ def test_numbers_in_text_fields_stay_the_text_the_file_holds(tmp_path, kind):
     path.write_text(body if kind == "jsonl" else "[\n" + ",\n".join(body.splitlines()) + "\n]\n", encoding="utf-8")
     table, batches = read_all([str(path)])
     assert table.column("output").to_pylist() == NUMBER_TEXTS  # never 1.2345678901234567e+19 or 1.1
-    from pipeline.formats import FormatOptions, detect_format, render
+    from pipeline.read.formats import FormatOptions, detect_format, render
 
     fmt = detect_format(table.column_names, FormatOptions())
     texts = render(batches[0].table, fmt, batches[0].where).texts

@@ -1,4 +1,4 @@
-"""pipeline.tokenize_batch and pipeline.tokenize: BOS/EOS and labels per format, pre-tokenized input,
+"""pipeline.tokenize.batch and pipeline.tokenize.tokenize_inputs: BOS/EOS and labels per format, pre-tokenized input,
 segments, worker processes, batches in input order."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.encode_pool import encode_pool
-from pipeline.segments import cached_token_sizes, encode_segments, token_sizes
+from pipeline.tokenize.encode_pool import encode_pool
+from pipeline.tokenize.segments import cached_token_sizes, encode_segments, token_sizes
 from pipeline.errors import UserError
-from pipeline.formats import FormatOptions, detect_format, rows_where
+from pipeline.read.formats import FormatOptions, detect_format, rows_where
 from pipeline.shards import IGNORE_INDEX
-from pipeline.sources import resolve_inputs
-from pipeline.spill import _map_pieces
-from pipeline.tokenize import TEXT_BATCH_ROWS, iter_tokenized, lengths_of
-from pipeline.tokenize_batch import encode_texts, tokenize_batch, tokenized_batch
-from pipeline.tokenizer import load_tokenizer
+from pipeline.read.sources import resolve_inputs
+from pipeline.tokenize.spill import _map_pieces
+from pipeline.tokenize.tokenize_inputs import TEXT_BATCH_ROWS, iter_tokenized, lengths_of
+from pipeline.tokenize.batch import encode_texts, tokenize_batch, tokenized_batch
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
@@ -205,7 +205,7 @@ def test_tokenizers_whose_ids_do_not_tell_their_text_length_are_measured_with_of
 def test_texts_whose_sizes_do_not_add_up_are_cut_by_offsets_in_workers_too(tok):
     """An unknown token's size is unknown: that text is measured with offsets, the others from their
     ids; worker processes give what this process gives."""
-    from pipeline.segments import _split_by_sizes, flat_ids
+    from pipeline.tokenize.segments import _split_by_sizes, flat_ids
 
     texts = ["Answer: <unk> yes", "Answer: fine", "plain"]
     cuts = (np.array([1, 1, 0]), np.array([8, 8]))
@@ -217,7 +217,7 @@ def test_texts_whose_sizes_do_not_add_up_are_cut_by_offsets_in_workers_too(tok):
     assert np.array_equal(got[0], want[0]) and got[1].tolist() == want[1].tolist()
     # the cut is after "Answer: ": the token "Ġfine", which holds that space, goes with the response
     assert want[1].tolist()[2:4] == [len(enc(tok, "Answer:")), len(enc(tok, " fine"))] == [2, 1]
-    from pipeline.encode_pool import EncodePool
+    from pipeline.tokenize.encode_pool import EncodePool
 
     pool = EncodePool(2, tok.backend_tokenizer.to_str())
     try:
@@ -234,7 +234,7 @@ def test_nfc_and_space_stripping_added_tokens_leave_only_texts_the_sizes_can_mea
     its texts to offsets too. Either way the cuts are the offsets' cuts."""
     from tokenizers import AddedToken, Tokenizer
 
-    from pipeline.segments import _split_by_sizes, flat_ids
+    from pipeline.tokenize.segments import _split_by_sizes, flat_ids
 
     spec = json.loads(tok.backend_tokenizer.to_str())
     backend = Tokenizer.from_str(json.dumps({**spec, "normalizer": {"type": "NFC"}}))
@@ -295,7 +295,7 @@ def test_a_pool_forked_with_a_backend_encodes_with_it_and_can_switch(tok):
     at once, take another one when told, and a backend they cannot build is the first encode's error."""
     from tokenizers import Tokenizer
 
-    from pipeline.encode_pool import EncodePool
+    from pipeline.tokenize.encode_pool import EncodePool
 
     texts = ["hello world", "", "naïve café 😀 " * 3]
     backend = tok.backend_tokenizer.to_str()
@@ -365,9 +365,9 @@ def test_spill_pieces_read_through_map_windows_equal_the_slices(
 ):
     """Any pieces of a spill file, in any order, some crossing window edges or ending at the file's
     end, come back concatenated in the order asked, whatever the window size."""
-    import pipeline.spill
+    import pipeline.tokenize.spill
 
-    monkeypatch.setattr(pipeline.spill, "MAP_WINDOW_BYTES", 4096 * window_pages)
+    monkeypatch.setattr(pipeline.tokenize.spill, "MAP_WINDOW_BYTES", 4096 * window_pages)
     rng = np.random.default_rng(seed)
     data = rng.integers(-(2**31), 2**31 - 1, size=sum(sizes), dtype=np.int32)  # the last piece ends at the end
     path = tmp_path_factory.mktemp("spill") / "ids.bin"
@@ -399,7 +399,7 @@ def test_a_spill_file_shorter_than_its_pieces_is_an_os_error(tmp_path):
 
 
 def test_a_spill_file_that_cannot_be_mapped_is_read_piece_by_piece(tmp_path, monkeypatch):
-    import pipeline.spill
+    import pipeline.tokenize.spill
 
     def refuse(*args, **kwargs):
         raise OSError(errno.ENODEV, "No such device")  # what a FUSE mount without mmap answers
@@ -411,7 +411,7 @@ def test_a_spill_file_that_cannot_be_mapped_is_read_piece_by_piece(tmp_path, mon
     fd = os.open(path, os.O_RDONLY)
     try:
         mapped = _map_pieces(fd, starts, lengths)
-        monkeypatch.setattr(pipeline.spill.mmap, "mmap", refuse)
+        monkeypatch.setattr(pipeline.tokenize.spill.mmap, "mmap", refuse)
         read = _map_pieces(fd, starts, lengths)
     finally:
         os.close(fd)
@@ -427,8 +427,8 @@ LONG_PIECES = [*PIECES, "word", "Hello", " the", "ab cd", "</s>", "x y", "日本
 
 @pytest.fixture
 def small_limits(monkeypatch):
-    """pipeline.long_texts with limits a few chars long, so that short texts are cut into pieces."""
-    import pipeline.long_texts as lt
+    """pipeline.tokenize.long_texts with limits a few chars long, so that short texts are cut into pieces."""
+    import pipeline.tokenize.long_texts as lt
 
     for name, value in (("LONG_TEXT_CHARS", 16), ("PIECE_CHARS", 4), ("CALL_CHARS", 24), ("MAX_PIECE_CHARS", 1 << 20)):
         monkeypatch.setattr(lt, name, value)
@@ -453,7 +453,7 @@ def test_long_texts_are_cut_only_where_no_id_changes(any_tok, small_limits, exam
     """encode_bounded cuts texts longer than LONG_TEXT_CHARS into pieces and groups texts into calls
     of at most CALL_CHARS chars, and still gives the ids and segment lengths of every whole text
     (from offsets, the reference): the cut places the tokenizer's pipeline proves safe are safe."""
-    from pipeline.long_texts import cut_pattern, encode_bounded
+    from pipeline.tokenize.long_texts import cut_pattern, encode_bounded
 
     backend = any_tok.backend_tokenizer
     assert cut_pattern(backend) is not None  # both pipelines can be cut
@@ -479,7 +479,7 @@ def test_a_long_row_is_tokenized_in_calls_of_bounded_size_with_the_ids_of_its_wh
     """At the real limits: a row of more than LONG_TEXT_CHARS chars reaches the tokenizer as pieces
     of about PIECE_CHARS chars, in calls of at most CALL_CHARS chars (what bounds the tokenizer's
     memory), and its example holds the tokenizer's ids of the whole text."""
-    from pipeline import long_texts
+    from pipeline.tokenize import long_texts
 
     docs = [json.loads(line)["text"] for line in (ROOT / "data" / "sample" / "text.jsonl").read_text().splitlines()]
     long_text = " ".join(docs * (long_texts.LONG_TEXT_CHARS // len(" ".join(docs)) + 1))
@@ -502,7 +502,7 @@ def test_a_long_text_that_cannot_be_cut_is_refused_naming_its_row(tok, small_lim
     times its size) with one line naming the row; shorter, it is tokenized whole."""
     from tokenizers import Tokenizer
 
-    import pipeline.long_texts as lt
+    import pipeline.tokenize.long_texts as lt
 
     monkeypatch.setattr(lt, "MAX_PIECE_CHARS", 40)
     fmt = detect_format(["text"], FormatOptions())
@@ -528,7 +528,7 @@ def test_cut_places_are_proven_only_for_pipelines_that_keep_them(tok):
     """cut_pattern: None for any part of the pipeline that could join or change text across a cut."""
     from tokenizers import AddedToken, Tokenizer
 
-    from pipeline.long_texts import cut_pattern
+    from pipeline.tokenize.long_texts import cut_pattern
 
     spec = json.loads(tok.backend_tokenizer.to_str())
     assert cut_pattern(tok.backend_tokenizer).pattern == r"(?<=[A-Za-z]) (?=[A-Za-z])"

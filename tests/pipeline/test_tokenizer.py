@@ -1,4 +1,4 @@
-"""pipeline.tokenizer: loading gives exactly what AutoTokenizer gives, errors, the fingerprint.
+"""pipeline.tokenize.tokenizer: loading gives exactly what AutoTokenizer gives, errors, the fingerprint.
 
 `load_tokenizer` loads the class a folder's tokenizer_config.json names directly (no torch import)
 when that is certainly AutoTokenizer's choice. These tests build folders of every kind the project
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.tokenizer import declared_class, load_tokenizer, tokenizer_fingerprint, tokenizer_info
+from pipeline.tokenize.tokenizer import declared_class, load_tokenizer, tokenizer_fingerprint, tokenizer_info
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"  # byte-level BPE, PreTrainedTokenizerFast, a chat template
@@ -315,7 +315,7 @@ def test_loading_a_tokenizer_folder_does_not_import_torch(repo_root: Path):
     import subprocess
     import sys
 
-    code = ("import sys; from pipeline.tokenizer import load_tokenizer; "
+    code = ("import sys; from pipeline.tokenize.tokenizer import load_tokenizer; "
             "load_tokenizer('data/tokenizer'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -314,7 +314,7 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
         "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
         f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
         "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, trainer.stream\n"
-        "import pipeline.cli, pipeline.job, pipeline.write, pipeline.sources, pipeline.tokenize, pipeline.shards\n"
+        "import pipeline.cli, pipeline.engines.job, pipeline.write.shard_writer, pipeline.read.sources, pipeline.tokenize.tokenize_inputs, pipeline.shards\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -580,7 +580,7 @@ def test_check_gpu_hf_builds_valid_packed_rows_and_needs_cuda(monkeypatch):
 def test_bench_pack_data_long_replicates_without_repeats_and_measures_the_ceiling(tmp_path):
     import bench_pack_data_long as bl
 
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     path = bl.replicate(3, tmp_path)  # the sample is 2.6 MB: two copies
     rows = [json.loads(line) for line in path.read_text().splitlines()]

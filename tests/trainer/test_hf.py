@@ -23,7 +23,7 @@ from packed_factory import make_packed_folder  # noqa: E402
 
 from pipeline.errors import ShardFormatError  # noqa: E402
 from pipeline.shards import iter_rows, read_manifest  # noqa: E402
-from pipeline.tokenizer import load_tokenizer  # noqa: E402
+from pipeline.tokenize.tokenizer import load_tokenizer  # noqa: E402
 from trainer import TrainConfig, hf, train  # noqa: E402
 from trainer.model import load_model, prepare  # noqa: E402
 from trainer.stream import Planner, row_lengths  # noqa: E402

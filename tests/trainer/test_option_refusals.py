@@ -19,7 +19,7 @@ from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.api_errors import parameter_names  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
-from pipeline.job import PackConfig, run_pack_data  # noqa: E402
+from pipeline.engines.job import PackConfig, run_pack_data  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.config import validate  # noqa: E402
 

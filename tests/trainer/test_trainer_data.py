@@ -153,7 +153,7 @@ def test_open_data_refuses_a_damaged_folder(packed: Path, tmp_path: Path) -> Non
 def test_open_data_checks_the_tokenizer_fingerprint(
     packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokenize = pytest.importorskip("pipeline.tokenizer")
+    tokenize = pytest.importorskip("pipeline.tokenize.tokenizer")
     from trainer import TrainConfig
     from trainer.stream import open_data
 
@@ -176,7 +176,7 @@ def test_open_data_checks_the_tokenizer_fingerprint(
 def test_open_data_takes_the_fingerprints_of_what_the_tokenizer_does_and_of_its_files(tmp_path: Path) -> None:
     """A manifest records what the tokenizer does (`tokenizer_fingerprint`); one written before that
     recorded the sha256 of its files, which still matches the same folder. Anything else is refused."""
-    from pipeline.tokenizer import file_fingerprint, load_tokenizer, tokenizer_fingerprint
+    from pipeline.tokenize.tokenizer import file_fingerprint, load_tokenizer, tokenizer_fingerprint
     from trainer import TrainConfig
     from trainer.stream import open_data
 
@@ -201,7 +201,7 @@ def test_an_older_manifest_takes_a_checkpoints_copy_of_the_tokenizer_it_names(tm
     manifest naming a folder that is gone."""
     import json as _json
 
-    from pipeline.tokenizer import file_fingerprint, load_tokenizer
+    from pipeline.tokenize.tokenizer import file_fingerprint, load_tokenizer
     from trainer import TrainConfig
     from trainer.stream import open_data
 

@@ -1,5 +1,5 @@
 """From tokenized examples to the row plan: the overlong policy turns examples into pieces of at
-most max_len tokens, and the bin packer (`pipeline.binpack.assign_bins`) gives each piece its row.
+most max_len tokens, and the bin packer (`pipeline.plan.binpack.assign_bins`) gives each piece its row.
 
 Example: lengths [5, 3, 9] with max_len 8 and `--overlong split` give pieces of lengths
 [5, 3, 8, 1] (example ids [0, 1, 2, 2]); `ffd` packs them into rows [[5, 3], [8], [1]] - pieces stay
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.binpack import assign_bins
+from pipeline.plan.binpack import assign_bins
 from pipeline.errors import UserError
 from pipeline.shards import Counts
-from pipeline.spill import Spill
+from pipeline.tokenize.spill import Spill
 
 OVERLONG = ("truncate", "split", "drop", "error")
 

@@ -3,7 +3,7 @@ while only their lengths stay in RAM, and the gather that reads pieces of them b
 
 Pre-tokenized uncompressed Arrow IPC input is not spilled at all (direct mode,
 `direct_arrow_spill`): the writer reads each example from the input file itself. The Ray engine
-(`pipeline.ray_engine`) spills into one pair of files per chunk of input (parts mode: `sources`
+(`pipeline.engines.ray_engine`) spills into one pair of files per chunk of input (parts mode: `sources`
 and `label_sources` are those files). In both modes an example's start encodes its file: index << FILE_SHIFT | offset.
 """
 
@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError
-from pipeline.formats import ResolvedFormat, check_same_format, rows_where
-from pipeline.sources import where_of
+from pipeline.read.formats import ResolvedFormat, check_same_format, rows_where
+from pipeline.read.sources import where_of
 
 
 

@@ -2,7 +2,7 @@
 
 A *segment* is a piece of text with a loss flag: the prompt of an instruction pair carries no loss
 (unless `--train-on-prompt`), its response does; every token of plain text carries loss; the
-assistant turns of a chat carry loss. `pipeline.tokenize` tokenizes each example's segments joined
+assistant turns of a chat carry loss. `pipeline.tokenize.tokenize_inputs` tokenizes each example's segments joined
 into its whole text, splits the ids where the segments meet and adds BOS/EOS; this module only
 decides *what* text goes where.
 

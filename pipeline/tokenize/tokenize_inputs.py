@@ -1,13 +1,13 @@
 """Parallel tokenization of every input, in input order, spilled to disk; only lengths stay in RAM.
 
-Inputs are streamed as batches of rows (`pipeline.sources`); each batch becomes token ids, labels
-and lengths (`pipeline.tokenize_batch`). With `num_proc` > 1, `num_proc` threads each take a batch:
+Inputs are streamed as batches of rows (`pipeline.read.sources`); each batch becomes token ids, labels
+and lengths (`pipeline.tokenize.batch`). With `num_proc` > 1, `num_proc` threads each take a batch:
 they render and assemble it here and have its texts encoded by one of `num_proc` worker processes
-(`pipeline.encode_pool`). At most a few batches are in flight (bounded memory), and results are
+(`pipeline.tokenize.encode_pool`). At most a few batches are in flight (bounded memory), and results are
 consumed *in input order* (`pipeline.background.in_order`), so the spill file and hence the shards
 are identical whatever `num_proc` is.
 
-`tokenize_to_spill` writes the results to the spill (`pipeline.spill`): two raw int32 files on disk,
+`tokenize_to_spill` writes the results to the spill (`pipeline.tokenize.spill`): two raw int32 files on disk,
 only the lengths in RAM.
 
 Each input file is rendered with its own format (`file_formats`: detected from that file's columns).
@@ -28,15 +28,15 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from pipeline.background import done, in_order
-from pipeline.encode_pool import encode_pool
+from pipeline.tokenize.encode_pool import encode_pool
 from pipeline.errors import UserError
-from pipeline.formats import FormatOptions, ResolvedFormat, detect_formats, text_fields
-from pipeline.long_texts import Encode
-from pipeline.remote import download_here, staged_inputs
-from pipeline.sources import column_names, iter_batches, resolve_inputs, where_of
-from pipeline.spill import Spill, append_values, NotDirect, direct_arrow_spill
-from pipeline.tokenize_batch import TokBatch, tokenize_batch, tokenized_batch
-from pipeline.tokenizer import RUST_THREADS, load_tokenizer
+from pipeline.read.formats import FormatOptions, ResolvedFormat, detect_formats, text_fields
+from pipeline.tokenize.long_texts import Encode
+from pipeline.read.remote import download_here, staged_inputs
+from pipeline.read.sources import column_names, iter_batches, resolve_inputs, where_of
+from pipeline.tokenize.spill import Spill, append_values, NotDirect, direct_arrow_spill
+from pipeline.tokenize.batch import TokBatch, tokenize_batch, tokenized_batch
+from pipeline.tokenize.tokenizer import RUST_THREADS, load_tokenizer
 
 
 
@@ -65,7 +65,7 @@ def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
 
 def tokenize_source_batch(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False,
                           encode: Encode | None = None) -> TokBatch:
-    """One batch of rows (`pipeline.sources.SourceBatch`) as token ids and labels, in its file's
+    """One batch of rows (`pipeline.read.sources.SourceBatch`) as token ids and labels, in its file's
     format; `encode`: where texts are encoded (default: here, with the tokenizer's backend)."""
     if fmt.kind == "tokenized":
         return tokenized_batch(batch.table, fmt, batch.where, derive_labels=derive_labels)
@@ -113,7 +113,7 @@ def iter_tokenized(
 
     `fmt` is one format for all files or one per file. With `num_proc` 1 everything runs here, one
     batch at a time; with more, `num_proc` threads render and assemble text batches while
-    `num_proc` worker processes encode them (`pipeline.encode_pool`). Pre-tokenized batches are
+    `num_proc` worker processes encode them (`pipeline.tokenize.encode_pool`). Pre-tokenized batches are
     handled in this thread (vectorised, I/O bound); with `derive_labels`, their labels are filled in
     when the input has none (else left None). At most 2 batches per worker are in flight (bounded
     memory). `batch_rows` default: TEXT_BATCH_ROWS when any input is text, else TOKENIZED_BATCH_ROWS.
@@ -296,7 +296,7 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
     them before packing; with `overlong == "truncate"` they are clipped to `max_len`. A split example
     is returned whole (its pieces in the shards are consecutive max_len chunks, each chunk's first
     label set to -100). An empty (skipped) example comes back as two empty arrays. Remote inputs
-    (URIs) are downloaded into a temporary folder first (`pipeline.remote`).
+    (URIs) are downloaded into a temporary folder first (`pipeline.read.remote`).
     """
     wanted = np.asarray(list(example_ids), dtype=np.int64)
     if len(wanted) == 0:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from pipeline.background import done, in_order
 from pipeline.errors import UserError, one_line
-from pipeline.read_json import open_input
+from pipeline.read.json_lines import open_input
 
 
 def _locate_bad_utf8(path: str) -> UserError | None:

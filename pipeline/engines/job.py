@@ -5,9 +5,9 @@ and benchmarks call it directly). It reads as the pipeline, one step per line:
     -> mix -> plan -> write shards (and the eval folder's) -> manifest -> verify -> commit
 
 Everything is written inside a hidden temporary sibling of the output folder
-(`pipeline.outdir.output_folder`), renamed to the output only when complete. Inputs and --out may
-be URIs of remote storage (`pipeline.remote`: inputs downloaded first, the output uploaded last).
-With `engine="ray"` the tokenize and write steps run as Ray tasks (`pipeline.ray_engine`); the
+(`pipeline.write.outdir.output_folder`), renamed to the output only when complete. Inputs and --out may
+be URIs of remote storage (`pipeline.read.remote`: inputs downloaded first, the output uploaded last).
+With `engine="ray"` the tokenize and write steps run as Ray tasks (`pipeline.engines.ray_engine`); the
 shards are the same.
 """
 
@@ -24,27 +24,27 @@ from typing import Any
 
 from pipeline.api_errors import python_spelling
 from pipeline.background import Background
-from pipeline.binpack import STRATEGIES
-from pipeline.encode_pool import default_workers, encode_pool
+from pipeline.plan.binpack import STRATEGIES
+from pipeline.tokenize.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
-from pipeline.formats import FORMATS, FormatOptions, ResolvedFormat
-from pipeline.eval_split import EVAL_FOLDER, split_off_eval
-from pipeline.mix import apply_mix, file_weights, parse_mix
+from pipeline.read.formats import FORMATS, FormatOptions, ResolvedFormat
+from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
+from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.option_checks import PATH, PATHS, Check, check_options
-from pipeline.outdir import check_out, output_folder
-from pipeline.plan import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
+from pipeline.write.outdir import check_out, output_folder
+from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
+from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
                                  tokenize_on_ray, write_on_ray)
-from pipeline.remote import Staged, download_here, is_uri, local_inputs_folder, remote_out, staged_inputs
+from pipeline.read.remote import Staged, download_here, is_uri, local_inputs_folder, remote_out, staged_inputs
 from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
-from pipeline.sources import input_fingerprints, resolve_inputs
-from pipeline.spill import Spill
-from pipeline.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
-from pipeline.tokenize import file_formats, needs_encoder, tokenize_to_spill
-from pipeline.tokenizer import load_tokenizer, tokenizer_info
-from pipeline.write import Written, check_sizes, write_shards
+from pipeline.read.sources import input_fingerprints, resolve_inputs
+from pipeline.tokenize.spill import Spill
+from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
+from pipeline.tokenize.tokenize_inputs import file_formats, needs_encoder, tokenize_to_spill
+from pipeline.tokenize.tokenizer import load_tokenizer, tokenizer_info
+from pipeline.write.shard_writer import Written, check_sizes, write_shards
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -68,14 +68,14 @@ class PackConfig(FormatOptions):
     rows_per_shard: int | None = None
     overwrite: bool = False
     limit: int | None = None
-    mix: str | None = None  # "a.jsonl=2,b.parquet=0.5": uses per example of each input (pipeline.mix)
-    eval_fraction: float | None = None  # held out into OUT/eval (pipeline.eval_split)
+    mix: str | None = None  # "a.jsonl=2,b.parquet=0.5": uses per example of each input (pipeline.plan.mix)
+    eval_fraction: float | None = None  # held out into OUT/eval (pipeline.plan.eval_split)
     eval_examples: int | None = None
-    batch_rows: int | None = None  # None: pipeline.tokenize's default for the input's format
-    engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.ray_engine)
+    batch_rows: int | None = None  # None: pipeline.tokenize.tokenize_inputs's default for the input's format
+    engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.engines.ray_engine)
     ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
     chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
-    tmp_dir: str | None = None  # a remote --out is written here first (pipeline.remote); None: the system's
+    tmp_dir: str | None = None  # a remote --out is written here first (pipeline.read.remote); None: the system's
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -353,7 +353,7 @@ def summary_lines(
 ) -> list[str]:
     """Human summary: counts, rows, efficiency, padding against pad-to-longest, time per phase.
 
-    `reference` is `pipeline.stats.pad_to_longest` of the stored sequences (batches of 32 in
+    `reference` is `pipeline.report.stats.pad_to_longest` of the stored sequences (batches of 32 in
     example-id order), the same baseline and figure as `pack-report`'s "padding tokens avoided".
     """
     c = manifest.counts

@@ -1,5 +1,5 @@
 """Input sources: resolve the user's inputs into files, and stream them as Arrow tables with exact
-row positions (the format readers are `pipeline.read_json` and `pipeline.read_tables`).
+row positions (the format readers are `pipeline.read.json_lines` and `pipeline.read.tables`).
 
 Supported inputs (several may be given; globs are expanded in sorted order; order is kept):
 
@@ -45,9 +45,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import UserError, one_line
-from pipeline.read_json import (DEFAULT_CHUNK_BYTES, json_array_text, jsonl_columns, line_start, lines_before,
+from pipeline.read.json_lines import (DEFAULT_CHUNK_BYTES, json_array_text, jsonl_columns, line_start, lines_before,
                                 open_input, read_json_array, read_jsonl, scan_json_array)
-from pipeline.read_tables import read_arrow, read_csv, read_parquet
+from pipeline.read.tables import read_arrow, read_csv, read_parquet
 from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 
 KINDS = ("jsonl", "json", "parquet", "arrow", "csv", "hf_disk", "hub")

@@ -1,4 +1,4 @@
-"""How `pack-report` shows a report (`pipeline.report`): a terminal table (<= 100 columns) and a
+"""How `pack-report` shows a report (`pipeline.report.folder_report`): a terminal table (<= 100 columns) and a
 self-contained HTML page with embedded charts (matplotlib, PNG as data URIs)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.report import PADDED_LAYOUTS, FolderData
-from pipeline.stats import safe_ratio
+from pipeline.report.folder_report import PADDED_LAYOUTS, FolderData
+from pipeline.report.stats import safe_ratio
 
 def _n(x: float) -> str:
     """Human number: 1234567 -> '1.23M'."""

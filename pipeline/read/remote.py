@@ -415,7 +415,7 @@ def upload_folder(local: Path, uri: str, overwrite: bool) -> None:
 def local_inputs_folder(out: Path) -> Path:
     """Where remote inputs are downloaded: a hidden sibling of the local output folder, named like
     its temporary folders (so a run killed outright has it removed by the next one)."""
-    from pipeline.outdir import tmp_prefix
+    from pipeline.write.outdir import tmp_prefix
 
     return out.absolute().parent / f"{tmp_prefix(out.name)}{os.getpid()}-inputs-{uuid.uuid4().hex[:8]}"
 

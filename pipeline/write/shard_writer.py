@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from pipeline.errors import UserError
-from pipeline.plan import RowPlan
+from pipeline.plan.rows import RowPlan
 from pipeline.progress import bar
 from pipeline.shards import (
     ShardInfo,
@@ -35,7 +35,7 @@ from pipeline.shards import (
     summarize_shard,
     write_shard,
 )
-from pipeline.spill import Spill
+from pipeline.tokenize.spill import Spill
 
 HASH_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))  # shards hashed at once (hashlib frees the GIL)
 

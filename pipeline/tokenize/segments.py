@@ -1,7 +1,7 @@
 """Encoding texts whose segments must keep their own token counts: one tokenizer call per text,
 split back into segments (a prompt and its response, chat turns) at the character positions where
 they meet, by offsets or by the bytes each token stands for. `encode_segments` is what both this
-process and the encode worker processes (`pipeline.encode_pool`) run.
+process and the encode worker processes (`pipeline.tokenize.encode_pool`) run.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Padding/packing layout figures in plain numpy (no polars), shared by `pack-report` and `pack-data`.
 
-`pipeline.report` (polars, plots) builds its reports from these; `pipeline.write` uses them for
+`pipeline.report.folder_report` (polars, plots) builds its reports from these; `pipeline.write.shard_writer` uses them for
 pack-data's final summary, so both print the same "padding avoided vs pad-to-longest" figure. The
-cost model is documented in `pipeline.report`.
+cost model is documented in `pipeline.report.folder_report`.
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ Ray tasks, the output byte-identical to the local engine's.
     chunks -> tokenize tasks (one spill part each) -> plan on the driver -> one write task per shard
     -> manifest, verify, commit on the driver
 
-- read + tokenize: the inputs are cut into chunks (`pipeline.sources.plan_chunks`: byte ranges of
+- read + tokenize: the inputs are cut into chunks (`pipeline.read.sources.plan_chunks`: byte ranges of
   JSON Lines, runs of Parquet row groups or Arrow record batches, other inputs whole); a task
   tokenizes its chunk into `_spill/part-NNNNNN.ids` (and `.labels`) in the job's temporary folder
   and returns the length of every example. The driver numbers the examples across chunks in input
   order and builds one `Spill` over all parts (parts mode), so the planner sees exactly what the
   local engine's single spill gives it.
-- write: one task per shard gathers its rows' pieces from the parts (`pipeline.write.shard_table`,
+- write: one task per shard gathers its rows' pieces from the parts (`pipeline.write.shard_writer.shard_table`,
   the local engine's code), writes the shard, hashes it and checks it as it is on disk.
 - the sha256 of every input byte is computed by one task per input file, meanwhile.
 
@@ -42,18 +42,18 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UserError, one_line
-from pipeline.formats import ResolvedFormat, text_fields
-from pipeline.plan import RowPlan
+from pipeline.read.formats import ResolvedFormat, text_fields
+from pipeline.plan.rows import RowPlan
 from pipeline.progress import bar
-from pipeline.ray_reaper import reaped_ray
-from pipeline.remote import download_file
+from pipeline.engines.ray_reaper import reaped_ray
+from pipeline.read.remote import download_file
 from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
-from pipeline.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
-from pipeline.spill import FILE_SHIFT, Spill
-from pipeline.tokenize import (Part, default_batch_rows, ids_are_labels, rust_threads_off, spill_part,
+from pipeline.read.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
+from pipeline.tokenize.spill import FILE_SHIFT, Spill
+from pipeline.tokenize.tokenize_inputs import (Part, default_batch_rows, ids_are_labels, rust_threads_off, spill_part,
                                tokenize_source_batch, try_direct)
-from pipeline.tokenizer import BackendOnly, load_tokenizer
-from pipeline.write import Written, check_vocab, shard_table
+from pipeline.tokenize.tokenizer import BackendOnly, load_tokenizer
+from pipeline.write.shard_writer import Written, check_vocab, shard_table
 
 CHUNK_BYTES = 64 << 20  # input bytes per tokenize task, at most, by default (--chunk-bytes)
 MIN_CHUNK_BYTES = 1 << 20

@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from pipeline.errors import UserError
-from pipeline.plan import Pieces
+from pipeline.plan.rows import Pieces
 from pipeline.shards import Counts
 
 EVAL_FOLDER = "eval"

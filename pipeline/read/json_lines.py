@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
-from pipeline.json_numbers import exact_column, exact_float, exact_numbers
+from pipeline.read.json_numbers import exact_column, exact_float, exact_numbers
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.

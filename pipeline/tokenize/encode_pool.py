@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UserError
-from pipeline.segments import Cuts, encode_segments, token_sizes
+from pipeline.tokenize.segments import Cuts, encode_segments, token_sizes
 
 MAX_DEFAULT_WORKERS = 16  # each worker holds a tokenizer copy
 

@@ -2,7 +2,7 @@
 
 Used by `pack-report` (`pipeline/cli.py`). Figures are computed with numpy/polars from the
 shards' `seq_lens`/`example_ids` columns and the loss count of their labels, so a report over
-millions of examples takes seconds. `pipeline.report_render` shows them: `format_text` (terminal,
+millions of examples takes seconds. `pipeline.report.report_render` shows them: `format_text` (terminal,
 <= 100 columns) and `write_html`; `to_json` here.
 
 Cost model (documented because every "speedup" below comes from it):
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipeline.binpack import assign_bins
+from pipeline.plan.binpack import assign_bins
 from pipeline.errors import UserError
 from pipeline.shards import IGNORE_INDEX, Manifest, file_sha256, load_shard, read_manifest, shard_paths
-from pipeline.stats import (
+from pipeline.report.stats import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_HIDDEN,
     PACKED_STRATEGIES,
@@ -55,7 +55,7 @@ PADDED_LAYOUTS = ("pad-to-longest", "pad-to-max")
 
 def plan_layout(lengths: np.ndarray, max_len: int, strategy: str, seed: int = 0,
                 group_size: int = DEFAULT_BATCH_SIZE) -> Layout:
-    """Run the planner (`pipeline.binpack.assign_bins`) and measure the resulting layout."""
+    """Run the planner (`pipeline.plan.binpack.assign_bins`) and measure the resulting layout."""
     assign_bins(np.ones(4, np.int64), max(max_len, 4), strategy, seed, group_size)  # jit warm-up
     t0 = time.perf_counter()
     bins = assign_bins(lengths, max_len, strategy, seed, group_size)
@@ -124,7 +124,7 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
 def source_table(data: FolderData) -> list[dict[str, Any]]:
     """Per input file (the manifest's `sources`; empty for folders written without them): its
     weight, examples read, uses packed, tokens, loss tokens and share of all tokens. Use k of source
-    example i has id k * examples_read + i (`pipeline.mix`)."""
+    example i has id k * examples_read + i (`pipeline.plan.mix`)."""
     sources = data.manifest.sources
     if not sources or data.seq_loss is None:
         return []

@@ -11,14 +11,14 @@ import numpy as np
 from pipeline.errors import ShardFormatError, UserError
 from pipeline.shards.format import IGNORE_INDEX, load_shard, shard_paths
 from pipeline.shards.manifest import Manifest
-from pipeline.tokenize import tokenize_examples
+from pipeline.tokenize.tokenize_inputs import tokenize_examples
 
 
 def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: int,
                seed: int = 0) -> int:
     """Re-tokenize a seeded sample of source examples and compare token ids and labels.
 
-    Uses `pipeline.tokenize.tokenize_examples(config, ids)` on the manifest's `config` (inputs,
+    Uses `pipeline.tokenize.tokenize_inputs.tokenize_examples(config, ids)` on the manifest's `config` (inputs,
     format options, tokenizer; `tokenizer` overrides the recorded one). A split example is compared
     piece by piece: its pieces are the consecutive max_len chunks of the fresh tokens, each chunk's
     first label -100, found in any order in the shards. Returns the number of examples compared.

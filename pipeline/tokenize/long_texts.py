@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.encode_pool import Cuts
+from pipeline.tokenize.encode_pool import Cuts
 from pipeline.errors import UserError
 
 LONG_TEXT_CHARS = 1 << 20  # a text longer than this is cut into pieces (where the tokenizer allows it)

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UserError
-from pipeline.plan import Pieces
-from pipeline.sources import resolve_inputs
+from pipeline.plan.rows import Pieces
+from pipeline.read.sources import resolve_inputs
 
 
 def parse_mix(text: str | None) -> dict[str, float]:

@@ -1,9 +1,9 @@
 """One batch of input rows -> token ids, labels and a length per example (`TokBatch`).
 
-Text: each row is rendered into segments (`pipeline.formats`); each example's segments are joined
+Text: each row is rendered into segments (`pipeline.read.formats`); each example's segments are joined
 into its whole text, the whole texts of the batch are tokenized with the fast tokenizer's batch API
-(one call, or calls of bounded size with long texts cut where no id changes: `pipeline.long_texts`),
-and the ids are split at the segments' cuts (`pipeline.segments.encode_segments`: the ids are the
+(one call, or calls of bounded size with long texts cut where no id changes: `pipeline.tokenize.long_texts`),
+and the ids are split at the segments' cuts (`pipeline.tokenize.segments.encode_segments`: the ids are the
 tokenizer's ids of the text a model sees, not those of segments encoded apart). A numba kernel then
 adds BOS/EOS per example and builds the labels (-100 on prompt segments and always on an example's
 first token; the EOS that ends a response carries loss).
@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
-from pipeline.formats import ResolvedFormat, Where, check_same_format, missing_field, render
-from pipeline.long_texts import Encode, encode_bounded
-from pipeline.segments import Cuts, cached_token_sizes, encode_segments
+from pipeline.read.formats import ResolvedFormat, Where, check_same_format, missing_field, render
+from pipeline.tokenize.long_texts import Encode, encode_bounded
+from pipeline.tokenize.segments import Cuts, cached_token_sizes, encode_segments
 from pipeline.shards import IGNORE_INDEX
 
 
