@@ -171,8 +171,10 @@ def rendered_texts(path: Path, tokenizer) -> list[str]:
     (prompt, response) joined into its whole text."""
     from itertools import groupby
 
-    from pipeline.read.formats import FormatOptions, detect_format, render
-    from pipeline.read.sources import column_names, iter_batches, resolve_inputs
+    from pipeline.read.formats import FormatOptions, detect_format
+    from pipeline.tokenize.render import render
+    from pipeline.read.batches import column_names, iter_batches
+    from pipeline.read.sources import resolve_inputs
 
     files = resolve_inputs([str(path)])
     fmt = detect_format(column_names(files), FormatOptions())
@@ -225,7 +227,8 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
     import datasets
     from trl.data_utils import pack_dataset
 
-    from pipeline.read.formats import FormatOptions, detect_format, render, rows_where
+    from pipeline.read.formats import FormatOptions, detect_format
+    from pipeline.tokenize.render import render, rows_where
 
     t0 = time.perf_counter()
     kind = "json"
@@ -262,7 +265,8 @@ def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: i
     import datasets
     from trl.data_utils import _tokenize, common_prefix_length, pack_dataset
 
-    from pipeline.read.formats import FormatOptions, detect_format, render, rows_where
+    from pipeline.read.formats import FormatOptions, detect_format
+    from pipeline.tokenize.render import render, rows_where
 
     t0 = time.perf_counter()
     ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp / f"hf-cache-sft-{path.stem}"))

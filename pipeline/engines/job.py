@@ -6,7 +6,8 @@ and benchmarks call it directly). It reads as the pipeline, one step per line:
 
 Everything is written inside a hidden temporary sibling of the output folder
 (`pipeline.write.outdir.output_folder`), renamed to the output only when complete. Inputs and --out may
-be URIs of remote storage (`pipeline.read.remote`: inputs downloaded first, the output uploaded last).
+be URIs of remote storage (`pipeline.read.remote`: inputs downloaded first; `pipeline.write.remote_out`:
+the output uploaded last).
 With `engine="ray"` the tokenize and write steps run as Ray tasks (`pipeline.engines.ray_engine`); the
 shards are the same.
 """
@@ -32,12 +33,13 @@ from pipeline.read.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.option_checks import PATH, PATHS, Check, check_options
-from pipeline.write.outdir import check_out, output_folder
+from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
+from pipeline.write.remote_out import remote_out
 from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
 from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
-                                 tokenize_on_ray, write_on_ray)
-from pipeline.read.remote import Staged, download_here, is_uri, local_inputs_folder, remote_out, staged_inputs
+                                         tokenize_on_ray, write_on_ray)
+from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
 from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.read.sources import input_fingerprints, resolve_inputs
 from pipeline.tokenize.spill import Spill

@@ -4,7 +4,7 @@ Ray tasks, the output byte-identical to the local engine's.
     chunks -> tokenize tasks (one spill part each) -> plan on the driver -> one write task per shard
     -> manifest, verify, commit on the driver
 
-- read + tokenize: the inputs are cut into chunks (`pipeline.read.sources.plan_chunks`: byte ranges of
+- read + tokenize: the inputs are cut into chunks (`pipeline.read.chunks.plan_chunks`: byte ranges of
   JSON Lines, runs of Parquet row groups or Arrow record batches, other inputs whole); a task
   tokenizes its chunk into `_spill/part-NNNNNN.ids` (and `.labels`) in the job's temporary folder
   and returns the length of every example. The driver numbers the examples across chunks in input
@@ -48,10 +48,12 @@ from pipeline.progress import bar
 from pipeline.engines.ray_reaper import reaped_ray
 from pipeline.read.remote import download_file
 from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
-from pipeline.read.sources import Chunk, InputFile, chunk_batches, column_names, input_fingerprints, plan_chunks, where_of
+from pipeline.read.batches import column_names, where_of
+from pipeline.read.chunks import Chunk, chunk_batches, plan_chunks
+from pipeline.read.sources import InputFile, input_fingerprints
 from pipeline.tokenize.spill import FILE_SHIFT, Spill
 from pipeline.tokenize.tokenize_inputs import (Part, default_batch_rows, ids_are_labels, rust_threads_off, spill_part,
-                               tokenize_source_batch, try_direct)
+                                               tokenize_source_batch, try_direct)
 from pipeline.tokenize.tokenizer import BackendOnly, load_tokenizer
 from pipeline.write.shard_writer import Written, check_vocab, shard_table
 

@@ -1,16 +1,12 @@
-"""Readers of JSON inputs: JSON Lines, cut into byte chunks at line ends that pyarrow parses one by
-one (bounded memory; a schema that changes between chunks is fine), and JSON arrays, decoded
-element by element. Both know the exact line of every record, for one-line errors.
+"""Reader of JSON Lines inputs: cut into byte chunks at line ends that pyarrow parses one by one
+(bounded memory; a schema that changes between chunks is fine), knowing the exact line of every
+record, for one-line errors. JSON arrays are `pipeline.read.json_array`'s.
 """
 
 from __future__ import annotations
 
-import functools
 import gzip
-import itertools
 import json
-import os
-import re
 from collections.abc import Collection, Iterator
 from typing import Any, BinaryIO
 
@@ -19,7 +15,8 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
-from pipeline.read.json_numbers import exact_column, exact_float, exact_numbers
+from pipeline.read.json_numbers import exact_numbers
+from pipeline.read.json_records import MAX_DEPTH, Conformer, DuplicateKey, json_kind, short, type_conflict, unique_keys
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
@@ -34,48 +31,7 @@ def open_input(path: str) -> BinaryIO:
     return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
 
 
-class Conformer:
-    """Keeps a column's type steady across independently parsed chunks of one file.
-
-    A column that is all-null in a chunk (type null) is cast to the type seen before, and a column
-    missing from a chunk is added as nulls of its known type, so `input` missing or null in some
-    chunks still arrives as a string column. Columns first seen in a later chunk appear from there.
-    """
-
-    def __init__(self) -> None:
-        self.types: dict[str, pa.DataType] = {}
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        for name, typ in zip(table.column_names, table.schema.types):
-            if not pa.types.is_null(typ):
-                self.types[name] = typ
-            elif name not in self.types:
-                self.types[name] = typ
-        cols, names = [], []
-        for name, typ in self.types.items():
-            if name in table.column_names:
-                col = table.column(name)
-                if pa.types.is_null(col.type) and not pa.types.is_null(typ):
-                    col = pa.nulls(len(table), typ)
-                cols.append(col)
-            else:
-                cols.append(pa.nulls(len(table), typ))
-            names.append(name)
-        return pa.table(cols, names=names) if names else table
-
-
 # ------------------------------------------------------------------------------------ JSON Lines
-
-
-def _json_kind(v: Any) -> str:
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return {str: "string", list: "list", dict: "object"}.get(type(v), type(v).__name__)
-
-
-MAX_DEPTH = 1000  # nesting levels of a JSON value read (as Python's json module, whose limit is about this)
 
 
 def _too_deep(table: pa.Table) -> bool:
@@ -91,44 +47,6 @@ def _too_deep(table: pa.Table) -> bool:
         elif pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
             todo.append((typ.value_type, depth + 1))
     return False
-
-
-def _type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | None:
-    """First top-level field whose JSON type changes between records: items are (line, obj)."""
-    first: dict[str, tuple[str, int]] = {}
-    for line, obj in items:
-        for key, value in obj.items():
-            if value is None:
-                continue
-            kind = _json_kind(value)
-            seen = first.setdefault(key, (kind, line))
-            if seen[0] != kind:
-                return UserError(f"{path} line {line}: field {key!r} is a {kind} here but a "
-                                 f"{seen[0]} on line {seen[1]}: use one type per field in every "
-                                 "record")
-    return None
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads' object_pairs_hook that refuses a key given twice (json would keep the last)."""
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(key)
-            seen.add(key)
-    return obj
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
@@ -147,21 +65,21 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
         if not text.strip():
             continue
         try:
-            obj = json.loads(text, object_pairs_hook=_unique_keys)
+            obj = json.loads(text, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             return UserError(f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); "
                              "fix or remove that line (one JSON object per line)")
-        except _DuplicateKey as e:
-            return UserError(f"{path} line {line}: key {_short(e.key)!r} appears twice in one JSON object: "
+        except DuplicateKey as e:
+            return UserError(f"{path} line {line}: key {short(e.key)!r} appears twice in one JSON object: "
                              "keep one of them (each key once per object)")
         except RecursionError:
             return UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
                              "flatten that record")
         if not isinstance(obj, dict):
             return UserError(f"{path} line {line}: expected a JSON object per line, found a "
-                             f"{_json_kind(obj)}; write one {{...}} record per line")
+                             f"{json_kind(obj)}; write one {{...}} record per line")
         parsed.append((line, obj))
-    conflict = _type_conflict(path, iter(parsed))
+    conflict = type_conflict(path, iter(parsed))
     if conflict:
         return conflict
     last = first_line + chunk.count(b"\n")
@@ -314,141 +232,3 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
         for start in range(0, table.num_rows, batch_rows):
             yield (table.slice(start, batch_rows),
                    None if lines is None else lines[start: start + batch_rows])
-
-
-# ------------------------------------------------------------------------------------ JSON array
-
-
-_SKIP_WS = re.compile(r"[ \t\n\r]*")
-
-
-def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]]:
-    """A JSON array has no line structure to cut it at, so the text is read once (memory about the
-    file size) and decoded at once in C; one Arrow table is built per batch. Line numbers of the
-    elements are found only if an error message needs one (`ArrayLines`). Malformed arrays are
-    scanned element by element to say where they break. JSON-array datasets are small in practice
-    (CodeAlpaca: 20k records, 8 MB); convert larger data to JSONL or Parquet, which are streamed."""
-    text = json_array_text(path)
-    try:
-        records = json.loads(text, parse_float=exact_float, object_pairs_hook=_unique_keys)
-    except (json.JSONDecodeError, RecursionError, _DuplicateKey):
-        records = None
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        for _ in scan_json_array(path, text):  # raises the located error
-            pass
-        raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
-    del text
-    conform = Conformer()
-    for start in range(0, len(records), batch_rows):
-        batch = records[start : start + batch_rows]
-        lines = ArrayLines(path, start, start + len(batch))
-        try:
-            table = _records_table(batch)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            numbers = [lines[k] for k in range(len(batch))]
-            err = _type_conflict(path, iter(zip(numbers, batch)))
-            raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
-                                    f"these records: {one_line(exc)}")) from None
-        yield conform(table), lines
-
-
-def _records_table(records: list[dict]) -> pa.Table:
-    """Records -> a table with a column for every key that any of them has (in order of first
-    appearance; a record without it gives a null), as the JSON Lines reader does.
-    `pa.Table.from_pylist` would take the first record's keys only and drop the others' silently.
-    Numbers that pyarrow would hold as floats are kept as their text (`exact_column`)."""
-    return pa.Table.from_pydict({k: exact_column([r.get(k) for r in records]) for k in _record_keys(records)})
-
-
-def _record_keys(records: list[dict]) -> list[str]:
-    """Every key of the records, in order of first appearance."""
-    return list(dict.fromkeys(k for r in records for k in r))
-
-
-def _json_array_head(path: str, n: int) -> list[dict]:
-    """The first `n` records of a JSON array file, decoded one by one (not the whole array)."""
-    return [obj for _, obj in itertools.islice(scan_json_array(path, json_array_text(path)), n)]
-
-
-def json_array_text(path: str) -> str:
-    with open_input(path) as f:
-        data = f.read()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(f"{path} line {line} (byte offset {e.start}): not valid UTF-8; re-encode "
-                        "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-
-
-def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
-    """(1-based line, object) of each element, decoded one at a time; a malformed array raises a
-    UserError naming the line where it breaks."""
-    dec = json.JSONDecoder(object_pairs_hook=_unique_keys)
-    pos = _SKIP_WS.match(text, 0).end()
-    if text[pos: pos + 1] != "[":
-        raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
-    pos += 1
-    line, line_pos = 1, 0
-    while True:
-        pos = _SKIP_WS.match(text, pos).end()
-        if text[pos: pos + 1] == "]":  # end of the array (also tolerates a trailing comma)
-            return
-        line += text.count("\n", line_pos, pos)
-        line_pos = pos
-        try:
-            obj, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno});"
-                            " fix that element of the array") from None
-        except RecursionError:
-            raise UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
-                            "flatten that element of the array") from None
-        except _DuplicateKey as e:
-            raise UserError(f"{path} line {line}: key {_short(e.key)!r} appears twice in one JSON object: "
-                            "keep one of them (each key once per object)") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{path} line {line}: array element is a {_json_kind(obj)}, not an "
-                            "object; the array must hold one {...} record per example")
-        yield line, obj
-        pos = _SKIP_WS.match(text, pos).end()
-        sep = text[pos: pos + 1]
-        if sep == ",":
-            pos += 1
-        elif sep != "]":
-            line += text.count("\n", line_pos, pos)
-            line_pos = pos
-            raise UserError(f"{path} line {line}: expected ',' or ']' after an array element, found "
-                            f"{sep or 'end of file'!r}; the file is truncated or malformed")
-
-
-def _array_element_lines(path: str) -> np.ndarray:
-    st = os.stat(path)
-    return _element_lines(path, st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=2)
-def _element_lines(path: str, mtime_ns: int, size: int) -> np.ndarray:  # cached per file version
-    return np.fromiter((line for line, _ in scan_json_array(path, json_array_text(path))), dtype=np.int64)
-
-
-class ArrayLines:
-    """The 1-based line numbers of elements [start, stop) of a JSON array file, indexable and
-    sliceable like `SourceBatch.lines`; found by scanning the file only when one is asked for
-    (by an error message), so reading does not pay for them."""
-
-    def __init__(self, path: str, start: int, stop: int) -> None:
-        self.path, self.start, self.stop = path, start, stop
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            a, b, step = i.indices(len(self))
-            if step != 1:
-                raise ValueError("ArrayLines slices take no step")
-            return ArrayLines(self.path, self.start + a, self.start + max(a, b))
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        return int(_array_element_lines(self.path)[self.start + (i % len(self))])

@@ -6,12 +6,9 @@ environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS
   downloaded into a hidden folder beside the job's local output folder, one task per file
   (`download` is the engine's: threads here, Ray tasks on a cluster), read from there like local
   files, and removed when the job ends. Error messages and the manifest name them by their URIs.
-- A remote `--out`: the job writes and verifies the folder locally (`--tmp-dir`, else the system's
-  temporary folder; on a Ray cluster it must be on storage every node sees), then uploads it with
-  the manifest last, so a folder without `manifest.json` is one that is not finished. An old
-  output is replaced only with `--overwrite` and only when everything in it is what pack-data
-  wrote (its manifest lists it); its manifest is deleted first, the files of the new one uploaded,
-  then the old files the new output does not have are deleted.
+- A remote `--out` is written locally and uploaded when finished (`pipeline.write.remote_out`, over
+  the storage access of this module).
+- `pack-verify` and `pack-report` read a packed folder at a URI from a local copy (`folder_to_read`).
 
 Every call to the storage is bounded in time and can be stopped: it runs in a daemon thread that
 the job waits for (so SIGTERM and Ctrl-C stop the job at once, whatever the storage client is
@@ -25,15 +22,12 @@ Example: `pack-data 's3://corpus/2026/*.jsonl' --tokenizer tok --max-len 8192 --
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 import os
 import re
 import shutil
-import socket
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +36,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pipeline.errors import UserError, leave_behind, one_line
-from pipeline.shards import FORMAT_NAME, MANIFEST_NAME
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB = re.compile(r"[*?\[]")
@@ -140,7 +133,7 @@ def _with_timeouts(fs: Any) -> Any:
     return fs
 
 
-def _files_under(fs: Any, path: str, uri: str) -> list[tuple[str, int]]:
+def files_under(fs: Any, path: str, uri: str) -> list[tuple[str, int]]:
     """(path, size) of every file under a folder-like path, sorted."""
     import pyarrow.fs as pafs
 
@@ -163,21 +156,21 @@ def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
         head, _, _ = _GLOB.split(uri, 1)[0].rpartition("/")
         fs, base = open_fs(head)
         pattern = base.rstrip("/") + "/" + uri[len(head) + 1:]
-        found = [(p, n) for p, n in _files_under(fs, base, uri) if fnmatch.fnmatchcase(p, pattern)]
+        found = [(p, n) for p, n in files_under(fs, base, uri) if fnmatch.fnmatchcase(p, pattern)]
         if not found:
             raise UserError(f"no files match {uri!r}: check the pattern")
         return base, found
     fs, path = open_fs(uri)
-    info = _info(fs, path, f"cannot read {uri}")
+    info = file_info(fs, path, f"cannot read {uri}")
     if info.type == pafs.FileType.File:
         return path.rpartition("/")[0], [(path, info.size)]
-    found = _files_under(fs, path, uri) if info.type == pafs.FileType.Directory else []
+    found = files_under(fs, path, uri) if info.type == pafs.FileType.Directory else []
     if found:  # a folder, or an object-store prefix with objects under it
         return path, found
     raise UserError(f"input not found: {uri}: check the bucket and key")
 
 
-def _info(fs: Any, path: str, what: str) -> Any:
+def file_info(fs: Any, path: str, what: str) -> Any:
     """fs.get_file_info(path), bounded; a failure is a UserError starting with `what`."""
     try:
         return bounded(what, lambda: fs.get_file_info(path), remote_timeout())
@@ -292,134 +285,6 @@ def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tupl
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------ --out
-
-
-def check_remote_out(uri: str, overwrite: bool) -> None:
-    """A remote --out may be new, or, with --overwrite, empty or holding only what pack-data wrote."""
-    existing = _remote_files(uri)
-    if not existing:
-        return
-    if not overwrite:
-        raise UserError(f"output folder {uri} already exists: pass --overwrite to replace it, or choose another --out")
-    ours = _ours(uri)
-    foreign = sorted(set(existing) - ours)
-    if foreign:
-        raise UserError(f"--out {uri} holds {foreign[0]!r}, which pack-data did not write; refusing to replace it "
-                        "even with --overwrite: choose another --out")
-
-
-def _remote_files(uri: str) -> list[str]:
-    """Paths (relative to `uri`) of every file under it."""
-    import pyarrow.fs as pafs
-
-    fs, root = open_fs(uri)
-    root = root.rstrip("/")
-    info = _info(fs, root, f"cannot read --out {uri}")
-    if info.type == pafs.FileType.File:
-        raise UserError(f"--out {uri} exists and is not a folder: choose another --out")
-    if info.type == pafs.FileType.NotFound:
-        return []
-    return [p[len(root) + 1:] for p, _ in _files_under(fs, root, uri)]
-
-
-def _ours(uri: str) -> set[str]:
-    """The files pack-data's manifest at `uri` lists (paths relative to it; the eval folder's too),
-    with the manifests; empty when there is no manifest of pack-data's there."""
-    fs, root = open_fs(uri)
-    root = root.rstrip("/")
-
-    def listed(sub: str) -> set[str]:
-        def read() -> bytes:
-            with fs.open_input_stream(f"{root}/{sub}{MANIFEST_NAME}") as f:
-                return f.read()
-
-        try:
-            data = json.loads(bounded(f"cannot read {uri}/{sub}{MANIFEST_NAME}", read, remote_timeout()))
-        except UserError:
-            raise
-        except Exception:  # noqa: BLE001 - no manifest there, or not JSON
-            return set()
-        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-            return set()
-        names = {sub + MANIFEST_NAME} | {sub + s["file"] for s in data.get("shards", [])
-                                          if isinstance(s, dict) and isinstance(s.get("file"), str)}
-        held = (data.get("eval") or {}).get("folder") if not sub and isinstance(data.get("eval"), dict) else None
-        if isinstance(held, str) and held and "/" not in held and held not in (".", ".."):
-            names |= listed(held + "/")
-        return names
-
-    return listed("")
-
-
-@contextmanager
-def remote_out(out: str, overwrite: bool, tmp_dir: str | None) -> Iterator[Path]:
-    """Yield the local folder the job writes for `out`: `out` itself when it is local; for a URI,
-    a folder in a fresh temporary folder (under `tmp_dir`), uploaded to the URI when the block
-    succeeds and removed however it ends."""
-    if not is_uri(out):
-        yield Path(out)
-        return
-    check_remote_out(out, overwrite)
-    staging = Path(tempfile.mkdtemp(prefix=f"packlm-out-{socket.gethostname()}-{os.getpid()}-",
-                                    dir=tmp_dir)).absolute()
-    try:
-        yield staging / "out"
-        upload_folder(staging / "out", out, overwrite)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def upload_folder(local: Path, uri: str, overwrite: bool) -> None:
-    """Upload a finished output folder: manifests last (the eval folder's before the top one);
-    an old output's manifest is deleted first and its other leftover files after. On failure,
-    what was uploaded is deleted again."""
-    import pyarrow.fs as pafs
-
-    check_remote_out(uri, overwrite)  # it may have changed while the job ran
-    fs, root = open_fs(uri)
-    root = root.rstrip("/")
-    old = _remote_files(uri)
-    files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
-    manifests = sorted((f for f in files if f.endswith(MANIFEST_NAME)), key=lambda f: -f.count("/"))
-    failed = f"uploading the output to {uri} failed"
-
-    def delete(name: str) -> None:
-        bounded(f"{failed} (deleting {name})", lambda: fs.delete_file(f"{root}/{name}"), remote_timeout())
-
-    done: list[str] = []
-    try:
-        if MANIFEST_NAME in old:
-            delete(MANIFEST_NAME)  # the old output stops looking finished
-        bounded(failed, lambda: fs.create_dir(root, recursive=True), remote_timeout())
-        for name in [f for f in files if f not in manifests] + manifests:
-            bounded(failed, lambda: pafs.copy_files(str(local / name), f"{root}/{name}",
-                                                    source_filesystem=pafs.LocalFileSystem(),
-                                                    destination_filesystem=fs), None)
-            done.append(name)
-    except BaseException as exc:
-        if isinstance(exc, Exception):  # (after SIGTERM or Ctrl-C, no more waiting on the storage)
-            for name in done:
-                try:
-                    delete(name)
-                except Exception:  # noqa: BLE001 - best effort; the manifest went last, so nothing looks finished
-                    break
-            detail = str(exc) if isinstance(exc, UserError) else f"{failed}: {one_line(exc)}"
-            raise UserError(f"{detail}; nothing was left there that looks finished (no manifest.json): "
-                            "re-run pack-data") from None
-        raise
-    for name in sorted(set(old) - set(files)):
-        delete(name)
-
-
-def local_inputs_folder(out: Path) -> Path:
-    """Where remote inputs are downloaded: a hidden sibling of the local output folder, named like
-    its temporary folders (so a run killed outright has it removed by the next one)."""
-    from pipeline.write.outdir import tmp_prefix
-
-    return out.absolute().parent / f"{tmp_prefix(out.name)}{os.getpid()}-inputs-{uuid.uuid4().hex[:8]}"
-
-
 # ------------------------------------------------------------------- a packed folder to read
 
 
@@ -441,7 +306,7 @@ def folder_to_read(folder: str) -> Iterator[Path]:
         kind = fs.get_file_info(root).type
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"cannot read {uri}: {one_line(exc)}: check the URI and the credentials") from None
-    files = _files_under(fs, root, uri) if kind == pafs.FileType.Directory else []
+    files = files_under(fs, root, uri) if kind == pafs.FileType.Directory else []
     if not files:
         raise UserError(f"{uri}: no folder there (expected the --out folder of pack-data): check the bucket and key")
     scheme = uri.split("://", 1)[0]

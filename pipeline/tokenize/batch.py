@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
-from pipeline.read.formats import ResolvedFormat, Where, check_same_format, missing_field, render
+from pipeline.read.formats import ResolvedFormat
 from pipeline.tokenize.long_texts import Encode, encode_bounded
+from pipeline.tokenize.render import Where, check_same_format, missing_field, render
 from pipeline.tokenize.segments import Cuts, cached_token_sizes, encode_segments
 from pipeline.shards import IGNORE_INDEX
 

@@ -33,7 +33,8 @@ from pipeline.errors import UserError
 from pipeline.read.formats import FormatOptions, ResolvedFormat, detect_formats, text_fields
 from pipeline.tokenize.long_texts import Encode
 from pipeline.read.remote import download_here, staged_inputs
-from pipeline.read.sources import column_names, iter_batches, resolve_inputs, where_of
+from pipeline.read.batches import column_names, iter_batches, where_of
+from pipeline.read.sources import resolve_inputs
 from pipeline.tokenize.spill import Spill, append_values, NotDirect, direct_arrow_spill
 from pipeline.tokenize.batch import TokBatch, tokenize_batch, tokenized_batch
 from pipeline.tokenize.tokenizer import RUST_THREADS, load_tokenizer
@@ -65,7 +66,7 @@ def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
 
 def tokenize_source_batch(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False,
                           encode: Encode | None = None) -> TokBatch:
-    """One batch of rows (`pipeline.read.sources.SourceBatch`) as token ids and labels, in its file's
+    """One batch of rows (`pipeline.read.batches.SourceBatch`) as token ids and labels, in its file's
     format; `encode`: where texts are encoded (default: here, with the tokenizer's backend)."""
     if fmt.kind == "tokenized":
         return tokenized_batch(batch.table, fmt, batch.where, derive_labels=derive_labels)

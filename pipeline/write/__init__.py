@@ -4,4 +4,5 @@ when complete.
 
 - `shard_writer`: gather, write, hash and check each shard
 - `outdir`:       the output folder: checked first, written as a hidden sibling, renamed when done
+- `remote_out`:   a remote `--out`: the finished folder uploaded, its manifest last
 """

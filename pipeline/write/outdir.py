@@ -73,6 +73,12 @@ def tmp_prefix(name: str) -> str:
     return f".{name}.tmp-{socket.gethostname()}-"
 
 
+def local_inputs_folder(out: Path) -> Path:
+    """Where remote inputs are downloaded: a hidden sibling of the local output folder, named like
+    its temporary folders (so a run killed outright has it removed by the next one)."""
+    return out.absolute().parent / f"{tmp_prefix(out.name)}{os.getpid()}-inputs-{uuid.uuid4().hex[:8]}"
+
+
 def remove_stale_tmp(parent: Path, name: str) -> None:
     """Remove the temporary folders of output `name` in `parent` that runs on this host left when
     they were killed outright (SIGKILL, power loss): those whose process no longer exists. A folder

@@ -16,13 +16,11 @@ from pipeline.read.formats import (
     ALPACA_NO_INPUT,
     TEMPLATES,
     FormatOptions,
-    chat_segments,
     detect_format,
     detect_formats,
-    render,
     resolve_template,
-    rows_where,
 )
+from pipeline.tokenize.render import chat_segments, render, rows_where
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
@@ -173,7 +171,7 @@ def test_a_file_that_mixes_formats_is_one_line_naming_the_row_its_fields_and_the
         tokenizer, rows, row, has, kind, needs):
     """The format of a file comes from all its fields; its first row that lacks what that format
     needs and has another format's fields instead is named, with both sets of fields and the fix."""
-    from pipeline.read.formats import check_same_format
+    from pipeline.tokenize.render import check_same_format
 
     table = records(rows)
     fmt = detect_format(table.column_names, FormatOptions())
@@ -254,7 +252,7 @@ def test_empty_chat_is_an_example_with_no_segments(tokenizer):
 
 
 def test_an_unknown_chat_role_is_refused_naming_the_allowed_ones():
-    from pipeline.read.formats import normalise_messages
+    from pipeline.tokenize.render import normalise_messages
 
     assert normalise_messages([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "r") == [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]

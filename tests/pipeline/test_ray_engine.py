@@ -27,7 +27,8 @@ from pipeline.cli import pack_data
 from pipeline.errors import UserError
 from pipeline.engines.job import PackConfig, run_pack_data
 from pipeline.shards import read_manifest, verify_folder
-from pipeline.read.sources import plan_chunks, resolve_inputs
+from pipeline.read.chunks import plan_chunks
+from pipeline.read.sources import resolve_inputs
 
 ray = pytest.importorskip("ray")
 

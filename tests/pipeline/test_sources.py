@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.read import json_lines as read_json, sources, tables as read_tables
 from pipeline.errors import UserError
-from pipeline.read.sources import InputFile, column_names, input_fingerprints, iter_batches, resolve_inputs
+from pipeline.read.batches import SourceBatch, column_names, iter_batches
+from pipeline.read.sources import InputFile, input_fingerprints, resolve_inputs
 
 ROWS = [{"instruction": f"task {i}", "input": "" if i % 2 else f"in {i}", "output": f"answer {i}"}
         for i in range(10)]
@@ -31,7 +32,7 @@ def write_jsonl(path: Path, rows: list[dict], blank_every: int = 0) -> Path:
     return path
 
 
-def read_all(inputs: list[str], **kw) -> tuple[pa.Table, list[sources.SourceBatch]]:
+def read_all(inputs: list[str], **kw) -> tuple[pa.Table, list[SourceBatch]]:
     batches = list(iter_batches(resolve_inputs(inputs), **kw))
     return pa.concat_tables([b.table for b in batches], promote_options="permissive"), batches
 
@@ -570,7 +571,8 @@ def test_numbers_in_text_fields_stay_the_text_the_file_holds(tmp_path, kind):
     path.write_text(body if kind == "jsonl" else "[\n" + ",\n".join(body.splitlines()) + "\n]\n", encoding="utf-8")
     table, batches = read_all([str(path)])
     assert table.column("output").to_pylist() == NUMBER_TEXTS  # never 1.2345678901234567e+19 or 1.1
-    from pipeline.read.formats import FormatOptions, detect_format, render
+    from pipeline.read.formats import FormatOptions, detect_format
+    from pipeline.tokenize.render import render
 
     fmt = detect_format(table.column_names, FormatOptions())
     texts = render(batches[0].table, fmt, batches[0].where).texts

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from pipeline.tokenize.encode_pool import encode_pool
 from pipeline.tokenize.segments import cached_token_sizes, encode_segments, token_sizes
 from pipeline.errors import UserError
-from pipeline.read.formats import FormatOptions, detect_format, rows_where
+from pipeline.read.formats import FormatOptions, detect_format
+from pipeline.tokenize.render import rows_where
 from pipeline.shards import IGNORE_INDEX
 from pipeline.read.sources import resolve_inputs
 from pipeline.tokenize.spill import _map_pieces

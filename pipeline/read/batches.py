@@ -1,0 +1,189 @@
+"""Resolved inputs (`pipeline.read.sources`) streamed as Arrow tables with exact row positions,
+each file by its format's reader (`pipeline.read.json_lines`, `pipeline.read.json_array`,
+`pipeline.read.tables`, `datasets` for `save_to_disk` folders and the Hub).
+
+Memory stays bounded: JSONL is cut into byte chunks at line ends and each chunk is parsed by pyarrow
+on its own (so a schema that changes between chunks is fine), CSV uses pyarrow's streaming reader,
+Parquet is read batch by batch, Arrow IPC and `save_to_disk` folders are memory-mapped. Every bad
+input raises a one-line `UserError` naming the file and line (or row) and how to fix it.
+
+Row numbering (`SourceBatch.first_row`) is the 0-based index of a *record* in its file: for JSONL a
+record is one non-blank line (blank lines are skipped and not counted), for CSV one data row (the
+header is not counted), for a JSON array one element, for the other formats one table row.
+`SourceBatch.lines` gives the exact 1-based line number of each record where one is known
+(JSONL, JSON arrays); `SourceBatch.where(i)` formats a location for error messages.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import UserError, one_line
+from pipeline.read.json_array import json_array_text, read_json_array, scan_json_array
+from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, jsonl_columns, read_jsonl
+from pipeline.read.sources import KINDS, InputFile, hf_data_files, open_hub
+from pipeline.read.tables import read_arrow, read_csv, read_parquet
+
+
+@dataclass
+class SourceBatch:
+    """A chunk of rows from one input, with where it came from."""
+
+    table: pa.Table  # all columns as read
+    file: str  # InputFile.path it came from
+    first_row: int  # 0-based record index of table's first row within that file (see module doc)
+    first_index: int  # global example index of the first row across all inputs, in input order
+    # 1-based line of each row, if known: an array, or ArrayLines (JSON arrays: found when asked for)
+    lines: Any = field(default=None, repr=False)
+
+    def where(self, i: int) -> str:
+        """Human location of row `i` of this batch, e.g. "data.jsonl line 17" or "x.parquet row 4"."""
+        if self.lines is not None:
+            return f"{self.file} line {int(self.lines[i])}"
+        return f"{self.file} row {self.first_row + i + 1}"
+
+
+# ------------------------------------------------------------------------------------ datasets
+
+
+def _load_disk(path: str) -> Any:
+    import datasets
+
+    if not hf_data_files(Path(path)):  # `datasets` cannot even load an empty saved dataset
+        raise UserError(f"{path} contains no records: give an input with at least one example")
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as exc:
+        raise UserError(f"{path}: cannot load this datasets.save_to_disk folder: "
+                        f"{type(exc).__name__}: {one_line(exc)}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds)
+        if len(splits) == 1 or "train" in splits:
+            return ds[splits[0] if len(splits) == 1 else "train"]
+        raise UserError(f"{path} is a DatasetDict with splits {splits} and no 'train': pass one "
+                        f"split folder, e.g. {os.path.join(path, splits[0])}")
+    return ds
+
+
+def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
+    try:
+        for t in ds.with_format("arrow").iter(batch_size=batch_rows):
+            yield t if isinstance(t, pa.Table) else pa.Table.from_pydict(t)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"{name}: reading failed: {type(exc).__name__}: {one_line(exc)}") from None
+
+
+# ------------------------------------------------------------------------------------ public
+
+
+def _tables(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None = None
+            ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    if f.kind == "jsonl":
+        yield from read_jsonl(f.path, batch_rows, chunk_bytes, exact=exact)
+    elif f.kind == "json":
+        yield from read_json_array(f.path, batch_rows)
+    else:
+        if f.kind == "csv":
+            tables = read_csv(f.path, batch_rows, chunk_bytes)
+        elif f.kind == "parquet":
+            tables = read_parquet(f.path, batch_rows)
+        elif f.kind == "arrow":
+            tables = read_arrow(f.path, batch_rows)
+        elif f.kind == "hf_disk":
+            tables = _read_datasets(_load_disk(f.path), batch_rows, f.path)
+        elif f.kind == "hub":
+            tables = _read_datasets(open_hub(f.path), batch_rows, f.path)
+        else:
+            raise UserError(f"unknown input kind {f.kind!r} for {f.path}: expected one of {KINDS}")
+        for t in tables:
+            yield t, None
+
+
+def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 exact: dict[str, Collection[str]] | None = None) -> Iterator[SourceBatch]:
+    """Stream every input in order as tables of at most `batch_rows` rows (never an empty one).
+
+    `limit` stops after that many rows in total. An input that yields no rows is an error.
+    `exact`: per file path, the columns whose JSON numbers are kept as their text
+    (`pipeline.read.json_numbers.exact_numbers`); None, or a file not in it: every column.
+    """
+    if batch_rows < 1:
+        raise ValueError("batch_rows must be >= 1")
+    index = 0
+    for f in files:
+        if limit is not None and index >= limit:
+            return
+        row = 0
+        for table, lines in _tables(f, batch_rows, chunk_bytes, None if exact is None else exact.get(f.path)):
+            if table.num_rows == 0:
+                continue
+            if limit is not None and index + table.num_rows > limit:
+                keep = limit - index
+                table = table.slice(0, keep)
+                lines = None if lines is None else lines[:keep]
+            yield SourceBatch(table=table, file=f.path, first_row=row, first_index=index,
+                              lines=lines)
+            row += table.num_rows
+            index += table.num_rows
+            if limit is not None and index >= limit:
+                return
+        if row == 0:
+            raise UserError(f"{f.path} contains no records: give an input with at least one "
+                            "example")
+
+
+def where_of(files: list[InputFile], index: int) -> str:
+    """Human location of the example with global input index `index` ("data.jsonl line 17"), for an
+    error found after reading: the inputs are read again up to it."""
+    for batch in iter_batches(files, limit=index + 1):
+        if index < batch.first_index + batch.table.num_rows:
+            return batch.where(index - batch.first_index)
+    return f"example {index} of the input"
+
+
+def column_names(files: list[InputFile]) -> list[str]:
+    """Every field of the first input, in order of first appearance: from its schema (Parquet,
+    Arrow, CSV header, `datasets` folder) or, for JSON Lines and JSON arrays, from every record of
+    the file, so that `--format auto` never misses a field that first appears late (an optional
+    `input` in row 90,000 would otherwise be dropped from every row). The JSON Lines scan parses
+    16 MiB at a time with pyarrow's threaded reader.
+    """
+    if not files:
+        raise UserError("no inputs to read columns from")
+    f = files[0]
+    try:
+        if f.kind == "parquet":
+            return list(pq.ParquetFile(f.path).schema_arrow.names)
+        if f.kind == "hf_disk":
+            return list(_load_disk(f.path).column_names)
+        if f.kind == "hub":
+            ds = open_hub(f.path)
+            if ds.column_names:
+                return list(ds.column_names)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise UserError(f"{f.path}: not a readable Parquet file ({one_line(exc)}); it may be "
+                        "truncated or corrupt: re-export or re-download it") from None
+    if f.kind == "json":
+        keys: dict[str, None] = {}
+        for _, record in scan_json_array(f.path, json_array_text(f.path)):
+            keys.update(dict.fromkeys(record))
+        if keys:
+            return list(keys)
+    if f.kind == "jsonl":
+        keys = jsonl_columns(f.path)
+        if keys:
+            return keys
+    for batch in iter_batches([f], batch_rows=1024, limit=None):
+        return list(batch.table.column_names)
+    raise UserError(f"{f.path} contains no records")  # unreachable: iter_batches raises first

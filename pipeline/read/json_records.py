@@ -1,0 +1,93 @@
+"""What every record of a JSON input must be, for both JSON readers (`pipeline.read.json_lines`,
+`pipeline.read.json_array`): an object with each key once (`unique_keys`), one JSON type per field
+across the records of a file (`type_conflict`), nested at most MAX_DEPTH levels; and `Conformer`,
+which keeps a column's type steady across the independently parsed tables of one file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.errors import UserError
+
+
+class Conformer:
+    """Keeps a column's type steady across independently parsed chunks of one file.
+
+    A column that is all-null in a chunk (type null) is cast to the type seen before, and a column
+    missing from a chunk is added as nulls of its known type, so `input` missing or null in some
+    chunks still arrives as a string column. Columns first seen in a later chunk appear from there.
+    """
+
+    def __init__(self) -> None:
+        self.types: dict[str, pa.DataType] = {}
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        for name, typ in zip(table.column_names, table.schema.types):
+            if not pa.types.is_null(typ):
+                self.types[name] = typ
+            elif name not in self.types:
+                self.types[name] = typ
+        cols, names = [], []
+        for name, typ in self.types.items():
+            if name in table.column_names:
+                col = table.column(name)
+                if pa.types.is_null(col.type) and not pa.types.is_null(typ):
+                    col = pa.nulls(len(table), typ)
+                cols.append(col)
+            else:
+                cols.append(pa.nulls(len(table), typ))
+            names.append(name)
+        return pa.table(cols, names=names) if names else table
+
+
+def json_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(v), type(v).__name__)
+
+
+MAX_DEPTH = 1000  # nesting levels of a JSON value read (as Python's json module, whose limit is about this)
+
+
+def type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | None:
+    """First top-level field whose JSON type changes between records: items are (line, obj)."""
+    first: dict[str, tuple[str, int]] = {}
+    for line, obj in items:
+        for key, value in obj.items():
+            if value is None:
+                continue
+            kind = json_kind(value)
+            seen = first.setdefault(key, (kind, line))
+            if seen[0] != kind:
+                return UserError(f"{path} line {line}: field {key!r} is a {kind} here but a "
+                                 f"{seen[0]} on line {seen[1]}: use one type per field in every "
+                                 "record")
+    return None
+
+
+class DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook that refuses a key given twice (json would keep the last)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,264 @@
+"""Render each example of a batch into text segments, by its file's format (`pipeline.read.formats`).
+
+A *segment* is a piece of text with a loss flag: the prompt of an instruction pair carries no loss
+(unless `--train-on-prompt`), its response does; every token of plain text carries loss; the
+assistant turns of a chat carry loss. `pipeline.tokenize.batch` tokenizes each example's segments
+joined into its whole text, splits the ids where the segments meet and adds BOS/EOS; this module
+only decides *what* text goes where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import UserError, one_line
+from pipeline.read.formats import (ALPACA_NO_INPUT, NO_INPUT, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat,
+                                   detect_format, template_fields)
+
+
+@dataclass
+class Segments:
+    """Rendered segments of a batch: `texts[k]` belongs to example `example[k]` with loss `loss[k]`.
+
+    `example` is non-decreasing; an example with no segment at all (or only blank text) is empty.
+    """
+
+    texts: list[str]
+    example: np.ndarray  # int64, index within the batch
+    loss: np.ndarray  # bool
+    n_examples: int
+
+
+Where = Callable[[int], str]  # row index within the batch -> "file line 17" (SourceBatch.where)
+
+
+def rows_where(file: str, first_row: int = 0) -> Where:
+    """A `Where` for a table without line numbers: 1-based record number within `file`."""
+    return lambda i: f"{file} row {first_row + i + 1}"
+
+
+def missing_field(table: pa.Table, name: str, where: Where) -> UserError:
+    """Error for an input whose rows lack a field the chosen format needs (inputs with mixed fields)."""
+    file = where(0).rsplit(" line ", 1)[0].rsplit(" row ", 1)[0]
+    return UserError(
+        f"{file} has no field {name!r} (its fields: {', '.join(table.column_names)}): all inputs of one "
+        "run need the same fields; pack them separately or pass the field options"
+    )
+
+
+def needed_fields(fmt: ResolvedFormat) -> list[str]:
+    """The columns every row of a file in this format must fill (the optional ones left out)."""
+    keys = {"text": ("text",), "instruction": ("prompt", "response"), "chat": ("messages",),
+            "tokenized": ("input_ids",)}[fmt.kind]
+    return [str(fmt.fields[k]) for k in keys]
+
+
+def check_same_format(table: pa.Table, fmt: ResolvedFormat, where: Where) -> None:
+    """Raise a one-line UserError when the first row lacking a field the file's format needs has
+    instead the fields of another format: the file mixes formats (say chat rows, then instruction
+    rows). Other rows with a missing field are left to the readers of each field, which name it.
+
+    The file's format is resolved from all its fields (`detect_format`), so a mixed file is read as
+    the format its fields select first, and the rows of the other format lack that format's fields.
+    """
+    needed = needed_fields(fmt)
+    first = table.num_rows
+    for name in needed:
+        if name not in table.column_names:
+            first = 0
+        elif table.column(name).null_count:
+            first = min(first, int(pc.index(pc.is_null(table.column(name)), True).as_py()))
+    if first == table.num_rows:
+        return
+    has = [c for c in table.column_names if table.column(c)[first].is_valid]
+    if set(has) & set(needed):
+        return  # a row of this format with a field missing
+    try:
+        other = detect_format(has, FormatOptions())
+    except UserError:
+        return  # the fields of no format
+    raise UserError(
+        f"{where(first)}: the file mixes formats: this row has the fields {', '.join(has)} ({other.kind} "
+        f"format), but the file is read as {fmt.kind}, which needs "
+        f"{' and '.join(map(repr, needed))} in every row: split it into one file per format (each input file "
+        "gets its own format), or pass --format and the field options that fit every row"
+    )
+
+
+def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -> list[str]:
+    """A column as Python strings; a null in a required field is a one-line error naming its row."""
+    if name not in table.column_names:
+        if optional:
+            return [""] * table.num_rows
+        raise missing_field(table, name, where)
+    col = table.column(name)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        if pa.types.is_null(col.type):
+            col = pa.chunked_array([pa.nulls(len(col), pa.string())])
+        else:
+            try:
+                col = pc.cast(col, pa.string())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise UserError(
+                    f"{where(0)}: field {name!r} has type {one_line(col.type, 80)}, expected text: choose another "
+                    "field or --format"
+                ) from None
+    if col.null_count:
+        if optional:
+            col = pc.fill_null(col, "")
+        else:
+            first = int(pc.index(pc.is_null(col), True).as_py())
+            raise UserError(
+                f"{where(first)}: field {name!r} is missing or null: fix the row or "
+                "remove it"
+            )
+    return col.to_pylist()
+
+
+def render_text(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
+    texts = string_column(table, fmt.fields["text"], where, optional=False)
+    n = len(texts)
+    return Segments(texts, np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n)
+
+
+def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
+    prompts = string_column(table, fmt.fields["prompt"], where, optional=False)
+    responses = string_column(table, fmt.fields["response"], where, optional=False)
+    n = len(prompts)
+    inputs = (
+        string_column(table, fmt.fields["input"], where, optional=True)
+        if fmt.fields.get("input")
+        else [""] * n
+    )
+    template = fmt.template or "{prompt}"
+    alpaca = fmt.template_name == "alpaca"
+    if fmt.fields.get("input") and "input" not in template_fields(template):
+        check_input_unused(inputs, fmt, where)
+    texts: list[str] = []
+    for p, x, r in zip(prompts, inputs, responses):
+        if not p.strip() and not r.strip() and not x.strip():
+            texts.extend(("", ""))
+            continue
+        tpl = ALPACA_NO_INPUT if alpaca and not x.strip() else template
+        texts.append(tpl.format(instruction=p, prompt=p, input=x))
+        texts.append(r)
+    example = np.repeat(np.arange(n, dtype=np.int64), 2)
+    loss = np.tile(np.array([fmt.train_on_prompt, True]), n)
+    return Segments(texts, example, loss, n)
+
+
+def check_input_unused(inputs: list[str], fmt: ResolvedFormat, where: Where) -> None:
+    """A template without {input} would leave the input field's text out of the shards: the first
+    row whose input is not blank is a one-line error naming the field, the row and the fixes."""
+    first = next((i for i, x in enumerate(inputs) if x.strip()), None)
+    if first is None:
+        return
+    name = f"--template {fmt.template_name}" if fmt.template_name else "the --template given"
+    raise UserError(
+        f"{where(first)}: field {fmt.fields['input']!r} has text, but {name} has no {{input}}, so it would be "
+        "left out of the shards: use a template with {input} (the alpaca preset, or your own --template), or "
+        f"pass --input-field {NO_INPUT} to leave the field out"
+    )
+
+
+def normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    """Accept [{role, content}] or ShareGPT [{from, value}]; return [{role, content}]."""
+    if messages is None:
+        raise UserError(f"{where}: field with the messages is missing or null: fix the row or remove it")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise UserError(f"{where}: each message must be an object with role and content")
+        role = m.get("role", m.get("from"))
+        content = m.get("content", m.get("value"))
+        if role is None or content is None:
+            raise UserError(f"{where}: a message lacks role/content (or from/value): fix the row")
+        role = ROLE_ALIASES.get(role, role)
+        if role not in ROLES:
+            raise UserError(f"{where}: unknown message role {role!r}: use one of {', '.join(ROLES)} "
+                            f"(or ShareGPT's {', '.join(ROLE_ALIASES)})")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_prompt: bool) -> list[tuple[str, bool]]:
+    """Render a conversation with the chat template as (text, is_loss) segments.
+
+    The conversation is rendered prefix by prefix; the text an assistant message adds (after the
+    generation prompt) carries loss, everything else does not. A template whose renderings are not
+    prefixes of each other cannot be split this way: then only `--train-on-prompt` works.
+    """
+
+    def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
+        if not msgs:
+            return ""
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    if train_on_prompt:
+        return [(render(messages), True)]
+    segments: list[tuple[str, bool]] = []
+    prev = ""
+    for i, message in enumerate(messages):
+        full = render(messages[: i + 1])
+        if message["role"] == "assistant":
+            head = render(messages[:i], gen=True)
+            if head.startswith(prev) and full.startswith(head):
+                segments.append((head[len(prev) :], False))
+                segments.append((full[len(head) :], True))
+                prev = full
+                continue
+        if not full.startswith(prev):
+            raise UserError(
+                "the tokenizer's chat template does not render conversations prefix by prefix, so "
+                "assistant turns cannot be located: pass --train-on-prompt to train on whole chats"
+            )
+        segments.append((full[len(prev) :], message["role"] == "assistant"))
+        prev = full
+    return segments
+
+
+def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any) -> Segments:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
+            "data cannot be rendered: use a tokenizer with one, or --format instruction/text"
+        )
+    if fmt.fields["messages"] not in table.column_names:
+        raise missing_field(table, fmt.fields["messages"], where)
+    rows = table.column(fmt.fields["messages"]).to_pylist()
+    texts: list[str] = []
+    example: list[int] = []
+    loss: list[bool] = []
+    for i, messages in enumerate(rows):
+        msgs = normalise_messages(messages, where(i))
+        if not msgs:
+            continue
+        try:
+            segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
+            raise UserError(f"{where(i)}: the chat template failed on this conversation ({exc})") from None
+        for text, is_loss in segs:
+            texts.append(text)
+            example.append(i)
+            loss.append(is_loss)
+    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows))
+
+
+def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
+    """Render one batch of a text / instruction / chat dataset into segments."""
+    check_same_format(table, fmt, where)
+    if fmt.kind == "text":
+        return render_text(table, fmt, where)
+    if fmt.kind == "instruction":
+        return render_instruction(table, fmt, where)
+    if fmt.kind == "chat":
+        return render_chat(table, fmt, where, tokenizer)
+    raise ValueError(f"render() does not handle {fmt.kind!r}")

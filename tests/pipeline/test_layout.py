@@ -1,0 +1,162 @@
+"""The layout of `pipeline/`: its folders are the steps of pack-data in the data's order, and the
+imports follow that order.
+
+- a step package imports only itself and the steps before it: read < tokenize < plan < write <
+  report < engines < cli; `shards/` (the contract with the trainer) and the shared modules at the
+  top of `pipeline/` import no step;
+- no cycle among modules, counting imports inside functions too;
+- `pipeline` never imports `trainer`;
+- the public API (`from pipeline import ...`, `trainer.train`) is what it was;
+- every package is in the wheel (pyproject's package patterns).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ["read", "tokenize", "plan", "write", "report", "engines"]  # in the data's order
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of `pipeline`."""
+    found = {}
+    for path in sorted((ROOT / "pipeline").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of `known` (and any `trainer` module) that a module imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] == "trainer":
+                out.add(target)
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def _rank(module: str) -> int:
+    """0: shared modules and the shard contract; 1..6: the steps in order; 7: the commands."""
+    parts = module.split(".")
+    if module in ("pipeline", "pipeline.cli"):
+        return len(STEPS) + 1
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in STEPS):
+        return STEPS.index(parts[1]) + 1 if parts[1] in STEPS else 0
+    return 0
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    # a package's own __init__ is what `import pipeline.x` runs first: count it only where named
+    return {name: _imports(path, name, known) - {"pipeline"} for name, path in modules.items()}
+
+
+def test_no_module_of_pipeline_imports_trainer():
+    bad = {m: sorted(t for t in deps if t.split(".")[0] == "trainer") for m, deps in _graph().items()}
+    assert not {m: t for m, t in bad.items() if t}
+    code = ("import importlib, pkgutil, sys, pipeline\n"
+            "for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "print(sorted(n for n in sys.modules if n == 'trainer' or n.startswith('trainer.')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
+def test_steps_import_only_earlier_steps():
+    graph = _graph()
+    assert {m.split(".")[1] for m in graph if m.count(".") >= 2} >= set(STEPS) | {"shards"}
+    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
+                   if d.startswith("pipeline") and _rank(d) > _rank(m))
+    assert wrong == []
+
+
+def test_the_rank_rule_itself():
+    """Negative controls of `_rank`: what it places where."""
+    assert _rank("pipeline.errors") == _rank("pipeline.shards.format") == 0
+    assert _rank("pipeline.read.sources") < _rank("pipeline.tokenize.spill") < _rank("pipeline.plan.rows")
+    assert _rank("pipeline.write.outdir") < _rank("pipeline.report.stats") < _rank("pipeline.engines.job")
+    assert _rank("pipeline.engines.job") < _rank("pipeline.cli")
+    assert _rank("pipeline.read") == 1  # a step's own __init__ belongs to it
+
+
+def test_no_import_cycle_among_modules():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(d for d in graph[m] if d in graph):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (cycle := visit(d)):
+                return cycle
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_public_api_is_unchanged():
+    import pipeline
+    import trainer
+
+    assert sorted(pipeline.__all__) == ["PackConfig", "assign_bins", "read_manifest", "run_pack_data", "verify_folder"]
+    fresh = subprocess.run([sys.executable, "-c", "import pipeline; print(sorted(n for n in dir(pipeline) if n[0] != '_'))"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.strip() == "['Any', 'import_module']", fresh.stderr
+    signatures = {name: str(inspect.signature(getattr(pipeline, name))) for name in ("assign_bins", "run_pack_data",
+                                                                                        "read_manifest", "verify_folder")}
+    assert signatures == {
+        "assign_bins": "(lengths: 'np.ndarray', max_len: 'int', strategy: 'str' = 'ffd', seed: 'int' = 0, "
+                       "group_size: 'int' = 32) -> 'np.ndarray'",
+        "run_pack_data": "(config: 'PackConfig', *, echo: 'Callable[[str], None] | None' = None, "
+                         "stats: 'dict[str, Any] | None' = None) -> 'Manifest'",
+        "read_manifest": "(folder: 'str | os.PathLike[str]') -> 'Manifest'",
+        "verify_folder": "(folder: 'str | os.PathLike[str]', *, check_hashes: 'bool' = True, "
+                         "checked: 'dict[str, ShardSummary] | None' = None) -> 'Manifest'",
+    }
+    assert list(inspect.signature(pipeline.PackConfig).parameters)[:2] == ["format", "text_field"]
+    assert trainer.__all__ == ["TrainConfig", "train"]
+    assert str(inspect.signature(trainer.train)) == \
+        "(config: 'TrainConfig', opened: 'tuple[Manifest, Any] | None' = None) -> 'dict[str, Any]'"
+
+
+def test_every_package_is_in_the_wheel():
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = set(find_packages(str(ROOT), include=find["include"]))
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "trainer")
+                for p in (ROOT / top).rglob("__init__.py")}
+    assert packages <= shipped and {"pipeline.read", "pipeline.shards", "pipeline.engines"} <= shipped
+    assert not {p for p in shipped if p.split(".")[0] not in ("pipeline", "trainer")}
