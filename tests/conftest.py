@@ -1,7 +1,8 @@
-"""Shared test setup. Tests live beside the package they test (tests/pipeline, tests/trainer) or run
-whole commands (tests/e2e); this folder is on sys.path (pytest puts a rootdir conftest's folder
-there), so they share the helpers `families` (model families), `gloo_ranks` (training on two CPU
-ranks) and `packed_factory` (packed folders built in a few lines)."""
+"""Shared test setup. Tests live beside the package they test (tests/pipeline, whose folders mirror
+pipeline/'s steps, and tests/trainer) or run whole commands (tests/e2e); this folder is on sys.path
+(pytest puts a rootdir conftest's folder there), so they share the helpers `families` (model
+families), `gloo_ranks` (training on two CPU ranks) and `packed_factory` (packed folders built in a
+few lines)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ tokenizer never needs. So when the folder's `tokenizer_config.json` names a tran
 class and nothing else could change AutoTokenizer's choice (no `config.json` with a model type, no
 custom code, not a `LlamaTokenizer` over a byte-level `tokenizer.json`), that class is loaded
 directly: the same class AutoTokenizer would pick, the same files, the same ids
-(`tests/pipeline/test_tokenizer.py` compares the two on every kind of folder this project tests).
+(`tests/pipeline/tokenize/test_tokenizer.py` compares the two on every kind of folder this project tests).
 Anything else goes through AutoTokenizer.
 """
 

@@ -22,7 +22,7 @@ from pipeline.read.formats import (
 )
 from pipeline.tokenize.render import chat_segments, render, rows_where
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = ROOT / "data" / "tokenizer"
 
 

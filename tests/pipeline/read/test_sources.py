@@ -504,14 +504,14 @@ def test_fingerprints(tmp_path):
 
 
 def test_sample_data_reads(tmp_path):
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     files = resolve_inputs([str(root / "data" / "sample" / "instructions.jsonl")])
     assert column_names(files) == ["instruction", "input", "output"]
     total = sum(b.table.num_rows for b in iter_batches(files, batch_rows=1000))
     assert total == 3000
 
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "datasets"
 
 
 @pytest.mark.skipif(not (SHARED / "gsm8k" / "train.jsonl").is_file()

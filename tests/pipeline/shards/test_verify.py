@@ -317,7 +317,7 @@ def test_token_beyond_vocab(bad: Path) -> None:
 @pytest.fixture(scope="module")
 def sample_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real pack-data folder of the first 40 sample examples (tokenizer + sample in the repo)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / "data/tokenizer/tokenizer.json").is_file():
         pytest.skip("data/tokenizer not generated")
     from pipeline.cli import pack_data  # noqa: PLC0415

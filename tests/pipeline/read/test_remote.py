@@ -18,7 +18,7 @@ from pipeline.cli import pack_data, pack_verify
 from pipeline.engines.job import PackConfig, run_pack_data
 from pipeline.shards import read_manifest, verify_folder
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
 SAMPLE = ROOT / "data" / "sample"
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
 
 

@@ -23,7 +23,7 @@ from pipeline.engines.job import PackConfig, run_pack_data
 from pipeline.plan.rows import Pieces
 from pipeline.shards import iter_rows
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
 
 

@@ -237,7 +237,7 @@ def test_uncompiled_tells_which_strategies_numba_would_compile(tmp_path: Path) -
             "print(uncompiled(STRATEGIES))\nassign_bins([3, 5, 2], 8, strategy='sequential')\n"
             "print(uncompiled(['sequential', 'ffd']))")
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     runs = [subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
                            check=True, timeout=300).stdout.splitlines() for _ in range(2)]
     assert runs[0] == [str(["ffd", "bfd", "shuffle", "sequential", "minibatch", "pad"]), "['ffd']"]

@@ -32,7 +32,7 @@ from pipeline.read.sources import resolve_inputs
 
 ray = pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
 SAMPLE = ROOT / "data" / "sample"
 

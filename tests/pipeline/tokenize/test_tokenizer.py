@@ -19,7 +19,7 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.tokenize.tokenizer import declared_class, load_tokenizer, tokenizer_fingerprint, tokenizer_info
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = ROOT / "data" / "tokenizer"  # byte-level BPE, PreTrainedTokenizerFast, a chat template
 LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"  # real data beside the checkout; skipped without it
 TEXTS = ["Hello world", " leading space", "naïve café 🙂\n\tx = 1", "<s> inside </s>", "", "UPPER lower"]

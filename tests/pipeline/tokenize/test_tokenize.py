@@ -26,7 +26,7 @@ from pipeline.tokenize.tokenize_inputs import TEXT_BATCH_ROWS, iter_tokenized, l
 from pipeline.tokenize.batch import encode_texts, tokenize_batch, tokenized_batch
 from pipeline.tokenize.tokenizer import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = ROOT / "data" / "tokenizer"
 LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"  # real data beside the checkout; skipped without it
 BOS, EOS = 1, 2
