@@ -48,7 +48,8 @@ from families import FAMILIES, Family, examples, fresh_rope  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from trainer import attention  # noqa: E402
 from trainer.batch import collate_flat  # noqa: E402
-from trainer.kernels import Features, varlen_attention  # noqa: E402
+from trainer.kernel_features import Features  # noqa: E402
+from trainer.kernels import varlen_attention  # noqa: E402
 from trainer.loss import per_example_losses  # noqa: E402
 from trainer.model import prepare  # noqa: E402
 

@@ -33,17 +33,14 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from pipeline.errors import UserError
 from trainer import packed_row, positions
+from trainer.kernel_features import FEATURE_NAMES, KERNELS, Features, with_tensors
 from trainer.kernels import (
-    FEATURE_NAMES,
-    KERNELS,
-    Features,
     fa4_importable,
     flash_attn_importable,
     supported,
     torch_flash_op,
     torch_varlen_fn,
     varlen_attention,
-    with_tensors,
 )
 
 BACKENDS = KERNELS
@@ -111,7 +108,7 @@ def select_backend(
     features: set[str] = frozenset(),
 ) -> str:
     """Resolve `requested` ("auto" or one of BACKENDS) to a backend that can train on `device` and
-    reproduces every one of `features` (names of `trainer.kernels.Features`, e.g. {"window"}).
+    reproduces every one of `features` (names of `trainer.kernel_features.Features`, e.g. {"window"}).
 
     "auto" picks the first usable one of fa4, flash_attn, torch, flex, sdpa (sdpa always is). An
     explicit request that cannot be used raises UserError saying why and what to use instead.

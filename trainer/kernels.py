@@ -25,9 +25,13 @@ layer exactly as transformers' eager attention computes them (see `Features`):
 - "fa4":        FlashAttention-4 (the flash-attn-4 package, `flash_attn.cute`: CuTe DSL kernels for
                 Hopper and Blackwell, compiled on first use), through the custom ops
                 `packlm::fa4_varlen_fwd` / `packlm::fa4_varlen_bwd` so that torch.compile keeps it
-                whole. Head dims are zero-padded to 64, 96, 128, 192 or 256 (`FA4_HEAD_DIMS`).
+                whole. Head dims are zero-padded to 64, 96, 128, 192 or 256 (`trainer.fa4_ops.FA4_HEAD_DIMS`).
 - "flash_attn": `flash_attn.flash_attn_varlen_func` (the flash-attn package, FlashAttention-2), CUDA only.
 - "torch":      PyTorch's built-in FlashAttention varlen kernel, CUDA only.
+
+"sdpa" and "flex" live in `trainer.reference_kernels`, "fa4" in `trainer.fa4_ops`, "torch" and
+"flash_attn" here; `Features` and the helpers they share in `trainer.kernel_features`. This module
+checks what a kernel can reproduce and dispatches (`varlen_attention`).
 
 Windows: transformers' window `w` lets query i see keys i-w+1 .. i (w keys, `kv > q - w`); the
 FlashAttention kernels count the keys to the left instead, so they get `window_size=(w - 1, 0)`.
@@ -38,56 +42,15 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from pipeline.errors import UserError
-
-KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa")
-
-
-@dataclass(frozen=True)
-class Features:
-    """What one attention layer computes beyond plain causal softmax attention.
-
-    window:    query i attends to keys i-window+1 .. i of its example (transformers' sliding window).
-    chunk:     query i attends only to keys in the same `chunk`-token chunk of its example (Llama 4).
-    softcap:   scores become softcap * tanh(scores / softcap) before the softmax (Gemma 2).
-    sinks:     a learned logit per head joins every softmax denominator (gpt-oss `s_aux`).
-    value_dim: the value head dim differs from the query/key head dim (DeepSeek's MLA).
-    wide_head: a head dim above 256, more than the FlashAttention kernels take (Gemma 4's
-               global layers use 512).
-    """
-
-    window: int | None = None
-    chunk: int | None = None
-    softcap: float | None = None
-    sinks: bool = False
-    value_dim: bool = False
-    wide_head: bool = False
-
-    def used(self) -> set[str]:
-        """Names of the features in use, e.g. {"window", "softcap"}. Numbers are tested with `is
-        None` and flags by truth: under torch.compile a window may be a symbolic int (which must
-        not be compared with False) and a flag a symbolic bool (which only truth evaluates)."""
-        numbers = {name for name in ("window", "chunk", "softcap") if getattr(self, name) is not None}
-        return numbers | {name for name in ("sinks", "value_dim", "wide_head") if getattr(self, name)}
-
-
-EVERY_FEATURE = frozenset(f.name for f in fields(Features))  # computed once: dataclass fields() breaks a compiled graph
-
-FEATURE_NAMES = {
-    "window": "sliding-window attention",
-    "chunk": "chunked attention",
-    "softcap": "attention logit soft-capping",
-    "sinks": "attention sinks",
-    "value_dim": "a value head dim unlike the query's",
-    "wide_head": "a head dim above 256",
-}
+from trainer.fa4_ops import fa4_varlen
+from trainer.kernel_features import (EVERY_FEATURE, FEATURE_NAMES, KERNELS, Features, pad_last, repeat_kv, split_chunks,
+                                     with_tensors)
+from trainer.reference_kernels import flex_varlen, sdpa_varlen
 
 
 # --------------------------------------------------------------------------- availability
@@ -142,15 +105,6 @@ def varlen_signature(fn: Callable) -> dict[str, bool]:
     return {name: name in params for name in ("window_size", "is_causal", "scale", "enable_gqa")}
 
 
-def with_tensors(
-    features: Features, q: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None
-) -> Features:
-    """`features` completed with what the tensors themselves say: sinks present, a value head dim
-    unlike the query's, a head dim above 256 (head dims are the last axis in any layout)."""
-    return replace(features, sinks=sinks is not None, value_dim=bool(v.shape[-1] != q.shape[-1]),
-                   wide_head=bool(max(q.shape[-1], v.shape[-1]) > 256))
-
-
 def supported(kernel: str) -> set[str]:
     """The features `kernel` reproduces exactly (with this PyTorch / flash-attn)."""
     if kernel in ("sdpa", "flex"):
@@ -162,38 +116,7 @@ def supported(kernel: str) -> set[str]:
     return {"chunk", "value_dim"} | ({"window"} if window else set())
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def segment_ids(cu_seqlens: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Example index of every token of the flat sequence, computed on cu_seqlens' device (no sync)."""
-    positions = torch.arange(n_tokens, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True)
-
-
-def split_chunks(cu_seqlens: torch.Tensor, chunk: int) -> tuple[torch.Tensor, int]:
-    """Boundaries that also cut every example every `chunk` tokens, and the longest piece.
-
-    Chunked attention inside each example equals plain causal attention over these pieces:
-    [0, 10) with chunk 4 -> [0, 4), [4, 8), [8, 10). Reads the bounds on the host.
-    """
-    bounds = cu_seqlens.tolist()
-    cuts = [0]
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        cuts.extend(range(start + chunk, end, chunk))
-        cuts.append(end)
-    cu = torch.tensor(cuts, dtype=torch.int32, device=cu_seqlens.device)
-    longest = max((b - a for a, b in zip(cuts[:-1], cuts[1:])), default=0)
-    return cu, longest
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[T, Hkv, D] -> [T, Hkv * groups, D], query head h using kv head h // groups (as in HF)."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
-def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
-    return x if x.shape[-1] == size else F.pad(x, (0, size - x.shape[-1]))
+# --------------------------------------------------------------------------- FlashAttention kernels
 
 
 def _same_head_dims(q, k, v, scale):
@@ -203,159 +126,7 @@ def _same_head_dims(q, k, v, scale):
     if d == q.shape[-1] == v.shape[-1]:
         return q, k, v, scale
     scale = q.shape[-1] ** -0.5 if scale is None else scale  # the unpadded default
-    return _pad_last(q, d), _pad_last(k, d), _pad_last(v, d), scale
-
-
-# --------------------------------------------------------------------------- kernels
-
-
-# Examples whose attention runs as one batched call: a bucket takes every example at least this
-# fraction of its longest as long (right-padded to it), so padding adds at most ~1/0.8^2 = 1.56x
-# to an example's attention work; examples of at most SMALL_EXAMPLE tokens share one bucket, where
-# a call costs more than the padding.
-BUCKET_FILL = 0.8
-SMALL_EXAMPLE = 64
-
-
-def length_buckets(lengths: list[int]) -> list[list[int]]:
-    """Indices of the non-empty examples, grouped into buckets of similar length (longest first):
-    each bucket's examples are padded to its longest and attended in one batched call."""
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    buckets: list[list[int]] = []
-    for i in order:
-        if buckets:
-            longest = lengths[buckets[-1][0]]
-            if lengths[i] >= BUCKET_FILL * longest or longest <= SMALL_EXAMPLE:
-                buckets[-1].append(i)
-                continue
-        buckets.append([i])
-    return buckets
-
-
-def _sdpa(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
-    """Reference: causal attention on each example alone, written the obvious way.
-
-    Examples of similar length (`length_buckets`) are right-padded to the longest of their bucket
-    and attended as one [B, H, L, D] batch: padding sits after every real token, so causality keeps
-    it out of every real query's attention, and the padded queries' outputs are dropped (their
-    gradients are exactly zero). Without soft-capping or sinks each bucket is one
-    `F.scaled_dot_product_attention` call (causal, or with the window/chunk mask; 4-D, so that
-    PyTorch's fused CPU kernel takes it instead of materialising the scores); with them, the scores,
-    mask and softmax are spelled out as transformers' eager attention does."""
-    hq = q.shape[1]
-    groups = hq // k.shape[1]
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    bounds = cu_seqlens.tolist()
-    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
-    pieces, positions = [], []
-    for bucket in length_buckets(lengths):
-        longest = lengths[bucket[0]]
-        i = torch.arange(longest, device=q.device)
-        starts = torch.tensor([bounds[b] for b in bucket], device=q.device)
-        sizes = torch.tensor([lengths[b] for b in bucket], device=q.device)
-        real = i[None, :] < sizes[:, None]  # [B, L]
-        index = starts[:, None] + torch.minimum(i[None, :], sizes[:, None] - 1)  # padding repeats a real token
-        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [B, H, L, D]
-        mask = i[None, :] <= i[:, None]
-        if feats.window is not None:
-            mask &= i[:, None] - i[None, :] < feats.window
-        if feats.chunk is not None:
-            mask &= i[:, None] // feats.chunk == i[None, :] // feats.chunk
-        if feats.softcap is None and sinks is None:
-            plain = feats.window is None and feats.chunk is None
-            out = F.scaled_dot_product_attention(
-                qb, kb, vb, attn_mask=None if plain else mask, is_causal=plain, scale=scale,
-                enable_gqa=groups > 1)
-        else:
-            kb, vb = _repeat_kv(kb, groups), _repeat_kv(vb, groups)  # [B, H, L, D]: heads on dim 1 too
-            scores = (qb @ kb.transpose(-1, -2)) * scale
-            if feats.softcap is not None:
-                scores = feats.softcap * torch.tanh(scores / feats.softcap)
-            scores = scores.masked_fill(~mask, float("-inf"))
-            if sinks is not None:
-                sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)
-                scores = torch.cat([scores, sink], dim=-1)
-            probs = torch.softmax(scores.float(), dim=-1)[..., :longest].to(vb.dtype)
-            out = probs @ vb
-        pieces.append(out.transpose(1, 2)[real])  # [tokens of the bucket, H, Dv]
-        positions.append(index[real])
-    if not pieces:
-        return q.new_zeros((*q.shape[:2], v.shape[-1]))
-    placed = torch.cat(positions)
-    where = torch.empty_like(placed)
-    where[placed] = torch.arange(len(placed), device=placed.device)
-    return torch.cat(pieces)[where]
-
-
-_FLEX_MASKS: dict[tuple, tuple[torch.Tensor, Any]] = {}
-
-
-@torch.compiler.disable
-def _flex_block_mask(cu_seqlens: torch.Tensor, n_tokens: int, feats: Features):
-    """The document-causal (+ window / chunk) BlockMask of this batch, built once per batch and
-    kind of layer: every layer of a forward gets the same cu_seqlens tensor, so masks are cached
-    by its identity (the cache holds the tensor, so its id cannot be reused while cached) and by
-    window and chunk (Gemma's window and full layers alternate)."""
-    key = (n_tokens, feats.window, feats.chunk, cu_seqlens.device)
-    cached = _FLEX_MASKS.get(key)
-    if cached is not None and cached[0] is cu_seqlens:
-        return cached[1]
-    if any(tensor is not cu_seqlens for tensor, _ in _FLEX_MASKS.values()):
-        _FLEX_MASKS.clear()  # a new batch: the old one's masks are done with
-    seg = segment_ids(cu_seqlens, n_tokens)
-    pos = torch.arange(n_tokens, device=cu_seqlens.device) - cu_seqlens.long()[seg]
-    window, chunk = feats.window, feats.chunk
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = (seg[q_idx] == seg[kv_idx]) & (kv_idx <= q_idx)
-        if window is not None:
-            keep = keep & (q_idx - kv_idx < window)
-        if chunk is not None:
-            keep = keep & (pos[q_idx] // chunk == pos[kv_idx] // chunk)
-        return keep
-
-    mask = create_block_mask(mask_mod, None, None, n_tokens, n_tokens, device=cu_seqlens.device)
-    _FLEX_MASKS[key] = (cu_seqlens, mask)
-    return mask
-
-
-def _flex(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
-    """flex_attention over the whole flat batch as one [1, H, T, D] sequence with a block mask.
-    Sinks: flex returns log Z (the LSE); a sink logit s turns the softmax's denominator into
-    Z + e^s, so the output is scaled by Z / (Z + e^s) = sigmoid(LSE - s)."""
-    if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise UserError(
-            "attention backend 'flex' cannot train on the CPU (PyTorch has no FlexAttention backward "
-            "there); use --attn sdpa"
-        )
-    n_tokens = q.shape[0]
-    block_mask = _flex_block_mask(cu_seqlens, n_tokens, feats)
-    softcap = feats.softcap
-    score_mod = None
-    if softcap is not None:
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return softcap * torch.tanh(score / softcap)
-    lse_kwargs: dict[str, Any] = {}
-    if sinks is not None:
-        try:
-            from torch.nn.attention.flex_attention import AuxRequest
-
-            lse_kwargs = {"return_aux": AuxRequest(lse=True)}
-        except ImportError:  # torch < 2.9 returns (out, lse)
-            lse_kwargs = {"return_lse": True}
-    as_batch = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [T, H, D] -> [1, H, T, D]
-    with torch.autocast(q.device.type, enabled=False):  # inputs are cast already; score_mod too
-        result = flex_attention(
-            as_batch(q), as_batch(k), as_batch(v), score_mod=score_mod, block_mask=block_mask,
-            scale=scale, enable_gqa=q.shape[1] != k.shape[1], **lse_kwargs,
-        )
-    if sinks is None:
-        out = result
-    else:
-        out, aux = result
-        lse = aux.lse if hasattr(aux, "lse") else aux  # [1, H, T]
-        out = out * torch.sigmoid(lse - sinks.float().reshape(1, -1, 1)).unsqueeze(-1).to(out.dtype)
-    return out[0].transpose(0, 1)
+    return pad_last(q, d), pad_last(k, d), pad_last(v, d), scale
 
 
 def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
@@ -393,7 +164,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks
         if sig["enable_gqa"]:
             kwargs["enable_gqa"] = True
         else:
-            k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+            k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
 
 
@@ -410,85 +181,7 @@ def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, 
     )
 
 
-def _fa4_window(window: int) -> dict[str, int | None]:
-    """FlashAttention-4's window keywords (the same for forward and backward): none for -1, else
-    `window` keys to the left and none to the right."""
-    return {"window_size_left": None if window < 0 else window, "window_size_right": None if window < 0 else 0}
-
-
-# FlashAttention-4 as two custom ops: torch.compile sees each as one opaque call with a known output
-# shape (the fake implementations), instead of tracing into flash_attn.cute's Python. `window` is
-# the number of keys to the left (-1: none), `softcap` 0.0 for none, as FlashAttention counts them.
-@torch.library.custom_op("packlm::fa4_varlen_fwd", mutates_args=(), schema=(
-    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale, SymInt window, "
-    "float softcap) -> (Tensor, Tensor)"))
-def _fa4_fwd(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
-    """out [T, Hq, D] and the softmax's log-sum-exp [Hq, T] (float32), which the backward needs."""
-    from flash_attn.cute.interface import _flash_attn_fwd
-
-    out, lse, *_ = _flash_attn_fwd(
-        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-        max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True, softcap=softcap, return_lse=True,
-        **_fa4_window(window),
-    )
-    return out, lse
-
-
-@_fa4_fwd.register_fake
-def _(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
-    return q.new_empty((*q.shape[:2], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
-@torch.library.custom_op("packlm::fa4_varlen_bwd", mutates_args=(), schema=(
-    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, SymInt max_seqlen, "
-    "float scale, SymInt window, float softcap) -> (Tensor, Tensor, Tensor)"))
-def _fa4_bwd(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, window, softcap):
-    """dq, dk, dv of `_fa4_fwd` given the output's gradient."""
-    from flash_attn.cute.interface import _flash_attn_bwd
-
-    dq, dk, dv = _flash_attn_bwd(
-        q, k, v, out, dout, lse, scale, True, softcap, **_fa4_window(window),
-        cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
-    )
-    return dq, dk, dv
-
-
-@_fa4_bwd.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, window, softcap):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _fa4_save(ctx, inputs, output):
-    q, k, v, cu_seqlens, max_seqlen, scale, window, softcap = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], cu_seqlens)
-    ctx.args = (max_seqlen, scale, window, softcap)
-
-
-def _fa4_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-    dq, dk, dv = _fa4_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None
-
-
-_fa4_fwd.register_autograd(_fa4_backward, setup_context=_fa4_save)
-
-
-FA4_HEAD_DIMS = (64, 96, 128, 192, 256)  # FlashAttention-3's Hopper head dims, which FA4's tiles follow
-
-
-def _fa4_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
-    """FlashAttention-4 through the custom ops above; grouped-query attention is native. Head dims
-    are zero-padded to the next of FA4_HEAD_DIMS (zeros add nothing to scores or outputs) and the
-    output sliced back: FA4 accepts any multiple of 8 up to 256, but on an H100 its backward gave
-    wrong gradients at head dim 16 (forward right), so only the dims its tiles are tuned for run."""
-    d = q.shape[-1]
-    scale = d**-0.5 if scale is None else scale
-    padded = next(h for h in FA4_HEAD_DIMS if h >= d)
-    q, k, v = (_pad_last(x, padded) for x in (q, k, v))
-    window = -1 if feats.window is None else feats.window - 1
-    softcap = 0.0 if feats.softcap is None else float(feats.softcap)
-    out, _ = torch.ops.packlm.fa4_varlen_fwd(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap)
-    return out[..., :d]
+# --------------------------------------------------------------------------- dispatch
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -518,11 +211,11 @@ def _half_inputs(q, k, v):
 
 
 _KERNELS: dict[str, Callable] = {
-    "sdpa": _sdpa,
-    "flex": _flex,
+    "sdpa": sdpa_varlen,
+    "flex": flex_varlen,
     "torch": _torch_varlen,
     "flash_attn": _flash_attn_varlen,
-    "fa4": _fa4_varlen,
+    "fa4": fa4_varlen,
 }
 
 
@@ -568,11 +261,11 @@ def varlen_attention(
         cu_seqlens = cu_seqlens.to(torch.int32)
     cu_seqlens = cu_seqlens.to(q.device, non_blocking=True)
     if backend == "sdpa":
-        return _sdpa(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
+        return sdpa_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
     if backend == "flex":  # one dtype: under autocast RoPE hands over float32 q/k and a bf16 v
         device = q.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
-        return _flex(q.to(dtype), k.to(dtype), v.to(dtype), cu_seqlens, int(max_seqlen), scale, feats, sinks)
+        return flex_varlen(q.to(dtype), k.to(dtype), v.to(dtype), cu_seqlens, int(max_seqlen), scale, feats, sinks)
     # FlashAttention kernels: 16-bit, contiguous, one head dim, chunks as separate sequences
     q, k, v = _half_inputs(q, k, v)
     value_dim = v.shape[-1]

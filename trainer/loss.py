@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeline.errors import UserError
 from pipeline.shards import IGNORE_INDEX
-from trainer.kernels import segment_ids
+from trainer.kernel_features import segment_ids
 from trainer.batch import MicroBatch
 
 

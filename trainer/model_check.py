@@ -4,7 +4,7 @@
 trainer's own path (`trainer.loss`: the decoder it finds, the packed attention glue with the sdpa
 reference kernel, the output head and the logit post-processing it knows) and each example alone
 through the stock model with transformers' eager attention, in float32, and compares every
-logit. It returns the attention features the model's layers use (`trainer.kernels.Features`
+logit. It returns the attention features the model's layers use (`trainer.kernel_features.Features`
 names), so that `trainer.attention.select_backend` can pick a backend that reproduces them.
 
 The probe is 7 + 12 + 9 tokens, unless the model has position features that change past a length

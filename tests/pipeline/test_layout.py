@@ -7,7 +7,8 @@ imports follow that order.
 - no cycle among modules, counting imports inside functions too;
 - `pipeline` never imports `trainer`;
 - the public API (`from pipeline import ...`, `trainer.train`) is what it was;
-- every package is in the wheel (pyproject's package patterns).
+- every package is in the wheel (pyproject's package patterns);
+- no module of `pipeline/` or `trainer/` is over 450 lines (the developers' guide's limit).
 """
 
 from __future__ import annotations
@@ -160,3 +161,9 @@ def test_every_package_is_in_the_wheel():
                 for p in (ROOT / top).rglob("__init__.py")}
     assert packages <= shipped and {"pipeline.read", "pipeline.shards", "pipeline.engines"} <= shipped
     assert not {p for p in shipped if p.split(".")[0] not in ("pipeline", "trainer")}
+
+
+def test_modules_are_at_most_450_lines():
+    long = {str(p.relative_to(ROOT)): n for top in ("pipeline", "trainer") for p in sorted((ROOT / top).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from trainer import attention, kernels
+from trainer import attention, kernel_features, kernels, reference_kernels
 from trainer.attention import BACKENDS, install, select_backend, varlen_attention
 from trainer.batch import collate_flat
 from trainer.model import build_model
@@ -76,7 +76,7 @@ def test_sdpa_reference_never_attends_across_examples():
     torch.testing.assert_close(out[LENGTHS[0] :], base[LENGTHS[0] :], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("features", [kernels.Features(), kernels.Features(window=4), kernels.Features(chunk=5)],
+@pytest.mark.parametrize("features", [kernel_features.Features(), kernel_features.Features(window=4), kernel_features.Features(chunk=5)],
                          ids=["causal", "window", "chunk"])
 def test_sdpa_reference_runs_on_the_fused_cpu_kernel_alone(features):
     """The reference hands PyTorch 4-D [B, H, L, D] batches, which its fused (flash) CPU kernel
@@ -104,11 +104,11 @@ def test_sdpa_reference_batches_examples_of_similar_length(monkeypatch):
     """One attention call per length bucket, not per example; padding to the bucket's longest
     changes no output or gradient: each example's result equals the example attended alone."""
     lengths = [100, 90, 100, 7, 300, 260, 12, 3, 81]
-    assert kernels.length_buckets(lengths) == [[4, 5], [0, 2, 1, 8], [6, 3, 7]]
-    assert kernels.length_buckets([4, 0, 2]) == [[0, 2]]  # empty examples attend to nothing
+    assert reference_kernels.length_buckets(lengths) == [[4, 5], [0, 2, 1, 8], [6, 3, 7]]
+    assert reference_kernels.length_buckets([4, 0, 2]) == [[0, 2]]  # empty examples attend to nothing
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention",
+    monkeypatch.setattr(reference_kernels.F, "scaled_dot_product_attention",
                         lambda q, *a, **kw: calls.append(tuple(q.shape)) or sdpa(q, *a, **kw))
     q, k, v = (x.requires_grad_() for x in qkv(lengths, 4, 2))
     out = varlen_attention(q, k, v, cu_of(lengths), max(lengths), backend="sdpa")
@@ -128,8 +128,8 @@ def test_sdpa_reference_batches_examples_of_similar_length(monkeypatch):
 
 def test_segment_ids_and_chunk_splits():
     cu = cu_of([2, 3])
-    assert kernels.segment_ids(cu, 5).tolist() == [0, 0, 1, 1, 1]
-    split, longest = kernels.split_chunks(cu_of([10, 3, 8]), 4)
+    assert kernel_features.segment_ids(cu, 5).tolist() == [0, 0, 1, 1, 1]
+    split, longest = kernel_features.split_chunks(cu_of([10, 3, 8]), 4)
     assert split.tolist() == [0, 4, 8, 10, 13, 17, 21] and longest == 4
     assert split.dtype == torch.int32
 
@@ -336,8 +336,8 @@ def fake_fa4(monkeypatch, calls: list) -> None:
 
 
 @pytest.mark.parametrize("features", [
-    kernels.Features(), kernels.Features(window=4), kernels.Features(softcap=0.5),
-    kernels.Features(chunk=3), kernels.Features(window=5, softcap=2.0),
+    kernel_features.Features(), kernel_features.Features(window=4), kernel_features.Features(softcap=0.5),
+    kernel_features.Features(chunk=3), kernel_features.Features(window=5, softcap=2.0),
 ], ids=lambda f: ",".join(sorted(f.used())) or "plain")
 def test_fa4_backend_forward_and_backward_match_the_reference(monkeypatch, features):
     """FlashAttention-4's custom ops (kernel faked with its documented semantics): the window in its
@@ -365,9 +365,9 @@ def test_fa4_backend_forward_and_backward_match_the_reference(monkeypatch, featu
     assert calls[0]["window"] == (left, 0) and calls[0]["softcap"] == (features.softcap or 0.0)
     assert calls[0]["dims"] == {64}
     if features.chunk:
-        assert calls[0]["cu"] == kernels.split_chunks(cu_of(LENGTHS), features.chunk)[0].tolist()
+        assert calls[0]["cu"] == kernel_features.split_chunks(cu_of(LENGTHS), features.chunk)[0].tolist()
     if features.window is not None:
-        wider = kernels.Features(window=features.window + 1, softcap=features.softcap)
+        wider = kernel_features.Features(window=features.window + 1, softcap=features.softcap)
         _, wrong = reference(wider)
         assert max(float((g.double() - w).abs().max()) for g, w in zip(grads, wrong)) > 10 * FP16_TOL
 
@@ -646,8 +646,8 @@ def flash_semantics(q, k, v, cu, scale, window_size=(-1, -1), softcap=0.0):
 
 
 @pytest.mark.parametrize("features", [
-    kernels.Features(window=4), kernels.Features(softcap=0.5), kernels.Features(chunk=3),
-    kernels.Features(window=5, softcap=2.0), kernels.Features(),
+    kernel_features.Features(window=4), kernel_features.Features(softcap=0.5), kernel_features.Features(chunk=3),
+    kernel_features.Features(window=5, softcap=2.0), kernel_features.Features(),
 ], ids=lambda f: ",".join(sorted(f.used())) or "plain")
 @pytest.mark.parametrize("value_dim", [8, 6])
 def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, value_dim):
@@ -675,7 +675,7 @@ def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, va
     assert calls[0]["window_size"] == (left, 0) and calls[0]["softcap"] == (features.softcap or 0.0)
     assert calls[0]["dims"] == {8}  # one head dim for q, k and v
     if features.chunk:
-        assert calls[0]["cu"] == kernels.split_chunks(cu_of(LENGTHS), features.chunk)[0].tolist()
+        assert calls[0]["cu"] == kernel_features.split_chunks(cu_of(LENGTHS), features.chunk)[0].tolist()
     if features.window is not None:  # negative control: the kernel's own count, w, is one too many
         wrong = flash_semantics(q, k, v, cu_of(LENGTHS), 0.3, (features.window, 0), features.softcap or 0.0)
         assert float((wrong[..., :value_dim] - expected).abs().max()) > 10 * FP16_TOL
@@ -691,19 +691,19 @@ def test_torch_backend_gets_the_window_in_its_own_terms(monkeypatch):
 
     monkeypatch.setattr(kernels, "torch_varlen_fn", lambda: varlen_attn)
     q, k, v = qkv(LENGTHS, 4, 2, dtype=torch.float16)
-    feats = kernels.Features(window=3)
+    feats = kernel_features.Features(window=3)
     out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=feats)
     expected = varlen_attention(q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS),
                                 backend="sdpa", features=feats)
     torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
     assert calls == [dict(window_size=(2, 0))]
     with pytest.raises(UserError, match="cannot reproduce attention logit soft-capping"):
-        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=kernels.Features(softcap=1.0))
+        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=kernel_features.Features(softcap=1.0))
 
 
 @pytest.mark.parametrize("features", [
-    kernels.Features(window=4), kernels.Features(chunk=3), kernels.Features(softcap=0.5),
-    kernels.Features(window=4, softcap=0.5),
+    kernel_features.Features(window=4), kernel_features.Features(chunk=3), kernel_features.Features(softcap=0.5),
+    kernel_features.Features(window=4, softcap=0.5),
 ], ids=lambda f: ",".join(sorted(f.used())))
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_flex_forward_matches_the_reference_on_cpu(features, with_sinks):
@@ -725,9 +725,9 @@ def test_reference_spells_out_each_feature():
     i = torch.arange(9)
     causal = i[None, :] <= i[:, None]
     cases = {
-        kernels.Features(window=3): (scores, causal & (i[:, None] - i[None, :] < 3)),
-        kernels.Features(chunk=4): (scores, causal & (i[:, None] // 4 == i[None, :] // 4)),
-        kernels.Features(softcap=0.7): (0.7 * torch.tanh(scores / 0.7), causal),
+        kernel_features.Features(window=3): (scores, causal & (i[:, None] - i[None, :] < 3)),
+        kernel_features.Features(chunk=4): (scores, causal & (i[:, None] // 4 == i[None, :] // 4)),
+        kernel_features.Features(softcap=0.7): (0.7 * torch.tanh(scores / 0.7), causal),
     }
     for features, (s, keep) in cases.items():
         probs = torch.softmax(s.masked_fill(~keep, float("-inf")), -1)
@@ -777,7 +777,7 @@ def _custom_op_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: tor
                       max_seqlen: int) -> torch.Tensor:
     """A CPU stand-in for flash-attn's varlen kernel, which flash-attn registers as a custom op
     (torch.library) so that torch.compile traces through it."""
-    return kernels._sdpa(q, k, v, cu, max_seqlen, None, kernels.Features(), None).contiguous()
+    return reference_kernels.sdpa_varlen(q, k, v, cu, max_seqlen, None, kernel_features.Features(), None).contiguous()
 
 
 @_custom_op_kernel.register_fake
@@ -805,7 +805,7 @@ def test_packed_attention_traces_into_one_graph(monkeypatch):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model.model(**batch.model_kwargs(), use_cache=False)
 
-    monkeypatch.setattr(kernels, "supported", lambda kernel: {f.name for f in kernels.fields(kernels.Features)})
+    monkeypatch.setattr(kernels, "supported", lambda kernel: {f.name for f in kernel_features.fields(kernel_features.Features)})
     torch._dynamo.reset()
     model.model.compile(backend="eager", fullgraph=True, dynamic=True)
     with pytest.raises(torch._dynamo.exc.Unsupported):

@@ -170,17 +170,17 @@ def test_pack_train_on_cpu_refuses_fp8_in_one_line(tmp_path):
 def _emulated_fp8(monkeypatch) -> dict:
     """pack-train's fp8 path on the CPU: the GPU check passes and torchao emulates the float8
     arithmetic; returns what `to_float8` was given and returned."""
-    from trainer import loop
+    from trainer import start
 
-    monkeypatch.setattr(loop, "check_fp8", lambda device: None)
-    real_config, real_convert, seen = fp8.fp8_config, loop.to_float8, {}
+    monkeypatch.setattr(start, "check_fp8", lambda device: None)
+    real_config, real_convert, seen = fp8.fp8_config, start.to_float8, {}
     monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False: real_config(recipe, emulate=True))
 
     def convert(model, recipe, layers, **kwargs):
         seen.update(model=model, recipe=recipe, swapped=real_convert(model, recipe, layers, **kwargs))
         return seen["swapped"]
 
-    monkeypatch.setattr(loop, "to_float8", convert)
+    monkeypatch.setattr(start, "to_float8", convert)
     return seen
 
 
@@ -232,7 +232,7 @@ def test_pack_train_fp8_under_fsdp2_agrees_across_ranks_and_ddp_is_refused(tmp_p
     assert seen == {}  # the conversion ran in the ranks, not here
     assert ranks[0]["final_loss"] == ranks[1]["final_loss"] and np.isfinite(ranks[0]["final_loss"])
     assert all(r["steps"] == 2 and r["world_size"] == 2 for r in ranks)
-    from trainer import loop
+    from trainer import start
 
     with pytest.raises(UserError, match="--dtype fp8 under torchrun needs --parallel fsdp"):
-        loop._refuse_under_torchrun(replace(config, parallel="ddp"), "fp8")
+        start._refuse_under_torchrun(replace(config, parallel="ddp"), "fp8")

@@ -625,10 +625,10 @@ def test_bf16_weights_train_like_bf16_autocast(packed: Path, tmp_path: Path) -> 
 @pytest.fixture
 def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
     """train() believes it runs under torchrun as rank 0 of 2 (it refuses before any collective)."""
-    from trainer import loop
+    from trainer import start
     from trainer.parallel import DistInfo
 
-    monkeypatch.setattr(loop, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+    monkeypatch.setattr(start, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
 
 
 @pytest.mark.usefixtures("as_rank_of_two")

@@ -1,0 +1,242 @@
+"""Everything before the first step of `trainer.loop`: `start(config) -> Run`, with device and
+ranks, the checkpoint to resume, the data, the model (proven to train on packed rows), its wrapper,
+optimizer and data loader, each checked before rank 0 writes the run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from pipeline.errors import UserError
+from pipeline.shards import Manifest
+from pipeline.shards import manifest_vocab
+from trainer.attention import select_backend
+from trainer.config import TrainConfig, resolved, validate
+from trainer.evaluate import Evaluator, held_out_folder
+from trainer.lora import add_lora, freeze_in_bf16
+from trainer.integrity import ShardHashCheck
+from trainer.loss import LossModule
+from trainer.metrics import start_run_files
+from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
+from trainer.optim import make_optimizer
+from trainer.fp8 import check_fp8, recipe_note, to_float8
+from trainer.precision import MasterAdamW
+from trainer.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
+from trainer.resume import checkpoint_to_resume, load_training_state, resume_model
+from trainer.stream import (
+    Cursor,
+    CursorSampler,
+    MicroBatchDataset,
+    Planner,
+    ShardReader,
+    data_fingerprint,
+    make_loader,
+    open_data,
+)
+
+
+# precisions whose weights are bf16 over fp32 masters in one process (trainer.precision)
+MASTER_DTYPES = ("bf16-weights", "fp8")
+
+
+@dataclass
+class Run:
+    """What `start` builds, and checks, before the first step."""
+
+    config: TrainConfig
+    info: DistInfo
+    fsdp: bool  # --parallel fsdp under torchrun
+    device: torch.device
+    autocast: Any  # bf16 autocast, or a null context for fp32
+    masters: MasterAdamW | None  # --dtype bf16-weights (not under FSDP): the optimizer, with fp32 masters
+    out: Path
+    planner: Planner
+    total_steps: int  # the schedule's length
+    stop_at: int  # the last step of this run (--stop-at)
+    start_step: int
+    cursor: Cursor  # the data cursor after start_step
+    tokens_seen: int
+    fingerprint: dict  # of the data, recorded in checkpoints
+    hashes: ShardHashCheck | None
+    tokenizer: Any
+    model: transformers.PreTrainedModel  # plain, as save_pretrained writes it
+    peft: Any  # with --lora-r: the PeftModel around `model` (checkpoints hold its adapter), else None
+    wrapper: LossModule  # the model with the loss as its forward (what the optimizer updates)
+    module: torch.nn.Module  # the wrapper as the step calls it: itself, or DDP around it
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    loader: torch.utils.data.DataLoader
+    evaluator: Evaluator | None  # the held-out folder's loss (--eval-data)
+    backend: str
+    compiled: bool
+    n_params: int
+
+
+def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
+    """Everything before the first step: device and ranks, the checkpoint to resume, the data, the
+    model (proven to train on packed rows), its wrapper, optimizer and data loader. Rank 0 writes
+    the run folder only once all of it has been checked."""
+    validate(config)
+    device = pick_device(config.device)
+    config = resolved(config, device.type)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    info = setup_distributed(device)
+    seed_everything(config.seed + info.rank)
+    dtype_name = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    bf16 = dtype_name != "fp32"  # bf16 or bf16-weights
+    if info.enabled:
+        _refuse_under_torchrun(config, dtype_name)
+    if dtype_name == "fp8":
+        check_fp8(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    transformers.utils.logging.disable_progress_bar()
+    resume_from = checkpoint_to_resume(config, info)
+
+    manifest, tokenizer = opened if opened is not None else open_data(config)
+    eval_folder = held_out_folder(config, manifest)
+    reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
+    planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
+                      world_size=info.world_size, grad_accum=config.grad_accum)
+    total_steps = _total_steps(config, planner)
+    stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
+    fingerprint = data_fingerprint(config.data, manifest)
+    hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
+              if config.verify_hashes else None)
+    model, backend, backend_why = _model(config, device, manifest)
+    n_params = count_params(model)
+    peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
+    if peft is not None and bf16:
+        freeze_in_bf16(model)  # frozen base weights need no fp32 copy: half their memory
+
+    start_step, cursor, tokens_seen = 0, Cursor(), 0
+    if resume_from is not None:
+        start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
+                                                       fingerprint, stop_at, peft)
+    fsdp = info.enabled and config.parallel == "fsdp"
+    if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
+        to_float8(model, config.fp8_recipe, decoder_layers(model))
+    compiled = config.compile if config.compile is not None else device.type == "cuda"
+    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
+    # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
+    # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same
+    optimizer, scheduler = make_optimizer(wrapper.parameters(), config, device, total_steps,
+                                          master_weights=dtype_name in MASTER_DTYPES and not info.enabled)
+    masters = optimizer if isinstance(optimizer, MasterAdamW) else None
+    if resume_from is not None:
+        load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
+                            total_steps=total_steps, rank=info.rank, fsdp=fsdp)
+    loader = make_loader(
+        MicroBatchDataset(reader, planner, info.rank),
+        CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
+        num_workers=config.num_workers, pin_memory=device.type == "cuda", prefetch_factor=config.prefetch,
+    )
+    evaluator = None
+    if eval_folder is not None:
+        evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device)
+    run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
+              out=Path(config.out), planner=planner, total_steps=total_steps, stop_at=stop_at,
+              start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
+              hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
+              optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
+              backend=backend, compiled=compiled, n_params=n_params)
+    if info.rank == 0:
+        start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
+        _announce(run, manifest, dtype_name, backend_why)
+    return run
+
+
+def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
+    """One line for an option that does not combine with the data-parallel mode."""
+    if dtype_name in MASTER_DTYPES and config.parallel != "fsdp":
+        raise UserError(f"--dtype {dtype_name} under torchrun needs --parallel fsdp (FSDP2 computes with "
+                        "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
+    if config.optimizer == "adafactor" and config.parallel == "fsdp":
+        raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
+                        "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
+
+
+def _model(
+    config: TrainConfig, device: torch.device, manifest: Manifest
+) -> tuple[transformers.PreTrainedModel, str, str]:
+    """The model, proven to train on packed rows, its attention backend and why that one."""
+    vocab = manifest_vocab(manifest.tokenizer)
+    if config.attn != "auto":  # an impossible request fails before any model is loaded
+        select_backend(config.attn, device)
+    model = load_model(config.model, device=device, dtype=torch.float32, vocab_size=vocab, seed=config.seed)
+    backend, why = prepare(model, config.attn, device)
+    emb = model.get_input_embeddings().num_embeddings
+    if vocab is not None and int(vocab) > emb:
+        raise UserError(f"the data's tokenizer has {vocab} tokens but the model embeds only {emb}")
+    return model, backend, why
+
+
+def _wrap(
+    model: transformers.PreTrainedModel, config: TrainConfig, info: DistInfo, *, fsdp: bool,
+    compiled: bool, bf16: bool,
+) -> tuple[LossModule, torch.nn.Module]:
+    """The model with the loss as its forward, and that wrapper as the step calls it (DDP, FSDP2
+    or itself); decoder layers recompute activations and are compiled where asked, and so is
+    the loss of each chunk of tokens, except under FSDP (whose hooks on the output head's sharded
+    weight torch.compile would have to trace)."""
+    if config.grad_checkpointing:
+        enable_grad_checkpointing(model, every=int(config.grad_checkpointing))
+    layers = decoder_layers(model)
+    if compiled:
+        # a model with per-layer attention kinds (config.layer_types) compiles the attention call
+        # once per layer index: room for every layer before dynamo falls back to running it eagerly
+        dynamo_config = torch._dynamo.config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
+        for layer in layers:
+            layer.compile(dynamic=True)
+    wrapper = LossModule(model, compiled=compiled and not fsdp)
+    module = wrap_parallel(wrapper, layers, info, fsdp=fsdp, bf16=bf16, reduce_bf16=config.grad_reduce == "bf16",
+                           reshard_after_forward=config.reshard_after_forward)
+    return wrapper, module
+
+
+def _total_steps(config: TrainConfig, planner: Planner) -> int:
+    """The schedule's length: --max-steps, or --epochs (1) of steps, whichever ends first."""
+    if config.max_steps is not None:
+        total = config.max_steps
+        if config.epochs is not None:
+            total = min(total, sum(planner.steps_in_epoch(e) for e in range(config.epochs)))
+    else:
+        total = sum(planner.steps_in_epoch(e) for e in range(config.epochs or 1))
+    if total < 1:
+        raise UserError(
+            f"no complete optimizer step fits the data: one step needs {planner.group} micro-batches "
+            f"(world_size x grad_accum) of up to {planner.tokens_per_step} tokens; lower "
+            "--tokens-per-step or --grad-accum"
+        )
+    return total
+
+
+def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -> None:
+    """The start-up lines on stderr: model, attention, data and steps."""
+    config, world = run.config, run.info.world_size
+    print(
+        f"pack-train: {run.n_params / 1e6:.1f}M params, attention {run.backend}, {dtype_name}, "
+        f"{world} rank(s) ({config.parallel if run.info.enabled else 'single'}), "
+        f"{manifest.rows} rows / {manifest.total_tokens} tokens, {run.total_steps} steps of "
+        f"{config.grad_accum} x {world} micro-batches <= {config.tokens_per_step} tokens"
+        + (f", resuming at step {run.start_step}" if config.resume else ""),
+        file=sys.stderr,
+    )
+    print(f"pack-train: attention {backend_why}", file=sys.stderr)
+    if dtype_name == "fp8":
+        print(f"pack-train: {recipe_note(config.fp8_recipe)}", file=sys.stderr)
+    plan = run.planner.plan(run.cursor.epoch)
+    if plan.n_long_rows:
+        print(f"pack-train: {plan.n_long_rows} rows are longer than --tokens-per-step and each "
+              "becomes a micro-batch of its own", file=sys.stderr)
+    if plan.n_dropped_microbatches:
+        print(f"pack-train: each epoch drops its last {plan.n_dropped_microbatches} micro-batch(es) "
+              "so every rank takes the same number of steps", file=sys.stderr)
