@@ -5,7 +5,8 @@ Packs GSM8K + CodeAlpaca (Llama-2 tokenizer, from `../shared`) once with `pack-d
 --eval-fraction F`, then runs `trainer.train` (what `pack-train` runs) once per `--dtypes` entry from
 the same seed on the same rows for `--steps` optimizer steps, with a held-out evaluation at the end.
 An entry is a pack-train `--dtype`, with an fp8 recipe after a colon (`fp8:tensorwise`; plain `fp8`
-is pack-train's default recipe). Reports tokens/s over the steps after `--warmup` (from
+is pack-train's default recipe) and another model seed after an at sign (`bf16-weights@1`: the noise
+control, the same precision from another random initialisation over the same rows). Reports tokens/s over the steps after `--warmup` (from
 metrics.jsonl), the held-out loss and each entry's ratios against the first entry: the speed-up
 and the held-out loss's relative difference (issue 38: fp8 within 1% of bf16).
 
@@ -41,10 +42,11 @@ from benchlib import (
 )
 
 
-def parse_entry(entry: str) -> tuple[str, str | None]:
-    """"fp8:tensorwise" -> ("fp8", "tensorwise"); "bf16-weights" -> ("bf16-weights", None)."""
+def parse_entry(entry: str, seed: int = 0) -> tuple[str, str | None, int]:
+    """"fp8:tensorwise" -> ("fp8", "tensorwise", seed); "bf16-weights@1" -> ("bf16-weights", None, 1)."""
+    entry, _, entry_seed = entry.partition("@")
     dtype, _, recipe = entry.partition(":")
-    return dtype, (recipe or None)
+    return dtype, (recipe or None), (int(entry_seed) if entry_seed else seed)
 
 
 def prepare(args: argparse.Namespace, rank: int) -> Path:
@@ -84,12 +86,12 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
     """pack-train's loop for one precision; its summary and the timed steps' rate."""
     from trainer import TrainConfig, train
 
-    dtype, recipe = parse_entry(entry)
-    out = args.workdir / f"run-{entry.replace(':', '-')}"
+    dtype, recipe, seed = parse_entry(entry, args.seed)
+    out = args.workdir / f"run-{entry.replace(':', '-').replace('@', '-seed')}"
     config = TrainConfig(
         data=str(folder), model=args.model, out=str(out), tokens_per_step=args.tokens_per_step,
         lr=args.lr, warmup=args.lr_warmup, schedule="cosine", max_steps=args.steps, attn=args.attn,
-        dtype=dtype, fp8_recipe=recipe or "rowwise_with_gw_hp", seed=args.seed, log_every=args.log_every,
+        dtype=dtype, fp8_recipe=recipe or "rowwise_with_gw_hp", seed=seed, log_every=args.log_every,
         parallel=args.parallel, grad_checkpointing=args.grad_checkpointing, progress=False,
         num_workers=2, save_every=0, verify_hashes=False, peak_flops=args.peak_tflops * 1e12,
     )
@@ -102,21 +104,31 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train_rows = [r for r in records if "loss" in r and "step_time_s" in r]
     timed = [r for r in train_rows if r["step"] > args.warmup]
-    seconds = tokens = 0.0
-    last_step, last_tokens = 0, 0
-    for r in train_rows:
-        n = r["step"] - last_step
-        if r["step"] > args.warmup:
-            seconds += r["step_time_s"] * n
-            tokens += r["tokens"] - last_tokens
-        last_step, last_tokens = r["step"], r["tokens"]
+    tokens_per_s = timed_rate(train_rows, args.warmup)
     return {
-        "entry": entry, "dtype": dtype, "recipe": recipe, "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "entry": entry, "dtype": dtype, "recipe": recipe, "seed": seed, "tokens_per_s": tokens_per_s,
         "mfu_last": timed[-1].get("mfu") if timed else None, "eval_loss": summary.get("eval_loss"),
         "final_loss": summary.get("final_loss"), "peak_mem_gib": train_rows[-1].get("peak_mem_gib") if train_rows else None,
         "world_size": summary.get("world_size"), "attention": summary.get("attention"),
         "loss_curve": [(r["step"], r["loss"]) for r in train_rows],
     }
+
+
+def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:
+    """Tokens/s over the metrics.jsonl training lines whose log window starts after `warmup` steps.
+
+    A line at step s covers the steps since the previous line, at its mean `step_time_s`, and holds
+    the running token count: with lines at steps 10, 20, 30 and warmup 10, the windows 11-20 and 21-30
+    count; with lines at 25 and 50 and warmup 20, only 26-50 does (1-25 holds the compile).
+    """
+    seconds = tokens = 0.0
+    last_step, last_tokens = 0, 0
+    for r in rows:
+        if last_step >= warmup:
+            seconds += r["step_time_s"] * (r["step"] - last_step)
+            tokens += r["tokens"] - last_tokens
+        last_step, last_tokens = r["step"], r["tokens"]
+    return tokens / seconds if seconds else 0.0
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
@@ -145,7 +157,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="bf16-weights,fp8",
                    help="comma separated pack-train --dtype values, fp8 with :RECIPE; ratios against the first")
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=10, help="steps left out of tokens/s (compile)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="steps left out of tokens/s (compile); whole --log-every windows from the first that starts after them")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--tokens-per-step", type=int, default=16384)
     p.add_argument("--max-len", type=int, default=8192)
@@ -173,23 +186,27 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     rank = int(os.environ.get("RANK", "0"))
     t0 = time.perf_counter()
     folder = prepare(args, rank)
+    if rank == 0:
+        print(f"[{time.perf_counter() - t0:.0f} s] packed rows ready in {folder}", flush=True)
     results = []
     for entry in args.dtypes:
         res = run_entry(entry, folder, args)
         results.append(res)
-        if rank == 0:
-            print(f"  {entry}: {res['tokens_per_s']:,.0f} tokens/s, held-out {res['eval_loss']}, "
-                  f"final train {res['final_loss']}", flush=True)
-    if rank == 0:
+        if rank != 0:
+            continue
+        print(f"[{time.perf_counter() - t0:.0f} s] {entry}: {res['tokens_per_s']:,.0f} tokens/s, "
+              f"held-out {res['eval_loss']}, final train {res['final_loss']}", flush=True)
         text = table(results)
-        print(text)
-        if args.json:
+        if args.json:  # after every entry, so a run cut short keeps what it measured
             import torch
 
             write_json(args.json, {"config": jsonable(args), "machine": machine_summary(),
                                    "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                                    "torch": torch.__version__, "results": results, "table": text,
-                                   "wall_s": time.perf_counter() - t0})
+                                   "wall_s": time.perf_counter() - t0,
+                                   "complete": len(results) == len(args.dtypes)})
+    if rank == 0:
+        print(table(results))
     return results
 
 

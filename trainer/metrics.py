@@ -89,9 +89,10 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 class Reporter:
-    """The scalars of every metrics line, also to TensorBoard (`RUN/tensorboard`, through
-    torch.utils.tensorboard) or Weights & Biases (only when installed; offline unless the user's
-    W&B settings say otherwise). Rank 0 only; "none" does nothing."""
+    """The scalars of every metrics line (the epoch too; the step is the step they are logged at),
+    also to TensorBoard (`RUN/tensorboard`, through torch.utils.tensorboard) or Weights & Biases
+    (only when installed; offline unless the user's W&B settings say otherwise). Rank 0 only;
+    "none" does nothing."""
 
     def __init__(self, kind: str, out: Path, config: TrainConfig, rank: int) -> None:
         self.kind = kind if rank == 0 else "none"
@@ -112,7 +113,7 @@ class Reporter:
 
     def log(self, step: int, record: dict[str, Any]) -> None:
         scalars = {k: float(v) for k, v in record.items()
-                   if k not in ("step", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self.kind == "tensorboard":
             for key, value in scalars.items():
                 self.writer.add_scalar(key, value, step)

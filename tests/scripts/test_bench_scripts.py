@@ -628,12 +628,19 @@ def test_bench_ray_on_cpu(tmp_path):
 
 
 def test_bench_precision_entries_and_ratios_against_the_first():
-    """An entry is a pack-train --dtype with an fp8 recipe after a colon; the table divides each
-    entry's speed by the first's and gives its held-out loss's relative difference."""
+    """An entry is a pack-train --dtype with an fp8 recipe after a colon and a model seed after an
+    at sign (default: --seed); the table divides each entry's speed by the first's and gives its
+    held-out loss's relative difference."""
     import bench_precision as bp
 
-    assert bp.parse_entry("fp8:tensorwise") == ("fp8", "tensorwise")
-    assert bp.parse_entry("bf16-weights") == ("bf16-weights", None)
+    assert bp.parse_entry("fp8:tensorwise") == ("fp8", "tensorwise", 0)
+    assert bp.parse_entry("bf16-weights", seed=3) == ("bf16-weights", None, 3)
+    assert bp.parse_entry("bf16-weights@1", seed=3) == ("bf16-weights", None, 1)
+    assert bp.parse_entry("fp8:rowwise@2") == ("fp8", "rowwise", 2)
+    # windows that start inside the warm-up (compile) are left out whole
+    lines = [dict(step=25, step_time_s=9.0, tokens=2500), dict(step=50, step_time_s=1.0, tokens=5000)]
+    assert bp.timed_rate(lines, warmup=20) == 100.0
+    assert bp.timed_rate(lines, warmup=0) == 5000 / 250
     row = dict(final_loss=2.0, mfu_last=0.5, peak_mem_gib=10.0)
     rows = bp.table([{**row, "entry": "bf16-weights", "tokens_per_s": 100.0, "eval_loss": 4.0},
                      {**row, "entry": "fp8", "tokens_per_s": 125.0, "eval_loss": 3.96}]).splitlines()
