@@ -77,7 +77,7 @@ class PackConfig(FormatOptions):
     engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.engines.ray_engine)
     ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
     chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
-    tmp_dir: str | None = None  # a remote --out is written here first (pipeline.read.remote); None: the system's
+    tmp_dir: str | None = None  # a remote --out is written here first (pipeline.write.remote_out); None: the system's
     progress: bool = True
 
     def format_options(self) -> FormatOptions:

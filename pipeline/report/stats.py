@@ -1,6 +1,6 @@
 """Padding/packing layout figures in plain numpy (no polars), shared by `pack-report` and `pack-data`.
 
-`pipeline.report.folder_report` (polars, plots) builds its reports from these; `pipeline.write.shard_writer` uses them for
+`pipeline.report.folder_report` (polars, plots) builds its reports from these; `pipeline.engines.job` uses them for
 pack-data's final summary, so both print the same "padding avoided vs pad-to-longest" figure. The
 cost model is documented in `pipeline.report.folder_report`.
 """

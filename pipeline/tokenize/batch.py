@@ -1,6 +1,6 @@
 """One batch of input rows -> token ids, labels and a length per example (`TokBatch`).
 
-Text: each row is rendered into segments (`pipeline.read.formats`); each example's segments are joined
+Text: each row is rendered into segments (`pipeline.tokenize.render`); each example's segments are joined
 into its whole text, the whole texts of the batch are tokenized with the fast tokenizer's batch API
 (one call, or calls of bounded size with long texts cut where no id changes: `pipeline.tokenize.long_texts`),
 and the ids are split at the segments' cuts (`pipeline.tokenize.segments.encode_segments`: the ids are the

@@ -1,6 +1,6 @@
 """Parallel tokenization of every input, in input order, spilled to disk; only lengths stay in RAM.
 
-Inputs are streamed as batches of rows (`pipeline.read.sources`); each batch becomes token ids, labels
+Inputs are streamed as batches of rows (`pipeline.read.batches`); each batch becomes token ids, labels
 and lengths (`pipeline.tokenize.batch`). With `num_proc` > 1, `num_proc` threads each take a batch:
 they render and assemble it here and have its texts encoded by one of `num_proc` worker processes
 (`pipeline.tokenize.encode_pool`). At most a few batches are in flight (bounded memory), and results are
