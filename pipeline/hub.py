@@ -143,11 +143,13 @@ def resolve(ref: HubRef, repo_type: str, what: str, *, allow_patterns: Sequence[
 
 def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None,
              ignore: Sequence[str] | None) -> tuple[Path, str]:
-    import httpx2
     from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, IncompleteSnapshotError,
-                                        LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                        OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError)
+
+    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())  # huggingface_hub 2.x
+    transport = _transport_errors()
 
     name = ref.repo_id + (f"@{ref.revision}" if ref.revision else "")
     kwargs = dict(repo_type=repo_type, revision=ref.revision, allow_patterns=allow and list(allow),
@@ -162,7 +164,7 @@ def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None
                 if exc.response is None or exc.response.status_code < 500:
                     raise
                 unreachable = f"it answered {exc.response.status_code}"  # the Hub is down: the cache may do
-            except (httpx2.TransportError, OSError) as exc:  # no connection, DNS, timeout, proxy
+            except (*transport, OSError) as exc:  # no connection, DNS, timeout, proxy
                 unreachable = one_line(exc) or type(exc).__name__
         folder = snapshot_download(ref.repo_id, local_files_only=offline or unreachable is not None,
                                    etag_timeout=_timeout(), endpoint=_endpoint(), **kwargs)
@@ -190,15 +192,28 @@ def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None
             why = f"the Hugging Face Hub cannot be reached ({unreachable[:120]})"
         else:
             why = one_line(exc)[:200]
-        where = "only partly in" if isinstance(exc, IncompleteSnapshotError) else "not in"
+        where = "only partly in" if incomplete and isinstance(exc, incomplete) else "not in"
         raise UserError(f"{what} {name} is {where} the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
                         f"and {why}: download it once online (hf download {ref.repo_id}"
                         f"{' --repo-type dataset' if repo_type == 'dataset' else ''}) or pass a local path") from None
-    except httpx2.TransportError as exc:  # the connection failed during the download itself
+    except transport as exc:  # the connection failed during the download itself
         raise UserError(f"{what} {name}: downloading from the Hugging Face Hub failed ({one_line(exc)[:160]}): "
                         "run again (files already downloaded are kept in the cache), or pass a local path") from None
     folder = Path(folder)
     return folder, folder.name
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The network failures of the HTTP client huggingface_hub uses (httpx2 for 2.x, httpx for 1.x,
+    requests before)."""
+    found: list[type[BaseException]] = []
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError"),
+                         ("requests", "Timeout")):
+        try:
+            found.append(getattr(__import__(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 def record(ref: HubRef, commit: str) -> dict:
@@ -242,7 +257,7 @@ def dataset_files(ref: HubRef) -> tuple[list[str], str]:
         raise UserError(f"dataset {ref.repo_id}{_config_name(ref)} has no split {split!r}: choose one of "
                         f"{', '.join(sorted(patterns))} ({ref.repo_id}:SPLIT)")
     try:
-        files = DataFilesDict.from_local_or_remote({split: patterns[split]}, base_path=str(base_dir))[split]
+        files = DataFilesDict.from_patterns({split: patterns[split]}, base_path=str(base_dir))[split]
     except (DataFilesNotFoundError, FileNotFoundError) as exc:
         raise UserError(f"dataset {ref.repo_id}{_config_name(ref)} split {split!r}: its files are not in "
                         f"{folder} ({one_line(exc)[:160]})") from None

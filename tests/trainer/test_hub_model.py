@@ -1,7 +1,7 @@
 """pack-train with a model and a tokenizer named by Hugging Face Hub id (`pipeline.hub`,
 `trainer.presets.model_folder`), offline on a Hugging Face cache the tests build: the same step-1
 loss as the same folder given by path; a tokenizer at another commit than the manifest's is named
-in one line; a model id the Hub does not know is one line, before torch is imported."""
+in one line; a model id the Hub does not know, or not cached with --offline, is one line at once."""
 
 from __future__ import annotations
 
@@ -111,17 +111,24 @@ def test_a_tokenizer_at_another_commit_is_named_in_one_line(hf_home: Path, tmp_p
         open_data(config)
 
 
-def test_a_model_id_the_hub_does_not_know_is_one_line_before_torch(hf_home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_model_id_the_hub_does_not_know_is_one_line_at_once(hf_home: Path, tmp_path: Path,
+                                                                   offline: bool) -> None:
     packed = _pack(tmp_path, str(TOKENIZER))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     code = ("import sys; from trainer.cli import main; sys.argv[0] = 'pack-train'; main()\n")
     with fake_hub(404, "RepoNotFound") as (url, asked):
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-c", code, "--data", str(packed), "--model", "someone/no-such-model",
-                               "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                               "--out", str(tmp_path / "run"), *(["--offline"] if offline else [])],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
                               env={**env, "PYTHONPATH": str(ROOT), "HF_HOME": str(hf_home), "HF_ENDPOINT": url})
         elapsed = time.monotonic() - start
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "model someone/no-such-model is neither a local path nor a model repo on the Hugging Face Hub" in proc.stderr
-    assert len([p for p in asked if "someone/" in p]) == 1 and elapsed < 30
-    assert not (tmp_path / "run").exists()
+    if offline:  # --offline: the Hub is never asked
+        assert "model someone/no-such-model is not in the local Hugging Face cache" in proc.stderr
+        assert [p for p in asked if "someone/" in p] == []
+    else:
+        assert "model someone/no-such-model is neither a local path nor a model repo on the Hugging Face Hub" in proc.stderr
+        assert len([p for p in asked if "someone/" in p]) == 1
+    assert elapsed < 30 and not (tmp_path / "run").exists()
