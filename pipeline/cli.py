@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from pipeline.plan.binpack import STRATEGIES, uncompiled
+from pipeline.read import hub
 from pipeline.config_file import config_option
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
@@ -60,9 +61,11 @@ def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
 PACK_DATA_EPILOG = """\b
 Examples:
   pack-data data/sample/instructions.jsonl --tokenizer data/tokenizer --max-len 8192 --out out/sample
-  pack-data 'corpus/*.parquet' --tokenizer ../shared/tokenizers/llama2 --max-len 4096 \\
+  pack-data 'corpus/*.parquet' --tokenizer meta-llama/Llama-2-7b-hf --max-len 4096 \\
       --format text --text-field body --num-proc 8 --out out/corpus --overwrite
   pack-data data/sample/chat.jsonl --tokenizer data/tokenizer --max-len 2048 --out out/chat --limit 100
+  pack-data HuggingFaceH4/ultrachat_200k:train_sft --tokenizer Qwen/Qwen2.5-0.5B-Instruct \\
+      --max-len 4096 --out out/ultrachat   # Hub ids: org/name[@revision], a dataset's [config:]split
   pack-data --config data/configs/pack-data.yaml --max-len 4096   # options from a file, flags win
   pack-data 's3://bucket/corpus/*.jsonl' --tokenizer tok --max-len 8192 --out s3://bucket/packed \\
       --engine ray --ray-address 10.0.0.1:6379   # on a Ray cluster
@@ -73,8 +76,8 @@ Examples:
 @config_option(checks=PACK_CHECKS, fields={"fmt": "format"})
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True,
-              help="Tokenizer folder (tokenizer.json), or the name of a Hub tokenizer already in the local "
-                   "Hugging Face cache (nothing is downloaded).")
+              help="Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
+                   "(org/name[@revision]): from the local Hugging Face cache, downloaded there when missing.")
 @click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")
@@ -116,16 +119,21 @@ Examples:
               help="Where a remote --out is written before its upload (on a Ray cluster: storage every node sees). "
                    "Default: the system's temporary folder.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+@click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True,
+              help=hub.OFFLINE_HELP)
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
-    """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs, and URIs of
-    remote storage such as s3://bucket/data/*.jsonl) and write bin-packed Arrow shards plus
-    manifest.json to --out.
+    """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs, URIs of
+    remote storage such as s3://bucket/data/*.jsonl, and Hugging Face Hub datasets such as
+    HuggingFaceH4/ultrachat_200k:train_sft, org/name[@revision][:config]:split) and write bin-packed
+    Arrow shards plus manifest.json to --out.
 
     Every example starts with BOS and ends with EOS; loss is taken on responses / assistant turns
     (all tokens of plain text), never on the first token of an example. Rows hold no padding;
     position_ids restart per example. The output folder appears only when complete.
     """
     with cli_errors():  # click parses the options' types; the job checks their values (job.validate)
+        if not options["progress"]:
+            hub.no_progress_bars()
         config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
         run_pack_data(config, echo=click.echo)
 
@@ -142,6 +150,8 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
               help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
 @click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
               help="How many examples --deep re-tokenizes.")
+@click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True,
+              help=hub.OFFLINE_HELP)
 def pack_verify(folder: str, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
     """Check that FOLDER (written by pack-data) is intact and follows the shard contract; with a
     held-out eval folder inside (pack-data --eval-fraction), that one too, and that no example is

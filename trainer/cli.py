@@ -9,6 +9,8 @@ import click
 
 from pipeline.config_file import config_option
 from pipeline.errors import cli_errors
+from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
+from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
 from trainer.data_check import open_data
 from trainer.presets import model_folder
@@ -40,13 +42,14 @@ class LocalFolder(click.Path):
 @click.option("--data", required=True, type=LocalFolder(exists=True, file_okay=False),
               help="Packed folder written by pack-data.")
 @click.option("--model", "model", required=True,
-              help="Local Hugging Face model folder (config + safetensors) or a preset: tiny, "
-                   "llama-100m, llama-1b, llama-8b (random weights). Nothing is downloaded.")
+              help="Hugging Face model: a Hub id such as Qwen/Qwen2.5-0.5B (org/name[@revision]; from the local "
+                   "Hugging Face cache, downloaded there when missing), a local folder (config + safetensors), "
+                   "or a preset: tiny, llama-100m, llama-1b, llama-8b (random weights).")
 @click.option("--out", required=True, type=LocalFolder(file_okay=False),
               help="Run folder: metrics.jsonl, checkpoints/, summary.json.")
-@click.option("--tokenizer", default=None, type=click.Path(exists=True),
-              help="Tokenizer the model expects; the data's tokenizer fingerprint must match it. "
-                   "Default: the tokenizer files inside a local --model folder, if any.")
+@click.option("--tokenizer", default=None,
+              help="Tokenizer the model expects (a folder or a Hub id); the data's tokenizer fingerprint must "
+                   "match it. Default: the tokenizer files inside the --model folder (local or the Hub id's), if any.")
 @click.option("--tokens-per-step", default=None, type=click.IntRange(min=1),
               help="Micro-batch token budget: rows are concatenated into one flat [1, T] batch up "
                    f"to it (a longer row is a micro-batch of its own). Default: {TOKENS_PER_STEP['cuda']} "
@@ -146,6 +149,7 @@ class LocalFolder(click.Path):
               help="Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
                    "it; --keep-last never removes it).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--offline", is_flag=True, callback=offline_flag, expose_value=False, is_eager=True, help=OFFLINE_HELP)
 def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.
 
@@ -158,10 +162,14 @@ def pack_train(**options: object) -> None:
                               "(continue with --resume)"):
         options["compile"] = options.pop("compile_")
         options["progress"] = not options.pop("no_progress")
+        if not options["progress"]:
+            no_progress_bars()
         config = TrainConfig(**options)  # type: ignore[arg-type]
         # what needs no torch is checked before torch is imported (seconds): options, model name, data
         validate(config)
         model_folder(config.model)
+        if config.tokenizer is not None:
+            tokenizer_folder(config.tokenizer)  # a mistyped path fails here, a Hub id is found in open_data
         opened = open_data(config)
         # PyTorch's OpenMP threads wait passively (read when torch is imported, just below): spinning
         # idle threads take the cores that the other threads, and other jobs of a shared machine,

@@ -1,7 +1,7 @@
-"""Causal LMs for the trainer: Llama presets with seeded random weights, or a local HF folder.
-
-Nothing is ever downloaded: a name is either a preset (`trainer.presets`) or a folder on disk holding
-`config.json` and safetensors weights.
+"""Causal LMs for the trainer: Llama presets with seeded random weights, or a Hugging Face model
+folder: a preset (`trainer.presets`), a folder on disk holding `config.json` and safetensors
+weights, or a Hub id whose snapshot `trainer.presets.model_folder` finds in (or downloads to) the
+local Hugging Face cache.
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def load_model(
     """A causal LM on `device` in `dtype`, attention not yet packed (see `prepare`).
 
     A preset name ("tiny", "llama-100m", "llama-1b") gives a LlamaForCausalLM with random weights
-    drawn on the CPU from `seed` (identical on every device and rank); a local folder is loaded
-    with from_pretrained(local_files_only=True). `vocab_size` overrides a preset's vocabulary so
-    the model matches any tokenizer.
+    drawn on the CPU from `seed` (identical on every device and rank); a local folder, or a Hub
+    id's snapshot folder, is loaded with from_pretrained(local_files_only=True). `vocab_size`
+    overrides a preset's vocabulary so the model matches any tokenizer.
     """
     path = model_folder(name_or_path)
     if path is None:

@@ -1,11 +1,12 @@
 """The model presets' shapes, and what `--model` names; no torch, so pack-train checks the name
-before importing it."""
+(and finds or downloads a Hub model) before importing it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from pipeline.read import hub
 from pipeline.errors import UserError
 
 PRESETS: dict[str, dict] = {
@@ -35,14 +36,19 @@ PRESETS: dict[str, dict] = {
 
 def model_folder(name_or_path: str) -> Path | None:
     """None for a preset name, the folder for a local Hugging Face model folder (one with
-    config.json); anything else is a UserError (nothing is downloaded)."""
+    config.json) or a Hub id (`org/name[@revision]`: its snapshot in the local Hugging Face cache,
+    downloaded there first when missing and not offline, `pipeline.read.hub`); anything else is a
+    UserError."""
     if name_or_path in PRESETS:
         return None
     path = Path(os.path.expanduser(str(name_or_path)))
-    if not path.is_dir():
+    if not path.is_dir() and (ref := hub.hub_ref(str(name_or_path))) is not None:
+        path = hub.resolve(ref, "model", "model", allow_patterns=hub.MODEL_PATTERNS,
+                           ignore_patterns=hub.MODEL_IGNORE)[0]
+    elif not path.is_dir():
         raise UserError(
-            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor a local folder "
-            "with config.json; nothing is downloaded"
+            f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}), a local folder "
+            "with config.json, nor a Hub id (org/name, e.g. Qwen/Qwen2.5-0.5B)"
         )
     if not (path / "config.json").is_file():
         raise UserError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")

@@ -230,7 +230,9 @@ def validate(config: PackConfig) -> None:
 def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:
     """Read and tokenize every input into a spill in `tmp`, with a progress bar."""
     if config.engine == "ray":
-        spill = tokenize_on_ray(files, fmts, tokenizer, config.tokenizer, tmp / "_spill", max_len=config.max_len,
+        # tasks that load the tokenizer load the folder it came from (a Hub id's: the commit resolved here)
+        folder = str(getattr(tokenizer, "name_or_path", "") or config.tokenizer)
+        spill = tokenize_on_ray(files, fmts, tokenizer, folder, tmp / "_spill", max_len=config.max_len,
                                 overlong=config.overlong, limit=config.limit, batch_rows=config.batch_rows,
                                 chunk_bytes=config.chunk_bytes, progress=config.progress)
     else:

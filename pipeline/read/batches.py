@@ -1,6 +1,6 @@
 """Resolved inputs (`pipeline.read.sources`) streamed as Arrow tables with exact row positions,
 each file by its format's reader (`pipeline.read.json_lines`, `pipeline.read.json_array`,
-`pipeline.read.tables`, `datasets` for `save_to_disk` folders and the Hub).
+`pipeline.read.tables`, `datasets` for `save_to_disk` folders).
 
 Memory stays bounded: JSONL is cut into byte chunks at line ends and each chunk is parsed by pyarrow
 on its own (so a schema that changes between chunks is fine), CSV uses pyarrow's streaming reader,
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_array import json_array_text, read_json_array, scan_json_array
 from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, jsonl_columns, read_jsonl
-from pipeline.read.sources import KINDS, InputFile, hf_data_files, open_hub
+from pipeline.read.sources import KINDS, InputFile, hf_data_files
 from pipeline.read.tables import read_arrow, read_csv, read_parquet
 
 
@@ -101,8 +101,6 @@ def _tables(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[s
             tables = read_arrow(f.path, batch_rows)
         elif f.kind == "hf_disk":
             tables = _read_datasets(_load_disk(f.path), batch_rows, f.path)
-        elif f.kind == "hub":
-            tables = _read_datasets(open_hub(f.path), batch_rows, f.path)
         else:
             raise UserError(f"unknown input kind {f.kind!r} for {f.path}: expected one of {KINDS}")
         for t in tables:
@@ -167,10 +165,6 @@ def column_names(files: list[InputFile]) -> list[str]:
             return list(pq.ParquetFile(f.path).schema_arrow.names)
         if f.kind == "hf_disk":
             return list(_load_disk(f.path).column_names)
-        if f.kind == "hub":
-            ds = open_hub(f.path)
-            if ds.column_names:
-                return list(ds.column_names)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise UserError(f"{f.path}: not a readable Parquet file ({one_line(exc)}); it may be "
                         "truncated or corrupt: re-export or re-download it") from None

@@ -36,7 +36,7 @@ class Chunk:
 
 def plan_chunks(files: list[InputFile], chunk_bytes: int) -> list[Chunk]:
     """Cut every input into chunks of about `chunk_bytes` (whole files where the format allows no
-    cut: compressed text, JSON arrays, CSV, Arrow streams, `datasets` folders, the Hub). Only file
+    cut: compressed text, JSON arrays, CSV, Arrow streams, `datasets` folders). Only file
     sizes and Parquet/Arrow metadata are read. The chunks of a file are in file order."""
     chunks: list[Chunk] = []
     for k, f in enumerate(files):

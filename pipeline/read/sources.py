@@ -11,8 +11,10 @@ Supported inputs (several may be given; globs are expanded in sorted order; orde
 - a folder written by `datasets.save_to_disk` (memory-mapped Arrow); a `DatasetDict` folder is
   read through its `train` split (or its only split); any other folder is expanded into the
   supported files it contains (recursively, sorted)
-- a Hugging Face Hub dataset `owner/name`, `owner/name:split` or `owner/name:config:split`
-  (streamed; default split `train`), tried only when no local path of that name exists
+- a Hugging Face Hub dataset `owner/name`, `owner/name:split` or `owner/name:config:split`, each
+  optionally at a revision (`owner/name@rev:split`; default split `train`), when it names no local
+  path (`pipeline.read.hub`): its split's files, from the local Hugging Face cache or downloaded, are read
+  as the local files they are
 """
 
 from __future__ import annotations
@@ -21,21 +23,20 @@ import glob as globlib
 import hashlib
 import os
 import re
-import socket
 import stat
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
 from pipeline.errors import UserError, one_line
+from pipeline.read import hub
 from pipeline.read.json_lines import open_input
 from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 
-KINDS = ("jsonl", "json", "parquet", "arrow", "csv", "hf_disk", "hub")
+KINDS = ("jsonl", "json", "parquet", "arrow", "csv", "hf_disk")
 # Longest suffix first so that ".jsonl.gz" wins over ".gz".
 EXTENSIONS = {
     ".jsonl.gz": "jsonl", ".ndjson.gz": "jsonl", ".json.gz": "json", ".csv.gz": "csv",
@@ -44,18 +45,18 @@ EXTENSIONS = {
     ".tsv": "csv",
 }
 SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
-             "formats also .gz), a datasets.save_to_disk folder, or a Hub dataset name")
+             "formats also .gz), a datasets.save_to_disk folder, or a Hub dataset id (org/name)")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+){0,2}$")
 
 
 @dataclass
 class InputFile:
     """One resolved input."""
 
-    path: str  # as given, or as matched by a glob / found in a folder; Hub: the name as given
+    path: str  # as given, or as matched by a glob / found in a folder or a Hub dataset's snapshot
     kind: str  # one of KINDS
-    size: int  # bytes (folders: their data files; 0 for hub)
+    size: int  # bytes (folders: their data files)
+    hub: dict | None = None  # a Hub dataset's file: the input as given, id, revision, commit (`pipeline.read.hub`)
 
 
 # ------------------------------------------------------------------------------------ resolving
@@ -173,19 +174,10 @@ def _resolve_folder(path: str) -> list[InputFile]:
     return [_resolve_file(p) for p in found]
 
 
-def _parse_hub(name: str) -> tuple[str, str | None, str]:
-    parts = name.split(":")
-    if len(parts) == 1:
-        return parts[0], None, "train"
-    if len(parts) == 2:
-        return parts[0], None, parts[1]
-    return parts[0], parts[1], parts[2]
-
-
 def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
     """Expand globs and folders, check that every input exists and is readable, detect formats."""
     if not inputs:
-        raise UserError("no input given: pass at least one file, glob, folder or Hub dataset name")
+        raise UserError("no input given: pass at least one file, glob, folder or Hub dataset id")
     out: list[InputFile] = []
     for raw in inputs:
         spec = os.path.expanduser(str(raw))
@@ -200,8 +192,8 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
                 out.extend(_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])
         elif os.path.islink(spec):
             raise _broken_link(spec)
-        elif _kind_of(spec) is None and _HUB_NAME.match(spec) and "/" in spec.split(":")[0]:
-            out.append(_resolve_hub(spec))
+        elif (ref := hub.hub_ref(spec, dataset=True)) is not None:
+            out.extend(_resolve_hub(str(raw), ref))
         else:
             raise UserError(f"input not found: {raw}: check the path (relative to {os.getcwd()})")
     for f in out:
@@ -238,74 +230,29 @@ def _refuse_packed(f: InputFile) -> None:
 # ------------------------------------------------------------------------------------ the Hub
 
 
-def _hub_reachable(timeout: float = 3.0) -> str | None:
-    """None if the Hub answers a TCP connect, else the reason (offline mode, DNS, refused...)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
-            os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("0", ""):
-        return None  # offline mode: let `datasets` use its cache and say what is missing
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = re.sub(r"^\w+://", "", endpoint).split("/")[0]
-    host, _, port = host.partition(":")
-    try:
-        socket.create_connection((host, int(port or 443)), timeout=timeout).close()
-    except OSError as exc:
-        return f"{host} is unreachable ({exc.strerror or exc})"
-    return None
-
-
-def _load_hub(name: str) -> Any:
-    """The streaming `datasets.IterableDataset` for a Hub name (tests replace this function)."""
-    import datasets
-
-    repo, config, split = _parse_hub(name)
-    return datasets.load_dataset(repo, config, split=split, streaming=True)
-
-
-def open_hub(name: str) -> Any:
-    problem = _hub_reachable()
-    if problem:
-        raise UserError(f"{name!r} is not a local file or folder, and the Hugging Face Hub cannot "
-                        f"be reached: {problem}; pass a local path or check the network")
-    try:
-        return _load_hub(name)
-    except UserError:
-        raise
-    except Exception as exc:  # datasets raises many types (FileNotFound, ConnectionError, ...)
-        raise UserError(f"could not open Hub dataset {name!r} (it is not a local path either): "
-                        f"{type(exc).__name__}: {one_line(exc)}") from None
-
-
-def _resolve_hub(name: str) -> InputFile:
-    open_hub(name)  # fail now, with one line, rather than halfway through
-    return InputFile(path=name, kind="hub", size=0)
+def _resolve_hub(given: str, ref: hub.HubRef) -> list[InputFile]:
+    """The files of a Hub dataset's split (`pipeline.read.hub.dataset_files`), each an input of its own
+    format that remembers the input as given and the commit it came from."""
+    paths, commit = hub.dataset_files(ref)
+    if not paths:
+        raise UserError(f"dataset {given}: its split holds no data files: choose another split ({ref.repo_id}:SPLIT)")
+    facts = {"input": given, **hub.record(ref, commit), "config": ref.config, "split": ref.split or "train"}
+    return [replace(_resolve_file(p), hub=facts) for p in paths]
 
 
 # ------------------------------------------------------------------------------------ fingerprints
-
-
-def _hub_revision(name: str) -> str | None:
-    if _hub_reachable(timeout=2.0):
-        return None
-    try:
-        from huggingface_hub import HfApi
-
-        return HfApi().dataset_info(_parse_hub(name)[0], timeout=5).sha
-    except Exception:  # unknown revision is recorded as null, never fatal
-        return None
 
 
 def input_fingerprints(files: list[InputFile]) -> list[dict]:
     """One manifest entry per input: path, kind, bytes and sha256 of the bytes read.
 
     Folders from `save_to_disk` hash their Arrow data files (name and content, sorted; the
-    metadata JSON is left out); Hub inputs record the resolved revision when the Hub answers.
+    metadata JSON is left out); a Hub dataset's files also record the input as given, its id, the
+    revision asked for and the commit read (`hub`).
     """
     out = []
     for f in files:
-        if f.kind == "hub":
-            out.append({"path": f.path, "kind": "hub", "bytes": 0, "sha256": None,
-                        "revision": _hub_revision(f.path)})
-        elif f.kind == "hf_disk":
+        if f.kind == "hf_disk":
             folder = Path(f.path)
             h = hashlib.sha256()
             total = 0
@@ -315,5 +262,5 @@ def input_fingerprints(files: list[InputFile]) -> list[dict]:
             out.append({"path": f.path, "kind": f.kind, "bytes": total, "sha256": h.hexdigest()})
         else:
             out.append({"path": f.path, "kind": f.kind, "bytes": os.path.getsize(f.path),
-                        "sha256": file_sha256(f.path)})
+                        "sha256": file_sha256(f.path), **({"hub": f.hub} if f.hub else {})})
     return out

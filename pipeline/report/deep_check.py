@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.read import hub
 from pipeline.errors import ShardFormatError, UserError
 from pipeline.shards.format import IGNORE_INDEX, load_shard, shard_paths
 from pipeline.shards.manifest import Manifest
@@ -19,11 +20,12 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
     """Re-tokenize a seeded sample of source examples and compare token ids and labels.
 
     Uses `pipeline.tokenize.tokenize_inputs.tokenize_examples(config, ids)` on the manifest's `config` (inputs,
-    format options, tokenizer; `tokenizer` overrides the recorded one). A split example is compared
+    format options, tokenizer; `tokenizer` overrides the recorded one), Hub ids pinned to the
+    commits the manifest records (`pinned_config`). A split example is compared
     piece by piece: its pieces are the consecutive max_len chunks of the fresh tokens, each chunk's
     first label -100, found in any order in the shards. Returns the number of examples compared.
     """
-    config = dict(manifest.config)
+    config = pinned_config(manifest)
     if tokenizer:
         config["tokenizer"] = tokenizer
     for key in ("inputs", "tokenizer"):
@@ -70,3 +72,16 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
                 "tokenized prompts and responses apart: pack the data again)"
             )
     return len(chosen)
+
+
+def pinned_config(manifest: Manifest) -> dict:
+    """The manifest's `config` with every Hub-named input and tokenizer at the commit it was packed
+    from (`org/name@commit[:config][:split]`), so that a re-check reads the very same files."""
+    config = dict(manifest.config)
+    pins = {e["hub"]["input"]: e["hub"] for e in manifest.inputs if isinstance(e.get("hub"), dict)}
+    config["inputs"] = [hub.HubRef(pins[i]["id"], None, pins[i].get("config"), pins[i].get("split")).pinned(
+        pins[i]["commit"]) if i in pins else i for i in config.get("inputs") or []]
+    recorded = manifest.tokenizer.get("hub")
+    if isinstance(recorded, dict) and config.get("tokenizer") and recorded.get("commit"):
+        config["tokenizer"] = hub.HubRef(recorded["id"]).pinned(recorded["commit"])
+    return config

@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from pipeline.read import hub
 from pipeline.errors import UserError
 
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "chat_template")
@@ -28,9 +29,10 @@ RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for i
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """Load a fast Hugging Face tokenizer from a local folder, or a Hub name's folder in the local
-    Hugging Face cache; never touching the network (a name that is neither fails at once)."""
-    folder = tokenizer_folder(name_or_path) or cached_hub_folder(str(name_or_path))
+    """Load a fast Hugging Face tokenizer from a local folder, or a Hub id's (`org/name[@revision]`)
+    files: from the local Hugging Face cache, downloaded when not there and not offline
+    (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub."""
+    folder = tokenizer_folder(name_or_path) or hub_folder(str(name_or_path))
     try:
         loader = declared_class(folder) or _auto_tokenizer()
         tok = loader.from_pretrained(str(folder), local_files_only=True)
@@ -96,44 +98,37 @@ def _byte_level(tokenizer_json: Path) -> bool:
 
 
 def tokenizer_folder(name_or_path: str) -> Path | None:
-    """The local folder `name_or_path` names, or None for a Hub name (see `cached_hub_folder`); a
-    path that names no folder is a UserError. Cheap (no imports), so a job can check it before
-    starting any work."""
+    """The local folder `name_or_path` names, or None for a Hub id (`pipeline.read.hub.hub_ref`: decided
+    without the network); a path that names no folder is a UserError. Cheap (no imports), so a job
+    can check it before starting any work."""
     path = Path(os.path.expanduser(str(name_or_path)))
     if path.is_dir():
         return path
-    looks_local = path.exists() or os.sep in str(name_or_path) and not _hub_like(str(name_or_path))
-    if looks_local or str(name_or_path).startswith((".", "~", "/")):
+    if hub.hub_ref(str(name_or_path)) is None:
         raise UserError(
             f"tokenizer folder {name_or_path} not found: pass a folder with tokenizer.json "
-            "(e.g. data/tokenizer) or a Hub name"
+            "(e.g. data/tokenizer) or a Hub id (org/name, e.g. meta-llama/Llama-2-7b-hf)"
         )
     return None
 
 
-def cached_hub_folder(name: str) -> Path:
-    """The folder of Hub tokenizer `name` (its main revision) in the local Hugging Face cache. A name
-    not cached there is a UserError at once: nothing is downloaded (asking the Hub would also retry
-    for most of a minute where there is no network)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    for filename in ("tokenizer.json", "tokenizer_config.json"):
-        try:
-            found = try_to_load_from_cache(name, filename)
-        except Exception:  # noqa: BLE001 - not a valid Hub id (HFValidationError and the like)
-            found = None
-        if isinstance(found, str):
-            return Path(found).parent
-    raise UserError(
-        f"tokenizer {name!r} is neither a folder nor a Hub tokenizer in the local Hugging Face cache "
-        "(nothing is downloaded): pass a folder with tokenizer.json (e.g. data/tokenizer)"
-    )
+def hub_folder(name: str) -> Path:
+    """The folder holding Hub tokenizer `name`'s files (`org/name[@revision]`): in the local Hugging
+    Face cache, downloaded there first when missing and not offline (`pipeline.read.hub.resolve`)."""
+    ref = hub.hub_ref(name)
+    if ref is None:
+        raise UserError(f"tokenizer {name!r} is neither a folder nor a Hub id (org/name): pass a folder "
+                        "with tokenizer.json (e.g. data/tokenizer)")
+    return hub.resolve(ref, "model", "tokenizer", allow_patterns=hub.TOKENIZER_PATTERNS)[0]
 
 
-def _hub_like(name: str) -> bool:
-    """`owner/name` with no other path syntax looks like a Hub id rather than a path."""
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+def hub_record(name: str) -> dict[str, Any] | None:
+    """For a tokenizer given by Hub id: its id, the revision asked for and the commit used (None
+    for a local folder)."""
+    if Path(os.path.expanduser(str(name))).is_dir() or (ref := hub.hub_ref(str(name))) is None:
+        return None
+    folder = hub.resolve(ref, "model", "tokenizer", allow_patterns=hub.TOKENIZER_PATTERNS)[0]
+    return hub.record(ref, folder.name)
 
 
 SPECIAL_TOKENS = ("bos", "eos", "unk", "pad", "sep", "cls", "mask")
@@ -191,6 +186,7 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
         "pad_token_id": tokenizer.pad_token_id,
         "vocab_size": len(tokenizer),
         "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        **({"hub": record} if (record := hub_record(name)) else {}),
     }
 
 

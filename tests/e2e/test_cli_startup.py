@@ -33,12 +33,10 @@ def test_pack_train_argument_errors_come_before_torch(tmp_path: Path):
     usage = _pack_train("--data", str(tmp_path / "missing"), "--model", "tiny", "--out", str(tmp_path / "r"))
     assert usage.returncode == 2 and "'--data'" in usage.stderr and "does not exist" in usage.stderr
     assert usage.stdout.splitlines()[-1] == "imported torch: False False"
-    typo = _pack_train("--data", folder, "--model", "tiny", "--out", str(tmp_path / "r"), "--tokenizer", "data/tokenizr")
-    assert typo.returncode == 2 and "'--tokenizer'" in typo.stderr and "does not exist" in typo.stderr
-    assert typo.stdout.splitlines()[-1] == "imported torch: False False"
     cases = {  # mistakes found after parsing: one line, status 1, still no torch
-        ("--model", "tyni"): "model 'tyni' is neither a preset (tiny, llama-100m, llama-1b, llama-8b) nor a local folder",
+        ("--model", "tyni"): "model 'tyni' is neither a preset (tiny, llama-100m, llama-1b, llama-8b), a local folder",
         ("--model", folder): "is a folder but has no config.json",
+        ("--model", "tiny", "--tokenizer", "data/tokenizr"): "tokenizer folder data/tokenizr not found",
         ("--model", "tiny", "--lora-r", "4", "--parallel", "fsdp"): "--lora-r is not supported with --parallel fsdp",
         ("--model", "tiny", "--stop-at", "5", "--max-steps", "2"): "--stop-at 5 is past --max-steps 2",
     }

@@ -80,7 +80,7 @@ def test_cli_errors_are_one_line(packed: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(
         pack_train, ["--data", str(packed), "--model", "no-such-preset", "--out", str(tmp_path / "r")]
     )
-    assert result.exit_code == 1 and "nothing is downloaded" in result.output
+    assert result.exit_code == 1 and "nor a Hub id" in result.output
     for bad, needle in ((["--device", "mps"], "use auto, cpu, cuda"), (["--seed", "-1"], "--seed"),
                         (["--lr", "-1"], "--lr"), (["--peak-flops", "0"], "--peak-flops")):
         result = CliRunner().invoke(

@@ -13,6 +13,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
+from hf_cache import hf_home  # noqa: F401 - a fixture
 from pipeline.read import json_lines as read_json, sources, tables as read_tables
 from pipeline.errors import UserError
 from pipeline.read.batches import SourceBatch, column_names, iter_batches
@@ -136,44 +137,37 @@ def test_dataset_dict_without_train_names_the_splits(tmp_path):
     expect_error(r"splits \['a', 'b'\].*pass one split folder", read_all, [str(tmp_path / "dd")])
 
 
-def test_hub_name_streams_when_not_a_local_path(tmp_path, monkeypatch):
-    import datasets
+def test_a_hub_dataset_is_read_as_the_local_files_of_its_split(hf_home, tmp_path, monkeypatch):
+    """`owner/name:config:split` names the split's files in the Hub's layout (here a cache the test
+    builds, offline): read as the parquet files they are, each remembering the id and commit."""
+    from hf_cache import add_snapshot
 
-    seen = []
-
-    def fake_load(name):
-        seen.append(sources._parse_hub(name))
-        return datasets.Dataset.from_list(ROWS).to_iterable_dataset()
-
-    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: None)
-    monkeypatch.setattr(sources, "_load_hub", fake_load)
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS[:6]), src / "a.parquet")
+    pq.write_table(pa.Table.from_pylist(ROWS[6:]), src / "b.parquet")
+    add_snapshot(hf_home, "dataset", "someone/some-data", {"main/test-0.parquet": src / "a.parquet",
+                                                           "main/test-1.parquet": src / "b.parquet",
+                                                           "main/train-0.parquet": src / "a.parquet"}, "c" * 40)
+    monkeypatch.chdir(tmp_path)
     files = resolve_inputs(["someone/some-data:main:test"])
-    assert files == [InputFile(path="someone/some-data:main:test", kind="hub", size=0)]
+    assert [(Path(f.path).name, f.kind) for f in files] == [("test-0.parquet", "parquet"), ("test-1.parquet", "parquet")]
     table, batches = read_all(["someone/some-data:main:test"], batch_rows=4)
     assert table.to_pylist() == ROWS and len(batches) == 3
-    assert seen[0] == ("someone/some-data", "main", "test")
     assert column_names(files) == ["instruction", "input", "output"]
-    monkeypatch.setattr(sources, "_hub_revision", lambda name: None)
-    assert input_fingerprints(files) == [{"path": "someone/some-data:main:test", "kind": "hub",
-                                          "bytes": 0, "sha256": None, "revision": None}]
+    hub = {"input": "someone/some-data:main:test", "id": "someone/some-data", "revision": None, "commit": "c" * 40,
+           "config": "main", "split": "test"}
+    assert [e["hub"] for e in input_fingerprints(files)] == [hub, hub]
+    assert input_fingerprints(files)[0]["sha256"] == hashlib.sha256((src / "a.parquet").read_bytes()).hexdigest()
 
 
-def test_hub_unreachable_is_one_clear_line(monkeypatch):
-    monkeypatch.setattr(sources, "_hub_reachable",
-                        lambda timeout=3.0: "huggingface.co is unreachable (Name or service not known)")
-    msg = expect_error("not a local file or folder, and the Hugging Face Hub cannot be reached",
-                       resolve_inputs, ["owner/name"])
-    assert "owner/name" in msg and "pass a local path" in msg
-
-
-def test_hub_load_failure_is_wrapped(monkeypatch):
-    def boom(name):
-        raise FileNotFoundError("Dataset 'owner/nope' doesn't exist on the Hub")
-
-    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: None)
-    monkeypatch.setattr(sources, "_load_hub", boom)
-    expect_error(r"could not open Hub dataset 'owner/nope'.*FileNotFoundError", resolve_inputs,
-                 ["owner/nope"])
+def test_a_hub_dataset_neither_cached_nor_reachable_is_one_clear_line(hf_home, monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.chdir(tmp_path)
+    msg = expect_error("dataset owner/name is not in the local Hugging Face cache .* and the Hugging Face Hub "
+                       "cannot be reached", resolve_inputs, ["owner/name"])
+    assert "pass a local path" in msg
 
 
 # ------------------------------------------------------------------------------------ order, globs

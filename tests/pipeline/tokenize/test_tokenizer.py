@@ -180,12 +180,18 @@ def test_load_tokenizer_errors(tmp_path):
 
 @pytest.fixture
 def no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
-    """An empty Hugging Face cache, and every socket connection recorded and refused."""
+    """An empty Hugging Face cache, offline (HF_HUB_OFFLINE=1), and every socket connection recorded
+    and refused."""
     import socket
 
     import huggingface_hub.constants
 
+    from pipeline.read import hub
+
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(hub, "_RESOLVED", {})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(ROOT)
     attempts: list = []
 
     def refuse(sock: Any, address: Any) -> None:
@@ -197,14 +203,18 @@ def no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
     return attempts
 
 
-@pytest.mark.parametrize("name", ["data/tokenizr", "gpt2", "someone/missing-tokenizer"])
-def test_a_name_that_is_no_folder_and_not_cached_fails_at_once(no_network: list, name: str):
-    """A mistyped folder such as data/tokenizr looks like a Hub id: it fails at once, in one line,
-    without asking the Hub (which retried for 54 s where there is no network)."""
+@pytest.mark.parametrize("name, error", [
+    ("data/tokenizr", "tokenizer folder data/tokenizr not found"),  # data/ is a folder: a typo'd path
+    ("gpt2", "tokenizer folder gpt2 not found"),  # not org/name: a path
+    ("someone/missing-tokenizer", "tokenizer someone/missing-tokenizer is not in the local Hugging Face cache"),
+])
+def test_a_name_that_is_no_folder_and_not_cached_fails_at_once(no_network: list, name: str, error: str):
+    """A mistyped folder such as data/tokenizr is a path, and a Hub id that is not cached offline
+    fails at once, in one line, without asking the Hub (which retried for 54 s where there is no network)."""
     import time
 
     start = time.monotonic()
-    with pytest.raises(UserError, match="neither a folder nor a Hub tokenizer in the local Hugging Face cache"):
+    with pytest.raises(UserError, match=error):
         load_tokenizer(name)
     assert time.monotonic() - start < 5
     assert no_network == []
