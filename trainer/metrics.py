@@ -24,6 +24,7 @@ from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
+from trainer.presets import model_hub_record
 
 METRICS = "metrics.jsonl"
 LOCK = ".pack-train.lock"  # held by the run that owns the folder (`pipeline.folder_lock`)
@@ -38,7 +39,8 @@ def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
 
 
 def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:
-    """Create the run folder and write config.json; metrics lines of steps after the checkpoint a
+    """Create the run folder and write config.json (the TrainConfig, the world size and, for a Hub-id
+    --model, its id and commit); metrics lines of steps after the checkpoint a
     run resumes from are dropped (they will be redone), and a new run starts a new metrics.jsonl."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +49,8 @@ def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int
     elif (out / METRICS).exists():
         (out / METRICS).unlink()
     try:  # whole or not at all (a full disk leaves no empty config.json)
-        write_text_atomic(out / "config.json", json.dumps({**asdict(config), "world_size": world}, indent=2) + "\n")
+        record = {**asdict(config), "world_size": world, "model_hub": model_hub_record(config.model)}
+        write_text_atomic(out / "config.json", json.dumps(record, indent=2) + "\n")
     except BaseException:
         if made:
             with contextlib.suppress(OSError):

@@ -43,8 +43,7 @@ def model_folder(name_or_path: str) -> Path | None:
         return None
     path = Path(os.path.expanduser(str(name_or_path)))
     if not path.is_dir() and (ref := hub.hub_ref(str(name_or_path))) is not None:
-        path = hub.resolve(ref, "model", "model", allow_patterns=hub.MODEL_PATTERNS,
-                           ignore_patterns=hub.MODEL_IGNORE)[0]
+        path = _resolve_model(ref)[0]
     elif not path.is_dir():
         raise UserError(
             f"model {name_or_path!r} is neither a preset ({', '.join(PRESETS)}), a local folder "
@@ -53,3 +52,18 @@ def model_folder(name_or_path: str) -> Path | None:
     if not (path / "config.json").is_file():
         raise UserError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
     return path
+
+
+def _resolve_model(ref: hub.HubRef) -> tuple[Path, str]:
+    return hub.resolve(ref, "model", "model", allow_patterns=hub.MODEL_PATTERNS, ignore_patterns=hub.MODEL_IGNORE)
+
+
+def model_hub_record(name_or_path: str) -> dict | None:
+    """For a Hub-id `--model`, what the run's config.json records of it (id, revision asked for,
+    commit used: `pipeline.read.hub.record`), from the resolution `model_folder` made; else None.
+    E.g. "Qwen/Qwen2.5-0.5B" -> {"id": "Qwen/Qwen2.5-0.5B", "revision": None, "commit": "<40 hex>"}."""
+    if name_or_path in PRESETS or Path(os.path.expanduser(str(name_or_path))).is_dir():
+        return None
+    ref = hub.hub_ref(str(name_or_path))
+    return None if ref is None else hub.record(ref, _resolve_model(ref)[1])
+

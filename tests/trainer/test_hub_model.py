@@ -69,6 +69,10 @@ def test_a_model_by_id_trains_exactly_as_the_same_folder_by_path(hf_home: Path, 
     by_path = _step_one_loss(packed, str(folder), tmp_path / "run-path")
     by_id = _step_one_loss(packed, "someone/tiny-llama", tmp_path / "run-id")  # its tokenizer: the id's files
     assert by_id == by_path
+    # the run records which commit of the id it trained (a folder given by path records none)
+    assert json.loads((tmp_path / "run-id" / "config.json").read_text())["model_hub"] == {
+        "id": "someone/tiny-llama", "revision": None, "commit": C1}
+    assert json.loads((tmp_path / "run-path" / "config.json").read_text())["model_hub"] is None
     # the control: another model's loss differs (the id really was the model loaded)
     other = _tiny_model(tmp_path / "other")
     from safetensors.torch import load_file, save_file
