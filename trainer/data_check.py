@@ -29,7 +29,7 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
                         "nothing; re-pack data with responses (assistant turns) to train on")
     source, named = config.tokenizer, config.tokenizer
     model_dir = Path(config.model).expanduser()
-    if not model_dir.is_dir() and hub.hub_ref(config.model) is not None:
+    if hub.hub_ref(config.model) is not None:  # (an existing folder is a path, never an id)
         model_dir = model_folder(config.model) or model_dir  # the Hub id's snapshot folder
     if source is None and model_dir.is_dir() and any((model_dir / f).is_file() for f in TOKENIZER_FILES):
         source, named = str(model_dir), config.model
@@ -54,7 +54,7 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
 def _changed_revision(named: str, source: str, manifest: Manifest) -> str | None:
     """One line naming a commit of the Hub tokenizer (or model) `named` other than the one the
     manifest records for the tokenizer the data was packed with; None when the same, or not Hub-named."""
-    ref = hub.hub_ref(named) if not Path(named).expanduser().is_dir() else None
+    ref = hub.hub_ref(named)
     if ref is None:
         return None
     commit = Path(source).name if source != named else (hf_tokenizer.hub_record(named) or {}).get("commit")

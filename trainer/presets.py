@@ -62,8 +62,6 @@ def model_hub_record(name_or_path: str) -> dict | None:
     """For a Hub-id `--model`, what the run's config.json records of it (id, revision asked for,
     commit used: `pipeline.read.hub.record`), from the resolution `model_folder` made; else None.
     E.g. "Qwen/Qwen2.5-0.5B" -> {"id": "Qwen/Qwen2.5-0.5B", "revision": None, "commit": "<40 hex>"}."""
-    if name_or_path in PRESETS or Path(os.path.expanduser(str(name_or_path))).is_dir():
-        return None
-    ref = hub.hub_ref(str(name_or_path))
+    ref = hub.hub_ref(str(name_or_path))  # None for a preset (no "/") and for an existing folder
     return None if ref is None else hub.record(ref, _resolve_model(ref)[1])
 

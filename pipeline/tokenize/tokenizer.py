@@ -119,16 +119,18 @@ def hub_folder(name: str) -> Path:
     if ref is None:
         raise UserError(f"tokenizer {name!r} is neither a folder nor a Hub id (org/name): pass a folder "
                         "with tokenizer.json (e.g. data/tokenizer)")
-    return hub.resolve(ref, "model", "tokenizer", allow_patterns=hub.TOKENIZER_PATTERNS)[0]
+    return _resolve(ref)[0]
 
 
 def hub_record(name: str) -> dict[str, Any] | None:
     """For a tokenizer given by Hub id: its id, the revision asked for and the commit used (None
-    for a local folder)."""
-    if Path(os.path.expanduser(str(name))).is_dir() or (ref := hub.hub_ref(str(name))) is None:
-        return None
-    folder = hub.resolve(ref, "model", "tokenizer", allow_patterns=hub.TOKENIZER_PATTERNS)[0]
-    return hub.record(ref, folder.name)
+    for a local folder: `hub_ref` takes an existing path for a path)."""
+    ref = hub.hub_ref(str(name))
+    return None if ref is None else hub.record(ref, _resolve(ref)[1])
+
+
+def _resolve(ref: hub.HubRef) -> tuple[Path, str]:
+    return hub.resolve(ref, "model", "tokenizer", allow_patterns=hub.TOKENIZER_PATTERNS)
 
 
 SPECIAL_TOKENS = ("bos", "eos", "unk", "pad", "sep", "cls", "mask")
