@@ -22,14 +22,18 @@ Recipes (`--fp8-recipe`), torchao's names:
   depends on the whole micro-batch.
 
 The two batch-dependent recipes are what other trainers run; pack-train runs them when asked and
-says at start-up that they break the packed == alone guarantee. The inner dimension of each float8
+says at start-up that they break the packed == alone guarantee. Under FSDP2 (`--parallel fsdp`),
+`tensorwise` also all-gathers the weights in float8 (half the bytes of bf16), as torchtitan's float8
+recipe does: each weight's one scale comes from its whole (unsharded) value, computed for all layers
+in one all-reduce after every optimizer step (`refresh_fp8_weight_scales`), so the float8 weight is
+the one the layer would have cast itself. The inner dimension of each float8
 matmul must be a multiple of 16; a micro-batch's token count is not, so matmuls over tokens are
 zero-padded (torchao's `pad_inner_dim`, exact: zeros add nothing).
 
 Example::
 
     check_fp8(device)                                     # or one line saying why not
-    n = to_float8(model, "rowwise_with_gw_hp", decoder_layers(model))
+    n = to_float8(model, "rowwise_with_gw_hp", decoder_layers(model), fsdp=False)
     # llama-1b: n == 112 (7 linears x 16 layers), each now a Float8Linear over the same Parameters
 """
 
@@ -70,8 +74,15 @@ def _torchao_float8() -> Any:
     return float8
 
 
-def fp8_config(recipe: str, *, emulate: bool = False) -> Any:
-    """torchao's `Float8LinearConfig` for `recipe`, with the inner dimension padded to 16.
+def float8_all_gather(recipe: str, fsdp: bool) -> bool:
+    """Whether FSDP2 all-gathers the float8 layers' weights in float8: under FSDP2 with one scale
+    per weight (`tensorwise`); per-channel weight scales have no float8 all-gather in torchao."""
+    return fsdp and recipe == "tensorwise"
+
+
+def fp8_config(recipe: str, *, emulate: bool = False, fsdp: bool = False) -> Any:
+    """torchao's `Float8LinearConfig` for `recipe`, with the inner dimension padded to 16 and, under
+    FSDP2 (`fsdp`), float8 all-gathers where the recipe allows (`float8_all_gather`).
     `emulate` computes the float8 arithmetic with ordinary matmuls (torchao's CPU emulation, tests)."""
     if recipe not in RECIPES:
         raise UserError(f"unknown --fp8-recipe {recipe!r}: choose {', '.join(RECIPES)}")
@@ -79,7 +90,8 @@ def fp8_config(recipe: str, *, emulate: bool = False) -> Any:
     import dataclasses
 
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
-    return dataclasses.replace(config, pad_inner_dim=True, emulate=emulate)
+    return dataclasses.replace(config, pad_inner_dim=True, emulate=emulate,
+                               enable_fsdp_float8_all_gather=float8_all_gather(recipe, fsdp))
 
 
 def convertible(module: torch.nn.Module) -> bool:
@@ -89,9 +101,10 @@ def convertible(module: torch.nn.Module) -> bool:
 
 
 def to_float8(model: torch.nn.Module, recipe: str, layers: list[torch.nn.Module], *,
-              emulate: bool = False) -> int:
+              fsdp: bool = False, emulate: bool = False) -> int:
     """Swap every convertible linear layer inside `layers` (the decoder layers) for a torchao
     `Float8Linear` holding the same weight and bias Parameters; returns how many were swapped.
+    `fsdp`: the model is about to be sharded by FSDP2 (`fp8_config`).
     LoRA adapters (peft's `lora_A`/`lora_B`, rank-sized) are left alone; their frozen base layers
     convert, so a LoRA run gets an FP8 frozen base."""
     float8 = _torchao_float8()
@@ -104,8 +117,15 @@ def to_float8(model: torch.nn.Module, recipe: str, layers: list[torch.nn.Module]
         swapped[0] += take
         return take
 
-    float8.convert_to_float8_training(model, module_filter_fn=keep, config=fp8_config(recipe, emulate=emulate))
+    float8.convert_to_float8_training(model, module_filter_fn=keep,
+                                      config=fp8_config(recipe, emulate=emulate, fsdp=fsdp))
     return swapped[0]
+
+
+def refresh_fp8_weight_scales(module: torch.nn.Module) -> None:
+    """After an optimizer step under FSDP2 with float8 all-gathers: every float8 weight's scale from
+    its new value, all layers in one all-reduce (else each layer's all-gather computes its own)."""
+    _torchao_float8().precompute_float8_dynamic_scale_for_fsdp(module)
 
 
 def recipe_note(recipe: str) -> str:

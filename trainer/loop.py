@@ -27,6 +27,7 @@ from pipeline.shards import Manifest
 from trainer import checkpoint as ckpt
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
+from trainer.fp8 import refresh_fp8_weight_scales
 from trainer.lora import merge_and_save
 from trainer.metrics import Meter, plot_losses, run_folder_lock, write_summary
 from trainer.precision import MasterAdamW
@@ -73,6 +74,8 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             else:
                 grad_norm = torch.nn.utils.clip_grad_norm_(run.wrapper.parameters(), max_norm)
             optimizer.step()
+            if run.fp8_all_gather:
+                refresh_fp8_weight_scales(run.module)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             run.scheduler.step()
             optimizer.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ from trainer.loss import LossModule
 from trainer.metrics import start_run_files
 from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
-from trainer.fp8 import check_fp8, recipe_note, to_float8
+from trainer.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
 from trainer.precision import MasterAdamW
 from trainer.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
 from trainer.resume import checkpoint_to_resume, load_training_state, resume_model
@@ -77,6 +77,7 @@ class Run:
     backend: str
     compiled: bool
     n_params: int
+    fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights: their scales refresh after each step
 
 
 def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
@@ -122,7 +123,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
                                                        fingerprint, stop_at, peft)
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
-        to_float8(model, config.fp8_recipe, decoder_layers(model))
+        to_float8(model, config.fp8_recipe, decoder_layers(model), fsdp=fsdp)
     compiled = config.compile if config.compile is not None else device.type == "cuda"
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
@@ -146,7 +147,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
               hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
               optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
-              backend=backend, compiled=compiled, n_params=n_params)
+              backend=backend, compiled=compiled, n_params=n_params,
+              fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp))
     if info.rank == 0:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
         _announce(run, manifest, dtype_name, backend_why)

@@ -5,6 +5,10 @@ run the same casts and scales: scripts/bench_precision.py measures them on an H1
 from __future__ import annotations
 
 import copy
+import itertools
+import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,7 +178,8 @@ def _emulated_fp8(monkeypatch) -> dict:
 
     monkeypatch.setattr(start, "check_fp8", lambda device: None)
     real_config, real_convert, seen = fp8.fp8_config, start.to_float8, {}
-    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False: real_config(recipe, emulate=True))
+    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False, fsdp=False: real_config(recipe, emulate=True,
+                                                                                                 fsdp=fsdp))
 
     def convert(model, recipe, layers, **kwargs):
         seen.update(model=model, recipe=recipe, swapped=real_convert(model, recipe, layers, **kwargs))
@@ -236,3 +241,70 @@ def test_pack_train_fp8_under_fsdp2_agrees_across_ranks_and_ddp_is_refused(tmp_p
 
     with pytest.raises(UserError, match="--dtype fp8 under torchrun needs --parallel fsdp"):
         start._refuse_under_torchrun(replace(config, parallel="ddp"), "fp8")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_tensorwise_under_fsdp2_all_gathers_float8_weights_and_computes_the_same(tmp_path, monkeypatch):
+    """--fp8-recipe tensorwise under FSDP2 (two gloo ranks, emulated float8): the float8 layers'
+    weight shards are torchao's float8-all-gather tensors and their scales are refreshed after every
+    step; the losses equal those of the same run all-gathering bf16 weights (each weight's one scale
+    comes from its whole value either way: equal at step 1 from bf16-exact weights, a bf16 rounding
+    apart after). The per-token recipes all-gather bf16 weights."""
+    from gloo_ranks import train_on_two_ranks
+    from packed_factory import make_packed_folder, pack_lengths
+
+    from trainer import loop, start
+
+    assert fp8.float8_all_gather("tensorwise", fsdp=True)
+    assert not fp8.float8_all_gather("tensorwise", fsdp=False)
+    assert not fp8.float8_all_gather("rowwise_with_gw_hp", fsdp=True)
+    assert fp8.fp8_config("tensorwise", fsdp=True).enable_fsdp_float8_all_gather
+    assert not fp8.fp8_config("rowwise", fsdp=True).enable_fsdp_float8_all_gather
+
+    data = tmp_path / "data"
+    make_packed_folder(data, pack_lengths(np.random.default_rng(2).integers(4, 40, 40).tolist(), 64, vocab=300), 64)
+    _emulated_fp8(monkeypatch)
+    real_refresh, calls = loop.refresh_fp8_weight_scales, itertools.count()
+
+    def refresh(module):  # leaves a file per rank and step: how many weights all-gather in float8
+        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+        n = sum(isinstance(getattr(p, "_local_tensor", None), WeightWithDynamicFloat8CastTensor)
+                for p in module.parameters())
+        Path(tmp_path, f"refresh-{os.getpid()}-{next(calls)}").write_text(str(n))
+        real_refresh(module)
+
+    monkeypatch.setattr(loop, "refresh_fp8_weight_scales", refresh)
+    real_load = start.load_model
+
+    def bf16_exact(*args, **kwargs):  # initial weights that bf16 holds exactly
+        model = real_load(*args, **kwargs)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.bfloat16().float())
+        return model
+
+    monkeypatch.setattr(start, "load_model", bf16_exact)
+
+    def run(name: str, recipe: str) -> list[dict]:
+        config = TrainConfig(data=str(data), model="tiny", out=str(tmp_path / name), tokens_per_step=128,
+                             max_steps=3, dtype="fp8", fp8_recipe=recipe, parallel="fsdp", lr=1e-3, num_workers=0,
+                             progress=False, device="cpu", log_every=1, eval_data="none")
+        return train_on_two_ranks(config, tmp_path / name)
+
+    gathered = run("fp8-gather", "tensorwise")
+    marks = sorted(tmp_path.glob("refresh-*"))
+    assert len(marks) == 2 * 3 and {m.read_text() for m in marks} == {"14"}  # every step, 14 float8 weights
+    for m in marks:
+        m.unlink()
+    monkeypatch.setattr(start, "float8_all_gather", lambda recipe, fsdp: False)
+    monkeypatch.setattr(fp8, "float8_all_gather", lambda recipe, fsdp: False)
+    plain = run("bf16-gather", "tensorwise")
+    assert not list(tmp_path.glob("refresh-*"))  # no float8 all-gather, nothing to refresh
+    assert gathered[0]["final_loss"] == gathered[1]["final_loss"]
+    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+              for name in ("fp8-gather", "bf16-gather")}
+    # step 1 from bf16-exact weights: the same float8 weights whether cast from the fp32 shard or its
+    # bf16 copy; later steps' fp32 weights round to bf16 first on one side only
+    assert losses["fp8-gather"][0] == pytest.approx(losses["bf16-gather"][0], rel=1e-6)
+    assert losses["fp8-gather"] == pytest.approx(losses["bf16-gather"], rel=1e-3)
