@@ -152,7 +152,10 @@ class Meter:
     ) -> None:
         self.device, self.backend = device, backend
         peak = config.peak_flops or known_peak_flops(device)
-        self.n_params, self.peak_flops = n_params, peak * world if peak else None  # for the MFU
+        self.peak_flops = peak * world if peak else None  # for the MFU
+        # training FLOPs per token: forward 2 x params, backward 4 x params (input and weight
+        # gradients); frozen LoRA base weights get no weight gradient, so 4 x params there
+        self.flops_per_token = (4.0 if config.lora_r else 6.0) * n_params
         self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
         self.reporter = Reporter(config.report_to, out, config, rank)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
@@ -207,7 +210,7 @@ class Meter:
             "grad_norm": grad_norm,
             "tokens": self.tokens_seen,
             "tokens_per_s": tokens_per_s,
-            "mfu": 6.0 * self.n_params * tokens_per_s / self.peak_flops if self.peak_flops else None,
+            "mfu": self.flops_per_token * tokens_per_s / self.peak_flops if self.peak_flops else None,
             "step_time_s": elapsed / self._steps_since,
             "data_wait_s": self._wait_since / self._steps_since,
             "peak_mem_gib": peak_memory_gib(self.device),

@@ -33,6 +33,12 @@ def test_mfu_against_the_peak_given(tmp_path: Path) -> None:
     assert record["mfu"] == pytest.approx(6.0 * 1_000_000 * record["tokens_per_s"] / 1e12)
 
 
+def test_mfu_of_a_lora_run_counts_no_weight_gradients_of_the_frozen_base(tmp_path: Path) -> None:
+    """4 x params FLOPs per token with --lora-r (forward, and the input gradients only), not 6."""
+    record = _logged(tmp_path, peak_flops=1e12, lora_r=8)
+    assert record["mfu"] == pytest.approx(4.0 * 1_000_000 * record["tokens_per_s"] / 1e12)
+
+
 def test_known_gpu_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, peak in (("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
                        ("NVIDIA GeForce RTX 4090", None)):
