@@ -584,6 +584,10 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     if "fp8" in tunings:
         hf_fp8(layers, a.fp8_recipe)
     if "layers" in tunings:
+        # transformers' attention functions read each layer's `layer_idx`, which dynamo guards on:
+        # one compile per layer, and past dynamo's recompile limit the remaining layers' attention runs
+        # uncompiled; a skilled user raises the limit to cover every layer
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(layers))
         for layer in layers:
             layer.compile(dynamic=True)
     if "model" in tunings:

@@ -111,11 +111,12 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     fingerprint = data_fingerprint(config.data, manifest)
     hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
               if config.verify_hashes else None)
-    model, backend, backend_why = _model(config, device, manifest)
+    model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16))
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
     if peft is not None and bf16:
         freeze_in_bf16(model)  # frozen base weights need no fp32 copy: half their memory
+    model.to(device)
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:
@@ -165,14 +166,22 @@ def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
                         "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
 
 
+def load_device(config: TrainConfig, device: torch.device, bf16: bool) -> torch.device:
+    """Where the model is loaded and proven: `device`, except for a LoRA run under bf16, whose frozen
+    base is loaded, proven, given its adapters and frozen in bf16 on the CPU, and only then moved,
+    so the base's fp32 weights never occupy the device (an 8B base: 29 GB, against 14.5 in bf16)."""
+    return torch.device("cpu") if config.lora_r and bf16 else device
+
+
 def _model(
-    config: TrainConfig, device: torch.device, manifest: Manifest
+    config: TrainConfig, device: torch.device, manifest: Manifest, *, load_on: torch.device
 ) -> tuple[transformers.PreTrainedModel, str, str]:
-    """The model, proven to train on packed rows, its attention backend and why that one."""
+    """The model in float32 on `load_on` (`device`, or the CPU for the caller to move it later),
+    proven to train on packed rows, and the attention backend for `device` and why that one."""
     vocab = manifest_vocab(manifest.tokenizer)
     if config.attn != "auto":  # an impossible request fails before any model is loaded
         select_backend(config.attn, device)
-    model = load_model(config.model, device=device, dtype=torch.float32, vocab_size=vocab, seed=config.seed)
+    model = load_model(config.model, device=load_on, dtype=torch.float32, vocab_size=vocab, seed=config.seed)
     backend, why = prepare(model, config.attn, device)
     emb = model.get_input_embeddings().num_embeddings
     if vocab is not None and int(vocab) > emb:

@@ -153,6 +153,33 @@ def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtyp
     assert len(losses(tmp_path / "full", "eval_loss")) == 4 and full["eval_loss"] == rest["eval_loss"]
 
 
+def test_a_bf16_lora_base_is_loaded_and_frozen_on_the_cpu_before_it_moves(packed: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """Under bf16 a LoRA base is loaded, proven, given its adapters and frozen in bf16 on the CPU, and
+    only then moved to the device, so its fp32 weights never occupy the device; other runs load on
+    the device. What moves: a bf16 base, fp32 adapters, fp32 rotary frequencies."""
+    from trainer import start
+
+    gpu = torch.device("cuda", 0)  # only compared, never used
+    assert start.load_device(_config(packed, tmp_path, dtype="bf16"), gpu, bf16=True) == torch.device("cpu")
+    assert start.load_device(_config(packed, tmp_path, lora_r=0), gpu, bf16=True) == gpu  # full fine-tune
+    assert start.load_device(_config(packed, tmp_path, dtype="fp32"), gpu, bf16=False) == gpu  # fp32 LoRA
+
+    real_freeze, seen = start.freeze_in_bf16, {}
+
+    def freeze(model):
+        real_freeze(model)
+        seen.update(model=model, dtypes={("adapter" if "lora_" in n else "base"): p.dtype
+                                         for n, p in model.named_parameters()})
+
+    monkeypatch.setattr(start, "freeze_in_bf16", freeze)
+    monkeypatch.setattr(start, "_wrap", lambda model, *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+    with pytest.raises(RuntimeError, match="stop"):
+        train(_config(packed, tmp_path / "run", dtype="bf16", device="cpu"))
+    assert seen["dtypes"] == {"base": torch.bfloat16, "adapter": torch.float32}
+    assert {b.dtype for n, b in seen["model"].named_buffers() if "inv_freq" in n} == {torch.float32}
+
+
 def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
     with pytest.raises(UserError, match="merge_lora=True needs lora_r"):
         train(_config(packed, tmp_path / "a", lora_r=0, merge_lora=True))
