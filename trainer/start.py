@@ -170,7 +170,7 @@ def load_device(config: TrainConfig, device: torch.device, bf16: bool) -> torch.
     """Where the model is loaded and proven: `device`, except for a LoRA run under bf16, whose frozen
     base is loaded, proven, given its adapters and frozen in bf16 on the CPU, and only then moved,
     so the base's fp32 weights never occupy the device (an 8B base: 29 GB, against 14.5 in bf16).
-    The proof (`trainer.model_check`, a 28-token probe) then runs on the CPU: seconds for an 8B model."""
+    The proof (`trainer.model_check`, a 28-token probe) then runs on the CPU, in float32 as before."""
     return torch.device("cpu") if config.lora_r and bf16 else device
 
 
