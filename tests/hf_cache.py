@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+C1, C2 = "1" * 40, "2" * 40  # two commit shas for the snapshots the tests build
+
 
 def add_snapshot(home: Path, repo_type: str, repo_id: str, files: dict[str, Path | bytes], commit: str,
                  ref: str | None = "main") -> Path:

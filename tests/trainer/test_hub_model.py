@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hf_cache import add_snapshot, fake_hub, folder_files, hf_home  # noqa: F401 - hf_home is a fixture
+from hf_cache import C1, C2, add_snapshot, fake_hub, folder_files, hf_home  # noqa: F401 - hf_home is a fixture
 from pipeline.errors import UserError
 from pipeline.engines.job import PackConfig, run_pack_data
 from trainer.cli import pack_train
@@ -26,7 +26,6 @@ from trainer.data_check import open_data
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "sample" / "instructions.jsonl"
 TOKENIZER = ROOT / "data" / "tokenizer"
-C1, C2 = "1" * 40, "2" * 40
 
 pytestmark = pytest.mark.skipif(not (SAMPLE.is_file() and (TOKENIZER / "tokenizer.json").is_file()),
                                 reason="embedded sample data not present")

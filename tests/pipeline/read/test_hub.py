@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hf_cache import add_snapshot, fake_hub, folder_files, hf_home  # noqa: F401 - hf_home is a fixture
+from hf_cache import C1, C2, add_snapshot, fake_hub, folder_files, hf_home  # noqa: F401 - hf_home is a fixture
 from pipeline.read import hub
 from pipeline.report.deep_check import deep_check
 from pipeline.errors import UserError
@@ -29,7 +29,6 @@ from pipeline.tokenize.tokenize_inputs import tokenize_examples
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "data" / "sample" / "instructions.jsonl"
 TOKENIZER = ROOT / "data" / "tokenizer"
-C1, C2 = "1" * 40, "2" * 40
 
 pytestmark = pytest.mark.skipif(not (SAMPLE.is_file() and (TOKENIZER / "tokenizer.json").is_file()),
                                 reason="embedded sample data not present")
