@@ -11,7 +11,7 @@
 #    --max-steps $STEPS --log-every 1 --no-progress` as: single (1 process, no torchrun),
 #    ddp (torchrun N procs, --parallel ddp), fsdp (torchrun N procs, --parallel fsdp),
 #    variants named ddp-bf16 / fsdp-bf16 (--grad-reduce bf16), fsdp-keep / fsdp-bf16-keep
-#    (--no-reshard-after-forward), and concurrent: N independent 1-GPU
+#    (--no-reshard-after-forward), ddp-b100 (--ddp-bucket-mb 100: any number), and concurrent: N independent 1-GPU
 #    runs at once, one per GPU (no communication at all: what sharing the host costs by itself);
 #    each in its own folder under $WORK/runs; pack-train always writes a final checkpoint (it cannot
 #    be switched off): it goes to $WORK, is not in the timed steps, and is deleted after each run;
@@ -20,7 +20,7 @@
 # Writes 3 files into $OUT (default out/bench_scale): scale.md, scale.json, scale.log (everything).
 # Knobs (env): NPROC (default: all visible GPUs), STEPS=30, WARMUP=8, MODEL=llama-1b, DEVICE=cuda,
 #   DTYPE (bf16 on cuda, fp32 on cpu), COMPILE (1 on cuda, 0 on cpu), TOKENS=8192, MAX_LEN=8192,
-#   LIMIT (examples per dataset, default all), CONFIGS="single ddp fsdp" (also: ddp-bf16
+#   LIMIT (examples per dataset, default all), CONFIGS="single ddp fsdp" (also: ddp-bf16 ddp-b100
 #   fsdp-bf16 fsdp-keep fsdp-bf16-keep concurrent), RUN_TIMEOUT=240 (s per run),
 #   NUM_PROC (pack-data processes: 8 on cuda, 1 on cpu), TRAIN_ARGS (extra pack-train flags),
 #   SHARED, WORK (default /tmp/packlm-scale), PYTHON=python3.
@@ -128,10 +128,11 @@ for cfg in $CONFIGS; do
   case "$cfg" in
     single) run_one "$cfg" "$PY" -c "$entry" "${common[@]}" --out "$WORK/runs/$cfg" ;;
     ddp | fsdp) run_one "$cfg" "${launch[@]}" "${common[@]}" --parallel "$cfg" --out "$WORK/runs/$cfg" ;;
-    ddp-* | fsdp-*)  # variants: -bf16 adds --grad-reduce bf16, -keep --no-reshard-after-forward
-      extra=()
+    ddp-* | fsdp-*)  # variants: -bf16 adds --grad-reduce bf16, -keep --no-reshard-after-forward,
+      extra=()       # -bN --ddp-bucket-mb N
       [[ "$cfg" == *-bf16* ]] && extra+=(--grad-reduce bf16)
       [[ "$cfg" == *-keep* ]] && extra+=(--no-reshard-after-forward)
+      [[ "$cfg" =~ -b([0-9]+) ]] && extra+=(--ddp-bucket-mb "${BASH_REMATCH[1]}")
       run_one "$cfg" "${launch[@]}" "${common[@]}" --parallel "${cfg%%-*}" ${extra[@]+"${extra[@]}"} \
         --out "$WORK/runs/$cfg" ;;
     concurrent)  # N plain processes at once, GPU i each; every one is a row of its own
@@ -147,7 +148,7 @@ for cfg in $CONFIGS; do
         run_dirs+=("$run")
         [[ "$(cat "$run/exit_code" 2>/dev/null)" == 0 ]] || failed+=("concurrent-gpu$i")
       done ;;
-    *) log "bench_scale: unknown config '$cfg' in CONFIGS (single, ddp[-bf16], fsdp[-bf16][-keep], concurrent)"; exit 2 ;;
+    *) log "bench_scale: unknown config '$cfg' in CONFIGS (single, ddp[-bf16][-bN], fsdp[-bf16][-keep], concurrent)"; exit 2 ;;
   esac
 done
 

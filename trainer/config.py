@@ -63,6 +63,7 @@ class TrainConfig:
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
+    ddp_bucket_mb: int = 25  # DDP's gradient all-reduce bucket size (MiB), trainer.parallel
     optimizer: str = "adamw"  # or "adafactor": factored second moments, no first moment (trainer.optim)
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -92,6 +93,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "lora_r": _AT_LEAST_0, "lora_alpha": Check(float), "lora_dropout": _FRACTION, "lora_target": Check(str),
     "merge_lora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
+    "ddp_bucket_mb": _AT_LEAST_1,
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
     "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": _AT_LEAST_0, "prefetch": _AT_LEAST_1,
     "peak_flops": Check(float, low=0, low_open=True, none=True), "device": Check(str), "verify_hashes": Check(bool),

@@ -78,7 +78,8 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
                 refresh_fp8_weight_scales(run.module)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             run.scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            # DDP's gradients are views into its all-reduce buckets: zeroed in place, they stay so
+            optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled)
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])

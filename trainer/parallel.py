@@ -100,7 +100,7 @@ def _bf16_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects st
 
 def wrap_parallel(
     module: torch.nn.Module, layers: list[torch.nn.Module], info: DistInfo, *, fsdp: bool, bf16: bool,
-    reduce_bf16: bool = False, reshard_after_forward: bool = True,
+    reduce_bf16: bool = False, reshard_after_forward: bool = True, bucket_mb: int = 25,
 ) -> torch.nn.Module:
     """DDP, or FSDP2 (`fully_shard` on each of `layers`, then on `module`), or `module` itself (one
     process). Returns the module to call in the training step.
@@ -109,6 +109,11 @@ def wrap_parallel(
     are accumulated and applied in fp32 either way. `reshard_after_forward=False` keeps each FSDP2
     layer's parameters gathered from its forward to its backward (one all-gather per micro-batch
     instead of two, at the memory of the unsharded bf16 parameters).
+
+    DDP all-reduces the gradients in buckets of `bucket_mb` MiB while the backward still runs, and
+    its gradients are views into those buckets (`gradient_as_bucket_view`): no copy of every
+    gradient into a bucket, no second gradient-sized buffer. The step therefore zeroes them in
+    place rather than setting them to None (`trainer.loop`), so that they stay bucket views.
     """
     if fsdp:
         # here, not at the top: torch.distributed.fsdp exports fully_shard only from torch 2.6 on
@@ -124,7 +129,8 @@ def wrap_parallel(
         # broadcast_buffers=False: the only buffers are the rotary frequencies, equal on every rank
         # by construction; broadcasting them before every forward would lock the ranks together on
         # each micro-batch, no_sync ones included
-        ddp = torch.nn.parallel.DistributedDataParallel(module, broadcast_buffers=False)
+        ddp = torch.nn.parallel.DistributedDataParallel(module, broadcast_buffers=False, bucket_cap_mb=bucket_mb,
+                                                        gradient_as_bucket_view=True)
         if reduce_bf16:
             ddp.register_comm_hook(None, _bf16_allreduce_hook)
         return ddp

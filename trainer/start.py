@@ -210,7 +210,7 @@ def _wrap(
             layer.compile(dynamic=True)
     wrapper = LossModule(model, compiled=compiled and not fsdp)
     module = wrap_parallel(wrapper, layers, info, fsdp=fsdp, bf16=bf16, reduce_bf16=config.grad_reduce == "bf16",
-                           reshard_after_forward=config.reshard_after_forward)
+                           reshard_after_forward=config.reshard_after_forward, bucket_mb=config.ddp_bucket_mb)
     return wrapper, module
 
 

@@ -253,17 +253,20 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
 @pytest.mark.parametrize(("parallel", "accum", "reduce"),
                          [("ddp", 1, "fp32"), ("fsdp", 1, "fp32"), ("fsdp", 2, "fp32"),
                           ("ddp", 1, "bf16"), ("fsdp", 2, "bf16"), ("fsdp-keep", 2, "fp32"),
-                          ("fsdp-ckpt2", 1, "fp32")])
+                          ("fsdp-ckpt2", 1, "fp32"), ("ddp-b1", 2, "fp32")])
 def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     packed: Path, tmp_path: Path, parallel: str, accum: int, reduce: str
 ) -> None:
     steps = 4 // accum  # one epoch of this folder: rows are disjoint across ranks within an epoch
     # "-keep": FSDP2 keeps gathered parameters until the backward; "-ckpt2": layer 0 of the tiny
-    # model's 2 recomputes its activations under FSDP2 (--grad-checkpointing 2), layer 1 keeps them
+    # model's 2 recomputes its activations under FSDP2 (--grad-checkpointing 2), layer 1 keeps them;
+    # "-b1": DDP buckets of 1 MiB (several for the tiny model), whose gradient views accumulate
+    # over two micro-batches and are zeroed in place between steps
     config = _config(packed, tmp_path / "ddp", grad_accum=accum, max_steps=steps,
                      parallel=parallel.split("-")[0], grad_reduce=reduce,
                      reshard_after_forward=not parallel.endswith("-keep"),
-                     grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0)
+                     grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0,
+                     ddp_bucket_mb=1 if parallel.endswith("-b1") else 25)
     # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
     mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")
@@ -675,3 +678,30 @@ def test_adafactor_refuses_bf16_weights(packed: Path, tmp_path: Path) -> None:
         train(_config(packed, tmp_path / "run", optimizer="adafactor", dtype=BF16W))
     assert not (tmp_path / "run").exists()
     assert train(_config(packed, tmp_path / "ok", optimizer="adafactor", dtype="bf16", max_steps=1))["steps"] == 1
+
+
+def test_ddp_gradients_are_views_of_its_buckets_of_the_asked_size(tmp_path: Path) -> None:
+    """--ddp-bucket-mb sets DDP's bucket size, and each gradient is a view into a bucket: zeroed in
+    place, as the step does, it keeps its storage from one backward to the next, so autograd adds
+    into the bucket itself (set to None, it would be allocated anew and copied into the bucket)."""
+    import torch.distributed as dist
+
+    from trainer.parallel import DistInfo, wrap_parallel
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
+        ddp = wrap_parallel(model, [], DistInfo(enabled=True), fsdp=False, bf16=False, bucket_mb=3)
+        assert ddp.bucket_bytes_cap == 3 * 1024 * 1024
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        storages = []
+        for _ in range(3):  # DDP rebuilds its buckets after the first backward, in gradient order
+            ddp(torch.randn(8, 64)).square().sum().backward()
+            storages.append([p.grad.untyped_storage().data_ptr() for p in model.parameters()])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+            assert all(float(p.grad.abs().sum()) == 0 for p in model.parameters())
+        assert storages[1] == storages[2]
+        assert len(set(storages[2])) < len(storages[2])  # the 4 gradients share bucket storage
+    finally:
+        dist.destroy_process_group()
