@@ -8,14 +8,6 @@ compile and DDP see an ordinary module. Checkpoints hold the adapter as peft wri
 `PeftModel.from_pretrained(base_model, CHECKPOINT/model)`; `--resume` loads it back into the same
 base model. `--merge-lora` writes the merged full model to RUN/merged at the end. With `--dtype bf16`
 the frozen base weights are kept in bfloat16 (`freeze_in_bf16`), the adapters in float32.
-
-Each adapted linear layer computes `y = base(x) + s * (x A^T) B^T` through `LoraDelta`, one
-autograd function for the adapter's part: the product with B accumulates straight into the base
-output (one `addmm`, no separate add of two output-sized tensors), and `x` is used as it comes
-(peft's own forward first casts it to the adapters' float32, a copy of the layer input that
-autocast then casts back). `add_lora` switches every plain LoRA layer (no dropout, no DoRA or
-other variant, no adapter bias) to it (`FusedLoraLinear`: peft's layer with only its forward
-replaced), so the parameters, checkpoints, `merge_and_unload` and peft's loading are peft's.
 """
 
 from __future__ import annotations
@@ -43,85 +35,9 @@ def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
     lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM")
     try:
-        peft_model = get_peft_model(model, lora)
+        return get_peft_model(model, lora)
     except ValueError as exc:  # e.g. target modules not found in the model
         raise UserError(f"--lora-target {config.lora_target}: {str(exc).splitlines()[0][:200]}") from None
-    fuse_lora_layers(peft_model)
-    return peft_model
-
-
-class LoraDelta(torch.autograd.Function):
-    """`y0 + scale * (x A^T) B^T` for `y0 = base(x)`, with its gradients for y0, x, A and B.
-
-    Shapes: x [..., in], y0 [..., out], A [r, in], B [out, r]. The adapters are cast to the dtype of
-    the input (bf16 under autocast; they stay float32 parameters), the rank-r product `u = x A^T`
-    is the only tensor computed besides the output, and `addmm` adds its product with B into y0
-    in one cuBLAS call. Backward, with g = dy B: dx = s g A, dA = s g^T x, dB = s dy^T u, dy0 = dy.
-    Saved for the backward: x (which A's gradient needs anyway) and u ([tokens, r]).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, y0: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                scale: float) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        a_x, b_x = a.to(x.dtype), b.to(y0.dtype)
-        u = (x2 @ a_x.t()).to(y0.dtype)
-        y = torch.addmm(y0.reshape(-1, y0.shape[-1]), u, b_x.t(), alpha=scale)
-        ctx.save_for_backward(x2, u, a_x, b_x)
-        ctx.scale, ctx.x_shape, ctx.dtypes = scale, x.shape, (a.dtype, b.dtype)
-        return y.view(y0.shape)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2, u, a_x, b_x = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(b_x.dtype)
-        g = (dy2 @ b_x) * ctx.scale  # [tokens, r]: everything below is scaled through it or alpha
-        dx = (g.to(a_x.dtype) @ a_x).view(ctx.x_shape)
-        da = (g.t().to(x2.dtype) @ x2).to(ctx.dtypes[0])
-        db = torch.mm(dy2.t(), u).mul_(ctx.scale).to(ctx.dtypes[1])
-        return dy, dx, da, db, None
-
-
-def fuse_lora_layers(peft_model: Any) -> int:
-    """Switch every plain LoRA linear layer of `peft_model` (one adapter, no dropout, no DoRA or
-    other variant, no adapter bias) to `FusedLoraLinear`; returns how many. Others keep peft's."""
-    from peft.tuners.lora.layer import Linear
-
-    fused = 0
-    for module in peft_model.modules():
-        if type(module) is Linear and _plain(module):
-            module.__class__ = _fused_class(Linear)
-            fused += 1
-    return fused
-
-
-def _plain(layer: Any) -> bool:
-    """One vanilla adapter: `y = base(x) + s * B(A(x))` is all the layer computes."""
-    names = list(layer.lora_A.keys())
-    if len(names) != 1:
-        return False
-    name = names[0]
-    return (isinstance(layer.lora_dropout[name], torch.nn.Identity) and name not in layer.lora_variant
-            and layer.lora_A[name].bias is None and layer.lora_B[name].bias is None)
-
-
-_FUSED: dict[type, type] = {}
-
-
-def _fused_class(linear: type) -> type:
-    """`FusedLoraLinear`: peft's LoRA `Linear` whose forward goes through `LoraDelta` whenever
-    the one adapter is active and unmerged; anything else (merged, disabled, peft's per-call
-    options) is peft's own forward."""
-    if linear not in _FUSED:
-        def forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
-            if args or kwargs or self.merged or self.disable_adapters or name not in self.lora_A:
-                return linear.forward(self, x, *args, **kwargs)
-            y0 = self.base_layer(x)
-            return LoraDelta.apply(y0, x, self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name])
-
-        _FUSED[linear] = type("FusedLoraLinear", (linear,), {"forward": forward, "__module__": __name__})
-    return _FUSED[linear]
 
 
 def lora_targets(model: torch.nn.Module, text: str) -> list[str]:

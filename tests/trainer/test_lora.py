@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from dataclasses import replace
@@ -97,68 +96,6 @@ def test_packed_lora_matches_each_example_alone(packed: Path):
     with torch.no_grad():
         joined = float(per_example_losses(model, collate_rows([merged]))[0])
     assert abs(joined - (alone[0] * 8 + alone[1] * 16) / 24) > 1e-4
-
-
-def _as_peft(model):
-    """A copy of `model` whose LoRA layers run peft's own forward (the reference for LoraDelta)."""
-    from peft.tuners.lora.layer import Linear
-
-    reference = copy.deepcopy(model)
-    for module in reference.modules():
-        if type(module).__name__ == "FusedLoraLinear":
-            module.__class__ = Linear
-    return reference
-
-
-def _loss_and_grads(model, batch, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    model.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        losses = per_example_losses(model, batch)
-    losses.sum().backward()
-    return losses.detach(), _lora_grads(model)
-
-
-def test_fused_lora_layers_compute_what_peft_computes():
-    model, _ = _lora_model()
-    kinds = {type(m).__name__ for n, m in model.named_modules() if n.endswith("_proj")}
-    assert kinds == {"FusedLoraLinear"}  # all 7 projections of both layers
-    reference = _as_peft(model)
-    batch = collate_rows(_rows([9, 17, 5, 30]))
-    fused, peft_own = _loss_and_grads(model, batch), _loss_and_grads(reference, batch)
-    # float32: the same numbers up to the order of the additions
-    torch.testing.assert_close(fused[0], peft_own[0], rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(fused[1], peft_own[1], rtol=1e-5, atol=1e-7)
-    assert fused[1].abs().sum() > 0
-
-    # under bf16 autocast, within the bound of bf16 rounding of the float32 numbers that peft's own
-    # forward meets too (the two round in different places, so neither is the other's reference)
-    for run in (model, reference):
-        losses, grads = _loss_and_grads(run, batch, autocast=True)
-        assert (losses - fused[0]).norm() <= 1e-3 * fused[0].norm()
-        assert (grads - fused[1]).norm() <= 3e-2 * fused[1].norm()  # both measured 1.2e-2
-
-    # negative control: a fused layer with the wrong scale (alpha / r doubled in one layer) is caught
-    layer = model.model.layers[1].mlp.down_proj
-    layer.scaling["default"] *= 2
-    with pytest.raises(AssertionError):
-        torch.testing.assert_close(_loss_and_grads(model, batch)[1], peft_own[1], rtol=1e-5, atol=1e-7)
-
-
-def test_lora_layers_with_dropout_keep_peft_forward_and_a_disabled_adapter_is_the_base():
-    model, _ = build_model("tiny", attn="sdpa", vocab_size=VOCAB, seed=0)
-    add_lora(model, TrainConfig(data="x", model="tiny", out="y", lora_r=4, lora_dropout=0.1))
-    assert {type(m).__name__ for n, m in model.named_modules() if n.endswith("_proj")} == {"Linear"}
-
-    model, peft = _lora_model()
-    batch = collate_rows(_rows([9, 17]))
-    with torch.no_grad():
-        with peft.disable_adapter():
-            base = per_example_losses(model, batch)
-        adapted = per_example_losses(model, batch)
-    plain, _ = build_model("tiny", attn="sdpa", vocab_size=VOCAB, seed=0)
-    with torch.no_grad():
-        torch.testing.assert_close(base, per_example_losses(plain, batch))
-    assert not torch.allclose(adapted, base)
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
