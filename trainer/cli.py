@@ -103,9 +103,10 @@ class LocalFolder(click.Path):
 @click.option("--reshard-after-forward/--no-reshard-after-forward", default=True,
               help="FSDP2: free each layer's gathered parameters after its forward (default) or keep "
                    "them until its backward (one all-gather per micro-batch instead of two, more memory).")
-@click.option("--ddp-bucket-mb", default=25, type=click.IntRange(min=1), show_default=True,
+@click.option("--ddp-bucket-mb", default=250, type=click.IntRange(min=1), show_default=True,
               help="DDP: size (MiB) of the gradient buckets all-reduced while the backward runs; "
-                   "larger: fewer, longer all-reduces and a longer one after the last layer.")
+                   "larger: fewer, longer all-reduces and a longer one after the last layer. "
+                   "PyTorch's own default is 25 (BENCHMARKS.md, Scaling across GPUs, compares them).")
 @click.option("--seed", default=0, type=click.IntRange(min=0), help="Seeds the data order and preset weights.")
 @click.option("--save-every", default=0, type=click.IntRange(min=0),
               help="Checkpoint every N steps (0: only at the end).")

@@ -63,7 +63,7 @@ class TrainConfig:
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
-    ddp_bucket_mb: int = 25  # DDP's gradient all-reduce bucket size (MiB), trainer.parallel
+    ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.parallel
     optimizer: str = "adamw"  # or "adafactor": factored second moments, no first moment (trainer.optim)
     weight_decay: float = 0.1
     beta1: float = 0.9

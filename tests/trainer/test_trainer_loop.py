@@ -266,7 +266,7 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
                      parallel=parallel.split("-")[0], grad_reduce=reduce,
                      reshard_after_forward=not parallel.endswith("-keep"),
                      grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0,
-                     ddp_bucket_mb=1 if parallel.endswith("-b1") else 25)
+                     ddp_bucket_mb=1 if parallel.endswith("-b1") else 250)
     # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
     mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")
