@@ -109,6 +109,7 @@ from benchlib import (
 )
 
 from pipeline.shards import iter_rows, read_manifest
+from trainer.profiling import finish_profile, new_profiler
 
 H100_BF16_TFLOPS = 989.0
 HF_PATHS = ("hf-pad", "hf-flat-sdpa", "hf-flat-flex", "hf-flat-fa2", "hf-ffd-sdpa", "hf-ffd-flex", "hf-ffd-fa2")
@@ -304,130 +305,6 @@ def timed_loop(
             sync(device)
         res.extra["profile"] = finish_profile(prof, profile_steps, device, trace)
     return res, (np.concatenate(lens) if lens else np.zeros(0, np.int64))
-
-
-def new_profiler(device: torch.device, trace: Path | None) -> Any:
-    """A torch.profiler of the host and, on CUDA, the GPU; with Python stacks only when a `trace`
-    is asked for (stacks slow the host down)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, with_stack=trace is not None)
-
-
-def finish_profile(prof: Any, steps: int, device: torch.device, trace: Path | None) -> dict[str, Any]:
-    """`profile_summary` of a stopped profiler's `steps` steps; its Chrome trace to `trace` if given."""
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
-    return profile_summary(prof, steps, device)
-
-
-# GPU kernels by kind, matched in order on the lower-cased kernel name. Inductor names a kernel after
-# its operations: the compiled AdamW update of --dtype bf16-weights (trainer.precision) holds "lerp"
-# (AdamW's first moment; nothing else in these models lerps), and "_to_copy" too.
-KERNEL_KINDS = (("attention", ("flash", "fmha", "flex", "attention")),
-                ("optimizer", ("adam", "foreach", "multi_tensor", "lerp")),
-                ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "wgmma")),
-                ("cross-entropy", ("cross_entropy", "log_softmax", "nll_loss")), ("copy/cast", ("copy", "cast", "to_copy")))
-
-
-def kernel_kind(name: str) -> str:
-    """The KERNEL_KINDS kind of a GPU kernel's name, else "other" (fused elementwise work, norms)."""
-    low = name.lower()
-    return next((kind for kind, keys in KERNEL_KINDS if any(key in low for key in keys)), "other")
-
-
-def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) -> dict[str, Any]:
-    """Per step: GPU busy ms by kernel kind (KERNEL_KINDS, else "other": fused elementwise and
-    norms), the top kernels, and the GPU's idle share of the wall time (gaps between kernels)."""
-    # kernels only: a user annotation's GPU range ("Optimizer.step#AdamW.step") spans kernels
-    # counted on their own
-    events = [e for e in prof.events() if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")
-              and (device.type != "cuda" or e.device_time > 0)
-              and not getattr(e, "is_user_annotation", False) and "#" not in e.name]
-    if device.type != "cuda":
-        return {"note": "kernel times are measured on CUDA only", **host_summary(prof, steps)}
-    kinds: dict[str, float] = {}
-    names: dict[str, float] = {}
-    for e in events:
-        kind = kernel_kind(e.name)
-        kinds[kind] = kinds.get(kind, 0.0) + e.device_time / 1000.0
-        names[e.name[:80]] = names.get(e.name[:80], 0.0) + e.device_time / 1000.0
-    busy = sum(kinds.values())
-    spans = [(e.time_range.start, e.time_range.end) for e in events]
-    wall = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1000.0 if spans else 0.0
-    return {
-        "busy_ms_per_step": busy / steps, "wall_ms_per_step": wall / steps,
-        "gpu_idle_share": 1 - busy / wall if wall else None,
-        "kernels_per_step": len(events) / steps,
-        "ms_per_step_by_kind": {k: v / steps for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-        "top_kernels_ms_per_step": {k: v / steps for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:top]},
-        **gap_summary([(e.time_range.start, e.time_range.end, e.name) for e in events], steps),
-        **host_summary(prof, steps),
-    }
-
-
-# host calls that may wait for the GPU (the two aten ones only when their tensor is on it): where a
-# step waits, the GPU's queue runs dry behind the host
-HOST_WAITS = ("aten::_local_scalar_dense", "aten::is_nonzero", "cudaStreamSynchronize",
-              "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-
-
-def host_summary(prof: Any, steps: int, top: int = 15) -> dict[str, Any]:
-    """The host side of the profiled steps: the operators with the most self CPU time per step, and
-    every call that waits for the GPU (HOST_WAITS) with the innermost Python frames outside torch
-    that made it (found only where the profiler ran with_stack, as it does with --profile-trace:
-    frames are then parents of the operator events; else "?")."""
-    averages = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)
-    waits: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type.name == "CPU" and e.name in HOST_WAITS:
-            frames, parent = [], e.cpu_parent
-            while parent is not None and len(frames) < 3:  # with_stack: Python frames are parents
-                if ".py(" in parent.name and "torch/" not in parent.name:
-                    frames.append(parent.name)
-                parent = parent.cpu_parent
-            key = f"{e.name} <- {' <- '.join(frames) or '?'}"
-            waits[key] = waits.get(key, 0.0) + 1 / steps
-    return {
-        "top_host_ops_self_ms_per_step": {a.key[:80]: a.self_cpu_time_total / 1000.0 / steps
-                                          for a in averages[:top]},
-        "host_waits_per_step": dict(sorted(waits.items(), key=lambda kv: -kv[1])),
-    }
-
-
-# (name, upper edge in us) of each bucket of gap lengths
-GAP_BUCKETS = (("<5us", 5.0), ("5-20us", 20.0), ("20-100us", 100.0), ("100-1000us", 1000.0),
-               (">=1000us", float("inf")))
-
-
-def gap_summary(kernels: Sequence[tuple[float, float, str]], steps: int, top: int = 8) -> dict[str, Any]:
-    """Where the GPU sat idle: the gaps between kernels (start, end in us, name), per step by
-    length bucket, and the longest gaps with the kernels on either side.
-
-    >>> g = gap_summary([(0, 10, "a"), (12, 20, "b"), (520, 530, "c")], steps=1, top=1)
-    >>> g["idle_ms_per_step_by_gap"], g["gaps_per_step"]["<5us"], g["longest_gaps"][0]["after"]
-    ({'<5us': 0.002, '5-20us': 0.0, '20-100us': 0.0, '100-1000us': 0.5, '>=1000us': 0.0}, 1.0, 'b')
-    """
-    labels = [name for name, _ in GAP_BUCKETS]
-    idle, count = dict.fromkeys(labels, 0.0), dict.fromkeys(labels, 0.0)
-    gaps: list[tuple[float, str, str]] = []
-    ordered = sorted(kernels)
-    reach = ordered[0][1] if ordered else 0.0  # the latest end so far (kernels may overlap)
-    for (_, _, before), (start, end, after) in zip(ordered, ordered[1:]):
-        if start > reach:
-            gap = start - reach
-            label = next(name for name, edge in GAP_BUCKETS if gap < edge)
-            idle[label] += gap / 1000.0 / steps
-            count[label] += 1 / steps
-            gaps.append((gap, before[:80], after[:80]))
-        reach = max(reach, end)
-    gaps.sort(reverse=True)
-    return {
-        "idle_ms_per_step_by_gap": {k: round(v, 4) for k, v in idle.items()},
-        "gaps_per_step": count,
-        "longest_gaps": [{"us": round(g, 1), "after": b, "before": a} for g, b, a in gaps[:top]],
-    }
 
 
 def hf_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], torch.Tensor]:
@@ -726,38 +603,6 @@ def no_checkpoint_writes() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def profiled_steps(first: int, count: int, device: torch.device, out: dict[str, Any],
-                   trace: Path | None = None) -> Iterator[None]:
-    """Profile pack-train's steps first+1..first+count (torch.profiler, started and stopped from
-    `trainer.metrics.Meter.step`, which the loop calls once per step after its optimizer step);
-    `out["profile"]` gets `profile_summary` of them, and `trace` (if given) their Chrome trace.
-    With count 0 it does nothing."""
-    from unittest import mock
-
-    from trainer.metrics import Meter
-
-    if not count:
-        yield
-        return
-    original, done = Meter.step, [0]
-    prof = new_profiler(device, trace)
-
-    def step(meter: Meter, *args: Any, **kwargs: Any) -> None:
-        original(meter, *args, **kwargs)
-        done[0] += 1
-        if done[0] == first:
-            sync(device)
-            prof.start()
-        elif done[0] == first + count:
-            sync(device)
-            prof.stop()
-
-    with mock.patch.object(Meter, "step", step):
-        yield
-    out["profile"] = finish_profile(prof, count, device, trace)
-
-
 def trace_path(a: argparse.Namespace, path: str) -> Path | None:
     """Where --profile-trace puts the Chrome trace of `path`'s profiled steps (gzipped), if asked."""
     if not (a.profile_trace and a.profile_steps):
@@ -787,15 +632,14 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps + a.profile_steps,
         attn=a.attn, dtype=packed_dtype(tunings, a.dtype), fp8_recipe=a.fp8_recipe, compile=a.compile,
         seed=a.seed, log_every=log_every,
+        profile_steps=f"{a.warmup + a.steps + 1}-{a.warmup + a.steps + a.profile_steps}" if a.profile_steps else None,
         lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing, optimizer=a.optimizer,
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
     reset_cuda_peak(s.device)
-    profiled: dict[str, Any] = {}
     try:
-        with no_checkpoint_writes(), profiled_steps(a.warmup + a.steps, a.profile_steps, s.device, profiled,
-                                                         trace_path(a, path)):
+        with no_checkpoint_writes():
             summary = train(config)
     finally:
         free_memory(s.device)
@@ -803,7 +647,11 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
                if line.strip()]
     records = [rec for rec in records if rec["step"] <= a.warmup + a.steps]  # not the profiled ones
     res = PathResult(path=path, runner=f"pack-train/{summary.get('attention')}")
-    res.extra.update(profiled)
+    if a.profile_steps:  # pack-train --profile-steps wrote them (trainer.profiling)
+        res.extra["profile"] = json.loads((run_dir / "profile" / "rank0.json").read_text())
+        trace = trace_path(a, path)
+        if trace is not None:
+            shutil.copyfile(run_dir / "profile" / "rank0.trace.json.gz", trace)
     prev_step, prev_tokens = 0, 0
     window_ms = []  # the mean step of each timed metrics window (a stall shows in one of them)
     for rec in records:
@@ -966,9 +814,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "and report GPU time by kernel kind, top kernels, GPU idle time by gap length "
                         "with the longest gaps, and the host's busiest operators and waits for the GPU")
     p.add_argument("--profile-trace", default=None, metavar="DIR",
-                   help="with --profile-steps: also record Python stacks (which slows the host down) and "
-                        "write each path's Chrome trace of those steps into DIR as PATH.json.gz, '+' "
-                        "written '_' (for chrome://tracing or Perfetto)")
+                   help="with --profile-steps: write each path's Chrome trace of those steps into DIR as "
+                        "PATH.json.gz, '+' written '_' (for chrome://tracing or Perfetto); the HF and inline "
+                        "paths also record Python stacks (which slows the host down), pack-train's do not")
     p.add_argument("--pack-procs", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
                    help="pack-data --num-proc")
     p.add_argument("--num-workers", type=int, default=2, help="pack-train DataLoader workers")

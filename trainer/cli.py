@@ -154,6 +154,11 @@ class LocalFolder(click.Path):
               help="Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
                    "it; --keep-last never removes it).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--profile-steps", default=None, metavar="FIRST-LAST",
+              help="Profile these optimizer steps (e.g. 6-8; the first steps compile) with torch.profiler "
+                   "on every rank: RUN/profile/rank{r}.json says per step where the GPU's time went (by "
+                   "kernel kind, top kernels, idle gaps, host waits); rank{r}.trace.json.gz is the "
+                   "Chrome trace (chrome://tracing, Perfetto).")
 @click.option("--offline", is_flag=True, callback=offline_flag, expose_value=False, is_eager=True, help=OFFLINE_HELP)
 def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.

@@ -75,6 +75,7 @@ class TrainConfig:
     device: str = "auto"
     verify_hashes: bool = True
     progress: bool = True
+    profile_steps: str | None = None  # "FIRST-LAST" optimizer steps to profile (trainer.profiling)
 
 
 _AT_LEAST_0, _AT_LEAST_1 = Check(int, low=0), Check(int, low=1)
@@ -97,7 +98,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
     "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": _AT_LEAST_0, "prefetch": _AT_LEAST_1,
     "peak_flops": Check(float, low=0, low_open=True, none=True), "device": Check(str), "verify_hashes": Check(bool),
-    "progress": Check(bool),
+    "progress": Check(bool), "profile_steps": Check(str, none=True),
 }
 
 
@@ -121,9 +122,27 @@ def validate(config: TrainConfig) -> None:
     if config.lora_r and config.parallel == "fsdp":
         raise UserError("--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
                         "weights are frozen, so DDP holds no optimizer state for them)")
+    if config.profile_steps is not None:
+        parse_step_range(config.profile_steps)
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
         raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
+
+
+def parse_step_range(text: str) -> tuple[int, int]:
+    """`--profile-steps` as (first, last) optimizer steps, both counted from 1 and included:
+    "6-8" -> (6, 8), "7" -> (7, 7); anything else is a UserError saying what is expected.
+
+    >>> parse_step_range("6-8"), parse_step_range("7")
+    ((6, 8), (7, 7))
+    """
+    parts = str(text).split("-")
+    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+        first, last = int(parts[0]), int(parts[-1])
+        if 1 <= first <= last:
+            return first, last
+    raise UserError(f"--profile-steps {text}: expected FIRST-LAST optimizer steps counted from 1, "
+                    "e.g. 6-8 (or one step, e.g. 7)")
 
 
 def refuse_uri(option: str, value: str | None) -> None:

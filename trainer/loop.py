@@ -60,6 +60,8 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,
                   n_params=run.n_params, backend=run.backend, start_step=run.start_step,
                   total_steps=run.total_steps, tokens_seen=run.tokens_seen)
+    if run.profiler is not None:
+        run.profiler.after_step(step)  # starts it now if it profiles the first step of this run
     with StopOnSigterm() as sigterm, meter, loader_batches(run.loader) as batches:
         while step < run.stop_at:
             t0 = time.perf_counter()
@@ -83,6 +85,8 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])
+            if run.profiler is not None:
+                run.profiler.after_step(step)
 
             at_log = step % config.log_every == 0 or step == run.stop_at
             stopping = sigterm.agreed(info.enabled, device, at_log) and step < run.stop_at

@@ -18,7 +18,7 @@ from pipeline.errors import UserError
 from pipeline.shards import Manifest
 from pipeline.shards import manifest_vocab
 from trainer.attention import select_backend
-from trainer.config import TrainConfig, resolved, validate
+from trainer.config import TrainConfig, parse_step_range, resolved, validate
 from trainer.evaluate import Evaluator, held_out_folder
 from trainer.lora import add_lora, freeze_in_bf16
 from trainer.integrity import ShardHashCheck
@@ -28,6 +28,7 @@ from trainer.model import count_params, decoder_layers, enable_grad_checkpointin
 from trainer.optim import make_optimizer
 from trainer.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
 from trainer.precision import MasterAdamW
+from trainer.profiling import StepProfiler
 from trainer.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
 from trainer.resume import checkpoint_to_resume, load_training_state, resume_model
 from trainer.stream import (
@@ -78,6 +79,7 @@ class Run:
     compiled: bool
     n_params: int
     fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights: their scales refresh after each step
+    profiler: StepProfiler | None = None  # --profile-steps
 
 
 def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
@@ -122,6 +124,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if resume_from is not None:
         start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
                                                        fingerprint, stop_at, peft)
+    profiler = _profiler(config, device, info.rank, start_step, stop_at)
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
         to_float8(model, config.fp8_recipe, decoder_layers(model), fsdp=fsdp)
@@ -149,11 +152,25 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
               optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
               backend=backend, compiled=compiled, n_params=n_params,
-              fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp))
+              fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler)
     if info.rank == 0:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
         _announce(run, manifest, dtype_name, backend_why)
     return run
+
+
+def _profiler(config: TrainConfig, device: torch.device, rank: int, start_step: int,
+              stop_at: int) -> StepProfiler | None:
+    """The profiler of `--profile-steps FIRST-LAST` (RUN/profile/), whose steps must be among the
+    steps this run trains (start_step + 1 .. stop_at), else one line saying which those are."""
+    if config.profile_steps is None:
+        return None
+    first, last = parse_step_range(config.profile_steps)
+    if first <= start_step or last > stop_at:
+        raise UserError(f"--profile-steps {config.profile_steps}: this run trains steps {start_step + 1} to "
+                        f"{stop_at}; profile steps among them, past the first few, which compile (e.g. "
+                        f"its last three: {max(start_step + 1, stop_at - 2)}-{stop_at})")
+    return StepProfiler((first, last), device, Path(config.out) / "profile", rank)
 
 
 def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:

@@ -63,32 +63,6 @@ def test_attention_flops_formula():
     assert bt.dense_flops(100, 10) == 6000
 
 
-def test_profile_kernel_kinds_from_names_seen_on_an_h100():
-    """Names from the H100 profiles in docs/results (flash-attn, cuBLAS's nvjet, torch's fused AdamW,
-    Inductor's fused kernels): the compiled AdamW update of bf16-weights is the optimizer although
-    its name holds _to_copy."""
-    kind = bt.kernel_kind
-    assert kind("triton_poi_fused__to_copy_add_copy_copy__div_lerp_mul_pow_rsub_sqrt_sub_unbind_2") == "optimizer"
-    assert kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(a") == "optimizer"
-    assert kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT") == "matmul"
-    assert kind("void flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits") == "attention"
-    assert kind("triton_per_fused__to_copy__unsafe_view_add_div_expand_mul_pow_sum_view_3") == "copy/cast"
-    assert kind("triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_0") == "other"
-
-
-def test_gap_summary_buckets_idle_time_between_kernels():
-    """Overlapping kernels leave no gap; each gap lands in one bucket, per step; the longest gaps
-    name the kernels around them."""
-    kernels = [(0, 10, "a"), (5, 30, "b"), (31, 40, "c"), (70, 80, "d"), (2080, 2090, "e")]
-    g = bt.gap_summary(kernels, steps=2, top=2)
-    assert g["gaps_per_step"] == {"<5us": 0.5, "5-20us": 0.0, "20-100us": 0.5, "100-1000us": 0.0,
-                                  ">=1000us": 0.5}
-    assert g["idle_ms_per_step_by_gap"]["<5us"] == pytest.approx(0.001 / 2)
-    assert g["idle_ms_per_step_by_gap"][">=1000us"] == pytest.approx(2.0 / 2)
-    assert g["longest_gaps"] == [{"us": 2000.0, "after": "d", "before": "e"},
-                                 {"us": 30.0, "after": "c", "before": "d"}]
-
-
 def test_finish_result_rates():
     res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, seconds=2.0, data_wait_s=0.02)
     bt.finish_result(res, n_params=1_000_000_000, attn_flops=6e15, peak_tflops=989.0)
