@@ -94,6 +94,7 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         dtype=dtype, fp8_recipe=recipe or "rowwise_with_gw_hp", seed=seed, log_every=args.log_every,
         parallel=args.parallel, grad_checkpointing=args.grad_checkpointing, progress=False,
         num_workers=2, save_every=0, verify_hashes=False, peak_flops=args.peak_tflops * 1e12,
+        profile_steps=args.profile_steps,
     )
     if out.exists() and int(os.environ.get("RANK", "0")) == 0:
         import shutil
@@ -111,6 +112,9 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         "final_loss": summary.get("final_loss"), "peak_mem_gib": train_rows[-1].get("peak_mem_gib") if train_rows else None,
         "world_size": summary.get("world_size"), "attention": summary.get("attention"),
         "loss_curve": [(r["step"], r["loss"]) for r in train_rows],
+        # --profile-steps: rank 0's summary (every rank's, and the traces, stay in RUN/profile/)
+        "profile": (json.loads((out / "profile" / "rank0.json").read_text())
+                    if args.profile_steps and (out / "profile" / "rank0.json").is_file() else None),
     }
 
 
@@ -168,6 +172,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto")
     p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"))
     p.add_argument("--grad-checkpointing", type=int, default=0)
+    p.add_argument("--profile-steps", default=None, metavar="FIRST-LAST",
+                   help="pack-train --profile-steps for every entry (e.g. 21-23, past --warmup): where those "
+                        "steps' GPU time went, in the JSON (rank 0) and in each run's profile/ folder. The "
+                        "profiler slows those steps, and they count in tokens/s: time in a run without it")
     p.add_argument("--limit", type=int, default=None, help="first N examples of each dataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pack-procs", type=int, default=4)
