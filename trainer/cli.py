@@ -149,6 +149,9 @@ class LocalFolder(click.Path):
 @click.option("--lora-dropout", default=0.0, type=click.FloatRange(0, 1, max_open=True), help="Dropout on the LoRA input.")
 @click.option("--lora-target", default="all",
               help="Modules that get adapters: 'all' linear layers of the decoder, or names such as q_proj,v_proj.")
+@click.option("--qlora", is_flag=True,
+              help="With --lora-r: store the frozen base's decoder linear layers in 4-bit NF4 (QLoRA, "
+                   "torchao): about a quarter of their bf16 memory, dequantized for every matmul.")
 @click.option("--merge-lora", is_flag=True, help="At the end, also write RUN/merged: the base model with the adapters merged in.")
 @click.option("--save-best", is_flag=True,
               help="Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "

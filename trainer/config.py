@@ -59,6 +59,7 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_target: str = "all"  # "all" linear layers of the decoder, or module names: q_proj,v_proj
     merge_lora: bool = False  # write RUN/merged, the base model with the adapters merged in
+    qlora: bool = False  # the frozen base's decoder linear layers in 4-bit NF4 (trainer.lora)
     save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
     parallel: str = "ddp"
     grad_reduce: str = "fp32"
@@ -92,7 +93,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "resume": Check(str, choices=RESUME, none=True), "log_every": _AT_LEAST_1,
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
     "lora_r": _AT_LEAST_0, "lora_alpha": Check(float), "lora_dropout": _FRACTION, "lora_target": Check(str),
-    "merge_lora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
+    "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
     "ddp_bucket_mb": _AT_LEAST_1,
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
@@ -117,6 +118,10 @@ def validate(config: TrainConfig) -> None:
         refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
     if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
         raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
+    if config.qlora and not config.lora_r:
+        raise UserError("--qlora needs --lora-r (it stores the frozen base of a LoRA run in 4 bits)")
+    if config.qlora and config.dtype == "fp8":
+        raise UserError("--qlora and --dtype fp8 both choose how the frozen base computes: use one of them")
     if config.merge_lora and not config.lora_r:
         raise UserError("--merge-lora needs --lora-r (there is no adapter to merge)")
     if config.lora_r and config.parallel == "fsdp":

@@ -20,7 +20,7 @@ from pipeline.shards import manifest_vocab
 from trainer.attention import select_backend
 from trainer.config import TrainConfig, parse_step_range, resolved, validate
 from trainer.evaluate import Evaluator, held_out_folder
-from trainer.lora import add_lora, freeze_in_bf16
+from trainer.lora import add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import start_run_files
@@ -119,6 +119,15 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if peft is not None and bf16:
         freeze_in_bf16(model)  # frozen base weights need no fp32 copy: half their memory
     model.to(device)
+    if config.qlora:  # on the device, where quantizing is fast (the base arrives in bf16)
+        nf4, kept = quantize_base_nf4(decoder_layers(model))
+        if not nf4:
+            raise UserError(f"--qlora: none of the decoder's {kept} linear layers has a weight NF4 can store "
+                            "(a multiple of 16384 values): train this model with --lora-r alone")
+        if info.rank == 0:
+            print(f"pack-train: --qlora: {nf4} linear layers of the decoder stored in 4-bit NF4 (torchao)"
+                  + (f"; {kept} stay as they were (NF4 needs weights of a multiple of 16384 values)" if kept else ""),
+                  file=sys.stderr)
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:
@@ -178,6 +187,9 @@ def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
     if dtype_name in MASTER_DTYPES and config.parallel != "fsdp":
         raise UserError(f"--dtype {dtype_name} under torchrun needs --parallel fsdp (FSDP2 computes with "
                         "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
+    if config.qlora:
+        raise UserError("--qlora runs in one process for now (DDP would broadcast the 4-bit base weights, "
+                        "which it cannot): run it without torchrun, or drop --qlora")
     if config.optimizer == "adafactor" and config.parallel == "fsdp":
         raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
                         "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from dataclasses import replace
@@ -222,3 +223,121 @@ def test_bf16_keeps_the_frozen_base_in_bf16_and_the_adapters_in_fp32(packed: Pat
     merged = AutoModelForCausalLM.from_pretrained(summary["merged_model"], dtype="auto")
     assert merged.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     assert np.isfinite(summary["final_loss"])
+
+
+def _loss_and_grads(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example losses of `batch` and the adapter gradients of their sum (float32)."""
+    model.zero_grad(set_to_none=True)
+    losses = per_example_losses(model, batch)
+    losses.sum().backward()
+    return losses.detach(), _lora_grads(model)
+
+
+# ---- QLoRA (--qlora): the frozen base's decoder linear layers in torchao's 4-bit NF4
+
+@pytest.fixture(scope="module")
+def nf4_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama whose every decoder weight NF4 can hold (a multiple of 64 x 256 values)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("torchao.quantization")
+    folder = tmp_path_factory.mktemp("nf4-model")
+    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=VOCAB, max_position_embeddings=512,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def _qlora_model(folder: Path):
+    from trainer.lora import quantize_base_nf4
+    from trainer.model import decoder_layers
+
+    model, peft = _lora_model_from(str(folder))
+    assert quantize_base_nf4(decoder_layers(model)) == (14, 0)  # 2 layers x 7 projections
+    return model
+
+
+def _lora_model_from(name: str):
+    model, _ = build_model(name, attn="sdpa", vocab_size=VOCAB, seed=0)
+    peft = add_lora(model, TrainConfig(data="x", model=name, out="y", lora_r=4))
+    gen = torch.Generator().manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            p.data = torch.randn(p.shape, generator=gen) * 0.05
+    return model, peft
+
+
+def test_qlora_stores_the_base_in_a_quarter_of_bf16_and_computes_with_its_dequantized_weights(nf4_model_folder):
+    from trainer.lora import NF4Linear, dequantize_base
+
+    model = _qlora_model(nf4_model_folder)
+    base = [m for m in model.modules() if isinstance(m, NF4Linear)]
+    stored = sum(sum(t.numel() * t.element_size() for t in (m.weight.quantized_data, m.weight.quantized_scalers,
+                                                             m.weight.quantization_factor)) for m in base)
+    assert stored < 0.26 * sum(m.weight.numel() * 2 for m in base)  # bf16: 2 bytes a weight
+    assert all(type(m.lora_A["default"]) is torch.nn.Linear for n, m in model.named_modules() if n.endswith("q_proj"))
+
+    # the same losses and adapter gradients as LoRA over the dequantized base (float32)
+    reference = copy.deepcopy(model)
+    dequantize_base(reference)
+    assert not any(isinstance(m, NF4Linear) for m in reference.modules())
+    batch = collate_rows(_rows([9, 17, 5, 30]))
+    q, ref = _loss_and_grads(model, batch), _loss_and_grads(reference, batch)
+    torch.testing.assert_close(q[0], ref[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(q[1], ref[1], rtol=1e-5, atol=1e-7)
+    # negative control: the unquantized base is a different model (NF4 rounds its weights)
+    unquantized, _ = _lora_model_from(str(nf4_model_folder))
+    assert (_loss_and_grads(unquantized, batch)[0] - q[0]).abs().max() > 1e-4
+
+
+def test_packed_qlora_matches_each_example_alone(nf4_model_folder):
+    model = _qlora_model(nf4_model_folder)
+    rows = _rows([9, 17, 5, 30])
+    packed_losses, packed_grads = _loss_and_grads(model, collate_rows(rows))
+    alone = [_loss_and_grads(model, collate_rows([row])) for row in rows]
+    torch.testing.assert_close(packed_losses, torch.cat([a[0] for a in alone]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed_grads, sum(a[1] for a in alone), rtol=1e-4, atol=1e-6)
+
+
+def test_pack_train_qlora_trains_saves_the_adapter_and_merges_into_the_dequantized_base(
+        packed: Path, tmp_path: Path, nf4_model_folder: Path, capsys: pytest.CaptureFixture):
+    from safetensors.torch import load_file
+
+    summary = train(_config(packed, tmp_path / "run", model=str(nf4_model_folder), qlora=True, merge_lora=True,
+                            max_steps=3))
+    assert "--qlora: 14 linear layers of the decoder stored in 4-bit NF4" in capsys.readouterr().err
+    assert np.isfinite(summary["final_loss"])
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step-00000003" / "model" / "adapter_model.safetensors"))
+    assert saved and all("lora_" in k for k in saved)
+    merged = load_model(str(tmp_path / "run" / "merged"), vocab_size=VOCAB)
+    assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # plain weights again
+
+
+def test_bad_qlora_options_are_one_line(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    with pytest.raises(UserError, match="qlora=True needs lora_r"):
+        train(_config(packed, tmp_path / "a", lora_r=0, qlora=True))
+    with pytest.raises(UserError, match="qlora=True and dtype fp8 both"):
+        train(_config(packed, tmp_path / "b", qlora=True, dtype="fp8"))
+    with pytest.raises(UserError, match=r"none of the decoder's 14 linear layers has a weight NF4 can store"):
+        train(_config(packed, tmp_path / "c", qlora=True))  # the tiny preset's 64-wide layers
+    assert not (tmp_path / "c").exists()
+    from trainer import start
+    from trainer.parallel import DistInfo
+
+    monkeypatch.setattr(start, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+    with pytest.raises(UserError, match="qlora=True runs in one process for now"):
+        train(_config(packed, tmp_path / "d", qlora=True))
+
+
+def test_a_qlora_layer_compiles_as_one_graph_with_the_eager_numbers(nf4_model_folder):
+    """pack-train compiles each decoder layer on a GPU: torchao's NF4 weight and its linear_nf4
+    trace into one graph (dynamic shapes) and give what the eager layer gives."""
+    from trainer.model import decoder_layers
+
+    mlp = decoder_layers(_qlora_model(nf4_model_folder))[0].mlp
+    compiled = torch.compile(mlp, dynamic=True, fullgraph=True)
+    for n in (37, 50):
+        x = torch.randn(1, n, 256)
+        torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-6)
