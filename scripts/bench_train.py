@@ -30,7 +30,8 @@ and faster), `+fp8` (torchao's float8 training on every linear layer of the deco
 as accelerate's torchao float8 recipe does it), `+liger` (Liger's Llama kernels; last in the list, as
 it patches transformers for the rest of the run). A packlm path may add `+bf16-weights` (`pack-train
 --dtype bf16-weights`: bf16 weights for compute, fp32 master weights in the optimizer, in place of
-autocast over fp32 weights) or `+fp8` (`pack-train --dtype fp8 --fp8-recipe R`). A tuning that fails
+autocast over fp32 weights), `+fp8` (`pack-train --dtype fp8 --fp8-recipe R`) or, with `--lora-r`,
+`+qlora` (`pack-train --qlora`: the frozen base in 4-bit NF4). A tuning that fails
 is reported as a skipped path. "Best HF packed" is the fastest `hf-flat*` or `hf-ffd*` path of the
 run, "best padding" the fastest `hf-pad*` one; "x HF same rows" divides a path by the fastest
 `hf-ffd*` path of the run (the peer fed the same rows), "x HF same rows, same precision" by the
@@ -120,8 +121,9 @@ ALL_PATHS = HF_PATHS + PACKED_PATHS
 # (fused linear cross-entropy, RMSNorm, SwiGLU, RoPE) and must come last: it patches transformers'
 # Llama classes for the rest of the process
 HF_TUNINGS = ("layers", "model", "bf16", "fp8", "liger")
-# what a packlm path may add: "+bf16-weights" runs pack-train --dtype bf16-weights, "+fp8" --dtype fp8
-PACKED_TUNINGS = ("bf16-weights", "fp8")
+# what a packlm path may add: "+bf16-weights" runs pack-train --dtype bf16-weights, "+fp8" --dtype fp8,
+# "+qlora" --qlora (with --lora-r)
+PACKED_TUNINGS = ("bf16-weights", "fp8", "qlora")
 # the same-row peer at each precision (its best attention and whole-model compile) beside pack-train's
 # paths on those rows, then padding and the minibatch rows
 DEFAULT_PATHS = ("hf-ffd-fa2+model", "hf-ffd-flex+model", "hf-ffd-fa2+model+bf16", "packlm-ffd",
@@ -631,6 +633,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
         grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps + a.profile_steps,
         attn=a.attn, dtype=packed_dtype(tunings, a.dtype), fp8_recipe=a.fp8_recipe, compile=a.compile,
+        qlora="qlora" in tunings,
         seed=a.seed, log_every=log_every,
         profile_steps=f"{a.warmup + a.steps + 1}-{a.warmup + a.steps + a.profile_steps}" if a.profile_steps else None,
         lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing, optimizer=a.optimizer,
