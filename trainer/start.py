@@ -187,9 +187,6 @@ def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
     if dtype_name in MASTER_DTYPES and config.parallel != "fsdp":
         raise UserError(f"--dtype {dtype_name} under torchrun needs --parallel fsdp (FSDP2 computes with "
                         "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
-    if config.qlora:
-        raise UserError("--qlora runs in one process for now (DDP would broadcast the 4-bit base weights, "
-                        "which it cannot): run it without torchrun, or drop --qlora")
     if config.optimizer == "adafactor" and config.parallel == "fsdp":
         raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
                         "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")

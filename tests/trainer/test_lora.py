@@ -197,12 +197,16 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
 
 
 
-def test_lora_under_ddp_matches_one_process_with_the_same_window(packed: Path, tmp_path: Path):
+@pytest.mark.parametrize("qlora", [False, True])
+def test_lora_under_ddp_matches_one_process_with_the_same_window(packed: Path, tmp_path: Path, qlora: bool,
+                                                                  request: pytest.FixtureRequest):
     """Two gloo ranks of one micro-batch each per step: the same losses and adapter as one process
-    accumulating both micro-batches."""
+    accumulating both micro-batches; with --qlora too (DDP does not broadcast the frozen NF4 base,
+    which every rank builds the same)."""
     from safetensors.torch import load_file
 
-    config = _config(packed, tmp_path / "ddp", max_steps=3)
+    model = str(request.getfixturevalue("nf4_model_folder")) if qlora else "tiny"
+    config = _config(packed, tmp_path / "ddp", max_steps=3, model=model, qlora=qlora)
     train_on_two_ranks(config, tmp_path)
     single = train(replace(config, out=str(tmp_path / "single"), grad_accum=2))
     losses = lambda run: [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
@@ -315,7 +319,7 @@ def test_pack_train_qlora_trains_saves_the_adapter_and_merges_into_the_dequantiz
     assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # plain weights again
 
 
-def test_bad_qlora_options_are_one_line(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_bad_qlora_options_are_one_line(packed: Path, tmp_path: Path):
     with pytest.raises(UserError, match="qlora=True needs lora_r"):
         train(_config(packed, tmp_path / "a", lora_r=0, qlora=True))
     with pytest.raises(UserError, match="qlora=True and dtype fp8 both"):
@@ -323,12 +327,6 @@ def test_bad_qlora_options_are_one_line(packed: Path, tmp_path: Path, monkeypatc
     with pytest.raises(UserError, match=r"none of the decoder's 14 linear layers has a weight NF4 can store"):
         train(_config(packed, tmp_path / "c", qlora=True))  # the tiny preset's 64-wide layers
     assert not (tmp_path / "c").exists()
-    from trainer import start
-    from trainer.parallel import DistInfo
-
-    monkeypatch.setattr(start, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
-    with pytest.raises(UserError, match="qlora=True runs in one process for now"):
-        train(_config(packed, tmp_path / "d", qlora=True))
 
 
 def test_a_qlora_layer_compiles_as_one_graph_with_the_eager_numbers(nf4_model_folder):
