@@ -132,14 +132,18 @@ def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path,
         assert not torch.allclose(fresh(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)  # it trained
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bf16-weights"])  # bf16-weights: the adapters' fp32 masters
-def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtype: str):
+# bf16-weights: the adapters' fp32 masters; qlora: the NF4 base, quantized anew on resume
+@pytest.mark.parametrize("dtype", ["auto", "bf16-weights", "qlora"])
+def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtype: str,
+                                              request: pytest.FixtureRequest):
     from safetensors.torch import load_file
 
     lengths = np.random.default_rng(1).integers(4, 40, size=12).tolist()  # a held-out folder of other rows
     make_packed_folder(tmp_path / "held", pack_lengths(lengths, 64, vocab=VOCAB, seed=1), 64,
                        tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
     held = dict(eval_data=str(tmp_path / "held"), eval_every=1, dtype=dtype)
+    if dtype == "qlora":
+        held.update(dtype="auto", qlora=True, model=str(request.getfixturevalue("nf4_model_folder")))
     full = train(_config(packed, tmp_path / "full", **held))
     train(_config(packed, tmp_path / "part", stop_at=2, **held))
     rest = train(_config(packed, tmp_path / "part", resume="newest", **held))
