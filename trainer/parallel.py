@@ -4,6 +4,7 @@ checkpoints."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from dataclasses import dataclass
@@ -126,16 +127,19 @@ def wrap_parallel(
         fully_shard(module, mp_policy=policy)
         return module
     if info.enabled:
-        # broadcast_buffers=False: the only buffers are the rotary frequencies, equal on every rank
-        # by construction; broadcasting them before every forward would lock the ranks together on
-        # each micro-batch, no_sync ones included
+        # no buffer sync before each forward: the only buffers are the rotary frequencies, equal on
+        # every rank by construction; syncing them before every forward would lock the ranks together
+        # on each micro-batch, no_sync ones included (torch 2.13 renamed broadcast_buffers, which it
+        # warns about, to forward_sync_buffers)
         # frozen parameters (a LoRA run's base) are equal on every rank by construction, as the
         # buffers are: DDP need not broadcast them at the start (a --qlora base's NF4 weights, which
         # it could not broadcast, or an 8B bf16 base's 14.5 GB)
         DDP = torch.nn.parallel.DistributedDataParallel
         DDP._set_params_and_buffers_to_ignore_for_model(
             module, [name for name, param in module.named_parameters() if not param.requires_grad])
-        ddp = DDP(module, broadcast_buffers=False, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                   else {"broadcast_buffers": False})
+        ddp = DDP(module, **no_sync, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
         if reduce_bf16:
             ddp.register_comm_hook(None, _bf16_allreduce_hook)
         return ddp
