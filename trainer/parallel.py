@@ -101,7 +101,7 @@ def _bf16_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects st
 
 def wrap_parallel(
     module: torch.nn.Module, layers: list[torch.nn.Module], info: DistInfo, *, fsdp: bool, bf16: bool,
-    reduce_bf16: bool = False, reshard_after_forward: bool = True, bucket_mb: int = 250,
+    bucket_mb: int, reduce_bf16: bool = False, reshard_after_forward: bool = True,
 ) -> torch.nn.Module:
     """DDP, or FSDP2 (`fully_shard` on each of `layers`, then on `module`), or `module` itself (one
     process). Returns the module to call in the training step.

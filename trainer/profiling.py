@@ -15,9 +15,7 @@ Example of a summary's heart, from an H100 (8B LoRA step, every second layer che
 
 from __future__ import annotations
 
-import gzip
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,15 +51,10 @@ class StepProfiler:
 
     def _write(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        steps = self.last - self.first + 1
+        trace = self.out / f"rank{self.rank}.trace.json.gz"  # torch gzips a path ending in .gz
         summary = {"steps": [self.first, self.last], "rank": self.rank,
-                   **profile_summary(self.prof, steps, self.device)}
+                   **finish_profile(self.prof, self.last - self.first + 1, self.device, trace)}
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(summary, indent=1) + "\n")
-        raw = self.out / f"rank{self.rank}.trace.json"
-        self.prof.export_chrome_trace(str(raw))
-        with raw.open("rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        raw.unlink()
 
 
 def new_profiler(device: torch.device, trace: Path | None) -> Any:
@@ -110,11 +103,13 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
         return {"note": "kernel times are measured on CUDA only", **host_summary(prof, steps)}
     kinds: dict[str, float] = {}
     names: dict[str, float] = {}
+    compute = []
     for e in events:
         kind = kernel_kind(e.name)
         kinds[kind] = kinds.get(kind, 0.0) + e.device_time / 1000.0
         names[e.name[:80]] = names.get(e.name[:80], 0.0) + e.device_time / 1000.0
-    compute = [e for e in events if kernel_kind(e.name) != "communication"]
+        if kind != "communication":
+            compute.append(e)
     busy = sum(e.device_time for e in compute) / 1000.0
     spans = [(e.time_range.start, e.time_range.end) for e in compute]
     wall = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1000.0 if spans else 0.0

@@ -20,7 +20,7 @@ from pipeline.shards import manifest_vocab
 from trainer.attention import select_backend
 from trainer.config import TrainConfig, parse_step_range, resolved, validate
 from trainer.evaluate import Evaluator, held_out_folder
-from trainer.lora import add_lora, freeze_in_bf16, quantize_base_nf4
+from trainer.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import start_run_files
@@ -123,10 +123,11 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         nf4, kept = quantize_base_nf4(decoder_layers(model))
         if not nf4:
             raise UserError(f"--qlora: none of the decoder's {kept} linear layers has a weight NF4 can store "
-                            "(a multiple of 16384 values): train this model with --lora-r alone")
+                            f"(a multiple of {NF4_BLOCK} values): train this model with --lora-r alone")
         if info.rank == 0:
             print(f"pack-train: --qlora: {nf4} linear layers of the decoder stored in 4-bit NF4 (torchao)"
-                  + (f"; {kept} stay as they were (NF4 needs weights of a multiple of 16384 values)" if kept else ""),
+                  + (f"; {kept} stay as they were (NF4 needs weights of a multiple of {NF4_BLOCK} values)"
+                     if kept else ""),
                   file=sys.stderr)
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0

@@ -46,9 +46,9 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _lora_model(r: int = 4):
-    model, _ = build_model("tiny", attn="sdpa", vocab_size=VOCAB, seed=0)
-    peft = add_lora(model, TrainConfig(data="x", model="tiny", out="y", lora_r=r))
+def _lora_model(r: int = 4, name: str = "tiny"):
+    model, _ = build_model(name, attn="sdpa", vocab_size=VOCAB, seed=0)
+    peft = add_lora(model, TrainConfig(data="x", model=name, out="y", lora_r=r))
     gen = torch.Generator().manual_seed(1)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # peft starts B at zero (A's gradient would be zero too): make both matter
@@ -262,19 +262,9 @@ def _qlora_model(folder: Path):
     from trainer.lora import quantize_base_nf4
     from trainer.model import decoder_layers
 
-    model, peft = _lora_model_from(str(folder))
+    model, peft = _lora_model(name=str(folder))
     assert quantize_base_nf4(decoder_layers(model)) == (14, 0)  # 2 layers x 7 projections
     return model
-
-
-def _lora_model_from(name: str):
-    model, _ = build_model(name, attn="sdpa", vocab_size=VOCAB, seed=0)
-    peft = add_lora(model, TrainConfig(data="x", model=name, out="y", lora_r=4))
-    gen = torch.Generator().manual_seed(1)
-    for n, p in model.named_parameters():
-        if "lora_B" in n:
-            p.data = torch.randn(p.shape, generator=gen) * 0.05
-    return model, peft
 
 
 def test_qlora_stores_the_base_in_a_quarter_of_bf16_and_computes_with_its_dequantized_weights(nf4_model_folder):
@@ -296,7 +286,7 @@ def test_qlora_stores_the_base_in_a_quarter_of_bf16_and_computes_with_its_dequan
     torch.testing.assert_close(q[0], ref[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(q[1], ref[1], rtol=1e-5, atol=1e-7)
     # negative control: the unquantized base is a different model (NF4 rounds its weights)
-    unquantized, _ = _lora_model_from(str(nf4_model_folder))
+    unquantized, _ = _lora_model(name=str(nf4_model_folder))
     assert (_loss_and_grads(unquantized, batch)[0] - q[0]).abs().max() > 1e-4
 
 
