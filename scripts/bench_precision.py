@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,8 +107,11 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
     train_rows = [r for r in records if "loss" in r and "step_time_s" in r]
     timed = [r for r in train_rows if r["step"] > args.warmup]
     tokens_per_s = timed_rate(train_rows, args.warmup)
+    windows = window_rates(train_rows, args.warmup, profiled=parse_steps(args.profile_steps))
     return {
         "entry": entry, "dtype": dtype, "recipe": recipe, "seed": seed, "tokens_per_s": tokens_per_s,
+        "window_tokens_per_s": windows,
+        "median_window_tokens_per_s": statistics.median(windows) if windows else None,
         "mfu_last": timed[-1].get("mfu") if timed else None, "eval_loss": summary.get("eval_loss"),
         "final_loss": summary.get("final_loss"), "peak_mem_gib": train_rows[-1].get("peak_mem_gib") if train_rows else None,
         "world_size": summary.get("world_size"), "attention": summary.get("attention"),
@@ -135,11 +139,37 @@ def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def parse_steps(spec: str | None) -> range:
+    """--profile-steps "16-17" -> range(16, 18); None -> an empty range."""
+    if not spec:
+        return range(0)
+    first, _, last = spec.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def window_rates(rows: Sequence[dict[str, Any]], warmup: int, profiled: range = range(0)) -> list[float]:
+    """Tokens/s of each log window that starts after `warmup`, leaving out windows with a profiled step.
+
+    The median of these is the steady rate: one slow window (an allocator pause, the profiler) moves
+    `timed_rate` but not the median. Lines at steps 5, 10, 15, 20 with warmup 5 and step 17 profiled
+    give the rates of windows 6-10 and 11-15.
+    """
+    rates = []
+    last_step, last_tokens = 0, 0
+    for r in rows:
+        window = range(last_step + 1, r["step"] + 1)
+        if last_step >= warmup and not any(s in profiled for s in window) and r["step_time_s"] > 0:
+            rates.append((r["tokens"] - last_tokens) / (r["step_time_s"] * len(window)))
+        last_step, last_tokens = r["step"], r["tokens"]
+    return rates
+
+
 def table(results: Sequence[dict[str, Any]]) -> str:
     """One line per entry, ratios against the first."""
     base = results[0]
-    lines = ["| precision | tokens/s (all ranks) | x first | MFU (last window) | held-out loss | vs first "
-             "| final train loss | peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| precision | tokens/s (all ranks) | x first | median window tokens/s | x first | MFU (last window) "
+             "| held-out loss | vs first | final train loss | peak GiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         speed = r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else float("nan")
         if r["eval_loss"] is not None and base["eval_loss"]:
@@ -147,9 +177,11 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             ev = f"{r['eval_loss']:.4f}"
         else:
             rel = ev = "n/a"
+        med, base_med = r.get("median_window_tokens_per_s"), base.get("median_window_tokens_per_s")
+        steady = f"{med:,.0f} | {med / base_med:.2f}" if med and base_med else "n/a | n/a"
         mfu = f"{100 * r['mfu_last']:.1f}%" if r["mfu_last"] else "n/a"
         peak = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "n/a"
-        lines.append(f"| {r['entry']} | {r['tokens_per_s']:,.0f} | {speed:.2f} | {mfu} | {ev} | {rel} | "
+        lines.append(f"| {r['entry']} | {r['tokens_per_s']:,.0f} | {speed:.2f} | {steady} | {mfu} | {ev} | {rel} | "
                      f"{r['final_loss']:.4f} | {peak} |")
     return "\n".join(lines)
 
@@ -175,7 +207,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-steps", default=None, metavar="FIRST-LAST",
                    help="pack-train --profile-steps for every entry (e.g. 21-23, past --warmup): where those "
                         "steps' GPU time went, in the JSON (rank 0) and in each run's profile/ folder. The "
-                        "profiler slows those steps, and they count in tokens/s: time in a run without it")
+                        "profiler slows those steps: they count in tokens/s, not in the median window")
     p.add_argument("--limit", type=int, default=None, help="first N examples of each dataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pack-procs", type=int, default=4)

@@ -615,8 +615,15 @@ def test_bench_precision_entries_and_ratios_against_the_first():
     lines = [dict(step=25, step_time_s=9.0, tokens=2500), dict(step=50, step_time_s=1.0, tokens=5000)]
     assert bp.timed_rate(lines, warmup=20) == 100.0
     assert bp.timed_rate(lines, warmup=0) == 5000 / 250
+    # the median window: warm-up windows and windows holding a profiled step are left out
+    lines = [dict(step=s, step_time_s=t, tokens=100 * s) for s, t in ((5, 9.0), (10, 1.0), (15, 2.0), (20, 0.5), (25, 4.0))]
+    assert bp.parse_steps("16-17") == range(16, 18) and bp.parse_steps("7") == range(7, 8) and not bp.parse_steps(None)
+    assert bp.window_rates(lines, warmup=5) == [100.0, 50.0, 200.0, 25.0]
+    assert bp.window_rates(lines, warmup=5, profiled=bp.parse_steps("16-17")) == [100.0, 50.0, 25.0]
     row = dict(final_loss=2.0, mfu_last=0.5, peak_mem_gib=10.0)
-    rows = bp.table([{**row, "entry": "bf16-weights", "tokens_per_s": 100.0, "eval_loss": 4.0},
-                     {**row, "entry": "fp8", "tokens_per_s": 125.0, "eval_loss": 3.96}]).splitlines()
+    rows = bp.table([{**row, "entry": "bf16-weights", "tokens_per_s": 100.0, "eval_loss": 4.0,
+                      "median_window_tokens_per_s": 110.0},
+                     {**row, "entry": "fp8", "tokens_per_s": 125.0, "eval_loss": 3.96,
+                      "median_window_tokens_per_s": 143.0}]).splitlines()
     cells = [c.strip() for c in rows[-1].split("|")]
-    assert cells[1:7] == ["fp8", "125", "1.25", "50.0%", "3.9600", "-1.00%"]
+    assert cells[1:9] == ["fp8", "125", "1.25", "143", "1.30", "50.0%", "3.9600", "-1.00%"]
