@@ -155,8 +155,12 @@ def token_losses(
             pieces.append(checkpoint(chunk_losses, model, h, t, use_reentrant=False))
         else:
             pieces.append(chunk_losses(model, h, t))
-    if not pieces:  # no loss token at all: keep the graph connected so backward still works
-        return hidden.sum().float() * 0.0 + torch.zeros(0, device=hidden.device), positions
+    if not pieces:
+        # No loss token at all: the output layer still runs, on zero tokens, so that every
+        # parameter gets a (zero) gradient. DDP and FSDP2 reduce gradients parameter by parameter
+        # on every rank; a rank whose lm_head had no gradient would skip its share of a collective
+        # and the ranks would deadlock or mismatch.
+        return _chunk_token_losses(model, selected, targets), positions
     return torch.cat(pieces), positions
 
 
