@@ -150,7 +150,7 @@ def parse_steps(spec: str | None) -> range:
 def window_rates(rows: Sequence[dict[str, Any]], warmup: int, profiled: range = range(0)) -> list[float]:
     """Tokens/s of each log window that starts after `warmup`, leaving out windows with a profiled step.
 
-    The median of these is the steady rate: one slow window (an allocator pause, the profiler) moves
+    The median of these is the steady rate: one slow window (a stall, the profiler) moves
     `timed_rate` but not the median. Lines at steps 5, 10, 15, 20 with warmup 5 and step 17 profiled
     give the rates of windows 6-10 and 11-15.
     """
