@@ -140,11 +140,13 @@ def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:
 
 
 def parse_steps(spec: str | None) -> range:
-    """--profile-steps "16-17" -> range(16, 18); None -> an empty range."""
+    """--profile-steps "16-17" -> range(16, 18) (pack-train's own parsing); None -> an empty range."""
     if not spec:
         return range(0)
-    first, _, last = spec.partition("-")
-    return range(int(first), int(last or first) + 1)
+    from trainer.config import parse_step_range
+
+    first, last = parse_step_range(spec)
+    return range(first, last + 1)
 
 
 def window_rates(rows: Sequence[dict[str, Any]], warmup: int, profiled: range = range(0)) -> list[float]:

@@ -133,8 +133,9 @@ HOST_WAITS = ("aten::_local_scalar_dense", "aten::is_nonzero", "cudaStreamSynchr
 def host_summary(prof: Any, steps: int, top: int = 15) -> dict[str, Any]:
     """The host side of the profiled steps: the operators with the most self CPU time per step, and
     every call that waits for the GPU (HOST_WAITS) with the innermost Python frames outside torch
-    that made it (found only where the profiler ran with_stack, as it does with --profile-trace:
-    frames are then parents of the operator events; else "?")."""
+    that made it (found only where the profiler ran with_stack, as bench_train's HF and inline paths
+    do with --profile-trace: frames are then parents of the operator events; else "?", as under
+    pack-train's --profile-steps, which records no stacks)."""
     averages = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)
     waits: dict[str, float] = {}
     for e in prof.events():
