@@ -33,11 +33,15 @@ class MicroBatch:
     n_examples: int
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> MicroBatch:
-        """Copy tensors to `device` (pin first for truly asynchronous host-to-device copies)."""
-        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
+        """Copy tensors to `device`. To a GPU, host tensors are first pinned (page-locked) here, in
+        the calling thread, so the copies are asynchronous (`trainer.stream.make_loader` says why
+        not in the DataLoader)."""
+        pin = non_blocking and torch.device(device).type == "cuda"
+        return self._map_tensors(
+            lambda t: (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> MicroBatch:
-        """Page-locked copy of the tensors (DataLoader calls this when pin_memory=True)."""
+        """Page-locked copy of the tensors."""
         return self._map_tensors(torch.Tensor.pin_memory)
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatch:

@@ -151,7 +151,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     loader = make_loader(
         MicroBatchDataset(reader, planner, info.rank),
         CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
-        num_workers=config.num_workers, pin_memory=device.type == "cuda", prefetch_factor=config.prefetch,
+        num_workers=config.num_workers, prefetch_factor=config.prefetch,
     )
     evaluator = None
     if eval_folder is not None:

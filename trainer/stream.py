@@ -293,10 +293,16 @@ def make_loader(
     sampler: CursorSampler,
     *,
     num_workers: int = 2,
-    pin_memory: bool = False,
     prefetch_factor: int = 4,
 ) -> torch.utils.data.DataLoader:
-    """DataLoader over micro-batch keys: in order, workers prefetching, optionally pinned."""
+    """DataLoader over micro-batch keys: in order, workers prefetching.
+
+    It never pins memory itself: a DataLoader that pins starts a thread that calls
+    `torch.set_num_threads(1)`, which changes the thread count every thread started afterwards
+    begins with, among them autograd's GPU thread at the first backward. torch.compile guards on that
+    count, so a compiled layer that activation checkpointing recomputes in the backward would be
+    compiled a second time there, at the first backward. `MicroBatch.to` pins in the calling thread
+    instead."""
     extra = {}
     if num_workers > 0:
         extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
@@ -307,7 +313,7 @@ def make_loader(
         sampler=sampler,
         collate_fn=_identity,
         num_workers=num_workers,
-        pin_memory=pin_memory,
+        pin_memory=False,
         **extra,
     )
 

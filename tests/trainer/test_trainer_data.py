@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +122,59 @@ def test_reader_gathers_rows_across_shards(packed: Path) -> None:
     assert got.cu_seqlens.dtype == torch.int32
     assert isinstance(got.max_seqlen, int) and got.max_seqlen == want.max_seqlen
     assert (got.n_tokens, got.n_loss_tokens) == (want.n_tokens, want.n_loss_tokens)
+
+
+def _count_in_a_fresh_thread() -> int:
+    """The intra-op thread count a thread started now begins with (autograd's GPU thread starts at
+    the first backward and recomputes checkpointed layers there)."""
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def test_loader_leaves_the_thread_count_of_later_threads(packed: Path) -> None:
+    before = _count_in_a_fresh_thread()
+    manifest = read_manifest(packed)
+    planner = Planner(row_lengths(packed, manifest), 100, seed=7, grad_accum=1)
+    loader = make_loader(MicroBatchDataset(ShardReader(packed, manifest), planner),
+                         CursorSampler(planner, Cursor(), 4), num_workers=2, prefetch_factor=2)
+    assert not loader.pin_memory  # a pinning DataLoader's thread would set the count to 1 (below)
+    assert len(list(loader)) == 4
+    assert _count_in_a_fresh_thread() == before
+
+
+def test_a_thread_setting_the_count_recompiles_compiled_code_in_later_threads() -> None:
+    """Why the loader pins nothing (negative control of the test above): one thread's
+    `set_num_threads(1)`, as in a pinning DataLoader's thread, is the count later threads start
+    with, and torch.compile's guards then reject the graph compiled in the main thread."""
+    graphs: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        graphs.append(1)
+        return gm.forward
+
+    main = torch.get_num_threads()
+    if main == 1:
+        pytest.skip("one intra-op thread: set_num_threads(1) changes nothing here")
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: torch.sin(x) * 2, backend=backend, dynamic=True)
+    x = torch.randn(8)
+    step(x)
+    setter = threading.Thread(target=torch.set_num_threads, args=(1,))
+    setter.start()
+    setter.join()
+    try:
+        assert _count_in_a_fresh_thread() == 1
+        later = threading.Thread(target=step, args=(x,))
+        later.start()
+        later.join()
+        assert len(graphs) == 2  # compiled again: the guard on the thread count failed
+    finally:
+        torch.set_num_threads(main)  # the process-wide count again, for the tests after this one
+        torch._dynamo.reset()
+    assert _count_in_a_fresh_thread() == main
 
 
 def test_loader_with_workers_yields_the_planned_order(packed: Path) -> None:
