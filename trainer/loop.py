@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import CheckpointError
 
 from pipeline.api_errors import python_spelling
+from pipeline.errors import UserError, one_line
 from pipeline.shards import Manifest
 from trainer import checkpoint as ckpt
 from trainer.batch import MicroBatch
@@ -120,6 +122,22 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     return summary
 
 
+def _backward(loss: torch.Tensor) -> None:
+    """`loss.backward()`, with torch's CheckpointError (a layer that activation checkpointing
+    recomputed saved other tensors than its forward did) as one line. Seen with `--qlora`, compiled
+    layers and `--grad-checkpointing 2` at the Llama-3-8B layer shape on an H100 (BENCHMARKS.md, the
+    8B LoRA section); its cause is not known."""
+    try:
+        loss.backward()
+    except CheckpointError as exc:
+        raise UserError(
+            "a decoder layer that activation checkpointing recomputed saved other tensors than its forward "
+            f"(torch's CheckpointError: {one_line(exc, 100)}), a known bug with --qlora, compiled layers "
+            "and --grad-checkpointing at the Llama-3-8B layer shape on the GPU: train with --lora-r "
+            "without --qlora (--grad-checkpointing 0 or --no-compile were not tried there)"
+        ) from None
+
+
 def backward_window(
     module: torch.nn.Module,
     micro: list[MicroBatch],
@@ -168,7 +186,7 @@ def backward_window(
         with sync:
             with autocast:
                 loss_sum = module(batch)
-            (loss_sum * scale).backward()
+            _backward(loss_sum * scale)
         if masters is not None and len(micro) > 1:
             masters.collect_grads()
         loss_acc += loss_sum.detach().float()

@@ -9,11 +9,13 @@ import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.utils.checkpoint import CheckpointError
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from packed_factory import default_labels, make_packed_folder, pack_lengths  # noqa: E402
@@ -71,6 +73,31 @@ def test_schedule_warmup_then_decay() -> None:
 
 def _grads(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+
+
+class _CheckpointFails(torch.autograd.Function):
+    """The identity, whose backward raises what torch.utils.checkpoint raises when a recomputed
+    layer saved other tensors than its forward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise CheckpointError("torch.utils.checkpoint: Recomputed values for the following tensors have "
+                              "different metadata than during the forward pass.\ntensor at position 17: ...")
+
+
+def test_a_checkpoint_error_in_the_backward_is_one_line(packed: Path) -> None:
+    reader = ShardReader(packed, read_manifest(packed))
+    module = LossModule(build_model("tiny", seed=1)[0])
+    failing = lambda batch: _CheckpointFails.apply(module(batch))  # noqa: E731
+    with pytest.raises(UserError, match="recomputed saved other tensors.*train with --lora-r without --qlora") as err:
+        backward_window(failing, [reader.microbatch(np.array([0, 1]))], device=torch.device("cpu"))
+    assert "\n" not in str(err.value) and "Recomputed values" in str(err.value)
+    backward_window(module, [reader.microbatch(np.array([0, 1]))], device=torch.device("cpu"))  # control
+    assert all(p.grad is not None for p in module.parameters())
 
 
 def test_accumulation_equals_one_big_batch(packed: Path) -> None:
