@@ -159,12 +159,16 @@ def precision_class(path: str) -> str:
 # ------------------------------------------------------------------------------------- batching
 
 
-def flatten_collate(examples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+def flatten_collate(examples: Sequence[dict[str, np.ndarray]], *, flash_kwargs: bool = False) -> dict[str, Any]:
     """The same examples through HF's own `DataCollatorWithFlattening` (input_ids, labels,
-    position_ids as a [1, T] batch), exactly as the packing paper ships it."""
+    position_ids as a [1, T] batch), exactly as the packing paper ships it. With `flash_kwargs`
+    (the flash_attention_2 paths) it also returns the boundaries, `cu_seq_lens_q/k` and
+    `max_length_q/k` (Python ints), as a skilled user asks it to (`return_flash_attn_kwargs=True`):
+    without them transformers derives them from `position_ids` in every layer, with a host sync
+    (`max_length.item()`) and a graph break there."""
     from transformers import DataCollatorWithFlattening
 
-    collator = DataCollatorWithFlattening()
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
     return collator([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples],
                     return_tensors="pt")
 
@@ -323,13 +327,14 @@ def hf_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], 
 
 def hf_batches(
     groups: Sequence[Sequence[int]], examples: dict[int, dict[str, np.ndarray]], *, flatten: bool,
-    pad_id: int, device: torch.device,
+    pad_id: int, device: torch.device, flash_kwargs: bool = False,
 ) -> Iterator[Callable[[], Batch]]:
-    """One thunk per group: collate (padding or HF flattening) and copy to the device."""
+    """One thunk per group: collate (padding or HF flattening, `flatten_collate`) and copy to the
+    device."""
     for ids in groups:
         def thunk(ids: Sequence[int] = ids) -> Batch:
             exs = [examples[i] for i in ids]
-            host = flatten_collate(exs) if flatten else pad_collate(exs, pad_id)
+            host = flatten_collate(exs, flash_kwargs=flash_kwargs) if flatten else pad_collate(exs, pad_id)
             lens = np.array([len(e["input_ids"]) for e in exs], dtype=np.int64)
             return Batch(to_device(host, device), real_tokens(host), lens, len(exs))
 
@@ -351,16 +356,17 @@ def row_examples(rows: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.nda
     return out
 
 
-def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device) -> Iterator[Callable[[], Batch]]:
+def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device, *,
+                   flash_kwargs: bool = False) -> Iterator[Callable[[], Batch]]:
     """One thunk per step of packed rows: their examples through HF's flattening collator (one
     [1, T] row, restarting position_ids, -100 at each example's first label) and to the device.
     Every step is collated before the first one runs (pinned on CUDA), as a DataLoader's workers
     would have it ready, so the peer's time holds no host collation."""
     ready = []
     for rows in steps:
-        host = flatten_collate(row_examples(rows))
+        host = flatten_collate(row_examples(rows), flash_kwargs=flash_kwargs)
         if device.type == "cuda":
-            host = {k: v.pin_memory() for k, v in host.items()}
+            host = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         ready.append((host, np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)))
     for host, lens in ready:
         def thunk(host: dict[str, torch.Tensor] = host, lens: np.ndarray = lens) -> Batch:
@@ -474,10 +480,11 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     opt = make_optimizer(model, a.lr, s.device, a.optimizer)
     if base.startswith("hf-ffd"):
         batches = hf_row_batches(plan_step_rows(s.folders["ffd"], a.ffd_tokens, a.seed,
-                                                a.warmup + a.steps + a.profile_steps), s.device)
+                                                a.warmup + a.steps + a.profile_steps), s.device,
+                                 flash_kwargs=attn == "flash_attention_2")
     else:
         batches = hf_batches(s.group_ids, s.examples, flatten=(base != "hf-pad"), pad_id=s.pad_id,
-                             device=s.device)
+                             device=s.device, flash_kwargs=attn == "flash_attention_2")
     try:
         res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
                                warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,

@@ -503,8 +503,14 @@ def pad_collate(examples: Sequence[dict[str, np.ndarray]], pad_id: int) -> dict[
     }
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """A batch of tensors on `device` (pinned, non-blocking copies to CUDA)."""
-    if device.type == "cuda":
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return {k: v.to(device) for k, v in batch.items()}
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """A batch's tensors on `device` (pinned, non-blocking copies to CUDA); other values (a
+    flattening collator's `max_length_q`) as they are."""
+    import torch
+
+    def move(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v.to(device)
+
+    return {k: move(v) for k, v in batch.items()}

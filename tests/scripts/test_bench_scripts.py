@@ -123,6 +123,19 @@ def test_flatten_collate_is_hf_flattening_of_the_same_examples():
     assert mb.cu_seqlens.tolist() == [0, 5, 8, 12]
 
 
+def test_flatten_collate_hands_flash_attention_the_boundaries_as_a_skilled_user_asks():
+    """The flash_attention_2 peer gets `cu_seq_lens_q/k` and `max_length_q/k` (Python ints) from
+    HF's collator, so transformers need not derive them from position_ids (a host sync and a graph
+    break in every layer); `to_device` moves the tensors and keeps the ints."""
+    exs = _examples([5, 3, 4])
+    b = bt.flatten_collate(exs, flash_kwargs=True)
+    assert b["cu_seq_lens_q"].tolist() == b["cu_seq_lens_k"].tolist() == [0, 5, 8, 12]
+    assert b["max_length_q"] == b["max_length_k"] == 5 and type(b["max_length_q"]) is int
+    assert "cu_seq_lens_q" not in bt.flatten_collate(exs)  # the default: what TRL's padding_free hands over
+    moved = bt.to_device(b, CPU)
+    assert moved["max_length_q"] == 5 and torch.equal(moved["input_ids"], b["input_ids"])
+
+
 def test_all_paths_compute_the_same_loss_on_the_same_weights():
     """HF padding, HF flattening (sdpa) and packlm's packed_loss agree on a tiny model; the HF
     baseline model starts from exactly build_model's weights."""
