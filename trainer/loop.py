@@ -126,7 +126,8 @@ def _backward(loss: torch.Tensor) -> None:
     """`loss.backward()`, with torch's CheckpointError (a layer that activation checkpointing
     recomputed saved other tensors than its forward did) as one line. Seen with `--qlora`, compiled
     layers and `--grad-checkpointing 2` at the Llama-3-8B layer shape on an H100 (BENCHMARKS.md, the
-    8B LoRA section); its cause is not known."""
+    8B LoRA section). Its cause is not confirmed: every run that failed had the DataLoader pin thread
+    that `trainer.stream.make_loader` no longer starts, which made the recomputed layer recompile."""
     try:
         loss.backward()
     except CheckpointError as exc:
