@@ -233,7 +233,7 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
                 loss = model(**batch).loss
         else:
             mb = collate_rows(step.rows)
-            mb = (mb.pin_memory() if device.type == "cuda" else mb).to(device)
+            mb = mb.to(device)  # pinned first on CUDA (MicroBatch.to)
             with autocast_ctx(device, args.dtype):
                 loss_sum, n = packed_loss(model, mb)
             loss = loss_sum / max(int(n), 1)

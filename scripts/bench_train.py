@@ -378,14 +378,12 @@ def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: tor
 def packed_batches(
     steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device
 ) -> Iterator[Callable[[], Batch]]:
-    """One thunk per step: packlm's `collate_rows` + pinned non-blocking copy."""
+    """One thunk per step: packlm's `collate_rows` + pinned non-blocking copy (`MicroBatch.to`)."""
     from trainer.batch import collate_rows
 
     for rows in steps:
         def thunk(rows: Sequence[dict[str, np.ndarray]] = rows) -> Batch:
             mb = collate_rows(rows)
-            if device.type == "cuda":
-                mb = mb.pin_memory()
             lens = np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)
             return Batch(mb.to(device), mb.n_tokens, lens, mb.n_examples)
 

@@ -40,10 +40,6 @@ class MicroBatch:
         return self._map_tensors(
             lambda t: (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=non_blocking))
 
-    def pin_memory(self) -> MicroBatch:
-        """Page-locked copy of the tensors."""
-        return self._map_tensors(torch.Tensor.pin_memory)
-
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return MicroBatch(**{k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
