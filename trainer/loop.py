@@ -124,18 +124,20 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
 
 def _backward(loss: torch.Tensor) -> None:
     """`loss.backward()`, with torch's CheckpointError (a layer that activation checkpointing
-    recomputed saved other tensors than its forward did) as one line. Seen with `--qlora`, compiled
-    layers and `--grad-checkpointing 2` at the Llama-3-8B layer shape on an H100 (BENCHMARKS.md, the
-    8B LoRA section). Its cause is not confirmed: every run that failed had the DataLoader pin thread
-    that `trainer.stream.make_loader` no longer starts, which made the recomputed layer recompile."""
+    recomputed saved other tensors than its forward did) as one line. A compiled layer raises it
+    when it is recompiled between its forward and its recompute and the new graph saves other
+    tensors: with `--qlora` at the Llama-3-8B layer shape on an H100 that happened while the
+    DataLoader pinned memory in a thread of its own, which left autograd's GPU thread with another
+    thread count than the forward's (a dynamo guard). `trainer.stream.make_loader` no longer starts
+    that thread and the same run passes (BENCHMARKS.md, the 8B LoRA section); any other such
+    recompile would stop here."""
     try:
         loss.backward()
     except CheckpointError as exc:
         raise UserError(
             "a decoder layer that activation checkpointing recomputed saved other tensors than its forward "
-            f"(torch's CheckpointError: {one_line(exc, 100)}), a known bug with --qlora, compiled layers "
-            "and --grad-checkpointing at the Llama-3-8B layer shape on the GPU: train with --lora-r "
-            "without --qlora (--grad-checkpointing 0 or --no-compile were not tried there)"
+            f"(torch's CheckpointError: {one_line(exc, 100)}); the compiled layer was most likely recompiled "
+            "between the two: train with --no-compile or --grad-checkpointing 0, and please report it"
         ) from None
 
 

@@ -301,7 +301,9 @@ def make_loader(
     `torch.set_num_threads(1)`, which changes the thread count every thread started afterwards
     begins with, among them autograd's GPU thread at the first backward. torch.compile guards on that
     count, so a compiled layer that activation checkpointing recomputes in the backward would be
-    compiled a second time there, at the first backward. `MicroBatch.to` pins in the calling thread
+    compiled a second time there, at the first backward; with `--qlora` at the Llama-3-8B layer shape
+    that second graph saved other tensors than the forward's, and torch stopped with a
+    CheckpointError (BENCHMARKS.md, the 8B LoRA section). `MicroBatch.to` pins in the calling thread
     instead."""
     extra = {}
     if num_workers > 0:
