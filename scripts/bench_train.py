@@ -654,29 +654,19 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                if line.strip()]
     records = [rec for rec in records if rec["step"] <= a.warmup + a.steps]  # not the profiled ones
-    res = PathResult(path=path, runner=f"pack-train/{summary.get('attention')}")
+    res, window_ms = timed_result(path, f"pack-train/{summary.get('attention')}", records, a.warmup, a.steps,
+                                  stopped_by_sigterm=bool(summary.get("stopped_by_sigterm")))
     if a.profile_steps:  # pack-train --profile-steps wrote them (trainer.profiling)
         res.extra["profile"] = json.loads((run_dir / "profile" / "rank0.json").read_text())
         trace = trace_path(a, path)
         if trace is not None:
             shutil.copyfile(run_dir / "profile" / "rank0.trace.json.gz", trace)
-    prev_step, prev_tokens = 0, 0
-    window_ms = []  # the mean step of each timed metrics window (a stall shows in one of them)
-    for rec in records:
-        n = rec["step"] - prev_step
-        if rec["step"] > a.warmup:
-            window_ms.append(round(rec["step_time_s"] * 1000, 1))
-            res.steps += n
-            res.seconds += rec["step_time_s"] * n
-            res.data_wait_s += rec["data_wait_s"] * n
-            res.tokens += rec["tokens"] - prev_tokens
-            res.final_loss = rec["loss"]
-        prev_step, prev_tokens = rec["step"], rec["tokens"]
     res.peak_gib = records[-1]["peak_mem_gib"] if s.device.type == "cuda" else None
     lens, planned_tokens = step_seq_lens_of_plan(folder, tokens_per_step, a.seed, a.warmup,
                                                  res.steps)
     if planned_tokens != res.tokens:
-        res.note = f"planned {planned_tokens} tokens but pack-train counted {res.tokens}"
+        res.note = "; ".join(filter(None, [
+            res.note, f"planned {planned_tokens} tokens but pack-train counted {res.tokens}"]))
     res.examples = len(lens)
     n_params = int(summary["params"])
     finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
@@ -685,6 +675,39 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
                      pack_train_mfu_last=records[-1].get("mfu"), step_ms_per_metrics_window=window_ms)
     shutil.rmtree(run_dir, ignore_errors=True)
     return res
+
+
+def timed_result(path: str, runner: str, records: Sequence[dict], warmup: int, steps: int, *,
+                 stopped_by_sigterm: bool = False) -> tuple[PathResult, list[float]]:
+    """The timed steps (warmup+1..warmup+steps) of pack-train's metrics lines, and the mean step of
+    each timed line's window in ms. A run that logged fewer timed steps is not a result: SIGTERM
+    (a `timeout` around the benchmark) makes pack-train finish its step, save and end, and one
+    step's rate would otherwise stand in for the benchmark's.
+
+    >>> recs = [{"step": 3, "tokens": 30, "step_time_s": 2.0, "data_wait_s": 0.0, "loss": 9.0},
+    ...         {"step": 4, "tokens": 40, "step_time_s": 0.5, "data_wait_s": 0.0, "loss": 8.0}]
+    >>> res, ms = timed_result("packlm-ffd", "pack-train", recs, warmup=3, steps=6)
+    >>> res.ok, res.steps, res.tokens, ms, res.note
+    (False, 1, 10, [500.0], 'pack-train stopped after 1 of 6 timed steps')
+    """
+    res = PathResult(path=path, runner=runner)
+    prev_step, prev_tokens = 0, 0
+    window_ms = []  # the mean step of each timed metrics window (a stall shows in one of them)
+    for rec in records:
+        n = rec["step"] - prev_step
+        if rec["step"] > warmup:
+            window_ms.append(round(rec["step_time_s"] * 1000, 1))
+            res.steps += n
+            res.seconds += rec["step_time_s"] * n
+            res.data_wait_s += rec["data_wait_s"] * n
+            res.tokens += rec["tokens"] - prev_tokens
+            res.final_loss = rec["loss"]
+        prev_step, prev_tokens = rec["step"], rec["tokens"]
+    if res.steps < steps:
+        res.ok = False
+        res.note = (f"pack-train stopped after {res.steps} of {steps} timed steps"
+                    + (" (SIGTERM)" if stopped_by_sigterm else ""))
+    return res, window_ms
 
 
 def packed_dtype(tunings: Sequence[str], dtype: str) -> str:

@@ -241,6 +241,18 @@ def test_planned_steps_match_pack_train_data_plan(tmp_path):
     assert got.tolist() == want.tolist() and tokens == int(want.sum())
 
 
+
+def test_a_pack_train_run_that_stopped_early_is_no_result():
+    """SIGTERM (a `timeout` around the benchmark) makes pack-train save and end after its step: the
+    one timed step it logged must not stand in for the steps asked for."""
+    recs = [{"step": s, "tokens": 100 * s, "step_time_s": 0.5, "data_wait_s": 0.01, "loss": 9.0 - s}
+            for s in (3, 6, 9)]
+    full, ms = bt.timed_result("packlm-ffd", "pack-train", recs, warmup=3, steps=6)
+    assert full.ok and full.steps == 6 and full.tokens == 600 and ms == [500.0, 500.0] and not full.note
+    short, _ = bt.timed_result("packlm-ffd", "pack-train", recs[:2], warmup=3, steps=6, stopped_by_sigterm=True)
+    assert not short.ok and short.steps == 3
+    assert short.note == "pack-train stopped after 3 of 6 timed steps (SIGTERM)"
+
 # -------------------------------------------------------------------------------- bench_loss
 
 
