@@ -3,6 +3,7 @@ checkpoints, --dtype bf16-weights."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -765,7 +766,9 @@ def test_ddp_gradients_are_views_of_its_buckets_of_the_asked_size(tmp_path: Path
 
     from trainer.parallel import DistInfo, wrap_parallel
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    # a time limit on the group's waits: this test hung once (not reproduced), and would then stall CI
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
         ddp = wrap_parallel(model, [], DistInfo(enabled=True), fsdp=False, bf16=False, bucket_mb=3)
