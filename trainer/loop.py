@@ -125,12 +125,9 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
 def _backward(loss: torch.Tensor) -> None:
     """`loss.backward()`, with torch's CheckpointError (a layer that activation checkpointing
     recomputed saved other tensors than its forward did) as one line. A compiled layer raises it
-    when it is recompiled between its forward and its recompute and the new graph saves other
-    tensors: with `--qlora` at the Llama-3-8B layer shape on an H100 that happened while the
-    DataLoader pinned memory in a thread of its own, which left autograd's GPU thread with another
-    thread count than the forward's (a dynamo guard). `trainer.stream.make_loader` no longer starts
-    that thread and the same run passes (BENCHMARKS.md, the 8B LoRA section); any other such
-    recompile would stop here."""
+    when it is compiled again between its forward and its recompute and the new graph saves other
+    tensors, as when the thread that recomputes starts with another thread count
+    (`trainer.stream.make_loader` says how a pinning DataLoader caused that)."""
     try:
         loss.backward()
     except CheckpointError as exc:

@@ -241,7 +241,6 @@ def test_planned_steps_match_pack_train_data_plan(tmp_path):
     assert got.tolist() == want.tolist() and tokens == int(want.sum())
 
 
-
 def test_a_pack_train_run_that_stopped_early_is_no_result():
     """SIGTERM (a `timeout` around the benchmark) makes pack-train save and end after its step: the
     one timed step it logged must not stand in for the steps asked for."""
@@ -252,6 +251,7 @@ def test_a_pack_train_run_that_stopped_early_is_no_result():
     short, _ = bt.timed_result("packlm-ffd", "pack-train", recs[:2], warmup=3, steps=6, stopped_by_sigterm=True)
     assert not short.ok and short.steps == 3
     assert short.note == "pack-train stopped after 3 of 6 timed steps (SIGTERM)"
+
 
 # -------------------------------------------------------------------------------- bench_loss
 
