@@ -39,3 +39,6 @@ weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
     json.dump({"steps": Steps.steps, "seen": seen, "checksum": float(weights.double().sum()),
                "first": weights[:8].tolist()}, f)
+# the group Trainer (accelerate) opened, closed before exit: left to the interpreter's teardown, a
+# rank once aborted there ("terminate called without an active exception")
+torch.distributed.destroy_process_group()
