@@ -652,3 +652,59 @@ def test_bench_precision_entries_and_ratios_against_the_first():
                       "median_window_tokens_per_s": 143.0}]).splitlines()
     cells = [c.strip() for c in rows[-1].split("|")]
     assert cells[1:9] == ["fp8", "125", "1.25", "143", "1.30", "50.0%", "3.9600", "-1.00%"]
+
+
+@pytest.mark.slow
+def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, monkeypatch):
+    """scripts/bench_unsloth.py with a stand-in for `unsloth` (HF + peft under Unsloth's API): it
+    writes the checkpoint Unsloth loads, asks for LoRA with the gradient checkpointing named, and
+    times exactly pack-train's planned steps, each flattened with its examples' lengths."""
+    import shutil
+    import types
+
+    tokenizer = REPO / "data" / "tokenizer"
+    if not (tokenizer / "tokenizer.json").is_file():
+        pytest.skip("data/tokenizer is not there")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    shared = _fake_shared(tmp_path / "shared")
+    shutil.copytree(tokenizer, shared / "tokenizers" / "llama2")
+    seen: dict = {"lengths": [], "tokens": []}
+
+    class FastLanguageModel:
+        @staticmethod
+        def from_pretrained(model_name, **_):
+            seen["checkpoint"] = sorted(p.name for p in Path(model_name).iterdir())
+            return AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32), None
+
+        @staticmethod
+        def get_peft_model(model, *, r, use_gradient_checkpointing, target_modules, **_):
+            seen["gc"], seen["r"] = use_gradient_checkpointing, r
+            model = get_peft_model(model, LoraConfig(r=r, target_modules=target_modules))
+
+            def take_lengths(_module, args, kwargs):
+                seen["lengths"].append(kwargs.pop("packed_seq_lengths").tolist())
+                seen["tokens"].append(kwargs["input_ids"].shape[1])
+                return args, kwargs
+
+            model.register_forward_pre_hook(take_lengths, with_kwargs=True)
+            return model
+
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel,
+                                                                       __version__="stand-in"))
+    import bench_unsloth
+
+    report = bench_unsloth.main(["--workdir", str(tmp_path / "w"), "--shared", str(shared), "--model", "tiny",
+                                 "--lora-r", "4", "--gc", "true", "--steps", "2", "--warmup", "1",
+                                 "--max-len", "512", "--ffd-tokens", "512", "--device", "cpu",
+                                 "--json", str(tmp_path / "u.json")])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(seen["checkpoint"])
+    assert seen["gc"] is True and seen["r"] == 4
+    assert [sum(x) for x in seen["lengths"]] == seen["tokens"]  # every token is in one example
+    (res,) = report["results"]
+    lens, tokens = bt.step_seq_lens_of_plan(tmp_path / "w" / "ffd", 512, 0, 1, 2)
+    assert res["path"] == "unsloth-ffd+gc-true" and res["ok"] and res["steps"] == 2
+    assert res["tokens"] == tokens == sum(seen["tokens"][1:3])
+    assert sum(seen["lengths"][1:3], []) == lens.tolist()  # the timed steps' examples, in order
+    assert json.loads((tmp_path / "u.json").read_text())["results"][0]["tokens"] == tokens
