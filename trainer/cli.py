@@ -95,6 +95,13 @@ class LocalFolder(click.Path):
               help="Recompute activations in the backward pass instead of keeping them: of every "
                    "decoder layer (the flag alone), or of every Nth one (--grad-checkpointing 2: half "
                    "the layers; more memory than all, less recompute); 0: off.")
+@click.option("--activation-memory-budget", default=1.0, type=click.FloatRange(0, 1, min_open=True),
+              metavar="F",
+              help="With compiled layers: the share of their activations the backward keeps "
+                   "(torch.compile's activation_memory_budget). Below 1, the compiled backward "
+                   "recomputes the cheapest ones (norms, SwiGLU's product) instead, so that more layers "
+                   "fit without --grad-checkpointing; 0.7 keeps a Llama layer's matmul outputs and "
+                   "little else. 1 (default): keep what makes the step fastest.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),

@@ -46,6 +46,9 @@ class TrainConfig:
     fp8_recipe: str = "rowwise_with_gw_hp"  # with dtype "fp8": torchao's float8 scaling (trainer.fp8)
     compile: bool | None = None  # None: compile on CUDA, not on CPU
     grad_checkpointing: int = 0  # 0: off; N: every Nth decoder layer recomputes its activations (1: all)
+    # compiled layers: the share of their activations the backward keeps (torch's activation_memory_budget);
+    # below 1 the compiled backward recomputes the cheapest ones (norms, SwiGLU's product) instead
+    activation_memory_budget: float = 1.0
     seed: int = 0
     save_every: int = 0
     keep_last: int | None = None
@@ -89,6 +92,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0, "schedule": Check(str, choices=SCHEDULES),
     "epochs": _OPTIONAL_1, "max_steps": _OPTIONAL_1, "stop_at": _OPTIONAL_1, "attn": Check(str),
     "dtype": Check(str, choices=DTYPES), "fp8_recipe": Check(str, choices=FP8_RECIPES), "compile": Check(bool, none=True), "grad_checkpointing": _AT_LEAST_0,
+    "activation_memory_budget": Check(float, low=0, low_open=True, high=1),
     "seed": _AT_LEAST_0, "save_every": _AT_LEAST_0, "keep_last": _OPTIONAL_1,
     "resume": Check(str, choices=RESUME, none=True), "log_every": _AT_LEAST_1,
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,

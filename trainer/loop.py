@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._functorch.config
 import torch.distributed as dist
 from torch.utils.checkpoint import CheckpointError
 
@@ -44,7 +45,10 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
     """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
     The run folder is locked for the run's life: a second run on it stops in one line. `opened`:
     what `open_data(config)` returned, where the caller has checked the data already."""
-    with run_folder_lock(config.out):
+    # torch.compile partitions each compiled layer into forward and backward at its first step,
+    # inside _train: the budget must be in force then
+    with run_folder_lock(config.out), torch._functorch.config.patch(
+            activation_memory_budget=config.activation_memory_budget):
         return _train(config, opened)
 
 

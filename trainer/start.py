@@ -99,6 +99,10 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         _refuse_under_torchrun(config, dtype_name)
     if dtype_name == "fp8":
         check_fp8(device)
+    compiled = config.compile if config.compile is not None else device.type == "cuda"
+    if config.activation_memory_budget < 1 and not compiled:
+        raise UserError(f"--activation-memory-budget {config.activation_memory_budget:g} applies to compiled "
+                        f"layers, and this run compiles none: add --compile (the default on CUDA)")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
@@ -138,7 +142,6 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
         to_float8(model, config.fp8_recipe, decoder_layers(model), fsdp=fsdp)
-    compiled = config.compile if config.compile is not None else device.type == "cuda"
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
     # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same

@@ -708,3 +708,19 @@ def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, 
     assert res["tokens"] == tokens == sum(seen["tokens"][1:3])
     assert sum(seen["lengths"][1:3], []) == lens.tolist()  # the timed steps' examples, in order
     assert json.loads((tmp_path / "u.json").read_text())["results"][0]["tokens"] == tokens
+
+
+@pytest.mark.slow
+def test_bench_activation_memory_counts_one_layer_of_activations(capsys):
+    """scripts/bench_activation_memory.py on the tiny preset: a layer keeps a positive number of
+    bytes per token for its backward, fewer compiled than eager (the compiled backward recomputes
+    what is cheap), and the breakdown lists what they are."""
+    import re
+
+    import bench_activation_memory as bam
+
+    bam.main(["--model", "tiny", "--lora-r", "4", "--tokens", "64", "--budgets", "eager,1"])
+    out = capsys.readouterr().out
+    eager, compiled = (float(x.replace(",", "")) for x in re.findall(r": ([\d,]+) bytes per token per layer", out))
+    assert 0 < compiled < eager, out
+    assert "B/token  bfloat16" in out

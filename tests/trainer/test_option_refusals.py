@@ -50,6 +50,7 @@ def api(message: str) -> str:
     ({"schedule": "cosin"}, "unknown --schedule 'cosin': choose one of cosine, linear, constant"),
     ({"stop_at": 5, "max_steps": 3}, "--stop-at 5 is past --max-steps 3"),
     ({"lora_dropout": 1.0}, "--lora-dropout must be >= 0 and < 1, got 1.0"),
+    ({"activation_memory_budget": 0.0}, "--activation-memory-budget must be > 0 and <= 1, got 0.0"),
 ])
 def test_train_refuses_what_pack_train_refuses(tmp_path: Path, change: dict, needle: str):
     """The same check as the flag's, in the API's words (parameter names, not flags)."""
