@@ -60,6 +60,8 @@ frozen base weights in bf16. MFU then counts 4 x params FLOPs per token (forward
 through the activations; frozen weights get no weight gradients). `--grad-checkpointing [N]` recomputes
 the activations of every decoder layer (or of every Nth one) in the backward on every path (HF's
 gradient_checkpointing_enable with the same per-layer choice, pack-train --grad-checkpointing [N]).
+`--activation-memory-budget F` sets torch.compile's activation memory budget for every compiled path
+(pack-train --activation-memory-budget; HF paths run their compiled steps under the same setting).
 
     python scripts/bench_train.py --device cuda --model llama-1b --steps 30 --warmup 5 \
         --json bench_train.json
@@ -83,6 +85,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._functorch.config
 from benchlib import (
     autocast_ctx,
     build_hf_model,
@@ -483,10 +486,11 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     else:
         batches = hf_batches(s.group_ids, s.examples, flatten=(base != "hf-pad"), pad_id=s.pad_id,
                              device=s.device, flash_kwargs=attn == "flash_attention_2")
-    try:
-        res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
-                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,
-                               trace=trace_path(a, path))
+    try:  # the compiled layers partition at their first step: under the budget (no effect uncompiled)
+        with torch._functorch.config.patch(activation_memory_budget=a.activation_memory_budget):
+            res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
+                                   warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,
+                                   trace=trace_path(a, path))
     finally:
         del model, opt
         free_memory(s.device)
@@ -642,6 +646,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         seed=a.seed, log_every=log_every,
         profile_steps=f"{a.warmup + a.steps + 1}-{a.warmup + a.steps + a.profile_steps}" if a.profile_steps else None,
         lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing, optimizer=a.optimizer,
+        activation_memory_budget=a.activation_memory_budget,
         device=str(s.device), progress=False, num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
@@ -840,6 +845,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-checkpointing", nargs="?", const=1, default=0, type=int, metavar="N",
                    help="activation checkpointing of every decoder layer on every path, or with N of "
                         "every Nth one (layers 0, N, 2N, ...)")
+    p.add_argument("--activation-memory-budget", type=float, default=1.0, metavar="F",
+                   help="torch.compile's activation memory budget on every compiled path (pack-train "
+                        "--activation-memory-budget; HF paths compile under the same setting)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="profile this many more steps of each path after its timed ones (torch.profiler) "
                         "and report GPU time by kernel kind, top kernels, GPU idle time by gap length "

@@ -724,3 +724,38 @@ def test_bench_activation_memory_counts_one_layer_of_activations(capsys):
     eager, compiled = (float(x.replace(",", "")) for x in re.findall(r": ([\d,]+) bytes per token per layer", out))
     assert 0 < compiled < eager, out
     assert "B/token  bfloat16" in out
+
+
+def test_the_activation_memory_budget_reaches_every_compiled_path(tmp_path, monkeypatch):
+    """--activation-memory-budget goes to pack-train's config on packlm paths and is in force while
+    an HF path's compiled layers run (and partition) their steps; the default leaves torch's own."""
+    import torch._functorch.config as functorch_config
+
+    import trainer
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake_train(config):
+        seen["packlm"] = config.activation_memory_budget
+        raise Stop
+
+    def fake_loop(*_args, **_kwargs):
+        seen["hf"] = functorch_config.activation_memory_budget
+        raise Stop
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.setattr(bt, "timed_loop", fake_loop)
+    make_packed_folder(tmp_path / "p", [[(i, np.arange(3, 3 + n))] for i, n in enumerate([5, 9, 3, 7])], max_len=16)
+    for budget, want in ((["--activation-memory-budget", "0.7"], 0.7), ([], 1.0)):
+        args = bt.parse_args(["--device", "cpu", "--model", "tiny", "--workdir", str(tmp_path), "--ffd-tokens", "16",
+                              "--steps", "1", "--warmup", "1", *budget])
+        s = bt.Setup(args, CPU, {"ffd": tmp_path / "p"}, [], [], {}, 0, 300, n_layers=2, hidden=64)
+        with pytest.raises(Stop):
+            bt.run_packed_pack_train("packlm-ffd", s)
+        with pytest.raises(Stop):
+            bt.run_hf_path("hf-ffd-sdpa+layers", s)
+        assert seen == {"packlm": want, "hf": want}
+        assert functorch_config.activation_memory_budget == 1.0
