@@ -83,7 +83,7 @@ def main() -> None:
         warmup=args.warmup, steps=args.steps, max_len=args.max_len, ffd_tokens=args.tokens_per_step or args.max_len,
         model=args.model, lr=1e-4, attn="auto", dtype=args.dtype, compile=args.compile, seed=args.seed, num_workers=2,
         peak_tflops=args.peak_tflops, workdir=work, lora_r=0, grad_checkpointing=0, optimizer="adamw",
-        profile_steps=0, profile_trace=None, fp8_recipe="rowwise_with_gw_hp")
+        profile_steps=0, profile_trace=None, fp8_recipe="rowwise_with_gw_hp", activation_memory_budget=1.0)
     setup = SimpleNamespace(args=train_args, device=device, folders={"ffd": folder},
                             n_layers=config.num_hidden_layers, hidden=config.hidden_size)
     print(f"# bench_long: {args.examples} examples of {args.min_len}-{args.max_example_len} tokens "
