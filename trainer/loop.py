@@ -49,7 +49,14 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
     # inside _train: the budget must be in force then
     with run_folder_lock(config.out), torch._functorch.config.patch(
             activation_memory_budget=config.activation_memory_budget):
-        return _train(config, opened)
+        try:
+            return _train(config, opened)
+        except torch.OutOfMemoryError as exc:
+            raise UserError(
+                f"out of GPU memory ({one_line(exc, 110)}): lower --tokens-per-step, recompute activations "
+                "with --grad-checkpointing [N] or keep fewer with --activation-memory-budget 0.7; checkpoints "
+                "saved before are intact (continue with --resume)"
+            ) from None
 
 
 def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:

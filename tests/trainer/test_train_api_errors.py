@@ -45,3 +45,30 @@ def test_train_config_flags_are_spelled_as_parameters() -> None:
         "resume='strict': checkpoint c is damaged: use resume='newest' to continue"
     assert spell("--no-verify-hashes skips it; --grad-checkpointing 2 is fine") == \
         "verify_hashes=False skips it; grad_checkpointing 2 is fine"
+
+
+def test_running_out_of_gpu_memory_is_one_line_that_says_what_to_change(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    import trainer.loop
+
+    def no_memory(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                     "of 79.19 GiB of which 10.00 MiB is free. Including non-PyTorch memory, ...")
+
+    monkeypatch.setattr(trainer.loop, "backward_window", no_memory)
+    packed = tmp_path / "packed"
+    make_packed_folder(packed, pack_lengths(np.random.default_rng(0).integers(4, 40, size=20).tolist(), 64, vocab=300), 64)
+    with pytest.raises(UserError) as err:
+        train(TrainConfig(data=str(packed), model="tiny", out=str(tmp_path / "run"), max_steps=1, num_workers=0,
+                          progress=False))
+    message = str(err.value)
+    assert message.startswith("out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+                              "total capacity of 79.19 GiB"), message
+    assert "lower tokens_per_step, recompute activations with grad_checkpointing" in message, message
+    cli = CliRunner().invoke(pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "run2"),
+                                          "--max-steps", "1", "--num-workers", "0", "--no-progress"])
+    errors = [line for line in cli.output.splitlines() if line.startswith("Error: ")]  # after the start-up lines
+    assert cli.exit_code == 1 and cli.output.strip().endswith(errors[0]), cli.output
+    assert errors[0].startswith("Error: out of GPU memory (") and "--activation-memory-budget 0.7" in errors[0]
+    assert "Traceback" not in cli.output
