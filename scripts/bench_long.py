@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import H100_BF16_TFLOPS, PathResult, run_packed_pack_train  # noqa: E402
+from bench_train import parse_args as train_defaults  # noqa: E402
 from benchlib import LLAMA2, device_name, machine_summary, model_config, resolve_device, shared_dir, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,11 +80,11 @@ def main() -> None:
     run_pack_data(PackConfig(inputs=[str(work / "long.arrow")], tokenizer=str(tokenizer),
                              max_len=args.max_len, out=str(folder), strategy="ffd", progress=False))
     config = model_config(args.model, vocab)
-    train_args = SimpleNamespace(
+    train_args = train_defaults([])  # bench_train's own defaults for every option this script does not set
+    vars(train_args).update(
         warmup=args.warmup, steps=args.steps, max_len=args.max_len, ffd_tokens=args.tokens_per_step or args.max_len,
-        model=args.model, lr=1e-4, attn="auto", dtype=args.dtype, compile=args.compile, seed=args.seed, num_workers=2,
-        peak_tflops=args.peak_tflops, workdir=work, lora_r=0, grad_checkpointing=0, optimizer="adamw",
-        profile_steps=0, profile_trace=None, fp8_recipe="rowwise_with_gw_hp", activation_memory_budget=1.0)
+        model=args.model, dtype=args.dtype, compile=args.compile, seed=args.seed, num_workers=2,
+        peak_tflops=args.peak_tflops, workdir=work)
     setup = SimpleNamespace(args=train_args, device=device, folders={"ffd": folder},
                             n_layers=config.num_hidden_layers, hidden=config.hidden_size)
     print(f"# bench_long: {args.examples} examples of {args.min_len}-{args.max_example_len} tokens "

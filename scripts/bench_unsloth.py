@@ -30,7 +30,6 @@ MFU counts 4 x params FLOPs per token, as `bench_train.py --lora-r` does.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "results": [asdict(res)], "wall_s": time.perf_counter() - t0}
     if args.json:
         write_json(args.json, report)
-    return json.loads(json.dumps(report, default=str))
+    return report
 
 
 if __name__ == "__main__":
