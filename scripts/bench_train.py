@@ -538,7 +538,7 @@ def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
 
 def run_packed_inline(path: str, s: Setup) -> PathResult:
     """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
-    from trainer.model import build_model, decoder_layers
+    from trainer.model import build_model, compile_decoder_layers
 
     a = s.args
     if a.lora_r or a.grad_checkpointing or split_path(path)[1]:
@@ -549,8 +549,7 @@ def run_packed_inline(path: str, s: Setup) -> PathResult:
                                  vocab_size=s.vocab_size, seed=a.seed)
     model.train()
     if a.compile:  # as pack-train --compile does
-        for layer in decoder_layers(model):
-            layer.compile(dynamic=True)
+        compile_decoder_layers(model)
     opt = make_optimizer(model, a.lr, s.device, a.optimizer)
     n_params = n_params_of(model)
     try:

@@ -130,6 +130,33 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else [decoder]
 
 
+def compile_decoder_layers(model: torch.nn.Module) -> None:
+    """`--compile`: each decoder layer as its own `torch.compile`d module, with dynamic shapes (every
+    packed micro-batch has its own token count), so that one graph serves every row length.
+
+    Two settings keep it at one graph per layer for a whole run:
+    - dynamo's recompile limit makes room for one graph per layer: a model with per-layer
+      attention kinds (`config.layer_types`) compiles the attention call once per layer index,
+      and past the limit dynamo would run the later layers eagerly.
+    - inductor's mix-order reduction (the RMSNorm backward's two reductions fused into one
+      kernel) is taken without its size checks (`mix_order_reduction_non_strict_mode`). Those
+      checks compare the first micro-batch's token count with thresholds (2 x hidden size, 4096
+      tokens) and guard on the answer: at the 8B shape (hidden 4096) a first row of 8,192
+      tokens puts in the guard `8192 <= tokens`, and the first shorter row compiles the layer
+      again. Under DDP or FSDP each rank meets that row at another step, and the others wait in
+      their collectives for its compile. Without the checks the kernel is the same for every
+      length and nothing is guarded. (A Triton setting: CPU runs compile no such kernel.)
+    """
+    import torch._inductor.config as inductor_config
+
+    layers = decoder_layers(model)
+    dynamo_config = torch._dynamo.config
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
+    inductor_config.triton.mix_order_reduction_non_strict_mode = True
+    for layer in layers:
+        layer.compile(dynamic=True)
+
+
 def enable_grad_checkpointing(model: PreTrainedModel, every: int = 1) -> None:
     """Non-reentrant activation checkpointing of every `every`-th decoder layer: layers 0, every,
     2 x every, ... recompute their activations in the backward, the others keep them.

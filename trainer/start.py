@@ -24,7 +24,7 @@ from trainer.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import start_run_files
-from trainer.model import count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
+from trainer.model import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
 from trainer.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
 from trainer.precision import MasterAdamW
@@ -232,12 +232,7 @@ def _wrap(
         enable_grad_checkpointing(model, every=int(config.grad_checkpointing))
     layers = decoder_layers(model)
     if compiled:
-        # a model with per-layer attention kinds (config.layer_types) compiles the attention call
-        # once per layer index: room for every layer before dynamo falls back to running it eagerly
-        dynamo_config = torch._dynamo.config
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
-        for layer in layers:
-            layer.compile(dynamic=True)
+        compile_decoder_layers(model)
     wrapper = LossModule(model, compiled=compiled and not fsdp)
     module = wrap_parallel(wrapper, layers, info, fsdp=fsdp, bf16=bf16, reduce_bf16=config.grad_reduce == "bf16",
                            reshard_after_forward=config.reshard_after_forward, bucket_mb=config.ddp_bucket_mb)

@@ -679,6 +679,44 @@ def test_master_adamw_compiles_its_update_once() -> None:
     assert all(int(s["step"]) == 3 for s in masters.state.values())
 
 
+def test_compiled_layers_keep_one_graph_for_every_row_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--compile` compiles each decoder layer once for a whole run: rows of other lengths, longer
+    or shorter than the first, run the same graph, forward and backward. The inductor setting that
+    keeps the RMSNorm backward's kernel choice off the first row's length is on (it acts only in
+    Triton kernels, which a CPU run does not build: the GPU check is in BENCHMARKS.md), and
+    dynamo's recompile limit has room for every layer."""
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    from trainer import kernels
+    from trainer.batch import collate_flat
+    from trainer.model import compile_decoder_layers, decoder_layers
+
+    # the CPU's reference attention splits a row into its examples in Python: run it uncompiled,
+    # as a GPU kernel is one opaque call, so that the layers' own graphs are what is counted
+    monkeypatch.setattr(kernels, "sdpa_varlen", torch.compiler.disable(kernels.sdpa_varlen))
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    with torch._dynamo.config.patch(recompile_limit=8), \
+            inductor_config.patch({"triton.mix_order_reduction_non_strict_mode": False}):
+        model, _ = build_model("tiny", attn="sdpa", vocab_size=300)
+        compile_decoder_layers(model)
+        assert inductor_config.triton.mix_order_reduction_non_strict_mode is True
+        assert torch._dynamo.config.recompile_limit >= len(decoder_layers(model)) + 8
+        rng = np.random.default_rng(0)
+        # the first step's rows, then longer, then shorter ones, in other numbers of examples (none
+        # of them one more than a head count: dynamo would take the equal sizes for one)
+        for lens in ([40, 30, 58, 11, 23], [200, 7, 30, 90, 5, 66], [5, 9]):
+            lens = np.array(lens)
+            ids = rng.integers(3, 300, int(lens.sum()))
+            batch = collate_flat(ids, ids.copy(), np.concatenate([np.arange(n) for n in lens]), lens)
+            LossModule(model)(batch).backward()
+            graphs.append(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 3  # nothing compiled again after the first step
+
+
 def test_checkpoints_hold_the_fp32_masters_and_resume_bitwise(packed: Path, tmp_path: Path) -> None:
     full = train(_config(packed, tmp_path / "full", dtype=BF16W))
     train(_config(packed, tmp_path / "part", dtype=BF16W, stop_at=2))
