@@ -101,7 +101,8 @@ class LocalFolder(click.Path):
                    "(torch.compile's activation_memory_budget). Below 1, the compiled backward "
                    "recomputes the cheapest ones (norms, SwiGLU's product) instead, so that more layers "
                    "fit without --grad-checkpointing; 0.7 keeps a Llama layer's matmul outputs and "
-                   "little else. 1 (default): keep what makes the step fastest.")
+                   "little else (8B LoRA at 16,384 tokens on an 80 GB GPU: --grad-checkpointing 0 "
+                   "--activation-memory-budget 0.7). 1 (default): keep what makes the step fastest.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),
