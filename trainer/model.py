@@ -152,7 +152,8 @@ def compile_decoder_layers(model: torch.nn.Module) -> None:
     layers = decoder_layers(model)
     dynamo_config = torch._dynamo.config
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
-    inductor_config.triton.mix_order_reduction_non_strict_mode = True
+    if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):  # older torch: no such fusion
+        inductor_config.triton.mix_order_reduction_non_strict_mode = True
     for layer in layers:
         layer.compile(dynamic=True)
 
