@@ -44,7 +44,7 @@ def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tup
     from trainer.batch import collate_flat
     from trainer.lora import freeze_in_bf16
     from trainer.loss import LossModule
-    from trainer.model import decoder_layers, prepare, preset_config
+    from trainer.model import compile_decoder_layers, prepare, preset_config
 
     torch._dynamo.reset()
     config = preset_config(args.model, 32000)
@@ -57,9 +57,8 @@ def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tup
 
         model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=16, target_modules="all-linear"))
         freeze_in_bf16(model)
-    if budget is not None:
-        for layer in decoder_layers(model):
-            layer.compile(dynamic=True)
+    if budget is not None:  # as pack-train --compile does
+        compile_decoder_layers(model)
     lens = np.full(4, args.tokens // 4)
     ids = np.random.default_rng(0).integers(3, 32000, int(lens.sum()))
     batch = collate_flat(ids, ids.copy(), np.concatenate([np.arange(n) for n in lens]), lens)

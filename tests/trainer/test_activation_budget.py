@@ -19,7 +19,7 @@ from pipeline.errors import UserError  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.batch import collate_flat  # noqa: E402
 from trainer.loss import LossModule  # noqa: E402
-from trainer.model import decoder_layers, prepare, preset_config  # noqa: E402
+from trainer.model import compile_decoder_layers, prepare, preset_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,8 +38,7 @@ def _saved_bytes_and_grads(budget: float) -> tuple[int, dict[str, torch.Tensor]]
     prepare(model, "sdpa", "cpu")
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules="all-linear",
                                              init_lora_weights=False))  # B != 0: every adapter has gradients
-    for layer in decoder_layers(model):
-        layer.compile(dynamic=True)
+    compile_decoder_layers(model)  # as pack-train --compile does
     lens = np.array([40, 30, 58])
     ids = np.random.default_rng(0).integers(3, 300, int(lens.sum()))
     batch = collate_flat(ids, ids.copy(), np.concatenate([np.arange(n) for n in lens]), lens)
