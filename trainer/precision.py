@@ -12,10 +12,13 @@ training and FSDP2's `MixedPrecisionPolicy(param_dtype=bf16)`:
   With one micro-batch the bf16 gradients are used as they are (every bf16 number is an fp32 one,
   so that is the same gradient);
 - the update: `MasterAdamW.step` is AdamW on the fp32 masters, and it also writes each updated
-  master, rounded to bf16, into the model. On CUDA it is compiled, one call per parameter group:
-  a kernel per parameter reads the gradient, master and moments once and writes them once,
-  gradient clipping included (`clip_grad_norm_` only computes the coefficient), instead of
-  separate passes to clip, to step and to copy back;
+  master, rounded to bf16, into the model. On CUDA it is compiled: a kernel per parameter reads
+  the gradient, master and moments once and writes them once, gradient clipping included
+  (`clip_grad_norm_` only computes the coefficient), instead of separate passes to clip, to step
+  and to copy back. The compiled function is called on chunks of up to `CHUNK_TENSORS` parameters
+  of one shape (`signature_chunks`), so its graphs are one per shape, whatever the number of
+  layers. A graph's compile time grows with the parameters it updates, and an 8B LoRA model has
+  448 adapter matrices in five shapes: five graphs of 8 matrices, not one of 448;
 - checkpoints: `full_precision()` puts the masters into the model while it is saved, so a checkpoint
   (or a merged model) holds the fp32 weights, and a resumed run starts from them exactly.
 
@@ -37,6 +40,27 @@ from typing import Any
 import torch
 
 
+CHUNK_TENSORS = 8  # parameters per call of the compiled update (see signature_chunks)
+
+
+def signature_chunks(pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                     size: int = CHUNK_TENSORS) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`pairs` of (master, gradient) split into chunks of at most `size` pairs that share a
+    signature (the master's shape and dtype, the gradient's dtype), in order of first appearance.
+
+    A compiled function specialises on its inputs' shapes, so a call on one chunk reuses the graph
+    of any earlier chunk with the same signature and length. A Llama decoder's parameters have a
+    handful of shapes repeated in every layer: its update compiles a handful of graphs of `size`
+    tensors, however many layers there are. For example, with `size=2` and the masters' shapes
+    [(4, 8), (8, 4), (4, 8), (8, 4), (4, 8)] (gradients of one dtype) the chunks are
+    [[0, 2], [4], [1, 3]] by position.
+    """
+    by_signature: dict[tuple[Any, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for master, grad in pairs:
+        by_signature.setdefault((tuple(master.shape), master.dtype, grad.dtype), []).append((master, grad))
+    return [same[i:i + size] for same in by_signature.values() for i in range(0, len(same), size)]
+
+
 def adamw_update(masters: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                  exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], weights: list[torch.Tensor],
                  clip: torch.Tensor, hyper: torch.Tensor) -> None:
@@ -46,7 +70,7 @@ def adamw_update(masters: list[torch.Tensor], grads: list[torch.Tensor], exp_avg
     as it is read; each `weights` entry (the model's bf16 parameter) receives its new master.
     `steps` are the masters' step counts and `hyper` the group's [lr, weight_decay, beta1, beta2,
     eps], all on the masters' device, so neither a new learning rate nor a new step recompiles the
-    compiled form: one graph per group for a whole run, launched with one call per step.
+    compiled form: one graph per chunk signature (`signature_chunks`) for a whole run.
     """
     lr, weight_decay, beta1, beta2, eps = hyper.unbind()
     for master, grad, exp_avg, exp_avg_sq, step, weight in zip(masters, grads, exp_avgs, exp_avg_sqs,
@@ -86,7 +110,12 @@ class MasterAdamW(torch.optim.Optimizer):
         self._clip: torch.Tensor | None = None
         self._update: Callable[..., None] = adamw_update
         if any(master.is_cuda for master in self.weight_of):
-            # static shapes: each step calls it with the same tensors (a kernel per distinct shape)
+            # static shapes: each step calls it with the same chunks (a kernel per parameter); room
+            # in dynamo's recompile limit for each chunk signature, with either gradient dtype
+            signatures = {(len(chunk), chunk[0][0].shape) for group in self.param_groups
+                          for chunk in signature_chunks([(m, m) for m in group["params"]])}
+            dynamo_config = torch._dynamo.config
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(signatures) + 8)
             self._update = torch.compile(adamw_update, dynamic=False, fullgraph=True)
 
     def _grad(self, master: torch.Tensor) -> torch.Tensor | None:
@@ -130,17 +159,19 @@ class MasterAdamW(torch.optim.Optimizer):
             hyper = torch.tensor(values, dtype=torch.float32)
             hyper = hyper.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else hyper
             clip = self._clip if self._clip is not None else torch.ones((), device=device)
-            states = []
-            for master, _ in live:
-                state = self.state[master]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=device)
-                    state["exp_avg"] = torch.zeros_like(master)
-                    state["exp_avg_sq"] = torch.zeros_like(master)
-                states.append(state)
-            self._update([m.detach() for m, _ in live], [g for _, g in live],
-                         [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                         [s["step"] for s in states], [self.weight_of[m].detach() for m, _ in live], clip, hyper)
+            for chunk in signature_chunks(live):
+                states = []
+                for master, _ in chunk:
+                    state = self.state[master]
+                    if not state:
+                        state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+                        state["exp_avg"] = torch.zeros_like(master)
+                        state["exp_avg_sq"] = torch.zeros_like(master)
+                    states.append(state)
+                self._update([m.detach() for m, _ in chunk], [g for _, g in chunk],
+                             [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                             [s["step"] for s in states], [self.weight_of[m].detach() for m, _ in chunk],
+                             clip, hyper)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the step's gradients: the masters' fp32 ones and the model's bf16 ones."""

@@ -657,17 +657,19 @@ def test_master_adamw_without_clipping_control() -> None:
     assert not torch.allclose(master, ref, rtol=1e-6, atol=1e-7)
 
 
-def test_master_adamw_compiles_its_update_once() -> None:
-    """The compiled update takes the learning rate, step and clip coefficient as tensors: one graph
-    per parameter group (matrices with weight decay, vectors without) for a whole run, whatever the
-    schedule."""
+def _compiled_master_steps(layers: int, steps: int = 3) -> tuple[Any, MasterAdamW]:
+    """MasterAdamW over `layers` blocks of two biased linear layers (four parameter shapes), its
+    update compiled (what CUDA does) with a counting backend, after `steps` steps with a new learning
+    rate each: (the counter, the optimizer)."""
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
     counter = CompileCounter()
-    reference, model, masters, _ = _reference_and_masters(seed=4)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+                                  for _ in range(layers)])
+    masters = MasterAdamW(param_groups(model.parameters(), 0.1), lr=1e-3)
     masters._update = torch.compile(adamw_update, backend=counter, dynamic=False, fullgraph=True)
-    for step in range(3):
+    for step in range(steps):
         for group in masters.param_groups:
             group["lr"] = 1e-3 * (step + 1)
         for param in model.parameters():
@@ -675,8 +677,54 @@ def test_master_adamw_compiles_its_update_once() -> None:
         masters.clip_grad_norm_(1.0)
         masters.step()
         masters.zero_grad()
-    assert counter.frame_count == len(masters.param_groups) == 2
-    assert all(int(s["step"]) == 3 for s in masters.state.values())
+    return counter, masters
+
+
+def test_master_adamw_compiles_one_graph_per_parameter_shape_whatever_the_depth() -> None:
+    """The compiled update takes the learning rate, step and clip coefficient as tensors, and runs on
+    chunks of at most CHUNK_TENSORS parameters of one shape: one graph of CHUNK_TENSORS parameters
+    per shape for a whole run, the same graphs at 8 layers as at 40 (the compile time of one graph
+    grows with its parameters: one graph over 448 LoRA matrices took minutes)."""
+    shallow, _ = _compiled_master_steps(layers=8)
+    deep, masters = _compiled_master_steps(layers=40)
+    assert deep.frame_count == shallow.frame_count == 4  # (16, 8), (16,), (8, 16), (8,)
+    assert deep.op_count == shallow.op_count
+    assert all(int(s["step"]) == 3 for s in masters.state.values()) and len(masters.state) == 160
+
+
+def test_master_adamw_in_one_chunk_per_shape_grows_with_depth_control(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control for the test above: with each shape's parameters in one chunk, the graphs
+    are as many, but at 40 layers each holds five times the per-parameter work (and the same few
+    shared operations, so a little under five times the operations)."""
+    from trainer import precision
+
+    whole = precision.signature_chunks
+    monkeypatch.setattr(precision, "signature_chunks", lambda pairs: whole(pairs, size=10**6))
+    shallow, _ = _compiled_master_steps(layers=8)
+    deep, _ = _compiled_master_steps(layers=40)
+    assert deep.frame_count == shallow.frame_count == 4
+    assert 4 * shallow.op_count < deep.op_count < 5 * shallow.op_count
+
+
+def test_signature_chunks_keep_one_shape_per_chunk_in_order() -> None:
+    """The docstring's example, and on a mixed list: every pair once, in its shape's order, at most
+    `size` to a chunk, one master shape and gradient dtype to a chunk."""
+    from trainer.precision import signature_chunks
+
+    masters = [torch.zeros(s) for s in [(4, 8), (8, 4), (4, 8), (8, 4), (4, 8)]]
+    chunks = signature_chunks([(m, m) for m in masters], size=2)
+    assert [[next(i for i, m in enumerate(masters) if m is x) for x, _ in c] for c in chunks] == [[0, 2], [4], [1, 3]]
+    rng = np.random.default_rng(0)
+    pairs = [(torch.zeros(int(a), int(b)), torch.zeros(int(a), int(b), dtype=dt))
+             for a, b, dt in zip(rng.integers(1, 4, 60), rng.integers(1, 4, 60),
+                                 rng.choice([torch.float32, torch.bfloat16], 60))]
+    chunks = signature_chunks(pairs, size=3)
+    assert sorted(id(m) for c in chunks for m, _ in c) == sorted(id(m) for m, _ in pairs)
+    for chunk in chunks:
+        assert 1 <= len(chunk) <= 3
+        assert len({(m.shape, g.dtype) for m, g in chunk}) == 1
+        positions = [next(i for i, (m, _) in enumerate(pairs) if m is x) for x, _ in chunk]
+        assert positions == sorted(positions)
 
 
 def test_compiled_layers_keep_one_graph_for_every_row_length(monkeypatch: pytest.MonkeyPatch) -> None:
