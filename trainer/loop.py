@@ -272,6 +272,5 @@ def finish(
         "rank": info.rank, "world_size": info.world_size, "steps": step - run.start_step,
         "micro_batches": meter.local_micro_batches, "tokens": meter.local_tokens,
     })
-    if info.enabled:
-        dist.barrier()
+    info.barrier()
     return summary

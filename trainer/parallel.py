@@ -31,9 +31,17 @@ class DistInfo:
     local_rank: int = 0
     enabled: bool = False
     owns_group: bool = False  # this run created the process group (and destroys it at its end)
+    device: torch.device | None = None  # this rank's device
 
     def barrier(self) -> None:
-        if self.enabled:
+        """Wait for every rank. On CUDA the barrier names this rank's GPU (NCCL's barrier is a
+        collective on a device; unnamed, PyTorch warns that it guesses the current one)."""
+        if not self.enabled:
+            return
+        if self.device is not None and self.device.type == "cuda":
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            dist.barrier(device_ids=[index])
+        else:
             dist.barrier()
 
 
@@ -66,7 +74,7 @@ def setup_distributed(device: torch.device) -> DistInfo:
     owns = not dist.is_initialized()
     if owns:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return DistInfo(rank=rank, world_size=world, local_rank=local, enabled=True, owns_group=owns)
+    return DistInfo(rank=rank, world_size=world, local_rank=local, enabled=True, owns_group=owns, device=device)
 
 
 def close_distributed(info: DistInfo) -> None:

@@ -798,6 +798,24 @@ def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(start, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
 
 
+@pytest.mark.parametrize("device, expected", [(torch.device("cuda", 3), {"device_ids": [3]}),
+                                              (torch.device("cpu"), {}), (None, {})])
+def test_barrier_names_this_ranks_gpu(monkeypatch: pytest.MonkeyPatch, device: torch.device | None,
+                                      expected: dict[str, Any]) -> None:
+    """A CUDA rank's barrier names its own GPU (else PyTorch warns that it guesses the current
+    one, on every multi-GPU run); a CPU (gloo) rank's names none, and a run of one rank waits for
+    no one."""
+    import torch.distributed as dist
+
+    from trainer.parallel import DistInfo
+
+    calls = []
+    monkeypatch.setattr(dist, "barrier", lambda **kwargs: calls.append(kwargs))
+    DistInfo(enabled=True, rank=0, world_size=2, device=device).barrier()
+    DistInfo(device=device).barrier()  # not under torchrun
+    assert calls == [expected]
+
+
 @pytest.mark.usefixtures("as_rank_of_two")
 def test_bf16_weights_refuses_ddp(packed: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="needs parallel fsdp"):
