@@ -270,6 +270,9 @@ def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -
     print(f"pack-train: attention {backend_why}", file=sys.stderr)
     if dtype_name == "fp8":
         print(f"pack-train: {recipe_note(config.fp8_recipe)}", file=sys.stderr)
+    if run.compiled:
+        print("pack-train: the first step compiles the decoder layers (torch.compile), which takes "
+              "minutes on a large model; later steps reuse that code (--no-compile skips it)", file=sys.stderr)
     plan = run.planner.plan(run.cursor.epoch)
     if plan.n_long_rows:
         print(f"pack-train: {plan.n_long_rows} rows are longer than --tokens-per-step and each "

@@ -727,6 +727,18 @@ def test_signature_chunks_keep_one_shape_per_chunk_in_order() -> None:
         assert positions == sorted(positions)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_compiled_run_says_its_first_step_compiles(packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     compiled: bool) -> None:
+    """The first step of a compiled run is silent for minutes on a large model: the start-up lines say
+    why (and how to skip it); an uncompiled run says nothing of it."""
+    from trainer.start import start
+
+    start(_config(packed, tmp_path / "run", compile=compiled))
+    said = "the first step compiles the decoder layers (torch.compile)" in capsys.readouterr().err
+    assert said == compiled
+
+
 def test_compiled_layers_keep_one_graph_for_every_row_length(monkeypatch: pytest.MonkeyPatch) -> None:
     """`--compile` compiles each decoder layer once for a whole run: rows of other lengths, longer
     or shorter than the first, run the same graph, forward and backward. The inductor setting that
