@@ -130,6 +130,13 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else [decoder]
 
 
+def allow_recompiles(graphs: int) -> None:
+    """Room in dynamo's recompile limit (which counts the graphs of one compiled function) for
+    `graphs` graphs and 8 more: past the limit dynamo runs the function uncompiled."""
+    dynamo_config = torch._dynamo.config
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, graphs + 8)
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> None:
     """`--compile`: each decoder layer as its own `torch.compile`d module, with dynamic shapes (every
     packed micro-batch has its own token count), so that one graph serves every row length.
@@ -150,8 +157,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> None:
     import torch._inductor.config as inductor_config
 
     layers = decoder_layers(model)
-    dynamo_config = torch._dynamo.config
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, len(layers) + 8)
+    allow_recompiles(len(layers))
     if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):  # older torch: no such fusion
         inductor_config.triton.mix_order_reduction_non_strict_mode = True
     for layer in layers:

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from trainer.model import allow_recompiles
+
 
 CHUNK_TENSORS = 8  # parameters per call of the compiled update (see signature_chunks)
 
@@ -110,12 +112,9 @@ class MasterAdamW(torch.optim.Optimizer):
         self._clip: torch.Tensor | None = None
         self._update: Callable[..., None] = adamw_update
         if any(master.is_cuda for master in self.weight_of):
-            # static shapes: each step calls it with the same chunks (a kernel per parameter); room
-            # in dynamo's recompile limit for each chunk signature, with either gradient dtype
-            signatures = {(len(chunk), chunk[0][0].shape) for group in self.param_groups
-                          for chunk in signature_chunks([(m, m) for m in group["params"]])}
-            dynamo_config = torch._dynamo.config
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * len(signatures) + 8)
+            # static shapes: each step calls it with the same chunks (a kernel per parameter); a
+            # graph per shape for its full chunks and one for the rest, with either gradient dtype
+            allow_recompiles(4 * len({master.shape for master in self.weight_of}))
             self._update = torch.compile(adamw_update, dynamic=False, fullgraph=True)
 
     def _grad(self, master: torch.Tensor) -> torch.Tensor | None:
