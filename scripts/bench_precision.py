@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_train import no_checkpoint_writes
+from trainer.config import GRAD_REDUCE
 from benchlib import (
     LLAMA2,
     jsonable,
@@ -95,7 +96,8 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         dtype=dtype, fp8_recipe=recipe or "rowwise_with_gw_hp", seed=seed, log_every=args.log_every,
         parallel=args.parallel, grad_checkpointing=args.grad_checkpointing, progress=False,
         num_workers=2, save_every=0, verify_hashes=False, peak_flops=args.peak_tflops * 1e12,
-        profile_steps=args.profile_steps,
+        profile_steps=args.profile_steps, reshard_after_forward=args.reshard_after_forward,
+        grad_reduce=args.grad_reduce,
     )
     if out.exists() and int(os.environ.get("RANK", "0")) == 0:
         import shutil
@@ -206,6 +208,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto")
     p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"))
     p.add_argument("--grad-checkpointing", type=int, default=0)
+    p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                   help="FSDP2 keeps each layer's gathered weights from its forward to its backward "
+                        "(pack-train --no-reshard-after-forward)")
+    p.add_argument("--grad-reduce", default="fp32", choices=GRAD_REDUCE,
+                   help="dtype of the gradient reduction (pack-train --grad-reduce)")
     p.add_argument("--profile-steps", default=None, metavar="FIRST-LAST",
                    help="pack-train --profile-steps for every entry (e.g. 21-23, past --warmup): where those "
                         "steps' GPU time went, in the JSON (rank 0) and in each run's profile/ folder. The "

@@ -654,6 +654,29 @@ def test_bench_precision_entries_and_ratios_against_the_first():
     assert cells[1:9] == ["fp8", "125", "1.25", "143", "1.30", "50.0%", "3.9600", "-1.00%"]
 
 
+def test_bench_precision_passes_the_fsdp_options_to_pack_train(tmp_path, monkeypatch):
+    """--no-reshard-after-forward and --grad-reduce reach every entry's TrainConfig (pack-train's own
+    options of the same names); left out, they are pack-train's defaults."""
+    import bench_precision as bp
+
+    import trainer
+
+    seen = []
+
+    def stop(config):
+        seen.append(config)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(trainer, "train", stop)
+    for argv, reshard, reduce in ((["--no-reshard-after-forward", "--grad-reduce", "bf16"], False, "bf16"),
+                                  ([], True, "fp32")):
+        args = bp.parse_args([*argv, "--workdir", str(tmp_path), "--shared", str(tmp_path)])
+        with pytest.raises(RuntimeError, match="stop"):
+            bp.run_entry("fp8:tensorwise", tmp_path, args)
+        assert (seen[-1].reshard_after_forward, seen[-1].grad_reduce) == (reshard, reduce)
+        assert (seen[-1].dtype, seen[-1].fp8_recipe) == ("fp8", "tensorwise")
+
+
 @pytest.mark.slow
 def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, monkeypatch):
     """scripts/bench_unsloth.py with a stand-in for `unsloth` (HF + peft under Unsloth's API): it
