@@ -31,17 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from bench_train import no_checkpoint_writes
-from trainer.config import GRAD_REDUCE
 from benchlib import (
     LLAMA2,
+    free_memory,
     jsonable,
     load_source_examples,
     machine_summary,
+    reset_cuda_peak,
     seeded_order,
     shared_dir,
     write_json,
     write_jsonl,
 )
+
+from trainer.config import GRAD_REDUCE
 
 
 def parse_entry(entry: str, seed: int = 0) -> tuple[str, str | None, int]:
@@ -103,8 +106,14 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         import shutil
 
         shutil.rmtree(out)
-    with no_checkpoint_writes():  # no checkpoint of 1-8B parameters on disk
-        summary = train(config)
+    # each entry's peak is its own, not the highest of the entries before it in this process
+    device = entry_device()
+    reset_cuda_peak(device)
+    try:
+        with no_checkpoint_writes():  # no checkpoint of 1-8B parameters on disk
+            summary = train(config)
+    finally:
+        free_memory(device)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train_rows = [r for r in records if "loss" in r and "step_time_s" in r]
     timed = [r for r in train_rows if r["step"] > args.warmup]
@@ -122,6 +131,15 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         "profile": (json.loads((out / "profile" / "rank0.json").read_text())
                     if args.profile_steps and (out / "profile" / "rank0.json").is_file() else None),
     }
+
+
+def entry_device() -> "torch.device":
+    """The GPU this rank trains on (torchrun's LOCAL_RANK), or the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:

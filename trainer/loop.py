@@ -13,6 +13,7 @@ per-micro-batch means. The window's loss-token count is known on the host before
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import time
 from dataclasses import asdict
@@ -57,6 +58,8 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
                 "with --grad-checkpointing [N] or keep fewer with --activation-memory-budget 0.7; checkpoints "
                 "saved before are intact (continue with --resume)"
             ) from None
+        finally:
+            gc.unfreeze()  # what freeze_heap set aside is the collector's again
 
 
 def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:
@@ -98,6 +101,8 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])
+            if step == run.start_step + 1:  # the layers and the optimizer are compiled now
+                freeze_heap()
             if run.profiler is not None:
                 run.profiler.after_step(step)
 
@@ -131,6 +136,17 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     summary = finish(run, meter, step, last_loss, last_path, last_eval, best, stopped_by_sigterm=stopping)
     close_distributed(info)
     return summary
+
+
+def freeze_heap() -> None:
+    """Set every Python object alive now aside from the garbage collector (`gc.freeze`): the model,
+    torch.compile's code and caches, some 10^5-10^6 objects once the first step has compiled the
+    layers. Python's full collection walks all of them each time it runs, every few steps, for
+    about 0.3 s; in one process that is a pause the GPU's queue may hide, under torchrun one rank's
+    pause holds every rank up at the next collective. Frozen, they are skipped; objects created
+    later are collected as before. `train` hands them back (`gc.unfreeze`) when the run ends."""
+    gc.collect()
+    gc.freeze()
 
 
 def _backward(loss: torch.Tensor) -> None:

@@ -656,7 +656,8 @@ def test_bench_precision_entries_and_ratios_against_the_first():
 
 def test_bench_precision_passes_the_fsdp_options_to_pack_train(tmp_path, monkeypatch):
     """--no-reshard-after-forward and --grad-reduce reach every entry's TrainConfig (pack-train's own
-    options of the same names); left out, they are pack-train's defaults."""
+    options of the same names); left out, they are pack-train's defaults. Each entry's peak memory
+    is counted from its own start."""
     import bench_precision as bp
 
     import trainer
@@ -668,11 +669,13 @@ def test_bench_precision_passes_the_fsdp_options_to_pack_train(tmp_path, monkeyp
         raise RuntimeError("stop")
 
     monkeypatch.setattr(trainer, "train", stop)
+    monkeypatch.setattr(bp, "reset_cuda_peak", lambda device: seen.append(("reset", device.type)))
     for argv, reshard, reduce in ((["--no-reshard-after-forward", "--grad-reduce", "bf16"], False, "bf16"),
                                   ([], True, "fp32")):
         args = bp.parse_args([*argv, "--workdir", str(tmp_path), "--shared", str(tmp_path)])
         with pytest.raises(RuntimeError, match="stop"):
             bp.run_entry("fp8:tensorwise", tmp_path, args)
+        assert seen[-2] == ("reset", "cpu")  # each entry's peak memory starts afresh
         assert (seen[-1].reshard_after_forward, seen[-1].grad_reduce) == (reshard, reduce)
         assert (seen[-1].dtype, seen[-1].fp8_recipe) == ("fp8", "tensorwise")
 

@@ -536,6 +536,38 @@ def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Pa
     assert capped["total_steps"] == 2
 
 
+def test_the_heap_is_frozen_after_the_first_step_and_handed_back_when_the_run_ends(
+        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the first step has run (and compiled), the objects alive are set aside from Python's full
+    garbage collections (`trainer.loop.freeze_heap`); when the run ends, or fails, they are the
+    collector's again, so a process that trains twice frees the first run's model."""
+    import gc
+
+    import trainer.loop as loop
+
+    steps, frozen = [], []
+    real_step, real_freeze = loop.Meter.step, loop.freeze_heap
+    monkeypatch.setattr(loop.Meter, "step", lambda self, *a: (steps.append(1), real_step(self, *a))[1])
+
+    def freeze() -> None:
+        real_freeze()
+        frozen.append((len(steps), gc.get_freeze_count()))
+
+    monkeypatch.setattr(loop, "freeze_heap", freeze)
+    train(_config(packed, tmp_path / "a", max_steps=3))
+    assert len(frozen) == 1 and frozen[0][0] == 1 and frozen[0][1] > 1000  # after step 1 only
+    assert gc.get_freeze_count() == 0
+
+    def freeze_then_fail() -> None:
+        real_freeze()
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(loop, "freeze_heap", freeze_then_fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(_config(packed, tmp_path / "b", max_steps=3))
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_shard_changed_after_packing_stops_training_before_any_checkpoint(packed: Path, tmp_path: Path) -> None:
     """A flipped, in-vocabulary token id passes the structural checks; the sha256 check beside
     training catches it (by default): one line, and no checkpoint holds what it trained on."""
