@@ -90,6 +90,7 @@ def prepare(args: argparse.Namespace, rank: int) -> Path:
 def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """pack-train's loop for one precision; its summary and the timed steps' rate."""
     from trainer import TrainConfig, train
+    from trainer.parallel import pick_device
 
     dtype, recipe, seed = parse_entry(entry, args.seed)
     out = args.workdir / f"run-{entry.replace(':', '-').replace('@', '-seed')}"
@@ -107,7 +108,7 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
 
         shutil.rmtree(out)
     # each entry's peak is its own, not the highest of the entries before it in this process
-    device = entry_device()
+    device = pick_device("auto")  # the device pack-train's --device auto trains on
     reset_cuda_peak(device)
     try:
         with no_checkpoint_writes():  # no checkpoint of 1-8B parameters on disk
@@ -131,15 +132,6 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
         "profile": (json.loads((out / "profile" / "rank0.json").read_text())
                     if args.profile_steps and (out / "profile" / "rank0.json").is_file() else None),
     }
-
-
-def entry_device() -> "torch.device":
-    """The GPU this rank trains on (torchrun's LOCAL_RANK), or the CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:

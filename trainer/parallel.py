@@ -38,9 +38,8 @@ class DistInfo:
         collective on a device; unnamed, PyTorch warns that it guesses the current one)."""
         if not self.enabled:
             return
-        if self.device is not None and self.device.type == "cuda":
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            dist.barrier(device_ids=[index])
+        if self.device is not None and self.device.type == "cuda":  # indexed: pick_device sees to it
+            dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
 
