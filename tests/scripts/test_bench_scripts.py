@@ -785,3 +785,43 @@ def test_the_activation_memory_budget_reaches_every_compiled_path(tmp_path, monk
             bt.run_hf_path("hf-ffd-sdpa+layers", s)
         assert seen == {"packlm": want, "hf": want}
         assert functorch_config.activation_memory_budget == 1.0
+
+
+# ------------------------------------------------------------------------- bench_fp8_layers (CPU)
+
+
+def test_bench_fp8_layers_row_fills_the_tokens_with_restarting_positions():
+    import bench_fp8_layers as bf
+
+    row = bf.packed_row(8192, seed=0, device=CPU)
+    cu = row["cu_seq_lens_q"].tolist()
+    lengths = np.diff(cu)
+    assert cu[0] == 0 and cu[-1] == 8192 and len(cu) > 4 and (lengths > 0).all()
+    assert row["max_length_q"] == row["max_length_k"] == lengths.max() <= 2048
+    starts = torch.zeros(8192, dtype=torch.bool)
+    starts[cu[:-1]] = True
+    assert (row["position_ids"][0][starts] == 0).all() and (row["position_ids"][0][~starts] > 0).all()
+
+
+def test_bench_fp8_layers_weight_scaled_variant_keeps_every_example_exact(monkeypatch):
+    """The benchmark's `rowwise_tw_weight` (per-token activation scales, one scale per weight) is
+    packing-exact like rowwise_with_gw_hp: each example's loss and gradients equal its own alone
+    (torchao's CPU emulation; tests/trainer/test_fp8.py's comparison, whose negative control is
+    tensorwise)."""
+    pytest.importorskip("torchao.float8")
+    import dataclasses
+
+    import bench_fp8_layers as bf
+    from trainer import fp8
+
+    sys.path.insert(0, str(REPO / "tests" / "trainer"))
+    import test_fp8
+
+    real = fp8.fp8_config
+    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False, fsdp=False: (
+        dataclasses.replace(bf.variant_config(recipe), emulate=emulate) if recipe in bf.VARIANTS
+        else real(recipe, emulate=emulate, fsdp=fsdp)))
+    loss_gap, grad_gap = test_fp8._packed_vs_alone("rowwise_tw_weight")
+    assert loss_gap < 1e-5 and grad_gap < 1e-4
+    with pytest.raises(SystemExit, match="unknown recipe"):
+        bf.variant_config("rowwise_tw_everything")
