@@ -16,10 +16,11 @@ Recipes (`--fp8-recipe`), torchao's names:
   packed with (the product's promise; `tests/trainer/test_fp8.py` proves it on torchao's CPU
   emulation, with `tensorwise` as the negative control).
 - `rowwise`: the same, with the weight gradient in float8 too, scaled per column over the
-  micro-batch's tokens: faster, but an example's weight gradient then depends on the tokens packed
-  beside it.
-- `tensorwise`: one scale per tensor (the micro-batch's largest value): fastest, and every number
-  depends on the whole micro-batch.
+  micro-batch's tokens: an example's weight gradient then depends on the tokens packed beside it.
+  Its extra casts cost more than the float8 weight gradient saves, so it is slower than the default.
+- `tensorwise`: one scale per tensor (the micro-batch's largest value): every number depends on the
+  whole micro-batch. Every matmul runs in float8; the fastest recipe at the 8B shape, but not at
+  1B, where its casts outweigh that (`scripts/bench_fp8_layers.py`, BENCHMARKS.md).
 
 The two batch-dependent recipes are what other trainers run; pack-train runs them when asked and
 says at start-up that they break the packed == alone guarantee. Under FSDP2 (`--parallel fsdp`),
