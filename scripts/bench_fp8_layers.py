@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """FP8 recipes against bf16 on the decoder layers alone: time and GPU work per layer, one GPU.
 
-A step of an 8B full fine-tune is almost all decoder layers, so the fp8 speed-up a run can reach
-is the layers' speed-up. This builds a preset's decoder with `--layers` layers (the llama-8b shape
+A step of an 8B full fine-tune is almost all decoder layers, and the rest (embedding, output head,
+optimizer) does not get faster in float8, so a run that recomputes no layer gains at most what its
+layers gain. (Recomputation runs the forward, all of it in float8, twice, which shifts the mix.)
+This builds a preset's decoder with `--layers` layers (the llama-8b shape
 by default), bf16 weights, pack-train's packed attention and each layer compiled as pack-train
 compiles it, then runs forward + backward of one packed row of `--tokens` tokens (examples of
 random lengths) through it, for each `--recipes` entry:
@@ -16,7 +18,8 @@ random lengths) through it, for each `--recipes` entry:
   the weight alone.
 
 Each entry: `--iters` timed iterations (CUDA events) after `--warmup`, then 3 profiled ones: GPU ms
-per layer by kernel kind (`trainer.profiling.kernel_kind`) and the kernels that take the most.
+per layer by kernel kind (`trainer.profiling.kernel_kind`) and the kernels that take the most. "Per
+layer" divides the whole decoder's time by `--layers`; its embedding and final norm are a small part.
 
     python scripts/bench_fp8_layers.py --recipes bf16,rowwise_with_gw_hp,rowwise_tw_weight,tensorwise \\
         --json bench_fp8_layers.json
