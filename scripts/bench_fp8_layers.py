@@ -37,6 +37,7 @@ import torch
 
 from benchlib import device_name, machine_summary, write_json  # puts the repository on sys.path
 
+from trainer.batch import collate_flat
 from trainer.fp8 import RECIPES, check_fp8, convertible, fp8_config
 from trainer.model import compile_decoder_layers, decoder_layers, prepare, preset_config
 from trainer.profiling import new_profiler, profile_summary
@@ -62,16 +63,16 @@ def variant_config(name: str) -> Any:
 
 
 def packed_row(tokens: int, seed: int, device: torch.device) -> dict[str, Any]:
-    """Model kwargs of one packed row: examples of 64-2,048 tokens filling `tokens` exactly."""
+    """Model kwargs of one packed row (`trainer.batch.MicroBatch`): examples of 64-2,048 tokens
+    filling `tokens` exactly."""
     rng = np.random.default_rng(seed)
     lengths: list[int] = []
     while sum(lengths) < tokens:
         lengths.append(int(min(rng.integers(64, 2049), tokens - sum(lengths))))
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
-    positions = torch.cat([torch.arange(n) for n in lengths]).view(1, -1).to(device)
-    ids = torch.from_numpy(rng.integers(0, 32000, size=(1, tokens))).to(device)
-    return {"input_ids": ids, "position_ids": positions, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
-            "max_length_q": max(lengths), "max_length_k": max(lengths)}
+    seq_lens = np.array(lengths)
+    positions = np.arange(tokens) - np.repeat(np.cumsum(seq_lens) - seq_lens, seq_lens)
+    ids = rng.integers(0, 32000, size=tokens)
+    return collate_flat(ids, ids, positions, seq_lens).to(device).model_kwargs()
 
 
 def build(args: argparse.Namespace, recipe: str, device: torch.device) -> torch.nn.Module:

@@ -140,12 +140,12 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
 
 def freeze_heap() -> None:
     """Set every Python object alive now aside from the garbage collector (`gc.freeze`): the model,
-    torch.compile's code and caches, about 810,000 objects per rank once the first step has compiled
-    an 8B model's layers. Python's full collection walks all of them whenever it runs, for about
-    half a second; in one process that is a pause the GPU's queue may hide, under torchrun one
-    rank's pause holds every rank up at the next collective. Frozen, they are skipped; objects
-    created later are collected as before. `train` hands them back (`gc.unfreeze`) when the run
-    ends."""
+    torch.compile's code and caches, hundreds of thousands of objects per rank once the first step
+    has compiled a large model's layers. Python's full collection walks all of them whenever it
+    runs (BENCHMARKS.md times it at 8B); in one process that is a pause the GPU's queue may hide,
+    under torchrun one rank's pause holds every rank up at the next collective. Frozen, they are
+    skipped; objects created later are collected as before. `train` hands them back
+    (`gc.unfreeze`) when the run ends."""
     gc.collect()
     gc.freeze()
 
