@@ -10,13 +10,18 @@ control, the same precision from another random initialisation over the same row
 metrics.jsonl), the held-out loss and each entry's ratios against the first entry: the speed-up
 and the held-out loss's relative difference (issue 38: fp8 within 1% of bf16).
 
+An entry `hf/bf16` or `hf/fp8[:RECIPE]` is the Hugging Face peer on the same rows and GPUs
+(`run_hf_entry`): every rank trains a plain `LlamaForCausalLM` on the rows pack-train's rank takes
+at each step, wrapped as pack-train wraps its model (FSDP2 or DDP). Put it first, and every
+pack-train entry's ratio is against it. It has no held-out evaluation.
+
 One process, or every rank of a torchrun launch (FSDP2 with `--parallel fsdp`): rank 0 packs while
 the others wait for its marker file; only rank 0 writes the report.
 
     python scripts/bench_precision.py --model llama-1b --dtypes bf16-weights,fp8,fp8:tensorwise \\
         --steps 200 --json bench_precision.json
     torchrun --nproc-per-node 4 scripts/bench_precision.py --model llama-8b --parallel fsdp \\
-        --tokens-per-step 8192 --dtypes bf16,fp8:tensorwise --steps 40 --json fp8_8b.json
+        --tokens-per-step 8192 --dtypes hf/bf16,bf16,fp8:tensorwise --steps 40 --json fp8_8b.json
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ def parse_entry(entry: str, seed: int = 0) -> tuple[str, str | None, int]:
     entry, _, entry_seed = entry.partition("@")
     dtype, _, recipe = entry.partition(":")
     return dtype, (recipe or None), (int(entry_seed) if entry_seed else seed)
+
+
+HF = "hf/"  # the prefix of the Hugging Face peer's entries
 
 
 def prepare(args: argparse.Namespace, rank: int) -> Path:
@@ -134,6 +142,99 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
     }
 
 
+def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The Hugging Face peer of pack-train's run: what a skilled user runs with HF on these GPUs.
+
+    Each rank builds the same randomly initialised `LlamaForCausalLM` (`flash_attention_2` where
+    flash-attn imports on CUDA, else `sdpa`), takes at each step exactly the rows pack-train's rank
+    takes (`plan_step_rows`), flattened by HF's own collator with restarting `position_ids` and,
+    for FA2, the boundaries (`bench_train.hf_row_batches`: TRL's `padding_free` rows), and runs HF's
+    forward with `labels=` (HF's loss, a mean over its own rank's tokens). It gets pack-train's
+    setup around the model: `--grad-checkpointing`'s layers recomputed, each decoder layer
+    compiled with pack-train's settings, then FSDP2 (bf16 parameters over fp32 shards,
+    `--grad-reduce`, `--no-reshard-after-forward`) or DDP; bf16 autocast, fused AdamW, clip 1.0
+    at a constant `--lr`. `hf/fp8` converts each decoder linear layer to torchao's float8 training
+    first (`bench_train.hf_fp8`, the recipe after the colon, pack-train's default without one).
+
+    Its result has pack-train's entries' keys, from metrics lines of its own: every `--log-every`
+    steps the ranks' token counts are summed and the window timed, with one wait for the GPU, as
+    pack-train's log lines do. No held-out evaluation (`eval_loss` None).
+    """
+    import torch
+
+    from bench_train import hf_fp8, hf_row_batches, hf_step_fn, n_params_of, plan_step_rows
+    from benchlib import build_hf_model, cuda_peak_gib, make_optimizer, sync
+
+    from pipeline.shards import manifest_vocab, read_manifest
+    from trainer.model import compile_decoder_layers, decoder_layers, enable_grad_checkpointing
+    from trainer.parallel import close_distributed, pick_device, setup_distributed, wrap_parallel
+
+    dtype, recipe, seed = parse_entry(entry.removeprefix(HF), args.seed)
+    if dtype not in ("bf16", "fp8"):
+        raise SystemExit(f"{entry}: the Hugging Face peer runs hf/bf16 or hf/fp8[:RECIPE]")
+    device = pick_device("auto")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    info = setup_distributed(device)
+    try:
+        import flash_attn  # noqa: F401
+
+        attn = "flash_attention_2" if device.type == "cuda" else "sdpa"
+    except ImportError:
+        attn = "sdpa"
+    reset_cuda_peak(device)
+    model = build_hf_model(args.model, attn, device, manifest_vocab(read_manifest(folder).tokenizer), seed)
+    n_params = n_params_of(model)
+    layers = decoder_layers(model)
+    if args.grad_checkpointing:
+        enable_grad_checkpointing(model, every=args.grad_checkpointing)
+    if dtype == "fp8":
+        hf_fp8(layers, recipe or "rowwise_with_gw_hp")
+    if device.type == "cuda":  # as pack-train's --compile defaults
+        compile_decoder_layers(model)
+    module = wrap_parallel(model, layers, info, fsdp=args.parallel == "fsdp", bf16=True,
+                           reduce_bf16=args.grad_reduce == "bf16", bucket_mb=250,
+                           reshard_after_forward=args.reshard_after_forward)
+    opt = make_optimizer(module, args.lr, device)
+    step = hf_step_fn(module, opt, device, "bf16")
+    steps = plan_step_rows(folder, args.tokens_per_step, args.seed, args.steps,
+                           world_size=info.world_size, rank=info.rank)
+    rows: list[dict[str, Any]] = []
+    tokens, since, last = 0, 0, time.perf_counter()
+    try:
+        for k, thunk in enumerate(hf_row_batches(steps, device, flash_kwargs=attn == "flash_attention_2"), 1):
+            batch = thunk()
+            loss = step(batch.payload)
+            tokens, since = tokens + batch.tokens, since + 1
+            if k % args.log_every and k < args.steps:
+                continue
+            total = torch.tensor([tokens], device=device)
+            if info.enabled:
+                torch.distributed.all_reduce(total)
+            value = float(loss)
+            sync(device)
+            now = time.perf_counter()
+            rows.append({"step": k, "loss": value, "tokens": int(total), "step_time_s": (now - last) / since})
+            last, since = now, 0
+        peak = cuda_peak_gib(device)
+    finally:
+        del module, model, opt, step
+        free_memory(device)
+        close_distributed(info)
+    tokens_per_s = timed_rate(rows, args.warmup)
+    windows = window_rates(rows, args.warmup)
+    last_rate = windows[-1] if windows else 0.0
+    return {
+        "entry": entry, "dtype": dtype, "recipe": recipe, "seed": seed, "tokens_per_s": tokens_per_s,
+        "window_tokens_per_s": windows, "median_window_tokens_per_s": statistics.median(windows) if windows else None,
+        "mfu_last": 6 * n_params * last_rate / (args.peak_tflops * 1e12 * info.world_size) if last_rate else None,
+        "eval_loss": None, "final_loss": rows[-1]["loss"] if rows else None, "peak_mem_gib": peak,
+        "tokens_seen": rows[-1]["tokens"] if rows else 0,
+        "world_size": info.world_size, "attention": attn, "loss_curve": [(r["step"], r["loss"]) for r in rows],
+        "profile": None,
+    }
+
+
 def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:
     """Tokens/s over the metrics.jsonl training lines whose log window starts after `warmup` steps.
 
@@ -205,7 +306,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--dtypes", default="bf16-weights,fp8",
-                   help="comma separated pack-train --dtype values, fp8 with :RECIPE; ratios against the first")
+                   help="comma separated pack-train --dtype values, fp8 with :RECIPE, a model seed with @N; "
+                        "hf/bf16 and hf/fp8[:RECIPE] are the Hugging Face peer on the same rows; ratios against the first")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10,
                    help="steps left out of tokens/s (compile); whole --log-every windows from the first that starts after them")
@@ -249,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         print(f"[{time.perf_counter() - t0:.0f} s] packed rows ready in {folder}", flush=True)
     results = []
     for entry in args.dtypes:
-        res = run_entry(entry, folder, args)
+        res = (run_hf_entry if entry.startswith(HF) else run_entry)(entry, folder, args)
         results.append(res)
         if rank != 0:
             continue

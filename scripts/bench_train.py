@@ -574,19 +574,20 @@ def _finish_path(res: PathResult, lens: Any, s: Setup, *, path: str, runner: str
     return res
 
 
-def plan_step_rows(folder: Path, tokens_per_step: int, seed: int, count: int,
-                   first: int = 0) -> list[list[dict[str, np.ndarray]]]:
-    """The rows of optimizer steps first..first+count-1 that pack-train takes from `folder` (single
-    process, grad_accum 1), in its order: the same deterministic `trainer.stream.Planner` plan."""
+def plan_step_rows(folder: Path, tokens_per_step: int, seed: int, count: int, first: int = 0, *,
+                   world_size: int = 1, rank: int = 0) -> list[list[dict[str, np.ndarray]]]:
+    """The rows of optimizer steps first..first+count-1 that rank `rank` of pack-train's
+    `world_size` data-parallel ranks takes from `folder` (grad_accum 1), in its order: the same
+    deterministic `trainer.stream.Planner` plan."""
     from trainer.stream import Cursor, Planner, row_lengths, step_cursor
 
     manifest = read_manifest(folder)
-    planner = Planner(row_lengths(folder, manifest), tokens_per_step, seed=seed)
+    planner = Planner(row_lengths(folder, manifest), tokens_per_step, seed=seed, world_size=world_size)
     rows = list(iter_rows(folder))
     steps = []
     for k in range(first, first + count):
         cur = step_cursor(planner, Cursor(), k)
-        steps.append([rows[int(i)] for i in planner.plan(cur.epoch).rows(cur.step_in_epoch)])
+        steps.append([rows[int(i)] for i in planner.local_rows(cur.epoch, cur.step_in_epoch, rank)])
     return steps
 
 

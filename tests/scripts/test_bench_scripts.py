@@ -680,6 +680,84 @@ def test_bench_precision_passes_the_fsdp_options_to_pack_train(tmp_path, monkeyp
         assert (seen[-1].dtype, seen[-1].fp8_recipe) == ("fp8", "tensorwise")
 
 
+def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) -> None:
+    """One rank of bench_precision: pack-train's FSDP2 entry, then the Hugging Face peer's; writes
+    the input_ids of every micro-batch each one trained on, and the peer's result."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    import bench_precision as bp
+    import torch.distributed as dist
+
+    import trainer
+    from trainer import stream
+
+    seen: dict[str, list] = {"pack-train": [], "hf": []}
+    read = stream.ShardReader.microbatch
+
+    def spy_read(self, rows):
+        mb = read(self, rows)
+        seen["pack-train"].append(mb.input_ids.flatten().tolist())
+        return mb
+
+    stream.ShardReader.microbatch = spy_read
+    config = trainer.TrainConfig
+    trainer.TrainConfig = lambda **kw: config(**{**kw, "num_workers": 0})  # reads in this process
+    make_step = bt.hf_step_fn
+
+    def spy_step(*a, **kw):
+        step = make_step(*a, **kw)
+
+        def run(batch):
+            seen["hf"].append(batch["input_ids"].flatten().tolist())
+            return step(batch)
+        return run
+
+    bt.hf_step_fn = spy_step
+    # one process group for both entries, as torchrun's store gives each entry's group; a second
+    # env:// group after the first is destroyed would wait on the first one's rendezvous keys
+    dist.init_process_group("gloo")
+    args = bp.parse_args(["--model", "tiny", "--parallel", "fsdp", "--tokens-per-step", "128", "--steps", "3",
+                          "--warmup", "1", "--log-every", "1", "--lr", "1e-3", "--workdir", workdir,
+                          "--shared", workdir])
+    bp.run_entry("bf16", Path(folder), args)
+    result = bp.run_hf_entry("hf/bf16", Path(folder), args)
+    dist.destroy_process_group()
+    Path(workdir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "result": result}))
+
+
+def test_bench_precision_hf_peer_trains_on_each_ranks_pack_train_rows(tmp_path):
+    """`hf/bf16` under FSDP2 on two ranks: each rank's HF model trains, step by step, on exactly the
+    tokens pack-train's same rank read from the shards in its own run (disjoint across ranks);
+    the peer's metrics lines count both ranks' tokens, as pack-train's summary does."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from packed_factory import pack_lengths
+
+    lengths = np.random.default_rng(0).integers(4, 40, size=50).tolist()
+    make_packed_folder(tmp_path / "p", pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=7)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(_peer_worker, args=(2, port, str(tmp_path / "p"), str(tmp_path)), nprocs=2,
+                       join=True, start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert len(r["seen"]["pack-train"]) == 3 and r["seen"]["hf"] == r["seen"]["pack-train"]
+    assert ranks[0]["seen"]["hf"] != ranks[1]["seen"]["hf"]
+    res = ranks[0]["result"]
+    assert res["world_size"] == 2 and res["attention"] == "sdpa" and res["eval_loss"] is None
+    assert [step for step, _ in res["loss_curve"]] == [1, 2, 3]
+    both = sum(len(ids) for r in ranks for ids in r["seen"]["hf"])
+    assert res["tokens_per_s"] > 0 and len(res["window_tokens_per_s"]) == 2  # steps 2 and 3, after warm-up
+    summary = json.loads((tmp_path / "run-bf16" / "summary.json").read_text())
+    assert summary["tokens"] == res["tokens_seen"] == both
+
+
 @pytest.mark.slow
 def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, monkeypatch):
     """scripts/bench_unsloth.py with a stand-in for `unsloth` (HF + peft under Unsloth's API): it
