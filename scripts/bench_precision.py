@@ -31,7 +31,8 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,9 +174,7 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     if dtype not in ("bf16", "fp8"):
         raise SystemExit(f"{entry}: the Hugging Face peer runs hf/bf16 or hf/fp8[:RECIPE]")
     device = pick_device("auto")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    info = setup_distributed(device)
+    info = setup_distributed(device)  # main's group under torchrun, so closing it below leaves it open
     try:
         import flash_attn  # noqa: F401
 
@@ -211,7 +210,7 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
             total = torch.tensor([tokens], device=device)
             if info.enabled:
                 torch.distributed.all_reduce(total)
-            value = float(loss)
+            value = float(loss.detach())
             sync(device)
             now = time.perf_counter()
             rows.append({"step": k, "loss": value, "tokens": int(total), "step_time_s": (now - last) / since})
@@ -349,6 +348,32 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     folder = prepare(args, rank)
     if rank == 0:
         print(f"[{time.perf_counter() - t0:.0f} s] packed rows ready in {folder}", flush=True)
+    with process_group():
+        return run_entries(args, folder, rank, t0)
+
+
+@contextmanager
+def process_group() -> Iterator[None]:
+    """Under torchrun, one process group for every entry (pack-train's and the peer's runs find it
+    and leave it open), destroyed at the end. A group of each entry's own, made after the one
+    before it was destroyed, can take that one's stale NCCL address from torchrun's store: the
+    second entry's first collective then fails with "Connection refused"."""
+    import torch
+
+    from trainer.parallel import close_distributed, pick_device, setup_distributed
+
+    device = pick_device("auto")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    info = setup_distributed(device)
+    try:
+        yield
+    finally:
+        close_distributed(info)
+
+
+def run_entries(args: argparse.Namespace, folder: Path, rank: int, t0: float) -> list[dict[str, Any]]:
+    """Each --dtypes entry in turn; rank 0 prints and saves the table after every one."""
     results = []
     for entry in args.dtypes:
         res = (run_hf_entry if entry.startswith(HF) else run_entry)(entry, folder, args)

@@ -716,15 +716,15 @@ def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) ->
         return run
 
     bt.hf_step_fn = spy_step
-    # one process group for both entries, as torchrun's store gives each entry's group; a second
-    # env:// group after the first is destroyed would wait on the first one's rendezvous keys
-    dist.init_process_group("gloo")
     args = bp.parse_args(["--model", "tiny", "--parallel", "fsdp", "--tokens-per-step", "128", "--steps", "3",
                           "--warmup", "1", "--log-every", "1", "--lr", "1e-3", "--workdir", workdir,
                           "--shared", workdir])
-    bp.run_entry("bf16", Path(folder), args)
-    result = bp.run_hf_entry("hf/bf16", Path(folder), args)
-    dist.destroy_process_group()
+    with bp.process_group():  # main's one group for every entry (gloo here), open across both
+        bp.run_entry("bf16", Path(folder), args)
+        assert dist.is_initialized()
+        result = bp.run_hf_entry("hf/bf16", Path(folder), args)
+        assert dist.is_initialized()
+    assert not dist.is_initialized()
     Path(workdir, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "result": result}))
 
 
