@@ -758,6 +758,16 @@ def test_bench_precision_hf_peer_trains_on_each_ranks_pack_train_rows(tmp_path):
     assert summary["tokens"] == res["tokens_seen"] == both
 
 
+def test_bench_precision_hf_peer_refuses_a_precision_it_does_not_run(tmp_path):
+    """The peer runs bf16 and fp8; `hf/bf16-weights` (pack-train's own master-weight precision)
+    stops in one line before any model is built."""
+    import bench_precision as bp
+
+    args = bp.parse_args(["--workdir", str(tmp_path), "--shared", str(tmp_path)])
+    with pytest.raises(SystemExit, match="hf/bf16-weights: the Hugging Face peer runs hf/bf16 or hf/fp8"):
+        bp.run_hf_entry("hf/bf16-weights", tmp_path, args)
+
+
 @pytest.mark.slow
 def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, monkeypatch):
     """scripts/bench_unsloth.py with a stand-in for `unsloth` (HF + peft under Unsloth's API): it
