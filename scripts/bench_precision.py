@@ -163,7 +163,7 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     """
     import torch
 
-    from bench_train import hf_fp8, hf_row_batches, hf_step_fn, n_params_of, plan_step_rows
+    from bench_train import flash_attn_available, hf_fp8, hf_row_batches, hf_step_fn, n_params_of, plan_step_rows
     from benchlib import build_hf_model, cuda_peak_gib, make_optimizer, sync
 
     from pipeline.shards import manifest_vocab, read_manifest
@@ -175,12 +175,7 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
         raise SystemExit(f"{entry}: the Hugging Face peer runs hf/bf16 or hf/fp8[:RECIPE]")
     device = pick_device("auto")
     info = setup_distributed(device)  # main's group under torchrun, so closing it below leaves it open
-    try:
-        import flash_attn  # noqa: F401
-
-        attn = "flash_attention_2" if device.type == "cuda" else "sdpa"
-    except ImportError:
-        attn = "sdpa"
+    attn = "flash_attention_2" if device.type == "cuda" and flash_attn_available() else "sdpa"
     reset_cuda_peak(device)
     model = build_hf_model(args.model, attn, device, manifest_vocab(read_manifest(folder).tokenizer), seed)
     n_params = n_params_of(model)
