@@ -32,7 +32,7 @@ from transformers import AttentionInterface, masking_utils
 from transformers.masking_utils import AttentionMaskInterface
 
 from pipeline.errors import UserError
-from trainer import packed_row, positions
+from trainer import context_parallel, packed_row, positions
 from trainer.kernel_features import FEATURE_NAMES, KERNELS, Features, with_tensors
 from trainer.kernels import (
     fa4_importable,
@@ -271,7 +271,8 @@ def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable
             observe(module, features)
         query = positions.packed_queries(module, query)  # Llama 4's temperature, per example
         flat = lambda x: x.transpose(1, 2).reshape(seq, x.shape[1], x.shape[3])  # noqa: E731
-        out = varlen_attention(
+        attend = context_parallel.attention if context_parallel.active() else varlen_attention
+        out = attend(
             flat(query), flat(key), flat(value), cu_seqlens, int(max_seqlen),
             backend=backend, scale=scaling, features=features,
             sinks=kwargs.get("s_aux") if features.sinks else None,

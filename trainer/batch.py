@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ class MicroBatch:
     n_tokens: int
     n_loss_tokens: int
     n_examples: int
+    # under context parallelism, this rank's share of the row (trainer.context_parallel.RowShard):
+    # cu_seqlens then cut the share into pieces, and attention reads the rest from it
+    context: Any = None
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> MicroBatch:
         """Copy tensors to `device`. To a GPU, host tensors are first pinned (page-locked) here, in

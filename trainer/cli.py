@@ -106,6 +106,12 @@ class LocalFolder(click.Path):
                    "--activation-memory-budget 0.7). 1 (default): keep what makes the step fastest.")
 @click.option("--parallel", default="ddp", type=click.Choice(["ddp", "fsdp"]),
               help="Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer).")
+@click.option("--context-parallel", default=1, type=click.IntRange(min=1),
+              help="Split each micro-batch (one packed row) over N neighbouring ranks of torchrun, for "
+                   "examples longer than one GPU holds: each rank keeps a share of the row's tokens and "
+                   "attention gathers the row's keys and values, so every example computes what it does in "
+                   "one process. N divides the number of ranks; the rest is data parallelism (DDP, or FSDP2 "
+                   "sharding over all ranks). Attention: flash_attn (GPU) or sdpa.")
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),
               help="Dtype of the gradient all-reduce (DDP) / reduce-scatter (FSDP2) across ranks: "
                    "bf16 halves the traffic at some precision cost. No effect on one process.")

@@ -65,6 +65,7 @@ class TrainConfig:
     qlora: bool = False  # the frozen base's decoder linear layers in 4-bit NF4 (trainer.lora)
     save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
     parallel: str = "ddp"
+    context_parallel: int = 1  # ranks that share each micro-batch (trainer.context_parallel)
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
     ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.parallel
@@ -98,6 +99,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
     "lora_r": _AT_LEAST_0, "lora_alpha": Check(float), "lora_dropout": _FRACTION, "lora_target": Check(str),
     "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
+    "context_parallel": _AT_LEAST_1,
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
     "ddp_bucket_mb": _AT_LEAST_1,
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
@@ -133,6 +135,9 @@ def validate(config: TrainConfig) -> None:
                         "weights are frozen, so DDP holds no optimizer state for them)")
     if config.profile_steps is not None:
         parse_step_range(config.profile_steps)
+    if config.context_parallel > 1 and config.attn not in ("auto", "flash_attn", "sdpa"):
+        raise UserError(f"--context-parallel needs --attn flash_attn (GPU) or sdpa: {config.attn} cannot attend a "
+                        "share of an example to the keys of the whole row")
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
         raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")

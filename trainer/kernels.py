@@ -168,13 +168,17 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks
     return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
 
 
-def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
+def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks, cu_seqlens_k=None,
+                       max_seqlen_k=None):
     """flash-attn 2: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
-    softmax_scale, causal, window_size, softcap); grouped-query attention is native."""
+    softmax_scale, causal, window_size, softcap); grouped-query attention is native. Key boundaries
+    of their own (`cu_seqlens_k`) align the causal mask to the bottom right, as flash-attn >= 2.1 does."""
     from flash_attn import flash_attn_varlen_func
 
+    cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    max_k = max_seqlen if max_seqlen_k is None else max_seqlen_k
     return flash_attn_varlen_func(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+        q, k, v, cu_seqlens, cu_k, max_seqlen, max_k,
         dropout_p=0.0, softmax_scale=scale, causal=True,
         window_size=(-1 if feats.window is None else feats.window - 1, 0),
         softcap=0.0 if feats.softcap is None else feats.softcap,
@@ -219,10 +223,10 @@ _KERNELS: dict[str, Callable] = {
 }
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, same_length: bool = True) -> None:
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"varlen attention wants [T, H, D] tensors, got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape[:2] != v.shape[:2] or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+    if k.shape[:2] != v.shape[:2] or (same_length and q.shape[0] != k.shape[0]) or q.shape[2] != k.shape[2]:
         raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)}/{tuple(v.shape)} do not match")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
@@ -239,6 +243,8 @@ def varlen_attention(
     scale: float | None = None,
     features: Features = Features(),
     sinks: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
     """Causal attention within each example of a packed sequence, never across examples.
 
@@ -248,8 +254,19 @@ def varlen_attention(
     window / chunk / softcap, `sinks` its per-head sink logits [Hq] when it has them (the sinks and
     value_dim flags are taken from the tensors). Returns [T, Hq, Dv]. A feature `backend` cannot
     reproduce raises UserError naming it.
+
+    `cu_seqlens_k` / `max_seqlen_k` (context parallelism, "sdpa" and "flash_attn" only): k and v
+    hold pieces of keys of their own ([Tk, Hkv, D]), each piece's queries being the last tokens of
+    its keys (`trainer.context_parallel` builds them); chunks must be cut by the caller.
     """
-    _check_shapes(q, k, v)
+    if cu_seqlens_k is not None:
+        if backend not in ("sdpa", "flash_attn"):
+            raise UserError(f"attention backend {backend!r} cannot attend a piece of an example to its earlier "
+                            "keys (context parallelism); use --attn flash_attn (GPU) or sdpa")
+        if features.chunk is not None:
+            raise ValueError("cut chunked attention into pieces before passing cu_seqlens_k")
+        cu_seqlens_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32, non_blocking=True)
+    _check_shapes(q, k, v, same_length=cu_seqlens_k is None)
     if backend not in _KERNELS:
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(KERNELS)}")
     feats = with_tensors(features, q, v, sinks)
@@ -261,7 +278,7 @@ def varlen_attention(
         cu_seqlens = cu_seqlens.to(torch.int32)
     cu_seqlens = cu_seqlens.to(q.device, non_blocking=True)
     if backend == "sdpa":
-        return sdpa_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
+        return sdpa_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks, cu_seqlens_k)
     if backend == "flex":  # one dtype: under autocast RoPE hands over float32 q/k and a bf16 v
         device = q.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
@@ -273,5 +290,9 @@ def varlen_attention(
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if feats.chunk is not None:
         cu_seqlens, max_seqlen = split_chunks(cu_seqlens, feats.chunk)
-    out = _KERNELS[backend](q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
+    if cu_seqlens_k is not None:
+        out = _flash_attn_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks, cu_seqlens_k,
+                                 int(max_seqlen_k))
+    else:
+        out = _KERNELS[backend](q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
     return out[..., :value_dim]

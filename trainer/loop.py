@@ -29,6 +29,7 @@ from pipeline.api_errors import python_spelling
 from pipeline.errors import UserError, one_line
 from pipeline.shards import Manifest
 from trainer import checkpoint as ckpt
+from trainer import context_parallel
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
 from trainer.fp8 import refresh_fp8_weight_scales
@@ -60,6 +61,7 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
             ) from None
         finally:
             gc.unfreeze()  # what freeze_heap set aside is the collector's again
+            context_parallel.teardown()
 
 
 def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeline.errors import UserError
 from pipeline.shards import IGNORE_INDEX
+from trainer import packed_row
 from trainer.kernel_features import segment_ids
 from trainer.batch import MicroBatch
 
@@ -104,6 +105,7 @@ def vocab_size(model: torch.nn.Module) -> int:
 
 def hidden_states(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
     """Final decoder hidden states of the flat batch, [T, hidden]."""
+    packed_row.expect(batch.context)
     out = find_decoder(model)(**batch.model_kwargs(), use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden.reshape(-1, hidden.shape[-1])

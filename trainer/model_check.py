@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import UserError
-from trainer import attention, positions
+from trainer import attention, context_parallel, positions
 from trainer.batch import collate_flat
 from trainer.loss import hidden_states, output_logits
 
@@ -166,3 +166,37 @@ def _compare(
             f"{name} cannot be trained on packed rows: a packed example's logits differ from the "
             f"example run alone by {leak:.1e} (relative); {why}"
         )
+
+
+def check_context_parallel(model: torch.nn.Module, rank: int, n_ranks: int) -> None:
+    """Prove that a share of a row split over the `n_ranks` ranks of this rank's context-parallel
+    group (`trainer.context_parallel`) gives the hidden states the whole row gives, on the probe
+    row and one example of 32 tokens per rank, which spans several shares; collective over the
+    group (every rank raises, or none). A model that mixes tokens outside attention, within an
+    example, is refused here in one line."""
+    name = type(model).__name__
+    device = next(model.parameters()).device
+    lengths = np.array(probe_lengths(model) + (32 * n_ranks,))
+    ids = torch.cat(_probe_examples(model.get_input_embeddings().num_embeddings, device, tuple(lengths)))
+    ids = ids.cpu().numpy()
+    row = collate_flat(ids, ids, np.concatenate([np.arange(n) for n in lengths]), lengths)
+    share = context_parallel.shard_microbatch(row, rank, n_ranks)
+    attention.register("sdpa", PROBE_NAME)
+    error = torch.tensor(float("inf"), device=device)
+    failure = ""
+    try:
+        with _exact_float32(model):
+            attention.set_implementation(model, PROBE_NAME)
+            whole = hidden_states(model, row.to(device))
+            part = hidden_states(model, share.to(device))
+            index = torch.from_numpy(share.context.tokens).to(device)
+            scale = max(1.0, float(whole.abs().max()))
+            error = ((part - whole.index_select(0, index)).abs().max() / scale).float().reshape(())
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the reduction below
+        failure = f" ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]})"
+    context_parallel.reduce_max(error)
+    tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE_16BIT)
+    if not float(error) <= tolerance:
+        found = failure or f": a share's hidden states differ from the whole row's by {float(error):.1e} (relative)"
+        raise UserError(f"{name} cannot be trained with --context-parallel{found}; it mixes tokens outside "
+                        "attention (or fails on a share of a row): train it without --context-parallel")

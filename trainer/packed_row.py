@@ -28,9 +28,11 @@ class PackedRow:
     max_seqlen: int
     position_ids: torch.Tensor | None  # int64 [1, T]
     n_tokens: int
+    context: Any = None  # this rank's share of a row split over ranks (trainer.context_parallel)
 
 
 _CURRENT: list[PackedRow | None] = [None]
+_PENDING: list[Any] = [None]
 _HOOKED = "_packlm_packed_row_hook"
 
 
@@ -39,7 +41,13 @@ def current() -> PackedRow | None:
     return _CURRENT[0]
 
 
+def expect(context: Any) -> None:
+    """Attach `context` (a `trainer.context_parallel.RowShard`) to the decoder's next call only."""
+    _PENDING[0] = context
+
+
 def _record(kwargs: dict[str, Any]) -> None:
+    context, _PENDING[0] = _PENDING[0], None
     cu, max_seqlen = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     tokens = kwargs.get("input_ids")
     if tokens is None:
@@ -47,7 +55,7 @@ def _record(kwargs: dict[str, Any]) -> None:
     if cu is None or max_seqlen is None or tokens is None or tokens.shape[0] != 1:
         _CURRENT[0] = None
         return
-    _CURRENT[0] = PackedRow(cu, int(max_seqlen), kwargs.get("position_ids"), int(tokens.shape[1]))
+    _CURRENT[0] = PackedRow(cu, int(max_seqlen), kwargs.get("position_ids"), int(tokens.shape[1]), context)
 
 
 def install(decoder: torch.nn.Module) -> None:

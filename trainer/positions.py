@@ -126,7 +126,11 @@ def _per_example_rope(module: torch.nn.Module) -> None:
     def forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, **kwargs: Any):
         if packed_row.current() is None or kwargs:
             return type(self).forward(self, x, position_ids, **kwargs)
-        lengths = example_lengths(position_ids)
+        row = packed_row.current()
+        if row.context is not None:  # a share of a row split over ranks: its positions do not tell
+            lengths = row.context.lengths_on(position_ids.device).reshape(position_ids.shape)
+        else:
+            lengths = example_lengths(position_ids)
         cos, sin = _with_inv_freq(self, raw, self.original_inv_freq.to(x.device), x, position_ids)
         if self.rope_type == "longrope":  # the long factors, as transformers computes them
             variants = [(threshold + 1, lengths > threshold)]

@@ -38,7 +38,7 @@ def length_buckets(lengths: list[int]) -> list[list[int]]:
     return buckets
 
 
-def sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
+def sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks, cu_seqlens_k=None):
     """Reference: causal attention on each example alone, written the obvious way.
 
     Examples of similar length (`length_buckets`) are right-padded to the longest of their bucket
@@ -47,28 +47,46 @@ def sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
     gradients are exactly zero). Without soft-capping or sinks each bucket is one
     `F.scaled_dot_product_attention` call (causal, or with the window/chunk mask; 4-D, so that
     PyTorch's fused CPU kernel takes it instead of materialising the scores); with them, the scores,
-    mask and softmax are spelled out as transformers' eager attention does."""
+    mask and softmax are spelled out as transformers' eager attention does.
+
+    `cu_seqlens_k` (context parallelism, `trainer.context_parallel`): key boundaries of their own,
+    each piece of keys at least as long as its piece of queries, which are its LAST tokens (the
+    causal mask is aligned to the bottom right, as FlashAttention's is): queries [4, 6) of an
+    example against its keys [0, 6) give cu_seqlens [0, 2] and cu_seqlens_k [0, 6]."""
     hq = q.shape[1]
     groups = hq // k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     bounds = cu_seqlens.tolist()
+    kbounds = bounds if cu_seqlens_k is None else cu_seqlens_k.tolist()
     lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    klengths = [e - s for s, e in zip(kbounds[:-1], kbounds[1:])]
     pieces, positions = [], []
-    for bucket in length_buckets(lengths):
-        longest = lengths[bucket[0]]
-        i = torch.arange(longest, device=q.device)
-        starts = torch.tensor([bounds[b] for b in bucket], device=q.device)
-        sizes = torch.tensor([lengths[b] for b in bucket], device=q.device)
-        real = i[None, :] < sizes[:, None]  # [B, L]
-        index = starts[:, None] + torch.minimum(i[None, :], sizes[:, None] - 1)  # padding repeats a real token
-        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [B, H, L, D]
-        mask = i[None, :] <= i[:, None]
+    for bucket in length_buckets(klengths):
+        if not any(lengths[b] for b in bucket):
+            continue
+        longest_q = max(lengths[b] for b in bucket)
+        longest_k = klengths[bucket[0]]
+        iq = torch.arange(longest_q, device=q.device)
+        ik = torch.arange(longest_k, device=q.device)
+        qstarts = torch.tensor([bounds[b] for b in bucket], device=q.device)
+        qsizes = torch.tensor([max(lengths[b], 1) for b in bucket], device=q.device)
+        kstarts = torch.tensor([kbounds[b] for b in bucket], device=q.device)
+        ksizes = torch.tensor([klengths[b] for b in bucket], device=q.device)
+        real = iq[None, :] < torch.tensor([lengths[b] for b in bucket], device=q.device)[:, None]  # [B, Lq]
+        # padding repeats a real token
+        qindex = qstarts[:, None] + torch.minimum(iq[None, :], qsizes[:, None] - 1)
+        kindex = kstarts[:, None] + torch.minimum(ik[None, :], ksizes[:, None] - 1)
+        qb = q[qindex].transpose(1, 2)  # [B, H, Lq, D]
+        kb, vb = (x[kindex].transpose(1, 2) for x in (k, v))  # [B, H, Lk, D]
+        offsets = ksizes - torch.tensor([lengths[b] for b in bucket], device=q.device)
+        at = iq[None, :] + offsets[:, None]  # [B, Lq]: the key position each query sits at
+        mask = (ik[None, None, :] <= at[:, :, None])[:, None]  # [B, 1, Lq, Lk]
         if feats.window is not None:
-            mask &= i[:, None] - i[None, :] < feats.window
+            mask = mask & (at[:, None, :, None] - ik < feats.window)
         if feats.chunk is not None:
-            mask &= i[:, None] // feats.chunk == i[None, :] // feats.chunk
+            mask = mask & (at[:, None, :, None] // feats.chunk == ik // feats.chunk)
         if feats.softcap is None and sinks is None:
-            plain = feats.window is None and feats.chunk is None
+            plain = feats.window is None and feats.chunk is None and not bool(offsets.any())
             out = F.scaled_dot_product_attention(
                 qb, kb, vb, attn_mask=None if plain else mask, is_causal=plain, scale=scale,
                 enable_gqa=groups > 1)
@@ -81,10 +99,10 @@ def sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
             if sinks is not None:
                 sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)
                 scores = torch.cat([scores, sink], dim=-1)
-            probs = torch.softmax(scores.float(), dim=-1)[..., :longest].to(vb.dtype)
+            probs = torch.softmax(scores.float(), dim=-1)[..., :longest_k].to(vb.dtype)
             out = probs @ vb
-        pieces.append(out.transpose(1, 2)[real])  # [tokens of the bucket, H, Dv]
-        positions.append(index[real])
+        pieces.append(out.transpose(1, 2)[real])  # [query tokens of the bucket, H, Dv]
+        positions.append(qindex[real])
     if not pieces:
         return q.new_zeros((*q.shape[:2], v.shape[-1]))
     placed = torch.cat(positions)

@@ -20,7 +20,7 @@ from trainer.parallel import DistInfo, load_optimizer_state
 from trainer.stream import Cursor
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
-STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size")
+STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_parallel")
 # Options the checkpoint's optimizer and scheduler states carry (its learning rate, schedule shape and
 # AdamW settings are restored from them): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
@@ -63,9 +63,10 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
     saved = state.get("config", {})
     for key in STREAM_KEYS:
         now = world if key == "world_size" else getattr(config, key)
-        if saved.get(key) != now:
+        was = saved.get(key, 1 if key == "context_parallel" else None)  # checkpoints from before the option
+        if was != now:
             raise UserError(
-                f"cannot resume {path}: it was trained with {key}={saved.get(key)} but this run has "
+                f"cannot resume {path}: it was trained with {key}={was} but this run has "
                 f"{key}={now}; the data order would differ: use the same value"
             )
     for key in OPTIMIZER_KEYS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import transformers
 from pipeline.errors import UserError
 from pipeline.shards import Manifest
 from pipeline.shards import manifest_vocab
+from trainer import context_parallel
 from trainer.attention import select_backend
 from trainer.config import TrainConfig, parse_step_range, resolved, validate
 from trainer.evaluate import Evaluator, held_out_folder
@@ -24,6 +25,7 @@ from trainer.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
 from trainer.metrics import start_run_files
+from trainer.model_check import check_context_parallel
 from trainer.model import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.optim import make_optimizer
 from trainer.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
@@ -92,6 +94,9 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if device.type == "cuda":
         torch.cuda.set_device(device)
     info = setup_distributed(device)
+    layout = context_parallel.setup(info.rank, info.world_size, info.enabled, config.context_parallel)
+    if layout.cp_size > 1 and config.attn == "auto":  # the kernels that attend a share to the whole row
+        config = replace(config, attn="flash_attn" if device.type == "cuda" else "sdpa")
     seed_everything(config.seed + info.rank)
     dtype_name = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     bf16 = dtype_name != "fp32"  # bf16 or bf16-weights
@@ -111,7 +116,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     eval_folder = held_out_folder(config, manifest)
     reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
     planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
-                      world_size=info.world_size, grad_accum=config.grad_accum)
+                      world_size=layout.dp_size, grad_accum=config.grad_accum)
     total_steps = _total_steps(config, planner)
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
@@ -138,6 +143,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if resume_from is not None:
         start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
                                                        fingerprint, stop_at, peft)
+    if layout.cp_size > 1:
+        check_context_parallel(model, layout.cp_rank, layout.cp_size)
     profiler = _profiler(config, device, info.rank, start_step, stop_at)
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
@@ -152,7 +159,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
                             total_steps=total_steps, rank=info.rank, fsdp=fsdp)
     loader = make_loader(
-        MicroBatchDataset(reader, planner, info.rank),
+        MicroBatchDataset(reader, planner, layout.dp_rank, share=(layout.cp_rank, layout.cp_size)),
         CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
         num_workers=config.num_workers, prefetch_factor=config.prefetch,
     )
@@ -261,9 +268,10 @@ def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -
     config, world = run.config, run.info.world_size
     print(
         f"pack-train: {run.n_params / 1e6:.1f}M params, attention {run.backend}, {dtype_name}, "
-        f"{world} rank(s) ({config.parallel if run.info.enabled else 'single'}), "
+        f"{world} rank(s) ({config.parallel if run.info.enabled else 'single'}"
+        f"{f', each row split over {config.context_parallel}' if config.context_parallel > 1 else ''}), "
         f"{manifest.rows} rows / {manifest.total_tokens} tokens, {run.total_steps} steps of "
-        f"{config.grad_accum} x {world} micro-batches <= {config.tokens_per_step} tokens"
+        f"{config.grad_accum} x {world // config.context_parallel} micro-batches <= {config.tokens_per_step} tokens"
         + (f", resuming at step {run.start_step}" if config.resume else ""),
         file=sys.stderr,
     )

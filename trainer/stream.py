@@ -32,6 +32,7 @@ from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, ShardColumns, load_shard, shard_paths
 from trainer.batch import MicroBatch, collate_flat
 from trainer.config import TrainConfig
+from trainer.context_parallel import shard_microbatch
 from trainer.data_check import open_data  # noqa: F401 - where the trainer's callers have found it
 
 
@@ -242,14 +243,18 @@ class ShardReader:
 class MicroBatchDataset(torch.utils.data.Dataset):
     """Map-style dataset: key (epoch, local micro-batch index) -> this rank's MicroBatch."""
 
-    def __init__(self, reader: ShardReader, planner: Planner, rank: int = 0) -> None:
+    def __init__(self, reader: ShardReader, planner: Planner, rank: int = 0, share: tuple[int, int] = (0, 1)) -> None:
         self.reader = reader
         self.planner = planner
-        self.rank = rank
+        self.rank = rank  # among the data-parallel ranks
+        self.share = share  # (rank, ranks) of the context-parallel group that splits each micro-batch
 
     def __getitem__(self, key: tuple[int, int]) -> MicroBatch:
         epoch, index = key
-        return self.reader.microbatch(self.planner.local_rows(epoch, index, self.rank))
+        batch = self.reader.microbatch(self.planner.local_rows(epoch, index, self.rank))
+        if self.share[1] > 1:
+            batch = shard_microbatch(batch, *self.share)
+        return batch
 
     def __len__(self) -> int:  # only the sampler decides what is read
         raise TypeError("MicroBatchDataset is addressed by (epoch, index) keys from CursorSampler")
