@@ -187,6 +187,7 @@ def check_context_parallel(model: torch.nn.Module, rank: int, n_ranks: int) -> N
     try:
         with _exact_float32(model):
             attention.set_implementation(model, PROBE_NAME)
+            model.eval()  # a router that samples in training (PhiMoE) would pick other experts each call
             whole = hidden_states(model, row.to(device))
             part = hidden_states(model, share.to(device))
             index = torch.from_numpy(share.context.tokens).to(device)
