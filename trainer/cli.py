@@ -112,6 +112,14 @@ class LocalFolder(click.Path):
                    "attention gathers the row's keys and values, so every example computes what it does in "
                    "one process. N divides the number of ranks; the rest is data parallelism (DDP, or FSDP2 "
                    "sharding over all ranks). Attention: flash_attn (GPU) or sdpa.")
+@click.option("--tile-mlp", default=0, type=click.IntRange(min=0), metavar="TOKENS",
+              help="Run each decoder layer's MLP over the sequence TOKENS at a time, each tile recomputed in "
+                   "the backward, so a long row keeps one tile's MLP activations instead of the whole "
+                   "row's (exact: the MLP works token by token). 0: off. For rows of 64k tokens and more.")
+@click.option("--offload-activations", is_flag=True, default=False,
+              help="Keep what the forward saves for the backward in (pinned) CPU memory; with "
+                   "--grad-checkpointing those are the decoder layers' inputs. For rows whose checkpoints "
+                   "do not fit the GPU; slower.")
 @click.option("--grad-reduce", default="fp32", type=click.Choice(["fp32", "bf16"]),
               help="Dtype of the gradient all-reduce (DDP) / reduce-scatter (FSDP2) across ranks: "
                    "bf16 halves the traffic at some precision cost. No effect on one process.")

@@ -66,6 +66,8 @@ class TrainConfig:
     save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
     parallel: str = "ddp"
     context_parallel: int = 1  # ranks that share each micro-batch (trainer.context_parallel)
+    tile_mlp: int = 0  # run each layer's MLP over the sequence this many tokens at a time (trainer.long_rows)
+    offload_activations: bool = False  # what the forward saves for the backward in CPU memory
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
     ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.parallel
@@ -99,7 +101,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
     "lora_r": _AT_LEAST_0, "lora_alpha": Check(float), "lora_dropout": _FRACTION, "lora_target": Check(str),
     "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
-    "context_parallel": _AT_LEAST_1,
+    "context_parallel": _AT_LEAST_1, "tile_mlp": _AT_LEAST_0, "offload_activations": Check(bool),
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
     "ddp_bucket_mb": _AT_LEAST_1,
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,

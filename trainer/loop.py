@@ -33,6 +33,7 @@ from trainer import context_parallel
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
 from trainer.fp8 import refresh_fp8_weight_scales
+from trainer.long_rows import offload_activations
 from trainer.lora import merge_and_save
 from trainer.metrics import Meter, plot_losses, run_folder_lock, write_summary
 from trainer.precision import MasterAdamW
@@ -87,7 +88,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             wait = time.perf_counter() - t0
             loss_sum, counts, window_loss_tokens = backward_window(
                 run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
-                masters=run.masters,
+                masters=run.masters, offload=config.offload_activations,
             )
             if run.masters is not None:  # the clipping itself happens inside its step
                 grad_norm = run.masters.clip_grad_norm_(max_norm)
@@ -177,6 +178,7 @@ def backward_window(
     info: DistInfo | None = None,
     fsdp: bool = False,
     masters: MasterAdamW | None = None,
+    offload: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
     """Forward + backward over one accumulation window; gradients of the window's mean token loss.
 
@@ -186,7 +188,8 @@ def backward_window(
     torch.distributed it stays a device tensor (no host sync). Gradient sync happens only on the
     last micro-batch (DDP no_sync / FSDP set_requires_gradient_sync). With `masters` (--dtype
     bf16-weights, one process) and several micro-batches, each one's bf16 gradients move into the
-    fp32 masters right after its backward, so they accumulate in fp32.
+    fp32 masters right after its backward, so they accumulate in fp32. `offload`: what each forward
+    saves for its backward waits in CPU memory (`trainer.long_rows.offload_activations`).
     """
     info = info or DistInfo()
     autocast = autocast if autocast is not None else contextlib.nullcontext()
@@ -214,7 +217,7 @@ def backward_window(
         else:
             sync = contextlib.nullcontext()
         with sync:
-            with autocast:
+            with autocast, offload_activations(offload, device):
                 loss_sum = module(batch)
             _backward(loss_sum * scale)
         if masters is not None and len(micro) > 1:

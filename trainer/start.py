@@ -24,6 +24,7 @@ from trainer.evaluate import Evaluator, held_out_folder
 from trainer.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
+from trainer.long_rows import tile_mlp
 from trainer.metrics import start_run_files
 from trainer.model_check import check_context_parallel
 from trainer.model import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
@@ -238,6 +239,8 @@ def _wrap(
     if config.grad_checkpointing:
         enable_grad_checkpointing(model, every=int(config.grad_checkpointing))
     layers = decoder_layers(model)
+    if config.tile_mlp:
+        tile_mlp(layers, config.tile_mlp)
     if compiled:
         compile_decoder_layers(model)
     wrapper = LossModule(model, compiled=compiled and not fsdp)
