@@ -243,3 +243,7 @@ def format_summary(summary: dict) -> str:
 def main() -> None:
     """The `pack-train` console script."""
     pack_train(prog_name="pack-train")
+
+
+if __name__ == "__main__":  # torchrun -m trainer.cli, where the console script is not installed
+    main()

@@ -45,7 +45,7 @@ from pipeline.shards import IGNORE_INDEX
 from trainer import packed_row
 from trainer.batch import MicroBatch
 from trainer.kernel_features import Features
-from trainer.kernels import varlen_attention
+from trainer.kernels import half_inputs, varlen_attention
 
 WORK_SLACK = 1.10  # no rank's causal work more than 10% above the group's mean, where c allows it
 CHUNKS_PER_RANK = (2, 4, 8)
@@ -328,6 +328,8 @@ def attention(
     if shard is None:
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, scale=scale,
                                 features=features, sinks=sinks)
+    if backend != "sdpa":  # gathered in the kernel's 16-bit dtype (under autocast RoPE hands over float32)
+        q, k, v = half_inputs(q, k, v)
     cu_q, cu_k, slots = shard.on(q.device, features.window, features.chunk)
     pieces = shard.pieces(features.window, features.chunk)
     keys = gather_tokens(k, shard.width).index_select(0, slots)

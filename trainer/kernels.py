@@ -191,7 +191,7 @@ def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, 
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def _half_inputs(q, k, v):
+def half_inputs(q, k, v):
     """q, k, v in one 16-bit dtype, as the FlashAttention kernels require.
 
     Under autocast with float32 weights, HF's RoPE multiplies bf16 projections by float32 cos/sin,
@@ -284,7 +284,7 @@ def varlen_attention(
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
         return flex_varlen(q.to(dtype), k.to(dtype), v.to(dtype), cu_seqlens, int(max_seqlen), scale, feats, sinks)
     # FlashAttention kernels: 16-bit, contiguous, one head dim, chunks as separate sequences
-    q, k, v = _half_inputs(q, k, v)
+    q, k, v = half_inputs(q, k, v)
     value_dim = v.shape[-1]
     q, k, v, scale = _same_head_dims(q, k, v, scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
