@@ -242,7 +242,10 @@ class Layout:
     cp_size: int = 1
 
 
-_GROUP: list[Any] = [None]  # this rank's context-parallel process group while a run uses one
+# this rank's context-parallel process groups while a run uses them: the run's (NCCL on GPUs) and
+# one for CPU tensors (gloo; the same group on the CPU), for the start-up probe of a model still there
+_GROUP: list[Any] = [None]
+_CPU_GROUP: list[Any] = [None]
 
 
 def active() -> bool:
@@ -261,16 +264,24 @@ def setup(rank: int, world_size: int, distributed: bool, n: int) -> Layout:
     if world_size % n:
         raise UserError(f"--context-parallel {n} does not divide the {world_size} ranks of this run: use a "
                         f"divisor of {world_size}, or a number of ranks that {n} divides")
+    on_cpu = dist.get_backend() == "gloo"
     for first in range(0, world_size, n):  # every rank creates every group, in the same order
-        group = dist.new_group(list(range(first, first + n)))
+        ranks = list(range(first, first + n))
+        group = dist.new_group(ranks)
+        cpu_group = group if on_cpu else dist.new_group(ranks, backend="gloo")
         if first <= rank < first + n:
-            _GROUP[0] = group
+            _GROUP[0], _CPU_GROUP[0] = group, cpu_group
     return Layout(dp_rank=rank // n, dp_size=world_size // n, cp_rank=rank % n, cp_size=n)
 
 
 def teardown() -> None:
-    """Forget the group (destroy_process_group ends it)."""
-    _GROUP[0] = None
+    """Forget the groups (destroy_process_group ends them)."""
+    _GROUP[0] = _CPU_GROUP[0] = None
+
+
+def _group(device: torch.device) -> Any:
+    """The group for tensors on `device`."""
+    return _CPU_GROUP[0] if device.type == "cpu" else _GROUP[0]
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -307,12 +318,12 @@ class _GatherTokens(torch.autograd.Function):
 
 def reduce_max(value: torch.Tensor) -> None:
     """Replace `value` (on every rank of the group) by its largest value in the group."""
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_GROUP[0])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_group(value.device))
 
 
 def gather_tokens(x: torch.Tensor, width: int) -> torch.Tensor:
     """This rank's rows [L, ...] and the group's, as [n * width, ...] (differentiable)."""
-    return _GatherTokens.apply(x, width, _GROUP[0])
+    return _GatherTokens.apply(x, width, _group(x.device))
 
 
 @torch.compiler.disable

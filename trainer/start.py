@@ -124,6 +124,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
               if config.verify_hashes else None)
     model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16))
+    if layout.cp_size > 1:  # where the model was proven, still in float32 (a LoRA base: on the CPU)
+        check_context_parallel(model, layout.cp_rank, layout.cp_size)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
     if peft is not None and bf16:
@@ -144,8 +146,6 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if resume_from is not None:
         start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
                                                        fingerprint, stop_at, peft)
-    if layout.cp_size > 1:
-        check_context_parallel(model, layout.cp_rank, layout.cp_size)
     profiler = _profiler(config, device, info.rank, start_step, stop_at)
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.fp8)
