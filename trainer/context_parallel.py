@@ -343,8 +343,9 @@ def attention(
         q, k, v = half_inputs(q, k, v)
     cu_q, cu_k, slots = shard.on(q.device, features.window, features.chunk)
     pieces = shard.pieces(features.window, features.chunk)
-    keys = gather_tokens(k, shard.width).index_select(0, slots)
-    values = gather_tokens(v, shard.width).index_select(0, slots)
+    # keys and values in one collective and one copy: [L, Hkv, Dk + Dv]
+    both = gather_tokens(torch.cat([k, v], dim=-1), shard.width).index_select(0, slots)
+    keys, values = both.split([k.shape[-1], v.shape[-1]], dim=-1)
     whole = Features(softcap=features.softcap)  # window and chunk are in the pieces' keys now
     if features.window is not None:
         whole = Features(window=features.window, softcap=features.softcap)
