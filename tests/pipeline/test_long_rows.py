@@ -147,9 +147,8 @@ def test_whatif_refuses_a_max_len_beyond_the_planner(long_input: Path):
 
 @st.composite
 def long_problems(draw):
-    """(lengths, max_len): max_len up to the planner's limit, lengths around it (some exactly it,
-    some past it)."""
-    max_len = draw(st.sampled_from([2, 4096, 131_072, MAX_LEN, MAX_LEN_LIMIT]) | st.integers(2, MAX_LEN))
+    """(lengths, max_len): max_len up to 1,048,576, lengths around it (some exactly it, some past it)."""
+    max_len = draw(st.sampled_from([2, 4096, 131_072, MAX_LEN - 1, MAX_LEN]) | st.integers(2, MAX_LEN))
     near = st.integers(max(1, max_len - 3), max_len + 3)
     lengths = draw(st.lists(st.integers(1, max_len + 5) | near | st.just(max_len), min_size=1, max_size=24))
     return np.asarray(lengths, dtype=np.int64), max_len
