@@ -11,7 +11,8 @@ Kinds (one JSONL file of one format, so pack-data reads it as such):
 - `chat`: long multi-turn conversations, `{"messages": [...]}`: a system prompt, then user turns
   that each ask a group of questions and assistant turns that answer them (the questions and
   answers of the source). Turns are grouped so that a conversation has at most about
-  MAX_MESSAGES messages: pack-data renders a chat once per message (to find the assistant turns).
+  MAX_MESSAGES messages: with a template that pack-data cannot split in windows, it renders
+  every prefix of a chat (`pipeline.tokenize.render.chat_segments`), in time quadratic in them.
 - `text`: concatenated documents, `{"text": ...}`, joined by blank lines.
 
 Sources: `sample` (data/sample: chat exchanges, instruction pairs and documents) or `shared`
@@ -50,7 +51,7 @@ from pipeline.errors import UserError  # noqa: E402
 SAMPLE = REPO / "data" / "sample"
 KINDS = ("chat", "text")
 SOURCES = ("sample", "shared")
-MAX_MESSAGES = 128  # messages per conversation at most (pack-data's chat rendering is quadratic in them)
+MAX_MESSAGES = 128  # messages per conversation at most (see the module doc)
 MAX_TRIES = 8  # length corrections of one example before it is given up as not landing exactly
 SYSTEM = "You are a patient assistant. Answer every question of the user in order, showing your work."
 
