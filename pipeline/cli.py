@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from pipeline.plan.binpack import STRATEGIES, uncompiled
+from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES, uncompiled
 from pipeline.read import hub
 from pipeline.config_file import config_option
 from pipeline.report.deep_check import deep_check
@@ -78,7 +78,7 @@ Examples:
 @click.option("--tokenizer", required=True,
               help="Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
                    "(org/name[@revision]): from the local Hugging Face cache, downloaded there when missing.")
-@click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192).")
+@click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192; up to 16777216: 1048576 for examples of a million tokens).")
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")
 @format_options
@@ -306,9 +306,9 @@ def _int_list(text: str, name: str) -> list[int]:
         raise UserError(
             f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096"
         ) from None
-    if not values or any(v < 2 for v in values):
-        bad = next((v for v in values if v < 2), None)
-        raise UserError(f"--max-len must be at least 2, got {bad if bad is not None else text!r}")
+    if not values or any(not 2 <= v <= MAX_LEN_LIMIT for v in values):
+        bad = next((v for v in values if not 2 <= v <= MAX_LEN_LIMIT), None)
+        raise UserError(f"--max-len must be between 2 and {MAX_LEN_LIMIT}, got {bad if bad is not None else text!r}")
     return values
 
 

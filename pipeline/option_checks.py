@@ -61,8 +61,8 @@ def _is_kind(value: Any, kind: Any) -> bool:
 
 
 def _range_text(check: Check) -> str:
-    def num(x: float) -> str:
-        return f"{x:g}"
+    def num(x: float) -> str:  # 16777216, not 1.67772e+07
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
     low = f"{'>' if check.low_open else '>='} {num(check.low)}" if check.low is not None else ""
     high = f"{'<' if check.high_open else '<='} {num(check.high)}" if check.high is not None else ""

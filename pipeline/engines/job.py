@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.api_errors import python_spelling
 from pipeline.background import Background
-from pipeline.plan.binpack import STRATEGIES
+from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
 from pipeline.tokenize.encode_pool import default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
@@ -40,7 +40,7 @@ from pipeline.progress import bar, estimate_rows
 from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
                                          tokenize_on_ray, write_on_ray)
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
-from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
+from pipeline.shards import MAX_SHARD_TOKENS, Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.read.sources import input_fingerprints, resolve_inputs
 from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
@@ -91,7 +91,7 @@ PACK_CHECKS: dict[str, Check] = {
     "format": Check(str, choices=FORMATS), "text_field": _FIELD, "prompt_field": _FIELD, "input_field": _FIELD,
     "response_field": _FIELD, "messages_field": _FIELD, "labels_field": _FIELD, "template": _FIELD,
     "train_on_prompt": Check(bool),
-    "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2), "out": Check(PATH),
+    "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2, high=MAX_LEN_LIMIT), "out": Check(PATH),
     "strategy": Check(str, choices=STRATEGIES), "group_size": Check(int, low=1),
     "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, none=True),
     "seed": Check(int, low=0), "rows_per_shard": Check(int, low=1, none=True), "overwrite": Check(bool),
@@ -225,6 +225,12 @@ def validate(config: PackConfig) -> None:
         config.num_proc = default_workers()
     if config.rows_per_shard is None:
         config.rows_per_shard = max(1, SHARD_TARGET_BYTES // (config.max_len * BYTES_PER_TOKEN))
+    if config.rows_per_shard * config.max_len > MAX_SHARD_TOKENS:
+        raise UserError(
+            f"--rows-per-shard {config.rows_per_shard} at --max-len {config.max_len} lets one shard hold up to "
+            f"{config.rows_per_shard * config.max_len:,} tokens, more than the {MAX_SHARD_TOKENS:,} its int32 list "
+            f"offsets address: use --rows-per-shard {MAX_SHARD_TOKENS // config.max_len} or fewer"
+        )
 
 
 def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:

@@ -165,9 +165,13 @@ def _figure(uri: str, caption: str) -> str:
 
 def length_bins(lengths: np.ndarray, max_len: int, n: int = 50) -> np.ndarray:
     """Edges of the length histogram's `n` log-spaced bins: from the shortest example to just past
-    max_len (or the longest example), so the axis spans the lengths there are."""
+    max_len (or the longest example), so the axis spans the lengths there are. The end edges are
+    set exactly: 10 ** log10(x) may round above x, which would leave the shortest examples out
+    (all of them when every example is max_len tokens, say 1,048,576)."""
     lo, hi = max(1, int(lengths.min())), max(max_len, int(lengths.max())) * 1.05
-    return np.logspace(math.log10(lo), math.log10(hi), n)
+    edges = np.logspace(math.log10(lo), math.log10(hi), n)
+    edges[0], edges[-1] = lo, hi
+    return edges
 
 
 def _plots_folder(data: FolderData) -> list[str]:

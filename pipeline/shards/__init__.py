@@ -13,6 +13,7 @@ from pipeline.shards.checks import ShardSummary, check_shard, first_beyond_vocab
 from pipeline.shards.format import (
     EXAMPLE_COLUMNS,
     IGNORE_INDEX,
+    MAX_SHARD_TOKENS,
     SCHEMA,
     SHARD_GLOB,
     TOKEN_COLUMNS,
@@ -43,7 +44,7 @@ from pipeline.shards.manifest import (
 from pipeline.shards.verify import manifest_vocab, verify_eval_folder, verify_folder
 
 __all__ = [
-    "EXAMPLE_COLUMNS", "FORMAT_NAME", "FORMAT_VERSION", "IGNORE_INDEX", "MANIFEST_NAME", "SCHEMA",
+    "EXAMPLE_COLUMNS", "FORMAT_NAME", "FORMAT_VERSION", "IGNORE_INDEX", "MANIFEST_NAME", "MAX_SHARD_TOKENS", "SCHEMA",
     "SHARD_GLOB", "TOKEN_COLUMNS", "Counts", "FlatColumn", "Manifest", "ShardColumns", "ShardInfo",
     "ShardSummary", "check_shard", "file_sha256", "first_beyond_vocab", "flat_column", "iter_rows",
     "load_shard", "manifest_checksum", "manifest_vocab", "open_shard", "pack_data_files", "read_manifest", "rows_table", "verify_eval_folder",

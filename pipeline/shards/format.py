@@ -14,6 +14,10 @@ footer (see `write_shard`), so it opens memory-mapped with `pyarrow.ipc.open_fil
 - `seq_lens`     list<int32>  the lengths of the examples in the row, in order; sums to len(input_ids)
 - `example_ids`  list<int64>  input-order index of each example (a split example repeats its id)
 
+Lists are Arrow `list` (int32 offsets), so one shard holds at most `MAX_SHARD_TOKENS` tokens: pack-data
+refuses a --rows-per-shard x --max-len beyond it. A row may be as long as that; rows of 1,048,576
+tokens take about 12 MiB each (the default --rows-per-shard there is 10).
+
 Beside them, `manifest.json` (`pipeline.shards.manifest`) records one entry per shard with its
 sha256, so a folder can be proven intact (`pack-verify`) before training on it.
 """
@@ -45,6 +49,7 @@ SCHEMA = pa.schema(
         pa.field("example_ids", pa.list_(pa.int64()), nullable=False),
     ]
 )
+MAX_SHARD_TOKENS = (1 << 31) - 1  # the largest int32 list offset: tokens one shard can hold
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
 EXAMPLE_COLUMNS = ("seq_lens", "example_ids")
 
@@ -71,6 +76,8 @@ def rows_table(
     Token columns share `row_offsets` (n_rows + 1 entries into the flat token arrays); example
     columns share `example_offsets` (n_rows + 1 entries into the flat per-example arrays).
     """
+    if len(row_offsets) and int(row_offsets[-1]) > MAX_SHARD_TOKENS:  # pack-data's options keep shards below it
+        raise ValueError(f"a shard of {int(row_offsets[-1]):,} tokens is beyond its int32 list offsets")
     # Arrays are built straight from the numpy buffers (zero-copy).
     def lists(offsets: np.ndarray, values: np.ndarray, dtype: type, arrow_type: pa.DataType) -> pa.Array:
         flat = np.ascontiguousarray(values, dtype=dtype)

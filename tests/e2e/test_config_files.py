@@ -79,7 +79,7 @@ PACK_DATA_BASE = f"inputs: [{ROOT / 'data/sample/instructions.jsonl'}]\ntokenize
 @pytest.mark.parametrize(("command", "text", "needle"), [
     (pack_data, "max-len: 1024.7\n", "key 'max-len': --max-len must be an integer, got 1024.7"),
     (pack_data, "max-len: 512\nseed: true\n", "key 'seed': --seed must be an integer, got True"),
-    (pack_data, "max-len: 1\n", "key 'max-len': --max-len must be >= 2, got 1"),
+    (pack_data, "max-len: 1\n", "key 'max-len': --max-len must be between 2 and 16777216, got 1"),
     (pack_data, "max-len: 512\neval-fraction: 1.5\n", "key 'eval-fraction': --eval-fraction must be between 0 and 1"),
     (pack_data, "max-len: 512\nstrategy: best\n", "key 'strategy'"),
     (pack_data, "max-len: 512\nno-progress: 1\n", "key 'no-progress': --progress must be true or false, got 1"),

@@ -68,7 +68,7 @@ def test_train_config_accepts_what_pack_train_accepts(tmp_path: Path):
 @pytest.mark.parametrize(("change", "needle"), [
     ({"inputs": SAMPLE}, "inputs must be a list of paths, e.g. ['a.jsonl'] (not one string), got '"),
     ({"max_len": 1024.7}, "--max-len must be an integer, got 1024.7 (float)"),
-    ({"max_len": 1}, "--max-len must be >= 2, got 1"),
+    ({"max_len": 1}, "--max-len must be between 2 and 16777216, got 1"),
     ({"seed": True}, "--seed must be an integer, got True (bool)"),
     ({"num_proc": "4"}, "--num-proc must be an integer, got '4' (str)"),
     ({"eval_fraction": 1}, "--eval-fraction must be between 0 and 1 (exclusive), got 1"),
