@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -491,3 +492,88 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(packed_sample
     assert [m["step"] for m in b] == list(range(1, 13))
     for key in ("loss", "grad_norm", "lr", "tokens"):
         assert [m[key] for m in a] == [m[key] for m in b], key  # bitwise
+
+
+# ------------------------------------------------- files from other people: code, paths, markup
+
+
+class _Payload:
+    """Unpickling this runs code: it writes the file `marker` (what a planted checkpoint file would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):  # noqa: ANN204
+        return (exec, (f"open({self.marker!r}, 'w').write('code ran')",))
+
+
+# every file `pack-train --resume` reads from a checkpoint (checkpoint.json lists the others)
+RESUME_READS = ["optimizer.pt", "scheduler.pt", "rng-rank0.pt", "trainer_state.json", "model/model.safetensors",
+                "checkpoint.json"]
+
+
+@pytest.fixture(scope="module")
+def one_checkpoint(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple]:
+    tmp = tmp_path_factory.mktemp("resume")
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
+            "--tokens-per-step", 2048, "--out", "run")
+    first = cli("pack-train", *args[:5], 2, *args[6:], cwd=tmp)  # resume asks for 2 more steps
+    assert first.returncode == 0, first.stderr_text
+    return tmp / "run", args
+
+
+@pytest.mark.parametrize("name", RESUME_READS)
+def test_a_pickle_planted_in_a_checkpoint_never_runs_and_resume_refuses_in_one_line(
+        one_checkpoint: tuple[Path, tuple], tmp_path: Path, name: str) -> None:
+    import shutil
+
+    import torch
+
+    from trainer.checkpoint import write_file_list
+
+    run = tmp_path / "run"
+    shutil.copytree(one_checkpoint[0], run)
+    marker = tmp_path / "CODE_RAN"
+    checkpoint = run / "checkpoints" / "step-00000002"
+    target = checkpoint / name
+    if name.endswith(".pt"):
+        torch.save(_Payload(marker), target)  # what torch.load(weights_only=False) would execute
+        torch.load(target, weights_only=False)
+        assert marker.exists()  # the payload is live
+        marker.unlink()
+    else:
+        target.write_bytes(pickle.dumps(_Payload(marker)))
+    if name != "checkpoint.json":
+        write_file_list(checkpoint)  # the listing agrees: the checkpoint looks intact
+    before = snapshot(tmp_path)
+    line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
+    assert not marker.exists()
+    assert snapshot(tmp_path) == before
+    if name.endswith(".pt"):
+        assert f"{target.relative_to(tmp_path)}: refused: it holds Python objects besides tensors and plain " in line
+    elif name == "checkpoint.json":
+        assert "no intact checkpoint" in line and "checkpoint.json is unreadable" in line, line
+    else:
+        assert str(target.relative_to(tmp_path).parent) in line, line
+
+
+def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(
+        one_checkpoint: tuple[Path, tuple], tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_checkpoint[0], run)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    checkpoint = run / "checkpoints" / "step-00000002"
+    listing = json.loads((checkpoint / "checkpoint.json").read_text())
+    for name, value in (("../../../secret.txt", "../../../secret.txt"), (str(secret), str(secret)),
+                        ("link", None)):
+        files = dict(listing["files"])
+        if value is None:
+            (checkpoint / "link").symlink_to(secret)
+            value = "link"
+        files[value] = {"bytes": len("not yours"), "sha256": hashlib.sha256(b"not yours").hexdigest()}
+        (checkpoint / "checkpoint.json").write_text(json.dumps({"files": files}))
+        line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
+        assert f"lists {value!r}, which leaves the checkpoint folder" in line, line
