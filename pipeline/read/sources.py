@@ -156,7 +156,11 @@ def _resolve_folder(path: str) -> list[InputFile]:
                                       else "dataset_dict.json")))
         size = sum(p.stat().st_size for p in hf_data_files(folder))
         return [InputFile(path=path, kind="hf_disk", size=size)]
-    entries = list(folder.rglob("*"))
+    entries, links = _walk(folder)
+    if links:  # one rule for links to files and to folders: followed, and said
+        names = ", ".join(f"{os.path.relpath(p, path)} -> {os.path.realpath(p)}" for p in links[:3])
+        print(f"pack-data: {path}: following {len(links)} symbolic link(s) ({names}"
+              f"{', ...' if len(links) > 3 else ''})", file=sys.stderr)
     broken = sorted(str(p) for p in entries if p.is_symlink() and not p.exists())
     for p in broken:  # a link to data that is gone: never skipped unsaid
         if _kind_of(p):
@@ -172,6 +176,23 @@ def _resolve_folder(path: str) -> list[InputFile]:
         raise UserError(f"folder {path} holds no supported data files and was not written by "
                         f"datasets.save_to_disk: supported are {SUPPORTED}")
     return [_resolve_file(p) for p in found]
+
+
+def _walk(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(every entry under `folder`, the symbolic links among them that lead somewhere): links to
+    files and to folders are followed alike (a linked folder is walked as if it were there), each
+    real folder once, so a link back up the tree ends nowhere."""
+    entries: list[Path] = []
+    seen: set[str] = set()
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        entries += [Path(top, name) for name in sorted(dirs + files)]
+    links = sorted(p for p in entries if p.is_symlink() and p.exists())
+    return entries, links
 
 
 def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:

@@ -117,7 +117,7 @@ def _count(value: Any) -> bool:
 
 def _check_types(data: dict[str, Any], where: str) -> None:
     """Every field of a parsed manifest has the type pack-data writes (a count an integer, a sha256 64
-    hex digits, a shard's file and the eval folder plain relative paths), else ShardFormatError
+    hex digits, a shard's file and the eval folder strings: `read_manifest` keeps them inside), else ShardFormatError
     naming the field: a value of another type never reaches a computation or a report."""
     def bad(field_: str, value: Any, want: str) -> ShardFormatError:
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
@@ -140,8 +140,8 @@ def _check_types(data: dict[str, Any], where: str) -> None:
         if not isinstance(shard, dict):
             raise bad(f"'shards[{i}]'", shard, "an object")
         file = shard.get("file")
-        if not isinstance(file, str) or escape(file) is not None:
-            raise bad(f"'shards[{i}].file'", file, "a file name inside the folder")
+        if not isinstance(file, str):
+            raise bad(f"'shards[{i}].file'", file, "a file name")
         for key in ("rows", "tokens"):
             if key in shard and not _count(shard[key]):
                 raise bad(f"'shards[{i}].{key}'", shard[key], "a non-negative integer")
@@ -155,8 +155,8 @@ def _check_types(data: dict[str, Any], where: str) -> None:
         if key in data and not (isinstance(data[key], list) and all(isinstance(x, dict) for x in data[key])):
             raise bad(repr(key), data[key], "a list of objects")
     held = data.get("eval", {}).get("folder")
-    if held is not None and (not isinstance(held, str) or escape(held) is not None):
-        raise bad("'eval.folder'", held, "a folder name inside the packed folder")
+    if held is not None and not isinstance(held, str):
+        raise bad("'eval.folder'", held, "a folder name")
     if data.get("checksum") is not None and not (isinstance(data["checksum"], str) and _HEX64.fullmatch(data["checksum"])):
         raise bad("'checksum'", data["checksum"], "64 hex digits")
 

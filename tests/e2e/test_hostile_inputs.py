@@ -577,3 +577,75 @@ def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(
         (checkpoint / "checkpoint.json").write_text(json.dumps({"files": files}))
         line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
         assert f"lists {value!r}, which leaves the checkpoint folder" in line, line
+
+
+def _edit_manifest(folder: Path, edit: Callable[[dict], None]) -> None:
+    """Edit `folder`'s manifest and write a matching checksum, as someone sharing the folder could."""
+    from pipeline.shards import manifest_checksum
+
+    path = folder / "manifest.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    data["checksum"] = manifest_checksum(data)
+    path.write_text(json.dumps(data))
+
+
+def _shard_outside(tmp: Path, folder: Path, how: str) -> str:
+    """Move the first shard out of `folder` and point the manifest (or a link) at it: how
+    `climbs` ('../elsewhere/shard'), `absolute` or `link` (a link in the folder to the moved file)."""
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    first = sorted(folder.glob("shard-*.arrow"))[0]
+    moved = elsewhere / first.name
+    os.replace(first, moved)
+    if how == "link":
+        first.symlink_to(moved)
+        return first.name
+    name = str(moved) if how == "absolute" else f"../elsewhere/{first.name}"
+
+    def edit(data: dict) -> None:
+        data["shards"][0]["file"] = name
+
+    _edit_manifest(folder, edit)
+    return name
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link", "eval folder"])
+def test_a_manifest_path_that_leaves_the_folder_is_one_line_everywhere(
+        packed_sample: Path, tmp_path: Path, how: str) -> None:
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_sample, folder)
+    if how == "eval folder":
+        name = "../other-eval"
+        shutil.copytree(packed_sample, tmp_path / "other-eval")
+        _edit_manifest(folder, lambda data: data.__setitem__("eval", {"folder": name, "examples": 5}))
+    else:
+        name = _shard_outside(tmp_path, folder, how)
+    before = snapshot(tmp_path)
+    for command in (("pack-verify", folder), ("pack-report", folder),
+                    ("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 1)):
+        line = error_line(cli(*command, cwd=tmp_path))
+        assert f"is {name!r}, which leaves {folder}" in line, (command[0], line)
+        assert ("through a symbolic link" if how == "link" else "climbs out" if "../" in name else "absolute") in line
+    assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
+def test_links_in_an_input_folder_are_followed_alike_and_said(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    write_jsonl(elsewhere / "sub" / "b.jsonl", [{"text": "in a linked folder"}] * 3)
+    write_jsonl(elsewhere / "c.jsonl", [{"text": "a linked file"}] * 2)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "a real file"}] * 4)
+    (corpus / "sub").symlink_to(elsewhere / "sub")
+    (corpus / "c.jsonl").symlink_to(elsewhere / "c.jsonl")
+    (corpus / "loop").symlink_to(corpus)  # a link back up the tree ends nowhere
+    proc = cli("pack-data", corpus, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "packed", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr_text
+    assert "following 3 symbolic link(s) (c.jsonl -> " in proc.stderr_text, proc.stderr_text
+    manifest = json.loads((tmp_path / "packed" / "manifest.json").read_text())
+    assert manifest["counts"]["examples_read"] == 4 + 3 + 2
+    assert sorted(Path(i["path"]).name for i in manifest["inputs"]) == ["a.jsonl", "b.jsonl", "c.jsonl"]
