@@ -95,10 +95,7 @@ class Manifest:
         for key in (*ints, "strategy", "efficiency", "counts", "shards"):
             if key not in data:
                 raise ShardFormatError(f"{where}: missing field {key!r}")
-        for key in ints:
-            if not _count(data[key]):
-                raise ShardFormatError(f"{where}: field {key!r} must be a non-negative integer")
-        _check_types(data, where)
+        _check_types(data, ints, where)
         try:
             counts = Counts(**data["counts"])
             shards = [ShardInfo(**s) for s in data["shards"]]
@@ -115,7 +112,7 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_types(data: dict[str, Any], where: str) -> None:
+def _check_types(data: dict[str, Any], ints: tuple[str, ...], where: str) -> None:
     """Every field of a parsed manifest has the type pack-data writes (a count an integer, a sha256 64
     hex digits, a shard's file and the eval folder strings: `read_manifest` keeps them inside), else ShardFormatError
     naming the field: a value of another type never reaches a computation or a report."""
@@ -124,6 +121,9 @@ def _check_types(data: dict[str, Any], where: str) -> None:
         return ShardFormatError(f"{where}: field {field_} is {shown}, but must be {want}: the manifest was "
                                 "altered or written by something else; re-run pack-data")
 
+    for key in ints:
+        if not _count(data[key]):
+            raise bad(repr(key), data[key], "a non-negative integer")
     if not isinstance(data["strategy"], str):
         raise bad("'strategy'", data["strategy"], "a string")
     eff = data["efficiency"]

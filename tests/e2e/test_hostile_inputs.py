@@ -649,3 +649,62 @@ def test_links_in_an_input_folder_are_followed_alike_and_said(tmp_path: Path) ->
     manifest = json.loads((tmp_path / "packed" / "manifest.json").read_text())
     assert manifest["counts"]["examples_read"] == 4 + 3 + 2
     assert sorted(Path(i["path"]).name for i in manifest["inputs"]) == ["a.jsonl", "b.jsonl", "c.jsonl"]
+
+
+MARKUP = '<iframe src="https://example.com/x"></iframe>'
+
+
+def _set(path: str, value: object) -> Callable[[dict], None]:
+    """An edit that sets the manifest field `path` ("shards.0.sha256") to `value`."""
+    *parents, last = path.split(".")
+
+    def edit(data: dict) -> None:
+        node = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize("field", ["shards.0.sha256", "shards.0.rows", "counts.examples_read", "counts.truncated",
+                                   "max_len", "efficiency", "checksum", "eval"])
+def test_markup_in_a_manifest_field_is_one_line_and_no_report(packed_sample: Path, tmp_path: Path, field: str) -> None:
+    """A value of the wrong type (markup where a hash, count or object belongs): refused by every
+    command that reads the folder, and pack-report writes no file."""
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_sample, folder)
+    _edit_manifest(folder, _set(field, MARKUP))
+    if field == "checksum":
+        (folder / "manifest.json").write_text(
+            (folder / "manifest.json").read_text().replace(json.loads((folder / "manifest.json").read_text())
+                                                            ["checksum"], MARKUP.replace('"', "'")))
+    before = snapshot(tmp_path)
+    report = cli("pack-report", folder, "--html", "r.html", "--json", "r.json", cwd=tmp_path)
+    line = error_line(report)
+    assert "manifest.json: field" in line and "but must be" in line, line
+    assert "<iframe" not in line.split("is ")[0]
+    assert snapshot(tmp_path) == before  # no r.html, no r.json
+    assert "but must be" in error_line(cli("pack-verify", folder, cwd=tmp_path))
+
+
+@pytest.mark.parametrize("where", ["strategy", "folder name", "shard file name"])
+def test_markup_in_a_value_the_report_shows_is_escaped(packed_sample: Path, tmp_path: Path, where: str) -> None:
+    """A string the HTML shows (the strategy, the folder's name, a shard's file name) that carries
+    markup, in an otherwise valid folder: the page shows it as text."""
+    import shutil
+
+    folder = tmp_path / ("p" + MARKUP.replace("/", "_") if where == "folder name" else "packed")
+    shutil.copytree(packed_sample, folder)
+    if where == "strategy":
+        _edit_manifest(folder, _set("strategy", MARKUP))
+    elif where == "shard file name":
+        os.replace(folder / "shard-00000.arrow", folder / "shard-<b>x.arrow")
+        _edit_manifest(folder, _set("shards.0.file", "shard-<b>x.arrow"))
+    report = cli("pack-report", folder, "--html", "r.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr_text
+    page = (tmp_path / "r.html").read_text()
+    assert "<iframe" not in page and "<b>x" not in page
+    assert "&lt;iframe" in page if where != "shard file name" else "shard-&lt;b&gt;x.arrow" in page
