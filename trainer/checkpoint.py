@@ -26,6 +26,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -331,12 +332,13 @@ def load_torch(path: str | os.PathLike[str]) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            if "Weights only load failed" not in str(exc):
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+            if found is None:  # not a pickle at all: `loading` says the file is damaged
                 raise
             raise UserError(
-                f"{path}: refused: it holds Python objects besides tensors and plain values, and loading "
-                "them could run code from the file; pack-train never writes such a file, so the "
-                "checkpoint was written by something else or altered: move it aside (or resume from "
+                f"{path}: refused: it holds Python objects besides tensors and plain values ({found[1]}), "
+                "and loading them could run code from the file; pack-train never writes such a file, so "
+                "the checkpoint was written by something else or altered: move it aside (or resume from "
                 "another checkpoint of a run you trust)"
             ) from None
 
