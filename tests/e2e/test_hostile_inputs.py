@@ -708,3 +708,15 @@ def test_markup_in_a_value_the_report_shows_is_escaped(packed_sample: Path, tmp_
     page = (tmp_path / "r.html").read_text()
     assert "<iframe" not in page and "<b>x" not in page
     assert "&lt;iframe" in page if where != "shard file name" else "shard-&lt;b&gt;x.arrow" in page
+
+
+def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothing_beside(tmp_path: Path) -> None:
+    older = pack(tmp_path, SAMPLE, "older", "--limit", 20)
+    (tmp_path / "out").symlink_to(older)
+    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "out", "--overwrite",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr_text
+    assert (tmp_path / "out").is_symlink() and os.readlink(tmp_path / "out") == str(older)
+    assert json.loads((older / "manifest.json").read_text())["counts"]["examples_read"] > 20  # the new output
+    verified(older)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["older", "out"]  # no hidden entry left
