@@ -23,7 +23,7 @@ from pipeline.read.formats import FORMATS, TEMPLATES
 from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
-from pipeline.shards import verify_eval_folder, verify_folder
+from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
 from pipeline.tokenize.tokenize_inputs import lengths_of
 
@@ -169,9 +169,7 @@ def pack_verify(folder: str, no_hash: bool, deep: bool, tokenizer: str | None, s
             if deep:
                 n = deep_check(path, m, tokenizer, sample)
                 extra = f", {n} examples re-tokenized and matched"
-            hashed = " (sha256 not checked)" if no_hash else (
-                " (its manifest has no checksum, written by an older pack-data: max_len and the counts of "
-                "truncated, dropped and skipped examples are not covered)" if m.checksum is None else "")
+            hashed = " (sha256 not checked)" if no_hash else ""
             click.echo(f"{word}: {m.rows} rows, {m.total_tokens} tokens, {len(m.shards)} shards verified{hashed}{extra}")
 
 
@@ -263,6 +261,7 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
             data = load_folder(folder, check_hashes=not no_hash)
             report = folder_report(data, batch_size=batch_size, hidden=hidden,
                                    strategies=strategies, seed=seed)
+            _refuse_unchecked(folder, report, no_hash)
             title = f"packlm packing report: {shown}"
         elif inputs:
             options = {"format": fmt, "num_proc": num_proc, "limit": limit, **format_fields}
@@ -293,10 +292,22 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                                 "pack the data again to get the per-input table")
             write_atomic(csv_path, lambda p: pl.DataFrame(report["sources"]).write_csv(p))
             click.echo(f"wrote {csv_path}")
-        damaged = [s["file"] for s in report.get("shards", []) if s["sha256_ok"] is False]
-        if damaged:
-            raise UserError(f"{folder}: {damaged[0]} does not match its sha256 in the manifest "
-                            f"({len(damaged)} shard(s) damaged): run pack-verify {folder} for details")
+
+
+def _refuse_unchecked(folder: Path, report: dict[str, Any], no_hash: bool) -> None:
+    """Refuse, before anything is shown or written, to report on a folder that fails its checks: a
+    shard whose sha256 differs from the manifest's, a manifest whose checksum is wrong or missing
+    (unless --no-hash), or a manifest figure (rows, tokens, loss tokens) that the shards contradict."""
+    damaged = [s["file"] for s in report["shards"] if s["sha256_ok"] is False]
+    if damaged:
+        raise UserError(f"{folder}: {damaged[0]} does not match its sha256 in the manifest "
+                        f"({len(damaged)} shard(s) damaged): run pack-verify {folder} for details; no report written")
+    if not no_hash:
+        check_checksum(Path(folder) / MANIFEST_NAME)
+    wrong = [key for key, ok in report["manifest_matches"].items() if not ok]
+    if wrong:
+        raise UserError(f"{folder}: the manifest's {wrong[0]} is not what the shards hold: run pack-verify "
+                        f"{folder} for details; no report written")
 
 
 def _int_list(text: str, name: str) -> list[int]:

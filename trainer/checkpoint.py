@@ -6,6 +6,9 @@ Layout of `RUN_DIR/checkpoints/step-00000040/`:
 - `optimizer.pt`        optimizer state (full, unsharded)
 - `scheduler.pt`        LR scheduler state
 - `rng-rank{r}.pt`      python / numpy / torch (/ cuda) RNG states of every rank
+  (the `.pt` files hold tensors and plain values only: `load_torch` reads them with
+  `torch.load(weights_only=True)`, so a planted pickle cannot run code; a file that needs more is
+  refused in one line)
 - `trainer_state.json`  step, data cursor, tokens seen, the run configuration and data fingerprint
 - `checkpoint.json`     written last: size and sha256 of every other file
 
@@ -21,7 +24,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from pipeline.contained import leaves
 from pipeline.durable import fsync_path, fsync_tree, write_text_atomic
 from pipeline.errors import UserError, one_line
 from pipeline.shards import file_sha256
@@ -48,10 +54,12 @@ def checkpoint_name(step: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    """RNG states of this process (python, numpy, torch CPU and, if present, CUDA)."""
+    """RNG states of this process (python, numpy, torch CPU and, if present, CUDA), as tensors and
+    plain values that `torch.load(weights_only=True)` reads back: numpy's key array becomes a tensor."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -62,7 +70,8 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what `rng_state` captured."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -215,6 +224,9 @@ def checkpoint_damage(path: Path) -> str | None:
         return f"it has no {FILE_LIST} (its save never finished)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"its {FILE_LIST} is unreadable ({type(exc).__name__})"
+    for name in expected:  # a listed name that climbs out of the folder is never opened
+        if (problem := leaves(path, name)) is not None:
+            return f"its {FILE_LIST} lists {name!r}, which leaves the checkpoint folder ({problem})"
     for name, (size, _) in expected.items():
         file = path / name
         if not file.is_file():
@@ -276,11 +288,25 @@ def resume_point(run_dir: str | os.PathLike[str], *, strict: bool) -> tuple[Path
 
 
 def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON state of checkpoint folder `path`."""
+    """The JSON state of checkpoint folder `path`: an object whose `step` and `tokens_seen` are
+    non-negative integers, `cursor` {"epoch", "step_in_epoch"} too and `config` an object; else
+    UserError, one line."""
+    file = Path(path) / STATE_FILE
     try:
-        return json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8"))
+        state = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: unreadable checkpoint state ({exc}): pick another checkpoint") from None
+        raise UserError(f"{path}: unreadable checkpoint state ({one_line(exc, 160)}): pick another checkpoint") from None
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    cursor = state.get("cursor") if isinstance(state, dict) else None
+    if not (isinstance(state, dict) and count(state.get("step")) and count(state.get("tokens_seen", 0))
+            and isinstance(state.get("config", {}), dict) and isinstance(cursor, dict)
+            and set(cursor) == {"epoch", "step_in_epoch"} and all(map(count, cursor.values()))):
+        raise UserError(f"{file}: not a checkpoint state pack-train writes (an object with integer step, "
+                        "tokens_seen and cursor {epoch, step_in_epoch}): pick another checkpoint")
+    return state
 
 
 @contextmanager
@@ -299,9 +325,22 @@ def loading(path: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def load_torch(path: str | os.PathLike[str]) -> Any:
-    """torch.load of a file this module wrote (our own files: full unpickling is allowed)."""
+    """A checkpoint's `.pt` file, read with `torch.load(weights_only=True)`: tensors and plain values
+    only, so a file planted in a checkpoint cannot run code while it loads. A file that holds
+    anything else (a pickled object) is refused in one line."""
     with loading(path):
-        return torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+            if found is None:  # not a pickle at all: `loading` says the file is damaged
+                raise
+            raise UserError(
+                f"{path}: refused: it holds Python objects besides tensors and plain values ({found[1]}), "
+                "and loading them could run code from the file; pack-train never writes such a file, so "
+                "the checkpoint was written by something else or altered: move it aside (or resume from "
+                "another checkpoint of a run you trust)"
+            ) from None
 
 
 def load_model_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

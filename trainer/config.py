@@ -99,7 +99,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "seed": _AT_LEAST_0, "save_every": _AT_LEAST_0, "keep_last": _OPTIONAL_1,
     "resume": Check(str, choices=RESUME, none=True), "log_every": _AT_LEAST_1,
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
-    "lora_r": _AT_LEAST_0, "lora_alpha": Check(float), "lora_dropout": _FRACTION, "lora_target": Check(str),
+    "lora_r": _AT_LEAST_0, "lora_alpha": Check(float, low=0, low_open=True), "lora_dropout": _FRACTION, "lora_target": Check(str),
     "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
     "context_parallel": _AT_LEAST_1, "tile_mlp": _AT_LEAST_0, "offload_activations": Check(bool),
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),

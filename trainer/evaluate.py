@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from pipeline.errors import UserError
 from pipeline.shards import Manifest, read_manifest, verify_folder
+from pipeline.shards.example_hash import example_hashes, shared_examples
 from trainer.config import TrainConfig
 from trainer.parallel import DistInfo
 from trainer.integrity import shard_problem
@@ -55,7 +56,9 @@ def held_out_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
 def check_held_out(folder: Path, data: Path, manifest: Manifest) -> None:
     """Refuse an --eval-data `folder` that may hold examples of the training folder `data` (whose
     manifest is `manifest`): the training folder itself, or a folder packed from an input file (same
-    sha256 in both manifests) or holding a shard that the training folder holds too. The training
+    sha256 in both manifests), holding a shard that the training folder holds too, or holding any
+    example with the tokens of a training example (`example_hashes`: one pass over both folders'
+    tokens at start-up). The training
     folder's own held-out split (pack-data --eval-fraction: DATA/eval, or a copy of it) is kept apart
     example by example by pack-data and is accepted."""
     if folder.resolve() == data.resolve():
@@ -80,6 +83,14 @@ def check_held_out(folder: Path, data: Path, manifest: Manifest) -> None:
             raise UserError(f"--eval-data {folder} overlaps the training folder --data {data}: its {shard.file} is a "
                             "shard of the training data; evaluate on held-out data (pack-data --eval-fraction "
                             "writes DATA/eval)")
+    # example by example (one numpy pass over both folders' tokens): an eval file that holds
+    # training examples among others, packed from another file or another pack-data run
+    shared = shared_examples(example_hashes(data, manifest), example_hashes(folder, held))
+    if shared:
+        raise UserError(f"--eval-data {folder} overlaps the training folder --data {data}: {shared} of its examples "
+                        "(same tokens) are training examples, so its loss would be partly a training loss; remove "
+                        "them from the eval input, or evaluate on held-out data (pack-data --eval-fraction writes "
+                        "DATA/eval)")
 
 
 class Evaluator:

@@ -32,6 +32,7 @@ from trainer import checkpoint as ckpt
 from trainer import context_parallel
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
+from trainer.finite import FiniteWatch
 from trainer.fp8 import refresh_fp8_weight_scales
 from trainer.long_rows import offload_activations
 from trainer.lora import merge_and_save
@@ -75,6 +76,9 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     last_eval: tuple[float, int] | None = None
     best = ckpt.best_checkpoint(run.out) if config.save_best and run.start_step else None  # across --resume
     last_path: Path | None = None
+    if run.start_step:  # a resumed run: the checkpoint it continues is its last good one so far
+        last_path = run.out / ckpt.CHECKPOINTS / ckpt.checkpoint_name(run.start_step)
+    watch = FiniteWatch(device)
     stopping = False  # SIGTERM arrived (on any rank): save and stop after this step
     meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,
                   n_params=run.n_params, backend=run.backend, start_step=run.start_step,
@@ -104,6 +108,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])
+            watch.after_step(step, loss_sum)
             if step == run.start_step + 1:  # the layers and the optimizer are compiled now
                 freeze_heap()
             if run.profiler is not None:
@@ -114,6 +119,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             if at_log or stopping:
                 if run.hashes is not None:
                     run.hashes.raise_if_failed(info.enabled, device)
+                watch.check(step, info.enabled, last_path)
                 if info.enabled:
                     dist.all_reduce(loss_sum)
                 last_loss = float(loss_sum) / float(window_loss_tokens)
@@ -129,6 +135,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             scheduled = config.save_every and step % config.save_every == 0
             if scheduled or step == run.stop_at or stopping or improved:
                 meter.count_tokens()
+                watch.check(step, info.enabled, last_path, run.wrapper)
                 last_path = save(run, step, position, meter.tokens_seen, last_loss)
             if improved:
                 best = {"step": step, "eval_loss": last_eval[0], "checkpoint": last_path.name}

@@ -25,6 +25,9 @@ STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_p
 # AdamW settings are restored from them): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
 OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "schedule", "optimizer", "weight_decay", "beta1", "beta2")
+# Options that shape a LoRA adapter (its matrices' size and where they sit, its scale alpha / r, the
+# base it sits on): a resume with other values would continue another adapter than the one saved.
+ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora")
 
 
 def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
@@ -77,6 +80,14 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
                 f"{getattr(config, key)}, and its optimizer and schedule states would carry on with "
                 f"{saved[key]}: resume with {flag} {saved[key]}, or start a new run in another --out"
             )
+    for key in ADAPTER_KEYS:
+        if key in saved and saved[key] != getattr(config, key):
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
+                f"{getattr(config, key)}, and the adapter it saved was trained for {saved[key]}: resume with "
+                f"{flag} {saved[key]}, or start a new run in another --out"
+            )
     if state.get("data") != fingerprint:
         raise UserError(
             f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ "
@@ -107,7 +118,8 @@ def resume_model(
     `check_resumable` agrees; returns the checkpoint's step, data cursor and tokens seen."""
     state = check_resumable(path, config, world, fingerprint)
     if peft is not None:
-        load_adapter_into(peft, path)
+        with ckpt.loading(path / "model"):  # e.g. an adapter tensor of another shape
+            load_adapter_into(peft, path)
     else:
         load_weights_into(model, path)
     step, cursor, tokens_seen = int(state["step"]), Cursor(**state["cursor"]), int(state.get("tokens_seen", 0))

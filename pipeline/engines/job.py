@@ -41,7 +41,7 @@ from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_
                                          tokenize_on_ray, write_on_ray)
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
 from pipeline.shards import MAX_SHARD_TOKENS, Manifest, manifest_vocab, verify_folder, write_manifest
-from pipeline.read.sources import input_fingerprints, resolve_inputs
+from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
 from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
 from pipeline.tokenize.tokenize_inputs import file_formats, needs_encoder, tokenize_to_spill
@@ -171,6 +171,7 @@ def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: b
                              vocab=manifest_vocab(tok_info), progress=config.progress)
                        for folder, _, rows in folders]
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
+        changed_inputs(files, fingerprints.result())
         inputs = [{**entry, "path": staged.to_uri(entry["path"])} for entry in fingerprints.result()]
         manifests = [_manifest(config, staged, files, fmts, tok_info, parts, rows, w, inputs)
                      for (_, parts, rows), w in zip(folders, written)]

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.contained import contained, escape
 from pipeline.errors import UserError, one_line
 
 _PART = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
@@ -72,6 +73,9 @@ def hub_ref(spec: str, *, dataset: bool = False) -> HubRef | None:
         return None
     if "@" in parts[0] and not revision:
         return None
+    if revision and escape(revision) is not None:  # the cache keeps refs/REVISION and snapshots/REVISION
+        raise UserError(f"{spec}: revision {revision!r} is no branch, tag or commit ({escape(revision)}): "
+                        "give one such as @main or a commit hash")
     if os.path.isdir(repo.split("/")[0]):  # data/tokenizr: a typo'd path under a local folder
         return None
     config = parts[1] if len(parts) == 3 else None
@@ -262,7 +266,17 @@ def dataset_files(ref: HubRef) -> tuple[list[str], str]:
         raise UserError(f"dataset {ref.repo_id}{_config_name(ref)} split {split!r}: its files are not in "
                         f"{folder} ({one_line(exc)[:160]})") from None
     readme = str(folder / "README.md")
-    return sorted(str(f) for f in files if str(f) != readme), commit
+    files = sorted(str(f) for f in files if str(f) != readme)
+    for file in files:  # what a pattern matched, links followed, stays in the repo's cache folder
+        contained(folder, os.path.relpath(file, folder), f"dataset {ref.repo_id} split {split!r} file",
+                  root=_repo_root(folder))
+    return files, commit
+
+
+def _repo_root(snapshot: Path) -> Path:
+    """The folder a snapshot's files may resolve into: the repo's cache folder (its files are links to
+    `../../blobs/`), or the snapshot itself when it is not in the cache layout."""
+    return snapshot.parent.parent if snapshot.parent.name == "snapshots" else snapshot
 
 
 def _config_name(ref: HubRef) -> str:
@@ -296,14 +310,20 @@ def _split_patterns(ref: HubRef, folder: Path) -> tuple[Path, dict[str, list[str
             raise UserError(f"dataset {ref.repo_id} has configs {', '.join(configs)}: name one as "
                             f"{ref.repo_id}:CONFIG:SPLIT" + (f" ({ref.config!r} is none of them)" if ref.config else ""))
         params = configs[name]
-        base = folder / params["data_dir"] if params.get("data_dir") else folder
+        card_at = f"dataset {ref.repo_id}: the card's config {name!r}"
+        base = (contained(folder, params["data_dir"], f"{card_at} data_dir", root=_repo_root(folder))
+                if params.get("data_dir") else folder)
         if params.get("data_files") is not None:
-            return base, sanitize_patterns(params["data_files"]), True
+            patterns = sanitize_patterns(params["data_files"])
+            for split_patterns in patterns.values():
+                for pattern in split_patterns:
+                    contained(base, pattern.replace("*", "x"), f"{card_at} data_files", root=_repo_root(folder))
+            return base, patterns, True
     elif ref.config and ref.config != "default":
-        if not (folder / ref.config).is_dir():
+        base = contained(folder, ref.config, f"dataset {ref.repo_id}: config", root=_repo_root(folder))
+        if not base.is_dir():
             raise UserError(f"dataset {ref.repo_id} declares no configs and has no folder {ref.config!r}: "
                             f"give {ref.repo_id}:SPLIT")
-        base = folder / ref.config
     try:
         return base, get_data_patterns(str(base)) if base.is_dir() else {}, False
     except EmptyDatasetError:

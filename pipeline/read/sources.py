@@ -57,6 +57,7 @@ class InputFile:
     kind: str  # one of KINDS
     size: int  # bytes (folders: their data files)
     hub: dict | None = None  # a Hub dataset's file: the input as given, id, revision, commit (`pipeline.read.hub`)
+    mtime_ns: int | None = None  # a file's modification time when resolved (`changed_inputs`)
 
 
 # ------------------------------------------------------------------------------------ resolving
@@ -131,7 +132,8 @@ def _resolve_file(path: str) -> InputFile:
         ext = "".join(Path(path).suffixes[-2:]) or "(no extension)"
         raise UserError(f"unknown input format {ext!r} for {path}: supported are {SUPPORTED}")
     _check_readable(path)
-    size = os.path.getsize(path)
+    st = os.stat(path)
+    size = st.st_size
     if size == 0:
         raise UserError(f"{path} is empty (0 bytes): give a file with at least one example")
     if kind in ("json", "jsonl"):
@@ -146,7 +148,7 @@ def _resolve_file(path: str) -> InputFile:
         elif kind == "json" and first != b"[":
             raise UserError(f"{path} is neither a JSON array of objects nor JSON Lines "
                             f"(starts with {first.decode(errors='replace')!r}): convert it to JSONL")
-    return InputFile(path=path, kind=kind, size=size)
+    return InputFile(path=path, kind=kind, size=size, mtime_ns=st.st_mtime_ns)
 
 
 def _resolve_folder(path: str) -> list[InputFile]:
@@ -156,7 +158,11 @@ def _resolve_folder(path: str) -> list[InputFile]:
                                       else "dataset_dict.json")))
         size = sum(p.stat().st_size for p in hf_data_files(folder))
         return [InputFile(path=path, kind="hf_disk", size=size)]
-    entries = list(folder.rglob("*"))
+    entries, links = _walk(folder)
+    if links:  # one rule for links to files and to folders: followed, and said
+        names = ", ".join(f"{os.path.relpath(p, path)} -> {os.path.realpath(p)}" for p in links[:3])
+        print(f"pack-data: {path}: following {len(links)} symbolic link(s) ({names}"
+              f"{', ...' if len(links) > 3 else ''})", file=sys.stderr)
     broken = sorted(str(p) for p in entries if p.is_symlink() and not p.exists())
     for p in broken:  # a link to data that is gone: never skipped unsaid
         if _kind_of(p):
@@ -172,6 +178,23 @@ def _resolve_folder(path: str) -> list[InputFile]:
         raise UserError(f"folder {path} holds no supported data files and was not written by "
                         f"datasets.save_to_disk: supported are {SUPPORTED}")
     return [_resolve_file(p) for p in found]
+
+
+def _walk(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(every entry under `folder`, the symbolic links among them that lead somewhere): links to
+    files and to folders are followed alike (a linked folder is walked as if it were there), each
+    real folder once, so a link back up the tree ends nowhere."""
+    entries: list[Path] = []
+    seen: set[str] = set()
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        entries += [Path(top, name) for name in sorted(dirs + files)]
+    links = sorted(p for p in entries if p.is_symlink() and p.exists())
+    return entries, links
 
 
 def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
@@ -241,6 +264,27 @@ def _resolve_hub(given: str, ref: hub.HubRef) -> list[InputFile]:
 
 
 # ------------------------------------------------------------------------------------ fingerprints
+
+
+def changed_inputs(files: list[InputFile], fingerprints: list[dict]) -> None:
+    """Raise UserError if an input file changed while pack-data read it (appended to, rewritten):
+    its size or modification time now, or the bytes its sha256 covers, differ from what they were
+    when it was resolved, so the packed rows and the manifest's fingerprint could cover different
+    bytes."""
+    for f, entry in zip(files, fingerprints):
+        if f.mtime_ns is None:  # a save_to_disk folder: its Arrow files are hashed as a whole
+            continue
+        try:
+            st = os.stat(f.path)
+            now, mtime = st.st_size, st.st_mtime_ns
+        except OSError:
+            now, mtime = -1, None
+        if now != f.size or mtime != f.mtime_ns or entry.get("bytes") != f.size:
+            raise UserError(
+                f"{f.path} changed while pack-data read it ({f.size} bytes when it started, "
+                f"{max(now, entry.get('bytes', -1))} later): the packed rows and the manifest's sha256 could cover "
+                "different bytes; pack a copy that nothing writes to; nothing was written"
+            )
 
 
 def input_fingerprints(files: list[InputFile]) -> list[dict]:

@@ -158,9 +158,20 @@ def _png(fig) -> str:  # noqa: ANN001
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _v(value: Any, spec: str = "") -> str:
+    """The one rule for a value on the HTML page: formatted with `spec`, then escaped (quotes too),
+    so a manifest field that carries markup (`<iframe ...>` in a sha256) shows as text. Every value
+    interpolated into the page goes through here; the templates hold the only markup.
+
+    >>> _v("<b>"), _v(12345, ",")
+    ('&lt;b&gt;', '12,345')
+    """
+    return html.escape(format(value, spec), quote=True)
+
+
 def _figure(uri: str, caption: str) -> str:
-    return f'<figure><img alt="{html.escape(caption)}" src="{uri}"><figcaption>' \
-           f"{html.escape(caption)}</figcaption></figure>"
+    return (f'<figure><img alt="{_v(caption)}" src="{_v(uri)}"><figcaption>{_v(caption)}'
+            "</figcaption></figure>")
 
 
 def length_bins(lengths: np.ndarray, max_len: int, n: int = 50) -> np.ndarray:
@@ -273,20 +284,20 @@ def _comparison_table(rows: list[dict[str, Any]], highlight: str | None = None) 
     body = []
     for r in rows:
         cls = ' class="this"' if r["layout"] == highlight else ""
-        plan = "" if r["layout"] in PADDED_LAYOUTS else f"{r['plan_seconds'] * 1000:.1f} ms"
+        plan = "" if r["layout"] in PADDED_LAYOUTS else _v(r["plan_seconds"] * 1000, ".1f") + " ms"
         body.append(
-            f"<tr{cls}><td>{html.escape(r['layout'])}</td><td>{r['rows']:,}</td>"
-            f"<td>{r['token_slots']:,}</td><td>{r['efficiency']:.1%}</td>"
-            f"<td>{r['padding_tokens']:,}</td><td>{_n(r['attention_pairs'])}</td>"
-            f"<td>{r.get('speedup_vs_pad_to_longest', 0):.2f}x</td><td>{plan}</td></tr>"
+            f"<tr{cls}><td>{_v(r['layout'])}</td><td>{_v(r['rows'], ',')}</td>"
+            f"<td>{_v(r['token_slots'], ',')}</td><td>{_v(r['efficiency'], '.1%')}</td>"
+            f"<td>{_v(r['padding_tokens'], ',')}</td><td>{_v(_n(r['attention_pairs']))}</td>"
+            f"<td>{_v(r.get('speedup_vs_pad_to_longest', 0), '.2f')}x</td><td>{plan}</td></tr>"
         )
     return f"<table>{head}{''.join(body)}</table>"
 
 
 def _cards(items: list[tuple[str, str, bool]]) -> str:
     return '<div class="cards">' + "".join(
-        f'<div class="card{" hi" if hi else ""}"><div class="v">{html.escape(v)}</div>'
-        f'<div class="k">{html.escape(k)}</div></div>' for v, k, hi in items) + "</div>"
+        f'<div class="card{" hi" if hi else ""}"><div class="v">{_v(v)}</div>'
+        f'<div class="k">{_v(k)}</div></div>' for v, k, hi in items) + "</div>"
 
 
 def _stats_card(r: dict[str, Any]) -> str:
@@ -297,11 +308,11 @@ def _stats_card(r: dict[str, Any]) -> str:
                                                            "mean"))),
     ]
     body = "".join(
-        f"<tr><td>{html.escape(name)}</td>"
-        + "".join(f"<td>{v:,.{1 if name.startswith('row') else 0}f}</td>" for v in vals[:-1])
-        + f"<td>{vals[-1]:,.1f}</td></tr>" for name, *vals in rows)
+        f"<tr><td>{_v(name)}</td>"
+        + "".join(f"<td>{_v(v, ',.1f' if name.startswith('row') else ',.0f')}</td>" for v in vals[:-1])
+        + f"<td>{_v(vals[-1], ',.1f')}</td></tr>" for name, *vals in rows)
     c = r["counts"]
-    counts = "".join(f"<tr><td>{k.replace('_', ' ')}</td><td>{v:,}</td></tr>" for k, v in c.items()
+    counts = "".join(f"<tr><td>{_v(k.replace('_', ' '))}</td><td>{_v(v, ',')}</td></tr>" for k, v in c.items()
                      if v is not None)  # no_loss is None in manifests written before it was counted
     return ('<figure><table class="stats"><tr><th>statistic</th><th>min</th><th>p50</th>'
             f"<th>p90</th><th>p99</th><th>max</th><th>mean</th></tr>{body}</table><br>"
@@ -312,40 +323,40 @@ def _stats_card(r: dict[str, Any]) -> str:
 
 def _note(report: dict[str, Any]) -> str:
     return (f'<p class="note">Estimated speedup = cost(pad-to-longest) / cost(layout), cost = 6 x '
-            f"hidden x token slots + causal attention pairs (hidden = {report['hidden']}); "
-            f"pad-to-longest uses batches of {report['batch_size']} sequences in example-id order; "
+            f"hidden x token slots + causal attention pairs (hidden = {_v(report['hidden'])}); "
+            f"pad-to-longest uses batches of {_v(report['batch_size'])} sequences in example-id order; "
             "a packed row is charged a full max_len (conservative for flat varlen batches).</p>")
 
 
 def write_html(report: dict[str, Any], path: str | os.PathLike[str],
                data: FolderData | None = None, title: str = "packlm packing report") -> None:
     """One self-contained HTML page (figures embedded as base64 PNG)."""
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}"
-             f"</title><style>{_CSS}</style></head><body><main><h1>{html.escape(title)}</h1>"]
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_v(title)}"
+             f"</title><style>{_CSS}</style></head><body><main><h1>{_v(title)}</h1>"]
     if report["kind"] == "folder":
         r, c = report, report["counts"]
         s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
-        parts.append(f'<p class="sub">max_len {r["max_len"]:,} &middot; strategy '
-                     f'<code>{html.escape(r["strategy"])}</code> &middot; {len(r["shards"])} '
+        parts.append(f'<p class="sub">max_len {_v(r["max_len"], ",")} &middot; strategy '
+                     f'<code>{_v(r["strategy"])}</code> &middot; {_v(len(r["shards"]))} '
                      f'shard{"s" if len(r["shards"]) != 1 else ""}</p>')
         parts.append(_cards([
             (f"{r['examples']:,}", "examples packed", False),
-            (f"{_n(r['tokens'])}", f"tokens ({_n(r['loss_tokens'])} with loss)", False),
+            (_n(r["tokens"]), f"tokens ({_n(r['loss_tokens'])} with loss)", False),
             (f"{r['rows']:,}", f"rows (lower bound {r['lower_bound_rows']:,})", False),
             (f"{r['efficiency']:.1%}", "efficiency: tokens / (rows x max_len)", True),
             (f"{r['examples_per_row']['mean']:.2f}",
              f"examples per row (max {r['examples_per_row']['max']})", False),
-            (f"{_n(s1['padding_avoided'])}", f"padding tokens avoided vs pad-to-longest "
-                                             f"(B={r['batch_size']})", False),
+            (_n(s1["padding_avoided"]), f"padding tokens avoided vs pad-to-longest "
+                                        f"(B={r['batch_size']})", False),
             (f"{s1['estimated_speedup']:.2f}x", "est. speedup vs pad-to-longest", True),
             (f"{s2['estimated_speedup']:.2f}x", "est. speedup vs pad-to-max_len", True),
-        ]))
+        ]))  # plain text: _cards escapes each
         parts.append(
-            f'<p class="note">Examples read {c["examples_read"]:,}: packed '
-            f'{c["examples_packed"]:,}, truncated {c["truncated"]:,}, split {c["split"]:,}, '
-            f'dropped {c["dropped"]:,}, empty skipped {c["empty_skipped"]:,}. Attention work vs '
-            f"pad-to-longest {s1['attention_ratio']:.2f}x less, vs pad-to-max_len "
-            f"{s2['attention_ratio']:.2f}x less.</p>")
+            f'<p class="note">Examples read {_v(c["examples_read"], ",")}: packed '
+            f'{_v(c["examples_packed"], ",")}, truncated {_v(c["truncated"], ",")}, split {_v(c["split"], ",")}, '
+            f'dropped {_v(c["dropped"], ",")}, empty skipped {_v(c["empty_skipped"], ",")}. Attention work vs '
+            f"pad-to-longest {_v(s1['attention_ratio'], '.2f')}x less, vs pad-to-max_len "
+            f"{_v(s2['attention_ratio'], '.2f')}x less.</p>")
         if data is not None:
             parts.append('<h2>Distributions</h2><div class="figs">' + "".join(_plots_folder(data))
                          + _stats_card(r) + "</div>")
@@ -359,22 +370,22 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
         for s in r["shards"]:
             ok = ('<span class="ok">ok</span>' if s["sha256_ok"] else
                   "not checked" if s["sha256_ok"] is None else '<span class="bad">MISMATCH</span>')
-            rows.append(f"<tr><td>{html.escape(s['file'])}</td><td>{s['rows']:,}</td>"
-                        f"<td>{s['tokens']:,}</td><td>{s['loss_tokens']:,}</td>"
-                        f"<td><code>{s['sha256'][:16]}</code></td><td>{ok}</td></tr>")
+            rows.append(f"<tr><td>{_v(s['file'])}</td><td>{_v(s['rows'], ',')}</td>"
+                        f"<td>{_v(s['tokens'], ',')}</td><td>{_v(s['loss_tokens'], ',')}</td>"
+                        f"<td><code>{_v(str(s['sha256'])[:16])}</code></td><td>{ok}</td></tr>")
         parts.append("<table><tr><th>file</th><th>rows</th><th>tokens</th><th>loss tokens</th>"
                      f"<th>sha256</th><th>sha256 check</th></tr>{''.join(rows)}</table>")
     else:
         r = report
         L = r["lengths"]
-        parts.append(f'<p class="sub">What-if (nothing written): {r["examples"]:,} examples, '
-                     f'{r["tokens_untruncated"]:,} tokens; lengths p50 {L["p50"]:.0f}, p90 '
-                     f'{L["p90"]:.0f}, max {L["max"]:,}</p>')
+        parts.append(f'<p class="sub">What-if (nothing written): {_v(r["examples"], ",")} examples, '
+                     f'{_v(r["tokens_untruncated"], ",")} tokens; lengths p50 {_v(L["p50"], ".0f")}, p90 '
+                     f'{_v(L["p90"], ".0f")}, max {_v(L["max"], ",")}</p>')
         for run in r["runs"]:
-            parts.append(f"<h2>max_len {run['max_len']:,}</h2>")
-            parts.append(f'<p class="note">{run["over_max_len"]:,} examples longer than max_len '
+            parts.append(f"<h2>max_len {_v(run['max_len'], ',')}</h2>")
+            parts.append(f'<p class="note">{_v(run["over_max_len"], ",")} examples longer than max_len '
                          f'(truncated in this estimate); lower bound '
-                         f'{run["lower_bound_rows"]:,} rows.</p>')
+                         f'{_v(run["lower_bound_rows"], ",")} rows.</p>')
             parts.append(_figure(_comparison_plot(run["comparison"],
                                                   f"max_len {run['max_len']:,}"), ""))
             parts.append("<br>" + _comparison_table(run["comparison"]))

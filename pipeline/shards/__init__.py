@@ -41,10 +41,10 @@ from pipeline.shards.manifest import (
     read_manifest,
     write_manifest,
 )
-from pipeline.shards.verify import manifest_vocab, verify_eval_folder, verify_folder
+from pipeline.shards.verify import check_checksum, manifest_vocab, verify_eval_folder, verify_folder
 
 __all__ = [
-    "EXAMPLE_COLUMNS", "FORMAT_NAME", "FORMAT_VERSION", "IGNORE_INDEX", "MANIFEST_NAME", "MAX_SHARD_TOKENS", "SCHEMA",
+    "EXAMPLE_COLUMNS", "FORMAT_NAME", "check_checksum", "FORMAT_VERSION", "IGNORE_INDEX", "MANIFEST_NAME", "MAX_SHARD_TOKENS", "SCHEMA",
     "SHARD_GLOB", "TOKEN_COLUMNS", "Counts", "FlatColumn", "Manifest", "ShardColumns", "ShardInfo",
     "ShardSummary", "check_shard", "file_sha256", "first_beyond_vocab", "flat_column", "iter_rows",
     "load_shard", "manifest_checksum", "manifest_vocab", "open_shard", "pack_data_files", "read_manifest", "rows_table", "verify_eval_folder",

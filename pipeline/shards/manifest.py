@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.contained import contained, escape
 from pipeline.durable import fsync_path
 from pipeline.errors import ShardFormatError
 
@@ -92,9 +95,7 @@ class Manifest:
         for key in (*ints, "strategy", "efficiency", "counts", "shards"):
             if key not in data:
                 raise ShardFormatError(f"{where}: missing field {key!r}")
-        for key in ints:
-            if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 0:
-                raise ShardFormatError(f"{where}: field {key!r} must be a non-negative integer")
+        _check_types(data, ints, where)
         try:
             counts = Counts(**data["counts"])
             shards = [ShardInfo(**s) for s in data["shards"]]
@@ -105,6 +106,62 @@ class Manifest:
             return cls(counts=counts, shards=shards, **fields)
         except TypeError as exc:
             raise ShardFormatError(f"{where}: unexpected field ({exc})") from None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_types(data: dict[str, Any], ints: tuple[str, ...], where: str) -> None:
+    """Every field of a parsed manifest has the type pack-data writes (a count an integer, a sha256 64
+    hex digits, a shard's file and the eval folder strings: `read_manifest` keeps them inside), else ShardFormatError
+    naming the field: a value of another type never reaches a computation or a report."""
+    def bad(field_: str, value: Any, want: str) -> ShardFormatError:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        return ShardFormatError(f"{where}: field {field_} is {shown}, but must be {want}: the manifest was "
+                                "altered or written by something else; re-run pack-data")
+
+    for key in ints:
+        if not _count(data[key]):
+            raise bad(repr(key), data[key], "a non-negative integer")
+    if not isinstance(data["strategy"], str):
+        raise bad("'strategy'", data["strategy"], "a string")
+    eff = data["efficiency"]
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not math.isfinite(eff):
+        raise bad("'efficiency'", eff, "a number")
+    if not isinstance(data["counts"], dict):
+        raise bad("'counts'", data["counts"], "an object")
+    for key, value in data["counts"].items():
+        if not (_count(value) or (key == "no_loss" and value is None)):
+            raise bad(f"'counts.{key}'", value, "a non-negative integer")
+    if not isinstance(data["shards"], list):
+        raise bad("'shards'", data["shards"], "a list")
+    for i, shard in enumerate(data["shards"]):
+        if not isinstance(shard, dict):
+            raise bad(f"'shards[{i}]'", shard, "an object")
+        file = shard.get("file")
+        if not isinstance(file, str):
+            raise bad(f"'shards[{i}].file'", file, "a file name")
+        for key in ("rows", "tokens"):
+            if key in shard and not _count(shard[key]):
+                raise bad(f"'shards[{i}].{key}'", shard[key], "a non-negative integer")
+        digest = shard.get("sha256")
+        if "sha256" in shard and not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
+            raise bad(f"'shards[{i}].sha256'", digest, "64 hex digits")
+    for key in ("tokenizer", "eval", "config"):
+        if key in data and not isinstance(data[key], dict):
+            raise bad(repr(key), data[key], "an object")
+    for key in ("inputs", "sources"):
+        if key in data and not (isinstance(data[key], list) and all(isinstance(x, dict) for x in data[key])):
+            raise bad(repr(key), data[key], "a list of objects")
+    held = data.get("eval", {}).get("folder")
+    if held is not None and not isinstance(held, str):
+        raise bad("'eval.folder'", held, "a folder name")
+    if data.get("checksum") is not None and not (isinstance(data["checksum"], str) and _HEX64.fullmatch(data["checksum"])):
+        raise bad("'checksum'", data["checksum"], "64 hex digits")
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def manifest_checksum(data: dict[str, Any]) -> str:
@@ -123,7 +180,12 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardFormatError(f"{path}: not valid JSON ({exc})") from None
-    return Manifest.from_dict(data, where=str(path))
+    manifest = Manifest.from_dict(data, where=str(path))
+    for i, shard in enumerate(manifest.shards):  # resolved: a shard that is a link out of the folder
+        contained(folder, shard.file, f"{path} shards[{i}].file")
+    if manifest.eval.get("folder"):
+        contained(folder, manifest.eval["folder"], f"{path} eval.folder")
+    return manifest
 
 
 def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
@@ -157,7 +219,7 @@ def pack_data_files(folder: str | os.PathLike[str]) -> set[str] | None:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         return None
     shards = data.get("shards") if isinstance(data.get("shards"), list) else []
-    names = {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
+    names = {MANIFEST_NAME} | {s["file"] for s in shards if isinstance(s, dict) and escape(s.get("file")) is None}
     held = data.get("eval") if isinstance(data.get("eval"), dict) else {}
     sub = held.get("folder")
     if isinstance(sub, str) and sub and "/" not in sub and sub not in (".", ".."):

@@ -14,6 +14,7 @@ What is checked:
   with rows/tokens/max_len; counts not contradictory;
 - the manifest's own checksum (unless `check_hashes=False`): the figures no shard can prove
   (max_len, counts of truncated/dropped/skipped examples, strategy, ...) are as pack-data wrote them;
+  a manifest without one fails;
 - files: every listed shard present, sha256 as recorded (unless `check_hashes=False`), no stray
   `shard-*.arrow` file that the manifest does not list; Arrow IPC file with exactly `SCHEMA`;
 - per row: input_ids, labels and position_ids of equal length; seq_lens and example_ids of equal
@@ -150,16 +151,23 @@ def verify_folder(
             raise ShardFormatError(f"{where}: {label} is {want} but the shards hold {got}")
     _check_example_ids(manifest, where, np.concatenate(ids) if ids else np.zeros(0, np.int64))
     if check_hashes:
-        _check_checksum(folder / MANIFEST_NAME)
+        check_checksum(folder / MANIFEST_NAME)
     return manifest
 
 
-def _check_checksum(path: Path) -> None:
+def check_checksum(path: Path) -> None:
     """The manifest's own checksum: the figures no shard can prove (max_len, the counts of
     truncated, dropped and skipped examples, strategy, seed, ...) as pack-data wrote them. A
-    manifest without one (written by an older pack-data) passes; pack-verify says so."""
+    manifest without one is refused too: a checksum removed along with an edit looks the same as
+    none ever written, so what it would cover cannot be vouched for."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("checksum") is not None and data["checksum"] != manifest_checksum(data):
+    if data.get("checksum") is None:
+        raise ShardFormatError(
+            f"{path}: it has no checksum, so its figures (counts, max_len, strategy, ...) cannot be checked: "
+            "it was removed after pack-data wrote the manifest, or an older pack-data wrote none; re-run "
+            "pack-data (or pass --no-hash to check the structure only)"
+        )
+    if data["checksum"] != manifest_checksum(data):
         raise ShardFormatError(
             f"{path}: its checksum does not match its contents: a figure in it (counts, max_len, efficiency, "
             "...) was changed after pack-data wrote it; restore the manifest or re-run pack-data"

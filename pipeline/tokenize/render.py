@@ -167,24 +167,47 @@ def check_input_unused(inputs: list[str], fmt: ResolvedFormat, where: Where) -> 
     )
 
 
-def normalise_messages(messages: Any, where: str) -> list[dict[str, str]]:
-    """Accept [{role, content}] or ShareGPT [{from, value}]; return [{role, content}]."""
+def normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    """Accept [{role, content, ...}] or ShareGPT [{from, value}]; return [{role, content, ...}] with
+    every other key of the message kept for the chat template (an assistant's `tool_calls`, a tool
+    message's `tool_call_id` or `name`, ...). Keys whose value is null are left out, at every depth:
+    Arrow gives each message every key any message of the batch has (null where it had none), and a
+    template tests `message.tool_calls is defined`. An assistant message with `tool_calls` may have no
+    content (it becomes "").
+
+    >>> normalise_messages([{"from": "gpt", "value": "hi", "tool_calls": None}], "row 1")
+    [{'role': 'assistant', 'content': 'hi'}]
+    """
     if messages is None:
         raise UserError(f"{where}: field with the messages is missing or null: fix the row or remove it")
+    if not isinstance(messages, list):
+        raise UserError(f"{where}: the messages must be a list of objects with role and content")
     out = []
     for m in messages:
         if not isinstance(m, dict):
             raise UserError(f"{where}: each message must be an object with role and content")
-        role = m.get("role", m.get("from"))
-        content = m.get("content", m.get("value"))
+        message = _without_nulls(m)
+        role = message.pop("role", message.pop("from", None))
+        content = message.pop("content", message.pop("value", None))
+        if content is None and message.get("tool_calls"):
+            content = ""
         if role is None or content is None:
             raise UserError(f"{where}: a message lacks role/content (or from/value): fix the row")
         role = ROLE_ALIASES.get(role, role)
         if role not in ROLES:
             raise UserError(f"{where}: unknown message role {role!r}: use one of {', '.join(ROLES)} "
                             f"(or ShareGPT's {', '.join(ROLE_ALIASES)})")
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **message})
     return out
+
+
+def _without_nulls(value: Any) -> Any:
+    """`value` with every null-valued key of every mapping in it left out."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 LOCAL_FROM = 16  # conversations with more messages try `_local_segments` first

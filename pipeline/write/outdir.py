@@ -54,7 +54,11 @@ def check_out(out: Path, overwrite: bool) -> None:
 @contextmanager
 def output_folder(out: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a fresh temporary folder beside `out`; when the block succeeds, rename it to `out`
-    (`commit`). However the block ends, the temporary folder is gone afterwards."""
+    (`commit`). However the block ends, the temporary folder is gone afterwards. An `out` that is a
+    symbolic link stands for the folder it names: that folder is written (its temporary folder
+    beside it, on its disk), and the link stays as it was."""
+    if out.is_symlink():
+        out = Path(os.path.realpath(out))
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(parent, out.name)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipeline.contained import escape
 from pipeline.errors import UserError, one_line
 from pipeline.read.remote import bounded, file_info, files_under, is_uri, open_fs, remote_timeout
 from pipeline.shards import FORMAT_NAME, MANIFEST_NAME
@@ -71,7 +72,7 @@ def _ours(uri: str) -> set[str]:
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             return set()
         names = {sub + MANIFEST_NAME} | {sub + s["file"] for s in data.get("shards", [])
-                                          if isinstance(s, dict) and isinstance(s.get("file"), str)}
+                                          if isinstance(s, dict) and escape(s.get("file")) is None}
         held = (data.get("eval") or {}).get("folder") if not sub and isinstance(data.get("eval"), dict) else None
         if isinstance(held, str) and held and "/" not in held and held not in (".", ".."):
             names |= listed(held + "/")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -491,3 +492,231 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(packed_sample
     assert [m["step"] for m in b] == list(range(1, 13))
     for key in ("loss", "grad_norm", "lr", "tokens"):
         assert [m[key] for m in a] == [m[key] for m in b], key  # bitwise
+
+
+# ------------------------------------------------- files from other people: code, paths, markup
+
+
+class _Payload:
+    """Unpickling this runs code: it writes the file `marker` (what a planted checkpoint file would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):  # noqa: ANN204
+        return (exec, (f"open({self.marker!r}, 'w').write('code ran')",))
+
+
+# every file `pack-train --resume` reads from a checkpoint (checkpoint.json lists the others)
+RESUME_READS = ["optimizer.pt", "scheduler.pt", "rng-rank0.pt", "trainer_state.json", "model/model.safetensors",
+                "checkpoint.json"]
+
+
+@pytest.fixture(scope="module")
+def one_checkpoint(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple]:
+    tmp = tmp_path_factory.mktemp("resume")
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
+            "--tokens-per-step", 2048, "--out", "run")
+    first = cli("pack-train", *args[:5], 2, *args[6:], cwd=tmp)  # resume asks for 2 more steps
+    assert first.returncode == 0, first.stderr_text
+    return tmp / "run", args
+
+
+@pytest.mark.parametrize("name", RESUME_READS)
+def test_a_pickle_planted_in_a_checkpoint_never_runs_and_resume_refuses_in_one_line(
+        one_checkpoint: tuple[Path, tuple], tmp_path: Path, name: str) -> None:
+    import shutil
+
+    import torch
+
+    from trainer.checkpoint import write_file_list
+
+    run = tmp_path / "run"
+    shutil.copytree(one_checkpoint[0], run)
+    marker = tmp_path / "CODE_RAN"
+    checkpoint = run / "checkpoints" / "step-00000002"
+    target = checkpoint / name
+    if name.endswith(".pt"):
+        torch.save(_Payload(marker), target)  # what torch.load(weights_only=False) would execute
+        torch.load(target, weights_only=False)
+        assert marker.exists()  # the payload is live
+        marker.unlink()
+    else:
+        target.write_bytes(pickle.dumps(_Payload(marker)))
+    if name != "checkpoint.json":
+        write_file_list(checkpoint)  # the listing agrees: the checkpoint looks intact
+    before = snapshot(tmp_path)
+    line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
+    assert not marker.exists()
+    assert snapshot(tmp_path) == before
+    if name.endswith(".pt"):
+        assert f"{target.relative_to(tmp_path)}: refused: it holds Python objects besides tensors and plain " in line
+    elif name == "checkpoint.json":
+        assert "no intact checkpoint" in line and "checkpoint.json is unreadable" in line, line
+    else:
+        assert str(target.relative_to(tmp_path).parent) in line, line
+
+
+def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(
+        one_checkpoint: tuple[Path, tuple], tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(one_checkpoint[0], run)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    checkpoint = run / "checkpoints" / "step-00000002"
+    listing = json.loads((checkpoint / "checkpoint.json").read_text())
+    for name, value in (("../../../secret.txt", "../../../secret.txt"), (str(secret), str(secret)),
+                        ("link", None)):
+        files = dict(listing["files"])
+        if value is None:
+            (checkpoint / "link").symlink_to(secret)
+            value = "link"
+        files[value] = {"bytes": len("not yours"), "sha256": hashlib.sha256(b"not yours").hexdigest()}
+        (checkpoint / "checkpoint.json").write_text(json.dumps({"files": files}))
+        line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
+        assert f"lists {value!r}, which leaves the checkpoint folder" in line, line
+
+
+def _edit_manifest(folder: Path, edit: Callable[[dict], None]) -> None:
+    """Edit `folder`'s manifest and write a matching checksum, as someone sharing the folder could."""
+    from pipeline.shards import manifest_checksum
+
+    path = folder / "manifest.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    data["checksum"] = manifest_checksum(data)
+    path.write_text(json.dumps(data))
+
+
+def _shard_outside(tmp: Path, folder: Path, how: str) -> str:
+    """Move the first shard out of `folder` and point the manifest (or a link) at it: how
+    `climbs` ('../elsewhere/shard'), `absolute` or `link` (a link in the folder to the moved file)."""
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    first = sorted(folder.glob("shard-*.arrow"))[0]
+    moved = elsewhere / first.name
+    os.replace(first, moved)
+    if how == "link":
+        first.symlink_to(moved)
+        return first.name
+    name = str(moved) if how == "absolute" else f"../elsewhere/{first.name}"
+
+    def edit(data: dict) -> None:
+        data["shards"][0]["file"] = name
+
+    _edit_manifest(folder, edit)
+    return name
+
+
+@pytest.mark.parametrize("how", ["climbs", "absolute", "link", "eval folder"])
+def test_a_manifest_path_that_leaves_the_folder_is_one_line_everywhere(
+        packed_sample: Path, tmp_path: Path, how: str) -> None:
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_sample, folder)
+    if how == "eval folder":
+        name = "../other-eval"
+        shutil.copytree(packed_sample, tmp_path / "other-eval")
+        _edit_manifest(folder, lambda data: data.__setitem__("eval", {"folder": name, "examples": 5}))
+    else:
+        name = _shard_outside(tmp_path, folder, how)
+    before = snapshot(tmp_path)
+    for command in (("pack-verify", folder), ("pack-report", folder),
+                    ("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 1)):
+        line = error_line(cli(*command, cwd=tmp_path))
+        assert f"is {name!r}, which leaves {folder}" in line, (command[0], line)
+        assert ("through a symbolic link" if how == "link" else "climbs out" if "../" in name else "absolute") in line
+    assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
+def test_links_in_an_input_folder_are_followed_alike_and_said(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    write_jsonl(elsewhere / "sub" / "b.jsonl", [{"text": "in a linked folder"}] * 3)
+    write_jsonl(elsewhere / "c.jsonl", [{"text": "a linked file"}] * 2)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "a real file"}] * 4)
+    (corpus / "sub").symlink_to(elsewhere / "sub")
+    (corpus / "c.jsonl").symlink_to(elsewhere / "c.jsonl")
+    (corpus / "loop").symlink_to(corpus)  # a link back up the tree ends nowhere
+    proc = cli("pack-data", corpus, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "packed", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr_text
+    assert "following 3 symbolic link(s) (c.jsonl -> " in proc.stderr_text, proc.stderr_text
+    manifest = json.loads((tmp_path / "packed" / "manifest.json").read_text())
+    assert manifest["counts"]["examples_read"] == 4 + 3 + 2
+    assert sorted(Path(i["path"]).name for i in manifest["inputs"]) == ["a.jsonl", "b.jsonl", "c.jsonl"]
+
+
+MARKUP = '<iframe src="https://example.com/x"></iframe>'
+
+
+def _set(path: str, value: object) -> Callable[[dict], None]:
+    """An edit that sets the manifest field `path` ("shards.0.sha256") to `value`."""
+    *parents, last = path.split(".")
+
+    def edit(data: dict) -> None:
+        node = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize("field", ["shards.0.sha256", "shards.0.rows", "counts.examples_read", "counts.truncated",
+                                   "max_len", "efficiency", "checksum", "eval"])
+def test_markup_in_a_manifest_field_is_one_line_and_no_report(packed_sample: Path, tmp_path: Path, field: str) -> None:
+    """A value of the wrong type (markup where a hash, count or object belongs): refused by every
+    command that reads the folder, and pack-report writes no file."""
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(packed_sample, folder)
+    _edit_manifest(folder, _set(field, MARKUP))
+    if field == "checksum":
+        (folder / "manifest.json").write_text(
+            (folder / "manifest.json").read_text().replace(json.loads((folder / "manifest.json").read_text())
+                                                            ["checksum"], MARKUP.replace('"', "'")))
+    before = snapshot(tmp_path)
+    report = cli("pack-report", folder, "--html", "r.html", "--json", "r.json", cwd=tmp_path)
+    line = error_line(report)
+    assert "manifest.json: field" in line and "but must be" in line, line
+    assert "<iframe" not in line.split("is ")[0]
+    assert snapshot(tmp_path) == before  # no r.html, no r.json
+    assert "but must be" in error_line(cli("pack-verify", folder, cwd=tmp_path))
+
+
+@pytest.mark.parametrize("where", ["strategy", "folder name", "shard file name"])
+def test_markup_in_a_value_the_report_shows_is_escaped(packed_sample: Path, tmp_path: Path, where: str) -> None:
+    """A string the HTML shows (the strategy, the folder's name, a shard's file name) that carries
+    markup, in an otherwise valid folder: the page shows it as text."""
+    import shutil
+
+    folder = tmp_path / ("p" + MARKUP.replace("/", "_") if where == "folder name" else "packed")
+    shutil.copytree(packed_sample, folder)
+    if where == "strategy":
+        _edit_manifest(folder, _set("strategy", MARKUP))
+    elif where == "shard file name":
+        os.replace(folder / "shard-00000.arrow", folder / "shard-<b>x.arrow")
+        _edit_manifest(folder, _set("shards.0.file", "shard-<b>x.arrow"))
+    report = cli("pack-report", folder, "--html", "r.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr_text
+    page = (tmp_path / "r.html").read_text()
+    assert "<iframe" not in page and "<b>x" not in page
+    assert "&lt;iframe" in page if where != "shard file name" else "shard-&lt;b&gt;x.arrow" in page
+
+
+def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothing_beside(tmp_path: Path) -> None:
+    older = pack(tmp_path, SAMPLE, "older", "--limit", 20)
+    (tmp_path / "out").symlink_to(older)
+    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "out", "--overwrite",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr_text
+    assert (tmp_path / "out").is_symlink() and os.readlink(tmp_path / "out") == str(older)
+    assert json.loads((older / "manifest.json").read_text())["counts"]["examples_read"] > 20  # the new output
+    verified(older)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["older", "out"]  # no hidden entry left

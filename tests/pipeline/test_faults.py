@@ -260,3 +260,28 @@ def test_a_gs_input_whose_client_hangs_is_bounded_and_stoppable(tmp_path: Path) 
     assert slow.returncode == 143 and err.strip().splitlines() == [
         "terminated (SIGTERM): nothing was written to the output folder"], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_input_appended_to_while_packing_is_one_line_and_nothing_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines appended to the input after its rows were read (a logger still writing): the packed rows
+    and the manifest's sha256 would cover different bytes, so the job stops."""
+    from pipeline.engines import job
+
+    source = tmp_path / "live.jsonl"
+    source.write_bytes(SAMPLE.read_bytes())
+    real = job._tokenize
+
+    def tokenize_then_append(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = real(*args, **kwargs)
+        with source.open("a") as f:
+            f.write('{"instruction": "one more", "input": "", "output": "written later"}\n')
+        return out
+
+    monkeypatch.setattr(job, "_tokenize", tokenize_then_append)
+    result = CliRunner().invoke(pack_data, [str(source), "--tokenizer", TOKENIZER, "--out", str(tmp_path / "out"),
+                                            "--no-progress", "--num-proc", "1", "--max-len", "512"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"{source} changed while pack-data read it ({SAMPLE.stat().st_size} bytes when it started" in lines[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.jsonl"]

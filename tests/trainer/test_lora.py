@@ -333,3 +333,22 @@ def test_a_qlora_layer_compiles_as_one_graph_with_the_eager_numbers(nf4_model_fo
     for n in (37, 50):
         x = torch.randn(1, n, 256)
         torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [0.0, -8.0, float("nan")])
+def test_a_lora_alpha_that_scales_the_adapter_to_nothing_is_refused(packed: Path, tmp_path: Path, alpha: float):
+    with pytest.raises(UserError, match=r"^lora_alpha must be (> 0|a number), got"):
+        train(_config(packed, tmp_path / "run", lora_alpha=alpha))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("change, flag", [({"lora_alpha": 32.0}, "lora_alpha 16.0"), ({"lora_r": 8}, "lora_r 4"),
+                                          ({"lora_target": "q_proj"}, "lora_target all")])
+def test_resuming_a_lora_run_with_another_adapter_option_is_one_line(packed: Path, tmp_path: Path, change: dict,
+                                                                      flag: str):
+    train(_config(packed, tmp_path / "run", stop_at=2))
+    with pytest.raises(UserError) as err:
+        train(_config(packed, tmp_path / "run", resume="newest", **change))
+    line = str(err.value)
+    assert "\n" not in line and f"it was trained with {flag} but this run has" in line, line
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-00000002"]

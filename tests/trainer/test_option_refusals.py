@@ -173,6 +173,22 @@ def test_an_eval_folder_holding_training_examples_is_refused(folders: dict[str, 
     assert not any((tmp_path / name).exists() for name in "abc")
 
 
+def test_an_eval_file_holding_some_training_examples_is_refused_example_by_example(
+        folders: dict[str, Path], tmp_path: Path):
+    """Another file (other bytes, another pack-data run): most of its examples are new, a few are
+    training examples; the per-example hashes find them."""
+    new = [json.dumps({"instruction": f"Name the number {i}.", "input": "", "output": f"It is {i}."})
+           for i in range(30)]
+    training = Path(SAMPLE).read_text().splitlines()[:20]  # at least 18 of these are not in DATA/eval
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(new + training) + "\n")
+    held = _pack(tmp_path / "held", str(mixed))
+    with pytest.raises(UserError, match=r"overlaps the training folder .*: \d+ of its examples \(same tokens\) are "
+                                        r"training examples"):
+        _run(folders["train"], tmp_path / "run", eval_data=str(held))
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_held_out_eval_folder_is_still_evaluated(folders: dict[str, Path], tmp_path: Path):
     data = folders["train"]
     assert _run(data, tmp_path / "own", eval_data=str(data / "eval"))["eval_loss"] > 0  # its own split

@@ -933,3 +933,39 @@ def test_ddp_gradients_are_views_of_its_buckets_of_the_asked_size(tmp_path: Path
         assert len(set(storages[2])) < len(storages[2])  # the 4 gradients share bucket storage
     finally:
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------- a loss that diverges
+
+
+def test_a_loss_that_turns_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights poisoned by the 3rd optimizer step: step 4's loss is NaN; the run stops at the
+    next logged step (one line naming step 4 and the step-2 checkpoint) and saves nothing more."""
+    real = torch.optim.AdamW.step
+    calls = []
+
+    def step(self, *a, **kw):  # noqa: ANN001, ANN202
+        out = real(self, *a, **kw)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                next(p for g in self.param_groups for p in g["params"]).fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    with pytest.raises(UserError) as err:
+        train(_config(packed, tmp_path / "run", save_every=2, log_every=2, max_steps=6))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("the loss of step 4 is not finite (NaN or inf): training "
+                                                "stopped at step 4 without saving"), line
+    assert "step-00000002, is intact" in line, line
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run")] == ["step-00000002"]
+
+
+def test_weights_made_inf_by_an_update_are_never_saved(packed: Path, tmp_path: Path) -> None:
+    """--lr 1e308: step 1's loss is finite, the weights after it are not; nothing is saved."""
+    with pytest.raises(UserError, match=r"^after step 1 a weight is not finite \(NaN or inf\): training stopped "
+                                        r"at step 1 without saving; no checkpoint was saved; lower lr"):  # the API spells options so
+        train(_config(packed, tmp_path / "run", lr=1e308, save_every=1, log_every=5, max_steps=3))
+    assert ckpt.list_checkpoints(tmp_path / "run") == []

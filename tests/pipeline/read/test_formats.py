@@ -259,3 +259,36 @@ def test_an_unknown_chat_role_is_refused_naming_the_allowed_ones():
     with pytest.raises(UserError, match=r"chat.jsonl line 3: unknown message role 'wizard': use one of "
                                         r"system, developer, user, assistant, tool"):
         normalise_messages([{"role": "wizard", "content": "abracadabra"}], "chat.jsonl line 3")
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+    "{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<call>{{ c.function.name }}"
+    "({{ c.function.arguments | tojson }})</call>{% endfor %}{% endif %}"
+    "{% if m.tool_call_id is defined %}[{{ m.tool_call_id }}]{% endif %};{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_tool_calls_and_the_tool_role_reach_the_chat_template(tokenizer):
+    """An assistant's tool_calls (with no content) and a tool message's tool_call_id are rendered as
+    the template renders them; the null keys Arrow adds (a key one message has and another lacks,
+    an argument only another call has) are left out; the assistant's call carries loss."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = TOOL_TEMPLATE
+    rows = [[{"role": "user", "content": "weather?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+             {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+             {"role": "assistant", "content": "It is sunny."}],
+            [{"role": "user", "content": "add"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"type": "function", "function": {"name": "add", "arguments": {"x": 1}}}]}]]
+    table = pa.table({"messages": rows})  # Arrow: every message gets tool_calls and tool_call_id
+    segs = render(table, detect_format(["messages"], FormatOptions()), rows_where("c.jsonl", 0), tok)
+    first = "".join(t for t, e in zip(segs.texts, segs.example) if e == 0)
+    assert first == ('<|user|>weather?;<|assistant|><call>get_weather({"city": "Paris"})</call>;'
+                     "<|tool|>sunny[c1];<|assistant|>It is sunny.;"), first
+    second = [(t, bool(l)) for t, e, l in zip(segs.texts, segs.example, segs.loss) if e == 1]
+    assert ('<call>add({"x": 1})</call>;', True) in second, second  # no "city": null from the other row

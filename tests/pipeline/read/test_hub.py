@@ -160,6 +160,39 @@ def test_the_dataset_cards_configs_choose_the_files(hf_home: Path, tmp_path: Pat
         resolve_inputs(["someone/configs:nope:train"])
 
 
+@pytest.mark.parametrize("card, spec, field", [
+    ("configs:\n- config_name: c\n  data_dir: ../../../outside\n", "someone/hostile:c:train", "data_dir"),
+    ("configs:\n- config_name: c\n  data_dir: OUTSIDE\n", "someone/hostile:c:train", "data_dir"),
+    ("configs:\n- config_name: c\n  data_files:\n  - split: train\n    path: ../../../outside/*.jsonl\n",
+     "someone/hostile:c:train", "data_files"),
+    ("configs:\n- config_name: c\n  data_files:\n  - split: train\n    path: OUTSIDE/*.jsonl\n",
+     "someone/hostile:c:train", "data_files"),
+    ("configs:\n- config_name: c\n  data_files:\n  - split: train\n    path: linked/*.jsonl\n",
+     "someone/hostile:c:train", "file"),
+    ("", "someone/hostile:../../../outside:train", "config"),
+], ids=["data_dir climbs", "data_dir absolute", "data_files climb", "data_files absolute", "a linked folder",
+        "config climbs"])
+def test_a_dataset_card_path_that_leaves_the_snapshot_is_one_line(hf_home: Path, tmp_path: Path, card: str,
+                                                                    spec: str, field: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.jsonl").write_text(json.dumps({"text": "not in the dataset"}) + "\n")
+    card = card.replace("OUTSIDE", str(outside))
+    files = {"README.md": f"---\n{card}---\n".encode(), "data/train.jsonl": SAMPLE}
+    snapshot = add_snapshot(hf_home, "dataset", "someone/hostile", files, C1)
+    (snapshot / "linked").symlink_to(outside)
+    with pytest.raises(UserError) as err:
+        resolve_inputs([spec])
+    line = str(err.value)
+    assert "\n" not in line and "dataset someone/hostile" in line and field in line, line
+    assert "which leaves" in line and ("climbs out" in line or "absolute" in line or "symbolic link" in line), line
+
+
+def test_a_revision_that_climbs_is_one_line(hf_home: Path) -> None:
+    with pytest.raises(UserError, match=r"revision '../../x' is no branch, tag or commit \(it climbs out"):
+        resolve_inputs(["someone/hostile@../../x:train"])
+
+
 # ------------------------------------------------------------------------------------ revisions
 
 

@@ -125,15 +125,16 @@ def test_split_example_counts_once(tmp_path: Path) -> None:
     assert r["counts"]["split"] == 1
 
 
-def test_sha_mismatch_is_reported(tmp_path: Path) -> None:
+def test_sha_mismatch_is_one_line_and_no_report(tmp_path: Path) -> None:
     make_packed_folder(tmp_path / "p", ROWS, MAX_LEN)
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     manifest["shards"][0]["sha256"] = "f" * 64
     (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
-    result = CliRunner().invoke(pack_report, [str(tmp_path / "p")])
-    assert result.exit_code == 1  # the report is printed, and an integrity failure is an error
-    assert "sha256 MISMATCH in shard-00000.arrow" in result.output
-    assert "shard-00000.arrow does not match its sha256" in result.output.strip().splitlines()[-1]
+    out = [str(tmp_path / "r.html"), str(tmp_path / "r.json")]
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--html", out[0], "--json", out[1]])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "shard-00000.arrow does not match its sha256" in result.output and "no report written" in result.output
+    assert not any(Path(f).exists() for f in out)
     result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--no-hash"])
     assert result.exit_code == 0 and "sha256 not checked" in result.output
 

@@ -246,16 +246,20 @@ def test_a_manifest_figure_edited_after_packing_fails_its_checksum(bad: Path, ed
 
 def test_the_checksum_covers_content_not_layout(bad: Path) -> None:
     """Negative controls: the same manifest written without indentation passes; --no-hash skips the
-    checksum as it skips the sha256s; a manifest without a checksum (an older pack-data) passes and
-    pack-verify says what is not covered."""
+    checksum as it skips the sha256s. A manifest edited with its checksum removed fails (it cannot be
+    told from one that never had a checksum): one line, and --no-hash checks the structure alone."""
     edit_manifest(bad, lambda m: None)  # re-serialised by json.dumps, one line
     assert run_cli(bad).exit_code == 0
     edit_manifest(bad, lambda m: m["counts"].update(truncated=3))
     assert run_cli(bad, "--no-hash").exit_code == 0
     edit_manifest(bad, lambda m: m.pop("checksum"))
     result = run_cli(bad)
-    assert result.exit_code == 0 and "its manifest has no checksum" in result.output, result.output
-    assert verify_folder(bad).checksum is None
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "manifest.json: it has no checksum, so its figures (counts, max_len, strategy, ...) cannot be " \
+           "checked" in lines[0], lines[0]
+    assert run_cli(bad, "--no-hash").exit_code == 0
+    assert verify_folder(bad, check_hashes=False).checksum is None
 
 
 @pytest.mark.parametrize("defect", sorted(MANIFEST_DEFECTS))
