@@ -13,6 +13,7 @@ from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
 from trainer.data_check import open_data
+from trainer.preflight import refuse_before_torch
 from trainer.presets import model_folder
 
 
@@ -189,6 +190,7 @@ def pack_train(**options: object) -> None:
         config = TrainConfig(**options)  # type: ignore[arg-type]
         # what needs no torch is checked before torch is imported (seconds): options, model name, data
         validate(config)
+        refuse_before_torch(config)
         model_folder(config.model)
         if config.tokenizer is not None:
             tokenizer_folder(config.tokenizer)  # a mistyped path fails here, a Hub id is found in open_data
@@ -198,6 +200,9 @@ def pack_train(**options: object) -> None:
         # need (BENCHMARKS.md and the README's quick start have the timings).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         quiet_optional_imports()
+        if sys.stderr.isatty() and os.environ.get("RANK", "0") == "0":
+            click.echo("pack-train: options and data checked; importing torch and building the model "
+                       "(seconds; compiling on a GPU takes longer) ...", err=True)
         from trainer.loop import train
 
         summary = train(config, opened)
