@@ -17,17 +17,6 @@ from trainer.preflight import refuse_before_torch
 from trainer.presets import model_folder
 
 
-def quiet_optional_imports() -> None:
-    """transformers imports torchao whenever it is installed (the [fp8] extra), also for runs that
-    never use it; a torchao built for another torch release then logs that its C++ kernels did not
-    load (float8 training needs none of them) and torch logs a deprecation for each of its enums.
-    Those loggers' warnings are lowered to errors for pack-train, so its first line is its own."""
-    import logging
-
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 class LocalFolder(click.Path):
     """A local folder: a URI (s3://...) is refused in one line (`uri_problem`), not taken as a path."""
 
@@ -199,7 +188,6 @@ def pack_train(**options: object) -> None:
         # idle threads take the cores that the other threads, and other jobs of a shared machine,
         # need (BENCHMARKS.md and the README's quick start have the timings).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        quiet_optional_imports()
         if sys.stderr.isatty() and os.environ.get("RANK", "0") == "0":
             click.echo("pack-train: options and data checked; importing torch and building the model "
                        "(seconds; compiling on a GPU takes longer) ...", err=True)
