@@ -21,6 +21,7 @@ from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.read.formats import FORMATS, TEMPLATES
 from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
+from pipeline.tokenize.encode_pool import capped_workers
 from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
 from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
@@ -264,7 +265,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
             _refuse_unchecked(folder, report, no_hash)
             title = f"packlm packing report: {shown}"
         elif inputs:
-            options = {"format": fmt, "num_proc": num_proc, "limit": limit, **format_fields}
+            options = {"format": fmt, "num_proc": capped_workers(num_proc, "pack-report"), "limit": limit,
+                       **format_fields}
             options = {k: v for k, v in options.items() if v is not None}
             lengths = lengths_of(list(inputs), tokenizer or DEFAULT_TOKENIZER, **options)
             if len(lengths) == 0:

@@ -90,7 +90,10 @@ FAMILIES = [
     fam("gemma2", None, "window", "softcap", head=True, sliding_window=WINDOW, initializer_range=0.2,
         attn_logit_softcapping=1.0, final_logit_softcapping=0.1),
     fam("gemma3", "gemma3_text", "window", head=True, sliding_window=WINDOW, final_logit_softcapping=0.1),
-    fam("gemma4", "gemma4_text", "window", "wide_head", head=True, sliding_window=WINDOW, final_logit_softcapping=0.1),
+    # its per-layer input embeddings get a table of their own: 262,144 x 512 by default (134M
+    # parameters, gigabytes once the comparisons hold gradients of each example and float64 copies)
+    fam("gemma4", "gemma4_text", "window", "wide_head", head=True, sliding_window=WINDOW, final_logit_softcapping=0.1,
+        vocab_size_per_layer_input=256, hidden_size_per_layer_input=16),
     fam("gpt_oss", None, "window", "sinks", sinks=True, sliding_window=WINDOW, num_local_experts=4,
         num_experts_per_tok=2),
     fam("granite", None, head=True, logits_scaling=4.0),
@@ -130,7 +133,8 @@ FAMILIES = [
     fam("modernbert-decoder", refused=HEAD),  # its output Linear is named `decoder`
     fam("lfm2", refused=STATE, layer_types=["conv", "full_attention"]),
     fam("granitemoehybrid", refused=STATE),
-    fam("qwen3_next", refused=FAILED),
+    fam("qwen3_next", refused=FAILED, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32),  # 512 experts by default
     fam("qwen3_5", "qwen3_5_text", refused=FAILED),
     fam("falcon", refused=NO_INTERFACE, head_dim=DROP),
     fam("bloom", refused=NO_INTERFACE, n_layer=2, n_head=4),

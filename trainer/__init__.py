@@ -19,6 +19,21 @@ warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprec
 __all__ = ["TrainConfig", "train"]
 
 
+def _quiet_optional_imports() -> None:
+    """transformers imports torchao whenever it is installed (the [fp8] extra), also for runs that
+    never use it; a torchao built for another torch release then logs that its C++ kernels did not
+    load (float8 training needs none of them) and torch logs a deprecation for each of its enums.
+    Those two loggers' warnings are lowered to errors for any import of this package, so that
+    `from trainer import train` and pack-train print only their own lines."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+_quiet_optional_imports()
+
+
 def __getattr__(name: str) -> Any:
     if name == "train":
         from trainer.loop import train

@@ -42,8 +42,8 @@ from pipeline.contained import leaves
 from pipeline.durable import fsync_path, fsync_tree, write_text_atomic
 from pipeline.errors import UserError, one_line
 from pipeline.shards import file_sha256
+from trainer.preflight import CHECKPOINTS, list_checkpoints  # noqa: F401  (torch-free: pack-train's early checks)
 
-CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
 FILE_LIST = "checkpoint.json"
@@ -244,14 +244,6 @@ def _sha256s(files: list[Path]) -> list[str]:
     """The hex sha256 of each file, four files at a time (hashlib releases the GIL)."""
     with ThreadPoolExecutor(4) as pool:
         return list(pool.map(file_sha256, files))
-
-
-def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """The checkpoint folders of a run (intact or not), oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: p.name)
 
 
 def resume_point(run_dir: str | os.PathLike[str], *, strict: bool) -> tuple[Path, list[str]]:

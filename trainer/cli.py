@@ -13,18 +13,8 @@ from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
 from trainer.data_check import open_data
+from trainer.preflight import refuse_before_torch
 from trainer.presets import model_folder
-
-
-def quiet_optional_imports() -> None:
-    """transformers imports torchao whenever it is installed (the [fp8] extra), also for runs that
-    never use it; a torchao built for another torch release then logs that its C++ kernels did not
-    load (float8 training needs none of them) and torch logs a deprecation for each of its enums.
-    Those loggers' warnings are lowered to errors for pack-train, so its first line is its own."""
-    import logging
-
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 class LocalFolder(click.Path):
@@ -203,6 +193,7 @@ def pack_train(**options: object) -> None:
         config = TrainConfig(**options)  # type: ignore[arg-type]
         # what needs no torch is checked before torch is imported (seconds): options, model name, data
         validate(config)
+        refuse_before_torch(config)
         model_folder(config.model)
         if config.tokenizer is not None:
             tokenizer_folder(config.tokenizer)  # a mistyped path fails here, a Hub id is found in open_data
@@ -211,7 +202,9 @@ def pack_train(**options: object) -> None:
         # idle threads take the cores that the other threads, and other jobs of a shared machine,
         # need (BENCHMARKS.md and the README's quick start have the timings).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        quiet_optional_imports()
+        if sys.stderr.isatty() and os.environ.get("RANK", "0") == "0":
+            click.echo("pack-train: options and data checked; importing torch and building the model "
+                       "(seconds; compiling on a GPU takes longer) ...", err=True)
         from trainer.loop import train
 
         summary = train(config, opened)

@@ -17,6 +17,7 @@ from trainer.config import TrainConfig
 from trainer.lora import load_adapter_into
 from trainer.optim import stretch_schedule
 from trainer.parallel import DistInfo, load_optimizer_state
+from trainer.preflight import refuse_reused_out
 from trainer.stream import Cursor
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
@@ -36,10 +37,7 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     other ranks which one, or why there is none."""
     out = Path(config.out)
     if not config.resume:
-        if ckpt.list_checkpoints(out):
-            raise UserError(
-                f"{out} already holds checkpoints: pass --resume to continue that run, or choose a new --out"
-            )
+        refuse_reused_out(config)
         return None
     found: tuple[Path, list[str]] | str | None = None
     if info.rank == 0:

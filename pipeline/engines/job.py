@@ -26,7 +26,7 @@ from typing import Any
 from pipeline.api_errors import python_spelling
 from pipeline.background import Background
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
-from pipeline.tokenize.encode_pool import default_workers, encode_pool
+from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
 from pipeline.read.formats import FORMATS, FormatOptions, ResolvedFormat
@@ -224,6 +224,8 @@ def validate(config: PackConfig) -> None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
     if config.num_proc is None:
         config.num_proc = default_workers()
+    elif config.engine != "ray":  # a Ray cluster's CPUs are not this machine's
+        config.num_proc = capped_workers(config.num_proc, "pack-data")
     if config.rows_per_shard is None:
         config.rows_per_shard = max(1, SHARD_TARGET_BYTES // (config.max_len * BYTES_PER_TOKEN))
     if config.rows_per_shard * config.max_len > MAX_SHARD_TOKENS:

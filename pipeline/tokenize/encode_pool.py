@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -31,14 +32,30 @@ from pipeline.tokenize.segments import Cuts, encode_segments, token_sizes
 MAX_DEFAULT_WORKERS = 16  # each worker holds a tokenizer copy
 
 
-def default_workers() -> int:
-    """The CPUs this process may use (its affinity mask, else the machine's count), at most
-    MAX_DEFAULT_WORKERS."""
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity mask (a container's or taskset's share), else
+    the machine's count."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """The CPUs this process may use, at most MAX_DEFAULT_WORKERS."""
+    return min(usable_cpus(), MAX_DEFAULT_WORKERS)
+
+
+def capped_workers(requested: int, command: str) -> int:
+    """`requested` worker processes, or the CPUs this process may use where that is fewer, said in
+    one line on stderr: more tokenizer processes than CPUs only wait on each other (64 on 2 cores
+    ran 2.9x slower than 2), each holding a tokenizer copy. Example: 64 on 2 CPUs ->
+    "pack-data: --num-proc 64 capped at 2, the CPUs this process may use" and 2."""
+    cpus = usable_cpus()
+    if requested <= cpus:
+        return requested
+    print(f"{command}: --num-proc {requested} capped at {cpus}, the CPUs this process may use", file=sys.stderr)
+    return cpus
 
 
 def _serve(conn: Connection, initial: str | None, inherited: list[Connection]) -> None:  # pragma: no cover - runs in the worker processes

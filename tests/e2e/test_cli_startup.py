@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,9 +16,9 @@ PACK_TRAIN = ("import sys\nfrom trainer.cli import main\nsys.argv[0] = 'pack-tra
               "finally:\n    print('imported torch:', 'torch' in sys.modules, 'transformers' in sys.modules)")
 
 
-def _pack_train(*args: str) -> subprocess.CompletedProcess:
+def _pack_train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", PACK_TRAIN, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
 
 
 def test_pack_train_help_imports_no_torch_and_states_the_default_budget():
@@ -93,3 +94,104 @@ def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, m
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert CliRunner().invoke(pack_train, args).exit_code == 0
     assert seen == ["PASSIVE", "ACTIVE"]
+
+
+# a refusal before torch: interpreter, click and pipeline imports, the checks (well under a second on
+# an idle machine); importing torch and transformers alone takes longer than this
+BEFORE_TORCH_S = 4.0
+
+
+def test_what_cannot_run_is_refused_before_torch_in_one_line(tmp_path: Path):
+    """--attn flash_attn / fa4 without their package, --dtype fp8 where no NVIDIA GPU can be seen,
+    an --out holding another run's checkpoints: one line, status 1, no torch imported, no run
+    folder written."""
+    import importlib.util
+    import os
+
+    from packed_factory import make_packed_folder, pack_lengths
+
+    packed = tmp_path / "packed"
+    make_packed_folder(packed, pack_lengths([5, 7, 9], 32, vocab=300), 32)
+    used = tmp_path / "used"
+    (used / "checkpoints" / "step-00000002").mkdir(parents=True)
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    cases = [
+        (["--dtype", "fp8", "--device", "cpu"], None, "--dtype fp8 needs an NVIDIA GPU with float8 tensor cores "
+         "(sm89 or newer: Ada, Hopper, Blackwell); this run is on cpu: use --dtype bf16-weights"),
+        (["--dtype", "fp8"], no_gpu, "Blackwell); CUDA_VISIBLE_DEVICES='' hides every GPU: use --dtype bf16-weights"),
+        (["--out", str(used)], None, f"{used} already holds checkpoints: pass --resume to continue that run, "
+         "or choose a new --out"),
+    ]
+    if importlib.util.find_spec("flash_attn") is None:
+        cases.append((["--attn", "flash_attn"], None, '--attn flash_attn: the flash-attn package is not installed '
+                      'here: pip install -e ".[flash]", or use --attn auto'))
+        cases.append((["--attn", "fa4"], None, '--attn fa4: the flash-attn-4 package is not installed here: '
+                      'pip install -e ".[fa4]", or use --attn auto'))
+    for args, env, message in cases:
+        start = time.monotonic()
+        proc = _pack_train("--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), *args, env=env)
+        took = time.monotonic() - start
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and message in proc.stderr, (args, proc.stderr)
+        assert proc.stdout.splitlines()[-1] == "imported torch: False False", args
+        assert took < BEFORE_TORCH_S, (args, took)
+    assert not (tmp_path / "r").exists()
+    assert [p.name for p in (used / "checkpoints").iterdir()] == ["step-00000002"]
+
+
+def test_a_data_only_install_says_pack_train_needs_torch(tmp_path: Path):
+    """Without PyTorch (tests/no_torch hides it), pack-train names the extra to install."""
+    import os
+
+    from packed_factory import make_packed_folder, pack_lengths
+
+    make_packed_folder(tmp_path / "packed", pack_lengths([5, 7, 9], 32, vocab=300), 32)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "no_torch"), str(ROOT)])}
+    proc = _pack_train("--data", str(tmp_path / "packed"), "--model", "tiny", "--out", str(tmp_path / "r"), env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == ('Error: pack-train needs PyTorch, which this install lacks: pip install -e ".[train]" '
+                           "(install the torch build for your machine first: "
+                           "https://pytorch.org/get-started/locally/)\n"), proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_on_a_terminal_pack_train_says_what_its_first_seconds_do(tmp_path: Path):
+    """On a terminal, a line says that torch is being imported (a few silent seconds otherwise);
+    logs (stderr not a terminal) get no such line."""
+    import os
+    import pty
+    import threading
+
+    from packed_factory import make_packed_folder, pack_lengths
+
+    make_packed_folder(tmp_path / "packed", pack_lengths([5, 7, 9], 32, vocab=300), 32)
+    args = ["--data", str(tmp_path / "packed"), "--model", "tiny", "--max-steps", "1", "--no-progress",
+            "--num-workers", "0"]
+    leader, follower = pty.openpty()
+    seen: list[bytes] = []
+
+    def read() -> None:  # while the run writes (a full terminal buffer would stop it)
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed
+                return
+            if not chunk:
+                return
+            seen.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.run([sys.executable, "-c", PACK_TRAIN, *args, "--out", str(tmp_path / "tty")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=follower, text=True, timeout=300)
+    finally:
+        os.close(follower)
+        reader.join(10)
+        os.close(leader)
+    terminal = b"".join(seen).decode()
+    assert proc.returncode == 0, terminal
+    assert terminal.splitlines()[0].startswith(
+        "pack-train: options and data checked; importing torch and building the model"), terminal
+    piped = _pack_train(*args, "--out", str(tmp_path / "piped"))
+    assert piped.returncode == 0 and "importing torch" not in piped.stderr, piped.stderr

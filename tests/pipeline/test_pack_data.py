@@ -826,3 +826,28 @@ def test_the_no_loss_warning_names_the_causes_this_data_can_have(tmp_path: Path)
     result = run(chat, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "c")
     warning = next(line for line in result.output.splitlines() if line.startswith("warning: "))
     assert "(likely chat rows without an assistant turn)" in warning and "truncated" not in warning, warning
+
+
+def test_num_proc_is_capped_at_the_cpus_this_process_may_use(tmp_path: Path, monkeypatch):
+    """--num-proc 64 where the affinity mask allows 2 CPUs: 2 tokenizer processes (recorded in the
+    manifest), said in one line; within the CPUs, the value is kept, without a line. pack-report's
+    what-if gets the same cap."""
+    import os
+
+    from pipeline.cli import pack_report
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    data = SAMPLE / "instructions.jsonl"
+    capped = CliRunner().invoke(pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "2048", "--limit", "50",
+                                            "--num-proc", "64", "--no-progress", "--out", str(tmp_path / "a")])
+    assert capped.exit_code == 0, capped.output
+    assert "pack-data: --num-proc 64 capped at 2, the CPUs this process may use\n" in capped.stderr
+    assert read_manifest(tmp_path / "a").config["num_proc"] == 2
+    kept = CliRunner().invoke(pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "2048", "--limit", "50",
+                                          "--num-proc", "2", "--no-progress", "--out", str(tmp_path / "b")])
+    assert kept.exit_code == 0 and "capped" not in kept.output
+    assert read_manifest(tmp_path / "b").config["num_proc"] == 2
+    report = CliRunner().invoke(pack_report, ["--input", str(data), "--tokenizer", TOKENIZER, "--limit", "50",
+                                              "--max-len", "2048", "--num-proc", "1000"])
+    assert report.exit_code == 0, report.output
+    assert "pack-report: --num-proc 1000 capped at 2, the CPUs this process may use\n" in report.stderr

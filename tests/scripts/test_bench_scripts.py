@@ -732,19 +732,12 @@ def test_bench_precision_hf_peer_trains_on_each_ranks_pack_train_rows(tmp_path):
     """`hf/bf16` under FSDP2 on two ranks: each rank's HF model trains, step by step, on exactly the
     tokens pack-train's same rank read from the shards in its own run (disjoint across ranks);
     the peer's metrics lines count both ranks' tokens, as pack-train's summary does."""
-    import socket
-
-    import torch.multiprocessing as mp
-
+    from gloo_ranks import fork_ranks, free_port
     from packed_factory import pack_lengths
 
     lengths = np.random.default_rng(0).integers(4, 40, size=50).tolist()
     make_packed_folder(tmp_path / "p", pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=7)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.start_processes(_peer_worker, args=(2, port, str(tmp_path / "p"), str(tmp_path)), nprocs=2,
-                       join=True, start_method="fork")
+    fork_ranks(_peer_worker, (2, free_port(), str(tmp_path / "p"), str(tmp_path)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         assert len(r["seen"]["pack-train"]) == 3 and r["seen"]["hf"] == r["seen"]["pack-train"]

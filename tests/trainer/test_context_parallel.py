@@ -243,14 +243,14 @@ def _compare_rank(rank: int, world: int, family: str, broken: bool) -> dict:
 def test_every_example_matches_the_single_process_row(world: int) -> None:
     """Llama on 2 and 4 gloo ranks: every example's loss and gradients (all parameters, summed
     over the group) equal the single-process packed row's, float32, within 1e-5 relative."""
-    results = run_on_ranks(_compare_rank, world, args=("llama", False), timeout=240)
+    results = run_on_ranks(_compare_rank, world, args=("llama", False), deadline_s=240)
     for r in results:
         assert r["loss"] < 1e-5 and r["grad"] < 1e-5, results
 
 
 @pytest.mark.slow
 def test_negative_control_pieces_without_gathered_keys_fail() -> None:
-    results = run_on_ranks(_compare_rank, 2, args=("llama", True), timeout=240)
+    results = run_on_ranks(_compare_rank, 2, args=("llama", True), deadline_s=240)
     assert all(r["loss"] > 1e-3 for r in results), results
 
 
@@ -294,7 +294,7 @@ def test_train_under_context_parallel_gives_the_single_process_losses(long_rows,
     base = dict(data=str(long_rows), model="tiny", tokens_per_step=256, lr=1e-3, warmup=1, max_steps=4,
                 log_every=1, num_workers=0, progress=False, attn="sdpa")
     run_on_ranks(_train_rank, world, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2,
-                                                 parallel=parallel),), timeout=400)
+                                                 parallel=parallel),), deadline_s=400)
     train(TrainConfig(**base, out=str(tmp_path / "one"), grad_accum=world // 2))
     got, want = _losses(tmp_path / "cp"), _losses(tmp_path / "one")
     assert len(got) == len(want) == 4
@@ -393,7 +393,7 @@ def test_every_family_trains_under_context_parallel_or_is_refused() -> None:
     refused packed is refused in one line, as without context parallelism."""
     from families import FAMILIES
 
-    results = run_on_ranks(_families_rank, 2, timeout=600)[0]
+    results = run_on_ranks(_families_rank, 2, deadline_s=600)[0]
     for family in FAMILIES:
         if family.name not in results:
             continue  # not in this transformers

@@ -241,7 +241,8 @@ def test_trainer_under_ddp_gives_every_rank_the_same_steps_and_all_rows(tmp_path
     weights stay identical."""
     pytest.importorskip("accelerate")
     import os
-    import subprocess
+
+    from gloo_ranks import run_killable
 
     rng = np.random.default_rng(1)
     rows = [[(i, rng.integers(3, VOCAB, size=MAX_LEN))] for i in range(7)]
@@ -249,9 +250,8 @@ def test_trainer_under_ddp_gives_every_rank_the_same_steps_and_all_rows(tmp_path
                        tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
     worker = Path(__file__).with_name("hf_ddp_worker.py")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--standalone", str(worker), str(tmp_path / "odd"), str(tmp_path / "run")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = run_killable([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                         str(worker), str(tmp_path / "odd"), str(tmp_path / "run")], 300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / "run" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["steps"] == ranks[1]["steps"] == 2  # 4 batches each, 2 per step

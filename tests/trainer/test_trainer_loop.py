@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.utils.checkpoint import CheckpointError
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from gloo_ranks import fork_ranks, free_port  # noqa: E402
 from packed_factory import default_labels, make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
@@ -250,12 +249,6 @@ def _listed(path: Path, name: str) -> int:
 # ------------------------------------------------------------------------------------- DDP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
     """One DDP rank: record which rows it reads, train, write its summary."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
@@ -295,9 +288,7 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
                      reshard_after_forward=not parallel.endswith("-keep"),
                      grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0,
                      ddp_bucket_mb=1 if parallel.endswith("-b1") else 250)
-    # fork: the children inherit the imported modules (spawn would re-import torch + transformers)
-    mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
-                       join=True, start_method="fork")
+    fork_ranks(_ddp_worker, (2, free_port(), config, str(tmp_path)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     rows = [r["rows"] for r in ranks]
     assert len(rows[0]) == len(rows[1]) == steps * accum  # `accum` micro-batches per step per rank
@@ -365,8 +356,7 @@ def test_two_ranks_train_when_one_rank_has_no_loss_token_in_a_step(tmp_path: Pat
     silent = _rows_with_and_without_loss(tmp_path / "packed")
     config = _config(tmp_path / "packed", tmp_path / "ranks", tokens_per_step=64, grad_accum=1,
                      max_steps=6, parallel=parallel)
-    mp.start_processes(_ddp_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
-                       join=True, start_method="fork")
+    fork_ranks(_ddp_worker, (2, free_port(), config, str(tmp_path)))
     rows = [json.loads((tmp_path / f"rank{r}.json").read_text())["rows"] for r in range(2)]
     lonely = [(a[0] in silent) != (b[0] in silent) for a, b in zip(*rows)]
     assert any(lonely), rows  # the case under test occurs in this run
@@ -409,8 +399,7 @@ def test_ranks_agree_to_stop_on_sigterm_at_the_next_log_step(packed: Path, tmp_p
     """SIGTERM that reached one rank at step 1 stops both after step 2 (the first log step), with
     one checkpoint of that step."""
     config = _config(packed, tmp_path / "ddp", grad_accum=1, max_steps=4, log_every=2)
-    mp.start_processes(_sigterm_worker, args=(2, _free_port(), config, str(tmp_path)), nprocs=2,
-                       join=True, start_method="fork")
+    fork_ranks(_sigterm_worker, (2, free_port(), config, str(tmp_path)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["steps"] for r in ranks] == [2, 2]
     assert [r["stopped_by_sigterm"] for r in ranks] == [True, True]
