@@ -393,7 +393,7 @@ def test_every_family_trains_under_context_parallel_or_is_refused() -> None:
     refused packed is refused in one line, as without context parallelism."""
     from families import FAMILIES
 
-    results = run_on_ranks(_families_rank, 2, deadline_s=600)[0]
+    results = run_on_ranks(_families_rank, 2, deadline_s=500)[0]
     for family in FAMILIES:
         if family.name not in results:
             continue  # not in this transformers
