@@ -15,7 +15,8 @@ import click
 
 from pipeline.plan.binpack import STRATEGIES, uncompiled
 from pipeline.read import hub
-from pipeline.config_file import config_option
+from pipeline.config_file import HintedCommand, config_option
+from pipeline.foreign_config import DATA
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
@@ -25,6 +26,7 @@ from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
 from pipeline.shards import verify_eval_folder, verify_folder
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
+from pipeline.tokenize.chat_templates import NAMED as NAMED_TEMPLATES
 from pipeline.tokenize.tokenize_inputs import lengths_of
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -72,8 +74,8 @@ Examples:
 """
 
 
-@click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
-@config_option(checks=PACK_CHECKS, fields={"fmt": "format"})
+@click.command(cls=HintedCommand, context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
+@config_option(checks=PACK_CHECKS, fields={"fmt": "format"}, foreign=DATA)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True,
               help="Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
@@ -82,6 +84,10 @@ Examples:
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")
 @format_options
+@click.option("--chat-template", default=None, metavar="NAME|FILE",
+              help=f"Chat template that renders chat data instead of the tokenizer's own (or for a tokenizer "
+                   f"without one): {', '.join(NAMED_TEMPLATES)}, or a Jinja file. Recorded in the manifest and "
+                   "the tokenizer fingerprint; pack-train gives the model's tokenizer the same template.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="ffd", show_default=True, help="Bin-packing strategy of the planner.")
 @click.option("--group-size", type=int, default=32, show_default=True, help="Examples per group of --strategy minibatch.")
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
