@@ -64,13 +64,13 @@ def named_checkpoint(out: Path, path: Path) -> Path:
     mine = {p.resolve(): p for p in found}
     if path.resolve() not in mine:
         where = ", ".join(p.name for p in found[-3:]) or "none"
-        raise UserError(f"--resume {path}: not a checkpoint of the run in --out {out} (its checkpoints: {where}): "
+        raise UserError(f"--resume={path}: not a checkpoint of the run in --out {out} (its checkpoints: {where}): "
                         f"give one of {out / ckpt.CHECKPOINTS}/step-..., or the --out of the run it belongs to")
     damage = ckpt.checkpoint_damage(path)
     if damage is not None:
-        raise UserError(f"--resume {path}: the checkpoint is damaged ({damage}): give an older one")
+        raise UserError(f"--resume={path}: the checkpoint is damaged ({damage}): give an older one")
     if found[-1].resolve() != path.resolve():
-        raise UserError(f"--resume {path}: {found[-1].name} is newer, and its steps would be mixed with this "
+        raise UserError(f"--resume={path}: {found[-1].name} is newer, and its steps would be mixed with this "
                         f"continuation: move the newer checkpoints out of {out / ckpt.CHECKPOINTS} first")
     return path
 
