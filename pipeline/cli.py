@@ -15,7 +15,8 @@ import click
 
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES, uncompiled
 from pipeline.read import hub
-from pipeline.config_file import config_option
+from pipeline.config_file import HintedCommand, config_option
+from pipeline.foreign_config import DATA
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
@@ -26,6 +27,7 @@ from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
 from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
+from pipeline.tokenize.chat_templates import NAMED as NAMED_TEMPLATES
 from pipeline.tokenize.tokenize_inputs import lengths_of
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -73,8 +75,8 @@ Examples:
 """
 
 
-@click.command(context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
-@config_option(checks=PACK_CHECKS, fields={"fmt": "format"})
+@click.command(cls=HintedCommand, context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
+@config_option(checks=PACK_CHECKS, fields={"fmt": "format"}, foreign=DATA)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--tokenizer", required=True,
               help="Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
@@ -83,6 +85,10 @@ Examples:
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")
 @format_options
+@click.option("--chat-template", default=None, metavar="NAME|FILE",
+              help=f"Chat template that renders chat data instead of the tokenizer's own (or for a tokenizer "
+                   f"without one): {', '.join(NAMED_TEMPLATES)}, or a Jinja file. Recorded in the manifest and "
+                   "the tokenizer fingerprint; pack-train gives the model's tokenizer the same template.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="ffd", show_default=True, help="Bin-packing strategy of the planner.")
 @click.option("--group-size", type=int, default=32, show_default=True, help="Examples per group of --strategy minibatch.")
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
@@ -207,9 +213,11 @@ Examples:
 @click.option("--input", "inputs", multiple=True,
               help="What-if mode: data files/folders to tokenize and plan (no shards written).")
 @click.option("--tokenizer", default=None,
-              help=f"What-if: tokenizer folder or name [default: {DEFAULT_TOKENIZER}].")
+              help="What-if (required with --input): the tokenizer folder or Hub id you will pack with, or a packed "
+                   "folder, whose recorded tokenizer is taken. The report names it.")
 @click.option("--max-len", "max_lens", default=DEFAULT_MAX_LENS, show_default=True,
-              help="What-if: comma-separated row lengths to try.")
+              help="What-if: comma-separated row lengths to try. With a packed FOLDER, plans its examples' stored "
+                   "lengths at each (no re-tokenizing).")
 @format_options
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="What-if: read only the first N examples.")
@@ -226,7 +234,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
     a URI (s3://, gs://, hdfs://, file://), which is downloaded first."""
     # polars (pipeline.report.folder_report) is imported by this command only: pack-data and pack-verify run
     # where it is not installed (the GPU benchmark box)
-    from pipeline.report.folder_report import folder_report, load_folder, to_json, whatif_report
+    from pipeline.report.folder_report import (folder_report, folder_whatif, load_folder, report_sources, to_json,
+                                               whatif_report)
     from pipeline.report.report_render import format_text, write_html
     from pipeline.report.run_summary import format_run, is_run_folder, run_report
 
@@ -239,7 +248,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
         for path, flag in ((json_path, "--json"), (html_path, "--html"), (csv_path, "--sources-csv")):  # fail first
             if path is not None and not Path(path).absolute().parent.is_dir():
                 raise UserError(f"{flag} {path}: folder {Path(path).absolute().parent} does not exist")
-        max_len_list = _int_list(max_lens, "--max-len") if inputs else None
+        given = click.get_current_context().get_parameter_source("max_lens") != click.core.ParameterSource.DEFAULT
+        max_len_list = _int_list(max_lens, "--max-len") if inputs or given else None
         data = None
         if folder is not None and inputs:
             raise UserError("give either a packed FOLDER or --input (what-if mode), not both")
@@ -263,18 +273,26 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
             report = folder_report(data, batch_size=batch_size, hidden=hidden,
                                    strategies=strategies, seed=seed)
             _refuse_unchecked(folder, report, no_hash)
+            recorded = data.manifest.config.get("inputs") or [i.get("path") for i in data.manifest.inputs]
+            report.update(report_sources(data.manifest.config.get("tokenizer") or data.manifest.tokenizer.get("name"),
+                                         "recorded by the folder",
+                                         [str(i) for i in recorded]))
+            if given:  # a what-if across --max-len values, from the lengths the shards hold
+                report["whatif"] = folder_whatif(data, max_len_list, strategies=strategies, batch_size=batch_size,
+                                                 seed=data.manifest.seed if seed is None else seed, hidden=hidden)
             title = f"packlm packing report: {shown}"
         elif inputs:
             options = {"format": fmt, "num_proc": capped_workers(num_proc, "pack-report"), "limit": limit,
                        **format_fields}
             options = {k: v for k, v in options.items() if v is not None}
-            lengths = lengths_of(list(inputs), tokenizer or DEFAULT_TOKENIZER, **options)
+            tok, name, via = whatif_tokenizer(tokenizer)
+            lengths = lengths_of(list(inputs), tok, **options)
             if len(lengths) == 0:
                 raise UserError(f"no non-empty examples in {', '.join(inputs)}")
             report = whatif_report(lengths, max_len_list,
                                    strategies=strategies, batch_size=batch_size,
                                    seed=seed or 0, hidden=hidden)
-            report["inputs"] = list(inputs)
+            report.update(report_sources(name, via, list(inputs)))
             title = f"packlm what-if report: {', '.join(inputs)}"[:200]
         else:
             raise UserError("nothing to report: give a packed FOLDER, or --input DATA for a "
@@ -310,6 +328,28 @@ def _refuse_unchecked(folder: Path, report: dict[str, Any], no_hash: bool) -> No
     if wrong:
         raise UserError(f"{folder}: the manifest's {wrong[0]} is not what the shards hold: run pack-verify "
                         f"{folder} for details; no report written")
+
+
+def whatif_tokenizer(tokenizer: str | None) -> tuple[Any, str, str]:
+    """The tokenizer a what-if counts with: `--tokenizer` (a folder, a Hub id, or a packed folder,
+    whose recorded tokenizer and chat template are taken); none given is a UserError, since the
+    counts depend on it. Returns (tokenizer, its name, how it was chosen)."""
+    from pipeline.shards import read_manifest
+    from pipeline.tokenize.tokenizer import load_tokenizer
+
+    if tokenizer is None:
+        raise UserError("--input needs --tokenizer: the tokenizer you will pack with (a folder or a Hub id such as "
+                        f"meta-llama/Llama-2-7b-hf, e.g. --tokenizer {DEFAULT_TOKENIZER}), or a packed folder, "
+                        "whose recorded tokenizer is taken")
+    if (Path(tokenizer) / "manifest.json").is_file():
+        manifest = read_manifest(Path(tokenizer))
+        recorded = manifest.tokenizer
+        name = manifest.config.get("tokenizer") or recorded.get("name")  # the config's: absolute when local
+        if not name:
+            raise UserError(f"--tokenizer {tokenizer}: the packed folder records no tokenizer name: give the tokenizer")
+        return (load_tokenizer(str(name), recorded.get("chat_template_text")), str(name),
+                f"recorded by the packed folder {tokenizer}")
+    return load_tokenizer(tokenizer), tokenizer, "--tokenizer"
 
 
 def _int_list(text: str, name: str) -> list[int]:

@@ -19,16 +19,27 @@ dataclass checks, `pipeline.option_checks`); a value that fails is one line nami
 and the option. An option given twice (`max-len` and `max_len`, or one key repeated) is refused
 too. `key: null` (or an empty value) leaves the flag's default; `true` for an option whose flag may
 stand alone (`resume: true`, `grad-checkpointing: true`) means the flag alone.
+
+An Axolotl or TRL (`trl sft`) YAML is read as it is: each of their keys that means something here
+is mapped to options of ours, each that does not is named with what to do instead
+(`pipeline.foreign_config`), and the mapping is printed once, key by key, on stderr:
+
+    pack-train --config axolotl.yaml (Axolotl keys):
+      base_model: NousResearch/Llama-3.2-1B -> --model NousResearch/Llama-3.2-1B
+      learning_rate: 0.0002 -> --lr 0.0002
+      datasets: not used by pack-train: pack-data's: run pack-data --config with the same file
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from pipeline import foreign_config
 from pipeline.errors import UserError
 from pipeline.option_checks import Check, check_value
 
@@ -62,12 +73,15 @@ def _load_yaml(text: str) -> Any:
 
 
 def read_config_file(path: str | Path, command: click.Command, checks: dict[str, Check] | None = None,
-                     fields: dict[str, str] | None = None) -> dict[str, Any]:
+                     fields: dict[str, str] | None = None, *, foreign: str | None = None,
+                     mapping: list[str] | None = None) -> dict[str, Any]:
     """`path`'s settings as a default_map for `command` (keys: its parameter names); an unreadable
     file, a file that is not a mapping, an unknown or repeated option, or a value the flag would
     refuse is a UserError. `checks` (a config dataclass's, `pipeline.option_checks`) are run on the
     values of the parameters they name (`fields` maps a parameter name to its field name where
-    they differ)."""
+    they differ). `foreign` (the command's name, `foreign_config.TRAIN` or `DATA`) also reads the
+    Axolotl and TRL keys of `foreign_config.KEYS`; `mapping` then receives one line per such key
+    (what it became, or why it is not used), after a heading line naming the file."""
     import yaml
 
     try:
@@ -95,13 +109,10 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     params = {p.name: p for p in command.params}
     out: dict[str, Any] = {}
     keys: dict[str, object] = {}
-    for key, value in data.items():
-        found = names.get(str(key).replace("-", "_")) or names.get(str(key))
-        if found is None:
-            known = ", ".join(sorted({o.lstrip("-") for p in command.params if p.name != "config"
-                                      for o in (*p.opts, *getattr(p, "secondary_opts", []))}))
-            raise UserError(f"--config {path}: unknown option {key!r} (this command takes: {known})")
-        name, inverse = found
+    tool = foreign_config.looks_foreign(data) if foreign else None
+    lines: list[str] = []
+
+    def take(key: object, name: str, value: Any, inverse: bool = False) -> Any:
         if name in keys:
             raise UserError(f"--config {path}: {keys[name]!r} and {key!r} both set {_flag(params[name])}: keep one")
         keys[name] = key
@@ -111,6 +122,40 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
             raise UserError(f"--config {path}: key {key!r}: {exc}") from None
         if value is not None:  # `key:` or `key: null`: not given, the flag's default holds
             out[name] = (not value) if inverse and isinstance(value, bool) else value
+        return value
+
+    for key, value in data.items():
+        rule = foreign_config.rule(str(key), foreign) if foreign else None
+        if isinstance(rule, foreign_config.Unused):
+            lines.append(f"  {key}: not used by {foreign}: {rule.why}")
+            continue
+        if rule is not None:
+            if value is None:
+                lines.append(f"  {key}: null -> (the defaults)")
+                continue
+            try:
+                mapped = rule.apply(value, data)
+            except foreign_config.NotUsed as exc:
+                lines.append(f"  {key}: {foreign_config.show(value)}: not used ({exc})")
+                continue
+            except UserError as exc:
+                raise UserError(f"--config {path}: key {key!r}: {exc}") from None
+            shown = [f"{_flag(params[name])} {foreign_config.show(take(key, name, v))}" for name, v in mapped.items()]
+            lines.append(f"  {key}: {foreign_config.show(value)} -> {' '.join(shown) or '(the defaults)'}")
+            continue
+        found = names.get(str(key).replace("-", "_")) or names.get(str(key))
+        if found is None:
+            if tool is not None:
+                raise UserError(f"--config {path}: unknown option {key!r}: neither an option of {foreign} nor an "
+                                f"{tool} key it knows: remove it (docs/from-trl-axolotl.md lists the keys it maps)")
+            known = ", ".join(sorted({o.lstrip("-") for p in command.params if p.name != "config"
+                                      for o in (*p.opts, *getattr(p, "secondary_opts", []))}))
+            raise UserError(f"--config {path}: unknown option {key!r} (this command takes: {known})")
+        name, inverse = found
+        take(key, name, value, inverse)
+    if mapping is not None and lines:
+        mapping.append(f"{foreign} --config {path} ({tool or 'Axolotl/TRL'} keys):")
+        mapping.extend(lines)
     return out
 
 
@@ -151,22 +196,59 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
 
 
 def config_option(command: Callable[..., Any] | None = None, *, checks: dict[str, Check] | None = None,
-                  fields: dict[str, str] | None = None) -> Any:
+                  fields: dict[str, str] | None = None, foreign: str | None = None) -> Any:
     """Add `--config FILE` to a click command (read before every other option): `@config_option`, or
-    `@config_option(checks=..., fields=...)` to run a config dataclass's checks on the file's values
-    (see `read_config_file`)."""
+    `@config_option(checks=..., fields=..., foreign=...)` to run a config dataclass's checks on the
+    file's values and read Axolotl/TRL keys as the command `foreign` (see `read_config_file`); the
+    mapping of those keys is printed on stderr (by rank 0 under torchrun)."""
     if command is None:
-        return lambda cmd: config_option(cmd, checks=checks, fields=fields)
+        return lambda cmd: config_option(cmd, checks=checks, fields=fields, foreign=foreign)
 
     def load(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
         if value is None:
             return
+        mapping: list[str] = []
         try:
-            settings = read_config_file(value, ctx.command, checks, fields)
+            settings = read_config_file(value, ctx.command, checks, fields, foreign=foreign, mapping=mapping)
         except UserError as exc:
             raise click.ClickException(str(exc)) from None
+        if mapping and os.environ.get("RANK", "0") == "0":
+            click.echo("\n".join(mapping), err=True)
         ctx.default_map = {**(ctx.default_map or {}), **settings}
 
     return click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
                         callback=load, help="YAML file of options (names as the flags, without dashes); "
                         "flags on the command line win.")(command)
+
+
+class HintedCommand(click.Command):
+    """A click command whose unknown option names the option meant when it is an Axolotl/TRL key
+    (`--output_dir`: "here it is --out") or one of ours spelled with underscores (`--max_steps`),
+    instead of click's closest spelling."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            foreign = self.name if self.name in (foreign_config.TRAIN, foreign_config.DATA) else None
+            hint = option_hint(exc.option_name, self, foreign)
+            if hint is None:
+                raise
+            raise click.NoSuchOption(exc.option_name, f"No such option: {exc.option_name}: {hint}", ctx=ctx) from None
+
+
+def option_hint(option: str, command: click.Command, foreign: str | None) -> str | None:
+    """What to give instead of the unknown `option` (`--output_dir`), or None when nothing fits."""
+    key = option.lstrip("-").split("=", 1)[0]
+    flags = {o for p in command.params for o in (*p.opts, *getattr(p, "secondary_opts", []))}
+    dashed = "--" + key.replace("_", "-")
+    if dashed in flags:
+        return f"options are spelled with dashes: {dashed}"
+    rule = foreign_config.rule(key, foreign) if foreign else None
+    if isinstance(rule, foreign_config.Unused):
+        return f"{key} is an Axolotl/TRL key that {foreign} does not use: {rule.why}"
+    if rule is not None and rule.options:
+        params = {p.name: p for p in command.params}
+        ours = " / ".join(_flag(params[o]) for o in rule.options if o in params)
+        return f"{key} is the Axolotl/TRL name; here it is {ours}{' (' + rule.doc + ')' if rule.doc else ''}"
+    return None

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from pipeline.config_file import config_option
+from pipeline.config_file import HintedCommand, config_option
+from pipeline.foreign_config import TRAIN
 from pipeline.errors import cli_errors
 from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.tokenize.tokenizer import tokenizer_folder
@@ -27,8 +28,8 @@ class LocalFolder(click.Path):
         return super().convert(value, param, ctx)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
-@config_option(checks=TRAIN_CHECKS, fields={"compile_": "compile"})
+@click.command(cls=HintedCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@config_option(checks=TRAIN_CHECKS, fields={"compile_": "compile"}, foreign=TRAIN)
 @click.option("--data", required=True, type=LocalFolder(exists=True, file_okay=False),
               help="Packed folder written by pack-data.")
 @click.option("--model", "model", required=True,
@@ -50,6 +51,8 @@ class LocalFolder(click.Path):
 @click.option("--min-lr-ratio", default=0.1, type=click.FloatRange(0, 1),
               help="Final LR as a fraction of --lr for cosine/linear.")
 @click.option("--warmup", default=0, type=click.IntRange(min=0), help="Linear warmup steps.")
+@click.option("--warmup-ratio", default=0.0, type=click.FloatRange(0, 1, max_open=True),
+              help="Linear warmup over this share of the run's optimizer steps (rounded up), instead of --warmup.")
 @click.option("--schedule", default="cosine", type=click.Choice(["cosine", "linear", "constant"]))
 @click.option("--epochs", default=None, type=click.IntRange(min=1),
               help="Passes over the data (default 1 when --max-steps is not given).")
@@ -124,11 +127,11 @@ class LocalFolder(click.Path):
 @click.option("--save-every", default=0, type=click.IntRange(min=0),
               help="Checkpoint every N steps (0: only at the end).")
 @click.option("--keep-last", default=None, type=click.IntRange(min=1), help="Keep only the newest N checkpoints.")
-@click.option("--resume", is_flag=False, flag_value="newest", default=None,
-              type=click.Choice(["newest", "strict"]),
+@click.option("--resume", is_flag=False, flag_value="newest", default=None, metavar="[newest|strict|PATH]",
               help="Continue the run in --out from its newest intact checkpoint (each checkpoint's "
                    "files are checked against the sha256 it lists); a damaged newer one is named "
-                   "and stepped over. --resume=strict refuses instead.")
+                   "and stepped over. --resume=strict refuses instead. --resume PATH: that checkpoint "
+                   "(OUT/checkpoints/step-N, the newest there).")
 @click.option("--log-every", default=10, type=click.IntRange(min=1), help="Metrics line every N steps.")
 @click.option("--optimizer", default="adamw", type=click.Choice(OPTIMIZERS),
               help="adamw: two fp32 moments per parameter (16 bytes per parameter with weights and "
@@ -136,6 +139,8 @@ class LocalFolder(click.Path):
                    "column of second-moment statistics per matrix (about 8 bytes per parameter); --lr "
                    "caps its step relative to each weight's RMS. Not with --parallel fsdp.")
 @click.option("--weight-decay", default=0.1, type=click.FloatRange(min=0))
+@click.option("--beta1", default=0.9, type=click.FloatRange(0, 1, max_open=True), help="AdamW's first-moment decay.")
+@click.option("--beta2", default=0.95, type=click.FloatRange(0, 1, max_open=True), help="AdamW's second-moment decay.")
 @click.option("--grad-clip", default=1.0, type=click.FloatRange(min=0), help="Max global gradient norm (0: no clipping).")
 @click.option("--num-workers", default=2, type=click.IntRange(min=0), help="DataLoader worker processes.")
 @click.option("--peak-flops", default=None, type=click.FloatRange(min=0, min_open=True),

@@ -5,8 +5,10 @@ it; `pack-train --config FILE` checks each value of the file with `TRAIN_CHECKS`
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.option_checks import PATH, Check, check_options
@@ -37,6 +39,7 @@ class TrainConfig:
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup: int = 0
+    warmup_ratio: float = 0.0  # warmup as a share of the run's optimizer steps (rounded up), instead of --warmup
     schedule: str = "cosine"
     epochs: int | None = None
     max_steps: int | None = None
@@ -52,7 +55,7 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 0
     keep_last: int | None = None
-    resume: str | None = None  # "newest" (intact checkpoint) or "strict" (the latest, or refuse)
+    resume: str | None = None  # "newest" (intact checkpoint), "strict" (the latest, or refuse), or a checkpoint folder
     log_every: int = 10
     report_to: str = "none"  # also log the metrics to "tensorboard" or "wandb"
     eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
@@ -92,12 +95,13 @@ _FRACTION = Check(float, low=0, high=1, high_open=True)
 TRAIN_CHECKS: dict[str, Check] = {
     "data": Check(PATH), "model": Check(PATH), "out": Check(PATH), "tokenizer": Check(PATH, none=True),
     "tokens_per_step": _OPTIONAL_1, "grad_accum": _AT_LEAST_1, "lr": Check(float, low=0, low_open=True),
-    "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0, "schedule": Check(str, choices=SCHEDULES),
+    "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0,
+    "warmup_ratio": Check(float, low=0, high=1, high_open=True), "schedule": Check(str, choices=SCHEDULES),
     "epochs": _OPTIONAL_1, "max_steps": _OPTIONAL_1, "stop_at": _OPTIONAL_1, "attn": Check(str),
     "dtype": Check(str, choices=DTYPES), "fp8_recipe": Check(str, choices=FP8_RECIPES), "compile": Check(bool, none=True), "grad_checkpointing": _AT_LEAST_0,
     "activation_memory_budget": Check(float, low=0, low_open=True, high=1),
     "seed": _AT_LEAST_0, "save_every": _AT_LEAST_0, "keep_last": _OPTIONAL_1,
-    "resume": Check(str, choices=RESUME, none=True), "log_every": _AT_LEAST_1,
+    "resume": Check(str, none=True), "log_every": _AT_LEAST_1,
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
     "lora_r": _AT_LEAST_0, "lora_alpha": Check(float, low=0, low_open=True), "lora_dropout": _FRACTION, "lora_target": Check(str),
     "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
@@ -124,6 +128,12 @@ def validate(config: TrainConfig) -> None:
     check_options(config, TRAIN_CHECKS)
     for name in ("data", "eval_data", "out"):
         refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
+    if config.resume is not None and config.resume not in RESUME and not Path(config.resume).is_dir():
+        raise UserError(f"--resume={config.resume}: expected newest, strict, or a checkpoint folder of --out "
+                        "(OUT/checkpoints/step-...), and there is no such folder")
+    if config.warmup and config.warmup_ratio:
+        raise UserError(f"--warmup {config.warmup} and --warmup-ratio {config.warmup_ratio} both set the warmup: "
+                        "give one")
     if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
         raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
     if config.qlora and not config.lora_r:
@@ -143,6 +153,16 @@ def validate(config: TrainConfig) -> None:
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
         raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
+
+
+def warmup_steps(config: TrainConfig, total_steps: int) -> int:
+    """The warmup's optimizer steps: --warmup, or --warmup-ratio of `total_steps` rounded up (as the
+    Hugging Face Trainer rounds it): a ratio of 0.1 over 25 steps warms up for 3.
+
+    >>> warmup_steps(TrainConfig(data="d", model="m", out="o", warmup_ratio=0.1), 25)
+    3
+    """
+    return math.ceil(config.warmup_ratio * total_steps) if config.warmup_ratio else config.warmup
 
 
 def parse_step_range(text: str) -> tuple[int, int]:

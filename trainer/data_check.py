@@ -22,7 +22,8 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
     `trainer.integrity`) and its tokenizer fingerprint; returns (manifest, tokenizer or None). The
     tokenizer is `--tokenizer`, else the one inside the model's folder (local or a Hub id's). A Hub
     tokenizer at a commit other than the manifest's is named in one line on stderr (and refused, as
-    any tokenizer is, when it tokenizes differently)."""
+    any tokenizer is, when it tokenizes differently). Data packed with `pack-data --chat-template`
+    records the template: the tokenizer takes it before the fingerprints are compared."""
     manifest = verify_folder(config.data, check_hashes=False)
     if manifest.loss_tokens == 0:
         raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
@@ -36,6 +37,8 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
     if source is None:
         return manifest, None
     tokenizer = hf_tokenizer.load_tokenizer(source)
+    if manifest.tokenizer.get("chat_template_text") is not None:  # pack-data --chat-template: checkpoints carry it
+        tokenizer.chat_template = manifest.tokenizer["chat_template_text"]
     have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
     want = manifest.tokenizer.get("fingerprint")
     changed = _changed_revision(named, source, manifest)

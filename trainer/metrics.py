@@ -91,6 +91,18 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+# TensorBoard tags of the metrics keys that the Hugging Face Trainer also logs, under its names, so
+# that runs of both tools share charts; the other keys go under train/ with their own names
+HF_TAGS = {"lr": "train/learning_rate", "eval_loss": "eval/loss", "eval_ppl": "eval/perplexity",
+           "eval_loss_tokens": "eval/loss_tokens"}
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics key: loss -> train/loss, eval_loss -> eval/loss, lr ->
+    train/learning_rate, grad_norm -> train/grad_norm."""
+    return HF_TAGS.get(key, f"train/{key}")
+
+
 class Reporter:
     """The scalars of every metrics line (the epoch too; the step is the step they are logged at),
     also to TensorBoard (`RUN/tensorboard`, through torch.utils.tensorboard) or Weights & Biases
@@ -119,7 +131,7 @@ class Reporter:
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self.kind == "tensorboard":
             for key, value in scalars.items():
-                self.writer.add_scalar(key, value, step)
+                self.writer.add_scalar(tensorboard_tag(key), value, step)
         elif self.kind == "wandb":
             self.writer.log(scalars, step=step)
 

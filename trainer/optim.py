@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, warmup_steps
 from trainer.precision import MasterAdamW
 
 
@@ -66,7 +66,7 @@ def make_optimizer(
             groups, lr=config.lr, betas=(config.beta1, config.beta2),
             **({"fused": True} if device.type == "cuda" else {"foreach": True}),
         )
-    schedule = Schedule(config.schedule, config.warmup, total_steps, config.min_lr_ratio)
+    schedule = Schedule(config.schedule, warmup_steps(config, total_steps), total_steps, config.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from pipeline.errors import UserError
 from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig
+from trainer.config import RESUME, TrainConfig
 from trainer.lora import load_adapter_into
 from trainer.optim import stretch_schedule
 from trainer.parallel import DistInfo, load_optimizer_state
@@ -25,7 +25,7 @@ STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_p
 # Options the checkpoint's optimizer and scheduler states carry (its learning rate, schedule shape and
 # AdamW settings are restored from them): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
-OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "schedule", "optimizer", "weight_decay", "beta1", "beta2")
+OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "warmup_ratio", "schedule", "optimizer", "weight_decay", "beta1", "beta2")
 # Options that shape a LoRA adapter (its matrices' size and where they sit, its scale alpha / r, the
 # base it sits on): a resume with other values would continue another adapter than the one saved.
 ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora")
@@ -42,7 +42,8 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     found: tuple[Path, list[str]] | str | None = None
     if info.rank == 0:
         try:
-            found = ckpt.resume_point(out, strict=config.resume == "strict")
+            found = (ckpt.resume_point(out, strict=config.resume == "strict") if config.resume in RESUME
+                     else (named_checkpoint(out, Path(config.resume)), []))
         except UserError as exc:
             found = str(exc)
     if info.enabled:
@@ -54,6 +55,24 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     path, notes = found
     for note in notes:
         print(f"pack-train: {note}", file=sys.stderr)
+    return path
+
+
+def named_checkpoint(out: Path, path: Path) -> Path:
+    """`--resume PATH`: the checkpoint folder PATH of the run in `out`, if it is intact and the newest
+    there (the steps of a newer one would be mixed with this continuation), else UserError."""
+    found = ckpt.list_checkpoints(out)
+    mine = {p.resolve(): p for p in found}
+    if path.resolve() not in mine:
+        where = ", ".join(p.name for p in found[-3:]) or "none"
+        raise UserError(f"--resume={path}: not a checkpoint of the run in --out {out} (its checkpoints: {where}): "
+                        f"give one of {out / ckpt.CHECKPOINTS}/step-..., or the --out of the run it belongs to")
+    damage = ckpt.checkpoint_damage(path)
+    if damage is not None:
+        raise UserError(f"--resume={path}: the checkpoint is damaged ({damage}): give an older one")
+    if found[-1].resolve() != path.resolve():
+        raise UserError(f"--resume={path}: {found[-1].name} is newer, and its steps would be mixed with this "
+                        f"continuation: move the newer checkpoints out of {out / ckpt.CHECKPOINTS} first")
     return path
 
 

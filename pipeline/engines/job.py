@@ -45,6 +45,7 @@ from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_in
 from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
 from pipeline.tokenize.tokenize_inputs import file_formats, needs_encoder, tokenize_to_spill
+from pipeline.tokenize.chat_templates import resolve_chat_template
 from pipeline.tokenize.tokenizer import load_tokenizer, tokenizer_info
 from pipeline.write.shard_writer import Written, check_sizes, write_shards
 
@@ -78,6 +79,7 @@ class PackConfig(FormatOptions):
     ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
     chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
     tmp_dir: str | None = None  # a remote --out is written here first (pipeline.write.remote_out); None: the system's
+    chat_template: str | None = None  # a name, Jinja file or text (pipeline.tokenize.chat_templates); None: the tokenizer's
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -100,6 +102,7 @@ PACK_CHECKS: dict[str, Check] = {
     "eval_examples": Check(int, low=1, none=True), "batch_rows": Check(int, low=1, none=True),
     "engine": Check(str, choices=ENGINES), "ray_address": Check(str, none=True),
     "chunk_bytes": Check(int, low=1, none=True), "tmp_dir": Check(PATH, none=True), "progress": Check(bool),
+    "chat_template": Check(str, none=True),
 }
 
 
@@ -148,8 +151,8 @@ def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: b
     files = resolve_inputs(staged.inputs)
     # each input file's own format and fields
     fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
-    tokenizer = load_tokenizer(config.tokenizer)
-    tok_info = tokenizer_info(tokenizer, config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
+    tok_info = tokenizer_info(tokenizer, config.tokenizer, config.chat_template)
     if not on_ray and config.num_proc > 1 and needs_encoder(fmts):
         encode_pool(config.num_proc)  # its workers are forked before this process starts any thread
     # the sha256 of every input byte, meanwhile
@@ -220,6 +223,8 @@ def validate(config: PackConfig) -> None:
     if not is_uri(config.out):
         check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
+    if config.chat_template is not None:
+        resolve_chat_template(config.chat_template)  # an unknown name or missing file, too
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
     if config.num_proc is None:
@@ -241,7 +246,8 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
     if config.engine == "ray":
         # tasks that load the tokenizer load the folder it came from (a Hub id's: the commit resolved here)
         folder = str(getattr(tokenizer, "name_or_path", "") or config.tokenizer)
-        spill = tokenize_on_ray(files, fmts, tokenizer, folder, tmp / "_spill", max_len=config.max_len,
+        chat_template = tokenizer.chat_template if config.chat_template is not None else None
+        spill = tokenize_on_ray(files, fmts, tokenizer, (folder, chat_template), tmp / "_spill", max_len=config.max_len,
                                 overlong=config.overlong, limit=config.limit, batch_rows=config.batch_rows,
                                 chunk_bytes=config.chunk_bytes, progress=config.progress)
     else:

@@ -236,14 +236,16 @@ def _fingerprint(f: InputFile) -> dict:
     return input_fingerprints([f])[0]
 
 
-def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenizer: Any, name: str, spill_dir: Path, *,
+def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenizer: Any,
+                    name: tuple[str, str | None], spill_dir: Path, *,
                     max_len: int, overlong: str, limit: int | None, batch_rows: int | None,
                     chunk_bytes: int | None, progress: bool) -> Spill:
     """The local engine's `tokenize_to_spill`, one Ray task per chunk: the same Spill (lengths,
     example ids, counts) over one spill part per chunk, or direct mode for uncompressed Arrow IPC
     pre-tokenized input (nothing to tokenize: the write tasks read the inputs in place).
     `tokenizer`: the loaded tokenizer; the tasks get its backend alone (`BackendOnly`), or, for chat
-    data, load it themselves by `name` (from storage every node sees)."""
+    data, load it themselves by `name`: (its folder, on storage every node sees; the --chat-template
+    text or None)."""
     fmt_of = {f.path: x for f, x in zip(files, fmts)}
     same_labels = ids_are_labels(fmts)
     in_place = try_direct(files, fmt_of, max_len=max_len, overlong=overlong, limit=limit)
@@ -276,14 +278,15 @@ def default_chunk_bytes(input_bytes: int) -> int:
 _TOKENIZERS: dict[str, Any] = {}  # per worker process: built once, used by every task it runs
 
 
-def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: str | BackendOnly, chunk: Chunk, part: str,
+def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: tuple[str, str | None] | BackendOnly, chunk: Chunk,
+                    part: str,
                     batch_rows: int, derive_labels: bool) -> Part:
     """One chunk into spill part `part` (.ids and .labels). A JSON Lines chunk past its file's start
     is read without its line numbers (counting them reads the file up to there) and, only if it
     fails, read again with them, so the error names the right line."""
-    key = tokenizer if isinstance(tokenizer, str) else tokenizer.key
+    key = repr(tokenizer) if isinstance(tokenizer, tuple) else tokenizer.key
     if fmt.kind != "tokenized" and key not in _TOKENIZERS:
-        _TOKENIZERS[key] = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        _TOKENIZERS[key] = load_tokenizer(*tokenizer) if isinstance(tokenizer, tuple) else tokenizer
     tok = _TOKENIZERS.get(key)
 
     def run(lines_known: bool) -> Part:

@@ -16,7 +16,8 @@ import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_numbers import exact_numbers
-from pipeline.read.json_records import MAX_DEPTH, Conformer, DuplicateKey, json_kind, short, type_conflict, unique_keys
+from pipeline.read.json_records import (MAX_DEPTH, Conformer, DuplicateKey, json_kind, short, type_conflict,
+                                        uniform_content, unique_keys)
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
@@ -196,11 +197,27 @@ def jsonl_columns(path: str) -> list[str]:
                 options = pajson.ReadOptions(use_threads=False, block_size=len(chunk) + 1)
                 table = pajson.read_json(pa.BufferReader(chunk), read_options=options)
             except pa.ArrowInvalid as exc:
-                raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+                parsed = _parse_uniform(chunk)
+                if parsed is None:
+                    raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+                table = parsed[0]
         keys.update(dict.fromkeys(table.column_names))
         del table
     pa.default_memory_pool().release_unused()  # a long line's parse would otherwise stay in RSS
     return list(keys)
+
+
+def _parse_uniform(chunk: bytes) -> tuple[pa.Table, bytes] | None:
+    """`chunk` rewritten by `uniform_content` (chat messages that mix text and content lists) and
+    parsed, or None when it has no such mix or still cannot be parsed."""
+    uniform = uniform_content(chunk) if b"content" in chunk else None
+    if uniform is None:
+        return None
+    try:
+        return pajson.read_json(pa.BufferReader(uniform), read_options=pajson.ReadOptions(
+            use_threads=False, block_size=len(uniform) + 1)), uniform
+    except pa.ArrowInvalid:
+        return None
 
 
 def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end: int | None = None,
@@ -221,7 +238,10 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
                 read_options=pajson.ReadOptions(use_threads=False, block_size=len(chunk) + 1),
             )
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+            parsed = _parse_uniform(chunk) if isinstance(exc, pa.ArrowInvalid) else None
+            if parsed is None:
+                raise _locate_jsonl_error(path, chunk, line, offset, exc) from None
+            table, chunk = parsed
         if _too_deep(table):  # deeper types crash pyarrow's own code (a segfault, no line at all)
             raise _locate_jsonl_error(path, chunk, line, offset, ValueError(f"nested more than {MAX_DEPTH} levels"))
         table = conform(exact_numbers(table, chunk, exact))

@@ -91,3 +91,46 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text_part(value: Any) -> Any:
+    return [{"type": "text", "text": value}] if isinstance(value, str) else value
+
+
+def uniform_content(chunk: bytes) -> bytes | None:
+    """JSON Lines whose chat messages mix text and OpenAI content lists (`"content": "Be brief."`
+    beside `"content": [{"type": "text", ...}]`), which pyarrow cannot hold in one column, with every
+    text content of those messages written as one text part, line for line; None when the chunk has
+    no such mix (its error is another one). The chat renderer treats one text part as the text."""
+    import json
+
+    lines = chunk.split(b"\n")
+    records: list[Any] = []
+    mixed: set[str] = set()
+    try:
+        for raw in lines:
+            records.append(json.loads(raw) if raw.strip() else None)
+    except ValueError:
+        return None
+    kinds: dict[str, set[bool]] = {}
+    for obj in records:
+        if not isinstance(obj, dict):
+            continue
+        for key, value in obj.items():
+            if isinstance(value, list):
+                for m in value:
+                    if isinstance(m, dict) and "content" in m and m["content"] is not None:
+                        kinds.setdefault(key, set()).add(isinstance(m["content"], list))
+    mixed = {key for key, seen in kinds.items() if seen == {True, False}}
+    if not mixed:
+        return None
+    out = []
+    for raw, obj in zip(lines, records):
+        if isinstance(obj, dict):
+            for key in mixed & set(obj):
+                if isinstance(obj[key], list):
+                    obj[key] = [{**m, "content": _text_part(m["content"])} if isinstance(m, dict) and "content" in m
+                                else m for m in obj[key]]
+            raw = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        out.append(raw)
+    return b"\n".join(out)

@@ -28,6 +28,8 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
     config = pinned_config(manifest)
     if tokenizer:
         config["tokenizer"] = tokenizer
+    if manifest.tokenizer.get("chat_template_text") is not None:  # pack-data --chat-template, as it was then
+        config["chat_template"] = manifest.tokenizer["chat_template_text"]
     for key in ("inputs", "tokenizer"):
         if not config.get(key):
             raise UserError(f"--deep: the manifest's config has no {key!r}: cannot re-tokenize")

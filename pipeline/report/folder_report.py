@@ -224,6 +224,32 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
     }
 
 
+def example_lengths(data: FolderData) -> np.ndarray:
+    """Each packed example's length (the sum of its stored pieces: a split example is whole again),
+    in example-id order: what a what-if across other --max-len values plans, without re-tokenizing."""
+    if len(data.example_ids) == 0:
+        return np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, data.example_ids[1:] != data.example_ids[:-1]])
+    return np.add.reduceat(data.seq_lens.astype(np.int64), starts)
+
+
+def folder_whatif(data: FolderData, max_lens: list[int], **options: Any) -> dict[str, Any]:
+    """`whatif_report` of a packed folder's example lengths (`example_lengths`), with the limits of
+    what the folder holds: examples pack-data truncated are counted at the folder's max_len, and
+    dropped ones are not there, so for a longer --max-len those figures are lower bounds."""
+    counts = data.manifest.counts
+    report = whatif_report(example_lengths(data), max_lens, **options)
+    cut = {"truncated": counts.truncated, "dropped": counts.dropped}
+    report["limits"] = {"folder_max_len": data.manifest.max_len, **cut,
+                        "exact_up_to": data.manifest.max_len if any(cut.values()) else None}
+    return report
+
+
+def report_sources(tokenizer: str | None, via: str | None, inputs: list[str]) -> dict[str, Any]:
+    """What a report names of what it counted: the tokenizer (and how it was chosen) and the inputs."""
+    return {"tokenizer": tokenizer, "tokenizer_from": via, "inputs": list(inputs)}
+
+
 def whatif_report(lengths: np.ndarray, max_lens: list[int], *,
                   strategies: tuple[str, ...] = PACKED_STRATEGIES,
                   batch_size: int = DEFAULT_BATCH_SIZE, seed: int = 0,

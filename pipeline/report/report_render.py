@@ -39,6 +39,53 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def sources_lines(report: dict[str, Any]) -> list[str]:
+    """The tokenizer the figures were counted with and the inputs, as the report names them."""
+    if "tokenizer" not in report:
+        return []
+    inputs = report.get("inputs") or []
+    shown = ", ".join(map(str, inputs[:3])) + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else "")
+    tokenizer = f"{report['tokenizer']} ({report.get('tokenizer_from')})" if report["tokenizer"] else "not recorded"
+    return [f"tokenizer: {tokenizer}", f"inputs: {shown or 'not recorded'}"]
+
+
+def best_packed(run: dict[str, Any]) -> dict[str, Any]:
+    """The packing strategy of a what-if run with the fewest rows (ties: the first listed)."""
+    packed_rows = [r for r in run["comparison"] if r["layout"] not in PADDED_LAYOUTS]
+    return min(packed_rows, key=lambda r: r["rows"])
+
+
+def across_lengths(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per --max-len of a what-if: examples longer, lower bound, pad-to-longest's and the best
+    strategy's rows and efficiency, and its estimated speedup over pad-to-longest."""
+    out = []
+    for run in runs:
+        best = best_packed(run)
+        pad = next(r for r in run["comparison"] if r["layout"] == "pad-to-longest")
+        out.append({"max_len": run["max_len"], "longer": run["over_max_len"], "lower_bound": run["lower_bound_rows"],
+                    "strategy": best["layout"], "rows": best["rows"], "efficiency": best["efficiency"],
+                    "pad_rows": pad["rows"], "pad_efficiency": pad["efficiency"],
+                    "speedup": best.get("speedup_vs_pad_to_longest", 0)})
+    return out
+
+
+def _across_text(runs: list[dict[str, Any]]) -> list[str]:
+    head = (f"{'max_len':>9}{'longer':>9}{'lower bound':>13}{'best':>10}{'rows':>10}{'efficiency':>12}"
+            f"{'padded eff.':>13}{'speedup*':>10}")
+    lines = [head, "-" * len(head)]
+    for r in across_lengths(runs):
+        lines.append(f"{r['max_len']:>9,}{r['longer']:>9,}{r['lower_bound']:>13,}{r['strategy'][:9]:>10}"
+                     f"{r['rows']:>10,}{r['efficiency']:>11.1%} {r['pad_efficiency']:>12.1%}{r['speedup']:>9.2f}x")
+    return lines
+
+
+def _limits_text(limits: dict[str, Any]) -> str:
+    if not limits.get("exact_up_to"):
+        return "  from the stored example lengths (none truncated or dropped: exact at every max_len)"
+    return (f"  from the stored example lengths; {limits['truncated']:,} truncated, {limits['dropped']:,} dropped "
+            f"at {limits['folder_max_len']:,}: rows above it are lower bounds")
+
+
 def _footnote(report: dict[str, Any]) -> str:
     return (f"* est. speedup vs pad-to-longest (B={report['batch_size']}) from token slots + "
             f"causal attention pairs, hidden={report['hidden']}")
@@ -52,6 +99,7 @@ def format_text(report: dict[str, Any]) -> str:
     L = r["lengths"]
     s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
     lines = [
+        *sources_lines(r),
         f"packed folder: max_len {r['max_len']}, strategy {r['strategy']}",
         f"  examples        {r['examples']:>14,}   sequences (split pieces count) "
         f"{r['sequences']:,}",
@@ -80,6 +128,9 @@ def format_text(report: dict[str, Any]) -> str:
         *("  " + x for x in _table(r["comparison"])),
         "  " + _footnote(r),
     ]
+    if r.get("whatif"):
+        lines += ["", "what-if: this folder's examples packed at other max_len values",
+                  _limits_text(r["whatif"]["limits"]), *("  " + x for x in _across_text(r["whatif"]["runs"]))]
     held = r.get("eval") or {}
     if held.get("folder"):
         lines += ["", f"eval: {held['examples']:,} examples held out in {held['folder']}/ (not in this folder; "
@@ -105,6 +156,7 @@ def format_text(report: dict[str, Any]) -> str:
 def _format_whatif(r: dict[str, Any]) -> str:
     L = r["lengths"]
     lines = [
+        *sources_lines(r),
         f"what-if: {r['examples']:,} examples, {r['tokens_untruncated']:,} tokens",
         f"  lengths min {L['min']}, p50 {L['p50']:.0f}, p90 {L['p90']:.0f}, p99 {L['p99']:.0f}, "
         f"max {L['max']}, mean {L['mean']:.1f}",
@@ -116,6 +168,7 @@ def _format_whatif(r: dict[str, Any]) -> str:
             f"lower bound {run['lower_bound_rows']:,} rows",
             *("  " + x for x in _table(run["comparison"])),
         ]
+    lines += ["", "across max_len (the best packing strategy of each)", *("  " + x for x in _across_text(r["runs"]))]
     lines.append("  " + _footnote(r))
     return "\n".join(lines) + "\n"
 
@@ -321,6 +374,26 @@ def _stats_card(r: dict[str, Any]) -> str:
             "input examples.</figcaption></figure>")
 
 
+def _across_table(runs: list[dict[str, Any]]) -> str:
+    """The what-if across --max-len values as one HTML table (every value escaped)."""
+    head = ("<tr><th>max_len</th><th>examples longer</th><th>lower bound rows</th><th>best strategy</th>"
+            "<th>rows</th><th>efficiency</th><th>pad-to-longest efficiency</th><th>est. speedup</th></tr>")
+    body = ""
+    for r in across_lengths(runs):
+        cells = [f"{r['max_len']:,}", f"{r['longer']:,}", f"{r['lower_bound']:,}", r["strategy"], f"{r['rows']:,}",
+                 f"{r['efficiency']:.1%}", f"{r['pad_efficiency']:.1%}", f"{r['speedup']:.2f}x"]
+        body += "<tr>" + "".join(f"<td>{_v(c)}</td>" for c in cells) + "</tr>"
+    return f"<table>{head}{body}</table>"
+
+
+def _sources_html(report: dict[str, Any]) -> str:
+    if "tokenizer" not in report:
+        return ""
+    inputs = "".join(f"<li><code>{_v(i)}</code></li>" for i in report.get("inputs") or [])
+    return (f'<p class="note">Tokenizer <code>{_v(report["tokenizer"])}</code> '
+            f'({_v(report.get("tokenizer_from"))}); inputs:</p><ul class="note">{inputs}</ul>')
+
+
 def _note(report: dict[str, Any]) -> str:
     return (f'<p class="note">Estimated speedup = cost(pad-to-longest) / cost(layout), cost = 6 x '
             f"hidden x token slots + causal attention pairs (hidden = {_v(report['hidden'])}); "
@@ -336,6 +409,7 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
     if report["kind"] == "folder":
         r, c = report, report["counts"]
         s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
+        parts.append(_sources_html(r))
         parts.append(f'<p class="sub">max_len {_v(r["max_len"], ",")} &middot; strategy '
                      f'<code>{_v(r["strategy"])}</code> &middot; {_v(len(r["shards"]))} '
                      f'shard{"s" if len(r["shards"]) != 1 else ""}</p>')
@@ -365,6 +439,10 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
                                               "sequences"), "Grey: padded baselines; blue: "
                                               "packing strategies."))
         parts.append("<br>" + _comparison_table(r["comparison"], r["strategy"]) + _note(r))
+        if r.get("whatif"):
+            parts.append("<h2>What-if: other max_len values</h2>")
+            parts.append(f'<p class="note">{html.escape(_limits_text(r["whatif"]["limits"]).strip())}</p>')
+            parts.append(_across_table(r["whatif"]["runs"]))
         parts.append("<h2>Shards</h2>")
         rows = []
         for s in r["shards"]:
@@ -378,9 +456,11 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
     else:
         r = report
         L = r["lengths"]
+        parts.append(_sources_html(r))
         parts.append(f'<p class="sub">What-if (nothing written): {_v(r["examples"], ",")} examples, '
                      f'{_v(r["tokens_untruncated"], ",")} tokens; lengths p50 {_v(L["p50"], ".0f")}, p90 '
                      f'{_v(L["p90"], ".0f")}, max {_v(L["max"], ",")}</p>')
+        parts.append("<h2>Across max_len</h2>" + _across_table(r["runs"]))
         for run in r["runs"]:
             parts.append(f"<h2>max_len {_v(run['max_len'], ',')}</h2>")
             parts.append(f'<p class="note">{_v(run["over_max_len"], ",")} examples longer than max_len '

@@ -9,6 +9,7 @@ only decides *what* text goes where.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,52 @@ def render_text(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
     return Segments(texts, np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n)
 
 
+def is_conversational(table: pa.Table, fmt: ResolvedFormat) -> bool:
+    """Instruction data whose prompt column holds message lists: TRL's conversational
+    prompt/completion (`prompt: [{role, content}]`, `completion: [{role: assistant, ...}]`)."""
+    name = fmt.fields.get("prompt")
+    return name in table.column_names and (pa.types.is_list(table.column(name).type)
+                                           or pa.types.is_large_list(table.column(name).type))
+
+
+def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any) -> Segments:
+    """TRL's conversational prompt/completion, rendered as TRL renders it: the chat template over
+    prompt + completion, the loss on what follows the prompt rendered with the generation prompt
+    (with `--train-on-prompt`, on everything)."""
+    if not hasattr(tokenizer, "apply_chat_template"):
+        raise UserError(f"{where(0)}: conversational prompt/completion data is rendered with the chat template, "
+                        "which --engine ray tasks do not load for instruction data: pack it with --engine local")
+    check_has_template(tokenizer)
+    for name in (fmt.fields["prompt"], fmt.fields["response"]):
+        if name not in table.column_names:
+            raise missing_field(table, name, where)
+    prompts = table.column(fmt.fields["prompt"]).to_pylist()
+    completions = table.column(fmt.fields["response"]).to_pylist()
+    texts: list[str] = []
+    example: list[int] = []
+    loss: list[bool] = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        if not isinstance(completion, list):
+            raise UserError(f"{where(i)}: field {fmt.fields['response']!r} is not a list of messages while "
+                            f"{fmt.fields['prompt']!r} is: give both as [{{role, content}}] lists, or both as text")
+        head_msgs = normalise_messages(prompt, where(i))
+        msgs = head_msgs + normalise_messages(completion, where(i))
+        if not msgs:
+            continue
+        msgs = with_text_content(msgs, tokenizer, where(i))
+        try:
+            full = tokenizer.apply_chat_template(msgs, tokenize=False)
+            head = tokenizer.apply_chat_template(msgs[: len(head_msgs)], tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
+            raise UserError(f"{where(i)}: the chat template failed on this conversation ({exc})") from None
+        cut = len(head) if full.startswith(head) else len(os.path.commonprefix([head, full]))
+        for text, is_loss in ((full[:cut], fmt.train_on_prompt), (full[cut:], True)):
+            texts.append(text)
+            example.append(i)
+            loss.append(is_loss)
+    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts))
+
+
 def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
     prompts = string_column(table, fmt.fields["prompt"], where, optional=False)
     responses = string_column(table, fmt.fields["response"], where, optional=False)
@@ -173,7 +220,8 @@ def normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
     message's `tool_call_id` or `name`, ...). Keys whose value is null are left out, at every depth:
     Arrow gives each message every key any message of the batch has (null where it had none), and a
     template tests `message.tool_calls is defined`. An assistant message with `tool_calls` may have no
-    content (it becomes "").
+    content (it becomes ""). A content may be OpenAI's list of parts ([{"type": "text", "text": ...}]);
+    see `with_text_content`.
 
     >>> normalise_messages([{"from": "gpt", "value": "hi", "tool_calls": None}], "row 1")
     [{'role': 'assistant', 'content': 'hi'}]
@@ -199,6 +247,66 @@ def normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
                             f"(or ShareGPT's {', '.join(ROLE_ALIASES)})")
         out.append({"role": role, "content": content, **message})
     return out
+
+
+def parts_text(content: list[Any], where: str) -> str:
+    """The text of an OpenAI content list: its text parts joined with newlines (as vLLM joins them for
+    a template that takes text). A part of another type (an image) is a one-line error."""
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise UserError(f"{where}: a message content part of type {kind!r}: only text parts "
+                            "([{\"type\": \"text\", \"text\": ...}]) can be packed for a text model; remove the others")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+_PROBE = "zq-packlm-part-zq"
+
+
+def template_reads_parts(tokenizer: Any) -> bool:
+    """Whether the chat template renders OpenAI content lists itself (as many recent ones do): a
+    probe part's text appears in its rendering and the list's own text (`'type'`) does not."""
+    template = getattr(tokenizer, "chat_template", None)
+    cache = getattr(tokenizer, "_packlm_reads_parts", None)
+    if cache is not None and cache[0] == template:
+        return cache[1]
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": _PROBE}]}],
+                                             tokenize=False)
+        reads = _PROBE in text and "'type'" not in text
+    except Exception:  # noqa: BLE001 - a template that cannot take a list
+        reads = False
+    try:
+        tokenizer._packlm_reads_parts = (template, reads)
+    except AttributeError:
+        pass
+    return reads
+
+
+def with_text_content(messages: list[dict[str, Any]], tokenizer: Any, where: str) -> list[dict[str, Any]]:
+    """`messages` as the chat template takes them: content lists as they are when the template
+    renders them (`template_reads_parts`), else each list's text (`parts_text`)."""
+    if not any(isinstance(m["content"], list) for m in messages):
+        return messages
+    if template_reads_parts(tokenizer):
+        for m in messages:
+            if isinstance(m["content"], list):
+                parts_text(m["content"], where)  # only text parts
+        return messages
+    return [{**m, "content": parts_text(m["content"], where) if isinstance(m["content"], list) else m["content"]}
+            for m in messages]
+
+
+def check_has_template(tokenizer: Any) -> None:
+    """A tokenizer without a chat template cannot render chats: one line saying what to pass."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
+            "data cannot be rendered: pass --chat-template (chatml, llama3, llama2, or a Jinja file), use a "
+            "tokenizer with one, or --format instruction/text"
+        )
 
 
 def _without_nulls(value: Any) -> Any:
@@ -306,11 +414,7 @@ def _local_segments(messages: list[dict[str, str]], render: Callable[..., str]) 
 
 
 def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any) -> Segments:
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError(
-            f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
-            "data cannot be rendered: use a tokenizer with one, or --format instruction/text"
-        )
+    check_has_template(tokenizer)
     if fmt.fields["messages"] not in table.column_names:
         raise missing_field(table, fmt.fields["messages"], where)
     rows = table.column(fmt.fields["messages"]).to_pylist()
@@ -321,6 +425,7 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
         msgs = normalise_messages(messages, where(i))
         if not msgs:
             continue
+        msgs = with_text_content(msgs, tokenizer, where(i))
         try:
             segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt)
         except UserError:
@@ -340,6 +445,8 @@ def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = 
     if fmt.kind == "text":
         return render_text(table, fmt, where)
     if fmt.kind == "instruction":
+        if is_conversational(table, fmt):
+            return render_prompt_completion(table, fmt, where, tokenizer)
         return render_instruction(table, fmt, where)
     if fmt.kind == "chat":
         return render_chat(table, fmt, where, tokenizer)

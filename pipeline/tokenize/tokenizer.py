@@ -28,10 +28,12 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "v
 RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for its own thread pool
 
 
-def load_tokenizer(name_or_path: str) -> Any:
+def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     """Load a fast Hugging Face tokenizer from a local folder, or a Hub id's (`org/name[@revision]`)
     files: from the local Hugging Face cache, downloaded when not there and not offline
-    (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub."""
+    (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub.
+    `chat_template` (`--chat-template`: a name, a Jinja file or text,
+    `pipeline.tokenize.chat_templates`) replaces the tokenizer's own template."""
     folder = tokenizer_folder(name_or_path) or hub_folder(str(name_or_path))
     try:
         loader = declared_class(folder) or _auto_tokenizer()
@@ -49,6 +51,10 @@ def load_tokenizer(name_or_path: str) -> Any:
     # anew each time, so turning them off changes nothing for them.
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
+    if chat_template is not None:
+        from pipeline.tokenize.chat_templates import resolve_chat_template
+
+        tok.chat_template = resolve_chat_template(chat_template)
     return tok
 
 
@@ -178,8 +184,11 @@ def file_fingerprint(tokenizer: Any) -> str | None:
     return digest.hexdigest()
 
 
-def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
-    """What the manifest records about the tokenizer."""
+def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None) -> dict[str, Any]:
+    """What the manifest records about the tokenizer; with `chat_template` (`--chat-template`, already
+    set on `tokenizer` by `load_tokenizer`), its name and text too."""
+    from pipeline.tokenize.chat_templates import template_label
+
     return {
         "name": str(name),
         "fingerprint": tokenizer_fingerprint(tokenizer),
@@ -188,6 +197,8 @@ def tokenizer_info(tokenizer: Any, name: str) -> dict[str, Any]:
         "pad_token_id": tokenizer.pad_token_id,
         "vocab_size": len(tokenizer),
         "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        **({"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
+           if chat_template is not None else {}),
         **({"hub": record} if (record := hub_record(name)) else {}),
     }
 

@@ -119,3 +119,235 @@ def test_values_the_flags_take_are_read_from_the_file(tmp_path: Path):
     assert read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}) == {
         "lr": 1.0, "min_lr_ratio": 1.0, "warmup": 0, "max_steps": 7, "no_progress": True, "grad_checkpointing": 2,
         "resume": "newest"}
+
+
+# ---------------------------------------------------------------- Axolotl and TRL configs as they are
+
+def axolotl_yaml(tmp_path: Path) -> str:
+    """An Axolotl LoRA config as its examples write one (a CPU-sized model and row length)."""
+    return f"""\
+base_model: tiny
+tokenizer_config: {ROOT / 'data/tokenizer'}
+model_type: AutoModelForCausalLM
+tokenizer_type: AutoTokenizer
+load_in_8bit: false
+load_in_4bit: false
+strict: false
+
+chat_template: chatml
+datasets:
+  - path: {ROOT / 'data/sample/chat.jsonl'}
+    type: chat_template
+    field_messages: messages
+dataset_prepared_path: {tmp_path / 'prepared'}
+val_set_size: 0.05
+output_dir: {tmp_path / 'run'}
+
+sequence_len: 512
+sample_packing: true
+pad_to_sequence_len: true
+
+adapter: lora
+lora_r: 8
+lora_alpha: 16
+lora_dropout: 0.05
+lora_target_modules:
+  - q_proj
+  - v_proj
+
+wandb_project:
+wandb_entity:
+
+gradient_accumulation_steps: 2
+micro_batch_size: 2
+num_epochs: 1
+max_steps: 2
+optimizer: adamw_torch
+lr_scheduler: cosine
+learning_rate: 0.0002
+warmup_ratio: 0.1
+weight_decay: 0.0
+
+train_on_inputs: false
+bf16: false
+tf32: false
+gradient_checkpointing: true
+logging_steps: 1
+flash_attention: false
+saves_per_epoch: 1
+seed: 7
+special_tokens:
+"""
+
+
+TRL_YAML = """\
+# trl sft --config sft.yaml
+model_name_or_path: Qwen/Qwen2.5-0.5B
+dataset_name: trl-lib/Capybara
+dataset_train_split: train
+learning_rate: 2.0e-5
+num_train_epochs: 3.0
+max_steps: -1
+packing: true
+max_length: 2048
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 8
+gradient_checkpointing: true
+lr_scheduler_type: linear
+warmup_ratio: 0.03
+weight_decay: 0.01
+optim: adamw_torch_fused
+adam_beta2: 0.999
+max_grad_norm: 0.5
+logging_steps: 25
+save_steps: 500
+save_total_limit: 2
+eval_strategy: "no"
+bf16: true
+report_to: [tensorboard]
+output_dir: Qwen2.5-0.5B-SFT
+use_peft: true
+lora_r: 32
+lora_target_modules: all-linear
+assistant_only_loss: true
+seed: 42
+dataset_num_proc: 4
+torch_dtype: bfloat16
+attn_implementation: flash_attention_2
+push_to_hub: false
+"""
+
+
+def test_an_axolotl_config_maps_key_by_key_for_both_commands(tmp_path: Path):
+    from pipeline.engines.job import PACK_CHECKS
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "axolotl.yaml"
+    cfg.write_text(axolotl_yaml(tmp_path))
+    lines: list[str] = []
+    train = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train", mapping=lines)
+    assert train == {
+        "model": "tiny", "tokenizer": str(ROOT / "data/tokenizer"), "data": str(tmp_path / "prepared"),
+        "out": str(tmp_path / "run"), "lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
+        "lora_target": "q_proj,v_proj", "grad_accum": 2, "tokens_per_step": 1024, "epochs": 1, "max_steps": 2,
+        "optimizer": "adamw", "schedule": "cosine", "min_lr_ratio": 0.0, "lr": 0.0002, "warmup_ratio": 0.1,
+        "weight_decay": 0.0, "dtype": "fp32", "grad_checkpointing": 1, "log_every": 1, "seed": 7}
+    text = "\n".join(lines)
+    assert lines[0] == f"pack-train --config {cfg} (Axolotl keys):"
+    assert "  learning_rate: 0.0002 -> --lr 0.0002" in lines
+    assert "  micro_batch_size: 2 -> --tokens-per-step 1024" in lines
+    assert "  lora_target_modules: q_proj,v_proj -> --lora-target q_proj,v_proj" in lines
+    assert "  datasets: not used by pack-train: pack-data's: run pack-data --config with the same file" in lines
+    # every key of the file that is not one of pack-train's own options is named once
+    own = {"lora_r", "lora_alpha", "lora_dropout", "seed", "weight_decay", "max_steps"}
+    named = {line.split(":")[0].strip() for line in lines[1:]}
+    import yaml
+    assert named == set(yaml.safe_load(cfg.read_text())) - own | {"max_steps"}, text
+    assert "  wandb_project: null -> (the defaults)" in lines
+
+    lines = []
+    data = read_config_file(cfg, pack_data, PACK_CHECKS, {"fmt": "format"}, foreign="pack-data", mapping=lines)
+    assert data == {"tokenizer": str(ROOT / "data/tokenizer"), "chat_template": "chatml",
+                    "inputs": [str(ROOT / "data/sample/chat.jsonl")], "fmt": "chat", "messages_field": "messages",
+                    "out": str(tmp_path / "prepared"), "eval_fraction": 0.05, "max_len": 512,
+                    "train_on_prompt": False, "seed": 7}
+    assert "  base_model: tiny: not used (tokenizer_config names the tokenizer)" in lines
+    assert "  learning_rate: not used by pack-data: pack-train's: run pack-train --config with the same file" in lines
+
+
+def test_a_trl_config_maps_key_by_key(tmp_path: Path):
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(TRL_YAML)
+    lines: list[str] = []
+    train = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train", mapping=lines)
+    assert train == {
+        "model": "Qwen/Qwen2.5-0.5B", "lr": 2e-5, "epochs": 3, "tokens_per_step": 4 * 2048, "grad_accum": 8,
+        "grad_checkpointing": 1, "schedule": "linear", "min_lr_ratio": 0.0, "warmup_ratio": 0.03,
+        "weight_decay": 0.01, "optimizer": "adamw", "beta2": 0.999, "grad_clip": 0.5, "log_every": 25,
+        "save_every": 500, "keep_last": 2, "dtype": "bf16", "report_to": "tensorboard", "out": "Qwen2.5-0.5B-SFT",
+        "lora_r": 32, "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_target": "all", "seed": 42}
+    assert lines[0] == f"pack-train --config {cfg} (TRL keys):"
+    assert "  max_steps: -1 -> (the defaults)" in lines
+    assert "  use_peft: True -> --lora-alpha 32.0 --lora-dropout 0.05" in lines
+    assert "  per_device_train_batch_size: 4 -> --tokens-per-step 8192" in lines
+    assert any(line.startswith("  attn_implementation: not used by pack-train: the attention kernel") for line in lines)
+    lines = []
+    data = read_config_file(cfg, pack_data, None, None, foreign="pack-data", mapping=lines)
+    assert data == {"tokenizer": "Qwen/Qwen2.5-0.5B", "inputs": ["trl-lib/Capybara:train"], "max_len": 2048,
+                    "train_on_prompt": False, "seed": 42, "num_proc": 4}
+
+
+def test_pack_data_and_pack_train_run_an_axolotl_config_as_it_is(tmp_path: Path):
+    """The same file for both commands, flags only for what a CPU test needs; the mapping is printed
+    once, and the chat template it names is the data's and the checkpoints' tokenizer's."""
+    cfg = tmp_path / "axolotl.yaml"
+    cfg.write_text(axolotl_yaml(tmp_path))
+    packed = CliRunner().invoke(pack_data, ["--config", str(cfg), "--no-progress", "--num-proc", "1"])
+    assert packed.exit_code == 0, packed.output
+    assert packed.stderr.count("pack-data --config") == 1 and "  sequence_len: 512 -> --max-len 512" in packed.stderr
+    manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert manifest["max_len"] == 512 and manifest["tokenizer"]["chat_template"] == "chatml"
+    assert (tmp_path / "prepared" / "eval" / "manifest.json").is_file()
+    run = CliRunner().invoke(pack_train, ["--config", str(cfg), "--num-workers", "0", "--no-progress"])
+    assert run.exit_code == 0, run.output
+    assert run.stderr.count("pack-train --config") == 1
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    saved = saved.get("config", saved)
+    assert (saved["lr"], saved["tokens_per_step"], saved["lora_target"], saved["warmup_ratio"]) == (
+        0.0002, 1024, "q_proj,v_proj", 0.1)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("micro_batch_size: 2\nsequence_len: 512\n",
+     "key 'micro_batch_size': 2 has no equivalent here: a batch of 2 padded examples is no fixed number of tokens; "
+     "set sample_packing: true and sequence_len, or give tokens_per_step"),
+    ("per_device_train_batch_size: 8\n", "set packing: true and max_length"),
+    ("num_epochs: 1.5\n", "key 'num_epochs': 1.5 has no equivalent here"),
+    ("fp16: true\n", "key 'fp16': True has no equivalent here: pack-train does not train in float16: use bf16: true"),
+    ("lr_scheduler: cosine_with_restarts\n", "key 'lr_scheduler': 'cosine_with_restarts' has no equivalent here"),
+    ("optim: paged_adamw_8bit\n", "key 'optim': 'paged_adamw_8bit' has no equivalent here"),
+    ("load_in_8bit: true\n", "an 8-bit base is not supported"),
+    ("base_model: tiny\nlearning_rate: 0.1\nlr: 0.2\n", "'learning_rate' and 'lr' both set --lr: keep one"),
+    ("base_model: tiny\nunsloth_lora_mlp: true\n",
+     "unknown option 'unsloth_lora_mlp': neither an option of pack-train nor an Axolotl key it knows"),
+])
+def test_an_axolotl_or_trl_value_without_an_exact_equivalent_is_one_line(tmp_path: Path, text: str, needle: str):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(f"data: {tmp_path}\nmodel: tiny\n" + text if "base_model" not in text else text)
+    result = CliRunner().invoke(pack_train, ["--config", str(cfg), "--data", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and str(cfg) in lines[0], result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("command", "args", "needle"), [
+    (pack_train, ["--output_dir", "x"], "No such option: --output_dir: output_dir is the Axolotl/TRL name; here it is --out"),
+    (pack_train, ["--learning_rate", "1"], "here it is --lr"),
+    (pack_train, ["--max_steps", "3"], "options are spelled with dashes: --max-steps"),
+    (pack_data, ["--sequence_len", "3"], "here it is --max-len"),
+    (pack_train, ["--datasets", "x"], "datasets is an Axolotl/TRL key that pack-train does not use: pack-data's"),
+])
+def test_an_axolotl_or_trl_spelling_on_the_command_line_names_ours(command, args: list[str], needle: str):
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == 2 and needle in result.stderr and "Did you mean" not in result.stderr, result.stderr
+
+
+def test_a_yaml_list_of_lora_targets_is_taken(tmp_path: Path):
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("lora_target_modules: [q_proj, k_proj]\nlora_r: 4\n")
+    assert read_config_file(cfg, pack_train, TRAIN_CHECKS, foreign="pack-train")["lora_target"] == "q_proj,k_proj"
+
+
+def test_the_page_lists_every_mapped_key_as_the_code_maps_it():
+    """docs/from-trl-axolotl.md holds the table `foreign_config.markdown_table` writes from KEYS."""
+    from pipeline.foreign_config import KEYS, markdown_table
+
+    page = (ROOT / "docs" / "from-trl-axolotl.md").read_text()
+    assert markdown_table() in page
+    for key in KEYS:
+        assert f"| `{key.name}` |" in page

@@ -178,7 +178,9 @@ def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path:
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
-    got = {key: [(e.step, e.value) for e in events.Scalars(key)] for key in ("loss", "lr", "eval_loss")}
+    # the Hugging Face Trainer's tag names
+    tags = {"loss": "train/loss", "lr": "train/learning_rate", "eval_loss": "eval/loss"}
+    got = {key: [(e.step, e.value) for e in events.Scalars(tag)] for key, tag in tags.items()}
     assert got["loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in records if "loss" in r]
     assert got["eval_loss"] == [(3, pytest.approx(records[-1]["eval_loss"], rel=1e-6))]
     assert len(got["lr"]) == 3

@@ -243,3 +243,71 @@ def test_uncompiled_tells_which_strategies_numba_would_compile(tmp_path: Path) -
                            check=True, timeout=300).stdout.splitlines() for _ in range(2)]
     assert runs[0] == [str(["ffd", "bfd", "shuffle", "sequential", "minibatch", "pad"]), "['ffd']"]
     assert runs[1] == [str(["ffd", "bfd", "shuffle", "minibatch"]), "['ffd']"]  # pad needs only _scan
+
+
+# ------------------------------------------------------- what the figures were counted with, and other max_len
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_a_folder_what_if_plans_the_stored_example_lengths_at_other_max_len(folder: Path, tmp_path: Path) -> None:
+    """Lengths 4, 5, 10, 3, 2 (24 tokens): at 20, ffd fits them in 2 rows; at 5, the 10 is longer and
+    counts as 5 (19 tokens, 4 rows at least). One example was truncated and one dropped at 10, so
+    the figures above 10 are lower bounds, and the report says so."""
+    result = CliRunner().invoke(pack_report, [str(folder), "--max-len", "5,20", "--strategy", "ffd",
+                                              "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    whatif = json.loads((tmp_path / "r.json").read_text())["whatif"]
+    assert [(r["max_len"], r["over_max_len"], r["tokens"], r["lower_bound_rows"]) for r in whatif["runs"]] == [
+        (5, 1, 19, 4), (20, 0, 24, 2)]
+    ffd = {r["max_len"]: next(c for c in r["comparison"] if c["layout"] == "ffd") for r in whatif["runs"]}
+    assert (ffd[5]["rows"], ffd[20]["rows"]) == (4, 2)
+    assert whatif["limits"] == {"folder_max_len": 10, "truncated": 1, "dropped": 1, "exact_up_to": 10}
+    assert "1 truncated, 1 dropped at 10: rows above it are lower bounds" in result.output
+    assert all(len(line) <= 100 for line in result.output.splitlines())
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2>What-if: other max_len values</h2>" in page and "<td>20</td><td>0</td><td>2</td><td>ffd</td>" in page
+    plain = CliRunner().invoke(pack_report, [str(folder), "--json", str(tmp_path / "p.json")])
+    assert "whatif" not in json.loads((tmp_path / "p.json").read_text())  # only when --max-len is given
+
+
+def test_the_reports_name_the_tokenizer_and_the_inputs(tmp_path: Path) -> None:
+    data, tok = ROOT / "data/sample/instructions.jsonl", ROOT / "data/tokenizer"
+    from pipeline.cli import pack_data
+
+    assert CliRunner().invoke(pack_data, [str(data), "--tokenizer", str(tok), "--max-len", "512", "--limit", "40",
+                                          "--out", str(tmp_path / "p"), "--no-progress", "--num-proc", "1"]).exit_code == 0
+    folder = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--json", str(tmp_path / "f.json"),
+                                              "--html", str(tmp_path / "f.html")])
+    assert folder.exit_code == 0, folder.output
+    assert folder.output.startswith(f"tokenizer: {tok} (recorded by the folder)\ninputs: {data}\n")
+    report = json.loads((tmp_path / "f.json").read_text())
+    assert (report["tokenizer"], report["inputs"]) == (str(tok), [str(data)])
+    assert f"Tokenizer <code>{tok}</code>" in (tmp_path / "f.html").read_text()
+    # a what-if takes the tokenizer a packed folder records, and says so
+    whatif = CliRunner().invoke(pack_report, ["--input", str(data), "--tokenizer", str(tmp_path / "p"), "--limit", "40",
+                                              "--max-len", "256,512", "--json", str(tmp_path / "w.json")])
+    assert whatif.exit_code == 0, whatif.output
+    assert f"tokenizer: {tok} (recorded by the packed folder {tmp_path / 'p'})" in whatif.output
+    assert "across max_len (the best packing strategy of each)" in whatif.output
+    report = json.loads((tmp_path / "w.json").read_text())
+    assert report["tokenizer"] == str(tok) and report["inputs"] == [str(data)]
+
+
+def test_a_what_if_without_a_tokenizer_is_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(pack_report, ["--input", str(ROOT / "data/sample/text.jsonl"),
+                                              "--html", str(tmp_path / "w.html")])
+    assert result.exit_code == 1 and not (tmp_path / "w.html").exists()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--input needs --tokenizer" in lines[0], result.stderr
+
+
+def test_every_value_on_the_what_if_page_is_escaped(tmp_path: Path) -> None:
+    hostile = tmp_path / "<img src=x onerror=alert(1)>.jsonl"
+    hostile.write_text("".join(json.dumps({"text": f"document {i} " * (i + 1)}) + "\n" for i in range(20)))
+    result = CliRunner().invoke(pack_report, ["--input", str(hostile), "--tokenizer", str(ROOT / "data/tokenizer"),
+                                              "--max-len", "16,64", "--html", str(tmp_path / "w.html")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "w.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;.jsonl" in page
+    assert "<h2>Across max_len</h2>" in page and page.count("<td>64</td>") >= 1

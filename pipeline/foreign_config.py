@@ -1,0 +1,537 @@
+"""Axolotl and TRL (`trl sft`) YAML keys in `--config FILE`: what each means for pack-train and for
+pack-data.
+
+`read_config_file` (pipeline.config_file) reads such a file as it is. A key listed in `KEYS` is, for
+the command reading the file, either mapped to options of ours (`Map`: `learning_rate: 2e-4` is
+`--lr 0.0002`; `micro_batch_size: 2` with `sequence_len: 2048` and `sample_packing: true` is
+`--tokens-per-step 4096`) or named as not used, with what to do instead (`Unused`: `wandb_entity`).
+A value that has no exact equivalent here (`fp16: true`, `num_epochs: 1.5`) is refused in one line
+by the `Map`'s conversion. One file can hold both commands' keys, as an Axolotl config does: the
+data keys map for pack-data and are named as pack-data's by pack-train, and the other way round.
+
+The same table writes the settings table of docs/from-trl-axolotl.md (`markdown_table`), so that
+the page and the code cannot disagree (tests/e2e/test_config_files.py compares them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError
+
+TRAIN, DATA = "pack-train", "pack-data"
+AXOLOTL, TRL, BOTH = "Axolotl", "TRL", "Axolotl, TRL"
+# TRL's SFTConfig default row length (`max_length`) when a TRL file gives a batch size without it
+TRL_MAX_LENGTH = 1024
+
+
+class NotUsed(Exception):
+    """Raised by a `Map`'s conversion when the key has no effect given the rest of the file (why)."""
+
+
+Convert = Callable[[Any, Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Map:
+    """The key sets these options of ours (parameter names); `convert(value, file)` gives their
+    values (UserError: no exact equivalent; NotUsed: no effect here). `doc` says how, for the page."""
+
+    options: tuple[str, ...]
+    convert: Convert | None = None  # None: the value as it is, for the one option
+    doc: str = ""
+
+    def apply(self, value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if self.convert is None:
+            return {self.options[0]: value}
+        return self.convert(value, settings)
+
+
+@dataclass(frozen=True)
+class Unused:
+    """The key has no meaning for this command: why, and what to do instead (one line)."""
+
+    why: str
+
+
+Rule = Map | Unused
+
+
+@dataclass(frozen=True)
+class Key:
+    """One Axolotl or TRL key: which tool spells it so, and its rule for each command (None: the
+    key is that command's own option, spelled the same)."""
+
+    name: str
+    tools: str
+    train: Rule | None
+    data: Rule | None = field(default=None)
+
+
+def _refuse(key: str, value: Any, fix: str) -> UserError:
+    """The one line for a value of `key` that has no exact equivalent here (read_config_file names the
+    file and the key before it)."""
+    return UserError(f"{value!r} has no equivalent here: {fix}")
+
+
+def _whole(key: str, option: str) -> Convert:
+    """A count that must be a whole number (TRL writes `num_train_epochs: 3.0`)."""
+
+    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, float):
+            raise _refuse(key, value, f"{option.replace('_', '-')} counts whole passes or steps; round it, or "
+                                      "give max_steps for a partial pass")
+        return {option: value}
+    return convert
+
+
+def _max_steps(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    return {} if value == -1 else {"max_steps": value}  # TRL's -1: no step limit (the epochs decide)
+
+
+def _model_tokenizer(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if settings.get("tokenizer_config") is not None:
+        raise NotUsed("tokenizer_config names the tokenizer")
+    return {"tokenizer": value}
+
+
+def _bf16(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if value == "auto":
+        return {"dtype": "auto"}
+    if value is True:
+        return {"dtype": "bf16"}
+    if value is False:
+        if settings.get("fp16") is True:
+            return {}  # fp16: true refuses on its own key
+        return {"dtype": "fp32"}
+    raise _refuse("bf16", value, "use true, false or auto")
+
+
+def _fp16(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value is True:
+        raise _refuse("fp16", value, "pack-train does not train in float16: use bf16: true")
+    raise NotUsed("float16 is off, as here")
+
+
+def _grad_checkpointing(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, bool):
+        raise _refuse("gradient_checkpointing", value, "use true or false")
+    return {"grad_checkpointing": int(value)}
+
+
+SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "constant_with_warmup": "constant"}
+
+
+def _schedule(key: str) -> Convert:
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if value not in SCHEDULE_NAMES:
+            raise _refuse(key, value, f"choose one of {', '.join(SCHEDULE_NAMES)}")
+        out: dict[str, Any] = {"schedule": SCHEDULE_NAMES[value]}
+        if value in ("cosine", "linear") and not {"cosine_min_lr_ratio", "min_lr_ratio", "min-lr-ratio"} & set(settings):
+            out["min_lr_ratio"] = 0.0  # the Hugging Face schedules decay to 0
+        return out
+    return convert
+
+
+OPTIMIZER_NAMES = {"adamw": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
+                   "adafactor": "adafactor"}
+
+
+def _optimizer(key: str) -> Convert:
+    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+        if value not in OPTIMIZER_NAMES:
+            raise _refuse(key, value, f"choose one of {', '.join(OPTIMIZER_NAMES)} (AdamW or Adafactor)")
+        return {"optimizer": OPTIMIZER_NAMES[value]}
+    return convert
+
+
+def _lora_target(key: str) -> Convert:
+    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return {"lora_target": ",".join(value)}
+        if value == "all-linear" or isinstance(value, str):
+            return {"lora_target": "all" if value == "all-linear" else value}
+        raise _refuse(key, value, "give a list of module names, e.g. [q_proj, v_proj]")
+    return convert
+
+
+def _lora_linear(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if value is not True:
+        raise NotUsed("false: lora_target_modules names the modules")
+    if settings.get("lora_target_modules"):
+        raise _refuse("lora_target_linear", value, "it and lora_target_modules both choose the modules: keep one")
+    return {"lora_target": "all"}
+
+
+def _adapter(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value == "qlora":
+        return {"qlora": True}
+    if value == "lora":
+        raise NotUsed("lora_r sets the rank of the LoRA adapters")
+    raise _refuse("adapter", value, "use lora or qlora")
+
+
+def _use_peft(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if value is not True:
+        raise NotUsed("false: every weight trains (lora_r: 0)")
+    # TRL's ModelConfig defaults for the keys the file leaves out
+    defaults = {"lora_r": 16, "lora_alpha": 32.0, "lora_dropout": 0.05}
+    return {k: v for k, v in defaults.items() if k not in settings and k.replace("_", "-") not in settings}
+
+
+def _load_in_4bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value is not True:
+        raise NotUsed("false: the base stays in bf16")
+    return {"qlora": True}
+
+
+def _load_in_8bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value is True:
+        raise _refuse("load_in_8bit", value, "an 8-bit base is not supported: use load_in_4bit: true (QLoRA)")
+    raise NotUsed("false: the base stays in bf16")
+
+
+def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, default_len: int | None) -> Convert:
+    """A batch size in rows is exact as a token budget only when every row is packed to the full
+    length: `rows * length` tokens per micro-batch."""
+
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise _refuse(key, value, "give a whole number of rows")
+        length = next((settings[k] for k in length_keys if settings.get(k) is not None), default_len)
+        if settings.get(packing_key) is not True or not isinstance(length, int):
+            raise _refuse(key, value, f"a batch of {value} padded examples is no fixed number of tokens; "
+                                      f"set {packing_key}: true and {length_keys[0]}, or give tokens_per_step "
+                                      "(tokens per micro-batch)")
+        return {"tokens_per_step": value * length}
+    return convert
+
+
+def _val_set_size(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value == 0:
+        return {}
+    if isinstance(value, float) and 0 < value < 1:
+        return {"eval_fraction": value}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer() and value >= 1:
+        return {"eval_examples": int(value)}
+    raise _refuse("val_set_size", value, "give a fraction below 1 or a number of examples")
+
+
+def _not(option: str, key: str) -> Convert:
+    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+        if value is None:
+            raise NotUsed("null")
+        if not isinstance(value, bool):
+            raise _refuse(key, value, "use true or false")
+        return {option: not value}
+    return convert
+
+
+def _report_to(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        raise _refuse("report_to", value, "use none, tensorboard or wandb")
+    names = [n for n in names if n != "none"]
+    if not names:
+        return {"report_to": "none"}
+    if len(names) == 1 and names[0] in ("tensorboard", "wandb"):
+        return {"report_to": names[0]}
+    raise _refuse("report_to", value, "one of tensorboard or wandb (or none)")
+
+
+def _wandb_project(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if not value:
+        raise NotUsed("empty: no W&B")
+    if settings.get("report_to") is not None:
+        raise NotUsed("report_to chooses where metrics go")
+    return {"report_to": "wandb"}
+
+
+def _fsdp(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if not value:
+        raise NotUsed("empty: no FSDP")
+    return {"parallel": "fsdp"}
+
+
+def _chat_template(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if value in ("tokenizer_default", None):
+        raise NotUsed("the tokenizer's own template renders chats")
+    if value == "jinja":
+        raise NotUsed("chat_template_jinja holds the template")
+    return {"chat_template": value}
+
+
+def _chat_template_jinja(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if settings.get("chat_template") != "jinja":
+        raise _refuse("chat_template_jinja", "...", "Axolotl reads it with chat_template: jinja: set that, or remove it")
+    return {"chat_template": value}
+
+
+# Axolotl dataset `type` -> our --format (None: detected from the file's columns)
+AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
+                 "input_output": None}
+
+
+def hub_or_path(path: str, split: str | None = None, name: str | None = None) -> str:
+    """An input as pack-data names it: a local path as it is, a Hub dataset as org/name[:config]:split."""
+    if Path(path).exists() or "/" not in path or path.startswith((".", "/", "~")):
+        return path
+    return ":".join(p for p in (path, name, split or "train") if p)
+
+
+def _datasets(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, list) or not value or not all(isinstance(d, dict) and d.get("path") for d in value):
+        raise _refuse("datasets", "...", "give a list of {path, type} entries")
+    inputs, formats, fields = [], set(), {}
+    for d in value:
+        kind = d.get("type", "chat_template")
+        if kind not in AXOLOTL_TYPES:
+            raise _refuse("datasets", f"type: {kind}", f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
+                                                       "with pack-data's own --format and field options")
+        formats.add(AXOLOTL_TYPES[kind])
+        files = d.get("data_files")
+        if files:
+            inputs.extend([files] if isinstance(files, str) else files)
+        else:
+            inputs.append(hub_or_path(str(d["path"]), d.get("split"), d.get("name")))
+        for key, option in (("field_messages", "messages_field"), ("field", "text_field")):
+            if d.get(key) is not None:
+                if fields.setdefault(option, d[key]) != d[key]:
+                    raise _refuse("datasets", f"{key}: {d[key]}", f"every dataset of one run reads the same {key}: "
+                                                                 "pack them separately")
+    out: dict[str, Any] = {"inputs": inputs, **fields}
+    if len(formats) == 1 and None not in formats:
+        out["fmt"] = formats.pop()
+    return out
+
+
+def _dataset_name(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {"inputs": [hub_or_path(str(value), settings.get("dataset_train_split"), settings.get("dataset_config"))]}
+
+
+def _in_dataset_name(key: str) -> Convert:
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if settings.get("dataset_name") is None:
+            raise _refuse(key, value, "TRL reads it with dataset_name: set that, or remove it")
+        raise NotUsed("part of the input named from dataset_name")
+    return convert
+
+
+def _same(option: str) -> Map:
+    return Map((option,))
+
+
+DATA_KEY = Unused("pack-data's: run pack-data --config with the same file")
+TRAIN_KEY = Unused("pack-train's: run pack-train --config with the same file")
+NO_TOKENIZER_CHANGE = ("the tokenizer is used as it is: save it with the tokens you need and give that folder "
+                       "as tokenizer")
+ATTN = "the attention kernel is --attn's choice (auto: the fastest that runs here)"
+PACKED = "rows are always packed here (pack-data packs them; no example attends to another)"
+HUB = "checkpoints are written locally: upload them with huggingface-cli upload"
+
+KEYS: tuple[Key, ...] = (
+    # model and tokenizer
+    Key("base_model", AXOLOTL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
+    Key("model_name_or_path", TRL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
+    Key("tokenizer_config", AXOLOTL, _same("tokenizer"), _same("tokenizer")),
+    Key("model_type", AXOLOTL, Unused("the model class comes from the model's config.json"),
+        Unused("the model class comes from the model's config.json")),
+    Key("tokenizer_type", AXOLOTL, Unused("the tokenizer class comes from its folder"),
+        Unused("the tokenizer class comes from its folder")),
+    Key("trust_remote_code", BOTH, Unused("models run without remote code: use a transformers model class"),
+        Unused("tokenizers load without remote code: use a tokenizer.json tokenizer")),
+    Key("torch_dtype", TRL, Unused("bf16 (or --dtype) sets the precision"), TRAIN_KEY),
+    Key("attn_implementation", TRL, Unused(ATTN), TRAIN_KEY),
+    Key("flash_attention", AXOLOTL, Unused(ATTN), TRAIN_KEY),
+    Key("sdp_attention", AXOLOTL, Unused(ATTN), TRAIN_KEY),
+    Key("xformers_attention", AXOLOTL, Unused(ATTN), TRAIN_KEY),
+    Key("special_tokens", AXOLOTL, Unused(NO_TOKENIZER_CHANGE), Unused(NO_TOKENIZER_CHANGE)),
+    # data
+    Key("datasets", AXOLOTL, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field"), _datasets,
+        "each entry's path (a Hub id as org/name[:name]:split, or its data_files) is an input; type chat_template "
+        "or sharegpt: --format chat, alpaca: instruction, completion: text; field_messages, field: the fields")),
+    Key("dataset_name", TRL, DATA_KEY, Map(("inputs",), _dataset_name,
+        "the input: a Hub dataset as dataset_name[:dataset_config]:dataset_train_split, or a local path")),
+    Key("dataset_config", TRL, DATA_KEY, Map((), _in_dataset_name("dataset_config"), "part of dataset_name's input")),
+    Key("dataset_train_split", TRL, DATA_KEY, Map((), _in_dataset_name("dataset_train_split"),
+                                                  "part of dataset_name's input")),
+    Key("dataset_text_field", TRL, DATA_KEY, _same("text_field")),
+    Key("dataset_prepared_path", AXOLOTL, _same("data"), _same("out")),
+    Key("dataset_processes", AXOLOTL, DATA_KEY, _same("num_proc")),
+    Key("dataset_num_proc", TRL, DATA_KEY, _same("num_proc")),
+    Key("sequence_len", AXOLOTL, Unused("the packed folder's row length, set by pack-data --max-len"),
+        _same("max_len")),
+    Key("max_length", TRL, Unused("the packed folder's row length, set by pack-data --max-len"), _same("max_len")),
+    Key("max_seq_length", TRL, Unused("the packed folder's row length, set by pack-data --max-len"),
+        _same("max_len")),
+    Key("sample_packing", AXOLOTL, Unused(PACKED), Unused(PACKED)),
+    Key("packing", TRL, Unused(PACKED), Unused(PACKED)),
+    Key("pad_to_sequence_len", AXOLOTL, Unused("rows hold no padding"), Unused("rows hold no padding")),
+    Key("chat_template", AXOLOTL, DATA_KEY, Map(("chat_template",), _chat_template,
+        "a template name (chatml, llama3, ...) as --chat-template; tokenizer_default: the tokenizer's own")),
+    Key("chat_template_jinja", AXOLOTL, DATA_KEY, Map(("chat_template",), _chat_template_jinja,
+        "with chat_template: jinja, the template text as --chat-template")),
+    Key("chat_template_path", TRL, DATA_KEY, _same("chat_template")),
+    Key("train_on_inputs", AXOLOTL, DATA_KEY, _same("train_on_prompt")),
+    Key("assistant_only_loss", TRL, DATA_KEY, Map(("train_on_prompt",), _not("train_on_prompt", "assistant_only_loss"),
+                                                  "--train-on-prompt when false")),
+    Key("completion_only_loss", TRL, DATA_KEY, Map(("train_on_prompt",), _not("train_on_prompt", "completion_only_loss"),
+                                                   "--train-on-prompt when false")),
+    Key("val_set_size", AXOLOTL, Unused("pack-data holds out the eval folder (DATA/eval), which pack-train evaluates on"),
+        Map(("eval_fraction", "eval_examples"), _val_set_size,
+            "a fraction below 1: --eval-fraction; a whole number: --eval-examples")),
+    Key("test_datasets", AXOLOTL, Unused("pack them into a folder of their own and give it as eval_data"),
+        Unused("pack them with pack-data into a folder of their own (pack-train's eval_data)")),
+    Key("eval_dataset_name", TRL, Unused("pack it into a folder of its own and give it as eval_data"),
+        Unused("pack it with pack-data into a folder of its own (pack-train's eval_data)")),
+    # training
+    Key("output_dir", BOTH, _same("out"), Unused("pack-train's run folder; pack-data writes to dataset_prepared_path "
+                                                 "or out")),
+    Key("learning_rate", BOTH, _same("lr"), TRAIN_KEY),
+    Key("num_epochs", AXOLOTL, Map(("epochs",), _whole("num_epochs", "epochs"), "a whole number"), TRAIN_KEY),
+    Key("num_train_epochs", TRL, Map(("epochs",), _whole("num_train_epochs", "epochs"), "a whole number"), TRAIN_KEY),
+    Key("max_steps", BOTH, Map(("max_steps",), _max_steps, "-1: none (the epochs decide)"), TRAIN_KEY),
+    Key("warmup_ratio", BOTH, _same("warmup_ratio"), TRAIN_KEY),
+    Key("warmup_steps", BOTH, _same("warmup"), TRAIN_KEY),
+    Key("gradient_accumulation_steps", BOTH, _same("grad_accum"), TRAIN_KEY),
+    Key("micro_batch_size", AXOLOTL, Map(("tokens_per_step",), _tokens_per_step(
+        "micro_batch_size", ("sequence_len",), "sample_packing", None),
+        "micro_batch_size x sequence_len tokens, exact with sample_packing: true (else refused)"), TRAIN_KEY),
+    Key("per_device_train_batch_size", TRL, Map(("tokens_per_step",), _tokens_per_step(
+        "per_device_train_batch_size", ("max_length", "max_seq_length"), "packing", TRL_MAX_LENGTH),
+        f"per_device_train_batch_size x max_length (TRL's default {TRL_MAX_LENGTH}) tokens, exact with "
+        "packing: true (else refused)"), TRAIN_KEY),
+    Key("micro_batch_size_eval", AXOLOTL, Unused("evaluation reads the eval folder in tokens_per_step batches"),
+        TRAIN_KEY),
+    Key("eval_batch_size", AXOLOTL, Unused("evaluation reads the eval folder in tokens_per_step batches"), TRAIN_KEY),
+    Key("per_device_eval_batch_size", TRL, Unused("evaluation reads the eval folder in tokens_per_step batches"),
+        TRAIN_KEY),
+    Key("save_steps", BOTH, _same("save_every"), TRAIN_KEY),
+    Key("save_total_limit", BOTH, _same("keep_last"), TRAIN_KEY),
+    Key("logging_steps", BOTH, _same("log_every"), TRAIN_KEY),
+    Key("eval_steps", BOTH, _same("eval_every"), TRAIN_KEY),
+    Key("save_strategy", TRL, Unused("save_steps (--save-every) sets when checkpoints are written"), TRAIN_KEY),
+    Key("eval_strategy", TRL, Unused("eval_steps (--eval-every) sets when evaluation runs"), TRAIN_KEY),
+    Key("logging_strategy", TRL, Unused("logging_steps (--log-every) sets when metrics are logged"), TRAIN_KEY),
+    Key("bf16", BOTH, Map(("dtype",), _bf16, "true: --dtype bf16, false: fp32, auto: auto"), TRAIN_KEY),
+    Key("fp16", BOTH, Map(("dtype",), _fp16, "true is refused (no float16 training here)"), TRAIN_KEY),
+    Key("tf32", BOTH, Unused("not an option here: bf16 (or --dtype) sets the precision"), TRAIN_KEY),
+    Key("gradient_checkpointing", BOTH, Map(("grad_checkpointing",), _grad_checkpointing,
+                                            "true: every layer (1), false: 0"), TRAIN_KEY),
+    Key("gradient_checkpointing_kwargs", BOTH, Unused("activations are recomputed without reentrant autograd"),
+        TRAIN_KEY),
+    Key("lr_scheduler", AXOLOTL, Map(("schedule", "min_lr_ratio"), _schedule("lr_scheduler"),
+        "cosine, linear, constant (constant_with_warmup: constant); cosine and linear decay to 0 "
+        "(--min-lr-ratio 0) unless cosine_min_lr_ratio is given"), TRAIN_KEY),
+    Key("lr_scheduler_type", TRL, Map(("schedule", "min_lr_ratio"), _schedule("lr_scheduler_type"),
+        "as lr_scheduler"), TRAIN_KEY),
+    Key("cosine_min_lr_ratio", AXOLOTL, _same("min_lr_ratio"), TRAIN_KEY),
+    Key("weight_decay", BOTH, None, TRAIN_KEY),
+    Key("optimizer", AXOLOTL, Map(("optimizer",), _optimizer("optimizer"),
+                                  "adamw_torch, adamw_torch_fused, adamw_hf: adamw; adafactor"), TRAIN_KEY),
+    Key("optim", TRL, Map(("optimizer",), _optimizer("optim"), "as optimizer"), TRAIN_KEY),
+    Key("adam_beta1", BOTH, _same("beta1"), TRAIN_KEY),
+    Key("adam_beta2", BOTH, _same("beta2"), TRAIN_KEY),
+    Key("adam_epsilon", BOTH, Unused("AdamW's epsilon is torch's 1e-8"), TRAIN_KEY),
+    Key("max_grad_norm", BOTH, _same("grad_clip"), TRAIN_KEY),
+    Key("seed", BOTH, None, None),
+    Key("resume_from_checkpoint", BOTH, _same("resume"), TRAIN_KEY),
+    Key("dataloader_num_workers", TRL, _same("num_workers"), TRAIN_KEY),
+    Key("torch_compile", BOTH, _same("compile_"), TRAIN_KEY),
+    Key("fsdp", BOTH, Map(("parallel",), _fsdp, "any value: --parallel fsdp (under torchrun)"), TRAIN_KEY),
+    Key("fsdp_config", BOTH, Unused("FSDP2 wraps each decoder layer; --reshard-after-forward is its one setting"),
+        TRAIN_KEY),
+    Key("deepspeed", BOTH, Unused("use --parallel fsdp (or ddp) under torchrun"), TRAIN_KEY),
+    Key("report_to", TRL, Map(("report_to",), _report_to, "none, tensorboard or wandb"), TRAIN_KEY),
+    Key("wandb_project", AXOLOTL, Map(("report_to",), _wandb_project,
+                                      "report_to: wandb (the W&B project is pack-train)"), TRAIN_KEY),
+    Key("wandb_entity", AXOLOTL, Unused("W&B reads WANDB_ENTITY from the environment"), TRAIN_KEY),
+    Key("wandb_name", AXOLOTL, Unused("W&B reads WANDB_NAME from the environment"), TRAIN_KEY),
+    Key("run_name", TRL, Unused("W&B reads WANDB_NAME from the environment"), TRAIN_KEY),
+    Key("logging_dir", TRL, Unused("TensorBoard writes to OUT/tensorboard"), TRAIN_KEY),
+    Key("push_to_hub", TRL, Unused(HUB), TRAIN_KEY),
+    Key("hub_model_id", BOTH, Unused(HUB), TRAIN_KEY),
+    # LoRA
+    Key("adapter", AXOLOTL, Map(("qlora",), _adapter, "qlora: --qlora; lora: lora_r gives the rank"), TRAIN_KEY),
+    Key("use_peft", TRL, Map(("lora_r", "lora_alpha", "lora_dropout"), _use_peft,
+        "true: LoRA with TRL's defaults (lora_r 16, lora_alpha 32, lora_dropout 0.05) for the keys not given"),
+        TRAIN_KEY),
+    Key("lora_r", BOTH, None, TRAIN_KEY),
+    Key("lora_alpha", BOTH, None, TRAIN_KEY),
+    Key("lora_dropout", BOTH, None, TRAIN_KEY),
+    Key("lora_target_modules", BOTH, Map(("lora_target",), _lora_target("lora_target_modules"),
+                                         "a list of names joined with commas; all-linear: all"), TRAIN_KEY),
+    Key("lora_target_linear", AXOLOTL, Map(("lora_target",), _lora_linear, "true: --lora-target all"), TRAIN_KEY),
+    Key("load_in_4bit", BOTH, Map(("qlora",), _load_in_4bit, "true: --qlora"), TRAIN_KEY),
+    # run control of the tools themselves
+    Key("strict", AXOLOTL, Unused("Axolotl's own validation switch: every key here is checked"),
+        Unused("Axolotl's own validation switch: every key here is checked")),
+    Key("debug", AXOLOTL, Unused("pack-data --limit N packs a slice to try options on"),
+        Unused("--limit N packs a slice to try options on")),
+    Key("saves_per_epoch", AXOLOTL, Unused("give save_steps (--save-every) in optimizer steps"), TRAIN_KEY),
+    Key("evals_per_epoch", AXOLOTL, Unused("give eval_steps (--eval-every) in optimizer steps"), TRAIN_KEY),
+    Key("early_stopping_patience", AXOLOTL, Unused("no early stopping: save_best keeps the best checkpoint"),
+        TRAIN_KEY),
+    Key("group_by_length", BOTH, Unused(PACKED), TRAIN_KEY),
+    Key("wandb_watch", AXOLOTL, Unused("no gradient histograms are logged"), TRAIN_KEY),
+    Key("wandb_log_model", AXOLOTL, Unused("checkpoints are not uploaded to W&B"), TRAIN_KEY),
+    Key("lora_modules_to_save", AXOLOTL, Unused("only the LoRA adapters train: remove it, or train every weight "
+                                                "(lora_r: 0)"), TRAIN_KEY),
+    Key("lora_fan_in_fan_out", AXOLOTL, Unused("the adapters follow each layer's own weight layout"), TRAIN_KEY),
+    Key("load_in_8bit", BOTH, Map(("qlora",), _load_in_8bit, "true is refused (no 8-bit base)"), TRAIN_KEY),
+)
+BY_NAME = {k.name: k for k in KEYS}
+
+
+def rule(key: str, command: str) -> Rule | None:
+    """`key`'s rule for `command` (TRAIN or DATA), or None when it is not an Axolotl/TRL key or the
+    command's own option of the same spelling."""
+    found = BY_NAME.get(key)
+    if found is None:
+        return None
+    return found.train if command == TRAIN else found.data
+
+
+def looks_foreign(settings: Mapping[str, Any]) -> str | None:
+    """Which tool's keys the file uses ("Axolotl", "TRL", "Axolotl/TRL"), or None for none."""
+    tools = {BY_NAME[k].tools for k in settings if k in BY_NAME and BY_NAME[k].train is not None}
+    if not tools:
+        return None
+    if tools <= {AXOLOTL, BOTH} and AXOLOTL in tools:
+        return AXOLOTL
+    if tools <= {TRL, BOTH} and TRL in tools:
+        return TRL
+    return "Axolotl/TRL"
+
+
+def show(value: Any) -> str:
+    """A value as the printed mapping shows it: long texts (a Jinja template) shortened."""
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _cell(rule_: Rule | None, flag: Callable[[str], str]) -> str:
+    if rule_ is None:
+        return "the same option"
+    if isinstance(rule_, Unused):
+        return f"not used: {rule_.why}"
+    flags = ", ".join(f"`{flag(o)}`" for o in rule_.options)
+    return f"{flags}{': ' + rule_.doc if rule_.doc else ''}"
+
+
+def markdown_table(flag: Callable[[str], str] | None = None) -> str:
+    """Every key of `KEYS` as a Markdown table: key, tool, pack-train, pack-data (the page
+    docs/from-trl-axolotl.md holds this text between its table markers)."""
+    flag = flag or (lambda o: "--" + {"fmt": "format"}.get(o, o).rstrip("_").replace("_", "-"))
+    lines = ["| key | tool | pack-train | pack-data |", "|---|---|---|---|"]
+    for k in KEYS:
+        cells = [f"`{k.name}`", k.tools, _cell(k.train, flag), _cell(k.data, flag)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
