@@ -441,7 +441,7 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
         parts.append("<br>" + _comparison_table(r["comparison"], r["strategy"]) + _note(r))
         if r.get("whatif"):
             parts.append("<h2>What-if: other max_len values</h2>")
-            parts.append(f'<p class="note">{html.escape(_limits_text(r["whatif"]["limits"]).strip())}</p>')
+            parts.append(f'<p class="note">{_v(_limits_text(r["whatif"]["limits"]).strip())}</p>')
             parts.append(_across_table(r["whatif"]["runs"]))
         parts.append("<h2>Shards</h2>")
         rows = []
