@@ -25,6 +25,7 @@ from pipeline.errors import UserError
 from pipeline.shards import Manifest, read_manifest, verify_folder
 from pipeline.shards.example_hash import example_hashes, shared_examples
 from trainer.config import TrainConfig
+from trainer.context_parallel import shard_microbatch
 from trainer.parallel import DistInfo
 from trainer.integrity import shard_problem
 from trainer.stream import ShardReader, greedy_cuts
@@ -97,7 +98,7 @@ class Evaluator:
     """`evaluator(module, autocast)` -> (eval loss, loss tokens) over the whole folder."""
 
     def __init__(self, folder: str | os.PathLike[str], train_manifest: Manifest, tokens_per_step: int,
-                 info: DistInfo, device: torch.device) -> None:
+                 info: DistInfo, device: torch.device, share: tuple[int, int] = (0, 1)) -> None:
         manifest = verify_folder(folder, check_hashes=False)
         # mapped now (read from these files only); their sha256 checked here, of these same files
         self.reader = ShardReader(folder, manifest)
@@ -114,8 +115,12 @@ class Evaluator:
         self.folder, self.info, self.device = str(folder), info, device
         cuts = greedy_cuts(self.reader.row_lengths(), tokens_per_step)
         self.batches = [np.arange(a, b) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
-        per_rank = math.ceil(len(self.batches) / info.world_size)
-        self.mine = [i * info.world_size + info.rank for i in range(per_rank)]
+        # under context parallelism (`share`: this rank's place in its group) each group evaluates
+        # its micro-batches split over its ranks, as it trains them
+        self.share = share
+        groups, group = info.world_size // share[1], info.rank // share[1]
+        per_rank = math.ceil(len(self.batches) / groups)
+        self.mine = [i * groups + group for i in range(per_rank)]
 
     def __call__(self, module: torch.nn.Module, autocast: Any = None) -> tuple[float, int]:
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
@@ -125,7 +130,10 @@ class Evaluator:
             with torch.no_grad():
                 for index in self.mine:
                     counted = index < len(self.batches)
-                    batch = self.reader.microbatch(self.batches[index if counted else 0]).to(self.device)
+                    batch = self.reader.microbatch(self.batches[index if counted else 0])
+                    if self.share[1] > 1:
+                        batch = shard_microbatch(batch, *self.share)
+                    batch = batch.to(self.device)
                     with autocast if autocast is not None else contextlib.nullcontext():
                         loss_sum = module(batch)
                     if counted:

@@ -166,7 +166,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     )
     evaluator = None
     if eval_folder is not None:
-        evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device)
+        evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device,
+                              share=(layout.cp_rank, layout.cp_size))
     run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
               out=Path(config.out), planner=planner, total_steps=total_steps, stop_at=stop_at,
               start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,

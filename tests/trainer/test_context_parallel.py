@@ -268,11 +268,10 @@ def long_rows(tmp_path_factory: pytest.TempPathFactory):
     return folder
 
 
-def _train_rank(rank: int, world: int, config: dict) -> list:
+def _train_rank(rank: int, world: int, config: dict) -> dict:
     from trainer import TrainConfig, train
 
-    train(TrainConfig(**config))
-    return []
+    return train(TrainConfig(**config))
 
 
 def _losses(run) -> list[float]:
@@ -288,17 +287,24 @@ def _losses(run) -> list[float]:
 def test_train_under_context_parallel_gives_the_single_process_losses(long_rows, tmp_path, world, parallel):
     """pack-train's loop with each row split over 2 ranks (2 ranks; and 4 ranks as 2 data-parallel
     x 2 context-parallel under FSDP2) logs the losses of one process that takes the same micro-batches
-    (grad_accum = the data-parallel ranks) at every step, float32 on the CPU."""
+    (grad_accum = the data-parallel ranks) at every step, and the same held-out loss (its rows split
+    the same way), float32 on the CPU."""
+    from packed_factory import make_packed_folder, pack_lengths
     from trainer import TrainConfig, train
 
+    held = tmp_path / "held"
+    lengths = np.random.default_rng(7).integers(30, 250, size=9).tolist()
+    make_packed_folder(held, pack_lengths(lengths, 256, vocab=300, seed=7), 256)
     base = dict(data=str(long_rows), model="tiny", tokens_per_step=256, lr=1e-3, warmup=1, max_steps=4,
-                log_every=1, num_workers=0, progress=False, attn="sdpa")
-    run_on_ranks(_train_rank, world, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2,
-                                                 parallel=parallel),), deadline_s=400)
-    train(TrainConfig(**base, out=str(tmp_path / "one"), grad_accum=world // 2))
+                log_every=1, num_workers=0, progress=False, attn="sdpa", eval_data=str(held))
+    ranks = run_on_ranks(_train_rank, world, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2,
+                                                        parallel=parallel),), deadline_s=400)
+    one = train(TrainConfig(**base, out=str(tmp_path / "one"), grad_accum=world // 2))
     got, want = _losses(tmp_path / "cp"), _losses(tmp_path / "one")
     assert len(got) == len(want) == 4
     assert got == pytest.approx(want, rel=1e-5)
+    assert all(r["eval_loss_tokens"] == one["eval_loss_tokens"] for r in ranks)
+    assert all(r["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5) for r in ranks)
 
 
 def test_context_parallel_refusals(long_rows, tmp_path) -> None:
