@@ -19,10 +19,11 @@ import pytest
 SCRIPTS = {"pack-data": "pipeline.cli:pack_data", "pack-train": "trainer.cli:main",
            "pack-report": "pipeline.cli:pack_report", "pack-verify": "pipeline.cli:pack_verify"}
 # Commands the README shows for data or machines a fresh clone does not have (a user's corpus, a
-# Ray cluster, Hugging Face Hub ids, which need the network); each must still be in the README, so
+# Ray cluster, Hugging Face Hub ids, which need the network, long examples that a script the test does
+# not run writes: tests/scripts/test_make_long_data.py packs them); each must still be in the README, so
 # the list cannot go stale. (tests/pipeline/read/test_hub.py packs Hub ids from a cache it builds.)
 NOT_HERE = ("'corpus/*.parquet'", "'/mnt/shared/corpus/*.jsonl'", "HuggingFaceH4/ultrachat_200k",
-            "--data out/ultrachat")
+            "--data out/ultrachat", "--out packed-long")
 # pack-train runs here are cut to a few small steps (CPU time); what collides does not depend on it.
 SHORT = ["--max-steps", "3", "--tokens-per-step", "1024"]
 NOISE = re.compile(r"Warning|warn\(|Traceback", re.I)
