@@ -81,7 +81,8 @@ Examples:
 @click.option("--tokenizer", required=True,
               help="Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
                    "(org/name[@revision]): from the local Hugging Face cache, downloaded there when missing.")
-@click.option("--max-len", type=int, required=True, help="Tokens per packed row (e.g. 8192; up to 16777216: 1048576 for examples of a million tokens).")
+@click.option("--max-len", type=int, required=True,
+              help="Tokens per packed row (e.g. 8192; up to 16777216, e.g. 1048576 for examples of a million tokens).")
 @click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
               "hdfs://, file://): written locally, then uploaded with manifest.json last.")
 @format_options

@@ -159,6 +159,10 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     return out
 
 
+# options that take a comma-separated list as one text: a YAML list of names is joined with commas
+COMMA_LISTS = {"lora_target"}
+
+
 def _flag(param: click.Parameter) -> str:
     return param.opts[0] if param.opts and param.opts[0].startswith("-") else str(param.name).upper()
 
@@ -171,6 +175,8 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
     flag, many = _flag(param), getattr(param, "multiple", False) or param.nargs == -1
     if many and isinstance(value, str):
         value = [value]  # one INPUT
+    if param.name in COMMA_LISTS and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        value = ",".join(value)  # `lora-target: [q_proj, v_proj]`
     if value is True and getattr(param, "_flag_needs_value", False):
         value = param.flag_value  # `resume: true`: the flag alone (--resume, i.e. newest)
     items = value if many else [value]

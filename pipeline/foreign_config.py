@@ -15,7 +15,6 @@ the page and the code cannot disagree (tests/e2e/test_config_files.py compares t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path

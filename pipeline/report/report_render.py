@@ -17,9 +17,10 @@ from pipeline.report.folder_report import PADDED_LAYOUTS, FolderData
 from pipeline.report.stats import safe_ratio
 
 def _n(x: float) -> str:
-    """Human number: 1234567 -> '1.23M'."""
+    """Human number: 1234567 -> '1.23M'; up to peta, which the attention pairs of rows of a million
+    tokens reach (one padded to 1,048,576 has 5.5e11)."""
     x = float(x)
-    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
             return f"{x / div:.2f}{unit}"
     return f"{x:.0f}" if x == int(x) else f"{x:.2f}"

@@ -15,8 +15,9 @@ footer (see `write_shard`), so it opens memory-mapped with `pyarrow.ipc.open_fil
 - `example_ids`  list<int64>  input-order index of each example (a split example repeats its id)
 
 Lists are Arrow `list` (int32 offsets), so one shard holds at most `MAX_SHARD_TOKENS` tokens: pack-data
-refuses a --rows-per-shard x --max-len beyond it. A row may be as long as that; rows of 1,048,576
-tokens take about 12 MiB each (the default --rows-per-shard there is 10).
+refuses a --rows-per-shard x --max-len beyond it. A row holds at most --max-len tokens (up to
+16,777,216, the planner's limit); rows of 1,048,576 tokens take about 12 MiB each (the default
+--rows-per-shard there is 10).
 
 Beside them, `manifest.json` (`pipeline.shards.manifest`) records one entry per shard with its
 sha256, so a folder can be proven intact (`pack-verify`) before training on it.

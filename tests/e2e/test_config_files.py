@@ -297,6 +297,11 @@ def test_pack_data_and_pack_train_run_an_axolotl_config_as_it_is(tmp_path: Path)
     saved = saved.get("config", saved)
     assert (saved["lr"], saved["tokens_per_step"], saved["lora_target"], saved["warmup_ratio"]) == (
         0.0002, 1024, "q_proj,v_proj", 0.1)
+    from pipeline.tokenize.chat_templates import NAMED
+    from pipeline.tokenize.tokenizer import load_tokenizer
+
+    checkpoint = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1] / "model"
+    assert load_tokenizer(str(checkpoint)).chat_template == NAMED["chatml"]  # the data's template travels on
 
 
 @pytest.mark.parametrize(("text", "needle"), [
@@ -341,6 +346,8 @@ def test_a_yaml_list_of_lora_targets_is_taken(tmp_path: Path):
     cfg = tmp_path / "t.yaml"
     cfg.write_text("lora_target_modules: [q_proj, k_proj]\nlora_r: 4\n")
     assert read_config_file(cfg, pack_train, TRAIN_CHECKS, foreign="pack-train")["lora_target"] == "q_proj,k_proj"
+    cfg.write_text("lora-target: [q_proj, v_proj]\nlora-r: 4\n")  # our own option, as a list too
+    assert read_config_file(cfg, pack_train, TRAIN_CHECKS)["lora_target"] == "q_proj,v_proj"
 
 
 def test_the_page_lists_every_mapped_key_as_the_code_maps_it():

@@ -114,6 +114,12 @@ def test_length_histogram_spans_a_million_tokens():
     assert np.histogram([MAX_LEN], bins=one)[0].sum() == 1
 
 
+def test_attention_pairs_of_many_million_token_rows_read_in_peta():
+    from pipeline.report.report_render import _n
+
+    assert _n(10_000 * MAX_LEN * (MAX_LEN + 1) // 2) == "5.50P" and _n(4.4e12) == "4.40T"
+
+
 def test_whatif_at_a_million_tokens(long_input: Path, tmp_path: Path):
     result = run(pack_report, "--input", long_input, "--tokenizer", TOKENIZER, "--max-len", f"131072,{MAX_LEN}",
                  "--strategy", "ffd", "--json", tmp_path / "w.json")

@@ -66,7 +66,7 @@ def test_a_million_token_conversation_packs_whole_into_one_row(script, tmp_path:
     make(script, data, "--lengths", "1048576,140000")
     out = tmp_path / "packed"
     result = CliRunner().invoke(pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "1048576",
-                                            "--out", str(out), "--no-progress"])
+                                            "--num-proc", "1", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     manifest = read_manifest(out)
     assert (manifest.counts.truncated, manifest.counts.examples_packed) == (0, 2)

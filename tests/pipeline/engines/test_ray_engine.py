@@ -80,6 +80,13 @@ def test_sample_data_is_byte_identical_whatever_the_chunks(tmp_path: Path, name:
     same_as_local(tmp_path, [path], (1 << 30, 100_000, 7_001), max_len=1024, rows_per_shard=64)
 
 
+def test_chat_template_reaches_the_tasks(tmp_path: Path) -> None:
+    """--chat-template: the tasks that load the tokenizer give it the same template (not its own)."""
+    same_as_local(tmp_path, [SAMPLE / "chat.jsonl"], (100_000,), max_len=1024, chat_template="llama3")
+    out, manifest = pack(tmp_path, "own", [SAMPLE / "chat.jsonl"], max_len=1024)
+    assert digests(out) != digests(tmp_path / "ray-100000")  # the template changed the shards
+
+
 def test_mixed_formats_and_options_are_byte_identical(tmp_path: Path) -> None:
     """JSONL (blank lines, a field that appears late), .jsonl.gz, a JSON array, CSV, Parquet with
     many row groups and an Arrow IPC file of many batches, with --limit, --eval-fraction, --mix and
