@@ -237,7 +237,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
     # where it is not installed (the GPU benchmark box)
     from pipeline.report.folder_report import (folder_report, folder_whatif, load_folder, report_sources, to_json,
                                                whatif_report)
-    from pipeline.report.report_render import format_text, write_html
+    from pipeline.report.report_render import write_html
+    from pipeline.report.report_text import format_text
     from pipeline.report.run_summary import format_run, is_run_folder, run_report
 
     with cli_errors(interrupted="no report file was left half-written",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.tokenize.render import LOCAL_FROM, _local_segments, _prefix_segments, chat_segments
+from pipeline.tokenize.chat_turns import LOCAL_FROM, _local_segments, _prefix_segments, chat_segments
 from pipeline.tokenize.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
