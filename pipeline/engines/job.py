@@ -32,7 +32,7 @@ from pipeline.folder_lock import folder_lock
 from pipeline.read.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
-from pipeline.option_checks import PATH, PATHS, Check, check_options
+from pipeline.option_checks import MAX_PROCS, PATH, PATHS, Check, check_options
 from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
 from pipeline.write.remote_out import remote_out
 from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
@@ -41,6 +41,7 @@ from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_
                                          tokenize_on_ray, write_on_ray)
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
 from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
+from pipeline.shards.format import MAX_ROW_TOKENS
 from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
 from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
@@ -91,9 +92,9 @@ PACK_CHECKS: dict[str, Check] = {
     "format": Check(str, choices=FORMATS), "text_field": _FIELD, "prompt_field": _FIELD, "input_field": _FIELD,
     "response_field": _FIELD, "messages_field": _FIELD, "labels_field": _FIELD, "template": _FIELD,
     "train_on_prompt": Check(bool),
-    "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2), "out": Check(PATH),
+    "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2, high=MAX_ROW_TOKENS), "out": Check(PATH),
     "strategy": Check(str, choices=STRATEGIES), "group_size": Check(int, low=1),
-    "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, none=True),
+    "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, high=MAX_PROCS, none=True),
     "seed": Check(int, low=0), "rows_per_shard": Check(int, low=1, none=True), "overwrite": Check(bool),
     "limit": Check(int, low=1, none=True), "mix": Check(str, none=True),
     "eval_fraction": Check(float, low=0, high=1, low_open=True, high_open=True, none=True),

@@ -175,7 +175,7 @@ def test_missing_tokenizer_is_one_line(tmp_path: Path) -> None:
     assert "nope" in error_line(proc) and snapshot(tmp_path) == {}
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "many"])
+@pytest.mark.parametrize("value", ["0", "-5", "many", "3000000000", "99999999999999999999"])
 def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
     proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr_text
@@ -183,6 +183,17 @@ def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
 
 
 # ------------------------------------------------------ pack-data: complete, and says what it did
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--num-proc", 3 * 10 ** 9), "--num-proc must be between 1 and 1024, got 3000000000"),
+    (("--seed", 10 ** 20), "--seed must be a 64-bit integer"),
+    (("--limit", -(10 ** 20)), "--limit must be >= 1"),
+])
+def test_an_absurd_number_is_one_line_at_once(tmp_path: Path, args: tuple, needle: str) -> None:
+    """Not thousands of processes forked, not an OverflowError from numpy: refused before any work."""
+    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args, cwd=tmp_path)
+    assert needle in error_line(proc) and snapshot(tmp_path) == {}
 
 
 def test_a_field_that_first_appears_in_the_last_row_is_kept(tmp_path: Path) -> None:
