@@ -731,3 +731,43 @@ def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothin
     assert json.loads((older / "manifest.json").read_text())["counts"]["examples_read"] > 20  # the new output
     verified(older)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["older", "out"]  # no hidden entry left
+
+
+@pytest.fixture(scope="module")
+def a_run(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("a-run")
+    proc = cli("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 1, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr_text
+    return tmp / "run"
+
+
+@pytest.mark.parametrize("command", [("pack-verify", "RUN"), ("pack-train", "--data", "RUN", "--model", "tiny",
+                                                              "--out", "new", "--max-steps", 1),
+                                     ("pack-train", "--data", "PACKED", "--eval-data", "RUN", "--model", "tiny",
+                                      "--out", "new", "--max-steps", 1)])
+def test_a_run_folder_given_for_a_packed_folder_is_one_line(a_run: Path, packed_sample: Path, tmp_path: Path,
+                                                            command: tuple) -> None:
+    args = [{"RUN": a_run, "PACKED": packed_sample}.get(a, a) for a in command]
+    line = error_line(cli(*args, cwd=tmp_path))
+    assert f"{a_run} is a pack-train run folder, not a packed folder" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("damage", ["summary cut short", "summary a list", "metrics line text", "a loss as text"])
+def test_a_damaged_run_folder_file_is_one_line_in_pack_report(a_run: Path, tmp_path: Path, damage: str) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(a_run, run)
+    summary, metrics = run / "summary.json", run / "metrics.jsonl"
+    if damage == "summary cut short":
+        summary.write_bytes(summary.read_bytes()[:40])
+    elif damage == "summary a list":
+        summary.write_text("[1, 2]")
+    elif damage == "metrics line text":
+        metrics.write_text(metrics.read_text() + '"just text"\n')
+    else:
+        record = json.loads(metrics.read_text().splitlines()[0])
+        metrics.write_text(json.dumps({**record, "loss": "<b>"}) + "\n")
+    line = error_line(cli("pack-report", run, cwd=tmp_path))
+    assert str(run) in line and "damaged" in line, line
