@@ -100,6 +100,15 @@ def _truncated_parquet(tmp: Path) -> Path:
     return path
 
 
+def _cut_gz(path: Path, data: bytes) -> Path:
+    """`data` gzipped into `path`, cut in the middle (what an interrupted download leaves)."""
+    import gzip
+
+    packed = gzip.compress(data)
+    path.write_bytes(packed[: len(packed) // 2])
+    return path
+
+
 def _packed_input(tmp: Path) -> Path:
     return pack(tmp, SAMPLE, "earlier")
 
@@ -150,6 +159,19 @@ BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
     "a template that leaves a field out": (_input_field_and_template_without_input,
                                            "d.jsonl line 2: field 'input' has text, but --template qa has no {input}"),
     "a broken link in an input folder": (_broken_link_in_folder, "b.jsonl is a broken symbolic link"),
+    "a .jsonl.gz cut short past its first block": (
+        lambda t: _cut_gz(t / "d.jsonl.gz", b"".join(json.dumps({"text": f"line {i} " * 8}).encode() + b"\n"
+                                                      for i in range(400000))),
+        "d.jsonl.gz: Compressed file ended before the end-of-stream marker was reached"),
+    "a .json.gz array cut short": (
+        lambda t: _cut_gz(t / "d.json.gz", b"[" + b",".join(json.dumps({"text": f"row {i} " * 8}).encode()
+                                                              for i in range(400000)) + b"]"),
+        "d.json.gz: "),
+    "a .csv.gz cut short": (
+        lambda t: _cut_gz(t / "d.csv.gz", b"text\n" + b"".join(b"row %d of text\n" % i for i in range(400000))),
+        "d.csv.gz: "),
+    "an empty messages list in every row": (lambda t: write_jsonl(t / "d.jsonl", [{"messages": []}] * 3),
+                                            "all 3 examples are empty"),
     "over-long row with --overlong error": (
         lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])),
                    "--overlong", "error"], "d.jsonl line 2"),
