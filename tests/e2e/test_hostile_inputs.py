@@ -793,3 +793,14 @@ def test_a_damaged_run_folder_file_is_one_line_in_pack_report(a_run: Path, tmp_p
         metrics.write_text(json.dumps({**record, "loss": "<b>"}) + "\n")
     line = error_line(cli("pack-report", run, cwd=tmp_path))
     assert str(run) in line and "damaged" in line, line
+
+
+def test_a_defect_in_the_eval_folder_names_its_folder(tmp_path: Path) -> None:
+    folder = pack(tmp_path, SAMPLE, "packed", "--eval-fraction", 0.2)
+
+    def more_rows(data: dict) -> None:
+        data["shards"][0]["rows"] += 1
+
+    _edit_manifest(folder / "eval", more_rows)
+    line = error_line(cli("pack-verify", folder, cwd=tmp_path))
+    assert f"{folder / 'eval' / 'shard-00000.arrow'}: has " in line, line
