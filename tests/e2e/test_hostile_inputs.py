@@ -804,3 +804,12 @@ def test_a_defect_in_the_eval_folder_names_its_folder(tmp_path: Path) -> None:
     _edit_manifest(folder / "eval", more_rows)
     line = error_line(cli("pack-verify", folder, cwd=tmp_path))
     assert f"{folder / 'eval' / 'shard-00000.arrow'}: has " in line, line
+
+
+def test_empty_messages_lists_first_and_last_are_counted_as_empty(tmp_path: Path) -> None:
+    chats = [json.loads(line) for line in (ROOT / "data" / "sample" / "chat.jsonl").read_text().splitlines()[:10]]
+    write_jsonl(tmp_path / "c.jsonl", [{"messages": []}] + chats + [{"messages": []}])
+    folder = pack(tmp_path, tmp_path / "c.jsonl", "packed", "--num-proc", 1)
+    counts = json.loads((folder / "manifest.json").read_text())["counts"]
+    assert (counts["examples_read"], counts["empty_skipped"], counts["examples_packed"]) == (12, 2, 10)
+    verified(folder)
