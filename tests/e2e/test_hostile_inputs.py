@@ -813,3 +813,18 @@ def test_empty_messages_lists_first_and_last_are_counted_as_empty(tmp_path: Path
     counts = json.loads((folder / "manifest.json").read_text())["counts"]
     assert (counts["examples_read"], counts["empty_skipped"], counts["examples_packed"]) == (12, 2, 10)
     verified(folder)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--lr", "1e308", "--save-every", 1), "after step 1 a weight is not finite (NaN or inf): training stopped at step 1 "
+                                           "without saving; no checkpoint was saved; lower --lr"),
+    (("--lr", "1e308", "--log-every", 1), "is not finite (NaN or inf): training stopped at step"),
+    (("--lora-r", 4, "--lora-alpha", 0), "--lora-alpha must be > 0, got 0.0"),
+])
+def test_a_run_that_cannot_train_what_was_asked_is_one_line(packed_sample: Path, tmp_path: Path, args: tuple,
+                                                           needle: str) -> None:
+    """A learning rate that diverges at once, an adapter scaled by zero: refused, never a run that exits 0."""
+    line = error_line(cli("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 3,
+                          "--tokens-per-step", 2048, *args, cwd=tmp_path))
+    assert needle in line, line
+    assert not list((tmp_path / "run" / "checkpoints").glob("step-*")) if (tmp_path / "run").exists() else True
