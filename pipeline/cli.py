@@ -20,6 +20,7 @@ from pipeline.foreign_config import DATA
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
+from pipeline.option_checks import MAX_PROCS
 from pipeline.read.formats import FORMATS, TEMPLATES
 from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.tokenize.encode_pool import capped_workers
@@ -222,7 +223,7 @@ Examples:
 @format_options
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="What-if: read only the first N examples.")
-@click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_PROCS),
               help="What-if: tokenizer processes.")
 def pack_report(folder: str | None, json_path: Path | None, html_path: Path | None, csv_path: Path | None,
                 batch_size: int, hidden: int, strategy: tuple[str, ...], seed: int | None,

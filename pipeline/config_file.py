@@ -52,11 +52,27 @@ class _Repeated(Exception):
         self.key, self.line = key, line
 
 
+class _Alias(Exception):
+    """A YAML alias (`*name`) in the file."""
+
+    def __init__(self, anchor: object, line: int) -> None:
+        super().__init__(anchor, line)
+        self.anchor, self.line = anchor, line
+
+
 def _load_yaml(text: str) -> Any:
-    """`yaml.safe_load`, except that a key repeated in one mapping raises `_Repeated`."""
+    """`yaml.safe_load`, except that a key repeated in one mapping raises `_Repeated`, and an alias
+    (`*name`) raises `_Alias`: options are plain values, and nested aliases make a few lines expand
+    into billions of values (an "alias bomb") once anything walks them."""
     import yaml
 
     class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise _Alias(event.anchor, event.start_mark.line + 1)
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set = set()
             for key_node, _ in node.value:
@@ -88,6 +104,9 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
         data = _load_yaml(Path(path).read_text(encoding="utf-8"))
     except _Repeated as exc:
         raise UserError(f"--config {path} line {exc.line}: option {exc.key!r} is given twice: keep one") from None
+    except _Alias as exc:
+        raise UserError(f"--config {path} line {exc.line}: a YAML alias (*{exc.anchor}) is not accepted in a config "
+                        "file: write the value out") from None
     except OSError as exc:
         raise UserError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except yaml.YAMLError as exc:

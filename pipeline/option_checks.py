@@ -17,6 +17,8 @@ from typing import Any
 
 from pipeline.errors import UserError
 
+INT_MAX = 2 ** 63 - 1  # the largest integer any option takes (what numpy, torch and C hold in 64 bits)
+MAX_PROCS = 1024  # the most worker processes an option may ask for (more than any machine has cores)
 PATH = "path"  # a `Check.kind`: text or an os.PathLike
 PATHS = "paths"  # a list (or tuple) of paths; a lone string is refused
 
@@ -87,6 +89,8 @@ def check_value(flag: str, value: Any, check: Check) -> None:
     too_high = check.high is not None and (value >= check.high if check.high_open else value > check.high)
     if too_low or too_high:
         raise UserError(f"{flag} must be {_range_text(check)}, got {value}")
+    if check.kind is int and not -INT_MAX - 1 <= value <= INT_MAX:  # numpy, torch and C take 64 bits
+        raise UserError(f"{flag} must be a 64-bit integer (at most {INT_MAX} either side of 0), got {value}")
 
 
 def check_options(config: object, checks: dict[str, Check], flags: dict[str, str] | None = None) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.option_checks import PATH, Check, check_options
+from pipeline.option_checks import MAX_PROCS, PATH, Check, check_options
 
 SCHEDULES = ("cosine", "linear", "constant")
 RESUME = ("newest", "strict")
@@ -109,7 +109,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
     "ddp_bucket_mb": _AT_LEAST_1,
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
-    "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": _AT_LEAST_0, "prefetch": _AT_LEAST_1,
+    "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": Check(int, low=0, high=MAX_PROCS), "prefetch": _AT_LEAST_1,
     "peak_flops": Check(float, low=0, low_open=True, none=True), "device": Check(str), "verify_hashes": Check(bool),
     "progress": Check(bool), "profile_steps": Check(str, none=True),
 }

@@ -36,7 +36,8 @@ class FiniteWatch:
         first = self.first_bad.clone()
         weights_bad = torch.zeros((), dtype=torch.int64, device=first.device)
         if module is not None:
-            local = [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters()]
+            # the trained ones: frozen weights (a LoRA base, NF4 among them) do not change
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters() if p.requires_grad]
             finite = torch.stack([torch.isfinite(t.detach()).all() for t in local if t.numel()]).all()
             weights_bad = (~finite).to(torch.int64).to(first.device)
         if distributed:

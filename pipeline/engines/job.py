@@ -32,7 +32,7 @@ from pipeline.folder_lock import folder_lock
 from pipeline.read.formats import FORMATS, FormatOptions, ResolvedFormat
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
-from pipeline.option_checks import PATH, PATHS, Check, check_options
+from pipeline.option_checks import MAX_PROCS, PATH, PATHS, Check, check_options
 from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
 from pipeline.write.remote_out import remote_out
 from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
@@ -95,7 +95,7 @@ PACK_CHECKS: dict[str, Check] = {
     "train_on_prompt": Check(bool),
     "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2, high=MAX_LEN_LIMIT), "out": Check(PATH),
     "strategy": Check(str, choices=STRATEGIES), "group_size": Check(int, low=1),
-    "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, none=True),
+    "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, high=MAX_PROCS, none=True),
     "seed": Check(int, low=0), "rows_per_shard": Check(int, low=1, none=True), "overwrite": Check(bool),
     "limit": Check(int, low=1, none=True), "mix": Check(str, none=True),
     "eval_fraction": Check(float, low=0, high=1, low_open=True, high_open=True, none=True),

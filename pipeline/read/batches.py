@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_array import json_array_text, read_json_array, scan_json_array
-from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, jsonl_columns, read_jsonl
+from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, compressed_errors, jsonl_columns, read_jsonl
 from pipeline.read.sources import KINDS, InputFile, hf_data_files
 from pipeline.read.tables import read_arrow, read_csv, read_parquet
 
@@ -88,6 +88,12 @@ def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
 
 def _tables(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None = None
             ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+    with compressed_errors(f.path):
+        yield from _tables_of(f, batch_rows, chunk_bytes, exact)
+
+
+def _tables_of(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None
+               ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     if f.kind == "jsonl":
         yield from read_jsonl(f.path, batch_rows, chunk_bytes, exact=exact)
     elif f.kind == "json":
@@ -159,7 +165,11 @@ def column_names(files: list[InputFile]) -> list[str]:
     """
     if not files:
         raise UserError("no inputs to read columns from")
-    f = files[0]
+    with compressed_errors(files[0].path):
+        return _column_names(files[0])
+
+
+def _column_names(f: InputFile) -> list[str]:
     try:
         if f.kind == "parquet":
             return list(pq.ParquetFile(f.path).schema_arrow.names)

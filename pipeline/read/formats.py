@@ -113,9 +113,15 @@ def resolve_template(template: str | None, default: str) -> tuple[str, str | Non
     if name in TEMPLATES:
         return TEMPLATES[name], name
     try:
-        keys = template_fields(name)
+        parts = list(string.Formatter().parse(name))
     except ValueError as exc:
         raise UserError(f"--template {name!r} is not a valid Python format string ({exc})") from None
+    dressed = next((f"{{{f}{'!' + c if c else ''}{':' + spec if spec else ''}}}" for _, f, spec, c in parts
+                    if f is not None and (spec or c)), None)
+    if dressed is not None:  # {prompt:d}, {prompt!r}, {input:{x}}: the text goes in as it is, or not at all
+        raise UserError(f"--template {name!r}: {dressed} has a format spec or conversion; write the placeholders "
+                        "bare ({instruction}, {prompt}, {input}): the field's text is put in as it is")
+    keys = {f for _, f, _, _ in parts if f is not None}
     unknown = keys - {"instruction", "prompt", "input"}
     if unknown or not keys & {"instruction", "prompt"}:
         raise UserError(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
+from contextlib import contextmanager
 from collections.abc import Collection, Iterator
 from typing import Any, BinaryIO
 
@@ -30,6 +32,20 @@ COLUMNS_SCAN_BLOCK = 4 << 20  # pyarrow's block per thread in that scan
 def open_input(path: str) -> BinaryIO:
     """A text input for reading bytes, decompressed when its name ends in .gz."""
     return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+
+@contextmanager
+def compressed_errors(path: str) -> Iterator[None]:
+    """A .gz input cut short or damaged (EOFError, zlib.error, BadGzipFile, found only when the
+    reading gets there) is one line naming the file, not click's bare "Aborted!" (its answer to an
+    EOFError)."""
+    try:
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and "compressed" not in str(exc):
+            raise  # a full disk, a vanished file: not the file's own damage (pyarrow: "Truncated compressed stream")
+        raise UserError(f"cannot read {path}: {one_line(exc)}: the compressed file is cut short or damaged; check "
+                        "it (gzip -t) or decompress it again") from None
 
 
 # ------------------------------------------------------------------------------------ JSON Lines
@@ -96,7 +112,7 @@ def _jsonl_chunks(path: str, chunk_bytes: int, start: int = 0, end: int | None =
     so a line of any length is copied a bounded number of times. `start`/`end`: only the bytes
     [start, end) of an uncompressed file (both at line starts: `line_start`), whose first line is
     line `first_line`."""
-    with open_input(path) as f:
+    with compressed_errors(path), open_input(path) as f:
         line, offset = first_line, start
         f.seek(start)
         left = -1 if end is None else end - start  # bytes still to read (-1: to the end)

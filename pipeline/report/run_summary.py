@@ -28,13 +28,24 @@ def run_report(folder: Path) -> dict[str, Any]:
     for number, line in enumerate((folder / METRICS).read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 raise UserError(f"{folder / METRICS} line {number}: not JSON: the file is damaged") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{folder / METRICS} line {number}: not a JSON object: the file is damaged")
+            records.append(record)
     train = [r for r in records if r.get("loss") is not None]
     evals = [r for r in records if r.get("eval_loss") is not None]
-    summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8")) if (folder / SUMMARY).is_file() else None
-    best = json.loads((folder / BEST).read_text(encoding="utf-8")) if (folder / BEST).is_file() else None
+    summary, best = _json_object(folder / SUMMARY), _json_object(folder / BEST)
+    try:
+        return _figures(folder, records, train, evals, summary, best)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{folder}: metrics.jsonl holds a value pack-train does not write ({type(exc).__name__}: "
+                        f"{exc}): the run folder is damaged") from None
+
+
+def _figures(folder: Path, records: list[dict], train: list[dict], evals: list[dict], summary: dict | None,
+             best: dict | None) -> dict[str, Any]:
     return {
         "kind": "run",
         "folder": str(folder),
@@ -50,8 +61,32 @@ def run_report(folder: Path) -> dict[str, Any]:
     }
 
 
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`, None when there is no such file; anything else (a file cut short,
+    not an object) is one line naming it."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not readable JSON ({type(exc).__name__}): the run folder is damaged (a run "
+                        "cut off while writing it?); re-run or resume the run to write it again") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a JSON object: the run folder is damaged")
+    return data
+
+
 def format_run(report: dict[str, Any]) -> str:
-    """The terminal summary of `run_report`."""
+    """The terminal summary of `run_report`; a figure of another type than pack-train writes (text
+    where a number belongs) is one line naming the run folder."""
+    try:
+        return _format_run(report)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise UserError(f"{report['folder']}: summary.json, metrics.jsonl or best.json holds a value pack-train "
+                        f"does not write ({type(exc).__name__}: {exc}): the run folder is damaged") from None
+
+
+def _format_run(report: dict[str, Any]) -> str:
     s, t = report["summary"], report["train_loss"]
     lines = [f"pack-train run: {report['folder']} ({'finished' if report['finished'] else 'not finished'})"]
     if s:

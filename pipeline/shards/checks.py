@@ -232,7 +232,7 @@ def summarize_shard(path: str | os.PathLike[str], max_len: int,
     except OSError as exc:
         raise ShardFormatError(f"{path}: cannot read the shard ({exc.strerror})") from None
     flat = load_shard(path)
-    loss_tokens, max_id, no_loss = check_shard(flat, path.name, max_len, vocab_size)
+    loss_tokens, max_id, no_loss = check_shard(flat, str(path), max_len, vocab_size)  # the folder too: DATA or DATA/eval
     return ShardSummary(
         rows=len(flat.row_off) - 1,
         tokens=len(flat.input_ids),

@@ -52,6 +52,8 @@ SCHEMA = pa.schema(
 )
 MAX_SHARD_TOKENS = (1 << 31) - 1  # the largest int32 list offset: tokens one shard can hold
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
+# the longest row a shard holds: a position, a sequence length and a row's offsets are 32-bit
+MAX_ROW_TOKENS = 2 ** 31 - 1
 EXAMPLE_COLUMNS = ("seq_lens", "example_ids")
 
 

@@ -175,6 +175,9 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
     """Load and validate `folder/manifest.json`."""
     path = Path(folder) / MANIFEST_NAME
     if not path.is_file():
+        if (Path(folder) / "metrics.jsonl").is_file() and (Path(folder) / "config.json").is_file():
+            raise ShardFormatError(f"{folder} is a pack-train run folder, not a packed folder: give the folder "
+                                   "pack-data wrote (the run's config.json names it as data)")
         raise ShardFormatError(f"{path}: no manifest: is {folder} a folder written by pack-data?")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

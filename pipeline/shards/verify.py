@@ -132,7 +132,7 @@ def verify_folder(
             summary = summarize_shard(path, manifest.max_len, vocab)
         if summary.rows != info.rows or summary.tokens != info.tokens:
             raise ShardFormatError(
-                f"{path.name}: has {summary.rows} rows / {summary.tokens} tokens, manifest says "
+                f"{path}: has {summary.rows} rows / {summary.tokens} tokens, manifest says "
                 f"{info.rows} rows / {info.tokens} tokens"
             )
         rows += summary.rows

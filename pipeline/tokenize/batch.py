@@ -120,9 +120,12 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     tok_loss = np.repeat(segs.loss, seg_lens)
     seg_end = np.cumsum(seg_lens)
     seg_start = seg_end - seg_lens
-    ex_start = np.where(has_seg, seg_start[np.clip(first_seg, 0, None)] if len(seg_start) else 0, 0)
-    ex_end = np.where(has_seg, seg_end[np.clip(last_seg, 0, None)] if len(seg_end) else 0, 0)
-    ex_last_loss = np.where(has_seg, segs.loss[np.clip(last_seg, 0, None)] if len(segs.loss) else False, False)
+    # an example with no segment (a chat with no messages) reads a valid index that np.where drops:
+    # the first segment of a trailing one would be one past the end
+    top = max(len(seg_start) - 1, 0)
+    ex_start = np.where(has_seg, seg_start[np.clip(first_seg, 0, top)] if len(seg_start) else 0, 0)
+    ex_end = np.where(has_seg, seg_end[np.clip(last_seg, 0, top)] if len(seg_end) else 0, 0)
+    ex_last_loss = np.where(has_seg, segs.loss[np.clip(last_seg, 0, top)] if len(segs.loss) else False, False)
     bos = tokenizer.bos_token_id
     eos = tokenizer.eos_token_id
     ids, labels, lengths = _assemble(

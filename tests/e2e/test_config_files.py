@@ -92,6 +92,19 @@ PACK_DATA_BASE = f"inputs: [{ROOT / 'data/sample/instructions.jsonl'}]\ntokenize
     (pack_train, "warmup: -1\n", "key 'warmup'"),
     (pack_train, "lr: 0\n", "key 'lr'"),
     (pack_train, "schedule: 5\n", "key 'schedule': --schedule must be text, got 5"),
+    # integers past 64 bits, processes past any machine's cores, alias bombs: one line, at once
+    (pack_data, "max-len: 3000000000\n", "key 'max-len': --max-len must be between 2 and 2147483647"),
+    (pack_data, "max-len: 99999999999999999999\n", "key 'max-len': --max-len must be a 64-bit integer (at most 9223372036854775807"),
+    (pack_data, "max-len: 512\nseed: 99999999999999999999\n", "key 'seed': --seed must be a 64-bit integer (at most 9223372036854775807"),
+    (pack_data, "max-len: 512\nnum-proc: 3000000000\n", "key 'num-proc': --num-proc must be between 1 and 1024"),
+    (pack_train, "seed: -99999999999999999999\n", "key 'seed': --seed must be a 64-bit integer"),
+    (pack_train, "max-steps: 99999999999999999999\n", "key 'max-steps': --max-steps must be a 64-bit integer (at most 9223372036854775807"),
+    (pack_train, "num-workers: 100000000\n", "key 'num-workers': --num-workers must be between 0 and 1024"),
+    (pack_data, "max-len: 512\nseed: [" + ", ".join(
+        ['&a ["x","x","x","x","x","x","x","x","x"]'] + [f"&{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]"
+                                                       for i in range(9)]) + "]\n",
+     "line 4: a YAML alias (*a) is not accepted in a config file: write the value out"),
+    (pack_train, "x: &big [1, 2]\nseed: *big\n", "line 4: a YAML alias (*big) is not accepted"),
 ])
 def test_a_value_the_flag_refuses_is_refused_in_the_file(tmp_path: Path, command, text: str, needle: str):
     """Not coerced (1024.7 -> 1024, true -> 1, 2.9 -> 2) and not last-wins: one line naming the file and key."""

@@ -100,6 +100,15 @@ def _truncated_parquet(tmp: Path) -> Path:
     return path
 
 
+def _cut_gz(path: Path, data: bytes) -> Path:
+    """`data` gzipped into `path`, cut in the middle (what an interrupted download leaves)."""
+    import gzip
+
+    packed = gzip.compress(data)
+    path.write_bytes(packed[: len(packed) // 2])
+    return path
+
+
 def _packed_input(tmp: Path) -> Path:
     return pack(tmp, SAMPLE, "earlier")
 
@@ -150,6 +159,19 @@ BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
     "a template that leaves a field out": (_input_field_and_template_without_input,
                                            "d.jsonl line 2: field 'input' has text, but --template qa has no {input}"),
     "a broken link in an input folder": (_broken_link_in_folder, "b.jsonl is a broken symbolic link"),
+    "a .jsonl.gz cut short past its first block": (
+        lambda t: _cut_gz(t / "d.jsonl.gz", b"".join(json.dumps({"text": f"line {i} " * 8}).encode() + b"\n"
+                                                      for i in range(400000))),
+        "d.jsonl.gz: Compressed file ended before the end-of-stream marker was reached"),
+    "a .json.gz array cut short": (
+        lambda t: _cut_gz(t / "d.json.gz", b"[" + b",".join(json.dumps({"text": f"row {i} " * 8}).encode()
+                                                              for i in range(400000)) + b"]"),
+        "d.json.gz: "),
+    "a .csv.gz cut short": (
+        lambda t: _cut_gz(t / "d.csv.gz", b"text\n" + b"".join(b"row %d of text\n" % i for i in range(400000))),
+        "d.csv.gz: "),
+    "an empty messages list in every row": (lambda t: write_jsonl(t / "d.jsonl", [{"messages": []}] * 3),
+                                            "all 3 examples are empty"),
     "over-long row with --overlong error": (
         lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])),
                    "--overlong", "error"], "d.jsonl line 2"),
@@ -175,7 +197,7 @@ def test_missing_tokenizer_is_one_line(tmp_path: Path) -> None:
     assert "nope" in error_line(proc) and snapshot(tmp_path) == {}
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "many"])
+@pytest.mark.parametrize("value", ["0", "-5", "many", "3000000000", "99999999999999999999"])
 def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
     proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr_text
@@ -183,6 +205,17 @@ def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
 
 
 # ------------------------------------------------------ pack-data: complete, and says what it did
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--num-proc", 3 * 10 ** 9), "--num-proc must be between 1 and 1024, got 3000000000"),
+    (("--seed", 10 ** 20), "--seed must be a 64-bit integer"),
+    (("--limit", -(10 ** 20)), "--limit must be >= 1"),
+])
+def test_an_absurd_number_is_one_line_at_once(tmp_path: Path, args: tuple, needle: str) -> None:
+    """Not thousands of processes forked, not an OverflowError from numpy: refused before any work."""
+    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args, cwd=tmp_path)
+    assert needle in error_line(proc) and snapshot(tmp_path) == {}
 
 
 def test_a_field_that_first_appears_in_the_last_row_is_kept(tmp_path: Path) -> None:
@@ -720,3 +753,78 @@ def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothin
     assert json.loads((older / "manifest.json").read_text())["counts"]["examples_read"] > 20  # the new output
     verified(older)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["older", "out"]  # no hidden entry left
+
+
+@pytest.fixture(scope="module")
+def a_run(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("a-run")
+    proc = cli("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 1, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr_text
+    return tmp / "run"
+
+
+@pytest.mark.parametrize("command", [("pack-verify", "RUN"), ("pack-train", "--data", "RUN", "--model", "tiny",
+                                                              "--out", "new", "--max-steps", 1),
+                                     ("pack-train", "--data", "PACKED", "--eval-data", "RUN", "--model", "tiny",
+                                      "--out", "new", "--max-steps", 1)])
+def test_a_run_folder_given_for_a_packed_folder_is_one_line(a_run: Path, packed_sample: Path, tmp_path: Path,
+                                                            command: tuple) -> None:
+    args = [{"RUN": a_run, "PACKED": packed_sample}.get(a, a) for a in command]
+    line = error_line(cli(*args, cwd=tmp_path))
+    assert f"{a_run} is a pack-train run folder, not a packed folder" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("damage", ["summary cut short", "summary a list", "metrics line text", "a loss as text"])
+def test_a_damaged_run_folder_file_is_one_line_in_pack_report(a_run: Path, tmp_path: Path, damage: str) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(a_run, run)
+    summary, metrics = run / "summary.json", run / "metrics.jsonl"
+    if damage == "summary cut short":
+        summary.write_bytes(summary.read_bytes()[:40])
+    elif damage == "summary a list":
+        summary.write_text("[1, 2]")
+    elif damage == "metrics line text":
+        metrics.write_text(metrics.read_text() + '"just text"\n')
+    else:
+        record = json.loads(metrics.read_text().splitlines()[0])
+        metrics.write_text(json.dumps({**record, "loss": "<b>"}) + "\n")
+    line = error_line(cli("pack-report", run, cwd=tmp_path))
+    assert str(run) in line and "damaged" in line, line
+
+
+def test_a_defect_in_the_eval_folder_names_its_folder(tmp_path: Path) -> None:
+    folder = pack(tmp_path, SAMPLE, "packed", "--eval-fraction", 0.2)
+
+    def more_rows(data: dict) -> None:
+        data["shards"][0]["rows"] += 1
+
+    _edit_manifest(folder / "eval", more_rows)
+    line = error_line(cli("pack-verify", folder, cwd=tmp_path))
+    assert f"{folder / 'eval' / 'shard-00000.arrow'}: has " in line, line
+
+
+def test_empty_messages_lists_first_and_last_are_counted_as_empty(tmp_path: Path) -> None:
+    chats = [json.loads(line) for line in (ROOT / "data" / "sample" / "chat.jsonl").read_text().splitlines()[:10]]
+    write_jsonl(tmp_path / "c.jsonl", [{"messages": []}] + chats + [{"messages": []}])
+    folder = pack(tmp_path, tmp_path / "c.jsonl", "packed", "--num-proc", 1)
+    counts = json.loads((folder / "manifest.json").read_text())["counts"]
+    assert (counts["examples_read"], counts["empty_skipped"], counts["examples_packed"]) == (12, 2, 10)
+    verified(folder)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--lr", "1e308", "--save-every", 1), "after step 1 a weight is not finite (NaN or inf): training stopped at step 1 "
+                                           "without saving; no checkpoint was saved; lower --lr"),
+    (("--lr", "1e308", "--log-every", 1), "is not finite (NaN or inf): training stopped at step"),
+    (("--lora-r", 4, "--lora-alpha", 0), "--lora-alpha must be > 0, got 0.0"),
+])
+def test_a_run_that_cannot_train_what_was_asked_is_one_line(packed_sample: Path, tmp_path: Path, args: tuple,
+                                                           needle: str) -> None:
+    """A learning rate that diverges at once, an adapter scaled by zero: refused, never a run that exits 0."""
+    line = error_line(cli("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 3,
+                          "--tokens-per-step", 2048, *args, cwd=tmp_path))
+    assert needle in line, line
+    assert not list((tmp_path / "run" / "checkpoints").glob("step-*")) if (tmp_path / "run").exists() else True

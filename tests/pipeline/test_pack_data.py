@@ -614,7 +614,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             f"long.jsonl line 2: the text of {MAX_PIECE_CHARS + 1:,} characters has no place within"),
         "zero batch rows": ([str(good), "--batch-rows", "0"], "--batch-rows must be >= 1"),
         "zero group size": ([str(good), "--group-size", "0"], "--group-size must be >= 1"),
-        "zero workers": ([str(good), "--num-proc", "0"], "--num-proc must be >= 1, got 0"),
+        "zero workers": ([str(good), "--num-proc", "0"], "--num-proc must be between 1 and 1024, got 0"),
     }
 
 

@@ -194,8 +194,8 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
                                         r"\(its linear layers: .*q_proj"):
         train(_config(packed, tmp_path / "b2", lora_target="q_proj,bogus_proj"))  # peft alone adapts q_proj only
     assert not (tmp_path / "b2").exists()
-    with pytest.raises(UserError, match="holds no LoRA adapter"):
-        train(_config(packed, tmp_path / "c", lora_r=0, stop_at=1))
+    train(_config(packed, tmp_path / "c", lora_r=0, stop_at=1))  # a full fine-tune, resumed with an adapter
+    with pytest.raises(UserError, match="it was trained with lora_r 0 but this run has lora_r 4"):
         train(_config(packed, tmp_path / "c", resume="newest"))
     assert replace(_config(packed, tmp_path), lora_r=2).lora_r == 2
 

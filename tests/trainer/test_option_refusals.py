@@ -51,6 +51,10 @@ def api(message: str) -> str:
     ({"stop_at": 5, "max_steps": 3}, "--stop-at 5 is past --max-steps 3"),
     ({"lora_dropout": 1.0}, "--lora-dropout must be >= 0 and < 1, got 1.0"),
     ({"activation_memory_budget": 0.0}, "--activation-memory-budget must be > 0 and <= 1, got 0.0"),
+    ({"seed": 2 ** 64}, f"--seed must be a 64-bit integer (at most {2 ** 63 - 1} either side of 0), got {2 ** 64}"),
+    ({"max_steps": 10 ** 30}, "--max-steps must be a 64-bit integer"),
+    ({"num_workers": 10 ** 9}, "--num-workers must be between 0 and 1024, got 1000000000"),
+    ({"lr": float("inf")}, "--lr must be a number, got inf"),
 ])
 def test_train_refuses_what_pack_train_refuses(tmp_path: Path, change: dict, needle: str):
     """The same check as the flag's, in the API's words (parameter names, not flags)."""
@@ -74,6 +78,9 @@ def test_train_config_accepts_what_pack_train_accepts(tmp_path: Path):
     ({"eval_fraction": 1}, "--eval-fraction must be between 0 and 1 (exclusive), got 1"),
     ({"strategy": "best"}, "unknown --strategy 'best'"),
     ({"train_on_prompt": "yes"}, "--train-on-prompt must be true or false, got 'yes'"),
+    ({"max_len": 2 ** 40}, f"--max-len must be between 2 and 2147483647, got {2 ** 40}"),
+    ({"seed": 10 ** 20}, "--seed must be a 64-bit integer"),
+    ({"num_proc": 3 * 10 ** 9}, "--num-proc must be between 1 and 1024, got 3000000000"),
 ])
 def test_pack_config_refuses_what_pack_data_refuses(tmp_path: Path, change: dict, needle: str):
     config = PackConfig(**{**dict(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=512, out=str(tmp_path / "o"),

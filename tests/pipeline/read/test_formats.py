@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -292,3 +293,14 @@ def test_tool_calls_and_the_tool_role_reach_the_chat_template(tokenizer):
                      "<|tool|>sunny[c1];<|assistant|>It is sunny.;"), first
     second = [(t, bool(l)) for t, e, l in zip(segs.texts, segs.example, segs.loss) if e == 1]
     assert ('<call>add({"x": 1})</call>;', True) in second, second  # no "city": null from the other row
+
+
+@pytest.mark.parametrize("template, dressed", [("{prompt:d}", "{prompt:d}"), ("{instruction!r} {input}", "{instruction!r}"),
+                                               ("{instruction:>10}", "{instruction:>10}"),
+                                               ("{instruction} {input:{x}}", "{input:{x}}")])
+def test_a_template_placeholder_with_a_format_spec_is_one_line(template: str, dressed: str):
+    from pipeline.read.formats import resolve_template
+
+    with pytest.raises(UserError, match=re.escape(f"{dressed} has a format spec or conversion; write the "
+                                                  "placeholders bare")):
+        resolve_template(template, "alpaca")
