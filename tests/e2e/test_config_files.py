@@ -93,7 +93,7 @@ PACK_DATA_BASE = f"inputs: [{ROOT / 'data/sample/instructions.jsonl'}]\ntokenize
     (pack_train, "lr: 0\n", "key 'lr'"),
     (pack_train, "schedule: 5\n", "key 'schedule': --schedule must be text, got 5"),
     # integers past 64 bits, processes past any machine's cores, alias bombs: one line, at once
-    (pack_data, "max-len: 3000000000\n", "key 'max-len': --max-len must be between 2 and 2147483647"),
+    (pack_data, "max-len: 3000000000\n", "key 'max-len': --max-len must be between 2 and 16777216"),
     (pack_data, "max-len: 99999999999999999999\n", "key 'max-len': --max-len must be a 64-bit integer (at most 9223372036854775807"),
     (pack_data, "max-len: 512\nseed: 99999999999999999999\n", "key 'seed': --seed must be a 64-bit integer (at most 9223372036854775807"),
     (pack_data, "max-len: 512\nnum-proc: 3000000000\n", "key 'num-proc': --num-proc must be between 1 and 1024"),

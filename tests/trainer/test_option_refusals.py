@@ -78,7 +78,7 @@ def test_train_config_accepts_what_pack_train_accepts(tmp_path: Path):
     ({"eval_fraction": 1}, "--eval-fraction must be between 0 and 1 (exclusive), got 1"),
     ({"strategy": "best"}, "unknown --strategy 'best'"),
     ({"train_on_prompt": "yes"}, "--train-on-prompt must be true or false, got 'yes'"),
-    ({"max_len": 2 ** 40}, f"--max-len must be between 2 and 2147483647, got {2 ** 40}"),
+    ({"max_len": 2 ** 40}, f"--max-len must be between 2 and 16777216, got {2 ** 40}"),
     ({"seed": 10 ** 20}, "--seed must be a 64-bit integer"),
     ({"num_proc": 3 * 10 ** 9}, "--num-proc must be between 1 and 1024, got 3000000000"),
 ])
