@@ -89,22 +89,16 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
                 f"cannot resume {path}: it was trained with {key}={was} but this run has "
                 f"{key}={now}; the data order would differ: use the same value"
             )
-    for key in OPTIMIZER_KEYS:
-        if key in saved and saved[key] != getattr(config, key):
-            flag = "--" + key.replace("_", "-")
-            raise UserError(
-                f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
-                f"{getattr(config, key)}, and its optimizer and schedule states would carry on with "
-                f"{saved[key]}: resume with {flag} {saved[key]}, or start a new run in another --out"
-            )
-    for key in ADAPTER_KEYS:
-        if key in saved and saved[key] != getattr(config, key):
-            flag = "--" + key.replace("_", "-")
-            raise UserError(
-                f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
-                f"{getattr(config, key)}, and the adapter it saved was trained for {saved[key]}: resume with "
-                f"{flag} {saved[key]}, or start a new run in another --out"
-            )
+    for keys, why in ((OPTIMIZER_KEYS, "its optimizer and schedule states would carry on with"),
+                      (ADAPTER_KEYS, "the adapter it saved was trained for")):
+        for key in keys:
+            if key in saved and saved[key] != getattr(config, key):
+                flag = "--" + key.replace("_", "-")
+                raise UserError(
+                    f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
+                    f"{getattr(config, key)}, and {why} {saved[key]}: resume with {flag} {saved[key]}, or "
+                    "start a new run in another --out"
+                )
     if state.get("data") != fingerprint:
         raise UserError(
             f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ "
