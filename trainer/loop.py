@@ -58,8 +58,9 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
         except torch.OutOfMemoryError as exc:
             raise UserError(
                 f"out of GPU memory ({one_line(exc, 110)}): lower --tokens-per-step, recompute activations "
-                "with --grad-checkpointing [N] or keep fewer with --activation-memory-budget 0.7; checkpoints "
-                "saved before are intact (continue with --resume)"
+                "with --grad-checkpointing [N] or keep fewer with --activation-memory-budget 0.7; for rows "
+                "longer than that allows: --tile-mlp 8192, --offload-activations, or --context-parallel N "
+                "over N GPUs; checkpoints saved before are intact (continue with --resume)"
             ) from None
         finally:
             gc.unfreeze()  # what freeze_heap set aside is the collector's again

@@ -66,6 +66,7 @@ def test_running_out_of_gpu_memory_is_one_line_that_says_what_to_change(tmp_path
     assert message.startswith("out of GPU memory (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
                               "total capacity of 79.19 GiB"), message
     assert "lower tokens_per_step, recompute activations with grad_checkpointing" in message, message
+    assert "tile_mlp 8192, offload_activations=True, or context_parallel N" in message, message
     cli = CliRunner().invoke(pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "run2"),
                                           "--max-steps", "1", "--num-workers", "0", "--no-progress"])
     errors = [line for line in cli.output.splitlines() if line.startswith("Error: ")]  # after the start-up lines
