@@ -346,8 +346,7 @@ def attention(
     # keys and values in one collective and one copy: [L, Hkv, Dk + Dv]
     both = gather_tokens(torch.cat([k, v], dim=-1), shard.width).index_select(0, slots)
     keys, values = both.split([k.shape[-1], v.shape[-1]], dim=-1)
-    whole = Features(softcap=features.softcap)  # window and chunk are in the pieces' keys now
-    if features.window is not None:
-        whole = Features(window=features.window, softcap=features.softcap)
+    # chunks are cut into the pieces now; the window also masks within a piece
+    whole = Features(window=features.window, softcap=features.softcap)
     return varlen_attention(q, keys, values, cu_q, pieces.max_q, backend=backend, scale=scale, features=whole,
                             sinks=sinks, cu_seqlens_k=cu_k, max_seqlen_k=pieces.max_k)

@@ -307,6 +307,27 @@ def test_train_under_context_parallel_gives_the_single_process_losses(long_rows,
     assert all(r["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5) for r in ranks)
 
 
+def _refused_rank(rank: int, world: int, config: dict) -> str:
+    from trainer import TrainConfig, train
+
+    with pytest.raises(UserError) as refused:
+        train(TrainConfig(**config))
+    return str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_row_shorter_than_the_group_is_refused_at_start(tmp_path) -> None:
+    """A row of 1 token cannot be split over 2 ranks: one line on every rank before any step."""
+    from packed_factory import make_packed_folder
+
+    make_packed_folder(tmp_path / "data", [[(0, [5, 6, 7, 8])], [(1, [9])]], 8)
+    config = dict(data=str(tmp_path / "data"), model="tiny", out=str(tmp_path / "run"), context_parallel=2,
+                  max_steps=1, num_workers=0, progress=False)
+    lines = run_on_ranks(_refused_rank, 2, args=(config,), deadline_s=300)
+    assert all("holds a row of 1 token(s), too short to split over 2 ranks" in line for line in lines), lines
+    assert not (tmp_path / "run").exists()
+
+
 def test_context_parallel_refusals(long_rows, tmp_path) -> None:
     """One line each: without torchrun, a number that does not divide the ranks, another kernel."""
     from trainer import TrainConfig, train
