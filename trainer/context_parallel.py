@@ -214,7 +214,10 @@ class RowShard:
 
 def shard_microbatch(batch: MicroBatch, rank: int, n_ranks: int) -> MicroBatch:
     """`rank`'s share of a whole-row micro-batch (host tensors): its tokens, targets and positions,
-    its pieces as `cu_seqlens`, and the RowShard that attention and positions read (`context`)."""
+    its pieces as `cu_seqlens`, and the RowShard that attention and positions read (`context`).
+    With one rank (no context parallelism) the batch itself."""
+    if n_ranks == 1:
+        return batch
     cu = batch.cu_seqlens.numpy().astype(np.int64)
     split = split_row(np.diff(cu), n_ranks)
     shard = RowShard.of(split, cu, rank)

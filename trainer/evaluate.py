@@ -131,9 +131,7 @@ class Evaluator:
                 for index in self.mine:
                     counted = index < len(self.batches)
                     batch = self.reader.microbatch(self.batches[index if counted else 0])
-                    if self.share[1] > 1:
-                        batch = shard_microbatch(batch, *self.share)
-                    batch = batch.to(self.device)
+                    batch = shard_microbatch(batch, *self.share).to(self.device)
                     with autocast if autocast is not None else contextlib.nullcontext():
                         loss_sum = module(batch)
                     if counted:

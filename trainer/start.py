@@ -118,9 +118,10 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
     planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
                       world_size=layout.dp_size, grad_accum=config.grad_accum)
-    if layout.cp_size > 1 and int(reader.row_lengths().min()) < layout.cp_size:  # a share of no token
+    shortest = int(reader.row_lengths().min())
+    if layout.cp_size > 1 and shortest < layout.cp_size:  # a share of no token
         raise UserError(f"--context-parallel {layout.cp_size}: {config.data} holds a row of "
-                        f"{int(reader.row_lengths().min())} token(s), too short to split over {layout.cp_size} "
+                        f"{shortest} token(s), too short to split over {layout.cp_size} "
                         "ranks: lower --context-parallel, or pack the data with longer rows")
     total_steps = _total_steps(config, planner)
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps

@@ -251,10 +251,7 @@ class MicroBatchDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> MicroBatch:
         epoch, index = key
-        batch = self.reader.microbatch(self.planner.local_rows(epoch, index, self.rank))
-        if self.share[1] > 1:
-            batch = shard_microbatch(batch, *self.share)
-        return batch
+        return shard_microbatch(self.reader.microbatch(self.planner.local_rows(epoch, index, self.rank)), *self.share)
 
     def __len__(self) -> int:  # only the sampler decides what is read
         raise TypeError("MicroBatchDataset is addressed by (epoch, index) keys from CursorSampler")
