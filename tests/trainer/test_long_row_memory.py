@@ -48,7 +48,6 @@ def test_tiled_mlp_computes_what_the_whole_does(name: str) -> None:
     layers = decoder_layers(model)
     calls = []
     for layer in layers:
-        layer_mlp(layer).register_forward_hook(lambda m, a, o: None)
         inner = layer_mlp(layer)
         for module in inner.modules():
             if isinstance(module, torch.nn.Linear):
@@ -61,6 +60,35 @@ def test_tiled_mlp_computes_what_the_whole_does(name: str) -> None:
     for a, b in zip(got, want):  # the weight gradients sum the tokens in another order: rounding
         assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
     assert max(calls) == 16 and len(calls) == 2 * len(layers) * 7  # forward + recompute, 108 = 6 x 16 + 12
+
+
+TRAINED = [f.name for f in FAMILIES if not f.refused]
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_every_family_tiles_exactly_or_is_refused(name: str) -> None:
+    """The family matrix: with --tile-mlp 16 a 108-token row gives the whole MLP's loss and gradients
+    (float32, within 1e-5 of each gradient's largest entry), or the family is refused in one line
+    (an MLP that is not one module, or one that returns more than its hidden states)."""
+    from transformers import CONFIG_MAPPING
+
+    family = next(f for f in FAMILIES if f.name == name)
+    if family.model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers has no {family.model_type} here")
+    model = family.build().eval()
+    prepare(model, "sdpa", "cpu")
+    model.eval()  # PhiMoE's router samples in training
+    batch = _row()
+    want_loss, want = _loss_and_grads(model, batch)
+    try:
+        tile_mlp(decoder_layers(model), 16)
+        got_loss, got = _loss_and_grads(model, batch)
+    except UserError as exc:
+        assert "--tile-mlp" in str(exc) and "\n" not in str(exc)
+        return
+    assert got_loss == pytest.approx(want_loss, rel=1e-5)
+    for a, b in zip(got, want):
+        assert float((a - b).abs().max()) <= 1e-5 * max(float(b.abs().max()), 1e-30)
 
 
 def test_tiled_mlp_refuses_a_layer_without_one() -> None:
