@@ -143,6 +143,8 @@ def report(runs: list[str], json_path: str | None) -> None:
             "run": run.name, "steps": summary.get("steps"), "world_size": world,
             "context_parallel": config.get("context_parallel", 1), "tokens_per_step": config.get("tokens_per_step"),
             "tokens_per_s": rate, "tokens_per_s_per_gpu": rate / world if rate else None,
+            # pack-train's own count over the whole run, the first step (start-up effects) included
+            "whole_run_tokens_per_s": summary.get("tokens_per_s"),
             "peak_mem_gib": max((r.get("peak_mem_gib") or 0 for r in rows), default=None),
             "final_loss": summary.get("final_loss"), "completed": bool(summary),
         })

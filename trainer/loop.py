@@ -29,7 +29,7 @@ from pipeline.api_errors import python_spelling
 from pipeline.errors import UserError, one_line
 from pipeline.shards import Manifest
 from trainer import checkpoint as ckpt
-from trainer import context_parallel
+from trainer import context_parallel, fit_check
 from trainer.batch import MicroBatch
 from trainer.config import TrainConfig
 from trainer.finite import FiniteWatch
@@ -71,6 +71,11 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     run = start(config, opened)
     config = run.config  # with the device's defaults filled in
     info, device, optimizer = run.info, run.device, run.optimizer
+    if fit_check.applies(run):  # the largest micro-batch fits, measured before the first step
+        fit_check.check_fits(
+            run, lambda batch: backward_window(run.module, [batch], device=device, autocast=run.autocast, info=info,
+                                               fsdp=run.fsdp, masters=run.masters, offload=config.offload_activations),
+            lambda: optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled))
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     step, position = run.start_step, run.cursor  # position: the data cursor after `step`
     last_loss: float | None = None

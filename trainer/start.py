@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from trainer import context_parallel
 from trainer.attention import select_backend
 from trainer.config import TrainConfig, parse_step_range, resolved, validate
 from trainer.evaluate import Evaluator, held_out_folder
+from trainer.fit_check import Largest, largest_microbatch
 from trainer.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.integrity import ShardHashCheck
 from trainer.loss import LossModule
@@ -83,6 +84,8 @@ class Run:
     n_params: int
     fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights: their scales refresh after each step
     profiler: StepProfiler | None = None  # --profile-steps
+    layout: context_parallel.Layout = field(default_factory=context_parallel.Layout)  # data x context parallel
+    largest: Largest = Largest(0)  # the largest micro-batch (trainer.fit_check measures what it needs)
 
 
 def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
@@ -179,7 +182,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
               optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
               backend=backend, compiled=compiled, n_params=n_params,
-              fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler)
+              fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler,
+              layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts))
     if info.rank == 0:
         start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
         _announce(run, manifest, dtype_name, backend_why)
