@@ -164,15 +164,28 @@ def host_capacity() -> int | None:
     return None
 
 
+def empty_caches() -> None:
+    """Hand the blocks torch's GPU and pinned-host allocators keep cached back, so that a probe's
+    peak counts its own blocks only, and the training after the probes starts without theirs (a
+    cached pinned block serves only requests of its own power-of-two size)."""
+    torch.cuda.empty_cache()
+    empty_host = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    if empty_host is not None:
+        empty_host()
+
+
 def measure_peaks(step: Step, batch: MicroBatch, device: torch.device) -> tuple[int, int]:
-    """(GPU bytes, pinned host bytes) at the peak of `step(batch)`."""
+    """(GPU bytes, pinned host bytes) at the peak of `step(batch)`: allocated, not cached."""
     torch.cuda.synchronize(device)
+    empty_caches()
     torch.cuda.reset_peak_memory_stats(device)
     torch.cuda.reset_peak_host_memory_stats()
     step(batch)
     torch.cuda.synchronize(device)
     host = torch.cuda.host_memory_stats()
-    return int(torch.cuda.max_memory_allocated(device)), int(host.get("allocated_bytes.peak", 0))
+    pinned = host.get("active_bytes.peak", host.get("allocated_bytes.peak", 0))
+    empty_caches()
+    return int(torch.cuda.max_memory_allocated(device)), int(pinned)
 
 
 def measure_need(
@@ -235,7 +248,8 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
             + (f" and {size(need.host)} of the {size(host_cap)} of host memory each rank has"
                if host_room is not None else "")
             + (f" (the longest that fits: about {longest:,} tokens)" if longest is not None else "")
-            + f", measured from steps of {measured} tokens")
+            + f", measured from steps of {measured} tokens ({size(need.gpu_line[1])} a token on the GPU"
+            + (f", {size(need.host_line[1])} in host memory" if host_room is not None else "") + ")")
     over_gpu = gpu_need > gpu_room
     over_host = host_room is not None and need.host > host_room
     if not (over_gpu or over_host):
