@@ -1,19 +1,22 @@
 """Before the first step on a GPU: does the run's largest micro-batch fit in memory? Measured, not
 guessed: steps of the run's own model, wrapper and options on synthetic rows, extrapolated.
 
-With a varlen attention kernel (flash_attn, fa4: no T x T matrix) a step's peak memory is a line in
-the micro-batch's tokens T: weights, gradients and fixed buffers are its intercept, and every token
-adds the same activation bytes (a checkpoint per recomputed layer, one layer's working set, one
-MLP tile or loss chunk at a time). So `check_fits` runs two forward + backward passes of P and 2P
-tokens per rank, reads the line through their peaks, and evaluates it at the largest micro-batch,
-adding the optimizer states the first step will allocate. P is past the sizes whose logits the loss
-keeps whole (`trainer.loss.KEEP_LOGITS_UP_TO`) and at least two --tile-mlp tiles, so both probes
-are on the line's straight part. A largest micro-batch of at most 2P tokens is measured as it is.
+With a varlen attention kernel (flash_attn, fa4: no T x T matrix) each phase of a step holds memory
+on a line in the micro-batch's tokens T: weights, gradients and fixed buffers (a loss chunk's
+logits, an MLP tile) in its intercept, the activations in its slope. The step's peak is the largest
+of those lines: a convex function of T, which the loss chunk's constant logits rule at short rows
+and the layers' activations at long ones. So `check_fits` runs two forward + backward passes of P
+and 2P tokens per rank, P an eighth of the largest micro-batch's share (and at least past the
+logits the loss keeps whole and two --tile-mlp tiles), and extends the line through their peaks to
+the largest micro-batch, adding the optimizer states the first step will allocate. Extending a
+chord of a convex function gives at most what the function reaches: the need it reads is a lower
+bound, so a refused row never fits, and the longest length it names is an upper bound. A largest
+micro-batch of at most 2P tokens is measured as it is.
 
-Worked example (round numbers): an 8B LoRA step peaks at 20.0 GiB with P = 20,480 tokens and 25.0
-GiB with 40,960: 0.25 MiB a token. A 393,216-token row then needs about 20.0 + 5.0 x 18.2 = 111
-GiB; an 80 GB H100 offers about 75 (95% of 79.1): the run stops in one line naming that row and the
-longest row that fits, about 20,480 + 55 / 5.0 x 20,480 = 245,760 tokens.
+Worked example (round numbers): an 8B LoRA step peaks at 30 GiB with P = 32,768 tokens and 40 GiB
+with 65,536: 0.31 MiB a token. A 262,144-token row then needs at least 40 + 10 x 6 = 100 GiB; an 80
+GB H100 offers about 74 (95% of 77.9): the run stops in one line naming that row and at most about
+65,536 + 34 / 10 x 32,768 = 176,000 tokens as the longest row that could fit.
 
 Under --context-parallel N each rank holds 1/N of a row, so the line is per rank and the row's
 length N times its share. With --offload-activations the tensors saved for the backward wait in
@@ -91,10 +94,11 @@ def largest_microbatch(planner: Planner, shard_paths: list[str], shard_starts: n
     return Largest(int(sums.max()))
 
 
-def probe_tokens(vocab: int, tile_mlp: int) -> int:
-    """P: per rank, the shorter of the two measured steps (see the module): past the logits the
-    loss keeps whole, two --tile-mlp tiles at least, 8,192 at least, a multiple of 4,096."""
-    low = max(8192, KEEP_LOGITS_UP_TO // max(vocab, 1) + 1, 2 * tile_mlp)
+def probe_tokens(vocab: int, tile_mlp: int, largest_local: int = 0) -> int:
+    """P: per rank, the shorter of the two measured steps (see the module): an eighth of the
+    largest micro-batch's share, past the logits the loss keeps whole, two --tile-mlp tiles at
+    least, 8,192 at least, a multiple of 4,096."""
+    low = max(8192, KEEP_LOGITS_UP_TO // max(vocab, 1) + 1, 2 * tile_mlp, -(-largest_local // 8))
     return -(-low // 4096) * 4096
 
 
@@ -194,7 +198,7 @@ def measure_need(
 ) -> Need:
     """Run the probes (`step` on synthetic rows of this rank's share, then `clear`), fit the lines
     and evaluate them at `largest_local` tokens per rank."""
-    p = probe_tokens(vocab, tile_mlp)
+    p = probe_tokens(vocab, tile_mlp, largest_local)
     probes = (largest_local,) if largest_local <= 2 * p else (p, 2 * p)
     gpu_points, host_points = [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -243,11 +247,11 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
                   if f is not None]
     longest = min(fits_local) * cp_size // ROUND * ROUND if fits_local else None
     measured = " and ".join(f"{t * cp_size:,}" for t in need.probes)
-    info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs about {size(gpu_need)} of the "
+    info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
             f"{size(gpu_cap)} a GPU holds"
             + (f" and {size(need.host)} of the {size(host_cap)} of host memory each rank has"
                if host_room is not None else "")
-            + (f" (the longest that fits: about {longest:,} tokens)" if longest is not None else "")
+            + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")
             + f", measured from steps of {measured} tokens ({size(need.gpu_line[1])} a token on the GPU"
             + (f", {size(need.host_line[1])} in host memory" if host_room is not None else "") + ")")
     over_gpu = gpu_need > gpu_room
@@ -256,15 +260,15 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
         return None, info
     where = (f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}" if over_gpu else
              f"{size(need.host)} of host memory for the offloaded activations, of the {size(host_cap)} each rank has")
-    fit = (f"about {longest:,} tokens" if longest else
+    fit = (f"at most about {longest:,} tokens" if longest else
            f"none (the rest of the step alone needs about {size(need.gpu_line[0] + optimizer_bytes)})")
     levers = _levers(tile_mlp, offload, checkpointing)
     if largest.row is not None:
-        return (f"{data}: {largest.row} holds {largest.tokens:,} tokens, which need about {where} (measured from "
-                f"steps of {measured} tokens); the longest row that fits is {fit}: train it with {levers}, "
+        return (f"{data}: {largest.row} holds {largest.tokens:,} tokens, which need at least {where} (measured from "
+                f"steps of {measured} tokens); the longest row that could fit is {fit}: train it with {levers}, "
                 f"or pack with a lower --max-len"), info
-    return (f"--tokens-per-step {tokens_per_step}: a micro-batch of {largest.tokens:,} tokens needs about {where} "
-            f"(measured from steps of {measured} tokens); the most that fits is {fit}: lower --tokens-per-step, "
+    return (f"--tokens-per-step {tokens_per_step}: a micro-batch of {largest.tokens:,} tokens needs at least {where} "
+            f"(measured from steps of {measured} tokens); the most that could fit is {fit}: lower --tokens-per-step, "
             f"or use {levers}"), info
 
 
