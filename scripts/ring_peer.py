@@ -110,6 +110,23 @@ class RingCalls:
                              "no numbers are reported")
 
 
+def import_adapter() -> Any:
+    """`ring_flash_attn.adapters.hf_adapter`, importable under transformers 5.
+
+    ring-flash-attn 0.1.8's adapter imports `is_flash_attn_greater_or_equal_2_10` from
+    `transformers.modeling_flash_attention_utils`, which transformers 5 no longer defines there
+    (zhuzilin/ring-flash-attention PR #88, unreleased), so `import ring_flash_attn` fails; the
+    adapter only tests that name for truth, and the flash-attn it runs with (2.8) is >= 2.10, so a
+    function answering True is put in its place first."""
+    import transformers.modeling_flash_attention_utils as fa_utils
+
+    if not hasattr(fa_utils, "is_flash_attn_greater_or_equal_2_10"):
+        fa_utils.is_flash_attn_greater_or_equal_2_10 = lambda: True
+    from ring_flash_attn.adapters import hf_adapter
+
+    return hf_adapter
+
+
 def install_ring(group: Any, heads_k_stride: int, calls: RingCalls) -> str:
     """Route transformers' flash_attention_2 through ring-flash-attn's HF adapter; returns how.
 
@@ -121,8 +138,9 @@ def install_ring(group: Any, heads_k_stride: int, calls: RingCalls) -> str:
     whether it is used. The ring kernel itself (`llama3_flash_attn_varlen_func`, a global of the
     adapter's module) is wrapped by `calls`."""
     import transformers.modeling_flash_attention_utils as fa_utils
-    from ring_flash_attn.adapters import hf_adapter
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    hf_adapter = import_adapter()
 
     try:
         hf_adapter.substitute_hf_flash_attn(group, heads_k_stride)
@@ -137,9 +155,7 @@ def install_ring(group: Any, heads_k_stride: int, calls: RingCalls) -> str:
 
 def set_ring_row(cu_seqlens: torch.Tensor, group: Any) -> None:
     """The ring adapter's per-row state: the padded row's example boundaries."""
-    from ring_flash_attn.adapters.hf_adapter import update_ring_flash_attn_params
-
-    update_ring_flash_attn_params(cu_seqlens, group)
+    import_adapter().update_ring_flash_attn_params(cu_seqlens, group)
 
 
 class _GatherSeq(torch.autograd.Function):
