@@ -333,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--limit", type=int, default=None, help="examples read from each data set (default: all)")
     p.add_argument("--no-compile", action="store_true", help="pack-train --no-compile")
+    p.add_argument("--path-timeout", type=float, default=None, help="seconds a path may run (then: 'timeout')")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench_trl"))
     p.add_argument("--shared", type=Path, default=None, help="shared data folder (default: benchlib.shared_dir)")
     p.add_argument("--json")
@@ -361,7 +362,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         result = a.workdir / f"result-{path}.json"
         result.unlink(missing_ok=True)
         print(f"== {path}", flush=True)
-        proc = subprocess.run(child_args(a, path, folder, result), stderr=subprocess.PIPE, text=True)
+        try:
+            proc = subprocess.run(child_args(a, path, folder, result), stderr=subprocess.PIPE, text=True,
+                                  timeout=a.path_timeout)
+        except subprocess.TimeoutExpired as exc:
+            sys.stderr.write(exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "")
+            record = {"path": path, "status": "timeout", "note": f"stopped after --path-timeout {a.path_timeout} s"}
+            records.append(record)
+            print(line(record), flush=True)
+            continue
         sys.stderr.write(proc.stderr)  # in full: a failed path's traceback is the report
         if result.is_file():
             record = json.loads(result.read_text())
