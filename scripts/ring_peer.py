@@ -360,9 +360,9 @@ def peer_main(data: str, *, preset: str, lora_r: int, steps: int, warmup: int, l
     from pipeline.shards import iter_rows, read_manifest
     from pipeline.shards.verify import manifest_vocab
 
-    dist.init_process_group("gloo" if fake else "nccl")
     if not fake:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("gloo" if fake else "nccl")
     rows = list(iter_rows(data))
     vocab = manifest_vocab(read_manifest(data).tokenizer)  # as pack-train sizes the model (None: the preset's)
     record = run_peer(rows, preset=preset, vocab=vocab, lora_r=lora_r, steps=steps, warmup=warmup, lr=lr, seed=seed,

@@ -5,6 +5,9 @@ process; a forward that never reaches the ring function stops the run. Needs no 
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,3 +102,45 @@ def test_row_share_pads_to_a_multiple_of_the_ranks() -> None:
     targets = np.concatenate([s.targets for s in shares])
     assert targets[:200].tolist() == row["labels"][1:].tolist() and (targets[200:] == -100).all()
     assert shares[0].cu_seqlens.tolist() == [0, 37, 137, 142, 201, 204]
+
+
+# A child process (flash_attn stubbed there only): ring_peer.install_ring under the installed
+# transformers, then a tiny Llama's forward with config._attn_implementation "flash_attention_2";
+# the ring kernel (faked by causal sdpa on the local tokens) must be reached once per layer.
+_ADAPTER_CHILD = r'''
+import importlib.machinery, sys, types
+import numpy as np, torch, torch.nn.functional as F
+interface = types.ModuleType("flash_attn.flash_attn_interface")
+for name in ("_flash_attn_varlen_forward", "_flash_attn_varlen_backward", "_flash_attn_forward", "_flash_attn_backward"):
+    setattr(interface, name, None)
+package = types.ModuleType("flash_attn")
+package.flash_attn_interface, package.__version__ = interface, "2.8.3"
+package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+interface.__spec__ = importlib.machinery.ModuleSpec("flash_attn.flash_attn_interface", None)
+sys.modules.update({"flash_attn": package, "flash_attn.flash_attn_interface": interface})
+import ring_peer as rp
+adapter = rp.import_adapter()
+def kernel(q, k, v, **kwargs):  # [tokens, heads, dim]
+    rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1),
+                                          v.repeat_interleave(rep, 1).transpose(0, 1), is_causal=True).transpose(0, 1)
+adapter.llama3_flash_attn_varlen_func = kernel
+adapter.DATA_PARAMS.update(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, local_k_slice=None)
+calls = rp.RingCalls()
+how = rp.install_ring(None, 1, calls)
+model = rp.build_peer_model("tiny", 4096, torch.device("cpu"), lora_r=4, seed=0, attn="sdpa")
+model.get_base_model().config._attn_implementation = "flash_attention_2"
+ids = torch.arange(3, 10)
+rp.loss_sum(model, ids, torch.arange(7), ids)
+print(calls.n, how)
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ring_flash_attn") is None, reason="ring_flash_attn is not installed")
+def test_the_adapter_reaches_the_ring_kernel_once_per_layer() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "scripts"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _ADAPTER_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, how = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(count) == 2, done.stdout  # the tiny preset's 2 decoder layers
+    assert how, done.stdout
