@@ -57,7 +57,7 @@ ring() {
     rm -rf "/tmp/runs/cp$nproc-$l"
     timeout 540 torchrun --nproc-per-node "$nproc" -m trainer.cli --data "$data/len-$l" --model llama-8b \
       --lora-r 16 --grad-checkpointing --no-compile --context-parallel "$nproc" --tokens-per-step "$l" \
-      --max-steps $((steps + warmup)) --log-every 1 --no-progress --out "/tmp/runs/cp$nproc-$l"
+      --max-steps $((steps + warmup)) --lr 1e-4 --log-every 1 --no-progress --out "/tmp/runs/cp$nproc-$l"
     echo "== pack-train --context-parallel $nproc $l exit $?"
     runs+=("/tmp/runs/cp$nproc-$l")
   done
