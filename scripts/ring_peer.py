@@ -312,14 +312,14 @@ def run_peer(rows: list[dict[str, np.ndarray]], *, preset: str, vocab: int | Non
         torch.cuda.reset_peak_memory_stats(device)
     with ctx:
         for step in range(warmup + steps):
+            _sync(device)
+            start = time.perf_counter()  # the share and the ring's row state are part of a step
             share = row_share(rows[step % len(rows)], rank, world)
             cu = torch.from_numpy(share.cu_seqlens).to(device)
             if fake:
                 state.cu_seqlens = cu.cpu()
             else:
                 set_ring_row(cu, None)
-            _sync(device)
-            start = time.perf_counter()
             loss = peer_backward(model, share, device, None, calls=calls if step == 0 else None, layers=layers,
                                  what="the ring attention function")
             opt.step()
