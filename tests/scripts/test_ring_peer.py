@@ -65,8 +65,8 @@ def _compare_rank(rank: int, world: int, skip_sync: bool = False) -> dict[str, f
     with rp.fake_ring(state, calls):
         got_loss = float(rp.peer_backward(model, share, cpu, None, calls=calls, layers=2, what="the reference"))
     grad = max(float((p.grad - w).norm() / w.norm()) for p, w in zip(params, want))
-    return {"loss": abs(got_loss - want_loss) / want_loss, "grad": grad, "zero_grads": sum(int(w.norm() == 0) for w in want),
-            "loss_tokens": share.loss_tokens, "row_tokens": share.row_tokens, "share": len(share.input_ids)}
+    return {"loss": abs(got_loss - want_loss) / want_loss, "grad": grad,
+            "zero_grads": sum(int(w.norm() == 0) for w in want), "loss_tokens": share.loss_tokens, "row_tokens": share.row_tokens, "share": len(share.input_ids)}
 
 
 def test_two_ranks_give_the_examples_loss_and_lora_gradients() -> None:
@@ -111,7 +111,8 @@ _ADAPTER_CHILD = r'''
 import importlib.machinery, sys, types
 import numpy as np, torch, torch.nn.functional as F
 interface = types.ModuleType("flash_attn.flash_attn_interface")
-for name in ("_flash_attn_varlen_forward", "_flash_attn_varlen_backward", "_flash_attn_forward", "_flash_attn_backward"):
+for name in ("_flash_attn_varlen_forward", "_flash_attn_varlen_backward", "_flash_attn_forward",
+             "_flash_attn_backward"):
     setattr(interface, name, None)
 package = types.ModuleType("flash_attn")
 package.flash_attn_interface, package.__version__ = interface, "2.8.3"
@@ -138,7 +139,8 @@ print(calls.n, how)
 
 @pytest.mark.skipif(importlib.util.find_spec("ring_flash_attn") is None, reason="ring_flash_attn is not installed")
 def test_the_adapter_reaches_the_ring_kernel_once_per_layer() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "scripts"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    path = [str(REPO / "scripts"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run([sys.executable, "-c", _ADAPTER_CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     count, how = done.stdout.strip().splitlines()[-1].split(" ", 1)
