@@ -66,7 +66,8 @@ def _compare_rank(rank: int, world: int, skip_sync: bool = False) -> dict[str, f
         got_loss = float(rp.peer_backward(model, share, cpu, None, calls=calls, layers=2, what="the reference"))
     grad = max(float((p.grad - w).norm() / w.norm()) for p, w in zip(params, want))
     return {"loss": abs(got_loss - want_loss) / want_loss, "grad": grad,
-            "zero_grads": sum(int(w.norm() == 0) for w in want), "loss_tokens": share.loss_tokens, "row_tokens": share.row_tokens, "share": len(share.input_ids)}
+            "zero_grads": sum(int(w.norm() == 0) for w in want), "loss_tokens": share.loss_tokens,
+            "row_tokens": share.row_tokens, "share": len(share.input_ids)}
 
 
 def test_two_ranks_give_the_examples_loss_and_lora_gradients() -> None:
