@@ -17,8 +17,17 @@ flash_attn kernel, on one row of mixed example lengths (one spans every rank): e
 and the gradients of their sum, context-parallel against the whole row on one GPU, as relative
 errors; the same comparison in float32 with the sdpa kernel bounds what rounding alone gives.
 
-`report`: per run folder, tokens/s over the steps after the first (the first compiles and warms
-up), tokens/s per GPU, the peak GPU memory, the row length and the ranks, as one JSON file.
+`report`: per run folder, tokens/s over the steps after the first --warmup (1: the first compiles
+and warms up), tokens/s per GPU, the peak GPU memory, the row length and the ranks, as one JSON file.
+
+`peer` (under torchrun, one GPU per rank): ring-flash-attn's Hugging Face adapter fed the same rows
+as `pack-train --context-parallel N` (scripts/ring_peer.py: the 8B shape, LoRA, every layer
+recomputed; --warmup W steps then --steps S timed; tokens/s per GPU, peak memory per GPU, final
+loss); `--fake-ring` runs it on the CPU (gloo, e.g. `--model tiny` on `data --vocab 4096` rows)
+with an exact reference in place of the ring function.
+
+    torchrun --nproc-per-node 2 scripts/bench_context_parallel.py peer --data runs/long/len-131072 \
+        --model llama-8b --lora-r 16 --steps 3 --warmup 2 --json peer-131072.json
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 
 def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab: int = 32000) -> None:
@@ -128,7 +138,7 @@ def check(json_path: str | None) -> None:
     dist.destroy_process_group()
 
 
-def report(runs: list[str], json_path: str | None) -> None:
+def report(runs: list[str], json_path: str | None, warmup: int = 1) -> None:
     """One record per run folder (see the module)."""
     records = []
     for run in map(Path, runs):
@@ -136,7 +146,7 @@ def report(runs: list[str], json_path: str | None) -> None:
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
             if (run / "metrics.jsonl").exists() else []
-        steps = [r for r in rows if r.get("tokens_per_s") is not None and r.get("step", 0) > 1]
+        steps = [r for r in rows if r.get("tokens_per_s") is not None and r.get("step", 0) > warmup]
         world = summary.get("world_size") or config.get("world_size") or 1
         rate = statistics.median(r["tokens_per_s"] for r in steps) if steps else None
         records.append({
@@ -166,14 +176,31 @@ def main() -> None:
     reported = sub.add_parser("report", help="summarize run folders")
     reported.add_argument("runs", nargs="+")
     reported.add_argument("--json")
+    reported.add_argument("--warmup", type=int, default=1, help="steps left out of the rate")
+    peer = sub.add_parser("peer", help="ring-flash-attn's HF adapter on the same rows (under torchrun)")
+    peer.add_argument("--data", required=True, help="a packed folder (one made by `data`)")
+    peer.add_argument("--model", default="llama-8b")
+    peer.add_argument("--lora-r", type=int, default=16)
+    peer.add_argument("--steps", type=int, default=3, help="timed steps, after --warmup")
+    peer.add_argument("--warmup", type=int, default=2)
+    peer.add_argument("--lr", type=float, default=1e-4)
+    peer.add_argument("--seed", type=int, default=0)
+    peer.add_argument("--heads-k-stride", type=int, default=1, help="kv heads per all-gather in the ring")
+    peer.add_argument("--fake-ring", action="store_true", help="CPU, gloo, exact reference attention")
+    peer.add_argument("--json")
     args = parser.parse_args()
     if args.command == "data":
         for length in (int(x) for x in args.lengths.split(",")):
             write_long_folder(Path(args.out) / f"len-{length}", length, args.rows, vocab=args.vocab)
     elif args.command == "check":
         check(args.json)
+    elif args.command == "peer":
+        from ring_peer import peer_main
+
+        peer_main(args.data, preset=args.model, lora_r=args.lora_r, steps=args.steps, warmup=args.warmup, lr=args.lr,
+                  seed=args.seed, fake=args.fake_ring, heads_k_stride=args.heads_k_stride, json_path=args.json)
     else:
-        report(args.runs, args.json)
+        report(args.runs, args.json, args.warmup)
 
 
 if __name__ == "__main__":
