@@ -20,8 +20,8 @@ GB H100 offers about 74 (95% of 77.9): the run stops in one line naming that row
 
 Under --context-parallel N each rank holds 1/N of a row, so the line is per rank and the row's
 length N times its share. With --offload-activations the tensors saved for the backward wait in
-pinned host memory: their peak (torch's pinned-memory allocator) gets the same line, against the
-host's available memory shared by the ranks on it. The probes leave no trace in the run: gradients
+pinned host memory: its use at the largest micro-batch is read off the same kind of line and
+reported, not checked (`verdict` says why). The probes leave no trace in the run: gradients
 are zeroed and the random number generators restored, so the steps that follow are those of a run
 without the check.
 """
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 Step = Callable[[MicroBatch], None]
 Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
 
-MARGIN = 0.95  # the share of a GPU's (or the host's) memory a step may plan to use: the rest is slack
+MARGIN = 0.95  # the share of a GPU's memory a step may plan to use: the rest is slack
 # for the allocator's fragmentation and what other libraries take later
 ROUND = 1024  # the longest length that fits is named rounded down to this
 
@@ -238,28 +238,24 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
             cp_size: int, tokens_per_step: int, data: str, tile_mlp: int, offload: bool,
             checkpointing: int) -> tuple[str | None, str]:
     """(the one-line refusal or None, the start-up line saying what the largest micro-batch needs).
-    Bytes per rank; `host_cap` None: the host is not checked."""
+    Bytes per rank. Only the GPU refuses: the pinned host memory of --offload-activations is
+    reported (`host_cap` None: not at all), since torch's pinned allocator rounds each block up to
+    a power of two, which makes its use a step function a line through two probes cannot extend."""
     gpu_need = need.gpu + optimizer_bytes
     gpu_room = MARGIN * gpu_cap
-    host_room = MARGIN * host_cap if host_cap is not None and need.host_line[1] > 0 else None
-    fits_local = [f for f in (longest_fitting((need.gpu_line[0] + optimizer_bytes, need.gpu_line[1]), gpu_room),
-                              longest_fitting(need.host_line, host_room) if host_room is not None else None)
-                  if f is not None]
-    longest = min(fits_local) * cp_size // ROUND * ROUND if fits_local else None
+    fits_local = longest_fitting((need.gpu_line[0] + optimizer_bytes, need.gpu_line[1]), gpu_room)
+    longest = fits_local * cp_size // ROUND * ROUND if fits_local is not None else None
     measured = " and ".join(f"{t * cp_size:,}" for t in need.probes)
+    host = host_cap is not None and need.host_line[1] > 0
     info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
             f"{size(gpu_cap)} a GPU holds"
-            + (f" and {size(need.host)} of the {size(host_cap)} of host memory each rank has"
-               if host_room is not None else "")
             + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")
-            + f", measured from steps of {measured} tokens ({size(need.gpu_line[1])} a token on the GPU"
-            + (f", {size(need.host_line[1])} in host memory" if host_room is not None else "") + ")")
-    over_gpu = gpu_need > gpu_room
-    over_host = host_room is not None and need.host > host_room
-    if not (over_gpu or over_host):
+            + f", measured from steps of {measured} tokens ({size(need.gpu_line[1])} a token)"
+            + (f"; the offloaded activations take about {size(need.host)} of the {size(host_cap)} of host memory "
+               f"each rank has (not checked: pinned blocks are rounded up to powers of two)" if host else ""))
+    if gpu_need <= gpu_room:
         return None, info
-    where = (f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}" if over_gpu else
-             f"{size(need.host)} of host memory for the offloaded activations, of the {size(host_cap)} each rank has")
+    where = f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}"
     fit = (f"at most about {longest:,} tokens" if longest else
            f"none (the rest of the step alone needs about {size(need.gpu_line[0] + optimizer_bytes)})")
     levers = _levers(tile_mlp, offload, checkpointing)

@@ -133,13 +133,15 @@ def test_a_micro_batch_of_short_rows_names_tokens_per_step() -> None:
     assert "lower --tokens-per-step" in line
 
 
-def test_offloaded_activations_are_checked_against_host_memory() -> None:
+def test_offloaded_activations_are_reported_not_checked() -> None:
+    """Pinned host blocks are rounded up to powers of two: their use is said, never a refusal."""
     need = Need(gpu=20 * GIB, host=200 * GIB, gpu_line=(20 * GIB, 0.0), host_line=(0.0, 2**19),
                 probes=(20480, 40960))
-    line, _ = verdict(Largest(409600, "row 0 of d/shard-00000.arrow"), need, 0, 80 * GIB, 100 * GIB, cp_size=1,
-                      tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1)
-    assert "GiB of host memory for the offloaded activations" in line
-    assert f"about {int(MARGIN * 100 * GIB / 2**19) // 1024 * 1024:,} tokens" in line
+    line, info = verdict(Largest(409600, "row 0 of shard-00000.arrow"), need, 0, 80 * GIB, 100 * GIB, cp_size=1,
+                         tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1)
+    assert line is None
+    assert "the offloaded activations take about 200.0 GiB of the 100.0 GiB of host memory each rank has" in info
+    assert "not checked" in info
 
 
 def _losses(run: Path) -> list[float]:
