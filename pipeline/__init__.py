@@ -20,6 +20,13 @@ The folders are the steps data takes, in order; each imports only the ones befor
 `shards/` is the shard format, the contract with `trainer/`; the modules at this level (`errors`,
 `api_errors`, `option_checks`, `config_file`, `progress`, `background`, `durable`, `folder_lock`)
 serve every step and the trainer, and import no step. docs/DESIGN.md draws the map.
+
+Public faces: the only modules `trainer/` imports are `shards` (the shard format), `errors` (the
+one-line errors), `api_errors` (Python spellings of options), `option_checks` (option checks),
+`config_file` (--config files), `foreign_config` (other tools' config keys), `durable` (atomic
+writes), `contained` (paths inside a folder), `folder_lock` (folder locks), `read.hub` (Hub
+resolution), `tokenize.tokenizer` (the tokenizer and its fingerprint)
+(tests/trainer/test_trainer_layout.py checks it).
 """
 
 from importlib import import_module

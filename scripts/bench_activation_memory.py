@@ -41,10 +41,10 @@ def saved_per_layer(args: argparse.Namespace, budget: float | None) -> tuple[flo
 def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tuple[int, Counter]:
     from transformers import LlamaForCausalLM
 
-    from trainer.batch import collate_flat
-    from trainer.lora import freeze_in_bf16
-    from trainer.loss import LossModule
-    from trainer.model import compile_decoder_layers, prepare, preset_config
+    from trainer.data.batch import collate_flat
+    from trainer.model.lora import freeze_in_bf16
+    from trainer.model.loss import LossModule
+    from trainer.model.load import compile_decoder_layers, prepare, preset_config
 
     torch._dynamo.reset()
     config = preset_config(args.model, 32000)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma separated: 'eager' (no compile) or a compiled layer's activation memory budget")
     p.add_argument("--project-tokens", type=int, default=16384, help="micro-batch of the projection")
     args = p.parse_args(argv)
-    from trainer.model import preset_config
+    from trainer.model.load import preset_config
 
     config = preset_config(args.model)
     hidden_bytes = 2 * config.hidden_size  # one bf16 hidden-size vector

@@ -79,10 +79,10 @@ def check(json_path: str | None) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainer import context_parallel as cp
-    from trainer.batch import collate_flat
-    from trainer.loss import token_losses
-    from trainer.model import prepare
+    from trainer.distributed import context_parallel as cp
+    from trainer.data.batch import collate_flat
+    from trainer.model.loss import token_losses
+    from trainer.model.load import prepare
     from transformers import LlamaConfig, LlamaForCausalLM
 
     dist.init_process_group("nccl")

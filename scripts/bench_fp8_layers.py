@@ -10,7 +10,7 @@ compiles it, then runs forward + backward of one packed row of `--tokens` tokens
 random lengths) through it, for each `--recipes` entry:
 
 - `bf16`: the layers as they are;
-- a pack-train `--fp8-recipe` (`trainer.fp8.RECIPES`), converted as pack-train converts it;
+- a pack-train `--fp8-recipe` (`trainer.model.fp8.RECIPES`), converted as pack-train converts it;
 - `rowwise_tw_weight`: per-token scales for activations and output gradients, as
   `rowwise_with_gw_hp`, but one scale for the whole weight in both matmuls it takes part in
   (`rowwise_with_gw_hp` scales it per output channel in the forward and per tensor in the input
@@ -18,7 +18,7 @@ random lengths) through it, for each `--recipes` entry:
   the weight alone.
 
 Each entry: `--iters` timed iterations (CUDA events) after `--warmup`, then 3 profiled ones: GPU ms
-per layer by kernel kind (`trainer.profiling.kernel_kind`) and the kernels that take the most. "Per
+per layer by kernel kind (`trainer.run.profiling.kernel_kind`) and the kernels that take the most. "Per
 layer" divides the whole decoder's time by `--layers`; its embedding and final norm are a small part.
 
     python scripts/bench_fp8_layers.py --recipes bf16,rowwise_with_gw_hp,rowwise_tw_weight,tensorwise \\
@@ -37,10 +37,10 @@ import torch
 
 from benchlib import device_name, machine_summary, write_json  # puts the repository on sys.path
 
-from trainer.batch import collate_flat
-from trainer.fp8 import RECIPES, check_fp8, convertible, fp8_config
-from trainer.model import compile_decoder_layers, decoder_layers, prepare, preset_config
-from trainer.profiling import new_profiler, profile_summary
+from trainer.data.batch import collate_flat
+from trainer.model.fp8 import RECIPES, check_fp8, convertible, fp8_config
+from trainer.model.load import compile_decoder_layers, decoder_layers, prepare, preset_config
+from trainer.run.profiling import new_profiler, profile_summary
 
 VARIANTS = ("rowwise_tw_weight",)
 
@@ -63,7 +63,7 @@ def variant_config(name: str) -> Any:
 
 
 def packed_row(tokens: int, seed: int, device: torch.device) -> dict[str, Any]:
-    """Model kwargs of one packed row (`trainer.batch.MicroBatch`): examples of 64-2,048 tokens
+    """Model kwargs of one packed row (`trainer.data.batch.MicroBatch`): examples of 64-2,048 tokens
     filling `tokens` exactly."""
     rng = np.random.default_rng(seed)
     lengths: list[int] = []

@@ -23,7 +23,7 @@ Methods (`--methods`):
 
 A packed method may add `+bf16-weights` (e.g. `ffd+bf16-weights`): the same steps with pack-train's
 `--dtype bf16-weights`, bf16 weights for the forward and backward and AdamW on fp32 master weights
-(`trainer.precision.MasterAdamW`, the same betas and weight decay), still under bf16 autocast; its
+(`trainer.model.precision.MasterAdamW`, the same betas and weight decay), still under bf16 autocast; its
 held-out loss is measured with the fp32 masters as the weights. Comparing it with the plain method
 shows what computing with bf16 weights does to the loss.
 
@@ -196,7 +196,7 @@ def build(method: str, args: argparse.Namespace, device: torch.device, vocab: in
     """The model of a method: HF sdpa for `pad`, packlm's varlen backend otherwise; same init."""
     if method == "pad":
         return build_hf_model(args.model, "sdpa", device, vocab, args.seed), "hf/sdpa"
-    from trainer.model import build_model
+    from trainer.model.load import build_model
 
     model, backend = build_model(args.model, attn=args.attn, device=device, dtype=torch.float32,
                                  vocab_size=vocab, seed=args.seed)
@@ -208,9 +208,9 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
                  held: Sequence[dict[str, np.ndarray]]) -> MethodResult:
     """One epoch of `method` (with its tuning, if any), then its held-out loss (`heldout_loss`, with
     the fp32 masters as the weights under +bf16-weights)."""
-    from trainer.batch import collate_rows
-    from trainer.loss import packed_loss
-    from trainer.precision import MasterAdamW
+    from trainer.data.batch import collate_rows
+    from trainer.model.loss import packed_loss
+    from trainer.model.precision import MasterAdamW
 
     base = method.removesuffix(BF16_WEIGHTS)
     reset_cuda_peak(device)

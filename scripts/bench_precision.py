@@ -99,7 +99,7 @@ def prepare(args: argparse.Namespace, rank: int) -> Path:
 def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """pack-train's loop for one precision; its summary and the timed steps' rate."""
     from trainer import TrainConfig, train
-    from trainer.parallel import pick_device
+    from trainer.distributed.parallel import pick_device
 
     dtype, recipe, seed = parse_entry(entry, args.seed)
     out = args.workdir / f"run-{entry.replace(':', '-').replace('@', '-seed')}"
@@ -167,8 +167,8 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     from benchlib import build_hf_model, cuda_peak_gib, make_optimizer, sync
 
     from pipeline.shards import manifest_vocab, read_manifest
-    from trainer.model import compile_decoder_layers, decoder_layers, enable_grad_checkpointing
-    from trainer.parallel import close_distributed, pick_device, setup_distributed, wrap_parallel
+    from trainer.model.load import compile_decoder_layers, decoder_layers, enable_grad_checkpointing
+    from trainer.distributed.parallel import close_distributed, pick_device, setup_distributed, wrap_parallel
 
     dtype, recipe, seed = parse_entry(entry.removeprefix(HF), args.seed)
     if dtype not in ("bf16", "fp8"):
@@ -355,7 +355,7 @@ def process_group() -> Iterator[None]:
     second entry's first collective then fails with "Connection refused"."""
     import torch
 
-    from trainer.parallel import close_distributed, pick_device, setup_distributed
+    from trainer.distributed.parallel import close_distributed, pick_device, setup_distributed
 
     device = pick_device("auto")
     if device.type == "cuda":

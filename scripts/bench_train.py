@@ -43,9 +43,9 @@ one instruction/input/output JSONL in a seeded order, then `pack-data` writes `p
 the `minibatch` shards do, so every HF step sees one `minibatch` group of 32 examples. HF paths run
 the standard HF forward with `labels=` (HF's own loss), as users do.
 
-packlm paths run the product's own loop, `trainer.loop.train` (what `pack-train` runs), in this
+packlm paths run the product's own loop, `trainer.run.loop.train` (what `pack-train` runs), in this
 process, and read its metrics.jsonl back (`--packed-runner pack-train`, the default when
-`trainer.loop` imports; only its final checkpoint write is patched out). On `minibatch` shards a step
+`trainer.run.loop` imports; only its final checkpoint write is patched out). On `minibatch` shards a step
 holds at most `--max-len` tokens, which is one whole 32-example group in almost every step (groups
 are drawn in pack-train's own seeded row order, not the HF order). `--packed-runner inline` runs an
 equivalent loop here instead (`build_model` + `collate_rows` + `packed_loss`, exactly the HF groups).
@@ -113,7 +113,7 @@ from benchlib import (
 )
 
 from pipeline.shards import iter_rows, read_manifest
-from trainer.profiling import finish_profile, new_profiler
+from trainer.run.profiling import finish_profile, new_profiler
 
 H100_BF16_TFLOPS = 989.0
 HF_PATHS = ("hf-pad", "hf-flat-sdpa", "hf-flat-flex", "hf-flat-fa2", "hf-ffd-sdpa", "hf-ffd-flex", "hf-ffd-fa2")
@@ -382,7 +382,7 @@ def packed_batches(
     steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device
 ) -> Iterator[Callable[[], Batch]]:
     """One thunk per step: packlm's `collate_rows` + pinned non-blocking copy (`MicroBatch.to`)."""
-    from trainer.batch import collate_rows
+    from trainer.data.batch import collate_rows
 
     for rows in steps:
         def thunk(rows: Sequence[dict[str, np.ndarray]] = rows) -> Batch:
@@ -396,7 +396,7 @@ def packed_batches(
 def packed_step_fn(model, opt, device: torch.device, dtype: str, compiled: bool) -> Callable[[Any], torch.Tensor]:
     """packlm's step: chunked loss over the flat varlen batch (each chunk compiled where the layers
     are, as pack-train does), mean over loss tokens, AdamW."""
-    from trainer.loss import LossModule
+    from trainer.model.loss import LossModule
 
     loss_module = LossModule(model, compiled=compiled)
 
@@ -462,7 +462,7 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
     if "bf16" in tunings:
         model.to(torch.bfloat16)
     if a.grad_checkpointing:
-        from trainer.model import enable_grad_checkpointing
+        from trainer.model.load import enable_grad_checkpointing
 
         enable_grad_checkpointing(model, every=a.grad_checkpointing)
     if a.lora_r:
@@ -521,7 +521,7 @@ def hf_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     Hugging Face user adds them, the frozen base weights stored in bf16 (the adapters stay fp32)."""
     from peft import LoraConfig, get_peft_model
 
-    from trainer.lora import freeze_in_bf16
+    from trainer.model.lora import freeze_in_bf16
 
     model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=16, lora_dropout=0.0,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -538,7 +538,7 @@ def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
 
 def run_packed_inline(path: str, s: Setup) -> PathResult:
     """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
-    from trainer.model import build_model, compile_decoder_layers
+    from trainer.model.load import build_model, compile_decoder_layers
 
     a = s.args
     if a.lora_r or a.grad_checkpointing or split_path(path)[1]:
@@ -578,8 +578,8 @@ def plan_step_rows(folder: Path, tokens_per_step: int, seed: int, count: int, fi
                    world_size: int = 1, rank: int = 0) -> list[list[dict[str, np.ndarray]]]:
     """The rows of optimizer steps first..first+count-1 that rank `rank` of pack-train's
     `world_size` data-parallel ranks takes from `folder` (grad_accum 1), in its order: the same
-    deterministic `trainer.stream.Planner` plan."""
-    from trainer.stream import Cursor, Planner, row_lengths, step_cursor
+    deterministic `trainer.data.stream.Planner` plan."""
+    from trainer.data.stream import Cursor, Planner, row_lengths, step_cursor
 
     manifest = read_manifest(folder)
     planner = Planner(row_lengths(folder, manifest), tokens_per_step, seed=seed, world_size=world_size)
@@ -603,12 +603,12 @@ def step_seq_lens_of_plan(folder: Path, tokens_per_step: int, seed: int, first: 
 @contextmanager
 def no_checkpoint_writes() -> Iterator[None]:
     """pack-train always saves a checkpoint at its last step; a benchmark does not need the ~12 GB
-    (1B params + AdamW state) on disk, so the harness replaces `trainer.loop.save` with a no-op
+    (1B params + AdamW state) on disk, so the harness replaces `trainer.run.loop.save` with a no-op
     (an AttributeError here if that function is renamed, never a silent save). The timed steps are
     untouched."""
     from unittest import mock
 
-    from trainer import loop
+    from trainer.run import loop
 
     with mock.patch.object(loop, "save", lambda *args, **kwargs: None):
         yield
@@ -623,7 +623,7 @@ def trace_path(a: argparse.Namespace, path: str) -> Path | None:
 
 
 def run_packed_pack_train(path: str, s: Setup) -> PathResult:
-    """A packlm path through the product's own loop (`trainer.loop.train`, what `pack-train` runs),
+    """A packlm path through the product's own loop (`trainer.run.loop.train`, what `pack-train` runs),
     read back from its metrics.jsonl. Steps 1..W are warmup; the timed region is W+1..W+S."""
     from trainer import TrainConfig, train
 
@@ -661,7 +661,7 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     records = [rec for rec in records if rec["step"] <= a.warmup + a.steps]  # not the profiled ones
     res, window_ms = timed_result(path, f"pack-train/{summary.get('attention')}", records, a.warmup, a.steps,
                                   stopped_by_sigterm=bool(summary.get("stopped_by_sigterm")))
-    if a.profile_steps:  # pack-train --profile-steps wrote them (trainer.profiling)
+    if a.profile_steps:  # pack-train --profile-steps wrote them (trainer.run.profiling)
         res.extra["profile"] = json.loads((run_dir / "profile" / "rank0.json").read_text())
         trace = trace_path(a, path)
         if trace is not None:
@@ -899,7 +899,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
 
             args.packed_runner = "pack-train"
         except ImportError as exc:
-            print(f"NOTE: trainer.loop is not importable ({exc}); packlm paths run the equivalent "
+            print(f"NOTE: trainer.run.loop is not importable ({exc}); packlm paths run the equivalent "
                   "inline loop (build_model + collate_rows + packed_loss)")
             args.packed_runner = "inline"
     mean_tokens = np.mean([sum(len(r["input_ids"]) for r in g) for g in groups])

@@ -322,7 +322,7 @@ def line(r: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama-1b", help="trainer.presets name (llama-1b, llama-8b, tiny)")
+    p.add_argument("--model", default="llama-1b", help="trainer.model.presets name (llama-1b, llama-8b, tiny)")
     p.add_argument("--lora-r", type=int, default=0, help="0: full fine-tune; r: LoRA rank on every linear layer")
     p.add_argument("--max-len", type=int, default=16384, help="pack-data --max-len = TRL max_length = tokens a step")
     p.add_argument("--steps", type=int, default=8, help="steps in all (the first --warmup are not timed)")

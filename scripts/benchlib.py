@@ -373,11 +373,11 @@ def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
 
 def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndarray]]]:
     """Rows of a packed folder in stored order, cut greedily into steps of <= tokens_per_step
-    (the trainer's own cut, `trainer.stream.greedy_cuts`)."""
+    (the trainer's own cut, `trainer.data.stream.greedy_cuts`)."""
     import numpy as np
 
     from pipeline.shards import iter_rows
-    from trainer.stream import greedy_cuts
+    from trainer.data.stream import greedy_cuts
 
     rows = list(iter_rows(folder))
     lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
@@ -408,7 +408,7 @@ def sync(device: torch.device) -> None:
 
 def model_config(preset: str, vocab_size: int | None) -> Any:
     """The transformers config of a packlm preset (or a local model folder)."""
-    from trainer.model import PRESETS, preset_config
+    from trainer.model.load import PRESETS, preset_config
 
     if preset in PRESETS:
         return preset_config(preset, vocab_size)
@@ -437,12 +437,12 @@ def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int
 def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device,
                    optimizer: str = "adamw", master_weights: bool = False) -> torch.optim.Optimizer:
     """AdamW, fused on CUDA, or torch's Adafactor (the same settings for every path).
-    `master_weights`: AdamW as pack-train's --dtype bf16-weights runs it (`trainer.precision.MasterAdamW`,
+    `master_weights`: AdamW as pack-train's --dtype bf16-weights runs it (`trainer.model.precision.MasterAdamW`,
     which turns the model's weights into bf16 and keeps their fp32 masters)."""
     import torch
 
     if master_weights:
-        from trainer.precision import MasterAdamW
+        from trainer.model.precision import MasterAdamW
 
         return MasterAdamW([{"params": list(model.parameters()), "weight_decay": 0.1}], lr=lr, betas=(0.9, 0.95))
     if optimizer == "adafactor":
@@ -460,7 +460,7 @@ def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: tor
     pack-train."""
     import torch
 
-    from trainer.precision import MasterAdamW
+    from trainer.model.precision import MasterAdamW
 
     loss.backward()
     if isinstance(opt, MasterAdamW):

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from pipeline.errors import UserError
-from trainer import attention, kernels
-from trainer.attention import BACKENDS, select_backend, varlen_attention
+from trainer.attention import backend as attention, kernels
+from trainer.attention.backend import BACKENDS, select_backend, varlen_attention
 
 TOL = 2e-2
 LEAK_TOL = 1e-3
@@ -133,9 +133,9 @@ def check_model(backends, device) -> list[tuple]:
     with bf16 weights, and with float32 weights under bf16 autocast (what pack-train does)."""
     import contextlib
 
-    from trainer.batch import collate_flat
-    from trainer.loss import packed_loss
-    from trainer.model import build_model
+    from trainer.data.batch import collate_flat
+    from trainer.model.loss import packed_loss
+    from trainer.model.load import build_model
 
     rng = np.random.default_rng(1)
     lengths = [1, 37, 300, 5, 129, 40]

@@ -7,7 +7,7 @@
    control: the reference with a window one token wider must differ from every backend by more
    than the tolerance (so the w -> (w - 1, 0) translation is checked, not just the window's
    presence).
-2. Families (tests/families.py): for each model and backend, `trainer.model.prepare` then the
+2. Families (tests/families.py): for each model and backend, `trainer.model.load.prepare` then the
    per-example losses of a packed row under bf16 autocast, against the stock eager model run on
    each example alone in float32 (tolerance LOSS_TOL). The gradient of their sum is compared
    with the sdpa reference backend's under the same autocast and only reported: in bf16 it moves
@@ -18,7 +18,7 @@
    held to part 1 on every feature.
    A backend that cannot reproduce a
    family's features must refuse it in one line; which backend `auto` picks is recorded.
-3. Training: `trainer.loop.train` (as pack-train runs it: auto backend, compiled decoder layers,
+3. Training: `trainer.run.loop.train` (as pack-train runs it: auto backend, compiled decoder layers,
    bf16 autocast) for a few steps on a small packed folder, for families whose `auto` choice
    differs (flash_attn, flex); the losses must be finite.
 
@@ -46,12 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from families import FAMILIES, Family, examples, fresh_rope  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
-from trainer import attention  # noqa: E402
-from trainer.batch import collate_flat  # noqa: E402
-from trainer.kernel_features import Features  # noqa: E402
-from trainer.kernels import varlen_attention  # noqa: E402
-from trainer.loss import per_example_losses  # noqa: E402
-from trainer.model import prepare  # noqa: E402
+from trainer.attention import backend as attention  # noqa: E402
+from trainer.data.batch import collate_flat  # noqa: E402
+from trainer.attention.features import Features  # noqa: E402
+from trainer.attention.kernels import varlen_attention  # noqa: E402
+from trainer.model.loss import per_example_losses  # noqa: E402
+from trainer.model.load import prepare  # noqa: E402
 
 LOSS_TOL = 2e-2  # relative, per example: a bf16 kernel against float32
 FP32_TOL = 1e-4  # flex in float32 against the stock model: losses and all gradients together

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Check `trainer.hf.PackedCollator` batches on a CUDA machine with every attention a Hugging Face
+"""Check `trainer.data.hf.PackedCollator` batches on a CUDA machine with every attention a Hugging Face
 user would pick, and pack-train's own backends.
 
 A Llama with 4 layers (hidden 512, 8 query / 4 kv heads, random init) runs a collated batch of packed
@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.hf import PackedCollator  # noqa: E402
+from trainer.data.hf import PackedCollator  # noqa: E402
 
 TOL = 2e-2
 VOCAB = 1000
@@ -59,7 +59,7 @@ def model(attn: str):
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
     m = LlamaForCausalLM(config).cuda()
     if attn.startswith("packlm-"):
-        from trainer.model import prepare
+        from trainer.model.load import prepare
 
         prepare(m, attn.removeprefix("packlm-"), "cuda")
     else:
@@ -103,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device")
-    from trainer.kernels import flash_attn_importable
+    from trainer.attention.kernels import flash_attn_importable
 
     data = rows(4, args.max_len, np.random.default_rng(0))
     batch = PackedCollator()(data[:2])

@@ -8,7 +8,7 @@ steps), `config.json` (with `world_size`, `parallel`, `peak_flops`), `summary.js
 ended, and optionally `exit_code` (one integer, written by bench_scale.sh: torchrun's exit status,
 non-zero if any rank failed).
 
-What pack-train logs (trainer/loop.py): `tokens` is the cumulative count of real (non-padding)
+What pack-train logs (trainer/run/loop.py): `tokens` is the cumulative count of real (non-padding)
 tokens over ALL ranks (each window's counts are all-reduced), `tokens_per_s` is therefore global,
 `step_time_s` is the mean wall time per step since the previous line, `peak_mem_gib` is rank 0's
 peak allocated CUDA memory (max RSS on CPU), and `mfu` is per device (global tokens/s divided by

@@ -115,11 +115,11 @@ FAMILIES = [
     fam("gpt2", n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     fam("phi", resid_pdrop=0.0, embd_pdrop=0.0),
     fam("opt", ffn_dim=128, word_embed_proj_dim=64, dropout=0.0),
-    # decoder layers that do not pass keyword arguments to attention: boundaries via trainer.packed_row
+    # decoder layers that do not pass keyword arguments to attention: boundaries via trainer.attention.packed_row
     fam("stablelm"),
     fam("nemotron"),
     fam("hyperclovax", None, head=True, logits_scaling=4.0),  # multiplies its logits by logits_scaling
-    # position features that transformers computes from the row: per example (trainer.positions),
+    # position features that transformers computes from the row: per example (trainer.attention.positions),
     # with thresholds far below the examples' lengths
     fam("llama-dynamic-rope", "llama", fresh_alone=True, max_position_embeddings=ROPE_THRESHOLD,
         rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0}),

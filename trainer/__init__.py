@@ -3,6 +3,15 @@
 `train(TrainConfig(...))` is what `pack-train` runs. See docs/DESIGN.md for the modules, in the
 order the data goes through them. `train` is imported on first use: importing this package (and
 `pack-train --help`) does not import torch.
+
+The packages, in the order a training step uses them:
+
+    data/          packed folder -> micro-batches: checks, stream, batch, shard hashes, evaluation, HF datasets
+    model/         presets, loading, the packed loss, the start-up exactness check, LoRA, bf16/fp8, long rows
+    attention/     backend choice and HF glue, varlen kernels and references, positions, packed-row boundaries
+    distributed/   process groups, DDP/FSDP2, full state dicts, --context-parallel
+    run/           preflight, start, loop, optimizer, finiteness, checkpoints, resume, SIGTERM, metrics, profiling
+    config.py      TrainConfig: every option, checked; cli.py: pack-train; __init__: train, TrainConfig
 """
 
 import warnings
@@ -11,7 +20,7 @@ from typing import Any
 from trainer.config import TrainConfig
 
 # peft reads `model.is_gradient_checkpointing` whenever it wraps a model (in `--lora-r` runs, and in a
-# user's own `PeftModel.from_pretrained` on a model from `trainer.model`), a property transformers 5
+# user's own `PeftModel.from_pretrained` on a model from `trainer.model.load`), a property transformers 5
 # deprecates with a FutureWarning that no user of packlm or peft can act on; only that message is
 # silenced, for any import of this package.
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -36,7 +45,7 @@ _quiet_optional_imports()
 
 def __getattr__(name: str) -> Any:
     if name == "train":
-        from trainer.loop import train
+        from trainer.run.loop import train
 
         return train
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -13,9 +13,9 @@ from pipeline.errors import cli_errors
 from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
-from trainer.data_check import open_data
-from trainer.preflight import refuse_before_torch
-from trainer.presets import model_folder
+from trainer.data.check import open_data
+from trainer.run.preflight import refuse_before_torch
+from trainer.model.presets import model_folder
 
 
 class LocalFolder(click.Path):
@@ -210,7 +210,7 @@ def pack_train(**options: object) -> None:
         if sys.stderr.isatty() and os.environ.get("RANK", "0") == "0":
             click.echo("pack-train: options and data checked; importing torch and building the model "
                        "(seconds; compiling on a GPU takes longer) ...", err=True)
-        from trainer.loop import train
+        from trainer.run.loop import train
 
         summary = train(config, opened)
         if summary["stopped_by_sigterm"]:

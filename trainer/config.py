@@ -19,7 +19,7 @@ PARALLEL = ("ddp", "fsdp")
 REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
 DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
-FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.fp8.RECIPES
+FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.model.fp8.RECIPES
 OPTIMIZERS = ("adamw", "adafactor")
 # Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
 # README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
@@ -46,7 +46,7 @@ class TrainConfig:
     stop_at: int | None = None
     attn: str = "auto"
     dtype: str = "auto"
-    fp8_recipe: str = "rowwise_with_gw_hp"  # with dtype "fp8": torchao's float8 scaling (trainer.fp8)
+    fp8_recipe: str = "rowwise_with_gw_hp"  # with dtype "fp8": torchao's float8 scaling (trainer.model.fp8)
     compile: bool | None = None  # None: compile on CUDA, not on CPU
     grad_checkpointing: int = 0  # 0: off; N: every Nth decoder layer recomputes its activations (1: all)
     # compiled layers: the share of their activations the backward keeps (torch's activation_memory_budget);
@@ -60,32 +60,32 @@ class TrainConfig:
     report_to: str = "none"  # also log the metrics to "tensorboard" or "wandb"
     eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
     eval_every: int = 0  # evaluate every N steps (0: only after the last step)
-    lora_r: int = 0  # LoRA rank (0: full fine-tune), trainer.lora
+    lora_r: int = 0  # LoRA rank (0: full fine-tune), trainer.model.lora
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target: str = "all"  # "all" linear layers of the decoder, or module names: q_proj,v_proj
     merge_lora: bool = False  # write RUN/merged, the base model with the adapters merged in
-    qlora: bool = False  # the frozen base's decoder linear layers in 4-bit NF4 (trainer.lora)
+    qlora: bool = False  # the frozen base's decoder linear layers in 4-bit NF4 (trainer.model.lora)
     save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
     parallel: str = "ddp"
-    context_parallel: int = 1  # ranks that share each micro-batch (trainer.context_parallel)
-    tile_mlp: int = 0  # run each layer's MLP over the sequence this many tokens at a time (trainer.long_rows)
+    context_parallel: int = 1  # ranks that share each micro-batch (trainer.distributed.context_parallel)
+    tile_mlp: int = 0  # run each layer's MLP over the sequence this many tokens at a time (trainer.model.long_rows)
     offload_activations: bool = False  # what the forward saves for the backward in CPU memory
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
-    ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.parallel
-    optimizer: str = "adamw"  # or "adafactor": factored second moments, no first moment (trainer.optim)
+    ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.distributed.parallel
+    optimizer: str = "adamw"  # or "adafactor": factored second moments, no first moment (trainer.run.optim)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     num_workers: int = 2
     prefetch: int = 4
-    peak_flops: float | None = None  # None: the device's known peak (trainer.metrics.known_peak_flops), if any
+    peak_flops: float | None = None  # None: the device's known peak (trainer.run.metrics.known_peak_flops), if any
     device: str = "auto"
     verify_hashes: bool = True
     progress: bool = True
-    profile_steps: str | None = None  # "FIRST-LAST" optimizer steps to profile (trainer.profiling)
+    profile_steps: str | None = None  # "FIRST-LAST" optimizer steps to profile (trainer.run.profiling)
 
 
 _AT_LEAST_0, _AT_LEAST_1 = Check(int, low=0), Check(int, low=1)

@@ -77,7 +77,7 @@ def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, m
     from click.testing import CliRunner
     from packed_factory import make_packed_folder, pack_lengths
 
-    import trainer.loop
+    import trainer.run.loop
     from trainer.cli import pack_train
 
     packed = tmp_path / "packed"
@@ -85,7 +85,7 @@ def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, m
     seen = []
     summary = dict(steps=1, total_steps=1, tokens=21, tokens_this_run=21, tokens_per_s=1.0, final_loss=1.0,
                    attention="sdpa", checkpoint="c", stopped_by_sigterm=False, rank=0)
-    monkeypatch.setattr(trainer.loop, "train", lambda config, opened: seen.append(os.environ.get("OMP_WAIT_POLICY"))
+    monkeypatch.setattr(trainer.run.loop, "train", lambda config, opened: seen.append(os.environ.get("OMP_WAIT_POLICY"))
                         or summary)
     monkeypatch.setenv("OMP_WAIT_POLICY", "restored after the test")
     args = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r")]

@@ -562,7 +562,7 @@ def test_a_pickle_planted_in_a_checkpoint_never_runs_and_resume_refuses_in_one_l
 
     import torch
 
-    from trainer.checkpoint import write_file_list
+    from trainer.run.checkpoint import write_file_list
 
     run = tmp_path / "run"
     shutil.copytree(one_checkpoint[0], run)

@@ -20,7 +20,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
+from import_graph import find_cycle, modules
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["read", "tokenize", "plan", "write", "report", "engines"]  # in the data's order
@@ -28,11 +28,7 @@ STEPS = ["read", "tokenize", "plan", "write", "report", "engines"]  # in the dat
 
 def _modules() -> dict[str, Path]:
     """Dotted name -> file of every module of `pipeline`."""
-    found = {}
-    for path in sorted((ROOT / "pipeline").rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
+    return modules(ROOT, "pipeline")
 
 
 def _imports(path: Path, name: str, known: set[str]) -> set[str]:
@@ -106,25 +102,8 @@ def test_the_rank_rule_itself():
 
 
 def test_no_import_cycle_among_modules():
-    graph = _graph()
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        path.append(m)
-        for d in sorted(d for d in graph[m] if d in graph):
-            if state.get(d) == 1:
-                return path[path.index(d):] + [d]
-            if d not in state and (cycle := visit(d)):
-                return cycle
-        path.pop()
-        state[m] = 2
-        return None
-
-    for m in sorted(graph):
-        if m not in state and (cycle := visit(m)):
-            pytest.fail("import cycle: " + " -> ".join(cycle))
+    cycle = find_cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_public_api_is_unchanged():

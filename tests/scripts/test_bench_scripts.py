@@ -115,7 +115,7 @@ def test_flatten_collate_is_hf_flattening_of_the_same_examples():
     assert [labels[i] for i in (0, 5, 8)] == [-100, -100, -100]  # no loss across a boundary
     assert bt.real_tokens(b) == 12
     # packlm's own collate sees the same tokens and boundaries
-    from trainer.batch import collate_rows
+    from trainer.data.batch import collate_rows
 
     mb = collate_rows(_rows(exs))
     assert torch.equal(mb.input_ids, b["input_ids"])
@@ -139,9 +139,9 @@ def test_flatten_collate_hands_flash_attention_the_boundaries_as_a_skilled_user_
 def test_all_paths_compute_the_same_loss_on_the_same_weights():
     """HF padding, HF flattening (sdpa) and packlm's packed_loss agree on a tiny model; the HF
     baseline model starts from exactly build_model's weights."""
-    from trainer.batch import collate_rows
-    from trainer.loss import packed_loss
-    from trainer.model import build_model
+    from trainer.data.batch import collate_rows
+    from trainer.model.loss import packed_loss
+    from trainer.model.load import build_model
 
     exs = _examples([6, 9, 3, 7])
     hf = bt.build_hf_model("tiny", "sdpa", CPU, 512, seed=0)
@@ -229,7 +229,7 @@ def test_timed_loop_counts_only_timed_steps_and_host_wait():
 
 def test_planned_steps_match_pack_train_data_plan(tmp_path):
     """The attention FLOPs of the pack-train path come from the same Planner the loop uses."""
-    from trainer.stream import Planner, row_lengths
+    from trainer.data.stream import Planner, row_lengths
 
     lens = [5, 9, 3, 7, 8, 2, 6]
     rows = [[(i, np.arange(3, 3 + n))] for i, n in enumerate(lens)]
@@ -312,7 +312,7 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
     code = (
         "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
         f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
-        "import bench_train, bench_loss, trainer.loop, trainer.model, trainer.loss, trainer.stream\n"
+        "import bench_train, bench_loss, trainer.run.loop, trainer.model.load, trainer.model.loss, trainer.data.stream\n"
         "import pipeline.cli, pipeline.engines.job, pipeline.write.shard_writer, pipeline.read.sources, pipeline.tokenize.tokenize_inputs, pipeline.shards\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO)
@@ -420,7 +420,7 @@ def _run_end_to_end(common, tmp_path):
     import gzip
     trace = json.loads(gzip.decompress((tmp_path / "traces" / "packlm-ffd.json.gz").read_bytes()))
     assert trace["traceEvents"]
-    # --optimizer adafactor reaches both kinds of path (its state: tests/trainer/test_trainer_loop.py)
+    # --optimizer adafactor reaches both kinds of path (its state: tests/trainer/run/test_trainer_loop.py)
     ada = {r.path: r for r in bt.main([*common, "--paths", "hf-flat-sdpa,packlm-minibatch", "--optimizer", "adafactor",
                                        "--warmup", "0"])}
     assert all(r.ok for r in ada.values()), [r.note for r in ada.values()]
@@ -563,7 +563,7 @@ def test_check_gpu_hf_builds_valid_packed_rows_and_needs_cuda(monkeypatch):
     label -100) that the collator accepts; without CUDA it stops with one line."""
     import check_gpu_hf as cg
 
-    from trainer.hf import PackedCollator
+    from trainer.data.hf import PackedCollator
 
     rows = cg.rows(3, 256, np.random.default_rng(0))
     assert all(len(r["input_ids"]) == len(r["labels"]) == len(r["position_ids"]) == 256 for r in rows)
@@ -692,7 +692,7 @@ def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) ->
     import torch.distributed as dist
 
     import trainer
-    from trainer import stream
+    from trainer.data import stream
 
     seen: dict[str, list] = {"pack-train": [], "hf": []}
     read = stream.ShardReader.microbatch
@@ -887,15 +887,15 @@ def test_bench_fp8_layers_row_fills_the_tokens_with_restarting_positions():
 def test_bench_fp8_layers_weight_scaled_variant_keeps_every_example_exact(monkeypatch):
     """The benchmark's `rowwise_tw_weight` (per-token activation scales, one scale per weight) is
     packing-exact like rowwise_with_gw_hp: each example's loss and gradients equal its own alone
-    (torchao's CPU emulation; tests/trainer/test_fp8.py's comparison, whose negative control is
+    (torchao's CPU emulation; tests/trainer/model/test_fp8.py's comparison, whose negative control is
     tensorwise)."""
     pytest.importorskip("torchao.float8")
     import dataclasses
 
     import bench_fp8_layers as bf
-    from trainer import fp8
+    from trainer.model import fp8
 
-    sys.path.insert(0, str(REPO / "tests" / "trainer"))
+    sys.path.insert(0, str(REPO / "tests" / "trainer" / "model"))
     import test_fp8
 
     real = fp8.fp8_config

@@ -17,10 +17,11 @@ import torch.nn.functional as F
 
 from families import FAMILIES, LENGTHS, ROPE_THRESHOLD, Family, examples, fresh_rope
 from pipeline.errors import UserError
-from trainer import attention, loss, model_check, packed_row, positions
-from trainer.batch import collate_flat
-from trainer.loss import per_example_losses
-from trainer.model import prepare
+from trainer.attention import backend as attention, packed_row, positions
+from trainer.model import loss, check as model_check
+from trainer.data.batch import collate_flat
+from trainer.model.loss import per_example_losses
+from trainer.model.load import prepare
 
 RTOL = 1e-5
 
@@ -147,7 +148,7 @@ def test_packed_equals_each_example_alone_or_refused(family: Family, data) -> No
 
 
 def features_of(model) -> set[str]:
-    from trainer.model_check import check_model
+    from trainer.model.check import check_model
 
     return check_model(model)
 
@@ -225,7 +226,7 @@ def test_refused_hybrids_really_leak(family: Family, data, monkeypatch) -> None:
     _installed(family)
     model = family.build()
     reference = copy.deepcopy(model).eval()
-    monkeypatch.setattr("trainer.model.check_model", lambda m: set())
+    monkeypatch.setattr("trainer.model.load.check_model", lambda m: set())
     prepare(model, "sdpa")
     model.eval()
     with torch.no_grad():
@@ -287,7 +288,7 @@ POSITION_FAMILIES = [f for f in FAMILIES if f.name in ("llama-dynamic-rope", "ph
 
 
 def _row_based_positions(monkeypatch) -> None:
-    """trainer.positions only records the boundaries: every position feature is the row's, as
+    """trainer.attention.positions only records the boundaries: every position feature is the row's, as
     transformers computes it for an unpacked batch."""
     monkeypatch.setattr(positions, "install", lambda model, decoder: packed_row.install(decoder))
 
@@ -296,7 +297,7 @@ def _row_based_positions(monkeypatch) -> None:
 def test_position_features_taken_from_the_row_train_wrong_and_the_check_says_so(
     family: Family, data, monkeypatch
 ) -> None:
-    """Negative control: without trainer.positions, packed examples get the row's RoPE
+    """Negative control: without trainer.attention.positions, packed examples get the row's RoPE
     frequencies or temperature, their losses differ from the examples run alone, and the start-up
     check refuses the model (its probe passes the feature's threshold); the check with the short
     probe (PROBE_LENGTHS, 28 tokens) would have missed it."""
@@ -310,7 +311,7 @@ def test_position_features_taken_from_the_row_train_wrong_and_the_check_says_so(
         m.setattr(model_check, "probe_lengths", lambda model: model_check.PROBE_LENGTHS)
         prepare(short_probe, "sdpa")  # the short probe passes no threshold: the check is blind
 
-    monkeypatch.setattr("trainer.model.check_model", lambda m: set())
+    monkeypatch.setattr("trainer.model.load.check_model", lambda m: set())
     model = family.build()
     reference = copy.deepcopy(model).eval()
     prepare(model, "sdpa")
@@ -424,7 +425,7 @@ def test_an_output_linear_named_decoder_is_not_taken_for_the_decoder_stack() -> 
 def test_activation_checkpointing_recomputes_with_the_rows_boundaries_and_positions(name: str, data) -> None:
     """A checkpointed layer runs again in the backward, after the decoder's forward returned: it
     still gets the row's boundaries (StableLM) and per-example temperature (Llama 4)."""
-    from trainer.model import enable_grad_checkpointing
+    from trainer.model.load import enable_grad_checkpointing
 
     family = next(f for f in FAMILIES if f.name == name)
     _installed(family)

@@ -50,13 +50,13 @@ def test_train_config_flags_are_spelled_as_parameters() -> None:
 def test_running_out_of_gpu_memory_is_one_line_that_says_what_to_change(tmp_path: Path, monkeypatch) -> None:
     import torch
 
-    import trainer.loop
+    import trainer.run.loop
 
     def no_memory(*_args, **_kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
                                      "of 79.19 GiB of which 10.00 MiB is free. Including non-PyTorch memory, ...")
 
-    monkeypatch.setattr(trainer.loop, "backward_window", no_memory)
+    monkeypatch.setattr(trainer.run.loop, "backward_window", no_memory)
     packed = tmp_path / "packed"
     make_packed_folder(packed, pack_lengths(np.random.default_rng(0).integers(4, 40, size=20).tolist(), 64, vocab=300), 64)
     with pytest.raises(UserError) as err:

@@ -1,0 +1,131 @@
+"""Memory for long rows (`trainer.model.long_rows`): the MLP in tiles computes exactly what it does whole,
+and a run with tiles and offloaded activations logs the losses of one without."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from families import FAMILIES, examples
+from packed_factory import make_packed_folder, pack_lengths
+from pipeline.errors import UserError
+from trainer import TrainConfig, train
+from trainer.data.batch import collate_flat
+from trainer.model.long_rows import layer_mlp, offload_activations, tile_mlp
+from trainer.model.loss import packed_loss
+from trainer.model.load import decoder_layers, prepare
+
+
+def _row():
+    data = examples()
+    lengths = np.array([len(d[0]) for d in data])
+    return collate_flat(np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data]),
+                        np.concatenate([np.arange(n) for n in lengths]), lengths)
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad()
+    loss, _ = packed_loss(model, batch)
+    loss.backward()
+    return float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "qwen3"])
+def test_tiled_mlp_computes_what_the_whole_does(name: str) -> None:
+    """Loss and gradients of a 108-token row with the MLP in 16-token tiles equal the whole MLP's
+    (float32, within 1e-5 of each gradient's largest entry), and the MLP really runs in tiles: 7 calls per layer per forward, and as many again
+    when the backward recomputes them."""
+    family = next(f for f in FAMILIES if f.name == name)
+    model = family.build().eval()
+    prepare(model, "sdpa", "cpu")
+    model.eval()
+    batch = _row()
+    want_loss, want = _loss_and_grads(model, batch)
+    layers = decoder_layers(model)
+    calls = []
+    for layer in layers:
+        inner = layer_mlp(layer)
+        for module in inner.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(lambda m, a, o, seen=calls: seen.append(a[0].shape[-2]))
+                break
+    tile_mlp(layers, 16)
+    tile_mlp(layers, 16)  # idempotent
+    got_loss, got = _loss_and_grads(model, batch)
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    for a, b in zip(got, want):  # the weight gradients sum the tokens in another order: rounding
+        assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+    assert max(calls) == 16 and len(calls) == 2 * len(layers) * 7  # forward + recompute, 108 = 6 x 16 + 12
+
+
+TRAINED = [f.name for f in FAMILIES if not f.refused]
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_every_family_tiles_exactly_or_is_refused(name: str) -> None:
+    """The family matrix: with --tile-mlp 16 a 108-token row gives the whole MLP's loss and gradients
+    (float32, within 1e-5 of each gradient's largest entry), or the family is refused in one line
+    (an MLP that is not one module, or one that returns more than its hidden states)."""
+    from transformers import CONFIG_MAPPING
+
+    family = next(f for f in FAMILIES if f.name == name)
+    if family.model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers has no {family.model_type} here")
+    model = family.build().eval()
+    prepare(model, "sdpa", "cpu")
+    model.eval()  # PhiMoE's router samples in training
+    batch = _row()
+    want_loss, want = _loss_and_grads(model, batch)
+    try:
+        tile_mlp(decoder_layers(model), 16)
+        got_loss, got = _loss_and_grads(model, batch)
+    except UserError as exc:
+        assert "--tile-mlp" in str(exc) and "\n" not in str(exc)
+        return
+    assert got_loss == pytest.approx(want_loss, rel=1e-5)
+    for a, b in zip(got, want):
+        assert float((a - b).abs().max()) <= 1e-5 * max(float(b.abs().max()), 1e-30)
+
+
+def test_tiled_mlp_refuses_a_layer_without_one() -> None:
+    with pytest.raises(UserError, match="has no MLP module"):
+        tile_mlp([torch.nn.Linear(2, 2)], 8)
+    with pytest.raises(UserError, match="tile's length"):
+        tile_mlp([], 0)
+
+
+def test_offloaded_activations_wait_on_the_cpu() -> None:
+    """Offloading is torch's save_on_cpu (CPU copies of what the forward saves), and the gradients
+    are those of the plain forward."""
+    x = torch.randn(8, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+    offload = offload_activations(True, torch.device("cpu"))
+    assert isinstance(offload, torch.autograd.graph.save_on_cpu)
+    assert not isinstance(offload_activations(False, torch.device("cpu")), torch.autograd.graph.save_on_cpu)
+    with offload:
+        y = (x @ w).tanh().sum()
+    y.backward()
+    want_x, want_w = torch.autograd.grad((x @ w).tanh().sum(), (x, w))
+    torch.testing.assert_close(x.grad, want_x)
+    torch.testing.assert_close(w.grad, want_w)
+
+
+@pytest.mark.slow
+def test_a_run_with_tiles_and_offloaded_checkpoints_logs_the_same_losses(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    lengths = np.random.default_rng(2).integers(20, 200, size=24).tolist()
+    make_packed_folder(folder, pack_lengths(lengths, 256, vocab=300), 256)
+    base = dict(data=str(folder), model="tiny", tokens_per_step=256, lr=1e-3, max_steps=3, log_every=1,
+                num_workers=0, progress=False, grad_checkpointing=1)
+    train(TrainConfig(**base, out=str(tmp_path / "plain")))
+    train(TrainConfig(**base, out=str(tmp_path / "long"), tile_mlp=32, offload_activations=True))
+
+    def losses(run: Path) -> list[float]:
+        rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        return [r["loss"] for r in rows if r.get("loss") is not None]
+
+    assert losses(tmp_path / "long") == pytest.approx(losses(tmp_path / "plain"), rel=1e-5)

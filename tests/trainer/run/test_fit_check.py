@@ -1,0 +1,198 @@
+"""The memory check before the first step (`trainer.run.fit_check`): the largest micro-batch is found and
+named, the measured line is read right, a row that cannot fit stops the run in one line naming it
+and the longest that would, and the probes leave no trace in the run's losses.
+
+The GPU's measurements are replaced by a line of the probe's tokens here (the CPU has no allocator
+statistics); the probe steps themselves are the run's real forward and backward."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from packed_factory import make_packed_folder, pack_lengths
+from pipeline.errors import UserError
+from trainer import TrainConfig, train
+from trainer.run import fit_check
+from trainer.run.fit_check import (
+    MARGIN, Largest, Need, fit_line, largest_microbatch, longest_fitting, measure_need, optimizer_state_bytes,
+    probe_tokens, synthetic_row, verdict,
+)
+from trainer.data.stream import Planner
+
+GIB = 2**30
+
+
+def test_probe_lengths_are_past_the_kept_logits_and_two_tiles() -> None:
+    """P is past the logits the loss keeps whole (2**29 elements), two tiles, 8,192, a multiple of 4,096."""
+    assert probe_tokens(32000, 0) == 20480  # 2**29 / 32000 = 16,777.2
+    assert probe_tokens(128256, 0) == 8192
+    assert probe_tokens(128256, 16384) == 32768
+    assert probe_tokens(32000, 3000) == 20480
+    assert probe_tokens(128256, 0, 262144) == 32768  # an eighth of the largest share
+    assert probe_tokens(128256, 0, 100000) == 16384  # 12,500 rounded up to 4,096s
+    for vocab in (1000, 50257, 151936, 262144):
+        p = probe_tokens(vocab, 0)
+        assert p % 4096 == 0 and p * vocab > 2**29 and p >= 8192
+
+
+def test_the_chord_of_a_convex_peak_never_overstates_the_need() -> None:
+    """The step's peak is the largest of its phases' lines (a constant loss chunk at short rows, the
+    layers' activations at long ones): the chord through two probes, extended, stays at or below it,
+    so a refusal is never wrong (the longest length named is an upper bound)."""
+    def peak(t: float) -> float:
+        return max(6e9 + 16e3 * t, 1e9 + 150e3 * t)
+    for largest in (50_000, 196_608, 1_048_576):
+        p = probe_tokens(128256, 8192, largest)
+        probes = (p, 2 * p)
+        line = fit_line([(t, peak(t)) for t in probes])
+        assert line[0] + line[1] * largest <= peak(largest) * (1 + 1e-9)
+
+
+def test_the_line_through_two_peaks_and_the_longest_it_allows() -> None:
+    assert fit_line([(100, 5000)]) == (5000.0, 0.0)  # measured at the micro-batch itself
+    intercept, slope = fit_line([(1000, 3000), (2000, 5000)])
+    assert (intercept, slope) == (1000.0, 2.0)
+    assert longest_fitting((intercept, slope), 10001) == 4500
+    assert longest_fitting((5000.0, 0.0), 10) is None  # no token adds memory: nothing to name
+    assert fit_line([(1000, 5000), (2000, 4000)])[1] == 0.0  # noise never makes a negative slope
+
+
+def test_the_largest_micro_batch_is_the_longest_row_or_the_fullest_group() -> None:
+    paths, starts = ["a/shard-00000.arrow", "a/shard-00001.arrow"], np.array([0, 3, 6])
+    lengths = np.array([100, 90, 80, 70, 900, 60])
+    largest = largest_microbatch(Planner(lengths, 256, seed=0), paths, starts)
+    assert largest == Largest(900, "row 1 of shard-00001.arrow")  # global row 4 = shard 1, row 1
+    short = largest_microbatch(Planner(lengths[[0, 1, 2, 3, 5]], 256, seed=0), paths, np.array([0, 5]))
+    assert short.row is None and short.tokens <= 256
+    assert short.tokens == max(np.add.reduceat(lengths[[0, 1, 2, 3, 5]][Planner(lengths[[0, 1, 2, 3, 5]], 256).plan(0).order],
+                                               Planner(lengths[[0, 1, 2, 3, 5]], 256).plan(0).cuts[:-1]))
+
+
+def test_optimizer_states_the_first_step_will_allocate() -> None:
+    w = torch.nn.Parameter(torch.zeros(6, 4))
+    b = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    adamw = torch.optim.AdamW([w, b])
+    assert optimizer_state_bytes(adamw) == 2 * 24 * 4 + 2 * 4 * 2  # two moments, each in its parameter's dtype
+    (w.sum() + b.float().sum()).backward()
+    adamw.step()
+    assert optimizer_state_bytes(adamw) == 0  # they exist now (or came with a resumed checkpoint)
+    assert optimizer_state_bytes(torch.optim.Adafactor([torch.nn.Parameter(torch.zeros(6, 4))])) == 4 * (6 + 4)
+
+
+def test_probes_are_this_ranks_share_of_a_synthetic_row() -> None:
+    """Under --context-parallel 2 each probe is rank 1's share of a row twice the probe's tokens (its
+    pieces and RowShard set, as the loader's micro-batches are); then the gradients are cleared."""
+    seen, cleared = [], []
+
+    def measure(step, batch, device):
+        step(batch)
+        return 1000 + 3 * batch.n_tokens, 0
+
+    need = measure_need(lambda b: seen.append(b), lambda: cleared.append(1), 40000, vocab=128256, tile_mlp=0,
+                        cp_rank=1, cp_size=2, device=torch.device("cpu"), measure=measure)
+    assert need.probes == (8192, 16384)
+    assert [b.n_tokens for b in seen] == [8192, 16384] and len(cleared) == 2
+    assert all(b.context is not None for b in seen)
+    assert need.gpu == 1000 + 3 * 40000 and need.gpu_line == (1000.0, 3.0)
+    row = synthetic_row(40, 300)
+    assert row.n_examples == 1 and row.n_loss_tokens == 39 and int(row.input_ids.max()) < 300
+
+
+def _verdict(largest: Largest, **kw):
+    need = Need(gpu=0, host=0, gpu_line=(10 * GIB, 0.25 * 2**20), host_line=(0.0, 0.0), probes=(20480, 40960))
+    need = Need(gpu=int(need.gpu_line[0] + need.gpu_line[1] * largest.tokens), host=0, gpu_line=need.gpu_line,
+                host_line=need.host_line, probes=need.probes)
+    args = dict(cp_size=1, tokens_per_step=16384, data="packed", tile_mlp=0, offload=False, checkpointing=1)
+    args.update(kw)
+    return verdict(largest, need, 2 * GIB, 80 * GIB, None, **args)
+
+
+def test_a_row_that_cannot_fit_is_named_with_the_longest_that_would() -> None:
+    line, info = _verdict(Largest(524288, "row 3 of shard-00002.arrow"))
+    fits = math.floor((MARGIN * 80 * GIB - 12 * GIB) / (0.25 * 2**20)) // 1024 * 1024
+    assert line.startswith("packed: row 3 of shard-00002.arrow holds 524,288 tokens, which need at least 140.0 GiB on each GPU")
+    assert f"the longest row that could fit is at most about {fits:,} tokens" in line
+    assert "--context-parallel N" in line and "--tile-mlp 8192" in line and "--offload-activations" in line
+    assert "--grad-checkpointing" not in line  # in use already
+    assert "\n" not in line and "steps of 20,480 and 40,960 tokens" in line
+    ok, info = _verdict(Largest(131072, "row 3 of shard-00002.arrow"))
+    assert ok is None and f"at most about {fits:,} tokens" in info
+    # under --context-parallel 4 a rank holds a quarter of the row: four times as long a row fits
+    line, _ = _verdict(Largest(524288 * 4, "row 0 of x"), cp_size=4, tile_mlp=8192)
+    assert f"about {fits * 4 // 1024 * 1024:,} tokens" in line and "--tile-mlp" not in line
+
+
+def test_a_micro_batch_of_short_rows_names_tokens_per_step() -> None:
+    line, _ = _verdict(Largest(400000))
+    assert line.startswith("--tokens-per-step 16384: a micro-batch of 400,000 tokens needs at least")
+    assert "lower --tokens-per-step" in line
+
+
+def test_offloaded_activations_are_reported_not_checked() -> None:
+    """Pinned host blocks are rounded up to powers of two: their use is said, never a refusal."""
+    need = Need(gpu=20 * GIB, host=200 * GIB, gpu_line=(20 * GIB, 0.0), host_line=(0.0, 2**19),
+                probes=(20480, 40960))
+    line, info = verdict(Largest(409600, "row 0 of shard-00000.arrow"), need, 0, 80 * GIB, 100 * GIB, cp_size=1,
+                         tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1)
+    assert line is None
+    assert "the offloaded activations take about 200.0 GiB of the 100.0 GiB of host memory each rank has" in info
+    assert "not checked" in info
+
+
+def _losses(run: Path) -> list[float]:
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [r["loss"] for r in rows if r.get("loss") is not None]
+
+
+@pytest.fixture()
+def forced(monkeypatch):
+    """The check on the CPU: probes of 64 and 128 tokens, peaks on a line of the probe's tokens
+    (10,000 bytes + 100 a token, the step itself really run), a GPU of `capacity[0]` bytes."""
+    calls, capacity = [], [10**9]
+
+    def measure(step, batch, device):
+        step(batch)
+        calls.append(batch.n_tokens)
+        return 10_000 + 100 * batch.n_tokens, 0
+
+    monkeypatch.setattr(fit_check, "applies", lambda run: True)
+    monkeypatch.setattr(fit_check, "probe_tokens", lambda vocab, tile, largest=0: 64)
+    monkeypatch.setattr(fit_check, "measure_peaks", measure)
+    monkeypatch.setattr(fit_check, "gpu_capacity", lambda device: capacity[0])
+    monkeypatch.setattr(fit_check, "host_capacity", lambda: None)
+    return calls, capacity
+
+
+def test_the_probes_leave_the_run_unchanged(tmp_path: Path, forced, monkeypatch) -> None:
+    """A run whose largest row fits logs the losses of a run without the check (the probes' gradients
+    cleared, the random generators restored: LoRA dropout on), after two probes of 64 and 128 tokens."""
+    folder = tmp_path / "data"
+    lengths = np.random.default_rng(3).integers(20, 300, size=16).tolist()
+    make_packed_folder(folder, pack_lengths(lengths, 320, vocab=300), 320)
+    base = dict(data=str(folder), model="tiny", tokens_per_step=256, lr=1e-3, max_steps=3, log_every=1,
+                num_workers=0, progress=False, lora_r=4, lora_dropout=0.1)
+    train(TrainConfig(**base, out=str(tmp_path / "checked")))
+    assert forced[0] == [64, 128]
+    monkeypatch.setattr(fit_check, "applies", lambda run: False)
+    train(TrainConfig(**base, out=str(tmp_path / "plain")))
+    assert _losses(tmp_path / "checked") == _losses(tmp_path / "plain")
+
+
+def test_a_row_too_long_stops_the_run_before_its_first_step(tmp_path: Path, forced) -> None:
+    calls, capacity = forced
+    folder = tmp_path / "data"
+    make_packed_folder(folder, pack_lengths([100, 120, 900, 80], 1000, vocab=300), 1000)  # rows of 300, 900
+    capacity[0] = 60_000  # room for (0.95 x 60,000 - 10,000 - optimizer) / 100 tokens
+    with pytest.raises(UserError) as err:
+        train(TrainConfig(data=str(folder), model="tiny", tokens_per_step=256, max_steps=2, num_workers=0,
+                          progress=False, out=str(tmp_path / "run")))
+    line = str(err.value)
+    assert "row 1 of " in line and "of shard-00000.arrow holds 900 tokens" in line
+    assert "the longest row that could fit is none (the rest of the step alone needs about" in line
+    assert "\n" not in line and not (tmp_path / "run" / "metrics.jsonl").exists()

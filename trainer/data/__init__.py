@@ -1,0 +1,1 @@
+"""The packed folder into micro-batches: its checks, the seeded stream, shard hashes, evaluation data, HF datasets."""

@@ -1,0 +1,302 @@
+"""Before the first step on a GPU: does the run's largest micro-batch fit in memory? Measured, not
+guessed: steps of the run's own model, wrapper and options on synthetic rows, extrapolated.
+
+With a varlen attention kernel (flash_attn, fa4: no T x T matrix) each phase of a step holds memory
+on a line in the micro-batch's tokens T: weights, gradients and fixed buffers (a loss chunk's
+logits, an MLP tile) in its intercept, the activations in its slope. The step's peak is the largest
+of those lines: a convex function of T, which the loss chunk's constant logits rule at short rows
+and the layers' activations at long ones. So `check_fits` runs two forward + backward passes of P
+and 2P tokens per rank, P an eighth of the largest micro-batch's share (and at least past the
+logits the loss keeps whole and two --tile-mlp tiles), and extends the line through their peaks to
+the largest micro-batch, adding the optimizer states the first step will allocate. Extending a
+chord of a convex function gives at most what the function reaches: the need it reads is a lower
+bound, so a refused row never fits, and the longest length it names is an upper bound. A largest
+micro-batch of at most 2P tokens is measured as it is.
+
+Worked example (round numbers): an 8B LoRA step peaks at 30 GiB with P = 32,768 tokens and 40 GiB
+with 65,536: 0.31 MiB a token. A 262,144-token row then needs at least 40 + 10 x 6 = 100 GiB; an 80
+GB H100 offers about 74 (95% of 77.9): the run stops in one line naming that row and at most about
+65,536 + 34 / 10 x 32,768 = 176,000 tokens as the longest row that could fit.
+
+Under --context-parallel N each rank holds 1/N of a row, so the line is per rank and the row's
+length N times its share. With --offload-activations the tensors saved for the backward wait in
+pinned host memory: its use at the largest micro-batch is read off the same kind of line and
+reported, not checked (`verdict` says why). The probes leave no trace in the run: gradients
+are zeroed and the random number generators restored, so the steps that follow are those of a run
+without the check.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import UserError
+from trainer.distributed import context_parallel
+from trainer.data.batch import MicroBatch, collate_flat
+from trainer.model.loss import KEEP_LOGITS_UP_TO
+from trainer.data.stream import Planner
+
+if TYPE_CHECKING:
+    from trainer.run.start import Run
+
+Step = Callable[[MicroBatch], None]
+Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
+
+MARGIN = 0.95  # the share of a GPU's memory a step may plan to use: the rest is slack
+# for the allocator's fragmentation and what other libraries take later
+ROUND = 1024  # the longest length that fits is named rounded down to this
+
+
+@dataclass(frozen=True)
+class Largest:
+    """The run's largest micro-batch: its tokens (all context-parallel shares together) and, where
+    it is one row longer than --tokens-per-step, which row (else None)."""
+
+    tokens: int
+    row: str | None = None
+
+
+@dataclass(frozen=True)
+class Need:
+    """Memory a micro-batch of `tokens` needs on each GPU (and in host memory with offloading), from
+    the measured line `intercept + per_token x tokens` (bytes, tokens per rank)."""
+
+    gpu: int
+    host: int
+    gpu_line: tuple[float, float]  # (intercept, per token) on the GPU
+    host_line: tuple[float, float]
+    probes: tuple[int, ...]  # the measured tokens per rank
+
+
+def largest_microbatch(planner: Planner, shard_paths: list[str], shard_starts: np.ndarray) -> Largest:
+    """The largest micro-batch of the run: the longest row if it exceeds --tokens-per-step (it is
+    then a micro-batch of its own, named 'row R of FILE'), else the fullest micro-batch of the
+    first epoch's plan (later epochs' are as full, within a row)."""
+    lengths = planner.lengths
+    longest = int(np.argmax(lengths)) if len(lengths) else 0
+    if len(lengths) and lengths[longest] > planner.tokens_per_step:
+        shard = int(np.searchsorted(shard_starts, longest, side="right") - 1)
+        return Largest(int(lengths[longest]), f"row {longest - int(shard_starts[shard])} of {Path(shard_paths[shard]).name}")
+    plan = planner.plan(0)
+    if plan.n_microbatches == 0:
+        return Largest(int(lengths.max()) if len(lengths) else 0)
+    sums = np.add.reduceat(lengths[plan.order], plan.cuts[:-1])[: plan.n_microbatches]
+    return Largest(int(sums.max()))
+
+
+def probe_tokens(vocab: int, tile_mlp: int, largest_local: int = 0) -> int:
+    """P: per rank, the shorter of the two measured steps (see the module): an eighth of the
+    largest micro-batch's share, past the logits the loss keeps whole, two --tile-mlp tiles at
+    least, 8,192 at least, a multiple of 4,096."""
+    low = max(8192, KEEP_LOGITS_UP_TO // max(vocab, 1) + 1, 2 * tile_mlp, -(-largest_local // 8))
+    return -(-low // 4096) * 4096
+
+
+def synthetic_row(tokens: int, vocab: int) -> MicroBatch:
+    """One example of `tokens` tokens (ids spread over the vocabulary, every token a loss token but
+    the first), drawn from no random generator."""
+    ids = (np.arange(tokens, dtype=np.int64) * 7919 + 1) % vocab
+    labels = ids.copy()
+    labels[0] = -100
+    return collate_flat(ids, labels, np.arange(tokens, dtype=np.int64), np.array([tokens]))
+
+
+def fit_line(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """(intercept, slope) of the line through one or two (tokens, bytes) points; one point is a
+    line of slope 0 (it was measured at the micro-batch itself)."""
+    if len(points) == 1:
+        return float(points[0][1]), 0.0
+    (t1, b1), (t2, b2) = points
+    slope = max(0.0, (b2 - b1) / (t2 - t1))
+    return b2 - slope * t2, slope
+
+
+def longest_fitting(line: tuple[float, float], capacity: float) -> int | None:
+    """Tokens per rank the line allows within `capacity` bytes, or None where each token adds none."""
+    intercept, slope = line
+    if slope <= 0:
+        return None
+    return max(0, math.floor((capacity - intercept) / slope))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes of the states the optimizer's first step will allocate (0 where it has them, as
+    after a resume): AdamW's two moments per parameter, in its dtype (a sharded parameter: its
+    shard); Adafactor's row and column statistics of a matrix, a vector's second moment (fp32)."""
+    total = 0
+    adafactor = isinstance(optimizer, torch.optim.Adafactor)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if optimizer.state.get(p):
+                continue
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if adafactor:
+                total += 4 * (local.shape[-2] + local.shape[-1] if local.dim() >= 2 else local.numel())
+            else:
+                total += 2 * local.numel() * local.element_size()
+    return total
+
+
+def gpu_capacity(device: torch.device) -> int:
+    """Bytes this process may hold on `device`: what is free plus what its allocator holds already."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device))
+
+
+def host_capacity() -> int | None:
+    """Bytes of host memory available to each rank on this host (MemAvailable over the local ranks,
+    plus the pinned memory torch holds already), or None where /proc/meminfo does not say."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+            held = int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+            return (available + held) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return None
+
+
+def empty_caches() -> None:
+    """Hand the blocks torch's GPU and pinned-host allocators keep cached back, so that a probe's
+    peak counts its own blocks only, and the training after the probes starts without theirs (a
+    cached pinned block serves only requests of its own power-of-two size)."""
+    torch.cuda.empty_cache()
+    empty_host = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    if empty_host is not None:
+        empty_host()
+
+
+def measure_peaks(step: Step, batch: MicroBatch, device: torch.device) -> tuple[int, int]:
+    """(GPU bytes, pinned host bytes) at the peak of `step(batch)`: allocated, not cached."""
+    torch.cuda.synchronize(device)
+    empty_caches()
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.reset_peak_host_memory_stats()
+    step(batch)
+    torch.cuda.synchronize(device)
+    host = torch.cuda.host_memory_stats()
+    pinned = host.get("active_bytes.peak", host.get("allocated_bytes.peak", 0))
+    empty_caches()
+    return int(torch.cuda.max_memory_allocated(device)), int(pinned)
+
+
+def measure_need(
+    step: Step, clear: Callable[[], None], largest_local: int, *, vocab: int, tile_mlp: int, cp_rank: int,
+    cp_size: int, device: torch.device, measure: Measure = measure_peaks,
+) -> Need:
+    """Run the probes (`step` on synthetic rows of this rank's share, then `clear`), fit the lines
+    and evaluate them at `largest_local` tokens per rank."""
+    p = probe_tokens(vocab, tile_mlp, largest_local)
+    probes = (largest_local,) if largest_local <= 2 * p else (p, 2 * p)
+    gpu_points, host_points = [], []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for tokens in probes:
+            row = synthetic_row(tokens * cp_size, vocab)
+            gpu, host = measure(step, context_parallel.shard_microbatch(row, cp_rank, cp_size), device)
+            clear()
+            gpu_points.append((tokens, gpu))
+            host_points.append((tokens, host))
+    gpu_line, host_line = fit_line(gpu_points), fit_line(host_points)
+    at = float(largest_local)
+    return Need(gpu=int(gpu_line[0] + gpu_line[1] * at), host=int(host_line[0] + host_line[1] * at),
+                gpu_line=gpu_line, host_line=host_line, probes=probes)
+
+
+def size(n: float) -> str:
+    """Bytes as people read them: '61.2 GiB', '3.0 MiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= 0.1 * scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _levers(tile_mlp: int, offload: bool, checkpointing: int) -> str:
+    """The options that make a long row fit, less those already in use."""
+    levers = ["--context-parallel N (over N GPUs)"]
+    if not checkpointing:
+        levers.append("--grad-checkpointing")
+    if not tile_mlp:
+        levers.append("--tile-mlp 8192")
+    if not offload:
+        levers.append("--offload-activations")
+    return ", ".join(levers)
+
+
+def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, host_cap: int | None, *,
+            cp_size: int, tokens_per_step: int, data: str, tile_mlp: int, offload: bool,
+            checkpointing: int) -> tuple[str | None, str]:
+    """(the one-line refusal or None, the start-up line saying what the largest micro-batch needs).
+    Bytes per rank. Only the GPU refuses: the pinned host memory of --offload-activations is
+    reported (`host_cap` None: not at all), since torch's pinned allocator rounds each block up to
+    a power of two, which makes its use a step function a line through two probes cannot extend."""
+    gpu_need = need.gpu + optimizer_bytes
+    gpu_room = MARGIN * gpu_cap
+    fits_local = longest_fitting((need.gpu_line[0] + optimizer_bytes, need.gpu_line[1]), gpu_room)
+    longest = fits_local * cp_size // ROUND * ROUND if fits_local is not None else None
+    measured = " and ".join(f"{t * cp_size:,}" for t in need.probes)
+    host = host_cap is not None and need.host_line[1] > 0
+    info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
+            f"{size(gpu_cap)} a GPU holds"
+            + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")
+            + f", measured from steps of {measured} tokens ({size(need.gpu_line[1])} a token)"
+            + (f"; the offloaded activations take about {size(need.host)} of the {size(host_cap)} of host memory "
+               f"each rank has (not checked: pinned blocks are rounded up to powers of two)" if host else ""))
+    if gpu_need <= gpu_room:
+        return None, info
+    where = f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}"
+    fit = (f"at most about {longest:,} tokens" if longest else
+           f"none (the rest of the step alone needs about {size(need.gpu_line[0] + optimizer_bytes)})")
+    levers = _levers(tile_mlp, offload, checkpointing)
+    if largest.row is not None:
+        return (f"{data}: {largest.row} holds {largest.tokens:,} tokens, which need at least {where} (measured from "
+                f"steps of {measured} tokens); the longest row that could fit is {fit}: train it with {levers}, "
+                f"or pack with a lower --max-len"), info
+    return (f"--tokens-per-step {tokens_per_step}: a micro-batch of {largest.tokens:,} tokens needs at least {where} "
+            f"(measured from steps of {measured} tokens); the most that could fit is {fit}: lower --tokens-per-step, "
+            f"or use {levers}"), info
+
+
+def agree(line: str | None, info_enabled: bool, device: torch.device) -> bool:
+    """True when this rank or any other found a micro-batch too large (one all-reduce), so every
+    rank stops together."""
+    flag = torch.tensor([0 if line is None else 1], device=device)
+    if info_enabled:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def applies(run: Run) -> bool:
+    """The check runs where memory is the GPU's (on the CPU a row's step uses the host's, unmeasured)."""
+    return run.device.type == "cuda"
+
+
+def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
+    """The check (see the module) for a `trainer.run.start.Run`: returns, having printed on rank 0 what
+    the largest micro-batch needs, or raises the one-line UserError on every rank. `step(batch)` is
+    the loop's forward + backward of one micro-batch; `clear()` zeroes the gradients."""
+    config, layout = run.config, run.layout
+    vocab = int(run.model.get_input_embeddings().num_embeddings)
+    largest_local = -(-run.largest.tokens // layout.cp_size)
+    need = measure_need(step, clear, largest_local, vocab=vocab, tile_mlp=config.tile_mlp,
+                        cp_rank=layout.cp_rank, cp_size=layout.cp_size, device=run.device, measure=measure_peaks)
+    gpu_cap, host_cap = gpu_capacity(run.device), host_capacity()
+    line, info = verdict(run.largest, need, optimizer_state_bytes(run.optimizer), gpu_cap,
+                         host_cap if config.offload_activations else None, cp_size=layout.cp_size,
+                         tokens_per_step=config.tokens_per_step, data=str(config.data), tile_mlp=config.tile_mlp,
+                         offload=config.offload_activations, checkpointing=int(config.grad_checkpointing))
+    if agree(line, run.info.enabled, run.device):
+        raise UserError(line or "another rank's largest micro-batch does not fit its GPU (its line says why)")
+    if run.info.rank == 0:
+        print(f"pack-train: memory: {info}", file=sys.stderr)

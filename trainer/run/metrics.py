@@ -1,0 +1,292 @@
+"""What a run records in `--out` besides its checkpoints: config.json, metrics.jsonl (a line every
+`--log-every` steps, written by `Meter`), summary.json and ranks/rank{r}.json; and the lock that
+keeps a second run out of the folder while one runs (`run_folder_lock`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from pipeline.durable import write_text_atomic
+from pipeline.errors import UserError
+from pipeline.folder_lock import folder_lock
+from trainer.data.batch import MicroBatch
+from trainer.config import TrainConfig
+from trainer.model.presets import model_hub_record
+
+METRICS = "metrics.jsonl"
+LOCK = ".pack-train.lock"  # held by the run that owns the folder (`pipeline.folder_lock`)
+
+
+def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
+    """One run per run folder at a time: the lock `RUN/.pack-train.lock`, taken by rank 0 (the rank
+    that writes the folder; torchrun's RANK) for the whole run, released however it ends."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    return folder_lock(Path(out) / LOCK, out, "pack-train")
+
+
+def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:
+    """Create the run folder and write config.json (the TrainConfig, the world size and, for a Hub-id
+    --model, its id and commit); metrics lines of steps after the checkpoint a
+    run resumes from are dropped (they will be redone), and a new run starts a new metrics.jsonl."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    if resume_step is not None:
+        trim_metrics(out / METRICS, resume_step)
+    elif (out / METRICS).exists():
+        (out / METRICS).unlink()
+    try:  # whole or not at all (a full disk leaves no empty config.json)
+        record = {**asdict(config), "world_size": world, "model_hub": model_hub_record(config.model)}
+        write_text_atomic(out / "config.json", json.dumps(record, indent=2) + "\n")
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Keep only the metric lines of steps up to `step`."""
+    if not path.is_file():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    keep = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number < len(lines):
+                raise UserError(f"{path} line {number}: not a JSON metrics line: fix or remove it") from None
+            print(f"pack-train: {path}: its last line was cut off (a write that did not finish, e.g. on a full "
+                  "disk); dropped", file=sys.stderr)
+            continue
+        if record.get("step", 0) <= step:
+            keep.append(line)
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: the most memory allocated; CPU: this process's peak RSS (VmHWM, where Linux has it:
+    `ru_maxrss` of a process started by another also counts the starter's peak, kept across exec)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+# TensorBoard tags of the metrics keys that the Hugging Face Trainer also logs, under its names, so
+# that runs of both tools share charts; the other keys go under train/ with their own names
+HF_TAGS = {"lr": "train/learning_rate", "eval_loss": "eval/loss", "eval_ppl": "eval/perplexity",
+           "eval_loss_tokens": "eval/loss_tokens"}
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics key: loss -> train/loss, eval_loss -> eval/loss, lr ->
+    train/learning_rate, grad_norm -> train/grad_norm."""
+    return HF_TAGS.get(key, f"train/{key}")
+
+
+class Reporter:
+    """The scalars of every metrics line (the epoch too; the step is the step they are logged at),
+    also to TensorBoard (`RUN/tensorboard`, through torch.utils.tensorboard) or Weights & Biases
+    (only when installed; offline unless the user's W&B settings say otherwise). Rank 0 only;
+    "none" does nothing."""
+
+    def __init__(self, kind: str, out: Path, config: TrainConfig, rank: int) -> None:
+        self.kind = kind if rank == 0 else "none"
+        self.writer: Any = None
+        if self.kind == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise UserError("--report-to tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+        elif self.kind == "wandb":
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("--report-to wandb needs the wandb package: pip install wandb") from None
+            os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user set a mode
+            self.writer = wandb.init(project="pack-train", dir=str(out), config=asdict(config), resume="allow")
+
+    def log(self, step: int, record: dict[str, Any]) -> None:
+        scalars = {k: float(v) for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.kind == "tensorboard":
+            for key, value in scalars.items():
+                self.writer.add_scalar(tensorboard_tag(key), value, step)
+        elif self.kind == "wandb":
+            self.writer.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close() if self.kind == "tensorboard" else self.writer.finish()
+
+
+# bf16 dense peak FLOP/s of the GPUs whose figure is known, by a part of their CUDA device name
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12, "A800": 312e12}
+
+
+def known_peak_flops(device: torch.device) -> float | None:
+    """The bf16 dense peak FLOP/s of `device` when known (PEAK_FLOPS), else None: no MFU is logged
+    for a device (the CPU, another GPU) without a peak to divide by, unless --peak-flops gives one."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for part, peak in PEAK_FLOPS.items() if part in name), None)
+
+
+class Meter:
+    """Counts tokens, steps and data-loader waits, and writes a metrics line when asked (rank 0
+    writes the file and shows the progress bar). The window token counts of the steps stay device
+    tensors until a line or a checkpoint needs them, so steps do not wait for the host."""
+
+    def __init__(
+        self, out: Path, config: TrainConfig, *, rank: int, world: int, device: torch.device,
+        n_params: int, backend: str, start_step: int, total_steps: int, tokens_seen: int,
+    ) -> None:
+        self.device, self.backend = device, backend
+        peak = config.peak_flops or known_peak_flops(device)
+        self.peak_flops = peak * world if peak else None  # for the MFU
+        # training FLOPs per token: forward 2 x params, backward 4 x params (input and weight
+        # gradients); frozen LoRA base weights get no weight gradient, so 4 x params there
+        self.flops_per_token = (4.0 if config.lora_r else 6.0) * n_params
+        self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
+        self.reporter = Reporter(config.report_to, out, config, rank)
+        self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
+                        desc="pack-train", unit="step", dynamic_ncols=True)
+        self.tokens_seen = tokens_seen  # all ranks, this run and the ones it resumes
+        self.run_tokens = 0  # all ranks, this run
+        self.local_micro_batches = self.local_tokens = 0  # this rank's own, host ints
+        self._pending: torch.Tensor | int = 0  # window tokens not yet added to the counts above
+        self._tokens_since = self._steps_since = 0
+        self._wait_since = 0.0
+        self.run_start = self._log_time = time.perf_counter()
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.bar.close()
+        self.reporter.close()
+        if self.file is not None:
+            self.file.close()
+
+    def step(self, micro: list[MicroBatch], wait: float, window_tokens: torch.Tensor | int) -> None:
+        """Count one optimizer step: this rank's `micro` batches, the time spent waiting for them,
+        and the tokens of the whole window (all ranks)."""
+        self.local_micro_batches += len(micro)
+        self.local_tokens += sum(b.n_tokens for b in micro)
+        self._wait_since += wait
+        self._steps_since += 1
+        self._pending = self._pending + window_tokens
+        self.bar.update(1)
+
+    def count_tokens(self) -> None:
+        """Bring the token counts up to date (reads the pending device count)."""
+        n = int(self._pending)
+        self.tokens_seen, self.run_tokens, self._tokens_since = (
+            self.tokens_seen + n, self.run_tokens + n, self._tokens_since + n)
+        self._pending = 0
+
+    def log(self, step: int, epoch: int, loss: float, lr: float, grad_norm: float) -> None:
+        """Write the metrics line of `step`: the given values and the throughput since the last line."""
+        self.count_tokens()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        elapsed = now - self._log_time
+        tokens_per_s = self._tokens_since / max(elapsed, 1e-9)
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": self.tokens_seen,
+            "tokens_per_s": tokens_per_s,
+            "mfu": self.flops_per_token * tokens_per_s / self.peak_flops if self.peak_flops else None,
+            "step_time_s": elapsed / self._steps_since,
+            "data_wait_s": self._wait_since / self._steps_since,
+            "peak_mem_gib": peak_memory_gib(self.device),
+            "attention": self.backend,
+        }
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        self.reporter.log(step, record)
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+        self._log_time, self._tokens_since, self._wait_since, self._steps_since = now, 0, 0.0, 0
+
+    def log_eval(self, step: int, loss: float, loss_tokens: int) -> None:
+        """A metrics line of the held-out loss after `step` (and on the progress bar)."""
+        record = _eval_record(step, loss, loss_tokens)
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        self.reporter.log(step, record)
+        self.bar.set_postfix(eval_loss=f"{loss:.4f}")
+
+
+def _eval_record(step: int, loss: float, loss_tokens: int) -> dict[str, Any]:
+    return {"step": step, "eval_loss": loss, "eval_ppl": math.exp(min(loss, 700)), "eval_loss_tokens": loss_tokens}
+
+
+def plot_losses(out: Path) -> Path | None:
+    """RUN/loss.png: the training loss of every metrics line and the eval loss of every evaluation,
+    against the step; None when metrics.jsonl holds no loss yet."""
+    train, held = [], []
+    for line in (out / METRICS).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("loss") is not None:
+            train.append((record["step"], record["loss"]))
+        if record.get("eval_loss") is not None:
+            held.append((record["step"], record["eval_loss"]))
+    if not train and not held:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        ax.plot(*zip(*train), label="train loss", color="#1f77b4")
+    if held:
+        ax.plot(*zip(*held), "o-", label="eval loss", color="#d62728")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (token mean)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out / "loss.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_summary(out: Path, summary: dict[str, Any], own: dict[str, Any]) -> None:
+    """summary.json (rank 0's `summary`), and ranks/rank{r}.json: what each rank did itself (`own`),
+    so equal step counts across ranks can be checked."""
+    rank = summary["rank"]
+    if rank == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "ranks").mkdir(exist_ok=True)
+    (out / "ranks" / f"rank{rank}.json").write_text(json.dumps(own) + "\n", encoding="utf-8")
