@@ -26,7 +26,8 @@ pytestmark = [
 def test_tiny_cpu_trl_and_pack_train_same_examples(tmp_path: Path) -> None:
     payload = bench_trl.main(["--model", "tiny", "--device", "cpu", "--limit", "60", "--max-len", "512",
                               "--steps", "3", "--warmup", "1", "--paths", "trl+ckpt,packlm+ckpt",
-                              "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json")])
+                              "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json"),
+                              "--path-timeout", "300"])  # a hung child path ends as a timeout
     trl, packlm = payload["results"]
     assert [trl["status"], packlm["status"]] == ["ok", "ok"], payload["results"]
     data = payload["data"]

@@ -72,11 +72,16 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     run = start(config, opened)
     config = run.config  # with the device's defaults filled in
     info, device, optimizer = run.info, run.device, run.optimizer
+
+    def window(micro: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+        return backward_window(run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
+                               masters=run.masters, offload=config.offload_activations)
+
+    def zero_grad() -> None:  # DDP's gradients are views into its all-reduce buckets: zeroed in place, they stay so
+        optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled)
+
     if fit_check.applies(run):  # the largest micro-batch fits, measured before the first step
-        fit_check.check_fits(
-            run, lambda batch: backward_window(run.module, [batch], device=device, autocast=run.autocast, info=info,
-                                               fsdp=run.fsdp, masters=run.masters, offload=config.offload_activations),
-            lambda: optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled))
+        fit_check.check_fits(run, lambda batch: window([batch]), zero_grad)
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     step, position = run.start_step, run.cursor  # position: the data cursor after `step`
     last_loss: float | None = None
@@ -97,10 +102,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             t0 = time.perf_counter()
             micro = [next(batches) for _ in range(config.grad_accum)]
             wait = time.perf_counter() - t0
-            loss_sum, counts, window_loss_tokens = backward_window(
-                run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
-                masters=run.masters, offload=config.offload_activations,
-            )
+            loss_sum, counts, window_loss_tokens = window(micro)
             if run.masters is not None:  # the clipping itself happens inside its step
                 grad_norm = run.masters.clip_grad_norm_(max_norm)
             else:
@@ -110,8 +112,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
                 refresh_fp8_weight_scales(run.module)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             run.scheduler.step()
-            # DDP's gradients are views into its all-reduce buckets: zeroed in place, they stay so
-            optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled)
+            zero_grad()
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
             meter.step(micro, wait, counts[1])
