@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Context parallelism and long rows on CUDA boxes (issue 57), from the repository root:
 #
-#   OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four
+#   OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four|full
 #
 # check: scripts/bench_context_parallel.py check (flash_attn bf16 and sdpa fp32, context-parallel
 #        against the whole row) -> $OUT/check.json
@@ -11,9 +11,15 @@
 #        there), then 262,144 with --tile-mlp 8192 --offload-activations -> $OUT/long.json
 # one:   one GPU, 8B LoRA, one LENGTH-token example (LENGTH, default 262,144) with --tile-mlp 8192
 #        --offload-activations: the start-up memory check's line and one step -> $OUT/one.json
-# four:  four GPUs: 8B LoRA at 65,536 tokens on one GPU, then with --context-parallel 4 (scaling);
-#        then the 8B full fine-tune, FSDP2 over the four with --context-parallel 4, --tile-mlp 8192
-#        --offload-activations at FULL_LENGTH (default 262,144) tokens -> $OUT/four.json
+# four:  four GPUs, 8B LoRA r16 at 65,536 tokens: one GPU, then --context-parallel 4 (scaling)
+#        -> $OUT/four.json
+# full:  the 8B full fine-tune (AdamW), FSDP2 over NPROC GPUs (default 4) with --context-parallel
+#        NPROC, --tile-mlp 8192 --offload-activations: the memory check's line and one step of one
+#        LENGTH-token example (default 1,048,576) -> $OUT/full.json, the host's used memory every 5 s
+#        with the phase -> $OUT/host_mem.log. The run ends by writing an 8B checkpoint with its fp32
+#        weights and AdamW moments (minutes): its LIMIT (default 1,700 s) covers that. Attention
+#        grows with the square of the length: a step at 1,048,576 takes about four times one at
+#        524,288 (BENCHMARKS.md, "Context parallelism"), so run it detached (setsid) and poll.
 # Logs: $OUT/PART.log (each run's whole stderr: /tmp/runs/NAME.log). flash-attn must import (PYTHONPATH).
 set -o pipefail
 set -u
@@ -22,7 +28,7 @@ OUT="${OUT:-out/gpu_context_parallel}"
 DATA="${DATA:-/tmp/long-rows}"
 STEPS="${STEPS:-3}"
 mkdir -p "$OUT"
-part="${1:?usage: OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four}"
+part="${1:?usage: OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four|full}"
 
 train() {  # NAME NPROC LENGTH [extra pack-train flags...]: 8B LoRA r16 (FULL=1: a full fine-tune)
   local name=$1 nproc=$2 length=$3
@@ -62,17 +68,29 @@ case "$part" in
     python scripts/bench_context_parallel.py report "/tmp/runs/one-$length-tiled" --json "$OUT/one.json"
     ;;
   four)
-    full="${FULL_LENGTH:-262144}"
-    python scripts/bench_context_parallel.py data "$DATA" --lengths "65536,$full" --rows 4
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    python scripts/bench_context_parallel.py data "$DATA" --lengths 65536 --rows 4
     CUDA_VISIBLE_DEVICES=0 train one-65536 1 65536
     train cp4-65536 4 65536 --context-parallel 4
-    FULL=1 STEPS=2 train "fsdp-cp4-$full" 4 "$full" --parallel fsdp --context-parallel 4 --tile-mlp 8192 \
-      --offload-activations
-    python scripts/bench_context_parallel.py report /tmp/runs/one-65536 /tmp/runs/cp4-65536 \
-      "/tmp/runs/fsdp-cp4-$full" --json "$OUT/four.json"
+    python scripts/bench_context_parallel.py report /tmp/runs/one-65536 /tmp/runs/cp4-65536 --json "$OUT/four.json"
+    ;;
+  full)
+    nproc="${NPROC:-4}" length="${LENGTH:-1048576}"
+    name="fsdp-cp$nproc-$length"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    python scripts/bench_context_parallel.py data "$DATA" --lengths "$length" --rows 1
+    echo "start" > /tmp/phase
+    (while sleep 5; do echo "$(date +%s) $(cat /tmp/phase) $(free -m | awk '/Mem:/{print $3}')"; done) \
+      > "$OUT/host_mem.log" &
+    sampler=$!
+    echo "$name" > /tmp/phase
+    FULL=1 STEPS=1 LIMIT="${LIMIT:-1700}" train "$name" "$nproc" "$length" --parallel fsdp \
+      --context-parallel "$nproc" --tile-mlp 8192 --offload-activations
+    kill "$sampler"
+    python scripts/bench_context_parallel.py report --warmup 0 "/tmp/runs/$name" --json "$OUT/full.json"
     ;;
   *)
-    echo "usage: OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four (got '$part')" >&2
+    echo "usage: OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four|full (got '$part')" >&2
     exit 2
     ;;
 esac 2>&1 | tee "$OUT/$part.log"

@@ -9,10 +9,13 @@ backward recomputes one tile's intermediates at a time: the layer then keeps onl
 and output. The MLP works token by token, so the tiles compute exactly what the whole does.
 
 `offload_activations()` moves every tensor the forward saves for the backward to pinned CPU memory
-and back when the backward needs it (`torch.autograd.graph.save_on_cpu`). With every layer
-recomputed (`--grad-checkpointing`) those are the layers' inputs, [T, hidden] each (8B: 8 KB a token
-a layer, 32 GB for 32 layers at 131,072 tokens), the checkpoints ALST (Arctic Long Sequence
-Training) offloads too; the recomputation during the backward runs outside it and stays on the GPU.
+and back when the backward needs it (`HostOffload`, torch's `save_on_cpu` with a byte count). With
+every layer recomputed (`--grad-checkpointing`) those are the layers' inputs, [T, hidden] each (8B
+in bf16: 8 KiB a token a layer, 32 GiB for 32 layers at 131,072 tokens), the checkpoints ALST (Arctic
+Long Sequence Training) offloads too; the recomputation during the backward runs outside it and
+stays on the GPU. `HostOffload.moved` counts the bytes moved, which is what the memory check before
+the first step (`trainer.run.fit_check`) reads: the allocator's own statistics would count its
+power-of-two rounding and its cache, not what a row needs.
 """
 
 from __future__ import annotations
@@ -68,9 +71,37 @@ def tile_mlp(layers: list[torch.nn.Module], tokens: int) -> None:
         setattr(mlp, _TILED, True)
 
 
+class HostOffload(torch.autograd.graph.saved_tensors_hooks):
+    """While active: each tensor the forward saves for the backward is copied to host memory (pinned
+    with `pin`, so that the copy back is asynchronous) and copied back to its device when the
+    backward needs it, as `torch.autograd.graph.save_on_cpu` does. `HostOffload.moved` adds up the
+    bytes of every copy made (by any offload, since it was last set to 0): all of them wait in host
+    memory until the backward, so after a forward it is what that forward holds there.
+
+    For example, an 8B Llama in bf16 with every layer recomputed saves each layer's [T, 4096] input:
+    a 1,024-token forward moves 32 x 1,024 x 4,096 x 2 bytes = 256 MiB of them (plus the few
+    tensors the loss and the final norm save)."""
+
+    moved = 0
+
+    def __init__(self, pin: bool) -> None:
+        def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+            packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                                 pin_memory=pin and not tensor.is_sparse)
+            packed.copy_(tensor)
+            HostOffload.moved += packed.numel() * packed.element_size()
+            return tensor.device, packed
+
+        def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+            device, tensor = packed
+            return tensor.to(device, non_blocking=pin)
+
+        super().__init__(pack, unpack)
+
+
 def offload_activations(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager:
     """While the forward runs: what it saves for the backward goes to CPU memory (pinned where the
     model is on a GPU, so the copies are asynchronous); a null context when not `enabled`."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+    return HostOffload(pin=device.type == "cuda")

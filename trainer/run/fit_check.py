@@ -20,10 +20,16 @@ GB H100 offers about 74 (95% of 77.9): the run stops in one line naming that row
 
 Under --context-parallel N each rank holds 1/N of a row, so the line is per rank and the row's
 length N times its share. With --offload-activations the tensors saved for the backward wait in
-pinned host memory: its use at the largest micro-batch is read off the same kind of line and
-reported, not checked (`verdict` says why). The probes leave no trace in the run: gradients
-are zeroed and the random number generators restored, so the steps that follow are those of a run
-without the check.
+pinned host memory: the bytes the probes move there (`HostOffload.moved`, counted as they are
+copied: each is a layer's input or another tensor of a size fixed per token) lie on a line in T too,
+and a row whose count exceeds the host memory a rank has is refused like one the GPU cannot hold.
+The count is what the row needs at the least: torch's pinned allocator rounds each block up to a
+power of two, so the host may hold up to twice that. The probes leave no trace in the run:
+gradients are zeroed and the random number generators restored, so the steps that follow are those
+of a run without the check.
+
+The first step allocates the optimizer's states after its backward, so its peak can be below the
+need read here, which is that of every later step (whose backward runs beside those states).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import torch.distributed as dist
 from pipeline.errors import UserError
 from trainer.distributed import context_parallel
 from trainer.data.batch import MicroBatch, collate_flat
+from trainer.model.long_rows import HostOffload
 from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.data.stream import Planner
 
@@ -54,7 +61,7 @@ Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
 
 MARGIN = 0.95  # the share of a GPU's memory a step may plan to use: the rest is slack
 # for the allocator's fragmentation and what other libraries take later
-ROUND = 1024  # the longest length that fits is named rounded down to this
+ROUND = 1024  # the longest length that fits is named rounded down to this (when at least this)
 
 
 @dataclass(frozen=True)
@@ -179,17 +186,17 @@ def empty_caches() -> None:
 
 
 def measure_peaks(step: Step, batch: MicroBatch, device: torch.device) -> tuple[int, int]:
-    """(GPU bytes, pinned host bytes) at the peak of `step(batch)`: allocated, not cached."""
+    """(GPU bytes at the peak of `step(batch)`, allocated, not cached; bytes its forward moved to
+    host memory with --offload-activations, 0 without)."""
     torch.cuda.synchronize(device)
     empty_caches()
     torch.cuda.reset_peak_memory_stats(device)
-    torch.cuda.reset_peak_host_memory_stats()
+    HostOffload.moved = 0
     step(batch)
     torch.cuda.synchronize(device)
-    host = torch.cuda.host_memory_stats()
-    pinned = host.get("active_bytes.peak", host.get("allocated_bytes.peak", 0))
+    moved = HostOffload.moved
     empty_caches()
-    return int(torch.cuda.max_memory_allocated(device)), int(pinned)
+    return int(torch.cuda.max_memory_allocated(device)), int(moved)
 
 
 def measure_need(
@@ -238,34 +245,57 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
             cp_size: int, tokens_per_step: int, data: str, tile_mlp: int, offload: bool,
             checkpointing: int) -> tuple[str | None, str]:
     """(the one-line refusal or None, the start-up line saying what the largest micro-batch needs).
-    Bytes per rank. Only the GPU refuses: the pinned host memory of --offload-activations is
-    reported (`host_cap` None: not at all), since torch's pinned allocator rounds each block up to
-    a power of two, which makes its use a step function a line through two probes cannot extend."""
+    Bytes per rank. The GPU's need (with the optimizer states) is held against `gpu_cap`; with
+    --offload-activations the bytes moved to host memory against `host_cap` (None: not checked,
+    where the host does not say what it has). Each against MARGIN of what there is."""
     gpu_need = need.gpu + optimizer_bytes
-    gpu_room = MARGIN * gpu_cap
-    fits_local = longest_fitting((need.gpu_line[0] + optimizer_bytes, need.gpu_line[1]), gpu_room)
-    longest = fits_local * cp_size // ROUND * ROUND if fits_local is not None else None
-    measured = " and ".join(f"{t * cp_size:,}" for t in need.probes)
-    host = host_cap is not None and need.host_line[1] > 0
+    host = host_cap is not None and need.host > 0
+    gpu_short = gpu_need > MARGIN * gpu_cap
+    host_short = host and need.host > MARGIN * host_cap
+    allowed = [longest_fitting((need.gpu_line[0] + optimizer_bytes, need.gpu_line[1]), MARGIN * gpu_cap)]
+    if host:
+        allowed.append(longest_fitting(need.host_line, MARGIN * host_cap))
+    bounds = [a for a in allowed if a is not None]
+    longest = min(bounds) * cp_size if bounds else None
+    if longest is not None and longest >= ROUND:
+        longest = longest // ROUND * ROUND
+    if len(need.probes) == 1:
+        measured, rate = f"a step of {need.probes[0] * cp_size:,} tokens", ""
+    else:
+        measured = f"steps of {' and '.join(f'{t * cp_size:,}' for t in need.probes)} tokens"
+        rate = f" ({size(need.gpu_line[1])} a token)"
+    host_said = (f"; the offloaded activations need at least {size(need.host)} of the {size(host_cap)} of host "
+                 f"memory each rank has (the pinned allocator rounds blocks up to powers of two: up to twice "
+                 f"that)") if host else ""
     info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
             f"{size(gpu_cap)} a GPU holds"
             + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")
-            + f", measured from steps of {measured} tokens ({size(need.gpu_line[1])} a token)"
-            + (f"; the offloaded activations take about {size(need.host)} of the {size(host_cap)} of host memory "
-               f"each rank has (not checked: pinned blocks are rounded up to powers of two)" if host else ""))
-    if gpu_need <= gpu_room:
+            + f", measured from {measured}{rate}" + host_said)
+    if not (gpu_short or host_short):
         return None, info
-    where = f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}"
-    fit = (f"at most about {longest:,} tokens" if longest else
-           f"none (the rest of the step alone needs about {size(need.gpu_line[0] + optimizer_bytes)})")
-    levers = _levers(tile_mlp, offload, checkpointing)
+    shortfalls = []
+    if gpu_short:
+        shortfalls.append(f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}")
+    if host_short:
+        shortfalls.append(f"{size(need.host)} of host memory for each rank's offloaded activations, "
+                          f"which has {size(host_cap)}")
+    where = " and ".join(shortfalls)
+    rest = need.gpu_line[0] + optimizer_bytes if gpu_short else need.host_line[0]
+    fit = f"at most about {longest:,} tokens" if longest else f"none (the rest of the step alone needs about {size(rest)})"
+    remedies = []
+    if gpu_short:
+        remedies.append(f"use {_levers(tile_mlp, offload, checkpointing)}")
+    if host_short:
+        remedies.append("give each rank more host memory (fewer ranks a machine, or --context-parallel over "
+                        "several machines)")
+    remedy = " and ".join(remedies)
     if largest.row is not None:
         return (f"{data}: {largest.row} holds {largest.tokens:,} tokens, which need at least {where} (measured from "
-                f"steps of {measured} tokens); the longest row that could fit is {fit}: train it with {levers}, "
+                f"{measured}); the longest row that could fit is {fit}: to train it, {remedy}; "
                 f"or pack with a lower --max-len"), info
     return (f"--tokens-per-step {tokens_per_step}: a micro-batch of {largest.tokens:,} tokens needs at least {where} "
-            f"(measured from steps of {measured} tokens); the most that could fit is {fit}: lower --tokens-per-step, "
-            f"or use {levers}"), info
+            f"(measured from {measured}); the most that could fit is {fit}: lower --tokens-per-step, "
+            f"or {remedy}"), info
 
 
 def agree(line: str | None, info_enabled: bool, device: torch.device) -> bool:

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from families import FAMILIES, examples
+from families import FAMILIES, TINY, examples
 from packed_factory import make_packed_folder, pack_lengths
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.data.batch import collate_flat
-from trainer.model.long_rows import layer_mlp, offload_activations, tile_mlp
+from trainer.model.long_rows import HostOffload, layer_mlp, offload_activations, tile_mlp
 from trainer.model.loss import packed_loss
-from trainer.model.load import decoder_layers, prepare
+from trainer.model.load import decoder_layers, enable_grad_checkpointing, prepare
 
 
 def _row():
@@ -99,19 +99,52 @@ def test_tiled_mlp_refuses_a_layer_without_one() -> None:
 
 
 def test_offloaded_activations_wait_on_the_cpu() -> None:
-    """Offloading is torch's save_on_cpu (CPU copies of what the forward saves), and the gradients
-    are those of the plain forward."""
+    """What the forward saves goes to host memory (HostOffload, counting the bytes moved) and comes
+    back for the backward: the gradients are those of the plain forward."""
     x = torch.randn(8, 8, requires_grad=True)
     w = torch.randn(8, 8, requires_grad=True)
     offload = offload_activations(True, torch.device("cpu"))
-    assert isinstance(offload, torch.autograd.graph.save_on_cpu)
-    assert not isinstance(offload_activations(False, torch.device("cpu")), torch.autograd.graph.save_on_cpu)
+    assert isinstance(offload, HostOffload)
+    assert not isinstance(offload_activations(False, torch.device("cpu")), HostOffload)
+    HostOffload.moved = 0
     with offload:
         y = (x @ w).tanh().sum()
+    assert HostOffload.moved == 3 * 64 * 4  # x and w for the matmul, its tanh output for tanh's backward
     y.backward()
     want_x, want_w = torch.autograd.grad((x @ w).tanh().sum(), (x, w))
     torch.testing.assert_close(x.grad, want_x)
     torch.testing.assert_close(w.grad, want_w)
+
+
+def _moved(layers: int, tokens: int, checkpointed: bool = True) -> int:
+    """Bytes the forward of one `tokens`-token example through a tiny float32 Llama of `layers`
+    decoder layers moves to the host (every layer recomputed, or none)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", **{**TINY, "num_hidden_layers": layers})
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    prepare(model, "sdpa", "cpu")
+    if checkpointed:
+        enable_grad_checkpointing(model)
+    ids = np.arange(tokens) % 200 + 3
+    batch = collate_flat(ids, ids, np.arange(tokens), np.array([tokens]))
+    HostOffload.moved = 0
+    with offload_activations(True, torch.device("cpu")):
+        loss, _ = packed_loss(model, batch)
+    moved = HostOffload.moved
+    loss.backward()
+    return moved
+
+
+def test_with_every_layer_recomputed_a_layer_offloads_its_input_alone() -> None:
+    """The count the memory check reads: two more checkpointed decoder layers move exactly two more
+    [T, hidden] float32 inputs (T x 64 x 4 bytes each), at any T; the loss and the final norm move
+    the same whatever the depth. Negative control: without recomputation two more layers move
+    several times that (every activation they save)."""
+    for tokens in (40, 96):
+        assert _moved(4, tokens) - _moved(2, tokens) == 2 * tokens * 64 * 4
+    assert _moved(4, 40, checkpointed=False) - _moved(2, 40, checkpointed=False) > 4 * 2 * 40 * 64 * 4
 
 
 @pytest.mark.slow

@@ -134,15 +134,44 @@ def test_a_micro_batch_of_short_rows_names_tokens_per_step() -> None:
     assert "lower --tokens-per-step" in line
 
 
-def test_offloaded_activations_are_reported_not_checked() -> None:
-    """Pinned host blocks are rounded up to powers of two: their use is said, never a refusal."""
-    need = Need(gpu=20 * GIB, host=200 * GIB, gpu_line=(20 * GIB, 0.0), host_line=(0.0, 2**19),
-                probes=(20480, 40960))
-    line, info = verdict(Largest(409600, "row 0 of shard-00000.arrow"), need, 0, 80 * GIB, 100 * GIB, cp_size=1,
-                         tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1)
+def _host_verdict(host_cap: int, host_per_token: int = 2**19, gpu_cap: int = 80 * GIB):
+    """An 8B-like row of 409,600 tokens, 20 GiB on the GPU whatever its length, `host_per_token`
+    bytes a token offloaded (0.5 MiB: 200 GiB for the row)."""
+    need = Need(gpu=20 * GIB, host=409600 * host_per_token, gpu_line=(20 * GIB, 0.0),
+                host_line=(0.0, host_per_token), probes=(20480, 40960))
+    return verdict(Largest(409600, "row 0 of shard-00000.arrow"), need, 0, gpu_cap, host_cap, cp_size=1,
+                   tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1)
+
+
+def test_offloaded_activations_that_fit_the_host_are_said() -> None:
+    line, info = _host_verdict(400 * GIB)
     assert line is None
-    assert "the offloaded activations take about 200.0 GiB of the 100.0 GiB of host memory each rank has" in info
-    assert "not checked" in info
+    assert "the offloaded activations need at least 200.0 GiB of the 400.0 GiB of host memory each rank has" in info
+    assert "up to twice that" in info
+
+
+def test_a_row_whose_offloaded_activations_exceed_the_host_is_named() -> None:
+    """The count of bytes moved is a lower bound (pinned blocks only round it up): a row past what the
+    host has is refused in one line, naming the longest the host allows (0.95 x 100 GiB / 0.5 MiB =
+    194,560 tokens, in steps of 1,024) and what would help; the GPU's room is not the reason."""
+    line, info = _host_verdict(100 * GIB)
+    assert line is not None and "\n" not in line
+    assert line.startswith("d: row 0 of shard-00000.arrow holds 409,600 tokens, which need at least 200.0 GiB of "
+                           "host memory for each rank's offloaded activations, which has 100.0 GiB")
+    assert "the longest row that could fit is at most about 194,560 tokens" in line
+    assert "give each rank more host memory" in line and "GPU" not in line.split("(measured")[0]
+    assert "--offload-activations" not in line  # the lever in use is not offered again
+    # negative control: the same row with a GPU too small is refused for the GPU as well
+    both, _ = _host_verdict(100 * GIB, gpu_cap=10 * GIB)
+    assert "on each GPU, which holds 10.0 GiB and 200.0 GiB of host memory" in both
+
+
+def test_a_step_measured_as_it_is_says_so() -> None:
+    """A largest micro-batch no longer than the second probe is measured itself: one step, no rate."""
+    need = Need(gpu=26 * GIB, host=0, gpu_line=(26 * GIB, 0.0), host_line=(0.0, 0.0), probes=(16384,))
+    _, info = verdict(Largest(65536), need, 0, 80 * GIB, None, cp_size=4, tokens_per_step=65536, data="d",
+                      tile_mlp=0, offload=False, checkpointing=1)
+    assert info.endswith("measured from a step of 65,536 tokens")
 
 
 def _losses(run: Path) -> list[float]:
@@ -196,3 +225,31 @@ def test_a_row_too_long_stops_the_run_before_its_first_step(tmp_path: Path, forc
     assert "row 1 of " in line and "of shard-00000.arrow holds 900 tokens" in line
     assert "the longest row that could fit is none (the rest of the step alone needs about" in line
     assert "\n" not in line and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path: Path, forced,
+                                                                        monkeypatch) -> None:
+    """With --offload-activations the probes' moved bytes (here 1,000 a token) are held against the
+    host memory each rank has: a 900-token row that the GPU holds but the host (500,000 bytes) does
+    not is refused in one line; without offloading the host is not asked (negative control)."""
+    calls, capacity = forced
+
+    def measure(step, batch, device):
+        step(batch)
+        return 10_000 + 100 * batch.n_tokens, 1_000 * batch.n_tokens
+
+    monkeypatch.setattr(fit_check, "measure_peaks", measure)
+    monkeypatch.setattr(fit_check, "host_capacity", lambda: 500_000)
+    folder = tmp_path / "data"
+    make_packed_folder(folder, pack_lengths([100, 120, 900, 80], 1000, vocab=300), 1000)
+    base = dict(data=str(folder), model="tiny", tokens_per_step=256, max_steps=1, num_workers=0, progress=False,
+                grad_checkpointing=1)
+    with pytest.raises(UserError) as err:
+        train(TrainConfig(**base, offload_activations=True, out=str(tmp_path / "run")))
+    line = str(err.value)
+    assert ("row 1 of shard-00000.arrow holds 900 tokens, which need at least 0.9 MiB of host memory for each "
+            "rank's offloaded activations, which has 0.5 MiB (measured from steps of 64 and 128 tokens)") in line
+    assert "the longest row that could fit is at most about 475 tokens" in line and "\n" not in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    train(TrainConfig(**base, out=str(tmp_path / "plain")))
+    assert (tmp_path / "plain" / "metrics.jsonl").exists()
