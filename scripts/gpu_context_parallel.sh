@@ -9,14 +9,16 @@
 #        one GPU, then two with --context-parallel 2 -> $OUT/short.json
 # long:  the same at 131,072 tokens on two GPUs with --context-parallel 2 (one GPU runs out of memory
 #        there), then 262,144 with --tile-mlp 8192 --offload-activations -> $OUT/long.json
-# one:   one GPU, 8B LoRA, one LENGTH-token example (LENGTH, default 262,144) with --tile-mlp 8192
-#        --offload-activations: the start-up memory check's line and one step -> $OUT/one.json
+# one:   one GPU (the first), 8B LoRA, one LENGTH-token example (LENGTH, default 262,144) with
+#        --tile-mlp 8192 --offload-activations: the start-up memory check's line and one step ->
+#        $OUT/one.json, the host's used memory every 5 s -> $OUT/host_mem.log. 524,288 tokens offload
+#        128 GiB of layer inputs: run it on one GPU of a box with more host memory (a four-GPU one).
 # four:  four GPUs, 8B LoRA r16 at 65,536 tokens: one GPU, then --context-parallel 4 (scaling)
 #        -> $OUT/four.json
 # full:  the 8B full fine-tune (AdamW), FSDP2 over NPROC GPUs (default 4) with --context-parallel
 #        NPROC, --tile-mlp 8192 --offload-activations: the memory check's line and one step of one
 #        LENGTH-token example (default 1,048,576) -> $OUT/full.json, the host's used memory every 5 s
-#        with the phase -> $OUT/host_mem.log. The run ends by writing an 8B checkpoint with its fp32
+#        -> $OUT/host_mem.log. The run ends by writing an 8B checkpoint with its fp32
 #        weights and AdamW moments (minutes): its LIMIT (default 1,700 s) covers that. Attention
 #        grows with the square of the length: a step at 1,048,576 takes about four times one at
 #        524,288 (BENCHMARKS.md, "Context parallelism"), so run it detached (setsid) and poll.
@@ -44,6 +46,10 @@ train() {  # NAME NPROC LENGTH [extra pack-train flags...]: 8B LoRA r16 (FULL=1:
   echo "== $name exit $rc"
 }
 
+sample_host() {  # the host's used memory (MiB, `free -m`) every 5 s, with the time -> $OUT/host_mem.log
+  while sleep 5; do echo "$(date +%s) $(free -m | awk '/Mem:/{print $3}')"; done > "$OUT/host_mem.log"
+}
+
 case "$part" in
   check)
     torchrun --nproc-per-node 2 scripts/bench_context_parallel.py check --json "$OUT/check.json" 2>&1 | tail -40
@@ -64,8 +70,11 @@ case "$part" in
   one)
     length="${LENGTH:-262144}"
     python scripts/bench_context_parallel.py data "$DATA" --lengths "$length" --rows 2
-    STEPS=1 train "one-$length-tiled" 1 "$length" --tile-mlp 8192 --offload-activations
-    python scripts/bench_context_parallel.py report "/tmp/runs/one-$length-tiled" --json "$OUT/one.json"
+    sample_host & sampler=$!
+    CUDA_VISIBLE_DEVICES=0 STEPS=1 LIMIT="${LIMIT:-1700}" train "one-$length-tiled" 1 "$length" --tile-mlp 8192 \
+      --offload-activations
+    kill "$sampler"
+    python scripts/bench_context_parallel.py report --warmup 0 "/tmp/runs/one-$length-tiled" --json "$OUT/one.json"
     ;;
   four)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -79,11 +88,7 @@ case "$part" in
     name="fsdp-cp$nproc-$length"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     python scripts/bench_context_parallel.py data "$DATA" --lengths "$length" --rows 1
-    echo "start" > /tmp/phase
-    (while sleep 5; do echo "$(date +%s) $(cat /tmp/phase) $(free -m | awk '/Mem:/{print $3}')"; done) \
-      > "$OUT/host_mem.log" &
-    sampler=$!
-    echo "$name" > /tmp/phase
+    sample_host & sampler=$!
     FULL=1 STEPS=1 LIMIT="${LIMIT:-1700}" train "$name" "$nproc" "$length" --parallel fsdp \
       --context-parallel "$nproc" --tile-mlp 8192 --offload-activations
     kill "$sampler"
