@@ -174,8 +174,8 @@ KEYS: tuple[Key, ...] = (
     Key("dataloader_num_workers", TRL, _same("num_workers"), TRAIN_KEY),
     Key("torch_compile", BOTH, _same("compile_"), TRAIN_KEY),
     Key("fsdp", BOTH, Map(("parallel",), _fsdp, "any value: --parallel fsdp (under torchrun)"), TRAIN_KEY),
-    Key("fsdp_config", BOTH, Unused("FSDP2 wraps each decoder layer; --reshard-after-forward is its one setting"),
-        TRAIN_KEY),
+    Key("fsdp_config", BOTH, Unused("FSDP2 wraps each decoder layer; its settings are --reshard-after-forward "
+                                    "and --offload-states (CPU offload)"), TRAIN_KEY),
     Key("deepspeed", BOTH, Unused("use --parallel fsdp (or ddp) under torchrun"), TRAIN_KEY),
     Key("report_to", TRL, Map(("report_to",), _report_to, "none, tensorboard or wandb"), TRAIN_KEY),
     Key("wandb_project", AXOLOTL, Map(("report_to",), _wandb_project,

@@ -71,6 +71,7 @@ class TrainConfig:
     context_parallel: int = 1  # ranks that share each micro-batch (trainer.distributed.context_parallel)
     tile_mlp: int = 0  # run each layer's MLP over the sequence this many tokens at a time (trainer.model.long_rows)
     offload_activations: bool = False  # what the forward saves for the backward in CPU memory
+    offload_states: bool = False  # FSDP2: shards, gradients and optimizer states in CPU memory
     grad_reduce: str = "fp32"
     reshard_after_forward: bool = True
     ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.distributed.parallel
@@ -105,7 +106,7 @@ TRAIN_CHECKS: dict[str, Check] = {
     "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
     "lora_r": _AT_LEAST_0, "lora_alpha": Check(float, low=0, low_open=True), "lora_dropout": _FRACTION, "lora_target": Check(str),
     "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
-    "context_parallel": _AT_LEAST_1, "tile_mlp": _AT_LEAST_0, "offload_activations": Check(bool),
+    "context_parallel": _AT_LEAST_1, "tile_mlp": _AT_LEAST_0, "offload_activations": Check(bool), "offload_states": Check(bool),
     "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
     "ddp_bucket_mb": _AT_LEAST_1,
     "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
@@ -145,6 +146,12 @@ def validate(config: TrainConfig) -> None:
     if config.lora_r and config.parallel == "fsdp":
         raise UserError("--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
                         "weights are frozen, so DDP holds no optimizer state for them)")
+    if config.offload_states and config.parallel != "fsdp":
+        raise UserError("--offload-states needs --parallel fsdp (FSDP2 keeps each rank's shards, their gradients "
+                        "and the optimizer's states in CPU memory)")
+    if config.offload_states and config.dtype == "fp8":
+        raise UserError("--offload-states does not combine with --dtype fp8 (its float8 all-gathers run on the "
+                        "GPU's copies of the weights): use --dtype bf16")
     if config.profile_steps is not None:
         parse_step_range(config.profile_steps)
     if config.context_parallel > 1 and config.attn not in ("auto", "flash_attn", "sdpa"):

@@ -63,8 +63,17 @@ def pick_device(requested: str) -> torch.device:
     return device
 
 
-def setup_distributed(device: torch.device) -> DistInfo:
-    """Join the process group torchrun describes in the environment (NCCL on CUDA, else gloo)."""
+def process_group_backend(device: torch.device, cpu_collectives: bool = False) -> str:
+    """The backend of the run's process group: NCCL on CUDA, gloo on the CPU. `cpu_collectives`
+    (--offload-states, whose shards and gradients live in CPU memory): on CUDA, NCCL for CUDA
+    tensors and gloo for CPU ones, as torchtitan does for FSDP2's CPU offload."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
+
+
+def setup_distributed(device: torch.device, cpu_collectives: bool = False) -> DistInfo:
+    """Join the process group torchrun describes in the environment (`process_group_backend`)."""
     if "WORLD_SIZE" not in os.environ:
         return DistInfo()
     world = int(os.environ["WORLD_SIZE"])
@@ -72,7 +81,7 @@ def setup_distributed(device: torch.device) -> DistInfo:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     owns = not dist.is_initialized()
     if owns:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend=process_group_backend(device, cpu_collectives))
     return DistInfo(rank=rank, world_size=world, local_rank=local, enabled=True, owns_group=owns, device=device)
 
 
@@ -108,7 +117,7 @@ def _bf16_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects st
 
 def wrap_parallel(
     module: torch.nn.Module, layers: list[torch.nn.Module], info: DistInfo, *, fsdp: bool, bf16: bool,
-    bucket_mb: int, reduce_bf16: bool = False, reshard_after_forward: bool = True,
+    bucket_mb: int, reduce_bf16: bool = False, reshard_after_forward: bool = True, offload_states: bool = False,
 ) -> torch.nn.Module:
     """DDP, or FSDP2 (`fully_shard` on each of `layers`, then on `module`), or `module` itself (one
     process). Returns the module to call in the training step.
@@ -116,7 +125,11 @@ def wrap_parallel(
     `reduce_bf16` sends gradients across ranks in bf16 (DDP comm hook / FSDP2 reduce_dtype); they
     are accumulated and applied in fp32 either way. `reshard_after_forward=False` keeps each FSDP2
     layer's parameters gathered from its forward to its backward (one all-gather per micro-batch
-    instead of two, at the memory of the unsharded bf16 parameters).
+    instead of two, at the memory of the unsharded bf16 parameters). `offload_states` (FSDP2's
+    `CPUOffloadPolicy`): each rank's fp32 shards and their gradients live in pinned CPU memory, and
+    so do the optimizer's states, which it updates there; a layer's parameters come to the GPU for
+    its forward and backward only. An 8B model's AdamW training then holds no 16 bytes a parameter
+    on the GPUs (64 GB a GPU on two), at the cost of copies and a CPU optimizer step.
 
     DDP all-reduces the gradients in buckets of `bucket_mb` MiB while the backward still runs, and
     its gradients are views into those buckets (`gradient_as_bucket_view`): no copy of every
@@ -125,13 +138,14 @@ def wrap_parallel(
     """
     if fsdp:
         # here, not at the top: torch.distributed.fsdp exports fully_shard only from torch 2.6 on
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         reduce_dtype = torch.bfloat16 if reduce_bf16 else torch.float32
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=reduce_dtype)
+        offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload_states else OffloadPolicy()
         for layer in layers:
-            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-        fully_shard(module, mp_policy=policy)
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+        fully_shard(module, mp_policy=policy, offload_policy=offload)
         return module
     if info.enabled:
         # no buffer sync before each forward: the only buffers are the rotary frequencies, equal on

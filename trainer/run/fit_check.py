@@ -23,6 +23,8 @@ length N times its share. With --offload-activations the tensors saved for the b
 pinned host memory: the bytes the probes move there (`HostOffload.moved`, counted as they are
 copied: each is a layer's input or another tensor of a size fixed per token) lie on a line in T too,
 and a row whose count exceeds the host memory a rank has is refused like one the GPU cannot hold.
+Under --offload-states the optimizer states and gradients still to come in host memory are added to
+that count, and taken out of the GPU's.
 The count is what the row needs at the least: torch's pinned allocator rounds each block up to a
 power of two, so the host may hold up to twice that. The probes leave no trace in the run:
 gradients are zeroed and the random number generators restored, so the steps that follow are those
@@ -136,22 +138,35 @@ def longest_fitting(line: tuple[float, float], capacity: float) -> int | None:
     return max(0, math.floor((capacity - intercept) / slope))
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """The bytes of the states the optimizer's first step will allocate (0 where it has them, as
-    after a resume): AdamW's two moments per parameter, in its dtype (a sharded parameter: its
-    shard); Adafactor's row and column statistics of a matrix, a vector's second moment (fp32)."""
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, where: str = "cuda") -> int:
+    """The bytes of the states the optimizer's first step will allocate on the `where` device type
+    (0 where it has them, as after a resume): AdamW's two moments per parameter, in its dtype (a
+    sharded parameter: its shard); Adafactor's row and column statistics of a matrix, a vector's
+    second moment (fp32). States go where their parameter lives: CPU memory under --offload-states."""
     total = 0
     adafactor = isinstance(optimizer, torch.optim.Adafactor)
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if optimizer.state.get(p):
-                continue
             local = p.to_local() if hasattr(p, "to_local") else p
+            if optimizer.state.get(p) or local.device.type != where:
+                continue
             if adafactor:
                 total += 4 * (local.shape[-2] + local.shape[-1] if local.dim() >= 2 else local.numel())
             else:
                 total += 2 * local.numel() * local.element_size()
     return total
+
+
+def host_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Under --offload-states, what the first step will still allocate in host memory for the
+    parameters kept there: their optimizer states and the gradients they do not hold yet."""
+    grads = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.device.type == "cpu" and p.grad is None:
+                grads += local.numel() * local.element_size()
+    return optimizer_state_bytes(optimizer, "cpu") + grads
 
 
 def gpu_capacity(device: torch.device) -> int:
@@ -229,8 +244,9 @@ def size(n: float) -> str:
     return f"{int(n)} bytes"
 
 
-def _levers(tile_mlp: int, offload: bool, checkpointing: int) -> str:
-    """The options that make a long row fit, less those already in use."""
+def _levers(tile_mlp: int, offload: bool, checkpointing: int, offload_states: bool | None = None) -> str:
+    """The options that make a long row fit, less those already in use (`offload_states` None: that
+    one does not apply, as for LoRA, whose optimizer states are small)."""
     levers = ["--context-parallel N (over N GPUs)"]
     if not checkpointing:
         levers.append("--grad-checkpointing")
@@ -238,23 +254,27 @@ def _levers(tile_mlp: int, offload: bool, checkpointing: int) -> str:
         levers.append("--tile-mlp 8192")
     if not offload:
         levers.append("--offload-activations")
+    if offload_states is False:
+        levers.append("--parallel fsdp --offload-states")
     return ", ".join(levers)
 
 
 def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, host_cap: int | None, *,
             cp_size: int, tokens_per_step: int, data: str, tile_mlp: int, offload: bool,
-            checkpointing: int) -> tuple[str | None, str]:
+            checkpointing: int, host_fixed: int = 0, offload_states: bool | None = None) -> tuple[str | None, str]:
     """(the one-line refusal or None, the start-up line saying what the largest micro-batch needs).
-    Bytes per rank. The GPU's need (with the optimizer states) is held against `gpu_cap`; with
-    --offload-activations the bytes moved to host memory against `host_cap` (None: not checked,
-    where the host does not say what it has). Each against MARGIN of what there is."""
+    Bytes per rank. The GPU's need (with the optimizer states it will hold) is held against
+    `gpu_cap`; the bytes moved to host memory (--offload-activations), plus `host_fixed` (what
+    --offload-states will still allocate there), against `host_cap` (None: not checked, where
+    nothing is offloaded or the host does not say what it has). Each against MARGIN of what there is."""
     gpu_need = need.gpu + optimizer_bytes
-    host = host_cap is not None and need.host > 0
+    host_need = need.host + host_fixed
+    host = host_cap is not None and host_need > 0
     gpu_short = gpu_need > MARGIN * gpu_cap
-    host_short = host and need.host > MARGIN * host_cap
+    host_short = host and host_need > MARGIN * host_cap
     allowed = [longest_fitting((need.gpu_line[0] + optimizer_bytes, need.gpu_line[1]), MARGIN * gpu_cap)]
     if host:
-        allowed.append(longest_fitting(need.host_line, MARGIN * host_cap))
+        allowed.append(longest_fitting((need.host_line[0] + host_fixed, need.host_line[1]), MARGIN * host_cap))
     bounds = [a for a in allowed if a is not None]
     longest = min(bounds) * cp_size if bounds else None
     if longest is not None and longest >= ROUND:
@@ -264,7 +284,7 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
     else:
         measured = f"steps of {' and '.join(f'{t * cp_size:,}' for t in need.probes)} tokens"
         rate = f" ({size(need.gpu_line[1])} a token)"
-    host_said = (f"; the offloaded activations need at least {size(need.host)} of the {size(host_cap)} of host "
+    host_said = (f"; what it offloads needs at least {size(host_need)} more of the {size(host_cap)} of host "
                  f"memory each rank has (the pinned allocator rounds blocks up to powers of two: up to twice "
                  f"that)") if host else ""
     info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
@@ -277,14 +297,14 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
     if gpu_short:
         shortfalls.append(f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}")
     if host_short:
-        shortfalls.append(f"{size(need.host)} of host memory for each rank's offloaded activations, "
+        shortfalls.append(f"{size(host_need)} of host memory for what each rank offloads, "
                           f"which has {size(host_cap)}")
     where = " and ".join(shortfalls)
-    rest = need.gpu_line[0] + optimizer_bytes if gpu_short else need.host_line[0]
+    rest = need.gpu_line[0] + optimizer_bytes if gpu_short else need.host_line[0] + host_fixed
     fit = f"at most about {longest:,} tokens" if longest else f"none (the rest of the step alone needs about {size(rest)})"
     remedies = []
     if gpu_short:
-        remedies.append(f"use {_levers(tile_mlp, offload, checkpointing)}")
+        remedies.append(f"use {_levers(tile_mlp, offload, checkpointing, offload_states)}")
     if host_short:
         remedies.append("give each rank more host memory (fewer ranks a machine, or --context-parallel over "
                         "several machines)")
@@ -322,10 +342,13 @@ def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
     need = measure_need(step, clear, largest_local, vocab=vocab, tile_mlp=config.tile_mlp,
                         cp_rank=layout.cp_rank, cp_size=layout.cp_size, device=run.device, measure=measure_peaks)
     gpu_cap, host_cap = gpu_capacity(run.device), host_capacity()
-    line, info = verdict(run.largest, need, optimizer_state_bytes(run.optimizer), gpu_cap,
-                         host_cap if config.offload_activations else None, cp_size=layout.cp_size,
+    offloads = config.offload_activations or config.offload_states
+    line, info = verdict(run.largest, need, optimizer_state_bytes(run.optimizer, run.device.type), gpu_cap,
+                         host_cap if offloads else None, cp_size=layout.cp_size,
                          tokens_per_step=config.tokens_per_step, data=str(config.data), tile_mlp=config.tile_mlp,
-                         offload=config.offload_activations, checkpointing=int(config.grad_checkpointing))
+                         offload=config.offload_activations, checkpointing=int(config.grad_checkpointing),
+                         host_fixed=host_state_bytes(run.optimizer) if config.offload_states else 0,
+                         offload_states=None if config.lora_r else config.offload_states)
     if agree(line, run.info.enabled, run.device):
         raise UserError(line or "another rank's largest micro-batch does not fit its GPU (its line says why)")
     if run.info.rank == 0:

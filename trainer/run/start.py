@@ -97,7 +97,10 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     config = resolved(config, device.type)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    info = setup_distributed(device)
+    info = setup_distributed(device, cpu_collectives=config.offload_states)
+    if config.offload_states and not info.enabled:
+        raise UserError("--offload-states shards the model with FSDP2, which runs under torchrun: torchrun "
+                        "--nproc-per-node N $(which pack-train) ... --parallel fsdp --offload-states (N may be 1)")
     layout = context_parallel.setup(info.rank, info.world_size, info.enabled, config.context_parallel)
     if layout.cp_size > 1 and config.attn == "auto":  # the kernels that attend a share to the whole row
         config = replace(config, attn="flash_attn" if device.type == "cuda" else "sdpa")
@@ -255,7 +258,8 @@ def _wrap(
         compile_decoder_layers(model)
     wrapper = LossModule(model, compiled=compiled and not fsdp)
     module = wrap_parallel(wrapper, layers, info, fsdp=fsdp, bf16=bf16, reduce_bf16=config.grad_reduce == "bf16",
-                           reshard_after_forward=config.reshard_after_forward, bucket_mb=config.ddp_bucket_mb)
+                           reshard_after_forward=config.reshard_after_forward, bucket_mb=config.ddp_bucket_mb,
+                           offload_states=config.offload_states)
     return wrapper, module
 
 

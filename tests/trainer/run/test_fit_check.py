@@ -20,7 +20,7 @@ from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.run import fit_check
 from trainer.run.fit_check import (
-    MARGIN, Largest, Need, fit_line, largest_microbatch, longest_fitting, measure_need, optimizer_state_bytes,
+    MARGIN, Largest, Need, fit_line, host_state_bytes, largest_microbatch, longest_fitting, measure_need, optimizer_state_bytes,
     probe_tokens, synthetic_row, verdict,
 )
 from trainer.data.stream import Planner
@@ -75,14 +75,20 @@ def test_the_largest_micro_batch_is_the_longest_row_or_the_fullest_group() -> No
 
 
 def test_optimizer_states_the_first_step_will_allocate() -> None:
+    """Counted where their parameters live: on the GPU for the GPU's need, in host memory (with the
+    gradients not yet there) under --offload-states."""
     w = torch.nn.Parameter(torch.zeros(6, 4))
     b = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
     adamw = torch.optim.AdamW([w, b])
-    assert optimizer_state_bytes(adamw) == 2 * 24 * 4 + 2 * 4 * 2  # two moments, each in its parameter's dtype
+    assert optimizer_state_bytes(adamw, "cpu") == 2 * 24 * 4 + 2 * 4 * 2  # two moments, each in its parameter's dtype
+    assert optimizer_state_bytes(adamw) == 0  # none of them on a GPU
+    assert host_state_bytes(adamw) == 2 * 24 * 4 + 2 * 4 * 2 + 24 * 4 + 4 * 2  # and the gradients to come
     (w.sum() + b.float().sum()).backward()
+    assert host_state_bytes(adamw) == 2 * 24 * 4 + 2 * 4 * 2  # the gradients are there now
     adamw.step()
-    assert optimizer_state_bytes(adamw) == 0  # they exist now (or came with a resumed checkpoint)
-    assert optimizer_state_bytes(torch.optim.Adafactor([torch.nn.Parameter(torch.zeros(6, 4))])) == 4 * (6 + 4)
+    assert optimizer_state_bytes(adamw, "cpu") == 0  # they exist now (or came with a resumed checkpoint)
+    adafactor = torch.optim.Adafactor([torch.nn.Parameter(torch.zeros(6, 4))])
+    assert optimizer_state_bytes(adafactor, "cpu") == 4 * (6 + 4)
 
 
 def test_probes_are_this_ranks_share_of_a_synthetic_row() -> None:
@@ -126,6 +132,10 @@ def test_a_row_that_cannot_fit_is_named_with_the_longest_that_would() -> None:
     # under --context-parallel 4 a rank holds a quarter of the row: four times as long a row fits
     line, _ = _verdict(Largest(524288 * 4, "row 0 of x"), cp_size=4, tile_mlp=8192)
     assert f"about {fits * 4 // 1024 * 1024:,} tokens" in line and "--tile-mlp" not in line
+    # a full fine-tune is also offered FSDP2's CPU offload of its states; LoRA (None) and a run using it are not
+    assert "--parallel fsdp --offload-states" in _verdict(Largest(524288, "r"), offload_states=False)[0]
+    assert "--offload-states" not in _verdict(Largest(524288, "r"), offload_states=True)[0]
+    assert "--offload-states" not in line
 
 
 def test_a_micro_batch_of_short_rows_names_tokens_per_step() -> None:
@@ -146,7 +156,7 @@ def _host_verdict(host_cap: int, host_per_token: int = 2**19, gpu_cap: int = 80 
 def test_offloaded_activations_that_fit_the_host_are_said() -> None:
     line, info = _host_verdict(400 * GIB)
     assert line is None
-    assert "the offloaded activations need at least 200.0 GiB of the 400.0 GiB of host memory each rank has" in info
+    assert "what it offloads needs at least 200.0 GiB more of the 400.0 GiB of host memory each rank has" in info
     assert "up to twice that" in info
 
 
@@ -157,13 +167,27 @@ def test_a_row_whose_offloaded_activations_exceed_the_host_is_named() -> None:
     line, info = _host_verdict(100 * GIB)
     assert line is not None and "\n" not in line
     assert line.startswith("d: row 0 of shard-00000.arrow holds 409,600 tokens, which need at least 200.0 GiB of "
-                           "host memory for each rank's offloaded activations, which has 100.0 GiB")
+                           "host memory for what each rank offloads, which has 100.0 GiB")
     assert "the longest row that could fit is at most about 194,560 tokens" in line
     assert "give each rank more host memory" in line and "GPU" not in line.split("(measured")[0]
     assert "--offload-activations" not in line  # the lever in use is not offered again
     # negative control: the same row with a GPU too small is refused for the GPU as well
     both, _ = _host_verdict(100 * GIB, gpu_cap=10 * GIB)
     assert "on each GPU, which holds 10.0 GiB and 200.0 GiB of host memory" in both
+
+
+def test_offloaded_states_count_against_the_host_not_the_gpu() -> None:
+    """--offload-states: the states and gradients still to come in host memory (`host_fixed`) join
+    the activations' count there; 150 + 200 GiB do not fit a 300 GiB host, 200 alone do."""
+    line, _ = _host_verdict(300 * GIB)
+    assert line is None
+    need = Need(gpu=20 * GIB, host=200 * GIB, gpu_line=(20 * GIB, 0.0), host_line=(0.0, 2**19), probes=(20480, 40960))
+    line, info = verdict(Largest(409600, "row 0 of s.arrow"), need, 0, 80 * GIB, 300 * GIB, cp_size=1,
+                         tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1,
+                         host_fixed=150 * GIB, offload_states=True)
+    assert line is not None and "350.0 GiB of host memory for what each rank offloads, which has 300.0 GiB" in line
+    # (0.95 x 300 - 150) GiB / 0.5 MiB a token
+    assert f"at most about {int((0.95 * 300 - 150) * 2048) // 1024 * 1024:,} tokens" in line
 
 
 def test_a_step_measured_as_it_is_says_so() -> None:
@@ -247,8 +271,8 @@ def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path
     with pytest.raises(UserError) as err:
         train(TrainConfig(**base, offload_activations=True, out=str(tmp_path / "run")))
     line = str(err.value)
-    assert ("row 1 of shard-00000.arrow holds 900 tokens, which need at least 0.9 MiB of host memory for each "
-            "rank's offloaded activations, which has 0.5 MiB (measured from steps of 64 and 128 tokens)") in line
+    assert ("row 1 of shard-00000.arrow holds 900 tokens, which need at least 0.9 MiB of host memory for what "
+            "each rank offloads, which has 0.5 MiB (measured from steps of 64 and 128 tokens)") in line
     assert "the longest row that could fit is at most about 475 tokens" in line and "\n" not in line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     train(TrainConfig(**base, out=str(tmp_path / "plain")))

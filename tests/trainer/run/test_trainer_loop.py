@@ -855,7 +855,7 @@ def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer.run import start
     from trainer.distributed.parallel import DistInfo
 
-    monkeypatch.setattr(start, "setup_distributed", lambda device: DistInfo(enabled=True, rank=0, world_size=2))
+    monkeypatch.setattr(start, "setup_distributed", lambda device, **_: DistInfo(enabled=True, rank=0, world_size=2))
 
 
 @pytest.mark.parametrize("device, expected", [(torch.device("cuda", 3), {"device_ids": [3]}),
