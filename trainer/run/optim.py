@@ -53,7 +53,7 @@ def make_optimizer(
     params: Iterable[torch.nn.Parameter], config: TrainConfig, device: torch.device, total_steps: int,
     master_weights: bool = False,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """`config.optimizer` over `params` (AdamW fused on CUDA, unless they live in CPU memory) and a LambdaLR that follows `Schedule`.
+    """`config.optimizer` over `params` (AdamW fused on CUDA) and a LambdaLR that follows `Schedule`.
     `master_weights` (--dtype bf16-weights on one process): `MasterAdamW`, which turns `params` into
     bf16 and keeps their fp32 masters."""
     groups = param_groups(params, config.weight_decay)
@@ -64,8 +64,8 @@ def make_optimizer(
     else:
         optimizer = torch.optim.AdamW(
             groups, lr=config.lr, betas=(config.beta1, config.beta2),
-            # fused on the GPU; where the parameters live in CPU memory (--offload-states), foreach there
-            **({"fused": True} if device.type == "cuda" and not config.offload_states else {"foreach": True}),
+            # fused: one pass over each tensor, on the GPU or, under --offload-states, in CPU memory
+            **({"fused": True} if device.type == "cuda" else {"foreach": True}),
         )
     schedule = Schedule(config.schedule, warmup_steps(config, total_steps), total_steps, config.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
