@@ -18,7 +18,8 @@
 # full:  the 8B full fine-tune (AdamW), FSDP2 over NPROC GPUs (default 4) with --context-parallel
 #        NPROC, --tile-mlp 8192 --offload-activations: the memory check's line and one step of one
 #        LENGTH-token example (default 1,048,576) -> $OUT/full.json, the host's used memory every 5 s
-#        -> $OUT/host_mem.log. The run ends by writing an 8B checkpoint with its fp32
+#        -> $OUT/host_mem.log (OFFLOAD_STATES=1: with --offload-states, the weights' shards,
+#        gradients and AdamW moments in CPU memory). The run ends by writing an 8B checkpoint with its fp32
 #        weights and AdamW moments (minutes): its LIMIT (default 1,700 s) covers that. Attention
 #        grows with the square of the length: a step at 1,048,576 takes about four times one at
 #        524,288 (BENCHMARKS.md, "Context parallelism"), so run it detached (setsid) and poll.
@@ -89,8 +90,10 @@ case "$part" in
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     python scripts/bench_context_parallel.py data "$DATA" --lengths "$length" --rows 1
     sample_host & sampler=$!
+    states=()
+    [ -n "${OFFLOAD_STATES:-}" ] && states=(--offload-states) && name="$name-states"
     FULL=1 STEPS=1 LIMIT="${LIMIT:-1700}" train "$name" "$nproc" "$length" --parallel fsdp \
-      --context-parallel "$nproc" --tile-mlp 8192 --offload-activations
+      --context-parallel "$nproc" --tile-mlp 8192 --offload-activations "${states[@]}"
     kill "$sampler"
     python scripts/bench_context_parallel.py report --warmup 0 "/tmp/runs/$name" --json "$OUT/full.json"
     ;;
