@@ -277,3 +277,24 @@ def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     train(TrainConfig(**base, out=str(tmp_path / "plain")))
     assert (tmp_path / "plain" / "metrics.jsonl").exists()
+
+
+def test_the_host_figure_is_the_bytes_the_step_offloads(monkeypatch) -> None:
+    """`measure_peaks` reads what the step's forward moved to host memory (HostOffload's count, from
+    zero at each probe), not an allocator's statistics. The CUDA calls are stubbed on the CPU."""
+    from trainer.model.long_rows import offload_activations
+
+    for name in ("synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 12345)
+    monkeypatch.setattr(fit_check, "empty_caches", lambda: None)
+    x = torch.randn(16, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def step(_batch) -> None:
+        with offload_activations(True, torch.device("cpu")):
+            y = (x @ w).tanh().sum()
+        y.backward()
+
+    for _ in range(2):  # each probe counts its own bytes only
+        assert fit_check.measure_peaks(step, None, torch.device("cpu")) == (12345, (16 * 8 + 8 * 8 + 16 * 8) * 4)
