@@ -1,5 +1,6 @@
 """--offload-states (FSDP2's CPU offload): each rank's shards, gradients and optimizer states live in
-CPU memory. On two gloo ranks it trains exactly as FSDP2 without it (the same losses, step by step),
+CPU memory. On two gloo ranks, data-parallel or one --context-parallel 2 group, it trains exactly as
+FSDP2 without it (the same losses, step by step),
 every layer and the root are sharded with the offload policy (negative control: without the flag,
 none is), a run stopped and resumed from its checkpoint ends where an uninterrupted one does, and
 the option is refused in one line where it cannot run. On a GPU the process group then carries a
@@ -54,7 +55,11 @@ def _spy_on_fully_shard(monkeypatch, record: Path) -> None:
     monkeypatch.setattr(fsdp, "fully_shard", spy)
 
 
-def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("cp", [1, 2])
+def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_path: Path, monkeypatch,
+                                                      cp: int) -> None:
+    """Two ranks as data-parallel FSDP2 (cp 1) or as one context-parallel group sharing each row (cp 2)."""
+    config = replace(config, context_parallel=cp)
     calls = tmp_path / "fully_shard.calls"
     for name in ("plain-ranks", "offload-ranks"):
         (tmp_path / name).mkdir()
