@@ -44,6 +44,7 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _datasets,
     _fp16,
     _fsdp,
+    _fsdp_config,
     _grad_checkpointing,
     _in_dataset_name,
     _load_in_4bit,
@@ -173,9 +174,12 @@ KEYS: tuple[Key, ...] = (
     Key("resume_from_checkpoint", BOTH, _same("resume"), TRAIN_KEY),
     Key("dataloader_num_workers", TRL, _same("num_workers"), TRAIN_KEY),
     Key("torch_compile", BOTH, _same("compile_"), TRAIN_KEY),
-    Key("fsdp", BOTH, Map(("parallel",), _fsdp, "any value: --parallel fsdp (under torchrun)"), TRAIN_KEY),
-    Key("fsdp_config", BOTH, Unused("FSDP2 wraps each decoder layer; its settings are --reshard-after-forward "
-                                    "and --offload-states (CPU offload)"), TRAIN_KEY),
+    Key("fsdp", BOTH, Map(("parallel", "offload_states"), _fsdp,
+                          "any value: --parallel fsdp (under torchrun); with `offload`: and --offload-states"),
+        TRAIN_KEY),
+    Key("fsdp_config", BOTH, Map(("offload_states",), _fsdp_config,
+                                 "`offload_params` (or `fsdp_offload_params`) true: --offload-states; nothing else "
+                                 "is used (FSDP2 wraps each decoder layer)"), TRAIN_KEY),
     Key("deepspeed", BOTH, Unused("use --parallel fsdp (or ddp) under torchrun"), TRAIN_KEY),
     Key("report_to", TRL, Map(("report_to",), _report_to, "none, tensorboard or wandb"), TRAIN_KEY),
     Key("wandb_project", AXOLOTL, Map(("report_to",), _wandb_project,

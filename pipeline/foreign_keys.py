@@ -241,10 +241,29 @@ def _wandb_project(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     return {"report_to": "wandb"}
 
 
+def _fsdp_words(value: Any) -> list[str]:
+    """TRL's `fsdp: "full_shard auto_wrap offload"` or Axolotl's list of the same words."""
+    if isinstance(value, str):
+        return value.split()
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
 def _fsdp(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if not value:
         raise NotUsed("empty: no FSDP")
+    if "offload" in _fsdp_words(value):
+        return {"parallel": "fsdp", "offload_states": True}
     return {"parallel": "fsdp"}
+
+
+def _fsdp_config(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`offload_params: true` (TRL/accelerate; Axolotl: `fsdp_offload_params`) is --offload-states."""
+    offload = isinstance(value, Mapping) and any(value.get(k) is True for k in ("offload_params", "fsdp_offload_params"))
+    if not offload:
+        raise NotUsed("FSDP2 wraps each decoder layer; its settings are --reshard-after-forward and --offload-states")
+    if "offload" in _fsdp_words(settings.get("fsdp")):
+        raise NotUsed("fsdp's offload sets --offload-states already")
+    return {"offload_states": True}
 
 
 def _chat_template(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:

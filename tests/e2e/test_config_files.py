@@ -353,6 +353,28 @@ def test_an_axolotl_or_trl_spelling_on_the_command_line_names_ours(command, args
     assert result.exit_code == 2 and needle in result.stderr and "Did you mean" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(("text", "want", "said"), [
+    ('fsdp: "full_shard auto_wrap offload"\n', {"parallel": "fsdp", "offload_states": True},
+     "  fsdp: full_shard auto_wrap offload -> --parallel fsdp --offload-states True"),
+    ("fsdp: [full_shard, auto_wrap]\nfsdp_config: {fsdp_offload_params: true}\n",
+     {"parallel": "fsdp", "offload_states": True}, "  fsdp_config: {'fsdp_offload_params': True} -> --offload-states True"),
+    ("fsdp: [full_shard, offload]\nfsdp_config: {offload_params: true}\n",  # said once: no "both set" refusal
+     {"parallel": "fsdp", "offload_states": True}, "fsdp's offload sets --offload-states already"),
+    # negative controls: FSDP without offloading; an fsdp_config without it is named as not used
+    ("fsdp: full_shard auto_wrap\nfsdp_config: {offload_params: false, sync_module_states: true}\n",
+     {"parallel": "fsdp"}, "  fsdp_config: {'offload_params': False, 'sync_module_states': True}: not used (FSDP2 wraps"),
+])
+def test_fsdp_cpu_offload_in_a_trl_or_axolotl_config_is_offload_states(tmp_path: Path, text: str, want: dict,
+                                                                       said: str):
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "f.yaml"
+    cfg.write_text(text)
+    lines: list[str] = []
+    assert read_config_file(cfg, pack_train, TRAIN_CHECKS, foreign="pack-train", mapping=lines) == want
+    assert any(said in line for line in lines), lines
+
+
 def test_a_yaml_list_of_lora_targets_is_taken(tmp_path: Path):
     from trainer.config import TRAIN_CHECKS
 
