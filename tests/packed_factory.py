@@ -144,6 +144,20 @@ def pack_lengths(
     return rows
 
 
+def random_packed_folder(
+    folder: str | os.PathLike[str], max_len: int, *, count: int, low: int, high: int, seed: int = 0,
+    vocab: int = 300, rows_per_shard: int | None = None,
+) -> Path:
+    """A packed folder of `count` examples of random lengths in [low, high) (numpy's generator
+    from `seed`), packed by `pack_lengths` into rows of `max_len`; returns the folder.
+
+    Example: random_packed_folder(tmp / "rows", 64, count=50, low=4, high=40, rows_per_shard=7)
+    writes about 18 rows in 3 shards."""
+    lengths = np.random.default_rng(seed).integers(low, high, size=count).tolist()
+    make_packed_folder(folder, pack_lengths(lengths, max_len, vocab=vocab), max_len, rows_per_shard=rows_per_shard)
+    return Path(folder)
+
+
 def shard_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     """A shard's flat columns as writable numpy arrays: five columns plus row/example offsets."""
     from pipeline.shards import flat_column, open_shard  # noqa: PLC0415

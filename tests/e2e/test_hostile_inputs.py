@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from small_disk import small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "data" / "tokenizer"
@@ -326,21 +327,13 @@ def test_kill_9_mid_run_then_a_rerun_gives_the_same_bytes(tmp_path: Path) -> Non
 
 def test_disk_full_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     """A real full disk (a 512 KiB tmpfs; needs root to mount, skipped otherwise)."""
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode == 0
-    if not mounted:
-        pytest.skip("mounting a small file system needs root")
-    try:
+    with small_disk(tmp_path / "small", "512k") as small:
         write_jsonl(tmp_path / "d.jsonl", [{"text": f"word {i} " * 100} for i in range(2000)])
         proc = cli("pack-data", "d.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", small / "o",
                    cwd=tmp_path)
         line = error_line(proc)
         assert "disk full while writing" in line and "_spill" in line, line  # the phase: the token spill
         assert list(small.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(small)], check=False)
 
 
 # ------------------------------------------------------------------------ damaged shards

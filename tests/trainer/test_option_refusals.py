@@ -11,11 +11,10 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
+from packed_factory import random_packed_folder  # noqa: E402
 
 from pipeline.api_errors import parameter_names  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
@@ -95,10 +94,7 @@ def test_pack_config_refuses_what_pack_data_refuses(tmp_path: Path, change: dict
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("rows")
-    lengths = np.random.default_rng(0).integers(4, 40, size=50).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=7)
-    return folder
+    return random_packed_folder(tmp_path_factory.mktemp("rows"), 64, count=50, low=4, high=40, rows_per_shard=7)
 
 
 def _config(data: Path, out: Path, **kw) -> TrainConfig:

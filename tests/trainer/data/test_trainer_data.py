@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
-from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
+from packed_factory import make_packed_folder, pack_lengths, random_packed_folder  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import iter_rows, read_manifest  # noqa: E402
@@ -33,10 +33,8 @@ from trainer.data.stream import (  # noqa: E402
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~60 rows of up to 64 tokens over 4 shards."""
-    folder = tmp_path_factory.mktemp("packed")
-    lengths = np.random.default_rng(1).integers(3, 50, size=150).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=17)
-    return folder
+    return random_packed_folder(tmp_path_factory.mktemp("packed"), 64, count=150, low=3, high=50, seed=1,
+                                rows_per_shard=17)
 
 
 def test_row_lengths_match_rows(packed: Path) -> None:

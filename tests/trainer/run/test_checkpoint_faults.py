@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
+from small_disk import small_disk
 from trainer.run import checkpoint as ckpt
 from trainer.model.load import load_model
 
@@ -126,19 +125,11 @@ def test_a_bug_in_the_saver_is_not_hidden(model, tmp_path: Path, monkeypatch: py
 def test_a_real_full_disk_in_torch_save_is_one_line(model, tmp_path: Path) -> None:  # noqa: ANN001
     """torch.save on a full file system raises a RuntimeError without an errno ("unexpected pos");
     a small tmpfs (needs root to mount, skipped otherwise) shows it is still named a full disk."""
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], capture_output=True).returncode == 0
-    if not mounted:
-        pytest.skip("mounting a small file system needs root")
-    try:
+    with small_disk(tmp_path / "small", "2m") as small:
         with pytest.raises(UserError, match=r"^disk full: saving checkpoint .*step-00000001 failed while writing"):
             ckpt.save_checkpoint(small, 1, model=model, model_state=None, scheduler_state={},
                                  optimizer_state={"m": torch.zeros(1 << 20)}, trainer_state={})  # 4 MiB
         assert not list((small / "checkpoints").iterdir())
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)  # lazy: a failed save may hold a file open
 
 
 # ------------------------------------------------------------------------- pack-train's run files

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import CheckpointError
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
 from gloo_ranks import fork_ranks, free_port  # noqa: E402
-from packed_factory import default_labels, make_packed_folder, pack_lengths  # noqa: E402
+from packed_factory import default_labels, make_packed_folder, random_packed_folder  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import read_manifest  # noqa: E402
@@ -39,10 +39,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About 18 rows of <= 64 tokens (token ids < 300) in 3 shards: ~4 steps per epoch."""
-    folder = tmp_path_factory.mktemp("packed")
-    lengths = np.random.default_rng(0).integers(4, 40, size=50).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=300), 64, rows_per_shard=7)
-    return folder
+    return random_packed_folder(tmp_path_factory.mktemp("packed"), 64, count=50, low=4, high=40, rows_per_shard=7)
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
