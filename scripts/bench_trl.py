@@ -16,8 +16,9 @@ the TRL run checks that its packed dataset holds the folder's examples, tokens a
 
 A path is `trl` or `packlm` with options: `+ckpt` recomputes every decoder layer in the backward
 (TRL: HF gradient checkpointing, use_reentrant=False; pack-train: --grad-checkpointing), `+liger`
-(TRL only) Liger's kernels (`use_liger_kernel=True`). Both: bf16 autocast on CUDA (fp32 on the
-CPU); `--lora-r 16` puts LoRA adapters on every linear layer of the decoder (pack-train's
+(TRL only) Liger's kernels (`use_liger_kernel=True`), `+compile` (TRL only) the Trainer's
+`torch_compile=True` (the whole model through torch.compile: inductor, default mode). Both: bf16
+autocast on CUDA (fp32 on the CPU); `--lora-r 16` puts LoRA adapters on every linear layer of the decoder (pack-train's
 `--lora-target all`, alpha 16, no dropout) over a bf16 frozen base, `--lora-r 0` trains every
 weight (fp32 master weights); AdamW (fused on CUDA), constant learning rate, no warmup, no saving,
 no evaluation. TRL's model: the preset's config with random weights (seeded), FlashAttention-2 on
@@ -54,7 +55,7 @@ for _p in (REPO, REPO / "scripts"):
         sys.path.insert(0, str(_p))
 
 RUNNERS = ("trl", "packlm")
-OPTIONS = {"trl": ("liger", "ckpt"), "packlm": ("ckpt",)}
+OPTIONS = {"trl": ("liger", "ckpt", "compile"), "packlm": ("ckpt",)}
 DEFAULT_PATHS = "trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm"
 
 
@@ -169,7 +170,7 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         optim="adamw_torch_fused" if cuda else "adamw_torch", bf16=cuda, use_cpu=not cuda,
         gradient_checkpointing="ckpt" in options, gradient_checkpointing_kwargs={"use_reentrant": False},
-        use_liger_kernel="liger" in options,
+        use_liger_kernel="liger" in options, torch_compile="compile" in options,
         packing=True, packing_strategy="bfd", padding_free=True, max_length=a.max_len, completion_only_loss=True,
         report_to="none", save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True,
         seed=a.seed, dataloader_num_workers=0,

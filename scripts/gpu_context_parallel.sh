@@ -3,16 +3,18 @@
 #
 #   OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four|full
 #
+# Every run recomputes every layer and, unless COMPILE=1, runs eager (--no-compile).
 # check: scripts/bench_context_parallel.py check (flash_attn bf16 and sdpa fp32, context-parallel
 #        against the whole row) -> $OUT/check.json
 # short: the 8B shape, LoRA r16, every layer recomputed, no compile, rows of one 32,768-token example:
 #        one GPU, then two with --context-parallel 2 -> $OUT/short.json
 # long:  the same at 131,072 tokens on two GPUs with --context-parallel 2 (one GPU runs out of memory
 #        there), then 262,144 with --tile-mlp 8192 --offload-activations -> $OUT/long.json
-# one:   one GPU (the first), 8B LoRA, one LENGTH-token example (LENGTH, default 262,144) with
+# one:   one GPU (GPU, default 0), 8B LoRA, one LENGTH-token example (LENGTH, default 262,144) with
 #        --tile-mlp 8192 --offload-activations: the start-up memory check's line and one step ->
-#        $OUT/one.json, the host's used memory every 5 s -> $OUT/host_mem.log. 524,288 tokens offload
-#        128 GiB of layer inputs: run it on one GPU of a box with more host memory (a four-GPU one).
+#        $OUT/one-LENGTH[-compiled].json, the host's used memory every 5 s -> $OUT/host_mem-GPU.log.
+#        524,288 tokens offload 128 GiB of layer inputs: run it on one GPU of a box with more host
+#        memory than that (a two- or four-GPU one).
 # four:  four GPUs, 8B LoRA r16 at 65,536 tokens: one GPU, then --context-parallel 4 (scaling)
 #        -> $OUT/four.json
 # full:  the 8B full fine-tune (AdamW), FSDP2 over NPROC GPUs (default 4) with --context-parallel
@@ -39,16 +41,18 @@ train() {  # NAME NPROC LENGTH [extra pack-train flags...]: 8B LoRA r16 (FULL=1:
   local lora=(--lora-r 16)
   [ -n "${FULL:-}" ] && lora=()
   mkdir -p /tmp/runs
-  timeout "${LIMIT:-540}" torchrun --nproc-per-node "$nproc" -m trainer.cli --data "$DATA/len-$length" \
-    --model llama-8b --grad-checkpointing --no-compile --tokens-per-step "$length" --max-steps "$STEPS" \
-    --log-every 1 --no-progress --out "/tmp/runs/$name" "${lora[@]}" "$@" > "/tmp/runs/$name.log" 2>&1
+  local eager=(--no-compile)
+  [ -n "${COMPILE:-}" ] && eager=()
+  timeout "${LIMIT:-540}" torchrun --nproc-per-node "$nproc" --master-port "${PORT:-29500}" -m trainer.cli \
+    --data "$DATA/len-$length" --model llama-8b --grad-checkpointing "${eager[@]}" --tokens-per-step "$length" \
+    --max-steps "$STEPS" --log-every 1 --no-progress --out "/tmp/runs/$name" "${lora[@]}" "$@" > "/tmp/runs/$name.log" 2>&1
   local rc=$?
   grep -v "^W1" "/tmp/runs/$name.log" | grep -v "^\s*$" | tail -40
   echo "== $name exit $rc"
 }
 
-sample_host() {  # the host's used memory (MiB, `free -m`) every 5 s, with the time -> $OUT/host_mem.log
-  while sleep 5; do echo "$(date +%s) $(free -m | awk '/Mem:/{print $3}')"; done > "$OUT/host_mem.log"
+sample_host() {  # the host's used memory (MiB, `free -m`) every 5 s, with the time -> $OUT/host_mem${1:-}.log
+  while sleep 5; do echo "$(date +%s) $(free -m | awk '/Mem:/{print $3}')"; done > "$OUT/host_mem${1:-}.log"
 }
 
 case "$part" in
@@ -69,13 +73,14 @@ case "$part" in
       --json "$OUT/long.json"
     ;;
   one)
-    length="${LENGTH:-262144}"
-    python scripts/bench_context_parallel.py data "$DATA" --lengths "$length" --rows 2
-    sample_host & sampler=$!
-    CUDA_VISIBLE_DEVICES=0 STEPS=1 LIMIT="${LIMIT:-1700}" train "one-$length-tiled" 1 "$length" --tile-mlp 8192 \
-      --offload-activations
+    length="${LENGTH:-262144}" gpu="${GPU:-0}"
+    name="one-$length${COMPILE:+-compiled}"
+    [ -d "$DATA/len-$length" ] || python scripts/bench_context_parallel.py data "$DATA" --lengths "$length" --rows 2
+    sample_host "-$gpu" & sampler=$!
+    CUDA_VISIBLE_DEVICES=$gpu PORT=$((29500 + gpu)) STEPS=1 LIMIT="${LIMIT:-1700}" train "$name" 1 "$length" \
+      --tile-mlp 8192 --offload-activations
     kill "$sampler"
-    python scripts/bench_context_parallel.py report --warmup 0 "/tmp/runs/one-$length-tiled" --json "$OUT/one.json"
+    python scripts/bench_context_parallel.py report --warmup 0 "/tmp/runs/$name" --json "$OUT/$name.json"
     ;;
   four)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -101,4 +106,4 @@ case "$part" in
     echo "usage: OUT=folder bash scripts/gpu_context_parallel.sh check|short|long|one|four|full (got '$part')" >&2
     exit 2
     ;;
-esac 2>&1 | tee "$OUT/$part.log"
+esac 2>&1 | tee "$OUT/$part${GPU:+-$GPU}.log"

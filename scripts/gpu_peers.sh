@@ -6,7 +6,8 @@
 # trl:   scripts/bench_trl.py on one GPU, rows of 16,384 tokens (GSM8K + CodeAlpaca, pack-data):
 #        TRL's SFTTrainer (Liger, FlashAttention-2, with and without recompute) against pack-train,
 #        the 1B shape full fine-tune (trl1b) then the 8B shape with LoRA r16 (trl8b)
-#        -> $OUT/trl-llama-1b.json, $OUT/trl-llama-8b.json
+#        -> $OUT/trl-llama-1b.json, $OUT/trl-llama-8b.json (PATHS: other paths, e.g. with TRL's
+#        +compile; TAG: a suffix for those files' names)
 # ring:  NPROC GPUs (default 2): rows of one 32,768- and one 131,072-token example
 #        (bench_context_parallel.py data; LENGTHS to change), ring-flash-attn's HF adapter
 #        (bench_context_parallel.py peer) and pack-train --context-parallel NPROC on the same
@@ -42,7 +43,7 @@ PY
 trl() {  # MODEL LORA_R
   python3 scripts/bench_trl.py --model "$1" --lora-r "$2" --max-len "${MAX_LEN:-16384}" --steps "${STEPS:-8}" \
     --warmup "${WARMUP:-3}" --limit "${LIMIT:-3000}" --path-timeout "${PATH_TIMEOUT:-240}" \
-    --paths trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm --json "$OUT/trl-$1.json"
+    --paths "${PATHS:-trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm}" --json "$OUT/trl-$1${TAG:-}.json"
   echo "== bench_trl $1 exit $?"
 }
 

@@ -141,10 +141,12 @@ def compile_decoder_layers(model: torch.nn.Module) -> None:
     """`--compile`: each decoder layer as its own `torch.compile`d module, with dynamic shapes (every
     packed micro-batch has its own token count), so that one graph serves every row length.
 
-    Two settings keep it at one graph per layer for a whole run:
-    - dynamo's recompile limit makes room for one graph per layer: a model with per-layer
-      attention kinds (`config.layer_types`) compiles the attention call once per layer index,
-      and past the limit dynamo would run the later layers eagerly.
+    Two settings keep it at one graph per layer for a whole run, or two where rows get long:
+    - dynamo's recompile limit makes room for two graphs per layer: a model with per-layer
+      attention kinds (`config.layer_types`) compiles the attention call once per layer index, and
+      inductor indexes with 32-bit integers while every tensor has fewer than 2**31 elements and
+      guards on that, so the first row past it (an 8B's [T, 4096] at T = 524,288) compiles each
+      layer again with 64-bit indexing. Past the limit dynamo would run the later layers eagerly.
     - inductor's mix-order reduction (the RMSNorm backward's two reductions fused into one
       kernel) is taken without its size checks (`mix_order_reduction_non_strict_mode`). Those
       checks compare the first micro-batch's token count with thresholds (2 x hidden size, 4096
@@ -157,7 +159,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> None:
     import torch._inductor.config as inductor_config
 
     layers = decoder_layers(model)
-    allow_recompiles(len(layers))
+    allow_recompiles(2 * len(layers))
     if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):  # older torch: no such fusion
         inductor_config.triton.mix_order_reduction_non_strict_mode = True
     for layer in layers:

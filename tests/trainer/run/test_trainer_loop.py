@@ -808,7 +808,7 @@ def test_compiled_layers_keep_one_graph_for_every_row_length(monkeypatch: pytest
         model, _ = build_model("tiny", attn="sdpa", vocab_size=300)
         compile_decoder_layers(model)
         assert inductor_config.triton.mix_order_reduction_non_strict_mode is True
-        assert torch._dynamo.config.recompile_limit >= len(decoder_layers(model)) + 8
+        assert torch._dynamo.config.recompile_limit >= 2 * len(decoder_layers(model)) + 8  # room for 64-bit indexing
         rng = np.random.default_rng(0)
         # the first step's rows, then longer, then shorter ones, in other numbers of examples (none
         # of them one more than a head count: dynamo would take the equal sizes for one)
