@@ -6,7 +6,10 @@ product), 28 KB a token each in bf16, 3.5 GiB each at 131,072 tokens, even in a 
 recomputed (its backward needs them all at once). `tile_mlp(model, tokens)` runs each decoder
 layer's MLP over the sequence `tokens` at a time, each tile under activation checkpointing, so the
 backward recomputes one tile's intermediates at a time: the layer then keeps only the MLP's input
-and output. The MLP works token by token, so the tiles compute exactly what the whole does.
+and output. The MLP works token by token, so the tiles compute exactly what the whole does. In a
+compiled layer (`--compile`) the tiled MLP runs eagerly, a graph break between the attention's
+graph and the rest: dynamo (torch 2.11) cannot trace a checkpoint called inside a checkpointed
+layer ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer").
 
 `offload_activations()` moves every tensor the forward saves for the backward to pinned CPU memory
 and back when the backward needs it (`HostOffload`, torch's `save_on_cpu` with a byte count). With
@@ -57,6 +60,7 @@ def tile_mlp(layers: list[torch.nn.Module], tokens: int) -> None:
             continue
         whole = mlp.forward
 
+        @torch.compiler.disable
         def tiled(self: torch.nn.Module, hidden: torch.Tensor, *args: Any, _whole=whole, **kwargs: Any):
             if args or kwargs or hidden.shape[-2] <= tokens:
                 return _whole(hidden, *args, **kwargs)
