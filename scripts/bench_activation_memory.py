@@ -13,6 +13,13 @@ reference attention, which keeps its padded q/k/v where flash-attn keeps q/k/v/o
 log-sum-exp: about the same bytes).
 
     python scripts/bench_activation_memory.py --model llama-8b --lora-r 16 --tokens 256 --budgets 1,0.7,0.5
+
+With `--tile-mlp N` each layer's MLP runs in tiles of N tokens (`pack-train --tile-mlp`), so the
+count is what a layer recomputed in the backward (`--grad-checkpointing`) holds while its backward
+runs, the working set that bounds a long row on one GPU (the tiles' own intermediates, one tile at a
+time, are left out: pick N a small share of --tokens, as 8,192 is of a 524,288-token row).
+
+    python scripts/bench_activation_memory.py --tokens 1024 --tile-mlp 16 --budgets eager,1
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tup
     from trainer.data.batch import collate_flat
     from trainer.model.lora import freeze_in_bf16
     from trainer.model.loss import LossModule
-    from trainer.model.load import compile_decoder_layers, prepare, preset_config
+    from trainer.model.load import compile_decoder_layers, decoder_layers, prepare, preset_config
+    from trainer.model.long_rows import tile_mlp
 
     torch._dynamo.reset()
     config = preset_config(args.model, 32000)
@@ -57,6 +65,8 @@ def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tup
 
         model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=16, target_modules="all-linear"))
         freeze_in_bf16(model)
+    if args.tile_mlp:
+        tile_mlp(decoder_layers(model), args.tile_mlp)
     if budget is not None:  # as pack-train --compile does
         compile_decoder_layers(model)
     lens = np.full(4, args.tokens // 4)
@@ -93,21 +103,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budgets", default="eager,1,0.7,0.5",
                    help="comma separated: 'eager' (no compile) or a compiled layer's activation memory budget")
     p.add_argument("--project-tokens", type=int, default=16384, help="micro-batch of the projection")
+    p.add_argument("--tile-mlp", type=int, default=0, help="the MLP in tiles of this many tokens (0: whole)")
     args = p.parse_args(argv)
     from trainer.model.load import preset_config
 
     config = preset_config(args.model)
     hidden_bytes = 2 * config.hidden_size  # one bf16 hidden-size vector
     print(f"# {args.model} layer (hidden {config.hidden_size}, MLP {config.intermediate_size}), LoRA r{args.lora_r}, "
-          f"{args.tokens} tokens, bf16 autocast, torch {torch.__version__}")
+          f"{args.tokens} tokens, bf16 autocast{f', MLP in tiles of {args.tile_mlp}' if args.tile_mlp else ''}, "
+          f"torch {torch.__version__}")
     for entry in args.budgets.split(","):
         budget = None if entry == "eager" else float(entry)
         t0 = time.perf_counter()
         per_token, kinds = saved_per_layer(args, budget)
-        project = per_token * args.project_tokens * config.num_hidden_layers / 2**30
+        # recomputed layers (with tiles) hold one layer's set at a time; otherwise every layer keeps its own
+        layers = 1 if args.tile_mlp else config.num_hidden_layers
+        project = per_token * args.project_tokens * layers / 2**30
         print(f"{'eager' if budget is None else f'compiled, budget {budget:g}'}: {per_token:,.0f} bytes per token "
               f"per layer ({per_token / hidden_bytes:.1f} bf16 hidden vectors); {args.project_tokens} tokens x "
-              f"{config.num_hidden_layers} layers: {project:.1f} GiB ({time.perf_counter() - t0:.0f} s)")
+              f"{layers} layer{'s' if layers > 1 else ' (recomputed)'}: {project:.1f} GiB "
+              f"({time.perf_counter() - t0:.0f} s)")
         for (dtype, shape), b in sorted(kinds.items(), key=lambda x: -x[1])[:8]:
             print(f"  {b:9,.0f} B/token  {dtype} {list(shape)}")
 

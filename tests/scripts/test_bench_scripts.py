@@ -833,6 +833,21 @@ def test_bench_activation_memory_counts_one_layer_of_activations(capsys):
     assert "B/token  bfloat16" in out
 
 
+def test_bench_activation_memory_with_tiles_counts_less_than_the_whole_mlp(capsys):
+    """--tile-mlp: the layer's count leaves the MLP's intermediates out (its tiles recompute them),
+    so an eager layer keeps fewer bytes per token than with the whole MLP."""
+    import re
+
+    import bench_activation_memory as bam
+
+    def per_token(*extra: str) -> float:
+        bam.main(["--model", "tiny", "--lora-r", "4", "--tokens", "64", "--budgets", "eager", *extra])
+        out = capsys.readouterr().out
+        return float(re.findall(r": ([\d,]+) bytes per token per layer", out)[0].replace(",", ""))
+
+    assert 0 < per_token("--tile-mlp", "8") < per_token()
+
+
 def test_the_activation_memory_budget_reaches_every_compiled_path(tmp_path, monkeypatch):
     """--activation-memory-budget goes to pack-train's config on packlm paths and is in force while
     an HF path's compiled layers run (and partition) their steps; the default leaves torch's own."""
