@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,6 +138,13 @@ def longest_fitting(line: tuple[float, float], capacity: float) -> int | None:
     return max(0, math.floor((capacity - intercept) / slope))
 
 
+def _local_params(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each parameter the optimizer steps, with the tensor this rank holds of it (its shard, under FSDP2)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            yield p, (p.to_local() if hasattr(p, "to_local") else p)
+
+
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer, where: str = "cuda") -> int:
     """The bytes of the states the optimizer's first step will allocate on the `where` device type
     (0 where it has them, as after a resume): AdamW's two moments per parameter, in its dtype (a
@@ -145,27 +152,21 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer, where: str = "cuda")
     second moment (fp32). States go where their parameter lives: CPU memory under --offload-states."""
     total = 0
     adafactor = isinstance(optimizer, torch.optim.Adafactor)
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            local = p.to_local() if hasattr(p, "to_local") else p
-            if optimizer.state.get(p) or local.device.type != where:
-                continue
-            if adafactor:
-                total += 4 * (local.shape[-2] + local.shape[-1] if local.dim() >= 2 else local.numel())
-            else:
-                total += 2 * local.numel() * local.element_size()
+    for p, local in _local_params(optimizer):
+        if optimizer.state.get(p) or local.device.type != where:
+            continue
+        if adafactor:
+            total += 4 * (local.shape[-2] + local.shape[-1] if local.dim() >= 2 else local.numel())
+        else:
+            total += 2 * local.numel() * local.element_size()
     return total
 
 
 def host_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Under --offload-states, what the first step will still allocate in host memory for the
     parameters kept there: their optimizer states and the gradients they do not hold yet."""
-    grads = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            local = p.to_local() if hasattr(p, "to_local") else p
-            if local.device.type == "cpu" and p.grad is None:
-                grads += local.numel() * local.element_size()
+    grads = sum(local.numel() * local.element_size() for p, local in _local_params(optimizer)
+                if local.device.type == "cpu" and p.grad is None)
     return optimizer_state_bytes(optimizer, "cpu") + grads
 
 

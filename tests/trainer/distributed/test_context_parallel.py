@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gloo_ranks import run_on_ranks
+from run_metrics import logged_losses
 from pipeline.errors import UserError
 from trainer.distributed import context_parallel as cp
 from trainer.data.batch import collate_flat
@@ -274,14 +275,6 @@ def _train_rank(rank: int, world: int, config: dict) -> dict:
     return train(TrainConfig(**config))
 
 
-def _losses(run) -> list[float]:
-    import json
-    from pathlib import Path
-
-    lines = (Path(run) / "metrics.jsonl").read_text().splitlines()
-    return [r["loss"] for r in map(json.loads, lines) if r.get("loss") is not None]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("world,parallel", [(2, "ddp"), (4, "fsdp")])
 def test_train_under_context_parallel_gives_the_single_process_losses(long_rows, tmp_path, world, parallel):
@@ -300,7 +293,7 @@ def test_train_under_context_parallel_gives_the_single_process_losses(long_rows,
     ranks = run_on_ranks(_train_rank, world, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2,
                                                         parallel=parallel),), deadline_s=400)
     one = train(TrainConfig(**base, out=str(tmp_path / "one"), grad_accum=world // 2))
-    got, want = _losses(tmp_path / "cp"), _losses(tmp_path / "one")
+    got, want = logged_losses(tmp_path / "cp"), logged_losses(tmp_path / "one")
     assert len(got) == len(want) == 4
     assert got == pytest.approx(want, rel=1e-5)
     assert all(r["eval_loss_tokens"] == one["eval_loss_tokens"] for r in ranks)

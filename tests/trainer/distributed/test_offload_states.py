@@ -8,16 +8,15 @@ gloo backend for the CPU tensors (the gradient norm's all-reduce) beside NCCL.""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from gloo_ranks import train_on_two_ranks
-from packed_factory import make_packed_folder, pack_lengths
+from packed_factory import random_packed_folder
+from run_metrics import logged_losses
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.config import validate
@@ -26,16 +25,9 @@ from trainer.distributed.parallel import process_group_backend
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _losses(run: Path) -> list[float]:
-    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-    return [r["loss"] for r in rows if r.get("loss") is not None]
-
-
 @pytest.fixture()
 def config(tmp_path: Path) -> TrainConfig:
-    data = tmp_path / "data"
-    lengths = np.random.default_rng(5).integers(4, 60, 48).tolist()
-    make_packed_folder(data, pack_lengths(lengths, 96, vocab=300), 96)
+    data = random_packed_folder(tmp_path / "data", 96, count=48, low=4, high=60, seed=5)
     return TrainConfig(data=str(data), model="tiny", out=str(tmp_path / "run"), tokens_per_step=192, max_steps=3,
                        parallel="fsdp", lr=1e-3, num_workers=0, progress=False, device="cpu", log_every=1,
                        eval_data="none")
@@ -70,7 +62,7 @@ def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_p
     offload = train_on_two_ranks(replace(config, out=str(tmp_path / "offload"), offload_states=True),
                                  tmp_path / "offload-ranks")
     assert plain[0]["steps"] == offload[0]["steps"] == 3
-    assert _losses(tmp_path / "offload") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-6)
+    assert logged_losses(tmp_path / "offload") == pytest.approx(logged_losses(tmp_path / "plain"), rel=1e-6)
     layers = 2  # the tiny preset's decoder layers, then the root, on each of two ranks
     assert calls.read_text().split() == ["CPUOffloadPolicy"] * (2 * (layers + 1))
     assert plain_calls == ["OffloadPolicy"] * (2 * (layers + 1))  # negative control

@@ -3,7 +3,6 @@ and a run with tiles and offloaded activations logs the losses of one without.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 
 from families import FAMILIES, TINY, examples
 from packed_factory import make_packed_folder, pack_lengths
+from run_metrics import logged_losses
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.data.batch import collate_flat
@@ -161,8 +161,4 @@ def test_a_run_with_tiles_and_offloaded_checkpoints_logs_the_same_losses(tmp_pat
     train(TrainConfig(**base, out=str(tmp_path / "plain")))
     train(TrainConfig(**base, out=str(tmp_path / "long"), tile_mlp=32, offload_activations=True, compile=compiled))
 
-    def losses(run: Path) -> list[float]:
-        rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-        return [r["loss"] for r in rows if r.get("loss") is not None]
-
-    assert losses(tmp_path / "long") == pytest.approx(losses(tmp_path / "plain"), rel=1e-5)
+    assert logged_losses(tmp_path / "long") == pytest.approx(logged_losses(tmp_path / "plain"), rel=1e-5)

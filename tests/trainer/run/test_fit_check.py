@@ -7,7 +7,6 @@ statistics); the probe steps themselves are the run's real forward and backward.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from packed_factory import make_packed_folder, pack_lengths
+from run_metrics import logged_losses
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.run import fit_check
@@ -198,11 +198,6 @@ def test_a_step_measured_as_it_is_says_so() -> None:
     assert info.endswith("measured from a step of 65,536 tokens")
 
 
-def _losses(run: Path) -> list[float]:
-    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-    return [r["loss"] for r in rows if r.get("loss") is not None]
-
-
 @pytest.fixture()
 def forced(monkeypatch):
     """The check on the CPU: probes of 64 and 128 tokens, peaks on a line of the probe's tokens
@@ -234,7 +229,7 @@ def test_the_probes_leave_the_run_unchanged(tmp_path: Path, forced, monkeypatch)
     assert forced[0] == [64, 128]
     monkeypatch.setattr(fit_check, "applies", lambda run: False)
     train(TrainConfig(**base, out=str(tmp_path / "plain")))
-    assert _losses(tmp_path / "checked") == _losses(tmp_path / "plain")
+    assert logged_losses(tmp_path / "checked") == logged_losses(tmp_path / "plain")
 
 
 def test_a_row_too_long_stops_the_run_before_its_first_step(tmp_path: Path, forced) -> None:
