@@ -47,8 +47,11 @@ for _p in (REPO, REPO / "scripts"):
         sys.path.insert(0, str(_p))
 
 
-def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab: int = 32000) -> None:
-    """A packed folder of `rows` rows, each one example of `length` tokens (ids below `vocab`)."""
+def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab: int = 32000,
+                      record_vocab: bool = False) -> None:
+    """A packed folder of `rows` rows, each one example of `length` tokens (ids below `vocab`). With
+    `record_vocab` the manifest names `vocab` as the tokenizer's size, which pack-train then gives the
+    model; without, a preset keeps its own vocabulary (the 8B's 128,256)."""
     from pipeline.shards import (IGNORE_INDEX, Counts, Manifest, ShardInfo, file_sha256, rows_table, shard_name,
                                  write_manifest, write_shard)
 
@@ -68,7 +71,8 @@ def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab
         loss_tokens=rows * (length - 1), efficiency=1.0,
         counts=Counts(examples_read=rows, examples_packed=rows),
         shards=[ShardInfo(file=name, rows=rows, tokens=rows * length, sha256=file_sha256(folder / name))],
-        tokenizer={"name": f"random ids below {vocab}", "fingerprint": "0" * 64},
+        tokenizer={"name": f"random ids below {vocab}", "fingerprint": "0" * 64,
+                   **({"vocab_size": vocab} if record_vocab else {})},
         config={"max_len": length, "strategy": "ffd", "seed": seed},
     )
     write_manifest(folder, manifest)

@@ -4,6 +4,8 @@
         --paths trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm --json bench_trl_1b.json
     python scripts/bench_trl.py --model tiny --device cpu --limit 200 --max-len 1024 --steps 3 --warmup 1 \
         --paths trl,packlm
+    python scripts/bench_trl.py --model llama-8b --lora-r 16 --lengths 32768,65536,131072,196608 \
+        --steps 2 --warmup 1 --paths trl+liger+ckpt+offload,packlm+ckpt+long --json bench_trl_longest.json
 
 Data: GSM8K + CodeAlpaca from `../shared` in one seeded order, packed once by pack-data with
 `--strategy ffd --max-len L` (`benchlib.prepare_data`, as bench_train.py makes its rows). pack-train
@@ -17,13 +19,21 @@ the TRL run checks that its packed dataset holds the folder's examples, tokens a
 A path is `trl` or `packlm` with options: `+ckpt` recomputes every decoder layer in the backward
 (TRL: HF gradient checkpointing, use_reentrant=False; pack-train: --grad-checkpointing), `+liger`
 (TRL only) Liger's kernels (`use_liger_kernel=True`), `+compile` (TRL only) the Trainer's
-`torch_compile=True` (the whole model through torch.compile: inductor, default mode). Both: bf16
-autocast on CUDA (fp32 on the CPU); `--lora-r 16` puts LoRA adapters on every linear layer of the decoder (pack-train's
-`--lora-target all`, alpha 16, no dropout) over a bf16 frozen base, `--lora-r 0` trains every
+`torch_compile=True` (the whole model through torch.compile: inductor, default mode), `+offload`
+(TRL only) `activation_offloading=True` (what the forward saves for the backward in CPU memory),
+`+long` (pack-train only) its long-row levers, `--tile-mlp 8192 --offload-activations`. Both: bf16
+autocast on CUDA (fp32 on the CPU); `--lora-r 16` puts LoRA adapters on every linear layer of the
+decoder (pack-train's `--lora-target all`, alpha 16, no dropout) over a bf16 frozen base, `--lora-r 0` trains every
 weight (fp32 master weights); AdamW (fused on CUDA), constant learning rate, no warmup, no saving,
 no evaluation. TRL's model: the preset's config with random weights (seeded), FlashAttention-2 on
 CUDA, sdpa on the CPU. pack-train runs with its own defaults otherwise (its attention choice and,
 on CUDA, its compiled layers unless --no-compile).
+
+The longest example each path trains (`--lengths L1,L2,...`): instead of GSM8K + CodeAlpaca, rows
+of one example of random ids below the preset's vocabulary (`bench_context_parallel.write_long_folder`,
+--steps rows), one length after another in ascending order, each at `--max-len` = that length; a
+path stops at its first length that does not train (out of memory, or pack-train's memory check
+refusing the row), and the summary names the longest length each path trained.
 
 Each path runs in its own subprocess (a fresh CUDA context; an out-of-memory path is a result,
 "OOM", and the other paths still run). Each trains `--steps` S steps in all; tokens/s is over steps
@@ -55,7 +65,7 @@ for _p in (REPO, REPO / "scripts"):
         sys.path.insert(0, str(_p))
 
 RUNNERS = ("trl", "packlm")
-OPTIONS = {"trl": ("liger", "ckpt", "compile"), "packlm": ("ckpt",)}
+OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload"), "packlm": ("ckpt", "long")}
 DEFAULT_PATHS = "trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm"
 
 
@@ -68,7 +78,7 @@ def parse_path(path: str) -> tuple[str, set[str]]:
     """
     runner, *options = path.split("+")
     if runner not in RUNNERS or any(o not in OPTIONS[runner] for o in options) or len(set(options)) < len(options):
-        raise ValueError(f"path {path!r}: expected trl[+liger][+ckpt] or packlm[+ckpt]")
+        raise ValueError(f"path {path!r}: expected trl[+liger][+ckpt][+compile][+offload] or packlm[+ckpt][+long]")
     return runner, set(options)
 
 
@@ -171,6 +181,7 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         optim="adamw_torch_fused" if cuda else "adamw_torch", bf16=cuda, use_cpu=not cuda,
         gradient_checkpointing="ckpt" in options, gradient_checkpointing_kwargs={"use_reentrant": False},
         use_liger_kernel="liger" in options, torch_compile="compile" in options,
+        activation_offloading="offload" in options,
         packing=True, packing_strategy="bfd", padding_free=True, max_length=a.max_len, completion_only_loss=True,
         report_to="none", save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True,
         seed=a.seed, dataloader_num_workers=0,
@@ -238,7 +249,8 @@ def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         data=a.folder, model=a.model, out=out, tokens_per_step=a.max_len, grad_accum=1, lr=a.lr, warmup=0,
         schedule="constant", max_steps=a.steps, seed=a.seed, log_every=1, lora_r=a.lora_r,
         grad_checkpointing=1 if "ckpt" in options else 0, compile=False if a.no_compile else None,
-        device=a.device, progress=False,
+        device=a.device, progress=False, tile_mlp=8192 if "long" in options else 0,
+        offload_activations="long" in options,
     )
     try:
         with no_checkpoint_writes():
@@ -246,6 +258,8 @@ def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     except UserError as exc:
         if "out of GPU memory" in str(exc):
             return {"status": "OOM", "note": str(exc)[:300]}
+        if "could fit" in str(exc):  # the memory check before the first step refused the row
+            return {"status": "refused", "note": str(exc)[:400]}
         raise
     records = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     res, _ = timed_result("packlm", "pack-train", records, a.warmup, a.steps - a.warmup)
@@ -321,6 +335,73 @@ def line(r: dict[str, Any]) -> str:
             f"  peak {peak}  loss {r.get('final_loss')}  ({r.get('runner')})")
 
 
+def run_path(a: argparse.Namespace, path: str, folder: Path) -> dict[str, Any]:
+    """One path in its own subprocess on `folder` (at `a.max_len`); its record, printed as a line."""
+    result = a.workdir / f"result-{path}.json"
+    result.unlink(missing_ok=True)
+    print(f"== {path}" + (f" at {a.max_len:,} tokens" if a.lengths else ""), flush=True)
+    try:
+        proc = subprocess.run(child_args(a, path, folder, result), stderr=subprocess.PIPE, text=True,
+                              timeout=a.path_timeout)
+    except subprocess.TimeoutExpired as exc:
+        sys.stderr.write(exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "")
+        record = {"path": path, "status": "timeout", "note": f"stopped after --path-timeout {a.path_timeout} s"}
+    else:
+        sys.stderr.write(proc.stderr)  # in full: a failed path's traceback is the report
+        if result.is_file():
+            record = json.loads(result.read_text())
+        else:
+            tail = proc.stderr.strip().splitlines()[-1:] or [""]
+            record = {"path": path, "status": "failed", "note": f"exit {proc.returncode}: {tail[0][:300]}"}
+    record["length"] = a.max_len
+    print(line(record), flush=True)
+    return record
+
+
+def longest(records: list[dict[str, Any]]) -> dict[str, int | None]:
+    """The longest length each path trained (None: not even the first).
+
+    >>> longest([{"path": "trl", "length": 8, "status": "ok"}, {"path": "trl", "length": 16, "status": "OOM"},
+    ...          {"path": "packlm", "length": 8, "status": "OOM"}])
+    {'trl': 8, 'packlm': None}
+    """
+    out: dict[str, int | None] = {}
+    for r in records:
+        out.setdefault(r["path"], None)
+        if r.get("status") == "ok":
+            out[r["path"]] = max(out[r["path"]] or 0, r["length"])
+    return out
+
+
+def run_lengths(a: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
+    """--lengths: each path at each length, ascending, until its first length that does not train."""
+    from bench_context_parallel import write_long_folder
+
+    from trainer.model.load import preset_config
+
+    vocab = preset_config(a.model).vocab_size  # both trainers build the preset with it
+    lengths = sorted({int(x) for x in a.lengths.split(",") if x})
+    records: list[dict[str, Any]] = []
+    going = list(paths)
+    for length in lengths:
+        folder = a.workdir / f"long-{length}-{a.steps}"
+        if not (folder / "manifest.json").is_file():
+            write_long_folder(folder, length, rows=a.steps, seed=a.seed, vocab=vocab, record_vocab=True)
+        a.max_len = length
+        for path in list(going):
+            record = run_path(a, path, folder)
+            records.append(record)
+            if record.get("status") != "ok":
+                going.remove(path)
+    found = longest(records)
+    for path, n in found.items():
+        print(f"{path}: the longest example that trained: {f'{n:,} tokens' if n else 'none of those tried'}")
+    compared = {str(n): ratios([r for r in records if r["length"] == n]) for n in lengths}
+    return {"model": a.model, "lora_r": a.lora_r, "lengths": lengths, "steps": a.steps, "warmup": a.warmup,
+            "device": a.device, "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
+            "results": records, "longest": found, "ratios_by_length": compared}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="llama-1b", help="trainer.model.presets name (llama-1b, llama-8b, tiny)")
@@ -337,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--path-timeout", type=float, default=None, help="seconds a path may run (then: 'timeout')")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench_trl"))
     p.add_argument("--shared", type=Path, default=None, help="shared data folder (default: benchlib.shared_dir)")
+    p.add_argument("--lengths", default=None,
+                   help="comma separated example lengths: the longest each path trains (see the module)")
     p.add_argument("--json")
     p.add_argument("--one", help=argparse.SUPPRESS)  # the child: run this path only
     p.add_argument("--folder", help=argparse.SUPPRESS)
@@ -354,32 +437,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         p.error("--warmup must be below --steps")
     a.shared = a.shared or shared_dir()
     a.workdir.mkdir(parents=True, exist_ok=True)
+    if a.lengths:
+        return _finish(a, run_lengths(a, paths))
     data = a.workdir / f"data-{a.max_len}-{a.limit}"
     folder = prepare_data(data, a.shared, limit=a.limit, seed=a.seed, max_len=a.max_len, strategies=("ffd",))["ffd"]
     totals = folder_totals(folder)
     print(f"data: {folder}: {totals}", flush=True)
-    records = []
-    for path in paths:
-        result = a.workdir / f"result-{path}.json"
-        result.unlink(missing_ok=True)
-        print(f"== {path}", flush=True)
-        try:
-            proc = subprocess.run(child_args(a, path, folder, result), stderr=subprocess.PIPE, text=True,
-                                  timeout=a.path_timeout)
-        except subprocess.TimeoutExpired as exc:
-            sys.stderr.write(exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "")
-            record = {"path": path, "status": "timeout", "note": f"stopped after --path-timeout {a.path_timeout} s"}
-            records.append(record)
-            print(line(record), flush=True)
-            continue
-        sys.stderr.write(proc.stderr)  # in full: a failed path's traceback is the report
-        if result.is_file():
-            record = json.loads(result.read_text())
-        else:
-            tail = proc.stderr.strip().splitlines()[-1:] or [""]
-            record = {"path": path, "status": "failed", "note": f"exit {proc.returncode}: {tail[0][:300]}"}
-        records.append(record)
-        print(line(record), flush=True)
+    records = [run_path(a, path, folder) for path in paths]
     compared = ratios(records)
     for path, r in compared.items():
         same = f"{r['vs_trl_same_recompute']:.2f}x {r['trl_same_recompute']}" if r["vs_trl_same_recompute"] else "-"
@@ -388,6 +452,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     payload = {"model": a.model, "lora_r": a.lora_r, "max_len": a.max_len, "steps": a.steps, "warmup": a.warmup,
                "device": a.device, "data": {"folder": str(folder), **totals}, "results": records,
                "ratios": compared}
+    return _finish(a, payload)
+
+
+def _finish(a: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
+    """The GPU's name added, the payload written to --json; the payload."""
     if a.device.startswith("cuda"):
         import torch
 

@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The peers of issue 57's measurements on a CUDA box, from the repository root:
 #
-#   OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|ring
+#   OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|longest|ring
 #
 # trl:   scripts/bench_trl.py on one GPU, rows of 16,384 tokens (GSM8K + CodeAlpaca, pack-data):
 #        TRL's SFTTrainer (Liger, FlashAttention-2, with and without recompute) against pack-train,
 #        the 1B shape full fine-tune (trl1b) then the 8B shape with LoRA r16 (trl8b)
 #        -> $OUT/trl-llama-1b.json, $OUT/trl-llama-8b.json (PATHS: other paths, e.g. with TRL's
 #        +compile; TAG: a suffix for those files' names)
+# longest: the longest example TRL's SFTTrainer and pack-train each train on one GPU, 8B shape, LoRA
+#        r16: scripts/bench_trl.py --lengths (LENGTHS, default 32,768 to 262,144), TRL with Liger and
+#        recompute, with and without its activation offloading, against pack-train with recompute,
+#        --tile-mlp 8192 --offload-activations (a host with room for the offload: one GPU of a
+#        two- or four-GPU box) -> $OUT/trl-longest-llama-8b.json
 # ring:  NPROC GPUs (default 2): rows of one 32,768- and one 131,072-token example
 #        (bench_context_parallel.py data; LENGTHS to change), ring-flash-attn's HF adapter
 #        (bench_context_parallel.py peer) and pack-train --context-parallel NPROC on the same
 #        folders: the 8B shape, LoRA r16, every layer recomputed, no compile; WARMUP steps then
 #        STEPS timed -> $OUT/peer-L.json, $OUT/ring-packlm.json
-# Both first install the carried wheels (.devcarry/peers: trl, datasets, dill, multiprocess,
+# Each first installs the carried wheels (.devcarry/peers: trl, datasets, dill, multiprocess,
 # liger-kernel, ring-flash-attn; .devcarry/flash_attn-*.whl) into /tmp/site. Logs: $OUT/MODE.log,
 # every command's stderr in full.
 set -o pipefail
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-out/gpu_peers}"
-mode="${1:?usage: OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|ring}"
+mode="${1:?usage: OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|longest|ring}"
 mkdir -p "$OUT"
 
 install() {
@@ -47,6 +52,13 @@ trl() {  # MODEL LORA_R
   echo "== bench_trl $1 exit $?"
 }
 
+longest() {
+  python3 scripts/bench_trl.py --model llama-8b --lora-r 16 --lengths "${LENGTHS:-32768,65536,131072,196608,262144}" \
+    --steps 2 --warmup 1 --path-timeout "${PATH_TIMEOUT:-900}" --no-compile \
+    --paths "${PATHS:-trl+liger+ckpt,trl+liger+ckpt+offload,packlm+ckpt+long}" --json "$OUT/trl-longest-llama-8b.json"
+  echo "== bench_trl --lengths exit $?"
+}
+
 ring() {
   local nproc="${NPROC:-2}" steps="${STEPS:-3}" warmup="${WARMUP:-2}" lengths="${LENGTHS:-32768,131072}"
   local data=/tmp/long-rows runs=()
@@ -69,9 +81,10 @@ case "$mode" in
   trl) install && trl llama-1b 0 && trl llama-8b 16 ;;
   trl1b) install && trl llama-1b 0 ;;
   trl8b) install && trl llama-8b 16 ;;
+  longest) install && longest ;;
   ring) install && ring ;;
   *)
-    echo "usage: OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|ring (got '$mode')" >&2
+    echo "usage: OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|longest|ring (got '$mode')" >&2
     exit 2
     ;;
 esac 2>&1 | tee "$OUT/$mode.log"

@@ -52,3 +52,43 @@ def test_path_names() -> None:
     for bad in ("packlm+liger", "trl+ckpt+ckpt", "hf"):
         with pytest.raises(ValueError, match="expected trl"):
             bench_trl.parse_path(bad)
+
+
+def test_lengths_ladder_same_rows_same_losses(tmp_path: Path) -> None:
+    """--lengths: each path trains rows of one example at each length; TRL packs exactly those
+    examples, and its loss on them is pack-train's (fp32 on the CPU)."""
+    payload = bench_trl.main(["--model", "tiny", "--device", "cpu", "--lengths", "256,128", "--steps", "2",
+                              "--warmup", "1", "--paths", "trl+ckpt,packlm+ckpt+long", "--workdir", str(tmp_path),
+                              "--path-timeout", "300"])
+    assert payload["lengths"] == [128, 256]
+    assert payload["longest"] == {"trl+ckpt": 256, "packlm+ckpt+long": 256}
+    by = {(r["path"], r["length"]): r for r in payload["results"]}
+    assert set(by) == {(p, n) for p in ("trl+ckpt", "packlm+ckpt+long") for n in (128, 256)}
+    for n in (128, 256):
+        trl, packlm = by["trl+ckpt", n], by["packlm+ckpt+long", n]
+        assert trl["status"] == packlm["status"] == "ok"
+        assert trl["dataset"]["same_examples"] and trl["dataset"]["folder"]["tokens"] == 2 * n
+        assert trl["step_tokens"] == [n, n]
+        assert abs(trl["final_loss"] - packlm["final_loss"]) <= 1e-5 * abs(packlm["final_loss"])
+    assert payload["ratios_by_length"]["256"]["packlm+ckpt+long"]["trl_same_recompute"] == "trl+ckpt"
+
+
+def test_lengths_ladder_stops_a_path_at_its_first_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = []
+
+    def fake_run_path(a, path, folder):  # noqa: ANN001, ANN202
+        tried.append((path, a.max_len))
+        assert (folder / "manifest.json").is_file()
+        fails = path == "trl" and a.max_len >= 64
+        return {"path": path, "length": a.max_len, "status": "OOM" if fails else "ok", "tokens_per_s": 1.0}
+
+    monkeypatch.setattr(bench_trl, "run_path", fake_run_path)
+    a = bench_trl.argparse.Namespace(model="tiny", lengths="128,32,64", steps=2, warmup=1, seed=0,
+                                     workdir=tmp_path, device="cpu", lora_r=0, max_len=0)
+    payload = bench_trl.run_lengths(a, ["trl", "packlm"])
+    assert tried == [("trl", 32), ("packlm", 32), ("trl", 64), ("packlm", 64), ("packlm", 128)]
+    assert payload["longest"] == {"trl": 32, "packlm": 128}
+    # a negative control of the fake: with no failure, trl reaches the longest too
+    tried.clear()
+    payload = bench_trl.run_lengths(a, ["packlm", "packlm+ckpt"])
+    assert payload["longest"] == {"packlm": 128, "packlm+ckpt": 128} and len(tried) == 6
