@@ -18,6 +18,7 @@ are computed here on the CPU.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -191,10 +192,15 @@ class ShardReader:
     replaced meanwhile (pack-data --overwrite renames a new folder in; the old files live on while
     mapped); `trainer.data.integrity` hashes those same files. A process that must map them again (a
     worker not forked) stops in one line if they changed.
+
+    `vocab` (set once the model is built: its embedding's rows) bounds the token ids of every
+    micro-batch gathered: a folder from elsewhere may hold ids its manifest does not account
+    for, and an id past the embedding would otherwise stop the run in an indexing error (on a GPU, a
+    device-side assert) instead of one line naming the shard and row.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], manifest: Manifest) -> None:
-        self.folder, self.manifest = folder, manifest
+    def __init__(self, folder: str | os.PathLike[str], manifest: Manifest, vocab: int | None = None) -> None:
+        self.folder, self.manifest, self.vocab = folder, manifest, vocab
         self.paths = [str(p) for p in shard_paths(folder, manifest)]
         self.starts = np.cumsum([0] + [s.rows for s in manifest.shards]).astype(np.int64)
         self.identities = [file_identity(os.stat(path)) for path in self.paths]
@@ -237,7 +243,31 @@ class ShardReader:
                 parts[name].append(getattr(cols, name)[tokens])
             parts["seq_lens"].append(cols.seq_lens[cols.ex_off[row] : cols.ex_off[row + 1]])
         cat = {name: np.concatenate(p).astype(np.int64) for name, p in parts.items()}
+        if self.vocab is not None and not ids_fit(cat["input_ids"], self.vocab):
+            for shard, row in zip(shard_of.tolist(), (rows - self.starts[shard_of]).tolist()):
+                cols = shards[shard]
+                ids = cols.input_ids[cols.row_off[row] : cols.row_off[row + 1]]
+                if not ids_fit(ids, self.vocab):
+                    raise UserError(outside_vocab(self.paths[shard], row, ids, self.vocab))
         return collate_flat(cat["input_ids"], cat["labels"], cat["position_ids"], cat["seq_lens"])
+
+
+def ids_fit(ids: np.ndarray, vocab: int) -> bool:
+    """True when every token id is in 0..vocab-1. (Labels need no check of their own: the folder's
+    check at the start, `trainer.data.check`, holds each to -100 or its own token's id.)
+
+    >>> ids_fit(np.array([0, 5, 9]), vocab=10), ids_fit(np.array([0, 10]), vocab=10), ids_fit(np.array([-1]), vocab=10)
+    (True, False, False)
+    """
+    return ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) < vocab)
+
+
+def outside_vocab(path: str, row: int, ids: np.ndarray, vocab: int) -> str:
+    """The one-line error for a row whose token ids do not fit a `vocab`-token embedding."""
+    bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+    return (f"{path}: row {row} holds token id {bad}, outside the model's vocabulary of {vocab} tokens "
+            f"(ids 0..{vocab - 1}): pack the data with the model's tokenizer, or train a model whose vocabulary "
+            f"covers its ids")
 
 
 class MicroBatchDataset(torch.utils.data.Dataset):
@@ -326,16 +356,46 @@ def make_loader(
 def loader_batches(loader: torch.utils.data.DataLoader) -> Iterator[Iterator[MicroBatch]]:
     """Iterate `loader` within the block; its worker processes end when the block does, however it
     ends. (An exception's traceback would keep the iterator, and its workers, alive until exit,
-    where multiprocessing waits for them, and they leave SIGTERM to this process.)"""
+    where multiprocessing waits for them, and they leave SIGTERM to this process.) A UserError raised
+    in a worker arrives as one line, as it would without workers."""
     batches = iter(loader)
     try:
-        yield batches
+        yield _one_line_errors(batches)
     finally:
         if hasattr(batches, "_shutdown_workers"):  # workers, each asked to end, then joined
             batches._shutdown_workers()
             for worker in batches._workers:
                 if worker.is_alive():
                     worker.kill()
+
+
+def _one_line_errors(batches: Iterator[MicroBatch]) -> Iterator[MicroBatch]:
+    """`batches`, where a UserError a loader worker raised (which the DataLoader re-raises with the
+    worker's traceback in its message) is raised again with only its own message."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except UserError as exc:
+            raise type(exc)(worker_message(str(exc))) from None
+        yield batch
+
+
+def worker_message(text: str) -> str:
+    """The error's own message in the text of an exception a DataLoader worker raised; `text` itself
+    when it is no such text.
+
+    >>> worker_message("Caught UserError in DataLoader worker process 0.\\nOriginal Traceback (most recent "
+    ...                "call last):\\n  File ...\\npipeline.errors.UserError: a.arrow: row 3 is bad\\n")
+    'a.arrow: row 3 is bad'
+    >>> worker_message("a.arrow: row 3 is bad")
+    'a.arrow: row 3 is bad'
+    """
+    if not text.startswith("Caught ") or "Original Traceback" not in text:
+        return text
+    last = text.rstrip().splitlines()[-1]
+    return re.sub(r"^[\w.]+: ", "", last, count=1)
 
 
 def _ignore_sigterm(worker_id: int) -> None:

@@ -135,6 +135,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
               if config.verify_hashes else None)
     model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16))
+    reader.vocab = model.get_input_embeddings().num_embeddings  # every micro-batch's ids checked against it
     if layout.cp_size > 1:  # where the model was proven, still in float32 (a LoRA base: on the CPU)
         check_context_parallel(model, layout.cp_rank, layout.cp_size)
     n_params = count_params(model)
@@ -179,6 +180,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if eval_folder is not None:
         evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device,
                               share=(layout.cp_rank, layout.cp_size))
+        evaluator.reader.vocab = reader.vocab
     run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
               out=Path(config.out), planner=planner, total_steps=total_steps, stop_at=stop_at,
               start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
