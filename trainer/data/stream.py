@@ -199,8 +199,9 @@ class ShardReader:
     device-side assert) instead of one line naming the shard and row.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], manifest: Manifest, vocab: int | None = None) -> None:
-        self.folder, self.manifest, self.vocab = folder, manifest, vocab
+    def __init__(self, folder: str | os.PathLike[str], manifest: Manifest) -> None:
+        self.folder, self.manifest = folder, manifest
+        self.vocab: int | None = None
         self.paths = [str(p) for p in shard_paths(folder, manifest)]
         self.starts = np.cumsum([0] + [s.rows for s in manifest.shards]).astype(np.int64)
         self.identities = [file_identity(os.stat(path)) for path in self.paths]
