@@ -35,6 +35,10 @@ of one example of random ids below the preset's vocabulary (`bench_context_paral
 path stops at its first length that does not train (out of memory, or pack-train's memory check
 refusing the row), and the summary names the longest length each path trained.
 
+`--gpu-memory-gib G` caps what each path's allocator may reserve
+(`torch.cuda.set_per_process_memory_fraction`; pack-train's memory check reads the same cap), so a
+larger GPU stands in for a smaller card's memory, not its speed: 78 on an H200 for an H100 80GB.
+
 Each path runs in its own subprocess (a fresh CUDA context; an out-of-memory path is a result,
 "OOM", and the other paths still run). Each trains `--steps` S steps in all; tokens/s is over steps
 W+1..S (W = --warmup): the non-padding tokens of those steps over their wall time (TRL: a callback
@@ -278,6 +282,9 @@ def run_one(a: argparse.Namespace) -> None:
     import torch
 
     runner, options = parse_path(a.one)
+    if a.gpu_memory_gib:  # the allocator may reserve this much of the GPU and no more
+        total = torch.cuda.get_device_properties(a.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.gpu_memory_gib * 2**30 / total), a.device)
     try:
         record = (run_trl if runner == "trl" else run_packlm)(a, options)
     except torch.OutOfMemoryError as exc:
@@ -295,7 +302,8 @@ def child_args(a: argparse.Namespace, path: str, folder: Path, result: Path) -> 
             "--result", str(result), "--model", a.model, "--lora-r", str(a.lora_r), "--max-len", str(a.max_len),
             "--steps", str(a.steps), "--warmup", str(a.warmup), "--lr", str(a.lr), "--seed", str(a.seed),
             "--device", a.device, "--workdir", str(a.workdir), "--shared", str(a.shared)] + \
-        (["--no-compile"] if a.no_compile else [])
+        (["--no-compile"] if a.no_compile else []) + \
+        (["--gpu-memory-gib", str(a.gpu_memory_gib)] if a.gpu_memory_gib else [])
 
 
 def ratios(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -398,7 +406,7 @@ def run_lengths(a: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
         print(f"{path}: the longest example that trained: {f'{n:,} tokens' if n else 'none of those tried'}")
     compared = {str(n): ratios([r for r in records if r["length"] == n]) for n in lengths}
     return {"model": a.model, "lora_r": a.lora_r, "lengths": lengths, "steps": a.steps, "warmup": a.warmup,
-            "device": a.device, "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
+            "device": a.device, "gpu_memory_gib": a.gpu_memory_gib, "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
             "results": records, "longest": found, "ratios_by_length": compared}
 
 
@@ -415,6 +423,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--limit", type=int, default=None, help="examples read from each data set (default: all)")
     p.add_argument("--no-compile", action="store_true", help="pack-train --no-compile")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="cap each path's GPU memory (torch.cuda.set_per_process_memory_fraction), e.g. 78 "
+                        "on a larger GPU to stand in for an 80 GB card's memory (not its speed)")
     p.add_argument("--path-timeout", type=float, default=None, help="seconds a path may run (then: 'timeout')")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/bench_trl"))
     p.add_argument("--shared", type=Path, default=None, help="shared data folder (default: benchlib.shared_dir)")

@@ -12,7 +12,8 @@
 #        r16: scripts/bench_trl.py --lengths (LENGTHS, default 32,768 to 262,144), TRL with Liger and
 #        recompute, with and without its activation offloading, against pack-train with recompute,
 #        --tile-mlp 8192 --offload-activations (a host with room for the offload: one GPU of a
-#        two- or four-GPU box) -> $OUT/trl-longest-llama-8b.json
+#        two- or four-GPU box) -> $OUT/trl-longest-llama-8b$TAG.json; GPU_MEMORY_GIB caps each path's
+#        GPU memory (78 on an H200 stands in for an H100 80GB), STEPS/WARMUP (default 2/1)
 # ring:  NPROC GPUs (default 2): rows of one 32,768- and one 131,072-token example
 #        (bench_context_parallel.py data; LENGTHS to change), ring-flash-attn's HF adapter
 #        (bench_context_parallel.py peer) and pack-train --context-parallel NPROC on the same
@@ -28,8 +29,9 @@ OUT="${OUT:-out/gpu_peers}"
 mode="${1:?usage: OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|longest|ring}"
 mkdir -p "$OUT"
 
-install() {
-  python3 -m pip install -q --no-deps --no-compile --target /tmp/site .devcarry/peers/*.whl .devcarry/flash_attn-*.whl \
+install() {  # once a box: a second run beside the first would rewrite files the first imports
+  [ -f /tmp/site/.installed ] || python3 -m pip install -q --no-deps --no-compile --target /tmp/site \
+    .devcarry/peers/*.whl .devcarry/flash_attn-*.whl && touch /tmp/site/.installed \
     || { echo "installing the carried wheels failed"; return 1; }
   export PYTHONPATH="/tmp/site:$PWD"
   python3 - <<'PY' || { echo "a carried package does not import (above)"; return 1; }
@@ -54,8 +56,9 @@ trl() {  # MODEL LORA_R
 
 longest() {
   python3 scripts/bench_trl.py --model llama-8b --lora-r 16 --lengths "${LENGTHS:-32768,65536,131072,196608,262144}" \
-    --steps 2 --warmup 1 --path-timeout "${PATH_TIMEOUT:-900}" --no-compile \
-    --paths "${PATHS:-trl+liger+ckpt,trl+liger+ckpt+offload,packlm+ckpt+long}" --json "$OUT/trl-longest-llama-8b.json"
+    --steps "${STEPS:-2}" --warmup "${WARMUP:-1}" --path-timeout "${PATH_TIMEOUT:-900}" --no-compile \
+    ${GPU_MEMORY_GIB:+--gpu-memory-gib "$GPU_MEMORY_GIB"} --workdir "/tmp/bench_trl${TAG:-}" \
+    --paths "${PATHS:-trl+liger+ckpt,trl+liger+ckpt+offload,packlm+ckpt+long}" --json "$OUT/trl-longest-llama-8b${TAG:-}.json"
   echo "== bench_trl --lengths exit $?"
 }
 
@@ -87,4 +90,4 @@ case "$mode" in
     echo "usage: OUT=folder bash scripts/gpu_peers.sh trl|trl1b|trl8b|longest|ring (got '$mode')" >&2
     exit 2
     ;;
-esac 2>&1 | tee "$OUT/$mode.log"
+esac 2>&1 | tee "$OUT/$mode${TAG:-}.log"

@@ -92,3 +92,17 @@ def test_lengths_ladder_stops_a_path_at_its_first_failure(tmp_path: Path, monkey
     tried.clear()
     payload = bench_trl.run_lengths(a, ["packlm", "packlm+ckpt"])
     assert payload["longest"] == {"packlm": 128, "packlm+ckpt": 128} and len(tried) == 6
+
+
+
+def test_the_memory_cap_reaches_every_path() -> None:
+    """--gpu-memory-gib is passed on to each path's subprocess (which caps its allocator with it);
+    without it the child gets no cap."""
+    import argparse
+
+    base = dict(model="llama-8b", lora_r=16, max_len=65536, steps=1, warmup=0, lr=1e-5, seed=0, device="cuda",
+                workdir=Path("w"), shared=Path("s"), no_compile=True)
+    capped = bench_trl.child_args(argparse.Namespace(**base, gpu_memory_gib=78.0), "trl+ckpt", Path("f"), Path("r"))
+    assert capped[capped.index("--gpu-memory-gib") + 1] == "78.0"
+    plain = bench_trl.child_args(argparse.Namespace(**base, gpu_memory_gib=None), "trl+ckpt", Path("f"), Path("r"))
+    assert "--gpu-memory-gib" not in plain and plain[-1] == "--no-compile"

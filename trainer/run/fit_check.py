@@ -171,9 +171,13 @@ def host_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def gpu_capacity(device: torch.device) -> int:
-    """Bytes this process may hold on `device`: what is free plus what its allocator holds already."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free + torch.cuda.memory_reserved(device))
+    """Bytes this process may hold on `device`: what is free plus what its allocator holds already,
+    and no more than `torch.cuda.set_per_process_memory_fraction` lets the allocator reserve (a GPU
+    shared with other work, or a benchmark standing in for a smaller card)."""
+    free, total = torch.cuda.mem_get_info(device)
+    capacity = int(free + torch.cuda.memory_reserved(device))
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return min(capacity, int(fraction(device) * total)) if fraction is not None else capacity
 
 
 def host_capacity() -> int | None:

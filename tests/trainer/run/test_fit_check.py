@@ -293,3 +293,15 @@ def test_the_host_figure_is_the_bytes_the_step_offloads(monkeypatch) -> None:
 
     for _ in range(2):  # each probe counts its own bytes only
         assert fit_check.measure_peaks(step, None, torch.device("cpu")) == (12345, (16 * 8 + 8 * 8 + 16 * 8) * 4)
+
+
+def test_gpu_capacity_stops_at_a_per_process_memory_cap(monkeypatch) -> None:
+    """What the check may plan for is the free memory plus the allocator's own, and no more than
+    `set_per_process_memory_fraction` lets the allocator reserve; without a cap, all of it."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 20 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0, raising=False)
+    assert fit_check.gpu_capacity(torch.device("cuda")) == 120 * gib
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.5, raising=False)
+    assert fit_check.gpu_capacity(torch.device("cuda")) == 70 * gib
