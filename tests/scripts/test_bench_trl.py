@@ -83,7 +83,7 @@ def test_lengths_ladder_stops_a_path_at_its_first_failure(tmp_path: Path, monkey
         return {"path": path, "length": a.max_len, "status": "OOM" if fails else "ok", "tokens_per_s": 1.0}
 
     monkeypatch.setattr(bench_trl, "run_path", fake_run_path)
-    a = bench_trl.argparse.Namespace(model="tiny", lengths="128,32,64", steps=2, warmup=1, seed=0,
+    a = bench_trl.argparse.Namespace(model="tiny", lengths="128,32,64", steps=2, warmup=1, seed=0, gpu_memory_gib=None,
                                      workdir=tmp_path, device="cpu", lora_r=0, max_len=0)
     payload = bench_trl.run_lengths(a, ["trl", "packlm"])
     assert tried == [("trl", 32), ("packlm", 32), ("trl", 64), ("packlm", 64), ("packlm", 128)]
