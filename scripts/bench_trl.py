@@ -283,8 +283,10 @@ def run_one(a: argparse.Namespace) -> None:
 
     runner, options = parse_path(a.one)
     if a.gpu_memory_gib:  # the allocator may reserve this much of the GPU and no more
-        total = torch.cuda.get_device_properties(a.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, a.gpu_memory_gib * 2**30 / total), a.device)
+        index = torch.device(a.device).index
+        index = torch.cuda.current_device() if index is None else index
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.gpu_memory_gib * 2**30 / total), index)
     try:
         record = (run_trl if runner == "trl" else run_packlm)(a, options)
     except torch.OutOfMemoryError as exc:

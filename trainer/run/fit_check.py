@@ -177,7 +177,9 @@ def gpu_capacity(device: torch.device) -> int:
     free, total = torch.cuda.mem_get_info(device)
     capacity = int(free + torch.cuda.memory_reserved(device))
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    return min(capacity, int(fraction(device) * total)) if fraction is not None else capacity
+    if fraction is None:
+        return capacity
+    return min(capacity, int(fraction(torch.cuda.current_device() if device.index is None else device.index) * total))
 
 
 def host_capacity() -> int | None:

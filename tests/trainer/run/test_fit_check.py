@@ -301,7 +301,7 @@ def test_gpu_capacity_stops_at_a_per_process_memory_cap(monkeypatch) -> None:
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 140 * gib))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 20 * gib)
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0, raising=False)
-    assert fit_check.gpu_capacity(torch.device("cuda")) == 120 * gib
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 0.5, raising=False)
-    assert fit_check.gpu_capacity(torch.device("cuda")) == 70 * gib
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: 1.0, raising=False)
+    assert fit_check.gpu_capacity(torch.device("cuda", 0)) == 120 * gib
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: 0.5, raising=False)
+    assert fit_check.gpu_capacity(torch.device("cuda", 0)) == 70 * gib
