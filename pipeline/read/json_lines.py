@@ -66,6 +66,46 @@ def _too_deep(table: pa.Table) -> bool:
     return False
 
 
+_OPENS = np.zeros(256, np.int8)
+_OPENS[[ord("["), ord("{")]] = 1
+_OPENS[[ord("]"), ord("}")]] = -1
+
+
+def _too_deep_line(path: str, chunk: bytes, first_line: int) -> UserError | None:
+    """The one-line error for a record of `chunk` nested more than about MAX_DEPTH levels, found
+    before pyarrow parses it (pyarrow takes tens of seconds on a value 10,000 levels deep before it
+    fails); None where no record is that deep.
+
+    The brackets' running count (strings included, so an over-count) picks the chunks and lines to
+    look at; Python's json module, whose recursion limit is about MAX_DEPTH, decides. A line it
+    cannot parse for any other reason is left to the reading's own error path.
+
+    >>> _too_deep_line("a.jsonl", b'{"t": 1}\\n{"t": ' + b"[" * 5000 + b"]" * 5000 + b"}\\n", 1)
+    UserError('a.jsonl line 2: JSON nested too deeply (about 1000 levels or more): flatten that record')
+    >>> _too_deep_line("a.jsonl", b'{"t": "' + b"[" * 5000 + b'"}\\n', 1) is None
+    True
+    """
+    if chunk.count(b"[") + chunk.count(b"{") <= MAX_DEPTH:
+        return None
+    if int(np.cumsum(_OPENS[np.frombuffer(chunk, np.uint8)], dtype=np.int32).max()) <= MAX_DEPTH:
+        return None
+    for i, raw in enumerate(chunk.split(b"\n")):
+        if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+            continue
+        try:
+            json.loads(raw)
+        except RecursionError:
+            return _deep_error(path, first_line + i)
+        except ValueError:
+            continue
+    return None
+
+
+def _deep_error(path: str, line: int) -> UserError:
+    return UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
+                     "flatten that record")
+
+
 def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
                         exc: Exception) -> UserError:
     """Error path: re-scan a chunk line by line in Python to name the offending line."""
@@ -90,8 +130,7 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
             return UserError(f"{path} line {line}: key {short(e.key)!r} appears twice in one JSON object: "
                              "keep one of them (each key once per object)")
         except RecursionError:
-            return UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
-                             "flatten that record")
+            return _deep_error(path, line)
         if not isinstance(obj, dict):
             return UserError(f"{path} line {line}: expected a JSON object per line, found a "
                              f"{json_kind(obj)}; write one {{...}} record per line")
@@ -205,6 +244,9 @@ def jsonl_columns(path: str) -> list[str]:
     for chunk, line, offset in _jsonl_chunks(path, COLUMNS_SCAN_BYTES):
         if not chunk or chunk.isspace():
             continue
+        deep = _too_deep_line(path, chunk, line)
+        if deep is not None:
+            raise deep
         try:
             options = pajson.ReadOptions(use_threads=True, block_size=COLUMNS_SCAN_BLOCK)
             table = pajson.read_json(pa.BufferReader(chunk), read_options=options)
@@ -246,6 +288,9 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
     for chunk, line, offset in _jsonl_chunks(path, chunk_bytes, start, end, first_line):
         if not chunk or chunk.isspace():
             continue
+        deep = _too_deep_line(path, chunk, line)
+        if deep is not None:
+            raise deep
         try:
             # pyarrow does not validate UTF-8 inside JSON strings; CPython's decoder does, fast.
             chunk.decode("utf-8")

@@ -5,6 +5,7 @@ quoted in full, and remote storage that does not answer (bounded in time, stoppa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -118,6 +119,21 @@ def test_a_value_nested_10000_deep_is_one_line_not_a_crash(tmp_path: Path, name:
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"Error: {data} line 2: JSON nested too deeply (about 1000 levels or more): flatten that {element}"], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_brackets_inside_strings_are_not_nesting(tmp_path: Path) -> None:
+    """The control of the test above: 3,000 brackets inside a string (and more across records) are
+    text, and the file packs with every record."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "' + "[" * 3_000 + '"}\n' + '{"text": "fine", "m": [[1]]}\n' * 2_000)
+    proc = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; "
+                           "from pipeline.cli import pack_data; pack_data()", str(data), "--tokenizer", TOKENIZER,
+                           "--max-len", "8192", "--out", str(tmp_path / "o"), "--no-progress"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    counts = manifest["counts"]
+    assert counts["examples_read"] == counts["examples_packed"] == 2_001 and counts["truncated"] == 0, counts
 
 
 def test_an_overlong_error_line_keeps_its_start_and_its_fix() -> None:
