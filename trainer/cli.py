@@ -108,7 +108,8 @@ class LocalFolder(click.Path):
 @click.option("--tile-mlp", default=0, type=click.IntRange(min=0), metavar="TOKENS",
               help="Run each decoder layer's MLP over the sequence TOKENS at a time, each tile recomputed in "
                    "the backward, so a long row keeps one tile's MLP activations instead of the whole "
-                   "row's (exact: the MLP works token by token). 0: off. For rows of 64k tokens and more.")
+                   "row's (exact: the MLP works token by token). 0: off. Each tile's forward runs once more, so use "
+                   "it for rows that do not fit without it (64k tokens and more at the 8B's width).")
 @click.option("--offload-activations", is_flag=True, default=False,
               help="Keep what the forward saves for the backward in (pinned) CPU memory; with "
                    "--grad-checkpointing those are the decoder layers' inputs. For rows whose checkpoints "
