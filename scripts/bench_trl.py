@@ -408,7 +408,8 @@ def run_lengths(a: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
         print(f"{path}: the longest example that trained: {f'{n:,} tokens' if n else 'none of those tried'}")
     compared = {str(n): ratios([r for r in records if r["length"] == n]) for n in lengths}
     return {"model": a.model, "lora_r": a.lora_r, "lengths": lengths, "steps": a.steps, "warmup": a.warmup,
-            "device": a.device, "gpu_memory_gib": a.gpu_memory_gib, "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
+            "device": a.device, "gpu_memory_gib": a.gpu_memory_gib,
+            "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
             "results": records, "longest": found, "ratios_by_length": compared}
 
 

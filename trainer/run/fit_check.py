@@ -176,10 +176,11 @@ def gpu_capacity(device: torch.device) -> int:
     shared with other work, or a benchmark standing in for a smaller card)."""
     free, total = torch.cuda.mem_get_info(device)
     capacity = int(free + torch.cuda.memory_reserved(device))
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # older torch: no getter
     if fraction is None:
         return capacity
-    return min(capacity, int(fraction(torch.cuda.current_device() if device.index is None else device.index) * total))
+    index = torch.cuda.current_device() if device.index is None else device.index  # as the setter, it wants one
+    return min(capacity, int(fraction(index) * total))
 
 
 def host_capacity() -> int | None:
