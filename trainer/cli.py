@@ -61,11 +61,13 @@ class LocalFolder(click.Path):
 @click.option("--stop-at", default=None, type=click.IntRange(min=1),
               help="Stop (and checkpoint) after this step while keeping the full schedule; "
                    "continue later with --resume. For time-sliced jobs.")
-@click.option("--attn", default="auto", type=click.Choice(["auto", "fa4", "flash_attn", "torch", "flex", "sdpa"]),
+@click.option("--attn", default="auto", type=click.Choice(["auto", "fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn"]),
               help="Packed attention backend. auto: the fastest that runs here and reproduces every "
                    "attention feature of the model (sliding window, soft-capping, sinks, chunks), "
                    "in the order fa4 (FlashAttention-4, flash-attn-4 package, Hopper or newer), "
-                   "flash_attn (flash-attn 2), torch (PyTorch's varlen kernel), flex, sdpa (reference).")
+                   "flash_attn (flash-attn 2), torch (PyTorch's varlen kernel), flex, sdpa (reference). "
+                   "cudnn (cuDNN through PyTorch, each example alone) is never picked by auto: the "
+                   "fastest on long examples (32K+ tokens), slower on rows of many short ones.")
 @click.option("--dtype", default="auto", type=click.Choice(["auto", "bf16", "bf16-weights", "fp8", "fp32"]),
               help="bf16: autocast over fp32 weights. bf16-weights: the weights themselves in bf16 "
                    "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "

@@ -16,7 +16,8 @@ boundaries of the decoder's current call from `trainer.attention.packed_row`; a 
 is refused (examples would see each other), and so is a feature the backend cannot reproduce.
 
 Backends, fastest first: fa4 (Hopper or newer), flash_attn, torch (all CUDA, 16-bit), flex (CUDA),
-sdpa (the reference, anywhere). `select_backend("auto", device, features)` takes the first one that
+sdpa (the reference, anywhere); then cudnn (CUDA, 16-bit), which auto never reaches (sdpa always
+runs): the fastest on long examples, slower on many short ones, so asked for by name. `select_backend("auto", device, features)` takes the first one that
 runs on the device and reproduces every feature the model uses; `trainer.model.check` finds those
 features.
 """
@@ -35,6 +36,7 @@ from pipeline.errors import UserError
 from trainer.attention import packed_row, positions
 from trainer.distributed import context_parallel
 from trainer.attention.features import FEATURE_NAMES, KERNELS, Features, with_tensors
+from trainer.attention.cudnn_kernel import cudnn_available
 from trainer.attention.kernels import (
     fa4_importable,
     flash_attn_importable,
@@ -52,6 +54,7 @@ DESCRIPTIONS = {
     "torch": "torch varlen (FlashAttention, built into PyTorch)",
     "flex": "flex_attention with a document-causal block mask",
     "sdpa": "sdpa reference (attention on each example alone)",
+    "cudnn": "cuDNN fused attention through PyTorch, on each example alone",
 }
 
 
@@ -85,6 +88,8 @@ def _why_not(backend: str, device: torch.device | str, dtype: torch.dtype | None
         return "the flash-attn-4 package is not installed (or does not import)"
     if backend == "flash_attn" and not flash_attn_importable():
         return "the flash-attn package is not installed (or does not import)"
+    if backend == "cudnn" and not cudnn_available():
+        return "this PyTorch has no cuDNN (or it does not load)"
     if backend == "torch" and torch_varlen_fn() is None and torch_flash_op() is None:
         return f"this PyTorch ({torch.__version__}) has no FlashAttention varlen kernel"
     return None
@@ -201,7 +206,7 @@ def layer_features(
 
 
 _HF_NAMES = {"fa4": "packlm_fa4", "flash_attn": "packlm_fa2", "torch": "packlm_torch",
-             "flex": "packlm_blockmask", "sdpa": "packlm_reference"}
+             "flex": "packlm_blockmask", "sdpa": "packlm_reference", "cudnn": "packlm_cudnn"}
 
 
 def attention_name(backend: str) -> str:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
-KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa")
+# auto's order, fastest first; "cudnn" (fastest on long examples only) is asked for by name, never
+# picked by auto, which stops at "sdpa" (it runs anywhere)
+KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")
 
 
 @dataclass(frozen=True)

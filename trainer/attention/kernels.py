@@ -5,14 +5,14 @@ A packed micro-batch is one flat sequence of T tokens holding several examples b
 causally *within* each example and never across a boundary, and reproduces these features of a
 layer exactly as transformers' eager attention computes them (see `Features`):
 
-| feature   | sdpa (reference) | flex              | fa4, flash_attn   | torch                      |
-|-----------|------------------|-------------------|-------------------|----------------------------|
-| window    | mask             | mask_mod          | window_size       | window_size (torch >= 2.10)|
-| chunk     | mask             | mask_mod          | cu_seqlens split  | cu_seqlens split           |
-| softcap   | tanh on scores   | score_mod         | softcap           | -                          |
-| sinks     | extra logit      | rescaled by LSE   | -                 | -                          |
-| value_dim | native           | native            | v zero-padded     | v zero-padded              |
-| wide_head | native           | native            | -                 | -                          |
+| feature   | sdpa (reference) | flex              | fa4, flash_attn   | torch                      | cudnn            |
+|-----------|------------------|-------------------|-------------------|----------------------------|------------------|
+| window    | mask             | mask_mod          | window_size       | window_size (torch >= 2.10)| -                |
+| chunk     | mask             | mask_mod          | cu_seqlens split  | cu_seqlens split           | cu_seqlens split |
+| softcap   | tanh on scores   | score_mod         | softcap           | -                          | -                |
+| sinks     | extra logit      | rescaled by LSE   | -                 | -                          | -                |
+| value_dim | native           | native            | v zero-padded     | v zero-padded              | v zero-padded    |
+| wide_head | native           | native            | -                 | -                          | -                |
 
 - "sdpa":       the reference: each example attended alone (examples of similar length batched,
                 padded after their last token), through `F.scaled_dot_product_attention` (PyTorch's
@@ -28,6 +28,8 @@ layer exactly as transformers' eager attention computes them (see `Features`):
                 whole. Head dims are zero-padded to 64, 96, 128, 192 or 256 (`trainer.attention.fa4_ops.FA4_HEAD_DIMS`).
 - "flash_attn": `flash_attn.flash_attn_varlen_func` (the flash-attn package, FlashAttention-2), CUDA only.
 - "torch":      PyTorch's built-in FlashAttention varlen kernel, CUDA only.
+- "cudnn":      cuDNN's fused attention through PyTorch, each example alone (`trainer.attention.cudnn_kernel`),
+                CUDA only; the fastest on long examples, asked for by name (auto never picks it).
 
 "sdpa" and "flex" live in `trainer.attention.reference_kernels`, "fa4" in `trainer.attention.fa4_ops`, "torch" and
 "flash_attn" here; `Features` and the helpers they share in `trainer.attention.features`. This module
@@ -47,6 +49,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import UserError
+from trainer.attention.cudnn_kernel import cudnn_varlen
 from trainer.attention.fa4_ops import fa4_varlen
 from trainer.attention.features import (EVERY_FEATURE, FEATURE_NAMES, KERNELS, Features, pad_last, repeat_kv, split_chunks,
                                      with_tensors)
@@ -111,6 +114,8 @@ def supported(kernel: str) -> set[str]:
         return set(EVERY_FEATURE)
     if kernel in ("fa4", "flash_attn"):
         return EVERY_FEATURE - {"sinks", "wide_head"}
+    if kernel == "cudnn":
+        return {"chunk", "value_dim"}
     fn = torch_varlen_fn()
     window = fn is not None and varlen_signature(fn)["window_size"]
     return {"chunk", "value_dim"} | ({"window"} if window else set())
@@ -220,6 +225,7 @@ _KERNELS: dict[str, Callable] = {
     "torch": _torch_varlen,
     "flash_attn": _flash_attn_varlen,
     "fa4": fa4_varlen,
+    "cudnn": cudnn_varlen,
 }
 
 

@@ -1,0 +1,127 @@
+"""The "cudnn" kernel's logic on the CPU: the row cut at its example boundaries, grouped-query heads,
+the scale, chunks and value heads through `varlen_attention`'s preparation, autograd through the
+per-example writes, its selection (never auto's), and its one-line refusals. cuDNN itself needs a
+GPU, so `cudnn_kernel.SDPA_SCOPE` is replaced by a scope that lets PyTorch's CPU kernel run the same
+`scaled_dot_product_attention` calls (scripts/check_gpu_attention.py checks the real kernel)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from pipeline.errors import UserError
+from trainer.attention import backend as attention, cudnn_kernel, features as kernel_features
+from trainer.attention.backend import select_backend, varlen_attention
+
+LENGTHS = [5, 1, 9, 0, 3, 12]  # an empty example too: it holds no rows
+TOL = 2e-2  # bf16 inputs against a float64 reference
+
+
+@pytest.fixture
+def cpu_scope(monkeypatch):
+    calls = []
+
+    @contextlib.contextmanager
+    def scope():
+        calls.append(1)
+        yield
+
+    monkeypatch.setattr(cudnn_kernel, "SDPA_SCOPE", scope)
+    return calls
+
+
+def cu_of(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def qkv(hq=6, hkv=2, d=8, dv=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(LENGTHS)
+    return (torch.randn(t, hq, d, generator=g).bfloat16(), torch.randn(t, hkv, d, generator=g).bfloat16(),
+            torch.randn(t, hkv, dv or d, generator=g).bfloat16())
+
+
+def reference(q, k, v, dout, lengths, scale, features):
+    qq, kk, vv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out = varlen_attention(qq, kk, vv, cu_of(lengths), max(lengths), backend="sdpa", scale=scale, features=features)
+    return out, torch.autograd.grad(out, (qq, kk, vv), dout.double())
+
+
+@pytest.mark.parametrize("hq,hkv,dv,features", [
+    (6, 2, None, kernel_features.Features()),
+    (4, 4, None, kernel_features.Features()),
+    (6, 3, 4, kernel_features.Features()),  # value heads narrower than query heads: zero-padded
+    (6, 2, None, kernel_features.Features(chunk=4)),
+], ids=["gqa", "mha", "value_dim", "chunk"])
+def test_cudnn_kernel_matches_the_reference_per_example(cpu_scope, hq, hkv, dv, features):
+    """Output and q/k/v gradients equal the sdpa reference's (each example alone, float64).
+    Negative control: the same kernel over one example holding the whole row (boundaries lost)
+    gives a different output."""
+    q, k, v = (x.requires_grad_() for x in qkv(hq, hkv, dv=dv))
+    out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="cudnn", scale=0.3, features=features)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want, want_grads = reference(q, k, v, dout, LENGTHS, 0.3, features)
+    assert out.shape == (sum(LENGTHS), hq, dv or 8) and cpu_scope
+    torch.testing.assert_close(out.double(), want, atol=TOL, rtol=0)
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), expected, atol=2 * TOL, rtol=0)
+    merged = varlen_attention(q, k, v, cu_of([sum(LENGTHS)]), sum(LENGTHS), backend="cudnn", scale=0.3,
+                              features=features)
+    assert float((merged.detach().double() - want).abs().max()) > 10 * TOL
+
+
+def test_cudnn_kernel_refuses_what_it_cannot_reproduce(cpu_scope):
+    q, k, v = qkv()
+    for features, name in ((kernel_features.Features(window=4), "sliding-window"),
+                           (kernel_features.Features(softcap=2.0), "soft-capping")):
+        with pytest.raises(UserError, match=f"'cudnn' cannot reproduce .*{name}"):
+            varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="cudnn", features=features)
+    with pytest.raises(UserError, match="cannot attend a piece of an example"):
+        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="cudnn", cu_seqlens_k=cu_of(LENGTHS),
+                         max_seqlen_k=max(LENGTHS))
+
+
+def test_a_shape_cudnn_refuses_is_one_line(monkeypatch):
+    """cuDNN's own refusal (no kernel for a head dim, a GPU) becomes a UserError naming the fix;
+    running out of memory stays what it is."""
+
+    @contextlib.contextmanager
+    def refusing():
+        raise RuntimeError("No available kernel. Aborting execution.\nmore lines")
+        yield
+
+    monkeypatch.setattr(cudnn_kernel, "SDPA_SCOPE", refusing)
+    with pytest.raises(UserError, match=r"cuDNN attention cannot run this layer .*No available kernel\. Aborting "
+                                        r"execution\.; use --attn flash_attn"):
+        varlen_attention(*qkv(), cu_of(LENGTHS), max(LENGTHS), backend="cudnn")
+
+    @contextlib.contextmanager
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+        yield
+
+    monkeypatch.setattr(cudnn_kernel, "SDPA_SCOPE", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        varlen_attention(*qkv(), cu_of(LENGTHS), max(LENGTHS), backend="cudnn")
+
+
+def test_cudnn_is_asked_for_by_name_never_picked_by_auto(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(attention, "cudnn_available", lambda: True)
+    for name in ("fa4_importable", "flash_attn_importable"):
+        monkeypatch.setattr(attention, name, lambda: False)
+    monkeypatch.setattr(attention, "torch_varlen_fn", lambda: None)
+    monkeypatch.setattr(attention, "torch_flash_op", lambda: None)
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flex"
+    assert select_backend("cudnn", "cuda", torch.bfloat16) == "cudnn"
+    with pytest.raises(UserError, match="'cudnn' cannot be used: it cannot reproduce sliding-window"):
+        select_backend("cudnn", "cuda", torch.bfloat16, {"window"})
+    with pytest.raises(UserError, match="'cudnn' cannot be used: needs a CUDA device"):
+        select_backend("cudnn", "cpu")
+    monkeypatch.setattr(attention, "cudnn_available", lambda: False)
+    with pytest.raises(UserError, match="'cudnn' cannot be used: this PyTorch has no cuDNN"):
+        select_backend("cudnn", "cuda", torch.bfloat16)

@@ -1,0 +1,71 @@
+"""cuDNN's fused attention on each example of a packed row: the "cudnn" kernel (`--attn cudnn`).
+
+PyTorch reaches cuDNN's flash-attention kernels through `F.scaled_dot_product_attention` under
+`SDPBackend.CUDNN_ATTENTION`, for dense [batch, heads, length, head_dim] inputs only: its jagged
+(nested-tensor) form either refuses grouped-query heads or, with the heads repeated, returned wrong
+gradients on an H200 with torch 2.11 (BENCHMARKS.md, "Attention kernels alone"). So this kernel
+cuts the packed row at `cu_seqlens` and attends each example alone, causally, with grouped-query
+heads native: exact per example by construction, as the sdpa reference is.
+
+It is the fastest kernel here on long examples (an H200, the 8B shape's 32 / 8 heads of 128:
+1.49-1.58x flash-attn 2's forward+backward at 32K and 128K tokens; 1.21x pack-train's tokens/s with 8B LoRA at 32K), and slower on rows of many short
+ones (one launch per example, and the bounds read on the host once per layer), so `--attn auto`
+never picks it: ask for it where examples are long. No window, soft-capping or sinks (the causal
+mask is cuDNN's own); chunks are cut as separate examples by the caller, value heads zero-padded.
+
+Under `torch.compile` the call is left out of the graph (a graph break at each attention call):
+the loop's bounds are data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.errors import UserError
+from trainer.attention.features import Features
+
+
+def cudnn_available() -> bool:
+    """True when this PyTorch was built with cuDNN and cuDNN loads."""
+    return bool(torch.backends.cudnn.is_available())
+
+
+def _cudnn_only() -> contextlib.AbstractContextManager:
+    """Restrict `F.scaled_dot_product_attention` to cuDNN's kernel (no silent fallback to another)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+
+
+# The restriction above, looked up at each call so that CPU tests can run the same loop through
+# PyTorch's CPU kernel (cuDNN needs a GPU).
+SDPA_SCOPE: Callable[[], contextlib.AbstractContextManager] = _cudnn_only
+
+
+@torch.compiler.disable
+def cudnn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
+    """Causal attention of each example alone: q [T, Hq, D], k / v [T, Hkv, D] (Hq a multiple of
+    Hkv, 16-bit, one head dim: `varlen_attention` prepares them), cu_seqlens int32 [n + 1] on q's
+    device. Returns [T, Hq, D]. Empty examples (equal bounds) produce no rows, as they hold none."""
+    bounds = cu_seqlens.tolist()
+    gqa = q.shape[1] != k.shape[1]
+    out = torch.empty_like(q)
+    try:
+        with SDPA_SCOPE():
+            for start, end in zip(bounds[:-1], bounds[1:]):
+                if end <= start:
+                    continue
+                qe, ke, ve = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+                o = F.scaled_dot_product_attention(qe, ke, ve, is_causal=True, scale=scale, enable_gqa=gqa)
+                out[start:end] = o[0].transpose(0, 1)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as exc:  # cuDNN refuses a shape (head dim, dtype, GPU) it has no kernel for
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"cuDNN attention cannot run this layer (q {tuple(q.shape)}, {q.dtype}): {first[:200]}; "
+                        "use --attn flash_attn or --attn auto") from None
+    return out
