@@ -1,5 +1,5 @@
 """Long examples, where attention is a large share of the work: pack-train's attention backends
-(`fa4`, `flash_attn`, `torch`, `flex`) on the same packed rows, same run (issue 20, part 4).
+(`fa4`, `flash_attn`, `torch`, `flex`, `cudnn`) on the same packed rows, same run (issue 20, part 4).
 
     python scripts/bench_long.py --device cuda --model llama-1b --compile --json bench_long_h100.json
     python scripts/bench_long.py --device cpu --model tiny --examples 40 --min-len 64 --max-example-len 128 \
@@ -63,6 +63,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank on every linear layer (0: full fine-tune)")
+    p.add_argument("--grad-checkpointing", nargs="?", const=1, default=0, type=int, metavar="N",
+                   help="recompute every Nth decoder layer (alone: every layer)")
     p.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
@@ -84,6 +87,7 @@ def main() -> None:
     vars(train_args).update(
         warmup=args.warmup, steps=args.steps, max_len=args.max_len, ffd_tokens=args.tokens_per_step or args.max_len,
         model=args.model, dtype=args.dtype, compile=args.compile, seed=args.seed, num_workers=2,
+        lora_r=args.lora_r, grad_checkpointing=args.grad_checkpointing,
         peak_tflops=args.peak_tflops, workdir=work)
     setup = SimpleNamespace(args=train_args, device=device, folders={"ffd": folder},
                             n_layers=config.num_hidden_layers, hidden=config.hidden_size)

@@ -104,7 +104,11 @@ def check_kernels(backends, tokens, seed, device) -> list[tuple]:
         v2[: lengths[0]] -= 3.0
         first = lengths[0]
         for backend in backends:
-            got = run_backend(backend, q, k, v, dout, cu, max(lengths))
+            try:
+                got = run_backend(backend, q, k, v, dout, cu, max(lengths))
+            except UserError as exc:  # a shape the kernel has no kernel for: refused in one line, not wrong
+                print(f"  {shape_name} {hq}/{hkv}x{d} {backend}: refused: {exc}")
+                continue
             errors = []
             start = 0
             for n in lengths:  # worst example, for output and each gradient
@@ -153,8 +157,12 @@ def check_model(backends, device) -> list[tuple]:
         results = {}
         for backend in ["sdpa", *[b for b in backends if b != "sdpa"]]:
             model, _ = build_model("tiny", attn=backend, device=device, dtype=dtype, seed=0)
-            with ctx():
-                total, _ = packed_loss(model, batch)
+            try:
+                with ctx():
+                    total, _ = packed_loss(model, batch)
+            except UserError as exc:
+                print(f"  tiny model {mode} {backend}: refused: {exc}")
+                continue
             total.backward()
             grad = torch.cat([p.grad.float().reshape(-1) for p in model.parameters()])
             results[backend] = (total.detach().float(), grad)
