@@ -121,21 +121,27 @@ def test_context_parallel_shares_sum_to_the_whole_row() -> None:
     assert whole.attention == 12 * 2 * 4 * 57
 
 
-@pytest.mark.parametrize("checkpointing", [0, 1])
-def test_a_cpu_run_logs_the_hand_count_of_its_rows(tmp_path: Path, checkpointing: int) -> None:
-    """The tiny preset (hidden 64, 2 layers, 4 query heads of 16, 2 K/V heads, MLP 128, vocab 4096,
-    untied head) on one step of the rows [3, 5] and [8]: 16 tokens, 2 + 4 + 7 = 13 loss tokens."""
+def rows_folder(folder: Path) -> dict:
+    """ROWS as a packed folder; the config of one pack-train step over both rows."""
     rng = np.random.default_rng(0)
     ids = iter(range(3))  # example ids 0, 1, 2
-    rows = [[(next(ids), rng.integers(3, 300, n)) for n in row] for row in ROWS]
-    make_packed_folder(tmp_path / "data", rows, 8)
-    summary = train(TrainConfig(data=str(tmp_path / "data"), model="tiny", out=str(tmp_path / "run"),
-                                tokens_per_step=16, max_steps=1, log_every=1, num_workers=0, progress=False,
-                                peak_flops=1e12, grad_checkpointing=checkpointing, save_every=0))
-    layer = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64  # 36,992
-    dense = 6 * layer * 2 * 16 + 6 * 4096 * 64 * 13  # 7,102,464 + 20,447,232
-    attention = 12 * 4 * 16 * 57 * 2  # 87,552
-    recompute = checkpointing * 2 * (2 * layer * 16 + 4 * 4 * 16 * 57)
+    make_packed_folder(folder / "data", [[(next(ids), rng.integers(3, 300, n)) for n in row] for row in ROWS], 8)
+    return dict(data=str(folder / "data"), model="tiny", out=str(folder / "run"), tokens_per_step=16, max_steps=1,
+                log_every=1, num_workers=0, progress=False, peak_flops=1e12, save_every=0)
+
+
+# The tiny preset (hidden 64, 2 layers, 4 query heads of 16, 2 K/V heads, MLP 128, vocab 4096, untied
+# head) on one step of ROWS: 16 tokens, 2 + 4 + 7 = 13 loss tokens
+LAYER = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64  # 36,992
+DENSE = 6 * LAYER * 2 * 16 + 6 * 4096 * 64 * 13  # 7,102,464 + 20,447,232
+ATTENTION = 12 * 4 * 16 * 57 * 2  # 87,552
+
+
+@pytest.mark.parametrize("checkpointing", [0, 1])
+def test_a_cpu_run_logs_the_hand_count_of_its_rows(tmp_path: Path, checkpointing: int) -> None:
+    summary = train(TrainConfig(**rows_folder(tmp_path), grad_checkpointing=checkpointing))
+    dense, attention = DENSE, ATTENTION
+    recompute = checkpointing * 2 * (2 * LAYER * 16 + 4 * 4 * 16 * 57)
     record = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     seconds = record["step_time_s"]
     assert record["tflops"] * 1e12 * seconds == pytest.approx(dense + attention, rel=1e-9)
@@ -145,3 +151,21 @@ def test_a_cpu_run_logs_the_hand_count_of_its_rows(tmp_path: Path, checkpointing
     # the summary's figures are over the whole run's time, of the same FLOPs
     assert summary["mfu"] * 1e12 * summary["elapsed_s"] == pytest.approx(dense + attention, rel=1e-6)
     assert summary["attn_flop_share"] == record["attn_flop_share"]
+
+
+def _train_rank(rank: int, world: int, config: dict) -> dict:
+    return train(TrainConfig(**config))
+
+
+@pytest.mark.slow
+def test_context_parallel_ranks_count_the_rows_once(tmp_path: Path) -> None:
+    """Two gloo ranks sharing each row (--context-parallel 2): the FLOPs over both devices are the
+    hand count of the rows, not twice it."""
+    from gloo_ranks import run_on_ranks
+
+    config = {**rows_folder(tmp_path), "context_parallel": 2, "attn": "sdpa"}
+    ranks = run_on_ranks(_train_rank, 2, args=(config,), deadline_s=300)
+    s = ranks[0]
+    assert s["tflops"] * 1e12 * 2 * s["elapsed_s"] == pytest.approx(DENSE + ATTENTION, rel=1e-6)
+    assert s["mfu"] * 2e12 * s["elapsed_s"] == pytest.approx(DENSE + ATTENTION, rel=1e-6)
+    assert s["attn_flop_share"] == pytest.approx(ATTENTION / (DENSE + ATTENTION), rel=1e-9)
