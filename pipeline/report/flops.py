@@ -1,6 +1,6 @@
 """The one count of training FLOPs: pack-train's metrics (MFU, TFLOP/s, HFU), `pack-report` and the
 benchmarks all count through `step_flops` (the trainer reads a model's shape with
-`trainer.run.metrics.model_shape`; `pack-report` builds one from its options with `sized_shape`).
+`trainer.run.metrics.model_shape`; `pack-report` builds one from its options: `Sizes`).
 
 Model FLOPs of one optimizer step (what MFU divides by the time and the peak):
 
@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from pipeline.errors import UserError
 
 # llama-3.2-1B's shape: pack-report's defaults for a model it is not told about
 DEFAULT_HIDDEN, DEFAULT_LAYERS, DEFAULT_HEADS, DEFAULT_KV_HEADS = 2048, 16, 32, 8
@@ -115,11 +117,14 @@ def layer_pairs(layer: LayerShape, lengths: np.ndarray) -> int:
     return causal_pairs(lengths, layer.window, layer.chunk)
 
 
-def step_flops(shape: ModelShape, lengths: np.ndarray, *, tokens: int | None = None, loss_tokens: int | None = None,
-               head_recompute: bool = False) -> StepFlops:
+def step_flops(shape: ModelShape, lengths: np.ndarray | None, *, tokens: int | None = None,
+               loss_tokens: int | None = None, head_recompute: bool = False, pairs: int | None = None) -> StepFlops:
     """FLOPs of training on examples of `lengths` (all rows' examples, in any order): see the module.
-    `tokens` defaults to their sum, `loss_tokens` (the head's tokens) to `tokens`."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+    `tokens` defaults to their sum, `loss_tokens` (the head's tokens) to `tokens`. `pairs` instead
+    of `lengths`: their causal pairs, counted already (for a model whose layers all attend fully)."""
+    if pairs is not None and any(layer.window or layer.chunk for layer in shape.layers):
+        raise ValueError("pairs counted already apply to full causal layers only: give the lengths")
+    lengths = np.asarray(lengths if lengths is not None else [], dtype=np.int64)
     tokens = int(lengths.sum()) if tokens is None else tokens
     loss_tokens = tokens if loss_tokens is None else loss_tokens
     base = 4.0 if shape.lora else 6.0
@@ -129,7 +134,7 @@ def step_flops(shape: ModelShape, lengths: np.ndarray, *, tokens: int | None = N
     for layer in shape.layers:
         key = (layer.window, layer.chunk)
         if key not in pairs_of:
-            pairs_of[key] = layer_pairs(layer, lengths)
+            pairs_of[key] = layer_pairs(layer, lengths) if pairs is None else pairs
         forward = 4.0 * layer.heads * layer.head_dim * pairs_of[key]
         dense += (base * layer.params + 6.0 * layer.adapter_params) * tokens
         attention += 3.0 * forward
@@ -142,16 +147,36 @@ def step_flops(shape: ModelShape, lengths: np.ndarray, *, tokens: int | None = N
     return StepFlops(dense, attention, recompute)
 
 
-def sized_shape(*, hidden: int = DEFAULT_HIDDEN, layers: int = DEFAULT_LAYERS, heads: int = DEFAULT_HEADS,
-                kv_heads: int = DEFAULT_KV_HEADS, intermediate: int = DEFAULT_INTERMEDIATE,
-                vocab: int = DEFAULT_VOCAB, window: int | None = None) -> ModelShape:
-    """A llama-style model of these sizes (gated MLP of three matrices; head_dim = hidden / heads):
-    what `pack-report` counts a packed folder's work with."""
-    head_dim = hidden // heads
-    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim  # q, o; k, v
-    mlp = 3 * hidden * intermediate
-    layer = LayerShape(params=attention + mlp, heads=heads, head_dim=head_dim, window=window, mlp_params=mlp)
-    return ModelShape(layers=(layer,) * layers, head_params=vocab * hidden, vocab=vocab)
+@dataclass(frozen=True)
+class Sizes:
+    """A llama-style model by its sizes (a gated MLP of three matrices, head_dim = hidden / heads):
+    what `pack-report` counts a folder's work with (`--hidden`, `--layers`, `--heads`, `--kv-heads`,
+    `--intermediate`; the vocabulary from the folder's tokenizer where it is recorded). Defaults:
+    llama-3.2-1B's shape."""
+
+    hidden: int = DEFAULT_HIDDEN
+    layers: int = DEFAULT_LAYERS
+    heads: int = DEFAULT_HEADS
+    kv_heads: int = DEFAULT_KV_HEADS
+    intermediate: int = DEFAULT_INTERMEDIATE
+    vocab: int = DEFAULT_VOCAB
+
+    def shape(self) -> ModelShape:
+        """The `ModelShape` of these sizes (full causal attention in every layer); sizes that do not
+        make a model (a width the heads do not divide) are one line."""
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise UserError(f"--hidden {self.hidden}, --heads {self.heads}, --kv-heads {self.kv_heads}: the heads "
+                            "must divide the width and the K/V heads the heads (e.g. --hidden 2048 --heads 32 "
+                            "--kv-heads 8)")
+        head_dim = self.hidden // self.heads
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head_dim  # q, o; k, v
+        mlp = 3 * self.hidden * self.intermediate
+        layer = LayerShape(params=attention + mlp, heads=self.heads, head_dim=head_dim, mlp_params=mlp)
+        return ModelShape(layers=(layer,) * self.layers, head_params=self.vocab * self.hidden, vocab=self.vocab)
+
+    def describe(self) -> str:
+        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads ({self.kv_heads} K/V), "
+                f"MLP {self.intermediate}, vocab {self.vocab:,}")
 
 
 def attention_share(flops: StepFlops) -> float:
