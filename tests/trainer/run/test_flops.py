@@ -153,6 +153,29 @@ def test_a_cpu_run_logs_the_hand_count_of_its_rows(tmp_path: Path, checkpointing
     assert summary["attn_flop_share"] == record["attn_flop_share"]
 
 
+def test_pack_report_on_a_run_shows_its_flop_rates(tmp_path: Path) -> None:
+    """pack-report RUN prints the run's TFLOP/s, MFU, HFU and attention share (summary.json), as
+    pack-train's summary did; a value of another type in them is one line."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import pack_report
+    from pipeline.report.flops import rates_line
+
+    summary = train(TrainConfig(**rows_folder(tmp_path)))
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "run"), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert f"compute         {rates_line(summary)}" in result.output
+    assert f"attention {100 * ATTENTION / (DENSE + ATTENTION):.1f}% of the model FLOPs" in result.output
+    got = json.loads((tmp_path / "r.json").read_text())["flops"]
+    assert got == {"mfu": summary["mfu"], "tflops": summary["tflops"], "hfu": summary["hfu"],
+                   "attn_flop_share": summary["attn_flop_share"], "over": "run"}
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({**saved, "tflops": "fast"}))
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "run")])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "the run folder is damaged" in result.output
+
+
 def _train_rank(rank: int, world: int, config: dict) -> dict:
     return train(TrainConfig(**config))
 
