@@ -147,20 +147,6 @@ def steady_rate(tokens: Sequence[int], times: Sequence[float], warmup: int) -> t
     return got, seconds, got / seconds if seconds > 0 else 0.0
 
 
-def flop_rates(model: float, attention: float, seconds: float) -> dict[str, float]:
-    """A path's model TFLOP/s over its timed steps (`pipeline.report.flops`: dense and causal
-    attention from the examples' lengths), its MFU against an H100/H200's bf16 dense peak, and
-    attention's share of the FLOPs.
-
-    >>> flop_rates(989e12, 98.9e12, 2.0)
-    {'tflops': 494.5, 'mfu': 0.5, 'attn_flop_share': 0.1}
-    """
-    from bench_train import H100_BF16_TFLOPS
-
-    tflops = model / seconds / 1e12 if seconds > 0 else 0.0
-    return {"tflops": tflops, "mfu": tflops / H100_BF16_TFLOPS, "attn_flop_share": attention / model if model else 0.0}
-
-
 # --------------------------------------------------------------------------------------- one path
 
 
@@ -247,6 +233,7 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     tokens, seconds, rate = steady_rate([c[0] for c in counts[:steps]], times, a.warmup)
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
     from bench_train import flop_shape
+    from benchlib import flop_rates
 
     from pipeline.report.flops import StepFlops, step_flops
 
@@ -268,6 +255,7 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
 def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     """One pack-train run (`trainer.train`, what the CLI runs) on the packed folder; the result record."""
     from bench_train import no_checkpoint_writes, timed_result
+    from benchlib import flop_rates
 
     from pipeline.errors import UserError
     from trainer import TrainConfig, train

@@ -937,3 +937,28 @@ def test_bench_fp8_layers_weight_scaled_variant_keeps_every_example_exact(monkey
     assert loss_gap < 1e-5 and grad_gap < 1e-4
     with pytest.raises(SystemExit, match="unknown recipe"):
         bf.variant_config("rowwise_tw_everything")
+
+
+def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_path):
+    """bench_context_parallel report: medians of pack-train's own FLOP rates over the timed steps;
+    ring_peer: the FLOPs of its rows by pipeline.report.flops (every layer recomputed)."""
+    import bench_context_parallel as bcp
+    import ring_peer as rp
+
+    from pipeline.report.flops import step_flops
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"world_size": 2, "context_parallel": 2}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": k, "tokens_per_s": 10.0 * k, "tflops": k, "mfu": k / 989, "hfu": k / 900, "attn_flop_share": 0.5})
+        + "\n" for k in (1, 2, 3, 4)))
+    bcp.report([str(run)], str(tmp_path / "r.json"), warmup=1)
+    (got,) = json.loads((tmp_path / "r.json").read_text())
+    assert got["tflops"] == 3 and got["mfu"] == pytest.approx(3 / 989) and got["attn_flop_share"] == 0.5
+    config = bt.model_config("tiny", 4096)
+    rows = [{"seq_lens": np.array([8]), "labels": np.array([-100] + [5] * 7)},
+            {"seq_lens": np.array([3, 5]), "labels": np.array([-100, 5, 5, -100, 5, 5, 5, 5])}]
+    shape = bt.flop_shape(config, 4, 1)
+    want = step_flops(shape, [8], loss_tokens=7) + step_flops(shape, [3, 5], loss_tokens=6)
+    assert rp.timed_flops(rows, config, 4) == want and want.recompute > 0
