@@ -8,7 +8,8 @@ Model FLOPs of one optimizer step (what MFU divides by the time and the peak):
   gradient 2, weight gradient 2 per weight and token); with LoRA the frozen weights get no weight
   gradient, so 4 x weights x tokens, and the adapters 6 x their weights x tokens. The output head
   (vocab x hidden) runs over the loss tokens only (`trainer.model.loss` gathers them first): 6 x
-  (4 x under LoRA) head weights x loss tokens. The input embedding is a lookup: no FLOPs.
+  (4 x under LoRA) head weights x loss tokens. The input embedding is a lookup: no FLOPs. A
+  mixture of experts' layer counts the weights a token uses (its top-k experts' share).
 - Causal attention, per layer, from each row's EXAMPLE lengths (packed attention never crosses
   examples): the forward's two matmuls (Q K^T and P V) each do 2 x heads x head_dim FLOPs per
   query-key pair, the backward twice the forward, so 12 x heads x head_dim x pairs in all, where

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import resource
 import sys
 import time
@@ -164,8 +165,13 @@ def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
     weights (LoRA adapters apart: parameters named lora_*), its MLP's, its attention kind (the
     config's `layer_types`, `sliding_window` and `attention_chunk_size`, read as
     `trainer.attention.backend.layer_features` reads them) and whether it recomputes; the output
-    head's weights. Call it before the weights are quantized or sharded."""
+    head's weights. A mixture of experts counts the share of its experts' weights a token uses
+    (`num_experts_per_tok` of them). Call it before the weights are quantized or sharded."""
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    per_token = getattr(text, "num_experts_per_tok", None)
+    experts = next((getattr(text, k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if getattr(text, k, None)), None)
+    active = min(1.0, per_token / experts) if per_token and experts else 1.0  # the experts' share a token uses
     heads = int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     kinds = getattr(text, "layer_types", None)
@@ -175,26 +181,29 @@ def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
         kind = kinds[i] if kinds and i < len(kinds) else None
         window = getattr(text, "sliding_window", None) if kind == "sliding_attention" or not kinds else None
         chunk = getattr(text, "attention_chunk_size", None) if kind == "chunked_attention" else None
-        base, adapters = _split_params(layer)
+        base, adapters = _split_params(layer, active)
         mlp = layer_mlp(layer)
         layers.append(LayerShape(params=base, heads=heads, head_dim=head_dim, window=int(window) if window else None,
                                  chunk=int(chunk) if chunk else None, adapter_params=adapters,
-                                 mlp_params=_split_params(mlp)[0] if mlp is not None else 0,
+                                 mlp_params=_split_params(mlp, active)[0] if mlp is not None else 0,
                                  recompute=bool(every) and i % every == 0))
-    head = model.get_output_embeddings().weight
-    return ModelShape(layers=tuple(layers), head_params=head.numel(), vocab=int(head.shape[0]),
+    head = model.get_output_embeddings()
+    weight = head.weight if head is not None else torch.empty(0, 0, device="meta")
+    return ModelShape(layers=tuple(layers), head_params=weight.numel(), vocab=int(weight.shape[0]),
                       lora=bool(config.lora_r), tiled_mlp=bool(config.tile_mlp))
 
 
-def _split_params(module: torch.nn.Module) -> tuple[int, int]:
-    """(base weights, LoRA adapter weights) of a module."""
-    base = adapters = 0
+def _split_params(module: torch.nn.Module, active: float = 1.0) -> tuple[int, int]:
+    """(base weights, LoRA adapter weights) of a module that a token multiplies: of a mixture of
+    experts' routed experts (parameters under an `experts` module), the `active` share."""
+    base = adapters = 0.0
     for name, param in module.named_parameters():
+        share = active if re.search(r"(^|\.)experts\.", name) else 1.0
         if "lora_" in name:
-            adapters += param.numel()
+            adapters += param.numel() * share
         else:
-            base += param.numel()
-    return base, adapters
+            base += param.numel() * share
+    return round(base), round(adapters)
 
 
 def batch_flops(shape: ModelShape, batch: MicroBatch) -> StepFlops:

@@ -192,3 +192,13 @@ def test_context_parallel_ranks_count_the_rows_once(tmp_path: Path) -> None:
     assert s["tflops"] * 1e12 * 2 * s["elapsed_s"] == pytest.approx(DENSE + ATTENTION, rel=1e-6)
     assert s["mfu"] * 2e12 * s["elapsed_s"] == pytest.approx(DENSE + ATTENTION, rel=1e-6)
     assert s["attn_flop_share"] == pytest.approx(ATTENTION / (DENSE + ATTENTION), rel=1e-9)
+
+
+def test_a_mixture_of_experts_counts_the_experts_a_token_uses() -> None:
+    """Mixtral with 4 experts, 2 a token: half the experts' weights count, the router and attention whole."""
+    model = tiny(transformers.MixtralConfig, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                 num_local_experts=4, num_experts_per_tok=2)
+    shape = model_shape(model, TrainConfig(data="d", model="m", out="o"))
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    everything = sum(p.numel() for p in model.model.layers[0].parameters())
+    assert experts > 0 and shape.layers[0].params == everything - experts // 2
