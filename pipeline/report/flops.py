@@ -113,11 +113,6 @@ class StepFlops:
         return [self.dense, self.attention, self.recompute]
 
 
-def layer_pairs(layer: LayerShape, lengths: np.ndarray) -> int:
-    """The causal query-key pairs one layer attends over examples of these lengths."""
-    return causal_pairs(lengths, layer.window, layer.chunk)
-
-
 def step_flops(shape: ModelShape, lengths: np.ndarray | None, *, tokens: int | None = None,
                loss_tokens: int | None = None, head_recompute: bool = False, pairs: int | None = None) -> StepFlops:
     """FLOPs of training on examples of `lengths` (all rows' examples, in any order): see the module.
@@ -135,7 +130,7 @@ def step_flops(shape: ModelShape, lengths: np.ndarray | None, *, tokens: int | N
     for layer in shape.layers:
         key = (layer.window, layer.chunk)
         if key not in pairs_of:
-            pairs_of[key] = layer_pairs(layer, lengths) if pairs is None else pairs
+            pairs_of[key] = causal_pairs(lengths, layer.window, layer.chunk) if pairs is None else pairs
         forward = 4.0 * layer.heads * layer.head_dim * pairs_of[key]
         dense += (base * layer.params + 6.0 * layer.adapter_params) * tokens
         attention += 3.0 * forward

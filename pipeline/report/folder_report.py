@@ -250,7 +250,7 @@ def folder_sizes(sizes: Sizes, manifest: Manifest) -> Sizes:
     return replace(sizes, vocab=vocab) if vocab else sizes
 
 
-COSTLIEST_ROWS = 5  # rows a report names, by attention's share of their work
+SHOWN_ROWS = 5  # rows a report names, by attention's share of their work
 
 
 def attention_work(data: FolderData, sizes: Sizes) -> dict[str, Any]:
@@ -267,14 +267,14 @@ def attention_work(data: FolderData, sizes: Sizes) -> dict[str, Any]:
     attention = per_pair * pairs
     work = per_token * tokens + per_loss_token * data.row_loss + attention
     share = np.divide(attention, work, out=np.zeros_like(work), where=work > 0)
-    top = np.argsort(-share, kind="stable")[:COSTLIEST_ROWS]
+    top = np.argsort(-share, kind="stable")[:SHOWN_ROWS]
     starts = np.searchsorted(data.row_shard, np.arange(len(data.shards)))  # each shard's first row
     return {
         "flops": float(work.sum()),
         "attention_flops": float(attention.sum()),
         "share": safe_ratio(float(attention.sum()), float(work.sum())),
         "row_share": _length_stats(share),
-        "costliest_rows": [{"shard": data.shards[data.row_shard[r]]["file"],
+        "highest_share_rows": [{"shard": data.shards[data.row_shard[r]]["file"],
                             "row": int(r - starts[data.row_shard[r]]), "tokens": int(data.row_tokens[r]),
                             "examples": int(data.row_examples[r]), "longest": int(data.row_longest[r]),
                             "attention_share": float(share[r]), "flops": float(work[r])} for r in top],

@@ -98,7 +98,7 @@ def attention_lines(a: dict[str, Any]) -> list[str]:
     lines = [f"  all rows        {a['share']:.1%} of {_n(a['flops'])} FLOPs",
              f"  per row         min {q['min']:.1%}, p50 {q['p50']:.1%}, p90 {q['p90']:.1%}, p99 {q['p99']:.1%}, "
              f"max {q['max']:.1%}", "  highest share"]
-    for r in a["costliest_rows"]:
+    for r in a["highest_share_rows"]:
         lines.append(f"    {str(r['shard'])[:24]} row {r['row']:,}: {r['tokens']:,} tokens, {r['examples']:,} "
                      f"example(s), longest {r['longest']:,}: {r['attention_share']:.1%}")
     return lines

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from pipeline.durable import write_text_atomic
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
-from pipeline.report.flops import LayerShape, ModelShape, StepFlops, step_flops
+from pipeline.report.flops import LayerShape, ModelShape, StepFlops, attention_share, step_flops
 from trainer.data.batch import MicroBatch
 from trainer.config import TrainConfig
 from trainer.model.load import decoder_layers
@@ -326,7 +326,7 @@ class Meter:
             "mfu": flops.model / seconds / self.peak_flops if self.peak_flops else None,
             "tflops": flops.model / seconds / self.world / 1e12,
             "hfu": flops.hardware / seconds / self.peak_flops if self.peak_flops else None,
-            "attn_flop_share": flops.attention / flops.model if flops.model else 0.0,
+            "attn_flop_share": attention_share(flops),
         }
 
     def log_eval(self, step: int, loss: float, loss_tokens: int) -> None:

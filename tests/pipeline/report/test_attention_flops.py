@@ -47,7 +47,7 @@ def test_the_share_in_all_and_per_row_is_the_hand_count(report: tuple[str, dict,
     # negative control: each row's length squared (36 + 36 + 10 pairs) would be another count
     assert a["attention_flops"] != 48 * (36 + 36 + 10)
     shares = [att / work for att, work in zip(ROW_ATTENTION, ROW_FLOPS)]  # 6.5%, 9.7%, 15.2%
-    top = a["costliest_rows"]
+    top = a["highest_share_rows"]
     assert [(t["shard"], t["row"]) for t in top] == [("shard-00001.arrow", 0), ("shard-00000.arrow", 1),
                                                       ("shard-00000.arrow", 0)]
     assert [t["attention_share"] for t in top] == pytest.approx([shares[2], shares[1], shares[0]])
