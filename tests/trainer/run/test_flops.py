@@ -85,14 +85,14 @@ def test_model_shape_counts_query_heads_and_each_layers_kind() -> None:
     model = tiny(transformers.Qwen2Config, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
                  use_sliding_window=True, sliding_window=4, max_window_layers=1,
                  layer_types=["full_attention", "sliding_attention", "full_attention"])
-    shape = model_shape(model, TrainConfig(data="d", model="m", out="o", grad_checkpointing=2))
+    shape = model_shape(model, TrainConfig(data="d", model="m", out="o", grad_checkpointing=2, tile_mlp=8))
     # q 32x32 + bias, k and v 32x8 + bias, o 32x32, MLP 3 x 32 x 64, two norms of 32
     assert [layer.params for layer in shape.layers] == [1056 + 264 + 264 + 1024 + 6144 + 64] * 3
     assert [layer.mlp_params for layer in shape.layers] == [6144] * 3
     assert [(layer.heads, layer.head_dim) for layer in shape.layers] == [(4, 8)] * 3  # not the 1 K/V head
     assert [layer.window for layer in shape.layers] == [None, 4, None]
     assert [layer.recompute for layer in shape.layers] == [True, False, True]  # layers 0, 2
-    assert shape.head_params == 100 * 32 and not shape.lora
+    assert shape.head_params == 100 * 32 and not shape.lora and shape.tiled_mlp
     # full layers 57 pairs each; the sliding one: 6 + (10 + 1 x 4) + (10 + 4 x 4) = 46
     assert step_flops(shape, EXAMPLES, tokens=0).attention == 12 * 4 * 8 * (57 + 46 + 57)
 
@@ -137,10 +137,13 @@ DENSE = 6 * LAYER * 2 * 16 + 6 * 4096 * 64 * 13  # 7,102,464 + 20,447,232
 ATTENTION = 12 * 4 * 16 * 57 * 2  # 87,552
 
 
-@pytest.mark.parametrize("checkpointing", [0, 1])
-def test_a_cpu_run_logs_the_hand_count_of_its_rows(tmp_path: Path, checkpointing: int) -> None:
-    summary = train(TrainConfig(**rows_folder(tmp_path), grad_checkpointing=checkpointing))
+@pytest.mark.parametrize(("checkpointing", "lora_r"), [(0, 0), (1, 0), (0, 2)])
+def test_a_cpu_run_logs_the_hand_count_of_its_rows(tmp_path: Path, checkpointing: int, lora_r: int) -> None:
+    summary = train(TrainConfig(**rows_folder(tmp_path), grad_checkpointing=checkpointing, lora_r=lora_r))
     dense, attention = DENSE, ATTENTION
+    if lora_r:  # frozen weights 4 x, the adapters (rank 2 on every linear layer: 2 x (in + out)) 6 x
+        adapters = 2 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64) + (64 + 128) * 2 + (128 + 64))  # 2,048
+        dense = 4 * LAYER * 2 * 16 + 6 * adapters * 2 * 16 + 4 * 4096 * 64 * 13
     recompute = checkpointing * 2 * (2 * LAYER * 16 + 4 * 4 * 16 * 57)
     record = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     seconds = record["step_time_s"]
