@@ -20,14 +20,14 @@ from pipeline.foreign_config import DATA
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
-from pipeline.option_checks import MAX_PROCS
+from pipeline.option_checks import INT_MAX, MAX_PROCS
 from pipeline.read.formats import FORMATS, TEMPLATES
 from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.tokenize.encode_pool import capped_workers
 from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
 from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
-from pipeline.report.flops import Sizes
+from pipeline.report.flops import MAX_LAYERS, Sizes
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, PACKED_STRATEGIES
 from pipeline.tokenize.chat_templates import NAMED as NAMED_TEMPLATES
 from pipeline.tokenize.tokenize_inputs import lengths_of
@@ -206,15 +206,15 @@ Examples:
 @click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True,
               type=click.IntRange(min=1),
               help="Examples per batch of the pad-to-longest baseline (example-id order).")
-@click.option("--hidden", default=Sizes.hidden, show_default=True, type=click.IntRange(min=1),
+@click.option("--hidden", default=Sizes.hidden, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
               help="Model width of the training-FLOP count (speedups, attention's share of the work).")
-@click.option("--layers", default=Sizes.layers, show_default=True, type=click.IntRange(min=1),
+@click.option("--layers", default=Sizes.layers, show_default=True, type=click.IntRange(min=1, max=MAX_LAYERS),
               help="Decoder layers of that model.")
-@click.option("--heads", default=Sizes.heads, show_default=True, type=click.IntRange(min=1),
+@click.option("--heads", default=Sizes.heads, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
               help="Its query heads (head_dim = hidden / heads).")
-@click.option("--kv-heads", default=Sizes.kv_heads, show_default=True, type=click.IntRange(min=1),
+@click.option("--kv-heads", default=Sizes.kv_heads, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
               help="Its key/value heads (grouped-query attention).")
-@click.option("--intermediate", default=Sizes.intermediate, show_default=True, type=click.IntRange(min=1),
+@click.option("--intermediate", default=Sizes.intermediate, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
               help="Its MLP width (a gated MLP of three matrices).")
 @click.option("--strategy", "strategy", multiple=True,
               help="Packing strategies to compare (repeat or comma-separate; default: all).")

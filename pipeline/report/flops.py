@@ -42,6 +42,7 @@ from pipeline.errors import UserError
 # llama-3.2-1B's shape: pack-report's defaults for a model it is not told about
 DEFAULT_HIDDEN, DEFAULT_LAYERS, DEFAULT_HEADS, DEFAULT_KV_HEADS = 2048, 16, 32, 8
 DEFAULT_INTERMEDIATE, DEFAULT_VOCAB = 8192, 128256
+MAX_LAYERS = 10_000  # pack-report's --layers at most (more than any model has; the count walks each layer)
 
 
 def causal_pairs(lengths: np.ndarray, window: int | None = None, chunk: int | None = None) -> int:

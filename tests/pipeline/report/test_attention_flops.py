@@ -83,3 +83,6 @@ def test_sizes_that_make_no_model_are_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--hidden", "100", "--heads", "32"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert "--heads 32" in result.output and "must divide the width" in result.output
+    for option, value in (("--layers", str(10**12)), ("--hidden", str(2**70))):  # absurd: refused at once
+        result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), option, value])
+        assert result.exit_code != 0 and option in result.output and "Traceback" not in result.output, result.output
