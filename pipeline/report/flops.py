@@ -33,6 +33,7 @@ row, one in the second): pairs = 3*4/2 + 5*6/2 + 8*9/2 = 6 + 15 + 36 = 57, atten
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,12 +46,12 @@ DEFAULT_INTERMEDIATE, DEFAULT_VOCAB = 8192, 128256
 MAX_LAYERS = 10_000  # pack-report's --layers at most (more than any model has; the count walks each layer)
 
 
-def causal_pairs(lengths: np.ndarray, window: int | None = None, chunk: int | None = None) -> int:
+def causal_pairs(lengths: Sequence[int] | np.ndarray, window: int | None = None, chunk: int | None = None) -> int:
     """Causal query-key pairs of examples of these lengths: sum L(L+1)/2. With `window` w a query
     sees at most w keys (itself included): w(w+1)/2 + (L-w) x w for L > w. With `chunk` c each
     example is cut into pieces of c tokens that attend only within themselves.
 
-        >>> causal_pairs(np.array([3, 5, 8])), causal_pairs(np.array([8]), window=3), causal_pairs(np.array([8]), chunk=3)
+        >>> causal_pairs([3, 5, 8]), causal_pairs([8], window=3), causal_pairs([8], chunk=3)
         (57, 21, 15)
     """
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -114,7 +115,7 @@ class StepFlops:
         return [self.dense, self.attention, self.recompute]
 
 
-def step_flops(shape: ModelShape, lengths: np.ndarray | None, *, tokens: int | None = None,
+def step_flops(shape: ModelShape, lengths: Sequence[int] | np.ndarray | None, *, tokens: int | None = None,
                loss_tokens: int | None = None, head_recompute: bool = False, pairs: int | None = None) -> StepFlops:
     """FLOPs of training on examples of `lengths` (all rows' examples, in any order): see the module.
     `tokens` defaults to their sum, `loss_tokens` (the head's tokens) to `tokens`. `pairs` instead

@@ -243,7 +243,8 @@ def _attention_html(report: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td>{_v(r['shard'])}</td><td>{_v(r['row'], ',')}</td><td>{_v(r['tokens'], ',')}</td>"
         f"<td>{_v(r['examples'], ',')}</td><td>{_v(r['longest'], ',')}</td>"
-        f"<td>{_v(r['attention_share'], '.1%')}</td><td>{_v(_n(r['flops']))}</td></tr>" for r in a["highest_share_rows"])
+        f"<td>{_v(r['attention_share'], '.1%')}</td><td>{_v(_n(r['flops']))}</td></tr>"
+        for r in a["highest_share_rows"])
     return (f'<p class="note">Training FLOPs (forward and backward, counted as pack-train counts them) for a '
             f"model of {_v(model_text(report))}: attention {_v(a['share'], '.1%')} of "
             f"{_v(_n(a['flops']))} FLOPs in all; per row min {_v(q['min'], '.1%')}, p50 {_v(q['p50'], '.1%')}, "
