@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -306,7 +307,7 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                 raise UserError(f"no non-empty examples in {', '.join(inputs)}")
             report = whatif_report(lengths, max_len_list,
                                    strategies=strategies, batch_size=batch_size,
-                                   seed=seed or 0, sizes=sizes)
+                                   seed=seed or 0, sizes=replace(sizes, vocab=len(tok)))  # its vocabulary
             report.update(report_sources(name, via, list(inputs)))
             title = f"packlm what-if report: {', '.join(inputs)}"[:200]
         else:

@@ -200,6 +200,9 @@ def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     r = json.loads((tmp_path / "w.json").read_text())
     assert r["kind"] == "what-if" and r["examples"] == 4
+    from pipeline.tokenize.tokenizer import load_tokenizer
+
+    assert r["model"]["vocab"] == len(load_tokenizer("data/tokenizer"))  # the FLOPs' head: that tokenizer's
     assert [run["max_len"] for run in r["runs"]] == [8, 16]
     assert "max_len 8:" in result.output and "max_len 16:" in result.output
     page = (tmp_path / "w.html").read_text()
