@@ -149,8 +149,8 @@ def step_flops(shape: ModelShape, lengths: Sequence[int] | np.ndarray | None, *,
 class Sizes:
     """A llama-style model by its sizes (a gated MLP of three matrices, head_dim = hidden / heads):
     what `pack-report` counts a folder's work with (`--hidden`, `--layers`, `--heads`, `--kv-heads`,
-    `--intermediate`; the vocabulary of the folder's tokenizer where it is recorded, or of a what-if's --tokenizer). Defaults:
-    llama-3.2-1B's shape."""
+    `--intermediate`; the vocabulary of the folder's tokenizer where it is recorded, or of a
+    what-if's --tokenizer). Defaults: llama-3.2-1B's shape."""
 
     hidden: int = DEFAULT_HIDDEN
     layers: int = DEFAULT_LAYERS
