@@ -25,8 +25,8 @@ Public faces: the only modules `trainer/` imports are `shards` (the shard format
 one-line errors), `api_errors` (Python spellings of options), `option_checks` (option checks),
 `config_file` (--config files), `foreign_config` (other tools' config keys), `durable` (atomic
 writes), `contained` (paths inside a folder), `folder_lock` (folder locks), `read.hub` (Hub
-resolution), `tokenize.tokenizer` (the tokenizer and its fingerprint)
-(tests/trainer/test_trainer_layout.py checks it).
+resolution), `tokenize.tokenizer` (the tokenizer and its fingerprint), `report.flops` (the one
+count of training FLOPs, which pack-report and pack-train's MFU share) (tests/trainer/test_trainer_layout.py checks it).
 """
 
 from importlib import import_module

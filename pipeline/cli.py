@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,15 @@ from pipeline.foreign_config import DATA
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
-from pipeline.option_checks import MAX_PROCS
+from pipeline.option_checks import INT_MAX, MAX_PROCS
 from pipeline.read.formats import FORMATS, TEMPLATES
 from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.tokenize.encode_pool import capped_workers
 from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
 from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
-from pipeline.report.stats import DEFAULT_BATCH_SIZE, DEFAULT_HIDDEN, PACKED_STRATEGIES
+from pipeline.report.flops import MAX_LAYERS, Sizes
+from pipeline.report.stats import DEFAULT_BATCH_SIZE, PACKED_STRATEGIES
 from pipeline.tokenize.chat_templates import NAMED as NAMED_TEMPLATES
 from pipeline.tokenize.tokenize_inputs import lengths_of
 
@@ -205,8 +207,16 @@ Examples:
 @click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True,
               type=click.IntRange(min=1),
               help="Examples per batch of the pad-to-longest baseline (example-id order).")
-@click.option("--hidden", default=DEFAULT_HIDDEN, show_default=True, type=click.IntRange(min=1),
-              help="Model width used by the speedup estimate (token vs attention work).")
+@click.option("--hidden", default=Sizes.hidden, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
+              help="Model width of the training-FLOP count (speedups, attention's share of the work).")
+@click.option("--layers", default=Sizes.layers, show_default=True, type=click.IntRange(min=1, max=MAX_LAYERS),
+              help="Decoder layers of that model.")
+@click.option("--heads", default=Sizes.heads, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
+              help="Its query heads (head_dim = hidden / heads).")
+@click.option("--kv-heads", default=Sizes.kv_heads, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
+              help="Its key/value heads (grouped-query attention).")
+@click.option("--intermediate", default=Sizes.intermediate, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
+              help="Its MLP width (a gated MLP of three matrices).")
 @click.option("--strategy", "strategy", multiple=True,
               help="Packing strategies to compare (repeat or comma-separate; default: all).")
 @click.option("--seed", default=None, type=click.IntRange(min=0),
@@ -226,7 +236,8 @@ Examples:
 @click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_PROCS),
               help="What-if: tokenizer processes.")
 def pack_report(folder: str | None, json_path: Path | None, html_path: Path | None, csv_path: Path | None,
-                batch_size: int, hidden: int, strategy: tuple[str, ...], seed: int | None,
+                batch_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+                strategy: tuple[str, ...], seed: int | None,
                 no_hash: bool, inputs: tuple[str, ...], tokenizer: str | None, max_lens: str,
                 fmt: str, limit: int | None, num_proc: int, **format_fields: Any) -> None:
     """Packing report of FOLDER (written by pack-data), or a what-if plan with --input: the
@@ -247,6 +258,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                               "no report file was left half-written"), \
             folder_to_read(folder) if folder is not None else nullcontext() as local:
         shown, folder = folder, local  # the folder as given names it in the report
+        sizes = Sizes(hidden, layers, heads, kv_heads, intermediate)
+        sizes.shape()  # sizes that make no model: one line before any work
         strategies = _strategies(strategy)
         for path, flag in ((json_path, "--json"), (html_path, "--html"), (csv_path, "--sources-csv")):  # fail first
             if path is not None and not Path(path).absolute().parent.is_dir():
@@ -273,7 +286,7 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                        "use here; cached for later runs): up to half a minute", err=True)
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
-            report = folder_report(data, batch_size=batch_size, hidden=hidden,
+            report = folder_report(data, batch_size=batch_size, sizes=sizes,
                                    strategies=strategies, seed=seed)
             _refuse_unchecked(folder, report, no_hash)
             recorded = data.manifest.config.get("inputs") or [i.get("path") for i in data.manifest.inputs]
@@ -282,7 +295,7 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                                          [str(i) for i in recorded]))
             if given:  # a what-if across --max-len values, from the lengths the shards hold
                 report["whatif"] = folder_whatif(data, max_len_list, strategies=strategies, batch_size=batch_size,
-                                                 seed=data.manifest.seed if seed is None else seed, hidden=hidden)
+                                                 seed=data.manifest.seed if seed is None else seed, sizes=sizes)
             title = f"packlm packing report: {shown}"
         elif inputs:
             options = {"format": fmt, "num_proc": capped_workers(num_proc, "pack-report"), "limit": limit,
@@ -294,7 +307,7 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                 raise UserError(f"no non-empty examples in {', '.join(inputs)}")
             report = whatif_report(lengths, max_len_list,
                                    strategies=strategies, batch_size=batch_size,
-                                   seed=seed or 0, hidden=hidden)
+                                   seed=seed or 0, sizes=replace(sizes, vocab=len(tok)))  # its vocabulary
             report.update(report_sources(name, via, list(inputs)))
             title = f"packlm what-if report: {', '.join(inputs)}"[:200]
         else:

@@ -18,7 +18,8 @@ and the gradients of their sum, context-parallel against the whole row on one GP
 errors; the same comparison in float32 with the sdpa kernel bounds what rounding alone gives.
 
 `report`: per run folder, tokens/s over the steps after the first --warmup (1: the first compiles
-and warms up), tokens/s per GPU, the peak GPU memory, the row length and the ranks, as one JSON file.
+and warms up), tokens/s per GPU, pack-train's TFLOP/s a GPU, MFU, HFU and attention share (medians of
+the same steps), the peak GPU memory, the row length and the ranks, as one JSON file.
 
 `peer` (under torchrun, one GPU per rank): ring-flash-attn's Hugging Face adapter fed the same rows
 as `pack-train --context-parallel N` (scripts/ring_peer.py: the 8B shape, LoRA, every layer
@@ -157,6 +158,10 @@ def report(runs: list[str], json_path: str | None, warmup: int = 1) -> None:
             "run": run.name, "steps": summary.get("steps"), "world_size": world,
             "context_parallel": config.get("context_parallel", 1), "tokens_per_step": config.get("tokens_per_step"),
             "tokens_per_s": rate, "tokens_per_s_per_gpu": rate / world if rate else None,
+            # pack-train's FLOP rates (pipeline.report.flops: causal attention from the examples'
+            # lengths, each rank its share of the row), medians over the same steps
+            **{key: statistics.median(r[key] for r in steps) if steps and all(r.get(key) is not None for r in steps)
+               else None for key in ("tflops", "mfu", "hfu", "attn_flop_share")},
             # pack-train's own count over the whole run, the first step (start-up effects) included
             "whole_run_tokens_per_s": summary.get("tokens_per_s"),
             "peak_mem_gib": max((r.get("peak_mem_gib") or 0 for r in rows), default=None),

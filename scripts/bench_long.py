@@ -11,8 +11,8 @@ data/tokenizer; loss on every token but the first), packed once by `pack-data --
 four examples per row). Each backend then trains the same model from the same seed on the same rows
 through `trainer.run.loop.train` (what `pack-train` runs; `bench_train.run_packed_pack_train`: warmup
 steps, then the timed ones, read back from metrics.jsonl), --tokens-per-step of whole rows per step
-(default: one row). Reported per backend: tokens/s, step time, MFU (6 N tokens/s), MFU counting the
-causal attention FLOPs too, the attention share of all FLOPs, peak memory and the final loss.
+(default: one row). Reported per backend: tokens/s, step time, MFU and TFLOP/s (model FLOPs, causal
+attention included: `pipeline.report.flops`), attention's share of the FLOPs, peak memory and the final loss.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import H100_BF16_TFLOPS, PathResult, run_packed_pack_train  # noqa: E402
+from bench_train import H100_BF16_TFLOPS, PathResult, flop_shape, run_packed_pack_train  # noqa: E402
 from bench_train import parse_args as train_defaults  # noqa: E402
 from benchlib import LLAMA2, device_name, machine_summary, model_config, resolve_device, shared_dir, write_json  # noqa: E402
 
@@ -89,8 +89,7 @@ def main() -> None:
         model=args.model, dtype=args.dtype, compile=args.compile, seed=args.seed, num_workers=2,
         lora_r=args.lora_r, grad_checkpointing=args.grad_checkpointing,
         peak_tflops=args.peak_tflops, workdir=work)
-    setup = SimpleNamespace(args=train_args, device=device, folders={"ffd": folder},
-                            n_layers=config.num_hidden_layers, hidden=config.hidden_size)
+    setup = SimpleNamespace(args=train_args, device=device, folders={"ffd": folder}, shape=flop_shape(config))
     print(f"# bench_long: {args.examples} examples of {args.min_len}-{args.max_example_len} tokens "
           f"(mean {lens.mean():.0f}), rows of {args.max_len}, model {args.model}, {device_name(device)}")
     results: list[PathResult] = []
@@ -103,7 +102,7 @@ def main() -> None:
             res = PathResult(path=backend, runner="", ok=False, note=f"{type(exc).__name__}: {str(exc)[:160]}")
         results.append(res)
         print(f"[{backend}] {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step, MFU {res.mfu:.1%} "
-              f"(with attention {res.mfu_with_attn:.1%}; attention {res.attn_share:.0%} of FLOPs), "
+              f"({res.tflops:,.1f} TFLOP/s; attention {res.attn_share:.0%} of the FLOPs), "
               f"peak {res.peak_gib} GiB, loss {res.final_loss}, runner {res.runner}"
               + ("" if res.ok and not res.note else f" NOTE {res.note}"), flush=True)
     if args.json:

@@ -163,9 +163,10 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     """
     import torch
 
-    from bench_train import flash_attn_available, hf_fp8, hf_row_batches, hf_step_fn, n_params_of, plan_step_rows
+    from bench_train import flash_attn_available, flop_shape, hf_fp8, hf_row_batches, hf_step_fn, plan_step_rows
     from benchlib import build_hf_model, cuda_peak_gib, make_optimizer, sync
 
+    from pipeline.report.flops import step_flops
     from pipeline.shards import manifest_vocab, read_manifest
     from trainer.model.load import compile_decoder_layers, decoder_layers, enable_grad_checkpointing
     from trainer.distributed.parallel import close_distributed, pick_device, setup_distributed, wrap_parallel
@@ -178,7 +179,7 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     attn = "flash_attention_2" if device.type == "cuda" and flash_attn_available() else "sdpa"
     reset_cuda_peak(device)
     model = build_hf_model(args.model, attn, device, manifest_vocab(read_manifest(folder).tokenizer), seed)
-    n_params = n_params_of(model)
+    shape = flop_shape(model.config, 0, args.grad_checkpointing)  # the FLOP count's view (pipeline.report.flops)
     layers = decoder_layers(model)
     if args.grad_checkpointing:
         enable_grad_checkpointing(model, every=args.grad_checkpointing)
@@ -194,22 +195,25 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     steps = plan_step_rows(folder, args.tokens_per_step, args.seed, args.steps,
                            world_size=info.world_size, rank=info.rank)
     rows: list[dict[str, Any]] = []
-    tokens, since, last = 0, 0, time.perf_counter()
+    tokens, flops, since, last = 0, 0.0, 0, time.perf_counter()
     try:
         for k, thunk in enumerate(hf_row_batches(steps, device, flash_kwargs=attn == "flash_attention_2"), 1):
             batch = thunk()
             loss = step(batch.payload)
             tokens, since = tokens + batch.tokens, since + 1
+            flops += step_flops(shape, batch.seq_lens, tokens=batch.tokens, loss_tokens=batch.loss_tokens).model
             if k % args.log_every and k < args.steps:
                 continue
-            total = torch.tensor([tokens], device=device)
+            total = torch.tensor([tokens, flops], dtype=torch.float64, device=device)  # flops: this window's
             if info.enabled:
                 torch.distributed.all_reduce(total)
             value = float(loss.detach())
             sync(device)
             now = time.perf_counter()
-            rows.append({"step": k, "loss": value, "tokens": int(total), "step_time_s": (now - last) / since})
-            last, since = now, 0
+            peak = args.peak_tflops * 1e12 * info.world_size
+            rows.append({"step": k, "loss": value, "tokens": int(total[0]), "step_time_s": (now - last) / since,
+                         "mfu": float(total[1]) / (now - last) / peak})
+            last, since, flops = now, 0, 0.0
         peak = cuda_peak_gib(device)
     finally:
         del module, model, opt, step
@@ -217,11 +221,10 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
         close_distributed(info)
     tokens_per_s = timed_rate(rows, args.warmup)
     windows = window_rates(rows, args.warmup)
-    last_rate = windows[-1] if windows else 0.0
     return {
         "entry": entry, "dtype": dtype, "recipe": recipe, "seed": seed, "tokens_per_s": tokens_per_s,
         "window_tokens_per_s": windows, "median_window_tokens_per_s": statistics.median(windows) if windows else None,
-        "mfu_last": 6 * n_params * last_rate / (args.peak_tflops * 1e12 * info.world_size) if last_rate else None,
+        "mfu_last": rows[-1]["mfu"] if windows else None,
         "eval_loss": None, "final_loss": rows[-1]["loss"] if rows else None, "peak_mem_gib": peak,
         "tokens_seen": rows[-1]["tokens"] if rows else 0,
         "world_size": info.world_size, "attention": attn, "loss_curve": [(r["step"], r["loss"]) for r in rows],

@@ -5,8 +5,9 @@ Every path trains the same randomly initialised model (`--model`, default the `l
 same examples (GSM8K + CodeAlpaca from `../shared`, Llama-2 tokenizer, one seeded order) with fused
 AdamW (or, with `--optimizer adafactor`, torch's Adafactor, for a full fine-tune of a large model)
 and the same learning rate, and reports real (non-padding) tokens/s, step time, peak memory,
-MFU (6 x params x tokens/s over `--peak-tflops`, attention FLOPs reported separately) and the share of
-step time the loop spent waiting for its next batch (host preparation + host-to-device copy).
+MFU (model FLOPs, causal attention included, over `--peak-tflops`: `pipeline.report.flops`, the count
+pack-train's metrics use), HFU (with the recompute of --grad-checkpointing), attention's share of the
+FLOPs and the share of step time the loop spent waiting for its next batch (host preparation + host-to-device copy).
 
 Paths (`--paths`, comma separated):
 
@@ -56,9 +57,11 @@ autocast (CPU tests).
 
 `--lora-r R` trains LoRA adapters (rank R, alpha 16, every linear layer of the decoder) on every path:
 HF paths through `peft.get_peft_model`, packlm paths through `pack-train --lora-r`; both keep the
-frozen base weights in bf16. MFU then counts 4 x params FLOPs per token (forward, and the backward
-through the activations; frozen weights get no weight gradients). `--grad-checkpointing [N]` recomputes
-the activations of every decoder layer (or of every Nth one) in the backward on every path (HF's
+frozen base weights in bf16. MFU then counts 4 x the frozen weights a token (forward, and the backward
+through the activations; they get no weight gradients) and 6 x the adapters'. Every path's MFU counts
+the same model FLOPs for the same rows: the output head over the loss tokens only, as pack-train
+computes it (HF's loss computes every token's logits: extra work no MFU counts).
+`--grad-checkpointing [N]` recomputes the activations of every decoder layer (or of every Nth one) in the backward on every path (HF's
 gradient_checkpointing_enable with the same per-layer choice, pack-train --grad-checkpointing [N]).
 `--activation-memory-budget F` sets torch.compile's activation memory budget for every compiled path
 (pack-train --activation-memory-budget; HF paths run their compiled steps under the same setting).
@@ -112,7 +115,8 @@ from benchlib import (
     write_json,
 )
 
-from pipeline.shards import iter_rows, read_manifest
+from pipeline.report.flops import ModelShape, attention_share, step_flops
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest
 from trainer.run.profiling import finish_profile, new_profiler
 
 H100_BF16_TFLOPS = 989.0
@@ -186,24 +190,32 @@ def real_tokens(batch: dict[str, torch.Tensor]) -> int:
 # ------------------------------------------------------------------------------------ accounting
 
 
-def attention_flops(seq_lens: Sequence[int] | np.ndarray, n_layers: int, hidden: int) -> float:
-    """Causal attention FLOPs of one fwd+bwd over examples of these lengths.
+def flop_shape(config: Any, lora_r: int = 0, grad_checkpointing: int = 0) -> ModelShape:
+    """The model of `config` as the one FLOP count sees it (`trainer.run.metrics.model_shape`), with
+    LoRA adapters of rank `lora_r` on every linear layer of the decoder and every
+    `grad_checkpointing`-th layer recomputed, as the paths train it; built on the meta device."""
+    from transformers import AutoModelForCausalLM
 
-    Per layer, forward: QK^T and PV are 2 * L^2 * hidden multiply-adds each, halved by causality,
-    i.e. 4 * L^2 / 2 * hidden FLOPs; backward is twice the forward, hence x3.
-    """
-    lens = np.asarray(seq_lens, dtype=np.float64)
-    return 3.0 * n_layers * 4.0 * float((lens * lens).sum()) / 2.0 * hidden
+    from trainer import TrainConfig
+    from trainer.model.lora import add_lora
+    from trainer.run.metrics import model_shape
+
+    options = TrainConfig(data="-", model="-", out="-", lora_r=lora_r, grad_checkpointing=grad_checkpointing)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+        if lora_r:
+            add_lora(model, options)
+    return model_shape(model, options)
 
 
-def dense_flops(n_params: int, tokens: int, lora: bool = False) -> float:
-    """The usual 6 x params x tokens (fwd + bwd of every weight matmul); 4 x with LoRA, where the
-    frozen weights get no weight gradient (the adapters' own FLOPs are left out)."""
-    return (4.0 if lora else 6.0) * n_params * tokens
+def loss_tokens_of(labels: Sequence[np.ndarray]) -> int:
+    """The loss tokens of examples or rows by their (unshifted) labels: those not -100 (an example's
+    first label is -100, so it is the count of shifted targets)."""
+    return int(sum(int((np.asarray(x) != IGNORE_INDEX).sum()) for x in labels))
 
 
 def n_params_of(model: torch.nn.Module) -> int:
-    """All parameters (embeddings and LM head included, as in the issue's MFU)."""
+    """All parameters (embeddings and LM head included)."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -217,33 +229,36 @@ class PathResult:
     note: str = ""
     steps: int = 0
     tokens: int = 0  # real tokens in the timed steps
+    loss_tokens: int = 0  # of which carry a loss
     examples: int = 0
     seconds: float = 0.0
     data_wait_s: float = 0.0
     peak_gib: float | None = None
     tokens_per_s: float = 0.0
     step_ms: float = 0.0
-    mfu: float = 0.0  # 6 N tokens/s / peak
-    mfu_with_attn: float = 0.0  # (6 N tokens + attention FLOPs)/s / peak
+    tflops: float = 0.0  # model TFLOP/s (pipeline.report.flops: dense and causal attention)
+    mfu: float = 0.0  # model FLOPs/s / peak
+    hfu: float = 0.0  # as mfu, with the recompute (--grad-checkpointing)
     attn_tflops_per_s: float = 0.0
-    attn_share: float = 0.0  # attention FLOPs / (6 N tokens + attention FLOPs)
+    attn_share: float = 0.0  # attention's share of the model FLOPs
     data_wait_pct: float = 0.0
     final_loss: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def finish_result(res: PathResult, *, n_params: int, attn_flops: float, peak_tflops: float,
-                  lora: bool = False) -> None:
-    """Fill the derived rates of `res` from its raw counts."""
+def finish_result(res: PathResult, *, shape: ModelShape, lens: np.ndarray, peak_tflops: float) -> None:
+    """Fill the derived rates of `res` from its raw counts: the FLOPs of the timed steps' examples
+    (`lens`, `res.tokens`, `res.loss_tokens`) for `shape`, by the one count."""
     if res.seconds <= 0 or res.steps <= 0:
         return
     res.tokens_per_s = res.tokens / res.seconds
     res.step_ms = 1000.0 * res.seconds / res.steps
-    dense = dense_flops(n_params, res.tokens, lora)
-    res.mfu = dense / res.seconds / (peak_tflops * 1e12)
-    res.attn_tflops_per_s = attn_flops / res.seconds / 1e12
-    res.mfu_with_attn = (dense + attn_flops) / res.seconds / (peak_tflops * 1e12)
-    res.attn_share = attn_flops / (dense + attn_flops) if dense + attn_flops else 0.0
+    flops = step_flops(shape, lens, tokens=res.tokens, loss_tokens=res.loss_tokens)
+    res.tflops = flops.model / res.seconds / 1e12
+    res.mfu = flops.model / res.seconds / (peak_tflops * 1e12)
+    res.hfu = flops.hardware / res.seconds / (peak_tflops * 1e12)
+    res.attn_tflops_per_s = flops.attention / res.seconds / 1e12
+    res.attn_share = attention_share(flops)
     res.data_wait_pct = 100.0 * res.data_wait_s / res.seconds
 
 
@@ -258,6 +273,7 @@ class Batch:
     tokens: int
     seq_lens: np.ndarray
     examples: int
+    loss_tokens: int = 0
 
 
 def timed_loop(
@@ -297,6 +313,7 @@ def timed_loop(
             host_ms.append(round((time.perf_counter() - t0) * 1000, 1))
             res.data_wait_s += t1 - t0
             res.tokens += batch.tokens
+            res.loss_tokens += batch.loss_tokens
             res.examples += batch.examples
             lens.append(batch.seq_lens)
             losses.append(loss.detach())
@@ -339,7 +356,8 @@ def hf_batches(
             exs = [examples[i] for i in ids]
             host = flatten_collate(exs, flash_kwargs=flash_kwargs) if flatten else pad_collate(exs, pad_id)
             lens = np.array([len(e["input_ids"]) for e in exs], dtype=np.int64)
-            return Batch(to_device(host, device), real_tokens(host), lens, len(exs))
+            return Batch(to_device(host, device), real_tokens(host), lens, len(exs),
+                         loss_tokens_of([e["labels"] for e in exs]))
 
         yield thunk
 
@@ -370,10 +388,11 @@ def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: tor
         host = flatten_collate(row_examples(rows), flash_kwargs=flash_kwargs)
         if device.type == "cuda":
             host = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in host.items()}
-        ready.append((host, np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)))
-    for host, lens in ready:
-        def thunk(host: dict[str, torch.Tensor] = host, lens: np.ndarray = lens) -> Batch:
-            return Batch(to_device(host, device), real_tokens(host), lens, len(lens))
+        ready.append((host, np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64),
+                      loss_tokens_of([r["labels"] for r in rows])))
+    for host, lens, loss in ready:
+        def thunk(host: dict[str, torch.Tensor] = host, lens: np.ndarray = lens, loss: int = loss) -> Batch:
+            return Batch(to_device(host, device), real_tokens(host), lens, len(lens), loss)
 
         yield thunk
 
@@ -388,7 +407,7 @@ def packed_batches(
         def thunk(rows: Sequence[dict[str, np.ndarray]] = rows) -> Batch:
             mb = collate_rows(rows)
             lens = np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)
-            return Batch(mb.to(device), mb.n_tokens, lens, mb.n_examples)
+            return Batch(mb.to(device), mb.n_tokens, lens, mb.n_examples, loss_tokens_of([r["labels"] for r in rows]))
 
         yield thunk
 
@@ -426,8 +445,7 @@ class Setup:
     examples: dict[int, dict[str, np.ndarray]]
     pad_id: int
     vocab_size: int
-    n_layers: int = 0
-    hidden: int = 0
+    shape: ModelShape | None = None  # the model as the FLOP count sees it (`flop_shape`)
 
 
 def flash_attn_available() -> bool:
@@ -568,8 +586,7 @@ def _finish_path(res: PathResult, lens: Any, s: Setup, *, path: str, runner: str
     """Label a timed path and fill in peak memory, MFU and attention FLOPs."""
     res.path, res.runner = path, runner
     res.peak_gib = cuda_peak_gib(s.device)
-    finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
-                  peak_tflops=s.args.peak_tflops, lora=bool(s.args.lora_r))
+    finish_result(res, shape=s.shape, lens=lens, peak_tflops=s.args.peak_tflops)
     res.extra["n_params"] = n_params
     return res
 
@@ -673,9 +690,10 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
         res.note = "; ".join(filter(None, [
             res.note, f"planned {planned_tokens} tokens but pack-train counted {res.tokens}"]))
     res.examples = len(lens)
+    res.loss_tokens = loss_tokens_of([r["labels"] for rows in plan_step_rows(folder, tokens_per_step, a.seed,
+                                                                              res.steps, a.warmup) for r in rows])
     n_params = int(summary["params"])
-    finish_result(res, n_params=n_params, attn_flops=attention_flops(lens, s.n_layers, s.hidden),
-                  peak_tflops=a.peak_tflops, lora=bool(a.lora_r))
+    finish_result(res, shape=s.shape, lens=lens, peak_tflops=a.peak_tflops)
     res.extra.update(n_params=n_params, tokens_per_step=tokens_per_step,
                      pack_train_mfu_last=records[-1].get("mfu"), step_ms_per_metrics_window=window_ms)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -749,7 +767,7 @@ def markdown_table(results: Sequence[PathResult]) -> str:
     def ratio(r: PathResult, base: float) -> str:
         return f"{r.tokens_per_s / base:.2f}" if base else "n/a"
 
-    head = ("| path | precision | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | MFU incl. attn "
+    head = ("| path | precision | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | HFU "
             "| attn FLOP share | data-wait % | x HF same rows | x HF same rows, same precision "
             "| x best HF packed | x best padding |\n"
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -764,7 +782,7 @@ def markdown_table(results: Sequence[PathResult]) -> str:
         lines.append(
             f"| {r.path} | {precision_class(r.path)} | {r.runner} | {r.tokens / max(r.steps, 1):,.0f} | "
             f"{r.tokens_per_s:,.0f} | {r.step_ms:.0f} | {peak} | {100 * r.mfu:.1f}% | "
-            f"{100 * r.mfu_with_attn:.1f}% | {100 * r.attn_share:.1f}% | {r.data_wait_pct:.2f} | "
+            f"{100 * r.hfu:.1f}% | {100 * r.attn_share:.1f}% | {r.data_wait_pct:.2f} | "
             f"{ratio(r, same.tokens_per_s if same else 0)} | "
             f"{ratio(r, same_precision.tokens_per_s if same_precision else 0)} | "
             f"{ratio(r, best_hf)} | {ratio(r, pad)} |"
@@ -892,7 +910,7 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     examples = examples_by_id(folders["pad"])
     config = model_config(args.model, vocab_size)
     setup = Setup(args, device, folders, groups, group_ids, examples, pad_id, vocab_size,
-                  n_layers=config.num_hidden_layers, hidden=config.hidden_size)
+                  shape=flop_shape(config, args.lora_r, args.grad_checkpointing))
     if args.packed_runner == "auto":
         try:
             from trainer import TrainConfig, train  # noqa: F401

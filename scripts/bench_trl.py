@@ -198,12 +198,14 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         raise SystemExit(f"TRL's packed dataset {got} does not hold the folder's examples {want}")
 
     counts: list[tuple[int, int, int]] = []  # per collated batch: tokens, loss tokens, examples
+    lengths: list[list[int]] = []  # per collated batch: its examples' lengths (for the FLOP count)
     collate = trainer.data_collator
 
     def counting(examples: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collate(examples)
         counts.append((sum(len(e["input_ids"]) for e in examples), int((batch["labels"] != -100).sum()),
                        sum(len(e["seq_lengths"]) for e in examples)))
+        lengths.append([int(n) for e in examples for n in e["seq_lengths"]])
         return batch
 
     trainer.data_collator = counting
@@ -230,9 +232,18 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     steps = len(times) - 1
     tokens, seconds, rate = steady_rate([c[0] for c in counts[:steps]], times, a.warmup)
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    from bench_train import flop_shape
+    from benchlib import flop_rates
+
+    from pipeline.report.flops import StepFlops, step_flops
+
+    shape = flop_shape(model_config(a.model, vocab), a.lora_r, 1 if "ckpt" in options else 0)
+    flops = sum((step_flops(shape, lengths[k], loss_tokens=counts[k][1]) for k in range(a.warmup, steps)),
+                StepFlops())
     return {
         "status": "ok", "steps": steps, "timed_steps": steps - a.warmup, "tokens": tokens, "seconds": seconds,
-        "tokens_per_s": rate, "loss_tokens": int(sum(c[1] for c in counts[:steps])),
+        "tokens_per_s": rate, **flop_rates(flops.model, flops.attention, seconds),
+        "loss_tokens": int(sum(c[1] for c in counts[:steps])),
         "examples": int(sum(c[2] for c in counts[:steps])), "step_tokens": [c[0] for c in counts[:steps]],
         "final_loss": losses[-1] if losses else None,
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
@@ -244,6 +255,7 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
 def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     """One pack-train run (`trainer.train`, what the CLI runs) on the packed folder; the result record."""
     from bench_train import no_checkpoint_writes, timed_result
+    from benchlib import flop_rates
 
     from pipeline.errors import UserError
     from trainer import TrainConfig, train
@@ -267,10 +279,14 @@ def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         raise
     records = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     res, _ = timed_result("packlm", "pack-train", records, a.warmup, a.steps - a.warmup)
+    timed = [r for r in records if a.warmup < r["step"] <= a.steps and r.get("tflops") is not None]
+    model = sum(r["tflops"] * 1e12 * r["step_time_s"] for r in timed)  # pack-train's own count, one step a line
+    attention = sum(r["attn_flop_share"] * r["tflops"] * 1e12 * r["step_time_s"] for r in timed)
     return {
         "status": "ok" if res.ok else "short", "note": res.note, "steps": records[-1]["step"] if records else 0,
         "timed_steps": res.steps, "tokens": res.tokens, "seconds": res.seconds,
         "tokens_per_s": res.tokens / res.seconds if res.seconds > 0 else 0.0,
+        **flop_rates(model, attention, res.seconds),
         "tokens_all_steps": records[-1]["tokens"] if records else 0, "final_loss": res.final_loss,
         "peak_gib": records[-1].get("peak_mem_gib") if records and a.device.startswith("cuda") else None,
         "runner": f"pack-train, {summary.get('attention')}", "params": summary.get("params"),
@@ -341,8 +357,9 @@ def line(r: dict[str, Any]) -> str:
     if r.get("status") != "ok":
         return f"{r['path']:<16} {r.get('status')}: {r.get('note', '')}"
     peak = f"{r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else "-"
+    mfu = f"  MFU {r['mfu']:.1%} ({r['tflops']:,.0f} TFLOP/s)" if r.get("tflops") is not None else ""
     return (f"{r['path']:<16} {r['tokens_per_s']:>10,.0f} tok/s  over {r['timed_steps']} steps, {r['tokens']} tokens"
-            f"  peak {peak}  loss {r.get('final_loss')}  ({r.get('runner')})")
+            f"{mfu}  peak {peak}  loss {r.get('final_loss')}  ({r.get('runner')})")
 
 
 def run_path(a: argparse.Namespace, path: str, folder: Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ else is `bench_train`'s same-row peer (`hf-ffd-*`):
 - the step: bf16 autocast, the model's own loss (`labels=`), fused AdamW on the adapters, gradient
   norm clipped at 1 (`hf_step_fn`).
 
-MFU counts 4 x params FLOPs per token, as `bench_train.py --lora-r` does.
+MFU counts the model FLOPs of the rows (`pipeline.report.flops`), as `bench_train.py --lora-r` does.
 
     python scripts/bench_train.py --device cuda --compile --workdir /tmp/pb --model llama-8b --lora-r 16 \\
         --grad-checkpointing 2 --paths packlm-ffd --json packlm.json
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res, lens = bt.timed_loop(batches, bt.hf_step_fn(model, opt, device, "bf16"),
                               warmup=args.warmup, steps=args.steps, device=device)
     s = bt.Setup(argparse.Namespace(peak_tflops=args.peak_tflops, lora_r=args.lora_r), device, folders,
-                 [], [], {}, 0, vocab_size, n_layers=config.num_hidden_layers, hidden=config.hidden_size)
+                 [], [], {}, 0, vocab_size, shape=bt.flop_shape(config, args.lora_r, 1 if gc else 0))
     path = f"unsloth-ffd+gc-{args.gc}"
     res = bt._finish_path(res, lens, s, path=path, runner=f"unsloth {unsloth.__version__}", n_params=n_params)
     del model, opt

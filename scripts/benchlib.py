@@ -514,3 +514,16 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         return v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v.to(device)
 
     return {k: move(v) for k, v in batch.items()}
+
+
+def flop_rates(model: float, attention: float, seconds: float, peak_tflops: float = 989.0) -> dict[str, float]:
+    """Model TFLOP/s a device from FLOPs counted by `pipeline.report.flops` (dense and causal
+    attention from the examples' lengths) over `seconds` of one device (a run on N devices: N x its
+    wall time), its MFU against `peak_tflops` (an H100/H200's bf16 dense peak by default), and
+    attention's share of the FLOPs.
+
+    >>> flop_rates(989e12, 98.9e12, 2.0)
+    {'tflops': 494.5, 'mfu': 0.5, 'attn_flop_share': 0.1}
+    """
+    tflops = model / seconds / 1e12 if seconds > 0 else 0.0
+    return {"tflops": tflops, "mfu": tflops / peak_tflops, "attn_flop_share": attention / model if model else 0.0}

@@ -334,16 +334,33 @@ def run_peer(rows: list[dict[str, np.ndarray]], *, preset: str, vocab: int | Non
     dist.all_gather(peaks, peak)
     seconds, timed = sum(times[warmup:]), sum(tokens[warmup:])
     rate = timed / seconds if seconds > 0 else 0.0
+    from benchlib import flop_rates
+
+    flops = timed_flops([rows[step % len(rows)] for step in range(warmup, warmup + steps)],
+                        model.get_base_model().config, lora_r)
     return {
         "peer": "ring-flash-attn HF adapter (llama3 varlen)", "attention": how, "world_size": world,
         "model": preset, "lora_r": lora_r, "grad_checkpointing": "every layer (HF, use_reentrant=False)",
         "heads_k_stride": heads_k_stride, "transformers": transformers.__version__,
         "row_tokens": tokens[0], "steps": steps, "warmup": warmup, "step_s": [round(t, 4) for t in times],
         "tokens_per_s": rate, "tokens_per_s_per_gpu": rate / world,
+        **flop_rates(flops.model, flops.attention, seconds * world),  # a GPU's share of the time
         "peak_mem_gib": [float(p) for p in peaks] if device.type == "cuda" else None,
         "final_loss": losses[-1], "ring_calls_first_forward": layers,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
+
+
+def timed_flops(rows: list[dict[str, np.ndarray]], config: Any, lora_r: int) -> Any:
+    """The model FLOPs of these rows (`pipeline.report.flops`, every layer recomputed as the peer
+    does): the same count pack-train's metrics give its own steps."""
+    from bench_train import flop_shape, loss_tokens_of
+
+    from pipeline.report.flops import StepFlops, step_flops
+
+    shape = flop_shape(config, lora_r, 1)
+    return sum((step_flops(shape, row["seq_lens"], loss_tokens=loss_tokens_of([row["labels"]])) for row in rows),
+               StepFlops())
 
 
 def _sync(device: torch.device) -> None:

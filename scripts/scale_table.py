@@ -152,8 +152,9 @@ def markdown_table(rows: Sequence[dict[str, Any]], warmup: int) -> str:
         "",
         (f"Measured: steps > {warmup} (earlier steps are compile/allocator warmup). pack-train's "
          "`tokens` are summed over all ranks, so tokens/s total is global and per GPU = total / GPUs. "
-         "Scaling efficiency = per-GPU tokens/s / the 1-GPU run's. MFU = 6 x params x tokens/s / "
-         "(peak FLOP/s x GPUs), as pack-train logs it (peak = its --peak-flops). Only rank 0 logs "
+         "Scaling efficiency = per-GPU tokens/s / the 1-GPU run's. MFU = model FLOPs/s (causal attention "
+         "included: pipeline.report.flops) / (peak FLOP/s x GPUs), as pack-train logs it (peak = its "
+         "--peak-flops). Only rank 0 logs "
          "metrics; steps per rank come from each rank's own ranks/rank{r}.json."),
     ]
     return "\n".join(lines) + "\n"

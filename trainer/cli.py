@@ -11,6 +11,7 @@ from pipeline.config_file import HintedCommand, config_option
 from pipeline.foreign_config import TRAIN
 from pipeline.errors import cli_errors
 from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
+from pipeline.report.flops import rates_line
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
 from trainer.data.check import open_data
@@ -237,6 +238,7 @@ def format_summary(summary: dict) -> str:
         f"steps         {summary['steps']} / {summary['total_steps']}",
         f"tokens        {summary['tokens']:,} ({summary['tokens_this_run']:,} in this run)",
         f"tokens/s      {summary['tokens_per_s']:,.0f} (all ranks, real tokens only)",
+        *([f"compute       {rates_line(summary)}"] if rates_line(summary) else []),
         f"final loss    {loss:.4f}" if loss is not None else "final loss    -",
         *([f"eval loss     {summary['eval_loss']:.4f} (perplexity {summary['eval_ppl']:.2f}, "
            f"{summary['eval_loss_tokens']:,} tokens)"] if summary.get("eval_loss") is not None else []),

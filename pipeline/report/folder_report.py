@@ -15,9 +15,13 @@ Cost model (documented because every "speedup" below comes from it):
 - Token work = token slots (padding included). Attention work = causal query-key pairs, L(L+1)/2
   per sequence for padded layouts (padded length) and per example inside a packed row (varlen
   attention never crosses examples).
-- Estimated speedup = cost(layout) / cost(packed), with cost = 6 * hidden * token_slots +
-  attention_pairs: per layer a transformer block does ~24 hidden^2 FLOPs per token (QKV/O
-  projections and a 4x MLP) and ~4 hidden FLOPs per query-key pair, i.e. ~6 hidden slots per pair.
+- Estimated speedup = FLOPs(layout) / FLOPs(packed): training FLOPs as pack-train counts them
+  (`pipeline.report.flops`: every token slot through the layers, 12 x heads x head_dim per causal
+  pair and layer, the output head over the real tokens) for a model of the sizes given (`Sizes`:
+  --hidden, --layers, --heads, --kv-heads, --intermediate; llama-3.2-1B's by default).
+- Attention's share of the work (`attention_work`): of this folder's rows as pack-train trains them
+  (no padding, the head over the loss tokens), in all and row by row, so the cost of long rows shows
+  before training.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +38,12 @@ import polars as pl
 
 from pipeline.plan.binpack import assign_bins
 from pipeline.errors import UserError
-from pipeline.shards import IGNORE_INDEX, Manifest, file_sha256, load_shard, read_manifest, shard_paths
+from pipeline.shards import IGNORE_INDEX, Manifest, file_sha256, load_shard, manifest_vocab, read_manifest, shard_paths
+from pipeline.report.flops import Sizes, step_flops
 from pipeline.report.stats import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_HIDDEN,
     PACKED_STRATEGIES,
     Layout,
-    compute_cost,
     safe_ratio,
     packed,
     pad_to_longest,
@@ -66,13 +69,14 @@ def plan_layout(lengths: np.ndarray, max_len: int, strategy: str, seed: int = 0,
 
 def compare(lengths_in_order: np.ndarray, max_len: int, *, batch_size: int = DEFAULT_BATCH_SIZE,
             strategies: tuple[str, ...] = PACKED_STRATEGIES, seed: int = 0,
-            hidden: int = DEFAULT_HIDDEN) -> list[dict[str, Any]]:
+            sizes: Sizes = Sizes()) -> list[dict[str, Any]]:
     """Padded baselines and every packing strategy on the same sequence lengths (all <= max_len)."""
     lengths = np.asarray(lengths_in_order, dtype=np.int64)
     ref = pad_to_longest(lengths, batch_size)
     layouts = [ref, pad_to_max(lengths, max_len)]
     layouts += [plan_layout(lengths, max_len, s, seed, batch_size) for s in strategies]
-    return [layout.as_dict(hidden, ref) for layout in layouts]
+    shape = sizes.shape()
+    return [layout.as_dict(shape, ref) for layout in layouts]
 
 
 # -------------------------------------------------------------------------------- folder report
@@ -90,6 +94,10 @@ class FolderData:
     loss_tokens: int
     shards: list[dict[str, Any]] = field(default_factory=list)
     seq_loss: np.ndarray | None = None  # loss tokens per stored sequence, same order as seq_lens
+    row_pairs: np.ndarray | None = None  # per row (file order): causal pairs of its examples
+    row_loss: np.ndarray | None = None  # per row: loss tokens
+    row_longest: np.ndarray | None = None  # per row: its longest example
+    row_shard: np.ndarray | None = None  # per row: the index of its shard in `shards`
 
 
 def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) -> FolderData:
@@ -97,6 +105,7 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
     folder = Path(folder)
     manifest = read_manifest(folder)
     seqs, ids, row_tok, row_ex, shards, seq_loss = [], [], [], [], [], []
+    row_pairs, row_loss, row_longest, row_shard = [], [], [], []
     loss = 0
     for info, path in zip(manifest.shards, shard_paths(folder, manifest), strict=True):
         if not path.is_file():
@@ -109,6 +118,13 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
         has_loss = (cols.labels != IGNORE_INDEX).astype(np.int64)
         starts = np.cumsum(cols.seq_lens) - cols.seq_lens
         seq_loss.append(np.add.reduceat(has_loss, starts) if len(starts) else np.zeros(0, np.int64))
+        rows_here = len(cols.row_off) - 1
+        if rows_here:
+            pairs = cols.seq_lens.astype(np.int64) * (cols.seq_lens.astype(np.int64) + 1) // 2
+            row_pairs.append(np.add.reduceat(pairs, cols.ex_off[:-1]))
+            row_longest.append(np.maximum.reduceat(cols.seq_lens.astype(np.int64), cols.ex_off[:-1]))
+            row_loss.append(np.add.reduceat(has_loss, cols.row_off[:-1]))
+            row_shard.append(np.full(rows_here, len(shards), np.int64))
         shard_loss = int(has_loss.sum())
         loss += shard_loss
         sha_ok = (file_sha256(path) == info.sha256) if check_hashes else None
@@ -118,7 +134,8 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
     seq_lens, example_ids = cat(seqs), cat(ids)
     order = np.argsort(example_ids, kind="stable")
     return FolderData(manifest, seq_lens[order], example_ids[order], cat(row_tok), cat(row_ex),
-                      loss, shards, cat(seq_loss)[order])
+                      loss, shards, cat(seq_loss)[order], cat(row_pairs), cat(row_loss), cat(row_longest),
+                      cat(row_shard))
 
 
 def source_table(data: FolderData) -> list[dict[str, Any]]:
@@ -159,18 +176,21 @@ def _length_stats(lengths: np.ndarray) -> dict[str, float]:
 
 
 def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                  hidden: int = DEFAULT_HIDDEN,
+                  sizes: Sizes = Sizes(),
                   strategies: tuple[str, ...] = PACKED_STRATEGIES,
                   seed: int | None = None) -> dict[str, Any]:
-    """Every figure of a packed folder as a JSON-ready dict (planner seed: the folder's)."""
+    """Every figure of a packed folder as a JSON-ready dict (planner seed: the folder's; the
+    model's vocabulary: its tokenizer's where the manifest records it)."""
     m = data.manifest
+    sizes = folder_sizes(sizes, m)
     tokens = int(data.seq_lens.sum())
     rows = len(data.row_tokens)
     lower = -(-tokens // m.max_len)
     this = packed(f"this folder ({m.strategy})", data.seq_lens, rows, m.max_len)
     longest = pad_to_longest(data.seq_lens, batch_size)
     pmax = pad_to_max(data.seq_lens, m.max_len)
-    cost_this = compute_cost(this.token_slots, this.attention_pairs, hidden)
+    shape = sizes.shape()
+    flops_this = this.flops(shape).model
     per_row = pl.Series("n", data.row_examples)
     fill = data.row_tokens / m.max_len if rows else np.zeros(0)
     savings = {}
@@ -183,15 +203,14 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
             "attention_pairs": base.attention_pairs,
             "attention_ratio": safe_ratio(base.attention_pairs, this.attention_pairs),
             "token_ratio": safe_ratio(base.token_slots, this.token_slots),
-            "estimated_speedup": safe_ratio(compute_cost(base.token_slots, base.attention_pairs, hidden),
-                                        cost_this),
+            "estimated_speedup": safe_ratio(base.flops(shape).model, flops_this),
         }
     return {
         "kind": "folder",
         "max_len": m.max_len,
         "strategy": m.strategy,
         "batch_size": batch_size,
-        "hidden": hidden,
+        "model": asdict(sizes),
         "examples": int(len(np.unique(data.example_ids))),
         "sequences": int(len(data.seq_lens)),
         "tokens": tokens,
@@ -212,7 +231,8 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
         "savings": savings,
         "comparison": compare(data.seq_lens, m.max_len, batch_size=batch_size,
                               strategies=strategies, seed=m.seed if seed is None else seed,
-                              hidden=hidden),
+                              sizes=sizes),
+        "attention": attention_work(data, sizes),
         "shards": data.shards,
         "sources": source_table(data),
         "eval": dict(m.eval),
@@ -221,6 +241,43 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
             "total_tokens": tokens == m.total_tokens,
             "loss_tokens": data.loss_tokens == m.loss_tokens,
         },
+    }
+
+
+def folder_sizes(sizes: Sizes, manifest: Manifest) -> Sizes:
+    """`sizes` with the vocabulary of the folder's tokenizer, where its manifest records one."""
+    vocab = manifest_vocab(manifest.tokenizer)
+    return replace(sizes, vocab=vocab) if vocab else sizes
+
+
+SHOWN_ROWS = 5  # rows a report names, by attention's share of their work
+
+
+def attention_work(data: FolderData, sizes: Sizes) -> dict[str, Any]:
+    """Attention's share of the training FLOPs of this folder's rows (`pipeline.report.flops`, for
+    a model of `sizes`), in all and per row (its spread, and the rows where it is largest: their
+    shard and row there, tokens, examples, longest example), as pack-train trains them: every
+    token through the layers, causal attention inside each example, the head over the loss tokens."""
+    shape = sizes.shape()
+    tokens, pairs = data.row_tokens.astype(np.float64), data.row_pairs.astype(np.float64)
+    # the count is linear in tokens, loss tokens and pairs (full causal layers): its three rates
+    per_token = step_flops(shape, None, tokens=1, loss_tokens=0, pairs=0).model
+    per_loss_token = step_flops(shape, None, tokens=0, loss_tokens=1, pairs=0).model
+    per_pair = step_flops(shape, None, tokens=0, loss_tokens=0, pairs=1).model
+    attention = per_pair * pairs
+    work = per_token * tokens + per_loss_token * data.row_loss + attention
+    share = np.divide(attention, work, out=np.zeros_like(work), where=work > 0)
+    top = np.argsort(-share, kind="stable")[:SHOWN_ROWS]
+    starts = np.searchsorted(data.row_shard, np.arange(len(data.shards)))  # each shard's first row
+    return {
+        "flops": float(work.sum()),
+        "attention_flops": float(attention.sum()),
+        "share": safe_ratio(float(attention.sum()), float(work.sum())),
+        "row_share": _length_stats(share),
+        "highest_share_rows": [{"shard": data.shards[data.row_shard[r]]["file"],
+                            "row": int(r - starts[data.row_shard[r]]), "tokens": int(data.row_tokens[r]),
+                            "examples": int(data.row_examples[r]), "longest": int(data.row_longest[r]),
+                            "attention_share": float(share[r]), "flops": float(work[r])} for r in top],
     }
 
 
@@ -238,6 +295,7 @@ def folder_whatif(data: FolderData, max_lens: list[int], **options: Any) -> dict
     what the folder holds: examples pack-data truncated are counted at the folder's max_len, and
     dropped ones are not there, so for a longer --max-len those figures are lower bounds."""
     counts = data.manifest.counts
+    options["sizes"] = folder_sizes(options.get("sizes", Sizes()), data.manifest)
     report = whatif_report(example_lengths(data), max_lens, **options)
     cut = {"truncated": counts.truncated, "dropped": counts.dropped}
     report["limits"] = {"folder_max_len": data.manifest.max_len, **cut,
@@ -253,7 +311,7 @@ def report_sources(tokenizer: str | None, via: str | None, inputs: list[str]) ->
 def whatif_report(lengths: np.ndarray, max_lens: list[int], *,
                   strategies: tuple[str, ...] = PACKED_STRATEGIES,
                   batch_size: int = DEFAULT_BATCH_SIZE, seed: int = 0,
-                  hidden: int = DEFAULT_HIDDEN) -> dict[str, Any]:
+                  sizes: Sizes = Sizes()) -> dict[str, Any]:
     """The strategy comparison for each max_len, with lengths over it truncated to it."""
     lengths = np.asarray(lengths, dtype=np.int64)
     lengths = lengths[lengths > 0]
@@ -266,7 +324,7 @@ def whatif_report(lengths: np.ndarray, max_lens: list[int], *,
             "tokens": int(clipped.sum()),
             "lower_bound_rows": -(-int(clipped.sum()) // max_len),
             "comparison": compare(clipped, max_len, batch_size=batch_size,
-                                  strategies=strategies, seed=seed, hidden=hidden),
+                                  strategies=strategies, seed=seed, sizes=sizes),
         })
     return {
         "kind": "what-if",
@@ -274,7 +332,7 @@ def whatif_report(lengths: np.ndarray, max_lens: list[int], *,
         "tokens_untruncated": int(lengths.sum()),
         "lengths": _length_stats(lengths),
         "batch_size": batch_size,
-        "hidden": hidden,
+        "model": asdict(sizes),
         "runs": runs,
     }
 

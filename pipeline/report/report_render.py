@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.report.folder_report import PADDED_LAYOUTS, FolderData
-from pipeline.report.report_text import _limits_text, _n, across_lengths
+from pipeline.report.report_text import _limits_text, _n, across_lengths, model_text
 
 
 _CSS = """
@@ -236,9 +236,26 @@ def _sources_html(report: dict[str, Any]) -> str:
             f'({_v(report.get("tokenizer_from"))}); inputs:</p><ul class="note">{inputs}</ul>')
 
 
+def _attention_html(report: dict[str, Any]) -> str:
+    """Attention's share of the training FLOPs of the folder's rows, in all and per row."""
+    a = report["attention"]
+    q = a["row_share"]
+    rows = "".join(
+        f"<tr><td>{_v(r['shard'])}</td><td>{_v(r['row'], ',')}</td><td>{_v(r['tokens'], ',')}</td>"
+        f"<td>{_v(r['examples'], ',')}</td><td>{_v(r['longest'], ',')}</td>"
+        f"<td>{_v(r['attention_share'], '.1%')}</td><td>{_v(_n(r['flops']))}</td></tr>"
+        for r in a["highest_share_rows"])
+    return (f'<p class="note">Training FLOPs (forward and backward, counted as pack-train counts them) for a '
+            f"model of {_v(model_text(report))}: attention {_v(a['share'], '.1%')} of "
+            f"{_v(_n(a['flops']))} FLOPs in all; per row min {_v(q['min'], '.1%')}, p50 {_v(q['p50'], '.1%')}, "
+            f"p90 {_v(q['p90'], '.1%')}, max {_v(q['max'], '.1%')}. The rows where its share is highest:</p>"
+            "<table><tr><th>shard</th><th>row</th><th>tokens</th><th>examples</th><th>longest example</th>"
+            f"<th>attention share</th><th>FLOPs</th></tr>{rows}</table>")
+
+
 def _note(report: dict[str, Any]) -> str:
-    return (f'<p class="note">Estimated speedup = cost(pad-to-longest) / cost(layout), cost = 6 x '
-            f"hidden x token slots + causal attention pairs (hidden = {_v(report['hidden'])}); "
+    return (f'<p class="note">Estimated speedup = FLOPs(pad-to-longest) / FLOPs(layout), in training FLOPs '
+            f"(pipeline.report.flops) of a model of {_v(model_text(report))}; "
             f"pad-to-longest uses batches of {_v(report['batch_size'])} sequences in example-id order; "
             "a packed row is charged a full max_len (conservative for flat varlen batches).</p>")
 
@@ -276,6 +293,7 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
         if data is not None:
             parts.append('<h2>Distributions</h2><div class="figs">' + "".join(_plots_folder(data))
                          + _stats_card(r) + "</div>")
+        parts.append("<h2>Attention's share of the work</h2>" + _attention_html(r))
         parts.append("<h2>Strategy comparison (same sequence lengths)</h2>")
         parts.append(_figure(_comparison_plot(r["comparison"], "Layouts of this folder's "
                                               "sequences"), "Grey: padded baselines; blue: "

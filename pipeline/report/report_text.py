@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.report.flops import Sizes
 from pipeline.report.folder_report import PADDED_LAYOUTS
 from pipeline.report.stats import safe_ratio
 
@@ -81,9 +82,26 @@ def _limits_text(limits: dict[str, Any]) -> str:
             f"at {limits['folder_max_len']:,}: rows above it are lower bounds")
 
 
+def model_text(report: dict[str, Any]) -> str:
+    """The model the report's FLOPs are counted for (`pipeline.report.flops.Sizes`)."""
+    return Sizes(**report["model"]).describe()
+
+
 def _footnote(report: dict[str, Any]) -> str:
-    return (f"* est. speedup vs pad-to-longest (B={report['batch_size']}) from token slots + "
-            f"causal attention pairs, hidden={report['hidden']}")
+    return (f"* est. speedup vs pad-to-longest (B={report['batch_size']}) in training FLOPs "
+            f"(pipeline.report.flops) of a model of\n    {model_text(report)}")
+
+
+def attention_lines(a: dict[str, Any]) -> list[str]:
+    """Attention's share of the training FLOPs of a folder's rows, in all and per row."""
+    q = a["row_share"]
+    lines = [f"  all rows        {a['share']:.1%} of {_n(a['flops'])} FLOPs",
+             f"  per row         min {q['min']:.1%}, p50 {q['p50']:.1%}, p90 {q['p90']:.1%}, p99 {q['p99']:.1%}, "
+             f"max {q['max']:.1%}", "  highest share"]
+    for r in a["highest_share_rows"]:
+        lines.append(f"    {str(r['shard'])[:24]} row {r['row']:,}: {r['tokens']:,} tokens, {r['examples']:,} "
+                     f"example(s), longest {r['longest']:,}: {r['attention_share']:.1%}")
+    return lines
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -118,6 +136,10 @@ def format_text(report: dict[str, Any]) -> str:
         f"{s1['estimated_speedup']:.2f}x",
         f"  vs pad-to-max_len:      {_n(s2['padding_avoided'])} padding tokens avoided, "
         f"{s2['attention_ratio']:.2f}x less attention, est. speedup {s2['estimated_speedup']:.2f}x",
+        "",
+        "attention's share of the training FLOPs of these rows (forward and backward, as pack-train",
+        f"counts them) for a model of {model_text(r)}",
+        *attention_lines(r["attention"]),
         "",
         "strategy comparison on the same sequence lengths",
         *("  " + x for x in _table(r["comparison"])),

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.report.flops import rates_line
+
+FLOP_KEYS = ("mfu", "tflops", "hfu", "attn_flop_share")  # pack-train's FLOP figures (pipeline.report.flops)
 
 SUMMARY, METRICS, BEST = "summary.json", "metrics.jsonl", "best.json"
 
@@ -22,8 +25,9 @@ def is_run_folder(folder: Path) -> bool:
 
 
 def run_report(folder: Path) -> dict[str, Any]:
-    """The run's figures: steps, tokens, throughput, first/last/lowest train loss, every eval, the
-    best checkpoint, the plot; a run still in progress (no summary.json yet) is reported as such."""
+    """The run's figures: steps, tokens, throughput, FLOP rates (the whole run's from summary.json,
+    else the last metrics line's), first/last/lowest train loss, every eval, the best checkpoint,
+    the plot; a run still in progress (no summary.json yet) is reported as such."""
     records = []
     for number, line in enumerate((folder / METRICS).read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
@@ -55,10 +59,20 @@ def _figures(folder: Path, records: list[dict], train: list[dict], evals: list[d
                        "lowest": min(r["loss"] for r in train), "lines": len(train)} if train else None,
         "last_step": max((r["step"] for r in records), default=0),
         "tokens_per_s": [r["tokens_per_s"] for r in train if "tokens_per_s" in r][-1:] or None,
+        "flops": _flop_figures(summary, train),
         "evals": [{"step": r["step"], "eval_loss": r["eval_loss"], "eval_ppl": r.get("eval_ppl")} for r in evals],
         "best": best,
         "plot": str(folder / "loss.png") if (folder / "loss.png").is_file() else None,
     }
+
+
+def _flop_figures(summary: dict | None, train: list[dict]) -> dict[str, Any] | None:
+    """mfu, tflops, hfu and attn_flop_share of the whole run (summary.json), or of the last metrics
+    line that has them (a run in progress); None for a run written before pack-train counted them."""
+    for record, over in ((summary or {}, "run"), *((r, f"step {r.get('step')}") for r in reversed(train))):
+        if record.get("tflops") is not None:
+            return {**{k: record.get(k) for k in FLOP_KEYS}, "over": over}
+    return None
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:
@@ -94,6 +108,9 @@ def _format_run(report: dict[str, Any]) -> str:
                      f"{s['tokens_per_s']:,.0f} tokens/s, attention {s['attention']}")
     else:
         lines.append(f"  last step       {report['last_step']}")
+    if report.get("flops"):
+        f = report["flops"]
+        lines.append(f"  compute         {rates_line(f)}" + ("" if f["over"] == "run" else f" at {f['over']}"))
     if t:
         lines.append(f"  train loss      first {t['first']:.4f}, last {t['last']:.4f}, lowest {t['lowest']:.4f} "
                      f"({t['lines']} metrics lines)")

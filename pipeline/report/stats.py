@@ -1,8 +1,9 @@
 """Padding/packing layout figures in plain numpy (no polars), shared by `pack-report` and `pack-data`.
 
 `pipeline.report.folder_report` (polars, plots) builds its reports from these; `pipeline.engines.job` uses them for
-pack-data's final summary, so both print the same "padding avoided vs pad-to-longest" figure. The
-cost model is documented in `pipeline.report.folder_report`.
+pack-data's final summary, so both print the same "padding avoided vs pad-to-longest" figure. A
+layout's work is counted in training FLOPs (`pipeline.report.flops`), as `pipeline.report.folder_report`
+documents.
 """
 
 from __future__ import annotations
@@ -12,22 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.report.flops import ModelShape, StepFlops, causal_pairs, step_flops
+
 DEFAULT_BATCH_SIZE = 32  # examples per pad-to-longest batch of the reference layout
-DEFAULT_HIDDEN = 2048  # model width of the compute estimate (`compute_cost`)
 PACKED_STRATEGIES = ("minibatch", "sequential", "shuffle", "ffd", "bfd")  # compared by pack-report
-
-
-def causal_pairs(lengths: np.ndarray) -> int:
-    """Causal query-key pairs of sequences of these lengths: sum L(L+1)/2."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return int((lengths * (lengths + 1) // 2).sum())
-
-
-def compute_cost(slots: int, pairs: int, hidden: int) -> float:
-    """Relative compute of a layout, in units of 4 x hidden FLOPs per layer: a token slot costs
-    ~24 hidden^2 FLOPs (6 x hidden units), a causal query-key pair ~4 hidden (1 unit). Only ratios
-    are meaningful."""
-    return 6.0 * hidden * slots + pairs
 
 
 def safe_ratio(a: float, b: float) -> float:
@@ -54,7 +43,13 @@ class Layout:
     def efficiency(self) -> float:
         return self.tokens / self.token_slots if self.token_slots else 0.0
 
-    def as_dict(self, hidden: int, reference: Layout | None = None) -> dict[str, Any]:
+    def flops(self, shape: ModelShape) -> StepFlops:
+        """Training FLOPs of the layout: every token slot through the layers, causal attention over
+        its pairs, the output head over the real tokens (padding carries no loss)."""
+        return step_flops(shape, None, tokens=self.token_slots, loss_tokens=self.tokens, pairs=self.attention_pairs)
+
+    def as_dict(self, shape: ModelShape, reference: Layout | None = None) -> dict[str, Any]:
+        flops = self.flops(shape)
         out = {
             "layout": self.name,
             "rows": self.rows,
@@ -63,13 +58,12 @@ class Layout:
             "padding_tokens": self.padding,
             "efficiency": self.efficiency,
             "attention_pairs": self.attention_pairs,
-            "cost": compute_cost(self.token_slots, self.attention_pairs, hidden),
+            "flops": flops.model,
+            "attention_share": safe_ratio(flops.attention, flops.model),
             "plan_seconds": self.plan_seconds,
         }
         if reference is not None:
-            out["speedup_vs_pad_to_longest"] = safe_ratio(
-                compute_cost(reference.token_slots, reference.attention_pairs, hidden), out["cost"]
-            )
+            out["speedup_vs_pad_to_longest"] = safe_ratio(reference.flops(shape).model, flops.model)
         return out
 
 

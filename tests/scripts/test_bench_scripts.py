@@ -55,23 +55,39 @@ def _rows(examples):
 # ------------------------------------------------------------------------------------ accounting
 
 
-def test_attention_flops_formula():
-    # per layer fwd 4 * L^2 / 2 * hidden, x3 for fwd+bwd: 3 * 2 layers * 2 * (9 + 16) * 8
-    assert bt.attention_flops([3, 4], n_layers=2, hidden=8) == 3 * 2 * 4 * (9 + 16) / 2 * 8 == 2400
-    # packing does not add attention work: two examples cost the sum, not (3+4)^2
-    assert bt.attention_flops([3, 4], 1, 1) < bt.attention_flops([7], 1, 1)
-    assert bt.dense_flops(100, 10) == 6000
+def test_flop_shape_is_the_model_as_the_paths_train_it():
+    """The tiny preset (hidden 64, 2 layers, 4 query heads of 16, 2 K/V heads, MLP 128, vocab 4096),
+    as pipeline.report.flops counts it: full fine-tune, and LoRA rank 4 on every linear layer."""
+    config = bt.model_config("tiny", 4096)
+    full = bt.flop_shape(config)
+    layer = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert [(x.params, x.heads, x.head_dim, x.adapter_params) for x in full.layers] == [(layer, 4, 16, 0)] * 2
+    assert full.head_params == 4096 * 64 and not full.lora
+    lora = bt.flop_shape(config, lora_r=4, grad_checkpointing=2)
+    # rank 4: in x 4 + 4 x out per linear layer: q, o (64, 64), k, v (64, 32), gate, up (64, 128), down (128, 64)
+    adapters = 4 * (2 * 128 + 2 * 96 + 3 * 192)
+    assert [x.adapter_params for x in lora.layers] == [adapters] * 2 and lora.lora
+    assert [x.recompute for x in lora.layers] == [True, False]
 
 
 def test_finish_result_rates():
-    res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, seconds=2.0, data_wait_s=0.02)
-    bt.finish_result(res, n_params=1_000_000_000, attn_flops=6e15, peak_tflops=989.0)
+    """The rates come from the one count of the timed steps' examples (pipeline.report.flops)."""
+    from pipeline.report.flops import LayerShape, ModelShape
+
+    shape = ModelShape(layers=(LayerShape(params=1_000_000_000, heads=8, head_dim=128, recompute=True),),
+                       head_params=0)
+    lens = np.array([3000, 5000])
+    res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, loss_tokens=6000, seconds=2.0, data_wait_s=0.02)
+    bt.finish_result(res, shape=shape, lens=lens, peak_tflops=989.0)
     assert res.tokens_per_s == 4000
     assert res.step_ms == 500
-    assert res.mfu == pytest.approx(6e9 * 4000 / 989e12)
     dense = 6e9 * 8000
-    assert res.attn_share == pytest.approx(6e15 / (dense + 6e15))
-    assert res.attn_tflops_per_s == pytest.approx(3000)
+    attention = 12 * 8 * 128 * (3000 * 3001 // 2 + 5000 * 5001 // 2)  # by example, not (3000 + 5000)^2
+    assert res.mfu == pytest.approx((dense + attention) / 2.0 / 989e12)
+    assert res.tflops == pytest.approx((dense + attention) / 2.0 / 1e12)
+    assert res.hfu == pytest.approx((dense + attention + 2e9 * 8000 + attention / 3) / 2.0 / 989e12)
+    assert res.attn_share == pytest.approx(attention / (dense + attention))
+    assert res.attn_tflops_per_s == pytest.approx(attention / 2.0 / 1e12)
     assert res.data_wait_pct == pytest.approx(1.0)
 
 
@@ -874,7 +890,7 @@ def test_the_activation_memory_budget_reaches_every_compiled_path(tmp_path, monk
     for budget, want in ((["--activation-memory-budget", "0.7"], 0.7), ([], 1.0)):
         args = bt.parse_args(["--device", "cpu", "--model", "tiny", "--workdir", str(tmp_path), "--ffd-tokens", "16",
                               "--steps", "1", "--warmup", "1", *budget])
-        s = bt.Setup(args, CPU, {"ffd": tmp_path / "p"}, [], [], {}, 0, 300, n_layers=2, hidden=64)
+        s = bt.Setup(args, CPU, {"ffd": tmp_path / "p"}, [], [], {}, 0, 300)
         with pytest.raises(Stop):
             bt.run_packed_pack_train("packlm-ffd", s)
         with pytest.raises(Stop):
@@ -921,3 +937,28 @@ def test_bench_fp8_layers_weight_scaled_variant_keeps_every_example_exact(monkey
     assert loss_gap < 1e-5 and grad_gap < 1e-4
     with pytest.raises(SystemExit, match="unknown recipe"):
         bf.variant_config("rowwise_tw_everything")
+
+
+def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_path):
+    """bench_context_parallel report: medians of pack-train's own FLOP rates over the timed steps;
+    ring_peer: the FLOPs of its rows by pipeline.report.flops (every layer recomputed)."""
+    import bench_context_parallel as bcp
+    import ring_peer as rp
+
+    from pipeline.report.flops import step_flops
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"world_size": 2, "context_parallel": 2}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": k, "tokens_per_s": 10.0 * k, "tflops": k, "mfu": k / 989, "hfu": k / 900, "attn_flop_share": 0.5})
+        + "\n" for k in (1, 2, 3, 4)))
+    bcp.report([str(run)], str(tmp_path / "r.json"), warmup=1)
+    (got,) = json.loads((tmp_path / "r.json").read_text())
+    assert got["tflops"] == 3 and got["mfu"] == pytest.approx(3 / 989) and got["attn_flop_share"] == 0.5
+    config = bt.model_config("tiny", 4096)
+    rows = [{"seq_lens": np.array([8]), "labels": np.array([-100] + [5] * 7)},
+            {"seq_lens": np.array([3, 5]), "labels": np.array([-100, 5, 5, -100, 5, 5, 5, 5])}]
+    shape = bt.flop_shape(config, 4, 1)
+    want = step_flops(shape, [8], loss_tokens=7) + step_flops(shape, [3, 5], loss_tokens=6)
+    assert rp.timed_flops(rows, config, 4) == want and want.recompute > 0

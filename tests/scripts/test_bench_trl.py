@@ -42,6 +42,10 @@ def test_tiny_cpu_trl_and_pack_train_same_examples(tmp_path: Path) -> None:
     assert all(0 < n <= 512 for n in trl["step_tokens"])
     assert 0 < trl["loss_tokens"] <= sum(trl["step_tokens"])
     assert trl["tokens_per_s"] > 0 and packlm["tokens_per_s"] > 0
+    # both paths' FLOPs by the one count (pipeline.report.flops): TRL's from its batches' example
+    # lengths, pack-train's as its metrics logged them
+    for r in (trl, packlm):
+        assert r["tflops"] > 0 and r["mfu"] == pytest.approx(r["tflops"] / 989.0) and 0 < r["attn_flop_share"] < 1
     assert set(payload["ratios"]) == {"packlm+ckpt"}
     assert payload["ratios"]["packlm+ckpt"]["trl_same_recompute"] == "trl+ckpt"
     assert (tmp_path / "out.json").is_file()

@@ -31,6 +31,7 @@ FACES = {
     'pipeline.folder_lock',  # folder locks
     'pipeline.read.hub',  # Hub resolution
     'pipeline.tokenize.tokenizer',  # the tokenizer and its fingerprint
+    'pipeline.report.flops',  # the one count of training FLOPs
 }
 
 

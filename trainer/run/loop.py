@@ -93,7 +93,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     watch = FiniteWatch(device)
     stopping = False  # SIGTERM arrived (on any rank): save and stop after this step
     meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,
-                  n_params=run.n_params, backend=run.backend, start_step=run.start_step,
+                  shape=run.flop_shape, backend=run.backend, start_step=run.start_step,
                   total_steps=run.total_steps, tokens_seen=run.tokens_seen)
     if run.profiler is not None:
         run.profiler.after_step(step)  # starts it now if it profiles the first step of this run
@@ -285,6 +285,7 @@ def finish(
         "tokens": meter.tokens_seen,
         "tokens_this_run": meter.run_tokens,
         "tokens_per_s": meter.run_tokens / max(elapsed, 1e-9),
+        **meter.flop_rates(meter.run_flops, elapsed),  # mfu, tflops, hfu, attn_flop_share of the run
         "final_loss": last_loss,
         "eval_loss": last_eval[0] if last_eval else None,
         "eval_ppl": math.exp(min(last_eval[0], 700)) if last_eval else None,

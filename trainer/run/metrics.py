@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import resource
 import sys
 import time
@@ -16,14 +17,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from pipeline.durable import write_text_atomic
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
+from pipeline.report.flops import LayerShape, ModelShape, StepFlops, attention_share, step_flops
 from trainer.data.batch import MicroBatch
 from trainer.config import TrainConfig
+from trainer.model.load import decoder_layers
+from trainer.model.long_rows import layer_mlp
+from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.model.presets import model_hub_record
 
 METRICS = "metrics.jsonl"
@@ -153,29 +160,89 @@ def known_peak_flops(device: torch.device) -> float | None:
     return next((peak for part, peak in PEAK_FLOPS.items() if part in name), None)
 
 
+def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
+    """What `pipeline.report.flops` counts of this model as this run trains it: each decoder layer's
+    weights (LoRA adapters apart: parameters named lora_*), its MLP's, its attention kind (the
+    config's `layer_types`, `sliding_window` and `attention_chunk_size`, read as
+    `trainer.attention.backend.layer_features` reads them) and whether it recomputes; the output
+    head's weights. A mixture of experts counts the share of its experts' weights a token uses
+    (`num_experts_per_tok` of them). Call it before the weights are quantized or sharded."""
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    per_token = getattr(text, "num_experts_per_tok", None)
+    experts = next((getattr(text, k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if getattr(text, k, None)), None)
+    active = min(1.0, per_token / experts) if per_token and experts else 1.0  # the experts' share a token uses
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kinds = getattr(text, "layer_types", None)
+    every = int(config.grad_checkpointing)
+    layers = []
+    for i, layer in enumerate(decoder_layers(model)):
+        kind = kinds[i] if kinds and i < len(kinds) else None
+        window = getattr(text, "sliding_window", None) if kind == "sliding_attention" or not kinds else None
+        chunk = getattr(text, "attention_chunk_size", None) if kind == "chunked_attention" else None
+        base, adapters = _split_params(layer, active)
+        mlp = layer_mlp(layer)
+        layers.append(LayerShape(params=base, heads=heads, head_dim=head_dim, window=int(window) if window else None,
+                                 chunk=int(chunk) if chunk else None, adapter_params=adapters,
+                                 mlp_params=_split_params(mlp, active)[0] if mlp is not None else 0,
+                                 recompute=bool(every) and i % every == 0))
+    head = model.get_output_embeddings()
+    weight = head.weight if head is not None else torch.empty(0, 0, device="meta")
+    return ModelShape(layers=tuple(layers), head_params=weight.numel(), vocab=int(weight.shape[0]),
+                      lora=bool(config.lora_r), tiled_mlp=bool(config.tile_mlp))
+
+
+def _split_params(module: torch.nn.Module, active: float = 1.0) -> tuple[int, int]:
+    """(base weights, LoRA adapter weights) of a module that a token multiplies: of a mixture of
+    experts' routed experts (parameters under an `experts` module), the `active` share."""
+    base = adapters = 0.0
+    for name, param in module.named_parameters():
+        share = active if re.search(r"(^|\.)experts\.", name) else 1.0
+        if "lora_" in name:
+            adapters += param.numel() * share
+        else:
+            base += param.numel() * share
+    return round(base), round(adapters)
+
+
+def batch_flops(shape: ModelShape, batch: MicroBatch) -> StepFlops:
+    """The FLOPs of one micro-batch on this rank (`pipeline.report.flops`). Under context
+    parallelism (`batch.context`) the rank counts its own tokens and loss tokens, and its share
+    (1 / ranks) of the whole row's attention, so the group's sum is the row's count."""
+    shard = batch.context
+    cu = shard.cu_seqlens if shard is not None else batch.cu_seqlens.numpy()
+    share = 1.0 / shard.n_ranks if shard is not None else 1.0
+    dense = step_flops(shape, np.zeros(0, np.int64), tokens=batch.n_tokens, loss_tokens=batch.n_loss_tokens,
+                       head_recompute=batch.n_loss_tokens * shape.vocab > KEEP_LOGITS_UP_TO)
+    attention = step_flops(shape, np.diff(cu), tokens=0, loss_tokens=0)
+    return dense + attention.scaled(share)
+
+
 class Meter:
-    """Counts tokens, steps and data-loader waits, and writes a metrics line when asked (rank 0
+    """Counts tokens, FLOPs, steps and data-loader waits, and writes a metrics line when asked (rank 0
     writes the file and shows the progress bar). The window token counts of the steps stay device
-    tensors until a line or a checkpoint needs them, so steps do not wait for the host."""
+    tensors until a line or a checkpoint needs them, so steps do not wait for the host; each rank
+    counts the FLOPs of its own micro-batches (`batch_flops`, on the host), summed over the ranks
+    when a line is written."""
 
     def __init__(
         self, out: Path, config: TrainConfig, *, rank: int, world: int, device: torch.device,
-        n_params: int, backend: str, start_step: int, total_steps: int, tokens_seen: int,
+        shape: ModelShape, backend: str, start_step: int, total_steps: int, tokens_seen: int,
     ) -> None:
-        self.device, self.backend = device, backend
+        self.device, self.backend, self.shape, self.world = device, backend, shape, world
         peak = config.peak_flops or known_peak_flops(device)
-        self.peak_flops = peak * world if peak else None  # for the MFU
-        # training FLOPs per token: forward 2 x params, backward 4 x params (input and weight
-        # gradients); frozen LoRA base weights get no weight gradient, so 4 x params there
-        self.flops_per_token = (4.0 if config.lora_r else 6.0) * n_params
+        self.peak_flops = peak * world if peak else None  # for the MFU and HFU
         self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
         self.reporter = Reporter(config.report_to, out, config, rank)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
                         desc="pack-train", unit="step", dynamic_ncols=True)
         self.tokens_seen = tokens_seen  # all ranks, this run and the ones it resumes
         self.run_tokens = 0  # all ranks, this run
+        self.run_flops = StepFlops()  # all ranks, this run, up to the last metrics line
         self.local_micro_batches = self.local_tokens = 0  # this rank's own, host ints
         self._pending: torch.Tensor | int = 0  # window tokens not yet added to the counts above
+        self._flops_since = StepFlops()  # this rank's, since the last metrics line
         self._tokens_since = self._steps_since = 0
         self._wait_since = 0.0
         self.run_start = self._log_time = time.perf_counter()
@@ -190,10 +257,12 @@ class Meter:
             self.file.close()
 
     def step(self, micro: list[MicroBatch], wait: float, window_tokens: torch.Tensor | int) -> None:
-        """Count one optimizer step: this rank's `micro` batches, the time spent waiting for them,
-        and the tokens of the whole window (all ranks)."""
+        """Count one optimizer step: this rank's `micro` batches (host tensors) and their FLOPs, the
+        time spent waiting for them, and the tokens of the whole window (all ranks)."""
         self.local_micro_batches += len(micro)
         self.local_tokens += sum(b.n_tokens for b in micro)
+        for batch in micro:
+            self._flops_since = self._flops_since + batch_flops(self.shape, batch)
         self._wait_since += wait
         self._steps_since += 1
         self._pending = self._pending + window_tokens
@@ -206,9 +275,22 @@ class Meter:
             self.tokens_seen + n, self.run_tokens + n, self._tokens_since + n)
         self._pending = 0
 
+    def _window_flops(self) -> StepFlops:
+        """The FLOPs since the last line, all ranks (every rank writes a line at the same steps)."""
+        flops = self._flops_since
+        if dist.is_available() and dist.is_initialized() and self.world > 1:
+            total = torch.tensor(flops.as_list(), dtype=torch.float64,
+                                 device=self.device if self.device.type == "cuda" else "cpu")
+            dist.all_reduce(total)
+            flops = StepFlops(*total.tolist())
+        self._flops_since = StepFlops()
+        return flops
+
     def log(self, step: int, epoch: int, loss: float, lr: float, grad_norm: float) -> None:
         """Write the metrics line of `step`: the given values and the throughput since the last line."""
         self.count_tokens()
+        flops = self._window_flops()
+        self.run_flops = self.run_flops + flops
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
@@ -222,7 +304,7 @@ class Meter:
             "grad_norm": grad_norm,
             "tokens": self.tokens_seen,
             "tokens_per_s": tokens_per_s,
-            "mfu": self.flops_per_token * tokens_per_s / self.peak_flops if self.peak_flops else None,
+            **self.flop_rates(flops, elapsed),
             "step_time_s": elapsed / self._steps_since,
             "data_wait_s": self._wait_since / self._steps_since,
             "peak_mem_gib": peak_memory_gib(self.device),
@@ -234,6 +316,18 @@ class Meter:
         self.reporter.log(step, record)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
         self._log_time, self._tokens_since, self._wait_since, self._steps_since = now, 0, 0.0, 0
+
+    def flop_rates(self, flops: StepFlops, seconds: float) -> dict[str, float | None]:
+        """`mfu` (model FLOPs, attention included, / seconds / the peak of all devices), `tflops`
+        (model TFLOP/s a device), `hfu` (as mfu with the recompute) and `attn_flop_share`; mfu and
+        hfu are None without a known peak."""
+        seconds = max(seconds, 1e-9)
+        return {
+            "mfu": flops.model / seconds / self.peak_flops if self.peak_flops else None,
+            "tflops": flops.model / seconds / self.world / 1e12,
+            "hfu": flops.hardware / seconds / self.peak_flops if self.peak_flops else None,
+            "attn_flop_share": attention_share(flops),
+        }
 
     def log_eval(self, step: int, loss: float, loss_tokens: int) -> None:
         """A metrics line of the held-out loss after `step` (and on the progress bar)."""

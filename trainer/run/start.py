@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
+from pipeline.report.flops import ModelShape
 from pipeline.shards import Manifest
 from pipeline.shards import manifest_vocab
 from trainer.distributed import context_parallel
@@ -26,7 +27,7 @@ from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_bas
 from trainer.data.integrity import ShardHashCheck
 from trainer.model.loss import LossModule
 from trainer.model.long_rows import tile_mlp
-from trainer.run.metrics import start_run_files
+from trainer.run.metrics import model_shape, start_run_files
 from trainer.model.check import check_context_parallel
 from trainer.model.load import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.run.optim import make_optimizer
@@ -82,6 +83,7 @@ class Run:
     backend: str
     compiled: bool
     n_params: int
+    flop_shape: ModelShape  # what the metrics count FLOPs of (trainer.run.metrics.model_shape)
     fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights: their scales refresh after each step
     profiler: StepProfiler | None = None  # --profile-steps
     layout: context_parallel.Layout = field(default_factory=context_parallel.Layout)  # data x context parallel
@@ -140,6 +142,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         check_context_parallel(model, layout.cp_rank, layout.cp_size)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
+    flop_shape = model_shape(model, config)  # before quantizing and sharding change the weights
     if peft is not None and bf16:
         freeze_in_bf16(model)  # frozen base weights need no fp32 copy: half their memory
     model.to(device)
@@ -186,7 +189,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
               hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
               optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
-              backend=backend, compiled=compiled, n_params=n_params,
+              backend=backend, compiled=compiled, n_params=n_params, flop_shape=flop_shape,
               fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler,
               layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts))
     if info.rank == 0:

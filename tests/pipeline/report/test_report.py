@@ -16,6 +16,13 @@ from pipeline.report.stats import pad_to_longest, pad_to_max
 from pipeline.shards import IGNORE_INDEX, Counts
 
 MAX_LEN = 10
+# The model the FLOPs are counted for: layer weights 2 x 4 x 4 (q, o) + 2 x 4 x 4 (k, v: one head of 4)
+# + 3 x 4 x 4 (MLP) = 112, so 6 x 112 = 672 FLOPs a token; the head (vocab 64, from the manifest)
+# 6 x 64 x 4 = 1,536 a real token; attention 12 x 1 head x 4 = 48 a causal pair
+MODEL = ["--hidden", "4", "--layers", "1", "--heads", "1", "--kv-heads", "1", "--intermediate", "4"]
+PACKED_FLOPS = 672 * 30 + 1536 * 24 + 48 * 89  # 61,296: 30 slots, 24 tokens, 89 pairs
+LONGEST_FLOPS = 672 * 32 + 1536 * 24 + 48 * 143  # 65,232
+MAX_FLOPS = 672 * 50 + 1536 * 24 + 48 * 275  # 83,664
 # Lengths in example-id order: 4, 5, 10, 3, 2 -> 24 tokens in 3 rows of 10.
 ROWS = [
     [(0, [11, 12, 13, 14]), (1, [21, 22, 23, 24, 25])],
@@ -29,7 +36,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rep") / "packed"
     make_packed_folder(out, ROWS, MAX_LEN, rows_per_shard=2,
                        counts=Counts(examples_read=7, examples_packed=5, truncated=1, dropped=1,
-                                     empty_skipped=1))
+                                     empty_skipped=1),
+                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": 64})
     return out
 
 
@@ -37,7 +45,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cli_run(folder: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     out = tmp_path_factory.mktemp("rep-out")
     result = CliRunner().invoke(pack_report, [
-        str(folder), "--batch-size", "2", "--hidden", "1",
+        str(folder), "--batch-size", "2", *MODEL,
         "--json", str(out / "r.json"), "--html", str(out / "r.html"),
     ])
     assert result.exit_code == 0, result.output
@@ -69,9 +77,8 @@ def test_folder_figures(cli_run) -> None:  # noqa: ANN001
     assert (pmax["padding_tokens"], pmax["padding_avoided"]) == (26, 20)
     assert longest["attention_ratio"] == pytest.approx(143 / 89)
     assert pmax["attention_ratio"] == pytest.approx(275 / 89)
-    # hidden=1: cost = 6 * slots + pairs -> packed 269, pad-to-longest 335, pad-to-max 575.
-    assert longest["estimated_speedup"] == pytest.approx(335 / 269)
-    assert pmax["estimated_speedup"] == pytest.approx(575 / 269)
+    assert longest["estimated_speedup"] == pytest.approx(LONGEST_FLOPS / PACKED_FLOPS)
+    assert pmax["estimated_speedup"] == pytest.approx(MAX_FLOPS / PACKED_FLOPS)
     assert [s["rows"] for s in r["shards"]] == [2, 1]
     assert [s["tokens"] for s in r["shards"]] == [19, 5]
     assert all(s["sha256_ok"] for s in r["shards"])
@@ -88,7 +95,8 @@ def test_comparison_table(cli_run) -> None:  # noqa: ANN001
     # Packing 4,5,10,3,2 into rows of 10 needs 3 rows; next fit in id order: [4,5] [10] [3,2].
     assert by["ffd"]["rows"] == by["bfd"]["rows"] == 3
     assert by["sequential"]["rows"] == 3
-    assert by["ffd"]["speedup_vs_pad_to_longest"] == pytest.approx(335 / 269)
+    assert by["ffd"]["speedup_vs_pad_to_longest"] == pytest.approx(LONGEST_FLOPS / PACKED_FLOPS)
+    assert by["ffd"]["flops"] == PACKED_FLOPS and by["pad-to-max"]["flops"] == MAX_FLOPS
     assert by["pad-to-longest"]["speedup_vs_pad_to_longest"] == pytest.approx(1.0)
 
 
@@ -101,7 +109,7 @@ def test_terminal_summary(cli_run) -> None:  # noqa: ANN001
     assert "examples/row    mean 1.67, max 2" in out
     assert "truncated 1, split 0, dropped 1" in out
     assert "vs pad-to-longest (B=2): 2 padding tokens avoided, 1.61x less attention, " \
-           "est. speedup 1.25x" in out
+           "est. speedup 1.06x" in out
     assert "shards: 2, sha256 all ok" in out
 
 
@@ -110,7 +118,7 @@ def test_html_is_self_contained(cli_run) -> None:  # noqa: ANN001
     assert page.count("data:image/png;base64,") == 4  # 3 distributions + comparison chart
     assert "<script" not in page and "http://" not in page and "https://" not in page
     for text in ("80.0%", "shard-00000.arrow", "shard-00001.arrow", "pad-to-longest", "bfd",
-                 "1.25x", "examples per row (max 2)"):
+                 "1.06x", "examples per row (max 2)", "Attention's share of the work"):
         assert text in page, text
 
 
@@ -156,7 +164,7 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_whatif_report_numbers() -> None:
     lengths = np.array([3, 5, 7, 20])
-    r = whatif_report(lengths, [8, 16], strategies=("ffd", "sequential"), batch_size=4, hidden=1)
+    r = whatif_report(lengths, [8, 16], strategies=("ffd", "sequential"), batch_size=4)
     assert r["examples"] == 4 and r["tokens_untruncated"] == 35
     run8, run16 = r["runs"]
     # max_len 8: 20 -> 8, tokens 3+5+7+8 = 23, lower bound 3 rows; ffd: [8] [7] [5,3] = 3 rows.
@@ -192,6 +200,9 @@ def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     r = json.loads((tmp_path / "w.json").read_text())
     assert r["kind"] == "what-if" and r["examples"] == 4
+    from pipeline.tokenize.tokenizer import load_tokenizer
+
+    assert r["model"]["vocab"] == len(load_tokenizer("data/tokenizer"))  # the FLOPs' head: that tokenizer's
     assert [run["max_len"] for run in r["runs"]] == [8, 16]
     assert "max_len 8:" in result.output and "max_len 16:" in result.output
     page = (tmp_path / "w.html").read_text()
