@@ -12,9 +12,9 @@ one, so run a shorter length first), their causal attention TFLOP/s, and the pea
 forward+backward allocates beyond its inputs (K/V gradients kept at the 8 key/value heads or expanded
 to 32 show here).
 
-FLOPs are counted as pack-train counts them: per causal (query, key) pair 4 x heads x head_dim in the
-forward (QK^T and PV), twice that in the backward; a row's pairs are the sum over its examples of
-L (L + 1) / 2, never T^2 / 2.
+FLOPs are counted as pack-train counts them (`pipeline.report.flops`): per causal (query, key) pair
+4 x heads x head_dim in the forward (QK^T and PV), twice that in the backward; a row's pairs are the
+sum over its examples of L (L + 1) / 2, never T^2 / 2.
 
 Kernels: `fa4`, `flash_attn`, `torch` and `flex` through `trainer.attention.kernels.varlen_attention`
 (what pack-train's layers call); `cudnn` is PyTorch's cuDNN attention (`F.scaled_dot_product_attention`
@@ -36,14 +36,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline.report.flops import causal_pairs  # noqa: E402
 from trainer.attention.kernels import varlen_attention  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128  # the 8B shape (Llama-3-8B's attention)
-
-
-def causal_pairs(lengths: list[int]) -> int:
-    """(query, key) pairs of causal attention within each example: sum of L (L + 1) / 2."""
-    return sum(n * (n + 1) // 2 for n in lengths)
 
 
 def cudnn_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int]) -> torch.Tensor:
