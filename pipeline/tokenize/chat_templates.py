@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, one_line
 
 # The widely used formats, each as its authors publish it (generation prompt included); the
 # tokenizer's own BOS token is written by the template where the format starts with one.
@@ -46,15 +46,33 @@ def resolve_chat_template(value: str) -> str:
     if value in NAMED:
         return NAMED[value]
     if "{%" in value or "{{" in value:
-        return value
+        return checked(value, "--chat-template (inline text)")
     path = Path(value).expanduser()
     if path.is_file():
         try:
-            return path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"--chat-template {value}: cannot read it ({exc})") from None
+        if not text.strip():
+            raise UserError(f"--chat-template {value}: the file is empty: give a file holding a Jinja chat template "
+                            f"(or a name: {', '.join(NAMED)})")
+        return checked(text, f"--chat-template {value}")
     raise UserError(f"--chat-template {value!r}: not a template name ({', '.join(NAMED)}) nor a Jinja file: "
                     "give one of those names or the path of a .jinja file")
+
+
+def checked(text: str, name: str) -> str:
+    """`text` when it compiles as a chat template; else a UserError naming `name` and the line."""
+    import jinja2
+
+    from pipeline.tokenize.template_sandbox import compile_template
+
+    try:
+        compile_template(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"{name}: not a valid Jinja template (line {exc.lineno}: {one_line(exc.message, 200)}): "
+                        "fix it") from None
+    return text
 
 
 def template_label(value: str) -> str:

@@ -285,7 +285,12 @@ def parts_text(content: list[Any], where: str) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind == "text" and not isinstance(part.get("text"), str):
+            value = part.get("text")
+            got = "no 'text'" if value is None else f"the {type(value).__name__} {one_line(repr(value), 40)} as its 'text'"
+            raise UserError(f"{where}: a text content part has {got}: give each text part its text as a string "
+                            "([{\"type\": \"text\", \"text\": \"...\"}])")
+        if kind != "text":
             raise UserError(f"{where}: a message content part of type {kind!r}: only text parts "
                             "([{\"type\": \"text\", \"text\": ...}]) can be packed for a text model; remove the others")
         texts.append(part["text"])

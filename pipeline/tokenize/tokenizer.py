@@ -52,9 +52,10 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
     if chat_template is not None:
-        from pipeline.tokenize.chat_templates import resolve_chat_template
+        from pipeline.tokenize.chat_templates import resolve_chat_template, template_label
 
         tok.chat_template = resolve_chat_template(chat_template)
+        tok._packlm_template_label = template_label(chat_template)  # how errors name it
     return tok
 
 
@@ -188,7 +189,9 @@ def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None) 
     """What the manifest records about the tokenizer; with `chat_template` (`--chat-template`, already
     set on `tokenizer` by `load_tokenizer`), its name and text too."""
     from pipeline.tokenize.chat_templates import template_label
+    from pipeline.tokenize.template_sandbox import PINNED_DATE
 
+    template = getattr(tokenizer, "chat_template", None)
     return {
         "name": str(name),
         "fingerprint": tokenizer_fingerprint(tokenizer),
@@ -196,7 +199,8 @@ def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None) 
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         "vocab_size": len(tokenizer),
-        "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "has_chat_template": bool(template),
+        **({"template_date": PINNED_DATE} if isinstance(template, str) and "strftime_now" in template else {}),
         **({"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
            if chat_template is not None else {}),
         **({"hub": record} if (record := hub_record(name)) else {}),
