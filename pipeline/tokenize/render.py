@@ -10,6 +10,7 @@ only decides *what* text goes where.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
-from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered
+from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
 from pipeline.tokenize.control_tokens import END, control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
 from pipeline.read.formats import (ALPACA_NO_INPUT, NO_INPUT, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat,
@@ -189,7 +190,8 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
                             "would land on the prompt: fix the template (each message rendered the same whatever "
                             "follows it)")
         cut = len(head) if full.startswith(head) else len(os.path.commonprefix([head, full]))
-        segs = [(full[:cut], fmt.train_on_prompt), (full[cut:], True)]
+        segs = eos_policy(without_trailing_space([(full[:cut], fmt.train_on_prompt), (full[cut:], True)], controls),
+                          controls, fmt.train_on_eos)
         try:
             check_assistant_rendered(msgs[len(head_msgs):], segs, template_name(tokenizer))
         except UserError as exc:
@@ -336,13 +338,45 @@ def with_text_content(messages: list[dict[str, Any]], tokenizer: Any, where: str
 
 
 def check_has_template(tokenizer: Any) -> None:
-    """A tokenizer without a chat template cannot render chats: one line saying what to pass."""
+    """A tokenizer without a chat template cannot render chats: one line saying what to pass. A
+    template whose markers are not single tokens of the vocabulary (`missing_markers`) would train
+    the model on ordinary pieces for each: one line naming the first and the fix."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
             f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
             "data cannot be rendered: pass --chat-template (chatml, llama3, llama2, or a Jinja file), use a "
             "tokenizer with one, or --format instruction/text"
         )
+    missing = missing_markers(tokenizer)
+    if missing:
+        pieces = len(tokenizer.backend_tokenizer.encode(missing[0], add_special_tokens=False).ids)
+        raise UserError(
+            f"the chat template {template_name(tokenizer)} writes the marker {missing[0]!r}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, which is not a token of the tokenizer "
+            f"{getattr(tokenizer, 'name_or_path', '')!r} (it would be {pieces} ordinary pieces): add it with "
+            f"--special-token NAME={missing[0]} (eos_token=... for an end-of-turn marker) or --add-token "
+            f"{missing[0]} (the model's embeddings grow to match), or use a template made for this tokenizer"
+        )
+
+
+MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|<(?:start|end)_of_turn>|<｜[^\s｜]{1,64}｜>")  # ChatML, Llama 3, Gemma, ...
+
+
+def missing_markers(tokenizer: Any) -> list[str]:
+    """The control markers (`<|im_end|>`, `<|eot_id|>`, `<start_of_turn>`, ...) the chat template
+    spells that are not one added token of the tokenizer, in the template's order."""
+    template = tokenizer.chat_template or ""
+    cache = getattr(tokenizer, "_packlm_markers", None)
+    if cache is not None and cache[0] == template:
+        return cache[1]
+    added = set(tokenizer.backend_tokenizer.get_added_tokens_decoder()[i].content
+                for i in tokenizer.backend_tokenizer.get_added_tokens_decoder())
+    missing = list(dict.fromkeys(m for m in MARKER.findall(template) if m not in added))
+    try:
+        tokenizer._packlm_markers = (template, missing)
+    except AttributeError:
+        pass
+    return missing
 
 
 def _without_nulls(value: Any) -> Any:
@@ -370,7 +404,7 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             continue
         msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
         try:
-            segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt)
+            segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt, tuple(fmt.roles_to_train), fmt.train_on_eos)
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template

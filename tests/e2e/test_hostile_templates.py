@@ -140,3 +140,32 @@ def test_pack_verify_deep_never_reads_a_template_path_the_manifest_names(tmp_pat
     path.write_text(json.dumps(manifest))
     line = error_line(cli("pack-verify", "packed", "--deep", cwd=tmp_path))
     assert "'../../outside.jinja'" in line and "never from a path it names" in line, line
+
+
+def test_tokens_pack_data_adds_grow_the_models_embeddings_in_pack_train(tmp_path: Path):
+    """`--special-token` / `--add-token`: the manifest records them and the grown vocabulary;
+    pack-train gives the model's tokenizer the same tokens (the fingerprints match) and grows the
+    model's embeddings and untied LM head to it, in one line. Control: without the tokens recorded,
+    a larger vocabulary is still refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    proc = pack_chat(tmp_path, [CHAT] * 4, "--special-token", "pad_token=<|pad|>", "--add-token", "<tool>")
+    assert proc.returncode == 0, proc.stderr_text
+    manifest = read_manifest(tmp_path / "packed")
+    assert manifest.tokenizer["vocab_size"] == 4098 and manifest.tokenizer["added_tokens"] == ["<tool>"]
+    assert manifest.tokenizer["special_tokens"] == {"pad_token": "<|pad|>"}
+    train = cli("pack-train", "--data", "packed", "--model", tmp_path / "model", "--tokenizer", TOKENIZER,
+                "--out", "run", "--max-steps", 1, "--device", "cpu", "--tokens-per-step", 256, cwd=tmp_path)
+    assert train.returncode == 0, train.stderr_text
+    assert "embeddings and its LM head of" in train.stderr_text and "grown from 4096 to 4098 rows" in train.stderr_text
+    path = tmp_path / "packed" / "manifest.json"
+    edited = json.loads(path.read_text())
+    del edited["tokenizer"]["added_tokens"], edited["tokenizer"]["special_tokens"]
+    edited["checksum"] = manifest_checksum(edited)
+    path.write_text(json.dumps(edited))
+    line = error_line(cli("pack-train", "--data", "packed", "--model", tmp_path / "model", "--out", "run2",
+                          "--max-steps", 1, "--device", "cpu", "--tokens-per-step", 256, cwd=tmp_path))
+    assert "only embeds 4096" in line, line
