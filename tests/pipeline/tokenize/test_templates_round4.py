@@ -135,3 +135,55 @@ def test_the_pieces_between_control_tokens_encode_as_the_tokenizer_does(family):
 def test_a_marker_character_in_user_text_is_refused():
     with pytest.raises(UserError, match="row 3: the text holds the private-use character"):
         mark("x\U000f0f01", ("</s>",), "row 3")
+
+
+# ------------------------------------------------------------- loss: roles, end-of-turn tokens
+
+TURNS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"},
+         {"role": "user", "content": "U2"}, {"role": "assistant", "content": "A2"}]
+
+
+@pytest.mark.parametrize("template", [None, "chatml"], ids=["generation-blocks", "prefixes"])
+@pytest.mark.parametrize("roles, eos, trained", [
+    (("assistant",), "turn", "A1<|im_end|>A2<|im_end|>"),
+    (("assistant",), "last", "A1A2<|im_end|>"),
+    (("assistant",), "none", "A1A2"),
+    (("assistant",), "all", "<|im_end|><|im_end|>A1<|im_end|><|im_end|>A2<|im_end|>"),
+    (("user", "assistant"), "turn", "U1<|im_end|>A1<|im_end|>U2<|im_end|>A2<|im_end|>"),
+])
+def test_roles_to_train_and_train_on_eos_pick_the_loss_tokens(template, roles, eos, trained):
+    tok = load_tokenizer(str(TOKENIZER), template)
+    table = pa.table({"messages": [TURNS]})
+    fmt = detect_format(table.column_names, FormatOptions(roles_to_train=roles, train_on_eos=eos))
+    batch = tokenize_batch(table, fmt, tok, rows_where("x.jsonl"))
+    ids, labels = batch.input_ids.tolist(), batch.labels.tolist()
+    assert tok.decode([t for t in labels if t != IGNORE_INDEX]) == trained
+    assert tok.eos_token_id not in ids  # the template ends the conversation with its own <|im_end|>
+
+
+def test_a_template_without_its_own_end_keeps_the_eos_with_loss():
+    """Control for the rule above: a template that ends with no control token gets the EOS."""
+    tok = load_tokenizer(str(TOKENIZER), "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    table = pa.table({"messages": [TURNS[1:3]]})
+    batch = tokenize_batch(table, detect_format(table.column_names, FormatOptions()), tok, rows_where("x.jsonl"))
+    assert batch.input_ids.tolist()[-1] == tok.eos_token_id == batch.labels.tolist()[-1]
+
+
+# ---------------------------------------------------------------- markers the vocabulary lacks
+
+
+def test_a_template_whose_markers_are_no_tokens_is_refused_until_they_are_added():
+    from pathlib import Path as P
+
+    llama2 = ROOT.parent / "shared" / "tokenizers" / "llama2"
+    if not P(llama2).is_dir():
+        pytest.skip("no Llama-2 tokenizer here")
+    table = pa.table({"messages": [TURNS]})
+    fmt = detect_format(table.column_names, FormatOptions())
+    tok = load_tokenizer(str(llama2), "chatml")
+    with pytest.raises(UserError, match=r"writes the marker '<\|im_start\|>' \(and 1 more\), which is not a token .* "
+                                        r"--special-token NAME=<\|im_start\|>"):
+        tokenize_batch(table, fmt, tok, rows_where("x.jsonl"))
+    grown = load_tokenizer(str(llama2), "chatml", ["<|im_start|>"], {"eos_token": "<|im_end|>"})
+    ids = tokenize_batch(table, fmt, grown, rows_where("x.jsonl")).input_ids.tolist()
+    assert ids.count(grown.convert_tokens_to_ids("<|im_start|>")) == 5 and len(grown) == 32002
