@@ -31,7 +31,19 @@ _AFTER = "\U000f0f03\U000f0f04"  # an added token put before a piece so that it 
 def control_tokens(backend: Any, template: str | None = None) -> tuple[str, ...]:
     """The control tokens of a tokenizer backend (`tokenizers.Tokenizer`) for `template`: its special
     added tokens, and the other added tokens `template` spells (whitespace ones left out)."""
-    return _control_tokens(backend.to_str(), template or "")
+    return _control_tokens(_json_of(backend), template or "")
+
+
+_JSON: dict[int, tuple[Any, str]] = {}
+
+
+def _json_of(backend: Any) -> str:
+    """`backend.to_str()`, worked out once per backend object in this process (it is kept, so its id
+    stays its own)."""
+    entry = _JSON.get(id(backend))
+    if entry is None or entry[0] is not backend:
+        entry = _JSON[id(backend)] = (backend, backend.to_str())
+    return entry[1]
 
 
 @lru_cache(maxsize=8)
@@ -74,13 +86,15 @@ def has_marks(text: str) -> bool:
 
 
 @lru_cache(maxsize=8)
-def _as_text_backend(backend_json: str) -> Any:
-    """A copy of the backend that encodes special tokens as text and knows the `_AFTER` token."""
+def _as_text_backend(backend_json: str, tokens: tuple[str, ...]) -> Any:
+    """A copy of the backend that encodes the control `tokens` as text (the non-special ones made
+    special, then special tokens not matched) and knows the `_AFTER` token."""
     from tokenizers import AddedToken, Tokenizer
 
     copy = Tokenizer.from_str(backend_json)
     copy.no_truncation()
     copy.no_padding()
+    copy.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     copy.add_tokens([AddedToken(_AFTER, special=False, normalized=False, single_word=False, lstrip=False,
                                 rstrip=False)])
     copy.encode_special_tokens = True
@@ -100,7 +114,7 @@ def encode_marked(backend: Any, text: str, cuts: list[int], tokens: tuple[str, .
     literal = np.zeros(len(clean) + 1, dtype=bool)  # chars of control tokens the user wrote
     for m in re.finditer(re.escape(START) + "(.*?)" + re.escape(END), text, flags=re.S):
         literal[clean_at[m.start(1)] : clean_at[m.end(1)]] = True
-    as_text = _as_text_backend(backend.to_str())
+    as_text = _as_text_backend(_json_of(backend), tokens)
     pieces: list[tuple[int, str]] = []  # (start in the clean text, text) of the ordinary text
     ids: list[int] = []
     ends: list[int] = []

@@ -36,7 +36,8 @@ def family(request, tmp_path_factory):
     """(tokenizer, chat template name or None) of one tokenizer family."""
     folder = _folder(tmp_path_factory.mktemp(request.param), request.param)
     template = {"data": None, "llama2": "llama2", "metaspace": "llama2", "wordpiece": "chatml"}[request.param]
-    return load_tokenizer(str(folder), template)
+    markers = ["<|im_start|>", "<|im_end|>"] if template == "chatml" else []  # a vocabulary without them
+    return load_tokenizer(str(folder), template, markers)
 
 
 def rows(table: pa.Table, tok) -> tuple[list[int], list[int]]:
@@ -187,3 +188,46 @@ def test_a_template_whose_markers_are_no_tokens_is_refused_until_they_are_added(
     grown = load_tokenizer(str(llama2), "chatml", ["<|im_start|>"], {"eos_token": "<|im_end|>"})
     ids = tokenize_batch(table, fmt, grown, rows_where("x.jsonl")).input_ids.tolist()
     assert ids.count(grown.convert_tokens_to_ids("<|im_start|>")) == 5 and len(grown) == 32002
+
+
+# ----------------------------------------------------------------------------- named templates
+
+NO_SYSTEM = {"mistral_v1"}  # the format has no system message (its template raises on one)
+
+
+def _expected_loss(text: str, offsets: list, messages: list, ends: tuple[str, ...]) -> list[bool]:
+    """Per token of the rendering: holding a char of an assistant message's content or of the
+    end-of-turn token right after it (the first of `ends` found after the content)."""
+    spans, at = [], 0
+    for m in messages:
+        content = m["content"].strip()
+        start = text.index(content, at)
+        at = start + len(content)
+        if m["role"] == "assistant":
+            stop = min((i + len(e) for e in ends if (i := text.find(e, at)) >= 0), default=at)
+            spans.append((start, stop))
+            at = stop
+    return [any(s < b and e > a for a, b in spans) for s, e in offsets]  # (a token holding " 4" too)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("pipeline.tokenize.chat_templates", fromlist=["NAMED"]).NAMED))
+def test_each_named_template_packs_as_apply_chat_template_renders_it(name: str):
+    """Token by token against transformers' apply_chat_template of the same Jinja (the tokenizer
+    given the template's markers as tokens), the loss on each assistant message's content and the
+    end-of-turn token after it (nothing of the template's whitespace), no EOS after a template's own."""
+    from pipeline.tokenize.chat_templates import NAMED
+    from pipeline.tokenize.render import MARKER
+
+    markers = list(dict.fromkeys(MARKER.findall(NAMED[name])))
+    tok = load_tokenizer(str(TOKENIZER), name, [m for m in markers if m not in ("<|im_start|>", "<|im_end|>")])
+    messages = ([] if name in NO_SYSTEM else [{"role": "system", "content": "Be brief."}]) + [
+        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4, since 2+2=4."},
+        {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}]
+    ids, labels = rows(pa.table({"messages": [messages]}), tok)
+    text = tok.apply_chat_template(messages, tokenize=False)
+    peer = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    body = ids[1:] if ids[0] == tok.bos_token_id and peer["input_ids"][0] != tok.bos_token_id else ids
+    assert body == peer["input_ids"]  # no EOS added: every one of these templates ends the turn itself
+    ends = tuple(m for m in markers if "end" in m or "eot" in m) + (tok.eos_token,)
+    loss = [label != IGNORE_INDEX for label in labels][len(ids) - len(body):]
+    assert any(loss) and loss == _expected_loss(text, peer["offset_mapping"], messages, ends)
