@@ -278,6 +278,7 @@ def test_tool_calls_and_the_tool_role_reach_the_chat_template(tokenizer):
 
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = TOOL_TEMPLATE
+    tok.add_tokens(["<|user|>", "<|assistant|>", "<|tool|>"])  # its markers, tokens of the vocabulary
     rows = [[{"role": "user", "content": "weather?"},
              {"role": "assistant", "content": None, "tool_calls": [
                  {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
