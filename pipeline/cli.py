@@ -161,7 +161,8 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     HuggingFaceH4/ultrachat_200k:train_sft, org/name[@revision][:config]:split) and write bin-packed
     Arrow shards plus manifest.json to --out.
 
-    Every example starts with BOS and ends with EOS; loss is taken on responses / assistant turns
+    Every example starts with BOS and ends with EOS (a chat whose template ends it with its own
+    end-of-turn token ends with that); loss is taken on responses / assistant turns
     (all tokens of plain text), never on the first token of an example. Rows hold no padding;
     position_ids restart per example. The output folder appears only when complete.
     """
