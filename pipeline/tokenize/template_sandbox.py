@@ -31,6 +31,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pipeline.errors import UserError, one_line
@@ -91,10 +92,34 @@ def _check_arguments(args: tuple, kwargs: dict) -> None:
                                 f"than {MAX_CHARS})")
 
 
-def _bounded_filter(function: Any) -> Any:
+PRINTS_ITS_VALUES = {"tojson", "join", "string", "pprint", "list", "urlencode", "xmlattr", "format", "map",
+                     "batch", "slice", "sum"}  # filters whose result is as large as what their values hold
+
+
+def _check_contents(values: tuple) -> None:
+    """The text `values` hold (strings inside lists and mappings, each time they are referred to)
+    past MAX_CHARS: refused, before a filter or method prints it all (`[s] * 1000 | join`)."""
+    total, stack, steps = 0, list(values), 0
+    while stack:
+        value = stack.pop()
+        steps += 1
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        if total > MAX_CHARS or steps > MAX_CHARS:
+            raise TemplateLimit(f"a filter or method would print more than {MAX_CHARS} characters")
+
+
+def _bounded_filter(name: str, function: Any) -> Any:
     @wraps(function)  # keeps Jinja's pass_context / pass_eval_context marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _check_arguments(args[1:], kwargs)
+        if name in PRINTS_ITS_VALUES:
+            _check_contents(tuple(a for a in args if isinstance(a, (str, list, tuple, dict))))
         if function.__name__ == "do_format":  # printf-style: its widths
             _check_printf_widths(next((a for a in args if isinstance(a, str)), ""))
         result = function(*args, **kwargs)
@@ -105,10 +130,29 @@ def _bounded_filter(function: Any) -> Any:
     return bounded
 
 
+class _CodeGenerator(CodeGenerator):
+    """Jinja's code generator, its `~` (string concatenation) checked like `+`."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: Any) -> None:
+        self.write("environment.checked_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class BoundedEnvironment(ImmutableSandboxedEnvironment):
     """transformers' chat-template sandbox with every operator and call bounded (see the module)."""
 
-    intercepted_binops = frozenset(["+", "*", "**", "%", "//", "/", "-"])
+    intercepted_binops = frozenset(["+", "*", "**", "%"])
+    code_generator_class = _CodeGenerator
+
+    @staticmethod
+    def checked_concat(parts: tuple) -> str:
+        texts = [str(part) for part in parts]
+        if sum(map(len, texts)) > MAX_CHARS:
+            raise TemplateLimit(f"a joined string is longer than {MAX_CHARS} characters")
+        return "".join(texts)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _check_result_size(operator, left, right)
@@ -122,6 +166,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, str) and getattr(__obj, "__name__", "") == "replace":
             _check_replace(owner, args)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "join":
+            _check_contents(args)
         result = super().call(__context, __obj, *args, **kwargs)
         if _size(result) > MAX_CHARS:
             raise TemplateLimit(f"a call made a string or list longer than {MAX_CHARS} items")
@@ -229,7 +275,7 @@ def compile_template(text: str) -> jinja2.Template:
     """The template compiled in a `BoundedEnvironment` set up as transformers sets its own."""
     env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
-    env.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
+    env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
                        namespace=_Namespace)
     return env.from_string(text)
@@ -245,7 +291,9 @@ class _Watchdog:
         self.thread: threading.Thread | None = None
 
     def start(self, seconds: float) -> None:
+        """Watch the current thread for `seconds` (anew: a watch that an earlier stop left is replaced)."""
         with self.lock:
+            self.fired.discard(threading.get_ident())
             self.deadlines[threading.get_ident()] = time.monotonic() + seconds
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._watch, name="packlm-template-watchdog", daemon=True)
@@ -294,8 +342,8 @@ def render_template(text: str, name: str, spans: bool = False, **variables: Any
                     raise TemplateLimit(f"its output is longer than {MAX_CHARS} characters")
                 blocks.append(block)
         finally:
-            _tracking.blocks = None
             _WATCHDOG.stop()
+            _tracking.blocks = None
     except _Timeout:
         raise UserError(f"the chat template {name} did not finish rendering one conversation within {seconds:g} s "
                         f"(an endless or huge loop?): fix the template, or raise {SECONDS_ENV}") from None
