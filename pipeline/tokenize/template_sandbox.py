@@ -6,9 +6,10 @@ A chat template comes from a file (a tokenizer folder, `--chat-template`), so it
 gigantic string (`'x' * 10**12`, `'x'.ljust(10**12)`). `render_template` renders it as
 transformers' `apply_chat_template` does (the same sandbox class, options, extensions, filters and
 globals, the tokenizer's special tokens as variables) with these bounds:
-- every arithmetic operator and every call is checked before it runs: an integer result past
-  `MAX_INT_BITS` bits, a string or list result past `MAX_CHARS`, or a number past `MAX_CHARS` given
-  to a method or filter (a width, a count) stops the rendering;
+- every arithmetic operator, `~`, call and printed value is checked before it runs: an integer
+  result past `MAX_INT_BITS` bits, a string or list result past `MAX_CHARS`, a number past
+  `MAX_CHARS` given to a method or filter (a width, a count), or a list whose text past `MAX_CHARS`
+  would be printed (`{{ [s] * 1000 }}`, `join`, `tojson`) stops the rendering;
 - the rendering is stopped after `template_seconds()` (an exception raised in the rendering thread
   between two Python steps; the checks above keep each step short);
 - its output is counted as it is made and stops at `MAX_CHARS`.
@@ -112,6 +113,13 @@ def _check_contents(values: tuple) -> None:
             stack.extend(value)
         if total > MAX_CHARS or steps > MAX_CHARS:
             raise TemplateLimit(f"a filter or method would print more than {MAX_CHARS} characters")
+
+
+def _finalize(value: Any) -> Any:
+    """Each value a template prints (`{{ value }}`), checked before it becomes text."""
+    if isinstance(value, (list, tuple, dict)):
+        _check_contents((value,))
+    return value
 
 
 def _bounded_filter(name: str, function: Any) -> Any:
@@ -273,7 +281,8 @@ class _TemplateDict:
 @lru_cache(maxsize=16)
 def compile_template(text: str) -> jinja2.Template:
     """The template compiled in a `BoundedEnvironment` set up as transformers sets its own."""
-    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols],
+                             finalize=_finalize)
     env.filters["tojson"] = _tojson
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),

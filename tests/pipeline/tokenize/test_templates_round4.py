@@ -76,7 +76,7 @@ def test_the_sandbox_renders_as_transformers_does_and_marks_its_generation_block
     "{% for i in range(100000) %}{{ 'y' * 1000000 }}{% endfor %}",
     "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
     "{% set s = 'x' * 60000000 %}{{ ([s] * 1000) | join }}", "{% set s = 'x' * 60000000 %}{{ [s, s] | tojson }}",
-    "{% set s = 'x' * 60000000 %}{{ ''.join([s] * 1000) }}",
+    "{% set s = 'x' * 60000000 %}{{ ''.join([s] * 1000) }}", "{% set s = 'x' * 60000000 %}{{ [s] * 1000 }}",
     "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
 ])
 def test_what_would_not_end_or_not_fit_is_stopped_in_one_line(template: str, monkeypatch):
