@@ -14,8 +14,9 @@ from pathlib import Path
 
 from pipeline.errors import UserError, one_line
 
-# The widely used formats, named as Axolotl names them, each written as the model's tokenizer_config.json
-# ships its chat template (the model named beside it); the tokenizer's own BOS token is written by
+# The widely used formats, named as Axolotl names them, each following the chat template its model's
+# tokenizer_config.json ships (the model named beside it; written out here, not fetched, so a byte
+# for byte comparison with the Hub's file is still to be made); the tokenizer's own BOS token is written by
 # the template where the format starts with one. A template's markers must be tokens of the
 # tokenizer (`pipeline.tokenize.render.check_has_template`): add them with --add-token /
 # --special-token for a vocabulary that lacks them.
