@@ -22,7 +22,7 @@ from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.option_checks import INT_MAX, MAX_PROCS
-from pipeline.read.formats import FORMATS, TEMPLATES
+from pipeline.read.formats import EOS_CHOICES, FORMATS, TEMPLATES
 from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
 from pipeline.tokenize.encode_pool import capped_workers
 from pipeline.plan.rows import OVERLONG
@@ -52,6 +52,11 @@ FORMAT_OPTIONS = [
                       "instruction/output, qa for question/answer, plain otherwise."),
     click.option("--train-on-prompt", is_flag=True,
                  help="Also take loss on prompts / non-assistant turns (default: responses and assistant turns only)."),
+    click.option("--roles-to-train", multiple=True, default=("assistant",), show_default=True, metavar="ROLE",
+                 help="Chat data: the roles whose turns carry loss (repeat it for several; Axolotl's roles_to_train)."),
+    click.option("--train-on-eos", type=click.Choice(EOS_CHOICES), default="turn", show_default=True,
+                 help="Chat data: which end-of-turn tokens carry loss: each trained turn's, only the last trained "
+                      "turn's, every turn's, or none (Axolotl's train_on_eos)."),
 ]
 
 
@@ -78,6 +83,20 @@ Examples:
 """
 
 
+def _special_tokens(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> dict[str, str]:
+    """--special-token NAME=TEXT values as a dict; a config file's mapping (Axolotl's) as it is."""
+    given = (ctx.default_map or {}).get("special_tokens")
+    if isinstance(given, dict) and ctx.get_parameter_source("special_tokens") == click.core.ParameterSource.DEFAULT_MAP:
+        return given
+    pairs = {}
+    for item in value:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r}: give NAME=TEXT, e.g. eos_token=<|im_end|>")
+        pairs[name.strip()] = text
+    return pairs
+
+
 @click.command(cls=HintedCommand, context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
 @config_option(checks=PACK_CHECKS, fields={"fmt": "format"}, foreign=DATA)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
@@ -93,6 +112,12 @@ Examples:
               help=f"Chat template that renders chat data instead of the tokenizer's own (or for a tokenizer "
                    f"without one): {', '.join(NAMED_TEMPLATES)}, or a Jinja file. Recorded in the manifest and "
                    "the tokenizer fingerprint; pack-train gives the model's tokenizer the same template.")
+@click.option("--add-token", "add_tokens", multiple=True, metavar="TEXT",
+              help="Add TEXT to the tokenizer as a new token (repeat it for several; Axolotl's tokens), e.g. a chat "
+                   "template's marker the vocabulary lacks; pack-train grows the model's embeddings to match.")
+@click.option("--special-token", "special_tokens", multiple=True, metavar="NAME=TEXT", callback=_special_tokens,
+              help="Set the tokenizer's special token NAME (eos_token, bos_token, pad_token, ...) to TEXT, added to "
+                   "the vocabulary when missing (repeat it; Axolotl's special_tokens), e.g. eos_token=<|im_end|>.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="ffd", show_default=True, help="Bin-packing strategy of the planner.")
 @click.option("--group-size", type=int, default=32, show_default=True, help="Examples per group of --strategy minibatch.")
 @click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
@@ -138,7 +163,8 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     HuggingFaceH4/ultrachat_200k:train_sft, org/name[@revision][:config]:split) and write bin-packed
     Arrow shards plus manifest.json to --out.
 
-    Every example starts with BOS and ends with EOS; loss is taken on responses / assistant turns
+    Every example starts with BOS and ends with EOS (a chat whose template ends it with its own
+    end-of-turn token ends with that); loss is taken on responses / assistant turns
     (all tokens of plain text), never on the first token of an example. Rows hold no padding;
     position_ids restart per example. The output folder appears only when complete.
     """
@@ -351,7 +377,7 @@ def whatif_tokenizer(tokenizer: str | None) -> tuple[Any, str, str]:
     whose recorded tokenizer and chat template are taken); none given is a UserError, since the
     counts depend on it. Returns (tokenizer, its name, how it was chosen)."""
     from pipeline.shards import read_manifest
-    from pipeline.tokenize.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import apply_recorded, load_tokenizer
 
     if tokenizer is None:
         raise UserError("--input needs --tokenizer: the tokenizer you will pack with (a folder or a Hub id such as "
@@ -363,7 +389,7 @@ def whatif_tokenizer(tokenizer: str | None) -> tuple[Any, str, str]:
         name = manifest.config.get("tokenizer") or recorded.get("name")  # the config's: absolute when local
         if not name:
             raise UserError(f"--tokenizer {tokenizer}: the packed folder records no tokenizer name: give the tokenizer")
-        return (load_tokenizer(str(name), recorded.get("chat_template_text")), str(name),
+        return (apply_recorded(load_tokenizer(str(name)), recorded), str(name),
                 f"recorded by the packed folder {tokenizer}")
     return load_tokenizer(tokenizer), tokenizer, "--tokenizer"
 

@@ -21,6 +21,8 @@ INT_MAX = 2 ** 63 - 1  # the largest integer any option takes (what numpy, torch
 MAX_PROCS = 1024  # the most worker processes an option may ask for (more than any machine has cores)
 PATH = "path"  # a `Check.kind`: text or an os.PathLike
 PATHS = "paths"  # a list (or tuple) of paths; a lone string is refused
+TEXTS = "texts"  # a list (or tuple) of texts; a lone string is refused
+TEXT_MAP = "text map"  # a mapping of text to text
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,9 @@ class Check:
 
 
 KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text",
-              PATH: "a path (text)", PATHS: "a list of paths, e.g. ['a.jsonl'] (not one string)"}
+              PATH: "a path (text)", PATHS: "a list of paths, e.g. ['a.jsonl'] (not one string)",
+              TEXTS: "a list of texts, e.g. ['<|im_end|>'] (not one string)",
+              TEXT_MAP: "a mapping of names to texts, e.g. {eos_token: '<|im_end|>'}"}
 
 
 def flag_of(name: str) -> str:
@@ -59,6 +63,10 @@ def _is_kind(value: Any, kind: Any) -> bool:
         return isinstance(value, (str, os.PathLike))
     if kind == PATHS:
         return isinstance(value, (list, tuple)) and all(isinstance(v, (str, os.PathLike)) for v in value)
+    if kind == TEXTS:
+        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if kind == TEXT_MAP:
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     raise TypeError(f"unknown Check kind {kind!r}")
 
 

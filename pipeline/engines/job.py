@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 import shutil
 from contextlib import AbstractContextManager, closing, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,10 @@ from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
 from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
-from pipeline.read.formats import FORMATS, FormatOptions, ResolvedFormat
+from pipeline.read.formats import EOS_CHOICES, FORMATS, FormatOptions, ResolvedFormat
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
-from pipeline.option_checks import MAX_PROCS, PATH, PATHS, Check, check_options
+from pipeline.option_checks import MAX_PROCS, PATH, PATHS, TEXT_MAP, TEXTS, Check, check_options
 from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
 from pipeline.write.remote_out import remote_out
 from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
@@ -46,7 +46,7 @@ from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
 from pipeline.tokenize.tokenize_inputs import file_formats, needs_encoder, tokenize_to_spill
 from pipeline.tokenize.chat_templates import resolve_chat_template
-from pipeline.tokenize.tokenizer import load_tokenizer, tokenizer_info
+from pipeline.tokenize.tokenizer import check_token_options, load_tokenizer, tokenizer_info
 from pipeline.write.shard_writer import Written, check_sizes, write_shards
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
@@ -80,6 +80,8 @@ class PackConfig(FormatOptions):
     chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
     tmp_dir: str | None = None  # a remote --out is written here first (pipeline.write.remote_out); None: the system's
     chat_template: str | None = None  # a name, Jinja file or text (pipeline.tokenize.chat_templates); None: the tokenizer's
+    add_tokens: tuple[str, ...] = ()  # added to the tokenizer as new tokens (Axolotl's `tokens`)
+    special_tokens: dict[str, str] = field(default_factory=dict)  # eos_token=..., set and added (Axolotl's key)
     progress: bool = True
 
     def format_options(self) -> FormatOptions:
@@ -102,7 +104,8 @@ PACK_CHECKS: dict[str, Check] = {
     "eval_examples": Check(int, low=1, none=True), "batch_rows": Check(int, low=1, none=True),
     "engine": Check(str, choices=ENGINES), "ray_address": Check(str, none=True),
     "chunk_bytes": Check(int, low=1, none=True), "tmp_dir": Check(PATH, none=True), "progress": Check(bool),
-    "chat_template": Check(str, none=True),
+    "chat_template": Check(str, none=True), "add_tokens": Check(TEXTS), "special_tokens": Check(TEXT_MAP),
+    "roles_to_train": Check(TEXTS), "train_on_eos": Check(str, choices=EOS_CHOICES),
 }
 
 
@@ -151,8 +154,9 @@ def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: b
     files = resolve_inputs(staged.inputs)
     # each input file's own format and fields
     fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
-    tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
-    tok_info = tokenizer_info(tokenizer, config.tokenizer, config.chat_template)
+    tokenizer = load_tokenizer(config.tokenizer, config.chat_template, config.add_tokens, config.special_tokens)
+    tok_info = tokenizer_info(tokenizer, config.tokenizer, config.chat_template, config.add_tokens,
+                              config.special_tokens)
     if not on_ray and config.num_proc > 1 and needs_encoder(fmts):
         encode_pool(config.num_proc)  # its workers are forked before this process starts any thread
     # the sha256 of every input byte, meanwhile
@@ -225,6 +229,7 @@ def validate(config: PackConfig) -> None:
     parse_mix(config.mix)  # a malformed --mix fails before any work
     if config.chat_template is not None:
         resolve_chat_template(config.chat_template)  # an unknown name or missing file, too
+    check_token_options(config.add_tokens, config.special_tokens)
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
     if config.num_proc is None:
@@ -247,7 +252,8 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
         # tasks that load the tokenizer load the folder it came from (a Hub id's: the commit resolved here)
         folder = str(getattr(tokenizer, "name_or_path", "") or config.tokenizer)
         chat_template = tokenizer.chat_template if config.chat_template is not None else None
-        spill = tokenize_on_ray(files, fmts, tokenizer, (folder, chat_template), tmp / "_spill", max_len=config.max_len,
+        source = (folder, chat_template, tuple(config.add_tokens), tuple(sorted(config.special_tokens.items())))
+        spill = tokenize_on_ray(files, fmts, tokenizer, source, tmp / "_spill", max_len=config.max_len,
                                 overlong=config.overlong, limit=config.limit, batch_rows=config.batch_rows,
                                 chunk_bytes=config.chunk_bytes, progress=config.progress)
     else:

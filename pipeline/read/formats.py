@@ -68,6 +68,11 @@ class FormatOptions:
     labels_field: str | None = None
     template: str | None = None
     train_on_prompt: bool = False
+    roles_to_train: tuple[str, ...] = ("assistant",)  # chat: the roles whose turns carry loss (Axolotl's key)
+    train_on_eos: str = "turn"  # chat: which end-of-turn tokens carry loss (EOS_CHOICES, Axolotl's key)
+
+
+EOS_CHOICES = ("turn", "last", "all", "none")  # each trained turn's, the last trained turn's, every turn's, none
 
 
 @dataclass
@@ -79,6 +84,8 @@ class ResolvedFormat:
     template: str | None = None
     template_name: str | None = None
     train_on_prompt: bool = False
+    roles_to_train: tuple[str, ...] = ("assistant",)
+    train_on_eos: str = "turn"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,7 +182,8 @@ def detect_format(columns: list[str], options: FormatOptions, *, source: str | N
     if fmt == "chat":
         name = options.messages_field or _pick(cols, MESSAGE_FIELDS) or "messages"
         return ResolvedFormat(
-            "chat", {"messages": req(name, "--messages-field")}, train_on_prompt=top
+            "chat", {"messages": req(name, "--messages-field")}, train_on_prompt=top,
+            roles_to_train=tuple(options.roles_to_train), train_on_eos=options.train_on_eos,
         )
     # instruction
     prompt, response, default_tpl = options.prompt_field, options.response_field, "alpaca"
@@ -205,6 +213,8 @@ def detect_format(columns: list[str], options: FormatOptions, *, source: str | N
         template=template,
         template_name=tname,
         train_on_prompt=top,
+        roles_to_train=tuple(options.roles_to_train),  # conversational prompt/completion data
+        train_on_eos=options.train_on_eos,
     )
 
 

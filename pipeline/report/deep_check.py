@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.read import hub
-from pipeline.errors import ShardFormatError, UserError
+from pipeline.errors import ShardFormatError, UserError, one_line
 from pipeline.shards.format import IGNORE_INDEX, load_shard, shard_paths
 from pipeline.shards.manifest import Manifest
 from pipeline.tokenize.tokenize_inputs import tokenize_examples
@@ -28,8 +28,7 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
     config = pinned_config(manifest)
     if tokenizer:
         config["tokenizer"] = tokenizer
-    if manifest.tokenizer.get("chat_template_text") is not None:  # pack-data --chat-template, as it was then
-        config["chat_template"] = manifest.tokenizer["chat_template_text"]
+    config["chat_template"] = recorded_template(manifest)
     for key in ("inputs", "tokenizer"):
         if not config.get(key):
             raise UserError(f"--deep: the manifest's config has no {key!r}: cannot re-tokenize")
@@ -74,6 +73,28 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
                 "tokenized prompts and responses apart: pack the data again)"
             )
     return len(chosen)
+
+
+def recorded_template(manifest: Manifest) -> str | None:
+    """The `--chat-template` a folder was packed with, as the manifest's text holds it
+    (`chat_template_text`); a template the config names without that text is never read from the
+    path it names (a manifest is a file from others): a UserError."""
+    text = manifest.tokenizer.get("chat_template_text")
+    named = manifest.config.get("chat_template")
+    if text is not None:
+        if not isinstance(text, str):
+            raise UserError(f"--deep: the manifest's tokenizer.chat_template_text is a {type(text).__name__}, not "
+                            "the template's text: pack the folder again")
+        return text
+    if named is None:
+        return None
+    from pipeline.tokenize.chat_templates import NAMED
+
+    if named in NAMED:
+        return NAMED[named]
+    raise UserError(f"--deep: the manifest's config names the chat template {one_line(named, 200)!r} but holds "
+                    "no tokenizer.chat_template_text; pack-verify reads a template only from the manifest, never "
+                    "from a path it names (it may lead outside the folder): pack the folder again")
 
 
 def pinned_config(manifest: Manifest) -> dict:

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
 from pipeline.read.formats import ResolvedFormat
+from pipeline.tokenize.control_tokens import encode_marked, has_marks
 from pipeline.tokenize.long_texts import Encode, encode_bounded
 from pipeline.tokenize.render import Where, check_same_format, missing_field, render
 from pipeline.tokenize.segments import Cuts, cached_token_sizes, encode_segments
@@ -49,7 +50,7 @@ class TokBatch:
 
 
 @numba.njit(cache=True)
-def _assemble(ids, tok_loss, ex_tok_start, ex_tok_end, ex_last_loss, empty, bos, eos):  # pragma: no cover - numba
+def _assemble(ids, tok_loss, ex_tok_start, ex_tok_end, ex_last_loss, empty, no_eos, bos, eos):  # pragma: no cover
     n = ex_tok_start.shape[0]
     lengths = np.zeros(n, dtype=np.int64)
     add_b = np.zeros(n, dtype=np.bool_)
@@ -61,7 +62,7 @@ def _assemble(ids, tok_loss, ex_tok_start, ex_tok_end, ex_last_loss, empty, bos,
         a = ex_tok_start[e]
         b = ex_tok_end[e]
         add_b[e] = bos >= 0 and (b == a or ids[a] != bos)
-        add_e[e] = eos >= 0 and (b == a or ids[b - 1] != eos)
+        add_e[e] = eos >= 0 and not no_eos[e] and (b == a or ids[b - 1] != eos)
         lengths[e] = (b - a) + add_b[e] + add_e[e]
         total += lengths[e]
     out_ids = np.empty(total, dtype=np.int32)
@@ -113,9 +114,9 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     has_seg = counts > 0
     whole, cuts = _join_segments(texts, counts, first_seg)
     owner = np.flatnonzero(has_seg)  # the example of each whole text
-    flat, seg_lens = encode_bounded(
-        encode if encode is not None else partial(encode_texts, tokenizer), whole, cuts,
-        lambda: tokenizer.backend_tokenizer, lambda i: where(int(owner[i])),
+    flat, seg_lens = _encode_whole(
+        encode if encode is not None else partial(encode_texts, tokenizer), whole, cuts, tokenizer,
+        lambda i: where(int(owner[i])), segs.controls,
     )
     tok_loss = np.repeat(segs.loss, seg_lens)
     seg_end = np.cumsum(seg_lens)
@@ -135,10 +136,42 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
         ex_end.astype(np.int64),
         ex_last_loss.astype(bool),
         ~has_text,
+        segs.no_eos if segs.no_eos is not None else np.zeros(n, dtype=bool),
         -1 if bos is None else int(bos),
         -1 if eos is None else int(eos),
     )
     return TokBatch(ids, labels, lengths)
+
+
+def _encode_whole(encode: Encode, whole: list[str], cuts: Cuts | None, tokenizer: Any, where: Where,
+                  controls: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(flat ids, segment token counts) of the whole texts: with `encode` (`encode_bounded`), but for
+    the texts holding control tokens the user wrote, encoded here (`control_tokens.encode_marked`)."""
+    marked = [i for i, text in enumerate(whole) if has_marks(text)]
+    if not marked:
+        return encode_bounded(encode, whole, cuts, lambda: tokenizer.backend_tokenizer, where)
+    counts = np.zeros(len(whole), dtype=np.int64) if cuts is None else np.asarray(cuts[0], dtype=np.int64)
+    positions = np.zeros(0, dtype=np.int64) if cuts is None else np.asarray(cuts[1], dtype=np.int64)
+    first_cut = np.cumsum(counts) - counts
+    plain = [i for i in range(len(whole)) if not has_marks(whole[i])]
+    plain_cuts = (counts[plain], np.concatenate([positions[first_cut[i] : first_cut[i] + counts[i]] for i in plain]
+                                                or [np.zeros(0, dtype=np.int64)]))
+    flat_p, lens_p = encode_bounded(encode, [whole[i] for i in plain], plain_cuts, lambda: tokenizer.backend_tokenizer,
+                                    lambda k: where(plain[k])) if plain else (np.zeros(0, np.int32), np.zeros(0, np.int64))
+    parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    seg_at = tok_at = 0
+    for k, i in enumerate(plain):
+        n_segs = int(counts[i]) + 1
+        lens = lens_p[seg_at : seg_at + n_segs]
+        parts[i] = (flat_p[tok_at : tok_at + int(lens.sum())], lens)
+        seg_at += n_segs
+        tok_at += int(lens.sum())
+    for i in marked:
+        cut = positions[first_cut[i] : first_cut[i] + counts[i]].tolist()
+        parts[i] = encode_marked(tokenizer.backend_tokenizer, whole[i], cut, controls)
+    ordered = [parts[i] for i in range(len(whole))]
+    return (np.concatenate([p[0] for p in ordered]).astype(np.int32),
+            np.concatenate([p[1] for p in ordered]).astype(np.int64))
 
 
 def _join_segments(texts: list[str], counts: np.ndarray, first_seg: np.ndarray) -> tuple[list[str], Cuts | None]:

@@ -1,20 +1,29 @@
-"""A conversation rendered with its chat template as (text, is_loss) segments: the text each
-assistant message adds carries the loss (`chat_segments`), found by rendering prefixes of the
+"""A conversation rendered with its chat template as (text, is_loss) segments (`chat_segments`):
+with a template that marks the assistant's text with `{% generation %}` blocks, exactly those blocks
+carry the loss; else the text each assistant message adds does, found by rendering prefixes of the
 conversation, or, for a long one whose template renders each message on its own, short windows of it
-in time linear in its messages (`pipeline.tokenize.render` renders chat rows with it)."""
+in time linear in its messages, its trailing whitespace (the template's, after the end-of-turn token)
+left without loss. Every rendering goes through the bounded sandbox (`template_sandbox`)
+(`pipeline.tokenize.render` renders chat rows with it)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.tokenize.control_tokens import END, START, control_tokens, unmark
+from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
+
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")  # transformers' test for the tag
 
 
 LOCAL_FROM = 16  # conversations with more messages try `_local_segments` first
 
 
-def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_prompt: bool) -> list[tuple[str, bool]]:
+def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_prompt: bool,
+                  roles: tuple[str, ...] = ("assistant",), train_on_eos: str = "turn") -> list[tuple[str, bool]]:
     """Render a conversation with the chat template as (text, is_loss) segments.
 
     The conversation is rendered prefix by prefix; the text an assistant message adds (after the
@@ -30,24 +39,111 @@ def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_promp
     def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
         if not msgs:
             return ""
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+        return apply_chat_template(tokenizer, msgs, add_generation_prompt=gen)
 
+    controls = control_tokens(tokenizer.backend_tokenizer, tokenizer.chat_template)
     if train_on_prompt:
         return [(render(messages), True)]
-    if len(messages) > LOCAL_FROM:
-        local = _local_segments(messages, render)
-        if local is not None:
-            return local
-    return _prefix_segments(messages, render)
+    if GENERATION.search(tokenizer.chat_template or "") and tuple(roles) == ("assistant",):
+        segments = _generation_segments(messages, tokenizer)
+    else:
+        local = _local_segments(messages, render, roles) if len(messages) > LOCAL_FROM else None
+        segments = without_trailing_space(local if local is not None else _prefix_segments(messages, render, roles),
+                                           controls)
+    if "assistant" in roles:
+        check_assistant_rendered(messages, segments, template_name(tokenizer))
+    return eos_policy(segments, controls, train_on_eos)
 
 
-def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str]) -> list[tuple[str, bool]]:
+def eos_policy(segments: list[tuple[str, bool]], controls: tuple[str, ...], policy: str) -> list[tuple[str, bool]]:
+    """`--train-on-eos`: the end-of-turn token ending a loss segment (a control token) keeps its loss
+    ("turn"), keeps it only in the last loss segment ("last"), loses it ("none"); "all" also gives
+    loss to every occurrence of those end-of-turn tokens in the segments without loss."""
+    ends = [next((t for t in controls if text.endswith(t) and not text.endswith(END + t)), None) if loss else None
+            for text, loss in segments]
+    if policy == "turn" or not any(ends):
+        return segments
+    last = max(i for i, end in enumerate(ends) if end)
+    out: list[tuple[str, bool]] = []
+    eot = re.compile("|".join(re.escape(e) for e in sorted({e for e in ends if e}, key=len, reverse=True)))
+    for i, (text, loss) in enumerate(segments):
+        end = ends[i]
+        if end and (policy == "none" or (policy == "last" and i != last)):
+            out += [(text[: -len(end)], True), (end, False)]
+        elif policy == "all" and not loss:
+            at = 0
+            for m in eot.finditer(text):
+                if not text[: m.start()].endswith(START):  # a user's literal is no end of turn
+                    out += [(text[at : m.start()], False), (m.group(), True)]
+                    at = m.end()
+            out.append((text[at:], False))
+        else:
+            out.append((text, loss))
+    return [(t, loss) for t, loss in out if t]
+
+
+def _trained_text(added: str, message: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The text a message of a trained role other than the assistant adds: loss from its content on
+    (its header, before the content, without), or on all of it when the content is not found."""
+    content = message.get("content")
+    at = added.find(content) if isinstance(content, str) and content else -1
+    return [(added[:at], False), (added[at:], True)] if at > 0 else [(added, True)]
+
+
+def _generation_segments(messages: list[dict[str, Any]], tokenizer: Any) -> list[tuple[str, bool]]:
+    """The conversation rendered once; its `{% generation %}` blocks carry the loss, nothing else."""
+    text, spans = apply_chat_template(tokenizer, messages, spans=True)
+    segments: list[tuple[str, bool]] = []
+    at = 0
+    for start, end in sorted(spans):
+        if start < at:
+            continue  # a block inside another
+        segments += [(text[at:start], False), (text[start:end], True)]
+        at = end
+    segments.append((text[at:], False))
+    return [(t, loss) for t, loss in segments if t]
+
+
+def without_trailing_space(segments: list[tuple[str, bool]], controls: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """The whitespace after a loss segment's end-of-turn token (a control token the template wrote,
+    `controls`) moved to a segment without loss: it is the template's, not the assistant's."""
+    out: list[tuple[str, bool]] = []
+    for text, loss in segments:
+        body = text.rstrip() if loss else text
+        if loss and body != text and not body.endswith(END) and any(body.endswith(t) for t in controls):
+            out += [(body, True), (text[len(body):], False)]
+        else:
+            out.append((text, loss))
+    return out
+
+
+def visible_text(content: Any) -> str:
+    """What of an assistant message's content a template shows: its text (a content list's text
+    parts joined), after any reasoning closed by `</think>` (which templates drop), stripped."""
+    if isinstance(content, list):
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return unmark(str(content)).split("</think>")[-1].strip() if isinstance(content, str) else ""
+
+
+def check_assistant_rendered(messages: list[dict[str, Any]], segments: list[tuple[str, bool]], name: str) -> None:
+    """A template that never renders an assistant message's content would train on nothing of it:
+    the first assistant message whose text is not in the loss segments is a UserError."""
+    trained = unmark("".join(text for text, loss in segments if loss))
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant" and (text := visible_text(message.get("content"))) and text not in trained:
+            raise UserError(f"the chat template {name} does not render the assistant's content where the loss goes "
+                            f"(message {i + 1}: {text[:40]!r} is not in its rendering's assistant text), so it would "
+                            "not be trained: fix the template (it must print message['content'])")
+
+
+def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str],
+                     roles: tuple[str, ...] = ("assistant",)) -> list[tuple[str, bool]]:
     """`chat_segments` by rendering every prefix of the conversation (what it defines)."""
     segments: list[tuple[str, bool]] = []
     prev = ""
     for i, message in enumerate(messages):
         full = render(messages[: i + 1])
-        if message["role"] == "assistant":
+        if message["role"] == "assistant" and "assistant" in roles:
             head = render(messages[:i], gen=True)
             if head.startswith(prev) and full.startswith(head):
                 segments.append((head[len(prev) :], False))
@@ -56,15 +152,18 @@ def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str])
                 continue
         if not full.startswith(prev):
             raise UserError(
-                "the tokenizer's chat template does not render conversations prefix by prefix, so "
-                "assistant turns cannot be located: pass --train-on-prompt to train on whole chats"
+                "the chat template does not render conversations prefix by prefix, so assistant turns "
+                "cannot be located: mark the assistant's text with {% generation %} blocks, or pass "
+                "--train-on-prompt to train on whole chats"
             )
-        segments.append((full[len(prev) :], message["role"] == "assistant"))
+        added = full[len(prev) :]
+        segments += _trained_text(added, message) if message["role"] in roles else [(added, False)]
         prev = full
     return segments
 
 
-def _local_segments(messages: list[dict[str, str]], render: Callable[..., str]) -> list[tuple[str, bool]] | None:
+def _local_segments(messages: list[dict[str, str]], render: Callable[..., str],
+                    roles: tuple[str, ...] = ("assistant",)) -> list[tuple[str, bool]] | None:
     """`chat_segments` of a long conversation in linear time, or None where this cannot be shown.
 
     The leading system messages and the two messages after them are split as `_prefix_segments`
@@ -85,20 +184,23 @@ def _local_segments(messages: list[dict[str, str]], render: Callable[..., str]) 
         lead += 1
     system = messages[:lead]
     try:
-        segments = _prefix_segments(messages[: lead + 2], render)
+        segments = _prefix_segments(messages[: lead + 2], render, roles)
         for i in range(lead + 2, len(messages)):
             j = i - 2 if (i - lead) % 2 == 0 else i - 3
             window = system + messages[max(j, lead) : i]
             base = render(window)
             full = render(window + [messages[i]])
-            if messages[i]["role"] == "assistant":
+            if messages[i]["role"] == "assistant" and "assistant" in roles:
                 head = render(window, gen=True)
                 if head.startswith(base) and full.startswith(head):
                     segments += [(head[len(base) :], False), (full[len(head) :], True)]
                     continue
             if not full.startswith(base):
                 return None
-            segments.append((full[len(base) :], messages[i]["role"] == "assistant"))
+            added = full[len(base) :]
+            segments += _trained_text(added, messages[i]) if messages[i]["role"] in roles else [(added, False)]
+    except UserError:
+        raise  # a bound of the sandbox: the same on every rendering
     except Exception:  # noqa: BLE001 - a template that refuses a window (its own checks): render prefixes
         return None
     if "".join(text for text, _ in segments) != render(messages):

@@ -10,6 +10,7 @@ only decides *what* text goes where.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
-from pipeline.tokenize.chat_turns import chat_segments
+from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
+from pipeline.tokenize.control_tokens import END, control_tokens, mark
+from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
 from pipeline.read.formats import (ALPACA_NO_INPUT, NO_INPUT, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat,
                                    detect_format, template_fields)
 
@@ -35,6 +38,8 @@ class Segments:
     example: np.ndarray  # int64, index within the batch
     loss: np.ndarray  # bool
     n_examples: int
+    controls: tuple[str, ...] = ()  # the control tokens the texts' markers wrap (`control_tokens.mark`)
+    no_eos: np.ndarray | None = None  # bool per example: its template ends it with its own end-of-turn token
 
 
 Where = Callable[[int], str]  # row index within the batch -> "file line 17" (SourceBatch.where)
@@ -123,10 +128,17 @@ def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -
     return col.to_pylist()
 
 
-def render_text(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
+def marked_column(texts: list[str], controls: tuple[str, ...], where: Where) -> list[str]:
+    """`texts` with the control tokens they spell marked as the user's (`control_tokens.mark`)."""
+    return [mark(t, controls, where(i)) for i, t in enumerate(texts)] if controls else texts
+
+
+def render_text(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
     texts = string_column(table, fmt.fields["text"], where, optional=False)
+    controls = control_tokens(tokenizer.backend_tokenizer) if tokenizer is not None else ()
     n = len(texts)
-    return Segments(texts, np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n)
+    return Segments(marked_column(texts, controls, where), np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n,
+                    controls)
 
 
 def is_conversational(table: pa.Table, fmt: ResolvedFormat) -> bool:
@@ -141,7 +153,7 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
     """TRL's conversational prompt/completion, rendered as TRL renders it: the chat template over
     prompt + completion, the loss on what follows the prompt rendered with the generation prompt
     (with `--train-on-prompt`, on everything)."""
-    if not hasattr(tokenizer, "apply_chat_template"):
+    if not hasattr(tokenizer, "chat_template"):
         raise UserError(f"{where(0)}: conversational prompt/completion data is rendered with the chat template, "
                         "which --engine ray tasks do not load for instruction data: pack it with --engine local")
     check_has_template(tokenizer)
@@ -150,9 +162,11 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
             raise missing_field(table, name, where)
     prompts = table.column(fmt.fields["prompt"]).to_pylist()
     completions = table.column(fmt.fields["response"]).to_pylist()
+    controls = control_tokens(tokenizer.backend_tokenizer, tokenizer.chat_template)
     texts: list[str] = []
     example: list[int] = []
     loss: list[bool] = []
+    no_eos = np.zeros(len(prompts), dtype=bool)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         if not isinstance(completion, list):
             raise UserError(f"{where(i)}: field {fmt.fields['response']!r} is not a list of messages while "
@@ -161,30 +175,47 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
         msgs = head_msgs + normalise_messages(completion, where(i))
         if not msgs:
             continue
-        msgs = with_text_content(msgs, tokenizer, where(i))
+        msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
         try:
-            full = tokenizer.apply_chat_template(msgs, tokenize=False)
-            head = tokenizer.apply_chat_template(msgs[: len(head_msgs)], tokenize=False, add_generation_prompt=True)
+            full = apply_chat_template(tokenizer, msgs)
+            head = apply_chat_template(tokenizer, msgs[: len(head_msgs)], add_generation_prompt=True)
+            bare = apply_chat_template(tokenizer, msgs[: len(head_msgs)]) if head_msgs else ""
+        except UserError as exc:
+            raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
-            raise UserError(f"{where(i)}: the chat template failed on this conversation ({exc})") from None
+            raise UserError(f"{where(i)}: the chat template failed on this conversation ({one_line(exc)})") from None
+        if not full.startswith(bare):
+            raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} is not prefix-stable: the prompt "
+                            "rendered alone is not the start of prompt + completion rendered together, so the loss "
+                            "would land on the prompt: fix the template (each message rendered the same whatever "
+                            "follows it)")
         cut = len(head) if full.startswith(head) else len(os.path.commonprefix([head, full]))
-        for text, is_loss in ((full[:cut], fmt.train_on_prompt), (full[cut:], True)):
+        segs = eos_policy(without_trailing_space([(full[:cut], fmt.train_on_prompt), (full[cut:], True)], controls),
+                          controls, fmt.train_on_eos)
+        try:
+            check_assistant_rendered(msgs[len(head_msgs):], segs, template_name(tokenizer))
+        except UserError as exc:
+            raise UserError(f"{where(i)}: {exc}") from None
+        no_eos[i] = ends_with_control(full, controls)
+        for text, is_loss in segs:
             texts.append(text)
             example.append(i)
             loss.append(is_loss)
-    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts))
+    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts), controls,
+                    no_eos)
 
 
-def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Segments:
-    prompts = string_column(table, fmt.fields["prompt"], where, optional=False)
-    responses = string_column(table, fmt.fields["response"], where, optional=False)
+def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
+    template = fmt.template or "{prompt}"
+    controls = control_tokens(tokenizer.backend_tokenizer, template) if tokenizer is not None else ()
+    prompts = marked_column(string_column(table, fmt.fields["prompt"], where, optional=False), controls, where)
+    responses = marked_column(string_column(table, fmt.fields["response"], where, optional=False), controls, where)
     n = len(prompts)
-    inputs = (
+    inputs = marked_column(
         string_column(table, fmt.fields["input"], where, optional=True)
         if fmt.fields.get("input")
-        else [""] * n
+        else [""] * n, controls, where
     )
-    template = fmt.template or "{prompt}"
     alpaca = fmt.template_name == "alpaca"
     if fmt.fields.get("input") and "input" not in template_fields(template):
         check_input_unused(inputs, fmt, where)
@@ -198,7 +229,7 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Se
         texts.append(r)
     example = np.repeat(np.arange(n, dtype=np.int64), 2)
     loss = np.tile(np.array([fmt.train_on_prompt, True]), n)
-    return Segments(texts, example, loss, n)
+    return Segments(texts, example, loss, n, controls)
 
 
 def check_input_unused(inputs: list[str], fmt: ResolvedFormat, where: Where) -> None:
@@ -256,7 +287,12 @@ def parts_text(content: list[Any], where: str) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind == "text" and not isinstance(part.get("text"), str):
+            value = part.get("text")
+            got = "no 'text'" if value is None else f"the {type(value).__name__} {one_line(repr(value), 40)} as its 'text'"
+            raise UserError(f"{where}: a text content part has {got}: give each text part its text as a string "
+                            "([{\"type\": \"text\", \"text\": \"...\"}])")
+        if kind != "text":
             raise UserError(f"{where}: a message content part of type {kind!r}: only text parts "
                             "([{\"type\": \"text\", \"text\": ...}]) can be packed for a text model; remove the others")
         texts.append(part["text"])
@@ -274,9 +310,10 @@ def template_reads_parts(tokenizer: Any) -> bool:
     if cache is not None and cache[0] == template:
         return cache[1]
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": _PROBE}]}],
-                                             tokenize=False)
+        text = apply_chat_template(tokenizer, [{"role": "user", "content": [{"type": "text", "text": _PROBE}]}])
         reads = _PROBE in text and "'type'" not in text
+    except UserError:
+        raise  # a bound of the sandbox
     except Exception:  # noqa: BLE001 - a template that cannot take a list
         reads = False
     try:
@@ -301,13 +338,45 @@ def with_text_content(messages: list[dict[str, Any]], tokenizer: Any, where: str
 
 
 def check_has_template(tokenizer: Any) -> None:
-    """A tokenizer without a chat template cannot render chats: one line saying what to pass."""
+    """A tokenizer without a chat template cannot render chats: one line saying what to pass. A
+    template whose markers are not single tokens of the vocabulary (`missing_markers`) would train
+    the model on ordinary pieces for each: one line naming the first and the fix."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
             f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat "
             "data cannot be rendered: pass --chat-template (chatml, llama3, llama2, or a Jinja file), use a "
             "tokenizer with one, or --format instruction/text"
         )
+    missing = missing_markers(tokenizer)
+    if missing:
+        pieces = len(tokenizer.backend_tokenizer.encode(missing[0], add_special_tokens=False).ids)
+        raise UserError(
+            f"the chat template {template_name(tokenizer)} writes the marker {missing[0]!r}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, which is not a token of the tokenizer "
+            f"{getattr(tokenizer, 'name_or_path', '')!r} (it would be {pieces} ordinary pieces): add it with "
+            f"--special-token NAME={missing[0]} (eos_token=... for an end-of-turn marker) or --add-token "
+            f"{missing[0]} (the model's embeddings grow to match), or use a template made for this tokenizer"
+        )
+
+
+MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|<(?:start|end)_of_turn>|<｜[^\s｜]{1,64}｜>")  # ChatML, Llama 3, Gemma, ...
+
+
+def missing_markers(tokenizer: Any) -> list[str]:
+    """The control markers (`<|im_end|>`, `<|eot_id|>`, `<start_of_turn>`, ...) the chat template
+    spells that are not one added token of the tokenizer, in the template's order."""
+    template = tokenizer.chat_template or ""
+    cache = getattr(tokenizer, "_packlm_markers", None)
+    if cache is not None and cache[0] == template:
+        return cache[1]
+    added = set(tokenizer.backend_tokenizer.get_added_tokens_decoder()[i].content
+                for i in tokenizer.backend_tokenizer.get_added_tokens_decoder())
+    missing = list(dict.fromkeys(m for m in MARKER.findall(template) if m not in added))
+    try:
+        tokenizer._packlm_markers = (template, missing)
+    except AttributeError:
+        pass
+    return missing
 
 
 def _without_nulls(value: Any) -> Any:
@@ -324,36 +393,47 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
     if fmt.fields["messages"] not in table.column_names:
         raise missing_field(table, fmt.fields["messages"], where)
     rows = table.column(fmt.fields["messages"]).to_pylist()
+    controls = control_tokens(tokenizer.backend_tokenizer, tokenizer.chat_template)
     texts: list[str] = []
     example: list[int] = []
     loss: list[bool] = []
+    no_eos = np.zeros(len(rows), dtype=bool)
     for i, messages in enumerate(rows):
         msgs = normalise_messages(messages, where(i))
         if not msgs:
             continue
-        msgs = with_text_content(msgs, tokenizer, where(i))
+        msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
         try:
-            segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt)
-        except UserError:
-            raise
+            segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt, tuple(fmt.roles_to_train), fmt.train_on_eos)
+        except UserError as exc:
+            raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
-            raise UserError(f"{where(i)}: the chat template failed on this conversation ({exc})") from None
+            raise UserError(f"{where(i)}: the chat template failed on this conversation ({one_line(exc)})") from None
+        no_eos[i] = ends_with_control("".join(text for text, _ in segs), controls)
         for text, is_loss in segs:
             texts.append(text)
             example.append(i)
             loss.append(is_loss)
-    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows))
+    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows), controls,
+                    no_eos)
+
+
+def ends_with_control(text: str, controls: tuple[str, ...]) -> bool:
+    """Whether a rendered conversation ends (but for whitespace) with a control token of its
+    template (its end-of-turn token): then pack-data adds no EOS after it."""
+    tail = text.rstrip()
+    return not tail.endswith(END) and any(tail.endswith(token) for token in controls)  # END: one the user wrote
 
 
 def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
     """Render one batch of a text / instruction / chat dataset into segments."""
     check_same_format(table, fmt, where)
     if fmt.kind == "text":
-        return render_text(table, fmt, where)
+        return render_text(table, fmt, where, tokenizer)
     if fmt.kind == "instruction":
         if is_conversational(table, fmt):
             return render_prompt_completion(table, fmt, where, tokenizer)
-        return render_instruction(table, fmt, where)
+        return render_instruction(table, fmt, where, tokenizer)
     if fmt.kind == "chat":
         return render_chat(table, fmt, where, tokenizer)
     raise ValueError(f"render() does not handle {fmt.kind!r}")

@@ -308,7 +308,8 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
 
 
 def _tokenize_examples(config: dict[str, Any], wanted: np.ndarray, files: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
-    tokenizer = load_tokenizer(config["tokenizer"], config.get("chat_template"))
+    tokenizer = load_tokenizer(config["tokenizer"], config.get("chat_template"), config.get("add_tokens") or (),
+                               config.get("special_tokens") or {})
     fmts = _format_map(files, file_formats(files, _format_options(config)))
     max_len = int(config.get("max_len") or 0)
     found: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -28,12 +29,14 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "v
 RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for its own thread pool
 
 
-def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
+def load_tokenizer(name_or_path: str, chat_template: str | None = None, add_tokens: Sequence[str] = (),
+                   special_tokens: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> Any:
     """Load a fast Hugging Face tokenizer from a local folder, or a Hub id's (`org/name[@revision]`)
     files: from the local Hugging Face cache, downloaded when not there and not offline
     (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub.
     `chat_template` (`--chat-template`: a name, a Jinja file or text,
-    `pipeline.tokenize.chat_templates`) replaces the tokenizer's own template."""
+    `pipeline.tokenize.chat_templates`) replaces the tokenizer's own template; `add_tokens` and
+    `special_tokens` (`--add-token`, `--special-token`) are added to it (`grow_tokenizer`)."""
     folder = tokenizer_folder(name_or_path) or hub_folder(str(name_or_path))
     try:
         loader = declared_class(folder) or _auto_tokenizer()
@@ -52,10 +55,78 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
     if chat_template is not None:
-        from pipeline.tokenize.chat_templates import resolve_chat_template
+        from pipeline.tokenize.chat_templates import resolve_chat_template, template_label
 
         tok.chat_template = resolve_chat_template(chat_template)
+        tok._packlm_template_label = template_label(chat_template)  # how errors name it
+    grow_tokenizer(tok, add_tokens, special_tokens)
     return tok
+
+
+SPECIAL_NAMES = tuple(f"{name}_token" for name in ("bos", "eos", "unk", "pad", "sep", "cls", "mask"))
+
+
+def check_token_options(add_tokens: Any, special_tokens: Any, source: str = "") -> dict[str, str]:
+    """`--special-token` / `--add-token` values as a dict of special tokens (from a mapping or
+    NAME=TEXT pairs); a name that is no special token's, or an empty text, is a UserError."""
+    pairs = special_tokens.items() if isinstance(special_tokens, Mapping) else special_tokens
+    specials = dict(pairs)
+    for name, text in specials.items():
+        if name not in SPECIAL_NAMES:
+            raise UserError(f"--special-token {name}={text}{source}: {name!r} is not a special token's name: use one "
+                            f"of {', '.join(SPECIAL_NAMES)}")
+        if not isinstance(text, str) or not text:
+            raise UserError(f"--special-token {name}{source}: give the token's text, e.g. {name}=<|im_end|>")
+    for text in add_tokens:
+        if not isinstance(text, str) or not text:
+            raise UserError(f"--add-token {text!r}{source}: give the token's text, e.g. --add-token '<|im_start|>'")
+    return specials
+
+
+def grow_tokenizer(tokenizer: Any, add_tokens: Sequence[str] = (),
+                   special_tokens: Mapping[str, str] | Sequence[tuple[str, str]] = (), source: str = "") -> None:
+    """Add tokens to the tokenizer as Axolotl does: `special_tokens` (eos_token=...) set as the
+    tokenizer's and added to its vocabulary when missing, `add_tokens` added as new tokens (both
+    matched in raw text, no spaces taken); `len(tokenizer)` (the manifest's vocab_size) grows."""
+    specials = check_token_options(add_tokens, special_tokens, source)
+    if not specials and not add_tokens:
+        return
+    from tokenizers import AddedToken
+
+    def token(text: str, special: bool) -> Any:
+        return AddedToken(text, special=special, normalized=False, lstrip=False, rstrip=False, single_word=False)
+
+    if specials:
+        tokenizer.add_special_tokens({name: token(text, True) for name, text in specials.items()})
+    if add_tokens:
+        tokenizer.add_tokens([token(text, False) for text in add_tokens])
+
+
+def apply_recorded(tokenizer: Any, recorded: Any) -> Any:
+    """Give `tokenizer` what pack-data gave its own, as a manifest's `tokenizer` entry records it
+    (`tokenizer_info`): the `--chat-template` text and the added tokens. A value of the wrong type
+    (a manifest is a file from others) is a UserError."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    text = recorded.get("chat_template_text")
+    if text is not None:
+        if not isinstance(text, str):
+            raise UserError("the manifest's tokenizer.chat_template_text is not text: pack the data again")
+        tokenizer.chat_template = text
+    added, specials = recorded.get("added_tokens", []), recorded.get("special_tokens", {})
+    if not isinstance(added, list) or not isinstance(specials, dict):
+        raise UserError("the manifest's tokenizer.added_tokens must be a list and special_tokens a mapping: pack the "
+                        "data again")
+    grow_tokenizer(tokenizer, added, specials, source=" (recorded in the manifest)")
+    return tokenizer
+
+
+def added_count(recorded: Any) -> int:
+    """How many tokens pack-data added to the tokenizer, by a manifest's `tokenizer` entry: the
+    `--add-token`s and `--special-token`s (an upper bound: a special token may have been in the
+    vocabulary already)."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    added, specials = recorded.get("added_tokens"), recorded.get("special_tokens")
+    return (len(added) if isinstance(added, list) else 0) + (len(specials) if isinstance(specials, dict) else 0)
 
 
 def _auto_tokenizer() -> Any:
@@ -184,11 +255,16 @@ def file_fingerprint(tokenizer: Any) -> str | None:
     return digest.hexdigest()
 
 
-def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None) -> dict[str, Any]:
+def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None, add_tokens: Sequence[str] = (),
+                   special_tokens: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What the manifest records about the tokenizer; with `chat_template` (`--chat-template`, already
-    set on `tokenizer` by `load_tokenizer`), its name and text too."""
+    set on `tokenizer` by `load_tokenizer`), its name and text too; the tokens pack-data added
+    (`added_tokens`, `special_tokens`: pack-train adds them to the model's tokenizer and grows its
+    embeddings to `vocab_size`)."""
     from pipeline.tokenize.chat_templates import template_label
+    from pipeline.tokenize.template_sandbox import PINNED_DATE
 
+    template = getattr(tokenizer, "chat_template", None)
     return {
         "name": str(name),
         "fingerprint": tokenizer_fingerprint(tokenizer),
@@ -196,7 +272,10 @@ def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None) 
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         "vocab_size": len(tokenizer),
-        "has_chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "has_chat_template": bool(template),
+        **({"template_date": PINNED_DATE} if isinstance(template, str) and "strftime_now" in template else {}),
+        **({"added_tokens": list(add_tokens)} if add_tokens else {}),
+        **({"special_tokens": dict(special_tokens)} if special_tokens else {}),
         **({"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
            if chat_template is not None else {}),
         **({"hub": record} if (record := hub_record(name)) else {}),

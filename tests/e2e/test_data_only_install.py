@@ -50,6 +50,25 @@ def test_pack_data_verify_and_report_run_without_torch(tmp_path: Path) -> None:
         assert proc.stdout.splitlines()[-1] == "torch seen: False"
 
 
+def test_chat_and_prompt_completion_data_pack_and_verify_deep_without_torch(tmp_path: Path) -> None:
+    """Chat templates need only jinja2 and the tokenizer: chat rows and TRL's conversational
+    prompt/completion rows pack, and `pack-verify --deep` re-renders a chat folder, with no torch."""
+    chat = [{"messages": [{"role": "user", "content": f"Add {i} and 1."},
+                          {"role": "assistant", "content": f"{i + 1}"}]} for i in range(20)]
+    pairs = [{"prompt": [{"role": "user", "content": f"Add {i} and 2."}],
+              "completion": [{"role": "assistant", "content": f"{i + 2}"}]} for i in range(20)]
+    for name, rows in (("chat", chat), ("pairs", pairs)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        packed = _run("pack-data", str(tmp_path / f"{name}.jsonl"), "--tokenizer", str(ROOT / "data" / "tokenizer"),
+                      "--max-len", "256", "--out", str(tmp_path / name), cwd=tmp_path)
+        assert packed.returncode == 0, packed.stderr
+        assert "examples: 20 read, 20 packed" in packed.stdout + packed.stderr, packed.stdout + packed.stderr
+        assert packed.stdout.splitlines()[-1] == "torch seen: False"
+    deep = _run("pack-verify", str(tmp_path / "chat"), "--deep", cwd=tmp_path)
+    assert deep.returncode == 0 and "20 examples re-tokenized and matched" in deep.stdout, deep.stdout + deep.stderr
+    assert deep.stdout.splitlines()[-1] == "torch seen: False"
+
+
 def test_torch_is_the_train_extras_not_a_base_dependency() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {d.split(">")[0].split("=")[0].split("[")[0] for d in project["dependencies"]}

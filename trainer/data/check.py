@@ -36,9 +36,8 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
         source, named = str(model_dir), config.model
     if source is None:
         return manifest, None
-    tokenizer = hf_tokenizer.load_tokenizer(source)
-    if manifest.tokenizer.get("chat_template_text") is not None:  # pack-data --chat-template: checkpoints carry it
-        tokenizer.chat_template = manifest.tokenizer["chat_template_text"]
+    # pack-data --chat-template, --add-token, --special-token: checkpoints carry them
+    tokenizer = hf_tokenizer.apply_recorded(hf_tokenizer.load_tokenizer(source), manifest.tokenizer)
     have = hf_tokenizer.tokenizer_fingerprint(tokenizer)
     want = manifest.tokenizer.get("fingerprint")
     changed = _changed_revision(named, source, manifest)

@@ -6,6 +6,7 @@ local Hugging Face cache.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -42,7 +43,8 @@ def count_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype) -> PreTrainedModel:
+def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype, added_tokens: int = 0,
+                seed: int = 0) -> PreTrainedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - config validation raises its own exception types
@@ -50,10 +52,18 @@ def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype) -> PreTr
         raise UserError(f"cannot load the model in {path}: {first}") from None
     have = model.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > have:
-        raise UserError(
-            f"the tokenizer has {vocab_size} tokens but the model in {path} only embeds {have}: "
-            "use the tokenizer the model was trained with"
-        )
+        if vocab_size - added_tokens > have:
+            raise UserError(
+                f"the tokenizer has {vocab_size} tokens but the model in {path} only embeds {have}: "
+                "use the tokenizer the model was trained with"
+            )
+        # tokens pack-data added (--add-token, --special-token): new rows, drawn from `seed`, as HF draws them
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model.resize_token_embeddings(vocab_size)
+        head = "" if model.config.tie_word_embeddings else " and its LM head"
+        print(f"pack-train: the data's tokenizer has {vocab_size} tokens ({added_tokens} added by pack-data): the "
+              f"embeddings{head} of {path} grown from {have} to {vocab_size} rows", file=sys.stderr)
     return model
 
 
@@ -64,13 +74,16 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     vocab_size: int | None = None,
     seed: int = 0,
+    added_tokens: int = 0,
 ) -> PreTrainedModel:
     """A causal LM on `device` in `dtype`, attention not yet packed (see `prepare`).
 
     A preset name ("tiny", "llama-100m", "llama-1b") gives a LlamaForCausalLM with random weights
     drawn on the CPU from `seed` (identical on every device and rank); a local folder, or a Hub
     id's snapshot folder, is loaded with from_pretrained(local_files_only=True). `vocab_size`
-    overrides a preset's vocabulary so the model matches any tokenizer.
+    overrides a preset's vocabulary so the model matches any tokenizer; a local model's embeddings
+    (and an untied LM head) grow to it when it is larger by no more than the `added_tokens` pack-data
+    added to the tokenizer, said in one line on stderr.
     """
     path = model_folder(name_or_path)
     if path is None:
@@ -79,7 +92,7 @@ def load_model(
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)
     else:
-        model = _load_local(path, vocab_size, dtype)
+        model = _load_local(path, vocab_size, dtype, added_tokens, seed)
     return model.to(device=device, dtype=dtype)
 
 

@@ -18,6 +18,7 @@ from pipeline.errors import UserError
 from pipeline.report.flops import ModelShape
 from pipeline.shards import Manifest
 from pipeline.shards import manifest_vocab
+from pipeline.tokenize.tokenizer import added_count
 from trainer.distributed import context_parallel
 from trainer.attention.backend import select_backend
 from trainer.config import TrainConfig, parse_step_range, resolved, validate
@@ -238,7 +239,8 @@ def _model(
     vocab = manifest_vocab(manifest.tokenizer)
     if config.attn != "auto":  # an impossible request fails before any model is loaded
         select_backend(config.attn, device)
-    model = load_model(config.model, device=load_on, dtype=torch.float32, vocab_size=vocab, seed=config.seed)
+    model = load_model(config.model, device=load_on, dtype=torch.float32, vocab_size=vocab, seed=config.seed,
+                       added_tokens=added_count(manifest.tokenizer))
     backend, why = prepare(model, config.attn, device)
     emb = model.get_input_embeddings().num_embeddings
     if vocab is not None and int(vocab) > emb:

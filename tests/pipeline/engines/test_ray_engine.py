@@ -82,7 +82,7 @@ def test_sample_data_is_byte_identical_whatever_the_chunks(tmp_path: Path, name:
 
 def test_chat_template_reaches_the_tasks(tmp_path: Path) -> None:
     """--chat-template: the tasks that load the tokenizer give it the same template (not its own)."""
-    same_as_local(tmp_path, [SAMPLE / "chat.jsonl"], (100_000,), max_len=1024, chat_template="llama3")
+    same_as_local(tmp_path, [SAMPLE / "chat.jsonl"], (100_000,), max_len=1024, chat_template="qwen_25")
     out, manifest = pack(tmp_path, "own", [SAMPLE / "chat.jsonl"], max_len=1024)
     assert digests(out) != digests(tmp_path / "ray-100000")  # the template changed the shards
 

@@ -216,7 +216,7 @@ def test_chat_segments_mark_only_assistant_turns(tokenizer):
     segs = chat_segments(messages, tokenizer, train_on_prompt=False)
     assert "".join(t for t, _ in segs) == tokenizer.apply_chat_template(messages, tokenize=False)
     loss_text = [t for t, loss in segs if loss]
-    assert loss_text == ["Hello.<|im_end|>\n", "4<|im_end|>\n"]
+    assert loss_text == ["Hello.<|im_end|>", "4<|im_end|>"]  # the generation blocks, not the "\n" after them
     assert all("Hi?" not in t and "Be brief" not in t for t in loss_text)
     whole = chat_segments(messages, tokenizer, train_on_prompt=True)
     assert len(whole) == 1 and whole[0][1]
@@ -226,7 +226,7 @@ def test_sharegpt_turns_are_accepted(tokenizer):
     table = pa.table({"conversations": [[{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]]})
     fmt = detect_format(table.column_names, FormatOptions())
     segs = render(table, fmt, rows_where("c.jsonl", 0), tokenizer)
-    assert [t for t, loss in zip(segs.texts, segs.loss) if loss] == ["Yo<|im_end|>\n"]
+    assert [t for t, loss in zip(segs.texts, segs.loss) if loss] == ["Yo<|im_end|>"]
 
 
 def test_chat_without_template_is_a_clear_error(tmp_path):
@@ -278,6 +278,7 @@ def test_tool_calls_and_the_tool_role_reach_the_chat_template(tokenizer):
 
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = TOOL_TEMPLATE
+    tok.add_tokens(["<|user|>", "<|assistant|>", "<|tool|>"])  # its markers, tokens of the vocabulary
     rows = [[{"role": "user", "content": "weather?"},
              {"role": "assistant", "content": None, "tool_calls": [
                  {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},

@@ -57,8 +57,11 @@ def test_trl_conversational_prompt_completion_packs_as_trl_tokenizes_it():
     ids, labels = one(pa.table({"prompt": [prompt], "completion": [completion]}), tok)
     ours, loss = body(ids, labels, tok)
     assert ours == trl_ids
-    assert loss == [False] * start + [True] * (len(trl_ids) - start)
-    assert ids[-1] == tok.eos_token_id and labels[-1] == tok.eos_token_id  # and it learns to stop
+    # TRL's loss but for the "\n" the template writes after <|im_end|> (outside its generation block)
+    assert loss == [False] * start + [True] * (len(trl_ids) - start - 1) + [False]
+    # the template ends the turn with its own <|im_end|> (with loss): no tokenizer EOS after it, as in TRL
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id not in ids and ids[-2] == end and labels[-2] == end
 
 
 def test_a_prompt_list_beside_a_completion_string_is_one_line():
@@ -84,7 +87,7 @@ def test_openai_content_lists_render_as_the_template_renders_them(tmp_path: Path
     peer = tok.apply_chat_template(PARTS, tokenize=True, return_dict=True)["input_ids"]
     ours, loss = body(ids, labels, tok)
     assert ours == list(peer) and "Look:2+2?" in tok.decode(ours)
-    assert tok.decode([t for t, l in zip(ours, loss) if l]) == "4<|im_end|>\n"
+    assert tok.decode([t for t, l in zip(ours, loss) if l]) == "4<|im_end|>"  # not the template's "\n" after it
 
     plain = load_tokenizer(str(TOKENIZER))  # its template concatenates content as text
     joined = [{"role": "user", "content": "Look:\n2+2?"}, {"role": "assistant", "content": "4"}]
@@ -152,5 +155,5 @@ def test_an_unknown_chat_template_is_refused_before_any_work(tmp_path: Path):
     result = CliRunner().invoke(pack_data, [str(CHAT), "--tokenizer", str(TOKENIZER), "--max-len", "512",
                                             "--out", str(tmp_path / "o"), "--chat-template", "nope"])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
-    assert "--chat-template 'nope': not a template name (chatml, llama3, llama2)" in result.stderr
+    assert "--chat-template 'nope': not a template name (chatml, llama3, llama2, qwen_25, gemma3, phi_3, mistral_v1)" in result.stderr
     assert not (tmp_path / "o").exists()
