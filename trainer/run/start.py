@@ -6,6 +6,7 @@ optimizer and data loader, each checked before rank 0 writes the run folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -193,7 +194,13 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler,
               layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts), resumed_from=resume_from)
     if info.rank == 0:
-        start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step))
+        try:
+            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step))
+        except OSError as exc:  # config.json and metrics.jsonl are written whole or not at all
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise UserError(f"disk full: pack-train could not write its run files (config.json, metrics.jsonl) "
+                            f"into {run.out} (each is written whole or not at all): free some space, or choose another --out") from None
         _announce(run, manifest, dtype_name, backend_why)
     return run
 
