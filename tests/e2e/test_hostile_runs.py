@@ -104,6 +104,11 @@ def test_which_folders_are_run_folders(one_run: Path, tmp_path: Path) -> None:
     with_metrics.mkdir()
     (with_metrics / "metrics.jsonl").write_text("{}\n")
     assert not is_run_folder(with_metrics)
+    bare = tmp_path / "bare"  # checkpoints/ alone: pack-train's when it holds checkpoints of its names
+    (bare / "checkpoints" / "checkpoint-500").mkdir(parents=True)
+    assert not is_run_folder(bare)
+    (bare / "checkpoints" / "step-00000002").mkdir()
+    assert is_run_folder(bare)
     config = TrainConfig(data="d", model="tiny", out=str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()
     refuse_foreign_out(config)  # an empty folder and a new one are the run's to write

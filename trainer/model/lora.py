@@ -170,6 +170,6 @@ def merge_and_save(peft_model: Any, out: Path, tokenizer: Any = None) -> Path:
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
 
-    write_folder_atomic(Path(out), write, "free some space; the run's last checkpoint holds the adapter, which "
-                        "peft merges into the base: PeftModel.from_pretrained(base, CHECKPOINT/model).merge_and_unload()")
+    write_folder_atomic(Path(out), write, "free some space; the run's last checkpoint holds the adapter, which peft "
+                        "merges into the base: PeftModel.from_pretrained(base, CHECKPOINT/model).merge_and_unload()")
     return out

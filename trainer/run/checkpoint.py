@@ -16,7 +16,8 @@ A checkpoint is written into `checkpoints/.tmp-step-...`, fsynced, and renamed i
 complete (`pipeline.durable`); `checkpoints/latest` (a one-line text file, replaced atomically)
 names the newest. A checkpoint is intact when every file that `checkpoint.json` lists is there with
 its size and sha256: a crash, a full disk or a flipped byte after saving shows up as a damaged
-checkpoint, which `resume_point` reports and steps over (or refuses, when strict).
+checkpoint, which `resume_point` reports and steps over (or refuses, when strict). Resuming an older
+checkpoint rolls back to it: the newer ones move, unchanged, to `RUN/superseded/N/` (`set_aside_newer`).
 """
 
 from __future__ import annotations

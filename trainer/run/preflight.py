@@ -30,7 +30,7 @@ RUN_CONFIG = "config.json"
 # the lock `trainer.run.metrics.run_folder_lock` takes inside the run folder (the same name)
 RUN_LOCK = ".pack-train.lock"
 # keys of the config.json every pack-train run writes first into its folder (`start_run_files`)
-RUN_CONFIG_KEYS = frozenset({"data", "model", "out", "tokens_per_step", "world_size"})
+RUN_CONFIG_KEYS = frozenset({"data", "model", "out", "tokens_per_step", "grad_accum"})
 RUN_CONFIG_MAX_BYTES = 1 << 20  # pack-train's config.json is a few kB: a larger one is not its
 
 # --attn backend -> (distribution, import name, extra)
@@ -48,10 +48,12 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
 def is_run_folder(folder: Path) -> bool:
     """Whether `folder` (an existing folder) is a run folder pack-train wrote: its config.json is
     the one pack-train writes (a JSON object with the run's options, `RUN_CONFIG_KEYS`), or it holds
-    nothing but the lock of a run that stopped before writing config.json."""
+    nothing but the lock of a run that stopped before writing config.json, and checkpoints/ with
+    checkpoint folders of pack-train's names (step-...) in it."""
     config = folder / RUN_CONFIG
     if not (config.exists() or config.is_symlink()):
-        return {p.name for p in folder.iterdir()} <= {RUN_LOCK}
+        names = {p.name for p in folder.iterdir()}
+        return names <= {RUN_LOCK} or (names <= {RUN_LOCK, CHECKPOINTS} and bool(list_checkpoints(folder)))
     try:
         if config.is_symlink() or not config.is_file() or config.stat().st_size > RUN_CONFIG_MAX_BYTES:
             return False

@@ -82,11 +82,12 @@ def continue_history(out: Path, path: Path | None, step: int) -> int | None:
     is not its newest rolls back to it: the newer ones are set aside (`ckpt.set_aside_newer`)."""
     if path is None:
         return None
-    if path.resolve() not in {p.resolve() for p in ckpt.list_checkpoints(out)}:
+    own = {p.resolve(): p for p in ckpt.list_checkpoints(out)}.get(path.resolve())
+    if own is None:
         print(f"pack-train: --resume={path}: the run in {out} starts its own history from this checkpoint of "
               "another run folder", file=sys.stderr)
         return None
-    moved = ckpt.set_aside_newer(out, path)
+    moved = ckpt.set_aside_newer(out, own)  # `own`: PATH may be a link to it, named otherwise
     if moved:
         print(f"pack-train: --resume={path}: rolled back; the newer checkpoints of this run ("
               f"{', '.join(p.name for p in moved)}) are kept, unchanged, in {moved[0].parent} (with the metrics "
@@ -125,7 +126,7 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
             f"from {config.data})"
         )
     step = int(state["step"])
-    named = ckpt.checkpoint_step(path)
+    named = ckpt.checkpoint_step(path.resolve())  # the folder's own name (PATH may be a link to it)
     if named is not None and named != step:
         raise UserError(f"cannot resume {path}: its name says step {named} but it holds the state of step "
                         f"{step} (a renamed folder?): rename it back to {ckpt.checkpoint_name(step)}, or give "
@@ -157,7 +158,8 @@ def load_weights_into(model: torch.nn.Module, path: Path) -> None:
         )
 
 
-def resume_model(path: Path, model: torch.nn.Module, state: dict[str, Any], peft: Any = None) -> tuple[int, Cursor, int]:
+def resume_model(path: Path, model: torch.nn.Module, state: dict[str, Any],
+                 peft: Any = None) -> tuple[int, Cursor, int]:
     """Load the weights of checkpoint `path` (whose state `check_resumable` accepted) into `model`
     (with LoRA: its adapter into `peft`); returns the checkpoint's step, data cursor and tokens seen."""
     refuse_other_model(path, model, state)

@@ -199,8 +199,9 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         except OSError as exc:  # config.json and metrics.jsonl are written whole or not at all
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            raise UserError(f"disk full: pack-train could not write its run files (config.json, metrics.jsonl) "
-                            f"into {run.out} (each is written whole or not at all): free some space, or choose another --out") from None
+            raise UserError(f"disk full: pack-train could not write its run files (config.json, metrics.jsonl) into "
+                            f"{run.out} (each is written whole or not at all): free some space, or choose another "
+                            "--out") from None
         _announce(run, manifest, dtype_name, backend_why)
     return run
 

@@ -79,9 +79,11 @@ def test_an_older_checkpoint_rolls_back_and_keeps_the_newer_ones_aside(
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00000006"]
     assert (run / "checkpoints" / "latest").read_text() == "step-00000006\n"
     assert ckpt.checkpoint_damage(run / "checkpoints" / "step-00000006") is None
-    # a second roll-back keeps the first one's set-aside checkpoints where they are
+    # a second roll-back (through a link of the user's, named otherwise) keeps the first one's set-aside
+    # checkpoints where they are
     train(_config(packed, run, max_steps=7, resume="newest"))
-    train(_config(packed, run, max_steps=7, resume=str(run / "checkpoints" / "step-00000006")))
+    (tmp_path / "good").symlink_to(run / "checkpoints" / "step-00000006")
+    train(_config(packed, run, max_steps=7, resume=str(tmp_path / "good")))
     assert (run / "superseded" / "2" / "checkpoints" / "step-00000007").is_dir()
     assert {name: tree(kept / "checkpoints" / name) for name in newer} == newer
 
