@@ -93,6 +93,7 @@ def test_which_folders_are_run_folders(one_run: Path, tmp_path: Path) -> None:
     locked = tmp_path / "locked"  # a run that stopped before its config.json: only its lock
     locked.mkdir()
     (locked / ".pack-train.lock").write_text("1 host\n")
+    (locked / ".config.json.x1y2.tmp").write_text("{")  # a kill -9 while config.json was written
     assert is_run_folder(locked)
     for name, text in (("list", "[1, 2]"), ("hf-config", '{"model_type": "llama", "hidden_size": 64}'),
                        ("broken", "{not json"), ("other-tool", '{"data": 1, "model": 2, "out": 3}')):

@@ -48,11 +48,12 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
 def is_run_folder(folder: Path) -> bool:
     """Whether `folder` (an existing folder) is a run folder pack-train wrote: its config.json is
     the one pack-train writes (a JSON object with the run's options, `RUN_CONFIG_KEYS`), or it holds
-    nothing but the lock of a run that stopped before writing config.json, and checkpoints/ with
-    checkpoint folders of pack-train's names (step-...) in it."""
+    nothing but the lock of a run that stopped before writing config.json (and the temporary file of
+    that write, `.config.json.*.tmp`), and checkpoints/ with checkpoint folders of pack-train's names
+    (step-...) in it."""
     config = folder / RUN_CONFIG
     if not (config.exists() or config.is_symlink()):
-        names = {p.name for p in folder.iterdir()}
+        names = {p.name for p in folder.iterdir() if not (p.name.startswith(f".{RUN_CONFIG}.") and p.name.endswith(".tmp"))}
         return names <= {RUN_LOCK} or (names <= {RUN_LOCK, CHECKPOINTS} and bool(list_checkpoints(folder)))
     try:
         if config.is_symlink() or not config.is_file() or config.stat().st_size > RUN_CONFIG_MAX_BYTES:

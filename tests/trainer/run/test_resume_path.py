@@ -107,6 +107,8 @@ def test_a_checkpoint_of_another_folder_starts_a_new_history(packed: Path, full:
     with pytest.raises(UserError, match=r"a checkpoint of another run folder, but out .*fork holds checkpoints of "
                                         r"its own run \(newest step-00000006\): to start a new run from .*give a new out"):
         train(_config(packed, fork, max_steps=8, resume=str(full / "checkpoints" / "step-00000004")))
+    with pytest.raises(UserError, match=r"resume='nowhere': expected newest, strict, or a checkpoint folder"):
+        train(_config(packed, fork, max_steps=8, resume="nowhere"))
 
 
 def test_a_renamed_checkpoint_is_not_resumed_as_the_step_its_name_says(packed: Path, full: Path, tmp_path: Path) -> None:
