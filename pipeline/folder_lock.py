@@ -86,8 +86,16 @@ def _acquire(lock_path: Path, folder: str | os.PathLike[str], command: str) -> i
         if same:
             break
         os.close(fd)  # the run before us removed (and released) this file: lock the one there now
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    except OSError as exc:  # a full disk: the lock file goes, so no folder made for it stays behind
+        os.unlink(lock_path)
+        os.close(fd)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"disk full: {command} could not write its lock {lock_path} into {folder}, so nothing "
+                            "was written: free some space, or choose another --out") from None
+        raise
     return fd
 
 

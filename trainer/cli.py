@@ -139,8 +139,9 @@ class LocalFolder(click.Path):
 @click.option("--resume", is_flag=False, flag_value="newest", default=None, metavar="[newest|strict|PATH]",
               help="Continue the run in --out from its newest intact checkpoint (each checkpoint's "
                    "files are checked against the sha256 it lists); a damaged newer one is named "
-                   "and stepped over. --resume=strict refuses instead. --resume PATH: that checkpoint "
-                   "(OUT/checkpoints/step-N, the newest there).")
+                   "and stepped over. --resume=strict refuses instead. --resume PATH: that checkpoint, any intact "
+                   "one: an older one of --out rolls back (the newer ones move to OUT/superseded/N/), one of "
+                   "another folder starts a new --out from its step.")
 @click.option("--log-every", default=10, type=click.IntRange(min=1), help="Metrics line every N steps.")
 @click.option("--optimizer", default="adamw", type=click.Choice(OPTIMIZERS),
               help="adamw: two fp32 moments per parameter (16 bytes per parameter with weights and "

@@ -130,8 +130,8 @@ def validate(config: TrainConfig) -> None:
     for name in ("data", "eval_data", "out"):
         refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
     if config.resume is not None and config.resume not in RESUME and not Path(config.resume).is_dir():
-        raise UserError(f"--resume={config.resume}: expected newest, strict, or a checkpoint folder of --out "
-                        "(OUT/checkpoints/step-...), and there is no such folder")
+        raise UserError(f"--resume={config.resume}: expected newest, strict, or a checkpoint folder "
+                        "(RUN/checkpoints/step-...), and there is no such folder")
     if config.warmup and config.warmup_ratio:
         raise UserError(f"--warmup {config.warmup} and --warmup-ratio {config.warmup_ratio} both set the warmup: "
                         "give one")

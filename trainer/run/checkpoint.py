@@ -16,7 +16,8 @@ A checkpoint is written into `checkpoints/.tmp-step-...`, fsynced, and renamed i
 complete (`pipeline.durable`); `checkpoints/latest` (a one-line text file, replaced atomically)
 names the newest. A checkpoint is intact when every file that `checkpoint.json` lists is there with
 its size and sha256: a crash, a full disk or a flipped byte after saving shows up as a damaged
-checkpoint, which `resume_point` reports and steps over (or refuses, when strict).
+checkpoint, which `resume_point` reports and steps over (or refuses, when strict). Resuming an older
+checkpoint rolls back to it: the newer ones move, unchanged, to `RUN/superseded/N/` (`set_aside_newer`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.contained import leaves
-from pipeline.durable import fsync_path, fsync_tree, write_text_atomic
+from pipeline.durable import fsync_path, fsync_tree, write_atomic, write_text_atomic
 from pipeline.errors import UserError, one_line
 from pipeline.shards import file_sha256
 from trainer.run.preflight import CHECKPOINTS, list_checkpoints  # noqa: F401  (torch-free: pack-train's early checks)
 
 LATEST = "latest"
+SUPERSEDED = "superseded"  # RUN/superseded/N/: checkpoints a roll-back set aside (`set_aside_newer`)
 STATE_FILE = "trainer_state.json"
 FILE_LIST = "checkpoint.json"
 
@@ -187,6 +189,42 @@ def _save_failed(final: Path, writing: Path, exc: Exception, full: bool) -> str:
     return f"{where} ({type(exc).__name__}: {one_line(exc, 160)}): check the disk (space, quota, errors); {after}"
 
 
+def write_folder_atomic(final: Path, write: Callable[[Path], None], fix: str) -> None:
+    """Create or replace the folder `final` whole: `write(tmp)` fills `.tmp-NAME` beside it, which is
+    fsynced and renamed into place, so a kill -9 or a full disk never leaves a half-written `final`
+    (what a killed writer left beside it is removed first). A full disk or a write error is one line
+    ending with `fix`, the unfinished folder removed."""
+    final = Path(final)
+    tmp, old = final.parent / f".tmp-{final.name}", final.parent / f".old-{final.name}"
+    for stale in (tmp, old):
+        _remove(stale)
+    try:
+        write(tmp)
+        fsync_tree(tmp)
+    except BaseException as exc:  # a full disk, Ctrl-C: the unfinished folder goes
+        full = isinstance(exc, Exception) and _disk_full(exc, final.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full or _write_failed(exc):
+            why = "disk full" if full else f"{type(exc).__name__}: {one_line(exc, 160)}"
+            raise UserError(f"writing {final} failed ({why}); nothing of it was left: {fix}") from None
+        raise
+    if final.exists() or final.is_symlink():
+        os.replace(final, old)
+        os.replace(tmp, final)
+        _remove(old)
+    else:
+        os.replace(tmp, final)
+    fsync_path(final.parent)
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder tree, a file or a link (never what a link points to), if there."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
 BEST_FILE = "best.json"
 
 
@@ -203,6 +241,46 @@ def mark_best(run_dir: str | os.PathLike[str], step: int, eval_loss: float, chec
     """Record `checkpoint` as the one with the lowest eval loss so far (atomically; rank 0 only)."""
     record = {"step": step, "eval_loss": eval_loss, "checkpoint": Path(checkpoint).name}
     write_text_atomic(Path(run_dir) / BEST_FILE, json.dumps(record) + "\n")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint folder's name says (step-00000040 -> 40), or None for another name."""
+    found = re.fullmatch(r"step-(\d+)", Path(path).name)
+    return int(found[1]) if found else None
+
+
+def set_aside_newer(run_dir: str | os.PathLike[str], path: Path) -> list[Path]:
+    """A roll-back to checkpoint `path` of the run in `run_dir` (rank 0, before the run writes):
+    move every newer checkpoint, unchanged, to RUN/superseded/N/checkpoints/ (N: the first number
+    free), with a copy of metrics.jsonl, and best.json when it names one of them, so that the
+    continued run's saves (which reach the same step names), --keep-last and --resume never take
+    them for its own; they stay loadable (--resume PATH with a new --out). checkpoints/latest names
+    `path` again. Newest first, so an interrupted move leaves an unbroken history. Returns where
+    they went."""
+    root = Path(run_dir)
+    step = checkpoint_step(path)
+    newer = [p for p in list_checkpoints(root) if (checkpoint_step(p) or 0) > (step or 0) and p.name != path.name]
+    if step is None or not newer:
+        return []
+    number = 1
+    while (root / SUPERSEDED / str(number)).exists():
+        number += 1
+    kept = root / SUPERSEDED / str(number)
+    (kept / CHECKPOINTS).mkdir(parents=True)
+    metrics = root / "metrics.jsonl"
+    if metrics.is_file():
+        write_atomic(kept / metrics.name, lambda tmp: shutil.copyfile(metrics, tmp))
+    best = best_checkpoint(root)
+    if isinstance(best, dict) and best.get("checkpoint") in {p.name for p in newer}:
+        os.replace(root / BEST_FILE, kept / BEST_FILE)
+    moved = []
+    for old in reversed(newer):
+        os.replace(old, kept / CHECKPOINTS / old.name)
+        moved.append(kept / CHECKPOINTS / old.name)
+    fsync_path(kept / CHECKPOINTS)
+    fsync_path(root / CHECKPOINTS)
+    write_text_atomic(root / CHECKPOINTS / LATEST, path.name + "\n")
+    return moved[::-1]
 
 
 def write_file_list(folder: Path) -> None:

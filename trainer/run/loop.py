@@ -32,7 +32,7 @@ from trainer.run import checkpoint as ckpt
 from trainer.distributed import context_parallel
 from trainer.run import fit_check
 from trainer.data.batch import MicroBatch
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, validate
 from trainer.run.finite import FiniteWatch
 from trainer.model.fp8 import refresh_fp8_weight_scales
 from trainer.model.long_rows import offload_activations
@@ -41,6 +41,7 @@ from trainer.run.metrics import Meter, plot_losses, run_folder_lock, write_summa
 from trainer.model.precision import MasterAdamW
 from trainer.distributed.parallel import DistInfo, close_distributed, full_model_state, optimizer_state
 from trainer.run.preempt import StopOnSigterm
+from trainer.run.preflight import refuse_foreign_out
 from trainer.run.start import Run, start
 from trainer.data.stream import Cursor, loader_batches, step_cursor
 
@@ -50,6 +51,8 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
     """Run training as configured; returns (and on rank 0 writes to RUN_DIR/summary.json) a summary.
     The run folder is locked for the run's life: a second run on it stops in one line. `opened`:
     what `open_data(config)` returned, where the caller has checked the data already."""
+    validate(config)
+    refuse_foreign_out(config)  # before the lock, the first thing written into --out
     # torch.compile partitions each compiled layer into forward and backward at its first step,
     # inside _train: the budget must be in force then
     with run_folder_lock(config.out), torch._functorch.config.patch(
@@ -87,9 +90,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     last_loss: float | None = None
     last_eval: tuple[float, int] | None = None
     best = ckpt.best_checkpoint(run.out) if config.save_best and run.start_step else None  # across --resume
-    last_path: Path | None = None
-    if run.start_step:  # a resumed run: the checkpoint it continues is its last good one so far
-        last_path = run.out / ckpt.CHECKPOINTS / ckpt.checkpoint_name(run.start_step)
+    last_path = run.resumed_from  # a resumed run: the checkpoint it continues is its last good one so far
     watch = FiniteWatch(device)
     stopping = False  # SIGTERM arrived (on any rank): save and stop after this step
     meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,

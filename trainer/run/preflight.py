@@ -8,6 +8,9 @@ second with one line.
   no device, or no NVIDIA device file (/dev/nvidia0..., or /dev/dxg under WSL). Whether a GPU that is
   there has float8 tensor cores needs torch: trainer.model.fp8.check_fp8 asks later. torchao missing.
 - A new run (no `--resume`) in an `--out` that already holds checkpoints.
+- An `--out` that is not a run folder of pack-train's (`refuse_foreign_out`): pack-train writes only
+  into a folder it creates, an empty one, or one it wrote before (its config.json says so); the
+  --model, --data and --eval-data folders, any other folder of the user's and `--out ''` are refused.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import glob
 import importlib.metadata
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -22,6 +26,12 @@ from pipeline.errors import UserError
 from trainer.config import TrainConfig
 
 CHECKPOINTS = "checkpoints"
+RUN_CONFIG = "config.json"
+# the lock `trainer.run.metrics.run_folder_lock` takes inside the run folder (the same name)
+RUN_LOCK = ".pack-train.lock"
+# keys of the config.json every pack-train run writes first into its folder (`start_run_files`)
+RUN_CONFIG_KEYS = frozenset({"data", "model", "out", "tokens_per_step", "grad_accum"})
+RUN_CONFIG_MAX_BYTES = 1 << 20  # pack-train's config.json is a few kB: a larger one is not its
 
 # --attn backend -> (distribution, import name, extra)
 ATTN_PACKAGES = {"flash_attn": ("flash-attn", "flash_attn", "flash"), "fa4": ("flash-attn-4", "flash_attn", "fa4")}
@@ -33,6 +43,68 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: p.name)
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether `folder` (an existing folder) is a run folder pack-train wrote: its config.json is
+    the one pack-train writes (a JSON object with the run's options, `RUN_CONFIG_KEYS`), or it holds
+    nothing but the lock of a run that stopped before writing config.json (and the temporary file of
+    that write, `.config.json.*.tmp`), and checkpoints/ with checkpoint folders of pack-train's names
+    (step-...) in it."""
+    config = folder / RUN_CONFIG
+    if not (config.exists() or config.is_symlink()):
+        names = {p.name for p in folder.iterdir() if not (p.name.startswith(f".{RUN_CONFIG}.") and p.name.endswith(".tmp"))}
+        return names <= {RUN_LOCK} or (names <= {RUN_LOCK, CHECKPOINTS} and bool(list_checkpoints(folder)))
+    try:
+        if config.is_symlink() or not config.is_file() or config.stat().st_size > RUN_CONFIG_MAX_BYTES:
+            return False
+        record = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and RUN_CONFIG_KEYS <= set(record)
+
+
+def refuse_foreign_out(config: TrainConfig) -> None:
+    """One line, before anything is written, for an `--out` pack-train must not write into: an
+    empty name (the working folder), the --model / --data / --eval-data folder, an existing folder
+    that is neither empty nor a run folder of pack-train's (`is_run_folder`), a file, or a run folder
+    whose checkpoints/ holds symbolic links (pack-train writes and removes checkpoints there, and
+    never makes a link)."""
+    text = str(config.out)
+    if not text.strip():
+        raise UserError("--out is empty: name the run folder to create (e.g. --out runs/first); pack-train "
+                        "does not write a run into the working folder unnamed")
+    out = Path(text).expanduser()
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"--out {text} is a file, not a folder: choose another --out")
+    for option, value in (("--model", config.model), ("--data", config.data), ("--eval-data", config.eval_data),
+                          ("--tokenizer", config.tokenizer)):
+        other = Path(str(value)).expanduser() if value else None
+        if other is not None and other.is_dir() and os.path.samefile(out, other):
+            raise UserError(f"--out {text} is the {option} folder: the run would write its config.json, "
+                            f"metrics and checkpoints into it; choose a new folder for --out")
+    if not is_run_folder(out):
+        names = sorted(p.name for p in out.iterdir())
+        held = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(f"--out {text} is an existing folder that is not a pack-train run folder (it holds "
+                        f"{held}): pack-train writes only into a new or empty folder, or a run folder it wrote "
+                        "before; choose another --out")
+    refuse_linked_checkpoints(out)
+
+
+def refuse_linked_checkpoints(out: Path) -> None:
+    """One line when `out`/checkpoints, or anything in it, is a symbolic link: pack-train never makes
+    one, and would otherwise resume, replace or remove (--keep-last) what the link points to."""
+    root = out / CHECKPOINTS
+    links = [root] if root.is_symlink() else (
+        [p for p in root.iterdir() if p.is_symlink()] if root.is_dir() else [])
+    if links:
+        link = links[0]
+        raise UserError(f"{link} is a symbolic link (to {os.readlink(link)}): pack-train reads, replaces and "
+                        f"removes only the checkpoints it wrote into {root}; remove the link, and to continue "
+                        "the checkpoint it points to, give that folder itself: --resume FOLDER with a new --out")
 
 
 def refuse_reused_out(config: TrainConfig) -> None:
@@ -81,4 +153,5 @@ def refuse_before_torch(config: TrainConfig) -> None:
                             f"Blackwell); {why}: use --dtype bf16-weights")
         if importlib.util.find_spec("torchao") is None:
             raise UserError('--dtype fp8 needs the torchao package: pip install -e ".[fp8]"')
+    refuse_foreign_out(config)
     refuse_reused_out(config)

@@ -4,6 +4,7 @@ RNG states from it."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from trainer.model.lora import load_adapter_into
 from trainer.run.optim import stretch_schedule
 from trainer.distributed.parallel import DistInfo, load_optimizer_state
 from trainer.run.preflight import refuse_reused_out
-from trainer.data.stream import Cursor
+from trainer.data.stream import Cursor, Planner, step_cursor
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
 STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_parallel")
@@ -32,9 +33,9 @@ ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora")
 
 
 def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
-    """The checkpoint in `--out` to continue from, or None for a new run (which refuses an `--out`
-    that holds checkpoints). Rank 0 verifies the checkpoints (`ckpt.resume_point`) and tells the
-    other ranks which one, or why there is none."""
+    """The checkpoint to continue from, or None for a new run (which refuses an `--out` that holds
+    checkpoints). Rank 0 verifies the checkpoints (`ckpt.resume_point`, `named_checkpoint`) and
+    tells the other ranks which one, or why there is none."""
     out = Path(config.out)
     if not config.resume:
         refuse_reused_out(config)
@@ -43,7 +44,7 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     if info.rank == 0:
         try:
             found = (ckpt.resume_point(out, strict=config.resume == "strict") if config.resume in RESUME
-                     else (named_checkpoint(out, Path(config.resume)), []))
+                     else named_checkpoint(out, Path(config.resume)))
         except UserError as exc:
             found = str(exc)
     if info.enabled:
@@ -58,27 +59,47 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     return path
 
 
-def named_checkpoint(out: Path, path: Path) -> Path:
-    """`--resume PATH`: the checkpoint folder PATH of the run in `out`, if it is intact and the newest
-    there (the steps of a newer one would be mixed with this continuation), else UserError."""
-    found = ckpt.list_checkpoints(out)
-    mine = {p.resolve(): p for p in found}
-    if path.resolve() not in mine:
-        where = ", ".join(p.name for p in found[-3:]) or "none"
-        raise UserError(f"--resume={path}: not a checkpoint of the run in --out {out} (its checkpoints: {where}): "
-                        f"give one of {out / ckpt.CHECKPOINTS}/step-..., or the --out of the run it belongs to")
+def named_checkpoint(out: Path, path: Path) -> tuple[Path, list[str]]:
+    """`--resume PATH` (Hugging Face's resume_from_checkpoint): any intact checkpoint. One of the run
+    in `out`, older ones included (a roll-back: `continue_history` sets the newer ones aside), or one
+    of another run folder, whose history a new `out` (one without checkpoints of its own) starts
+    from there; else UserError. Returns PATH and the notes to print (none)."""
     damage = ckpt.checkpoint_damage(path)
     if damage is not None:
-        raise UserError(f"--resume={path}: the checkpoint is damaged ({damage}): give an older one")
-    if found[-1].resolve() != path.resolve():
-        raise UserError(f"--resume={path}: {found[-1].name} is newer, and its steps would be mixed with this "
-                        f"continuation: move the newer checkpoints out of {out / ckpt.CHECKPOINTS} first")
-    return path
+        raise UserError(f"--resume={path}: the checkpoint is damaged ({damage}): give another one")
+    found = ckpt.list_checkpoints(out)
+    if found and path.resolve() not in {p.resolve() for p in found}:
+        raise UserError(f"--resume={path}: a checkpoint of another run folder, but --out {out} holds checkpoints of "
+                        f"its own run (newest {found[-1].name}): to start a new run from {path}, give a new --out; "
+                        f"to continue {out}, give one of its own checkpoints")
+    return path, []
 
 
-def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict) -> dict[str, Any]:
+def continue_history(out: Path, path: Path | None, step: int) -> int | None:
+    """Rank 0, once every check has passed, before the run folder is written: the step up to which
+    the run keeps the metrics lines of `out`, or None when its history starts anew (a new run, or
+    one started from the checkpoint of another run folder). Resuming a checkpoint of `out` that
+    is not its newest rolls back to it: the newer ones are set aside (`ckpt.set_aside_newer`)."""
+    if path is None:
+        return None
+    own = {p.resolve(): p for p in ckpt.list_checkpoints(out)}.get(path.resolve())
+    if own is None:
+        print(f"pack-train: --resume={path}: the run in {out} starts its own history from this checkpoint of "
+              "another run folder", file=sys.stderr)
+        return None
+    moved = ckpt.set_aside_newer(out, own)  # `own`: PATH may be a link to it, named otherwise
+    if moved:
+        print(f"pack-train: --resume={path}: rolled back; the newer checkpoints of this run ("
+              f"{', '.join(p.name for p in moved)}) are kept, unchanged, in {moved[0].parent} (with the metrics "
+              "they logged), where this run's saves, --keep-last and --resume never mix with them", file=sys.stderr)
+    return step
+
+
+def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict, planner: Planner,
+                    stop_at: int) -> dict[str, Any]:
     """The checkpoint's state, if this run can continue it exactly (same data stream, same optimizer
-    and learning-rate schedule), else UserError."""
+    and learning-rate schedule, a step and data cursor that agree with its name and the data, a
+    step before `stop_at`), else UserError."""
     state = ckpt.read_trainer_state(path)
     saved = state.get("config", {})
     for key in STREAM_KEYS:
@@ -104,6 +125,22 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
             f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ "
             f"from {config.data})"
         )
+    step = int(state["step"])
+    named = ckpt.checkpoint_step(path.resolve())  # the folder's own name (PATH may be a link to it)
+    if named is not None and named != step:
+        raise UserError(f"cannot resume {path}: its name says step {named} but it holds the state of step "
+                        f"{step} (a renamed folder?): rename it back to {ckpt.checkpoint_name(step)}, or give "
+                        "another checkpoint")
+    if step >= stop_at:
+        raise UserError(
+            f"{path} is already at step {step} of {stop_at}: nothing to resume; "
+            "raise --max-steps (or --stop-at) to train further"
+        )
+    cursor, expected = Cursor(**state["cursor"]), step_cursor(planner, Cursor(), step)
+    if cursor != expected:
+        raise UserError(f"cannot resume {path}: its data cursor (epoch {cursor.epoch}, step {cursor.step_in_epoch} "
+                        f"of that epoch) is not where step {step} stands in {config.data} (epoch {expected.epoch}, "
+                        f"step {expected.step_in_epoch}): its {ckpt.STATE_FILE} was altered; give another checkpoint")
     return state
 
 
@@ -121,25 +158,39 @@ def load_weights_into(model: torch.nn.Module, path: Path) -> None:
         )
 
 
-def resume_model(
-    path: Path, model: torch.nn.Module, config: TrainConfig, world: int, fingerprint: dict, stop_at: int,
-    peft: Any = None,
-) -> tuple[int, Cursor, int]:
-    """Load the weights of checkpoint `path` into `model` (with LoRA: its adapter into `peft`), once
-    `check_resumable` agrees; returns the checkpoint's step, data cursor and tokens seen."""
-    state = check_resumable(path, config, world, fingerprint)
+def resume_model(path: Path, model: torch.nn.Module, state: dict[str, Any],
+                 peft: Any = None) -> tuple[int, Cursor, int]:
+    """Load the weights of checkpoint `path` (whose state `check_resumable` accepted) into `model`
+    (with LoRA: its adapter into `peft`); returns the checkpoint's step, data cursor and tokens seen."""
+    refuse_other_model(path, model, state)
     if peft is not None:
         with ckpt.loading(path / "model"):  # e.g. an adapter tensor of another shape
             load_adapter_into(peft, path)
     else:
         load_weights_into(model, path)
-    step, cursor, tokens_seen = int(state["step"]), Cursor(**state["cursor"]), int(state.get("tokens_seen", 0))
-    if step >= stop_at:
-        raise UserError(
-            f"{path} is already at step {step} of {stop_at}: nothing to resume; "
-            "raise --max-steps (or --stop-at) to train further"
-        )
-    return step, cursor, tokens_seen
+    return int(state["step"]), Cursor(**state["cursor"]), int(state.get("tokens_seen", 0))
+
+
+# what makes a model another one, in its config.json: the kind and every shape of its weights
+MODEL_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "intermediate_size", "vocab_size")
+
+
+def refuse_other_model(path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """One line when the full model checkpoint `path` holds (its model/config.json) is of another kind
+    or shape than `model`, the --model of this run (a LoRA checkpoint holds only the adapter, whose
+    shapes `load_adapter_into` checks)."""
+    try:
+        saved = json.loads((path / "model" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no model config (a LoRA adapter): the weights' shapes decide
+    now = model.config.to_dict()
+    differ = [k for k in MODEL_SHAPE_KEYS if isinstance(saved, dict) and k in saved and k in now and saved[k] != now[k]]
+    if differ:
+        key = differ[0]
+        was = state.get("config", {}).get("model", "?")
+        raise UserError(f"cannot resume {path}: it holds another model than --model (its {key} is {saved[key]}, "
+                        f"this model's {now[key]}): resume with the --model it was trained with ({was})")
 
 
 def load_training_state(

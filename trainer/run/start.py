@@ -6,6 +6,7 @@ optimizer and data loader, each checked before rank 0 writes the run folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +37,8 @@ from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_floa
 from trainer.model.precision import MasterAdamW
 from trainer.run.profiling import StepProfiler
 from trainer.distributed.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
-from trainer.run.resume import checkpoint_to_resume, load_training_state, resume_model
+from trainer.run.resume import (check_resumable, checkpoint_to_resume, continue_history, load_training_state,
+                                resume_model)
 from trainer.data.stream import (
     Cursor,
     CursorSampler,
@@ -89,6 +91,7 @@ class Run:
     profiler: StepProfiler | None = None  # --profile-steps
     layout: context_parallel.Layout = field(default_factory=context_parallel.Layout)  # data x context parallel
     largest: Largest = Largest(0)  # the largest micro-batch (trainer.run.fit_check measures what it needs)
+    resumed_from: Path | None = None  # the checkpoint this run continues (--resume), if any
 
 
 def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
@@ -135,6 +138,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     total_steps = _total_steps(config, planner)
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
+    state = (check_resumable(resume_from, config, info.world_size, fingerprint, planner, stop_at)
+             if resume_from is not None else None)
     hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
               if config.verify_hashes else None)
     model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16))
@@ -160,8 +165,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:
-        start_step, cursor, tokens_seen = resume_model(resume_from, model, config, info.world_size,
-                                                       fingerprint, stop_at, peft)
+        start_step, cursor, tokens_seen = resume_model(resume_from, model, state, peft)
     profiler = _profiler(config, device, info.rank, start_step, stop_at)
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.model.fp8)
@@ -192,9 +196,16 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
               backend=backend, compiled=compiled, n_params=n_params, flop_shape=flop_shape,
               fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler,
-              layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts))
+              layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts), resumed_from=resume_from)
     if info.rank == 0:
-        start_run_files(run.out, config, info.world_size, start_step if resume_from is not None else None)
+        try:
+            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step))
+        except OSError as exc:  # config.json and metrics.jsonl are written whole or not at all
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise UserError(f"disk full: pack-train could not write its run files (config.json, metrics.jsonl) into "
+                            f"{run.out} (each is written whole or not at all): free some space, or choose another "
+                            "--out") from None
         _announce(run, manifest, dtype_name, backend_why)
     return run
 

@@ -145,25 +145,6 @@ def test_resume_matches_uninterrupted_run_bitwise(packed: Path, tmp_path: Path) 
     assert full["tokens"] == rest["tokens"]
 
 
-def test_resume_path_continues_from_that_checkpoint_bitwise(packed: Path, tmp_path: Path) -> None:
-    """--resume PATH (Hugging Face's resume_from_checkpoint): the named checkpoint of --out, which must
-    be the newest there; another run's, or one with newer checkpoints after it, is one line."""
-    full = train(_config(packed, tmp_path / "full", max_steps=5, save_every=2))
-    run = tmp_path / "part"
-    train(_config(packed, run, max_steps=5, save_every=2, stop_at=4))
-    older, newest = run / "checkpoints" / "step-00000002", run / "checkpoints" / "step-00000004"
-    with pytest.raises(UserError, match=r"step-00000004 is newer, and its steps would be mixed"):
-        train(_config(packed, run, max_steps=5, save_every=2, resume=str(older)))
-    with pytest.raises(UserError, match=r"not a checkpoint of the run in out "):
-        train(_config(packed, run, max_steps=5, save_every=2,
-                      resume=str(tmp_path / "full" / "checkpoints" / "step-00000004")))
-    with pytest.raises(UserError, match=r"resume='nowhere': expected newest, strict, or a checkpoint folder"):
-        train(_config(packed, run, max_steps=5, resume="nowhere"))
-    rest = train(_config(packed, run, max_steps=5, save_every=2, resume=str(newest)))
-    assert rest["steps"] == full["steps"] == 5
-    assert [m["loss"] for m in _metrics(run)] == [m["loss"] for m in _metrics(tmp_path / "full")]
-
-
 def test_warmup_ratio_is_a_share_of_the_steps_rounded_up(packed: Path, tmp_path: Path) -> None:
     """--warmup-ratio 0.3 over 5 steps warms up for 2 (ceil 1.5), as the Hugging Face Trainer counts."""
     train(_config(packed, tmp_path / "run", max_steps=5, warmup=0, warmup_ratio=0.3, schedule="constant"))
