@@ -98,4 +98,8 @@ def stretch_schedule(
     schedule = scheduler.lr_lambdas[0]
     schedule.total = total_steps
     for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
-        group["lr"] = base * schedule(scheduler.last_epoch)
+        lr = float(base) * schedule(scheduler.last_epoch)
+        if isinstance(group["lr"], torch.Tensor):  # torchao's low-bit AdamW keeps its rate as a tensor
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

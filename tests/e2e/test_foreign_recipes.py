@@ -1,0 +1,189 @@
+"""Real Axolotl and TRL example configs (tests/data/foreign_configs, copied unchanged from those
+projects) train end to end with only the model and the data swapped for local ones, and the run's
+config.json holds the recipe the source tool would have used: the file's values, and the tool's own
+defaults for what it leaves out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pipeline.cli import pack_data
+from pipeline.config_file import read_config_file
+from trainer.cli import pack_train
+from trainer.config import TRAIN_CHECKS
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "tests" / "data" / "foreign_configs"
+LOCAL = {"alpaca": ROOT / "data/sample/instructions.jsonl", "chat_template": ROOT / "data/sample/chat.jsonl",
+         "completion": ROOT / "data/sample/text.jsonl"}
+# what a CPU test needs on the command line (flags win over the file): two small steps, few examples
+TRAIN_FLAGS = ["--max-steps", "2", "--num-workers", "0", "--no-progress", "--tokens-per-step", "2048",
+               "--grad-accum", "1"]
+SIZED = ("tokens_per_step", "grad_accum")  # what the flags above replace: compared with the file's mapping
+DATA_FLAGS = ["--no-progress", "--num-proc", "1", "--limit", "300"]
+
+
+@pytest.fixture(scope="module")
+def nf4_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer Llama over the project's tokenizer whose decoder weights NF4 can store (QLoRA)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("torchao.quantization")
+    folder = tmp_path_factory.mktemp("nf4-model")
+    vocab = len(AutoTokenizer.from_pretrained(ROOT / "data/tokenizer"))
+    LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=4, vocab_size=vocab, max_position_embeddings=4096,
+                                 tie_word_embeddings=False)).save_pretrained(folder)
+    return str(folder)
+
+
+def swapped(name: str, tmp_path: Path, model: str = "tiny") -> Path:
+    """The example `name` with what a migrating user changes: the model (the tiny preset, with the
+    project's tokenizer), the data (a local file of the same kind) and the output folders."""
+    settings = yaml.safe_load((EXAMPLES / ("" if "/" in name else "axolotl") / name).read_text())
+    model_key = "base_model" if "base_model" in settings else "model_name_or_path"
+    settings[model_key] = model
+    if model_key == "base_model":
+        settings["tokenizer_config"] = str(ROOT / "data/tokenizer")
+        settings["dataset_prepared_path"] = str(tmp_path / "prepared")
+        for entry in settings.get("datasets") or []:
+            kind = str(entry.get("type", "chat_template")).split(":")[0]
+            entry["path"] = str(LOCAL[kind])
+            for key in ("split", "data_files", "field_messages", "field"):  # they named the Hub dataset's parts
+                entry.pop(key, None)
+    else:
+        settings.pop("dataset_name", None)
+        settings.pop("datasets", None)
+    settings["output_dir"] = str(tmp_path / "run")
+    from pipeline.tokenize.chat_templates import NAMED
+
+    if settings.get("chat_template") not in (None, *NAMED):  # a named template pack-data lacks (phi_3)
+        settings.pop("chat_template")
+    out = tmp_path / Path(name).name
+    out.write_text(yaml.safe_dump(settings, sort_keys=False))
+    return out
+
+
+def run(name: str, tmp_path: Path, model: str = "tiny") -> tuple[dict, str]:
+    """pack-data and pack-train on the swapped example: the run's config.json (with the file's own
+    `SIZED` values) and pack-train's stderr."""
+    cfg = swapped(name, tmp_path, model)
+    mapped = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
+    packed = CliRunner().invoke(pack_data, ["--config", str(cfg), *DATA_FLAGS])
+    assert packed.exit_code == 0, packed.output
+    trained = CliRunner().invoke(pack_train, ["--config", str(cfg), *TRAIN_FLAGS])
+    assert trained.exit_code == 0, trained.output
+    assert trained.stderr.count("pack-train --config") == 1  # the summary, once
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    return {**saved.get("config", saved), **{k: mapped[k] for k in SIZED}}, trained.stderr
+
+
+# transformers' TrainingArguments for what Axolotl leaves None (adam_beta1/2, adam_epsilon, max_grad_norm)
+AXOLOTL_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "grad_clip": 1.0, "schedule": "cosine",
+                    "min_lr_ratio": 0.0, "warmup_rule": "axolotl"}
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    ("llama-3_lora-1b.yml", {"lr": 0.0002, "lora_r": 16, "lora_alpha": 32.0, "lora_dropout": 0.05,
+                             "lora_target": "gate_proj,down_proj,up_proj,q_proj,v_proj,k_proj,o_proj",
+                             "optimizer": "adamw8bit", "tokens_per_step": 4096, "grad_accum": 2,
+                             "warmup_ratio": 0.1, "weight_decay": 0.0, "grad_checkpointing": 1, "log_every": 1,
+                             "evals_per_epoch": 4, "saves_per_epoch": 1, "eval_every": 1, "qlora": False}),
+    ("mistral_qlora.yml", {"lr": 0.0002, "lora_r": 32, "lora_alpha": 16.0, "qlora": True, "lora_target": "all",
+                           "optimizer": "adamw8bit", "tokens_per_step": 16384, "grad_accum": 4}),
+    ("phi_phi3-ft.yml", {"lr": 5e-6, "lora_r": 64, "lora_target": "all", "optimizer": "adamw", "beta2": 0.95,
+                         "adam_eps": 1e-5, "beta1": 0.9, "grad_clip": 1.0, "warmup_ratio": 0.2, "weight_decay": 0.1,
+                         "eval_every": 1000, "save_every": 5000, "tokens_per_step": 8192}),
+])
+def test_an_axolotl_example_trains_its_recipe(tmp_path: Path, name: str, want: dict, request):
+    saved, stderr = run(name, tmp_path, request.getfixturevalue("nf4_model") if want.get("qlora") else "tiny")
+    expected = {**AXOLOTL_DEFAULTS, **want}
+    assert {k: saved[k] for k in expected} == expected
+    assert "Axolotl defaults for the keys the file leaves out (Axolotl 0.19.0's schema)" in stderr
+    assert "not used by pack-train" in stderr and "cannot be honoured" not in stderr
+
+
+def test_a_full_fine_tune_example_trains_every_weight_with_torchaos_8bit_adamw(tmp_path: Path):
+    saved, stderr = run("llama-3_fft-8b.yaml", tmp_path)
+    assert (saved["lora_r"], saved["optimizer"], saved["lr"], saved["tokens_per_step"], saved["grad_accum"]) == (
+        0, "adamw8bit", 2e-5, 8192, 8)
+    assert "  optimizer: paged_adamw_8bit -> --optimizer adamw8bit" in stderr
+    losses = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in losses if "loss" in r][-1] == 2
+
+
+def test_a_trl_example_trains_with_trls_defaults(tmp_path: Path):
+    """examples/cli_configs/example_config.yaml sets only the model, data, lr and schedule: the rest is
+    SFTConfig's (beta2 0.999, weight decay 0, 3 epochs, seed 42, ...), never pack-train's."""
+    cfg = swapped("trl/example_config.yaml", tmp_path)
+    packed = CliRunner().invoke(pack_data, ["--config", str(cfg), str(LOCAL["completion"]), "--out",
+                                            str(tmp_path / "packed"), "--tokenizer", str(ROOT / "data/tokenizer"),
+                                            *DATA_FLAGS])
+    assert packed.exit_code == 0, packed.output
+    assert json.loads((tmp_path / "packed" / "manifest.json").read_text())["max_len"] == 1024  # TRL's max_length
+    trained = CliRunner().invoke(pack_train, ["--config", str(cfg), "--data", str(tmp_path / "packed"),
+                                              "--tokenizer", str(ROOT / "data/tokenizer"), *TRAIN_FLAGS])
+    assert trained.exit_code == 0, trained.output
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    saved = saved.get("config", saved)
+    trl = {"lr": 1e-4, "schedule": "cosine", "min_lr_ratio": 0.0, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.999,
+           "adam_eps": 1e-8, "grad_clip": 1.0, "seed": 42, "grad_checkpointing": 1, "report_to": "none",
+           "log_every": 10, "save_every": 500}
+    assert {k: saved[k] for k in trl} == trl
+    assert "TRL defaults for the keys the file leaves out (SFTConfig of trl 1.16.0): weight decay 0" in trained.stderr
+
+
+def test_a_trl_file_without_a_learning_rate_says_it_trains_at_trls():
+    """Negative control for pack-train's own defaults (3e-4, cosine to 10%, beta2 0.95): a TRL file
+    that sets none of them gets TRL's, and the summary names them."""
+    lines: list[str] = []
+    got = read_config_file(EXAMPLES / "trl" / "sft_mixture.yaml", pack_train, TRAIN_CHECKS, {"compile_": "compile"},
+                           foreign="pack-train", mapping=lines)
+    assert (got["lr"], got["schedule"], got["min_lr_ratio"], got["weight_decay"], got["beta2"], got["epochs"]) == (
+        2e-5, "linear", 0.0, 0.0, 0.999, 3)
+    assert lines[-1].startswith("  TRL defaults for the keys the file leaves out (SFTConfig of trl 1.16.0): lr 2e-5, "
+                                "linear, to 0, weight decay 0, beta1 0.9, beta2 0.999")
+
+
+def test_a_trl_mixture_is_its_datasets_not_chat_data():
+    data = read_config_file(EXAMPLES / "trl" / "sft_mixture.yaml", pack_data, foreign="pack-data")
+    assert data["inputs"] == ["stanfordnlp/imdb:train", "roneneldan/TinyStories:train"] and "fmt" not in data
+    assert data["max_len"] == 1024
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    # the ALST long-context example: its keys are pack-train's long-row options
+    ("alst_llama3-8b-fsdp2-alst.yaml", {"context_parallel": 8, "tile_mlp": 8192, "offload_activations": True,
+                                        "parallel": "fsdp", "optimizer": "adamw8bit", "warmup": 100}),
+    ("llama-3_fft-8b-liger-fsdp.yaml", {"parallel": "fsdp", "offload_states": True, "optimizer": "adamw"}),
+    ("qwen3_32b-qlora.yaml", {"qlora": True, "lora_r": 16, "optimizer": "adamw4bit", "grad_checkpointing": 1,
+                              "offload_activations": True}),
+    ("llama-3_qlora-1b.yml", {"qlora": True, "lora_r": 32, "optimizer": "adamw8bit"}),
+])
+def test_the_multi_gpu_and_long_row_examples_map_to_our_options(tmp_path: Path, name: str, want: dict):
+    """What needs torchrun or a GPU is compared key by key; the keys that cannot be honoured (the ALST
+    example's min_sample_len drops every example shorter than 200,000 tokens) are named at once."""
+    cfg = tmp_path / name
+    settings = yaml.safe_load((EXAMPLES / "axolotl" / name).read_text())
+    settings.pop("min_sample_len", None)
+    cfg.write_text(yaml.safe_dump(settings))
+    got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
+    assert {k: got[k] for k in want} == want
+
+
+def test_what_cannot_be_honoured_is_named_all_at_once():
+    """gemma3's example freezes all but some parameters (unfrozen_parameters), ALST's drops short
+    examples (min_sample_len): one line each, naming every such key, never a run per key."""
+    for name, keys in (("gemma3_gemma-3-1b-qlora.yml", ["unfrozen_parameters"]),
+                       ("phi_phi3-ft.yml", [])):
+        result = CliRunner().invoke(pack_train, ["--config", str(EXAMPLES / "axolotl" / name), "--help"])
+        if keys:
+            assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
+            assert all(f"key '{k}'" in result.stderr for k in keys)
+        else:
+            assert result.exit_code == 0, result.output
