@@ -85,7 +85,7 @@ def text_value(key: str, value: Any, none: bool = False) -> Any:
     if value is None and none:
         return None
     if not isinstance(value, str) or not value:
-        raise UserError(f"{key + ': ' if ' ' in key or '[' in key else ''}{shown(value)} is "
+        raise UserError(f"{key}: {shown(value)} is "
                         f"{type(value).__name__ if value != '' else 'empty'} where a name goes: write it as "
                         "text (quoted in YAML: '2024')")
     return value
@@ -258,7 +258,7 @@ def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, d
             raise _refuse(key, value, "give a whole number of rows")
         length = next((settings[k] for k in length_keys if settings.get(k) is not None), default_len)
         if isinstance(length, bool) or not isinstance(length, (int, type(None))):
-            raise _refuse(length_keys[0], length, "it is a row length: give a whole number of tokens")
+            raise _refuse(f"its {length_keys[0]}", length, "it is a row length: give a whole number of tokens")
         if settings.get(packing_key) is not True or not isinstance(length, int):
             raise _refuse(key, value, f"a batch of {value} padded examples is no fixed number of tokens; "
                                       f"set {packing_key}: true and {length_keys[0]}, or give tokens_per_step "
