@@ -211,7 +211,8 @@ _HF = [("weight_decay", 0.0, "weight decay 0"), ("beta1", 0.9, "beta1 0.9"), ("b
 TRAIN_DEFAULTS = {
     "TRL": [("lr", 2e-5, "lr 2e-5"), ("schedule", "linear", "linear"), ("min_lr_ratio", 0.0, "to 0"), *_HF,
             ("epochs", 3, "3 epochs"), ("grad_checkpointing", 1, "gradient checkpointing on"),
-            ("log_every", 10, "log every 10 steps"), ("save_every", 500, "save every 500 steps")],
+            ("log_every", 10, "log every 10 steps"), ("save_every", 500, "save every 500 steps"),
+            ("out", "trainer_output", "output_dir trainer_output")],
     "Axolotl": [("schedule", "cosine", "cosine"), ("min_lr_ratio", 0.0, "to 0"), *_HF,
                 ("warmup_rule", "axolotl", "warmup as Axolotl counts it (3% of the steps, at most 100, when none is "
                                              "given)")],
@@ -234,9 +235,12 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             except UserError as exc:
                 refused.append(str(exc))
                 continue
-            said.append(words)
+            if words.startswith("to ") and said and said[-1] in ("linear", "cosine"):
+                said[-1] += " " + words  # "linear to 0"
+            else:
+                said.append(words)
         if "lr" not in out:
-            said.append("no learning_rate (Axolotl requires one): pack-train's --lr")
+            said.append("no learning_rate (Axolotl requires one): pack-train's --lr, unless given as a flag")
         source = "SFTConfig of trl 1.16.0" if tool == TRL else "Axolotl 0.19.0's schema"
     else:
         if "max_len" not in out:

@@ -147,7 +147,7 @@ def test_a_trl_file_without_a_learning_rate_says_it_trains_at_trls():
     assert (got["lr"], got["schedule"], got["min_lr_ratio"], got["weight_decay"], got["beta2"], got["epochs"]) == (
         2e-5, "linear", 0.0, 0.0, 0.999, 3)
     assert lines[-1].startswith("  TRL defaults for the keys the file leaves out (SFTConfig of trl 1.16.0): lr 2e-5, "
-                                "linear, to 0, weight decay 0, beta1 0.9, beta2 0.999")
+                                "linear to 0, weight decay 0, beta1 0.9, beta2 0.999")
 
 
 def test_a_trl_mixture_is_its_datasets_not_chat_data():
@@ -187,3 +187,70 @@ def test_what_cannot_be_honoured_is_named_all_at_once():
             assert all(f"key '{k}'" in result.stderr for k in keys)
         else:
             assert result.exit_code == 0, result.output
+
+
+# ---------------------------------------------------------------- the pack-train options these keys map to
+
+def test_adam_eps_and_the_low_bit_adamws_reach_the_optimizer():
+    import torch
+
+    from trainer.config import TrainConfig
+    from trainer.run.optim import make_optimizer
+
+    weight = torch.nn.Parameter(torch.randn(256, 256))
+    for name, kind in (("adamw", "AdamW"), ("adamw8bit", "AdamW8bit"), ("adamw4bit", "AdamW4bit")):
+        config = TrainConfig(data="d", model="m", out="o", optimizer=name, adam_eps=1e-5, beta2=0.999)
+        optimizer, _ = make_optimizer([weight], config, torch.device("cpu"), total_steps=4)
+        assert type(optimizer).__name__ == kind
+        assert (optimizer.defaults["eps"], optimizer.defaults["betas"]) == (1e-5, (0.9, 0.999))
+
+
+@pytest.mark.parametrize(("rule", "warmup", "ratio", "steps", "want"), [
+    ("axolotl", 0, 0.0, 1000, 30),  # 3% of the steps
+    ("axolotl", 0, 0.0, 10_000, 100),  # at most 100
+    ("axolotl", 0, 0.1, 25, 2),  # int(2.5), not rounded up
+    ("axolotl", 0, 0.0, 40, 2),  # int(1.2) is 1, which Axolotl makes 2
+    ("axolotl", 7, 0.0, 1000, 7),
+    ("hf", 0, 0.1, 25, 3),  # control: the Hugging Face Trainer rounds the ratio up
+    ("hf", 0, 0.0, 1000, 0),
+])
+def test_the_warmup_is_counted_as_the_source_tool_counts_it(rule: str, warmup: int, ratio: float, steps: int,
+                                                             want: int):
+    from trainer.config import TrainConfig, warmup_steps
+
+    config = TrainConfig(data="d", model="m", out="o", warmup_rule=rule, warmup=warmup, warmup_ratio=ratio)
+    assert warmup_steps(config, steps) == want
+
+
+@pytest.mark.parametrize(("epochs", "evals", "saves", "steps", "want"), [
+    (1, 4, 1, 40, (10, 0)),  # Axolotl: 1 / (4 x 1) of the steps
+    (2, 4, 1, 40, (5, 20)),
+    (1, 1, 0, 40, (0, 0)),  # a fraction of 1: at the end only, as Axolotl warns
+    (3, 2, 3, 100, (17, 12)),  # rounded up, as transformers rounds a fractional eval_steps
+])
+def test_evals_and_saves_per_epoch_become_steps(epochs: int, evals: int, saves: int, steps: int, want: tuple):
+    from trainer.config import TrainConfig, per_epoch
+
+    config = per_epoch(TrainConfig(data="d", model="m", out="o", epochs=epochs, evals_per_epoch=evals,
+                                   saves_per_epoch=saves), steps)
+    assert (config.eval_every, config.save_every) == want
+
+
+def test_wandb_gets_the_project_entity_and_run_name(tmp_path: Path, monkeypatch):
+    import sys
+    import types
+
+    from trainer.config import TrainConfig
+    from trainer.run.metrics import Reporter
+
+    calls: list[dict] = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: calls.append(kwargs) or types.SimpleNamespace(log=lambda *a, **k: None,
+                                                                               finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    config = TrainConfig(data="d", model="m", out=str(tmp_path), report_to="wandb", wandb_project="p",
+                         wandb_entity="team", run_name="first")
+    Reporter("wandb", tmp_path, config, rank=0).close()
+    Reporter("wandb", tmp_path, TrainConfig(data="d", model="m", out=str(tmp_path), report_to="wandb"), 0).close()
+    assert [(c["project"], c["entity"], c["name"]) for c in calls] == [("p", "team", "first"),
+                                                                      ("pack-train", None, None)]
