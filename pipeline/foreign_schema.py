@@ -214,6 +214,8 @@ TRAIN_DEFAULTS = {
             ("log_every", 10, "log every 10 steps"), ("save_every", 500, "save every 500 steps"),
             ("out", "trainer_output", "output_dir trainer_output")],
     "Axolotl": [("schedule", "cosine", "cosine"), ("min_lr_ratio", 0.0, "to 0"), *_HF,
+                ("out", "./model-out", "output_dir ./model-out"),  # schemas/config.py
+                ("data", "last_run_prepared", "dataset_prepared_path last_run_prepared"),  # common/const.py
                 ("warmup_rule", "axolotl", "warmup as Axolotl counts it (3% of the steps, at most 100, when none is "
                                              "given)")],
 }
@@ -247,6 +249,9 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             length = 1024 if tool == TRL else AXOLOTL_VALUES["sequence_len"]
             take(f"({tool} default)", "max_len", length)
             said.append(f"rows of {length} tokens")
+        if tool != TRL and "out" not in out:
+            take(f"({tool} default)", "out", "last_run_prepared")
+            said.append("dataset_prepared_path last_run_prepared")
         if tool == TRL and "train_on_prompt" not in out:
             said.append(_trl_loss(out, take))
         source = "SFTConfig of trl 1.16.0" if tool == TRL else "Axolotl 0.19.0's schema"
