@@ -254,3 +254,57 @@ def test_wandb_gets_the_project_entity_and_run_name(tmp_path: Path, monkeypatch)
     Reporter("wandb", tmp_path, TrainConfig(data="d", model="m", out=str(tmp_path), report_to="wandb"), 0).close()
     assert [(c["project"], c["entity"], c["name"]) for c in calls] == [("p", "team", "first"),
                                                                       ("pack-train", None, None)]
+
+
+# ---------------------------------------------------------------- data keys
+
+@pytest.mark.parametrize(("data", "extra", "want"), [
+    ("chat.jsonl", "", True),  # TRL trains every token of messages data by default
+    ("instructions.jsonl", "", None),  # not prompt/completion nor messages: the flag is left alone
+    ("chat.jsonl", "assistant_only_loss: true\n", False),  # control: the file says assistant-only
+])
+def test_a_trl_messages_dataset_trains_every_token_unless_the_file_says_otherwise(tmp_path: Path, data: str,
+                                                                                  extra: str, want):
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(f"model_name_or_path: tiny\ndataset_name: {ROOT / 'data/sample' / data}\n" + extra)
+    lines: list[str] = []
+    got = read_config_file(cfg, pack_data, foreign="pack-data", mapping=lines)
+    assert got.get("train_on_prompt") == want
+    if want:
+        assert "loss on every token of the messages (assistant_only_loss: false)" in lines[-1]
+
+
+def test_prompt_completion_data_keeps_trls_completion_only_default(tmp_path: Path):
+    data = tmp_path / "pc.jsonl"
+    data.write_text('{"prompt": "2+2=", "completion": "4"}\n')
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(f"model_name_or_path: tiny\ndataset_name: {data}\n")
+    lines: list[str] = []
+    assert "train_on_prompt" not in read_config_file(cfg, pack_data, foreign="pack-data", mapping=lines)
+    assert "loss on the completion (completion_only_loss)" in lines[-1]
+
+
+def test_axolotl_dataset_sub_keys_map_to_pack_data_options(tmp_path: Path):
+    """message_property_mappings onto the names pack-data reads are accepted, others refused;
+    roles_to_train / train_on_eos / special_tokens / tokens are pack-data's options where this
+    version has them, else named as needing them (never dropped)."""
+    cfg = tmp_path / "a.yaml"
+    base = (f"base_model: tiny\ndatasets:\n  - path: {ROOT / 'data/sample/chat.jsonl'}\n    type: chat_template\n"
+            "    message_property_mappings: {role: from, content: value}\n")
+    cfg.write_text(base)
+    assert read_config_file(cfg, pack_data, foreign="pack-data")["fmt"] == "chat"
+    cfg.write_text(base.replace("role: from", "role: speaker"))
+    with pytest.raises(Exception, match="pack-data reads role from role or from"):
+        read_config_file(cfg, pack_data, foreign="pack-data")
+    cfg.write_text(base + "    roles_to_train: [assistant, user]\n    train_on_eos: all\n"
+                   "special_tokens: {eos_token: <|im_end|>, pad_token: <pad>}\ntokens: [<tool>]\n")
+    params = {p.name for p in pack_data.params}
+    if {"roles_to_train", "train_on_eos", "special_tokens", "add_tokens"} <= params:
+        got = read_config_file(cfg, pack_data, foreign="pack-data")
+        assert (list(got["roles_to_train"]), got["train_on_eos"], got["add_tokens"]) == (
+            ["assistant", "user"], "all", ["<tool>"])
+        assert "eos_token=<|im_end|>" in str(got["special_tokens"]) and "pad" not in str(got["special_tokens"])
+    else:
+        with pytest.raises(Exception, match="needs pack-data --roles-to-train") as caught:
+            read_config_file(cfg, pack_data, foreign="pack-data")
+        assert "key 'special_tokens'" in str(caught.value) and "key 'tokens'" in str(caught.value)
