@@ -66,6 +66,7 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _fsdp_version,
     _lora_r,
     _tiled_mlp,
+    _plugins,
     show,
 )
 from pipeline.foreign_data import add_tokens, axolotl_datasets, dataset_name, special_tokens, trl_mixture
@@ -253,8 +254,8 @@ KEYS: tuple[Key, ...] = (
                                               "true or legacy: --offload-activations"), TRAIN_KEY),
     Key("fsdp_version", AXOLOTL, Map(("parallel",), _fsdp_version, "1 or 2: --parallel fsdp (FSDP2)"), TRAIN_KEY),
     # Axolotl's own machinery: kernels and checks that compute the same
-    Key("plugins", AXOLOTL, Unused("Axolotl's plugins patch its own code (Cut Cross Entropy, Liger): " + KERNEL),
-        Unused("Axolotl's plugins patch its own training code")),
+    Key("plugins", AXOLOTL, Map((), _plugins, "Cut Cross Entropy and Liger: not used (kernels that compute the "
+                                             "same); any other plugin is refused"), Unused("pack-train's")),
     *(Key(k, AXOLOTL, Unused(KERNEL), TRAIN_KEY) for k in (
         "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm", "liger_fused_linear_cross_entropy",
         "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "cut_cross_entropy")),

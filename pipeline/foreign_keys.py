@@ -327,6 +327,21 @@ def _activation_offloading(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     raise _refuse("activation_offloading", value, "use true (CPU memory); disk offloading is not done here")
 
 
+# Axolotl plugins whose kernels compute the same numbers (the loss, norms, RoPE, SwiGLU fused)
+SAME_MATH_PLUGINS = ("cut_cross_entropy", "liger")
+
+
+def _plugins(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """Cut Cross Entropy and Liger are kernels; any other plugin changes what Axolotl runs
+    (Spectrum freezes layers, others distil or evaluate) and is refused."""
+    names = value if isinstance(value, list) else [value]
+    other = [n for n in names if not (isinstance(n, str) and any(k in n for k in SAME_MATH_PLUGINS))]
+    if other:
+        raise _refuse("plugins", other, "only Axolotl's kernel plugins (Cut Cross Entropy, Liger) are known to "
+                                        "compute what pack-train computes: remove the others")
+    raise NotUsed("kernels that compute the same: the loss here is chunked and exact")
+
+
 def _fsdp_version(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value not in (1, 2):
         raise _refuse("fsdp_version", value, "use 1 or 2")

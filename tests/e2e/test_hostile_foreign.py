@@ -141,10 +141,24 @@ def test_every_key_that_cannot_be_honoured_is_named_at_once(tmp_path: Path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(AXOLOTL + "fp16: true\nlora_model_dir: ./adapter\nunfrozen_parameters: [^lm_head.*]\n"
                    "ddp_find_unused_parameters: false\nlora_model_dir_unused_default:\nrl: dpo\n"
-                   "eval_sample_packing: false\nloss_watchdog_threshold: 5.0\nplugins: [x.Plugin]\n")
+                   "eval_sample_packing: false\nloss_watchdog_threshold: 5.0\n"
+                   "plugins: [axolotl.integrations.liger.LigerPlugin]\n")
     line = one_line(pack_train, cfg, tmp_path)
     assert "keys cannot be honoured here (all named at once)" in line
     for key in ("fp16", "lora_model_dir", "unfrozen_parameters", "rl", "lora_model_dir_unused_default"):
         assert f"key '{key}'" in line, key
     for key in ("ddp_find_unused_parameters", "eval_sample_packing", "loss_watchdog_threshold", "plugins"):
         assert f"key '{key}'" not in line, key
+
+
+def test_a_plugin_that_changes_the_run_is_refused(tmp_path: Path):
+    """Spectrum freezes layers: refused; Cut Cross Entropy and Liger compute the same (control)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(AXOLOTL + "plugins:\n  - axolotl.integrations.spectrum.SpectrumPlugin\n"
+                   "  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n")
+    line = one_line(pack_train, cfg, tmp_path)
+    assert "key 'plugins': ['axolotl.integrations.spectrum.SpectrumPlugin'] has no equivalent here" in line
+    cfg.write_text(AXOLOTL + "plugins: [axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin]\n")
+    lines: list[str] = []
+    read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train", mapping=lines)
+    assert any(line.startswith("  plugins: ") and "not used (kernels that compute the same" in line for line in lines)
