@@ -308,3 +308,20 @@ def test_axolotl_dataset_sub_keys_map_to_pack_data_options(tmp_path: Path):
         with pytest.raises(Exception, match="needs pack-data --roles-to-train") as caught:
             read_config_file(cfg, pack_data, foreign="pack-data")
         assert "key 'special_tokens'" in str(caught.value) and "key 'tokens'" in str(caught.value)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("wandb_project: p\nwandb_entity: team\nwandb_name: first\n",
+     {"wandb_project": "p", "report_to": "wandb", "wandb_entity": "team", "run_name": "first"}),
+    # TRL: report_to chooses; run_name names the run
+    ("report_to: wandb\nrun_name: first\n", {"report_to": "wandb", "run_name": "first"}),
+    # control: Axolotl's empty W&B keys log nowhere
+    ("wandb_project:\nwandb_entity:\n", {}),
+])
+def test_wandb_keys_map_to_the_wandb_options(tmp_path: Path, text: str, want: dict):
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("base_model: tiny\nlearning_rate: 0.001\n" + text if "wandb_" in text else
+                   "model_name_or_path: tiny\n" + text)
+    got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
+    keys = ("wandb_project", "report_to", "wandb_entity", "run_name")
+    assert {k: got[k] for k in keys if k in got} == want
