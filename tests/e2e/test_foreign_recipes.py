@@ -325,3 +325,18 @@ def test_wandb_keys_map_to_the_wandb_options(tmp_path: Path, text: str, want: di
     got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
     keys = ("wandb_project", "report_to", "wandb_entity", "run_name")
     assert {k: got[k] for k in keys if k in got} == want
+
+
+def test_a_resume_with_another_adam_eps_is_refused(tmp_path: Path):
+    """The optimizer's state carries its epsilon: a resume with another is refused, as with --beta2;
+    the same value resumes (control)."""
+    packed = tmp_path / "packed"
+    assert CliRunner().invoke(pack_data, [str(LOCAL["alpaca"]), "--tokenizer", str(ROOT / "data/tokenizer"),
+                                          "--max-len", "512", "--out", str(packed), *DATA_FLAGS]).exit_code == 0
+    args = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "run"), "--tokens-per-step", "1024",
+            "--num-workers", "0", "--no-progress", "--adam-eps", "1e-6"]
+    assert CliRunner().invoke(pack_train, [*args, "--max-steps", "1"]).exit_code == 0
+    other = CliRunner().invoke(pack_train, [*args[:-1], "1e-5", "--max-steps", "2", "--resume"])
+    assert other.exit_code == 1 and "it was trained with --adam-eps 1e-06 but this run has --adam-eps 1e-05" in \
+        other.stderr, other.output
+    assert CliRunner().invoke(pack_train, [*args, "--max-steps", "2", "--resume"]).exit_code == 0
