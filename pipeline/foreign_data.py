@@ -12,10 +12,17 @@ from pipeline.errors import UserError
 from pipeline.foreign_keys import NotUsed, refuse, text_value
 from pipeline.foreign_schema import AXOLOTL_NO_VALUE
 
-# Axolotl dataset `type` -> our --format (None: detected from the file's columns); `alpaca:phi` and
-# the like name alpaca's prompt variants, whose text pack-data's instruction template writes
+# Axolotl dataset `type` -> our --format (None: detected from the file's columns)
 AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
                  "input_output": None}
+# `alpaca:STYLE`: Axolotl's AlpacaPrompter styles (axolotl 0.19.0 prompters.py) as pack-data --template
+# text: `instruct` is pack-data's alpaca preset, word for word; `chat` is plain text (its no-input form:
+# pack-data refuses a row whose input such a template would leave out). `chatml` and `phi` write
+# control tokens (<|im_start|>, <|user|>) into the prompt text, which Axolotl's tokenizer reads as
+# those tokens and pack-data as text: no exact equivalent.
+_NO_INPUT_SYSTEM = ("Below is an instruction that describes a task. Write a response that appropriately completes "
+                    "the request.")
+ALPACA_STYLES = {"instruct": "alpaca", "chat": f"SYSTEM: {_NO_INPUT_SYSTEM}\nUSER: {{instruction}}\nASSISTANT:"}
 # sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
            "roles_to_train", "train_on_eos", "ds_type", "shards"}
@@ -78,7 +85,15 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         _unused_subkeys(d, where)
         path = text_value(f"{where} path", d["path"])
         kind = text_value(f"{where} type", d.get("type", "chat_template"))
-        base = kind.split(":", 1)[0] if kind.startswith("alpaca:") else kind
+        base, _, style = kind.partition(":") if kind.startswith("alpaca:") else (kind, "", "")
+        if style:
+            if style not in ALPACA_STYLES:
+                raise refuse(f"{where} type", kind, f"Axolotl's {style} style writes control tokens into the prompt "
+                                                    "text, which pack-data tokenizes as text: convert the rows to "
+                                                    "messages and give the model's chat_template (e.g. phi_3, chatml)")
+            if extra.setdefault("template", ALPACA_STYLES[style]) != ALPACA_STYLES[style]:
+                raise refuse(f"{where} type", kind, "every dataset of one run takes the same prompt style: pack them "
+                                                    "separately")
         if base not in AXOLOTL_TYPES:
             raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
                                                 "with pack-data's own --format and field options")

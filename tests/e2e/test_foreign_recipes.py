@@ -52,6 +52,9 @@ def swapped(name: str, tmp_path: Path, model: str = "tiny") -> Path:
         settings["tokenizer_config"] = str(ROOT / "data/tokenizer")
         settings["dataset_prepared_path"] = str(tmp_path / "prepared")
         for entry in settings.get("datasets") or []:
+            if entry.get("type") == "alpaca:phi":  # its rows as messages, in a template the tokenizer holds
+                entry["type"] = "chat_template"
+                settings["chat_template"] = "chatml"
             kind = str(entry.get("type", "chat_template")).split(":")[0]
             entry["path"] = str(LOCAL[kind])
             for key in ("split", "data_files", "field_messages", "field"):  # they named the Hub dataset's parts
@@ -96,6 +99,7 @@ AXOLOTL_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "grad_clip":
                              "evals_per_epoch": 4, "saves_per_epoch": 1, "eval_every": 1, "qlora": False}),
     ("mistral_qlora.yml", {"lr": 0.0002, "lora_r": 32, "lora_alpha": 16.0, "qlora": True, "lora_target": "all",
                            "optimizer": "adamw8bit", "tokens_per_step": 16384, "grad_accum": 4}),
+    # phi3's alpaca:phi data as messages with a chat template (pack-data refuses alpaca:phi: below)
     ("phi_phi3-ft.yml", {"lr": 5e-6, "lora_r": 64, "lora_target": "all", "optimizer": "adamw", "beta2": 0.95,
                          "adam_eps": 1e-5, "beta1": 0.9, "grad_clip": 1.0, "warmup_ratio": 0.2, "weight_decay": 0.1,
                          "eval_every": 1000, "save_every": 5000, "tokens_per_step": 8192}),
@@ -174,6 +178,36 @@ def test_the_multi_gpu_and_long_row_examples_map_to_our_options(tmp_path: Path, 
     cfg.write_text(yaml.safe_dump(settings))
     got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
     assert {k: got[k] for k in want} == want
+
+
+@pytest.mark.parametrize(("style", "template"), [
+    ("alpaca:phi", None), ("alpaca:chatml", None),
+    ("alpaca:chat", "SYSTEM: Below is an instruction that describes a task. Write a response that appropriately "
+                    "completes the request.\nUSER: {instruction}\nASSISTANT:"),
+    ("alpaca", None), ("alpaca:instruct", "alpaca"),
+])
+def test_alpaca_prompt_styles_are_axolotls_text_or_refused(tmp_path: Path, style: str, template: str | None):
+    """alpaca is pack-data's preset word for word; alpaca:chat's prompt is plain text; alpaca:phi and
+    alpaca:chatml put control tokens in the prompt text, which pack-data would tokenize as text."""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(f"base_model: tiny\ndatasets:\n  - path: {LOCAL['alpaca']}\n    type: {style}\n")
+    if style in ("alpaca:phi", "alpaca:chatml"):
+        with pytest.raises(Exception, match="writes control tokens into the prompt text"):
+            read_config_file(cfg, pack_data, foreign="pack-data")
+        return
+    got = read_config_file(cfg, pack_data, foreign="pack-data")
+    assert (got["fmt"], got.get("template")) == ("instruction", template)
+
+
+def test_axolotls_alpaca_prompt_is_pack_datas_preset():
+    from pipeline.read.formats import ALPACA, ALPACA_NO_INPUT
+
+    # axolotl 0.19.0 prompters.py, AlpacaPrompter (instruct): system_prompt + "\n\n" + turn_format
+    system = ("Below is an instruction that describes a task, paired with an input that provides further context. "
+              "Write a response that appropriately completes the request.")
+    assert ALPACA == system + "\n\n" + "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+    no_input = "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+    assert ALPACA_NO_INPUT == no_input + "\n\n" + "### Instruction:\n{instruction}\n\n### Response:\n"
 
 
 def test_what_cannot_be_honoured_is_named_all_at_once():
