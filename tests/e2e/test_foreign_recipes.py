@@ -374,3 +374,19 @@ def test_a_resume_with_another_adam_eps_is_refused(tmp_path: Path):
     assert other.exit_code == 1 and "it was trained with --adam-eps 1e-06 but this run has --adam-eps 1e-05" in \
         other.stderr, other.output
     assert CliRunner().invoke(pack_train, [*args, "--max-steps", "2", "--resume"]).exit_code == 0
+
+
+def test_use_peft_without_target_modules_takes_peft_s_targets_for_the_model():
+    """TRL passes target_modules=None, and peft then picks the model type's own (Llama: q_proj and
+    v_proj), not every linear layer; --lora-target all (control) is every linear layer."""
+    from trainer.config import TrainConfig
+    from trainer.model.load import build_model
+    from trainer.model.lora import add_lora
+
+    def targets(name: str) -> set[str]:
+        model, _ = build_model("tiny", attn="sdpa", vocab_size=300, seed=0)
+        peft = add_lora(model, TrainConfig(data="d", model="tiny", out="o", lora_r=4, lora_target=name))
+        return {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in peft.named_parameters() if "lora_A" in n}
+
+    assert targets("default") == {"q_proj", "v_proj"}
+    assert targets("all") == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
