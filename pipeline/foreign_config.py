@@ -67,6 +67,7 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _lora_r,
     _tiled_mlp,
     _plugins,
+    _evaluations,
     show,
 )
 from pipeline.foreign_data import add_tokens, axolotl_datasets, dataset_name, special_tokens, trl_mixture
@@ -170,7 +171,8 @@ KEYS: tuple[Key, ...] = (
     Key("save_steps", BOTH, _same("save_every"), TRAIN_KEY),
     Key("save_total_limit", BOTH, _same("keep_last"), TRAIN_KEY),
     Key("logging_steps", BOTH, _same("log_every"), TRAIN_KEY),
-    Key("eval_steps", BOTH, _same("eval_every"), TRAIN_KEY),
+    Key("eval_steps", BOTH, Map(("eval_every",), _evaluations("eval_every"), "when the tool evaluates: Axolotl "
+                                 "with val_set_size, TRL with eval_strategy: steps"), TRAIN_KEY),
     Key("save_strategy", TRL, Unused("save_steps (--save-every) sets when checkpoints are written"), TRAIN_KEY),
     Key("eval_strategy", TRL, Unused("eval_steps (--eval-every) sets when evaluation runs"), TRAIN_KEY),
     Key("logging_strategy", TRL, Unused("logging_steps (--log-every) sets when metrics are logged"), TRAIN_KEY),
@@ -234,7 +236,8 @@ KEYS: tuple[Key, ...] = (
     Key("debug", AXOLOTL, Unused("pack-data --limit N packs a slice to try options on"),
         Unused("--limit N packs a slice to try options on")),
     Key("saves_per_epoch", AXOLOTL, _same("saves_per_epoch"), TRAIN_KEY),
-    Key("evals_per_epoch", AXOLOTL, _same("evals_per_epoch"), TRAIN_KEY),
+    Key("evals_per_epoch", AXOLOTL, Map(("evals_per_epoch",), _evaluations("evals_per_epoch"),
+                                        "with val_set_size (Axolotl evaluates only then)"), TRAIN_KEY),
     Key("early_stopping_patience", AXOLOTL, Unused("no early stopping: save_best keeps the best checkpoint"),
         TRAIN_KEY),
     Key("group_by_length", BOTH, Unused(PACKED), TRAIN_KEY),

@@ -327,6 +327,19 @@ def _activation_offloading(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     raise _refuse("activation_offloading", value, "use true (CPU memory); disk offloading is not done here")
 
 
+def _evaluations(option: str) -> Convert:
+    """eval_steps / evals_per_epoch, when the tool would evaluate: Axolotl only with held-out data
+    (val_set_size or test_datasets), TRL only with eval_strategy: steps (its default is no)."""
+
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if "base_model" in settings and not settings.get("val_set_size") and not settings.get("test_datasets"):
+            raise NotUsed("no held-out data (val_set_size 0): Axolotl evaluates nothing either")
+        if "model_name_or_path" in settings and settings.get("eval_strategy", "no") != "steps":
+            raise NotUsed(f"eval_strategy is {settings.get('eval_strategy', 'no')} (TRL's default: no): no evaluation")
+        return {option: value}
+    return convert
+
+
 # Axolotl plugins whose kernels compute the same numbers (the loss, norms, RoPE, SwiGLU fused)
 SAME_MATH_PLUGINS = ("cut_cross_entropy", "liger")
 

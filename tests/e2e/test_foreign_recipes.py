@@ -390,3 +390,18 @@ def test_use_peft_without_target_modules_takes_peft_s_targets_for_the_model():
 
     assert targets("default") == {"q_proj", "v_proj"}
     assert targets("all") == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # Axolotl evaluates only with held-out data (qwen3/32b-qlora.yaml: val_set_size 0.0, evals_per_epoch 4)
+    ("base_model: tiny\nval_set_size: 0.0\nevals_per_epoch: 4\neval_steps: 10\n", {}),
+    ("base_model: tiny\nval_set_size: 0.1\nevals_per_epoch: 4\n", {"evals_per_epoch": 4}),
+    # TRL evaluates only with eval_strategy: steps (its default is no)
+    ("model_name_or_path: tiny\neval_steps: 10\n", {}),
+    ("model_name_or_path: tiny\neval_strategy: steps\neval_steps: 10\n", {"eval_every": 10}),
+])
+def test_evaluation_keys_count_only_when_the_tool_would_evaluate(tmp_path: Path, text: str, want: dict):
+    cfg = tmp_path / "e.yaml"
+    cfg.write_text(text)
+    got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
+    assert {k: got[k] for k in ("evals_per_epoch", "eval_every") if k in got} == want
