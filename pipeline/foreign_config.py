@@ -104,12 +104,14 @@ KEYS: tuple[Key, ...] = (
         "needed, rows hold no padding")),
     Key("tokens", AXOLOTL, Unused(FROM_DATA), Map(("add_tokens",), add_tokens, "each as --add-token TEXT")),
     # data
-    Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template", "roles_to_train",
-                                         "train_on_eos"), _datasets,
-        "each entry's path is an input: a Hub id as org/name[:name]:split (split: a split's name, not a slice), "
-        "a local path, or data_files inside a local folder (data_files of a Hub dataset are refused: download "
-        "them); type chat_template or sharegpt: --format chat, alpaca: instruction (alpaca:chat: its "
-        "prompt as --template; alpaca:phi and alpaca:chatml refused: their markers would be text), completion: text; field_messages, field: the fields; message_property_mappings: role from role/from, content from "
+    Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template", "limit",
+                                         "roles_to_train", "train_on_eos"), _datasets,
+        "each entry's path is an input: a Hub id as org/name[:name]:split (train[:N] of the only dataset: "
+        "--limit N; a share such as train[:20%] refused), a local path, or data_files inside a local folder "
+        "(data_files of a Hub dataset are refused: download them); type chat_template or sharegpt: --format "
+        "chat, alpaca: instruction (alpaca:chat: its prompt as --template; alpaca:phi and alpaca:chatml "
+        "refused: their markers would be text), completion: text; field_messages, field: the fields; "
+        "message_property_mappings (or message_field_role/content): role from role/from, content from "
         "content/value; roles_to_train, train_on_eos: --roles-to-train, --train-on-eos; shards other than 1 "
         "refused. In a TRL file, its mixture: path, name, split, data_files of each entry")),
     Key("dataset_name", TRL, DATA_KEY, Map(("inputs",), dataset_name,

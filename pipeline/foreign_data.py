@@ -1,10 +1,12 @@
 """The data keys of Axolotl and TRL files for pack-data: Axolotl's `datasets:` entries (with their
-sub-keys), TRL's `dataset_name` and its `datasets:` mixture, and `special_tokens` / `tokens`. Each conversion refuses in one line a value that has no exact
-equivalent here, or a value of the wrong shape (`name: 2024`, `type: [a, b]`)."""
+sub-keys), TRL's `dataset_name` and its `datasets:` mixture, and `special_tokens` / `tokens`. Each
+conversion refuses in one line a value that has no exact equivalent here, or a value of the wrong
+shape (`name: 2024`, `type: [a, b]`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ _NO_INPUT_SYSTEM = ("Below is an instruction that describes a task. Write a resp
 ALPACA_STYLES = {"instruct": "alpaca", "chat": f"SYSTEM: {_NO_INPUT_SYSTEM}\nUSER: {{instruction}}\nASSISTANT:"}
 # sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
-           "roles_to_train", "train_on_eos", "ds_type", "shards"}
+           "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content"}
 # values that leave a sub-key at Axolotl's own default: nothing to do
 _DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "train_on_eos": ("turn",),
                     "shards": (1,), "split": ("train",)}
@@ -99,9 +101,12 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
                                                 "with pack-data's own --format and field options")
         formats.add(AXOLOTL_TYPES[base])
         split = text_value(f"{where} split", d.get("split"), none=True)
+        first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")
+        if first and len(value) == 1:  # train[:100]: the first 100 examples of the one input
+            split, extra["limit"] = first.group(1), int(first.group(2))
         if split is not None and not split.isidentifier():
-            raise refuse(f"{where} split", split, "a slice of a split is not read here: give the split's name "
-                                                  "(train) and --limit N for the first N examples")
+            raise refuse(f"{where} split", split, "a share of a split (train[:20%]) is not read here: give the "
+                                                  "split's name (train) and --limit N for the first N examples")
         name = text_value(f"{where} name", d.get("name"), none=True)
         shards = d.get("shards")
         if shards not in (None, 1):
@@ -114,6 +119,11 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         mapping = d.get("message_property_mappings")
         if mapping is not None:
             _message_mappings(mapping, where)
+        # Axolotl's older spelling of the same mapping
+        old = {ours: d[theirs] for ours, theirs in (("role", "message_field_role"),
+                                                    ("content", "message_field_content")) if d.get(theirs) is not None}
+        if old:
+            _message_mappings(old, where)
         for key, option in (("field_messages", "messages_field"), ("field", "text_field")):
             if d.get(key) is not None:
                 field = text_value(f"{where} {key}", d[key])

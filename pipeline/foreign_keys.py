@@ -340,8 +340,9 @@ def _evaluations(option: str) -> Convert:
     return convert
 
 
-# Axolotl plugins whose kernels compute the same numbers (the loss, norms, RoPE, SwiGLU fused)
-SAME_MATH_PLUGINS = ("cut_cross_entropy", "liger")
+# Axolotl plugins whose kernels compute the same numbers (the loss, norms, RoPE, SwiGLU fused; the
+# Hub's kernels), and SwanLab, a metrics logger
+SAME_MATH_PLUGINS = ("cut_cross_entropy", "liger", "integrations.kernels", "swanlab")
 
 
 def _plugins(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,9 +351,10 @@ def _plugins(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     names = value if isinstance(value, list) else [value]
     other = [n for n in names if not (isinstance(n, str) and any(k in n for k in SAME_MATH_PLUGINS))]
     if other:
-        raise _refuse("plugins", other, "only Axolotl's kernel plugins (Cut Cross Entropy, Liger) are known to "
-                                        "compute what pack-train computes: remove the others")
-    raise NotUsed("kernels that compute the same: the loss here is chunked and exact")
+        raise _refuse("plugins", other, "only Axolotl's kernel plugins (Cut Cross Entropy, Liger, Kernels) are "
+                                        "known to compute what pack-train computes: remove the others")
+    raise NotUsed("kernels that compute the same (the loss here is chunked and exact), or SwanLab's logging: "
+                  "metrics go to metrics.jsonl and --report-to")
 
 
 def _fsdp_version(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:

@@ -405,3 +405,37 @@ def test_evaluation_keys_count_only_when_the_tool_would_evaluate(tmp_path: Path,
     cfg.write_text(text)
     got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
     assert {k: got[k] for k in ("evals_per_epoch", "eval_every") if k in got} == want
+
+
+@pytest.mark.parametrize(("entries", "want", "refused"), [
+    # the first N examples of the only dataset: --limit N (a share of a split has no equivalent)
+    ([{"split": "train[:100]"}], {"inputs": ["org/ds:train"], "limit": 100}, None),
+    ([{"split": "train[:20%]"}], None, "a share of a split (train[:20%]) is not read here"),
+    ([{"split": "train[:100]"}, {"path": "org/other"}], None, "a share of a split"),
+    # Axolotl's older spelling of message_property_mappings
+    ([{"message_field_role": "from", "message_field_content": "value"}], {"inputs": ["org/ds:train"]}, None),
+    ([{"message_field_role": "speaker"}], None, "pack-data reads role from role or from"),
+])
+def test_dataset_splits_and_older_sub_keys(tmp_path: Path, entries: list[dict], want: dict | None,
+                                           refused: str | None):
+    cfg = tmp_path / "d.yaml"
+    import yaml as _yaml
+
+    datasets = [{"path": "org/ds", "type": "chat_template", **e} for e in entries]
+    cfg.write_text(_yaml.safe_dump({"base_model": "tiny", "datasets": datasets}))
+    if refused:
+        with pytest.raises(Exception, match=refused.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            read_config_file(cfg, pack_data, foreign="pack-data")
+        return
+    got = read_config_file(cfg, pack_data, foreign="pack-data")
+    assert {k: got.get(k) for k in want} == want
+
+
+@pytest.mark.parametrize("plugin", ["axolotl.integrations.kernels.KernelsPlugin",
+                                    "axolotl.integrations.swanlab.SwanLabPlugin"])
+def test_kernel_and_logging_plugins_are_named_as_not_used(tmp_path: Path, plugin: str):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"base_model: tiny\nlearning_rate: 0.001\nplugins: [{plugin}]\n")
+    lines: list[str] = []
+    read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train", mapping=lines)
+    assert any(line.startswith("  plugins: ") and ": not used (" in line for line in lines)
