@@ -245,7 +245,11 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             said.append("no learning_rate (Axolotl requires one): pack-train's --lr, unless given as a flag")
         source = "SFTConfig of trl 1.16.0" if tool == TRL else "Axolotl 0.19.0's schema"
     else:
-        if "max_len" not in out:
+        if tool == TRL and "max_len" not in out and any(k in data and data[k] is None
+                                                         for k in ("max_length", "max_seq_length")):
+            refused.append("key 'max_length': null: TRL then cuts no example, and pack-data packs rows of a fixed "
+                           "length: give max_length (at least the longest example's tokens)")
+        elif "max_len" not in out:
             length = 1024 if tool == TRL else AXOLOTL_VALUES["sequence_len"]
             take(f"({tool} default)", "max_len", length)
             said.append(f"rows of {length} tokens")

@@ -64,6 +64,7 @@ def test_a_file_that_asks_for_lora_never_trains_every_weight(tmp_path: Path, tex
      "key 'micro_batch_size': its sequence_len: True has no equivalent here: it is a row length"),
     (pack_data, AXOLOTL + "sequence_len: true\n", "key 'sequence_len': --max-len must be an integer, got True"),
     (pack_data, TRL + "max_length: 1024.5\n", "key 'max_length'"),
+    (pack_data, TRL + "max_length: null\n", "key 'max_length': null: TRL then cuts no example"),
     (pack_train, AXOLOTL + "num_epochs: true\n", "key 'num_epochs': True has no equivalent here: give a number"),
     (pack_train, AXOLOTL + "context_parallel_size: true\n", "key 'context_parallel_size'"),
 ])
