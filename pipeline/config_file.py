@@ -21,8 +21,10 @@ too. `key: null` (or an empty value) leaves the flag's default; `true` for an op
 stand alone (`resume: true`, `grad-checkpointing: true`) means the flag alone.
 
 An Axolotl or TRL (`trl sft`) YAML is read as it is: each of their keys that means something here
-is mapped to options of ours, each that does not is named with what to do instead
-(`pipeline.foreign_config`), and the mapping is printed once, key by key, on stderr:
+is mapped to options of ours, each that does not is named with why (`pipeline.foreign_config`), what
+the file leaves out takes that tool's defaults (`foreign_schema.source_defaults`), and the mapping is
+printed once, key by key, on stderr. Every key whose meaning cannot be honoured is named in one line,
+all at once (an error line quoting a long value is cut):
 
     pack-train --config axolotl.yaml (Axolotl keys):
       base_model: NousResearch/Llama-3.2-1B -> --model NousResearch/Llama-3.2-1B
