@@ -288,15 +288,20 @@ def _not(option: str, key: str) -> Convert:
 
 
 def _report_to(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """tensorboard or wandb as --report-to; other loggers (trackio, mlflow, ...) only receive metrics,
+    so they are named as not used (metrics.jsonl is always written)."""
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise _refuse("report_to", value, "use none, tensorboard or wandb")
-    names = [n for n in names if n != "none"]
-    if not names:
-        return {"report_to": "none"}
-    if len(names) == 1 and names[0] in ("tensorboard", "wandb"):
-        return {"report_to": names[0]}
-    raise _refuse("report_to", value, "one of tensorboard or wandb (or none)")
+    ours = [n for n in names if n in ("tensorboard", "wandb")]
+    if len(ours) > 1:
+        raise _refuse("report_to", value, "pack-train logs to one of tensorboard or wandb: keep one")
+    if ours:
+        return {"report_to": ours[0]}
+    others = [n for n in names if n != "none"]
+    if others:
+        raise NotUsed(f"{', '.join(others)}: pack-train logs to metrics.jsonl, and to tensorboard or wandb")
+    return {"report_to": "none"}
 
 
 def _wandb_project(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -439,3 +439,25 @@ def test_kernel_and_logging_plugins_are_named_as_not_used(tmp_path: Path, plugin
     lines: list[str] = []
     read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train", mapping=lines)
     assert any(line.startswith("  plugins: ") and ": not used (" in line for line in lines)
+
+
+def test_trls_skill_file_is_refused_only_for_its_padded_batch():
+    """TRL's training skill's example: report_to trackio is a logger (named as not used); its batch of
+    8 padded examples (no packing: TRL's default) has no token budget, the one key refused; with
+    packing it maps whole, use_peft's missing dropout and targets from TRL's ModelConfig and peft."""
+    result = CliRunner().invoke(pack_train, ["--config", str(EXAMPLES / "trl" / "sft_skill.yaml"), "--help"])
+    assert result.exit_code == 1 and "key 'per_device_train_batch_size'" in result.stderr
+    assert "cannot be honoured" not in result.stderr and "report_to" not in result.stderr  # the one key
+
+
+def test_trls_skill_file_with_packing_maps_to_trls_recipe(tmp_path: Path):
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text((EXAMPLES / "trl" / "sft_skill.yaml").read_text() + "packing: true\n")
+    lines: list[str] = []
+    got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train", mapping=lines)
+    want = {"lr": 2e-5, "epochs": 1, "tokens_per_step": 8 * 1024, "grad_accum": 2, "lora_r": 16, "lora_alpha": 16.0,
+            "lora_dropout": 0.05, "lora_target": "default", "schedule": "linear", "min_lr_ratio": 0.0,
+            "beta2": 0.999, "weight_decay": 0.0, "out": "./sft_output"}
+    assert {k: got[k] for k in want} == want and "report_to" not in got
+    assert "  report_to: trackio: not used (trackio: pack-train logs to metrics.jsonl, and to tensorboard or wandb)" \
+        in lines
