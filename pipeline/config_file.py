@@ -21,8 +21,10 @@ too. `key: null` (or an empty value) leaves the flag's default; `true` for an op
 stand alone (`resume: true`, `grad-checkpointing: true`) means the flag alone.
 
 An Axolotl or TRL (`trl sft`) YAML is read as it is: each of their keys that means something here
-is mapped to options of ours, each that does not is named with what to do instead
-(`pipeline.foreign_config`), and the mapping is printed once, key by key, on stderr:
+is mapped to options of ours, each that does not is named with why (`pipeline.foreign_config`), what
+the file leaves out takes that tool's defaults (`foreign_schema.source_defaults`), and the mapping is
+printed once, key by key, on stderr. Every key whose meaning cannot be honoured is named in one line,
+all at once (an error line quoting a long value is cut):
 
     pack-train --config axolotl.yaml (Axolotl keys):
       base_model: NousResearch/Llama-3.2-1B -> --model NousResearch/Llama-3.2-1B
@@ -104,6 +106,9 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
         data = _load_yaml(Path(path).read_text(encoding="utf-8"))
     except _Repeated as exc:
         raise UserError(f"--config {path} line {exc.line}: option {exc.key!r} is given twice: keep one") from None
+    except RecursionError:
+        raise UserError(f"--config {path}: values nested too deeply (thousands of levels): write plain "
+                        "values") from None
     except _Alias as exc:
         raise UserError(f"--config {path} line {exc.line}: a YAML alias (*{exc.anchor}) is not accepted in a config "
                         "file: write the value out") from None
@@ -130,52 +135,82 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     keys: dict[str, object] = {}
     tool = foreign_config.looks_foreign(data) if foreign else None
     lines: list[str] = []
+    refused: list[str] = []  # every key that cannot be honoured, named together in one line
 
     def take(key: object, name: str, value: Any, inverse: bool = False) -> Any:
-        if name in keys:
-            raise UserError(f"--config {path}: {keys[name]!r} and {key!r} both set {_flag(params[name])}: keep one")
-        keys[name] = key
+        if name not in params:  # an option another version of the command has
+            raise UserError(f"needs {command.name} --{name.replace('_', '-')}, which this version does not have")
         try:
             value = _checked(params[name], value, (checks or {}).get((fields or {}).get(name, name)))
         except UserError as exc:
-            raise UserError(f"--config {path}: key {key!r}: {exc}") from None
+            raise UserError(f"key {key!r}: {exc}") from None
         if value is not None:  # `key:` or `key: null`: not given, the flag's default holds
-            out[name] = (not value) if inverse and isinstance(value, bool) else value
+            value = (not value) if inverse and isinstance(value, bool) else value
+            if name in keys and out.get(name) != value:
+                raise UserError(f"keys {keys[name]!r} and {key!r} both set {_flag(params[name])}: keep one")
+            keys[name], out[name] = key, value
         return value
 
     for key, value in data.items():
-        rule = foreign_config.rule(str(key), foreign) if foreign else None
-        if isinstance(rule, foreign_config.Unused):
-            lines.append(f"  {key}: not used by {foreign}: {rule.why}")
+        try:
+            line = _read_key(key, value, data, foreign, tool, names, params, take)
+        except UserError as exc:
+            text = str(exc)
+            refused.append(text if text.startswith("key") else f"key {key!r}: {text}")
             continue
-        if rule is not None:
-            if value is None:
-                lines.append(f"  {key}: null -> (the defaults)")
-                continue
-            try:
-                mapped = rule.apply(value, data)
-            except foreign_config.NotUsed as exc:
-                lines.append(f"  {key}: {foreign_config.show(value)}: not used ({exc})")
-                continue
-            except UserError as exc:
-                raise UserError(f"--config {path}: key {key!r}: {exc}") from None
-            shown = [f"{_flag(params[name])} {foreign_config.show(take(key, name, v))}" for name, v in mapped.items()]
-            lines.append(f"  {key}: {foreign_config.show(value)} -> {' '.join(shown) or '(the defaults)'}")
+        except RecursionError:
+            refused.append(f"key {key!r}: nested too deeply to be a setting: give a plain value")
             continue
-        found = names.get(str(key).replace("-", "_")) or names.get(str(key))
-        if found is None:
-            if tool is not None:
-                raise UserError(f"--config {path}: unknown option {key!r}: neither an option of {foreign} nor an "
-                                f"{tool} key it knows: remove it (docs/from-trl-axolotl.md lists the keys it maps)")
-            known = ", ".join(sorted({o.lstrip("-") for p in command.params if p.name != "config"
-                                      for o in (*p.opts, *getattr(p, "secondary_opts", []))}))
-            raise UserError(f"--config {path}: unknown option {key!r} (this command takes: {known})")
-        name, inverse = found
-        take(key, name, value, inverse)
+        if line:
+            lines.append(line)
+    if foreign and tool in (foreign_config.AXOLOTL, foreign_config.TRL):
+        lines.extend(foreign_config.source_defaults(tool, foreign, data, out, take, refused))
+    if refused:
+        head = f"--config {path}: " + ("" if len(refused) == 1 else
+                                       f"{len(refused)} keys cannot be honoured here (all named at once): ")
+        raise UserError(cut(head + "; ".join(refused)))
     if mapping is not None and lines:
         mapping.append(f"{foreign} --config {path} ({tool or 'Axolotl/TRL'} keys):")
         mapping.extend(lines)
     return out
+
+
+def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: str | None,
+              names: dict[str, tuple[str, bool]], params: dict[str, click.Parameter],
+              take: Callable[..., Any]) -> str | None:
+    """Take one key of the file: its line of the printed mapping (None for our own options), or a
+    UserError for a key that cannot be honoured."""
+    rule = foreign_config.rule(str(key), foreign) if foreign else None
+    if isinstance(rule, foreign_config.Unused):
+        return f"  {key}: not used by {foreign}: {rule.why}"
+    if rule is not None:
+        if value is None or value == "":
+            return f"  {key}: (empty) -> (the defaults)"
+        try:
+            mapped = rule.apply(value, data)
+        except foreign_config.NotUsed as exc:
+            return f"  {key}: {foreign_config.show(value)}: not used ({exc})"
+        shown = [f"{_flag(params[name]) if name in params else name} {foreign_config.show(take(key, name, v))}"
+                 for name, v in mapped.items()]
+        return f"  {key}: {foreign_config.show(value)} -> {' '.join(shown) or '(the defaults)'}"
+    found = names.get(str(key).replace("-", "_")) or names.get(str(key))
+    if found is None:
+        if tool is not None:
+            return foreign_config.schema_key(str(key), value, tool, foreign or "")
+        known = ", ".join(sorted({o.lstrip("-") for p in params.values() if p.name != "config"
+                                  for o in (*p.opts, *getattr(p, "secondary_opts", []))}))
+        raise UserError(f"unknown option {key!r} (this command takes: {known})")
+    name, inverse = found
+    take(key, name, value, inverse)
+    return None
+
+
+def cut(text: str, limit: int = 1000) -> str:
+    """An error line of at most about `limit` characters: a long value quoted in it (a 100,000-character
+    string) is cut in the middle, so the line keeps what is wrong, where, and the fix at its end."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit * 2 // 3]} ...({len(text) - limit} characters cut)... {text[-limit // 3:]}"
 
 
 # options that take a comma-separated list as one text: a YAML list of names is joined with commas
@@ -236,7 +271,7 @@ def config_option(command: Callable[..., Any] | None = None, *, checks: dict[str
         try:
             settings = read_config_file(value, ctx.command, checks, fields, foreign=foreign, mapping=mapping)
         except UserError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(cut(" ".join(str(exc).split()))) from None
         if mapping and os.environ.get("RANK", "0") == "0":
             click.echo("\n".join(mapping), err=True)
         ctx.default_map = {**(ctx.default_map or {}), **settings}

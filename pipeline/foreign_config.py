@@ -27,9 +27,10 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     HUB,
     Key,
     Map,
-    NO_TOKENIZER_CHANGE,
     NotUsed,
     PACKED,
+    TILE_TOKENS,
+    WATCHDOG,
     Rule,
     TRAIN,
     TRAIN_KEY,
@@ -40,8 +41,6 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _bf16,
     _chat_template,
     _chat_template_jinja,
-    _dataset_name,
-    _datasets,
     _fp16,
     _fsdp,
     _fsdp_config,
@@ -63,8 +62,27 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _val_set_size,
     _wandb_project,
     _whole,
+    _activation_offloading,
+    _fsdp_version,
+    _lora_r,
+    _tiled_mlp,
+    _plugins,
+    _evaluations,
+    show,
 )
+from pipeline.foreign_data import add_tokens, axolotl_datasets, dataset_name, special_tokens, trl_mixture
+from pipeline.foreign_schema import schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
+
+
+def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`datasets:` is Axolotl's list of entries, or in a TRL file TRL's mixture (not chat data)."""
+    return (trl_mixture if looks_foreign(settings) == TRL else axolotl_datasets)(value, settings)
+
+
+FROM_DATA = ("pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; "
+             "pack-train resizes the embeddings to it")
+KERNEL = "a kernel of Axolotl's that computes the same: the loss here is chunked and exact, attention is --attn's"
 KEYS: tuple[Key, ...] = (
     # model and tokenizer
     Key("base_model", AXOLOTL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
@@ -77,16 +95,26 @@ KEYS: tuple[Key, ...] = (
     Key("trust_remote_code", BOTH, Unused("models run without remote code: use a transformers model class"),
         Unused("tokenizers load without remote code: use a tokenizer.json tokenizer")),
     Key("torch_dtype", TRL, Unused("bf16 (or --dtype) sets the precision"), TRAIN_KEY),
-    Key("attn_implementation", TRL, Unused(ATTN), TRAIN_KEY),
+    Key("attn_implementation", BOTH, Unused(ATTN), TRAIN_KEY),
     Key("flash_attention", AXOLOTL, Unused(ATTN), TRAIN_KEY),
     Key("sdp_attention", AXOLOTL, Unused(ATTN), TRAIN_KEY),
     Key("xformers_attention", AXOLOTL, Unused(ATTN), TRAIN_KEY),
-    Key("special_tokens", AXOLOTL, Unused(NO_TOKENIZER_CHANGE), Unused(NO_TOKENIZER_CHANGE)),
+    Key("special_tokens", AXOLOTL, Unused(FROM_DATA), Map(("special_tokens",), special_tokens,
+        "each NAME: TEXT as --special-token NAME=TEXT (added to the vocabulary when missing); pad_token: not "
+        "needed, rows hold no padding")),
+    Key("tokens", AXOLOTL, Unused(FROM_DATA), Map(("add_tokens",), add_tokens, "each as --add-token TEXT")),
     # data
-    Key("datasets", AXOLOTL, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field"), _datasets,
-        "each entry's path (a Hub id as org/name[:name]:split, or its data_files) is an input; type chat_template "
-        "or sharegpt: --format chat, alpaca: instruction, completion: text; field_messages, field: the fields")),
-    Key("dataset_name", TRL, DATA_KEY, Map(("inputs",), _dataset_name,
+    Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template", "limit",
+                                         "roles_to_train", "train_on_eos"), _datasets,
+        "each entry's path is an input: a Hub id as org/name[:name]:split (train[:N] of the only dataset: "
+        "--limit N; a share such as train[:20%] refused), a local path, or data_files inside a local folder "
+        "(data_files of a Hub dataset are refused: download them); type chat_template or sharegpt: --format "
+        "chat, alpaca: instruction (alpaca:chat: its prompt as --template; alpaca:phi and alpaca:chatml "
+        "refused: their markers would be text), completion: text; field_messages, field: the fields; "
+        "message_property_mappings (or message_field_role/content): role from role/from, content from "
+        "content/value; roles_to_train, train_on_eos: --roles-to-train, --train-on-eos; shards other than 1 "
+        "refused. In a TRL file, its mixture: path, name, split, data_files of each entry")),
+    Key("dataset_name", TRL, DATA_KEY, Map(("inputs",), dataset_name,
         "the input: a Hub dataset as dataset_name[:dataset_config]:dataset_train_split, or a local path")),
     Key("dataset_config", TRL, DATA_KEY, Map((), _in_dataset_name("dataset_config"), "part of dataset_name's input")),
     Key("dataset_train_split", TRL, DATA_KEY, Map((), _in_dataset_name("dataset_train_split"),
@@ -145,7 +173,8 @@ KEYS: tuple[Key, ...] = (
     Key("save_steps", BOTH, _same("save_every"), TRAIN_KEY),
     Key("save_total_limit", BOTH, _same("keep_last"), TRAIN_KEY),
     Key("logging_steps", BOTH, _same("log_every"), TRAIN_KEY),
-    Key("eval_steps", BOTH, _same("eval_every"), TRAIN_KEY),
+    Key("eval_steps", BOTH, Map(("eval_every",), _evaluations("eval_every"), "when the tool evaluates: Axolotl "
+                                 "with val_set_size, TRL with eval_strategy: steps"), TRAIN_KEY),
     Key("save_strategy", TRL, Unused("save_steps (--save-every) sets when checkpoints are written"), TRAIN_KEY),
     Key("eval_strategy", TRL, Unused("eval_steps (--eval-every) sets when evaluation runs"), TRAIN_KEY),
     Key("logging_strategy", TRL, Unused("logging_steps (--log-every) sets when metrics are logged"), TRAIN_KEY),
@@ -168,7 +197,7 @@ KEYS: tuple[Key, ...] = (
     Key("optim", TRL, Map(("optimizer",), _optimizer("optim"), "as optimizer"), TRAIN_KEY),
     Key("adam_beta1", BOTH, _same("beta1"), TRAIN_KEY),
     Key("adam_beta2", BOTH, _same("beta2"), TRAIN_KEY),
-    Key("adam_epsilon", BOTH, Unused("AdamW's epsilon is torch's 1e-8"), TRAIN_KEY),
+    Key("adam_epsilon", BOTH, _same("adam_eps"), TRAIN_KEY),
     Key("max_grad_norm", BOTH, _same("grad_clip"), TRAIN_KEY),
     Key("seed", BOTH, None, None),
     Key("resume_from_checkpoint", BOTH, _same("resume"), TRAIN_KEY),
@@ -182,11 +211,11 @@ KEYS: tuple[Key, ...] = (
                                  "is used (FSDP2 wraps each decoder layer)"), TRAIN_KEY),
     Key("deepspeed", BOTH, Unused("use --parallel fsdp (or ddp) under torchrun"), TRAIN_KEY),
     Key("report_to", TRL, Map(("report_to",), _report_to, "none, tensorboard or wandb"), TRAIN_KEY),
-    Key("wandb_project", AXOLOTL, Map(("report_to",), _wandb_project,
-                                      "report_to: wandb (the W&B project is pack-train)"), TRAIN_KEY),
-    Key("wandb_entity", AXOLOTL, Unused("W&B reads WANDB_ENTITY from the environment"), TRAIN_KEY),
-    Key("wandb_name", AXOLOTL, Unused("W&B reads WANDB_NAME from the environment"), TRAIN_KEY),
-    Key("run_name", TRL, Unused("W&B reads WANDB_NAME from the environment"), TRAIN_KEY),
+    Key("wandb_project", AXOLOTL, Map(("wandb_project", "report_to"), _wandb_project,
+                                      "the W&B project; --report-to wandb unless report_to is given"), TRAIN_KEY),
+    Key("wandb_entity", AXOLOTL, _same("wandb_entity"), TRAIN_KEY),
+    Key("wandb_name", AXOLOTL, _same("run_name"), TRAIN_KEY),
+    Key("run_name", TRL, _same("run_name"), TRAIN_KEY),
     Key("logging_dir", TRL, Unused("TensorBoard writes to OUT/tensorboard"), TRAIN_KEY),
     Key("push_to_hub", TRL, Unused(HUB), TRAIN_KEY),
     Key("hub_model_id", BOTH, Unused(HUB), TRAIN_KEY),
@@ -195,7 +224,8 @@ KEYS: tuple[Key, ...] = (
     Key("use_peft", TRL, Map(("lora_r", "lora_alpha", "lora_dropout"), _use_peft,
         "true: LoRA with TRL's defaults (lora_r 16, lora_alpha 32, lora_dropout 0.05) for the keys not given"),
         TRAIN_KEY),
-    Key("lora_r", BOTH, None, TRAIN_KEY),
+    Key("lora_r", BOTH, Map(("lora_r",), _lora_r, "the rank, when adapter (Axolotl) or use_peft (TRL) asks for "
+                                                   "adapters; a rank below 1 is then refused"), TRAIN_KEY),
     Key("lora_alpha", BOTH, None, TRAIN_KEY),
     Key("lora_dropout", BOTH, None, TRAIN_KEY),
     Key("lora_target_modules", BOTH, Map(("lora_target",), _lora_target("lora_target_modules"),
@@ -207,8 +237,9 @@ KEYS: tuple[Key, ...] = (
         Unused("Axolotl's own validation switch: every key here is checked")),
     Key("debug", AXOLOTL, Unused("pack-data --limit N packs a slice to try options on"),
         Unused("--limit N packs a slice to try options on")),
-    Key("saves_per_epoch", AXOLOTL, Unused("give save_steps (--save-every) in optimizer steps"), TRAIN_KEY),
-    Key("evals_per_epoch", AXOLOTL, Unused("give eval_steps (--eval-every) in optimizer steps"), TRAIN_KEY),
+    Key("saves_per_epoch", AXOLOTL, _same("saves_per_epoch"), TRAIN_KEY),
+    Key("evals_per_epoch", AXOLOTL, Map(("evals_per_epoch",), _evaluations("evals_per_epoch"),
+                                        "with val_set_size (Axolotl evaluates only then)"), TRAIN_KEY),
     Key("early_stopping_patience", AXOLOTL, Unused("no early stopping: save_best keeps the best checkpoint"),
         TRAIN_KEY),
     Key("group_by_length", BOTH, Unused(PACKED), TRAIN_KEY),
@@ -217,7 +248,34 @@ KEYS: tuple[Key, ...] = (
     Key("lora_modules_to_save", AXOLOTL, Unused("only the LoRA adapters train: remove it, or train every weight "
                                                 "(lora_r: 0)"), TRAIN_KEY),
     Key("lora_fan_in_fan_out", AXOLOTL, Unused("the adapters follow each layer's own weight layout"), TRAIN_KEY),
-    Key("load_in_8bit", BOTH, Map(("qlora",), _load_in_8bit, "true is refused (no 8-bit base)"), TRAIN_KEY),
+    Key("load_in_8bit", BOTH, Map(("qlora",), _load_in_8bit, "true is refused (no 8-bit base: load_in_4bit with "
+                                                             "qlora instead)"), TRAIN_KEY),
+    # long rows (Axolotl's ALST example)
+    Key("context_parallel_size", AXOLOTL, _same("context_parallel"), TRAIN_KEY),
+    Key("tiled_mlp", AXOLOTL, Map(("tile_mlp",), _tiled_mlp, f"true: --tile-mlp sequence_len / tiled_mlp_num_shards, "
+                                                          f"or {TILE_TOKENS} tokens (tiles change no number)"), TRAIN_KEY),
+    Key("tiled_mlp_num_shards", AXOLOTL, Unused("tiled_mlp's tile length"), TRAIN_KEY),
+    Key("activation_offloading", AXOLOTL, Map(("offload_activations",), _activation_offloading,
+                                              "true or legacy: --offload-activations"), TRAIN_KEY),
+    Key("fsdp_version", AXOLOTL, Map(("parallel",), _fsdp_version, "1 or 2: --parallel fsdp (FSDP2)"), TRAIN_KEY),
+    # Axolotl's own machinery: kernels and checks that compute the same
+    Key("plugins", AXOLOTL, Map((), _plugins, "Cut Cross Entropy and Liger: not used (kernels that compute the "
+                                             "same); any other plugin is refused"), Unused("pack-train's")),
+    *(Key(k, AXOLOTL, Unused(KERNEL), TRAIN_KEY) for k in (
+        "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm", "liger_fused_linear_cross_entropy",
+        "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "cut_cross_entropy")),
+    Key("eval_sample_packing", AXOLOTL, Unused(PACKED), Unused(PACKED)),
+    *(Key(k, AXOLOTL, Unused("pack-train evaluates the held-out loss (eval_loss, eval_ppl), without generating "
+                             "samples or other metrics"), TRAIN_KEY)
+      for k in ("eval_table_size", "eval_max_new_tokens", "eval_causal_lm_metrics", "do_causal_lm_eval")),
+    Key("loss_watchdog_threshold", AXOLOTL, Unused(WATCHDOG), TRAIN_KEY),
+    Key("loss_watchdog_patience", AXOLOTL, Unused(WATCHDOG), TRAIN_KEY),
+    Key("ddp_find_unused_parameters", BOTH, Unused("every trained parameter gets a gradient in each step here: "
+                                                   "DDP has no unused parameters to look for"), TRAIN_KEY),
+    Key("eot_tokens", AXOLOTL, Unused("pack-data's"), Unused("the chat template's own end-of-turn marker ends each "
+                                                              "turn and takes the loss (train_on_eos)")),
+    Key("resize_token_embeddings_to_32x", AXOLOTL, Unused("the embeddings keep the vocabulary's size (padding rows "
+                                                          "to a multiple of 32 trains nothing)"), TRAIN_KEY),
 )
 BY_NAME = {k.name: k for k in KEYS}
 
@@ -241,13 +299,6 @@ def looks_foreign(settings: Mapping[str, Any]) -> str | None:
     if tools <= {TRL, BOTH} and TRL in tools:
         return TRL
     return "Axolotl/TRL"
-
-
-def show(value: Any) -> str:
-    """A value as the printed mapping shows it: long texts (a Jinja template) shortened."""
-    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    text = " ".join(text.split())
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _cell(rule_: Rule | None, flag: Callable[[str], str]) -> str:

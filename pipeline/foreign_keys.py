@@ -60,16 +60,46 @@ class Key:
     data: Rule | None = field(default=None)
 
 
-def _refuse(key: str, value: Any, fix: str) -> UserError:
+def shown(value: Any, limit: int = 80) -> str:
+    """`value` as an error line quotes it: its repr, cut to about `limit` characters."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "(a value nested too deeply)"
+    return text if len(text) <= limit else f"{text[:limit - 20]}...({len(text)} characters)"
+
+
+def refuse(key: str, value: Any, fix: str) -> UserError:
     """The one line for a value of `key` that has no exact equivalent here (read_config_file names the
-    file and the key before it)."""
-    return UserError(f"{value!r} has no equivalent here: {fix}")
+    file and the key before it; `key` names a sub-key, such as `datasets[0] split`)."""
+    where = f"{key}: " if " " in key or "[" in key else ""
+    return UserError(f"{where}{shown(value)} has no equivalent here: {fix}")
+
+
+_refuse = refuse
+
+
+def text_value(key: str, value: Any, none: bool = False) -> Any:
+    """`value` where a name goes: text (None too when `none`), else the one-line refusal (a YAML
+    `name: 2024` is an integer, `split: [a, b]` a list)."""
+    if value is None and none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise UserError(f"{key}: {shown(value)} is "
+                        f"{type(value).__name__ if value != '' else 'empty'} where a name goes: write it as "
+                        "text (quoted in YAML: '2024')")
+    return value
 
 
 def _whole(key: str, option: str) -> Convert:
     """A count that must be a whole number (TRL writes `num_train_epochs: 3.0`)."""
 
-    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _refuse(key, value, "give a number")
+        steps = settings.get("max_steps")
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
+            raise NotUsed("max_steps sets the run's length, as in Axolotl and TRL (where it overrides the epochs)")
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, float):
@@ -108,8 +138,10 @@ def _fp16(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _grad_checkpointing(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value == "offload":  # Axolotl: checkpoints kept in CPU memory
+        return {"grad_checkpointing": 1, "offload_activations": True}
     if not isinstance(value, bool):
-        raise _refuse("gradient_checkpointing", value, "use true or false")
+        raise _refuse("gradient_checkpointing", value, "use true, false or offload")
     return {"grad_checkpointing": int(value)}
 
 
@@ -118,7 +150,7 @@ SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant"
 
 def _schedule(key: str) -> Convert:
     def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-        if value not in SCHEDULE_NAMES:
+        if not isinstance(value, str) or value not in SCHEDULE_NAMES:
             raise _refuse(key, value, f"choose one of {', '.join(SCHEDULE_NAMES)}")
         out: dict[str, Any] = {"schedule": SCHEDULE_NAMES[value]}
         if value in ("cosine", "linear") and not {"cosine_min_lr_ratio", "min_lr_ratio", "min-lr-ratio"} & set(settings):
@@ -127,20 +159,27 @@ def _schedule(key: str) -> Convert:
     return convert
 
 
+# Axolotl's and transformers' optimizer names -> ours; the 8-bit and 4-bit AdamWs (bitsandbytes',
+# paged or not, and torchao's) are torchao's block-quantized AdamW8bit / AdamW4bit here; paging only
+# moves states between GPU and CPU memory, so paged_adamw_32bit is AdamW
 OPTIMIZER_NAMES = {"adamw": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
-                   "adafactor": "adafactor"}
+                   "paged_adamw_32bit": "adamw", "adafactor": "adafactor", "adamw_8bit": "adamw8bit",
+                   "adamw_bnb_8bit": "adamw8bit", "paged_adamw_8bit": "adamw8bit", "adamw_torch_8bit": "adamw8bit",
+                   "adamw_torch_4bit": "adamw4bit"}
 
 
 def _optimizer(key: str) -> Convert:
     def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-        if value not in OPTIMIZER_NAMES:
-            raise _refuse(key, value, f"choose one of {', '.join(OPTIMIZER_NAMES)} (AdamW or Adafactor)")
+        if not isinstance(value, str) or value not in OPTIMIZER_NAMES:
+            raise _refuse(key, value, f"choose one of {', '.join(OPTIMIZER_NAMES)}")
         return {"optimizer": OPTIMIZER_NAMES[value]}
     return convert
 
 
 def _lora_target(key: str) -> Convert:
-    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if settings.get("lora_target_linear") is True:
+            raise NotUsed("lora_target_linear: true puts adapters on every linear layer, these included")
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             return {"lora_target": ",".join(value)}
         if value == "all-linear" or isinstance(value, str):
@@ -152,25 +191,49 @@ def _lora_target(key: str) -> Convert:
 def _lora_linear(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if value is not True:
         raise NotUsed("false: lora_target_modules names the modules")
-    if settings.get("lora_target_modules"):
-        raise _refuse("lora_target_linear", value, "it and lora_target_modules both choose the modules: keep one")
-    return {"lora_target": "all"}
+    return {"lora_target": "all"}  # Axolotl: every linear layer, and the modules listed, if any
 
 
-def _adapter(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+def _positive_rank(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _refuse(key, value, "the file asks for LoRA adapters, and their rank lora_r must be a whole number "
+                                  "of at least 1 (without them every weight trains: remove the adapter key)")
+
+
+def _adapter(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if value not in ("lora", "qlora"):
+        raise _refuse("adapter", value, "use lora or qlora")
+    if settings.get("lora_r") is None:  # Axolotl has no default rank: peft would get r=None
+        raise _refuse("adapter", value, "Axolotl takes the adapters' rank from lora_r, which the file leaves out: "
+                                        "give lora_r (e.g. 16)")
+    _positive_rank("lora_r", settings["lora_r"])
     if value == "qlora":
         return {"qlora": True}
-    if value == "lora":
-        raise NotUsed("lora_r sets the rank of the LoRA adapters")
-    raise _refuse("adapter", value, "use lora or qlora")
+    raise NotUsed("lora_r sets the rank of the LoRA adapters")
+
+
+def _lora_r(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The rank, when the file asks for adapters (Axolotl's adapter, TRL's use_peft); a file that
+    names `adapter:` empty or `use_peft: false` trains every weight there, whatever lora_r says."""
+    asked = settings.get("adapter") in ("lora", "qlora") or settings.get("use_peft") is True
+    if not asked and ("adapter" in settings or "use_peft" in settings):
+        raise NotUsed("no adapter is asked for (adapter / use_peft): every weight trains, as there")
+    if asked:
+        _positive_rank("lora_r", value)
+    return {"lora_r": value}
 
 
 def _use_peft(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if value is not True:
-        raise NotUsed("false: every weight trains (lora_r: 0)")
-    # TRL's ModelConfig defaults for the keys the file leaves out
-    defaults = {"lora_r": 16, "lora_alpha": 32.0, "lora_dropout": 0.05}
-    return {k: v for k, v in defaults.items() if k not in settings and k.replace("_", "-") not in settings}
+        raise NotUsed("false: every weight trains")
+    # TRL's ModelConfig defaults for the keys the file leaves out; no target modules: peft's own
+    # per-model default (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), as TRL passes None
+    defaults = {"lora_r": 16, "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_target": "default"}
+    if settings.get("lora_r") is not None:
+        _positive_rank("lora_r", settings["lora_r"])
+    given = {"lora_target": "lora_target_modules"}
+    return {k: v for k, v in defaults.items() if settings.get(given.get(k, k)) is None
+            and settings.get(k.replace("_", "-")) is None}
 
 
 def _load_in_4bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,7 +244,8 @@ def _load_in_4bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
 
 def _load_in_8bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value is True:
-        raise _refuse("load_in_8bit", value, "an 8-bit base is not supported: use load_in_4bit: true (QLoRA)")
+        raise _refuse("load_in_8bit", value, "an 8-bit base is not supported: use load_in_4bit: true with "
+                                             "adapter: qlora (a 4-bit NF4 base, --qlora)")
     raise NotUsed("false: the base stays in bf16")
 
 
@@ -193,6 +257,8 @@ def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, d
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise _refuse(key, value, "give a whole number of rows")
         length = next((settings[k] for k in length_keys if settings.get(k) is not None), default_len)
+        if isinstance(length, bool) or not isinstance(length, (int, type(None))):
+            raise _refuse(f"its {length_keys[0]}", length, "it is a row length: give a whole number of tokens")
         if settings.get(packing_key) is not True or not isinstance(length, int):
             raise _refuse(key, value, f"a batch of {value} padded examples is no fixed number of tokens; "
                                       f"set {packing_key}: true and {length_keys[0]}, or give tokens_per_step "
@@ -222,23 +288,84 @@ def _not(option: str, key: str) -> Convert:
 
 
 def _report_to(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """tensorboard or wandb as --report-to; other loggers (trackio, mlflow, ...) only receive metrics,
+    so they are named as not used (metrics.jsonl is always written)."""
     names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list):
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise _refuse("report_to", value, "use none, tensorboard or wandb")
-    names = [n for n in names if n != "none"]
-    if not names:
-        return {"report_to": "none"}
-    if len(names) == 1 and names[0] in ("tensorboard", "wandb"):
-        return {"report_to": names[0]}
-    raise _refuse("report_to", value, "one of tensorboard or wandb (or none)")
+    ours = [n for n in names if n in ("tensorboard", "wandb")]
+    if len(ours) > 1:
+        raise _refuse("report_to", value, "pack-train logs to one of tensorboard or wandb: keep one")
+    if ours:
+        return {"report_to": ours[0]}
+    others = [n for n in names if n != "none"]
+    if others:
+        raise NotUsed(f"{', '.join(others)}: pack-train logs to metrics.jsonl, and to tensorboard or wandb")
+    return {"report_to": "none"}
 
 
 def _wandb_project(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    if not value:
-        raise NotUsed("empty: no W&B")
+    """Axolotl logs to W&B when a project is named (TRL: report_to chooses)."""
+    if not isinstance(value, str):
+        raise _refuse("wandb_project", value, "give the project's name as text")
     if settings.get("report_to") is not None:
-        raise NotUsed("report_to chooses where metrics go")
-    return {"report_to": "wandb"}
+        return {"wandb_project": value}
+    return {"wandb_project": value, "report_to": "wandb"}
+
+
+def _tiled_mlp(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl's tiled MLP as --tile-mlp TOKENS: its tiles only bound memory (the MLP works token by
+    token), so any tile length computes the same; tiled_mlp_num_shards gives sequence_len / shards."""
+    if value is not True:
+        raise NotUsed("false: the MLP runs over the whole row")
+    shards, length = settings.get("tiled_mlp_num_shards"), settings.get("sequence_len")
+    if isinstance(shards, int) and shards > 0 and isinstance(length, int) and not isinstance(length, bool):
+        return {"tile_mlp": max(1, -(-length // shards))}
+    return {"tile_mlp": TILE_TOKENS}
+
+
+def _activation_offloading(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value in (True, "legacy"):
+        return {"offload_activations": True}
+    if value is False:
+        raise NotUsed("false: activations stay on the GPU")
+    raise _refuse("activation_offloading", value, "use true (CPU memory); disk offloading is not done here")
+
+
+def _evaluations(option: str) -> Convert:
+    """eval_steps / evals_per_epoch, when the tool would evaluate: Axolotl only with held-out data
+    (val_set_size or test_datasets), TRL only with eval_strategy: steps (its default is no)."""
+
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if "base_model" in settings and not settings.get("val_set_size") and not settings.get("test_datasets"):
+            raise NotUsed("no held-out data (val_set_size 0): Axolotl evaluates nothing either")
+        if "model_name_or_path" in settings and settings.get("eval_strategy", "no") != "steps":
+            raise NotUsed(f"eval_strategy is {settings.get('eval_strategy', 'no')} (TRL's default: no): no evaluation")
+        return {option: value}
+    return convert
+
+
+# Axolotl plugins whose kernels compute the same numbers (the loss, norms, RoPE, SwiGLU fused; the
+# Hub's kernels), and SwanLab, a metrics logger
+SAME_MATH_PLUGINS = ("cut_cross_entropy", "liger", "integrations.kernels", "swanlab")
+
+
+def _plugins(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """Cut Cross Entropy and Liger are kernels; any other plugin changes what Axolotl runs
+    (Spectrum freezes layers, others distil or evaluate) and is refused."""
+    names = value if isinstance(value, list) else [value]
+    other = [n for n in names if not (isinstance(n, str) and any(k in n for k in SAME_MATH_PLUGINS))]
+    if other:
+        raise _refuse("plugins", other, "only Axolotl's kernel plugins (Cut Cross Entropy, Liger, Kernels) are "
+                                        "known to compute what pack-train computes: remove the others")
+    raise NotUsed("kernels that compute the same (the loss here is chunked and exact), or SwanLab's logging: "
+                  "metrics go to metrics.jsonl and --report-to")
+
+
+def _fsdp_version(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value not in (1, 2):
+        raise _refuse("fsdp_version", value, "use 1 or 2")
+    return {"parallel": "fsdp"}  # FSDP2; FSDP1's sharding computes the same
 
 
 def _fsdp_words(value: Any) -> list[str]:
@@ -280,48 +407,6 @@ def _chat_template_jinja(value: Any, settings: Mapping[str, Any]) -> dict[str, A
     return {"chat_template": value}
 
 
-# Axolotl dataset `type` -> our --format (None: detected from the file's columns)
-AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
-                 "input_output": None}
-
-
-def hub_or_path(path: str, split: str | None = None, name: str | None = None) -> str:
-    """An input as pack-data names it: a local path as it is, a Hub dataset as org/name[:config]:split."""
-    if Path(path).exists() or "/" not in path or path.startswith((".", "/", "~")):
-        return path
-    return ":".join(p for p in (path, name, split or "train") if p)
-
-
-def _datasets(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(value, list) or not value or not all(isinstance(d, dict) and d.get("path") for d in value):
-        raise _refuse("datasets", "...", "give a list of {path, type} entries")
-    inputs, formats, fields = [], set(), {}
-    for d in value:
-        kind = d.get("type", "chat_template")
-        if kind not in AXOLOTL_TYPES:
-            raise _refuse("datasets", f"type: {kind}", f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
-                                                       "with pack-data's own --format and field options")
-        formats.add(AXOLOTL_TYPES[kind])
-        files = d.get("data_files")
-        if files:
-            inputs.extend([files] if isinstance(files, str) else files)
-        else:
-            inputs.append(hub_or_path(str(d["path"]), d.get("split"), d.get("name")))
-        for key, option in (("field_messages", "messages_field"), ("field", "text_field")):
-            if d.get(key) is not None:
-                if fields.setdefault(option, d[key]) != d[key]:
-                    raise _refuse("datasets", f"{key}: {d[key]}", f"every dataset of one run reads the same {key}: "
-                                                                 "pack them separately")
-    out: dict[str, Any] = {"inputs": inputs, **fields}
-    if len(formats) == 1 and None not in formats:
-        out["fmt"] = formats.pop()
-    return out
-
-
-def _dataset_name(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {"inputs": [hub_or_path(str(value), settings.get("dataset_train_split"), settings.get("dataset_config"))]}
-
-
 def _in_dataset_name(key: str) -> Convert:
     def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if settings.get("dataset_name") is None:
@@ -330,14 +415,24 @@ def _in_dataset_name(key: str) -> Convert:
     return convert
 
 
+def show(value: Any) -> str:
+    """A value as the printed mapping shows it: long texts (a Jinja template) shortened."""
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+WATCHDOG = "pack-train stops at a non-finite loss or gradient; a high but finite loss is logged, not watched"
+# --tile-mlp's tile when Axolotl's tiled_mlp gives no number of shards (README: long rows)
+TILE_TOKENS = 8192
+
+
 def _same(option: str) -> Map:
     return Map((option,))
 
 
 DATA_KEY = Unused("pack-data's: run pack-data --config with the same file")
 TRAIN_KEY = Unused("pack-train's: run pack-train --config with the same file")
-NO_TOKENIZER_CHANGE = ("the tokenizer is used as it is: save it with the tokens you need and give that folder "
-                       "as tokenizer")
 ATTN = "the attention kernel is --attn's choice (auto: the fastest that runs here)"
 PACKED = "rows are always packed here (pack-data packs them; no example attends to another)"
 HUB = "checkpoints are written locally: upload them with huggingface-cli upload"

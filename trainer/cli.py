@@ -54,6 +54,9 @@ class LocalFolder(click.Path):
 @click.option("--warmup", default=0, type=click.IntRange(min=0), help="Linear warmup steps.")
 @click.option("--warmup-ratio", default=0.0, type=click.FloatRange(0, 1, max_open=True),
               help="Linear warmup over this share of the run's optimizer steps (rounded up), instead of --warmup.")
+@click.option("--warmup-rule", default="hf", type=click.Choice(["hf", "axolotl"]),
+              help="hf: --warmup-ratio rounded up (the Hugging Face Trainer). axolotl: as Axolotl computes it: the "
+                   "ratio rounded down, and without --warmup or --warmup-ratio 3% of the steps (at most 100).")
 @click.option("--schedule", default="cosine", type=click.Choice(["cosine", "linear", "constant"]))
 @click.option("--epochs", default=None, type=click.IntRange(min=1),
               help="Passes over the data (default 1 when --max-steps is not given).")
@@ -147,10 +150,15 @@ class LocalFolder(click.Path):
               help="adamw: two fp32 moments per parameter (16 bytes per parameter with weights and "
                    "gradients). adafactor: torch.optim.Adafactor, no first moment and a row and a "
                    "column of second-moment statistics per matrix (about 8 bytes per parameter); --lr "
-                   "caps its step relative to each weight's RMS. Not with --parallel fsdp.")
+                   "caps its step relative to each weight's RMS. Not with --parallel fsdp. adamw8bit / "
+                   "adamw4bit: torchao's AdamW8bit / AdamW4bit, moments stored in 8 or 4 bits by blocks "
+                   "(Axolotl's and TRL's adamw_8bit, adamw_bnb_8bit, paged_adamw_8bit, adamw_torch_4bit); "
+                   "with --parallel ddp.")
 @click.option("--weight-decay", default=0.1, type=click.FloatRange(min=0))
 @click.option("--beta1", default=0.9, type=click.FloatRange(0, 1, max_open=True), help="AdamW's first-moment decay.")
 @click.option("--beta2", default=0.95, type=click.FloatRange(0, 1, max_open=True), help="AdamW's second-moment decay.")
+@click.option("--adam-eps", default=1e-8, type=click.FloatRange(min=0, min_open=True),
+              help="AdamW's epsilon (added to the second moment's root).")
 @click.option("--grad-clip", default=1.0, type=click.FloatRange(min=0), help="Max global gradient norm (0: no clipping).")
 @click.option("--num-workers", default=2, type=click.IntRange(min=0), help="DataLoader worker processes.")
 @click.option("--peak-flops", default=None, type=click.FloatRange(min=0, min_open=True),
@@ -170,13 +178,22 @@ class LocalFolder(click.Path):
                    "across ranks). Default: DATA/eval when pack-data wrote one (--eval-fraction); 'none': off.")
 @click.option("--eval-every", default=0, type=click.IntRange(min=0),
               help="Evaluate every N steps (0: only after the last step). Logged as eval_loss/eval_ppl.")
+@click.option("--evals-per-epoch", default=0, type=click.IntRange(min=0),
+              help="Instead of --eval-every: evaluate N times an epoch (every ceil(steps / (N x epochs)) steps, "
+                   "as Axolotl's evals_per_epoch).")
+@click.option("--saves-per-epoch", default=0, type=click.IntRange(min=0),
+              help="Instead of --save-every: checkpoint N times an epoch (as Axolotl's saves_per_epoch).")
+@click.option("--wandb-project", default=None, help="With --report-to wandb: the W&B project (default pack-train).")
+@click.option("--wandb-entity", default=None, help="With --report-to wandb: the W&B entity (team or user).")
+@click.option("--run-name", default=None, help="With --report-to wandb: the run's name.")
 @click.option("--lora-r", default=0, type=click.IntRange(min=0),
               help="Train LoRA adapters of this rank (peft) instead of every weight; 0: full fine-tune. "
                    "Checkpoints then hold the adapter (PeftModel.from_pretrained(base, CHECKPOINT/model)).")
 @click.option("--lora-alpha", default=16.0, type=float, help="LoRA scaling numerator (scale = alpha / r).")
 @click.option("--lora-dropout", default=0.0, type=click.FloatRange(0, 1, max_open=True), help="Dropout on the LoRA input.")
 @click.option("--lora-target", default="all",
-              help="Modules that get adapters: 'all' linear layers of the decoder, or names such as q_proj,v_proj.")
+              help="Modules that get adapters: 'all' linear layers of the decoder, 'default': peft's own choice "
+                   "for the model's type (as TRL's use_peft without target modules), or names such as q_proj,v_proj.")
 @click.option("--qlora", is_flag=True,
               help="With --lora-r: store the frozen base's decoder linear layers in 4-bit NF4 (QLoRA, "
                    "torchao): about a quarter of their bf16 memory, dequantized for every matmul.")

@@ -20,7 +20,8 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 GRAD_REDUCE = ("fp32", "bf16")
 DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
 FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.model.fp8.RECIPES
-OPTIMIZERS = ("adamw", "adafactor")
+OPTIMIZERS = ("adamw", "adamw8bit", "adamw4bit", "adafactor")
+WARMUP_RULES = ("hf", "axolotl")
 # Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
 # README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
 TOKENS_PER_STEP = {"cuda": 16384, "cpu": 8192}
@@ -40,6 +41,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     warmup: int = 0
     warmup_ratio: float = 0.0  # warmup as a share of the run's optimizer steps (rounded up), instead of --warmup
+    warmup_rule: str = "hf"  # "axolotl": its ratio rounded down, 3% of the steps (at most 100) when none given
     schedule: str = "cosine"
     epochs: int | None = None
     max_steps: int | None = None
@@ -60,6 +62,11 @@ class TrainConfig:
     report_to: str = "none"  # also log the metrics to "tensorboard" or "wandb"
     eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
     eval_every: int = 0  # evaluate every N steps (0: only after the last step)
+    evals_per_epoch: int = 0  # instead of eval_every: this many evaluations an epoch (`per_epoch`)
+    saves_per_epoch: int = 0  # instead of save_every: this many checkpoints an epoch (`per_epoch`)
+    wandb_project: str | None = None  # with report_to "wandb": its project (None: pack-train)
+    wandb_entity: str | None = None
+    run_name: str | None = None  # the W&B run's name
     lora_r: int = 0  # LoRA rank (0: full fine-tune), trainer.model.lora
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
@@ -79,6 +86,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
+    adam_eps: float = 1e-8  # AdamW's epsilon (torch's default)
     grad_clip: float = 1.0
     num_workers: int = 2
     prefetch: int = 4
@@ -98,6 +106,9 @@ TRAIN_CHECKS: dict[str, Check] = {
     "tokens_per_step": _OPTIONAL_1, "grad_accum": _AT_LEAST_1, "lr": Check(float, low=0, low_open=True),
     "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0,
     "warmup_ratio": Check(float, low=0, high=1, high_open=True), "schedule": Check(str, choices=SCHEDULES),
+    "warmup_rule": Check(str, choices=WARMUP_RULES), "evals_per_epoch": _AT_LEAST_0, "saves_per_epoch": _AT_LEAST_0,
+    "wandb_project": Check(str, none=True), "wandb_entity": Check(str, none=True), "run_name": Check(str, none=True),
+    "adam_eps": Check(float, low=0, low_open=True),
     "epochs": _OPTIONAL_1, "max_steps": _OPTIONAL_1, "stop_at": _OPTIONAL_1, "attn": Check(str),
     "dtype": Check(str, choices=DTYPES), "fp8_recipe": Check(str, choices=FP8_RECIPES), "compile": Check(bool, none=True), "grad_checkpointing": _AT_LEAST_0,
     "activation_memory_budget": Check(float, low=0, low_open=True, high=1),
@@ -135,6 +146,8 @@ def validate(config: TrainConfig) -> None:
     if config.warmup and config.warmup_ratio:
         raise UserError(f"--warmup {config.warmup} and --warmup-ratio {config.warmup_ratio} both set the warmup: "
                         "give one")
+    if config.evals_per_epoch and config.eval_every or config.saves_per_epoch and config.save_every:
+        raise UserError("--evals-per-epoch / --saves-per-epoch and --eval-every / --save-every both say when: give one")
     if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
         raise UserError(f"--stop-at {config.stop_at} is past --max-steps {config.max_steps}")
     if config.qlora and not config.lora_r:
@@ -157,6 +170,9 @@ def validate(config: TrainConfig) -> None:
     if config.context_parallel > 1 and config.attn not in ("auto", "flash_attn", "sdpa"):
         raise UserError(f"--context-parallel needs --attn flash_attn (GPU) or sdpa: {config.attn} cannot attend a "
                         "share of an example to the keys of the whole row")
+    if config.optimizer in ("adamw8bit", "adamw4bit") and config.parallel == "fsdp":
+        raise UserError(f"--optimizer {config.optimizer} (torchao's low-bit AdamW) is not run with --parallel fsdp "
+                        "here: use --parallel ddp, or --optimizer adamw")
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
         raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
                         f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
@@ -169,7 +185,26 @@ def warmup_steps(config: TrainConfig, total_steps: int) -> int:
     >>> warmup_steps(TrainConfig(data="d", model="m", out="o", warmup_ratio=0.1), 25)
     3
     """
+    if config.warmup_rule == "axolotl":  # axolotl 0.19.0, core/builders/base.py
+        steps = (config.warmup if config.warmup else int(config.warmup_ratio * total_steps) if config.warmup_ratio
+                 else min(int(0.03 * total_steps), 100))
+        return 2 if steps == 1 else steps
     return math.ceil(config.warmup_ratio * total_steps) if config.warmup_ratio else config.warmup
+
+
+def per_epoch(config: TrainConfig, total_steps: int) -> TrainConfig:
+    """--evals-per-epoch / --saves-per-epoch as --eval-every / --save-every, as Axolotl computes them:
+    every ceil(total_steps / (n * epochs)) steps (transformers' fractional eval_steps/save_steps of
+    1 / (n * epochs)); a fraction of 1 or more evaluates (saves) at the end only.
+
+    >>> per_epoch(TrainConfig(data="d", model="m", out="o", epochs=2, evals_per_epoch=4), 40).eval_every
+    5
+    """
+    changes = {}
+    for n, field in ((config.evals_per_epoch, "eval_every"), (config.saves_per_epoch, "save_every")):
+        if n and n * (config.epochs or 1) > 1:
+            changes[field] = math.ceil(total_steps / (n * (config.epochs or 1)))
+    return replace(config, **changes) if changes else config
 
 
 def parse_step_range(text: str) -> tuple[int, int]:

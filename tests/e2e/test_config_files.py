@@ -242,9 +242,13 @@ def test_an_axolotl_config_maps_key_by_key_for_both_commands(tmp_path: Path):
     assert train == {
         "model": "tiny", "tokenizer": str(ROOT / "data/tokenizer"), "data": str(tmp_path / "prepared"),
         "out": str(tmp_path / "run"), "lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.05,
-        "lora_target": "q_proj,v_proj", "grad_accum": 2, "tokens_per_step": 1024, "epochs": 1, "max_steps": 2,
+        "lora_target": "q_proj,v_proj", "grad_accum": 2, "tokens_per_step": 1024, "max_steps": 2,
         "optimizer": "adamw", "schedule": "cosine", "min_lr_ratio": 0.0, "lr": 0.0002, "warmup_ratio": 0.1,
-        "weight_decay": 0.0, "dtype": "fp32", "grad_checkpointing": 1, "log_every": 1, "seed": 7}
+        "weight_decay": 0.0, "dtype": "fp32", "grad_checkpointing": 1, "log_every": 1, "seed": 7,
+        "saves_per_epoch": 1,
+        # Axolotl's defaults for what the file leaves out (transformers' for what Axolotl leaves None);
+        # num_epochs is not used: max_steps decides the length, as there
+        "beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "grad_clip": 1.0, "warmup_rule": "axolotl"}
     text = "\n".join(lines)
     assert lines[0] == f"pack-train --config {cfg} (Axolotl keys):"
     assert "  learning_rate: 0.0002 -> --lr 0.0002" in lines
@@ -252,11 +256,13 @@ def test_an_axolotl_config_maps_key_by_key_for_both_commands(tmp_path: Path):
     assert "  lora_target_modules: q_proj,v_proj -> --lora-target q_proj,v_proj" in lines
     assert "  datasets: not used by pack-train: pack-data's: run pack-data --config with the same file" in lines
     # every key of the file that is not one of pack-train's own options is named once
-    own = {"lora_r", "lora_alpha", "lora_dropout", "seed", "weight_decay", "max_steps"}
-    named = {line.split(":")[0].strip() for line in lines[1:]}
+    own = {"lora_alpha", "lora_dropout", "seed", "weight_decay", "max_steps"}
+    assert lines[-1].startswith("  Axolotl defaults for the keys the file leaves out (Axolotl 0.19.0's schema): "
+                                "beta1 0.9, beta2 0.999"), lines[-1]
+    named = {line.split(":")[0].strip() for line in lines[1:-1]}
     import yaml
     assert named == set(yaml.safe_load(cfg.read_text())) - own | {"max_steps"}, text
-    assert "  wandb_project: null -> (the defaults)" in lines
+    assert "  wandb_project: (empty) -> (the defaults)" in lines
 
     lines = []
     data = read_config_file(cfg, pack_data, PACK_CHECKS, {"fmt": "format"}, foreign="pack-data", mapping=lines)
@@ -280,7 +286,8 @@ def test_a_trl_config_maps_key_by_key(tmp_path: Path):
         "grad_checkpointing": 1, "schedule": "linear", "min_lr_ratio": 0.0, "warmup_ratio": 0.03,
         "weight_decay": 0.01, "optimizer": "adamw", "beta2": 0.999, "grad_clip": 0.5, "log_every": 25,
         "save_every": 500, "keep_last": 2, "dtype": "bf16", "report_to": "tensorboard", "out": "Qwen2.5-0.5B-SFT",
-        "lora_r": 32, "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_target": "all", "seed": 42}
+        "lora_r": 32, "lora_alpha": 32.0, "lora_dropout": 0.05, "lora_target": "all", "seed": 42,
+        "beta1": 0.9, "adam_eps": 1e-8}  # TRL's defaults for what the file leaves out
     assert lines[0] == f"pack-train --config {cfg} (TRL keys):"
     assert "  max_steps: -1 -> (the defaults)" in lines
     assert "  use_peft: True -> --lora-alpha 32.0 --lora-dropout 0.05" in lines
@@ -325,11 +332,13 @@ def test_pack_data_and_pack_train_run_an_axolotl_config_as_it_is(tmp_path: Path)
     ("num_epochs: 1.5\n", "key 'num_epochs': 1.5 has no equivalent here"),
     ("fp16: true\n", "key 'fp16': True has no equivalent here: pack-train does not train in float16: use bf16: true"),
     ("lr_scheduler: cosine_with_restarts\n", "key 'lr_scheduler': 'cosine_with_restarts' has no equivalent here"),
-    ("optim: paged_adamw_8bit\n", "key 'optim': 'paged_adamw_8bit' has no equivalent here"),
+    ("optim: paged_adamw_16bit\n", "key 'optim': 'paged_adamw_16bit' has no equivalent here"),
     ("load_in_8bit: true\n", "an 8-bit base is not supported"),
     ("base_model: tiny\nlearning_rate: 0.1\nlr: 0.2\n", "'learning_rate' and 'lr' both set --lr: keep one"),
-    ("base_model: tiny\nunsloth_lora_mlp: true\n",
-     "unknown option 'unsloth_lora_mlp': neither an option of pack-train nor an Axolotl key it knows"),
+    ("base_model: tiny\nlora_model_dir: ./adapter\n",
+     "key 'lora_model_dir': './adapter' is an Axolotl setting with no equivalent in pack-train: remove it"),
+    ("base_model: tiny\nlearning_rate: 0.1\nno_such_key_anywhere: 1\n",
+     "unknown option 'no_such_key_anywhere': neither an option of pack-train nor an Axolotl key"),
 ])
 def test_an_axolotl_or_trl_value_without_an_exact_equivalent_is_one_line(tmp_path: Path, text: str, needle: str):
     cfg = tmp_path / "bad.yaml"

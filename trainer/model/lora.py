@@ -38,7 +38,9 @@ def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise UserError("--lora-r needs the peft package: pip install peft (or the project's [lora] extra)") from None
-    targets: Any = "all-linear" if config.lora_target == "all" else lora_targets(model, config.lora_target)
+    # "default": None, peft's own targets for the model's type (what TRL's use_peft passes without any)
+    targets: Any = ("all-linear" if config.lora_target == "all" else None if config.lora_target == "default"
+                    else lora_targets(model, config.lora_target))
     lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=targets, task_type="CAUSAL_LM")
     try:

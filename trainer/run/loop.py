@@ -111,7 +111,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             optimizer.step()
             if run.fp8_all_gather:
                 refresh_fp8_weight_scales(run.module)
-            lr = optimizer.param_groups[0]["lr"]  # the rate this step used
+            lr = float(optimizer.param_groups[0]["lr"])  # the rate this step used (torchao's: a tensor)
             run.scheduler.step()
             zero_grad()
             epoch = position.epoch  # of this step

@@ -131,7 +131,8 @@ class Reporter:
             except ImportError:
                 raise UserError("--report-to wandb needs the wandb package: pip install wandb") from None
             os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user set a mode
-            self.writer = wandb.init(project="pack-train", dir=str(out), config=asdict(config), resume="allow")
+            self.writer = wandb.init(project=config.wandb_project or "pack-train", entity=config.wandb_entity,
+                                     name=config.run_name, dir=str(out), config=asdict(config), resume="allow")
 
     def log(self, step: int, record: dict[str, Any]) -> None:
         scalars = {k: float(v) for k, v in record.items()

@@ -5,7 +5,8 @@ cosine, linear or constant.
 bytes per parameter. `adafactor` (`torch.optim.Adafactor`) keeps no first moment and, for a matrix,
 only a row and a column of second-moment statistics: about 8 bytes per parameter in all (for the
 llama-8b preset's 7.2B parameters, 58 GB instead of 116 GB, before activations). Its `lr` caps a
-step relative to each weight's RMS; betas are AdamW's alone."""
+step relative to each weight's RMS; betas are AdamW's alone. `adamw8bit` / `adamw4bit`: torchao's
+AdamW with its moments quantized by blocks (2 or 1 byte per parameter for both instead of 8)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from pipeline.errors import UserError
 from trainer.config import TrainConfig, warmup_steps
 from trainer.model.precision import MasterAdamW
 
@@ -58,17 +60,34 @@ def make_optimizer(
     bf16 and keeps their fp32 masters."""
     groups = param_groups(params, config.weight_decay)
     if master_weights:
-        optimizer: torch.optim.Optimizer = MasterAdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
+        optimizer: torch.optim.Optimizer = MasterAdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                                                       eps=config.adam_eps)
     elif config.optimizer == "adafactor":
         optimizer = torch.optim.Adafactor(groups, lr=config.lr, foreach=True)
+    elif config.optimizer in LOW_BIT:
+        optimizer = low_bit_adamw(config.optimizer, groups, config)
     else:
         optimizer = torch.optim.AdamW(
-            groups, lr=config.lr, betas=(config.beta1, config.beta2),
+            groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps,
             # fused: one pass over each tensor, on the GPU or, under --offload-states, in CPU memory
             **({"fused": True} if device.type == "cuda" else {"foreach": True}),
         )
     schedule = Schedule(config.schedule, warmup_steps(config, total_steps), total_steps, config.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+LOW_BIT = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit"}
+
+
+def low_bit_adamw(name: str, groups: list[dict[str, Any]], config: TrainConfig) -> torch.optim.Optimizer:
+    """torchao's block-quantized AdamW (`AdamW8bit`, `AdamW4bit`): the moments in 8 or 4 bits, one
+    scale per block of 256 values, the update computed in fp32."""
+    try:
+        from torchao import optim as low_bit
+    except ImportError:
+        raise UserError(f"--optimizer {name} needs torchao (pip install torchao): or use --optimizer adamw") from None
+    return getattr(low_bit, LOW_BIT[name])(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                                           eps=config.adam_eps)
 
 
 def stretch_schedule(
@@ -79,4 +98,8 @@ def stretch_schedule(
     schedule = scheduler.lr_lambdas[0]
     schedule.total = total_steps
     for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
-        group["lr"] = base * schedule(scheduler.last_epoch)
+        lr = float(base) * schedule(scheduler.last_epoch)
+        if isinstance(group["lr"], torch.Tensor):  # torchao's low-bit AdamW keeps its rate as a tensor
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr

@@ -26,7 +26,8 @@ STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_p
 # Options the checkpoint's optimizer and scheduler states carry (its learning rate, schedule shape and
 # AdamW settings are restored from them): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
-OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "warmup_ratio", "schedule", "optimizer", "weight_decay", "beta1", "beta2")
+OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "warmup_ratio", "warmup_rule", "schedule", "optimizer", "weight_decay",
+                  "beta1", "beta2", "adam_eps")
 # Options that shape a LoRA adapter (its matrices' size and where they sit, its scale alpha / r, the
 # base it sits on): a resume with other values would continue another adapter than the one saved.
 ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora")

@@ -22,7 +22,7 @@ from pipeline.shards import manifest_vocab
 from pipeline.tokenize.tokenizer import added_count
 from trainer.distributed import context_parallel
 from trainer.attention.backend import select_backend
-from trainer.config import TrainConfig, parse_step_range, resolved, validate
+from trainer.config import TrainConfig, parse_step_range, per_epoch, resolved, validate
 from trainer.data.evaluate import Evaluator, held_out_folder
 from trainer.run.fit_check import Largest, largest_microbatch
 from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
@@ -136,6 +136,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
                         f"{shortest} token(s), too short to split over {layout.cp_size} "
                         "ranks: lower --context-parallel, or pack the data with longer rows")
     total_steps = _total_steps(config, planner)
+    config = per_epoch(config, total_steps)  # --evals-per-epoch / --saves-per-epoch as steps
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
     state = (check_resumable(resume_from, config, info.world_size, fingerprint, planner, stop_at)

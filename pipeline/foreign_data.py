@@ -1,0 +1,207 @@
+"""The data keys of Axolotl and TRL files for pack-data: Axolotl's `datasets:` entries (with their
+sub-keys), TRL's `dataset_name` and its `datasets:` mixture, and `special_tokens` / `tokens`. Each
+conversion refuses in one line a value that has no exact equivalent here, or a value of the wrong
+shape (`name: 2024`, `type: [a, b]`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import re
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError
+from pipeline.foreign_keys import NotUsed, refuse, text_value
+from pipeline.foreign_schema import AXOLOTL_NO_VALUE
+
+# Axolotl dataset `type` -> our --format (None: detected from the file's columns)
+AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
+                 "input_output": None}
+# `alpaca:STYLE`: Axolotl's AlpacaPrompter styles (axolotl 0.19.0 prompters.py) as pack-data --template
+# text: `instruct` is pack-data's alpaca preset, word for word; `chat` is plain text (its no-input form:
+# pack-data refuses a row whose input such a template would leave out). `chatml` and `phi` write
+# control tokens (<|im_start|>, <|user|>) into the prompt text, which Axolotl's tokenizer reads as
+# those tokens and pack-data as text: no exact equivalent.
+_NO_INPUT_SYSTEM = ("Below is an instruction that describes a task. Write a response that appropriately completes "
+                    "the request.")
+ALPACA_STYLES = {"instruct": "alpaca", "chat": f"SYSTEM: {_NO_INPUT_SYSTEM}\nUSER: {{instruction}}\nASSISTANT:"}
+# sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
+_MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
+           "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content"}
+# values that leave a sub-key at Axolotl's own default: nothing to do
+_DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "train_on_eos": ("turn",),
+                    "shards": (1,), "split": ("train",)}
+
+
+def hub_or_path(path: str, split: str | None = None, name: str | None = None) -> str:
+    """An input as pack-data names it: a local path as it is, a Hub dataset as org/name[:config]:split."""
+    if Path(path).exists() or "/" not in path or path.startswith((".", "/", "~")):
+        return path
+    return ":".join(p for p in (path, name, split or "train") if p)
+
+
+def _is_local(path: str) -> bool:
+    return Path(path).exists() or path.startswith((".", "/", "~")) or "/" not in path
+
+
+def _files(entry: Mapping[str, Any], key: str) -> list[str]:
+    """`data_files` of one entry: inside a local dataset folder they are its files; of a Hub dataset
+    they select files of that dataset, which pack-data does not do (never a same-named local file)."""
+    path, files = str(entry["path"]), entry.get("data_files")
+    files = [files] if isinstance(files, str) else files
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
+        raise refuse(f"{key} data_files", files, "give a file name or a list of them")
+    if not _is_local(path):
+        raise refuse(f"{key} data_files", files, f"they select files of the Hub dataset {path}, which pack-data "
+                                                 "reads by split: download them (hf download --repo-type dataset "
+                                                 f"{path} FILE) and give their local paths as path")
+    base = Path(path)
+    if base.is_file():
+        raise refuse(f"{key} data_files", files, f"path {path} is a file: give the files as path, or their folder")
+    out = []
+    for name in files:
+        target = (base / name).resolve()
+        if base.resolve() not in target.parents:
+            raise refuse(f"{key} data_files", name, f"it leads outside {path}: name a file inside it")
+        out.append(str(base / name))
+    return out
+
+
+def _unused_subkeys(entry: Mapping[str, Any], where: str) -> None:
+    for key, value in entry.items():
+        if key in _MAPPED or value in (None, "", [], {}, False):
+            continue
+        if key in AXOLOTL_NO_VALUE:
+            raise refuse(f"{where} {key}", value, "this dataset setting has no equivalent in pack-data: "
+                                                  "remove it, or prepare the file so that it is not needed")
+        raise refuse(f"{where} {key}", value, "not a dataset key of Axolotl: remove it")
+
+
+def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl's `datasets:` list (or TRL's mixture, when the file is TRL's) as pack-data's inputs,
+    --format and field options."""
+    entries(value)
+    inputs, formats, fields, extra = [], set(), {}, {}
+    for i, d in enumerate(value):
+        where = f"datasets[{i}]"
+        _unused_subkeys(d, where)
+        path = text_value(f"{where} path", d["path"])
+        kind = text_value(f"{where} type", d.get("type", "chat_template"))
+        base, _, style = kind.partition(":") if kind.startswith("alpaca:") else (kind, "", "")
+        if style:
+            if style not in ALPACA_STYLES:
+                raise refuse(f"{where} type", kind, f"Axolotl's {style} style writes control tokens into the prompt "
+                                                    "text, which pack-data tokenizes as text: convert the rows to "
+                                                    "messages and give the model's chat_template (e.g. phi_3, chatml)")
+            if extra.setdefault("template", ALPACA_STYLES[style]) != ALPACA_STYLES[style]:
+                raise refuse(f"{where} type", kind, "every dataset of one run takes the same prompt style: pack them "
+                                                    "separately")
+        if base not in AXOLOTL_TYPES:
+            raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
+                                                "with pack-data's own --format and field options")
+        formats.add(AXOLOTL_TYPES[base])
+        split = text_value(f"{where} split", d.get("split"), none=True)
+        first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")
+        if first and len(value) == 1:  # train[:100]: the first 100 examples of the one input
+            split, extra["limit"] = first.group(1), int(first.group(2))
+        if split is not None and not split.isidentifier():
+            raise refuse(f"{where} split", split, "a share of a split (train[:20%]) is not read here: give the "
+                                                  "split's name (train) and --limit N for the first N examples")
+        name = text_value(f"{where} name", d.get("name"), none=True)
+        shards = d.get("shards")
+        if shards not in (None, 1):
+            raise refuse(f"{where} shards", shards, "pack-data reads the whole split: save the shard you want "
+                                                    "(datasets' shard()) to a file and give its path")
+        if d.get("data_files") is not None:
+            inputs.extend(_files(d, where))
+        else:
+            inputs.append(hub_or_path(path, split, name))
+        mapping = d.get("message_property_mappings")
+        if mapping is not None:
+            _message_mappings(mapping, where)
+        # Axolotl's older spelling of the same mapping
+        old = {ours: d[theirs] for ours, theirs in (("role", "message_field_role"),
+                                                    ("content", "message_field_content")) if d.get(theirs) is not None}
+        if old:
+            _message_mappings(old, where)
+        for key, option in (("field_messages", "messages_field"), ("field", "text_field")):
+            if d.get(key) is not None:
+                field = text_value(f"{where} {key}", d[key])
+                if fields.setdefault(option, field) != field:
+                    raise refuse(f"{where} {key}", field, f"every dataset of one run reads the same {key}: "
+                                                          "pack them separately")
+        for key, option in (("roles_to_train", "roles_to_train"), ("train_on_eos", "train_on_eos")):
+            if d.get(key) is not None and d[key] not in _DEFAULT_SUBKEYS[key]:
+                got = tuple(d[key]) if isinstance(d[key], list) else text_value(f"{where} {key}", d[key])
+                if extra.setdefault(option, got) != got:
+                    raise refuse(f"{where} {key}", d[key], f"every dataset of one run takes the same {key}: "
+                                                           "pack them separately")
+    out: dict[str, Any] = {"inputs": inputs, **fields}
+    if extra:
+        out.update({k: list(v) if isinstance(v, tuple) else v for k, v in extra.items()})
+    if len(formats) == 1 and None not in formats:
+        out["fmt"] = formats.pop()
+    return out
+
+
+def _message_mappings(value: Any, where: str) -> None:
+    """pack-data reads a message's role from `role` or `from` and its text from `content` or `value`
+    (ShareGPT's spelling): a mapping onto other names is refused."""
+    if not isinstance(value, dict):
+        raise refuse(f"{where} message_property_mappings", value, "give a mapping such as {role: from, content: value}")
+    known = {"role": ("role", "from"), "content": ("content", "value")}
+    for ours, theirs in value.items():
+        if ours not in known or theirs not in known[ours]:
+            raise refuse(f"{where} message_property_mappings", {ours: theirs},
+                         "pack-data reads role from role or from, content from content or value: rename the "
+                         "field in the file")
+
+
+def entries(value: Any) -> None:
+    """`datasets:` must be a list of mappings, each with a path."""
+    if not isinstance(value, list) or not value or not all(isinstance(d, dict) and d.get("path") for d in value):
+        raise refuse("datasets", "...", "give a list of {path: ...} entries")
+
+
+def trl_mixture(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """TRL's `datasets:` mixture (trl.scripts.utils.DatasetConfig: path, name, data_dir, data_files,
+    split, columns): each entry an input; not read as chat data."""
+    entries(value)
+    inputs = []
+    for i, d in enumerate(value):
+        where = f"datasets[{i}]"
+        for key in ("data_dir", "columns", "fraction"):
+            if d.get(key) is not None:
+                raise refuse(f"{where} {key}", d[key], "pack-data reads whole splits: prepare the file and give its path")
+        unknown = sorted(set(d) - {"path", "name", "data_dir", "data_files", "split", "columns", "fraction"})
+        if unknown:
+            raise refuse(f"{where} {unknown[0]}", d[unknown[0]], "not a key of TRL's dataset mixture: remove it")
+        path = text_value(f"{where} path", d["path"])
+        split = text_value(f"{where} split", d.get("split"), none=True)
+        name = text_value(f"{where} name", d.get("name"), none=True)
+        inputs.extend(_files(d, where) if d.get("data_files") is not None else [hub_or_path(path, split, name)])
+    return {"inputs": inputs}
+
+
+def dataset_name(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    name = text_value("dataset_name", value)
+    split = text_value("dataset_train_split", settings.get("dataset_train_split"), none=True)
+    config = text_value("dataset_config", settings.get("dataset_config"), none=True)
+    return {"inputs": [hub_or_path(name, split, config)]}
+
+
+def special_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl's `special_tokens: {eos_token: ..., pad_token: ...}` as pack-data's --special-token
+    NAME=TEXT; the pad token is not needed (rows hold no padding)."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise refuse("special_tokens", value, "give a mapping of token names to texts, e.g. {eos_token: <|im_end|>}")
+    kept = {k: v for k, v in value.items() if k != "pad_token"}
+    if not kept:
+        raise NotUsed("a pad token only: rows hold no padding")
+    return {"special_tokens": [f"{k}={v}" for k, v in kept.items()]}
+
+
+def add_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise refuse("tokens", value, "give a list of token texts")
+    return {"add_tokens": list(value)}
