@@ -29,7 +29,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from benchlib import GSM8K, LLAMA2, REPO, cpu_model, machine_summary, shared_dir, write_json
+from benchlib import GSM8K, LLAMA2, REPO, check_output, cpu_model, machine_summary, shared_dir, write_json
 
 
 def entry_point(checkout: Path) -> str:
@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant and job first")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
 
     checkouts = {"this": REPO, **({"other": args.other.resolve()} if args.other else {})}
     variants = [(name, path, False) for name, path in checkouts.items()]
