@@ -264,8 +264,10 @@ def test_examples_without_a_loss_token_are_counted_and_warned_about(tmp_path: Pa
 
 
 def _big_input(tmp: Path) -> Path:
-    """Enough text for pack-data to take a few seconds: a signal lands mid-run."""
-    rows = [{"text": f"example {i} " + "lorem ipsum dolor sit amet " * (20 + i % 50)} for i in range(40000)]
+    """Enough text for pack-data to take a few seconds: a signal lands mid-run (it is sent once the
+    temporary folder exists, before tokenizing: about 4 s of it on two idle cores, 12 s loaded). The
+    tests pack it again whole, so it is no larger than that needs."""
+    rows = [{"text": f"example {i} " + "lorem ipsum dolor sit amet " * (20 + i % 50)} for i in range(10000)]
     return write_jsonl(tmp / "big.jsonl", rows)
 
 
