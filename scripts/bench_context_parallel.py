@@ -47,6 +47,8 @@ for _p in (REPO, REPO / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from benchlib import check_output, check_output_folder, write_text_output  # noqa: E402
+
 
 def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab: int = 32000,
                       record_vocab: bool = False) -> None:
@@ -138,7 +140,7 @@ def check(json_path: str | None) -> None:
                    "results": results}
         print(json.dumps(payload, indent=1))
         if json_path:
-            Path(json_path).write_text(json.dumps(payload, indent=1))
+            write_text_output(json_path, json.dumps(payload, indent=1))
     cp.teardown()
     dist.destroy_process_group()
 
@@ -169,7 +171,7 @@ def report(runs: list[str], json_path: str | None, warmup: int = 1) -> None:
         })
     print(json.dumps(records, indent=1))
     if json_path:
-        Path(json_path).write_text(json.dumps(records, indent=1))
+        write_text_output(json_path, json.dumps(records, indent=1))
 
 
 def main() -> None:
@@ -198,7 +200,10 @@ def main() -> None:
     peer.add_argument("--fake-ring", action="store_true", help="CPU, gloo, exact reference attention")
     peer.add_argument("--json")
     args = parser.parse_args()
+    if getattr(args, "json", None):
+        check_output(args.json, "--json")
     if args.command == "data":
+        check_output_folder(args.out)
         for length in (int(x) for x in args.lengths.split(",")):
             write_long_folder(Path(args.out) / f"len-{length}", length, args.rows, vocab=args.vocab)
     elif args.command == "check":

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchlib import device_name, machine_summary, write_json  # puts the repository on sys.path
+from benchlib import check_output, device_name, machine_summary, write_json  # puts the repository on sys.path
 
 from trainer.data.batch import collate_flat
 from trainer.model.fp8 import RECIPES, check_fp8, convertible, fp8_config
@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")
     device = torch.device("cuda", torch.cuda.current_device())
     check_fp8(device)
     results = [run_entry(args, recipe, device) for recipe in args.recipes.split(",")]

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import H100_BF16_TFLOPS, PathResult, flop_shape, run_packed_pack_train  # noqa: E402
 from bench_train import parse_args as train_defaults  # noqa: E402
-from benchlib import LLAMA2, device_name, machine_summary, model_config, resolve_device, shared_dir, write_json  # noqa: E402
+from benchlib import LLAMA2, check_output, device_name, machine_summary, model_config, resolve_device, shared_dir, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,6 +70,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     device = resolve_device(args.device)
     work = Path(tempfile.mkdtemp(prefix="bench-long-"))
     tokenizer = shared_dir() / LLAMA2  # its vocabulary sizes the model; else the sample tokenizer's

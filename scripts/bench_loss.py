@@ -62,6 +62,7 @@ from benchlib import (
     PackJob,
     autocast_ctx,
     build_hf_model,
+    check_output,
     cuda_peak_gib,
     device_name,
     examples_by_id,
@@ -84,6 +85,8 @@ from benchlib import (
     to_device,
     tokenizer_ids,
     write_json,
+    write_output,
+    write_text_output,
     write_jsonl,
 )
 
@@ -117,7 +120,7 @@ def prepare(args: argparse.Namespace, shared: Path) -> dict[str, Path]:
         train, held = split_records(records, args.holdout)
         write_jsonl(train_file, train)
         write_jsonl(held_file, held)
-        stamp_file.write_text(json.dumps(stamp))
+        write_text_output(stamp_file, json.dumps(stamp), "--workdir")
     need = sorted(({m.removesuffix(BF16_WEIGHTS) for m in args.methods} - {"ffd-full"}) | {"minibatch", "pad"})
     jobs = [PackJob([train_file], work / f"train-{s}", s, {**stamp, "strategy": s}) for s in need]
     if any(m.startswith("ffd-full") for m in args.methods):
@@ -320,8 +323,7 @@ def plot(results: Sequence[MethodResult], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    write_output(path, lambda tmp: fig.savefig(tmp, format="png"), "--plot")
     plt.close(fig)
 
 
@@ -362,6 +364,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "loss_curves.png")
     args = p.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")
+    if args.plot:
+        check_output(args.plot, "--plot")
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m.removesuffix(BF16_WEIGHTS) not in METHODS or m == "pad" + BF16_WEIGHTS]
     if bad:

@@ -67,6 +67,7 @@ from benchlib import (
     LLAMA2,
     REPO,
     best_of,
+    check_output,
     machine_summary,
     read_records,
     require,
@@ -543,6 +544,8 @@ def main() -> None:
     parser.add_argument("--tmp", default=None, help="folder for temporary data (default: system temp)")
     parser.add_argument("--json", default=None, help="also write the full results here")
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     tmp = Path(tempfile.mkdtemp(prefix="bench-pack-data-", dir=args.tmp))
     results: dict = {"machine": machine_summary(), "args": vars(args)}
     try:

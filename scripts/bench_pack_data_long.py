@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import bench_pack_data as bpd
-from benchlib import LLAMA2, REPO, machine_summary, shared_dir, write_json
+from benchlib import LLAMA2, REPO, check_output, machine_summary, shared_dir, write_json
 
 from pipeline.tokenize.tokenizer import load_tokenizer
 
@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     tokenizers = {"data/tokenizer": REPO / "data" / "tokenizer"}
     if (shared_dir() / LLAMA2).is_dir():
         tokenizers["llama2"] = shared_dir() / LLAMA2

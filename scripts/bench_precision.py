@@ -39,6 +39,7 @@ from typing import Any
 from bench_train import no_checkpoint_writes
 from benchlib import (
     LLAMA2,
+    check_output,
     free_memory,
     jsonable,
     load_source_examples,
@@ -48,6 +49,7 @@ from benchlib import (
     shared_dir,
     write_json,
     write_jsonl,
+    write_text_output,
 )
 
 from trainer.config import GRAD_REDUCE
@@ -92,7 +94,7 @@ def prepare(args: argparse.Namespace, rank: int) -> Path:
         pack_data.main(args=argv, standalone_mode=False)
     except click.ClickException as exc:
         raise SystemExit(f"pack-data failed: {exc.format_message()}") from None
-    ready.write_text(json.dumps(stamp))
+    write_text_output(ready, json.dumps(stamp), "--workdir")
     return folder
 
 
@@ -334,6 +336,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/packlm-bench-precision"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")
     args.shared = args.shared or shared_dir()
     args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     return args

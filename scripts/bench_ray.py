@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import CODEALPACA, GSM8K, LLAMA2, REPO, machine_summary, require, shared_dir, write_json
+from benchlib import CODEALPACA, GSM8K, LLAMA2, REPO, check_output, machine_summary, require, shared_dir, write_json
 
 SHARED = shared_dir()
 TOKENIZER = SHARED / LLAMA2
@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     result: dict = {"machine": machine_summary(), "workers": args.workers, "max_len": args.max_len}
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         parts = args.parts.split(",")

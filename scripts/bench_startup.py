@@ -1,4 +1,6 @@
-"""Whole `pack-data` processes as a user waits for them, this checkout against another, same run.
+"""Whole `pack-data` processes as a user waits for them, this checkout against another, same run;
+and a `pack-train` that refuses before importing torch (the answer to a mistake: `--dtype fp8` on
+the CPU), which the tests check happens before torch is imported, and this script times.
 
     python scripts/bench_startup.py                                  # this checkout alone
     python scripts/bench_startup.py --other ../old-checkout --json docs/results/bench_startup_2core.json
@@ -29,14 +31,28 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from benchlib import GSM8K, LLAMA2, REPO, cpu_model, machine_summary, shared_dir, write_json
+from benchlib import GSM8K, LLAMA2, REPO, check_output, cpu_model, machine_summary, shared_dir, write_json
 
 
-def entry_point(checkout: Path) -> str:
-    """Python code that runs `checkout`'s pack-data console script as its installed executable would."""
+def entry_point(checkout: Path, command: str = "pack-data") -> str:
+    """Python code that runs `checkout`'s console script `command` as its installed executable would."""
     scripts = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["scripts"]
-    module, function = scripts["pack-data"].split(":")
-    return f"import sys; sys.argv[0] = 'pack-data'; from {module} import {function}; sys.exit({function}())"
+    module, function = scripts[command].split(":")
+    return f"import sys; sys.argv[0] = '{command}'; from {module} import {function}; sys.exit({function}())"
+
+
+def refusal_once(checkout: Path, packed: Path, run: Path) -> float:
+    """Seconds of one whole `pack-train` process of `checkout` that refuses `--dtype fp8` on the CPU
+    (before torch is imported); exits if it did not refuse so."""
+    argv = ["--data", str(packed), "--model", "tiny", "--out", str(run), "--dtype", "fp8", "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-P", "-c", entry_point(checkout, "pack-train"), *argv], cwd=run.parent,
+                          env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 1 or "--dtype fp8 needs an NVIDIA GPU" not in proc.stderr or run.exists():
+        raise SystemExit(f"pack-train of {checkout} did not refuse --dtype fp8 on the CPU:\n{proc.stderr[-3000:]}")
+    return seconds
 
 
 def jobs() -> dict[str, tuple[Path, Path]]:
@@ -79,6 +95,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per variant and job first")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
 
     checkouts = {"this": REPO, **({"other": args.other.resolve()} if args.other else {})}
     variants = [(name, path, False) for name, path in checkouts.items()]
@@ -109,6 +127,13 @@ def main() -> None:
                 print(f"{job:7s} {name:18s} median {statistics.median(secs):6.2f} s  runs "
                       + ", ".join(f"{s:.2f}" for s in secs))
             print(f"{job:7s} shards sha256 {results['digests'][job][:16]}... (same for every variant)")
+        packed = tmp / "out" / "sample-this"
+        results["pack_train_refusal"] = {}
+        for name, path in checkouts.items():
+            secs = [refusal_once(path, packed, tmp / "refused-run") for _ in range(args.warmup + args.runs)]
+            results["pack_train_refusal"][name] = secs[args.warmup:]
+            print(f"pack-train refusal {name:7s} median {statistics.median(secs[args.warmup:]):6.2f} s  runs "
+                  + ", ".join(f"{s:.2f}" for s in secs[args.warmup:]))
     results["checkouts"] = {name: str(path) for name, path in checkouts.items()}
     if args.json:
         write_json(args.json, results)

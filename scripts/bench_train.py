@@ -92,6 +92,7 @@ import torch._functorch.config
 from benchlib import (
     autocast_ctx,
     build_hf_model,
+    check_output,
     cuda_peak_gib,
     device_name,
     examples_by_id,
@@ -880,6 +881,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS,
                    help="dense bf16 peak for MFU (H100 SXM: 989)")
     args = p.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")
     args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
     known = [(HF_PATHS, HF_TUNINGS), (PACKED_PATHS, PACKED_TUNINGS)]
     unknown = [x for x in args.paths if not any(

@@ -68,6 +68,8 @@ for _p in (REPO, REPO / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from benchlib import check_output, write_text_output  # noqa: E402
+
 RUNNERS = ("trl", "packlm")
 OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload"), "packlm": ("ckpt", "long")}
 DEFAULT_PATHS = "trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm"
@@ -308,7 +310,7 @@ def run_one(a: argparse.Namespace) -> None:
     except torch.OutOfMemoryError as exc:
         record = {"status": "OOM", "note": str(exc).splitlines()[0][:300]}
     record = {"path": a.one, **record}
-    Path(a.result).write_text(json.dumps(record, indent=1))
+    write_text_output(a.result, json.dumps(record, indent=1), "--result")
 
 
 # ------------------------------------------------------------------------------------- the parent
@@ -456,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--folder", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.json:
+        check_output(a.json, "--json")
     if a.one:
         run_one(a)
         return None
@@ -493,7 +497,7 @@ def _finish(a: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
 
         payload["gpu"] = torch.cuda.get_device_name(0)
     if a.json:
-        Path(a.json).write_text(json.dumps(payload, indent=1))
+        write_text_output(a.json, json.dumps(payload, indent=1))
     return payload
 
 

@@ -55,7 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--device", default="cuda", help="cuda (tests: cpu, with a stand-in for unsloth)")
     p.add_argument("--json", type=Path, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.json:
+        from benchlib import check_output
+
+        check_output(args.json, "--json")
+    return args
 
 
 def write_checkpoint(folder: Path, preset: str, vocab_size: int, seed: int, tokenizer: Path,

@@ -3,7 +3,8 @@
 - Shared data: the `../shared` folder (GSM8K, CodeAlpaca, the Llama-2 tokenizer), its records,
   and one line naming what is missing when it is absent.
 - Machine facts, timing (best of N), peak memory (a process's RSS high-water mark; CUDA's
-  allocator peak), result files.
+  allocator peak), result files (`check_output` before the work, `write_output`: whole or not at
+  all, one line on a refused target or a full disk).
 - pack-data jobs and the packed folders they write, read back as groups, examples and steps.
 - The pieces the training benchmarks share: devices, the Hugging Face baseline model, AdamW,
   autocast, right-padded batches.
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -91,13 +92,14 @@ def seeded_order(records: list[dict[str, str]], seed: int) -> list[dict[str, str
     return [records[i] for i in order]
 
 
-def write_jsonl(path: Path, records: Sequence[dict[str, str]]) -> None:
-    """One JSON object per line (written to a temp name, then renamed)."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for rec in records:
-            handle.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+def write_jsonl(path: Path, records: Sequence[dict[str, str]], option: str = "--out") -> None:
+    """One JSON object per line, written whole or not at all (`write_output`)."""
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as handle:
+            for rec in records:
+                handle.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    write_output(path, write, option)
 
 
 # ------------------------------------------------------------------------------ machine, timing
@@ -225,16 +227,86 @@ def free_memory(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------ results
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusals are one line (`PROG: error: ...`, exit 2), without the usage block."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def jsonable(args: argparse.Namespace) -> dict[str, Any]:
     """Command-line arguments as JSON values (paths as strings)."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
-def write_json(path: str | os.PathLike[str], payload: Any) -> None:
-    """Write a result file (its folder created if needed)."""
+def check_output(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """`path` as a Path, if a script may write a file there; else exit with one line naming it.
+    Refused: an existing folder, anything that is not a regular file (a device such as /dev/null,
+    a FIFO, a socket) and a path below a regular file. Scripts call it on their output options
+    before any work, and `write_output` again before it writes."""
+    import stat
+
+    from pipeline.errors import UserError
+    from pipeline.folder_lock import check_no_file_in_the_way
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    if str(path) in ("", "."):
+        raise SystemExit(f"error: {option} {str(path)!r}: name a file to write")
+    try:
+        check_no_file_in_the_way(path, option)
+        mode = path.stat().st_mode
+    except UserError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise SystemExit(f"error: {option} {path}: {exc.strerror}: choose another {option}") from None
+    if stat.S_ISDIR(mode):
+        raise SystemExit(f"error: {option} {path} is a folder: name a file to write (one inside it, or another path)")
+    if not stat.S_ISREG(mode):
+        raise SystemExit(f"error: {option} {path} is not a regular file (a device, FIFO or socket): "
+                         "name a regular file to write")
+    return path
+
+
+def check_output_folder(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """`path` as a Path, if a script may write its files into that folder (one that exists, or
+    that can be made); else exit with one line naming it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"error: {option} {path} is not a folder: name a folder to write into")
+    check_output(path / "file", option)  # no regular file on the way
+    return path
+
+
+def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], option: str = "--out") -> None:
+    """Create or replace the file `path` whole (`pipeline.durable.write_atomic`: `write(tmp)` fills a
+    temporary file beside it, renamed over `path`; a link keeps pointing at the new file); its
+    folder is made if missing. A target `check_output` refuses, a full disk or another write error
+    exits with one line, leaving nothing behind."""
+    import errno
+
+    from pipeline.durable import write_atomic
+
+    target = Path(os.path.realpath(check_output(path, option)))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, write)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise SystemExit(f"error: disk full while writing {path}: free some space or choose another "
+                             f"{option}; nothing was written") from None
+        raise SystemExit(f"error: cannot write {path}: {exc.strerror}: choose another {option}") from None
+
+
+def write_text_output(path: str | os.PathLike[str], text: str, option: str = "--json") -> None:
+    """`write_output` of a UTF-8 text."""
+    write_output(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), option)
+
+
+def write_json(path: str | os.PathLike[str], payload: Any, option: str = "--json") -> None:
+    """Write a result file whole (`write_output`; its folder created if needed)."""
+    write_text_output(path, json.dumps(payload, indent=2) + "\n", option)
 
 
 # ------------------------------------------------------------------------------ pack-data jobs
@@ -288,7 +360,7 @@ def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, see
             pack_data.main(args=args, standalone_mode=False)
         except click.ClickException as exc:
             raise SystemExit(f"pack-data {' '.join(args)} failed: {exc.format_message()}") from None
-        stamp_file.write_text(json.dumps(job.stamp))
+        write_text_output(stamp_file, json.dumps(job.stamp), "--workdir")
         print(f"  pack-data --strategy {job.strategy} --max-len {job_len} -> {job.out.name}: "
               f"{time.perf_counter() - t0:.1f} s")
 
@@ -308,7 +380,7 @@ def prepare_data(
     if not (inputs.is_file() and input_stamp.is_file()
             and json.loads(input_stamp.read_text()) == stamp):
         write_jsonl(inputs, seeded_order(load_source_examples(shared, limit), seed))
-        input_stamp.write_text(json.dumps(stamp))
+        write_text_output(input_stamp, json.dumps(stamp), "--workdir")
     jobs = [PackJob([inputs], workdir / s, s, {**stamp, "strategy": s}) for s in strategies]
     run_pack_jobs(jobs, tokenizer=tokenizer, max_len=max_len, seed=seed, num_proc=num_proc)
     return {job.strategy: job.out for job in jobs}

@@ -45,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from families import FAMILIES, Family, examples, fresh_rope  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import check_output, write_text_output  # noqa: E402
+
 from pipeline.errors import UserError  # noqa: E402
 from trainer.attention import backend as attention  # noqa: E402
 from trainer.data.batch import collate_flat  # noqa: E402
@@ -244,6 +247,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check (this script is for GPU machines)")
         return 1
@@ -295,7 +300,7 @@ def main() -> int:
     bad += [r for r in families if any(isinstance(r.get(b), dict) and r[b]["status"] == "MISMATCH"
                                        for b in ("sdpa", *KERNEL_BACKENDS, "flex_fp32"))]
     if args.json:
-        args.json.write_text(json.dumps(
+        write_text_output(args.json, json.dumps(
             {"env": env, "kernels": kernels, "families": families, "training": training}, indent=1))
     print("\nALL OK" if not bad else f"\n{len(bad)} PROBLEM(S)")
     return 1 if bad else 0

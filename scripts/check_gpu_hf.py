@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.data.hf import PackedCollator  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import check_output, write_text_output  # noqa: E402
+
 TOL = 2e-2
 VOCAB = 1000
 
@@ -101,6 +104,8 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device")
     from trainer.attention.kernels import flash_attn_importable
@@ -124,8 +129,8 @@ def main() -> None:
         print(json.dumps(r), flush=True)
     device = torch.cuda.get_device_name()
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "torch": torch.__version__,
-                                               "max_len": args.max_len, "results": results}, indent=2) + "\n")
+        write_text_output(args.json, json.dumps({"device": device, "torch": torch.__version__,
+                                                 "max_len": args.max_len, "results": results}, indent=2) + "\n")
     sys.exit(0 if all(r["ok"] for r in results) else 1)
 
 

@@ -44,7 +44,8 @@ if str(REPO) not in sys.path:  # `python scripts/make_long_data.py` from anywher
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import CODEALPACA, GSM8K, read_records, require, shared_dir, write_jsonl  # noqa: E402
+from benchlib import (CODEALPACA, GSM8K, OneLineParser, check_output, read_records, require,  # noqa: E402
+                      shared_dir, write_jsonl)
 
 from pipeline.errors import UserError  # noqa: E402
 
@@ -53,6 +54,9 @@ KINDS = ("chat", "text")
 SOURCES = ("sample", "shared")
 MAX_MESSAGES = 128  # messages per conversation at most (see the module doc)
 MAX_TRIES = 8  # length corrections of one example before it is given up as not landing exactly
+# The examples are held in memory until the file is written: at most this many tokens in all
+# (about half a GB of text), so an absurd --lengths or --count is refused before any work.
+MAX_TOTAL_TOKENS = 1 << 27
 SYSTEM = "You are a patient assistant. Answer every question of the user in order, showing your work."
 
 
@@ -243,18 +247,21 @@ def build(kind: str, source: str, tokenizer: str, lengths: list[int], count: int
 
 
 def _lengths(text: str) -> list[int]:
+    from pipeline.plan.binpack import MAX_LEN_LIMIT  # the longest row pack-data packs
+
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--lengths {text!r}: expected comma-separated integers, e.g. 32768,131072")
-    if not values or min(values) < 64:
-        raise argparse.ArgumentTypeError(f"--lengths {text!r}: each length must be at least 64 tokens")
+        raise argparse.ArgumentTypeError(f"{text[:100]!r}: expected comma-separated integers, "
+                                         "e.g. 32768,131072")
+    if not values or min(values) < 64 or max(values) > MAX_LEN_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text[:100]!r}: each length must be at least 64 tokens and "
+                                         f"at most {MAX_LEN_LIMIT} (pack-data's longest --max-len)")
     return values
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=_lengths, default=[32768, 131072, 524288, 1048576],
                    help="token lengths of the examples, comma-separated (default: 32768,131072,524288,1048576)")
     p.add_argument("--count", type=int, default=1, help="examples per length (default 1)")
@@ -268,13 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.count < 1:
         p.error("--count must be at least 1")
+    if args.count * sum(args.lengths) > MAX_TOTAL_TOKENS:
+        p.error(f"--count {args.count} examples of each of --lengths ({sum(args.lengths)} tokens) make more "
+                f"than {MAX_TOTAL_TOKENS} tokens in all, which are held in memory: ask for fewer")
+    check_output(args.out)
     if not args.out.absolute().parent.is_dir():
         p.error(f"--out {args.out}: folder {args.out.absolute().parent} does not exist")
     try:
         made = build(args.kind, args.source, args.tokenizer, args.lengths, args.count, args.seed)
     except UserError as exc:  # the tokenizer or the data refused by pack-data's own checks
         raise SystemExit(f"error: {exc}") from None
-    write_jsonl(args.out, [record for record, _, _ in made])
+    write_jsonl(args.out, [record for record, _, _ in made])  # whole or not at all, one line on failure
     for i, (_, got, target) in enumerate(made):
         note = "" if got == target else f" (not exact: {target - got} short)"
         print(f"example {i}: {got} tokens{note}")

@@ -23,7 +23,6 @@ packing pipeline adds BOS/EOS explicitly so that it controls where they go and c
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -32,10 +31,14 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import OneLineParser, check_output, check_output_folder, write_output, write_text_output  # noqa: E402
+
 SEED = 20240611
 N_INSTRUCTIONS = 3000
 N_CHAT = 300
 N_TEXT = 300
+SAMPLE_FILES = ("sample/instructions.jsonl", "sample/chat.jsonl", "sample/text.jsonl")  # under --out
 VOCAB_SIZE = 4096
 # Rough characters per token of the trained tokenizer on this text; used only to aim lengths.
 CHARS_PER_TOKEN = 4.3
@@ -666,18 +669,20 @@ def instruction_targets(r: random.Random) -> list[int]:
 
 
 def write_jsonl(path: Path, rows: Iterator[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    """One JSON object per line, the file written whole or not at all (`benchlib.write_output`)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    write_output(path, write)
 
 
 def make_samples(out: Path) -> list[Path]:
     r = random.Random(SEED)
     g = Gen(r)
     targets = instruction_targets(r)
-    files = [out / "sample" / "instructions.jsonl", out / "sample" / "chat.jsonl",
-             out / "sample" / "text.jsonl"]
+    files = [out / name for name in SAMPLE_FILES]
     write_jsonl(files[0], (g.instruction(t) for t in targets))
     write_jsonl(files[1], (g.chat() for _ in range(N_CHAT)))
     write_jsonl(files[2], (g.text() for _ in range(N_TEXT)))
@@ -711,7 +716,6 @@ def make_tokenizer(files: list[Path], out: Path) -> list[Path]:
     )
     tok.train_from_iterator(training_texts(files), trainer=trainer)
     folder = out / "tokenizer"
-    folder.mkdir(parents=True, exist_ok=True)
     tok_json = json.loads(tok.to_str())
     added_decoder = {
         str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word",
@@ -733,9 +737,8 @@ def make_tokenizer(files: list[Path], out: Path) -> list[Path]:
     }
     paths = [folder / "tokenizer.json", folder / "tokenizer_config.json"]
     # tokenizer.json keeps its key order (the vocab is written in id order); config keys are sorted.
-    paths[0].write_text(json.dumps(tok_json, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    paths[1].write_text(json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True) + "\n",
-                        encoding="utf-8")
+    write_text_output(paths[0], json.dumps(tok_json, ensure_ascii=False, indent=1) + "\n", "--out")
+    write_text_output(paths[1], json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True) + "\n", "--out")
     return paths
 
 
@@ -756,16 +759,18 @@ def generate(out: Path) -> dict:
         "tokenizers_version": tokenizers.__version__,
         "files": {p.relative_to(out).as_posix(): sha256(p) for p in samples + tok_files},
     }
-    (out / "GENERATED.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n",
-                                        encoding="utf-8")
+    write_text_output(out / "GENERATED.json", json.dumps(record, indent=2, sort_keys=True) + "\n", "--out")
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     default = Path(__file__).resolve().parent.parent / "data"
     ap.add_argument("--out", type=Path, default=default, help="output folder (default: data/)")
     args = ap.parse_args(argv)
+    check_output_folder(args.out)
+    for name in (*SAMPLE_FILES, "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "GENERATED.json"):
+        check_output(args.out / name)  # each file this writes: none may be a folder or a device
     record = generate(args.out)
     for name, digest in record["files"].items():
         size = (args.out / name).stat().st_size

@@ -388,6 +388,8 @@ def peer_main(data: str, *, preset: str, lora_r: int, steps: int, warmup: int, l
         record["data"] = str(data)
         print(json.dumps(record, indent=1))
         if json_path:
-            Path(json_path).write_text(json.dumps(record, indent=1))
+            from benchlib import write_text_output
+
+            write_text_output(json_path, json.dumps(record, indent=1))
     dist.barrier()
     dist.destroy_process_group()

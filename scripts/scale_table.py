@@ -36,7 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python scripts/scale_table.py` from anywhere
     sys.path.insert(0, str(REPO))
 
-from pipeline.errors import UserError, cli_errors
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import check_output, write_text_output  # noqa: E402
+
+from pipeline.errors import UserError, cli_errors  # noqa: E402
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -167,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--md", type=Path, default=None, help="also write the table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here as JSON")
     args = parser.parse_args(argv)
+    for option, path in (("--md", args.md), ("--json", args.json)):
+        if path:
+            check_output(path, option)
     try:
         return _run(args)
     except click.ClickException as exc:  # a UserError, as one line
@@ -181,11 +187,11 @@ def _run(args: argparse.Namespace) -> int:
         table = markdown_table(rows, args.warmup)
         print(table, end="")
         if args.md:
-            args.md.write_text(table, encoding="utf-8")
+            write_text_output(args.md, table, "--md")
         if args.json:
             payload = {"warmup": args.warmup, "baseline": base["name"] if base else None,
                        "tokens_per_s_scope": "global (all ranks), real tokens", "runs": rows}
-            args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+            write_text_output(args.json, json.dumps(payload, indent=2) + "\n")
         bad = [r["name"] for r in rows if not r["ok"]]
         if bad:
             print(f"scale_table: runs that failed or did not finish: {', '.join(bad)}", file=sys.stderr)

@@ -4,7 +4,8 @@ pipeline/'s steps, and tests/trainer) or run whole commands (tests/e2e); this fo
 families), `gloo_ranks` (training on two CPU ranks) and `packed_factory` (packed folders built in a
 few lines). Every test runs under a wall-clock limit (tests/wallclock.py), so the suite always ends.
 The README runs them on two pytest-xdist workers (`-n 2 --dist loadgroup`); the tests that start Ray
-(which look for Ray's processes on the machine) share one worker, one after another."""
+share one worker, one after another (two local Rays at once would hold twice the memory). A test
+that looks at processes looks only at its own (tests/own_processes.py), never at the machine's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The suite always ends: a rank that hangs is killed and reported (tests/gloo_ranks.py), and a test
 that runs past its wall-clock limit fails, or, stuck where no signal reaches it, stops the run with
-every thread's stack (tests/wallclock.py)."""
+every thread's stack (tests/wallclock.py). What ended each case is read from its report (which limit
+was met), not from the seconds it took, which a loaded machine stretches."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _alive(pid: int) -> bool:
     return not (status.exists() and status.read_text().split(")")[-1].split()[0] == "Z")  # a zombie is gone
 
 
-def _gone(pids: list[int], within_s: float = 10.0) -> bool:
+def _gone(pids: list[int], within_s: float = 60.0) -> bool:  # a grace for a loaded machine
     end = time.monotonic() + within_s
     while any(_alive(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.05)
@@ -42,10 +43,8 @@ def _sleeper(rank: int, record: str, hang: int) -> None:
 
 
 def test_a_hanging_rank_is_killed_with_what_it_started_and_reported(tmp_path: Path) -> None:
-    start = time.monotonic()
     with pytest.raises(AssertionError, match=r"^rank\(s\) \[1\] of 2 still running after 2 s: killed"):
         fork_ranks(_sleeper, (str(tmp_path), 1), deadline_s=2)
-    assert time.monotonic() - start < 30
     pids = [int(p) for p in (tmp_path / "rank1.pids").read_text().split()]
     assert _gone(pids), pids
 
@@ -58,11 +57,9 @@ def _failing(rank: int, record: str) -> None:
 
 
 def test_a_failing_rank_is_reported_with_its_traceback_and_the_others_are_killed(tmp_path: Path) -> None:
-    start = time.monotonic()
-    with pytest.raises(AssertionError, match="rank 0 of 2 failed") as failed:
+    with pytest.raises(AssertionError, match="rank 0 of 2 failed") as failed:  # (not the 120 s deadline's line)
         fork_ranks(_failing, (str(tmp_path),), deadline_s=120)
     assert "ValueError: rank zero gave up" in str(failed.value)
-    assert time.monotonic() - start < 60  # not the deadline
     if (tmp_path / "rank1.pid").exists():
         assert _gone([int((tmp_path / "rank1.pid").read_text())])
 
@@ -75,10 +72,8 @@ def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path: Path) 
     """torchrun's shape: a launcher whose children hold its output pipes."""
     record = tmp_path / "pids"
     script = f"sleep 1000 & echo $$ $! > {record}; wait"
-    start = time.monotonic()
     with pytest.raises(AssertionError, match="still running after 2 s: killed with its process group"):
         run_killable(["sh", "-c", script], 2)
-    assert time.monotonic() - start < 30
     assert _gone([int(p) for p in record.read_text().split()])
     done = run_killable(["sh", "-c", "echo out; echo err >&2; exit 3"], 30)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
@@ -121,17 +116,13 @@ def _inner_run(tmp_path: Path, *select: str) -> subprocess.CompletedProcess:
 
 
 def test_a_test_past_its_wall_clock_limit_fails_and_the_next_one_runs(tmp_path: Path) -> None:
-    start = time.monotonic()
     proc = _inner_run(tmp_path, "-k", "sleeps or quick")
-    assert time.monotonic() - start < 60
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 1 passed" in proc.stdout, proc.stdout
     assert "test_inner.py::test_sleeps (call) ran past its wall-clock limit of 1 s" in proc.stdout, proc.stdout
 
 
 def test_a_test_stuck_where_no_signal_reaches_stops_the_run_with_every_stack(tmp_path: Path) -> None:
-    start = time.monotonic()
     proc = _inner_run(tmp_path, "-k", "stuck")
-    assert time.monotonic() - start < 60
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Timeout" in proc.stderr and "test_stuck_where_no_signal_reaches" in proc.stderr, proc.stderr

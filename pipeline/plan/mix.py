@@ -29,6 +29,11 @@ from pipeline.plan.rows import Pieces
 from pipeline.read.sources import resolve_inputs
 
 
+# The most uses of one example: past it even a single example's uses take more than 48 TiB to plan
+# (BYTES_PER_USE each), so a larger weight (1e308, say) is refused as it is parsed.
+MAX_WEIGHT = 2.0**40
+
+
 def parse_mix(text: str | None) -> dict[str, float]:
     """'a.jsonl=2,b.parquet=0.5' -> {"a.jsonl": 2.0, "b.parquet": 0.5}; a bad entry is one line."""
     if not text:
@@ -37,14 +42,15 @@ def parse_mix(text: str | None) -> dict[str, float]:
     for entry in (e.strip() for e in text.split(",")):
         name, eq, value = entry.rpartition("=")
         try:
-            weight = float(value) if eq and name.strip() else math.nan
+            weight = float(value) if eq and name.strip() else None
         except ValueError:
-            weight = math.nan
-        if math.isnan(weight):
+            weight = None
+        if weight is None:
             raise UserError(f"--mix entry {entry!r} is not NAME=WEIGHT: write e.g. --mix 'a.jsonl=2,b.parquet=0.5'")
-        if not math.isfinite(weight) or weight <= 0:
-            raise UserError(f"--mix {name.strip()}={value}: a weight must be a number above 0 (how many times "
-                            "each of its examples is used; leave an input out to drop it)")
+        if not 0 < weight <= MAX_WEIGHT:  # also nan and inf
+            raise UserError(f"--mix {name.strip()}={value}: a weight must be a number above 0 and at "
+                            f"most {MAX_WEIGHT:.0f} (how many times each of its examples is used; leave an input "
+                            "out to drop it)")
         if name.strip() in weights:
             raise UserError(f"--mix names {name.strip()!r} twice")
         weights[name.strip()] = weight

@@ -18,7 +18,8 @@ import pyarrow as pa
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_lines import open_input
 from pipeline.read.json_numbers import exact_column, exact_float
-from pipeline.read.json_records import MAX_DEPTH, Conformer, DuplicateKey, json_kind, short, type_conflict, unique_keys
+from pipeline.read.json_records import (MAX_DEPTH, Conformer, DuplicateKey, json_kind, lone_surrogate, short, type_conflict,
+                                        unique_keys)
 
 
 _SKIP_WS = re.compile(r"[ \t\n\r]*")
@@ -46,9 +47,9 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
         lines = ArrayLines(path, start, start + len(batch))
         try:
             table = _records_table(batch)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeEncodeError) as exc:
             numbers = [lines[k] for k in range(len(batch))]
-            err = type_conflict(path, iter(zip(numbers, batch)))
+            err = lone_surrogate(path, zip(numbers, batch)) or type_conflict(path, iter(zip(numbers, batch)))
             raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
                                     f"these records: {one_line(exc)}")) from None
         yield conform(table), lines

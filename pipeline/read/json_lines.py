@@ -18,8 +18,8 @@ import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_numbers import exact_numbers
-from pipeline.read.json_records import (MAX_DEPTH, Conformer, DuplicateKey, json_kind, short, type_conflict,
-                                        uniform_content, unique_keys)
+from pipeline.read.json_records import (MAX_DEPTH, Conformer, DuplicateKey, json_kind, lone_surrogate, short,
+                                        type_conflict, uniform_content, unique_keys)
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.
@@ -135,10 +135,10 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
             return UserError(f"{path} line {line}: expected a JSON object per line, found a "
                              f"{json_kind(obj)}; write one {{...}} record per line")
         parsed.append((line, obj))
-    conflict = type_conflict(path, iter(parsed))
+    conflict = lone_surrogate(path, parsed) or type_conflict(path, iter(parsed))
     if conflict:
         return conflict
-    last = first_line + chunk.count(b"\n")
+    last = first_line + chunk.count(b"\n") - chunk.endswith(b"\n")
     return UserError(f"{path} lines {first_line}-{last}: pyarrow cannot read these records: "
                      f"{one_line(exc)}; make nested fields use one type throughout")
 

@@ -1,12 +1,14 @@
 """What every record of a JSON input must be, for both JSON readers (`pipeline.read.json_lines`,
 `pipeline.read.json_array`): an object with each key once (`unique_keys`), one JSON type per field
-across the records of a file (`type_conflict`), nested at most MAX_DEPTH levels; and `Conformer`,
+across the records of a file (`type_conflict`), nested at most MAX_DEPTH levels, text without a
+lone UTF-16 surrogate (`lone_surrogate`, found where a reader fails); and `Conformer`,
 which keeps a column's type steady across the independently parsed tables of one file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -68,6 +70,44 @@ def type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | No
                 return UserError(f"{path} line {line}: field {key!r} is a {kind} here but a "
                                  f"{seen[0]} on line {seen[1]}: use one type per field in every "
                                  "record")
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate_field(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """(where, the surrogate's escape) of the first key or string in `obj` holding a lone UTF-16
+    surrogate, where as "field 'messages[1].content'" or "a key of 'messages[1]'"; None when none."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            found = _SURROGATE.search(value)
+            if found:
+                return f"field {short(where)!r}", f"\\u{ord(found.group()):04x}"
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                field = f"{where}.{key}" if where else key
+                found = _SURROGATE.search(key)
+                if found:
+                    return f"a key of {short(where)!r}" if where else "a key", f"\\u{ord(found.group()):04x}"
+                stack.append((field, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+def lone_surrogate(path: str, items: Iterable[tuple[int, dict[str, Any]]]) -> UserError | None:
+    """The first record (items: (line, obj)) whose text holds a lone UTF-16 surrogate: JSON's
+    "\\ud800" escape without the other half of its pair, which Python's json reads but which is no
+    Unicode text (no UTF-8 file, Arrow string or tokenizer can hold it)."""
+    for line, obj in items:
+        found = _lone_surrogate_field(obj)
+        if found:
+            where, escape = found
+            return UserError(f"{path} line {line}: {where} holds a lone surrogate {escape} (half of "
+                             "a UTF-16 pair, not a character): fix the text, e.g. replace it with \\ufffd or remove it")
     return None
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,11 +95,6 @@ def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, m
     assert seen == ["PASSIVE", "ACTIVE"]
 
 
-# a refusal before torch: interpreter, click and pipeline imports, the checks (well under a second on
-# an idle machine); importing torch and transformers alone takes longer than this
-BEFORE_TORCH_S = 4.0
-
-
 def test_what_cannot_run_is_refused_before_torch_in_one_line(tmp_path: Path):
     """--attn flash_attn / fa4 without their package, --dtype fp8 where no NVIDIA GPU can be seen,
     an --out holding another run's checkpoints: one line, status 1, no torch imported, no run
@@ -128,13 +122,11 @@ def test_what_cannot_run_is_refused_before_torch_in_one_line(tmp_path: Path):
         cases.append((["--attn", "fa4"], None, '--attn fa4: the flash-attn-4 package is not installed here: '
                       'pip install -e ".[fa4]", or use --attn auto'))
     for args, env, message in cases:
-        start = time.monotonic()
         proc = _pack_train("--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), *args, env=env)
-        took = time.monotonic() - start
         assert proc.returncode == 1, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, (args, proc.stderr)
+        # before torch: how soon that is on an idle machine is bench_startup.py's, not a test's
         assert proc.stdout.splitlines()[-1] == "imported torch: False False", args
-        assert took < BEFORE_TORCH_S, (args, took)
     assert not (tmp_path / "r").exists()
     assert [p.name for p in (used / "checkpoints").iterdir()] == ["step-00000002"]
 

@@ -10,11 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+from hf_cache import fake_hub
 
 from pipeline.shards import read_manifest, verify_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = str(ROOT / "data" / "tokenizer")
+
 
 def _session_alive(pgid: int) -> bool:
     try:
@@ -34,7 +36,7 @@ def _pack_data(tmp_path: Path, *args: str, code: str = PACK_DATA, env: dict | No
         proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=out, stderr=err,
                                 text=True, start_new_session=True, env=env)
         proc.wait(timeout=300)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a grace for a loaded machine, not a measure of speed
         while _session_alive(proc.pid) and time.monotonic() < deadline:  # its children must be gone
             time.sleep(0.05)
         leftover = _session_alive(proc.pid)
@@ -76,11 +78,10 @@ def test_a_mistyped_tokenizer_folder_that_looks_like_a_hub_name_fails_at_once(tm
     a mistyped path, and fails in one line without asking the Hub."""
     args = [str(ROOT / "data" / "sample" / "text.jsonl"), "--tokenizer", "data/tokenizr", "--max-len", "64",
             "--no-progress", "--out", str(tmp_path / "o")]
-    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_ENDPOINT": "http://127.0.0.1:9"}
-    start = time.monotonic()
-    proc = _pack_data(tmp_path, *args, env=env)
-    elapsed = time.monotonic() - start
+    with fake_hub(404, "RepoNotFound") as (url, asked):  # it retried for 54 s when it asked the Hub
+        env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_ENDPOINT": url}
+        proc = _pack_data(tmp_path, *args, env=env)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "tokenizer folder data/tokenizr not found" in proc.stderr
-    assert elapsed < 30, elapsed  # a shared CI machine; about 1.5 s alone, 54 s when it asked the Hub
+    assert asked == []  # at once: the Hub was not asked
     assert not (tmp_path / "o").exists()

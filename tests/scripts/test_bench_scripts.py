@@ -538,6 +538,8 @@ def test_bench_startup_runs_a_checkouts_own_console_script(tmp_path):
         assert bs.run_once(REPO, data, tokenizer, out, tmp_path / "cache") > 0
     assert json.loads((runs[0] / "manifest.json").read_text())["config"]["max_len"] == 8192
     assert bs.shard_digest(runs[0]) == bs.shard_digest(runs[1]) != bs.shard_digest(tmp_path)
+    assert "from trainer.cli import main" in bs.entry_point(REPO, "pack-train")
+    assert bs.refusal_once(REPO, runs[0], tmp_path / "run") > 0  # refused, and no run folder written
 
 
 def test_targets_are_checked_against_the_same_run():

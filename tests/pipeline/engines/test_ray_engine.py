@@ -4,6 +4,7 @@ failure is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from own_processes import cmdline, descendants, tagged
 
 from pipeline.cli import pack_data
 from pipeline.errors import UserError
@@ -147,19 +150,6 @@ def test_errors_name_the_row_as_the_local_engine_does(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "long.jsonl"]  # nothing left behind
 
 
-def _pids(match) -> list[int]:
-    """Pids of the processes whose command's first word (Ray titles its workers ray::TASK) matches."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            first = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if match(first):
-            pids.append(int(pid))
-    return pids
-
-
 def test_a_worker_killed_mid_job_is_retried_and_the_output_is_unchanged(tmp_path: Path) -> None:
     path = SAMPLE / "text.jsonl"
     local, _ = pack(tmp_path, "local", [path], max_len=1024)
@@ -175,9 +165,10 @@ def test_a_worker_killed_mid_job_is_retried_and_the_output_is_unchanged(tmp_path
     thread = threading.Thread(target=job)
     thread.start()
     while thread.is_alive() and not killed:
-        for pid in _pids(lambda first: first.startswith(b"ray::_tokenize_chunk")):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+        for pid in descendants():  # this module's Ray's workers, never another program's
+            if cmdline(pid).startswith("ray::_tokenize_chunk"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
         time.sleep(0.002)
     thread.join()
     assert killed, "no tokenize task was caught running"
@@ -236,16 +227,26 @@ def test_the_command_starts_and_stops_its_own_ray(tmp_path: Path) -> None:
     job (beside the one this test module runs) and stopped after it; nothing on stderr with
     --no-progress; the shards equal the local engine's."""
     local, _ = pack(tmp_path, "local", [SAMPLE / "chat.jsonl"], max_len=1024)
-    raylets = lambda: set(_pids(lambda first: first.endswith(b"raylet")))  # noqa: E731
-    before = raylets()
-    run = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli import pack_data; pack_data()",
-                          str(SAMPLE / "chat.jsonl"), "--tokenizer", TOKENIZER, "--max-len", "1024",
-                          "--out", str(tmp_path / "ray"), "--engine", "ray", "--num-proc", "2", "--no-progress"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert run.returncode == 0 and run.stderr == "", run.stderr
-    assert "examples: 300 read, 300 packed" in run.stdout
-    assert digests(tmp_path / "ray") == digests(local)
-    assert raylets() <= before  # its Ray is gone
+    tag = uuid.uuid4().hex  # the command and every process it starts carry it (own_processes)
+    env = {**os.environ, "TEST_RAY_TAG": tag}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        run = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; "
+                              "from pipeline.cli import pack_data; pack_data()",
+                              str(SAMPLE / "chat.jsonl"), "--tokenizer", TOKENIZER, "--max-len", "1024",
+                              "--out", str(tmp_path / "ray"), "--engine", "ray", "--num-proc", "2", "--no-progress"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        assert run.returncode == 0 and run.stderr == "", run.stderr
+        assert "examples: 300 read, 300 packed" in run.stdout
+        assert digests(tmp_path / "ray") == digests(local)
+        deadline = time.monotonic() + 120  # a grace for a loaded machine: processes end as they are told
+        while tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [cmdline(p) for p in tagged(tag)] == []  # its Ray is gone, every process of it
+    finally:
+        for pid in tagged(tag):  # what this test started, if the assertion above failed
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 

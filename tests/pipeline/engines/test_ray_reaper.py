@@ -48,7 +48,7 @@ def test_a_child_without_the_mark_is_kept_in_the_family_and_stopped() -> None:
         # a pid whose start time differs (reused by another process) is not taken for the old one
         assert child not in family(token, {child: known[child] + 1})
         stop(token, known, grace=0.5, settle=2.0)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a grace for a loaded machine
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(child)

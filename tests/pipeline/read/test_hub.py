@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -220,12 +219,12 @@ def test_pack_verify_deep_reads_the_recorded_commit(hf_home: Path, dataset_files
 # ------------------------------------------------------------------------------------ failures
 
 
-def _pack_data_cli(tmp_path: Path, *args: str, env: dict) -> tuple[subprocess.CompletedProcess, float]:
-    start = time.monotonic()
+def _pack_data_cli(tmp_path: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
+    """pack-data in its own process. "At once" is asserted as what the command asks of the Hub (once,
+    or never), not as its seconds: those depend on the machine's load."""
     code = "import sys; from pipeline.cli import pack_data; sys.argv[0] = 'pack-data'; pack_data()"
-    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
-    return proc, time.monotonic() - start
 
 
 def _env(hf_home: Path, **extra: str) -> dict:
@@ -242,17 +241,18 @@ def _one_line(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("flag", [[], ["--offline"]])
 def test_an_id_not_in_the_cache_fails_offline_in_one_line_within_seconds(
         hf_home: Path, tmp_path: Path, flag: list[str]) -> None:
-    env = _env(hf_home, HF_ENDPOINT="http://127.0.0.1:9") if flag else _env(hf_home, HF_HUB_OFFLINE="1")
-    proc, elapsed = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/not-cached", "--max-len",
-                                   "64", "--out", str(tmp_path / "o"), "--no-progress", *flag, env=env)
-    line = _one_line(proc)
-    assert "tokenizer someone/not-cached is not in the local Hugging Face cache" in line
-    assert "downloads are off (--offline / HF_HUB_OFFLINE=1)" in line and "hf download someone/not-cached" in line
-    assert elapsed < 20, elapsed  # a shared CI machine: the command's own startup is most of it
-    assert not (tmp_path / "o").exists()
-    proc, _ = _pack_data_cli(tmp_path, "someone/no-data:train", "--tokenizer", str(TOKENIZER),
-                             "--max-len", "64", "--out", str(tmp_path / "o"), *flag, env=env)
-    assert "dataset someone/no-data is not in the local Hugging Face cache" in _one_line(proc)
+    with fake_hub(404, "RepoNotFound") as (url, asked):  # (offline, nothing may ask it)
+        env = _env(hf_home, HF_ENDPOINT=url, **({} if flag else {"HF_HUB_OFFLINE": "1"}))
+        proc = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/not-cached", "--max-len",
+                              "64", "--out", str(tmp_path / "o"), "--no-progress", *flag, env=env)
+        line = _one_line(proc)
+        assert "tokenizer someone/not-cached is not in the local Hugging Face cache" in line
+        assert "downloads are off (--offline / HF_HUB_OFFLINE=1)" in line and "hf download someone/not-cached" in line
+        assert not (tmp_path / "o").exists()
+        proc = _pack_data_cli(tmp_path, "someone/no-data:train", "--tokenizer", str(TOKENIZER),
+                              "--max-len", "64", "--out", str(tmp_path / "o"), *flag, env=env)
+        assert "dataset someone/no-data is not in the local Hugging Face cache" in _one_line(proc)
+    assert [p for p in asked if "someone/" in p] == []  # at once: the Hub was never asked
     assert "--repo-type dataset" in proc.stderr
 
 
@@ -264,11 +264,11 @@ def test_a_typod_path_is_a_path_and_the_hub_is_never_asked(hf_home: Path, tmp_pa
     with fake_hub(404, "RepoNotFound") as (url, asked):
         env = _env(hf_home, HF_ENDPOINT=url)  # online: only the path rule keeps the Hub out
         inputs, tokenizer = ([spec], str(TOKENIZER)) if what == "input" else ([str(SAMPLE)], spec)
-        proc, elapsed = _pack_data_cli(tmp_path, *inputs, "--tokenizer", tokenizer, "--max-len", "64",
-                                       "--out", str(tmp_path / "o"), env=env)
+        proc = _pack_data_cli(tmp_path, *inputs, "--tokenizer", tokenizer, "--max-len", "64",
+                              "--out", str(tmp_path / "o"), env=env)
     line = _one_line(proc)
     assert (f"tokenizer folder {spec} not found" if what == "tokenizer" else f"input not found: {spec}") in line
-    assert asked == [] and elapsed < 20
+    assert asked == []
 
 
 @pytest.mark.parametrize("status, code, want", [
@@ -279,22 +279,21 @@ def test_a_typod_path_is_a_path_and_the_hub_is_never_asked(hf_home: Path, tmp_pa
 def test_not_found_and_gated_answers_are_one_line_at_once(hf_home: Path, tmp_path: Path, status: int,
                                                            code: str | None, want: str) -> None:
     with fake_hub(status, code) as (url, asked):
-        proc, elapsed = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/private-tok",
-                                       "--max-len", "64", "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
+        proc = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/private-tok",
+                              "--max-len", "64", "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
     line = _one_line(proc)
     assert "tokenizer someone/private-tok" in line and want in line, line
     if status != 404:
         assert f"log in with `hf auth login` or set HF_TOKEN, and accept the license at {url}/someone/private-tok" in line
     repo = [p for p in asked if "someone/" in p]  # (huggingface_hub may also ask for its own things)
     assert len(repo) == 1 and repo[0].startswith("/api/models/someone/private-tok"), asked  # no retries
-    assert elapsed < 20, elapsed
     assert not (tmp_path / "o").exists()
 
 
 def test_a_dataset_that_is_not_on_the_hub_is_one_line(hf_home: Path, tmp_path: Path) -> None:
     with fake_hub(404, "RepoNotFound") as (url, asked):
-        proc, _ = _pack_data_cli(tmp_path, "someone/no-such-data:train", "--tokenizer", str(TOKENIZER),
-                                 "--max-len", "64", "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
+        proc = _pack_data_cli(tmp_path, "someone/no-such-data:train", "--tokenizer", str(TOKENIZER),
+                              "--max-len", "64", "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
     assert "dataset someone/no-such-data is neither a local path nor a dataset repo" in _one_line(proc)
     repo = [p for p in asked if "someone/" in p]
     assert len(repo) == 1 and repo[0].startswith("/api/datasets/someone/no-such-data"), asked
@@ -302,20 +301,20 @@ def test_a_dataset_that_is_not_on_the_hub_is_one_line(hf_home: Path, tmp_path: P
 
 def test_a_revision_the_hub_does_not_have_and_a_hub_that_is_down_are_one_line(hf_home: Path, tmp_path: Path) -> None:
     with fake_hub(404, "RevisionNotFound") as (url, asked):
-        proc, _ = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/tok@no-such-branch", "--max-len", "64",
-                                 "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
+        proc = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/tok@no-such-branch", "--max-len", "64",
+                              "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
     assert "tokenizer someone/tok has no revision 'no-such-branch' on the Hugging Face Hub" in _one_line(proc)
     assert len([p for p in asked if "someone/" in p]) == 1
     with fake_hub(503) as (url, asked):  # down: the cache would do; here it holds nothing
-        proc, elapsed = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/tok", "--max-len", "64",
-                                       "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
+        proc = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/tok", "--max-len", "64",
+                              "--out", str(tmp_path / "o"), env=_env(hf_home, HF_ENDPOINT=url))
     assert ("tokenizer someone/tok is not in the local Hugging Face cache" in _one_line(proc)
             and "the Hugging Face Hub cannot be reached (it answered 503)" in proc.stderr)
-    assert len([p for p in asked if "someone/" in p]) == 1 and elapsed < 20
+    assert len([p for p in asked if "someone/" in p]) == 1
     # the control: with the tokenizer in the cache, a Hub that is down does not stop the job
     add_snapshot(hf_home, "model", "someone/tok", folder_files(TOKENIZER), C1)
     with fake_hub(503) as (url, asked):
-        proc, _ = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/tok", "--max-len", "512",
-                                 "--out", str(tmp_path / "o"), "--no-progress", env=_env(hf_home, HF_ENDPOINT=url))
+        proc = _pack_data_cli(tmp_path, str(SAMPLE), "--tokenizer", "someone/tok", "--max-len", "512",
+                              "--out", str(tmp_path / "o"), "--no-progress", env=_env(hf_home, HF_ENDPOINT=url))
     assert proc.returncode == 0, proc.stderr
     assert read_manifest(tmp_path / "o").tokenizer["hub"] == {"id": "someone/tok", "revision": None, "commit": C1}

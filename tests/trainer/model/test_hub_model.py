@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -121,12 +120,10 @@ def test_a_model_id_the_hub_does_not_know_is_one_line_at_once(hf_home: Path, tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     code = ("import sys; from trainer.cli import main; sys.argv[0] = 'pack-train'; main()\n")
     with fake_hub(404, "RepoNotFound") as (url, asked):
-        start = time.monotonic()
         proc = subprocess.run([sys.executable, "-c", code, "--data", str(packed), "--model", "someone/no-such-model",
                                "--out", str(tmp_path / "run"), *(["--offline"] if offline else [])],
                               capture_output=True, text=True, timeout=120, cwd=tmp_path,
                               env={**env, "PYTHONPATH": str(ROOT), "HF_HOME": str(hf_home), "HF_ENDPOINT": url})
-        elapsed = time.monotonic() - start
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     if offline:  # --offline: the Hub is never asked
         assert "model someone/no-such-model is not in the local Hugging Face cache" in proc.stderr
@@ -134,4 +131,4 @@ def test_a_model_id_the_hub_does_not_know_is_one_line_at_once(hf_home: Path, tmp
     else:
         assert "model someone/no-such-model is neither a local path nor a model repo on the Hugging Face Hub" in proc.stderr
         assert len([p for p in asked if "someone/" in p]) == 1
-    assert elapsed < 30 and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()  # (at once: the Hub asked once or never, above; not timed)
