@@ -336,6 +336,8 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
         tokenizer=tok_info,
         inputs=inputs,
         config=config_dict,
+        groups=plan.group_rows,
+        group_size=config.group_size if plan.group_rows else None,
     )
 
 
