@@ -202,7 +202,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts), resumed_from=resume_from)
     if info.rank == 0:
         try:
-            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step))
+            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step),
+                            manifest.group_size)
         except OSError as exc:  # config.json and metrics.jsonl are written whole or not at all
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
