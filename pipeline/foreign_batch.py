@@ -82,3 +82,13 @@ def _packing(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if value is True:
         raise NotUsed(PACKED)
     raise NotUsed("padded batches: trained as packed groups of the same examples (the same gradient)")
+
+
+# Axolotl's excess_length_strategy (default drop: utils/data/utils.py, drop_long_seq_in_dataset) as --overlong
+EXCESS_LENGTH = {"drop": "drop", "truncate": "truncate", "raise": "error"}
+
+
+def _excess_length(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value not in EXCESS_LENGTH:
+        raise _refuse("excess_length_strategy", value, "give drop, truncate or raise")
+    return {"overlong": EXCESS_LENGTH[value]}

@@ -69,7 +69,7 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _evaluations,
     show,
 )
-from pipeline.foreign_batch import _grad_accum, _groups, _packing, _tokens_per_step
+from pipeline.foreign_batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
 from pipeline.foreign_data import add_tokens, axolotl_datasets, dataset_name, special_tokens, trl_mixture
 from pipeline.foreign_schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
@@ -131,6 +131,8 @@ KEYS: tuple[Key, ...] = (
     Key("max_length", TRL, Unused("the packed folder's row length, set by pack-data --max-len"), _same("max_len")),
     Key("max_seq_length", TRL, Unused("the packed folder's row length, set by pack-data --max-len"),
         _same("max_len")),
+    Key("excess_length_strategy", AXOLOTL, DATA_KEY, Map(("overlong",), _excess_length,
+        "drop (Axolotl's default), truncate, raise (error) as --overlong")),
     Key("sample_packing", AXOLOTL, Map((), _packing, PACKED_DOC), Map((), _packing, PACKED_DOC)),
     Key("packing", TRL, Map((), _packing, PACKED_DOC), Map((), _packing, PACKED_DOC)),
     Key("pad_to_sequence_len", AXOLOTL, Unused("rows hold no padding"), Unused("rows hold no padding")),
@@ -318,7 +320,7 @@ def _cell(rule_: Rule | None, flag: Callable[[str], str]) -> str:
     if isinstance(rule_, Unused):
         return f"not used: {rule_.why}"
     flags = ", ".join(f"`{flag(o)}`" for o in rule_.options)
-    return f"{flags}{': ' + rule_.doc if rule_.doc else ''}"
+    return f"{flags}: {rule_.doc}" if flags and rule_.doc else flags or rule_.doc
 
 
 def markdown_table(flag: Callable[[str], str] | None = None) -> str:

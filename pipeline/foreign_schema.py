@@ -254,6 +254,9 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             length = 1024 if tool == TRL else AXOLOTL_VALUES["sequence_len"]
             take(f"({tool} default)", "max_len", length)
             said.append(f"rows of {length} tokens")
+        if tool != TRL and "overlong" not in out:  # Axolotl drops what is past sequence_len; TRL truncates
+            take(f"({tool} default)", "overlong", "drop")
+            said.append("examples longer than sequence_len dropped (excess_length_strategy drop)")
         if tool != TRL and "out" not in out:
             take(f"({tool} default)", "out", "last_run_prepared")
             said.append("dataset_prepared_path last_run_prepared")

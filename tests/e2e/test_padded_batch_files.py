@@ -91,3 +91,21 @@ def test_an_axolotl_example_without_sample_packing_trains_groups(tmp_path: Path)
     got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
     assert (got["tokens_per_step"], got["grad_accum"], got.get("step_by_group")) == (4096, 2, None)
     assert "strategy" not in read_config_file(cfg, pack_data, foreign="pack-data")
+
+
+def test_axolotls_excess_length_strategy_is_overlong(tmp_path: Path):
+    """Axolotl drops examples past sequence_len unless excess_length_strategy says otherwise; TRL
+    truncates them (pack-data's own default, nothing to set)."""
+    import pytest
+
+    from pipeline.config_file import read_config_file
+
+    cfg = tmp_path / "a.yaml"
+    for given, want in ((None, "drop"), ("drop", "drop"), ("truncate", "truncate"), ("raise", "error")):
+        cfg.write_text("base_model: tiny\nsequence_len: 256\n" + (f"excess_length_strategy: {given}\n" if given else ""))
+        assert read_config_file(cfg, pack_data, foreign="pack-data")["overlong"] == want, given
+    cfg.write_text("base_model: tiny\nexcess_length_strategy: cut\n")
+    with pytest.raises(Exception, match="excess_length_strategy.*'cut' has no equivalent here: give drop, truncate"):
+        read_config_file(cfg, pack_data, foreign="pack-data")
+    cfg.write_text("model_name_or_path: tiny\nmax_length: 256\n")
+    assert "overlong" not in read_config_file(cfg, pack_data, foreign="pack-data")  # TRL: truncate, the default
