@@ -99,6 +99,12 @@ def test_the_manifest_records_each_group_and_pack_verify_checks_it(grouped: Path
     with pytest.raises(ShardFormatError, match="groups.* must be a list of positive row counts"):
         read_manifest(tampered([0, *manifest.groups]))
     verify_folder(tampered(list(manifest.groups)))  # control: the same groups rewritten pass
+    from click.testing import CliRunner
+    from pipeline.cli import pack_verify
+
+    result = CliRunner().invoke(pack_verify, [str(tampered(moved))])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "group 0 holds" in result.output and len(result.output.strip().splitlines()) == 1
 
 
 def test_a_group_step_computes_the_padded_batch_gradient(grouped: Path) -> None:
@@ -165,6 +171,11 @@ def test_an_epoch_is_one_step_per_group_and_resume_lands_on_the_group(grouped: P
 
 
 def test_group_stepping_refuses_what_would_change_the_group(grouped: Path, tmp_path: Path) -> None:
+    manifest = read_manifest(grouped)
+    lengths = ShardReader(grouped, manifest).row_lengths()
+    with pytest.raises(UserError, match="in one process: train it without --grad-accum and without torchrun"):
+        Planner(lengths, 300, world_size=2, groups=manifest.groups)  # data-parallel ranks: refused
+    assert Planner(lengths, 300, world_size=2).steps_in_epoch(0) > 0  # control: by token budget
     with pytest.raises(UserError, match="stepping by group takes a whole group .* without grad_accum"):
         train(_config(grouped, tmp_path / "accum", max_steps=1, grad_accum=2))
     train(_config(grouped, tmp_path / "budget", max_steps=1, grad_accum=2, step_by_group=False))  # control
