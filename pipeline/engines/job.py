@@ -393,6 +393,9 @@ def summary_lines(
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]
+    if manifest.groups:
+        lines.append(f"groups: {len(manifest.groups)} of {manifest.group_size} examples (the last may hold fewer), "
+                     "each packed on its own: pack-train takes one group an optimizer step")
     if manifest.eval.get("folder"):
         lines.append(f"eval: {manifest.eval['examples']} examples held out in {manifest.eval['folder']}/ "
                      "(a packed folder of its own; pack-train evaluates on it)")

@@ -36,6 +36,7 @@ def test_trls_example_without_packing_trains_groups_of_its_batch(tmp_path: Path)
     assert "TRL: batches of 8 padded examples a step, trained as packed groups of those 8 (same gradient)" \
         in packed.stderr
     manifest = _manifest(tmp_path / "packed")
+    assert f"groups: {len(manifest['groups'])} of 8 examples" in packed.output
     assert (manifest["strategy"], manifest["group_size"], manifest["max_len"]) == ("minibatch", 8, 1024)
     assert sum(manifest["groups"]) == manifest["rows"] and len(manifest["groups"]) == -(-300 // 8)
     trained = CliRunner().invoke(pack_train, ["--config", str(cfg), "--data", str(tmp_path / "packed"),
