@@ -84,7 +84,7 @@ def _packing(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     raise NotUsed("padded batches: trained as packed groups of the same examples (the same gradient)")
 
 
-# Axolotl's excess_length_strategy (default drop: utils/data/utils.py, drop_long_seq_in_dataset) as --overlong
+# Axolotl's excess_length_strategy as --overlong (its schema: None means drop, "for backward compatibility")
 EXCESS_LENGTH = {"drop": "drop", "truncate": "truncate", "raise": "error"}
 
 
