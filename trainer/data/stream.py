@@ -7,7 +7,9 @@ longer than the budget becomes a micro-batch of its own), drops the tail so the 
 of `world_size * grad_accum`, and gives micro-batch i to rank i % world_size. Every rank therefore
 sees the same number of micro-batches and optimizer steps (no hang at the end of an epoch), the
 ranks' data are disjoint, and the plan is a pure function of (seed, epoch), so a data cursor of
-(epoch, micro-batch index) resumes exactly.
+(epoch, micro-batch index) resumes exactly. A folder of groups (`--strategy minibatch`, stepped by
+group) is planned by `trainer.data.plan.group_plan` instead: one optimizer step per group, in a
+seeded order, one process.
 
 Loading is a map-style dataset keyed by (epoch, local micro-batch index): the training process maps
 the shards at start (`ShardReader`), DataLoader workers forked from it gather the rows with numpy
