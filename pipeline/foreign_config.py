@@ -57,7 +57,6 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _report_to,
     _same,
     _schedule,
-    _tokens_per_step,
     _use_peft,
     _val_set_size,
     _wandb_project,
@@ -70,8 +69,12 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _evaluations,
     show,
 )
+from pipeline.foreign_batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
 from pipeline.foreign_data import add_tokens, axolotl_datasets, dataset_name, special_tokens, trl_mixture
-from pipeline.foreign_schema import schema_key, source_defaults  # noqa: F401 (config_file calls them here)
+from pipeline.foreign_schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
+
+PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
+              "trained as packed groups of the same examples, one group a step (the same gradient)")
 
 
 
@@ -128,8 +131,10 @@ KEYS: tuple[Key, ...] = (
     Key("max_length", TRL, Unused("the packed folder's row length, set by pack-data --max-len"), _same("max_len")),
     Key("max_seq_length", TRL, Unused("the packed folder's row length, set by pack-data --max-len"),
         _same("max_len")),
-    Key("sample_packing", AXOLOTL, Unused(PACKED), Unused(PACKED)),
-    Key("packing", TRL, Unused(PACKED), Unused(PACKED)),
+    Key("excess_length_strategy", AXOLOTL, DATA_KEY, Map(("overlong",), _excess_length,
+        "drop (Axolotl's default), truncate, raise (error) as --overlong")),
+    Key("sample_packing", AXOLOTL, Map((), _packing, PACKED_DOC), Map((), _packing, PACKED_DOC)),
+    Key("packing", TRL, Map((), _packing, PACKED_DOC), Map((), _packing, PACKED_DOC)),
     Key("pad_to_sequence_len", AXOLOTL, Unused("rows hold no padding"), Unused("rows hold no padding")),
     Key("chat_template", AXOLOTL, DATA_KEY, Map(("chat_template",), _chat_template,
         "a template name (chatml, llama3, ...) as --chat-template; tokenizer_default: the tokenizer's own")),
@@ -157,14 +162,22 @@ KEYS: tuple[Key, ...] = (
     Key("max_steps", BOTH, Map(("max_steps",), _max_steps, "-1: none (the epochs decide)"), TRAIN_KEY),
     Key("warmup_ratio", BOTH, _same("warmup_ratio"), TRAIN_KEY),
     Key("warmup_steps", BOTH, _same("warmup"), TRAIN_KEY),
-    Key("gradient_accumulation_steps", BOTH, _same("grad_accum"), TRAIN_KEY),
-    Key("micro_batch_size", AXOLOTL, Map(("tokens_per_step",), _tokens_per_step(
-        "micro_batch_size", ("sequence_len",), "sample_packing", None),
-        "micro_batch_size x sequence_len tokens, exact with sample_packing: true (else refused)"), TRAIN_KEY),
-    Key("per_device_train_batch_size", TRL, Map(("tokens_per_step",), _tokens_per_step(
-        "per_device_train_batch_size", ("max_length", "max_seq_length"), "packing", TRL_MAX_LENGTH),
+    Key("gradient_accumulation_steps", BOTH, Map(("grad_accum",), _grad_accum(TRAIN),
+        "with packing; padded batches: a factor of the group size (--grad-accum 1)"),
+        Map((), _grad_accum(DATA), "padded batches: a factor of --group-size")),
+    Key("micro_batch_size", AXOLOTL, Map(("tokens_per_step", "step_by_group"), _tokens_per_step(
+        "micro_batch_size", ("sequence_len",), "sample_packing", None, AXOLOTL_VALUES["sequence_len"]),
+        "micro_batch_size x sequence_len tokens, exact with sample_packing: true; without it (padded batches) "
+        "--step-by-group, micro-batches of that many tokens"),
+        Map(("strategy", "group_size"), _groups("micro_batch_size"), "padded batches (no sample_packing): "
+            "--strategy minibatch --group-size micro_batch_size x gradient_accumulation_steps")),
+    Key("per_device_train_batch_size", TRL, Map(("tokens_per_step", "step_by_group"), _tokens_per_step(
+        "per_device_train_batch_size", ("max_length", "max_seq_length"), "packing", TRL_MAX_LENGTH, TRL_MAX_LENGTH),
         f"per_device_train_batch_size x max_length (TRL's default {TRL_MAX_LENGTH}) tokens, exact with "
-        "packing: true (else refused)"), TRAIN_KEY),
+        "packing: true; without it (padded batches, TRL's default) --step-by-group, micro-batches of that many "
+        "tokens"),
+        Map(("strategy", "group_size"), _groups("per_device_train_batch_size"), "padded batches (no packing): "
+            "--strategy minibatch --group-size per_device_train_batch_size x gradient_accumulation_steps")),
     Key("micro_batch_size_eval", AXOLOTL, Unused("evaluation reads the eval folder in tokens_per_step batches"),
         TRAIN_KEY),
     Key("eval_batch_size", AXOLOTL, Unused("evaluation reads the eval folder in tokens_per_step batches"), TRAIN_KEY),
@@ -307,7 +320,7 @@ def _cell(rule_: Rule | None, flag: Callable[[str], str]) -> str:
     if isinstance(rule_, Unused):
         return f"not used: {rule_.why}"
     flags = ", ".join(f"`{flag(o)}`" for o in rule_.options)
-    return f"{flags}{': ' + rule_.doc if rule_.doc else ''}"
+    return f"{flags}: {rule_.doc}" if flags and rule_.doc else flags or rule_.doc
 
 
 def markdown_table(flag: Callable[[str], str] | None = None) -> str:

@@ -249,24 +249,6 @@ def _load_in_8bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     raise NotUsed("false: the base stays in bf16")
 
 
-def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, default_len: int | None) -> Convert:
-    """A batch size in rows is exact as a token budget only when every row is packed to the full
-    length: `rows * length` tokens per micro-batch."""
-
-    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise _refuse(key, value, "give a whole number of rows")
-        length = next((settings[k] for k in length_keys if settings.get(k) is not None), default_len)
-        if isinstance(length, bool) or not isinstance(length, (int, type(None))):
-            raise _refuse(f"its {length_keys[0]}", length, "it is a row length: give a whole number of tokens")
-        if settings.get(packing_key) is not True or not isinstance(length, int):
-            raise _refuse(key, value, f"a batch of {value} padded examples is no fixed number of tokens; "
-                                      f"set {packing_key}: true and {length_keys[0]}, or give tokens_per_step "
-                                      "(tokens per micro-batch)")
-        return {"tokens_per_step": value * length}
-    return convert
-
-
 def _val_set_size(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value == 0:
         return {}

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.foreign_keys import DATA, TRAIN, TRL, show, shown
+from pipeline.foreign_batch import group_size, padded
+from pipeline.foreign_keys import DATA, TRAIN, TRL, TRL_MAX_LENGTH, show, shown
 
 
 def _names(text: str) -> frozenset[str]:
@@ -253,13 +254,45 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             length = 1024 if tool == TRL else AXOLOTL_VALUES["sequence_len"]
             take(f"({tool} default)", "max_len", length)
             said.append(f"rows of {length} tokens")
+        if tool != TRL and "overlong" not in out:  # Axolotl drops what is past sequence_len; TRL truncates
+            take(f"({tool} default)", "overlong", "drop")
+            said.append("examples longer than sequence_len dropped (excess_length_strategy drop)")
         if tool != TRL and "out" not in out:
             take(f"({tool} default)", "out", "last_run_prepared")
             said.append("dataset_prepared_path last_run_prepared")
         if tool == TRL and "train_on_prompt" not in out:
             said.append(_trl_loss(out, take))
         source = "SFTConfig of trl 1.16.0" if tool == TRL else "Axolotl 0.19.0's schema"
-    return [f"  {tool} defaults for the keys the file leaves out ({source}): {', '.join(said)}"] if said else []
+    groups = padded_groups(tool, command, data, out, take) if padded(data) else []
+    return groups + ([f"  {tool} defaults for the keys the file leaves out ({source}): {', '.join(said)}"]
+                     if said else [])
+
+
+def padded_groups(tool: str, command: str, data: Mapping[str, Any], out: dict[str, Any],
+                  take: Callable[..., Any]) -> list[str]:
+    """A file without packing trains steps of B padded examples (B: per-device batch x
+    gradient_accumulation_steps, the tool's default batch when the file gives none): pack-data packs
+    each B as one group, pack-train takes one group a step; the summary line saying so."""
+    batch_key, default, length_keys, length = (
+        ("per_device_train_batch_size", 8, ("max_length", "max_seq_length"), TRL_MAX_LENGTH) if tool == TRL else
+        ("micro_batch_size", AXOLOTL_VALUES["micro_batch_size"], ("sequence_len",), AXOLOTL_VALUES["sequence_len"]))
+    batch = default if data.get(batch_key) is None else data[batch_key]
+    try:
+        size = group_size(batch, batch_key, data)
+    except UserError:  # the key's own line has refused it
+        return []
+    length = next((data[k] for k in length_keys if isinstance(data.get(k), int)), length)
+    if command == DATA and "group_size" not in out:
+        take(f"({tool} default)", "strategy", "minibatch")
+        take(f"({tool} default)", "group_size", size)
+    if command == TRAIN and "step_by_group" not in out:
+        take(f"({tool} default)", "step_by_group", True)
+        if "tokens_per_step" not in out:
+            take(f"({tool} default)", "tokens_per_step", batch * length)
+    return [f"  {tool}: batches of {size} padded examples a step, trained as packed groups of those {size} (same "
+            f"gradient): pack-data --strategy minibatch --group-size {size}, pack-train --step-by-group, one process "
+            "(under torchrun pack-train refuses it); each epoch takes pack-data's groups in a new order, where "
+            f"{tool} draws new batches (another random draw, the same recipe)"]
 
 
 def _trl_loss(out: dict[str, Any], take: Callable[..., Any]) -> str:

@@ -48,6 +48,11 @@ class LocalFolder(click.Path):
                    f"on a GPU, {TOKENS_PER_STEP['cpu']} on the CPU.")
 @click.option("--grad-accum", default=1, type=click.IntRange(min=1),
               help="Micro-batches per optimizer step on each rank.")
+@click.option("--step-by-group/--no-step-by-group", default=None,
+              help="One optimizer step per group of examples of a `pack-data --strategy minibatch` folder "
+                   "(the padded batch of TRL/Axolotl without packing: the same examples, the same gradient), "
+                   "cut into micro-batches of --tokens-per-step; the groups come in a seeded order each "
+                   "epoch. Default: on for a folder with groups; --no-step-by-group steps by token budget.")
 @click.option("--lr", default=3e-4, type=click.FloatRange(min=0, min_open=True), help="Peak learning rate (AdamW).")
 @click.option("--min-lr-ratio", default=0.1, type=click.FloatRange(0, 1),
               help="Final LR as a fraction of --lr for cosine/linear.")

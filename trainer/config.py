@@ -37,6 +37,9 @@ class TrainConfig:
     tokenizer: str | None = None
     tokens_per_step: int | None = None  # None: TOKENS_PER_STEP of the device (resolved by `resolved`)
     grad_accum: int = 1
+    # one optimizer step per group of a --strategy minibatch folder (trainer.data.plan.group_plan);
+    # None: on exactly when the folder has groups (resolved by trainer.run.start)
+    step_by_group: bool | None = None
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup: int = 0
@@ -103,7 +106,7 @@ _FRACTION = Check(float, low=0, high=1, high_open=True)
 # the type and range of every TrainConfig field: `validate`, and the values of `pack-train --config FILE`
 TRAIN_CHECKS: dict[str, Check] = {
     "data": Check(PATH), "model": Check(PATH), "out": Check(PATH), "tokenizer": Check(PATH, none=True),
-    "tokens_per_step": _OPTIONAL_1, "grad_accum": _AT_LEAST_1, "lr": Check(float, low=0, low_open=True),
+    "tokens_per_step": _OPTIONAL_1, "grad_accum": _AT_LEAST_1, "step_by_group": Check(bool, none=True), "lr": Check(float, low=0, low_open=True),
     "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0,
     "warmup_ratio": Check(float, low=0, high=1, high_open=True), "schedule": Check(str, choices=SCHEDULES),
     "warmup_rule": Check(str, choices=WARMUP_RULES), "evals_per_epoch": _AT_LEAST_0, "saves_per_epoch": _AT_LEAST_0,

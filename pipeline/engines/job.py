@@ -336,6 +336,8 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
         tokenizer=tok_info,
         inputs=inputs,
         config=config_dict,
+        groups=plan.group_rows,
+        group_size=config.group_size if plan.group_rows else None,
     )
 
 
@@ -391,6 +393,9 @@ def summary_lines(
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]
+    if manifest.groups:
+        lines.append(f"groups: {len(manifest.groups)} of {manifest.group_size} examples (the last may hold fewer), "
+                     "each packed on its own: pack-train takes one group an optimizer step")
     if manifest.eval.get("folder"):
         lines.append(f"eval: {manifest.eval['examples']} examples held out in {manifest.eval['folder']}/ "
                      "(a packed folder of its own; pack-train evaluates on it)")

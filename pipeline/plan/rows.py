@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.plan.binpack import assign_bins
+from pipeline.plan.binpack import assign_bins, minibatch_groups
 from pipeline.errors import UserError
 from pipeline.shards import Counts
 from pipeline.tokenize.spill import Spill
@@ -74,6 +74,9 @@ class RowPlan:
     starts: np.ndarray  # int64 offset into the spill
     lengths: np.ndarray  # int64
     row_pieces: np.ndarray  # int64, n_rows + 1
+    # --strategy minibatch: the rows of each group of examples, in order (rows are written group
+    # after group; a group is one optimizer step of pack-train); empty for other strategies
+    group_rows: list[int] = field(default_factory=list)
 
     @property
     def n_rows(self) -> int:
@@ -92,9 +95,15 @@ def plan_rows(pieces: Pieces, max_len: int, strategy: str, seed: int, group_size
     order = np.argsort(bins, kind="stable")
     n_rows = int(bins.max()) + 1
     per_row = np.bincount(bins, minlength=n_rows).astype(np.int64)
+    group_rows: list[int] = []
+    if strategy == "minibatch":  # rows are numbered group after group: count each group's rows
+        row_group = np.empty(n_rows, np.int64)
+        row_group[bins] = minibatch_groups(len(bins), seed, group_size)
+        group_rows = np.bincount(row_group).astype(np.int64).tolist()
     return RowPlan(
         example_ids=pieces.example_ids[order],
         starts=pieces.starts[order],
         lengths=pieces.lengths[order],
         row_pieces=np.concatenate(([0], np.cumsum(per_row))),
+        group_rows=group_rows,
     )

@@ -65,6 +65,10 @@ class Manifest:
     # held-out examples: the training folder's {"folder": "eval", "examples": n}; the eval folder's {"role": "eval"}
     eval: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # the full command configuration
+    # --strategy minibatch: rows of each group of `group_size` examples (the last may hold fewer),
+    # in row order; pack-train takes one group per optimizer step. Empty for other strategies.
+    groups: list[int] = field(default_factory=list)
+    group_size: int | None = None  # examples (pieces) per group; None without groups
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
     # sha256 of every other field (`manifest_checksum`), written by `to_json`: covers the figures no
@@ -154,6 +158,12 @@ def _check_types(data: dict[str, Any], ints: tuple[str, ...], where: str) -> Non
     for key in ("inputs", "sources"):
         if key in data and not (isinstance(data[key], list) and all(isinstance(x, dict) for x in data[key])):
             raise bad(repr(key), data[key], "a list of objects")
+    groups = data.get("groups", [])
+    if not (isinstance(groups, list) and all(_count(g) and g > 0 for g in groups)):
+        raise bad("'groups'", groups, "a list of positive row counts")
+    size = data.get("group_size")
+    if size is not None and not (_count(size) and size > 0):
+        raise bad("'group_size'", size, "a positive integer")
     held = data.get("eval", {}).get("folder")
     if held is not None and not isinstance(held, str):
         raise bad("'eval.folder'", held, "a folder name")

@@ -150,9 +150,29 @@ def verify_folder(
         if got != want:
             raise ShardFormatError(f"{where}: {label} is {want} but the shards hold {got}")
     _check_example_ids(manifest, where, np.concatenate(ids) if ids else np.zeros(0, np.int64))
+    if manifest.groups or manifest.group_size is not None:
+        _check_groups(manifest, where, paths)
     if check_hashes:
         check_checksum(folder / MANIFEST_NAME)
     return manifest
+
+
+def _check_groups(manifest: Manifest, where: str, paths: list[Path]) -> None:
+    """`groups` (rows of each group of --strategy minibatch) covers the rows, and every group holds
+    `group_size` examples (pieces) but the last, which holds at most that many."""
+    size, groups = manifest.group_size, manifest.groups
+    if size is None or not groups:
+        raise ShardFormatError(f"{where}: groups and group_size come together (one is missing): re-run pack-data")
+    if sum(groups) != manifest.rows:
+        raise ShardFormatError(f"{where}: the groups hold {sum(groups)} rows but the folder has {manifest.rows}: "
+                               "re-run pack-data")
+    pieces = np.concatenate([np.diff(load_shard(p).ex_off) for p in paths] or [np.zeros(0, np.int64)])
+    per_group = np.add.reduceat(pieces, np.concatenate(([0], np.cumsum(groups)[:-1]))) if len(pieces) else pieces
+    wrong = np.flatnonzero(per_group[:-1] != size)
+    if len(wrong) or per_group[-1] > size:
+        g = int(wrong[0]) if len(wrong) else len(groups) - 1
+        raise ShardFormatError(f"{where}: group {g} holds {int(per_group[g])} examples, not group_size {size} "
+                               "(only the last group may hold fewer): re-run pack-data")
 
 
 def check_checksum(path: Path) -> None:

@@ -269,7 +269,7 @@ def test_an_axolotl_config_maps_key_by_key_for_both_commands(tmp_path: Path):
     assert data == {"tokenizer": str(ROOT / "data/tokenizer"), "chat_template": "chatml",
                     "inputs": [str(ROOT / "data/sample/chat.jsonl")], "fmt": "chat", "messages_field": "messages",
                     "out": str(tmp_path / "prepared"), "eval_fraction": 0.05, "max_len": 512,
-                    "train_on_prompt": False, "seed": 7}
+                    "train_on_prompt": False, "seed": 7, "overlong": "drop"}  # Axolotl drops past sequence_len
     assert "  base_model: tiny: not used (tokenizer_config names the tokenizer)" in lines
     assert "  learning_rate: not used by pack-data: pack-train's: run pack-train --config with the same file" in lines
 
@@ -325,10 +325,12 @@ def test_pack_data_and_pack_train_run_an_axolotl_config_as_it_is(tmp_path: Path)
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("micro_batch_size: 2\nsequence_len: 512\n",
-     "key 'micro_batch_size': 2 has no equivalent here: a batch of 2 padded examples is no fixed number of tokens; "
-     "set sample_packing: true and sequence_len, or give tokens_per_step"),
-    ("per_device_train_batch_size: 8\n", "set packing: true and max_length"),
+    # padded batches (no packing) are groups of examples now (test_padded_batch_files.py); these are not
+    ("micro_batch_size: 2\nsample_packing: true\n",
+     "key 'micro_batch_size': 2 has no equivalent here: with sample_packing: true a batch of 2 rows is a token "
+     "budget only with the row length: set sequence_len, or give tokens_per_step"),
+    ("per_device_train_batch_size: 0\n", "key 'per_device_train_batch_size': 0 has no equivalent here: give a whole "
+                                          "number of rows"),
     ("num_epochs: 1.5\n", "key 'num_epochs': 1.5 has no equivalent here"),
     ("fp16: true\n", "key 'fp16': True has no equivalent here: pack-train does not train in float16: use bf16: true"),
     ("lr_scheduler: cosine_with_restarts\n", "key 'lr_scheduler': 'cosine_with_restarts' has no equivalent here"),

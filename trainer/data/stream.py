@@ -7,7 +7,9 @@ longer than the budget becomes a micro-batch of its own), drops the tail so the 
 of `world_size * grad_accum`, and gives micro-batch i to rank i % world_size. Every rank therefore
 sees the same number of micro-batches and optimizer steps (no hang at the end of an epoch), the
 ranks' data are disjoint, and the plan is a pure function of (seed, epoch), so a data cursor of
-(epoch, micro-batch index) resumes exactly.
+(epoch, micro-batch index) resumes exactly. A folder of groups (`--strategy minibatch`, stepped by
+group) is planned by `trainer.data.plan.group_plan` instead: one optimizer step per group, in a
+seeded order, one process.
 
 Loading is a map-style dataset keyed by (epoch, local micro-batch index): the training process maps
 the shards at start (`ShardReader`), DataLoader workers forked from it gather the rows with numpy
@@ -27,35 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numba import njit
 
 from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, ShardColumns, load_shard, shard_paths
 from trainer.data.batch import MicroBatch, collate_flat
+from trainer.data.plan import EpochPlan, greedy_cuts, group_plan  # noqa: F401 - greedy_cuts: evaluate's
 from trainer.config import TrainConfig
 from trainer.distributed.context_parallel import shard_microbatch
 from trainer.data.check import open_data  # noqa: F401 - where the trainer's callers have found it
-
-
-@njit(cache=True)
-def greedy_cuts(lengths: np.ndarray, budget: int) -> np.ndarray:  # pragma: no cover - numba
-    """Boundaries of consecutive groups whose token sum stays <= budget (a lone long row allowed)."""
-    n = lengths.shape[0]
-    cuts = np.empty(n + 1, dtype=np.int64)
-    cuts[0] = 0
-    k = 0
-    acc = 0
-    for i in range(n):
-        length = lengths[i]
-        if acc > 0 and acc + length > budget:
-            k += 1
-            cuts[k] = i
-            acc = 0
-        acc += length
-    if n > 0:
-        k += 1
-        cuts[k] = n
-    return cuts[: k + 1]
 
 
 def row_lengths(folder: str | os.PathLike[str], manifest: Manifest,
@@ -74,27 +55,13 @@ def row_lengths(folder: str | os.PathLike[str], manifest: Manifest,
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
-@dataclass
-class EpochPlan:
-    """The micro-batches of one epoch: micro-batch i holds rows `order[cuts[i]:cuts[i+1]]`."""
-
-    epoch: int
-    order: np.ndarray  # permuted global row indices
-    cuts: np.ndarray  # n_microbatches + 1 boundaries into `order` (after truncation)
-    n_dropped_microbatches: int  # cut off so every rank gets the same number of steps
-    n_long_rows: int  # rows longer than the token budget (each its own micro-batch)
-
-    @property
-    def n_microbatches(self) -> int:
-        return len(self.cuts) - 1
-
-    def rows(self, index: int) -> np.ndarray:
-        """Global row indices of global micro-batch `index`."""
-        return self.order[self.cuts[index] : self.cuts[index + 1]]
-
-
 class Planner:
-    """Seeded per-epoch micro-batch plans, split across data-parallel ranks."""
+    """Seeded per-epoch micro-batch plans, split across data-parallel ranks.
+
+    With `groups` (the rows of each group of a `--strategy minibatch` folder, in row order) an
+    optimizer step is one whole group instead: every epoch takes the groups in a seeded order and
+    cuts each group's rows greedily into micro-batches of at most `tokens_per_step` tokens, so a
+    step holds exactly the examples pack-data put in its group (one process, grad_accum 1)."""
 
     def __init__(
         self,
@@ -105,9 +72,16 @@ class Planner:
         world_size: int = 1,
         grad_accum: int = 1,
         shuffle: bool = True,
+        groups: list[int] | None = None,
     ) -> None:
         if tokens_per_step < 1 or world_size < 1 or grad_accum < 1:
             raise UserError("tokens_per_step, world_size and grad_accum must all be >= 1")
+        if groups and (world_size != 1 or grad_accum != 1):
+            raise UserError("stepping by group takes a whole group of rows per optimizer step in one process: "
+                            "train it without --grad-accum and without torchrun, or with --no-step-by-group")
+        if groups and sum(groups) != len(lengths):
+            raise UserError(f"the folder's groups hold {sum(groups)} rows but it has {len(lengths)}: re-run pack-data")
+        self.groups = np.asarray(groups or [], dtype=np.int64)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.tokens_per_step = int(tokens_per_step)
         self.seed = int(seed)
@@ -126,20 +100,24 @@ class Planner:
         if epoch in self._cache:
             return self._cache[epoch]
         n = len(self.lengths)
-        if self.shuffle:
+        if len(self.groups):
+            plan = group_plan(self.lengths, self.groups, self.tokens_per_step, seed=self.seed, epoch=epoch,
+                              shuffle=self.shuffle)
+        elif self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(n).astype(np.int64)
         else:
             order = np.arange(n, dtype=np.int64)
-        cuts = greedy_cuts(self.lengths[order], self.tokens_per_step)
-        n_mb = len(cuts) - 1
-        keep = n_mb - n_mb % self.group
-        plan = EpochPlan(
-            epoch=epoch,
-            order=order,
-            cuts=cuts[: keep + 1],
-            n_dropped_microbatches=n_mb - keep,
-            n_long_rows=int((self.lengths > self.tokens_per_step).sum()),
-        )
+        if not len(self.groups):
+            cuts = greedy_cuts(self.lengths[order], self.tokens_per_step)
+            n_mb = len(cuts) - 1
+            keep = n_mb - n_mb % self.group
+            plan = EpochPlan(
+                epoch=epoch,
+                order=order,
+                cuts=cuts[: keep + 1],
+                n_dropped_microbatches=n_mb - keep,
+                n_long_rows=int((self.lengths > self.tokens_per_step).sum()),
+            )
         self._cache[epoch] = plan
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
@@ -147,7 +125,16 @@ class Planner:
 
     def steps_in_epoch(self, epoch: int) -> int:
         """Optimizer steps of `epoch` (the same on every rank)."""
+        if len(self.groups):
+            return len(self.groups)
         return self.plan(epoch).n_microbatches // self.group
+
+    def step_microbatches(self, epoch: int, step: int) -> range:
+        """This rank's local micro-batch indices of optimizer step `step` of `epoch`."""
+        starts = self.plan(epoch).step_starts
+        if starts is not None:
+            return range(int(starts[step]), int(starts[step + 1]))
+        return range(step * self.grad_accum, (step + 1) * self.grad_accum)
 
     def local_rows(self, epoch: int, local_index: int, rank: int) -> np.ndarray:
         """Rows of this rank's micro-batch number `local_index` in `epoch`."""
@@ -298,7 +285,6 @@ class CursorSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch, step, left = self.cursor.epoch, self.cursor.step_in_epoch, self.n_steps
-        accum = self.planner.grad_accum
         while left > 0:
             steps = self.planner.steps_in_epoch(epoch)
             if steps == 0:
@@ -308,12 +294,15 @@ class CursorSampler(torch.utils.data.Sampler):
                     "(world_size * grad_accum); lower --tokens-per-step or --grad-accum"
                 )
             take = min(steps - step, left)
-            for index in range(step * accum, (step + take) * accum):
-                yield (epoch, index)
+            for s in range(step, step + take):
+                for index in self.planner.step_microbatches(epoch, s):
+                    yield (epoch, index)
             left -= take
             epoch, step = epoch + 1, 0
 
     def __len__(self) -> int:
+        if len(self.planner.groups):
+            return sum(1 for _ in self)
         return self.n_steps * self.planner.grad_accum
 
 

@@ -2,7 +2,7 @@
 (what comes before the first step is `trainer.run.start`'s).
 
 Loss normalisation: each optimizer step covers `grad_accum` micro-batches on each of `world_size`
-ranks (the "window"). Its loss is the SUM of all token losses in the window divided by the number
+ranks, or the micro-batches of one group when stepping by group (the "window"). Its loss is the SUM of all token losses in the window divided by the number
 of loss tokens in the whole window, the same value one big batch would give, not a mean of
 per-micro-batch means. The window's loss-token count is known on the host before any forward pass
 (`MicroBatch.n_loss_tokens`), all-reduced once per step, and every micro-batch backpropagates
@@ -101,7 +101,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     with StopOnSigterm() as sigterm, meter, loader_batches(run.loader) as batches:
         while step < run.stop_at:
             t0 = time.perf_counter()
-            micro = [next(batches) for _ in range(config.grad_accum)]
+            micro = [next(batches) for _ in run.planner.step_microbatches(position.epoch, position.step_in_epoch)]
             wait = time.perf_counter() - t0
             loss_sum, counts, window_loss_tokens = window(micro)
             if run.masters is not None:  # the clipping itself happens inside its step

@@ -45,10 +45,12 @@ def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
     return folder_lock(Path(out) / LOCK, out, "pack-train")
 
 
-def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None) -> None:
-    """Create the run folder and write config.json (the TrainConfig, the world size and, for a Hub-id
-    --model, its id and commit); metrics lines of steps after the checkpoint a
-    run resumes from are dropped (they will be redone), and a new run starts a new metrics.jsonl."""
+def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None,
+                    group_size: int | None = None) -> None:
+    """Create the run folder and write config.json (the TrainConfig, the world size, the examples per
+    step when stepping by group, and, for a Hub-id --model, its id and commit); metrics lines of steps
+    after the checkpoint a run resumes from are dropped (they will be redone), and a new run starts a
+    new metrics.jsonl."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     if resume_step is not None:
@@ -56,7 +58,8 @@ def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int
     elif (out / METRICS).exists():
         (out / METRICS).unlink()
     try:  # whole or not at all (a full disk leaves no empty config.json)
-        record = {**asdict(config), "world_size": world, "model_hub": model_hub_record(config.model)}
+        record = {**asdict(config), "world_size": world, "model_hub": model_hub_record(config.model),
+                  **({"group_size": group_size} if config.step_by_group else {})}
         write_text_atomic(out / "config.json", json.dumps(record, indent=2) + "\n")
     except BaseException:
         if made:

@@ -22,7 +22,7 @@ from trainer.run.preflight import refuse_reused_out
 from trainer.data.stream import Cursor, Planner, step_cursor
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
-STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_parallel")
+STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_parallel", "step_by_group")
 # Options the checkpoint's optimizer and scheduler states carry (its learning rate, schedule shape and
 # AdamW settings are restored from them): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
@@ -105,7 +105,7 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
     saved = state.get("config", {})
     for key in STREAM_KEYS:
         now = world if key == "world_size" else getattr(config, key)
-        was = saved.get(key, 1 if key == "context_parallel" else None)  # checkpoints from before the option
+        was = saved.get(key, {"context_parallel": 1, "step_by_group": False}.get(key))  # checkpoints from before the option
         if was != now:
             raise UserError(
                 f"cannot resume {path}: it was trained with {key}={was} but this run has "

@@ -128,8 +128,10 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     manifest, tokenizer = opened if opened is not None else open_data(config)
     eval_folder = held_out_folder(config, manifest)
     reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
+    config = by_group(config, manifest)
     planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
-                      world_size=layout.dp_size, grad_accum=config.grad_accum)
+                      world_size=layout.dp_size, grad_accum=config.grad_accum,
+                      groups=manifest.groups if config.step_by_group else None)
     shortest = int(reader.row_lengths().min())
     if layout.cp_size > 1 and shortest < layout.cp_size:  # a share of no token
         raise UserError(f"--context-parallel {layout.cp_size}: {config.data} holds a row of "
@@ -200,7 +202,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
               layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts), resumed_from=resume_from)
     if info.rank == 0:
         try:
-            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step))
+            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step),
+                            manifest.group_size)
         except OSError as exc:  # config.json and metrics.jsonl are written whole or not at all
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -282,6 +285,15 @@ def _wrap(
     return wrapper, module
 
 
+def by_group(config: TrainConfig, manifest: Manifest) -> TrainConfig:
+    """`config` with --step-by-group decided: on for a folder of groups unless turned off; asked for on
+    a folder without groups, one line."""
+    if config.step_by_group and not manifest.groups:
+        raise UserError(f"--step-by-group: {config.data} has no groups (it was packed with --strategy "
+                        f"{manifest.strategy}): pack it with --strategy minibatch --group-size B, or drop the option")
+    return replace(config, step_by_group=bool(manifest.groups) and config.step_by_group is not False)
+
+
 def _total_steps(config: TrainConfig, planner: Planner) -> int:
     """The schedule's length: --max-steps, or --epochs (1) of steps, whichever ends first."""
     if config.max_steps is not None:
@@ -307,11 +319,19 @@ def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -
         f"{world} rank(s) ({config.parallel if run.info.enabled else 'single'}"
         f"{f', each row split over {config.context_parallel}' if config.context_parallel > 1 else ''}), "
         f"{manifest.rows} rows / {manifest.total_tokens} tokens, {run.total_steps} steps of "
-        f"{config.grad_accum} x {world // config.context_parallel} micro-batches <= {config.tokens_per_step} tokens"
+        + (f"one group of {manifest.group_size} examples each (cut into micro-batches <= {config.tokens_per_step} "
+           "tokens)" if config.step_by_group else
+           f"{config.grad_accum} x {world // config.context_parallel} micro-batches <= {config.tokens_per_step} tokens")
         + (f", resuming at step {run.start_step}" if config.resume else ""),
         file=sys.stderr,
     )
     print(f"pack-train: attention {backend_why}", file=sys.stderr)
+    if config.step_by_group:
+        print(f"pack-train: stepping by group: each optimizer step is one of the {len(manifest.groups)} groups "
+              f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss the mean over "
+              "all its loss tokens, as a padded batch of those examples; every epoch takes the same groups in "
+              "another seeded order (TRL/Axolotl draw new batches each epoch: another random draw, the same "
+              "recipe); --no-step-by-group steps by token budget instead", file=sys.stderr)
     if dtype_name == "fp8":
         print(f"pack-train: {recipe_note(config.fp8_recipe)}", file=sys.stderr)
     if run.compiled:
