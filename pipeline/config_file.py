@@ -114,6 +114,10 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
                         "file: write the value out") from None
     except OSError as exc:
         raise UserError(f"--config {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise UserError(f"--config {path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}): save the "
+                        "file as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -180,6 +184,8 @@ def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: st
               take: Callable[..., Any]) -> str | None:
     """Take one key of the file: its line of the printed mapping (None for our own options), or a
     UserError for a key that cannot be honoured."""
+    if tool and isinstance(value, str) and value.strip().lower() in ("true", "false"):  # the tools read it as a yes/no
+        raise UserError(f"key {key!r}: {value!r} is quoted text where true or false goes: write it unquoted")
     rule = foreign_config.rule(str(key), foreign) if foreign else None
     if isinstance(rule, foreign_config.Unused):
         return f"  {key}: not used by {foreign}: {rule.why}"
