@@ -101,8 +101,10 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
             raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
                                                 "with pack-data's own --format and field options")
         formats.add(AXOLOTL_TYPES[base])
-        if base == "alpaca":  # plain alpaca is alpaca:instruct
+        if base == "alpaca":  # plain alpaca is alpaca:instruct, pack-data's alpaca preset
             chosen.setdefault("type", {})[i] = f"alpaca:{style or 'instruct'}"
+            if style:
+                extra["template"] = ALPACA_STYLES[style]
         split = text_value(f"{where} split", d.get("split"), none=True)
         first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")
         if first and len(value) == 1:  # train[:100]: the first 100 examples of the one input
@@ -146,10 +148,7 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
                 raise refuse(f"datasets[{i}] {key}", shown, f"datasets[{first[0]}] has "
                              f"{'the default' if first[1] is None else first[1]}, and pack-data packs every dataset "
                              f"of one run with the same {key}: pack them separately")
-        if key == "type":
-            if first[1] != "alpaca:instruct":  # pack-data's alpaca preset is that style already
-                extra["template"] = ALPACA_STYLES[first[1].partition(":")[2]]
-        elif first[1] is not None:
+        if key != "type" and first[1] is not None:
             extra[SUBKEY_OPTIONS[key]] = list(first[1]) if isinstance(first[1], tuple) else first[1]
     out: dict[str, Any] = {"inputs": inputs}
     out.update(extra)
