@@ -1,13 +1,15 @@
 """A held-out hostile audit of issues 68 and 70's surfaces, one test per class it found: an Axolotl or
 TRL true/false key written as quoted text or a number is refused (the tools read "true" and 1 as
 true: reading them as false trained every weight where the file asks for LoRA); a config file that
-is not UTF-8 is one line naming its line; an --out inside the --model / --data folder is refused
-like the folder itself; Axolotl datasets that differ in a sub-key (one at the default) are refused
-rather than all packed with one entry's value; chat_template: jinja needs its template; a chat
-template that fails on a conversation is named with the fix."""
+is not UTF-8 is one line naming its line, one that is a FIFO, a device or too large is refused
+unread; an --out inside the --model / --data folder is refused like the folder itself; Axolotl
+datasets that differ in a sub-key (one at the default) are refused rather than all packed with one
+entry's value; chat_template: jinja needs its template; a chat template that fails on a
+conversation is named with the fix."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from test_hostile_inputs import SAMPLE, cli, error_line, pack, snapshot
 from test_hostile_templates import CHAT, pack_chat
 
 from pipeline.cli import pack_data
-from pipeline.config_file import read_config_file
+from pipeline.config_file import MAX_CONFIG_BYTES, read_config_file
 from pipeline.errors import UserError
 from trainer.cli import pack_train
 from trainer.config import TRAIN_CHECKS, TrainConfig
@@ -113,6 +115,23 @@ def test_a_config_file_that_is_not_utf8_is_one_line_naming_its_line(tmp_path: Pa
         one_line(command, cfg, tmp_path)
     cfg.write_bytes("\ufeff".encode() + AXOLOTL.encode() + "wandb_name: café\n".encode())  # control: UTF-8, a BOM
     assert mapped(command, cfg)
+
+
+@pytest.mark.parametrize("command", [pack_train, pack_data])
+@pytest.mark.parametrize("kind", ["fifo", "device", "link to a device", "too large"])
+def test_a_config_file_that_could_block_or_never_end_is_refused_unread(tmp_path: Path, command, kind: str):
+    """A FIFO without a writer blocked forever, /dev/zero filled the memory: refused before reading."""
+    cfg = tmp_path / "c.yaml"
+    if kind == "fifo":
+        os.mkfifo(cfg)
+    elif kind == "too large":
+        cfg.write_text("#" * (MAX_CONFIG_BYTES + 1))
+    elif kind == "device":
+        cfg = Path("/dev/zero")
+    else:
+        cfg.symlink_to("/dev/zero")
+    line = one_line(command, cfg, tmp_path)
+    assert ("not a regular file" if kind != "too large" else "larger than a config file can be") in line, line
 
 
 def test_an_out_inside_the_model_or_data_folder_is_refused(tmp_path: Path) -> None:
