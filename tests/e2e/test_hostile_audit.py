@@ -10,11 +10,13 @@ conversation is named with the fix."""
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_hostile_inputs import SAMPLE, cli, error_line, pack, snapshot
+from test_hostile_inputs import SAMPLE, TOKENIZER, cli, error_line, pack, snapshot
 from test_hostile_templates import CHAT, pack_chat
 
 from pipeline.cli import pack_data
@@ -167,3 +169,36 @@ def test_a_template_that_fails_on_a_conversation_is_named_with_the_fix(tmp_path:
     assert "chat.jsonl line 1: the chat template --chat-template t.jinja failed on this conversation " + says + \
         ": fix the conversation or the template" in line, line
     assert not (tmp_path / "packed").exists()
+
+
+@pytest.fixture(scope="module")
+def packed_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pack(tmp_path_factory.mktemp("sample"), SAMPLE)
+
+
+def _state(folder: Path) -> tuple:
+    """What a report must leave as it was: the packed folder, the data file, the link, the FIFO
+    (never read: a read would wait for a writer) and the folder's names."""
+    return (snapshot(folder / "packed"), (folder / "data.jsonl").read_bytes(), os.readlink(folder / "link.json"),
+            stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode), sorted(p.name for p in folder.iterdir()))
+
+
+@pytest.mark.parametrize("target", ["packed/manifest.json", "packed/new.json", "link.json", "data.jsonl", "fifo"])
+def test_a_report_file_never_replaces_what_the_report_reads_or_a_device(packed_sample: Path, tmp_path: Path,
+                                                                       target: str):
+    """pack-report --json naming the packed folder's manifest (or any file in it, also through a
+    link), the --input data file, or a FIFO: one line, nothing replaced (the manifest was replaced
+    by the report, the data file too, and a device node became a regular file). Control: a report
+    file beside them is written."""
+    shutil.copytree(packed_sample, tmp_path / "packed")
+    (tmp_path / "data.jsonl").write_bytes(SAMPLE.read_bytes())
+    (tmp_path / "link.json").symlink_to(tmp_path / "packed" / "manifest.json")
+    os.mkfifo(tmp_path / "fifo")
+    before = _state(tmp_path)
+    args = (["--input", "data.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512] if target == "data.jsonl"
+            else ["packed"])
+    line = error_line(cli("pack-report", *args, "--json", target, cwd=tmp_path))
+    assert f"--json {target}: " in line and ("which the report reads" in line or "not a regular file" in line), line
+    assert _state(tmp_path) == before
+    done = cli("pack-report", "packed", "--json", "r.json", "--sources-csv", "r.csv", cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "r.json").is_file() and (tmp_path / "r.csv").is_file(), done.stderr_text
