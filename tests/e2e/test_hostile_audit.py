@@ -4,8 +4,9 @@ true: reading them as false trained every weight where the file asks for LoRA); 
 is not UTF-8 is one line naming its line, one that is a FIFO, a device or too large is refused
 unread; an --out inside the --model / --data folder is refused like the folder itself; Axolotl
 datasets that differ in a sub-key (one at the default) are refused rather than all packed with one
-entry's value; chat_template: jinja needs its template; a chat template that fails on a
-conversation is named with the fix."""
+entry's value; chat_template: jinja needs its template; TRL's save_strategy / eval_strategy
+epoch and no are honoured (not the every-500-steps default); a chat template that fails on a
+conversation is named with the fix; a pack-report file never replaces what the report reads."""
 
 from __future__ import annotations
 
@@ -107,6 +108,24 @@ def test_chat_template_jinja_without_its_template_is_refused(tmp_path: Path):
         one_line(pack_data, cfg, tmp_path)
     cfg.write_text(AXOLOTL + "chat_template: jinja\nchat_template_jinja: '{{ messages }}'\n")
     assert mapped(pack_data, cfg)["chat_template"] == "{{ messages }}"
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # TRL saves and evaluates where its *_strategy says, not every save_steps' default 500 steps
+    ("save_strategy: epoch\n", {"saves_per_epoch": 1, "save_every": 0}),
+    ("save_strategy: 'no'\n", {"saves_per_epoch": None, "save_every": 0}),
+    ("eval_strategy: epoch\n", {"evals_per_epoch": 1, "eval_every": 0}),
+    ("save_strategy: steps\nsave_steps: 100\n", {"saves_per_epoch": None, "save_every": 100}),  # control
+    ("", {"saves_per_epoch": None, "save_every": 500, "evals_per_epoch": None}),  # control: TRL's defaults
+])
+def test_trl_save_and_eval_strategies_are_honoured(tmp_path: Path, text: str, want: dict):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TRL + text)
+    got = mapped(pack_train, cfg)
+    assert {k: got.get(k) for k in want} == want
+    cfg.write_text(TRL + "save_strategy: best\n")
+    assert "key 'save_strategy': 'best' has no equivalent here: use steps, epoch or no" in \
+        one_line(pack_train, cfg, tmp_path)
 
 
 @pytest.mark.parametrize("command", [pack_train, pack_data])
