@@ -157,15 +157,23 @@ def test_a_config_file_that_could_block_or_never_end_is_refused_unread(tmp_path:
 
 def test_an_out_inside_the_model_or_data_folder_is_refused(tmp_path: Path) -> None:
     """A new folder inside --data / --model (also through a link) is writing into that folder;
-    control: a folder beside them."""
+    controls: a folder beside them, and one inside an empty folder (nothing there to spoil)."""
     data, model = tmp_path / "packed", tmp_path / "model"
     data.mkdir()
     model.mkdir()
+    (data / "manifest.json").write_text("{}")
+    (model / "config.json").write_text("{}")
     (tmp_path / "link").symlink_to(model)
     for out, option in ((data / "run", "--data"), (model / "runs" / "a", "--model"), (tmp_path / "link" / "r", "--model")):
         with pytest.raises(UserError, match=f"is inside the {option} folder"):
             refuse_foreign_out(TrainConfig(data=str(data), model=str(model), out=str(out)))
     refuse_foreign_out(TrainConfig(data=str(data), model=str(model), out=str(tmp_path / "run")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refuse_foreign_out(TrainConfig(data=str(empty), model="tiny", out=str(empty / "run")))  # nothing in it to spoil
+    (empty / "manifest.json").write_text("{}")
+    with pytest.raises(UserError, match="is inside the --data folder"):
+        refuse_foreign_out(TrainConfig(data=str(empty), model="tiny", out=str(empty / "run")))
 
 
 def test_pack_train_writes_nothing_into_the_data_folder(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def refuse_foreign_out(config: TrainConfig) -> None:
         if out.exists() and os.path.samefile(out, other):
             raise UserError(f"--out {text} is the {option} folder: the run would write its config.json, "
                             f"metrics and checkpoints into it; choose a new folder for --out")
-        if out.resolve().is_relative_to(other.resolve()):  # a new folder inside it, links followed
+        if out.resolve().is_relative_to(other.resolve()) and any(other.iterdir()):  # inside it, links followed
             raise UserError(f"--out {text} is inside the {option} folder {value}: the run would write its "
                             "config.json, metrics and checkpoints into it; choose a folder outside it for --out")
     if not out.exists():
