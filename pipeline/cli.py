@@ -288,8 +288,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
         sizes.shape()  # sizes that make no model: one line before any work
         strategies = _strategies(strategy)
         for path, flag in ((json_path, "--json"), (html_path, "--html"), (csv_path, "--sources-csv")):  # fail first
-            if path is not None and not Path(path).absolute().parent.is_dir():
-                raise UserError(f"{flag} {path}: folder {Path(path).absolute().parent} does not exist")
+            if path is not None:
+                _check_report_target(Path(path), flag, [Path(p) for p in (folder, *inputs) if p and Path(p).exists()])
         given = click.get_current_context().get_parameter_source("max_lens") != click.core.ParameterSource.DEFAULT
         max_len_list = _int_list(max_lens, "--max-len") if inputs or given else None
         data = None
@@ -354,6 +354,19 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
                                 "pack the data again to get the per-input table")
             write_atomic(csv_path, lambda p: pl.DataFrame(report["sources"]).write_csv(p))
             click.echo(f"wrote {csv_path}")
+
+
+def _check_report_target(path: Path, flag: str, read: list[Path]) -> None:
+    """A report file replaces only a regular file (or none) outside what the report reads: a device
+    node would be replaced by a file, the packed folder's manifest or an input by the report."""
+    if not path.absolute().parent.is_dir():
+        raise UserError(f"{flag} {path}: folder {path.absolute().parent} does not exist")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{flag} {path}: not a regular file (a device, a pipe): write the report to a file")
+    for source in read:
+        if path.resolve() == source.resolve() or path.resolve().is_relative_to(source.resolve()):
+            raise UserError(f"{flag} {path}: it is {source} or inside it, which the report reads: pack-report "
+                            "writes nothing there; write the report elsewhere")
 
 
 def _refuse_unchecked(folder: Path, report: dict[str, Any], no_hash: bool) -> None:

@@ -35,6 +35,7 @@ all at once (an error line quoting a long value is cut):
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ import click
 from pipeline import foreign_config
 from pipeline.errors import UserError
 from pipeline.option_checks import Check, check_value
+
+MAX_CONFIG_BYTES = 16 * 2**20  # a config file past this is refused unread
 
 
 class _Repeated(Exception):
@@ -60,6 +63,21 @@ class _Alias(Exception):
     def __init__(self, anchor: object, line: int) -> None:
         super().__init__(anchor, line)
         self.anchor, self.line = anchor, line
+
+
+def _config_text(path: str | Path) -> str:
+    """The file's text. A FIFO or a device (whose read could wait or never end) is refused unread,
+    and so is a file past MAX_CONFIG_BYTES: a run's settings are a few kilobytes."""
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"--config {path}: not a regular file (a pipe or a device could wait or never end): "
+                        "give the YAML file itself")
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UserError(f"--config {path}: larger than a config file can be ({MAX_CONFIG_BYTES // 2**20} MiB): "
+                        "give the YAML file of the run's settings")
+    return data.decode("utf-8")
 
 
 def _load_yaml(text: str) -> Any:
@@ -103,7 +121,7 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     import yaml
 
     try:
-        data = _load_yaml(Path(path).read_text(encoding="utf-8"))
+        data = _load_yaml(_config_text(path))
     except _Repeated as exc:
         raise UserError(f"--config {path} line {exc.line}: option {exc.key!r} is given twice: keep one") from None
     except RecursionError:
@@ -114,6 +132,10 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
                         "file: write the value out") from None
     except OSError as exc:
         raise UserError(f"--config {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise UserError(f"--config {path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}): save the "
+                        "file as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -180,6 +202,8 @@ def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: st
               take: Callable[..., Any]) -> str | None:
     """Take one key of the file: its line of the printed mapping (None for our own options), or a
     UserError for a key that cannot be honoured."""
+    if tool and isinstance(value, str) and value.strip().lower() in ("true", "false"):  # the tools read it as a yes/no
+        raise UserError(f"key {key!r}: {value!r} is quoted text where true or false goes: write it unquoted")
     rule = foreign_config.rule(str(key), foreign) if foreign else None
     if isinstance(rule, foreign_config.Unused):
         return f"  {key}: not used by {foreign}: {rule.why}"

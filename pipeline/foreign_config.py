@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pipeline.foreign_keys import Convert, refuse
 from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
     ATTN,
     AXOLOTL,
@@ -76,6 +77,24 @@ from pipeline.foreign_schema import AXOLOTL_VALUES, schema_key, source_defaults 
 PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
               "trained as packed groups of the same examples, one group a step (the same gradient)")
 
+
+
+def _strategy(key: str, steps_key: str) -> Convert:
+    """TRL's save_strategy / eval_strategy: steps (steps_key counts them), epoch (once an epoch) or no
+    (none along the way); what it names replaces the every-N-steps default."""
+    every, per_epoch = ("save_every", "saves_per_epoch") if key == "save_strategy" else ("eval_every", "evals_per_epoch")
+
+    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+        if value == "steps":
+            raise NotUsed(f"{steps_key} sets the steps")
+        if value == "epoch":
+            return {per_epoch: 1, every: 0}
+        if value == "no":
+            if key == "eval_strategy":
+                raise NotUsed("no: no evaluation along the way, as there")
+            return {every: 0}
+        raise refuse(key, value, "use steps, epoch or no")
+    return convert
 
 
 def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -188,8 +207,11 @@ KEYS: tuple[Key, ...] = (
     Key("logging_steps", BOTH, _same("log_every"), TRAIN_KEY),
     Key("eval_steps", BOTH, Map(("eval_every",), _evaluations("eval_every"), "when the tool evaluates: Axolotl "
                                  "with val_set_size, TRL with eval_strategy: steps"), TRAIN_KEY),
-    Key("save_strategy", TRL, Unused("save_steps (--save-every) sets when checkpoints are written"), TRAIN_KEY),
-    Key("eval_strategy", TRL, Unused("eval_steps (--eval-every) sets when evaluation runs"), TRAIN_KEY),
+    Key("save_strategy", TRL, Map(("save_every", "saves_per_epoch"), _strategy("save_strategy", "save_steps"),
+                                  "steps: save_steps; epoch: --saves-per-epoch 1; no: --save-every 0 (the last "
+                                  "step's checkpoint only)"), TRAIN_KEY),
+    Key("eval_strategy", TRL, Map(("eval_every", "evals_per_epoch"), _strategy("eval_strategy", "eval_steps"),
+                                  "steps: eval_steps; epoch: --evals-per-epoch 1; no: none"), TRAIN_KEY),
     Key("logging_strategy", TRL, Unused("logging_steps (--log-every) sets when metrics are logged"), TRAIN_KEY),
     Key("bf16", BOTH, Map(("dtype",), _bf16, "true: --dtype bf16, false: fp32, auto: auto"), TRAIN_KEY),
     Key("fp16", BOTH, Map(("dtype",), _fp16, "true is refused (no float16 training here)"), TRAIN_KEY),

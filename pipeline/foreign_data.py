@@ -29,6 +29,9 @@ ALPACA_STYLES = {"instruct": "alpaca", "chat": f"SYSTEM: {_NO_INPUT_SYSTEM}\nUSE
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
            "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content"}
 # values that leave a sub-key at Axolotl's own default: nothing to do
+# the sub-keys every entry must agree on, and the option each sets (type: alpaca's prompt style)
+SUBKEY_OPTIONS = {"type": "template", "field_messages": "messages_field", "field": "text_field",
+                  "roles_to_train": "roles_to_train", "train_on_eos": "train_on_eos"}
 _DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "train_on_eos": ("turn",),
                     "shards": (1,), "split": ("train",)}
 
@@ -81,7 +84,8 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """Axolotl's `datasets:` list (or TRL's mixture, when the file is TRL's) as pack-data's inputs,
     --format and field options."""
     entries(value)
-    inputs, formats, fields, extra = [], set(), {}, {}
+    inputs, formats, extra = [], set(), {}
+    chosen: dict[str, dict[int, Any]] = {}  # sub-key -> entry -> its value (None: Axolotl's default)
     for i, d in enumerate(value):
         where = f"datasets[{i}]"
         _unused_subkeys(d, where)
@@ -93,13 +97,14 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
                 raise refuse(f"{where} type", kind, f"Axolotl's {style} style writes control tokens into the prompt "
                                                     "text, which pack-data tokenizes as text: convert the rows to "
                                                     "messages and give the model's chat_template (e.g. phi_3, chatml)")
-            if extra.setdefault("template", ALPACA_STYLES[style]) != ALPACA_STYLES[style]:
-                raise refuse(f"{where} type", kind, "every dataset of one run takes the same prompt style: pack them "
-                                                    "separately")
         if base not in AXOLOTL_TYPES:
             raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
                                                 "with pack-data's own --format and field options")
         formats.add(AXOLOTL_TYPES[base])
+        if base == "alpaca":  # plain alpaca is alpaca:instruct, pack-data's alpaca preset
+            chosen.setdefault("type", {})[i] = f"alpaca:{style or 'instruct'}"
+            if style:
+                extra["template"] = ALPACA_STYLES[style]
         split = text_value(f"{where} split", d.get("split"), none=True)
         first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")
         if first and len(value) == 1:  # train[:100]: the first 100 examples of the one input
@@ -124,21 +129,29 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
                                                     ("content", "message_field_content")) if d.get(theirs) is not None}
         if old:
             _message_mappings(old, where)
-        for key, option in (("field_messages", "messages_field"), ("field", "text_field")):
-            if d.get(key) is not None:
-                field = text_value(f"{where} {key}", d[key])
-                if fields.setdefault(option, field) != field:
-                    raise refuse(f"{where} {key}", field, f"every dataset of one run reads the same {key}: "
-                                                          "pack them separately")
-        for key, option in (("roles_to_train", "roles_to_train"), ("train_on_eos", "train_on_eos")):
-            if d.get(key) is not None and d[key] not in _DEFAULT_SUBKEYS[key]:
-                got = tuple(d[key]) if isinstance(d[key], list) else text_value(f"{where} {key}", d[key])
-                if extra.setdefault(option, got) != got:
-                    raise refuse(f"{where} {key}", d[key], f"every dataset of one run takes the same {key}: "
-                                                           "pack them separately")
-    out: dict[str, Any] = {"inputs": inputs, **fields}
-    if extra:
-        out.update({k: list(v) if isinstance(v, tuple) else v for k, v in extra.items()})
+        applies = {"chat": ("field_messages", "roles_to_train", "train_on_eos"), "text": ("field",)}
+        for key in ("field_messages", "field", "roles_to_train", "train_on_eos"):
+            got = d.get(key)
+            if got is not None and got in _DEFAULT_SUBKEYS.get(key, ()):
+                got = None
+            elif got is not None:
+                got = tuple(got) if isinstance(got, list) else text_value(f"{where} {key}", got)
+            if got is not None or key in applies.get(AXOLOTL_TYPES[base] or "", ()):
+                chosen.setdefault(key, {})[i] = got
+    # pack-data packs every input with the same options: datasets that differ in one (their own value
+    # or Axolotl's default) would train some of them on another recipe than the file asks for
+    for key, values in chosen.items():
+        first, *rest = values.items()
+        for i, value in rest:
+            if value != first[1]:
+                shown = "Axolotl's default" if value is None else list(value) if isinstance(value, tuple) else value
+                raise refuse(f"datasets[{i}] {key}", shown, f"datasets[{first[0]}] has "
+                             f"{'the default' if first[1] is None else first[1]}, and pack-data packs every dataset "
+                             f"of one run with the same {key}: pack them separately")
+        if key != "type" and first[1] is not None:
+            extra[SUBKEY_OPTIONS[key]] = list(first[1]) if isinstance(first[1], tuple) else first[1]
+    out: dict[str, Any] = {"inputs": inputs}
+    out.update(extra)
     if len(formats) == 1 and None not in formats:
         out["fmt"] = formats.pop()
     return out

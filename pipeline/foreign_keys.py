@@ -131,8 +131,16 @@ def _bf16(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     raise _refuse("bf16", value, "use true, false or auto")
 
 
+def _yes_no(key: str, value: Any) -> bool:
+    """A true/false key's value. Anything else (a quoted "true", a 1) is refused rather than read as
+    false: the tools would read it as true, and the run would silently be another recipe."""
+    if not isinstance(value, bool):
+        raise _refuse(key, value, "use true or false, unquoted")
+    return value
+
+
 def _fp16(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value is True:
+    if _yes_no("fp16", value):
         raise _refuse("fp16", value, "pack-train does not train in float16: use bf16: true")
     raise NotUsed("float16 is off, as here")
 
@@ -189,7 +197,7 @@ def _lora_target(key: str) -> Convert:
 
 
 def _lora_linear(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    if value is not True:
+    if not _yes_no("lora_target_linear", value):
         raise NotUsed("false: lora_target_modules names the modules")
     return {"lora_target": "all"}  # Axolotl: every linear layer, and the modules listed, if any
 
@@ -224,7 +232,7 @@ def _lora_r(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _use_peft(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    if value is not True:
+    if not _yes_no("use_peft", value):
         raise NotUsed("false: every weight trains")
     # TRL's ModelConfig defaults for the keys the file leaves out; no target modules: peft's own
     # per-model default (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), as TRL passes None
@@ -237,13 +245,13 @@ def _use_peft(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _load_in_4bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value is not True:
+    if not _yes_no("load_in_4bit", value):
         raise NotUsed("false: the base stays in bf16")
     return {"qlora": True}
 
 
 def _load_in_8bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value is True:
+    if _yes_no("load_in_8bit", value):
         raise _refuse("load_in_8bit", value, "an 8-bit base is not supported: use load_in_4bit: true with "
                                              "adapter: qlora (a 4-bit NF4 base, --qlora)")
     raise NotUsed("false: the base stays in bf16")
@@ -298,7 +306,7 @@ def _wandb_project(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 def _tiled_mlp(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """Axolotl's tiled MLP as --tile-mlp TOKENS: its tiles only bound memory (the MLP works token by
     token), so any tile length computes the same; tiled_mlp_num_shards gives sequence_len / shards."""
-    if value is not True:
+    if not _yes_no("tiled_mlp", value):
         raise NotUsed("false: the MLP runs over the whole row")
     shards, length = settings.get("tiled_mlp_num_shards"), settings.get("sequence_len")
     if isinstance(shards, int) and shards > 0 and isinstance(length, int) and not isinstance(length, bool):
@@ -379,6 +387,9 @@ def _chat_template(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if value in ("tokenizer_default", None):
         raise NotUsed("the tokenizer's own template renders chats")
     if value == "jinja":
+        if not settings.get("chat_template_jinja"):  # Axolotl refuses it too; never the tokenizer's instead
+            raise _refuse("chat_template", value, "it reads the template from chat_template_jinja, which the file "
+                                                  "leaves out: give chat_template_jinja, or the template's name")
         raise NotUsed("chat_template_jinja holds the template")
     return {"chat_template": value}
 

@@ -183,7 +183,8 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
-            raise UserError(f"{where(i)}: the chat template failed on this conversation ({one_line(exc)})") from None
+            raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} failed on this conversation "
+                            f"({one_line(exc)}): fix the conversation or the template") from None
         if not full.startswith(bare):
             raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} is not prefix-stable: the prompt "
                             "rendered alone is not the start of prompt + completion rendered together, so the loss "
@@ -408,7 +409,8 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
-            raise UserError(f"{where(i)}: the chat template failed on this conversation ({one_line(exc)})") from None
+            raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} failed on this conversation "
+                            f"({one_line(exc)}): fix the conversation or the template") from None
         no_eos[i] = ends_with_control("".join(text for text, _ in segs), controls)
         for text, is_loss in segs:
             texts.append(text)

@@ -75,16 +75,21 @@ def refuse_foreign_out(config: TrainConfig) -> None:
         raise UserError("--out is empty: name the run folder to create (e.g. --out runs/first); pack-train "
                         "does not write a run into the working folder unnamed")
     out = Path(text).expanduser()
+    for option, value in (("--model", config.model), ("--data", config.data), ("--eval-data", config.eval_data),
+                          ("--tokenizer", config.tokenizer)):
+        other = Path(str(value)).expanduser() if value else None
+        if other is None or not other.is_dir():
+            continue
+        if out.exists() and os.path.samefile(out, other):
+            raise UserError(f"--out {text} is the {option} folder: the run would write its config.json, "
+                            f"metrics and checkpoints into it; choose a new folder for --out")
+        if out.resolve().is_relative_to(other.resolve()) and any(other.iterdir()):  # inside it, links followed
+            raise UserError(f"--out {text} is inside the {option} folder {value}: the run would write its "
+                            "config.json, metrics and checkpoints into it; choose a folder outside it for --out")
     if not out.exists():
         return
     if not out.is_dir():
         raise UserError(f"--out {text} is a file, not a folder: choose another --out")
-    for option, value in (("--model", config.model), ("--data", config.data), ("--eval-data", config.eval_data),
-                          ("--tokenizer", config.tokenizer)):
-        other = Path(str(value)).expanduser() if value else None
-        if other is not None and other.is_dir() and os.path.samefile(out, other):
-            raise UserError(f"--out {text} is the {option} folder: the run would write its config.json, "
-                            f"metrics and checkpoints into it; choose a new folder for --out")
     if not is_run_folder(out):
         names = sorted(p.name for p in out.iterdir())
         held = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
