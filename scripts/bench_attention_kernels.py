@@ -27,7 +27,6 @@ after every case, so a run stopped by a time limit keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +36,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.report.flops import causal_pairs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import check_output, write_json  # noqa: E402
 from trainer.attention.kernels import varlen_attention  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128  # the 8B shape (Llama-3-8B's attention)
@@ -127,6 +128,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.json:
+        check_output(args.json, "--json")
     results = []
     header = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bf16"}}
@@ -144,7 +147,7 @@ def main() -> None:
                 else:
                     print(f"[{kernel}] T={tokens:,} x{examples}: FAILED {res.get('note')}", flush=True)
                 if args.json:
-                    args.json.write_text(json.dumps({**header, "results": results}, indent=1))
+                    write_json(args.json, {**header, "results": results})
 
 
 if __name__ == "__main__":

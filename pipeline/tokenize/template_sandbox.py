@@ -298,6 +298,9 @@ class _Watchdog:
         self.deadlines: dict[int, float] = {}
         self.fired: set[int] = set()
         self.thread: threading.Thread | None = None
+        # the watch's pause between looks: an Event's wait, not time.sleep, so that code which
+        # patches or stubs time.sleep (tests do) cannot turn this loop into a busy one
+        self.pause = threading.Event()
 
     def start(self, seconds: float) -> None:
         """Watch the current thread for `seconds` (anew: a watch that an earlier stop left is replaced)."""
@@ -319,7 +322,7 @@ class _Watchdog:
 
     def _watch(self) -> None:
         while True:
-            time.sleep(0.05)
+            self.pause.wait(0.05)
             now = time.monotonic()
             with self.lock:
                 for ident, deadline in list(self.deadlines.items()):
