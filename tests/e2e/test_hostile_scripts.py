@@ -52,6 +52,21 @@ def _one_line(proc: subprocess.CompletedProcess, status: int = 1) -> str:
     return proc.stderr
 
 
+def _device(tmp_path: Path) -> Path:
+    """A character device like /dev/null, made beside `tmp_path` (a script that wrongly wrote to it
+    would replace the test's own node, never the machine's /dev/null, which root could replace); where
+    nodes cannot be made (not root), /dev/null itself, which such a user cannot replace either."""
+    import stat
+
+    node = tmp_path.parent / f"{tmp_path.name}-null"
+    if not node.exists():
+        try:
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except OSError:
+            return Path("/dev/null")
+    return node
+
+
 def _targets(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     """Targets no script may write: (path, a phrase of its refusal)."""
     folder = tmp_path / "folder"
@@ -62,8 +77,8 @@ def _targets(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     note = tmp_path / "note.txt"
     note.write_text("the user's")
     link = tmp_path / "to-null"
-    link.symlink_to("/dev/null")
-    return {"device": (Path("/dev/null"), "is not a regular file"), "fifo": (fifo, "is not a regular file"),
+    link.symlink_to(_device(tmp_path))
+    return {"device": (_device(tmp_path), "is not a regular file"), "fifo": (fifo, "is not a regular file"),
             "link to a device": (link, "is not a regular file"), "folder": (folder, "is a folder"),
             "below a file": (note / "x.jsonl", "is a file, not a folder")}
 
@@ -73,13 +88,14 @@ def _unchanged(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == ["mine.txt"]
     assert (tmp_path / "note.txt").read_text() == "the user's"
     assert (tmp_path / "fifo").is_fifo() and (tmp_path / "to-null").is_symlink()
-    assert Path("/dev/null").is_char_device()
+    assert _device(tmp_path).is_char_device()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file
 
 
 def test_make_long_data_refuses_a_device_in_one_line_before_any_work(tmp_path: Path):
-    proc = _script("make_long_data.py", "--lengths", "3000", "--out", "/dev/null", cwd=tmp_path)
-    assert "error: --out /dev/null is not a regular file" in _one_line(proc)
+    device = _device(tmp_path)
+    proc = _script("make_long_data.py", "--lengths", "3000", "--out", device, cwd=tmp_path)
+    assert f"error: --out {device} is not a regular file" in _one_line(proc)
     assert proc.stdout == ""  # no example was built
 
 
@@ -163,8 +179,9 @@ def test_benchlib_write_output_on_a_full_disk_keeps_the_old_file(benchlib, tmp_p
     ("make_sample_data.py", ["--out"]),
 ])
 def test_other_scripts_refuse_a_device_in_one_line(tmp_path: Path, script: str, args: list[str]):
-    proc = _script(script, *args, "/dev/null", cwd=tmp_path)
-    assert "/dev/null is not a" in _one_line(proc)
+    device = _device(tmp_path)
+    proc = _script(script, *args, device, cwd=tmp_path)
+    assert f"{device} is not a" in _one_line(proc) and device.is_char_device()
     assert list(tmp_path.iterdir()) == []
 
 
