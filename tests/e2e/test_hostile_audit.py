@@ -16,35 +16,16 @@ import stat
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from test_hostile_foreign import AXOLOTL, TRL, mapped, one_line
 from test_hostile_inputs import SAMPLE, TOKENIZER, cli, error_line, pack, snapshot
 from test_hostile_templates import CHAT, pack_chat
 
 from pipeline.cli import pack_data
-from pipeline.config_file import MAX_CONFIG_BYTES, read_config_file
+from pipeline.config_file import MAX_CONFIG_BYTES
 from pipeline.errors import UserError
 from trainer.cli import pack_train
-from trainer.config import TRAIN_CHECKS, TrainConfig
+from trainer.config import TrainConfig
 from trainer.run.preflight import refuse_foreign_out
-
-AXOLOTL = "base_model: tiny\nlearning_rate: 0.0002\n"
-TRL = "model_name_or_path: tiny\n"
-
-
-def one_line(command, cfg: Path, tmp_path: Path) -> str:
-    """The command's one error line for `cfg`; nothing written to --out."""
-    result = CliRunner().invoke(command, ["--config", str(cfg), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and str(cfg) in lines[0] and "Traceback" not in result.output, result.output
-    assert not (tmp_path / "o").exists()
-    return lines[0]
-
-
-def mapped(command, cfg: Path) -> dict:
-    if command is pack_train:
-        return read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
-    return read_config_file(cfg, pack_data, foreign="pack-data")
 
 
 @pytest.mark.parametrize(("command", "text", "needle", "control", "want"), [
