@@ -6,7 +6,6 @@ data). Each is a thin click wrapper over the library; bad input ends in one line
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -16,55 +15,27 @@ import click
 
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES, uncompiled
 from pipeline.read import hub
-from pipeline.config_file import HintedCommand, config_option
+from pipeline.config_file import HintedCommand, click_options, config_option, field_values, param_fields
 from pipeline.foreign_config import DATA
 from pipeline.report.deep_check import deep_check
 from pipeline.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.option_checks import INT_MAX, MAX_PROCS
-from pipeline.read.formats import EOS_CHOICES, FORMATS, TEMPLATES
-from pipeline.engines.job import ENGINES, PACK_CHECKS, PackConfig, run_pack_data
+from pipeline.read.formats import FormatOptions
+from pipeline.engines.job import run_pack_data
+from pipeline.engines.pack_config import PACK_CHECKS, PackConfig
 from pipeline.tokenize.encode_pool import capped_workers
-from pipeline.plan.rows import OVERLONG
 from pipeline.read.remote import folder_to_read
 from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
 from pipeline.report.flops import MAX_LAYERS, Sizes
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, PACKED_STRATEGIES
-from pipeline.tokenize.chat_templates import NAMED as NAMED_TEMPLATES
 from pipeline.tokenize.tokenize_inputs import lengths_of
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-FORMAT_OPTIONS = [
-    click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
-                 help="Input format; auto looks at column names: input_ids -> tokenized, messages -> chat, "
-                      "instruction/output, prompt/completion, question/answer -> instruction, text -> text."),
-    click.option("--text-field", default=None, help="Column with the documents (text format). Auto: text, content, document."),
-    click.option("--prompt-field", default=None, help="Column with the prompt/instruction. Auto: instruction, prompt, question, query."),
-    click.option("--input-field", default=None, help="Optional extra-context column of instruction data. Auto: input. 'none': leave it out (a "
-                      "--template without {input} stops at the first row whose input has text, unless given this)."),
-    click.option("--response-field", default=None, help="Column with the response. Auto: output, response, completion, answer."),
-    click.option("--messages-field", default=None, help="Column with chat messages [{role, content}]. Auto: messages, conversations."),
-    click.option("--labels-field", default=None, help="Column with labels for tokenized input. Auto: labels (else loss on all tokens)."),
-    click.option("--template", default=None,
-                 help=f"Prompt template of instruction data: a preset ({', '.join(TEMPLATES)}) or a Python format "
-                      "string with {instruction} or {prompt}, and optionally {input}. Default: alpaca for "
-                      "instruction/output, qa for question/answer, plain otherwise."),
-    click.option("--train-on-prompt", is_flag=True,
-                 help="Also take loss on prompts / non-assistant turns (default: responses and assistant turns only)."),
-    click.option("--roles-to-train", multiple=True, default=("assistant",), show_default=True, metavar="ROLE",
-                 help="Chat data: the roles whose turns carry loss (repeat it for several; Axolotl's roles_to_train)."),
-    click.option("--train-on-eos", type=click.Choice(EOS_CHOICES), default="turn", show_default=True,
-                 help="Chat data: which end-of-turn tokens carry loss: each trained turn's, only the last trained "
-                      "turn's, every turn's, or none (Axolotl's train_on_eos)."),
-]
-
-
-def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the options that say how input rows become examples (`pipeline.read.formats.FormatOptions`)."""
-    for option in reversed(FORMAT_OPTIONS):
-        command = option(command)
-    return command
+# the options that say how input rows become examples (`pipeline.read.formats.FormatOptions`), of
+# pack-data and pack-report
+format_options = click_options(FormatOptions, ranges=False)
 
 
 # ------------------------------------------------------------------------------------ pack-data
@@ -98,66 +69,13 @@ def _special_tokens(ctx: click.Context, _param: click.Parameter, value: tuple[st
 
 
 @click.command(cls=HintedCommand, context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
-@config_option(checks=PACK_CHECKS, fields={"fmt": "format"}, foreign=DATA)
+@config_option(checks=PACK_CHECKS, fields=param_fields(PackConfig), foreign=DATA)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--tokenizer", required=True,
-              help="Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
-                   "(org/name[@revision]): from the local Hugging Face cache, downloaded there when missing.")
-@click.option("--max-len", type=int, required=True,
-              help="Tokens per packed row (e.g. 8192; up to 16777216, e.g. 1048576 for examples of a million tokens).")
-@click.option("--out", required=True, help="Output folder (must not exist unless --overwrite), or a URI (s3://, gs://, "
-              "hdfs://, file://): written locally, then uploaded with manifest.json last.")
-@format_options
-@click.option("--chat-template", default=None, metavar="NAME|FILE",
-              help=f"Chat template that renders chat data instead of the tokenizer's own (or for a tokenizer "
-                   f"without one): {', '.join(NAMED_TEMPLATES)}, or a Jinja file. Recorded in the manifest and "
-                   "the tokenizer fingerprint; pack-train gives the model's tokenizer the same template.")
-@click.option("--add-token", "add_tokens", multiple=True, metavar="TEXT",
-              help="Add TEXT to the tokenizer as a new token (repeat it for several; Axolotl's tokens), e.g. a chat "
-                   "template's marker the vocabulary lacks; pack-train grows the model's embeddings to match.")
-@click.option("--special-token", "special_tokens", multiple=True, metavar="NAME=TEXT", callback=_special_tokens,
-              help="Set the tokenizer's special token NAME (eos_token, bos_token, pad_token, ...) to TEXT, added to "
-                   "the vocabulary when missing (repeat it; Axolotl's special_tokens), e.g. eos_token=<|im_end|>.")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default="ffd", show_default=True, help="Bin-packing strategy of the planner.")
-@click.option("--group-size", type=int, default=32, show_default=True, help="Examples per group of --strategy minibatch.")
-@click.option("--overlong", type=click.Choice(OVERLONG), default="truncate", show_default=True,
-              help="What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
-                   "drop it, or stop with an error naming its row. Counted in the manifest.")
-@click.option("--num-proc", type=int, default=None,
-              help="Tokenizer worker processes (output is identical for any value). Default: every CPU this "
-                   "process may use, at most 16; 1 tokenizes in this process.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the planner's random choices.")
-@click.option("--rows-per-shard", type=int, default=None, help="Packed rows per shard file. Default: about 128 MiB per shard.")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists (only a folder written by pack-data).")
-@click.option("--limit", type=int, default=None, help="Read only the first N examples (to try options on a slice).")
-@click.option("--eval-fraction", type=float, default=None,
-              help="Hold out this fraction of the examples (seeded by --seed, the same for any --num-proc) "
-                   "into OUT/eval, a packed folder of its own that pack-train evaluates on.")
-@click.option("--eval-examples", type=int, default=None, help="Hold out this many examples instead.")
-@click.option("--mix", default=None, metavar="NAME=W,...",
-              help="Dataset mixture: how many times each example of an input is used, e.g. 'a.jsonl=2,b.parquet=0.5' "
-                   "(2: every example twice; 0.5: a seeded half). NAME is an INPUT as given or a file's name; "
-                   "inputs left out use 1. Recorded per input in the manifest.")
-@click.option("--batch-rows", type=int, default=None, help="Rows per tokenization batch. Default: 128 for text (enough batches for every "
-                   "worker), 4096 for pre-tokenized input.")
-@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
-              help="Where the work runs: this machine, or Ray tasks (needs pip install 'packlm[ray]'); the shards "
-                   "are byte-identical. With ray, the inputs and --out's folder must be on storage every node "
-                   "mounts at the same path.")
-@click.option("--ray-address", default=None, metavar="HOST:PORT",
-              help="Ray cluster to run on (--engine ray). Default: $RAY_ADDRESS, else a local Ray of --num-proc "
-                   "CPUs started for the job.")
-@click.option("--chunk-bytes", type=int, default=None,
-              help="Input bytes per Ray tokenize task (JSONL is cut at line ends, Parquet at row groups, Arrow "
-                   "files at record batches; other inputs are one task each). Default: 4 chunks per CPU of the "
-                   "cluster, from 1 MiB to 64 MiB each.")
-@click.option("--tmp-dir", default=None, type=click.Path(file_okay=False),
-              help="Where a remote --out is written before its upload (on a Ray cluster: storage every node sees). "
-                   "Default: the system's temporary folder.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+@click_options(PackConfig, ranges=False, skip=("inputs",), settings={
+    "tmp_dir": {"type": click.Path(file_okay=False)}, "special_tokens": {"callback": _special_tokens}})
 @click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True,
               help=hub.OFFLINE_HELP)
-def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
+def pack_data(inputs: tuple[str, ...], **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs, URIs of
     remote storage such as s3://bucket/data/*.jsonl, and Hugging Face Hub datasets such as
     HuggingFaceH4/ultrachat_200k:train_sft, org/name[@revision][:config]:split) and write bin-packed
@@ -171,7 +89,7 @@ def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, f
     with cli_errors():  # click parses the options' types; the job checks their values (job.validate)
         if not options["progress"]:
             hub.no_progress_bars()
-        config = PackConfig(inputs=list(inputs), tokenizer=tokenizer, max_len=max_len, out=out, format=fmt, **options)  # type: ignore[arg-type]
+        config = PackConfig(inputs=list(inputs), **field_values(PackConfig, options))
         run_pack_data(config, echo=click.echo)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from pipeline.errors import UserError
@@ -106,3 +107,118 @@ def check_options(config: object, checks: dict[str, Check], flags: dict[str, str
     `flag_of(name)`)."""
     for name, check in checks.items():
         check_value((flags or {}).get(name) or flag_of(name), getattr(config, name), check)
+
+
+# ------------------------------------------------------------------ one declaration per option
+
+@dataclass(frozen=True)
+class Option:
+    """The declaration of one option, held in its config field's metadata (`opt`): what the field
+    accepts (`check`, its kind read from the field's type unless given), its help and its section;
+    `flags` (click's declarations, default `--field-name`, `--x/--no-x` for a bool that defaults to
+    on or to None), `invert` (the flag stores the field's opposite: `--no-progress`), `cli` (False:
+    no flag, a field only Python callers and `--config` set) and `click` (other click settings:
+    metavar, is_flag, flag_value, multiple, show_default, hidden). The click option, the checks of
+    `validate` and of `--config FILE`, and the README's tables are all generated from it."""
+
+    check: Check
+    help: str
+    section: str
+    flags: tuple[str, ...] = ()
+    invert: bool = False
+    cli: bool = True
+    click: tuple[tuple[str, Any], ...] = ()
+
+
+def opt(default: Any = MISSING, *, help: str, section: str, kind: Any = None, low: float | None = None,  # noqa: A002
+        high: float | None = None, low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] = (),
+        flags: tuple[str, ...] = (), invert: bool = False, cli: bool = True, factory: Callable[[], Any] | None = None,
+        **click_settings: Any) -> Any:
+    """A config field with its option's declaration (`Option`), e.g.
+    `lr: float = opt(3e-4, low=0, low_open=True, help="Peak learning rate (AdamW).", section="Optimizer")`.
+    No `default` (and no `factory`): a required option. `kind` is read from the field's type
+    (`int | None` is an int that may be None) unless given (PATH, PATHS, TEXTS, TEXT_MAP)."""
+    declared = Option(Check(kind, low, high, low_open, high_open, tuple(choices)), help, section, tuple(flags),
+                      invert, cli, tuple(click_settings.items()))
+    if factory is not None:
+        return field(default_factory=factory, metadata={"option": declared})
+    return field(default=default, metadata={"option": declared})
+
+
+_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "tuple[str, ...]": TEXTS, "list[str]": PATHS,
+          "dict[str, str]": TEXT_MAP}
+
+
+def declarations(config_type: type) -> dict[str, Option]:
+    """Every declared field of the config dataclass `config_type`, in field order, each with its
+    check complete (its kind and whether None is allowed, from the field's type)."""
+    out = {}
+    for f in fields(config_type):
+        declared = f.metadata.get("option")
+        if declared is None:
+            continue
+        text = str(f.type).replace(" ", "")
+        none = text.endswith("|None")
+        kind = declared.check.kind or _KINDS[str(f.type).removesuffix(" | None")]
+        out[f.name] = replace(declared, check=replace(declared.check, kind=kind, none=none))
+    return out
+
+
+def checks_of(config_type: type) -> dict[str, Check]:
+    """The check of every declared field of `config_type` (`check_options`, `--config FILE`)."""
+    return {name: declared.check for name, declared in declarations(config_type).items()}
+
+
+def default_of(config_type: type, name: str) -> Any:
+    """The default of field `name` (MISSING for a required one)."""
+    f = config_type.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def flag_decls(name: str, declared: Option, default: Any) -> tuple[str, ...]:
+    """The click declarations of an option: its `flags`, else `--name`, `--name/--no-name` for a
+    bool that defaults to on or to None (a bool that defaults to off is a flag alone)."""
+    if declared.flags:
+        return declared.flags
+    if declared.check.kind is bool and default is not False:
+        return (f"{flag_of(name)}/--no-{name.replace('_', '-')}",)
+    return (flag_of(name),)
+
+
+def option_sections(config_type: type) -> dict[str, list[str]]:
+    """The declared fields of `config_type` with a flag, by section: in the order of its `SECTIONS`
+    where it has one, else in the order they first appear among the fields."""
+    out: dict[str, list[str]] = {section: [] for section in getattr(config_type, "SECTIONS", ())}
+    for name, declared in declarations(config_type).items():
+        if declared.cli:
+            out.setdefault(declared.section, []).append(name)
+    return {section: names for section, names in out.items() if names}
+
+
+_TABLE_KINDS = {int: "integer", float: "number", bool: "on/off", str: "text", PATH: "path", PATHS: "paths",
+                TEXTS: "text, repeatable", TEXT_MAP: "NAME=TEXT, repeatable"}
+
+
+def option_table(config_type: type) -> str:
+    """Markdown tables of `config_type`'s options by section (the README's, between its
+    `<!-- options:COMMAND -->` markers): each flag, its default, what it accepts and its help."""
+
+    def cell(text: object) -> str:
+        return str(text).replace("|", "\\|")
+
+    declared = declarations(config_type)
+    out = []
+    for section, names in option_sections(config_type).items():
+        out += [f"**{section}**", "", "| Option | Default | Accepts | Description |", "| --- | --- | --- | --- |"]
+        for name in names:
+            d, default = declared[name], default_of(config_type, name)
+            flags = " / ".join(f"`{f}`" for decl in flag_decls(name, d, default) if decl.startswith("-")
+                               for f in decl.split("/"))
+            shown = ("required" if default is MISSING else "off" if d.invert or default is False else
+                     "on" if default is True else "-" if default in (None, (), {}) else
+                     ", ".join(default) if isinstance(default, tuple) else default)
+            accepts = (", ".join(d.check.choices) if d.check.choices else
+                       " ".join(t for t in (_TABLE_KINDS[d.check.kind], _range_text(d.check)) if t))
+            out.append(f"| {flags} | {cell(shown)} | {cell(accepts)} | {cell(d.help)} |")
+        out.append("")
+    return "\n".join(out)

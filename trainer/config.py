@@ -1,7 +1,9 @@
-"""`TrainConfig`: every option of a training run; `validate` refuses a value of the wrong type, out of
-range or outside its choices (`TRAIN_CHECKS`, the same bounds as pack-train's click options), and
-options that contradict each other, in one line each. `train()` and `pack-train` both go through
-it; `pack-train --config FILE` checks each value of the file with `TRAIN_CHECKS` too."""
+"""`TrainConfig`: every option of a training run, each declared once (`pipeline.option_checks.opt`:
+its type, default, range or choices, help and section), from which pack-train's click options
+(`trainer/cli.py`), the checks of `validate` and of `pack-train --config FILE` values (`TRAIN_CHECKS`)
+and the README's option tables (`python -m trainer.config` prints them) are generated. `refuse_combinations` is
+the one place where options that contradict each other are refused. `train()` and `pack-train`
+both go through `validate`."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.option_checks import MAX_PROCS, PATH, Check, check_options
+from pipeline.option_checks import MAX_PROCS, PATH, check_options, checks_of, opt, option_table
 
 SCHEDULES = ("cosine", "linear", "constant")
 RESUME = ("newest", "strict")
@@ -22,112 +24,213 @@ DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
 FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.model.fp8.RECIPES
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw4bit", "adafactor")
 WARMUP_RULES = ("hf", "axolotl")
+ATTENTION = ("auto", "fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")
 # Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
 # README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
 TOKENS_PER_STEP = {"cuda": 16384, "cpu": 8192}
 
+RUN, BATCHES, SCHEDULE, OPTIMIZER = "Run", "Batches", "Schedule", "Optimizer"
+PRECISION, MEMORY, PARALLELISM = "Precision and kernels", "Memory and long rows", "Parallel"
+LORA, EVAL, CHECKPOINTS, LOGGING = "LoRA", "Evaluation", "Checkpoints", "Logging"
+
 
 @dataclass
 class TrainConfig:
-    """Every option of `pack-train` (see trainer/cli.py for the user-facing help)."""
+    """Every option of `pack-train`, declared once (see the module); the comments say which code
+    reads an option where that is not plain."""
 
-    data: str
-    model: str
-    out: str
-    tokenizer: str | None = None
-    tokens_per_step: int | None = None  # None: TOKENS_PER_STEP of the device (resolved by `resolved`)
-    grad_accum: int = 1
+    data: str = opt(kind=PATH, section=RUN, help="Packed folder written by pack-data.")
+    model: str = opt(kind=PATH, section=RUN, help=(
+        "Hugging Face model: a Hub id such as Qwen/Qwen2.5-0.5B (org/name[@revision]; from the local "
+        "Hugging Face cache, downloaded there when missing), a local folder (config + safetensors), "
+        "or a preset: tiny, llama-100m, llama-1b, llama-8b (random weights)."))
+    out: str = opt(kind=PATH, section=RUN, help="Run folder: metrics.jsonl, checkpoints/, summary.json.")
+    tokenizer: str | None = opt(None, kind=PATH, section=RUN, help=(
+        "Tokenizer the model expects (a folder or a Hub id); the data's tokenizer fingerprint must "
+        "match it. Default: the tokenizer files inside the --model folder (local or the Hub id's), if any."))
+    # None: TOKENS_PER_STEP of the device (resolved by `resolved`)
+    tokens_per_step: int | None = opt(None, low=1, section=BATCHES, help=(
+        "Micro-batch token budget: rows are concatenated into one flat [1, T] batch up "
+        f"to it (a longer row is a micro-batch of its own). Default: {TOKENS_PER_STEP['cuda']} "
+        f"on a GPU, {TOKENS_PER_STEP['cpu']} on the CPU."))
+    grad_accum: int = opt(1, low=1, section=BATCHES, help="Micro-batches per optimizer step on each rank.")
     # one optimizer step per group of a --strategy minibatch folder (trainer.data.plan.group_plan);
     # None: on exactly when the folder has groups (resolved by trainer.run.start)
-    step_by_group: bool | None = None
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup: int = 0
-    warmup_ratio: float = 0.0  # warmup as a share of the run's optimizer steps (rounded up), instead of --warmup
-    warmup_rule: str = "hf"  # "axolotl": its ratio rounded down, 3% of the steps (at most 100) when none given
-    schedule: str = "cosine"
-    epochs: int | None = None
-    max_steps: int | None = None
-    stop_at: int | None = None
-    attn: str = "auto"
-    dtype: str = "auto"
-    fp8_recipe: str = "rowwise_with_gw_hp"  # with dtype "fp8": torchao's float8 scaling (trainer.model.fp8)
-    compile: bool | None = None  # None: compile on CUDA, not on CPU
-    grad_checkpointing: int = 0  # 0: off; N: every Nth decoder layer recomputes its activations (1: all)
-    # compiled layers: the share of their activations the backward keeps (torch's activation_memory_budget);
-    # below 1 the compiled backward recomputes the cheapest ones (norms, SwiGLU's product) instead
-    activation_memory_budget: float = 1.0
-    seed: int = 0
-    save_every: int = 0
-    keep_last: int | None = None
-    resume: str | None = None  # "newest" (intact checkpoint), "strict" (the latest, or refuse), or a checkpoint folder
-    log_every: int = 10
-    report_to: str = "none"  # also log the metrics to "tensorboard" or "wandb"
-    eval_data: str | None = None  # held-out packed folder; None: DATA/eval when pack-data wrote one; "none": off
-    eval_every: int = 0  # evaluate every N steps (0: only after the last step)
-    evals_per_epoch: int = 0  # instead of eval_every: this many evaluations an epoch (`per_epoch`)
-    saves_per_epoch: int = 0  # instead of save_every: this many checkpoints an epoch (`per_epoch`)
-    wandb_project: str | None = None  # with report_to "wandb": its project (None: pack-train)
-    wandb_entity: str | None = None
-    run_name: str | None = None  # the W&B run's name
-    lora_r: int = 0  # LoRA rank (0: full fine-tune), trainer.model.lora
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_target: str = "all"  # "all" linear layers of the decoder, or module names: q_proj,v_proj
-    merge_lora: bool = False  # write RUN/merged, the base model with the adapters merged in
-    qlora: bool = False  # the frozen base's decoder linear layers in 4-bit NF4 (trainer.model.lora)
-    save_best: bool = False  # checkpoint each step whose eval loss is the lowest so far; RUN/best.json names it
-    parallel: str = "ddp"
-    context_parallel: int = 1  # ranks that share each micro-batch (trainer.distributed.context_parallel)
-    tile_mlp: int = 0  # run each layer's MLP over the sequence this many tokens at a time (trainer.model.long_rows)
-    offload_activations: bool = False  # what the forward saves for the backward in CPU memory
-    offload_states: bool = False  # FSDP2: shards, gradients and optimizer states in CPU memory
-    grad_reduce: str = "fp32"
-    reshard_after_forward: bool = True
-    ddp_bucket_mb: int = 250  # DDP's gradient all-reduce bucket size (MiB), trainer.distributed.parallel
-    optimizer: str = "adamw"  # or "adafactor": factored second moments, no first moment (trainer.run.optim)
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8  # AdamW's epsilon (torch's default)
-    grad_clip: float = 1.0
-    num_workers: int = 2
-    prefetch: int = 4
-    peak_flops: float | None = None  # None: the device's known peak (trainer.run.metrics.known_peak_flops), if any
-    device: str = "auto"
-    verify_hashes: bool = True
-    progress: bool = True
-    profile_steps: str | None = None  # "FIRST-LAST" optimizer steps to profile (trainer.run.profiling)
+    step_by_group: bool | None = opt(None, section=BATCHES, help=(
+        "One optimizer step per group of examples of a `pack-data --strategy minibatch` folder "
+        "(the padded batch of TRL/Axolotl without packing: the same examples, the same gradient), "
+        "cut into micro-batches of --tokens-per-step; the groups come in a seeded order each "
+        "epoch. Default: on for a folder with groups; --no-step-by-group steps by token budget."))
+    lr: float = opt(3e-4, low=0, low_open=True, section=SCHEDULE, help="Peak learning rate (AdamW).")
+    min_lr_ratio: float = opt(0.1, low=0, high=1, section=SCHEDULE,
+                              help="Final LR as a fraction of --lr for cosine/linear.")
+    warmup: int = opt(0, low=0, section=SCHEDULE, help="Linear warmup steps.")
+    warmup_ratio: float = opt(0.0, low=0, high=1, high_open=True, section=SCHEDULE, help=(
+        "Linear warmup over this share of the run's optimizer steps (rounded up), instead of --warmup."))
+    warmup_rule: str = opt("hf", choices=WARMUP_RULES, section=SCHEDULE, help=(  # `warmup_steps`
+        "hf: --warmup-ratio rounded up (the Hugging Face Trainer). axolotl: as Axolotl computes it: the "
+        "ratio rounded down, and without --warmup or --warmup-ratio 3% of the steps (at most 100)."))
+    schedule: str = opt("cosine", choices=SCHEDULES, section=SCHEDULE, help=(
+        "Learning-rate decay after the warmup: cosine or linear down to --min-lr-ratio, or constant."))
+    epochs: int | None = opt(None, low=1, section=SCHEDULE,
+                             help="Passes over the data (default 1 when --max-steps is not given).")
+    max_steps: int | None = opt(None, low=1, section=SCHEDULE,
+                                help="Optimizer steps (the schedule's length); with --epochs, whichever ends first.")
+    stop_at: int | None = opt(None, low=1, section=SCHEDULE, help=(
+        "Stop (and checkpoint) after this step while keeping the full schedule; "
+        "continue later with --resume. For time-sliced jobs."))
+    attn: str = opt("auto", choices=ATTENTION, section=PRECISION, help=(  # trainer.attention.backend
+        "Packed attention backend. auto: the fastest that runs here and reproduces every "
+        "attention feature of the model (sliding window, soft-capping, sinks, chunks), "
+        "in the order fa4 (FlashAttention-4, flash-attn-4 package, Hopper or newer), "
+        "flash_attn (flash-attn 2), torch (PyTorch's varlen kernel), flex, sdpa (reference). "
+        "cudnn (cuDNN through PyTorch, each example alone) is never picked by auto: the "
+        "fastest on long examples (32K+ tokens), slower on rows of many short ones."))
+    dtype: str = opt("auto", choices=DTYPES, section=PRECISION, help=(  # trainer.model.precision
+        "bf16: autocast over fp32 weights. bf16-weights: the weights themselves in bf16 "
+        "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "
+        "and AdamW (one fused update that also writes the bf16 weights; AdamW only). "
+        "fp8: bf16-weights with the decoder's linear layers computing in float8 (torchao; "
+        "NVIDIA sm89 or newer, see --fp8-recipe; under torchrun with --parallel fsdp). "
+        "fp32: no autocast. auto: bf16 on GPU, fp32 on CPU."))
+    fp8_recipe: str = opt("rowwise_with_gw_hp", choices=FP8_RECIPES, section=PRECISION, help=(  # trainer.model.fp8
+        "With --dtype fp8, torchao's float8 scaling. rowwise_with_gw_hp (default): per-token "
+        "scales and a bf16 weight gradient, so packing changes no example's numbers. rowwise "
+        "and tensorwise scales span the micro-batch: an example's gradients then depend on "
+        "the examples packed beside it. On an H100, tensorwise was faster than the default "
+        "at the 8B shape and slower at 1B; rowwise was slower. Under --parallel fsdp, "
+        "tensorwise also all-gathers the weights in float8 (half the bytes)."))
+    compile: bool | None = opt(None, flags=("--compile/--no-compile", "compile_"), section=PRECISION, help=(
+        "torch.compile each decoder layer and each chunk of the loss (dynamic shapes). "
+        "Default: on for CUDA (faster than eager there: HISTORY.md), off on CPU."))
+    grad_checkpointing: int = opt(0, low=0, is_flag=False, flag_value=1, metavar="[N]", section=MEMORY, help=(
+        "Recompute activations in the backward pass instead of keeping them: of every "
+        "decoder layer (the flag alone), or of every Nth one (--grad-checkpointing 2: half "
+        "the layers; more memory than all, less recompute); 0: off."))
+    # torch.compile's activation_memory_budget for the compiled layers (trainer.run.start)
+    activation_memory_budget: float = opt(1.0, low=0, low_open=True, high=1, metavar="F", section=MEMORY, help=(
+        "With compiled layers: the share of their activations the backward keeps "
+        "(torch.compile's activation_memory_budget). Below 1, the compiled backward "
+        "recomputes the cheapest ones (norms, SwiGLU's product) instead, so that more layers "
+        "fit without --grad-checkpointing; 0.7 keeps a Llama layer's matmul outputs and "
+        "little else (8B LoRA at 16,384 tokens on an 80 GB GPU: --grad-checkpointing 0 "
+        "--activation-memory-budget 0.7). 1 (default): keep what makes the step fastest."))
+    seed: int = opt(0, low=0, section=RUN, help="Seeds the data order and preset weights.")
+    save_every: int = opt(0, low=0, section=CHECKPOINTS, help="Checkpoint every N steps (0: only at the end).")
+    keep_last: int | None = opt(None, low=1, section=CHECKPOINTS, help="Keep only the newest N checkpoints.")
+    # "newest" (intact checkpoint), "strict" (the latest, or refuse), or a checkpoint folder (trainer.run.resume)
+    resume: str | None = opt(None, is_flag=False, flag_value="newest", metavar="[newest|strict|PATH]",
+                             section=CHECKPOINTS, help=(
+        "Continue the run in --out from its newest intact checkpoint (each checkpoint's "
+        "files are checked against the sha256 it lists); a damaged newer one is named "
+        "and stepped over. --resume=strict refuses instead. --resume PATH: that checkpoint, any intact "
+        "one: an older one of --out rolls back (the newer ones move to OUT/superseded/N/), one of "
+        "another folder starts a new --out from its step."))
+    log_every: int = opt(10, low=1, section=LOGGING, help="Metrics line every N steps.")
+    report_to: str = opt("none", choices=REPORT_TO, section=LOGGING, help=(  # trainer.run.metrics
+        "Also log every metrics line's scalars to TensorBoard (RUN/tensorboard) or W&B (offline unless "
+        "your W&B settings say otherwise); metrics.jsonl is always written."))
+    eval_data: str | None = opt(None, kind=PATH, section=EVAL, help=(  # trainer.data.evaluate
+        "Held-out packed folder to evaluate on (token-mean loss over all of it, no gradients, exact "
+        "across ranks). Default: DATA/eval when pack-data wrote one (--eval-fraction); 'none': off."))
+    eval_every: int = opt(0, low=0, section=EVAL, help=(
+        "Evaluate every N steps (0: only after the last step). Logged as eval_loss/eval_ppl."))
+    evals_per_epoch: int = opt(0, low=0, section=EVAL, help=(  # `per_epoch`
+        "Instead of --eval-every: evaluate N times an epoch (every ceil(steps / (N x epochs)) steps, "
+        "as Axolotl's evals_per_epoch)."))
+    saves_per_epoch: int = opt(0, low=0, section=CHECKPOINTS, help=(  # `per_epoch`
+        "Instead of --save-every: checkpoint N times an epoch (as Axolotl's saves_per_epoch)."))
+    wandb_project: str | None = opt(None, section=LOGGING,
+                                    help="With --report-to wandb: the W&B project (default pack-train).")
+    wandb_entity: str | None = opt(None, section=LOGGING, help="With --report-to wandb: the W&B entity (team or user).")
+    run_name: str | None = opt(None, section=LOGGING, help="With --report-to wandb: the run's name.")
+    lora_r: int = opt(0, low=0, section=LORA, help=(  # trainer.model.lora
+        "Train LoRA adapters of this rank (peft) instead of every weight; 0: full fine-tune. "
+        "Checkpoints then hold the adapter (PeftModel.from_pretrained(base, CHECKPOINT/model))."))
+    lora_alpha: float = opt(16.0, low=0, low_open=True, section=LORA,
+                            help="LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: float = opt(0.0, low=0, high=1, high_open=True, section=LORA, help="Dropout on the LoRA input.")
+    lora_target: str = opt("all", section=LORA, help=(
+        "Modules that get adapters: 'all' linear layers of the decoder, 'default': peft's own choice "
+        "for the model's type (as TRL's use_peft without target modules), or names such as q_proj,v_proj."))
+    merge_lora: bool = opt(False, section=LORA,
+                           help="At the end, also write RUN/merged: the base model with the adapters merged in.")
+    qlora: bool = opt(False, section=LORA, help=(
+        "With --lora-r: store the frozen base's decoder linear layers in 4-bit NF4 (QLoRA, "
+        "torchao): about a quarter of their bf16 memory, dequantized for every matmul."))
+    save_best: bool = opt(False, section=CHECKPOINTS, help=(
+        "Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
+        "it; --keep-last never removes it)."))
+    parallel: str = opt("ddp", choices=PARALLEL, section=PARALLELISM, help=(
+        "Data-parallel mode under torchrun (FSDP2 shards parameters per decoder layer)."))
+    # ranks that share each micro-batch (trainer.distributed.context_parallel)
+    context_parallel: int = opt(1, low=1, section=PARALLELISM, help=(
+        "Split each micro-batch (one packed row) over N neighbouring ranks of torchrun, for "
+        "examples longer than one GPU holds: each rank keeps a share of the row's tokens and "
+        "attention gathers the row's keys and values, so every example computes what it does in "
+        "one process. N divides the number of ranks; the rest is data parallelism (DDP, or FSDP2 "
+        "sharding over all ranks). Attention: flash_attn (GPU) or sdpa."))
+    tile_mlp: int = opt(0, low=0, metavar="TOKENS", section=MEMORY, help=(  # trainer.model.long_rows
+        "Run each decoder layer's MLP over the sequence TOKENS at a time, each tile recomputed in "
+        "the backward, so a long row keeps one tile's MLP activations instead of the whole "
+        "row's (exact: the MLP works token by token). 0: off. Each tile's forward runs once more, so use "
+        "it for rows that do not fit without it (64k tokens and more at the 8B's width)."))
+    offload_activations: bool = opt(False, section=MEMORY, help=(
+        "Keep what the forward saves for the backward in (pinned) CPU memory; with "
+        "--grad-checkpointing those are the decoder layers' inputs. For rows whose checkpoints "
+        "do not fit the GPU; slower."))
+    offload_states: bool = opt(False, section=MEMORY, help=(
+        "With --parallel fsdp under torchrun: keep each rank's fp32 weight shards, their gradients "
+        "and AdamW's moments in pinned CPU memory, and step the optimizer there (FSDP2's CPU "
+        "offload); a layer's weights come to the GPU for its forward and backward only. Frees the "
+        "16 bytes a parameter of full fine-tuning for long rows' activations; slower steps."))
+    grad_reduce: str = opt("fp32", choices=GRAD_REDUCE, section=PARALLELISM, help=(
+        "Dtype of the gradient all-reduce (DDP) / reduce-scatter (FSDP2) across ranks: "
+        "bf16 halves the traffic at some precision cost. No effect on one process."))
+    reshard_after_forward: bool = opt(True, section=PARALLELISM, help=(
+        "FSDP2: free each layer's gathered parameters after its forward (default) or keep "
+        "them until its backward (one all-gather per micro-batch instead of two, more memory)."))
+    ddp_bucket_mb: int = opt(250, low=1, section=PARALLELISM, help=(  # trainer.distributed.parallel
+        "DDP: size (MiB) of the gradient buckets all-reduced while the backward runs; "
+        "larger: fewer, longer all-reduces and a longer one after the last layer. "
+        "PyTorch's own default is 25 (BENCHMARKS.md, Scaling across GPUs, compares them)."))
+    optimizer: str = opt("adamw", choices=OPTIMIZERS, section=OPTIMIZER, help=(  # trainer.run.optim
+        "adamw: two fp32 moments per parameter (16 bytes per parameter with weights and "
+        "gradients). adafactor: torch.optim.Adafactor, no first moment and a row and a "
+        "column of second-moment statistics per matrix (about 8 bytes per parameter); --lr "
+        "caps its step relative to each weight's RMS. Not with --parallel fsdp. adamw8bit / "
+        "adamw4bit: torchao's AdamW8bit / AdamW4bit, moments stored in 8 or 4 bits by blocks "
+        "(Axolotl's and TRL's adamw_8bit, adamw_bnb_8bit, paged_adamw_8bit, adamw_torch_4bit); "
+        "with --parallel ddp."))
+    weight_decay: float = opt(0.1, low=0, section=OPTIMIZER, help="AdamW's decoupled weight decay.")
+    beta1: float = opt(0.9, low=0, high=1, high_open=True, section=OPTIMIZER, help="AdamW's first-moment decay.")
+    beta2: float = opt(0.95, low=0, high=1, high_open=True, section=OPTIMIZER, help="AdamW's second-moment decay.")
+    adam_eps: float = opt(1e-8, low=0, low_open=True, section=OPTIMIZER,
+                          help="AdamW's epsilon (added to the second moment's root).")
+    grad_clip: float = opt(1.0, low=0, section=OPTIMIZER, help="Max global gradient norm (0: no clipping).")
+    num_workers: int = opt(2, low=0, high=MAX_PROCS, section=RUN, help="DataLoader worker processes.")
+    prefetch: int = opt(4, low=1, cli=False, section=RUN, help="Micro-batches each DataLoader worker loads ahead.")
+    # None: the device's known peak (trainer.run.metrics.known_peak_flops), if any
+    peak_flops: float | None = opt(None, low=0, low_open=True, section=LOGGING, help=(
+        "Peak FLOP/s per device for the MFU estimate. Default: the GPU's bf16 dense peak where "
+        "known (H100/H200 989e12, A100 312e12); elsewhere (the CPU) no MFU is logged."))
+    device: str = opt("auto", section=RUN, help="auto (cuda if available), cpu, cuda, cuda:N.")
+    verify_hashes: bool = opt(True, section=RUN, help=(
+        "Check every shard's sha256 against the manifest in a background thread while "
+        "training runs (the fast structural checks always run at startup): a damaged "
+        "shard stops the run in one line, and no checkpoint is written before all are "
+        "verified."))
+    progress: bool = opt(True, flags=("--no-progress",), invert=True, is_flag=True, section=LOGGING,
+                         help="No progress bar.")
+    profile_steps: str | None = opt(None, metavar="FIRST-LAST", section=LOGGING, help=(  # trainer.run.profiling
+        "Profile these optimizer steps (e.g. 6-8; the first steps compile) with torch.profiler "
+        "on every rank: RUN/profile/rank{r}.json says per step where the GPU's time went (by "
+        "kernel kind, top kernels, idle gaps, host waits); rank{r}.trace.json.gz is the "
+        "Chrome trace (chrome://tracing, Perfetto)."))
 
 
-_AT_LEAST_0, _AT_LEAST_1 = Check(int, low=0), Check(int, low=1)
-_OPTIONAL_1 = Check(int, low=1, none=True)
-_FRACTION = Check(float, low=0, high=1, high_open=True)
 # the type and range of every TrainConfig field: `validate`, and the values of `pack-train --config FILE`
-TRAIN_CHECKS: dict[str, Check] = {
-    "data": Check(PATH), "model": Check(PATH), "out": Check(PATH), "tokenizer": Check(PATH, none=True),
-    "tokens_per_step": _OPTIONAL_1, "grad_accum": _AT_LEAST_1, "step_by_group": Check(bool, none=True), "lr": Check(float, low=0, low_open=True),
-    "min_lr_ratio": Check(float, low=0, high=1), "warmup": _AT_LEAST_0,
-    "warmup_ratio": Check(float, low=0, high=1, high_open=True), "schedule": Check(str, choices=SCHEDULES),
-    "warmup_rule": Check(str, choices=WARMUP_RULES), "evals_per_epoch": _AT_LEAST_0, "saves_per_epoch": _AT_LEAST_0,
-    "wandb_project": Check(str, none=True), "wandb_entity": Check(str, none=True), "run_name": Check(str, none=True),
-    "adam_eps": Check(float, low=0, low_open=True),
-    "epochs": _OPTIONAL_1, "max_steps": _OPTIONAL_1, "stop_at": _OPTIONAL_1, "attn": Check(str),
-    "dtype": Check(str, choices=DTYPES), "fp8_recipe": Check(str, choices=FP8_RECIPES), "compile": Check(bool, none=True), "grad_checkpointing": _AT_LEAST_0,
-    "activation_memory_budget": Check(float, low=0, low_open=True, high=1),
-    "seed": _AT_LEAST_0, "save_every": _AT_LEAST_0, "keep_last": _OPTIONAL_1,
-    "resume": Check(str, none=True), "log_every": _AT_LEAST_1,
-    "report_to": Check(str, choices=REPORT_TO), "eval_data": Check(PATH, none=True), "eval_every": _AT_LEAST_0,
-    "lora_r": _AT_LEAST_0, "lora_alpha": Check(float, low=0, low_open=True), "lora_dropout": _FRACTION, "lora_target": Check(str),
-    "merge_lora": Check(bool), "qlora": Check(bool), "save_best": Check(bool), "parallel": Check(str, choices=PARALLEL),
-    "context_parallel": _AT_LEAST_1, "tile_mlp": _AT_LEAST_0, "offload_activations": Check(bool), "offload_states": Check(bool),
-    "grad_reduce": Check(str, choices=GRAD_REDUCE), "reshard_after_forward": Check(bool),
-    "ddp_bucket_mb": _AT_LEAST_1,
-    "optimizer": Check(str, choices=OPTIMIZERS), "weight_decay": Check(float, low=0), "beta1": _FRACTION,
-    "beta2": _FRACTION, "grad_clip": Check(float, low=0), "num_workers": Check(int, low=0, high=MAX_PROCS), "prefetch": _AT_LEAST_1,
-    "peak_flops": Check(float, low=0, low_open=True, none=True), "device": Check(str), "verify_hashes": Check(bool),
-    "progress": Check(bool), "profile_steps": Check(str, none=True),
-}
+TRAIN_CHECKS = checks_of(TrainConfig)
 
 
 def resolved(config: TrainConfig, device_type: str) -> TrainConfig:
@@ -139,13 +242,21 @@ def resolved(config: TrainConfig, device_type: str) -> TrainConfig:
 
 def validate(config: TrainConfig) -> None:
     """Raise UserError (one line) for an option of the wrong type, out of range or outside its
-    choices, or options that contradict each other."""
+    choices, or options that contradict each other (`refuse_combinations`)."""
     check_options(config, TRAIN_CHECKS)
     for name in ("data", "eval_data", "out"):
         refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
     if config.resume is not None and config.resume not in RESUME and not Path(config.resume).is_dir():
         raise UserError(f"--resume={config.resume}: expected newest, strict, or a checkpoint folder "
                         "(RUN/checkpoints/step-...), and there is no such folder")
+    if config.profile_steps is not None:
+        parse_step_range(config.profile_steps)
+    refuse_combinations(config)
+
+
+def refuse_combinations(config: TrainConfig) -> None:
+    """The one place for options that contradict each other, whatever the data, model or machine:
+    a UserError naming both. (What depends on those is refused where it is known: see the README.)"""
     if config.warmup and config.warmup_ratio:
         raise UserError(f"--warmup {config.warmup} and --warmup-ratio {config.warmup_ratio} both set the warmup: "
                         "give one")
@@ -168,8 +279,6 @@ def validate(config: TrainConfig) -> None:
     if config.offload_states and config.dtype == "fp8":
         raise UserError("--offload-states does not combine with --dtype fp8 (its float8 all-gathers run on the "
                         "GPU's copies of the weights): use --dtype bf16")
-    if config.profile_steps is not None:
-        parse_step_range(config.profile_steps)
     if config.context_parallel > 1 and config.attn not in ("auto", "flash_attn", "sdpa"):
         raise UserError(f"--context-parallel needs --attn flash_attn (GPU) or sdpa: {config.attn} cannot attend a "
                         "share of an example to the keys of the whole row")
@@ -241,3 +350,7 @@ def uri_problem(option: str, value: str | None) -> str | None:
     fix = ("give a local (or mounted) folder and copy the run folder afterwards" if option == "--out" else
            "copy the packed folder to a local (or mounted) path first and give that path")
     return f"pack-train reads and writes local folders only, not URIs: {fix}"
+
+
+if __name__ == "__main__":  # python -m trainer.config: pack-train's option tables (the README's)
+    print(option_table(TrainConfig), end="")

@@ -19,24 +19,24 @@ import time
 from collections.abc import Callable
 import shutil
 from contextlib import AbstractContextManager, closing, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pipeline.api_errors import python_spelling
 from pipeline.background import Background
-from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
 from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
-from pipeline.read.formats import EOS_CHOICES, FORMATS, FormatOptions, ResolvedFormat
+from pipeline.read.formats import ResolvedFormat
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
-from pipeline.option_checks import MAX_PROCS, PATH, PATHS, TEXT_MAP, TEXTS, Check, check_options
+from pipeline.option_checks import check_options
 from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
 from pipeline.write.remote_out import remote_out
-from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
+from pipeline.plan.rows import Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
+from pipeline.engines.pack_config import PACK_CHECKS, PackConfig, refuse_combinations
 from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
                                          tokenize_on_ray, write_on_ray)
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
@@ -51,62 +51,6 @@ from pipeline.write.shard_writer import Written, check_sizes, write_shards
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
-ENGINES = ("local", "ray")
-
-
-@dataclass(kw_only=True)
-class PackConfig(FormatOptions):
-    """Every option of `pack-data` (recorded verbatim as the manifest's `config`): the format
-    options it inherits plus the job's own."""
-
-    inputs: list[str]
-    tokenizer: str
-    max_len: int
-    out: str
-    strategy: str = "ffd"
-    group_size: int = 32
-    overlong: str = "truncate"
-    num_proc: int | None = None  # tokenizer worker processes; None: every usable CPU, at most 16
-    seed: int = 0
-    rows_per_shard: int | None = None
-    overwrite: bool = False
-    limit: int | None = None
-    mix: str | None = None  # "a.jsonl=2,b.parquet=0.5": uses per example of each input (pipeline.plan.mix)
-    eval_fraction: float | None = None  # held out into OUT/eval (pipeline.plan.eval_split)
-    eval_examples: int | None = None
-    batch_rows: int | None = None  # None: pipeline.tokenize.tokenize_inputs's default for the input's format
-    engine: str = "local"  # "ray": tokenize and write as Ray tasks (pipeline.engines.ray_engine)
-    ray_address: str | None = None  # None: $RAY_ADDRESS, else a local Ray started for the job
-    chunk_bytes: int | None = None  # input bytes per Ray tokenize task; None: ray_engine.default_chunk_bytes
-    tmp_dir: str | None = None  # a remote --out is written here first (pipeline.write.remote_out); None: the system's
-    chat_template: str | None = None  # a name, Jinja file or text (pipeline.tokenize.chat_templates); None: the tokenizer's
-    add_tokens: tuple[str, ...] = ()  # added to the tokenizer as new tokens (Axolotl's `tokens`)
-    special_tokens: dict[str, str] = field(default_factory=dict)  # eos_token=..., set and added (Axolotl's key)
-    progress: bool = True
-
-    def format_options(self) -> FormatOptions:
-        keys = FormatOptions.__dataclass_fields__
-        return FormatOptions(**{k: getattr(self, k) for k in keys})
-
-
-_FIELD = Check(str, none=True)
-# the type and range of every PackConfig field (`validate`, and the values of `pack-data --config FILE`)
-PACK_CHECKS: dict[str, Check] = {
-    "format": Check(str, choices=FORMATS), "text_field": _FIELD, "prompt_field": _FIELD, "input_field": _FIELD,
-    "response_field": _FIELD, "messages_field": _FIELD, "labels_field": _FIELD, "template": _FIELD,
-    "train_on_prompt": Check(bool),
-    "inputs": Check(PATHS), "tokenizer": Check(PATH), "max_len": Check(int, low=2, high=MAX_LEN_LIMIT), "out": Check(PATH),
-    "strategy": Check(str, choices=STRATEGIES), "group_size": Check(int, low=1),
-    "overlong": Check(str, choices=OVERLONG), "num_proc": Check(int, low=1, high=MAX_PROCS, none=True),
-    "seed": Check(int, low=0), "rows_per_shard": Check(int, low=1, none=True), "overwrite": Check(bool),
-    "limit": Check(int, low=1, none=True), "mix": Check(str, none=True),
-    "eval_fraction": Check(float, low=0, high=1, low_open=True, high_open=True, none=True),
-    "eval_examples": Check(int, low=1, none=True), "batch_rows": Check(int, low=1, none=True),
-    "engine": Check(str, choices=ENGINES), "ray_address": Check(str, none=True),
-    "chunk_bytes": Check(int, low=1, none=True), "tmp_dir": Check(PATH, none=True), "progress": Check(bool),
-    "chat_template": Check(str, none=True), "add_tokens": Check(TEXTS), "special_tokens": Check(TEXT_MAP),
-    "roles_to_train": Check(TEXTS), "train_on_eos": Check(str, choices=EOS_CHOICES),
-}
 
 
 @python_spelling(PackConfig)
@@ -230,8 +174,7 @@ def validate(config: PackConfig) -> None:
     if config.chat_template is not None:
         resolve_chat_template(config.chat_template)  # an unknown name or missing file, too
     check_token_options(config.add_tokens, config.special_tokens)
-    if config.eval_fraction is not None and config.eval_examples is not None:
-        raise UserError("give --eval-fraction or --eval-examples, not both")
+    refuse_combinations(config)
     if config.num_proc is None:
         config.num_proc = default_workers()
     elif config.engine != "ray":  # a Ray cluster's CPUs are not this machine's

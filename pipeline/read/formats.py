@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.option_checks import opt
 
 FORMATS = ("auto", "text", "instruction", "chat", "tokenized")
 
@@ -55,24 +56,43 @@ ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model"
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+EOS_CHOICES = ("turn", "last", "all", "none")  # each trained turn's, the last trained turn's, every turn's, none
+FORMAT = "Input format"  # the options' section (pipeline.option_checks.opt)
+
+
 @dataclass
 class FormatOptions:
-    """What the user asked for (CLI options); `None` fields are auto-detected."""
+    """What the user asked for (the options of pack-data and pack-report that say how input rows
+    become examples, each declared once); `None` fields are auto-detected."""
 
-    format: str = "auto"
-    text_field: str | None = None
-    prompt_field: str | None = None
-    input_field: str | None = None
-    response_field: str | None = None
-    messages_field: str | None = None
-    labels_field: str | None = None
-    template: str | None = None
-    train_on_prompt: bool = False
-    roles_to_train: tuple[str, ...] = ("assistant",)  # chat: the roles whose turns carry loss (Axolotl's key)
-    train_on_eos: str = "turn"  # chat: which end-of-turn tokens carry loss (EOS_CHOICES, Axolotl's key)
-
-
-EOS_CHOICES = ("turn", "last", "all", "none")  # each trained turn's, the last trained turn's, every turn's, none
+    format: str = opt("auto", choices=FORMATS, flags=("--format", "fmt"), show_default=True, section=FORMAT, help=(
+        "Input format; auto looks at column names: input_ids -> tokenized, messages -> chat, "
+        "instruction/output, prompt/completion, question/answer -> instruction, text -> text."))
+    text_field: str | None = opt(None, section=FORMAT,
+                                 help="Column with the documents (text format). Auto: text, content, document.")
+    prompt_field: str | None = opt(None, section=FORMAT, help=(
+        "Column with the prompt/instruction. Auto: instruction, prompt, question, query."))
+    input_field: str | None = opt(None, section=FORMAT, help=(
+        "Optional extra-context column of instruction data. Auto: input. 'none': leave it out (a "
+        "--template without {input} stops at the first row whose input has text, unless given this)."))
+    response_field: str | None = opt(None, section=FORMAT, help=(
+        "Column with the response. Auto: output, response, completion, answer."))
+    messages_field: str | None = opt(None, section=FORMAT, help=(
+        "Column with chat messages [{role, content}]. Auto: messages, conversations."))
+    labels_field: str | None = opt(None, section=FORMAT, help=(
+        "Column with labels for tokenized input. Auto: labels (else loss on all tokens)."))
+    template: str | None = opt(None, section=FORMAT, help=(
+        f"Prompt template of instruction data: a preset ({', '.join(TEMPLATES)}) or a Python format "
+        "string with {instruction} or {prompt}, and optionally {input}. Default: alpaca for "
+        "instruction/output, qa for question/answer, plain otherwise."))
+    train_on_prompt: bool = opt(False, section=FORMAT, help=(
+        "Also take loss on prompts / non-assistant turns (default: responses and assistant turns only)."))
+    roles_to_train: tuple[str, ...] = opt(("assistant",), multiple=True, show_default=True, metavar="ROLE",
+                                          section=FORMAT, help=(
+        "Chat data: the roles whose turns carry loss (repeat it for several; Axolotl's roles_to_train)."))
+    train_on_eos: str = opt("turn", choices=EOS_CHOICES, show_default=True, section=FORMAT, help=(
+        "Chat data: which end-of-turn tokens carry loss: each trained turn's, only the last trained "
+        "turn's, every turn's, or none (Axolotl's train_on_eos)."))
 
 
 @dataclass
