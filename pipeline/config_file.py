@@ -271,6 +271,8 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
             continue  # text, read as the flag's text would be
         if kind is not None:
             check_value(flag, item, Check(kind))
+    if check is not None and not many and not isinstance(value, str):  # the check's words before click's
+        check_value(flag, value, check)
     try:  # a path's existence is checked when the command runs (a flag may replace it)
         items = items if isinstance(param.type, click.Path) else [param.type.convert(i, param, None) for i in items]
     except click.BadParameter as exc:
