@@ -4,6 +4,10 @@ dataclasses (`PackConfig`, `TrainConfig`, called from Python) run `check_options
 file. A value of the wrong type is refused, never coerced: `max_len=1024.7` is not 1024, and
 `seed=True` is not 1.
 
+Each option is declared once, on its config field (`opt`: type, default, range or choices, help,
+section); the checks (`checks_of`), the click options (`pipeline.config_file.click_options`) and
+the README's option tables (`option_table`) are generated from it.
+
 Example: `Check(int, low=2)` accepts 2 and 4096, and refuses 1 ("--max-len must be >= 2, got 1"),
 1024.7 and True ("--max-len must be an integer, got 1024.7").
 """
