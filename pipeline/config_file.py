@@ -239,10 +239,6 @@ def cut(text: str, limit: int = 1000) -> str:
     return f"{text[: limit * 2 // 3]} ...({len(text) - limit} characters cut)... {text[-limit // 3:]}"
 
 
-# options that take a comma-separated list as one text: a YAML list of names is joined with commas
-COMMA_LISTS = {"lora_target"}
-
-
 def _flag(param: click.Parameter) -> str:
     return param.opts[0] if param.opts and param.opts[0].startswith("-") else str(param.name).upper()
 
@@ -255,7 +251,8 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
     flag, many = _flag(param), getattr(param, "multiple", False) or param.nargs == -1
     if many and isinstance(value, str):
         value = [value]  # one INPUT
-    if param.name in COMMA_LISTS and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+    if check is not None and check.comma_list and isinstance(value, list) and value and all(
+            isinstance(v, str) for v in value):
         value = ",".join(value)  # `lora-target: [q_proj, v_proj]`
     if value is True and getattr(param, "_flag_needs_value", False):
         value = param.flag_value  # `resume: true`: the flag alone (--resume, i.e. newest)

@@ -33,7 +33,8 @@ TEXT_MAP = "text map"  # a mapping of text to text
 @dataclass(frozen=True)
 class Check:
     """What one option accepts: its kind (int, float, bool, str, PATH or PATHS), an optional range
-    or list of choices, and whether None ("not given") is allowed."""
+    or list of choices, whether None ("not given") is allowed, and (`comma_list`) whether a --config
+    file's list of texts is taken as the text of them joined with commas (`lora-target: [q_proj, v_proj]`)."""
 
     kind: Any
     low: float | None = None
@@ -42,6 +43,7 @@ class Check:
     high_open: bool = False
     choices: tuple[str, ...] = ()
     none: bool = False
+    comma_list: bool = False  # text that is a comma-separated list: a --config file may give a YAML list
 
 
 KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text",
@@ -136,14 +138,14 @@ class Option:
 
 def opt(default: Any = MISSING, *, help: str, section: str, kind: Any = None, low: float | None = None,  # noqa: A002
         high: float | None = None, low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] = (),
-        flags: tuple[str, ...] = (), invert: bool = False, cli: bool = True, factory: Callable[[], Any] | None = None,
-        **click_settings: Any) -> Any:
+        comma_list: bool = False, flags: tuple[str, ...] = (), invert: bool = False, cli: bool = True,
+        factory: Callable[[], Any] | None = None, **click_settings: Any) -> Any:
     """A config field with its option's declaration (`Option`), e.g.
     `lr: float = opt(3e-4, low=0, low_open=True, help="Peak learning rate (AdamW).", section="Optimizer")`.
     No `default` (and no `factory`): a required option. `kind` is read from the field's type
     (`int | None` is an int that may be None) unless given (PATH, PATHS, TEXTS, TEXT_MAP)."""
-    declared = Option(Check(kind, low, high, low_open, high_open, tuple(choices)), help, section, tuple(flags),
-                      invert, cli, tuple(click_settings.items()))
+    check = Check(kind, low, high, low_open, high_open, tuple(choices), comma_list=comma_list)
+    declared = Option(check, help, section, tuple(flags), invert, cli, tuple(click_settings.items()))
     if factory is not None:
         return field(default_factory=factory, metadata={"option": declared})
     return field(default=default, metadata={"option": declared})

@@ -150,7 +150,7 @@ class TrainConfig:
     lora_alpha: float = opt(16.0, low=0, low_open=True, section=LORA,
                             help="LoRA scaling numerator (scale = alpha / r).")
     lora_dropout: float = opt(0.0, low=0, high=1, high_open=True, section=LORA, help="Dropout on the LoRA input.")
-    lora_target: str = opt("all", section=LORA, help=(
+    lora_target: str = opt("all", comma_list=True, section=LORA, help=(
         "Modules that get adapters: 'all' linear layers of the decoder, 'default': peft's own choice "
         "for the model's type (as TRL's use_peft without target modules), or names such as q_proj,v_proj."))
     merge_lora: bool = opt(False, section=LORA,
