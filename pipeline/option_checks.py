@@ -228,3 +228,18 @@ def option_table(config_type: type) -> str:
             out.append(f"| {flags} | {cell(shown)} | {cell(accepts)} | {cell(d.help)} |")
         out.append("")
     return "\n".join(out)
+
+
+# the config dataclass of each command, for `python -m pipeline.option_checks COMMAND`; named, not
+# imported, since pipeline imports no trainer module
+CONFIGS = {"pack-data": "pipeline.engines.pack_config:PackConfig", "pack-train": "trainer.config:TrainConfig"}
+
+
+if __name__ == "__main__":  # python -m pipeline.option_checks pack-data|pack-train: the README's tables
+    import importlib
+    import sys
+
+    if len(sys.argv) != 2 or sys.argv[1] not in CONFIGS:
+        sys.exit(f"usage: python -m pipeline.option_checks {'|'.join(CONFIGS)}")
+    module, _, name = CONFIGS[sys.argv[1]].partition(":")
+    print(option_table(getattr(importlib.import_module(module), name)), end="")

@@ -1,9 +1,9 @@
 """`TrainConfig`: every option of a training run, each declared once (`pipeline.option_checks.opt`:
 its type, default, range or choices, help and section), from which pack-train's click options
 (`trainer/cli.py`), the checks of `validate` and of `pack-train --config FILE` values (`TRAIN_CHECKS`)
-and the README's option tables (`python -m trainer.config` prints them) are generated. `refuse_combinations` is
-the one place where options that contradict each other are refused. `train()` and `pack-train`
-both go through `validate`."""
+and the README's option tables (`python -m pipeline.option_checks pack-train`) are generated.
+`refuse_combinations` is the one place where options that contradict each other are refused.
+`train()` and `pack-train` both go through `validate`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.option_checks import MAX_PROCS, PATH, check_options, checks_of, opt, option_table
+from pipeline.option_checks import MAX_PROCS, PATH, check_options, checks_of, opt
 
 SCHEDULES = ("cosine", "linear", "constant")
 RESUME = ("newest", "strict")
@@ -24,7 +24,7 @@ DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
 FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.model.fp8.RECIPES
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw4bit", "adafactor")
 WARMUP_RULES = ("hf", "axolotl")
-ATTENTION = ("auto", "fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")
+ATTENTION = ("auto", "fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")  # auto, trainer.attention BACKENDS
 # Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
 # README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
 TOKENS_PER_STEP = {"cuda": 16384, "cpu": 8192}
@@ -350,7 +350,3 @@ def uri_problem(option: str, value: str | None) -> str | None:
     fix = ("give a local (or mounted) folder and copy the run folder afterwards" if option == "--out" else
            "copy the packed folder to a local (or mounted) path first and give that path")
     return f"pack-train reads and writes local folders only, not URIs: {fix}"
-
-
-if __name__ == "__main__":  # python -m trainer.config: pack-train's option tables (the README's)
-    print(option_table(TrainConfig), end="")

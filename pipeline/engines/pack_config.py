@@ -2,15 +2,15 @@
 type, default, range or choices, help and section; the input-format options are `FormatOptions`'),
 from which pack-data's click options (`pipeline.cli`), the checks of `validate` and of
 `pack-data --config FILE` values (`PACK_CHECKS`) and the README's option tables
-(`python -m pipeline.engines.pack_config` prints them) are generated. `refuse_combinations` is the one place where
-options that contradict each other are refused."""
+(`python -m pipeline.option_checks pack-data`) are generated. `refuse_combinations` is the one
+place where options that contradict each other are refused."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pipeline.errors import UserError
-from pipeline.option_checks import MAX_PROCS, PATH, PATHS, checks_of, opt, option_table
+from pipeline.option_checks import MAX_PROCS, PATH, PATHS, checks_of, opt
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
 from pipeline.plan.rows import OVERLONG
 from pipeline.read.formats import FORMAT, FormatOptions
@@ -38,7 +38,8 @@ class PackConfig(FormatOptions):
         "hdfs://, file://): written locally, then uploaded with manifest.json last."))
     strategy: str = opt("ffd", choices=STRATEGIES, show_default=True, section=PACKING,
                         help="Bin-packing strategy of the planner.")
-    group_size: int = opt(32, low=1, show_default=True, section=PACKING, help="Examples per group of --strategy minibatch.")
+    group_size: int = opt(32, low=1, show_default=True, section=PACKING,
+                          help="Examples per group of --strategy minibatch.")
     overlong: str = opt("truncate", choices=OVERLONG, show_default=True, section=PACKING, help=(
         "What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
         "drop it, or stop with an error naming its row. Counted in the manifest."))
@@ -110,7 +111,3 @@ def refuse_combinations(config: PackConfig) -> None:
     UserError naming both."""
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
-
-
-if __name__ == "__main__":  # python -m pipeline.engines.pack_config: pack-data's option tables (the README's)
-    print(option_table(PackConfig), end="")

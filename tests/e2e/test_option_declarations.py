@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -108,7 +110,7 @@ def marked(readme: str, name: str) -> str | None:
 @pytest.mark.parametrize(("name", "config_type"), [("pack-train", TrainConfig), ("pack-data", PackConfig)])
 def test_the_readme_tables_are_the_generated_ones(name: str, config_type: type):
     """README.md's tables between its markers are `option_table`'s output (regenerate them with
-    python -m trainer.config, python -m pipeline.engines.pack_config)."""
+    python -m pipeline.option_checks pack-train, and pack-data)."""
     found = marked((ROOT / "README.md").read_text(encoding="utf-8"), name)
     if found is None:
         pytest.skip(f"README.md has no <!-- options:{name} --> markers")
@@ -122,6 +124,16 @@ def test_the_readme_markers_are_read_exactly():
     assert marked(readme, "pack-data") == table.strip()
     assert marked(readme.replace("| 32 |", "| 64 |"), "pack-data") != table.strip()
     assert marked(readme, "pack-train") is None
+
+
+@pytest.mark.parametrize(("name", "config_type"), [("pack-train", TrainConfig), ("pack-data", PackConfig)])
+def test_the_tables_command_prints_the_generated_tables(name: str, config_type: type):
+    done = subprocess.run([sys.executable, "-m", "pipeline.option_checks", name], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    assert done.stdout == option_table(config_type) and done.stderr == ""
+    wrong = subprocess.run([sys.executable, "-m", "pipeline.option_checks", "pack-verify"], capture_output=True,
+                           text=True, cwd=ROOT)
+    assert wrong.returncode == 1 and wrong.stdout == "" and "usage:" in wrong.stderr
 
 
 def test_the_table_shows_sections_flags_and_defaults():
