@@ -349,10 +349,10 @@ def click_options(config_type: type, *, ranges: bool, settings: dict[str, dict[s
     folder that must exist, a callback), and `skip` leaves fields out (an argument declared by hand)."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        options = []
-        for names in option_sections(config_type).values():
-            options.extend(_click_option(config_type, name, ranges, (settings or {}).get(name, {}))
-                           for name in names if name not in skip)
+        shown = [name for names in option_sections(config_type).values() for name in names]
+        hidden = [name for name, d in declarations(config_type).items() if d.cli and name not in shown]
+        options = [_click_option(config_type, name, ranges, (settings or {}).get(name, {}))
+                   for name in shown + hidden if name not in skip]
         for option in reversed(options):
             command = option(command)
         return command

@@ -14,6 +14,7 @@ Example: `Check(int, low=2)` accepts 2 and 4096, and refuses 1 ("--max-len must 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -155,6 +156,7 @@ _KINDS = {"int": int, "float": float, "bool": bool, "str": str, "tuple[str, ...]
           "dict[str, str]": TEXT_MAP}
 
 
+@functools.cache
 def declarations(config_type: type) -> dict[str, Option]:
     """Every declared field of the config dataclass `config_type`, in field order, each with its
     check complete (its kind and whether None is allowed, from the field's type)."""
@@ -163,10 +165,9 @@ def declarations(config_type: type) -> dict[str, Option]:
         declared = f.metadata.get("option")
         if declared is None:
             continue
-        text = str(f.type).replace(" ", "")
-        none = text.endswith("|None")
-        kind = declared.check.kind or _KINDS[str(f.type).removesuffix(" | None")]
-        out[f.name] = replace(declared, check=replace(declared.check, kind=kind, none=none))
+        kind = str(f.type).removesuffix(" | None")
+        check = replace(declared.check, kind=declared.check.kind or _KINDS[kind], none=kind != str(f.type))
+        out[f.name] = replace(declared, check=check)
     return out
 
 
@@ -193,10 +194,11 @@ def flag_decls(name: str, declared: Option, default: Any) -> tuple[str, ...]:
 
 def option_sections(config_type: type) -> dict[str, list[str]]:
     """The declared fields of `config_type` with a flag, by section: in the order of its `SECTIONS`
-    where it has one, else in the order they first appear among the fields."""
+    where it has one, else in the order they first appear among the fields. A hidden option
+    (`opt(..., hidden=True)`) is in none: click_options adds those after the others."""
     out: dict[str, list[str]] = {section: [] for section in getattr(config_type, "SECTIONS", ())}
     for name, declared in declarations(config_type).items():
-        if declared.cli:
+        if declared.cli and not dict(declared.click).get("hidden"):
             out.setdefault(declared.section, []).append(name)
     return {section: names for section, names in out.items() if names}
 

@@ -101,6 +101,23 @@ def test_adding_an_option_is_its_declaration(tmp_path: Path):
     assert "| `--depth` | 3 | integer between 1 and 8 | Layers to stack. |" in option_table(Config)
 
 
+def test_a_hidden_option_takes_its_flag_but_stays_out_of_help_and_tables():
+    @dataclass
+    class Config:
+        shown: bool = opt(False, section="S", help="Seen.")
+        secret: int = opt(0, low=0, hidden=True, section="S", help="Not for users.")
+
+    @click.command()
+    @click_options(Config, ranges=True)
+    def command(shown: bool, secret: int) -> None:
+        click.echo(f"{shown} {secret}")
+
+    runner = CliRunner()
+    assert runner.invoke(command, ["--secret", "4", "--shown"]).output == "True 4\n"
+    assert "--secret" not in runner.invoke(command, ["--help"]).output
+    assert "--secret" not in option_table(Config) and "| `--shown` | off | on/off | Seen. |" in option_table(Config)
+
+
 def marked(readme: str, name: str) -> str | None:
     """The text of `readme` between `<!-- options:NAME -->` and `<!-- /options:NAME -->`, or None."""
     found = re.search(rf"<!-- options:{name} -->\n(.*?)<!-- /options:{name} -->", readme, re.S)
