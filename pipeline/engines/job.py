@@ -40,7 +40,7 @@ from pipeline.engines.pack_config import PACK_CHECKS, PackConfig, refuse_combina
 from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
                                          tokenize_on_ray, write_on_ray)
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
-from pipeline.shards import MAX_SHARD_TOKENS, Manifest, manifest_vocab, verify_folder, write_manifest
+from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
 from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
@@ -181,12 +181,6 @@ def validate(config: PackConfig) -> None:
         config.num_proc = capped_workers(config.num_proc, "pack-data")
     if config.rows_per_shard is None:
         config.rows_per_shard = max(1, SHARD_TARGET_BYTES // (config.max_len * BYTES_PER_TOKEN))
-    if config.rows_per_shard * config.max_len > MAX_SHARD_TOKENS:
-        raise UserError(
-            f"--rows-per-shard {config.rows_per_shard} at --max-len {config.max_len} lets one shard hold up to "
-            f"{config.rows_per_shard * config.max_len:,} tokens, more than the {MAX_SHARD_TOKENS:,} its int32 list "
-            f"offsets address: use --rows-per-shard {MAX_SHARD_TOKENS // config.max_len} or fewer"
-        )
 
 
 def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:

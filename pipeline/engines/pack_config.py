@@ -14,6 +14,7 @@ from pipeline.option_checks import MAX_PROCS, PATH, PATHS, checks_of, opt
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
 from pipeline.plan.rows import OVERLONG
 from pipeline.read.formats import FORMAT, FormatOptions
+from pipeline.shards import MAX_SHARD_TOKENS
 from pipeline.tokenize.chat_templates import NAMED as NAMED_TEMPLATES
 
 ENGINES = ("local", "ray")
@@ -108,6 +109,13 @@ PACK_CHECKS = checks_of(PackConfig)
 
 def refuse_combinations(config: PackConfig) -> None:
     """The one place for pack-data's options that contradict each other, whatever the data: a
-    UserError naming both."""
+    UserError naming both. (Run by `validate` after each option's own check, before the defaults
+    that depend on the machine or --max-len are filled in: those never contradict.)"""
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
+    if config.rows_per_shard is not None and config.rows_per_shard * config.max_len > MAX_SHARD_TOKENS:
+        raise UserError(
+            f"--rows-per-shard {config.rows_per_shard} at --max-len {config.max_len} lets one shard hold up to "
+            f"{config.rows_per_shard * config.max_len:,} tokens, more than the {MAX_SHARD_TOKENS:,} its int32 list "
+            f"offsets address: use --rows-per-shard {MAX_SHARD_TOKENS // config.max_len} or fewer"
+        )
