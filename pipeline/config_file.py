@@ -37,7 +37,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +44,7 @@ import click
 
 from pipeline import foreign_config
 from pipeline.errors import UserError
-from pipeline.option_checks import (Check, Option, check_value, declarations, default_of, flag_decls,
-                                    option_sections)
+from pipeline.option_checks import Check, check_value
 
 MAX_CONFIG_BYTES = 16 * 2**20  # a config file past this is refused unread
 
@@ -338,72 +336,3 @@ def option_hint(option: str, command: click.Command, foreign: str | None) -> str
         return f"{key} is the Axolotl/TRL name; here it is {ours}{' (' + rule.doc + ')' if rule.doc else ''}"
     return None
 
-
-def click_options(config_type: type, *, ranges: bool, settings: dict[str, dict[str, Any]] | None = None,
-                  skip: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator adding a click option for every declared field of `config_type` with a flag
-    (`pipeline.option_checks.opt`), by section: its flag names, default, help and click settings from
-    the declaration, its type from the check (`click.Choice` for choices; with `ranges`, a range
-    type for a bounded number, so click refuses it; without, the command's `validate` does).
-    `settings` gives a field the click settings only the command knows (a click type such as a
-    folder that must exist, a callback), and `skip` leaves fields out (an argument declared by hand)."""
-
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        shown = [name for names in option_sections(config_type).values() for name in names]
-        hidden = [name for name, d in declarations(config_type).items() if d.cli and name not in shown]
-        options = [_click_option(config_type, name, ranges, (settings or {}).get(name, {}))
-                   for name in shown + hidden if name not in skip]
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return decorate
-
-
-def _click_option(config_type: type, name: str, ranges: bool, given: dict[str, Any]) -> Callable[..., Any]:
-    declared = declarations(config_type)[name]
-    check, default, settings = declared.check, default_of(config_type, name), {**dict(declared.click), **given}
-    kind_type: Any = None
-    if check.choices:
-        kind_type = click.Choice(check.choices)
-    elif check.kind in (int, float) and ranges and (check.low is not None or check.high is not None):
-        kind_type = (click.IntRange if check.kind is int else click.FloatRange)(
-            check.low, check.high, min_open=check.low_open, max_open=check.high_open)
-    elif check.kind in (int, float):
-        kind_type = check.kind
-    decls = flag_decls(name, declared, default)
-    if check.kind is bool and "/" not in decls[0]:
-        settings.setdefault("is_flag", True)  # a bool that defaults to off (or an inverted one): the flag alone
-    elif kind_type is not None:
-        settings.setdefault("type", kind_type)
-    if default is MISSING:
-        settings["required"] = True
-    elif not (settings.get("multiple") and not default):  # a multiple option's empty default is click's own
-        settings.setdefault("default", (not default) if declared.invert else default)
-    return click.option(*decls, help=declared.help or None, **settings)
-
-
-def param_name(name: str, declared: Option, default: Any) -> str:
-    """The click parameter of a declared field: the name its flags give it (`compile_`, `fmt`,
-    `no_progress`), else the field's own."""
-    decls = flag_decls(name, declared, default)
-    given = [d for d in decls if not d.startswith("-")]
-    return given[0] if given else decls[0].split("/")[0].lstrip("-").replace("-", "_")
-
-
-def param_fields(config_type: type) -> dict[str, str]:
-    """Click parameter -> field of `config_type`, where they differ (`--config FILE`'s checks)."""
-    pairs = ((param_name(n, d, default_of(config_type, n)), n) for n, d in declarations(config_type).items())
-    return {param: name for param, name in pairs if param != name}
-
-
-def field_values(config_type: type, values: dict[str, Any]) -> dict[str, Any]:
-    """A click command's values as `config_type`'s keyword arguments: each under its field's name
-    (`compile_` as `compile`), an inverted flag's negated (`--no-progress` is progress=False)."""
-    out = dict(values)
-    for name, declared in declarations(config_type).items():
-        param = param_name(name, declared, default_of(config_type, name))
-        if declared.cli and param in out:
-            value = out.pop(param)
-            out[name] = (not value) if declared.invert else value
-    return out

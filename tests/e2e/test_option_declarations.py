@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import pack_data
-from pipeline.config_file import click_options, config_option, param_fields, read_config_file
+from pipeline.config_file import config_option, read_config_file
 from pipeline.engines.pack_config import PACK_CHECKS, PackConfig
 from pipeline.errors import UserError
-from pipeline.option_checks import checks_of, declarations, opt, option_table
+from pipeline.option_checks import checks_of, click_options, declarations, opt, option_table, param_fields
 from trainer.cli import pack_train
 from trainer.config import TRAIN_CHECKS, TrainConfig
 
