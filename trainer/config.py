@@ -147,7 +147,8 @@ class TrainConfig:
     lora_r: int = opt(0, low=0, section=LORA, help=(  # trainer.model.lora
         "Train LoRA adapters of this rank (peft) instead of every weight; 0: full fine-tune. "
         "Checkpoints then hold the adapter (PeftModel.from_pretrained(base, CHECKPOINT/model))."))
-    lora_alpha: float = opt(16.0, low=0, low_open=True, section=LORA,
+    # type=float: the flag takes any number and `validate` names the range ("--lora-alpha must be > 0")
+    lora_alpha: float = opt(16.0, low=0, low_open=True, type=float, section=LORA,
                             help="LoRA scaling numerator (scale = alpha / r).")
     lora_dropout: float = opt(0.0, low=0, high=1, high_open=True, section=LORA, help="Dropout on the LoRA input.")
     lora_target: str = opt("all", comma_list=True, section=LORA, help=(
