@@ -1,7 +1,9 @@
 """Hostile inputs and faults, met the way a user meets them: every case runs the real console
-command in its own process and asserts the exit status, one line on stderr that names the problem
-(never a traceback), and that the user's files are exactly as they were, the output folder being
-either absent or complete and verified.
+command and asserts the exit status, one line on stderr that names the problem (never a
+traceback), and that the user's files are exactly as they were, the output folder being either
+absent or complete and verified. The command runs in its own process where the case is about
+processes (signals, kill -9, locks, workers); a bad input or option, which the command refuses
+before any work, runs in the test's own process (`in_process.run_here`: no interpreter start-up).
 
 The cases follow the failure list of the hostile-input issue: bad files, data that trains nothing,
 packed output given as input, --overwrite over the user's files, kill -9 and SIGTERM at work,
@@ -24,6 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from in_process import run_here
 from small_disk import small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,20 +190,20 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path, case: str) ->
     if "--out" not in args:
         args += ["--out", "out"]
     before = snapshot(tmp_path)
-    proc = cli("pack-data", *args, "--tokenizer", TOKENIZER, "--max-len", 512, cwd=tmp_path)
+    proc = run_here("pack-data", *args, "--tokenizer", TOKENIZER, "--max-len", 512, cwd=tmp_path)
     line = error_line(proc)
     assert line.startswith("Error: ") and needle in line, line
     assert snapshot(tmp_path) == before
 
 
 def test_missing_tokenizer_is_one_line(tmp_path: Path) -> None:
-    proc = cli("pack-data", SAMPLE, "--tokenizer", tmp_path / "nope", "--max-len", 512, "--out", "o", cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", tmp_path / "nope", "--max-len", 512, "--out", "o", cwd=tmp_path)
     assert "nope" in error_line(proc) and snapshot(tmp_path) == {}
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "many", "3000000000", "99999999999999999999"])
 def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
-    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr_text
     assert "--max-len" in proc.stderr_text and snapshot(tmp_path) == {}
 
@@ -215,7 +218,8 @@ def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
 ])
 def test_an_absurd_number_is_one_line_at_once(tmp_path: Path, args: tuple, needle: str) -> None:
     """Not thousands of processes forked, not an OverflowError from numpy: refused before any work."""
-    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args, cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args,
+                    cwd=tmp_path)
     assert needle in error_line(proc) and snapshot(tmp_path) == {}
 
 

@@ -1,6 +1,6 @@
 """Hostile cases of issue 70's fifth round: folders that nest where one command would read back or
 remove what another wrote, and YAML 1.1 spellings in config files. The refusals are about what the
-command decides, not about its process, so the commands run in this process (click's CliRunner):
+command decides, not about its process, so the commands run in this process (`in_process.run_here`):
 each case checks the exit status, the one line, and that the user's files are byte for byte as before;
 a control next to each shows the same command working where it may.
 """
@@ -8,13 +8,12 @@ a control next to each shows the same command working where it may.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from test_hostile_inputs import SAMPLE, TOKENIZER, snapshot, write_jsonl
+from in_process import Finished, run_here
+from test_hostile_inputs import SAMPLE, TOKENIZER, error_line, snapshot, write_jsonl
 
 from pipeline.cli import pack_data
 from pipeline.config_file import read_config_file
@@ -25,26 +24,14 @@ from trainer.config import TrainConfig
 from trainer.run.nesting import refuse_nested_run
 from trainer.run.preflight import refuse_foreign_out
 
-PACK = ("--tokenizer", TOKENIZER, "--max-len", 256, "--no-progress")
+PACK = ("--tokenizer", TOKENIZER, "--max-len", 256)
 
 
-def invoke(command, *args: object, cwd: Path):
-    """Run the click `command` in this process with `cwd` as the working folder."""
-    before = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(command, [str(a) for a in args])
-    finally:
-        os.chdir(before)
-
-
-def one_line(result) -> str:
-    """The error line of a refused command: exit 1, no traceback, one line."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
+def one_line(proc: Finished) -> str:
+    """The error line of a refused command: exit 1, no traceback, and that line alone on stderr."""
+    line = error_line(proc)
+    assert len(proc.stderr_text.strip().splitlines()) == 1, proc.stderr_text
+    return line
 
 
 # ------------------------------------------------------------- pack-data: --out among the inputs
@@ -83,7 +70,7 @@ def test_an_out_that_nests_with_an_input_is_one_line_and_changes_nothing(tmp_pat
     args, needle = NESTED_OUT[case]
     _corpus(tmp_path)
     before = snapshot(tmp_path)
-    line = one_line(invoke(pack_data, *args, *PACK, cwd=tmp_path))
+    line = one_line(run_here("pack-data", *args, *PACK, cwd=tmp_path))
     assert needle in line and "choose an --out" in line, line
     assert snapshot(tmp_path) == before  # no output, no temporary folder, no lock left
 
@@ -98,8 +85,8 @@ def test_an_out_beside_the_inputs_is_packed_and_a_second_run_reads_the_same_exam
             ("corpus/*.jsonl", "--out", "corpus/packed-g"),  # a glob that cannot match the output
             ("corpus/sub", "--out", "corpus/sub-packed")]  # a sibling whose name starts like the folder's
     for args in runs * 2:
-        result = invoke(pack_data, *args, *PACK, "--overwrite", cwd=tmp_path)
-        assert result.exit_code == 0, result.output
+        done = run_here("pack-data", *args, *PACK, "--overwrite", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr_text
     assert [_examples(tmp_path / args[-1]) for args in runs] == [6, 6, 4]
 
 
@@ -119,8 +106,8 @@ def test_the_python_api_refuses_the_same(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("packed")
-    result = invoke(pack_data, SAMPLE, *PACK, "--limit", 40, "--out", "packed", cwd=tmp)
-    assert result.exit_code == 0, result.output
+    done = run_here("pack-data", SAMPLE, *PACK, "--limit", 40, "--out", "packed", cwd=tmp)
+    assert done.returncode == 0, done.stderr_text
     return tmp / "packed"
 
 
@@ -162,7 +149,7 @@ def test_a_run_folder_that_nests_with_another_is_one_line_and_changes_nothing(
     args, needle = NESTED_RUN[case]
     _layout(tmp_path, packed)
     before = snapshot(tmp_path)
-    line = one_line(invoke(pack_train, *args, "--model", "tiny", "--max-steps", 1, "--no-progress", cwd=tmp_path))
+    line = one_line(run_here("pack-train", *args, "--model", "tiny", "--max-steps", 1, cwd=tmp_path))
     assert needle in line, line
     assert snapshot(tmp_path) == before
 
@@ -246,8 +233,8 @@ def test_a_yaml_1_1_number_is_refused_naming_file_and_key(tmp_path: Path, text: 
 
 def test_the_command_says_it_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").write_text("lr: 1:30\n")
-    line = one_line(invoke(pack_train, "--config", "c.yaml", cwd=tmp_path))
+    line = one_line(run_here("pack-train", "--config", "c.yaml", cwd=tmp_path))
     assert "c.yaml" in line and "'lr'" in line and "90" in line, line
     (tmp_path / "d.yaml").write_text("max-len: 0:30\n")
-    line = one_line(invoke(pack_data, "--config", "d.yaml", cwd=tmp_path))
+    line = one_line(run_here("pack-data", "--config", "d.yaml", cwd=tmp_path))
     assert "d.yaml" in line and "'max-len'" in line and "base-60" in line, line
