@@ -23,12 +23,15 @@ KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")
 # (8B-shape attention on an H200, 16,384-token rows: cuDNN 1.37x flash_attn at 4,096-token
 # examples, 1.72x at one 16,384-token example, 0.34x at 1,024: BENCHMARKS.md, "Attention kernels alone").
 LONG_EXAMPLE_TOKENS = 4096
+# the head dims a pair hands to cuDNN: where it was measured (the 8B shape's 128); cuDNN refuses
+# some others outright (head dim 16: "No available kernel"), which --attn cudnn says in one line
+PAIRED_HEAD_DIMS = (128,)
 
 
-def row_kernel(backend: str, tokens: int, n_examples: int) -> str:
+def row_kernel(backend: str, tokens: int, n_examples: int, head_dim: int = 128) -> str:
     """The kernel one packed row runs: `backend` itself, or for a pair "A+cudnn" cudnn where the
-    row's `tokens` over its `n_examples` average LONG_EXAMPLE_TOKENS or more, else A. Read from the
-    row's shapes, so choosing costs no copy from the GPU.
+    row's `tokens` over its `n_examples` average LONG_EXAMPLE_TOKENS or more and the head dim is one
+    of PAIRED_HEAD_DIMS, else A. Read from the row's shapes, so choosing costs no copy from the GPU.
 
     >>> row_kernel("flash_attn+cudnn", 32768, 2), row_kernel("flash_attn+cudnn", 16384, 16)
     ('cudnn', 'flash_attn')
@@ -36,7 +39,8 @@ def row_kernel(backend: str, tokens: int, n_examples: int) -> str:
     first, paired, long_rows = backend.partition("+")
     if not paired:
         return backend
-    return long_rows if tokens >= LONG_EXAMPLE_TOKENS * max(n_examples, 1) else first
+    long_enough = tokens >= LONG_EXAMPLE_TOKENS * max(n_examples, 1)
+    return long_rows if long_enough and head_dim in PAIRED_HEAD_DIMS else first
 
 
 @dataclass(frozen=True)

@@ -268,7 +268,8 @@ def varlen_attention(
     its keys (`trainer.distributed.context_parallel` builds them); chunks must be cut by the caller.
     """
     n_examples = cu_seqlens.shape[0] - 1
-    backend = row_kernel(backend, q.shape[0], n_examples) if cu_seqlens_k is None else backend.partition("+")[0]
+    backend = (row_kernel(backend, q.shape[0], n_examples, q.shape[-1]) if cu_seqlens_k is None
+               else backend.partition("+")[0])
     if cu_seqlens_k is not None:
         if backend not in ("sdpa", "flash_attn"):
             raise UserError(f"attention backend {backend!r} cannot attend a piece of an example to its earlier "

@@ -164,6 +164,7 @@ def test_a_paired_backend_runs_cudnn_on_rows_of_long_examples_only(cpu_scope, mo
     q, k, v = qkv()
     dout = torch.randn_like(q, dtype=torch.float64)
     monkeypatch.setattr(kernel_features, "LONG_EXAMPLE_TOKENS", 5)  # LENGTHS average 30 / 6 = 5 tokens
+    monkeypatch.setattr(kernel_features, "PAIRED_HEAD_DIMS", (8,))  # qkv()'s head dim
     qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
     out = varlen_attention(qq, kk, vv, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn+cudnn")
     want, want_grads = reference(q, k, v, dout, LENGTHS, None, kernel_features.Features())
@@ -175,3 +176,5 @@ def test_a_paired_backend_runs_cudnn_on_rows_of_long_examples_only(cpu_scope, mo
     varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn+cudnn")
     assert ran == ["flash_attn"]
     assert kernel_features.row_kernel("flash_attn", 10**6, 1) == "flash_attn"  # unpaired: as asked
+    # a head dim cuDNN was not measured at stays with the first kernel, however long the examples
+    assert kernel_features.row_kernel("flash_attn+cudnn", 10**6, 1, head_dim=16) == "flash_attn"
