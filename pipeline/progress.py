@@ -22,7 +22,9 @@ def estimate_rows(files: list[Any], limit: int | None = None, max_scan_bytes: in
     scanned = 0
     for f in files:
         try:
-            if f.kind == "parquet":
+            if getattr(f, "rows", None):  # a share of the file's rows (`pipeline.read.splits`)
+                total += f.rows[1] - f.rows[0]
+            elif f.kind == "parquet":
                 total += pq.ParquetFile(f.path).metadata.num_rows
             elif f.kind == "arrow":
                 with pa.memory_map(f.path) as source:

@@ -273,6 +273,22 @@ def dataset_files(ref: HubRef) -> tuple[list[str], str]:
     return files, commit
 
 
+def repo_files(ref: HubRef, pattern: str) -> tuple[list[str], str]:
+    """(the files of dataset repo `ref` that `pattern`, a path in the repo or a glob, matches, sorted;
+    the commit hash): downloaded alone when not in the cache, as `datasets.load_dataset(repo_id,
+    data_files=pattern)` takes them. None may lead outside the repo."""
+    where = f"dataset {ref.repo_id} data_files"
+    if escape(pattern) is not None:  # before anything is asked for
+        raise UserError(f"{where} is {pattern!r}: {escape(pattern)}; name a file inside the repo")
+    folder, commit = resolve(ref, "dataset", "dataset", allow_patterns=[pattern])
+    files = sorted(str(p) for p in folder.glob(pattern) if p.is_file())
+    if not files:
+        raise UserError(f"dataset {ref.repo_id} has no file {pattern!r} (in {folder}): check its path in the repo")
+    for file in files:
+        contained(folder, os.path.relpath(file, folder), where, root=_repo_root(folder))
+    return files, commit
+
+
 def _repo_root(snapshot: Path) -> Path:
     """The folder a snapshot's files may resolve into: the repo's cache folder (its files are links to
     `../../blobs/`), or the snapshot itself when it is not in the cache layout."""

@@ -93,8 +93,9 @@ def bounded(what: str, fn: Callable[[], T], limit: float | None) -> T:
 
 
 def is_uri(text: str) -> bool:
-    """Whether `text` is a URI (scheme://...) rather than a local path or a Hub name."""
-    return bool(_URI.match(str(text)))
+    """Whether `text` is a URI (scheme://...) rather than a local path or a Hub name (hf://datasets/...
+    names files of a Hub dataset: `pipeline.read.sources`)."""
+    return bool(_URI.match(str(text))) and not str(text).startswith("hf://")
 
 
 def open_fs(uri: str) -> tuple[Any, str]:
