@@ -29,7 +29,7 @@ def estimate_rows(files: list[Any], limit: int | None = None, max_scan_bytes: in
             elif f.kind == "arrow":
                 with pa.memory_map(f.path) as source:
                     total += _ipc_rows(source)
-            elif f.kind in ("jsonl", "csv") and not f.path.endswith(".gz") and scanned + f.size <= max_scan_bytes:
+            elif f.kind in ("jsonl", "csv") and not f.path.lower().endswith((".gz", ".zst")) and scanned + f.size <= max_scan_bytes:
                 scanned += f.size
                 with open(f.path, "rb") as handle:
                     lines = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 22), b""))

@@ -33,7 +33,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _TRUE = ("1", "on", "yes", "true")
 # suffixes that make a name a file path, never a Hub id (Hub repo names may hold dots: Qwen2.5-7B)
 _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".arrow", ".feather", ".ipc", ".csv",
-                  ".tsv", ".gz", ".txt", ".model", ".safetensors", ".bin")
+                  ".tsv", ".gz", ".zst", ".txt", ".model", ".safetensors", ".bin")
 # a tokenizer's files (what `pipeline.tokenize.tokenizer` reads; config.json is weighed by AutoTokenizer)
 TOKENIZER_PATTERNS = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt",
                       "chat_template*", "*.tiktoken", "config.json"]
@@ -237,7 +237,7 @@ def changed_revision(what: str, ref: HubRef, commit: str, recorded: dict | None)
 
 # data files a dataset repo may hold that the project reads (`pipeline.read.sources.EXTENSIONS`)
 DATA_PATTERNS = ["*.parquet", "*.pq", "*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.json.gz", "*.csv",
-                 "*.csv.gz", "*.tsv", "*.tsv.gz", "*.arrow"]
+                 "*.csv.gz", "*.tsv", "*.tsv.gz", "*.arrow", "*.jsonl.zst", "*.json.zst", "*.csv.zst", "*.tsv.zst"]
 
 
 def dataset_files(ref: HubRef) -> tuple[list[str], str]:

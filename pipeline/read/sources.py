@@ -3,11 +3,11 @@
 
 Supported inputs (several may be given; globs are expanded in sorted order; order is kept):
 
-- JSON Lines      `.jsonl`, `.ndjson` (also `.gz`), and `.json` files whose content is JSON Lines
-- JSON array      `.json` (also `.json.gz`) holding one list of objects
+- JSON Lines      `.jsonl`, `.ndjson` (also `.gz`, `.zst`: gzip, zstd), and `.json` files whose content is JSON Lines
+- JSON array      `.json` (also `.json.gz`, `.json.zst`) holding one list of objects
 - Parquet         `.parquet`, `.pq`
 - Arrow IPC       `.arrow`, `.feather`, `.ipc` (IPC file or stream format, memory-mapped)
-- CSV / TSV       `.csv`, `.tsv` (also `.gz`); every column is read as a string, empty stays ""
+- CSV / TSV       `.csv`, `.tsv` (also `.gz`, `.zst`); every column is read as a string, empty stays ""
 - a folder written by `datasets.save_to_disk` (memory-mapped Arrow); a `DatasetDict` folder is
   read through its `train` split (or its only split); any other folder is expanded into the
   supported files it contains (recursively, sorted)
@@ -45,12 +45,13 @@ from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 # Longest suffix first so that ".jsonl.gz" wins over ".gz".
 EXTENSIONS = {
     ".jsonl.gz": "jsonl", ".ndjson.gz": "jsonl", ".json.gz": "json", ".csv.gz": "csv",
-    ".tsv.gz": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
+    ".tsv.gz": "csv", ".jsonl.zst": "jsonl", ".ndjson.zst": "jsonl", ".json.zst": "json", ".csv.zst": "csv",
+    ".tsv.zst": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
     ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".csv": "csv",
     ".tsv": "csv",
 }
 SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
-             "formats also .gz), a datasets.save_to_disk folder, or a Hub dataset id (org/name)")
+             "formats also .gz or .zst), a datasets.save_to_disk folder, or a Hub dataset id (org/name)")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 

@@ -186,3 +186,21 @@ def test_gemma2s_example_packs_system_conversations_that_gemmas_template_refuses
 def test_pack_data_help_spells_a_share_and_hub_files() -> None:
     text = " ".join(CliRunner().invoke(pack_data, ["--help"]).output.split())
     assert "org/name:train[:20%]" in text and "hf://datasets/org/name[@revision]/PATH" in text
+
+
+def test_alsts_zstd_data_files_of_a_hub_dataset(hf_home: Path, tmp_path: Path) -> None:
+    """Axolotl's ALST example: `data_files: [pretrain/rp_sub.jsonl.zst]` of a Hub dataset, field text."""
+    import pyarrow as pa
+
+    src = tmp_path / "rp_sub.jsonl.zst"
+    with pa.output_stream(src, compression="zstd") as f:
+        f.write(TEXT.read_bytes())
+    add_snapshot(hf_home, "dataset", "togethercomputer/Long-Data-Collections", {"pretrain/rp_sub.jsonl.zst": src}, C1)
+    settings = yaml.safe_load((ROOT / "tests/data/foreign_configs/axolotl/alst_llama3-8b-fsdp2-alst.yaml").read_text())
+    entry = settings["datasets"][0]
+    assert entry["data_files"] == ["pretrain/rp_sub.jsonl.zst"]
+    folder, stderr = _pack(tmp_path, "alst", "--config", str(_config(tmp_path, [entry])))
+    assert "INPUTS hf://datasets/togethercomputer/Long-Data-Collections/pret" in stderr  # (shortened)
+    plain, _ = _pack(tmp_path, "plain", "--config", str(_config(tmp_path, [{**entry, "path": str(TEXT), "data_files": None}],
+                                                                "plain.yaml")))
+    assert _hashes(folder) == _hashes(plain) and read_manifest(folder).counts.examples_read == 300

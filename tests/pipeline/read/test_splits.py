@@ -140,3 +140,23 @@ def test_hub_files_by_path_read_only_those_files(hub_dataset: Path) -> None:
         with pytest.raises(UserError, match=needle.replace("(", r"\(")) as info:
             resolve_inputs([spec])
         assert "\n" not in str(info.value)
+
+
+def test_zstd_compressed_text_inputs_read_as_their_plain_files(tmp_path: Path) -> None:
+    """.zst (Axolotl's ALST example reads pretrain/rp_sub.jsonl.zst) as .gz: JSON Lines, JSON arrays, CSV."""
+    def zst(name: str, data: bytes) -> str:
+        with pa.output_stream(tmp_path / name, compression="zstd") as f:
+            f.write(data)
+        return str(tmp_path / name)
+
+    jsonl = zst("d.jsonl.zst", b"".join(b'{"i": %d}\n' % i for i in range(1000)))
+    assert [f.kind for f in resolve_inputs([jsonl])] == ["jsonl"]
+    assert _read(jsonl) == list(range(1000)) and _read(f"{jsonl}:train[-5%:]") == list(range(950, 1000))
+    assert plan_chunks(resolve_inputs([jsonl]), 100)[0].end == -1  # read whole, never cut at byte offsets
+    assert _read(zst("a.json.zst", json.dumps([{"i": i} for i in range(50)]).encode())) == list(range(50))
+    assert _read(zst("c.csv.zst", b"i\n" + b"".join(b"%d\n" % i for i in range(70)))) == list(range(70))
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(Path(jsonl).read_bytes()[:40])
+    with pytest.raises(UserError, match="cut.jsonl.zst: Truncated compressed stream") as info:
+        _read(str(cut))
+    assert "\n" not in str(info.value)
