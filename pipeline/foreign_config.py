@@ -159,7 +159,7 @@ KEYS: tuple[Key, ...] = (
     # data
     Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template",
                                          "roles_to_train", "train_on_eos"), _datasets,
-        "each entry's path is an input: a Hub id as org/name[:name]:split, a local path, data_files inside a "
+        "each entry's path is an input: a Hub id as org/name[@revision][:name]:split, a local path, data_files inside a "
         "local folder or of a Hub dataset (hf://datasets/org/name/FILE); a share of a split (train[:20%], "
         "train[10:100], train[-5%:]) as the input's :split[...], the rows datasets selects; drop_system_message: "
         "see chat_template; type chat_template or sharegpt: --format "

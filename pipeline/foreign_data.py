@@ -25,7 +25,7 @@ ALPACA_STYLES = {"instruct": "alpaca", "chat": "alpaca:chat", "chatml": "alpaca:
 # sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
            "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content",
-           "drop_system_message"}
+           "drop_system_message", "revision"}
 # values that leave a sub-key at Axolotl's own default: nothing to do
 # the sub-keys every entry must agree on, and the option each sets (type: alpaca's prompt style)
 SUBKEY_OPTIONS = {"type": "template", "field_messages": "messages_field", "field": "text_field",
@@ -53,15 +53,16 @@ def _split(key: str, value: Any) -> str | None:
     return split
 
 
-def hub_or_path(path: str, split: str | None = None, name: str | None = None) -> str:
+def hub_or_path(path: str, split: str | None = None, name: str | None = None, revision: str | None = None) -> str:
     """An input as pack-data names it: a local path as it is (PATH:train[...] for a share of its rows,
-    `datasets`' one split of a file), a Hub dataset as org/name[:config]:split."""
+    `datasets`' one split of a file; a revision is for Hub datasets only, as Axolotl ignores it
+    there), a Hub dataset as org/name[@revision][:config]:split."""
     if _is_local(path):
         return f"{path}:{split}" if split and "[" in split else path
-    return ":".join(p for p in (path, name, split or "train") if p)
+    return ":".join(p for p in (path + (f"@{revision}" if revision else ""), name, split or "train") if p)
 
 
-def _files(entry: Mapping[str, Any], key: str, split: str | None) -> list[str]:
+def _files(entry: Mapping[str, Any], key: str, split: str | None, revision: str | None = None) -> list[str]:
     """`data_files` of one entry: inside a local dataset folder they are its files; of a Hub dataset
     they are files of its repo (hf://datasets/ID/FILE, never a same-named local file). Either way
     `datasets` reads them as one split `train`; a share of it (train[:20%]) counts over all of
@@ -84,7 +85,8 @@ def _files(entry: Mapping[str, Any], key: str, split: str | None) -> list[str]:
         for file in files:
             if escape(file) is not None:
                 raise refuse(f"{key} data_files", file, f"{escape(file)}: name a file inside the Hub dataset {path}")
-        return [f"{HF_FILES}{path}/{file}" + (f":{share}" if share else "") for file in files]
+        at = f"@{revision}" if revision else ""
+        return [f"{HF_FILES}{path}{at}/{file}" + (f":{share}" if share else "") for file in files]
     base = Path(path)
     if base.is_file():
         raise refuse(f"{key} data_files", files, f"path {path} is a file: give the files as path, or their folder")
@@ -135,10 +137,11 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if shards not in (None, 1):
             raise refuse(f"{where} shards", shards, "pack-data reads the whole split: save the shard you want "
                                                     "(datasets' shard()) to a file and give its path")
+        revision = text_value(f"{where} revision", d.get("revision"), none=True)
         if d.get("data_files") is not None:
-            inputs.extend(_files(d, where, split))
+            inputs.extend(_files(d, where, split, revision))
         else:
-            inputs.append(hub_or_path(path, split, name))
+            inputs.append(hub_or_path(path, split, name, revision))
         drop = d.get("drop_system_message")
         if drop not in (None, True, False):
             raise refuse(f"{where} drop_system_message", drop, "use true or false")

@@ -204,3 +204,13 @@ def test_alsts_zstd_data_files_of_a_hub_dataset(hf_home: Path, tmp_path: Path) -
     plain, _ = _pack(tmp_path, "plain", "--config", str(_config(tmp_path, [{**entry, "path": str(TEXT), "data_files": None}],
                                                                 "plain.yaml")))
     assert _hashes(folder) == _hashes(plain) and read_manifest(folder).counts.examples_read == 300
+
+
+def test_a_datasets_revision_pins_the_hub_dataset(tmp_path: Path) -> None:
+    from pipeline.config_file import read_config_file
+
+    for entry, want in [({"path": "org/ds", "revision": "v2", "split": "test[:5%]"}, ["org/ds@v2:test[:5%]"]),
+                        ({"path": "org/ds", "revision": "abc", "data_files": "x.jsonl"}, ["hf://datasets/org/ds@abc/x.jsonl"]),
+                        ({"path": str(TEXT), "revision": "v2"}, [str(TEXT)])]:  # Axolotl ignores it for local data
+        cfg = _config(tmp_path, [{"type": "completion", **entry}])
+        assert read_config_file(cfg, pack_data, foreign="pack-data")["inputs"] == want
