@@ -86,7 +86,10 @@ def assign(share: Share, counts: list[int], where: str) -> list[tuple[int, int] 
     that `share` of their concatenation keeps, None for a file it keeps none of. A share that keeps
     no row at all is one line (`where` names the input)."""
     start, stop = share.rows(sum(counts))
-    if stop <= start:
+    if stop < start:  # datasets reads these inconsistently: to the split's end when one row short, else nothing
+        raise UserError(f"{where}: {share.text} ends (row {stop}) before it starts (row {start}) of its {sum(counts)} "
+                        "examples: write the bounds in order")
+    if stop == start:
         raise UserError(f"{where}: {share.text} selects no examples of its {sum(counts)}: widen the slice")
     out: list[tuple[int, int] | None] = []
     offset = 0

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.contained import contained, escape
 from pipeline.errors import UserError, one_line
+from pipeline.splits import HF_FILES
 
 _PART = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
@@ -223,6 +224,17 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 def record(ref: HubRef, commit: str) -> dict:
     """What a manifest records of a Hub-named thing: the id, the revision asked for, the commit used."""
     return {"id": ref.repo_id, "revision": ref.revision, "commit": commit}
+
+
+def pinned_input(facts: dict) -> str:
+    """The input a manifest's `hub` facts of one file name (`pipeline.read.sources`), at the commit
+    that was read: `org/name@commit[:config]:split`, or for files of the repo
+    `hf://datasets/org/name@commit/PATH` (with the share of its rows, `:train[...]`, if any)."""
+    if facts.get("data_files"):
+        split = str(facts.get("split") or "")
+        tail = f":{split}" if "[" in split else ""
+        return f"{HF_FILES}{facts['id']}@{facts['commit']}/{facts['data_files']}{tail}"
+    return HubRef(facts["id"], None, facts.get("config"), facts.get("split")).pinned(facts["commit"])
 
 
 def changed_revision(what: str, ref: HubRef, commit: str, recorded: dict | None) -> str | None:

@@ -6,6 +6,7 @@ every slice it would not read is one line."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,9 +18,10 @@ from pipeline.errors import UserError
 from pipeline.read.batches import iter_batches
 from pipeline.read.chunks import plan_chunks
 from pipeline.read.sources import input_fingerprints, resolve_inputs
+from pipeline.splits import split_share
 
 SLICES = ["train[:20%]", "train[10:100]", "train[-5%:]", "train[:1000]", "train[33%:67%]", "train[-15:-2]",
-          "train[5%:-5%]", "train[2:]", "train[:50%]", "train[1_0:]", "train[-1:]"]
+          "train[5%:-5%]", "train[2:]", "train[:50%]", "train[1_0:]", "train[-1:]", "train[10%:-3]"]
 
 
 def _jsonl(path: Path, first: int, stop: int) -> Path:
@@ -48,7 +50,12 @@ def test_a_share_of_a_local_file_is_the_rows_datasets_selects(tmp_path: Path, ro
     data = _jsonl(tmp_path / f"d{rows}.jsonl", 0, rows)
     for split in SLICES:
         want = _theirs("json", str(data), split)
-        if want is None:  # no row: datasets refuses, and so does pack-data, in one line
+        start, stop = split_share(f"x:{split}")[2].rows(rows)
+        if stop < start:  # datasets reads it to the end when one row short, else as nothing: refused
+            with pytest.raises(UserError, match="before it starts"):
+                _read(f"{data}:{split}")
+            assert want in (None, [], list(range(start, rows))), split
+        elif want is None:  # no row: datasets refuses, and so does pack-data, in one line
             with pytest.raises(UserError, match="selects no examples"):
                 _read(f"{data}:{split}")
         else:
@@ -96,10 +103,11 @@ def test_a_shared_file_keeps_its_own_line_numbers_and_limit_counts_kept_rows(tmp
     ("train[:5%](nearest)", "one of closest, pct1_dropremainder"),
     ("test[:5]", "datasets' split 'train'"),
     ("train[5:5]", "selects no examples of its 30"),
+    ("train[5:4]", "ends (row 4) before it starts (row 5) of its 30 examples"),
 ])
 def test_a_slice_datasets_would_not_read_is_one_line(tmp_path: Path, split: str, needle: str) -> None:
     data = _jsonl(tmp_path / "d.jsonl", 0, 30)
-    with pytest.raises(UserError, match=needle.replace("(", r"\(").replace("[", r"\[")) as info:
+    with pytest.raises(UserError, match=re.escape(needle)) as info:
         resolve_inputs([f"{data}:{split}"])
     assert "\n" not in str(info.value)
 
@@ -160,3 +168,24 @@ def test_zstd_compressed_text_inputs_read_as_their_plain_files(tmp_path: Path) -
     with pytest.raises(UserError, match="cut.jsonl.zst: Truncated compressed stream") as info:
         _read(str(cut))
     assert "\n" not in str(info.value)
+
+
+def test_pack_verify_deep_reads_the_same_share_and_files(hub_dataset: Path, hf_home: Path, tmp_path: Path) -> None:
+    """pack-verify --deep re-reads a share of a split and hf:// files at the commit packed (`pinned_config`)."""
+    from pipeline.engines.job import PackConfig, run_pack_data
+    from pipeline.report.deep_check import deep_check, pinned_config
+    from pipeline.shards import verify_folder
+
+    tokenizer = str(Path(__file__).resolve().parents[3] / "data" / "tokenizer")
+    (hf_home / "hub" / "datasets--someone--ds" / "refs" / "main").write_text(C1)
+    for n, spec in enumerate(["someone/ds:train[25%:-10]", "hf://datasets/someone/ds/pretrain/rp_sub.jsonl:train[-4:]"]):
+        out = tmp_path / f"packed{n}"
+        run_pack_data(PackConfig(inputs=[spec], tokenizer=tokenizer, max_len=64, out=str(out), num_proc=1,
+                                 progress=False, format="text", text_field="i"))
+        manifest = verify_folder(out)
+        pinned = pinned_config(manifest)["inputs"]
+        assert pinned == ([f"someone/ds@{C1}:train[25%:-10]"] if n == 0 else
+                          [f"hf://datasets/someone/ds@{C1}/pretrain/rp_sub.jsonl:train[-4:]"])
+        # datasets reads both bounds as percents when one is: -10 is -10% (8 rows)
+        assert _read(pinned[0]) == (list(range(20, 72)) if n == 0 else [1006, 1007, 1008, 1009])
+        assert deep_check(out, manifest, None, sample=10) == min(10, manifest.counts.examples_read)
