@@ -189,3 +189,16 @@ def test_pack_verify_deep_reads_the_same_share_and_files(hub_dataset: Path, hf_h
         # datasets reads both bounds as percents when one is: -10 is -10% (8 rows)
         assert _read(pinned[0]) == (list(range(20, 72)) if n == 0 else [1006, 1007, 1008, 1009])
         assert deep_check(out, manifest, None, sample=10) == min(10, manifest.counts.examples_read)
+
+
+def test_a_share_of_a_remote_input_is_taken_of_its_downloaded_copy(tmp_path: Path) -> None:
+    """file:// (as s3://, gs://): the share follows the input's local copy; the manifest keeps the URI."""
+    from pipeline.engines.job import PackConfig, run_pack_data
+
+    data = _jsonl(tmp_path / "d.jsonl", 0, 50)
+    tokenizer = str(Path(__file__).resolve().parents[3] / "data" / "tokenizer")
+    for given, out in ((f"file://{data}:train[-20%:]", "remote"), (f"{data}:train[-20%:]", "local")):
+        manifest = run_pack_data(PackConfig(inputs=[given], tokenizer=tokenizer, max_len=64, out=str(tmp_path / out),
+                                            num_proc=1, progress=False, format="text", text_field="i"))
+        assert manifest.counts.examples_read == 10 and manifest.inputs[0]["rows"] == [40, 50]
+        assert manifest.config["inputs"] == [given]
