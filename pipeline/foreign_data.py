@@ -53,6 +53,20 @@ def _split(key: str, value: Any) -> str | None:
     return split
 
 
+def _saved_split(path: str, split: str | None, where: str) -> str:
+    """A `datasets.save_to_disk` folder as Axolotl reads it (load_from_disk, then a DatasetDict's
+    split by name): a DatasetDict's split is its own folder; a share of it ([:20%]) Axolotl does not
+    take there (it reads the split whole), so it is refused rather than taken or dropped unsaid."""
+    folder = Path(path).expanduser()
+    kind = next((k for k in ("dataset_dict.json", "state.json") if (folder / k).is_file()), None)
+    if kind is None or split is None:
+        return path
+    if "[" in split:
+        raise refuse(f"{where} split", split, f"Axolotl reads the save_to_disk folder {path} whole, without a share of "
+                                              "its rows: remove the [...] (or save the share you want)")
+    return str(folder / split) if kind == "dataset_dict.json" else path
+
+
 def hub_or_path(path: str, split: str | None = None, name: str | None = None, revision: str | None = None) -> str:
     """An input as pack-data names it: a local path as it is (PATH:train[...] for a share of its rows,
     `datasets`' one split of a file; a revision is for Hub datasets only, as Axolotl ignores it
@@ -138,6 +152,7 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
             raise refuse(f"{where} shards", shards, "pack-data reads the whole split: save the shard you want "
                                                     "(datasets' shard()) to a file and give its path")
         revision = text_value(f"{where} revision", d.get("revision"), none=True)
+        path = _saved_split(path, split, where)
         if d.get("data_files") is not None:
             inputs.extend(_files(d, where, split, revision))
         else:

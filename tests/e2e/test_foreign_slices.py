@@ -214,3 +214,21 @@ def test_a_datasets_revision_pins_the_hub_dataset(tmp_path: Path) -> None:
                         ({"path": str(TEXT), "revision": "v2"}, [str(TEXT)])]:  # Axolotl ignores it for local data
         cfg = _config(tmp_path, [{"type": "completion", **entry}])
         assert read_config_file(cfg, pack_data, foreign="pack-data")["inputs"] == want
+
+
+def test_a_save_to_disk_folder_is_read_as_axolotl_reads_it(tmp_path: Path) -> None:
+    """load_from_disk, then a DatasetDict's split by name (its own folder); a share there Axolotl does
+    not take (it reads the split whole): one line, never taken or dropped unsaid."""
+    import datasets
+
+    from pipeline.config_file import read_config_file
+
+    folder = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a", "b"]}),
+                          "test": datasets.Dataset.from_dict({"text": ["c"]})}).save_to_disk(str(folder))
+    cfg = _config(tmp_path, [{"path": str(folder), "type": "completion", "split": "test"}])
+    assert read_config_file(cfg, pack_data, foreign="pack-data")["inputs"] == [str(folder / "test")]
+    cfg = _config(tmp_path, [{"path": str(folder), "type": "completion"}])  # control: no split, the train split
+    assert read_config_file(cfg, pack_data, foreign="pack-data")["inputs"] == [str(folder)]
+    cfg = _config(tmp_path, [{"path": str(folder), "type": "completion", "split": "train[:50%]"}])
+    assert "Axolotl reads the save_to_disk folder" in _one_line(tmp_path, cfg)
