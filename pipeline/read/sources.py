@@ -39,7 +39,7 @@ from pipeline import splits
 from pipeline.errors import UserError, one_line
 from pipeline.read import hub
 from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, open_input
-from pipeline.read.readers import KINDS, count_records, hf_data_files  # noqa: F401 (KINDS: named here for readers)
+from pipeline.read.readers import KINDS, count_records, hf_data_files  # noqa: F401 (KINDS: what InputFile.kind is)
 from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 
 # Longest suffix first so that ".jsonl.gz" wins over ".gz".
