@@ -14,7 +14,7 @@ from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.report.flops import rates_line
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
-from trainer.data.check import open_data
+from trainer.run.preflight import open_data
 from trainer.run.preflight import refuse_before_torch
 from trainer.model.presets import model_folder
 

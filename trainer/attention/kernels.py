@@ -263,7 +263,7 @@ def varlen_attention(
 
     `cu_seqlens_k` / `max_seqlen_k` (context parallelism, "sdpa" and "flash_attn" only): k and v
     hold pieces of keys of their own ([Tk, Hkv, D]), each piece's queries being the last tokens of
-    its keys (`trainer.distributed.context_parallel` builds them); chunks must be cut by the caller.
+    its keys (`trainer.data.row_split` builds them); chunks must be cut by the caller.
     """
     if cu_seqlens_k is not None:
         if backend not in ("sdpa", "flash_attn"):

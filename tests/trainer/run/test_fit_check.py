@@ -20,10 +20,10 @@ from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.run import fit_check
 from trainer.run.fit_check import (
-    MARGIN, Largest, Need, fit_line, host_state_bytes, largest_microbatch, longest_fitting, measure_need, optimizer_state_bytes,
+    MARGIN, Need, fit_line, host_state_bytes, longest_fitting, measure_need, optimizer_state_bytes,
     probe_tokens, synthetic_row, verdict,
 )
-from trainer.data.stream import Planner
+from trainer.data.stream import Largest, Planner, largest_microbatch
 
 GIB = 2**30
 
