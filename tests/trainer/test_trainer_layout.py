@@ -91,14 +91,14 @@ def _floor(module: str) -> int:
     return -1
 
 
-def upward(graph: dict[str, set[str]]) -> list[str]:
+def _upward(graph: dict[str, set[str]]) -> list[str]:
     """Every import of `graph` from a floor to a higher one ("trainer.data.x imports trainer.model.y");
     of two packages that import each other, one import is upward."""
     return sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
                   if _floor(m) >= 0 and _floor(d) > _floor(m))
 
 
-def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """The packages of PACKAGES -> the other packages their modules import."""
     package = lambda m: m.split(".")[1] if _floor(m) in range(1, len(PACKAGES) + 1) else None  # noqa: E731
     out: dict[str, set[str]] = {p: set() for p in PACKAGES}
@@ -120,14 +120,14 @@ def test_packages_are_the_concerns_each_said_in_one_line():
 
 def test_packages_are_floors_importing_only_downward():
     """No module imports a floor above its own (nor the commands), so no two packages import each
-    other and the packages have no cycle; every floor is in use by the one above it or the run."""
+    other and the packages have no cycle; the run uses every floor below it."""
     graph = _graph()
     assert {m.split(".")[1] for m in graph if _floor(m) in range(1, len(PACKAGES) + 1)} == set(PACKAGES)
-    assert upward(graph) == []
-    packages = package_graph(graph)
+    assert _upward(graph) == []
+    packages = _package_graph(graph)
     assert sorted((a, b) for a in packages for b in packages[a] if a in packages[b]) == []
     assert find_cycle(packages) is None
-    assert packages["run"] >= set(PACKAGES) - {"run"}  # the run uses every floor below it
+    assert packages["run"] >= set(PACKAGES) - {"run"}
 
 
 def test_the_floor_rule_itself():
@@ -137,18 +137,18 @@ def test_the_floor_rule_itself():
     good = {"trainer.data.stream": {"trainer.distributed.parallel", "trainer.config", "numpy"},
             "trainer.run.loop": {"trainer.model.load", "trainer.data.stream"}, "trainer.config": {"pipeline.errors"},
             "trainer.cli": {"trainer.run.loop", "trainer.config"}}
-    assert upward(good) == [] and find_cycle(package_graph(good)) is None
+    assert _upward(good) == [] and find_cycle(_package_graph(good)) is None
     up = {**good, "trainer.distributed.parallel": {"trainer.model.loss"}}
-    assert upward(up) == ["trainer.distributed.parallel imports trainer.model.loss"]
+    assert _upward(up) == ["trainer.distributed.parallel imports trainer.model.loss"]
     pair = {**good, "trainer.data.stream": {"trainer.attention.backend"}, "trainer.attention.backend": {"trainer.data.batch"}}
-    assert upward(pair) == ["trainer.data.stream imports trainer.attention.backend"]
-    assert find_cycle(package_graph(pair)) == ["attention", "data", "attention"]
-    assert upward({"trainer.config": {"trainer.data.stream"}, "trainer.run.x": {"trainer.cli"}}) == [
+    assert _upward(pair) == ["trainer.data.stream imports trainer.attention.backend"]
+    assert find_cycle(_package_graph(pair)) == ["attention", "data", "attention"]
+    assert _upward({"trainer.config": {"trainer.data.stream"}, "trainer.run.x": {"trainer.cli"}}) == [
         "trainer.config imports trainer.data.stream", "trainer.run.x imports trainer.cli"]
     known = set(modules(ROOT, "trainer"))
     hinted = _imports_of_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.run.state import Run\n",
                               known, name="trainer.model.x")
-    assert upward({"trainer.model.x": hinted}) == ["trainer.model.x imports trainer.run.state"]
+    assert _upward({"trainer.model.x": hinted}) == ["trainer.model.x imports trainer.run.state"]
 
 
 def test_no_import_cycle_among_modules():

@@ -167,6 +167,29 @@ def test_only_kernels_with_key_boundaries_run_shares() -> None:
                          max_seqlen_k=4)
 
 
+def test_a_share_reaches_attention_with_its_decoder_call_only() -> None:
+    """The share a decoder call carries (`packed_row.SHARD_KWARG`) is what attention reads during
+    that call, taken out before the decoder sees it (the glue would refuse it as an unknown
+    keyword); the next call without one has none: no share lingers from one call to the next."""
+    from trainer.attention import packed_row
+    from trainer.model.load import load_model, prepare
+    from trainer.model.loss import find_decoder
+
+    model = load_model("tiny", vocab_size=300)
+    prepare(model, "sdpa", "cpu")
+    decoder = find_decoder(model)
+    seen = []
+    decoder.layers[0].register_forward_pre_hook(lambda module, args: seen.append(packed_row.current().context))
+    lengths = np.array([5, 3])
+    ids = np.arange(3, 11)
+    kwargs = collate_flat(ids, ids, np.concatenate([np.arange(n) for n in lengths]), lengths).model_kwargs()
+    share = object()
+    with torch.no_grad():
+        decoder(**kwargs, use_cache=False, **{packed_row.SHARD_KWARG: share})
+        decoder(**kwargs, use_cache=False)
+    assert seen == [share, None]
+
+
 # --------------------------------------------------------------------------- on gloo ranks
 
 ROW = [97, 5, 3, 2, 7, 41, 1]  # 156 tokens: one example spans every share, several share one, uneven
