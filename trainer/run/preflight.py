@@ -35,7 +35,7 @@ from trainer.model.presets import model_folder
 
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "config.json"
-# the lock `trainer.run.metrics.run_folder_lock` takes inside the run folder (the same name)
+# the lock `trainer.run.metrics.run_folder_lock` takes inside the run folder
 RUN_LOCK = ".pack-train.lock"
 # keys of the config.json every pack-train run writes first into its folder (`start_run_files`)
 RUN_CONFIG_KEYS = frozenset({"data", "model", "out", "tokens_per_step", "grad_accum"})
