@@ -279,13 +279,14 @@ def make_hf_attention(backend: str, observe: Observer | None = None, groups: Con
             observe(module, features)
         query = positions.packed_queries(module, query)  # Llama 4's temperature, per example
         flat = lambda x: x.transpose(1, 2).reshape(seq, x.shape[1], x.shape[3])  # noqa: E731
-        args = (flat(query), flat(key), flat(value), cu_seqlens, int(max_seqlen))
-        options = dict(backend=backend, scale=scaling, features=features,
-                       sinks=kwargs.get("s_aux") if features.sinks else None)
+        q, k, v = flat(query), flat(key), flat(value)
+        sinks = kwargs.get("s_aux") if features.sinks else None
         if groups is None:
-            out = varlen_attention(*args, **options)
-        else:  # a context-parallel run: a share attends the whole row's keys
-            out = gathered.attention(*args, **options, groups=groups)
+            out = varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling,
+                                   features=features, sinks=sinks)
+        else:  # a context-parallel run: a share attends the whole row's keys, gathered over the group
+            out = gathered.attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling,
+                                     features=features, sinks=sinks, groups=groups)
         return out.view(batch, seq, n_heads, out.shape[-1]), None
 
     packlm_attention.__name__ = attention_name(backend)
