@@ -86,6 +86,7 @@ def check(json_path: str | None) -> None:
     import torch
     import torch.distributed as dist
 
+    from trainer.data.row_split import shard_microbatch
     from trainer.distributed import context_parallel as cp
     from trainer.data.batch import collate_flat
     from trainer.model.loss import token_losses
@@ -101,7 +102,7 @@ def check(json_path: str | None) -> None:
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 32000, int(lengths.sum()))
     row = collate_flat(ids, ids, np.concatenate([np.arange(n) for n in lengths]), lengths)
-    share = cp.shard_microbatch(row, layout.cp_rank, layout.cp_size)
+    share = shard_microbatch(row, layout.cp_rank, layout.cp_size)
     ends = torch.tensor(np.cumsum(lengths), device=device)
     results = {}
     for kernel, dtype in (("flash_attn", torch.bfloat16), ("sdpa", torch.float32)):
@@ -109,7 +110,7 @@ def check(json_path: str | None) -> None:
         config = LlamaConfig(hidden_size=4096, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=8,
                              intermediate_size=14336, vocab_size=32000, rope_theta=500000.0)
         model = LlamaForCausalLM(config).to(device)
-        prepare(model, kernel, device)
+        prepare(model, kernel, device, layout.groups)
         found = []
         for batch, tokens in ((row, None), (share, torch.from_numpy(share.context.tokens).to(device))):
             model.zero_grad()
@@ -141,7 +142,6 @@ def check(json_path: str | None) -> None:
         print(json.dumps(payload, indent=1))
         if json_path:
             write_text_output(json_path, json.dumps(payload, indent=1))
-    cp.teardown()
     dist.destroy_process_group()
 
 

@@ -4,14 +4,30 @@
 order the data goes through them. `train` is imported on first use: importing this package (and
 `pack-train --help`) does not import torch.
 
-The packages, in the order a training step uses them:
+The packages are floors: each imports only the ones below it (tests/trainer/test_trainer_layout.py
+holds the order), lowest first:
 
-    data/          packed folder -> micro-batches: checks, stream, batch, shard hashes, evaluation, HF datasets
+    distributed/   process groups, DDP/FSDP2, full state dicts, --context-parallel's groups
+    data/          packed folder -> micro-batches: stream, batch, the row split over ranks, shard hashes,
+                   evaluation, HF datasets
+    attention/     backend choice and HF glue, varlen kernels and references, positions, packed-row
+                   boundaries, attention over keys gathered from the context-parallel group
     model/         presets, loading, the packed loss, the start-up exactness check, LoRA, bf16/fp8, long rows
-    attention/     backend choice and HF glue, varlen kernels and references, positions, packed-row boundaries
-    distributed/   process groups, DDP/FSDP2, full state dicts, --context-parallel
-    run/           preflight, start, loop, optimizer, finiteness, checkpoints, resume, SIGTERM, metrics, profiling
-    config.py      TrainConfig: every option, checked; cli.py: pack-train; __init__: train, TrainConfig
+    run/           preflight, start, the Run, loop, optimizer, finiteness, checkpoints, resume, SIGTERM,
+                   metrics, profiling
+    config.py      TrainConfig: every option, checked (under every floor); cli.py: pack-train, and
+                   __init__: train, TrainConfig (above them)
+
+Why this order, from what each needs: the process groups and the data-parallel wrapper need only
+torch.distributed, and everything that works across ranks needs them (the evaluation's all-reduce,
+the context-parallel attention's gather, the model's start-up check of a share), so distributed is
+the lowest. The data needs a rank's place (`DistInfo`) and nothing of a model: it cuts rows into
+micro-batches and splits a row over a context-parallel group. Attention reads a micro-batch's row
+split and gathers over the groups, but knows no model. The model (its loss, its exactness check,
+its loading) runs micro-batches through attention. The run uses all of them. What a lower floor
+needs from a higher one at run time is handed down explicitly: the context-parallel groups to
+attention (`trainer.model.load.prepare`), a share of a row to the decoder call
+(`trainer.model.loss.hidden_states`).
 """
 
 import warnings

@@ -15,7 +15,7 @@ from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.report.flops import rates_line
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import TRAIN_CHECKS, TrainConfig, uri_problem, validate
-from trainer.data.check import open_data
+from trainer.run.preflight import open_data
 from trainer.run.nesting import refuse_nested_run
 from trainer.run.preflight import refuse_before_torch
 from trainer.model.presets import model_folder

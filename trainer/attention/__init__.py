@@ -1,1 +1,1 @@
-"""Packed attention: backend choice and the HF glue, the varlen kernels, per-example positions, row boundaries."""
+"""Packed attention: backend choice and the HF glue, the varlen kernels, positions, row boundaries, gathered keys."""

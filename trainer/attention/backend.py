@@ -34,11 +34,9 @@ from transformers import AttentionInterface, masking_utils
 from transformers.masking_utils import AttentionMaskInterface
 
 from pipeline.errors import UserError
-from trainer.attention import packed_row, positions
-from trainer.distributed import context_parallel
-from trainer.attention.features import FEATURE_NAMES, KERNELS, Features, with_tensors
+from trainer.attention import gathered, packed_row, positions
 from trainer.attention.cudnn_kernel import cudnn_available
-from trainer.attention.features import LONG_EXAMPLE_TOKENS
+from trainer.attention.features import FEATURE_NAMES, KERNELS, LONG_EXAMPLE_TOKENS, Features, with_tensors
 from trainer.attention.kernels import (
     fa4_importable,
     flash_attn_importable,
@@ -47,6 +45,7 @@ from trainer.attention.kernels import (
     torch_varlen_fn,
     varlen_attention,
 )
+from trainer.distributed.context_parallel import ContextGroups
 
 BACKENDS = KERNELS
 
@@ -241,8 +240,10 @@ def attention_name(backend: str) -> str:
 Observer = Callable[[torch.nn.Module, Features], None]
 
 
-def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable:
-    """An attention function with the signature transformers' AttentionInterface expects.
+def make_hf_attention(backend: str, observe: Observer | None = None, groups: ContextGroups | None = None) -> Callable:
+    """An attention function with the signature transformers' AttentionInterface expects; with
+    `groups` (a context-parallel run's), a share of a row attends the keys gathered over them
+    (`trainer.attention.gathered`).
 
     It receives query [B, Hq, S, D], key/value [B, Hkv, S, D(v)] and the forward kwargs, reads the
     example boundaries from `cu_seq_lens_q` / `max_length_q` (a flat packed batch, B == 1; where
@@ -296,12 +297,14 @@ def make_hf_attention(backend: str, observe: Observer | None = None) -> Callable
             observe(module, features)
         query = positions.packed_queries(module, query)  # Llama 4's temperature, per example
         flat = lambda x: x.transpose(1, 2).reshape(seq, x.shape[1], x.shape[3])  # noqa: E731
-        attend = context_parallel.attention if context_parallel.active() else varlen_attention
-        out = attend(
-            flat(query), flat(key), flat(value), cu_seqlens, int(max_seqlen),
-            backend=backend, scale=scaling, features=features,
-            sinks=kwargs.get("s_aux") if features.sinks else None,
-        )
+        q, k, v = flat(query), flat(key), flat(value)
+        sinks = kwargs.get("s_aux") if features.sinks else None
+        if groups is None:
+            out = varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling,
+                                   features=features, sinks=sinks)
+        else:  # a context-parallel run: a share attends the whole row's keys, gathered over the group
+            out = gathered.attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling,
+                                     features=features, sinks=sinks, groups=groups)
         return out.view(batch, seq, n_heads, out.shape[-1]), None
 
     packlm_attention.__name__ = attention_name(backend)
@@ -326,12 +329,13 @@ def _mask_preprocessing_skips_unregistered() -> bool:
     return "ALL_MASK_ATTENTION_FUNCTIONS._global_mapping" in source
 
 
-def register(backend: str, name: str | None = None, observe: Observer | None = None) -> str:
+def register(backend: str, name: str | None = None, observe: Observer | None = None,
+             groups: ContextGroups | None = None) -> str:
     """Register `backend` with transformers (attention function, and a None mask function only
-    where this transformers version needs one) under `name` (default `attention_name(backend)`).
-    Returns the registered name."""
+    where this transformers version needs one) under `name` (default `attention_name(backend)`),
+    gathering keys over `groups` when given (`make_hf_attention`). Returns the registered name."""
     name = name or attention_name(backend)
-    AttentionInterface.register(name, make_hf_attention(backend, observe))
+    AttentionInterface.register(name, make_hf_attention(backend, observe, groups))
     if not _mask_preprocessing_skips_unregistered():
         AttentionMaskInterface.register(name, _no_dense_mask)
     return name
@@ -356,8 +360,9 @@ def set_implementation(model: torch.nn.Module, name: str) -> None:
         )
 
 
-def install(model: torch.nn.Module, backend: str) -> str:
-    """Switch a Hugging Face model's attention to the packed `backend`; returns the registered name.
+def install(model: torch.nn.Module, backend: str, groups: ContextGroups | None = None) -> str:
+    """Switch a Hugging Face model's attention to the packed `backend`, over the context-parallel
+    `groups` of the run when it has them; returns the registered name.
 
     After this, call the model (or its decoder) with `cu_seq_lens_q`, `cu_seq_lens_k`,
     `max_length_q`, `max_length_k` and restarting `position_ids` (MicroBatch.model_kwargs()).
@@ -365,6 +370,6 @@ def install(model: torch.nn.Module, backend: str) -> str:
     """
     if backend not in DESCRIPTIONS:  # a backend, or auto's pair of one with cudnn
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    name = register(backend)
+    name = register(backend, groups=groups)
     set_implementation(model, name)
     return name

@@ -265,7 +265,7 @@ def varlen_attention(
 
     `cu_seqlens_k` / `max_seqlen_k` (context parallelism, "sdpa" and "flash_attn" only): k and v
     hold pieces of keys of their own ([Tk, Hkv, D]), each piece's queries being the last tokens of
-    its keys (`trainer.distributed.context_parallel` builds them); chunks must be cut by the caller.
+    its keys (`trainer.data.row_split` builds them); chunks must be cut by the caller.
     """
     n_examples = cu_seqlens.shape[0] - 1
     backend = (row_kernel(backend, q.shape[0], n_examples, q.shape[-1]) if cu_seqlens_k is None

@@ -6,6 +6,9 @@ arguments (StableLM, Nemotron), and some features of a layer are computed before
 the row's length rather than the example's (Llama 4's attention temperature, `trainer.attention.positions`).
 `install(decoder)` adds a forward pre-hook to the decoder stack that records the keyword arguments
 of every call (`current()`); the attention glue and `trainer.attention.positions` read them from there.
+A rank's share of a row split over a context-parallel group (`trainer.data.row_split.RowShard`) comes
+to it the same way, as the decoder call's argument `SHARD_KWARG` (`trainer.model.loss.hidden_states`
+passes it), which the hook takes out before the decoder sees it.
 
 The record stays until the decoder's next call replaces it (a call without boundaries records
 None), so that activation checkpointing, which runs a layer's forward again during the backward,
@@ -28,11 +31,11 @@ class PackedRow:
     max_seqlen: int
     position_ids: torch.Tensor | None  # int64 [1, T]
     n_tokens: int
-    context: Any = None  # this rank's share of a row split over ranks (trainer.distributed.context_parallel)
+    context: Any = None  # this rank's share of a row split over ranks (trainer.data.row_split.RowShard)
 
 
+SHARD_KWARG = "packlm_row_shard"  # the decoder call's share of a row, read here and never passed on
 _CURRENT: list[PackedRow | None] = [None]
-_PENDING: list[Any] = [None]
 _HOOKED = "_packlm_packed_row_hook"
 
 
@@ -41,13 +44,7 @@ def current() -> PackedRow | None:
     return _CURRENT[0]
 
 
-def expect(context: Any) -> None:
-    """Attach `context` (a `trainer.distributed.context_parallel.RowShard`) to the decoder's next call only."""
-    _PENDING[0] = context
-
-
-def _record(kwargs: dict[str, Any]) -> None:
-    context, _PENDING[0] = _PENDING[0], None
+def _record(kwargs: dict[str, Any], context: Any) -> None:
     cu, max_seqlen = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     tokens = kwargs.get("input_ids")
     if tokens is None:
@@ -63,8 +60,13 @@ def install(decoder: torch.nn.Module) -> None:
     if getattr(decoder, _HOOKED, False):
         return
 
-    def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        _record(kwargs)
+    def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+        if SHARD_KWARG not in kwargs:
+            _record(kwargs, None)
+            return None
+        kwargs = dict(kwargs)
+        _record(kwargs, kwargs.pop(SHARD_KWARG))
+        return args, kwargs
 
     decoder.register_forward_pre_hook(pre_hook, with_kwargs=True)
     setattr(decoder, _HOOKED, True)

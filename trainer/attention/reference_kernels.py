@@ -49,7 +49,7 @@ def sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks, 
     PyTorch's fused CPU kernel takes it instead of materialising the scores); with them, the scores,
     mask and softmax are spelled out as transformers' eager attention does.
 
-    `cu_seqlens_k` (context parallelism, `trainer.distributed.context_parallel`): key boundaries of their own,
+    `cu_seqlens_k` (context parallelism, `trainer.data.row_split`): key boundaries of their own,
     each piece of keys at least as long as its piece of queries, which are its LAST tokens (the
     causal mask is aligned to the bottom right, as FlashAttention's is): queries [4, 6) of an
     example against its keys [0, 6) give cu_seqlens [0, 2] and cu_seqlens_k [0, 6]."""

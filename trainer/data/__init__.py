@@ -1,1 +1,1 @@
-"""The packed folder into micro-batches: its checks, the seeded stream, shard hashes, evaluation data, HF datasets."""
+"""Packed folder -> micro-batches: the seeded stream, the row split over ranks, shard hashes, evaluation, HF datasets."""

@@ -32,7 +32,7 @@ class MicroBatch:
     n_tokens: int
     n_loss_tokens: int
     n_examples: int
-    # under context parallelism, this rank's share of the row (trainer.distributed.context_parallel.RowShard):
+    # under context parallelism, this rank's share of the row (trainer.data.row_split.RowShard):
     # cu_seqlens then cut the share into pieces, and attention reads the rest from it
     context: Any = None
 

@@ -1,6 +1,6 @@
 """Stream packed shards as seeded, rank-split micro-batches.
 
-`open_data` (`trainer.data.check`) checks the packed folder before training (its structure, that
+`open_data` (`trainer.run.preflight`) checks the packed folder before training (its structure, that
 some token carries a loss, the tokenizer's fingerprint). Every epoch the planner takes a seeded permutation of all rows
 (of all shards), cuts it greedily into micro-batches of at most `tokens_per_step` tokens (a row
 longer than the budget becomes a micro-batch of its own), drops the tail so the count is a multiple
@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,9 +35,7 @@ from pipeline.errors import UserError
 from pipeline.shards import TOKEN_COLUMNS, Manifest, ShardColumns, load_shard, shard_paths
 from trainer.data.batch import MicroBatch, collate_flat
 from trainer.data.plan import EpochPlan, greedy_cuts, group_plan  # noqa: F401 - greedy_cuts: evaluate's
-from trainer.config import TrainConfig
-from trainer.distributed.context_parallel import shard_microbatch
-from trainer.data.check import open_data  # noqa: F401 - where the trainer's callers have found it
+from trainer.data.row_split import shard_microbatch
 
 
 def row_lengths(folder: str | os.PathLike[str], manifest: Manifest,
@@ -141,6 +140,31 @@ class Planner:
         return self.plan(epoch).rows(local_index * self.world_size + rank)
 
 
+@dataclass(frozen=True)
+class Largest:
+    """The run's largest micro-batch: its tokens (all context-parallel shares together) and, where
+    it is one row longer than --tokens-per-step, which row (else None)."""
+
+    tokens: int
+    row: str | None = None
+
+
+def largest_microbatch(planner: Planner, shard_paths: list[str], shard_starts: np.ndarray) -> Largest:
+    """The largest micro-batch of the run: the longest row if it exceeds --tokens-per-step (it is
+    then a micro-batch of its own, named 'row R of FILE'), else the fullest micro-batch of the
+    first epoch's plan (later epochs' are as full, within a row)."""
+    lengths = planner.lengths
+    longest = int(np.argmax(lengths)) if len(lengths) else 0
+    if len(lengths) and lengths[longest] > planner.tokens_per_step:
+        shard = int(np.searchsorted(shard_starts, longest, side="right") - 1)
+        return Largest(int(lengths[longest]), f"row {longest - int(shard_starts[shard])} of {Path(shard_paths[shard]).name}")
+    plan = planner.plan(0)
+    if plan.n_microbatches == 0:
+        return Largest(int(lengths.max()) if len(lengths) else 0)
+    sums = np.add.reduceat(lengths[plan.order], plan.cuts[:-1])[: plan.n_microbatches]
+    return Largest(int(sums.max()))
+
+
 @dataclass
 class Cursor:
     """Where the data stream stands: optimizer steps already taken inside `epoch`."""
@@ -242,7 +266,7 @@ class ShardReader:
 
 def ids_fit(ids: np.ndarray, vocab: int) -> bool:
     """True when every token id is in 0..vocab-1. (Labels need no check of their own: the folder's
-    check at the start, `trainer.data.check`, holds each to -100 or its own token's id.)
+    check at the start, `trainer.run.preflight`, holds each to -100 or its own token's id.)
 
     >>> ids_fit(np.array([0, 5, 9]), vocab=10), ids_fit(np.array([0, 10]), vocab=10), ids_fit(np.array([-1]), vocab=10)
     (True, False, False)

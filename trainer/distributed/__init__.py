@@ -1,1 +1,1 @@
-"""Training across ranks: process groups, DDP and FSDP2, full state dicts, context parallelism."""
+"""Training across ranks: process groups (context parallelism's too), DDP and FSDP2, full state dicts."""

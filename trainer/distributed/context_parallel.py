@@ -1,259 +1,57 @@
-"""Context parallelism: one packed row split over the N ranks of a group, every example exact.
+"""Context parallelism's process groups: N neighbouring ranks share each packed row, and attention
+gathers the keys and values of the whole row from them.
 
-A micro-batch is one flat row of T tokens holding several examples (`trainer.data.batch.MicroBatch`).
-Under `--context-parallel N` the N ranks of a context-parallel group read the same row and each
-keeps a share of its tokens (`shard_microbatch`). Every layer but attention works token by token,
-so it runs on the share alone; attention gathers the keys and values of the whole row from the group
-(`gather_tokens`, whose backward sums every rank's key/value gradients back to the rank that owns
-the token) and attends this rank's queries to them (`attention`), each query to the earlier keys of
-its own example, as in the single-process row.
-
-How a row is split (`split_row`): the T tokens are cut into N * c chunks of nearly equal size and
-each rank gets c of them, chosen so that the causal work (the keys each query attends: position + 1
-within its example) is balanced: taken from the heaviest, each chunk goes to the least-loaded rank
-that still has room. One example of T tokens on N = 2 ranks with c = 2: chunks [0, T/4), [T/4,
-T/2), [T/2, 3T/4), [3T/4, T) whose work grows 1 : 3 : 5 : 7, so rank 0 gets chunks 0 and 3 (1 + 7)
-and rank 1 chunks 1 and 2 (3 + 5). c is 2, 4 or 8: the first that leaves no rank more than
-WORK_SLACK (10%) above the mean (or the best of them). Shares differ by at most c tokens.
-
-How a rank attends (`RowShard.pieces`): its tokens, in row order, are cut where an example begins
-or a chunk of the split ends, into pieces. A piece holding tokens [a, b) of an example that starts
-at s attends the keys [s, b) of the row (with a window w, from max(s, a - w + 1); with chunked
-attention, pieces are also cut at the attention chunks and their keys start at their chunk's start).
-The keys are picked out of the gathered row and given to the varlen kernel with boundaries of
-their own (`varlen_attention(..., cu_seqlens_k=...)`), whose causal mask is aligned to the bottom
-right: the piece's queries are the last tokens of its keys.
-
-Everything else is exact as it is: `position_ids` are the row's (RoPE, Llama 4's temperature), the
-targets were shifted on the whole row before the split, and the loss is the token mean over the whole
-group, since `trainer.run.loop.backward_window` counts loss tokens over every rank. Dynamic NTK RoPE and
-longrope need each token's example length, which a share does not show: `RowShard.lengths` has it
-(`trainer.attention.positions`).
+`setup` forms the groups and returns this rank's `Layout` on the data-parallel x context-parallel
+grid; the groups it holds (`ContextGroups`) are handed down explicitly, by the run that owns them,
+to what uses them: the attention that gathers keys and values (`trainer.attention.gathered`,
+installed with them by `trainer.model.load.prepare`) and the start-up check of a share
+(`trainer.model.check.check_context_parallel`). Which tokens each rank holds is the data's
+(`trainer.data.row_split`). `torch.distributed.destroy_process_group` ends the groups with the run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from pipeline.shards import IGNORE_INDEX
-from trainer.attention import packed_row
-from trainer.data.batch import MicroBatch
-from trainer.attention.features import Features
-from trainer.attention.kernels import half_inputs, varlen_attention
-
-WORK_SLACK = 1.10  # no rank's causal work more than 10% above the group's mean, where c allows it
-CHUNKS_PER_RANK = (2, 4, 8)
-BACKENDS = ("flash_attn", "sdpa")  # the kernels that take key boundaries of their own
-
-
-# --------------------------------------------------------------------------- the split (host, numpy)
-
-
-def token_positions(seq_lens: np.ndarray) -> np.ndarray:
-    """Each token's position within its example: [3, 2] -> [0, 1, 2, 0, 1]."""
-    seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    starts = np.cumsum(seq_lens) - seq_lens
-    return np.arange(int(seq_lens.sum()), dtype=np.int64) - np.repeat(starts, seq_lens)
 
 
 @dataclass(frozen=True)
-class RowSplit:
-    """Which tokens of a row each rank of the group holds.
+class ContextGroups:
+    """This rank's context-parallel process groups: the run's (NCCL on GPUs) and one for CPU tensors
+    (gloo; the same group on the CPU), for the start-up probe of a model still there."""
 
-    bounds: int64 [n_chunks + 1], chunk k is the row's tokens [bounds[k], bounds[k + 1]);
-    chunks: int64 [n_ranks, chunks_per_rank], each rank's chunks in row order;
-    work:   int64 [n_ranks], the causal work (keys attended) of each rank's queries.
-    """
+    run: Any
+    cpu: Any
 
-    bounds: np.ndarray
-    chunks: np.ndarray
-    work: np.ndarray
+    def on(self, device: torch.device) -> Any:
+        """The group for tensors on `device`."""
+        return self.cpu if device.type == "cpu" else self.run
 
-    @property
-    def imbalance(self) -> float:
-        """The busiest rank's work over the mean (1.0: perfectly balanced)."""
-        mean = float(self.work.mean())
-        return float(self.work.max()) / mean if mean > 0 else 1.0
+    def gather_tokens(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """This rank's rows [L, ...] and the group's, as [n * width, ...] (differentiable)."""
+        return _GatherTokens.apply(x, width, self.on(x.device))
 
-    def tokens(self, rank: int) -> np.ndarray:
-        """The row indices `rank` holds, ascending."""
-        return np.concatenate([np.arange(self.bounds[k], self.bounds[k + 1]) for k in self.chunks[rank]])
-
-
-def split_row(seq_lens: np.ndarray, n_ranks: int) -> RowSplit:
-    """Split a row of examples of `seq_lens` tokens over `n_ranks` ranks (see the module).
-
-    >>> split_row(np.array([8]), 2).chunks.tolist()   # one example: the zigzag
-    [[0, 3], [1, 2]]
-    """
-    seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    total = int(seq_lens.sum())
-    if total < n_ranks:
-        raise UserError(f"a micro-batch of {total} tokens cannot be split over {n_ranks} context-parallel "
-                        "ranks: raise --tokens-per-step or lower --context-parallel")
-    work_before = np.zeros(total + 1, dtype=np.int64)
-    np.cumsum(token_positions(seq_lens) + 1, out=work_before[1:])
-    best: RowSplit | None = None
-    for per_rank in [c for c in CHUNKS_PER_RANK if total >= n_ranks * c] or [1]:
-        n_chunks = n_ranks * per_rank
-        bounds = np.arange(n_chunks + 1, dtype=np.int64) * total // n_chunks
-        chunk_work = work_before[bounds[1:]] - work_before[bounds[:-1]]
-        load = np.zeros(n_ranks, dtype=np.int64)
-        taken: list[list[int]] = [[] for _ in range(n_ranks)]
-        for k in np.argsort(-chunk_work, kind="stable"):  # a loop over chunks (at most 8 N), not tokens
-            open_ranks = [r for r in range(n_ranks) if len(taken[r]) < per_rank]
-            r = min(open_ranks, key=lambda i: (load[i], i))
-            taken[r].append(int(k))
-            load[r] += chunk_work[k]
-        split = RowSplit(bounds, np.sort(np.array(taken, dtype=np.int64), axis=1), load)
-        if best is None or split.imbalance < best.imbalance:
-            best = split
-        if split.imbalance <= WORK_SLACK:
-            break
-    assert best is not None
-    return best
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """A rank's queries cut into pieces, and the keys of each (numpy; see `RowShard.pieces`)."""
-
-    cu_q: np.ndarray  # int32 [n_pieces + 1]: piece j is this rank's tokens [cu_q[j], cu_q[j + 1])
-    cu_k: np.ndarray  # int32 [n_pieces + 1]: its keys are key_slots[cu_k[j]:cu_k[j + 1]]
-    key_slots: np.ndarray  # int64: where each key sits in the gathered row (`gather_tokens`)
-    max_q: int
-    max_k: int
-
-
-@dataclass
-class RowShard:
-    """One rank's share of a row: which tokens, where every token of the row sits once gathered,
-    and the pieces its attention is cut into (cached per window / chunk / device)."""
-
-    rank: int
-    n_ranks: int
-    cu_seqlens: np.ndarray  # int64 [n_examples + 1], the whole row's
-    tokens: np.ndarray  # int64 [L]: the row indices this rank holds, ascending
-    width: int  # the largest share in the group: each rank sends this many rows when gathering
-    slots: np.ndarray  # int64 [T]: where token t of the row sits in the gathered tensor
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @classmethod
-    def of(cls, split: RowSplit, cu_seqlens: np.ndarray, rank: int) -> RowShard:
-        shares = [split.tokens(r) for r in range(len(split.chunks))]
-        width = max(len(s) for s in shares)
-        slots = np.empty(int(split.bounds[-1]), dtype=np.int64)
-        for r, share in enumerate(shares):  # a loop over ranks
-            slots[share] = r * width + np.arange(len(share))
-        return cls(rank, len(shares), np.asarray(cu_seqlens, dtype=np.int64), shares[rank], width, slots)
-
-    def _examples(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each local token's example index and position within it."""
-        example = np.searchsorted(self.cu_seqlens, self.tokens, side="right") - 1
-        return example, self.tokens - self.cu_seqlens[example]
-
-    def lengths(self) -> np.ndarray:
-        """int64 [L]: the length of each local token's example (what dynamic RoPE needs)."""
-        example, _ = self._examples()
-        return np.diff(self.cu_seqlens)[example]
-
-    def pieces(self, window: int | None = None, chunk: int | None = None) -> Pieces:
-        """This rank's queries in pieces, each with its keys (see the module). Worked example: the
-        row holds one example of 8 tokens and this rank tokens 2, 3, 6, 7 (chunks 1 and 3 of 4):
-        pieces [2, 4) and [6, 8), keys [0, 4) and [0, 8): cu_q [0, 2, 4], cu_k [0, 4, 12]."""
-        key = ("pieces", window, chunk)
-        if key not in self._cache:
-            self._cache[key] = self._pieces(window, chunk)
-        return self._cache[key]
-
-    def _pieces(self, window: int | None, chunk: int | None) -> Pieces:
-        tokens, n = self.tokens, len(self.tokens)
-        example, position = self._examples()
-        begins = np.ones(n, dtype=bool)
-        begins[1:] = (tokens[1:] != tokens[:-1] + 1) | (position[1:] == 0)
-        if chunk is not None:
-            begins |= position % chunk == 0
-        first = np.flatnonzero(begins)
-        last = np.append(first[1:], n) - 1
-        q_len = last - first + 1
-        ends = tokens[last] + 1  # row index past each piece's last query
-        key_start = self.cu_seqlens[example[first]]
-        if chunk is not None:
-            key_start = key_start + position[first] // chunk * chunk
-        if window is not None:
-            key_start = np.maximum(key_start, tokens[first] - window + 1)
-        k_len = ends - key_start
-        keys = np.arange(int(k_len.sum()), dtype=np.int64) - np.repeat(np.cumsum(k_len) - k_len - key_start, k_len)
-        cu_q = np.zeros(len(first) + 1, dtype=np.int32)
-        cu_k = np.zeros(len(first) + 1, dtype=np.int32)
-        np.cumsum(q_len, out=cu_q[1:])
-        np.cumsum(k_len, out=cu_k[1:])
-        return Pieces(cu_q, cu_k, self.slots[keys], int(q_len.max(initial=0)), int(k_len.max(initial=0)))
-
-    def on(self, device: torch.device, window: int | None, chunk: int | None) -> tuple[torch.Tensor, ...]:
-        """(cu_q, cu_k, key_slots) of `pieces(window, chunk)` on `device`, copied once per row."""
-        key = ("tensors", window, chunk, str(device))
-        if key not in self._cache:
-            p = self.pieces(window, chunk)
-            self._cache[key] = tuple(torch.from_numpy(a).to(device, non_blocking=True)
-                                     for a in (p.cu_q, p.cu_k, p.key_slots))
-        return self._cache[key]
-
-    def lengths_on(self, device: torch.device) -> torch.Tensor:
-        key = ("lengths", str(device))
-        if key not in self._cache:
-            self._cache[key] = torch.from_numpy(self.lengths()).to(device)
-        return self._cache[key]
-
-
-def shard_microbatch(batch: MicroBatch, rank: int, n_ranks: int) -> MicroBatch:
-    """`rank`'s share of a whole-row micro-batch (host tensors): its tokens, targets and positions,
-    its pieces as `cu_seqlens`, and the RowShard that attention and positions read (`context`).
-    With one rank (no context parallelism) the batch itself."""
-    if n_ranks == 1:
-        return batch
-    cu = batch.cu_seqlens.numpy().astype(np.int64)
-    split = split_row(np.diff(cu), n_ranks)
-    shard = RowShard.of(split, cu, rank)
-    index = torch.from_numpy(shard.tokens)
-    pieces = shard.pieces()
-    targets = batch.targets[:, index]
-    return MicroBatch(
-        input_ids=batch.input_ids[:, index], targets=targets, position_ids=batch.position_ids[:, index],
-        cu_seqlens=torch.from_numpy(pieces.cu_q), max_seqlen=pieces.max_q, n_tokens=len(shard.tokens),
-        n_loss_tokens=int((targets != IGNORE_INDEX).sum()), n_examples=len(pieces.cu_q) - 1, context=shard,
-    )
-
-
-# --------------------------------------------------------------------------- the group (torch.distributed)
+    def reduce_max(self, value: torch.Tensor) -> None:
+        """Replace `value` (on every rank of the group) by its largest value in the group."""
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.on(value.device))
 
 
 @dataclass(frozen=True)
 class Layout:
     """This rank's place on the data-parallel x context-parallel grid: ranks dp * cp_size ..
-    dp * cp_size + cp_size - 1 (neighbours, so one host's GPUs) share each row."""
+    dp * cp_size + cp_size - 1 (neighbours, so one host's GPUs) share each row, through `groups`
+    (None without context parallelism)."""
 
     dp_rank: int = 0
     dp_size: int = 1
     cp_rank: int = 0
     cp_size: int = 1
-
-
-# this rank's context-parallel process groups while a run uses them: the run's (NCCL on GPUs) and
-# one for CPU tensors (gloo; the same group on the CPU), for the start-up probe of a model still there
-_GROUP: list[Any] = [None]
-_CPU_GROUP: list[Any] = [None]
-
-
-def active() -> bool:
-    """True while this process trains with context parallelism (constant for a run)."""
-    return _GROUP[0] is not None
+    groups: ContextGroups | None = None
 
 
 def setup(rank: int, world_size: int, distributed: bool, n: int) -> Layout:
@@ -268,23 +66,14 @@ def setup(rank: int, world_size: int, distributed: bool, n: int) -> Layout:
         raise UserError(f"--context-parallel {n} does not divide the {world_size} ranks of this run: use a "
                         f"divisor of {world_size}, or a number of ranks that {n} divides")
     on_cpu = dist.get_backend() == "gloo"
+    mine = None
     for first in range(0, world_size, n):  # every rank creates every group, in the same order
         ranks = list(range(first, first + n))
         group = dist.new_group(ranks)
         cpu_group = group if on_cpu else dist.new_group(ranks, backend="gloo")
         if first <= rank < first + n:
-            _GROUP[0], _CPU_GROUP[0] = group, cpu_group
-    return Layout(dp_rank=rank // n, dp_size=world_size // n, cp_rank=rank % n, cp_size=n)
-
-
-def teardown() -> None:
-    """Forget the groups (destroy_process_group ends them)."""
-    _GROUP[0] = _CPU_GROUP[0] = None
-
-
-def _group(device: torch.device) -> Any:
-    """The group for tensors on `device`."""
-    return _CPU_GROUP[0] if device.type == "cpu" else _GROUP[0]
+            mine = ContextGroups(group, cpu_group)
+    return Layout(dp_rank=rank // n, dp_size=world_size // n, cp_rank=rank % n, cp_size=n, groups=mine)
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -317,39 +106,3 @@ class _GatherTokens(torch.autograd.Function):
             dist.all_reduce(total, group=group)
             part = total[rank * width:(rank + 1) * width]
         return part[: ctx.length], None, None
-
-
-def reduce_max(value: torch.Tensor) -> None:
-    """Replace `value` (on every rank of the group) by its largest value in the group."""
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_group(value.device))
-
-
-def gather_tokens(x: torch.Tensor, width: int) -> torch.Tensor:
-    """This rank's rows [L, ...] and the group's, as [n * width, ...] (differentiable)."""
-    return _GatherTokens.apply(x, width, _group(x.device))
-
-
-@torch.compiler.disable
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *,
-    backend: str, scale: float | None, features: Features, sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    """Packed attention of this rank's share of the row ([L, H, D] each), its queries against the
-    keys of the whole row (see the module); a call without a share (evaluation, the start-up
-    probe) is plain `varlen_attention` over its own boundaries."""
-    row = packed_row.current()
-    shard: RowShard | None = row.context if row is not None and row.n_tokens == q.shape[0] else None
-    if shard is None:
-        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, scale=scale,
-                                features=features, sinks=sinks)
-    if backend != "sdpa":  # gathered in the kernel's 16-bit dtype (under autocast RoPE hands over float32)
-        q, k, v = half_inputs(q, k, v)
-    cu_q, cu_k, slots = shard.on(q.device, features.window, features.chunk)
-    pieces = shard.pieces(features.window, features.chunk)
-    # keys and values in one collective and one copy: [L, Hkv, Dk + Dv]
-    both = gather_tokens(torch.cat([k, v], dim=-1), shard.width).index_select(0, slots)
-    keys, values = both.split([k.shape[-1], v.shape[-1]], dim=-1)
-    # chunks are cut into the pieces now; the window also masks within a piece
-    whole = Features(window=features.window, softcap=features.softcap)
-    return varlen_attention(q, keys, values, cu_q, pieces.max_q, backend=backend, scale=scale, features=whole,
-                            sinks=sinks, cu_seqlens_k=cu_k, max_seqlen_k=pieces.max_k)

@@ -38,8 +38,9 @@ import torch
 
 from pipeline.errors import UserError
 from trainer.attention import backend as attention, positions
-from trainer.distributed import context_parallel
 from trainer.data.batch import collate_flat
+from trainer.data.row_split import shard_microbatch
+from trainer.distributed.context_parallel import Layout
 from trainer.model.loss import hidden_states, output_logits
 
 PROBE_LENGTHS = (7, 12, 9)
@@ -169,20 +170,21 @@ def _compare(
         )
 
 
-def check_context_parallel(model: torch.nn.Module, rank: int, n_ranks: int) -> None:
-    """Prove that a share of a row split over the `n_ranks` ranks of this rank's context-parallel
-    group (`trainer.distributed.context_parallel`) gives the hidden states the whole row gives, on the probe
-    row and one example of 32 tokens per rank, which spans several shares; collective over the
-    group (every rank raises, or none). A model that mixes tokens outside attention, within an
-    example, is refused here in one line."""
-    name = type(model).__name__
+def check_context_parallel(model: torch.nn.Module, layout: Layout) -> None:
+    """Prove that a share of a row split over the ranks of this rank's context-parallel group
+    (`layout`: its place and its groups, `trainer.distributed.context_parallel`) gives the hidden
+    states the whole row gives, on the probe row and one example of 32 tokens per rank, which spans
+    several shares; collective over the group (every rank raises, or none). A model that mixes
+    tokens outside attention, within an example, is refused here in one line."""
+    name, rank, n_ranks, groups = type(model).__name__, layout.cp_rank, layout.cp_size, layout.groups
+    assert groups is not None, "check_context_parallel needs the layout of a context-parallel run"
     device = next(model.parameters()).device
     lengths = np.array(probe_lengths(model) + (32 * n_ranks,))
     ids = torch.cat(_probe_examples(model.get_input_embeddings().num_embeddings, device, tuple(lengths)))
     ids = ids.cpu().numpy()
     row = collate_flat(ids, ids, np.concatenate([np.arange(n) for n in lengths]), lengths)
-    share = context_parallel.shard_microbatch(row, rank, n_ranks)
-    attention.register("sdpa", PROBE_NAME)
+    share = shard_microbatch(row, rank, n_ranks)
+    attention.register("sdpa", PROBE_NAME, groups=groups)
     error = torch.tensor(float("inf"), device=device)
     failure = ""
     try:
@@ -196,7 +198,7 @@ def check_context_parallel(model: torch.nn.Module, rank: int, n_ranks: int) -> N
             error = ((part - whole.index_select(0, index)).abs().max() / scale).float().reshape(())
     except Exception as exc:  # noqa: BLE001 - every rank must reach the reduction below
         failure = f" ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]})"
-    context_parallel.reduce_max(error)
+    groups.reduce_max(error)
     tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE_16BIT)
     if not float(error) <= tolerance:
         found = failure or f": a share's hidden states differ from the whole row's by {float(error):.1e} (relative)"

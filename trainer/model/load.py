@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 
 from pipeline.errors import UserError
 from trainer.attention import backend as attention, positions
-from trainer.model.loss import find_decoder
+from trainer.distributed.context_parallel import ContextGroups
 from trainer.model.check import check_model
+from trainer.model.loss import find_decoder
 from trainer.model.presets import PRESETS, model_folder
 
 _COMMON = dict(
@@ -98,12 +99,14 @@ def load_model(
 
 
 def prepare(
-    model: PreTrainedModel, attn: str = "auto", device: torch.device | str = "cpu"
+    model: PreTrainedModel, attn: str = "auto", device: torch.device | str = "cpu",
+    groups: ContextGroups | None = None,
 ) -> tuple[str, str]:
     """Make `model` train on packed rows exactly, or refuse it: prove packing leaves its logits
     unchanged and find the attention features it uses (`trainer.model.check`), pick the backend
-    that reproduces them (`attn`: "auto" or a backend name) and install it. Returns (backend,
-    one line saying which and why). The model is left in train mode.
+    that reproduces them (`attn`: "auto" or a backend name) and install it, gathering keys over the
+    context-parallel `groups` of a run that has them. Returns (backend, one line saying which and
+    why). The model is left in train mode.
     """
     try:  # boundaries and position features per example
         positions.install(model, find_decoder(model))
@@ -112,7 +115,7 @@ def prepare(
     features = check_model(model)
     # no dtype: float32 weights are usually trained under bf16 autocast, where attention runs in bf16
     backend = attention.select_backend(attn, device, features=features)
-    attention.install(model, backend)
+    attention.install(model, backend, groups)
     model.train()
     return backend, attention.explain_choice(attn, backend, device, features=features)
 

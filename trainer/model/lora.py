@@ -159,19 +159,8 @@ def load_adapter_into(peft_model: Any, checkpoint: Path) -> None:
                         "same --lora-r / --lora-target")
 
 
-def merge_and_save(peft_model: Any, out: Path, tokenizer: Any = None) -> Path:
-    """The base model with the adapters merged in, saved as a full Hugging Face model at `out`, whole
-    or not at all (`write_folder_atomic`: a full disk or a kill -9 leaves no half-written `out`)."""
-    from trainer.run.checkpoint import write_folder_atomic
-
-    dequantize_base(peft_model)  # a --qlora base: merge into the weights it trained against
-    merged = peft_model.merge_and_unload()
-
-    def write(folder: Path) -> None:
-        merged.save_pretrained(folder, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-
-    write_folder_atomic(Path(out), write, "free some space; the run's last checkpoint holds the adapter, which peft "
-                        "merges into the base: PeftModel.from_pretrained(base, CHECKPOINT/model).merge_and_unload()")
-    return out
+def merged_model(peft_model: Any) -> Any:
+    """The base model with the adapters merged in, as a plain Hugging Face model (a --qlora base is
+    dequantized first: the adapters merge into the weights they trained against)."""
+    dequantize_base(peft_model)
+    return peft_model.merge_and_unload()

@@ -104,9 +104,10 @@ def vocab_size(model: torch.nn.Module) -> int:
 
 
 def hidden_states(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-    """Final decoder hidden states of the flat batch, [T, hidden]."""
-    packed_row.expect(batch.context)
-    out = find_decoder(model)(**batch.model_kwargs(), use_cache=False)
+    """Final decoder hidden states of the flat batch, [T, hidden]; a share of a row split over a
+    context-parallel group hands its RowShard to the attention with the call (`packed_row.SHARD_KWARG`)."""
+    shard = {} if batch.context is None else {packed_row.SHARD_KWARG: batch.context}
+    out = find_decoder(model)(**batch.model_kwargs(), use_cache=False, **shard)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden.reshape(-1, hidden.shape[-1])
 

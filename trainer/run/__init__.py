@@ -1,1 +1,1 @@
-"""The run around the step: preflight, start-up, the loop, optimizer, checkpoints, resume, metrics, profiling."""
+"""The run around the step: preflight, start-up, the Run, loop, optimizer, checkpoints, resume, metrics, profiling."""

@@ -42,21 +42,19 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from trainer.distributed import context_parallel
 from trainer.data.batch import MicroBatch, collate_flat
+from trainer.data.row_split import shard_microbatch
+from trainer.data.stream import Largest
 from trainer.model.long_rows import HostOffload
 from trainer.model.loss import KEEP_LOGITS_UP_TO
-from trainer.data.stream import Planner
+from trainer.run.state import Run
 
-if TYPE_CHECKING:
-    from trainer.run.start import Run
 
 Step = Callable[[MicroBatch], None]
 Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
@@ -64,15 +62,6 @@ Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
 MARGIN = 0.95  # the share of a GPU's memory a step may plan to use: the rest is slack
 # for the allocator's fragmentation and what other libraries take later
 ROUND = 1024  # the longest length that fits is named rounded down to this (when at least this)
-
-
-@dataclass(frozen=True)
-class Largest:
-    """The run's largest micro-batch: its tokens (all context-parallel shares together) and, where
-    it is one row longer than --tokens-per-step, which row (else None)."""
-
-    tokens: int
-    row: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,22 +74,6 @@ class Need:
     gpu_line: tuple[float, float]  # (intercept, per token) on the GPU
     host_line: tuple[float, float]
     probes: tuple[int, ...]  # the measured tokens per rank
-
-
-def largest_microbatch(planner: Planner, shard_paths: list[str], shard_starts: np.ndarray) -> Largest:
-    """The largest micro-batch of the run: the longest row if it exceeds --tokens-per-step (it is
-    then a micro-batch of its own, named 'row R of FILE'), else the fullest micro-batch of the
-    first epoch's plan (later epochs' are as full, within a row)."""
-    lengths = planner.lengths
-    longest = int(np.argmax(lengths)) if len(lengths) else 0
-    if len(lengths) and lengths[longest] > planner.tokens_per_step:
-        shard = int(np.searchsorted(shard_starts, longest, side="right") - 1)
-        return Largest(int(lengths[longest]), f"row {longest - int(shard_starts[shard])} of {Path(shard_paths[shard]).name}")
-    plan = planner.plan(0)
-    if plan.n_microbatches == 0:
-        return Largest(int(lengths.max()) if len(lengths) else 0)
-    sums = np.add.reduceat(lengths[plan.order], plan.cuts[:-1])[: plan.n_microbatches]
-    return Largest(int(sums.max()))
 
 
 def probe_tokens(vocab: int, tile_mlp: int, largest_local: int = 0) -> int:
@@ -234,7 +207,7 @@ def measure_need(
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for tokens in probes:
             row = synthetic_row(tokens * cp_size, vocab)
-            gpu, host = measure(step, context_parallel.shard_microbatch(row, cp_rank, cp_size), device)
+            gpu, host = measure(step, shard_microbatch(row, cp_rank, cp_size), device)
             clear()
             gpu_points.append((tokens, gpu))
             host_points.append((tokens, host))
@@ -341,7 +314,7 @@ def applies(run: Run) -> bool:
 
 
 def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
-    """The check (see the module) for a `trainer.run.start.Run`: returns, having printed on rank 0 what
+    """The check (see the module) for a `trainer.run.state.Run`: returns, having printed on rank 0 what
     the largest micro-batch needs, or raises the one-line UserError on every rank. `step(batch)` is
     the loop's forward + backward of one micro-batch; `clear()` zeroes the gradients."""
     config, layout = run.config, run.layout

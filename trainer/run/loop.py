@@ -29,21 +29,21 @@ from pipeline.api_errors import python_spelling
 from pipeline.errors import UserError, one_line
 from pipeline.shards import Manifest
 from trainer.run import checkpoint as ckpt
-from trainer.distributed import context_parallel
 from trainer.run import fit_check
 from trainer.data.batch import MicroBatch
 from trainer.config import TrainConfig, validate
 from trainer.run.finite import FiniteWatch
 from trainer.model.fp8 import refresh_fp8_weight_scales
 from trainer.model.long_rows import offload_activations
-from trainer.model.lora import merge_and_save
+from trainer.model.lora import merged_model
 from trainer.run.metrics import Meter, plot_losses, run_folder_lock, write_summary
 from trainer.model.precision import MasterAdamW
 from trainer.distributed.parallel import DistInfo, close_distributed, full_model_state, optimizer_state
 from trainer.run.preempt import StopOnSigterm
 from trainer.run.nesting import refuse_nested_run
 from trainer.run.preflight import refuse_foreign_out
-from trainer.run.start import Run, start
+from trainer.run.start import start
+from trainer.run.state import Run
 from trainer.data.stream import Cursor, loader_batches, step_cursor
 
 
@@ -70,7 +70,6 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
             ) from None
         finally:
             gc.unfreeze()  # what freeze_heap set aside is the collector's again
-            context_parallel.teardown()
 
 
 def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:
@@ -308,10 +307,26 @@ def finish(
         plot_losses(run.out)
         if run.config.merge_lora and not stopped_by_sigterm:
             with full_precision(run):
-                summary["merged_model"] = str(merge_and_save(run.peft, run.out / "merged", run.tokenizer))
+                summary["merged_model"] = str(save_merged(run))
     write_summary(run.out, summary, {
         "rank": info.rank, "world_size": info.world_size, "steps": step - run.start_step,
         "micro_batches": meter.local_micro_batches, "tokens": meter.local_tokens,
     })
     info.barrier()
     return summary
+
+
+def save_merged(run: Run) -> Path:
+    """RUN/merged: the base model with the adapters merged in, saved as a full Hugging Face model with
+    the tokenizer, whole or not at all (`write_folder_atomic`: a full disk or a kill -9 leaves no
+    half-written folder)."""
+    merged, out = merged_model(run.peft), run.out / "merged"
+
+    def write(folder: Path) -> None:
+        merged.save_pretrained(folder, safe_serialization=True)
+        if run.tokenizer is not None:
+            run.tokenizer.save_pretrained(folder)
+
+    ckpt.write_folder_atomic(out, write, "free some space; the run's last checkpoint holds the adapter, which peft "
+                             "merges into the base: PeftModel.from_pretrained(base, CHECKPOINT/model).merge_and_unload()")
+    return out

@@ -32,9 +32,9 @@ from trainer.model.load import decoder_layers
 from trainer.model.long_rows import layer_mlp
 from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.model.presets import model_hub_record
+from trainer.run.preflight import RUN_CONFIG, RUN_LOCK
 
 METRICS = "metrics.jsonl"
-LOCK = ".pack-train.lock"  # held by the run that owns the folder (`pipeline.folder_lock`)
 
 
 def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
@@ -42,7 +42,7 @@ def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
     that writes the folder; torchrun's RANK) for the whole run, released however it ends."""
     if int(os.environ.get("RANK", "0")) != 0:
         return contextlib.nullcontext()
-    return folder_lock(Path(out) / LOCK, out, "pack-train")
+    return folder_lock(Path(out) / RUN_LOCK, out, "pack-train")
 
 
 def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None,
@@ -60,7 +60,7 @@ def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int
     try:  # whole or not at all (a full disk leaves no empty config.json)
         record = {**asdict(config), "world_size": world, "model_hub": model_hub_record(config.model),
                   **({"group_size": group_size} if config.step_by_group else {})}
-        write_text_atomic(out / "config.json", json.dumps(record, indent=2) + "\n")
+        write_text_atomic(out / RUN_CONFIG, json.dumps(record, indent=2) + "\n")
     except BaseException:
         if made:
             with contextlib.suppress(OSError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,82 +16,36 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
-from pipeline.report.flops import ModelShape
-from pipeline.shards import Manifest
-from pipeline.shards import manifest_vocab
+from pipeline.shards import Manifest, manifest_vocab
 from pipeline.tokenize.tokenizer import added_count
-from trainer.distributed import context_parallel
 from trainer.attention.backend import select_backend
 from trainer.config import TrainConfig, parse_step_range, per_epoch, resolved, validate
 from trainer.data.evaluate import Evaluator, held_out_folder
-from trainer.run.fit_check import Largest, largest_microbatch
-from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.data.integrity import ShardHashCheck
-from trainer.model.loss import LossModule
-from trainer.model.long_rows import tile_mlp
-from trainer.run.metrics import model_shape, start_run_files
-from trainer.model.check import check_context_parallel
-from trainer.model.load import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
-from trainer.run.optim import make_optimizer
-from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
-from trainer.model.precision import MasterAdamW
-from trainer.run.profiling import StepProfiler
+from trainer.data.stream import (Cursor, CursorSampler, MicroBatchDataset, Planner, ShardReader, data_fingerprint,
+                                 largest_microbatch, make_loader)
+from trainer.distributed import context_parallel
+from trainer.distributed.context_parallel import ContextGroups
 from trainer.distributed.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
+from trainer.model.check import check_context_parallel
+from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
+from trainer.model.load import (compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing,
+                                load_model, prepare)
+from trainer.model.long_rows import tile_mlp
+from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
+from trainer.model.loss import LossModule
+from trainer.model.precision import MasterAdamW
+from trainer.run.metrics import model_shape, start_run_files
+from trainer.run.optim import make_optimizer
+from trainer.run.preflight import open_data
+from trainer.run.profiling import StepProfiler
 from trainer.run.resume import (check_resumable, checkpoint_to_resume, continue_history, load_training_state,
                                 resume_model)
-from trainer.data.stream import (
-    Cursor,
-    CursorSampler,
-    MicroBatchDataset,
-    Planner,
-    ShardReader,
-    data_fingerprint,
-    make_loader,
-    open_data,
-)
+from trainer.run.state import Run
 
 
 # precisions whose weights are bf16 over fp32 masters in one process (trainer.model.precision)
 MASTER_DTYPES = ("bf16-weights", "fp8")
-
-
-@dataclass
-class Run:
-    """What `start` builds, and checks, before the first step."""
-
-    config: TrainConfig
-    info: DistInfo
-    fsdp: bool  # --parallel fsdp under torchrun
-    device: torch.device
-    autocast: Any  # bf16 autocast, or a null context for fp32
-    masters: MasterAdamW | None  # --dtype bf16-weights (not under FSDP): the optimizer, with fp32 masters
-    out: Path
-    planner: Planner
-    total_steps: int  # the schedule's length
-    stop_at: int  # the last step of this run (--stop-at)
-    start_step: int
-    cursor: Cursor  # the data cursor after start_step
-    tokens_seen: int
-    fingerprint: dict  # of the data, recorded in checkpoints
-    hashes: ShardHashCheck | None
-    tokenizer: Any
-    model: transformers.PreTrainedModel  # plain, as save_pretrained writes it
-    peft: Any  # with --lora-r: the PeftModel around `model` (checkpoints hold its adapter), else None
-    wrapper: LossModule  # the model with the loss as its forward (what the optimizer updates)
-    module: torch.nn.Module  # the wrapper as the step calls it: itself, or DDP around it
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    loader: torch.utils.data.DataLoader
-    evaluator: Evaluator | None  # the held-out folder's loss (--eval-data)
-    backend: str
-    compiled: bool
-    n_params: int
-    flop_shape: ModelShape  # what the metrics count FLOPs of (trainer.run.metrics.model_shape)
-    fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights: their scales refresh after each step
-    profiler: StepProfiler | None = None  # --profile-steps
-    layout: context_parallel.Layout = field(default_factory=context_parallel.Layout)  # data x context parallel
-    largest: Largest = Largest(0)  # the largest micro-batch (trainer.run.fit_check measures what it needs)
-    resumed_from: Path | None = None  # the checkpoint this run continues (--resume), if any
 
 
 def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Run:
@@ -145,10 +99,11 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
              if resume_from is not None else None)
     hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
               if config.verify_hashes else None)
-    model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16))
+    model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16),
+                                         groups=layout.groups)
     reader.vocab = model.get_input_embeddings().num_embeddings  # every micro-batch's ids checked against it
     if layout.cp_size > 1:  # where the model was proven, still in float32 (a LoRA base: on the CPU)
-        check_context_parallel(model, layout.cp_rank, layout.cp_size)
+        check_context_parallel(model, layout)
     n_params = count_params(model)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
     flop_shape = model_shape(model, config)  # before quantizing and sharding change the weights
@@ -247,16 +202,18 @@ def load_device(config: TrainConfig, device: torch.device, bf16: bool) -> torch.
 
 
 def _model(
-    config: TrainConfig, device: torch.device, manifest: Manifest, *, load_on: torch.device
+    config: TrainConfig, device: torch.device, manifest: Manifest, *, load_on: torch.device,
+    groups: ContextGroups | None,
 ) -> tuple[transformers.PreTrainedModel, str, str]:
     """The model in float32 on `load_on` (`device`, or the CPU for the caller to move it later),
-    proven to train on packed rows, and the attention backend for `device` and why that one."""
+    proven to train on packed rows, and the attention backend for `device` (gathering keys over the
+    context-parallel `groups`, where the run has them) and why that one."""
     vocab = manifest_vocab(manifest.tokenizer)
     if config.attn != "auto":  # an impossible request fails before any model is loaded
         select_backend(config.attn, device)
     model = load_model(config.model, device=load_on, dtype=torch.float32, vocab_size=vocab, seed=config.seed,
                        added_tokens=added_count(manifest.tokenizer))
-    backend, why = prepare(model, config.attn, device)
+    backend, why = prepare(model, config.attn, device, groups)
     emb = model.get_input_embeddings().num_embeddings
     if vocab is not None and int(vocab) > emb:
         raise UserError(f"--data {config.data}: its tokenizer has {vocab} tokens but --model {config.model} embeds "

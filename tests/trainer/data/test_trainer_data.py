@@ -190,7 +190,7 @@ def test_loader_with_workers_yields_the_planned_order(packed: Path) -> None:
 
 def test_open_data_refuses_a_damaged_folder(packed: Path, tmp_path: Path) -> None:
     from trainer import TrainConfig
-    from trainer.data.stream import open_data
+    from trainer.run.preflight import open_data
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -208,7 +208,7 @@ def test_open_data_checks_the_tokenizer_fingerprint(
 ) -> None:
     tokenize = pytest.importorskip("pipeline.tokenize.tokenizer")
     from trainer import TrainConfig
-    from trainer.data.stream import open_data
+    from trainer.run.preflight import open_data
 
     fingerprint = read_manifest(packed).tokenizer["fingerprint"]
     monkeypatch.setattr(tokenize, "load_tokenizer", lambda path: object())
@@ -231,7 +231,7 @@ def test_open_data_takes_the_fingerprints_of_what_the_tokenizer_does_and_of_its_
     recorded the sha256 of its files, which still matches the same folder. Anything else is refused."""
     from pipeline.tokenize.tokenizer import file_fingerprint, load_tokenizer, tokenizer_fingerprint
     from trainer import TrainConfig
-    from trainer.data.stream import open_data
+    from trainer.run.preflight import open_data
 
     folder = Path(__file__).resolve().parents[3] / "data" / "tokenizer"
     tok = load_tokenizer(str(folder))
@@ -256,7 +256,7 @@ def test_an_older_manifest_takes_a_checkpoints_copy_of_the_tokenizer_it_names(tm
 
     from pipeline.tokenize.tokenizer import file_fingerprint, load_tokenizer
     from trainer import TrainConfig
-    from trainer.data.stream import open_data
+    from trainer.run.preflight import open_data
 
     folder = Path(__file__).resolve().parents[3] / "data" / "tokenizer"
     original = load_tokenizer(str(folder))
@@ -278,7 +278,7 @@ def test_an_older_manifest_takes_a_checkpoints_copy_of_the_tokenizer_it_names(tm
 def test_open_data_refuses_data_with_no_loss_token(tmp_path: Path) -> None:
     """A folder whose every label is -100 would train nothing (final loss 0.0000): refused."""
     from trainer import TrainConfig
-    from trainer.data.stream import open_data
+    from trainer.run.preflight import open_data
 
     rows = [[(0, [5, 6, 7], [-100, -100, -100]), (1, [8, 9], [-100, -100])]]
     make_packed_folder(tmp_path / "silent", rows, 8)

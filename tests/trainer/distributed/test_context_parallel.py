@@ -1,6 +1,7 @@
-"""Context parallelism (`trainer.distributed.context_parallel`): the split of a row over ranks, the pieces each
-rank attends, and, on 2 and 4 gloo ranks, every example's loss and gradients against the
-single-process packed row (float32, 1e-5 relative), with a negative control that must fail."""
+"""Context parallelism (`trainer.data.row_split`, `trainer.distributed.context_parallel`,
+`trainer.attention.gathered`): the split of a row over ranks, the pieces each rank attends, and, on
+2 and 4 gloo ranks, every example's loss and gradients against the single-process packed row
+(float32, 1e-5 relative), with a negative control that must fail."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from gloo_ranks import run_on_ranks
 from run_metrics import logged_losses
 from pipeline.errors import UserError
+from trainer.data import row_split as rs
 from trainer.distributed import context_parallel as cp
 from trainer.data.batch import collate_flat
 from trainer.attention.features import Features
@@ -31,16 +33,16 @@ def test_split_holds_every_token_once(lengths: list[int], n: int) -> None:
     total = sum(lengths)
     if total < n:
         with pytest.raises(UserError, match="cannot be split over"):
-            cp.split_row(np.array(lengths), n)
+            rs.split_row(np.array(lengths), n)
         return
-    split = cp.split_row(np.array(lengths), n)
+    split = rs.split_row(np.array(lengths), n)
     shares = [split.tokens(r) for r in range(n)]
     assert sorted(np.concatenate(shares).tolist()) == list(range(total))
     assert all(np.all(np.diff(s) > 0) for s in shares)
     sizes = [len(s) for s in shares]
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= split.chunks.shape[1]
     cu = np.concatenate([[0], np.cumsum(lengths)])
-    shard = cp.RowShard.of(split, cu, 0)
+    shard = rs.RowShard.of(split, cu, 0)
     gathered = np.full(n * shard.width, -1)
     for r, share in enumerate(shares):
         gathered[r * shard.width: r * shard.width + len(share)] = share
@@ -52,27 +54,27 @@ def test_split_holds_every_token_once(lengths: list[int], n: int) -> None:
 def test_split_balances_causal_work(lengths: list[int], n: int) -> None:
     """No rank's causal work (keys its queries attend) is more than 10% above the mean, on rows of
     mixed lengths of at least 256 tokens per chunk of the finest split."""
-    if sum(lengths) < 256 * n * max(cp.CHUNKS_PER_RANK):
+    if sum(lengths) < 256 * n * max(rs.CHUNKS_PER_RANK):
         return
-    split = cp.split_row(np.array(lengths), n)
-    positions = cp.token_positions(np.array(lengths))
+    split = rs.split_row(np.array(lengths), n)
+    positions = rs.token_positions(np.array(lengths))
     work = [int((positions[split.tokens(r)] + 1).sum()) for r in range(n)]
     assert sum(work) == int((positions + 1).sum())
-    assert max(work) <= cp.WORK_SLACK * np.mean(work), (split.chunks.shape, work)
+    assert max(work) <= rs.WORK_SLACK * np.mean(work), (split.chunks.shape, work)
 
 
 def test_one_example_is_split_as_a_zigzag() -> None:
-    split = cp.split_row(np.array([8]), 2)
+    split = rs.split_row(np.array([8]), 2)
     assert split.chunks.tolist() == [[0, 3], [1, 2]] and split.imbalance == 1.0
-    assert cp.split_row(np.array([16]), 4).chunks.tolist() == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert rs.split_row(np.array([16]), 4).chunks.tolist() == [[0, 7], [1, 6], [2, 5], [3, 4]]
 
 
 def test_pieces_worked_example() -> None:
     """The docstring's example: one 8-token example, this rank holds tokens 2, 3, 6, 7."""
-    split = cp.RowSplit(np.array([0, 2, 4, 6, 8]), np.array([[0, 3], [1, 2]]), np.array([1, 1]))
-    shard = cp.RowShard.of(split, np.array([0, 8]), 1)
+    split = rs.RowSplit(np.array([0, 2, 4, 6, 8]), np.array([[0, 3], [1, 2]]), np.array([1, 1]))
+    shard = rs.RowShard.of(split, np.array([0, 8]), 1)
     assert shard.tokens.tolist() == [2, 3, 4, 5]
-    shard0 = cp.RowShard.of(split, np.array([0, 8]), 0)
+    shard0 = rs.RowShard.of(split, np.array([0, 8]), 0)
     p = shard0.pieces()
     assert shard0.tokens.tolist() == [0, 1, 6, 7]
     assert p.cu_q.tolist() == [0, 2, 4] and p.cu_k.tolist() == [0, 2, 10]
@@ -85,9 +87,9 @@ def test_pieces_worked_example() -> None:
 def _simulate(q, k, v, lengths, n, features, sinks=None):
     """Every rank's attention, in one process: each rank's queries against the gathered row."""
     cu_np = np.concatenate([[0], np.cumsum(lengths)])
-    split = cp.split_row(np.array(lengths), n)
+    split = rs.split_row(np.array(lengths), n)
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype)
-    shards = [cp.RowShard.of(split, cu_np, r) for r in range(n)]
+    shards = [rs.RowShard.of(split, cu_np, r) for r in range(n)]
     width = shards[0].width
 
     def gathered(x):
@@ -147,9 +149,9 @@ def test_pieces_without_earlier_keys_differ() -> None:
     q, k, v = torch.randn(59, 2, 8), torch.randn(59, 2, 8), torch.randn(59, 2, 8)
     cu = torch.tensor([0, 37, 40, 59], dtype=torch.int32)
     expected = varlen_attention(q, k, v, cu, 37, backend="sdpa")
-    split = cp.split_row(np.array(lengths), 2)
+    split = rs.split_row(np.array(lengths), 2)
     for rank in range(2):
-        shard = cp.RowShard.of(split, cu.numpy(), rank)
+        shard = rs.RowShard.of(split, cu.numpy(), rank)
         p = shard.pieces()
         index = torch.from_numpy(shard.tokens)
         local = varlen_attention(q[index], k[index], v[index], torch.from_numpy(p.cu_q), p.max_q, backend="sdpa")
@@ -163,6 +165,29 @@ def test_only_kernels_with_key_boundaries_run_shares() -> None:
     with pytest.raises(UserError, match="cannot attend a piece"):
         varlen_attention(q, q, q, torch.tensor([0, 4]), 4, backend="flex", cu_seqlens_k=torch.tensor([0, 4]),
                          max_seqlen_k=4)
+
+
+def test_a_share_reaches_attention_with_its_decoder_call_only() -> None:
+    """The share a decoder call carries (`packed_row.SHARD_KWARG`) is what attention reads during
+    that call, taken out before the decoder sees it (the glue would refuse it as an unknown
+    keyword); the next call without one has none: no share lingers from one call to the next."""
+    from trainer.attention import packed_row
+    from trainer.model.load import load_model, prepare
+    from trainer.model.loss import find_decoder
+
+    model = load_model("tiny", vocab_size=300)
+    prepare(model, "sdpa", "cpu")
+    decoder = find_decoder(model)
+    seen = []
+    decoder.layers[0].register_forward_pre_hook(lambda module, args: seen.append(packed_row.current().context))
+    lengths = np.array([5, 3])
+    ids = np.arange(3, 11)
+    kwargs = collate_flat(ids, ids, np.concatenate([np.arange(n) for n in lengths]), lengths).model_kwargs()
+    share = object()
+    with torch.no_grad():
+        decoder(**kwargs, use_cache=False, **{packed_row.SHARD_KWARG: share})
+        decoder(**kwargs, use_cache=False)
+    assert seen == [share, None]
 
 
 # --------------------------------------------------------------------------- on gloo ranks
@@ -204,15 +229,15 @@ def _compare_rank(rank: int, world: int, family: str, broken: bool) -> dict:
     layout = cp.setup(rank, world, True, world)
     spec = next(f for f in FAMILIES if f.name == family)
     model = spec.build().eval()
-    prepare(model, "sdpa", "cpu")
+    prepare(model, "sdpa", "cpu", layout.groups)
     from trainer.model.check import check_context_parallel
 
-    check_context_parallel(model, layout.cp_rank, layout.cp_size)
+    check_context_parallel(model, layout)
     row = _row()
-    share = cp.shard_microbatch(row, layout.cp_rank, layout.cp_size)
+    share = rs.shard_microbatch(row, layout.cp_rank, layout.cp_size)
     if broken:  # negative control: each piece sees only its own keys
         pieces = share.context.pieces()
-        own = cp.Pieces(pieces.cu_q, pieces.cu_q, share.context.slots[share.context.tokens], pieces.max_q, pieces.max_q)
+        own = rs.Pieces(pieces.cu_q, pieces.cu_q, share.context.slots[share.context.tokens], pieces.max_q, pieces.max_q)
         share.context._cache[("pieces", None, None)] = own
     params = [p for p in model.parameters() if p.requires_grad]
     worst_loss, worst_grad = 0.0, 0.0
@@ -235,7 +260,6 @@ def _compare_rank(rank: int, world: int, family: str, broken: bool) -> dict:
         worst_loss = max(worst_loss, abs(float(loss / counts_all[e]) - want_loss) / abs(want_loss))
         for a, b in zip(have, want):
             worst_grad = max(worst_grad, float((a - b).norm() / b.norm().clamp_min(1e-12)))
-    cp.teardown()
     return {"loss": worst_loss, "grad": worst_grad}
 
 
@@ -354,7 +378,7 @@ def _families_rank(rank: int, world: int) -> dict:
     lengths = np.array([len(d[0]) for d in data])
     row = collate_flat(np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data]),
                        np.concatenate([np.arange(n) for n in lengths]), lengths)
-    share = cp.shard_microbatch(row, layout.cp_rank, layout.cp_size)
+    share = rs.shard_microbatch(row, layout.cp_rank, layout.cp_size)
     ends = torch.tensor(np.cumsum(lengths))
     mix = torch.linspace(0.5, 2.0, len(lengths), dtype=torch.float64)
     results = {}
@@ -364,16 +388,16 @@ def _families_rank(rank: int, world: int) -> dict:
         model = family.build().double().eval()  # float64: a mistake shows far above the rounding
         try:
             try:
-                prepare(model, "sdpa", "cpu")
+                prepare(model, "sdpa", "cpu", layout.groups)
             except UserError as exc:
                 if "Double" not in str(exc):
                     raise
                 model = family.build().eval()  # MoE's grouped matmul takes no float64: float32
-                prepare(model, "sdpa", "cpu")
+                prepare(model, "sdpa", "cpu", layout.groups)
         except UserError as exc:
             results[family.name] = {"refused": str(exc)}
             continue
-        check_context_parallel(model, layout.cp_rank, layout.cp_size)
+        check_context_parallel(model, layout)
         model.eval()  # PhiMoE's router samples in training
         params = [p for p in model.parameters() if p.requires_grad]
         found = []
@@ -400,7 +424,6 @@ def _families_rank(rank: int, world: int) -> dict:
             "loss": float(((got - want).abs() / want.abs()).max()),
             "grad": max(float((a - b).abs().max()) for a, b in zip(got_grads, want_grads)) / top,
         }
-    cp.teardown()
     return results
 
 

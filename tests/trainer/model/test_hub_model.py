@@ -20,7 +20,7 @@ from pipeline.errors import UserError
 from pipeline.engines.job import PackConfig, run_pack_data
 from trainer.cli import pack_train
 from trainer.config import TrainConfig
-from trainer.data.check import open_data
+from trainer.run.preflight import open_data
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "data" / "sample" / "instructions.jsonl"

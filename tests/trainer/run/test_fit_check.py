@@ -20,10 +20,10 @@ from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.run import fit_check
 from trainer.run.fit_check import (
-    MARGIN, Largest, Need, fit_line, host_state_bytes, largest_microbatch, longest_fitting, measure_need, optimizer_state_bytes,
+    MARGIN, Need, fit_line, host_state_bytes, longest_fitting, measure_need, optimizer_state_bytes,
     probe_tokens, synthetic_row, verdict,
 )
-from trainer.data.stream import Planner
+from trainer.data.stream import Largest, Planner, largest_microbatch
 
 GIB = 2**30
 
@@ -157,7 +157,7 @@ def test_offloaded_activations_that_fit_the_host_are_said() -> None:
     line, info = _host_verdict(400 * GIB)
     assert line is None
     assert "what it offloads needs at least 200.0 GiB more of the 400.0 GiB of host memory each rank has" in info
-    assert "up to twice that" in info
+    assert "blocks under 1 GiB take up to twice their size" in info
 
 
 def test_a_row_whose_offloaded_activations_exceed_the_host_is_named() -> None:

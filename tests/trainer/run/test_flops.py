@@ -20,7 +20,7 @@ from packed_factory import make_packed_folder  # noqa: E402
 from pipeline.report.flops import LayerShape, ModelShape, causal_pairs, step_flops  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.data.batch import collate_flat  # noqa: E402
-from trainer.distributed.context_parallel import shard_microbatch  # noqa: E402
+from trainer.data.row_split import shard_microbatch  # noqa: E402
 from trainer.run.metrics import batch_flops, model_shape  # noqa: E402
 
 ROWS = [[3, 5], [8]]  # two rows of 8 tokens: examples of 3 and 5, and one of 8
