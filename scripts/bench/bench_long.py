@@ -9,7 +9,7 @@ Data: --examples synthetic pre-tokenized examples with lengths uniform in [--min
 --max-example-len] (default 4096-8192 tokens; random ids of the Llama-2 tokenizer in ../shared, else of
 data/tokenizer; loss on every token but the first), packed once by `pack-data --strategy ffd --max-len` (default 16384: two to
 four examples per row). Each backend then trains the same model from the same seed on the same rows
-through `trainer.run.loop.train` (what `pack-train` runs; `bench_train.run_packed_pack_train`: warmup
+through `trainer.run.loop.train` (what `pack-train` runs; `scripts.benchlib.train_runs.run_packed_pack_train`: warmup
 steps, then the timed ones, read back from metrics.jsonl), --tokens-per-step of whole rows per step
 (default: one row). Reported per backend: tokens/s, step time, MFU and TFLOP/s (model FLOPs, causal
 attention included: `pipeline.report.flops`), attention's share of the FLOPs, peak memory and the final loss.

@@ -154,7 +154,7 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     Each rank builds the same randomly initialised `LlamaForCausalLM` (`flash_attention_2` where
     flash-attn imports on CUDA, else `sdpa`), takes at each step exactly the rows pack-train's rank
     takes (`plan_step_rows`), flattened by HF's own collator with restarting `position_ids` and,
-    for FA2, the boundaries (`bench_train.hf_row_batches`: TRL's `padding_free` rows), and runs HF's
+    for FA2, the boundaries (`scripts.benchlib.train_steps.hf_row_batches`: TRL's `padding_free` rows), and runs HF's
     forward with `labels=` (HF's loss, a mean over its own rank's tokens). It gets pack-train's
     setup around the model: `--grad-checkpointing`'s layers recomputed, each decoder layer
     compiled with pack-train's settings, then FSDP2 (bf16 parameters over fp32 shards,

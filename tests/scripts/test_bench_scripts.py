@@ -973,3 +973,12 @@ def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_
     shape = bt.flop_shape(config, 4, 1)
     want = step_flops(shape, [8], loss_tokens=7) + step_flops(shape, [3, 5], loss_tokens=6)
     assert rp.timed_flops(rows, config, 4) == want and want.recompute > 0
+
+
+def test_packed_run_defaults_are_bench_trains_own():
+    """bench_long runs packlm paths from `train_runs.PACKED_RUN_DEFAULTS` where bench_train runs them
+    from its command line: the two agree, so both scripts train with the same settings."""
+    from scripts.benchlib.train_runs import PACKED_RUN_DEFAULTS
+
+    args = vars(bt.parse_args(["--device", "cpu"]))
+    assert {k: args[k] for k in PACKED_RUN_DEFAULTS} == PACKED_RUN_DEFAULTS
