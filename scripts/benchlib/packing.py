@@ -1,5 +1,6 @@
 """pack-data jobs (the seeded GSM8K + CodeAlpaca JSONL packed once per strategy) and the packed
-folders they write, read back as groups, examples and steps."""
+folders they write, read back as groups, examples and steps; a packed folder of long rows of random
+ids written directly (`write_long_folder`: one example a row, for the long-context benchmarks)."""
 
 from __future__ import annotations
 

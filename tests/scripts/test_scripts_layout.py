@@ -171,3 +171,15 @@ def test_shared_options_are_declared_once_in_the_library():
                     and isinstance(node.args[0], ast.Constant) and node.args[0].value in shared):
                 declared.add((path.name, node.args[0].value))
     assert declared == own
+
+
+def test_the_library_face_imports_the_standard_library_only():
+    """`import scripts.benchlib` (what bench_pack_data's and bench_ray's timed child processes do
+    first) loads no numpy, torch, transformers or product module: they are imported where used."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import scripts.benchlib; heavy = {'numpy', 'torch', 'transformers', 'pipeline', 'trainer'}; "
+            "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
