@@ -2,7 +2,7 @@
 its packing-relevant features exaggerated so that ignoring one shows on 17-38-token examples:
 windows of 8 tokens, chunks of 8, soft-caps of 0.1-1, sink logits up to 3, logit scales far from 1.
 
-Used by tests/trainer/test_model_families.py (CPU, float32) and scripts/check_gpu_families.py (the GPU
+Used by tests/trainer/test_model_families.py (CPU, float32) and tests/gpu/check_gpu_families.py (the GPU
 kernels in bf16). A family either trains packed exactly (`features`: the attention features its
 layers use, `head`: whether its forward post-processes the logits) or is refused in one line
 (`refused`: a regex of that line).

@@ -21,10 +21,18 @@ from small_disk import small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
+# every script: the benchmarks, the tools, the library they share and the GPU checks
+SCRIPT_FILES = sorted([*SCRIPTS.rglob("*.py"), *(ROOT / "tests" / "gpu").glob("check_*.py")])
+
+
+def _path(name: str) -> Path:
+    """The script file called `name` (its folder under scripts/ or tests/gpu/)."""
+    (path,) = [p for p in SCRIPT_FILES if p.name == name]
+    return path
 
 
 def _load(name: str):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, _path(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -37,12 +45,12 @@ def long_data():  # noqa: ANN201
 
 @pytest.fixture(scope="module")
 def benchlib():  # noqa: ANN201
-    sys.path.insert(0, str(SCRIPTS))
-    return _load("benchlib")
+    sys.path.insert(0, str(ROOT))
+    return importlib.import_module("scripts.benchlib")
 
 
 def _script(name: str, *args: object, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / name), *map(str, args)], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, str(_path(name)), *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -202,21 +210,23 @@ def _writes(tree: ast.AST) -> list[str]:
 
 # Writes left as they are: each into a temporary file or folder the script itself made.
 OWN_TEMPORARY = {
-    "benchlib.py": 3,  # write_output's own writers (a temporary file) and /proc/self/clear_refs
-    "bench_loss.py": 1,  # savefig into write_output's temporary file
-    "bench_pack_data.py": 1,  # make_copies: inputs in the benchmark's temporary folder
-    "bench_pack_data_long.py": 1,  # replicate: the same
-    "make_long_data.py": 1,  # one example counted in its temporary folder
-    "make_sample_data.py": 1,  # write_jsonl's writer of write_output's temporary file
+    "benchlib/output.py": 2,  # write_output's own writers (a temporary file)
+    "benchlib/machine.py": 1,  # /proc/self/clear_refs
+    "bench/bench_loss.py": 1,  # savefig into write_output's temporary file
+    "benchlib/pack_data_runs.py": 2,  # make_copies and replicate: inputs in the benchmark's temporary folder
+    "tools/make_long_data.py": 1,  # one example counted in its temporary folder
+    "tools/make_sample_data.py": 1,  # write_jsonl's writer of write_output's temporary file
 }
 
 
 def test_every_script_writes_its_outputs_through_benchlib():
     """The class, not the cases: a new script that writes a file with write_text or open(..., "w")
     fails here until it uses benchlib's `write_output` (or is a temporary file of its own, listed)."""
-    for path in sorted(SCRIPTS.glob("*.py")):
+    assert len(SCRIPT_FILES) > 20  # the control: the scripts are found where they live
+    for path in SCRIPT_FILES:
+        name = path.relative_to(SCRIPTS).as_posix() if path.is_relative_to(SCRIPTS) else path.name
         writes = _writes(ast.parse(path.read_text(encoding="utf-8")))
-        assert len(writes) == OWN_TEMPORARY.get(path.name, 0), (path.name, writes)
+        assert len(writes) == OWN_TEMPORARY.get(name, 0), (name, writes)
 
 
 # ------------------------------------------------------------- text and options of pack-data itself

@@ -1,9 +1,9 @@
-"""CPU checks of the GPU benchmark scripts' logic (scripts/bench_train.py, scripts/bench_loss.py).
+"""CPU checks of the GPU benchmark scripts' logic (scripts/bench/bench_train.py, scripts/bench/bench_loss.py).
 
 The GPU numbers themselves are measured by the lead; here we pin down that the paths compare like
 with like: the padding and flattening collates hold the same examples, every path computes the same
 loss on the same weights, the step/group bookkeeping is right and the FLOP accounting gives the
-expected numbers. scripts/bench_pack_data.py's pack-data runs (child and whole process) are run on a
+expected numbers. scripts/bench/bench_pack_data.py's pack-data runs (child and whole process) are run on a
 small job, so that a moved pipeline entry point breaks a test, not the benchmark.
 """
 
@@ -18,12 +18,21 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))  # the benchmarks, imported by name
+sys.path.insert(0, str(REPO / "tests" / "gpu"))  # the GPU checks
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # scripts.benchlib
 
-import bench_loss as bl
-import bench_train as bt
-from packed_factory import make_packed_folder
+import bench_loss as bl  # noqa: E402
+import bench_train as bt  # noqa: E402
+from packed_factory import make_packed_folder  # noqa: E402
+
+from pipeline.shards import read_manifest  # noqa: E402
+from scripts.benchlib.train_results import finish_result, timed_result  # noqa: E402
+from scripts.benchlib.train_runs import step_seq_lens_of_plan  # noqa: E402
+from scripts.benchlib import pad_collate, to_device  # noqa: E402
+from scripts.benchlib import train_steps  # noqa: E402
+from scripts.benchlib.train_steps import Batch, flatten_collate, real_tokens  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -78,7 +87,7 @@ def test_finish_result_rates():
                        head_params=0)
     lens = np.array([3000, 5000])
     res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, loss_tokens=6000, seconds=2.0, data_wait_s=0.02)
-    bt.finish_result(res, shape=shape, lens=lens, peak_tflops=989.0)
+    finish_result(res, shape=shape, lens=lens, peak_tflops=989.0)
     assert res.tokens_per_s == 4000
     assert res.step_ms == 500
     dense = 6e9 * 8000
@@ -112,24 +121,24 @@ def test_markdown_table_ratios_against_best_hf_packed_and_padding():
 
 def test_pad_collate_right_pads_with_mask_and_ignored_labels():
     exs = _examples([5, 3, 4])
-    b = bt.pad_collate(exs, pad_id=2)
+    b = pad_collate(exs, pad_id=2)
     assert b["input_ids"].shape == (3, 5)
     assert b["attention_mask"].sum(1).tolist() == [5, 3, 4]
     assert b["input_ids"][1, 3:].tolist() == [2, 2]
     assert b["labels"][1, 3:].tolist() == [-100, -100]
     assert b["labels"][2, :4].tolist() == exs[2]["labels"].tolist()
-    assert bt.real_tokens(b) == 12
+    assert real_tokens(b) == 12
 
 
 def test_flatten_collate_is_hf_flattening_of_the_same_examples():
     exs = _examples([5, 3, 4])
-    b = bt.flatten_collate(exs)
+    b = flatten_collate(exs)
     assert b["input_ids"].shape == (1, 12)
     assert b["input_ids"][0].tolist() == np.concatenate([e["input_ids"] for e in exs]).tolist()
     assert b["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]
     labels = b["labels"][0].tolist()
     assert [labels[i] for i in (0, 5, 8)] == [-100, -100, -100]  # no loss across a boundary
-    assert bt.real_tokens(b) == 12
+    assert real_tokens(b) == 12
     # packlm's own collate sees the same tokens and boundaries
     from trainer.data.batch import collate_rows
 
@@ -144,11 +153,11 @@ def test_flatten_collate_hands_flash_attention_the_boundaries_as_a_skilled_user_
     HF's collator, so transformers need not derive them from position_ids (a host sync and a graph
     break in every layer); `to_device` moves the tensors and keeps the ints."""
     exs = _examples([5, 3, 4])
-    b = bt.flatten_collate(exs, flash_kwargs=True)
+    b = flatten_collate(exs, flash_kwargs=True)
     assert b["cu_seq_lens_q"].tolist() == b["cu_seq_lens_k"].tolist() == [0, 5, 8, 12]
     assert b["max_length_q"] == b["max_length_k"] == 5 and type(b["max_length_q"]) is int
-    assert "cu_seq_lens_q" not in bt.flatten_collate(exs)  # the default: what TRL's padding_free hands over
-    moved = bt.to_device(b, CPU)
+    assert "cu_seq_lens_q" not in flatten_collate(exs)  # the default: what TRL's padding_free hands over
+    moved = to_device(b, CPU)
     assert moved["max_length_q"] == 5 and torch.equal(moved["input_ids"], b["input_ids"])
 
 
@@ -165,8 +174,8 @@ def test_all_paths_compute_the_same_loss_on_the_same_weights():
     for a, b in zip(hf.state_dict().values(), packed.state_dict().values()):
         assert torch.equal(a, b)
     with torch.no_grad():
-        pad_loss = float(hf(**bt.pad_collate(exs, 2)).loss)
-        flat_loss = float(hf(**bt.flatten_collate(exs)).loss)
+        pad_loss = float(hf(**pad_collate(exs, 2)).loss)
+        flat_loss = float(hf(**flatten_collate(exs)).loss)
         s, n = packed_loss(packed, collate_rows(_rows(exs)))
     assert n == sum(int((e["labels"][1:] != -100).sum()) for e in exs)
     assert flat_loss == pytest.approx(pad_loss, rel=1e-5)
@@ -229,7 +238,7 @@ def test_timed_loop_counts_only_timed_steps_and_host_wait():
         for i in range(5):
             def thunk(i=i):
                 time.sleep(0.01)
-                return bt.Batch(payload=i, tokens=10 * (i + 1), seq_lens=np.array([i + 1]), examples=1)
+                return Batch(payload=i, tokens=10 * (i + 1), seq_lens=np.array([i + 1]), examples=1)
             yield thunk
 
     res, lens = bt.timed_loop(thunks(), lambda p: torch.tensor(float(p)), warmup=2, steps=3,
@@ -250,8 +259,8 @@ def test_planned_steps_match_pack_train_data_plan(tmp_path):
     lens = [5, 9, 3, 7, 8, 2, 6]
     rows = [[(i, np.arange(3, 3 + n))] for i, n in enumerate(lens)]
     make_packed_folder(tmp_path / "p", rows, max_len=16)
-    got, tokens = bt.step_seq_lens_of_plan(tmp_path / "p", 12, seed=3, first=1, count=2)
-    manifest = bt.read_manifest(tmp_path / "p")
+    got, tokens = step_seq_lens_of_plan(tmp_path / "p", 12, seed=3, first=1, count=2)
+    manifest = read_manifest(tmp_path / "p")
     planner = Planner(row_lengths(tmp_path / "p", manifest), 12, seed=3)
     want = np.concatenate([np.array(lens)[planner.plan(0).rows(k)] for k in (1, 2)])
     assert got.tolist() == want.tolist() and tokens == int(want.sum())
@@ -262,9 +271,9 @@ def test_a_pack_train_run_that_stopped_early_is_no_result():
     one timed step it logged must not stand in for the steps asked for."""
     recs = [{"step": s, "tokens": 100 * s, "step_time_s": 0.5, "data_wait_s": 0.01, "loss": 9.0 - s}
             for s in (3, 6, 9)]
-    full, ms = bt.timed_result("packlm-ffd", "pack-train", recs, warmup=3, steps=6)
+    full, ms = timed_result("packlm-ffd", "pack-train", recs, warmup=3, steps=6)
     assert full.ok and full.steps == 6 and full.tokens == 600 and ms == [500.0, 500.0] and not full.note
-    short, _ = bt.timed_result("packlm-ffd", "pack-train", recs[:2], warmup=3, steps=6, stopped_by_sigterm=True)
+    short, _ = timed_result("packlm-ffd", "pack-train", recs[:2], warmup=3, steps=6, stopped_by_sigterm=True)
     assert not short.ok and short.steps == 3
     assert short.note == "pack-train stopped after 3 of 6 timed steps (SIGTERM)"
 
@@ -309,14 +318,14 @@ def test_pad_and_minibatch_steps_hold_the_same_examples(tmp_path):
 
 
 def test_gpu_suite_is_strict_bash_with_parts():
-    text = (REPO / "scripts" / "gpu_suite.sh").read_text()
+    text = (REPO / "scripts" / "bench" / "gpu_suite.sh").read_text()
     assert "set -o pipefail" in text and "PYTHONUNBUFFERED=1" in text
     for part in ("attn", "train", "loss"):
         assert part in text
     import subprocess
 
-    assert subprocess.run(check=False, args=["bash", "-n", str(REPO / "scripts" / "gpu_suite.sh")]).returncode == 0
-    bad = subprocess.run(check=False, args=["bash", str(REPO / "scripts" / "gpu_suite.sh"), "nonsense"],
+    assert subprocess.run(check=False, args=["bash", "-n", str(REPO / "scripts" / "bench" / "gpu_suite.sh")]).returncode == 0
+    bad = subprocess.run(check=False, args=["bash", str(REPO / "scripts" / "bench" / "gpu_suite.sh"), "nonsense"],
                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "OUT": "/tmp"})
     assert bad.returncode != 0 and "usage" in (bad.stderr + bad.stdout).lower()
 
@@ -327,7 +336,7 @@ def test_benchmark_modules_do_not_import_polars_or_datasets():
 
     code = (
         "import sys; sys.modules['polars'] = None; sys.modules['datasets'] = None\n"
-        f"sys.path.insert(0, {str(REPO / 'scripts')!r})\n"
+        f"sys.path.insert(0, {str(REPO / 'scripts' / 'bench')!r})\n"
         "import bench_train, bench_loss, trainer.run.loop, trainer.model.load, trainer.model.loss, trainer.data.stream\n"
         "import pipeline.cli, pipeline.engines.job, pipeline.write.shard_writer, pipeline.read.sources, pipeline.tokenize.tokenize_inputs, pipeline.shards\n"
     )
@@ -577,7 +586,7 @@ def test_precision_classes_of_paths():
 
 
 def test_check_gpu_hf_builds_valid_packed_rows_and_needs_cuda(monkeypatch):
-    """scripts/check_gpu_hf.py: its rows are full packed rows (examples restart positions, first
+    """tests/gpu/check_gpu_hf.py: its rows are full packed rows (examples restart positions, first
     label -100) that the collator accepts; without CUDA it stops with one line."""
     import check_gpu_hf as cg
 
@@ -610,12 +619,12 @@ def test_bench_pack_data_long_replicates_without_repeats_and_measures_the_ceilin
 
 @pytest.mark.slow
 def test_bench_long_on_cpu(tmp_path):
-    """scripts/bench_long.py end to end on a tiny model: every backend that runs on the CPU trains
+    """scripts/bench/bench_long.py end to end on a tiny model: every backend that runs on the CPU trains
     the same rows from the same seed (same loss); one that needs CUDA is reported, not fatal."""
     import subprocess
 
     out = tmp_path / "long.json"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_long.py"), "--device", "cpu", "--model", "tiny",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "bench_long.py"), "--device", "cpu", "--model", "tiny",
                            "--examples", "30", "--min-len", "64", "--max-example-len", "128", "--max-len", "256",
                            "--steps", "2", "--warmup", "1", "--dtype", "fp32", "--backends", "sdpa,sdpa,torch",
                            "--json", str(out)], cwd=REPO, capture_output=True, text=True, check=False,
@@ -629,12 +638,12 @@ def test_bench_long_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_bench_ray_on_cpu(tmp_path):
-    """scripts/bench_ray.py on a small job: both engines run and their shards are identical."""
+    """scripts/bench/bench_ray.py on a small job: both engines run and their shards are identical."""
     pytest.importorskip("ray")
     import subprocess
 
     out = tmp_path / "ray.json"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_ray.py"), "--parts", "pretok,plan",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "bench_ray.py"), "--parts", "pretok,plan",
                            "--workers", "2", "--tokens", "300000", "--plan-tokens", "1e6", "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -723,7 +732,7 @@ def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) ->
     stream.ShardReader.microbatch = spy_read
     config = trainer.TrainConfig
     trainer.TrainConfig = lambda **kw: config(**{**kw, "num_workers": 0})  # reads in this process
-    make_step = bt.hf_step_fn
+    make_step = train_steps.hf_step_fn
 
     def spy_step(*a, **kw):
         step = make_step(*a, **kw)
@@ -733,7 +742,7 @@ def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) ->
             return step(batch)
         return run
 
-    bt.hf_step_fn = spy_step
+    train_steps.hf_step_fn = spy_step  # where bench_precision's HF peer takes it from
     args = bp.parse_args(["--model", "tiny", "--parallel", "fsdp", "--tokens-per-step", "128", "--steps", "3",
                           "--warmup", "1", "--log-every", "1", "--lr", "1e-3", "--workdir", workdir,
                           "--shared", workdir])
@@ -781,7 +790,7 @@ def test_bench_precision_hf_peer_refuses_a_precision_it_does_not_run(tmp_path):
 
 @pytest.mark.slow
 def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, monkeypatch):
-    """scripts/bench_unsloth.py with a stand-in for `unsloth` (HF + peft under Unsloth's API): it
+    """scripts/bench/bench_unsloth.py with a stand-in for `unsloth` (HF + peft under Unsloth's API): it
     writes the checkpoint Unsloth loads, asks for LoRA with the gradient checkpointing named, and
     times exactly pack-train's planned steps, each flattened with its examples' lengths."""
     import shutil
@@ -828,7 +837,7 @@ def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, 
     assert seen["gc"] is True and seen["r"] == 4
     assert [sum(x) for x in seen["lengths"]] == seen["tokens"]  # every token is in one example
     (res,) = report["results"]
-    lens, tokens = bt.step_seq_lens_of_plan(tmp_path / "w" / "ffd", 512, 0, 1, 2)
+    lens, tokens = step_seq_lens_of_plan(tmp_path / "w" / "ffd", 512, 0, 1, 2)
     assert res["path"] == "unsloth-ffd+gc-true" and res["ok"] and res["steps"] == 2
     assert res["tokens"] == tokens == sum(seen["tokens"][1:3])
     assert sum(seen["lengths"][1:3], []) == lens.tolist()  # the timed steps' examples, in order
@@ -837,7 +846,7 @@ def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, 
 
 @pytest.mark.slow
 def test_bench_activation_memory_counts_one_layer_of_activations(capsys):
-    """scripts/bench_activation_memory.py on the tiny preset: a layer keeps a positive number of
+    """scripts/bench/bench_activation_memory.py on the tiny preset: a layer keeps a positive number of
     bytes per token for its backward, fewer compiled than eager (the compiled backward recomputes
     what is cheap), and the breakdown lists what they are."""
     import re
@@ -945,7 +954,7 @@ def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_
     """bench_context_parallel report: medians of pack-train's own FLOP rates over the timed steps;
     ring_peer: the FLOPs of its rows by pipeline.report.flops (every layer recomputed)."""
     import bench_context_parallel as bcp
-    import ring_peer as rp
+    from scripts.benchlib import ring_peer as rp
 
     from pipeline.report.flops import step_flops
 
@@ -964,3 +973,12 @@ def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_
     shape = bt.flop_shape(config, 4, 1)
     want = step_flops(shape, [8], loss_tokens=7) + step_flops(shape, [3, 5], loss_tokens=6)
     assert rp.timed_flops(rows, config, 4) == want and want.recompute > 0
+
+
+def test_packed_run_defaults_are_bench_trains_own():
+    """bench_long runs packlm paths from `train_runs.PACKED_RUN_DEFAULTS` where bench_train runs them
+    from its command line: the two agree, so both scripts train with the same settings."""
+    from scripts.benchlib.train_runs import PACKED_RUN_DEFAULTS
+
+    args = vars(bt.parse_args(["--device", "cpu"]))
+    assert {k: args[k] for k in PACKED_RUN_DEFAULTS} == PACKED_RUN_DEFAULTS

@@ -1,4 +1,4 @@
-"""scripts/bench_trl.py on the CPU (tiny model): TRL's SFTTrainer and pack-train train the same
+"""scripts/bench/bench_trl.py on the CPU (tiny model): TRL's SFTTrainer and pack-train train the same
 examples with the same loss tokens, each path in its own subprocess. Skips where trl is not
 installed or the shared data sets are absent (CI's venv has neither)."""
 
@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+sys.path.insert(0, str(REPO))
 
 import bench_trl  # noqa: E402
-from benchlib import shared_dir  # noqa: E402
+
+from scripts.benchlib import shared_dir  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("trl") is None or importlib.util.find_spec("datasets") is None,

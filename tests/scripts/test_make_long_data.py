@@ -1,4 +1,4 @@
-"""scripts/make_long_data.py: long chat and text examples that land at the requested token counts
+"""scripts/tools/make_long_data.py: long chat and text examples that land at the requested token counts
 (as pack-data counts them), the same for the same seed, and packed whole at --max-len 1048576."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ LLAMA2 = SHARED / "tokenizers" / "llama2"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("make_long_data", ROOT / "scripts" / "make_long_data.py")
+    spec = importlib.util.spec_from_file_location("make_long_data", ROOT / "scripts" / "tools" / "make_long_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

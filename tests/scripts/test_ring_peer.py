@@ -1,4 +1,4 @@
-"""scripts/ring_peer.py (the ring-flash-attn peer of `pack-train --context-parallel N`) on the CPU:
+"""scripts/benchlib/ring_peer.py (the ring-flash-attn peer of `pack-train --context-parallel N`) on the CPU:
 with an exact reference in place of the ring function (`--fake-ring`), two gloo ranks each holding
 half of a padded row give the loss and LoRA gradients of the examples run one by one in a single
 process; a forward that never reaches the ring function stops the run. Needs no ring_flash_attn."""
@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))  # scripts.benchlib
 sys.path.insert(0, str(REPO / "tests"))
 
 pytest.importorskip("peft")
 
-import ring_peer as rp  # noqa: E402
 from gloo_ranks import run_on_ranks  # noqa: E402
+
+from scripts.benchlib import ring_peer as rp  # noqa: E402
 
 LENGTHS = [37, 100, 5, 59]  # 201 tokens: one pad token on 2 ranks; the 100-token example spans both
 
@@ -120,7 +121,7 @@ package.flash_attn_interface, package.__version__ = interface, "2.8.3"
 package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
 interface.__spec__ = importlib.machinery.ModuleSpec("flash_attn.flash_attn_interface", None)
 sys.modules.update({"flash_attn": package, "flash_attn.flash_attn_interface": interface})
-import ring_peer as rp
+from scripts.benchlib import ring_peer as rp
 adapter = rp.import_adapter()
 def kernel(q, k, v, **kwargs):  # [tokens, heads, dim]
     rep = q.shape[1] // k.shape[1]
@@ -140,7 +141,7 @@ print(calls.n, how)
 
 @pytest.mark.skipif(importlib.util.find_spec("ring_flash_attn") is None, reason="ring_flash_attn is not installed")
 def test_the_adapter_reaches_the_ring_kernel_once_per_layer() -> None:
-    path = [str(REPO / "scripts"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    path = [str(REPO), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run([sys.executable, "-c", _ADAPTER_CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

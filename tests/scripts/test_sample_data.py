@@ -17,7 +17,7 @@ TOKENIZER_FILES = ["tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"
 
 def _script():
     spec = importlib.util.spec_from_file_location("make_sample_data",
-                                                  ROOT / "scripts" / "make_sample_data.py")
+                                                  ROOT / "scripts" / "tools" / "make_sample_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

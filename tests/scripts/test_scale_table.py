@@ -1,4 +1,4 @@
-"""scripts/scale_table.py on fabricated pack-train run folders (CPU, milliseconds)."""
+"""scripts/bench/scale_table.py on fabricated pack-train run folders (CPU, milliseconds)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "scale_table.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "scale_table.py"
 spec = importlib.util.spec_from_file_location("scale_table", SCRIPT)
 scale_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(scale_table)

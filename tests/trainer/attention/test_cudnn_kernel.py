@@ -2,7 +2,7 @@
 the scale, chunks and value heads through `varlen_attention`'s preparation, autograd through the
 per-example writes, its selection (never auto's), and its one-line refusals. cuDNN itself needs a
 GPU, so `cudnn_kernel.SDPA_SCOPE` is replaced by a scope that lets PyTorch's CPU kernel run the same
-`scaled_dot_product_attention` calls (scripts/check_gpu_attention.py checks the real kernel)."""
+`scaled_dot_product_attention` calls (tests/gpu/check_gpu_attention.py checks the real kernel)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`--dtype fp8` (trainer.model.fp8): which layers become float8, where it is refused, and the packing
 guarantee under each recipe, on torchao's CPU emulation of the float8 arithmetic (the GPU kernels
-run the same casts and scales: scripts/bench_precision.py measures them on an H100)."""
+run the same casts and scales: scripts/bench/bench_precision.py measures them on an H100)."""
 
 from __future__ import annotations
 
