@@ -40,7 +40,7 @@ PRODUCT_FACES = sorted([
     "pipeline.tokenize.encode_pool", "pipeline.tokenize.render", "pipeline.tokenize.spill",
     "pipeline.tokenize.tokenize_inputs", "pipeline.tokenize.tokenizer",
     "trainer", "trainer.attention.backend", "trainer.attention.features", "trainer.attention.kernels",
-    "trainer.config", "trainer.data.batch", "trainer.data.hf", "trainer.data.stream",
+    "trainer.config", "trainer.data.batch", "trainer.data.hf", "trainer.data.row_split", "trainer.data.stream",
     "trainer.distributed.context_parallel", "trainer.distributed.parallel", "trainer.model.fp8",
     "trainer.model.load", "trainer.model.long_rows", "trainer.model.lora", "trainer.model.loss",
     "trainer.model.precision", "trainer.run.loop", "trainer.run.metrics", "trainer.run.profiling",

@@ -20,7 +20,7 @@ Recipes (`--fp8-recipe`), torchao's names:
   Its extra casts cost more than the float8 weight gradient saves, so it is slower than the default.
 - `tensorwise`: one scale per tensor (the micro-batch's largest value): every number depends on the
   whole micro-batch. Every matmul runs in float8; the fastest recipe at the 8B shape, but not at
-  1B, where its casts outweigh that (`scripts/bench_fp8_layers.py`, BENCHMARKS.md).
+  1B, where its casts outweigh that (`scripts/bench/bench_fp8_layers.py`, BENCHMARKS.md).
 
 The two batch-dependent recipes are what other trainers run; pack-train runs them when asked and
 says at start-up that they break the packed == alone guarantee. Under FSDP2 (`--parallel fsdp`),

@@ -5,7 +5,7 @@
 summary: GPU milliseconds per step by kernel kind, the top kernels, the GPU's idle share and the
 gaps between kernels, the host's top operators and the calls that wait for the GPU) and
 `RUN/profile/rank{r}.trace.json.gz` (the Chrome trace, for chrome://tracing or Perfetto).
-`scripts/bench_train.py` profiles its Hugging Face paths with the same functions.
+`scripts/bench/bench_train.py` profiles its Hugging Face paths with the same functions.
 
 Example of a summary's heart, from an H100 (8B LoRA step, every second layer checkpointed)::
 
