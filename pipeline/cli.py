@@ -330,7 +330,8 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
             tok, name, via = whatif_tokenizer(tokenizer)
             lengths = lengths_of(list(inputs), tok, **options)
             if len(lengths) == 0:
-                raise UserError(f"no non-empty examples in {', '.join(inputs)}")
+                raise UserError(f"no non-empty examples in {', '.join(inputs)}: check --format and the field options "
+                                "(--text-field, --instruction-field, ...) against the file's fields")
             report = whatif_report(lengths, max_len_list,
                                    strategies=strategies, batch_size=batch_size,
                                    seed=seed or 0, sizes=replace(sizes, vocab=len(tok)))  # its vocabulary
@@ -360,7 +361,8 @@ def _check_report_target(path: Path, flag: str, read: list[Path]) -> None:
     """A report file replaces only a regular file (or none) outside what the report reads: a device
     node would be replaced by a file, the packed folder's manifest or an input by the report."""
     if not path.absolute().parent.is_dir():
-        raise UserError(f"{flag} {path}: folder {path.absolute().parent} does not exist")
+        raise UserError(f"{flag} {path}: folder {path.absolute().parent} does not exist: create it, or write "
+                        "the report into an existing folder")
     if path.exists() and not path.is_file():
         raise UserError(f"{flag} {path}: not a regular file (a device, a pipe): write the report to a file")
     for source in read:

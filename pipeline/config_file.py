@@ -35,6 +35,7 @@ all at once (an error line quoting a long value is cut):
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -105,7 +106,92 @@ def _load_yaml(text: str) -> Any:
                     pass
             return super().construct_mapping(node, deep)
 
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+            if kind is yaml.ScalarNode and implicit[0] and Spelling.of(value) is not None:
+                return SPELLING_TAG
+            return super().resolve(kind, value, implicit)
+
+    Loader.add_constructor(SPELLING_TAG, lambda loader, node: Spelling.of(node.value))
     return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+
+
+SPELLING_TAG = "tag:packlm:yaml-1.1-spelling"
+_FLAGS = {"yes": True, "on": True, "no": False, "off": False}
+_BASE60 = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+_OCTAL11 = re.compile(r"[-+]?0[0-7_]+")
+_OCTAL12 = re.compile(r"[-+]?0o[0-7]+")
+
+
+class Spelling(str):
+    """A plain YAML scalar that YAML 1.1 (PyYAML, and so Axolotl and TRL) and YAML 1.2 read as
+    different values: `yes`/`no`/`on`/`off` (true/false, or text), a base-60 number (`1:30` is 90,
+    or text), an octal number (`017` is 15 in 1.1 and 17 in 1.2; `0o17` is 15 in 1.2 and text in
+    1.1). It stays text until the option it reaches is known (`settle`): a flag takes the yes/no
+    words as true/false, a text option the text, a number option the one number both readings agree
+    on (`0o17`), and anything else is refused in one line instead of becoming a different number."""
+
+    flag: bool | None = None  # its true/false, for the yes/no words
+    number: int | None = None  # the number it means to every reader, where there is one
+    why: str = ""  # why a number option cannot take it
+
+    @classmethod
+    def of(cls, text: str) -> Spelling | None:
+        """The Spelling of a plain scalar's text, or None where YAML 1.1 and 1.2 agree on it."""
+        made = cls(text)
+        bare = text.lstrip("+-")
+        if text in _FLAGS or text.lower() in _FLAGS and text in (text.lower(), text.title(), text.upper()):
+            made.flag = _FLAGS[text.lower()]
+            made.why = f"{text!r} is a word (true or false to YAML 1.1), not a number: write the number"
+        elif _BASE60.fullmatch(text):
+            made.why = (f"{text} is a base-60 number to YAML 1.1 ({_base60(text):g}) and text to YAML 1.2: "
+                        f"write the number itself, e.g. {_base60(text):g}")
+        elif _OCTAL11.fullmatch(text) and bare.strip("0_"):
+            octal, decimal = int(text.replace("_", ""), 8), int(text.replace("_", ""), 10)
+            made.why = (f"{text} is octal to YAML 1.1 ({octal}) and decimal to YAML 1.2 ({decimal}): "
+                        f"write {octal} or {decimal}, the one you mean")
+        elif _OCTAL12.fullmatch(text):
+            made.number = int(text, 0)
+            made.why = f"{text} is octal to YAML 1.2 ({made.number}) and text to YAML 1.1 (Axolotl, TRL): write {made.number}"
+        else:
+            return None
+        return made
+
+    def settle(self, kind: Any) -> Any:
+        """The value for an option of `kind` (bool, int, float, or anything else: text), or UserError."""
+        if kind is bool:
+            if self.flag is None:
+                raise UserError(f"{self} is a number to YAML 1.1, not true or false: write true or false")
+            return self.flag
+        if kind in (int, float):
+            if self.number is None:
+                raise UserError(self.why)
+            return kind(self.number)
+        return str(self)
+
+
+def _base60(text: str) -> float:
+    sign = -1 if text.startswith("-") else 1
+    total = 0.0
+    for part in text.lstrip("+-").replace("_", "").split(":"):
+        total = total * 60 + float(part)
+    return sign * total
+
+
+def settled(value: Any, strict: bool = True) -> Any:
+    """`value` as Axolotl and TRL read it (PyYAML, YAML 1.1): the yes/no words true or false; a
+    number spelling that YAML 1.2 reads otherwise is refused (UserError), or with `strict` False
+    left as it is (refused when its key is read); everything else as written."""
+    if isinstance(value, Spelling):
+        if value.flag is not None:
+            return value.flag
+        if strict:
+            raise UserError(value.why)
+        return value
+    if isinstance(value, list):
+        return [settled(v, strict) for v in value]
+    if isinstance(value, dict):
+        return {k: settled(v, strict) for k, v in value.items()}
+    return value
 
 
 def read_config_file(path: str | Path, command: click.Command, checks: dict[str, Check] | None = None,
@@ -156,6 +242,8 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     out: dict[str, Any] = {}
     keys: dict[str, object] = {}
     tool = foreign_config.looks_foreign(data) if foreign else None
+    if tool is not None:
+        data = settled(data, strict=False)  # the yes/no words as the tool reads them
     lines: list[str] = []
     refused: list[str] = []  # every key that cannot be honoured, named together in one line
 
@@ -207,6 +295,9 @@ def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: st
     rule = foreign_config.rule(str(key), foreign) if foreign else None
     if isinstance(rule, foreign_config.Unused):
         return f"  {key}: not used by {foreign}: {rule.why}"
+    found = names.get(str(key).replace("-", "_")) or names.get(str(key))
+    if rule is not None or (found is None and tool is not None):
+        value = settled(value)  # an Axolotl/TRL key: as the tool reads it, or refused (`Spelling`)
     if rule is not None:
         if value is None or value == "":
             return f"  {key}: (empty) -> (the defaults)"
@@ -217,7 +308,6 @@ def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: st
         shown = [f"{_flag(params[name]) if name in params else name} {foreign_config.show(take(key, name, v))}"
                  for name, v in mapped.items()]
         return f"  {key}: {foreign_config.show(value)} -> {' '.join(shown) or '(the defaults)'}"
-    found = names.get(str(key).replace("-", "_")) or names.get(str(key))
     if found is None:
         if tool is not None:
             return foreign_config.schema_key(str(key), value, tool, foreign or "")
@@ -255,15 +345,21 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
         value = [value]  # one INPUT
     if param.name in COMMA_LISTS and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         value = ",".join(value)  # `lora-target: [q_proj, v_proj]`
+    kind = (bool if getattr(param, "is_flag", False) else
+            int if isinstance(param.type, (click.types.IntParamType, click.IntRange)) else
+            float if isinstance(param.type, (click.types.FloatParamType, click.FloatRange)) else
+            str if isinstance(param.type, (click.types.StringParamType, click.Choice, click.Path)) else None)
+    try:  # `yes`, `1:30`, `017`: what the option takes, or refused (`Spelling`)
+        value = ([v.settle(kind) if isinstance(v, Spelling) else v for v in value] if isinstance(value, list)
+                 else value.settle(bool if getattr(param, "_flag_needs_value", False) and value.flag is not None
+                                   else kind) if isinstance(value, Spelling) else value)
+    except UserError as exc:
+        raise UserError(f"{flag}: {exc}") from None
     if value is True and getattr(param, "_flag_needs_value", False):
         value = param.flag_value  # `resume: true`: the flag alone (--resume, i.e. newest)
     items = value if many else [value]
     if many and not isinstance(value, list):
         raise UserError(f"{flag} takes a list, got {value!r} ({type(value).__name__})")
-    kind = (bool if getattr(param, "is_flag", False) else
-            int if isinstance(param.type, (click.types.IntParamType, click.IntRange)) else
-            float if isinstance(param.type, (click.types.FloatParamType, click.FloatRange)) else
-            str if isinstance(param.type, (click.types.StringParamType, click.Choice, click.Path)) else None)
     for item in items:
         if isinstance(item, str) and kind in (int, float):
             continue  # text, read as the flag's text would be

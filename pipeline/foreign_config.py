@@ -40,6 +40,7 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     Unused,
     _adapter,
     _bf16,
+    _bfloat16,
     _chat_template,
     _chat_template_jinja,
     _fp16,
@@ -97,6 +98,22 @@ def _strategy(key: str, steps_key: str) -> Convert:
     return convert
 
 
+def _min_sample_len(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl drops the examples shorter than this many tokens; every example has one token at least."""
+    if isinstance(value, int) and not isinstance(value, bool) and value <= 1:
+        raise NotUsed("every example is this long: none is dropped")
+    raise refuse("min_sample_len", value, "pack-data keeps every example whatever its length (it has no minimum "
+                                          "length): remove the key to keep the short ones, or drop them from the "
+                                          "data first")
+
+
+def _unfrozen_parameters(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl freezes every parameter whose name no pattern matches (utils/freeze.py)."""
+    raise refuse("unfrozen_parameters", value, "pack-train trains LoRA adapters (adapter) or every parameter, never "
+                                               "a chosen set of the model's own: remove the key (then the file's adapter "
+                                               "trains, or with none every parameter)")
+
+
 def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """`datasets:` is Axolotl's list of entries, or in a TRL file TRL's mixture (not chat data)."""
     return (trl_mixture if looks_foreign(settings) == TRL else axolotl_datasets)(value, settings)
@@ -131,8 +148,8 @@ KEYS: tuple[Key, ...] = (
         "each entry's path is an input: a Hub id as org/name[:name]:split (train[:N] of the only dataset: "
         "--limit N; a share such as train[:20%] refused), a local path, or data_files inside a local folder "
         "(data_files of a Hub dataset are refused: download them); type chat_template or sharegpt: --format "
-        "chat, alpaca: instruction (alpaca:chat: its prompt as --template; alpaca:phi and alpaca:chatml "
-        "refused: their markers would be text), completion: text; field_messages, field: the fields; "
+        "chat, alpaca: instruction (alpaca:chat, alpaca:chatml, alpaca:phi: Axolotl's prompt of that style as "
+        "--template, its markers the tokenizer's tokens), completion: text; field_messages, field: the fields; "
         "message_property_mappings (or message_field_role/content): role from role/from, content from "
         "content/value; roles_to_train, train_on_eos: --roles-to-train, --train-on-eos; shards other than 1 "
         "refused. In a TRL file, its mixture: path, name, split, data_files of each entry")),
@@ -214,6 +231,8 @@ KEYS: tuple[Key, ...] = (
                                   "steps: eval_steps; epoch: --evals-per-epoch 1; no: none"), TRAIN_KEY),
     Key("logging_strategy", TRL, Unused("logging_steps (--log-every) sets when metrics are logged"), TRAIN_KEY),
     Key("bf16", BOTH, Map(("dtype",), _bf16, "true: --dtype bf16, false: fp32, auto: auto"), TRAIN_KEY),
+    Key("bfloat16", AXOLOTL, Map(("dtype",), _bfloat16, "true: --dtype bf16 (Axolotl: bf16 or bfloat16)"),
+        TRAIN_KEY),
     Key("fp16", BOTH, Map(("dtype",), _fp16, "true is refused (no float16 training here)"), TRAIN_KEY),
     Key("tf32", BOTH, Unused("not an option here: bf16 (or --dtype) sets the precision"), TRAIN_KEY),
     Key("gradient_checkpointing", BOTH, Map(("grad_checkpointing",), _grad_checkpointing,
@@ -235,7 +254,9 @@ KEYS: tuple[Key, ...] = (
     Key("adam_epsilon", BOTH, _same("adam_eps"), TRAIN_KEY),
     Key("max_grad_norm", BOTH, _same("grad_clip"), TRAIN_KEY),
     Key("seed", BOTH, None, None),
-    Key("resume_from_checkpoint", BOTH, _same("resume"), TRAIN_KEY),
+    Key("resume_from_checkpoint", BOTH, Map(("resume",), None, "any intact checkpoint folder, an earlier one or "
+                                              "another run's (a new output_dir starts its own history there)"),
+        TRAIN_KEY),
     Key("dataloader_num_workers", TRL, _same("num_workers"), TRAIN_KEY),
     Key("torch_compile", BOTH, _same("compile_"), TRAIN_KEY),
     Key("fsdp", BOTH, Map(("parallel", "offload_states"), _fsdp,
@@ -307,6 +328,10 @@ KEYS: tuple[Key, ...] = (
     Key("loss_watchdog_patience", AXOLOTL, Unused(WATCHDOG), TRAIN_KEY),
     Key("ddp_find_unused_parameters", BOTH, Unused("every trained parameter gets a gradient in each step here: "
                                                    "DDP has no unused parameters to look for"), TRAIN_KEY),
+    Key("min_sample_len", AXOLOTL, DATA_KEY, Map((), _min_sample_len, "refused above 1 (pack-data drops no short "
+                                                                     "example); 1 or less: not used")),
+    Key("unfrozen_parameters", AXOLOTL, Map((), _unfrozen_parameters, "refused: LoRA or every parameter trains here"),
+        TRAIN_KEY),
     Key("eot_tokens", AXOLOTL, Unused("pack-data's"), Unused("the chat template's own end-of-turn marker ends each "
                                                               "turn and takes the loss (train_on_eos)")),
     Key("resize_token_embeddings_to_32x", AXOLOTL, Unused("the embeddings keep the vocabulary's size (padding rows "

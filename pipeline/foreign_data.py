@@ -17,14 +17,9 @@ from pipeline.foreign_schema import AXOLOTL_NO_VALUE
 # Axolotl dataset `type` -> our --format (None: detected from the file's columns)
 AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
                  "input_output": None}
-# `alpaca:STYLE`: Axolotl's AlpacaPrompter styles (axolotl 0.19.0 prompters.py) as pack-data --template
-# text: `instruct` is pack-data's alpaca preset, word for word; `chat` is plain text (its no-input form:
-# pack-data refuses a row whose input such a template would leave out). `chatml` and `phi` write
-# control tokens (<|im_start|>, <|user|>) into the prompt text, which Axolotl's tokenizer reads as
-# those tokens and pack-data as text: no exact equivalent.
-_NO_INPUT_SYSTEM = ("Below is an instruction that describes a task. Write a response that appropriately completes "
-                    "the request.")
-ALPACA_STYLES = {"instruct": "alpaca", "chat": f"SYSTEM: {_NO_INPUT_SYSTEM}\nUSER: {{instruction}}\nASSISTANT:"}
+# `alpaca:STYLE`: Axolotl's AlpacaPrompter styles, pack-data's --template presets of the same name
+# (`pipeline.read.formats.TEMPLATES`); plain `alpaca` (alpaca:instruct) is pack-data's alpaca preset.
+ALPACA_STYLES = {"instruct": "alpaca", "chat": "alpaca:chat", "chatml": "alpaca:chatml", "phi": "alpaca:phi"}
 # sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
            "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content"}
@@ -92,11 +87,8 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         path = text_value(f"{where} path", d["path"])
         kind = text_value(f"{where} type", d.get("type", "chat_template"))
         base, _, style = kind.partition(":") if kind.startswith("alpaca:") else (kind, "", "")
-        if style:
-            if style not in ALPACA_STYLES:
-                raise refuse(f"{where} type", kind, f"Axolotl's {style} style writes control tokens into the prompt "
-                                                    "text, which pack-data tokenizes as text: convert the rows to "
-                                                    "messages and give the model's chat_template (e.g. phi_3, chatml)")
+        if style and style not in ALPACA_STYLES:
+            raise refuse(f"{where} type", kind, f"not one of Axolotl's alpaca styles ({', '.join(ALPACA_STYLES)})")
         if base not in AXOLOTL_TYPES:
             raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
                                                 "with pack-data's own --format and field options")

@@ -125,10 +125,19 @@ def _bf16(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if value is True:
         return {"dtype": "bf16"}
     if value is False:
-        if settings.get("fp16") is True:
-            return {}  # fp16: true refuses on its own key
+        if settings.get("fp16") is True or settings.get("bfloat16") is True:
+            return {}  # fp16: true refuses on its own key; bfloat16: true sets bf16 (Axolotl: bf16 or bfloat16)
         return {"dtype": "fp32"}
     raise _refuse("bf16", value, "use true, false or auto")
+
+
+def _bfloat16(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl's bfloat16 (core/builders/base.py: bf16 = cfg.bf16 or cfg.bfloat16)."""
+    if not _yes_no("bfloat16", value):
+        raise NotUsed("false: bf16 sets the precision")
+    if settings.get("bf16") not in (None, False):
+        raise NotUsed(f"bf16: {settings['bf16']} sets the precision (Axolotl trains in bf16 when either is set)")
+    return {"dtype": "bf16"}
 
 
 def _yes_no(key: str, value: Any) -> bool:

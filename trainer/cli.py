@@ -15,6 +15,7 @@ from pipeline.report.flops import rates_line
 from pipeline.tokenize.tokenizer import tokenizer_folder
 from trainer.config import OPTIMIZERS, REPORT_TO, TOKENS_PER_STEP, TRAIN_CHECKS, TrainConfig, uri_problem, validate
 from trainer.data.check import open_data
+from trainer.run.nesting import refuse_nested_run
 from trainer.run.preflight import refuse_before_torch
 from trainer.model.presets import model_folder
 
@@ -231,6 +232,7 @@ def pack_train(**options: object) -> None:
         # what needs no torch is checked before torch is imported (seconds): options, model name, data
         validate(config)
         refuse_before_torch(config)
+        refuse_nested_run(config)
         model_folder(config.model)
         if config.tokenizer is not None:
             tokenizer_folder(config.tokenizer)  # a mistyped path fails here, a Hub id is found in open_data

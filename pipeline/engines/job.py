@@ -34,6 +34,7 @@ from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.option_checks import MAX_PROCS, PATH, PATHS, TEXT_MAP, TEXTS, Check, check_options
 from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
+from pipeline.write.nesting import check_out_nesting
 from pipeline.write.remote_out import remote_out
 from pipeline.plan.rows import OVERLONG, Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
@@ -224,6 +225,7 @@ def validate(config: PackConfig) -> None:
     check_options(config, PACK_CHECKS, {"inputs": "inputs"})
     if not config.inputs:
         raise UserError("no INPUT given: pass one or more files, folders or globs")
+    check_out_nesting(config.out, config.inputs, is_uri(config.out))  # no input read back or replaced
     if not is_uri(config.out):
         check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work

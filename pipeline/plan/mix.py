@@ -52,7 +52,7 @@ def parse_mix(text: str | None) -> dict[str, float]:
                             f"most {MAX_WEIGHT:.0f} (how many times each of its examples is used; leave an input "
                             "out to drop it)")
         if name.strip() in weights:
-            raise UserError(f"--mix names {name.strip()!r} twice")
+            raise UserError(f"--mix names {name.strip()!r} twice: give each input one weight")
         weights[name.strip()] = weight
     return weights
 

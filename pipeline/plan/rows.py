@@ -60,7 +60,8 @@ def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
         )
     else:  # "error": tokenize_to_spill already raised on the first overlong example
         if over.any():
-            raise UserError(f"an example is longer than --max-len {max_len}")
+            raise UserError(f"example {int(ids[over][0])} ({int(lengths[over][0])} tokens) is longer than --max-len "
+                            f"{max_len}: raise --max-len, or pass --overlong truncate or split")
         pieces = Pieces(ids, starts, lengths, counts)
     counts.examples_packed = len(np.unique(pieces.example_ids)) if policy == "split" else len(pieces.example_ids)
     return pieces

@@ -80,7 +80,8 @@ def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"{name}: reading failed: {type(exc).__name__}: {one_line(exc)}") from None
+        raise UserError(f"{name}: reading failed: {type(exc).__name__}: {one_line(exc)}: check that the "
+                        "folder is a complete datasets.save_to_disk folder (save it again)") from None
 
 
 # ------------------------------------------------------------------------------------ public

@@ -31,13 +31,30 @@ ALPACA_NO_INPUT = (
     "Below is an instruction that describes a task. Write a response that appropriately completes "
     "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
 )
-# Named templates for --template. "alpaca" switches to its no-input wording when `input` is empty.
+# Axolotl's other alpaca prompt styles (axolotl prompters.py, AlpacaPrompter: the system prompt in
+# the style's system_format, then its turn_format; Apache-2.0): (with input, without input). The
+# control tokens they write are the template's own, encoded as the tokenizer's tokens.
+_SYSTEM, _SYSTEM_NO_INPUT = ALPACA.split("\n\n")[0], ALPACA_NO_INPUT.split("\n\n")[0]
+_ALPACA_STYLES = {
+    "alpaca:chat": (f"SYSTEM: {_SYSTEM}\nUSER: {{instruction}}\n{{input}}\nASSISTANT:",
+                    f"SYSTEM: {_SYSTEM_NO_INPUT}\nUSER: {{instruction}}\nASSISTANT:"),
+    "alpaca:chatml": (f"<|im_start|>system\n{_SYSTEM}<|im_end|>\n<|im_start|>user\n{{instruction}}\n{{input}}"
+                      "<|im_end|>\n<|im_start|>assistant\n",
+                      f"<|im_start|>system\n{_SYSTEM_NO_INPUT}<|im_end|>\n<|im_start|>user\n{{instruction}}"
+                      "<|im_end|>\n<|im_start|>assistant\n"),
+    "alpaca:phi": (f"<|system|>\n{_SYSTEM}<|end|>\n<|user|>\n{{instruction}}<|end|>{{input}}<|assistant|>",
+                   f"<|system|>\n{_SYSTEM_NO_INPUT}<|end|>\n<|user|>\n{{instruction}}<|end|>\n<|assistant|>\n"),
+}
+# Named templates for --template. The alpaca ones switch to their no-input wording (`NO_INPUT_FORMS`)
+# for a row whose `input` is empty.
 TEMPLATES: dict[str, str] = {
     "alpaca": ALPACA,
     "qa": "Question: {prompt}\nAnswer:\n",
     "plain": "{prompt}",
     "chatml-lite": "User: {prompt}\nAssistant:\n",
+    **{name: forms[0] for name, forms in _ALPACA_STYLES.items()},
 }
+NO_INPUT_FORMS = {"alpaca": ALPACA_NO_INPUT, **{name: forms[1] for name, forms in _ALPACA_STYLES.items()}}
 
 TEXT_FIELDS = ("text", "content", "document")
 MESSAGE_FIELDS = ("messages", "conversations", "conversation")

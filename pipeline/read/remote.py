@@ -190,7 +190,8 @@ def download_file(uri: str, local: str) -> None:
             path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(), use_threads=False),
             None)
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"cannot download {uri}: {one_line(exc)}") from None
+        raise UserError(f"cannot download {uri}: {one_line(exc)}: check the URI, the credentials and the free "
+                        "space of --tmp-dir") from None
 
 
 def download_here(pairs: list[tuple[str, str]]) -> None:

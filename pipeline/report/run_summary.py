@@ -86,7 +86,8 @@ def _json_object(path: Path) -> dict[str, Any] | None:
         raise UserError(f"{path}: not readable JSON ({type(exc).__name__}): the run folder is damaged (a run "
                         "cut off while writing it?); re-run or resume the run to write it again") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: not a JSON object: the run folder is damaged")
+        raise UserError(f"{path}: not a JSON object: the run folder is damaged; re-run or resume the run to "
+                        "write it again")
     return data
 
 

@@ -211,7 +211,8 @@ def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarr
     flat = values.to_numpy(zero_copy_only=False)
     if flat.dtype != np.int32:
         if len(flat) and (flat.min() < IGNORE_INDEX or flat.max() > np.iinfo(np.int32).max):
-            raise UserError(f"{where(0)}: column {name!r} holds ids outside the int32 range")
+            raise UserError(f"{where(0)}: column {name!r} holds ids outside the int32 range: token ids are "
+                            "non-negative and below the vocabulary size; fix the data")
         flat = flat.astype(np.int32)
     return flat, lengths
 

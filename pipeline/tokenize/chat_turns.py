@@ -36,10 +36,17 @@ def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_promp
     rendering of the whole conversation, else the prefixes are rendered.
     """
 
+    extra = None
+    if "real_last_index" in (tokenizer.chat_template or ""):
+        # Axolotl's qwen3: every prefix rendered as a part of the whole conversation (as Axolotl renders
+        # it), so only its last reply gets the empty reasoning block; the generation prompt is the one
+        # that closes that block, which so stays without loss as Axolotl leaves it
+        extra = {"real_last_index": len(messages) - 1, "enable_thinking": False}
+
     def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
         if not msgs:
             return ""
-        return apply_chat_template(tokenizer, msgs, add_generation_prompt=gen)
+        return apply_chat_template(tokenizer, msgs, add_generation_prompt=gen, extra=extra)
 
     controls = control_tokens(tokenizer.backend_tokenizer, tokenizer.chat_template)
     if train_on_prompt:

@@ -23,7 +23,7 @@ from pipeline.errors import UserError, one_line
 from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
 from pipeline.tokenize.control_tokens import END, control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
-from pipeline.read.formats import (ALPACA_NO_INPUT, NO_INPUT, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat,
+from pipeline.read.formats import (NO_INPUT, NO_INPUT_FORMS, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat,
                                    detect_format, template_fields)
 
 
@@ -217,7 +217,7 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, token
         if fmt.fields.get("input")
         else [""] * n, controls, where
     )
-    alpaca = fmt.template_name == "alpaca"
+    no_input = NO_INPUT_FORMS.get(fmt.template_name or "")  # the preset's wording for a row without input
     if fmt.fields.get("input") and "input" not in template_fields(template):
         check_input_unused(inputs, fmt, where)
     texts: list[str] = []
@@ -225,7 +225,7 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, token
         if not p.strip() and not r.strip() and not x.strip():
             texts.extend(("", ""))
             continue
-        tpl = ALPACA_NO_INPUT if alpaca and not x.strip() else template
+        tpl = no_input if no_input and not x.strip() else template
         texts.append(tpl.format(instruction=p, prompt=p, input=x))
         texts.append(r)
     example = np.repeat(np.arange(n, dtype=np.int64), 2)

@@ -372,18 +372,18 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transforme
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
-                        spans: bool = False) -> Any:
+                        spans: bool = False, extra: dict[str, Any] | None = None) -> Any:
     """`tokenizer.apply_chat_template(messages, tokenize=False, ...)` as transformers renders it (its
     variables: the tokenizer's special tokens, `messages` with the reasoning aliases it adds, `tools`
     and `documents` None), within the bounds of `render_template`; with `spans`, the generation
-    blocks' (start, end) too."""
+    blocks' (start, end) too; `extra`: more variables (the template's own keyword arguments)."""
     aliased = []
     for message in messages:
         reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
         aliased.append(message if reasoning is None else {"thinking": reasoning, **message,
                                                            "reasoning_content": reasoning})
     variables = {**getattr(tokenizer, "special_tokens_map", {}), "messages": aliased, "tools": None,
-                 "documents": None, "add_generation_prompt": add_generation_prompt}
+                 "documents": None, "add_generation_prompt": add_generation_prompt, **(extra or {})}
     return render_template(tokenizer.chat_template, template_name(tokenizer), spans=spans, **variables)
 
 

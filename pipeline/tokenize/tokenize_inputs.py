@@ -335,5 +335,6 @@ def _tokenize_examples(config: dict[str, Any], wanted: np.ndarray, files: list[A
             found[batch.first_index + li] = (ids, labels)
     missing = [int(i) for i in wanted if int(i) not in found]
     if missing:
-        raise UserError(f"example id {missing[0]} is not in the inputs {config['inputs']}: were they changed?")
+        raise UserError(f"example id {missing[0]} is not in the inputs {config['inputs']}: were they changed "
+                        "since packing? Check against the original inputs, or pack them again")
     return [found[int(i)] for i in wanted]

@@ -52,9 +52,6 @@ def swapped(name: str, tmp_path: Path, model: str = "tiny") -> Path:
         settings["tokenizer_config"] = str(ROOT / "data/tokenizer")
         settings["dataset_prepared_path"] = str(tmp_path / "prepared")
         for entry in settings.get("datasets") or []:
-            if entry.get("type") == "alpaca:phi":  # its rows as messages, in a template the tokenizer holds
-                entry["type"] = "chat_template"
-                settings["chat_template"] = "chatml"
             kind = str(entry.get("type", "chat_template")).split(":")[0]
             entry["path"] = str(LOCAL[kind])
             for key in ("split", "data_files", "field_messages", "field"):  # they named the Hub dataset's parts
@@ -65,8 +62,14 @@ def swapped(name: str, tmp_path: Path, model: str = "tiny") -> Path:
     settings["output_dir"] = str(tmp_path / "run")
     from pipeline.tokenize.chat_templates import NAMED
 
-    if settings.get("chat_template") not in (None, *NAMED):  # a named template pack-data lacks (phi_3)
+    if settings.get("chat_template") not in (None, *NAMED):  # a named template pack-data lacks
         settings.pop("chat_template")
+    elif model_key == "base_model" and settings.get("chat_template") in NAMED:
+        # the model's tokenizer holds its template's markers; the tiny one gets them as Axolotl's `tokens`
+        from pipeline.tokenize.render import MARKER
+
+        markers = dict.fromkeys(MARKER.findall(NAMED[settings["chat_template"]]))
+        settings["tokens"] = list(dict.fromkeys([*(settings.get("tokens") or []), *markers]))
     out = tmp_path / Path(name).name
     out.write_text(yaml.safe_dump(settings, sort_keys=False))
     return out
@@ -83,7 +86,7 @@ def run(name: str, tmp_path: Path, model: str = "tiny") -> tuple[dict, str]:
     assert trained.exit_code == 0, trained.output
     assert trained.stderr.count("pack-train --config") == 1  # the summary, once
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    return {**saved.get("config", saved), **{k: mapped[k] for k in SIZED}}, trained.stderr
+    return {**saved.get("config", saved), **{k: mapped[k] for k in SIZED if k in mapped}}, trained.stderr
 
 
 # transformers' TrainingArguments for what Axolotl leaves None (adam_beta1/2, adam_epsilon, max_grad_norm)
@@ -99,7 +102,7 @@ AXOLOTL_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "grad_clip":
                              "evals_per_epoch": 4, "saves_per_epoch": 1, "eval_every": 1, "qlora": False}),
     ("mistral_qlora.yml", {"lr": 0.0002, "lora_r": 32, "lora_alpha": 16.0, "qlora": True, "lora_target": "all",
                            "optimizer": "adamw8bit", "tokens_per_step": 16384, "grad_accum": 4}),
-    # phi3's alpaca:phi data as messages with a chat template (pack-data refuses alpaca:phi: below)
+    # phi3's alpaca:phi data: Axolotl's phi prompt as pack-data's --template
     ("phi_phi3-ft.yml", {"lr": 5e-6, "lora_r": 64, "lora_target": "all", "optimizer": "adamw", "beta2": 0.95,
                          "adam_eps": 1e-5, "beta1": 0.9, "grad_clip": 1.0, "warmup_ratio": 0.2, "weight_decay": 0.1,
                          "eval_every": 1000, "save_every": 5000, "tokens_per_step": 8192}),
@@ -181,22 +184,18 @@ def test_the_multi_gpu_and_long_row_examples_map_to_our_options(tmp_path: Path, 
 
 
 @pytest.mark.parametrize(("style", "template"), [
-    ("alpaca:phi", None), ("alpaca:chatml", None),
-    ("alpaca:chat", "SYSTEM: Below is an instruction that describes a task. Write a response that appropriately "
-                    "completes the request.\nUSER: {instruction}\nASSISTANT:"),
+    ("alpaca:phi", "alpaca:phi"), ("alpaca:chatml", "alpaca:chatml"), ("alpaca:chat", "alpaca:chat"),
     ("alpaca", None), ("alpaca:instruct", "alpaca"),
 ])
 def test_alpaca_prompt_styles_are_axolotls_text_or_refused(tmp_path: Path, style: str, template: str | None):
-    """alpaca is pack-data's preset word for word; alpaca:chat's prompt is plain text; alpaca:phi and
-    alpaca:chatml put control tokens in the prompt text, which pack-data would tokenize as text."""
+    """Each style is pack-data's --template preset of the same name (plain alpaca its default)."""
     cfg = tmp_path / "a.yaml"
     cfg.write_text(f"base_model: tiny\ndatasets:\n  - path: {LOCAL['alpaca']}\n    type: {style}\n")
-    if style in ("alpaca:phi", "alpaca:chatml"):
-        with pytest.raises(Exception, match="writes control tokens into the prompt text"):
-            read_config_file(cfg, pack_data, foreign="pack-data")
-        return
     got = read_config_file(cfg, pack_data, foreign="pack-data")
     assert (got["fmt"], got.get("template")) == ("instruction", template)
+    from pipeline.read.formats import TEMPLATES
+
+    assert template is None or template in TEMPLATES
 
 
 def test_axolotls_alpaca_prompt_is_pack_datas_preset():
@@ -213,12 +212,15 @@ def test_axolotls_alpaca_prompt_is_pack_datas_preset():
 def test_what_cannot_be_honoured_is_named_all_at_once():
     """gemma3's example freezes all but some parameters (unfrozen_parameters), ALST's drops short
     examples (min_sample_len): one line each, naming every such key, never a run per key."""
-    for name, keys in (("gemma3_gemma-3-1b-qlora.yml", ["unfrozen_parameters"]),
-                       ("phi_phi3-ft.yml", [])):
-        result = CliRunner().invoke(pack_train, ["--config", str(EXAMPLES / "axolotl" / name), "--help"])
+    for command, name, keys, why in (
+            (pack_train, "gemma3_gemma-3-1b-qlora.yml", ["unfrozen_parameters"], "LoRA adapters (adapter) or every"),
+            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", ["min_sample_len", "datasets"], "no minimum length"),
+            (pack_train, "alst_llama3-8b-fsdp2-alst.yaml", [], ""),  # min_sample_len: pack-data's
+            (pack_train, "phi_phi3-ft.yml", [], ""), (pack_data, "phi_phi3-ft.yml", [], "")):
+        result = CliRunner().invoke(command, ["--config", str(EXAMPLES / "axolotl" / name), "--help"])
         if keys:
             assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
-            assert all(f"key '{k}'" in result.stderr for k in keys)
+            assert all(f"key '{k}'" in result.stderr for k in keys) and why in result.stderr
         else:
             assert result.exit_code == 0, result.output
 

@@ -1,7 +1,10 @@
 """Hostile inputs and faults, met the way a user meets them: every case runs the real console
-command in its own process and asserts the exit status, one line on stderr that names the problem
-(never a traceback), and that the user's files are exactly as they were, the output folder being
-either absent or complete and verified.
+command and asserts the exit status, one line on stderr that names the problem (never a
+traceback), and that the user's files are exactly as they were, the output folder being either
+absent or complete and verified. The command runs in its own process where the case is about
+processes (signals, kill -9, locks, a full disk); where it is about what the command decides and
+writes (a bad input or option, a damaged shard, manifest or checkpoint), in the test's own process
+(`in_process.run_here`: no interpreter start-up, no second import of torch).
 
 The cases follow the failure list of the hostile-input issue: bad files, data that trains nothing,
 packed output given as input, --overwrite over the user's files, kill -9 and SIGTERM at work,
@@ -24,6 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from in_process import run_here
 from small_disk import small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,13 +81,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def pack(tmp: Path, source: Path, out: str = "packed", *extra: object) -> Path:
-    proc = cli("pack-data", source, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out, *extra, cwd=tmp)
+    proc = run_here("pack-data", source, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out, *extra, cwd=tmp)
     assert proc.returncode == 0, proc.stderr_text
     return tmp / out
 
 
 def verified(folder: Path) -> None:
-    proc = cli("pack-verify", folder, cwd=folder.parent)
+    proc = run_here("pack-verify", folder, cwd=folder.parent)
     assert proc.returncode == 0, proc.stdout_text + proc.stderr_text
 
 
@@ -187,20 +191,20 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path, case: str) ->
     if "--out" not in args:
         args += ["--out", "out"]
     before = snapshot(tmp_path)
-    proc = cli("pack-data", *args, "--tokenizer", TOKENIZER, "--max-len", 512, cwd=tmp_path)
+    proc = run_here("pack-data", *args, "--tokenizer", TOKENIZER, "--max-len", 512, cwd=tmp_path)
     line = error_line(proc)
     assert line.startswith("Error: ") and needle in line, line
     assert snapshot(tmp_path) == before
 
 
 def test_missing_tokenizer_is_one_line(tmp_path: Path) -> None:
-    proc = cli("pack-data", SAMPLE, "--tokenizer", tmp_path / "nope", "--max-len", 512, "--out", "o", cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", tmp_path / "nope", "--max-len", 512, "--out", "o", cwd=tmp_path)
     assert "nope" in error_line(proc) and snapshot(tmp_path) == {}
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "many", "3000000000", "99999999999999999999"])
 def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
-    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", value, "--out", "o", cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr_text
     assert "--max-len" in proc.stderr_text and snapshot(tmp_path) == {}
 
@@ -215,7 +219,8 @@ def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
 ])
 def test_an_absurd_number_is_one_line_at_once(tmp_path: Path, args: tuple, needle: str) -> None:
     """Not thousands of processes forked, not an OverflowError from numpy: refused before any work."""
-    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args, cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args,
+                    cwd=tmp_path)
     assert needle in error_line(proc) and snapshot(tmp_path) == {}
 
 
@@ -246,14 +251,14 @@ def test_files_skipped_in_a_folder_are_named(tmp_path: Path) -> None:
     folder.mkdir()
     write_jsonl(folder / "a.jsonl", [{"text": "some text"}] * 5)
     (folder / "README.txt").write_text("notes")
-    proc = cli("pack-data", folder, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", cwd=tmp_path)
+    proc = run_here("pack-data", folder, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", cwd=tmp_path)
     assert proc.returncode == 0 and "README.txt" in proc.stderr_text, proc.stderr_text
     verified(tmp_path / "o")
 
 
 def test_examples_without_a_loss_token_are_counted_and_warned_about(tmp_path: Path) -> None:
     rows = [_chat("user", "assistant")] * 6 + [_chat("user")] * 2
-    proc = cli("pack-data", write_jsonl(tmp_path / "d.jsonl", rows), "--tokenizer", TOKENIZER, "--max-len", 512,
+    proc = run_here("pack-data", write_jsonl(tmp_path / "d.jsonl", rows), "--tokenizer", TOKENIZER, "--max-len", 512,
                "--out", "o", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr_text
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["counts"]["no_loss"] == 2
@@ -373,9 +378,9 @@ def test_a_damaged_shard_fails_verify_report_and_train_in_one_line(packed_sample
     shutil.copytree(packed_sample, folder)
     shard = _change_a_prompt_token(folder)
     before = snapshot(tmp_path)
-    assert shard.name in error_line(cli("pack-verify", folder, cwd=tmp_path))
-    assert shard.name in error_line(cli("pack-report", folder, cwd=tmp_path))
-    train = cli("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 3,
+    assert shard.name in error_line(run_here("pack-verify", folder, cwd=tmp_path))
+    assert shard.name in error_line(run_here("pack-report", folder, cwd=tmp_path))
+    train = run_here("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 3,
                 "--log-every", 1, cwd=tmp_path)
     assert shard.name in error_line(train) and "sha256" in error_line(train)
     assert not (tmp_path / "run" / "checkpoints").exists()  # no checkpoint of damaged data
@@ -390,7 +395,7 @@ def test_a_truncated_shard_fails_verify_in_one_line(packed_sample: Path, tmp_pat
     shutil.copytree(packed_sample, folder)
     shard = sorted(folder.glob("shard-*.arrow"))[0]
     shard.write_bytes(shard.read_bytes()[:1000])
-    assert shard.name in error_line(cli("pack-verify", folder, cwd=tmp_path))
+    assert shard.name in error_line(run_here("pack-verify", folder, cwd=tmp_path))
 
 
 def test_a_model_packing_would_change_is_refused_in_one_line(packed_sample: Path, tmp_path: Path) -> None:
@@ -404,7 +409,7 @@ def test_a_model_packing_would_change_is_refused_in_one_line(packed_sample: Path
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
     before = snapshot(tmp_path)
-    train = cli("pack-train", "--data", packed_sample, "--model", tmp_path / "model", "--out", "run",
+    train = run_here("pack-train", "--data", packed_sample, "--model", tmp_path / "model", "--out", "run",
                 "--max-steps", 1, "--device", "cpu", cwd=tmp_path)
     line = error_line(train)
     assert line.endswith("LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type "
@@ -472,7 +477,7 @@ def _metrics(run: Path) -> list[dict]:
 def test_a_damaged_checkpoint_is_named_and_stepped_over(packed_sample: Path, tmp_path: Path) -> None:
     args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
             "--tokens-per-step", 2048)
-    first = cli("pack-train", *args, "--out", "run", cwd=tmp_path)
+    first = run_here("pack-train", *args, "--out", "run", cwd=tmp_path)
     assert first.returncode == 0, first.stderr_text
     original = _metrics(tmp_path / "run")
     newest = tmp_path / "run" / "checkpoints" / "step-00000004"
@@ -482,11 +487,11 @@ def test_a_damaged_checkpoint_is_named_and_stepped_over(packed_sample: Path, tmp
     weights.write_bytes(bytes(data))
     (newest / "optimizer.pt").write_bytes((newest / "optimizer.pt").read_bytes()[:-10])
     before = snapshot(tmp_path)
-    strict = cli("pack-train", *args, "--out", "run", "--resume=strict", cwd=tmp_path)
+    strict = run_here("pack-train", *args, "--out", "run", "--resume=strict", cwd=tmp_path)
     line = error_line(strict)
     assert "step-00000004 is damaged" in line and "--resume" in line, line
     assert snapshot(tmp_path) == before
-    again = cli("pack-train", *args, "--out", "run", "--resume", cwd=tmp_path)
+    again = run_here("pack-train", *args, "--out", "run", "--resume", cwd=tmp_path)
     assert again.returncode == 0, again.stderr_text
     assert "step-00000004 is damaged" in again.stderr_text and "resuming from step-00000002" in again.stderr_text
     assert _losses(_metrics(tmp_path / "run")) == _losses(original)  # steps 3 and 4 redone, bitwise
@@ -546,7 +551,7 @@ def one_checkpoint(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp("resume")
     args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
             "--tokens-per-step", 2048, "--out", "run")
-    first = cli("pack-train", *args[:5], 2, *args[6:], cwd=tmp)  # resume asks for 2 more steps
+    first = run_here("pack-train", *args[:5], 2, *args[6:], cwd=tmp)  # resume asks for 2 more steps
     assert first.returncode == 0, first.stderr_text
     return tmp / "run", args
 
@@ -575,7 +580,7 @@ def test_a_pickle_planted_in_a_checkpoint_never_runs_and_resume_refuses_in_one_l
     if name != "checkpoint.json":
         write_file_list(checkpoint)  # the listing agrees: the checkpoint looks intact
     before = snapshot(tmp_path)
-    line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
+    line = error_line(run_here("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
     assert not marker.exists()
     assert snapshot(tmp_path) == before
     if name.endswith(".pt"):
@@ -604,7 +609,7 @@ def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(
             value = "link"
         files[value] = {"bytes": len("not yours"), "sha256": hashlib.sha256(b"not yours").hexdigest()}
         (checkpoint / "checkpoint.json").write_text(json.dumps({"files": files}))
-        line = error_line(cli("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
+        line = error_line(run_here("pack-train", *one_checkpoint[1], "--resume", cwd=tmp_path))
         assert f"lists {value!r}, which leaves the checkpoint folder" in line, line
 
 
@@ -655,7 +660,7 @@ def test_a_manifest_path_that_leaves_the_folder_is_one_line_everywhere(
     before = snapshot(tmp_path)
     for command in (("pack-verify", folder), ("pack-report", folder),
                     ("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 1)):
-        line = error_line(cli(*command, cwd=tmp_path))
+        line = error_line(run_here(*command, cwd=tmp_path))
         assert f"is {name!r}, which leaves {folder}" in line, (command[0], line)
         assert ("through a symbolic link" if how == "link" else "climbs out" if "../" in name else "absolute") in line
     assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
@@ -672,7 +677,7 @@ def test_links_in_an_input_folder_are_followed_alike_and_said(tmp_path: Path) ->
     (corpus / "sub").symlink_to(elsewhere / "sub")
     (corpus / "c.jsonl").symlink_to(elsewhere / "c.jsonl")
     (corpus / "loop").symlink_to(corpus)  # a link back up the tree ends nowhere
-    proc = cli("pack-data", corpus, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "packed", cwd=tmp_path)
+    proc = run_here("pack-data", corpus, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "packed", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr_text
     assert "following 3 symbolic link(s) (c.jsonl -> " in proc.stderr_text, proc.stderr_text
     manifest = json.loads((tmp_path / "packed" / "manifest.json").read_text())
@@ -711,12 +716,12 @@ def test_markup_in_a_manifest_field_is_one_line_and_no_report(packed_sample: Pat
             (folder / "manifest.json").read_text().replace(json.loads((folder / "manifest.json").read_text())
                                                             ["checksum"], MARKUP.replace('"', "'")))
     before = snapshot(tmp_path)
-    report = cli("pack-report", folder, "--html", "r.html", "--json", "r.json", cwd=tmp_path)
+    report = run_here("pack-report", folder, "--html", "r.html", "--json", "r.json", cwd=tmp_path)
     line = error_line(report)
     assert "manifest.json: field" in line and "but must be" in line, line
     assert "<iframe" not in line.split("is ")[0]
     assert snapshot(tmp_path) == before  # no r.html, no r.json
-    assert "but must be" in error_line(cli("pack-verify", folder, cwd=tmp_path))
+    assert "but must be" in error_line(run_here("pack-verify", folder, cwd=tmp_path))
 
 
 @pytest.mark.parametrize("where", ["strategy", "folder name", "shard file name"])
@@ -732,7 +737,7 @@ def test_markup_in_a_value_the_report_shows_is_escaped(packed_sample: Path, tmp_
     elif where == "shard file name":
         os.replace(folder / "shard-00000.arrow", folder / "shard-<b>x.arrow")
         _edit_manifest(folder, _set("shards.0.file", "shard-<b>x.arrow"))
-    report = cli("pack-report", folder, "--html", "r.html", cwd=tmp_path)
+    report = run_here("pack-report", folder, "--html", "r.html", cwd=tmp_path)
     assert report.returncode == 0, report.stderr_text
     page = (tmp_path / "r.html").read_text()
     assert "<iframe" not in page and "<b>x" not in page
@@ -742,7 +747,7 @@ def test_markup_in_a_value_the_report_shows_is_escaped(packed_sample: Path, tmp_
 def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothing_beside(tmp_path: Path) -> None:
     older = pack(tmp_path, SAMPLE, "older", "--limit", 20)
     (tmp_path / "out").symlink_to(older)
-    proc = cli("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "out", "--overwrite",
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "out", "--overwrite",
                cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr_text
     assert (tmp_path / "out").is_symlink() and os.readlink(tmp_path / "out") == str(older)
@@ -754,7 +759,7 @@ def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothin
 @pytest.fixture(scope="module")
 def a_run(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("a-run")
-    proc = cli("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 1, cwd=tmp)
+    proc = run_here("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 1, cwd=tmp)
     assert proc.returncode == 0, proc.stderr_text
     return tmp / "run"
 
@@ -766,7 +771,7 @@ def a_run(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 def test_a_run_folder_given_for_a_packed_folder_is_one_line(a_run: Path, packed_sample: Path, tmp_path: Path,
                                                             command: tuple) -> None:
     args = [{"RUN": a_run, "PACKED": packed_sample}.get(a, a) for a in command]
-    line = error_line(cli(*args, cwd=tmp_path))
+    line = error_line(run_here(*args, cwd=tmp_path))
     assert f"{a_run} is a pack-train run folder, not a packed folder" in line, line
     assert not (tmp_path / "new").exists()
 
@@ -787,7 +792,7 @@ def test_a_damaged_run_folder_file_is_one_line_in_pack_report(a_run: Path, tmp_p
     else:
         record = json.loads(metrics.read_text().splitlines()[0])
         metrics.write_text(json.dumps({**record, "loss": "<b>"}) + "\n")
-    line = error_line(cli("pack-report", run, cwd=tmp_path))
+    line = error_line(run_here("pack-report", run, cwd=tmp_path))
     assert str(run) in line and "damaged" in line, line
 
 
@@ -798,7 +803,7 @@ def test_a_defect_in_the_eval_folder_names_its_folder(tmp_path: Path) -> None:
         data["shards"][0]["rows"] += 1
 
     _edit_manifest(folder / "eval", more_rows)
-    line = error_line(cli("pack-verify", folder, cwd=tmp_path))
+    line = error_line(run_here("pack-verify", folder, cwd=tmp_path))
     assert f"{folder / 'eval' / 'shard-00000.arrow'}: has " in line, line
 
 
@@ -820,7 +825,7 @@ def test_empty_messages_lists_first_and_last_are_counted_as_empty(tmp_path: Path
 def test_a_run_that_cannot_train_what_was_asked_is_one_line(packed_sample: Path, tmp_path: Path, args: tuple,
                                                            needle: str) -> None:
     """A learning rate that diverges at once, an adapter scaled by zero: refused, never a run that exits 0."""
-    line = error_line(cli("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 3,
+    line = error_line(run_here("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 3,
                           "--tokens-per-step", 2048, *args, cwd=tmp_path))
     assert needle in line, line
     assert not list((tmp_path / "run" / "checkpoints").glob("step-*")) if (tmp_path / "run").exists() else True

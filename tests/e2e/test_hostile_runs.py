@@ -1,4 +1,5 @@
-"""Hostile run folders, met the way a user meets them (the real pack-train in its own process): an
+"""Hostile run folders, met the way a user meets them (the real pack-train command, run in the test's
+own process where the case is about what it decides and writes, `in_process.run_here`): an
 --out that names the model, the packed data or another folder of the user's, a link inside
 checkpoints/ to another run's checkpoint, a full disk at the start of a run and while --merge-lora
 writes RUN/merged, a kill -9 while a folder is written. Each gets one line and a non-zero exit, and
@@ -16,8 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from in_process import run_here
 from small_disk import small_disk
-from test_hostile_inputs import SAMPLE, cli, error_line, pack, snapshot
+from test_hostile_inputs import SAMPLE, TOKENIZER, error_line, snapshot
 
 from pipeline.errors import UserError
 from trainer.config import TrainConfig
@@ -29,14 +31,19 @@ TRAIN = ("--model", "tiny", "--max-steps", 2, "--log-every", 1, "--tokens-per-st
 
 @pytest.fixture(scope="module")
 def packed_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return pack(tmp_path_factory.mktemp("sample"), SAMPLE)
+    tmp = tmp_path_factory.mktemp("sample")
+    done = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "packed", cwd=tmp)
+    assert done.returncode == 0, done.stderr_text
+    return tmp / "packed"
 
 
 @pytest.fixture(scope="module")
 def one_run(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished 2-step run (its checkpoint: step-00000002)."""
+    """A finished 2-step run (its checkpoint: step-00000002), written into an --out that was an
+    existing empty folder of the user's."""
     tmp = tmp_path_factory.mktemp("run")
-    done = cli("pack-train", "--data", packed_sample, *TRAIN, "--out", "run", cwd=tmp)
+    (tmp / "run").mkdir()
+    done = run_here("pack-train", "--data", packed_sample, *TRAIN, "--out", "run", cwd=tmp)
     assert done.returncode == 0, done.stderr_text
     return tmp / "run"
 
@@ -82,7 +89,7 @@ def test_an_out_that_is_not_a_run_folder_is_refused_before_anything_is_written(
         args = ["--data", data, "--model", "tiny", "--max-steps", 2, "--out", ""]
         expect = "--out is empty: name the run folder to create"
     before = snapshot(tmp_path)
-    line = error_line(cli("pack-train", *args, cwd=tmp_path))
+    line = error_line(run_here("pack-train", *args, cwd=tmp_path))
     assert expect in line, line
     assert snapshot(tmp_path) == before  # nothing written, not even the lock
 
@@ -118,12 +125,10 @@ def test_which_folders_are_run_folders(one_run: Path, tmp_path: Path) -> None:
         refuse_foreign_out(TrainConfig(data="d", model="tiny", out=str(one_run / "config.json")))
 
 
-def test_an_empty_folder_of_the_users_takes_a_run(packed_sample: Path, tmp_path: Path) -> None:
-    """Control: an existing empty --out is written (nothing of the user's is in it)."""
-    (tmp_path / "empty").mkdir()
-    done = cli("pack-train", "--data", packed_sample, *TRAIN, "--out", "empty", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr_text
-    assert (tmp_path / "empty" / "checkpoints" / "step-00000002").is_dir()
+def test_an_empty_folder_of_the_users_takes_a_run(one_run: Path) -> None:
+    """Control: an existing empty --out is written (nothing of the user's is in it): `one_run` was one."""
+    assert (one_run / "checkpoints" / "step-00000002").is_dir()
+    assert is_run_folder(one_run) and (one_run / "metrics.jsonl").is_file()
 
 
 def test_a_link_in_checkpoints_to_another_runs_checkpoint_is_one_line(
@@ -136,13 +141,13 @@ def test_a_link_in_checkpoints_to_another_runs_checkpoint_is_one_line(
     before, theirs = snapshot(tmp_path), snapshot(one_run)
     args = ("--data", packed_sample, *TRAIN[:2], "--max-steps", 4, *TRAIN[4:], "--out", "run")
     for resume in (f"--resume={run / 'checkpoints' / 'step-00000002'}", "--resume"):
-        line = error_line(cli("pack-train", *args, resume, cwd=tmp_path))
+        line = error_line(run_here("pack-train", *args, resume, cwd=tmp_path))
         assert (f"run/checkpoints/step-00000002 is a symbolic link (to {target}): pack-train reads, "
                 "replaces and removes only the checkpoints it wrote") in line, line
         assert "--resume FOLDER with a new --out" in line, line
     assert snapshot(tmp_path) == before and snapshot(one_run) == theirs
     # control: as the line says, the checkpoint itself with a new --out
-    fork = cli("pack-train", *args[:-1], "fork", f"--resume={target}", cwd=tmp_path)
+    fork = run_here("pack-train", *args[:-1], "fork", f"--resume={target}", cwd=tmp_path)
     assert fork.returncode == 0, fork.stderr_text
     assert "starts its own history from this checkpoint of another run folder" in fork.stderr_text
     assert sorted(p.name for p in (tmp_path / "fork" / "checkpoints").glob("step-*")) == ["step-00000004"]
@@ -155,8 +160,8 @@ def test_a_full_disk_at_the_start_leaves_no_run_folder(packed_sample: Path, tmp_
     empty run folder (nor its parents) is left behind."""
     with small_disk(tmp_path / "small", "64k") as small:
         (small / "fill").write_bytes(b"\0" * (64 - 4 * free_pages) * 1024)
-        line = error_line(cli("pack-train", "--data", packed_sample, *TRAIN, "--out", small / "a" / "run",
-                              cwd=tmp_path))
+        line = error_line(run_here("pack-train", "--data", packed_sample, *TRAIN, "--out", small / "a" / "run",
+                                   cwd=tmp_path))
         assert line.startswith("Error: disk full: pack-train could not write its ") and f"{small / 'a' / 'run'}" in line, line
         assert sorted(p.name for p in small.iterdir()) == ["fill"]
 
@@ -167,8 +172,8 @@ def test_a_full_disk_while_merging_lora_leaves_no_half_written_merged(packed_sam
     from trainer.run.checkpoint import checkpoint_damage
 
     with small_disk(tmp_path / "small", "1m") as small:
-        proc = cli("pack-train", "--data", packed_sample, *TRAIN, "--lora-r", 4, "--merge-lora",
-                   "--out", small / "run", cwd=tmp_path)
+        proc = run_here("pack-train", "--data", packed_sample, *TRAIN, "--lora-r", 4, "--merge-lora",
+                        "--out", small / "run", cwd=tmp_path)
         line = error_line(proc)
         assert f"writing {small / 'run' / 'merged'} failed (disk full); nothing of it was left: free some space" in line
         assert not (small / "run" / "merged").exists() and not (small / "run" / ".tmp-merged").exists()

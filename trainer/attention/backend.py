@@ -16,10 +16,11 @@ boundaries of the decoder's current call from `trainer.attention.packed_row`; a 
 is refused (examples would see each other), and so is a feature the backend cannot reproduce.
 
 Backends, fastest first: fa4 (Hopper or newer), flash_attn, torch (all CUDA, 16-bit), flex (CUDA),
-sdpa (the reference, anywhere); then cudnn (CUDA, 16-bit), which auto never reaches (sdpa always
-runs): the fastest on long examples, slower on many short ones, so asked for by name. `select_backend("auto", device, features)` takes the first one that
-runs on the device and reproduces every feature the model uses; `trainer.model.check` finds those
-features.
+sdpa (the reference, anywhere); then cudnn (CUDA, 16-bit): the fastest on long examples, slower on
+many short ones, so never auto's whole choice. `select_backend("auto", device, features)` takes the
+first one that runs on the device and reproduces every feature the model uses (`trainer.model.check`
+finds those features); on a Hopper GPU where cuDNN runs and reproduces them too, flash_attn or torch
+comes paired with it ("flash_attn+cudnn": cuDNN for rows whose examples average 4,096 tokens or more).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from trainer.attention import packed_row, positions
 from trainer.distributed import context_parallel
 from trainer.attention.features import FEATURE_NAMES, KERNELS, Features, with_tensors
 from trainer.attention.cudnn_kernel import cudnn_available
+from trainer.attention.features import LONG_EXAMPLE_TOKENS
 from trainer.attention.kernels import (
     fa4_importable,
     flash_attn_importable,
@@ -56,6 +58,12 @@ DESCRIPTIONS = {
     "sdpa": "sdpa reference (attention on each example alone)",
     "cudnn": "cuDNN fused attention through PyTorch, on each example alone",
 }
+# auto on a Hopper GPU where cuDNN runs: the first kernel for rows of short examples, cuDNN for rows
+# whose examples average LONG_EXAMPLE_TOKENS or more (`trainer.attention.features.row_kernel`)
+PAIRED = ("flash_attn", "torch")
+for _first in PAIRED:
+    DESCRIPTIONS[f"{_first}+cudnn"] = (f"{DESCRIPTIONS[_first]}; cuDNN for rows whose examples average "
+                                       f"{LONG_EXAMPLE_TOKENS:,} tokens or more")
 
 
 # --------------------------------------------------------------------------- selection
@@ -107,6 +115,11 @@ def _reasons(device, dtype, features) -> dict[str, str | None]:
     return {b: _why_not(b, device, dtype) or _cannot_reproduce(b, features) for b in BACKENDS}
 
 
+def _is_hopper(device: torch.device | str) -> bool:
+    """A Hopper or newer GPU (sm90+), where cuDNN's attention was measured ahead on long examples."""
+    return _is_cuda(device) and torch.cuda.get_device_capability(torch.device(device))[0] >= 9
+
+
 def select_backend(
     requested: str = "auto",
     device: torch.device | str = "cpu",
@@ -116,14 +129,19 @@ def select_backend(
     """Resolve `requested` ("auto" or one of BACKENDS) to a backend that can train on `device` and
     reproduces every one of `features` (names of `trainer.attention.features.Features`, e.g. {"window"}).
 
-    "auto" picks the first usable one of fa4, flash_attn, torch, flex, sdpa (sdpa always is). An
+    "auto" picks the first usable one of fa4, flash_attn, torch, flex, sdpa (sdpa always is); on a
+    Hopper GPU where cuDNN's attention runs too, flash_attn or torch comes paired with it
+    ("flash_attn+cudnn": cuDNN for rows of long examples, `row_kernel`). An
     explicit request that cannot be used raises UserError saying why and what to use instead.
     Pass `dtype` only when it is the dtype attention will compute in (a bf16 model); float32
     weights trained under bf16 autocast still get bf16 attention inputs, so leave it None then.
     """
     reasons = _reasons(device, dtype, features)
     if requested == "auto":
-        return next(b for b, why in reasons.items() if why is None)
+        chosen = next(b for b, why in reasons.items() if why is None)
+        if chosen in PAIRED and reasons["cudnn"] is None and _is_hopper(device):
+            return f"{chosen}+cudnn"
+        return chosen
     if requested not in BACKENDS:
         raise UserError(f"unknown attention backend {requested!r}: choose auto, {', '.join(BACKENDS)}")
     if reasons[requested] is not None:
@@ -147,7 +165,7 @@ def explain_choice(
         return text + "; as requested"
     reasons = _reasons(device, dtype, features)
     passed_over: dict[str, list[str]] = {}  # reason -> the faster backends it rules out, in order
-    for b in list(reasons)[: list(reasons).index(backend)]:
+    for b in list(reasons)[: list(reasons).index(backend.partition("+")[0])]:
         passed_over.setdefault(str(reasons[b]), []).append(b)
     return text + "".join(f"; not {', '.join(bs)}: {why}" for why, bs in passed_over.items())
 
@@ -206,7 +224,8 @@ def layer_features(
 
 
 _HF_NAMES = {"fa4": "packlm_fa4", "flash_attn": "packlm_fa2", "torch": "packlm_torch",
-             "flex": "packlm_blockmask", "sdpa": "packlm_reference", "cudnn": "packlm_cudnn"}
+             "flex": "packlm_blockmask", "sdpa": "packlm_reference", "cudnn": "packlm_cudnn",
+             "flash_attn+cudnn": "packlm_fa2_cudnn", "torch+cudnn": "packlm_torch_cudnn"}
 
 
 def attention_name(backend: str) -> str:
@@ -344,7 +363,7 @@ def install(model: torch.nn.Module, backend: str) -> str:
     `max_length_q`, `max_length_k` and restarting `position_ids` (MicroBatch.model_kwargs()).
     No dense [T, T] mask is ever built except per example inside the "sdpa" reference backend.
     """
-    if backend not in BACKENDS:
+    if backend not in DESCRIPTIONS:  # a backend, or auto's pair of one with cudnn
         raise UserError(f"unknown attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     name = register(backend)
     set_implementation(model, name)

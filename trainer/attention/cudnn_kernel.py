@@ -8,9 +8,12 @@ cuts the packed row at `cu_seqlens` and attends each example alone, causally, wi
 heads native: exact per example by construction, as the sdpa reference is.
 
 It is the fastest kernel here on long examples (an H200, the 8B shape's 32 / 8 heads of 128:
-1.49-1.58x flash-attn 2's forward+backward at 32K and 128K tokens; 1.21x pack-train's tokens/s with 8B LoRA at 32K), and slower on rows of many short
-ones (one launch per example, and the bounds read on the host once per layer), so `--attn auto`
-never picks it: ask for it where examples are long. No window, soft-capping or sinks (the causal
+1.49-1.58x flash-attn 2's forward+backward at 32K and 128K tokens; 1.21x pack-train's tokens/s with
+8B LoRA at 32K), and slower on rows of many short ones (one launch per example, and the bounds read
+on the host once per layer: 0.34x at 1,024-token examples). So `--attn auto` on a Hopper GPU pairs
+it with flash_attn or torch ("flash_attn+cudnn"), cuDNN taking only the rows whose examples average
+4,096 tokens or more (`trainer.attention.features.row_kernel`); `--attn cudnn` runs it on every row.
+No window, soft-capping or sinks (the causal
 mask is cuDNN's own); chunks are cut as separate examples by the caller, value heads zero-padded.
 
 Under `torch.compile` the call is left out of the graph (a graph break at each attention call):

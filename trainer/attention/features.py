@@ -13,9 +13,34 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
-# auto's order, fastest first; "cudnn" (fastest on long examples only) is asked for by name, never
-# picked by auto, which stops at "sdpa" (it runs anywhere)
+# auto's order, fastest first; "cudnn" (fastest on long examples only) is never auto's whole
+# choice, which stops at "sdpa" (it runs anywhere): on a Hopper GPU auto pairs it with flash_attn
+# or torch for rows of long examples (`row_kernel`)
 KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")
+
+# A row whose examples average this many tokens or more takes cuDNN under a paired backend
+# ("flash_attn+cudnn"): one kernel launch an example is then cheap beside cuDNN's faster kernel
+# (8B-shape attention on an H200, 16,384-token rows: cuDNN 1.37x flash_attn at 4,096-token
+# examples, 1.72x at one 16,384-token example, 0.34x at 1,024: BENCHMARKS.md, "Attention kernels alone").
+LONG_EXAMPLE_TOKENS = 4096
+# the head dims a pair hands to cuDNN: where it was measured (the 8B shape's 128); cuDNN refuses
+# some others outright (head dim 16: "No available kernel"), which --attn cudnn says in one line
+PAIRED_HEAD_DIMS = (128,)
+
+
+def row_kernel(backend: str, tokens: int, n_examples: int, head_dim: int = 128) -> str:
+    """The kernel one packed row runs: `backend` itself, or for a pair "A+cudnn" cudnn where the
+    row's `tokens` over its `n_examples` average LONG_EXAMPLE_TOKENS or more and the head dim is one
+    of PAIRED_HEAD_DIMS, else A. Read from the row's shapes, so choosing costs no copy from the GPU.
+
+    >>> row_kernel("flash_attn+cudnn", 32768, 2), row_kernel("flash_attn+cudnn", 16384, 16)
+    ('cudnn', 'flash_attn')
+    """
+    first, paired, long_rows = backend.partition("+")
+    if not paired:
+        return backend
+    long_enough = tokens >= LONG_EXAMPLE_TOKENS * max(n_examples, 1)
+    return long_rows if long_enough and head_dim in PAIRED_HEAD_DIMS else first
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ layer exactly as transformers' eager attention computes them (see `Features`):
 - "flash_attn": `flash_attn.flash_attn_varlen_func` (the flash-attn package, FlashAttention-2), CUDA only.
 - "torch":      PyTorch's built-in FlashAttention varlen kernel, CUDA only.
 - "cudnn":      cuDNN's fused attention through PyTorch, each example alone (`trainer.attention.cudnn_kernel`),
-                CUDA only; the fastest on long examples, asked for by name (auto never picks it).
+                CUDA only; the fastest on long examples. A pair "flash_attn+cudnn" (auto's choice on a
+                Hopper GPU) runs cudnn on rows whose examples average 4,096 tokens or more, flash_attn
+                on the others (`trainer.attention.features.row_kernel`).
 
 "sdpa" and "flex" live in `trainer.attention.reference_kernels`, "fa4" in `trainer.attention.fa4_ops`, "torch" and
 "flash_attn" here; `Features` and the helpers they share in `trainer.attention.features`. This module
@@ -51,7 +53,7 @@ import torch
 from pipeline.errors import UserError
 from trainer.attention.cudnn_kernel import cudnn_varlen
 from trainer.attention.fa4_ops import fa4_varlen
-from trainer.attention.features import (EVERY_FEATURE, FEATURE_NAMES, KERNELS, Features, pad_last, repeat_kv, split_chunks,
+from trainer.attention.features import (EVERY_FEATURE, FEATURE_NAMES, KERNELS, Features, row_kernel, pad_last, repeat_kv, split_chunks,
                                      with_tensors)
 from trainer.attention.reference_kernels import flex_varlen, sdpa_varlen
 
@@ -265,6 +267,9 @@ def varlen_attention(
     hold pieces of keys of their own ([Tk, Hkv, D]), each piece's queries being the last tokens of
     its keys (`trainer.distributed.context_parallel` builds them); chunks must be cut by the caller.
     """
+    n_examples = cu_seqlens.shape[0] - 1
+    backend = (row_kernel(backend, q.shape[0], n_examples, q.shape[-1]) if cu_seqlens_k is None
+               else backend.partition("+")[0])
     if cu_seqlens_k is not None:
         if backend not in ("sdpa", "flash_attn"):
             raise UserError(f"attention backend {backend!r} cannot attend a piece of an example to its earlier "

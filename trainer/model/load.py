@@ -49,7 +49,8 @@ def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype, added_to
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - config validation raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot load the model in {path}: {first}") from None
+        raise UserError(f"cannot load the model in {path}: {first}: check that the folder holds a complete "
+                        "Hugging Face model (config.json and its weights), or download it again") from None
     have = model.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > have:
         if vocab_size - added_tokens > have:

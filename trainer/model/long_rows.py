@@ -19,12 +19,18 @@ Long Sequence Training) offloads too; the recomputation during the backward runs
 stays on the GPU. `HostOffload.moved` counts the bytes moved, which is what the memory check before
 the first step (`trainer.run.fit_check`) reads: the allocator's own statistics would count its
 power-of-two rounding and its cache, not what a row needs.
+
+Blocks of at least `EXACT_PIN_BYTES` are pinned at their exact size (`pinned_exact`) rather than
+by torch's pinned allocator, which rounds every block up to a power of two: an 8B layer input at
+327,680 tokens (2.5 GiB) would take 4 GiB there, and 32 of them 128 GiB instead of 80, more than a
+128 GiB host holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -75,6 +81,23 @@ def tile_mlp(layers: list[torch.nn.Module], tokens: int) -> None:
         setattr(mlp, _TILED, True)
 
 
+EXACT_PIN_BYTES = 1 << 30  # blocks this large are pinned at their own size (`pinned_exact`)
+
+
+def pinned_exact(size: torch.Size, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """A host tensor of `size` page-locked at exactly its bytes (cudaHostRegister on ordinary memory,
+    cudaHostUnregister when the tensor is freed), and whether it is page-locked: where the driver
+    refuses, the tensor stays pageable (its copies are then synchronous, nothing else changes)."""
+    tensor = torch.empty(size, dtype=dtype)
+    nbytes = tensor.numel() * tensor.element_size()
+    cudart = torch.cuda.cudart()
+    if nbytes == 0 or int(cudart.cudaHostRegister(tensor.data_ptr(), nbytes, 0)) != 0:
+        return tensor, False
+    # runs as the tensor is freed, before its memory goes back to the host's allocator
+    weakref.finalize(tensor, cudart.cudaHostUnregister, tensor.data_ptr())
+    return tensor, True
+
+
 class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     """While active: each tensor the forward saves for the backward is copied to host memory (pinned
     with `pin`, so that the copy back is asynchronous) and copied back to its device when the
@@ -89,16 +112,24 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     moved = 0
 
     def __init__(self, pin: bool) -> None:
-        def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-            packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
-                                 pin_memory=pin and not tensor.is_sparse)
+        def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor, bool]:
+            nbytes = tensor.numel() * tensor.element_size()
+            if pin and not tensor.is_sparse and nbytes >= EXACT_PIN_BYTES:
+                packed, _ = pinned_exact(tensor.size(), tensor.dtype)
+                cached = False
+            else:
+                packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                                     pin_memory=pin and not tensor.is_sparse)
+                cached = pin and not tensor.is_sparse
             packed.copy_(tensor)
-            HostOffload.moved += packed.numel() * packed.element_size()
-            return tensor.device, packed
+            HostOffload.moved += nbytes
+            return tensor.device, packed, cached
 
-        def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
-            device, tensor = packed
-            return tensor.to(device, non_blocking=pin)
+        def unpack(packed: tuple[torch.device, torch.Tensor, bool]) -> torch.Tensor:
+            # asynchronous only from torch's pinned allocator, which keeps a block until its copies
+            # end; an exact block may be freed (and unregistered) as soon as this returns
+            device, tensor, cached = packed
+            return tensor.to(device, non_blocking=cached)
 
         super().__init__(pack, unpack)
 

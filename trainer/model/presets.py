@@ -50,7 +50,8 @@ def model_folder(name_or_path: str) -> Path | None:
             "with config.json, nor a Hub id (org/name, e.g. Qwen/Qwen2.5-0.5B)"
         )
     if not (path / "config.json").is_file():
-        raise UserError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
+        raise UserError(f"--model {path} is a folder but has no config.json: not a Hugging Face model folder; "
+                        "give the folder that holds config.json and the weights, a preset or a Hub id")
     return path
 
 

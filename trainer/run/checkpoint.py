@@ -333,7 +333,8 @@ def resume_point(run_dir: str | os.PathLike[str], *, strict: bool) -> tuple[Path
     """
     found = list_checkpoints(run_dir)
     if not found:
-        raise UserError(f"--resume: {run_dir} holds no checkpoint to resume from")
+        raise UserError(f"--resume: {run_dir} holds no checkpoint to resume from: leave out --resume to start "
+                        "the run, or give --out the run folder whose checkpoints/ it should continue")
     damaged: list[tuple[Path, str]] = []
     for path in reversed(found):
         damage = checkpoint_damage(path)
@@ -417,7 +418,8 @@ def load_model_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors files in a checkpoint's `model/` folder (sharded or not)."""
     files = sorted((Path(path) / "model").glob("*.safetensors"))
     if not files:
-        raise UserError(f"{path}/model: no safetensors weights: the checkpoint is incomplete")
+        raise UserError(f"{path}/model: no safetensors weights: the checkpoint is incomplete; resume from "
+                        "another one (--resume alone takes the newest intact checkpoint)")
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with loading(file):

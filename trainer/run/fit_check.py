@@ -293,8 +293,8 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
         measured = f"steps of {' and '.join(f'{t * cp_size:,}' for t in need.probes)} tokens"
         rate = f" ({size(need.gpu_line[1])} a token)"
     host_said = (f"; what it offloads needs at least {size(host_need)} more of the {size(host_cap)} of host "
-                 f"memory each rank has (the pinned allocator rounds blocks up to powers of two: up to twice "
-                 f"that)") if host else ""
+                 f"memory each rank has (blocks under 1 GiB take up to twice their size in torch's pinned "
+                 f"allocator)") if host else ""
     info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
             f"{size(gpu_cap)} a GPU holds"
             + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")

@@ -41,6 +41,7 @@ from trainer.run.metrics import Meter, plot_losses, run_folder_lock, write_summa
 from trainer.model.precision import MasterAdamW
 from trainer.distributed.parallel import DistInfo, close_distributed, full_model_state, optimizer_state
 from trainer.run.preempt import StopOnSigterm
+from trainer.run.nesting import refuse_nested_run
 from trainer.run.preflight import refuse_foreign_out
 from trainer.run.start import Run, start
 from trainer.data.stream import Cursor, loader_batches, step_cursor
@@ -53,6 +54,7 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
     what `open_data(config)` returned, where the caller has checked the data already."""
     validate(config)
     refuse_foreign_out(config)  # before the lock, the first thing written into --out
+    refuse_nested_run(config)
     # torch.compile partitions each compiled layer into forward and backward at its first step,
     # inside _train: the budget must be in force then
     with run_folder_lock(config.out), torch._functorch.config.patch(

@@ -259,7 +259,8 @@ def _model(
     backend, why = prepare(model, config.attn, device)
     emb = model.get_input_embeddings().num_embeddings
     if vocab is not None and int(vocab) > emb:
-        raise UserError(f"the data's tokenizer has {vocab} tokens but the model embeds only {emb}")
+        raise UserError(f"--data {config.data}: its tokenizer has {vocab} tokens but --model {config.model} embeds "
+                        f"only {emb}: pack the data with the model's tokenizer (pack-data --tokenizer)")
     return model, backend, why
 
 

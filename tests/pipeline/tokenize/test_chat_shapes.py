@@ -155,5 +155,5 @@ def test_an_unknown_chat_template_is_refused_before_any_work(tmp_path: Path):
     result = CliRunner().invoke(pack_data, [str(CHAT), "--tokenizer", str(TOKENIZER), "--max-len", "512",
                                             "--out", str(tmp_path / "o"), "--chat-template", "nope"])
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
-    assert "--chat-template 'nope': not a template name (chatml, llama3, llama2, qwen_25, gemma3, phi_3, mistral_v1)" in result.stderr
+    assert "--chat-template 'nope': not a template name (chatml, llama3, llama2, qwen_25, qwen3, gemma, gemma3, phi_3, mistral_v1, mistral_v3_tekken, mistral_v7_tekken)" in result.stderr
     assert not (tmp_path / "o").exists()

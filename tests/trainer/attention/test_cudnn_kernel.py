@@ -125,3 +125,56 @@ def test_cudnn_is_asked_for_by_name_never_picked_by_auto(monkeypatch):
     monkeypatch.setattr(attention, "cudnn_available", lambda: False)
     with pytest.raises(UserError, match="'cudnn' cannot be used: this PyTorch has no cuDNN"):
         select_backend("cudnn", "cuda", torch.bfloat16)
+
+
+def _gpu_with(monkeypatch, capability=(9, 0), flash_attn=True, cudnn=True):
+    """select_backend's view of a CUDA machine (nothing here runs on it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(attention, "cudnn_available", lambda: cudnn)
+    monkeypatch.setattr(attention, "fa4_importable", lambda: False)
+    monkeypatch.setattr(attention, "flash_attn_importable", lambda: flash_attn)
+
+
+def test_auto_pairs_flash_attn_with_cudnn_for_long_rows_on_hopper(monkeypatch):
+    """On a Hopper GPU with flash-attn and cuDNN, auto is "flash_attn+cudnn" (said in its line);
+    not where cuDNN cannot reproduce a feature, on an Ampere GPU, or without cuDNN (controls);
+    an explicit --attn flash_attn stays flash_attn alone."""
+    _gpu_with(monkeypatch)
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn+cudnn"
+    assert "cuDNN for rows whose examples average 4,096 tokens" in attention.explain_choice(
+        "auto", "flash_attn+cudnn", "cuda", torch.bfloat16)
+    assert attention.attention_name("flash_attn+cudnn") == "packlm_fa2_cudnn"
+    assert select_backend("flash_attn", "cuda", torch.bfloat16) == "flash_attn"
+    assert select_backend("auto", "cuda", torch.bfloat16, {"window"}) == "flash_attn"
+    _gpu_with(monkeypatch, capability=(8, 0))
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn"
+    _gpu_with(monkeypatch, cudnn=False)
+    assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn"
+
+
+def test_a_paired_backend_runs_cudnn_on_rows_of_long_examples_only(cpu_scope, monkeypatch):
+    """"flash_attn+cudnn" takes cuDNN for a row whose examples average LONG_EXAMPLE_TOKENS or more
+    (exact per example, as cudnn alone), the first kernel otherwise; the choice reads shapes only."""
+    from trainer.attention import kernels
+
+    ran = []
+    monkeypatch.setitem(kernels._KERNELS, "flash_attn",
+                        lambda q, k, v, *args: ran.append("flash_attn") or torch.zeros_like(q))
+    q, k, v = qkv()
+    dout = torch.randn_like(q, dtype=torch.float64)
+    monkeypatch.setattr(kernel_features, "LONG_EXAMPLE_TOKENS", 5)  # LENGTHS average 30 / 6 = 5 tokens
+    monkeypatch.setattr(kernel_features, "PAIRED_HEAD_DIMS", (8,))  # qkv()'s head dim
+    qq, kk, vv = (x.detach().requires_grad_() for x in (q, k, v))
+    out = varlen_attention(qq, kk, vv, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn+cudnn")
+    want, want_grads = reference(q, k, v, dout, LENGTHS, None, kernel_features.Features())
+    torch.testing.assert_close(out.double(), want, atol=TOL, rtol=TOL)
+    for got, exp in zip(torch.autograd.grad(out, (qq, kk, vv), dout.to(out.dtype)), want_grads):
+        torch.testing.assert_close(got.double(), exp, atol=TOL, rtol=TOL)
+    assert ran == [] and cpu_scope  # cuDNN's scope entered, flash_attn not called
+    monkeypatch.setattr(kernel_features, "LONG_EXAMPLE_TOKENS", 6)  # control: the same row is short now
+    varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn+cudnn")
+    assert ran == ["flash_attn"]
+    assert kernel_features.row_kernel("flash_attn", 10**6, 1) == "flash_attn"  # unpaired: as asked
+    # a head dim cuDNN was not measured at stays with the first kernel, however long the examples
+    assert kernel_features.row_kernel("flash_attn+cudnn", 10**6, 1, head_dim=16) == "flash_attn"

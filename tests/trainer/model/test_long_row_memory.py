@@ -162,3 +162,63 @@ def test_a_run_with_tiles_and_offloaded_checkpoints_logs_the_same_losses(tmp_pat
     train(TrainConfig(**base, out=str(tmp_path / "long"), tile_mlp=32, offload_activations=True, compile=compiled))
 
     assert logged_losses(tmp_path / "long") == pytest.approx(logged_losses(tmp_path / "plain"), rel=1e-5)
+
+
+class _FakeCudart:
+    """torch.cuda.cudart() as the exact pinning calls it: records registrations, refuses on demand."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse, self.registered, self.unregistered = refuse, [], []
+
+    def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+        if self.refuse:
+            return 1  # cudaErrorInvalidValue
+        self.registered.append((ptr, nbytes))
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_large_offloaded_blocks_are_pinned_at_their_exact_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of EXACT_PIN_BYTES or more are page-locked at their own byte count (not torch's pinned
+    allocator's power of two), unregistered when freed, and come back with the same gradients;
+    smaller blocks take torch's pinned allocator (negative control: never registered)."""
+    from trainer.model import long_rows
+
+    fake = _FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(long_rows, "EXACT_PIN_BYTES", 3 * 64 * 4)  # a [3, 64] float32 block and larger
+    pinned_by_torch = []
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):  # no CUDA here: note the request, return pageable memory
+        pinned_by_torch.append(pin_memory)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    x = torch.randn(3, 64, requires_grad=True)  # 768 bytes: exact
+    w = torch.randn(64, 2, requires_grad=True)  # 512 bytes: torch's pinned allocator
+    HostOffload.moved = 0
+    with HostOffload(pin=True):
+        y = (x @ w).sum()
+    assert sorted(n for _, n in fake.registered) == [768]  # x alone, at its size (1,024 rounded)
+    assert pinned_by_torch.count(True) == 1  # w went to torch's pinned allocator
+    assert HostOffload.moved == 768 + 512
+    y.backward()
+    torch.testing.assert_close(w.grad, x.detach().sum(0, keepdim=True).T.expand(64, 2))
+    del y
+    import gc
+
+    gc.collect()
+    assert fake.unregistered == [fake.registered[0][0]]  # freed with the graph, unregistered once
+
+
+def test_exact_pinning_refused_by_the_driver_keeps_pageable_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where cudaHostRegister fails the block stays ordinary memory (copies synchronous), never lost."""
+    from trainer.model.long_rows import pinned_exact
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(refuse=True))
+    tensor, locked = pinned_exact(torch.Size([4, 4]), torch.float32)
+    assert not locked and tensor.shape == (4, 4) and tensor.dtype == torch.float32
