@@ -77,6 +77,8 @@ Examples:
   pack-data data/sample/chat.jsonl --tokenizer data/tokenizer --max-len 2048 --out out/chat --limit 100
   pack-data HuggingFaceH4/ultrachat_200k:train_sft --tokenizer Qwen/Qwen2.5-0.5B-Instruct \\
       --max-len 4096 --out out/ultrachat   # Hub ids: org/name[@revision], a dataset's [config:]split
+  pack-data 'HuggingFaceH4/ultrachat_200k:train_sft[:20%]' --tokenizer Qwen/Qwen2.5-0.5B-Instruct \
+      --max-len 4096 --out out/ultrachat-20   # a share of a split, as datasets selects it
   pack-data --config data/configs/pack-data.yaml --max-len 4096   # options from a file, flags win
   pack-data 's3://bucket/corpus/*.jsonl' --tokenizer tok --max-len 8192 --out s3://bucket/packed \\
       --engine ray --ray-address 10.0.0.1:6379   # on a Ray cluster
@@ -160,8 +162,11 @@ def _special_tokens(ctx: click.Context, _param: click.Parameter, value: tuple[st
 def pack_data(inputs: tuple[str, ...], tokenizer: str, max_len: int, out: str, fmt: str, **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs, URIs of
     remote storage such as s3://bucket/data/*.jsonl, and Hugging Face Hub datasets such as
-    HuggingFaceH4/ultrachat_200k:train_sft, org/name[@revision][:config]:split) and write bin-packed
-    Arrow shards plus manifest.json to --out.
+    HuggingFaceH4/ultrachat_200k:train_sft, org/name[@revision][:config]:split, or files of one as
+    hf://datasets/org/name[@revision]/PATH) and write bin-packed Arrow shards plus manifest.json to --out.
+    A share of an input's rows is written after its split in the datasets syntax: org/name:train[:20%],
+    data.jsonl:train[10:100], 'data/*.jsonl:train[-5%:]' (a local file's split is train): the rows
+    datasets.load_dataset(..., split=...) selects, counted over all the input's files.
 
     Every example starts with BOS and ends with EOS (a chat whose template ends it with its own
     end-of-turn token ends with that); loss is taken on responses / assistant turns

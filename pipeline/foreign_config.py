@@ -72,7 +72,8 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     show,
 )
 from pipeline.foreign_batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
-from pipeline.foreign_data import add_tokens, axolotl_datasets, dataset_name, special_tokens, trl_mixture
+from pipeline.foreign_data import (DROP_FIRST_SYSTEM, add_tokens, axolotl_datasets, dataset_name, drops_system,
+                                   special_tokens, trl_mixture)
 from pipeline.foreign_schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
 PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
@@ -114,6 +115,19 @@ def _unfrozen_parameters(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
                                                "trains, or with none every parameter)")
 
 
+def _dropping(convert: Convert) -> Convert:
+    """A chat template's conversion that, when the file's datasets set drop_system_message, puts
+    `DROP_FIRST_SYSTEM` before the template (its name or text; `pipeline.tokenize.chat_templates`
+    resolves what follows it): each conversation is rendered without its first message when that is a
+    system message, as Axolotl renders it (`pipeline.tokenize.render.render_chat`)."""
+    def dropping(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+        out = convert(value, settings)
+        if drops_system(settings) and out.get("chat_template"):
+            out["chat_template"] = DROP_FIRST_SYSTEM + str(out["chat_template"])
+        return out
+    return dropping
+
+
 def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """`datasets:` is Axolotl's list of entries, or in a TRL file TRL's mixture (not chat data)."""
     return (trl_mixture if looks_foreign(settings) == TRL else axolotl_datasets)(value, settings)
@@ -143,11 +157,12 @@ KEYS: tuple[Key, ...] = (
         "needed, rows hold no padding")),
     Key("tokens", AXOLOTL, Unused(FROM_DATA), Map(("add_tokens",), add_tokens, "each as --add-token TEXT")),
     # data
-    Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template", "limit",
+    Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template",
                                          "roles_to_train", "train_on_eos"), _datasets,
-        "each entry's path is an input: a Hub id as org/name[:name]:split (train[:N] of the only dataset: "
-        "--limit N; a share such as train[:20%] refused), a local path, or data_files inside a local folder "
-        "(data_files of a Hub dataset are refused: download them); type chat_template or sharegpt: --format "
+        "each entry's path is an input: a Hub id as org/name[@revision][:name]:split, a local path, data_files inside a "
+        "local folder or of a Hub dataset (hf://datasets/org/name/FILE); a share of a split (train[:20%], "
+        "train[10:100], train[-5%:]) as the input's :split[...], the rows datasets selects; drop_system_message: "
+        "see chat_template; type chat_template or sharegpt: --format "
         "chat, alpaca: instruction (alpaca:chat, alpaca:chatml, alpaca:phi: Axolotl's prompt of that style as "
         "--template, its markers the tokenizer's tokens), completion: text; field_messages, field: the fields; "
         "message_property_mappings (or message_field_role/content): role from role/from, content from "
@@ -172,10 +187,12 @@ KEYS: tuple[Key, ...] = (
     Key("sample_packing", AXOLOTL, Map((), _packing, PACKED_DOC), Map((), _packing, PACKED_DOC)),
     Key("packing", TRL, Map((), _packing, PACKED_DOC), Map((), _packing, PACKED_DOC)),
     Key("pad_to_sequence_len", AXOLOTL, Unused("rows hold no padding"), Unused("rows hold no padding")),
-    Key("chat_template", AXOLOTL, DATA_KEY, Map(("chat_template",), _chat_template,
-        "a template name (chatml, llama3, ...) as --chat-template; tokenizer_default: the tokenizer's own")),
-    Key("chat_template_jinja", AXOLOTL, DATA_KEY, Map(("chat_template",), _chat_template_jinja,
-        "with chat_template: jinja, the template text as --chat-template")),
+    Key("chat_template", AXOLOTL, DATA_KEY, Map(("chat_template",), _dropping(_chat_template),
+        "a template name (chatml, llama3, ...) as --chat-template; tokenizer_default: the tokenizer's own; "
+        "with a dataset's drop_system_message, after a Jinja comment that has the first system message of each "
+        "conversation dropped before rendering")),
+    Key("chat_template_jinja", AXOLOTL, DATA_KEY, Map(("chat_template",), _dropping(_chat_template_jinja),
+        "with chat_template: jinja, the template text as --chat-template (drop_system_message: as chat_template)")),
     Key("chat_template_path", TRL, DATA_KEY, _same("chat_template")),
     Key("train_on_inputs", AXOLOTL, DATA_KEY, _same("train_on_prompt")),
     Key("assistant_only_loss", TRL, DATA_KEY, Map(("train_on_prompt",), _not("train_on_prompt", "assistant_only_loss"),

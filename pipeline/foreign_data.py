@@ -10,9 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipeline.contained import escape
 from pipeline.errors import UserError
 from pipeline.foreign_keys import NotUsed, refuse, text_value
 from pipeline.foreign_schema import AXOLOTL_NO_VALUE
+from pipeline.splits import HF_FILES, SPLIT_NAME, SYNTAX, split_share
 
 # Axolotl dataset `type` -> our --format (None: detected from the file's columns)
 AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
@@ -22,7 +24,8 @@ AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruc
 ALPACA_STYLES = {"instruct": "alpaca", "chat": "alpaca:chat", "chatml": "alpaca:chatml", "phi": "alpaca:phi"}
 # sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
-           "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content"}
+           "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content",
+           "drop_system_message", "revision"}
 # values that leave a sub-key at Axolotl's own default: nothing to do
 # the sub-keys every entry must agree on, and the option each sets (type: alpaca's prompt style)
 SUBKEY_OPTIONS = {"type": "template", "field_messages": "messages_field", "field": "text_field",
@@ -31,37 +34,82 @@ _DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "tr
                     "shards": (1,), "split": ("train",)}
 
 
-def hub_or_path(path: str, split: str | None = None, name: str | None = None) -> str:
-    """An input as pack-data names it: a local path as it is, a Hub dataset as org/name[:config]:split."""
-    if Path(path).exists() or "/" not in path or path.startswith((".", "/", "~")):
-        return path
-    return ":".join(p for p in (path, name, split or "train") if p)
-
-
 def _is_local(path: str) -> bool:
     return Path(path).exists() or path.startswith((".", "/", "~")) or "/" not in path
 
 
-def _files(entry: Mapping[str, Any], key: str) -> list[str]:
+def _split(key: str, value: Any) -> str | None:
+    """A `split:` as `datasets` reads it: a split's name, or a share of it (train[:20%],
+    `pipeline.splits`); a sum of splits (train+test) is refused."""
+    split = text_value(key, value, none=True)
+    if split is None or re.fullmatch(SPLIT_NAME, split):
+        return split
+    try:
+        sliced = split_share(f"x:{split}")
+    except UserError as exc:
+        raise refuse(key, split, str(exc).partition(": ")[2]) from None
+    if sliced is None:
+        raise refuse(key, split, f"pack-data reads one split or one share of it: write {SYNTAX}")
+    return split
+
+
+def _saved_split(path: str, split: str | None, where: str) -> str:
+    """A `datasets.save_to_disk` folder as Axolotl reads it (load_from_disk, then a DatasetDict's
+    split by name): a DatasetDict's split is its own folder; a share of it ([:20%]) Axolotl does not
+    take there (it reads the split whole), so it is refused rather than taken or dropped unsaid."""
+    folder = Path(path).expanduser()
+    kind = next((k for k in ("dataset_dict.json", "state.json") if (folder / k).is_file()), None)
+    if kind is None or split is None:
+        return path
+    if "[" in split:
+        raise refuse(f"{where} split", split, f"Axolotl reads the save_to_disk folder {path} whole, without a share of "
+                                              "its rows: remove the [...] (or save the share you want)")
+    return str(folder / split) if kind == "dataset_dict.json" else path
+
+
+def hub_or_path(path: str, split: str | None = None, name: str | None = None, revision: str | None = None) -> str:
+    """An input as pack-data names it: a local path as it is (PATH:train[...] for a share of its rows,
+    `datasets`' one split of a file; a revision is for Hub datasets only, as Axolotl ignores it
+    there), a Hub dataset as org/name[@revision][:config]:split."""
+    if _is_local(path):
+        return f"{path}:{split}" if split and "[" in split else path
+    return ":".join(p for p in (path + (f"@{revision}" if revision else ""), name, split or "train") if p)
+
+
+def _files(entry: Mapping[str, Any], key: str, split: str | None, revision: str | None = None) -> list[str]:
     """`data_files` of one entry: inside a local dataset folder they are its files; of a Hub dataset
-    they select files of that dataset, which pack-data does not do (never a same-named local file)."""
+    they are files of its repo (hf://datasets/ID/FILE, never a same-named local file). Either way
+    `datasets` reads them as one split `train`; a share of it (train[:20%]) counts over all of
+    them, so it is taken here only of one file."""
     path, files = str(entry["path"]), entry.get("data_files")
     files = [files] if isinstance(files, str) else files
     if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
         raise refuse(f"{key} data_files", files, "give a file name or a list of them")
+    name = split.partition("[")[0] if split else "train"
+    if name != "train":
+        raise refuse(f"{key} split", split, "data_files are read as the split train: write train (or train[...])")
+    share = split if split and "[" in split else None
+    if share and len(files) > 1:
+        raise refuse(f"{key} split", split, "a share of the rows of several data_files is not taken here: give one "
+                                            "file, or their folder as path with the share")
     if not _is_local(path):
-        raise refuse(f"{key} data_files", files, f"they select files of the Hub dataset {path}, which pack-data "
-                                                 "reads by split: download them (hf download --repo-type dataset "
-                                                 f"{path} FILE) and give their local paths as path")
+        if entry.get("name") is not None:
+            raise refuse(f"{key} name", entry["name"], "data_files already choose the files of the Hub dataset: "
+                                                       "remove name")
+        for file in files:
+            if escape(file) is not None:
+                raise refuse(f"{key} data_files", file, f"{escape(file)}: name a file inside the Hub dataset {path}")
+        at = f"@{revision}" if revision else ""
+        return [f"{HF_FILES}{path}{at}/{file}" + (f":{share}" if share else "") for file in files]
     base = Path(path)
     if base.is_file():
         raise refuse(f"{key} data_files", files, f"path {path} is a file: give the files as path, or their folder")
     out = []
-    for name in files:
-        target = (base / name).resolve()
+    for file in files:
+        target = (base / file).resolve()
         if base.resolve() not in target.parents:
-            raise refuse(f"{key} data_files", name, f"it leads outside {path}: name a file inside it")
-        out.append(str(base / name))
+            raise refuse(f"{key} data_files", file, f"it leads outside {path}: name a file inside it")
+        out.append(str(base / file) + (f":{share}" if share else ""))
     return out
 
 
@@ -97,22 +145,22 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
             chosen.setdefault("type", {})[i] = f"alpaca:{style or 'instruct'}"
             if style:
                 extra["template"] = ALPACA_STYLES[style]
-        split = text_value(f"{where} split", d.get("split"), none=True)
-        first = re.fullmatch(r"(\w+)\[:(\d+)\]", split or "")
-        if first and len(value) == 1:  # train[:100]: the first 100 examples of the one input
-            split, extra["limit"] = first.group(1), int(first.group(2))
-        if split is not None and not split.isidentifier():
-            raise refuse(f"{where} split", split, "a share of a split (train[:20%]) is not read here: give the "
-                                                  "split's name (train) and --limit N for the first N examples")
+        split = _split(f"{where} split", d.get("split"))
         name = text_value(f"{where} name", d.get("name"), none=True)
         shards = d.get("shards")
         if shards not in (None, 1):
             raise refuse(f"{where} shards", shards, "pack-data reads the whole split: save the shard you want "
                                                     "(datasets' shard()) to a file and give its path")
+        revision = text_value(f"{where} revision", d.get("revision"), none=True)
+        path = _saved_split(path, split, where)
         if d.get("data_files") is not None:
-            inputs.extend(_files(d, where))
+            inputs.extend(_files(d, where, split, revision))
         else:
-            inputs.append(hub_or_path(path, split, name))
+            inputs.append(hub_or_path(path, split, name, revision))
+        drop = d.get("drop_system_message")
+        if drop not in (None, True, False):
+            raise refuse(f"{where} drop_system_message", drop, "use true or false")
+        chosen.setdefault("drop_system_message", {})[i] = True if drop else None
         mapping = d.get("message_property_mappings")
         if mapping is not None:
             _message_mappings(mapping, where)
@@ -140,8 +188,12 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
                 raise refuse(f"datasets[{i}] {key}", shown, f"datasets[{first[0]}] has "
                              f"{'the default' if first[1] is None else first[1]}, and pack-data packs every dataset "
                              f"of one run with the same {key}: pack them separately")
-        if key != "type" and first[1] is not None:
+        if key not in ("type", "drop_system_message") and first[1] is not None:
             extra[SUBKEY_OPTIONS[key]] = list(first[1]) if isinstance(first[1], tuple) else first[1]
+    if chosen["drop_system_message"][0] and not _named_template(settings):
+        raise refuse("datasets[0] drop_system_message", True, "it is applied through the chat template, which the file "
+                                                              "leaves to the tokenizer: name it (chat_template: NAME, "
+                                                              "or jinja with chat_template_jinja)")
     out: dict[str, Any] = {"inputs": inputs}
     out.update(extra)
     if len(formats) == 1 and None not in formats:
@@ -182,17 +234,35 @@ def trl_mixture(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
         if unknown:
             raise refuse(f"{where} {unknown[0]}", d[unknown[0]], "not a key of TRL's dataset mixture: remove it")
         path = text_value(f"{where} path", d["path"])
-        split = text_value(f"{where} split", d.get("split"), none=True)
+        split = _split(f"{where} split", d.get("split"))
         name = text_value(f"{where} name", d.get("name"), none=True)
-        inputs.extend(_files(d, where) if d.get("data_files") is not None else [hub_or_path(path, split, name)])
+        inputs.extend(_files(d, where, split) if d.get("data_files") is not None else [hub_or_path(path, split, name)])
     return {"inputs": inputs}
 
 
 def dataset_name(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     name = text_value("dataset_name", value)
-    split = text_value("dataset_train_split", settings.get("dataset_train_split"), none=True)
+    split = _split("dataset_train_split", settings.get("dataset_train_split"))
     config = text_value("dataset_config", settings.get("dataset_config"), none=True)
     return {"inputs": [hub_or_path(name, split, config)]}
+
+
+# put before the file's chat template when its datasets set drop_system_message: a Jinja comment (it
+# renders nothing) that `pipeline.tokenize.render.render_chat` reads as "drop the first message of each
+# conversation when it is a system message, before rendering", as Axolotl does (its
+# prompt_strategies/chat_template.py); the start-up summary and the manifest show it
+DROP_FIRST_SYSTEM = "{#- drop_system_message: each conversation's first system message is dropped (Axolotl) -#}"
+
+
+def _named_template(settings: Mapping[str, Any]) -> bool:
+    return settings.get("chat_template") not in (None, "tokenizer_default", "jinja") or bool(
+        settings.get("chat_template") == "jinja" and settings.get("chat_template_jinja"))
+
+
+def drops_system(settings: Mapping[str, Any]) -> bool:
+    """Whether the file's datasets set drop_system_message (`axolotl_datasets` checks they agree)."""
+    value = settings.get("datasets")
+    return isinstance(value, list) and any(isinstance(d, dict) and d.get("drop_system_message") is True for d in value)
 
 
 def special_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:

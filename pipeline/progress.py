@@ -22,12 +22,14 @@ def estimate_rows(files: list[Any], limit: int | None = None, max_scan_bytes: in
     scanned = 0
     for f in files:
         try:
-            if f.kind == "parquet":
+            if getattr(f, "rows", None):  # a share of the file's rows (`pipeline.read.splits`)
+                total += f.rows[1] - f.rows[0]
+            elif f.kind == "parquet":
                 total += pq.ParquetFile(f.path).metadata.num_rows
             elif f.kind == "arrow":
                 with pa.memory_map(f.path) as source:
                     total += _ipc_rows(source)
-            elif f.kind in ("jsonl", "csv") and not f.path.endswith(".gz") and scanned + f.size <= max_scan_bytes:
+            elif f.kind in ("jsonl", "csv") and not f.path.lower().endswith((".gz", ".zst")) and scanned + f.size <= max_scan_bytes:
                 scanned += f.size
                 with open(f.path, "rb") as handle:
                     lines = sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 22), b""))

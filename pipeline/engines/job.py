@@ -27,6 +27,7 @@ from pipeline.api_errors import python_spelling
 from pipeline.background import Background
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES
 from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
+from pipeline import splits
 from pipeline.errors import UserError
 from pipeline.folder_lock import folder_lock
 from pipeline.read.formats import EOS_CHOICES, FORMATS, FormatOptions, ResolvedFormat
@@ -345,9 +346,11 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
 
 def _absolute_if_local(path: str) -> str:
     """An existing local path (or a local glob) made absolute; anything else (a URI, a Hub name)
-    unchanged."""
-    if is_uri(path):
+    unchanged; a share of an input's rows (`pipeline.splits`) follows its input."""
+    if is_uri(path) or path.startswith(splits.HF_FILES):
         return path
+    if not os.path.lexists(path) and (sliced := splits.split_share(path)) is not None:
+        return f"{_absolute_if_local(sliced[0])}:{sliced[2].text}"
     if os.path.exists(path) or any(c in path for c in "*?["):
         return os.path.abspath(path)
     return path

@@ -16,21 +16,18 @@ header is not counted), for a JSON array one element, for the other formats one 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import UserError, one_line
-from pipeline.read.json_array import json_array_text, read_json_array, scan_json_array
-from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, compressed_errors, jsonl_columns, read_jsonl
-from pipeline.read.sources import KINDS, InputFile, hf_data_files
-from pipeline.read.tables import read_arrow, read_csv, read_parquet
+from pipeline.read.json_array import json_array_text, scan_json_array
+from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, compressed_errors, jsonl_columns
+from pipeline.read.readers import load_disk, tables
+from pipeline.read.sources import InputFile
 
 
 @dataclass
@@ -51,67 +48,7 @@ class SourceBatch:
         return f"{self.file} row {self.first_row + i + 1}"
 
 
-# ------------------------------------------------------------------------------------ datasets
-
-
-def _load_disk(path: str) -> Any:
-    import datasets
-
-    if not hf_data_files(Path(path)):  # `datasets` cannot even load an empty saved dataset
-        raise UserError(f"{path} contains no records: give an input with at least one example")
-    try:
-        ds = datasets.load_from_disk(path)
-    except Exception as exc:
-        raise UserError(f"{path}: cannot load this datasets.save_to_disk folder: "
-                        f"{type(exc).__name__}: {one_line(exc)}") from None
-    if isinstance(ds, datasets.DatasetDict):
-        splits = list(ds)
-        if len(splits) == 1 or "train" in splits:
-            return ds[splits[0] if len(splits) == 1 else "train"]
-        raise UserError(f"{path} is a DatasetDict with splits {splits} and no 'train': pass one "
-                        f"split folder, e.g. {os.path.join(path, splits[0])}")
-    return ds
-
-
-def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
-    try:
-        for t in ds.with_format("arrow").iter(batch_size=batch_rows):
-            yield t if isinstance(t, pa.Table) else pa.Table.from_pydict(t)
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(f"{name}: reading failed: {type(exc).__name__}: {one_line(exc)}: check that the "
-                        "folder is a complete datasets.save_to_disk folder (save it again)") from None
-
-
 # ------------------------------------------------------------------------------------ public
-
-
-def _tables(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None = None
-            ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
-    with compressed_errors(f.path):
-        yield from _tables_of(f, batch_rows, chunk_bytes, exact)
-
-
-def _tables_of(f: InputFile, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None
-               ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
-    if f.kind == "jsonl":
-        yield from read_jsonl(f.path, batch_rows, chunk_bytes, exact=exact)
-    elif f.kind == "json":
-        yield from read_json_array(f.path, batch_rows)
-    else:
-        if f.kind == "csv":
-            tables = read_csv(f.path, batch_rows, chunk_bytes)
-        elif f.kind == "parquet":
-            tables = read_parquet(f.path, batch_rows)
-        elif f.kind == "arrow":
-            tables = read_arrow(f.path, batch_rows)
-        elif f.kind == "hf_disk":
-            tables = _read_datasets(_load_disk(f.path), batch_rows, f.path)
-        else:
-            raise UserError(f"unknown input kind {f.kind!r} for {f.path}: expected one of {KINDS}")
-        for t in tables:
-            yield t, None
 
 
 def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int | None = None,
@@ -119,7 +56,8 @@ def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int |
                  exact: dict[str, Collection[str]] | None = None) -> Iterator[SourceBatch]:
     """Stream every input in order as tables of at most `batch_rows` rows (never an empty one).
 
-    `limit` stops after that many rows in total. An input that yields no rows is an error.
+    `limit` stops after that many rows in total; a file with `rows` yields only those records. An input
+    that yields no rows is an error.
     `exact`: per file path, the columns whose JSON numbers are kept as their text
     (`pipeline.read.json_numbers.exact_numbers`); None, or a file not in it: every column.
     """
@@ -130,22 +68,27 @@ def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int |
         if limit is not None and index >= limit:
             return
         row = 0
-        for table, lines in _tables(f, batch_rows, chunk_bytes, None if exact is None else exact.get(f.path)):
-            if table.num_rows == 0:
+        start, stop = f.rows or (0, None)
+        for table, lines in tables(f.path, f.kind, batch_rows, chunk_bytes, None if exact is None else exact.get(f.path)):
+            first, row = row, row + table.num_rows  # the file's records [first, row) are in this table
+            if table.num_rows == 0 or row <= start:
                 continue
-            if limit is not None and index + table.num_rows > limit:
-                keep = limit - index
-                table = table.slice(0, keep)
-                lines = None if lines is None else lines[:keep]
-            yield SourceBatch(table=table, file=f.path, first_row=row, first_index=index,
-                              lines=lines)
-            row += table.num_rows
+            cut = max(start - first, 0)
+            keep = table.num_rows - cut if stop is None else min(stop, row) - first - cut
+            if limit is not None:
+                keep = min(keep, limit - index)
+            if cut or keep < table.num_rows:
+                table = table.slice(cut, keep)
+                lines = None if lines is None else lines[cut:cut + keep]
+            yield SourceBatch(table=table, file=f.path, first_row=first + cut, first_index=index, lines=lines)
             index += table.num_rows
-            if limit is not None and index >= limit:
-                return
+            if (limit is not None and index >= limit) or (stop is not None and row >= stop):
+                break
         if row == 0:
             raise UserError(f"{f.path} contains no records: give an input with at least one "
                             "example")
+        if limit is not None and index >= limit:
+            return
 
 
 def where_of(files: list[InputFile], index: int) -> str:
@@ -175,7 +118,7 @@ def _column_names(f: InputFile) -> list[str]:
         if f.kind == "parquet":
             return list(pq.ParquetFile(f.path).schema_arrow.names)
         if f.kind == "hf_disk":
-            return list(_load_disk(f.path).column_names)
+            return list(load_disk(f.path).column_names)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise UserError(f"{f.path}: not a readable Parquet file ({one_line(exc)}); it may be "
                         "truncated or corrupt: re-export or re-download it") from None

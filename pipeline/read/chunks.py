@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.read.batches import SourceBatch, iter_batches
-from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, line_start, lines_before, read_jsonl
+from pipeline.read.json_lines import COMPRESSED, DEFAULT_CHUNK_BYTES, line_start, lines_before, read_jsonl
 from pipeline.read.sources import InputFile
 from pipeline.read.tables import read_arrow, read_parquet
 
@@ -36,11 +36,14 @@ class Chunk:
 
 def plan_chunks(files: list[InputFile], chunk_bytes: int) -> list[Chunk]:
     """Cut every input into chunks of about `chunk_bytes` (whole files where the format allows no
-    cut: compressed text, JSON arrays, CSV, Arrow streams, `datasets` folders). Only file
+    cut: compressed text, JSON arrays, CSV, Arrow streams, `datasets` folders, a share of a file's rows). Only file
     sizes and Parquet/Arrow metadata are read. The chunks of a file are in file order."""
     chunks: list[Chunk] = []
     for k, f in enumerate(files):
-        if f.kind == "jsonl" and not f.path.lower().endswith(".gz") and f.size > chunk_bytes:
+        if f.rows is not None:  # a share of its rows: read whole, `iter_batches` keeps them
+            chunks.append(Chunk(k, 0, -1, 0))
+            continue
+        if f.kind == "jsonl" and not f.path.lower().endswith(COMPRESSED) and f.size > chunk_bytes:
             cuts = sorted({line_start(f.path, pos) for pos in range(0, f.size, chunk_bytes)} | {f.size})
             chunks += [Chunk(k, a, b, -1 if a else 0) for a, b in zip(cuts, cuts[1:]) if b > a]
             continue

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.contained import contained, escape
 from pipeline.errors import UserError, one_line
+from pipeline.splits import HF_FILES
 
 _PART = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
@@ -33,7 +34,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _TRUE = ("1", "on", "yes", "true")
 # suffixes that make a name a file path, never a Hub id (Hub repo names may hold dots: Qwen2.5-7B)
 _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".arrow", ".feather", ".ipc", ".csv",
-                  ".tsv", ".gz", ".txt", ".model", ".safetensors", ".bin")
+                  ".tsv", ".gz", ".zst", ".txt", ".model", ".safetensors", ".bin")
 # a tokenizer's files (what `pipeline.tokenize.tokenizer` reads; config.json is weighed by AutoTokenizer)
 TOKENIZER_PATTERNS = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt",
                       "chat_template*", "*.tiktoken", "config.json"]
@@ -225,6 +226,17 @@ def record(ref: HubRef, commit: str) -> dict:
     return {"id": ref.repo_id, "revision": ref.revision, "commit": commit}
 
 
+def pinned_input(facts: dict) -> str:
+    """The input a manifest's `hub` facts of one file name (`pipeline.read.sources`), at the commit
+    that was read: `org/name@commit[:config]:split`, or for files of the repo
+    `hf://datasets/org/name@commit/PATH` (with the share of its rows, `:train[...]`, if any)."""
+    if facts.get("data_files"):
+        split = str(facts.get("split") or "")
+        tail = f":{split}" if "[" in split else ""
+        return f"{HF_FILES}{facts['id']}@{facts['commit']}/{facts['data_files']}{tail}"
+    return HubRef(facts["id"], None, facts.get("config"), facts.get("split")).pinned(facts["commit"])
+
+
 def changed_revision(what: str, ref: HubRef, commit: str, recorded: dict | None) -> str | None:
     """One line naming a commit of `ref` that differs from the one `recorded` (a manifest's), else None."""
     if not isinstance(recorded, dict) or recorded.get("id") != ref.repo_id or not recorded.get("commit"):
@@ -237,7 +249,7 @@ def changed_revision(what: str, ref: HubRef, commit: str, recorded: dict | None)
 
 # data files a dataset repo may hold that the project reads (`pipeline.read.sources.EXTENSIONS`)
 DATA_PATTERNS = ["*.parquet", "*.pq", "*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.json.gz", "*.csv",
-                 "*.csv.gz", "*.tsv", "*.tsv.gz", "*.arrow"]
+                 "*.csv.gz", "*.tsv", "*.tsv.gz", "*.arrow", "*.jsonl.zst", "*.json.zst", "*.csv.zst", "*.tsv.zst"]
 
 
 def dataset_files(ref: HubRef) -> tuple[list[str], str]:
@@ -270,6 +282,22 @@ def dataset_files(ref: HubRef) -> tuple[list[str], str]:
     for file in files:  # what a pattern matched, links followed, stays in the repo's cache folder
         contained(folder, os.path.relpath(file, folder), f"dataset {ref.repo_id} split {split!r} file",
                   root=_repo_root(folder))
+    return files, commit
+
+
+def repo_files(ref: HubRef, pattern: str) -> tuple[list[str], str]:
+    """(the files of dataset repo `ref` that `pattern`, a path in the repo or a glob, matches, sorted;
+    the commit hash): downloaded alone when not in the cache, as `datasets.load_dataset(repo_id,
+    data_files=pattern)` takes them. None may lead outside the repo."""
+    where = f"dataset {ref.repo_id} data_files"
+    if escape(pattern) is not None:  # before anything is asked for
+        raise UserError(f"{where} is {pattern!r}: {escape(pattern)}; name a file inside the repo")
+    folder, commit = resolve(ref, "dataset", "dataset", allow_patterns=[pattern])
+    files = sorted(str(p) for p in folder.glob(pattern) if p.is_file())
+    if not files:
+        raise UserError(f"dataset {ref.repo_id} has no file {pattern!r} (in {folder}): check its path in the repo")
+    for file in files:
+        contained(folder, os.path.relpath(file, folder), where, root=_repo_root(folder))
     return files, commit
 
 

@@ -6,6 +6,7 @@ record, for one-line errors. JSON arrays are `pipeline.read.json_array`'s.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from contextlib import contextmanager
@@ -29,14 +30,21 @@ COLUMNS_SCAN_BYTES = 16 << 20  # JSONL bytes parsed at a time (threaded) to find
 COLUMNS_SCAN_BLOCK = 4 << 20  # pyarrow's block per thread in that scan
 
 
+COMPRESSED = (".gz", ".zst")  # text inputs read decompressed: gzip, zstd (Axolotl's ALST example's data)
+
+
 def open_input(path: str) -> BinaryIO:
-    """A text input for reading bytes, decompressed when its name ends in .gz."""
-    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+    """A text input for reading bytes, decompressed when its name ends in .gz or .zst (zstd, through
+    pyarrow's codec; such a stream is read from its start only)."""
+    low = path.lower()
+    if low.endswith(".zst"):
+        return io.BufferedReader(pa.input_stream(path, compression="zstd"))  # type: ignore[arg-type]
+    return gzip.open(path, "rb") if low.endswith(".gz") else open(path, "rb")
 
 
 @contextmanager
 def compressed_errors(path: str) -> Iterator[None]:
-    """A .gz input cut short or damaged (EOFError, zlib.error, BadGzipFile, found only when the
+    """A .gz or .zst input cut short or damaged (EOFError, zlib.error, BadGzipFile, found only when the
     reading gets there) is one line naming the file, not click's bare "Aborted!" (its answer to an
     EOFError)."""
     try:
@@ -45,7 +53,7 @@ def compressed_errors(path: str) -> Iterator[None]:
         if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and "compressed" not in str(exc):
             raise  # a full disk, a vanished file: not the file's own damage (pyarrow: "Truncated compressed stream")
         raise UserError(f"cannot read {path}: {one_line(exc)}: the compressed file is cut short or damaged; check "
-                        "it (gzip -t) or decompress it again") from None
+                        "it (gzip -t, zstd -t) or decompress it again") from None
 
 
 # ------------------------------------------------------------------------------------ JSON Lines
@@ -153,7 +161,8 @@ def _jsonl_chunks(path: str, chunk_bytes: int, start: int = 0, end: int | None =
     line `first_line`."""
     with compressed_errors(path), open_input(path) as f:
         line, offset = first_line, start
-        f.seek(start)
+        if start:  # a byte range of an uncompressed file
+            f.seek(start)
         left = -1 if end is None else end - start  # bytes still to read (-1: to the end)
         pending: list[bytes] = []  # blocks read since the last line end
         first = start == 0

@@ -35,6 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pipeline import splits
 from pipeline.errors import UserError, leave_behind, one_line
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -93,8 +94,9 @@ def bounded(what: str, fn: Callable[[], T], limit: float | None) -> T:
 
 
 def is_uri(text: str) -> bool:
-    """Whether `text` is a URI (scheme://...) rather than a local path or a Hub name."""
-    return bool(_URI.match(str(text)))
+    """Whether `text` is a URI (scheme://...) rather than a local path or a Hub name (hf://datasets/...
+    names files of a Hub dataset: `pipeline.read.sources`)."""
+    return bool(_URI.match(str(text))) and not str(text).startswith("hf://")
 
 
 def open_fs(uri: str) -> tuple[Any, str]:
@@ -267,16 +269,18 @@ def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tupl
             if not is_uri(given):
                 staged.inputs.append(given)
                 continue
-            base, files = list_input(given)
-            scheme = given.split("://", 1)[0]
+            sliced = splits.split_share(given)  # a share of its rows (:train[:20%]) follows the local copy
+            uri, tail = (sliced[0], given[len(sliced[0]):]) if sliced else (given, "")
+            base, files = list_input(uri)
+            scheme = uri.split("://", 1)[0]
             root = folder / str(k)
             for path, _ in files:
                 local = root / path[len(base):].lstrip("/")
                 local.parent.mkdir(parents=True, exist_ok=True)
                 pairs.append((f"{scheme}://{path}", str(local)))
             # a file stays a file (its name tells its format); a prefix or glob becomes the folder
-            one_file = len(files) == 1 and files[0][0] == given.split("://", 1)[1].rstrip("/")
-            local_input = str(root / files[0][0][len(base):].lstrip("/")) if one_file else str(root)
+            one_file = len(files) == 1 and files[0][0] == uri.split("://", 1)[1].rstrip("/")
+            local_input = (str(root / files[0][0][len(base):].lstrip("/")) if one_file else str(root)) + tail
             staged.inputs.append(local_input)
             staged.local_of[given] = local_input
             staged.prefixes.append((str(root), f"{scheme}://{base}"))

@@ -3,11 +3,11 @@
 
 Supported inputs (several may be given; globs are expanded in sorted order; order is kept):
 
-- JSON Lines      `.jsonl`, `.ndjson` (also `.gz`), and `.json` files whose content is JSON Lines
-- JSON array      `.json` (also `.json.gz`) holding one list of objects
+- JSON Lines      `.jsonl`, `.ndjson` (also `.gz`, `.zst`: gzip, zstd), and `.json` files whose content is JSON Lines
+- JSON array      `.json` (also `.json.gz`, `.json.zst`) holding one list of objects
 - Parquet         `.parquet`, `.pq`
 - Arrow IPC       `.arrow`, `.feather`, `.ipc` (IPC file or stream format, memory-mapped)
-- CSV / TSV       `.csv`, `.tsv` (also `.gz`); every column is read as a string, empty stays ""
+- CSV / TSV       `.csv`, `.tsv` (also `.gz`, `.zst`); every column is read as a string, empty stays ""
 - a folder written by `datasets.save_to_disk` (memory-mapped Arrow); a `DatasetDict` folder is
   read through its `train` split (or its only split); any other folder is expanded into the
   supported files it contains (recursively, sorted)
@@ -15,6 +15,10 @@ Supported inputs (several may be given; globs are expanded in sorted order; orde
   optionally at a revision (`owner/name@rev:split`; default split `train`), when it names no local
   path (`pipeline.read.hub`): its split's files, from the local Hugging Face cache or downloaded, are read
   as the local files they are
+- files of a Hub dataset's repo by their path in it, as `datasets` and huggingface_hub spell them:
+  `hf://datasets/owner/name[@rev]/PATH` (PATH may hold a glob); they are the rows of split `train`
+- a share of any input's rows, in `datasets`' split syntax after its split (`pipeline.splits`):
+  `owner/name:train[:20%]`, `data.jsonl:train[10:100]` (local files and hf:// files are split `train`)
 """
 
 from __future__ import annotations
@@ -31,21 +35,23 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline import splits
 from pipeline.errors import UserError, one_line
 from pipeline.read import hub
-from pipeline.read.json_lines import open_input
+from pipeline.read.json_lines import DEFAULT_CHUNK_BYTES, open_input
+from pipeline.read.readers import KINDS, count_records, hf_data_files  # noqa: F401 (KINDS: what InputFile.kind is)
 from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 
-KINDS = ("jsonl", "json", "parquet", "arrow", "csv", "hf_disk")
 # Longest suffix first so that ".jsonl.gz" wins over ".gz".
 EXTENSIONS = {
     ".jsonl.gz": "jsonl", ".ndjson.gz": "jsonl", ".json.gz": "json", ".csv.gz": "csv",
-    ".tsv.gz": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
+    ".tsv.gz": "csv", ".jsonl.zst": "jsonl", ".ndjson.zst": "jsonl", ".json.zst": "json", ".csv.zst": "csv",
+    ".tsv.zst": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
     ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".csv": "csv",
     ".tsv": "csv",
 }
 SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
-             "formats also .gz), a datasets.save_to_disk folder, or a Hub dataset id (org/name)")
+             "formats also .gz or .zst), a datasets.save_to_disk folder, or a Hub dataset id (org/name)")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -58,6 +64,7 @@ class InputFile:
     size: int  # bytes (folders: their data files)
     hub: dict | None = None  # a Hub dataset's file: the input as given, id, revision, commit (`pipeline.read.hub`)
     mtime_ns: int | None = None  # a file's modification time when resolved (`changed_inputs`)
+    rows: tuple[int, int] | None = None  # only these records [start, stop) of the file (a split's share)
 
 
 # ------------------------------------------------------------------------------------ resolving
@@ -103,10 +110,6 @@ def _check_readable(path: str) -> None:
 
 def _is_hf_disk(folder: Path) -> bool:
     return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
-
-
-def hf_data_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.arrow") if p.is_file())
 
 
 def _check_regular(path: str) -> None:
@@ -204,24 +207,48 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
     out: list[InputFile] = []
     for raw in inputs:
         spec = os.path.expanduser(str(raw))
-        if os.path.exists(spec):
-            out.extend(_resolve_folder(spec) if os.path.isdir(spec) else [_resolve_file(spec)])
-        elif _GLOB_CHARS.search(spec):
-            matches = sorted(globlib.glob(spec, recursive=True))
-            if not matches:
-                raise UserError(f"no files match {raw!r}: check the pattern and quote it so the "
-                                "shell does not expand it")
-            for m in matches:
-                out.extend(_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])
-        elif os.path.islink(spec):
-            raise _broken_link(spec)
-        elif (ref := hub.hub_ref(spec, dataset=True)) is not None:
-            out.extend(_resolve_hub(str(raw), ref))
-        else:
-            raise UserError(f"input not found: {raw}: check the path (relative to {os.getcwd()})")
+        sliced = None if os.path.lexists(spec) else splits.split_share(spec)
+        if sliced is None:
+            out.extend(_resolve_one(str(raw), spec))
+            continue
+        base, split, share = sliced
+        ref = None if base.startswith(splits.HF_FILES) else hub.hub_ref(f"{base}:{split}", dataset=True)
+        if ref is None and split != "train":
+            raise UserError(f"{raw}: the rows of a local file (or of hf:// files) are datasets' split 'train': "
+                            f"write {base}:train[...]")
+        files = _resolve_hub(str(raw), ref) if ref is not None else _resolve_one(str(raw), base)
+        out.extend(_share(files, share, str(raw)))
     for f in out:
         _refuse_packed(f)
     return out
+
+
+def _resolve_one(raw: str, spec: str) -> list[InputFile]:
+    """The files of one input (no share of its rows): a path, a glob, a Hub dataset or hf:// files."""
+    if os.path.exists(spec):
+        return _resolve_folder(spec) if os.path.isdir(spec) else [_resolve_file(spec)]
+    if spec.startswith(splits.HF_FILES):
+        return _resolve_hub_files(raw, spec)
+    if _GLOB_CHARS.search(spec):
+        matches = sorted(globlib.glob(spec, recursive=True))
+        if not matches:
+            raise UserError(f"no files match {raw!r}: check the pattern and quote it so the "
+                            "shell does not expand it")
+        return [f for m in matches for f in (_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])]
+    if os.path.islink(spec):
+        raise _broken_link(spec)
+    if (ref := hub.hub_ref(spec, dataset=True)) is not None:
+        return _resolve_hub(raw, ref)
+    raise UserError(f"input not found: {raw}: check the path (relative to {os.getcwd()})")
+
+
+def _share(files: list[InputFile], share: splits.Share, given: str) -> list[InputFile]:
+    """The files of an input that `share` of their rows (counted over all of them, in order) keeps,
+    each with the records of its own it keeps."""
+    counts = [count_records(f.path, f.kind, DEFAULT_CHUNK_BYTES) for f in files]
+    kept = splits.assign(share, counts, given)
+    return [replace(f, rows=rows, hub=f.hub and {**f.hub, "split": share.text})
+            for f, rows in zip(files, kept) if rows is not None]
 
 
 _PACKED_COLUMNS = {"seq_lens", "position_ids", "example_ids"}
@@ -260,6 +287,21 @@ def _resolve_hub(given: str, ref: hub.HubRef) -> list[InputFile]:
     if not paths:
         raise UserError(f"dataset {given}: its split holds no data files: choose another split ({ref.repo_id}:SPLIT)")
     facts = {"input": given, **hub.record(ref, commit), "config": ref.config, "split": ref.split or "train"}
+    return [replace(_resolve_file(p), hub=facts) for p in paths]
+
+
+def _resolve_hub_files(given: str, spec: str) -> list[InputFile]:
+    """`hf://datasets/owner/name[@rev]/PATH`: the files of that dataset repo matching PATH (a glob
+    allowed), from the cache or downloaded alone, as `datasets.load_dataset(owner/name,
+    data_files=PATH)` reads them."""
+    repo, _, pattern = spec[len(splits.HF_FILES):].partition("/")
+    owner_name = f"{repo}/{pattern.partition('/')[0]}"
+    pattern = pattern.partition("/")[2]
+    ref = hub.hub_ref(owner_name, dataset=True)
+    if ref is None or ref.split is not None or not pattern or pattern.startswith("/"):
+        raise UserError(f"{given}: write files of a Hub dataset as hf://datasets/OWNER/NAME[@REVISION]/PATH")
+    paths, commit = hub.repo_files(ref, pattern)
+    facts = {"input": given, **hub.record(ref, commit), "config": None, "split": "train", "data_files": pattern}
     return [replace(_resolve_file(p), hub=facts) for p in paths]
 
 
@@ -306,5 +348,6 @@ def input_fingerprints(files: list[InputFile]) -> list[dict]:
             out.append({"path": f.path, "kind": f.kind, "bytes": total, "sha256": h.hexdigest()})
         else:
             out.append({"path": f.path, "kind": f.kind, "bytes": os.path.getsize(f.path),
-                        "sha256": file_sha256(f.path), **({"hub": f.hub} if f.hub else {})})
+                        "sha256": file_sha256(f.path), **({"hub": f.hub} if f.hub else {}),
+                        **({"rows": list(f.rows)} if f.rows else {})})
     return out

@@ -31,7 +31,7 @@ def _locate_bad_utf8(path: str) -> UserError | None:
 
 
 def read_csv(path: str, batch_rows: int, chunk_bytes: int) -> Iterator[pa.Table]:
-    delimiter = "\t" if path.lower().endswith((".tsv", ".tsv.gz")) else ","
+    delimiter = "\t" if path.lower().endswith((".tsv", ".tsv.gz", ".tsv.zst")) else ","
     parse = pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
     read = pacsv.ReadOptions(block_size=chunk_bytes, use_threads=False)
 

@@ -102,8 +102,7 @@ def pinned_config(manifest: Manifest) -> dict:
     from (`org/name@commit[:config][:split]`), so that a re-check reads the very same files."""
     config = dict(manifest.config)
     pins = {e["hub"]["input"]: e["hub"] for e in manifest.inputs if isinstance(e.get("hub"), dict)}
-    config["inputs"] = [hub.HubRef(pins[i]["id"], None, pins[i].get("config"), pins[i].get("split")).pinned(
-        pins[i]["commit"]) if i in pins else i for i in config.get("inputs") or []]
+    config["inputs"] = [hub.pinned_input(pins[i]) if i in pins else i for i in config.get("inputs") or []]
     recorded = manifest.tokenizer.get("hub")
     if isinstance(recorded, dict) and config.get("tokenizer") and recorded.get("commit"):
         config["tokenizer"] = hub.HubRef(recorded["id"]).pinned(recorded["commit"])

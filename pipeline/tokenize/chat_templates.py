@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import UserError, one_line
+from pipeline.foreign_data import DROP_FIRST_SYSTEM
 from pipeline.tokenize.templates_axolotl import AXOLOTL
 from pipeline.tokenize.templates_axolotl_tools import AXOLOTL as AXOLOTL_TOOLS
 
@@ -42,6 +43,8 @@ def resolve_chat_template(value: str) -> str:
     """
     if value in NAMED:
         return NAMED[value]
+    if value.startswith(DROP_FIRST_SYSTEM):  # an Axolotl file's drop_system_message, before its template
+        return DROP_FIRST_SYSTEM + resolve_chat_template(value[len(DROP_FIRST_SYSTEM):])
     if "{%" in value or "{{" in value:
         return checked(value, "--chat-template (inline text)")
     path = Path(value).expanduser()
@@ -74,4 +77,6 @@ def checked(text: str, name: str) -> str:
 
 def template_label(value: str) -> str:
     """How the manifest names `--chat-template VALUE`: the name or path, or "inline" for template text."""
+    if value.startswith(DROP_FIRST_SYSTEM):
+        return f"{template_label(value[len(DROP_FIRST_SYSTEM):])} (its first system message dropped)"
     return "inline" if value not in NAMED and ("{%" in value or "{{" in value) else value

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
+from pipeline.foreign_data import DROP_FIRST_SYSTEM
 from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
 from pipeline.tokenize.control_tokens import END, control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
@@ -395,12 +396,15 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
         raise missing_field(table, fmt.fields["messages"], where)
     rows = table.column(fmt.fields["messages"]).to_pylist()
     controls = control_tokens(tokenizer.backend_tokenizer, tokenizer.chat_template)
+    drop_system = str(tokenizer.chat_template).startswith(DROP_FIRST_SYSTEM)  # an Axolotl file's drop_system_message
     texts: list[str] = []
     example: list[int] = []
     loss: list[bool] = []
     no_eos = np.zeros(len(rows), dtype=bool)
     for i, messages in enumerate(rows):
         msgs = normalise_messages(messages, where(i))
+        if drop_system and msgs and msgs[0]["role"] == "system":
+            msgs = msgs[1:]
         if not msgs:
             continue
         msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))

@@ -214,7 +214,7 @@ def test_what_cannot_be_honoured_is_named_all_at_once():
     examples (min_sample_len): one line each, naming every such key, never a run per key."""
     for command, name, keys, why in (
             (pack_train, "gemma3_gemma-3-1b-qlora.yml", ["unfrozen_parameters"], "LoRA adapters (adapter) or every"),
-            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", ["min_sample_len", "datasets"], "no minimum length"),
+            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", ["min_sample_len"], "no minimum length"),
             (pack_train, "alst_llama3-8b-fsdp2-alst.yaml", [], ""),  # min_sample_len: pack-data's
             (pack_train, "phi_phi3-ft.yml", [], ""), (pack_data, "phi_phi3-ft.yml", [], "")):
         result = CliRunner().invoke(command, ["--config", str(EXAMPLES / "axolotl" / name), "--help"])
@@ -410,10 +410,11 @@ def test_evaluation_keys_count_only_when_the_tool_would_evaluate(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("entries", "want", "refused"), [
-    # the first N examples of the only dataset: --limit N (a share of a split has no equivalent)
-    ([{"split": "train[:100]"}], {"inputs": ["org/ds:train"], "limit": 100}, None),
-    ([{"split": "train[:20%]"}], None, "a share of a split (train[:20%]) is not read here"),
-    ([{"split": "train[:100]"}, {"path": "org/other"}], None, "a share of a split"),
+    # a share of a split: the input's own (pipeline.read.splits), for each dataset (tests/e2e/test_foreign_slices.py)
+    ([{"split": "train[:100]"}], {"inputs": ["org/ds:train[:100]"], "limit": None}, None),
+    ([{"split": "train[:20%]"}, {"path": "org/other", "split": "test[-5%:]"}],
+     {"inputs": ["org/ds:train[:20%]", "org/other:test[-5%:]"]}, None),
+    ([{"split": "train[:10%]+test"}], None, "pack-data reads one split or one share of it"),
     # Axolotl's older spelling of message_property_mappings
     ([{"message_field_role": "from", "message_field_content": "value"}], {"inputs": ["org/ds:train"]}, None),
     ([{"message_field_role": "speaker"}], None, "pack-data reads role from role or from"),

@@ -75,17 +75,15 @@ def test_a_boolean_where_a_number_goes_is_refused(tmp_path: Path, command, text:
 
 
 def test_data_files_never_pack_a_same_named_file_of_the_working_folder(tmp_path: Path, monkeypatch):
-    """Axolotl's data_files select files of the dataset at `path`; a Hub dataset's are refused (pack-data
-    reads it by split), never replaced by the working folder's file of that name. Control: inside a
-    local dataset folder they are that folder's files."""
+    """Axolotl's data_files select files of the dataset at `path`: of a Hub dataset they are files of its
+    repo (hf://datasets/...), never the working folder's file of that name. Control: inside a local
+    dataset folder they are that folder's files."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.jsonl").write_text('{"text": "the working folder\'s own file"}\n')
     cfg = tmp_path / "c.yaml"
     cfg.write_text(AXOLOTL + "datasets:\n  - path: some-org/some-dataset\n    type: completion\n"
                    "    data_files: train.jsonl\n")
-    line = one_line(pack_data, cfg, tmp_path)
-    assert "key 'datasets': datasets[0] data_files: ['train.jsonl'] has no equivalent here: they select files of " \
-           "the Hub dataset some-org/some-dataset" in line
+    assert mapped(pack_data, cfg)["inputs"] == ["hf://datasets/some-org/some-dataset/train.jsonl"]
     local = tmp_path / "local-dataset"
     local.mkdir()
     (local / "train.jsonl").write_text('{"text": "the dataset\'s file"}\n')
