@@ -1,8 +1,9 @@
-"""The README as a new user runs it: every command and snippet, top to bottom, in one fresh folder
-(the quick start's pack-data after its set-up, its pack-verify / pack-report / pack-train, the
-walkthrough, the config files, the Python API, the Hugging Face Trainer and TRL examples, the
-planner, pack-data, pack-verify, pack-report and pack-train sections). A later command must not
-collide with what an earlier one wrote, and none may print a warning."""
+"""The manual as a new user runs it: every command and snippet of the README and then of its guides
+in docs/ (GUIDES, in that order), top to bottom, in one fresh folder (the quick start's pack-data
+after its set-up, its pack-verify / pack-report / pack-train, the README's pack-data, pack-train,
+pack-verify and pack-report sections, then the walkthrough, the config files, the Python API, the
+Hugging Face Trainer and TRL examples, the planner and the pack-data guide). A later command must
+not collide with what an earlier one wrote, and none may print a warning."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ import pytest
 
 SCRIPTS = {"pack-data": "pipeline.cli:pack_data", "pack-train": "trainer.cli:main",
            "pack-report": "pipeline.cli:pack_report", "pack-verify": "pipeline.cli:pack_verify"}
-# Commands the README shows for data or machines a fresh clone does not have (a user's corpus, a
+# The README, then the guides whose commands and snippets run here, in this order (the Trainer and TRL
+# examples train on the folder the Python API's snippet packs; the other guides' commands need what
+# NOT_HERE names, or are not console commands).
+GUIDES = ("README.md", "docs/fine-tuning.md", "docs/config-files.md", "docs/python-api.md", "docs/hf-trainer.md",
+          "docs/planner.md", "docs/pack-data.md", "docs/long-examples.md", "docs/ray.md", "docs/hub-and-remote.md",
+          "docs/pack-report-verify.md", "docs/pack-train.md")
+# Commands the manual shows for data or machines a fresh clone does not have (a user's corpus, a
 # Ray cluster, Hugging Face Hub ids, which need the network, long examples that a script the test does
-# not run writes: tests/scripts/test_make_long_data.py packs them); each must still be in the README, so
+# not run writes: tests/scripts/test_make_long_data.py packs them); each must still be in the manual, so
 # the list cannot go stale. (tests/pipeline/read/test_hub.py packs Hub ids from a cache it builds.)
 NOT_HERE = ("'corpus/*.parquet'", "'/mnt/shared/corpus/*.jsonl'", "HuggingFaceH4/ultrachat_200k",
             "--data out/ultrachat", "--out packed-long")
@@ -30,8 +37,9 @@ NOISE = re.compile(r"Warning|warn\(|Traceback", re.I)
 
 
 def readme_steps(readme: str) -> list[tuple[str, str]]:
-    """("bash", one command) and ("python", one snippet) in README order: every fenced bash and
-    python block, and the console commands written inline in the quick start's prose."""
+    """("bash", one command) and ("python", one snippet) in the order of `readme` (the README, or the
+    README and its guides one after the other): every fenced bash and python block, and the console
+    commands written inline in the quick start's prose."""
     quick = readme[readme.index("## Quick start"):readme.index("\n## ", readme.index("## Quick start") + 1)]
     found: list[tuple[int, str, str]] = []
     for m in re.finditer(r"```(bash|python)\n(.*?)```", readme, re.S):
@@ -59,7 +67,7 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_the_readme_runs_top_to_bottom_in_a_fresh_folder(repo_root: Path, tmp_path: Path):
     for module in ("peft", "tensorboard", "accelerate", "trl"):  # the dev extras the README installs
         pytest.importorskip(module)
-    readme = (repo_root / "README.md").read_text(encoding="utf-8")
+    readme = "\n".join((repo_root / name).read_text(encoding="utf-8") for name in GUIDES)
     for skipped in NOT_HERE:
         assert skipped in readme
     steps = readme_steps(readme)
