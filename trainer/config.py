@@ -84,8 +84,9 @@ class TrainConfig:
         "attention feature of the model (sliding window, soft-capping, sinks, chunks), "
         "in the order fa4 (FlashAttention-4, flash-attn-4 package, Hopper or newer), "
         "flash_attn (flash-attn 2), torch (PyTorch's varlen kernel), flex, sdpa (reference). "
-        "cudnn (cuDNN through PyTorch, each example alone) is never picked by auto: the "
-        "fastest on long examples (32K+ tokens), slower on rows of many short ones."))
+        "cudnn (cuDNN through PyTorch, each example alone): the fastest on long examples, "
+        "slower on rows of many short ones; on a Hopper GPU auto pairs flash_attn or torch with it "
+        "(flash_attn+cudnn: cuDNN for rows whose examples average 4,096 tokens or more)."))
     dtype: str = opt("auto", choices=DTYPES, section=PRECISION, help=(  # trainer.model.precision
         "bf16: autocast over fp32 weights. bf16-weights: the weights themselves in bf16 "
         "(fewer casts, a bf16 residual stream), fp32 master weights, gradient accumulation "
