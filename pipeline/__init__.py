@@ -18,13 +18,14 @@ The folders are the steps data takes, in order; each imports only the ones befor
     cli.py     the commands pack-data, pack-verify, pack-report
 
 `shards/` is the shard format, the contract with `trainer/`; the modules at this level (`errors`,
-`api_errors`, `option_checks`, `config_file`, `progress`, `background`, `durable`, `folder_lock`)
-serve every step and the trainer, and import no step. docs/DESIGN.md draws the map.
+`api_errors`, `option_checks`, `config_file`, `progress`, `background`, `splits`), `files/` (safe
+writing) and `foreign/` (Axolotl and TRL config files) serve every step and the trainer, and import
+no step. docs/DESIGN.md draws the map.
 
 Public faces: the only modules `trainer/` imports are `shards` (the shard format), `errors` (the
 one-line errors), `api_errors` (Python spellings of options), `option_checks` (option checks),
-`config_file` (--config files), `foreign_config` (other tools' config keys), `durable` (atomic
-writes), `contained` (paths inside a folder), `folder_lock` (folder locks), `read.hub` (Hub
+`config_file` (--config files), `foreign.config` (other tools' config keys), `files.durable` (atomic
+writes), `files.contained` (paths inside a folder), `files.folder_lock` (folder locks), `read.hub` (Hub
 resolution), `tokenize.tokenizer` (the tokenizer and its fingerprint), `report.flops` (the one
 count of training FLOPs, which pack-report and pack-train's MFU share) (tests/trainer/test_trainer_layout.py checks it).
 """
@@ -34,7 +35,7 @@ from typing import Any
 
 # Imported on first use, so that importing one module of the package (pipeline.errors, say, from
 # pack-train's command line) does not import numba, pyarrow and the rest.
-_EXPORTS = {"assign_bins": "pipeline.plan.binpack", "PackConfig": "pipeline.engines.job",
+_EXPORTS = {"assign_bins": "pipeline.plan.binpack", "PackConfig": "pipeline.engines.pack_config",
             "run_pack_data": "pipeline.engines.job", "read_manifest": "pipeline.shards",
             "verify_folder": "pipeline.shards"}
 

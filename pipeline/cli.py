@@ -16,9 +16,9 @@ import click
 from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES, uncompiled
 from pipeline.read import hub
 from pipeline.config_file import HintedCommand, config_option
-from pipeline.foreign_config import DATA
+from pipeline.foreign.config import DATA
 from pipeline.report.deep_check import deep_check
-from pipeline.durable import write_atomic
+from pipeline.files.durable import write_atomic
 from pipeline.errors import UserError, cli_errors
 from pipeline.option_checks import INT_MAX, MAX_PROCS, click_options, field_values, param_fields
 from pipeline.read.formats import FormatOptions

@@ -21,7 +21,7 @@ too. `key: null` (or an empty value) leaves the flag's default; `true` for an op
 stand alone (`resume: true`, `grad-checkpointing: true`) means the flag alone.
 
 An Axolotl or TRL (`trl sft`) YAML is read as it is: each of their keys that means something here
-is mapped to options of ours, each that does not is named with why (`pipeline.foreign_config`), what
+is mapped to options of ours, each that does not is named with why (`pipeline.foreign.config`), what
 the file leaves out takes that tool's defaults (`foreign_schema.source_defaults`), and the mapping is
 printed once, key by key, on stderr. Every key whose meaning cannot be honoured is named in one line,
 all at once (an error line quoting a long value is cut):
@@ -43,7 +43,7 @@ from typing import Any
 
 import click
 
-from pipeline import foreign_config
+from pipeline.foreign import config as foreign_config
 from pipeline.errors import UserError
 from pipeline.option_checks import Check, check_value
 

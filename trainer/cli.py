@@ -9,7 +9,7 @@ import click
 
 from pipeline.config_file import HintedCommand, config_option
 from pipeline.option_checks import click_options, field_values, param_fields
-from pipeline.foreign_config import TRAIN
+from pipeline.foreign.config import TRAIN
 from pipeline.errors import cli_errors
 from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
 from pipeline.report.flops import rates_line

@@ -28,7 +28,7 @@ from pipeline.background import Background
 from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
 from pipeline import splits
 from pipeline.errors import UserError
-from pipeline.folder_lock import folder_lock
+from pipeline.files.folder_lock import folder_lock
 from pipeline.read.formats import ResolvedFormat
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
@@ -87,7 +87,7 @@ def run_pack_data(
 
 def out_lock(out: str) -> AbstractContextManager:
     """The lock that keeps a second pack-data off a local --out while this one runs
-    (`.OUT.lock` beside it, `pipeline.folder_lock`); a remote --out is written from a folder of its own."""
+    (`.OUT.lock` beside it, `pipeline.files.folder_lock`); a remote --out is written from a folder of its own."""
     if is_uri(out):
         return nullcontext()
     path = Path(out).absolute()

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.contained import contained, escape
+from pipeline.files.contained import contained, escape
 from pipeline.errors import UserError, one_line
 from pipeline.splits import HF_FILES
 

@@ -114,7 +114,7 @@ def write_shard(path: str | os.PathLike[str], table: pa.Table) -> None:
         with pa.ipc.new_file(sink, SCHEMA) as writer:
             writer.write_table(table)
         _shift_footer_blocks(raw.fileno(), -_LEADING_MAGIC)
-        os.fsync(raw.fileno())  # on disk before the folder's rename commits it (`pipeline.durable`)
+        os.fsync(raw.fileno())  # on disk before the folder's rename commits it (`pipeline.files.durable`)
 
 
 _LEADING_MAGIC = 8  # b"ARROW1" plus 2 bytes of padding

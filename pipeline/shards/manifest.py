@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.contained import contained, escape
-from pipeline.durable import fsync_path
+from pipeline.files.contained import contained, escape
+from pipeline.files.durable import fsync_path
 from pipeline.errors import ShardFormatError
 
 FORMAT_NAME = "packlm-shards"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import UserError, one_line
-from pipeline.foreign_data import DROP_FIRST_SYSTEM
+from pipeline.foreign.data import DROP_FIRST_SYSTEM
 from pipeline.tokenize.templates_axolotl import AXOLOTL
 from pipeline.tokenize.templates_axolotl_tools import AXOLOTL as AXOLOTL_TOOLS
 

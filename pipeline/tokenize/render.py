@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
-from pipeline.foreign_data import DROP_FIRST_SYSTEM
+from pipeline.foreign.data import DROP_FIRST_SYSTEM
 from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
 from pipeline.tokenize.control_tokens import END, control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name

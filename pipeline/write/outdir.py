@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.durable import fsync_path
+from pipeline.files.durable import fsync_path
 from pipeline.errors import UserError
-from pipeline.folder_lock import check_no_file_in_the_way
+from pipeline.files.folder_lock import check_no_file_in_the_way
 from pipeline.shards import MANIFEST_NAME, pack_data_files
 
 
@@ -107,7 +107,7 @@ def _process_exists(pid: int) -> bool:
 def commit(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished temporary folder to `out` (replacing an old output when allowed).
     Its files were fsynced as they were written; its entries are fsynced here, before the rename,
-    and the parent's after it (`pipeline.durable`)."""
+    and the parent's after it (`pipeline.files.durable`)."""
     fsync_path(tmp)
     if out.exists():
         check_out(out, overwrite)  # it may have appeared while we worked

@@ -32,7 +32,7 @@ def check_output(path: str | os.PathLike[str], option: str = "--out") -> Path:
     import stat
 
     from pipeline.errors import UserError
-    from pipeline.folder_lock import check_no_file_in_the_way
+    from pipeline.files.folder_lock import check_no_file_in_the_way
 
     path = Path(path)
     if str(path) in ("", "."):
@@ -65,13 +65,13 @@ def check_output_folder(path: str | os.PathLike[str], option: str = "--out") -> 
 
 
 def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], option: str = "--out") -> None:
-    """Create or replace the file `path` whole (`pipeline.durable.write_atomic`: `write(tmp)` fills a
+    """Create or replace the file `path` whole (`pipeline.files.durable.write_atomic`: `write(tmp)` fills a
     temporary file beside it, renamed over `path`; a link keeps pointing at the new file); its
     folder is made if missing. A target `check_output` refuses, a full disk or another write error
     exits with one line, leaving nothing behind."""
     import errno
 
-    from pipeline.durable import write_atomic
+    from pipeline.files.durable import write_atomic
 
     target = Path(os.path.realpath(check_output(path, option)))
     try:

@@ -398,7 +398,7 @@ def test_a_yaml_list_of_lora_targets_is_taken(tmp_path: Path):
 
 def test_the_page_lists_every_mapped_key_as_the_code_maps_it():
     """docs/from-trl-axolotl.md holds the table `foreign_config.markdown_table` writes from KEYS."""
-    from pipeline.foreign_config import KEYS, markdown_table
+    from pipeline.foreign.config import KEYS, markdown_table
 
     page = (ROOT / "docs" / "from-trl-axolotl.md").read_text()
     assert markdown_table() in page

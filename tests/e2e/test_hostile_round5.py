@@ -18,7 +18,7 @@ from test_hostile_inputs import SAMPLE, TOKENIZER, error_line, snapshot, write_j
 from pipeline.cli import pack_data
 from pipeline.config_file import read_config_file
 from pipeline.errors import UserError
-from pipeline.foreign_config import DATA, TRAIN
+from pipeline.foreign.config import DATA, TRAIN
 from trainer.cli import pack_train
 from trainer.config import TrainConfig
 from trainer.run.nesting import refuse_nested_run

@@ -1,5 +1,5 @@
 """The scripts in scripts/ keep the product's rules: a file they write is replaced whole or not at
-all (`benchlib.write_output`, over `pipeline.durable.write_atomic`), a target that is no regular
+all (`benchlib.write_output`, over `pipeline.files.durable.write_atomic`), a target that is no regular
 file (a device such as /dev/null, a FIFO, a folder, a path below a file) is refused before any
 work, a full disk is one line with nothing left behind, and an absurd option ends at once in one
 line. The cases run the scripts as a user does (their own process) where the line itself is the

@@ -146,3 +146,11 @@ def test_modules_are_at_most_450_lines():
     long = {str(p.relative_to(ROOT)): n for top in ("pipeline", "trainer") for p in sorted((ROOT / top).rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 450}
     assert long == {}
+
+
+def test_at_most_ten_modules_at_the_top_of_pipeline():
+    """pipeline/'s top holds its commands and the few modules every step shares (errors, options,
+    config files, progress, background work, datasets' split syntax); the rest lives in packages
+    (files/: safe writing, foreign/: other tools' configs, and the steps)."""
+    top = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 10, top

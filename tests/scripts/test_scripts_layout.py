@@ -34,7 +34,7 @@ GPU_CHECK = re.compile(r"check_gpu_\w+\.py")
 # a script reaching for another one adds it here, where the list of what the scripts depend on is
 # reviewed; an entry no script uses any more, or that no longer exists, fails below.
 PRODUCT_FACES = sorted([
-    "pipeline.cli", "pipeline.durable", "pipeline.engines.job", "pipeline.errors", "pipeline.folder_lock",
+    "pipeline.cli", "pipeline.files.durable", "pipeline.engines.job", "pipeline.errors", "pipeline.files.folder_lock",
     "pipeline.plan.binpack", "pipeline.plan.rows", "pipeline.read.batches", "pipeline.read.formats",
     "pipeline.read.sources", "pipeline.report.flops", "pipeline.shards", "pipeline.shards.verify",
     "pipeline.tokenize.encode_pool", "pipeline.tokenize.render", "pipeline.tokenize.spill",

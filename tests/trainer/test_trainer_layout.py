@@ -33,10 +33,10 @@ FACES = {
     'pipeline.api_errors',  # Python spellings of options
     'pipeline.option_checks',  # option checks
     'pipeline.config_file',  # --config files
-    'pipeline.foreign_config',  # other tools' config keys
-    'pipeline.durable',  # atomic writes
-    'pipeline.contained',  # paths inside a folder
-    'pipeline.folder_lock',  # folder locks
+    'pipeline.foreign.config',  # other tools' config keys
+    'pipeline.files.durable',  # atomic writes
+    'pipeline.files.contained',  # paths inside a folder
+    'pipeline.files.folder_lock',  # folder locks
     'pipeline.read.hub',  # Hub resolution
     'pipeline.tokenize.tokenizer',  # the tokenizer and its fingerprint
     'pipeline.report.flops',  # the one count of training FLOPs

@@ -13,7 +13,7 @@ Layout of `RUN_DIR/checkpoints/step-00000040/`:
 - `checkpoint.json`     written last: size and sha256 of every other file
 
 A checkpoint is written into `checkpoints/.tmp-step-...`, fsynced, and renamed into place only when
-complete (`pipeline.durable`); `checkpoints/latest` (a one-line text file, replaced atomically)
+complete (`pipeline.files.durable`); `checkpoints/latest` (a one-line text file, replaced atomically)
 names the newest. A checkpoint is intact when every file that `checkpoint.json` lists is there with
 its size and sha256: a crash, a full disk or a flipped byte after saving shows up as a damaged
 checkpoint, which `resume_point` reports and steps over (or refuses, when strict). Resuming an older
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from pipeline.contained import leaves
-from pipeline.durable import fsync_path, fsync_tree, write_atomic, write_text_atomic
+from pipeline.files.contained import leaves
+from pipeline.files.durable import fsync_path, fsync_tree, write_atomic, write_text_atomic
 from pipeline.errors import UserError, one_line
 from pipeline.shards import file_sha256
 from trainer.run.preflight import CHECKPOINTS, list_checkpoints  # noqa: F401  (torch-free: pack-train's early checks)

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from pipeline.durable import write_text_atomic
+from pipeline.files.durable import write_text_atomic
 from pipeline.errors import UserError
-from pipeline.folder_lock import folder_lock
+from pipeline.files.folder_lock import folder_lock
 from pipeline.report.flops import LayerShape, ModelShape, StepFlops, attention_share, step_flops
 from trainer.data.batch import MicroBatch
 from trainer.config import TrainConfig

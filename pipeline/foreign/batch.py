@@ -1,4 +1,4 @@
-"""Batch sizes of Axolotl / TRL files (`pipeline.foreign_config.KEYS`): with packing a token budget per
+"""Batch sizes of Axolotl / TRL files (`pipeline.foreign.config.KEYS`): with packing a token budget per
 micro-batch; without it (both tools' default) padded batches of B examples a step, which pack-data
 packs as groups (`--strategy minibatch --group-size B`) and pack-train takes one a step
 (`--step-by-group`): the same examples each step, so the same gradient."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.foreign_keys import DATA, PACKED, Convert, NotUsed, refuse as _refuse
+from pipeline.foreign.keys import DATA, PACKED, Convert, NotUsed, refuse as _refuse
 
 
 def padded(settings: Mapping[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""The pieces of the Axolotl / TRL key table (`pipeline.foreign_config.KEYS`): what a rule is (`Map`,
+"""The pieces of the Axolotl / TRL key table (`pipeline.foreign.config.KEYS`): what a rule is (`Map`,
 `Unused`, `Key`) and the conversions from their values to our options, each refusing in one line a
 value that has no exact equivalent here (`fp16: true`, `num_epochs: 1.5`)."""
 

@@ -1,6 +1,6 @@
 """Every key of the Axolotl and TRL config schemas, with its default.
 
-`pipeline.foreign_config` maps the keys it knows (`KEYS`); a key of these schemas that it does not map
+`pipeline.foreign.config` maps the keys it knows (`KEYS`); a key of these schemas that it does not map
 is accepted when its value is the tool's default or empty (nothing changes: `lora_model_dir:`,
 `ddp_find_unused_parameters: false`) and refused otherwise, named with every other such key in one
 line. The lists are read from the sources, not imported (neither tool is a dependency):
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.foreign_batch import group_size, padded
-from pipeline.foreign_keys import DATA, TRAIN, TRL, TRL_MAX_LENGTH, show, shown
+from pipeline.foreign.batch import group_size, padded
+from pipeline.foreign.keys import DATA, TRAIN, TRL, TRL_MAX_LENGTH, show, shown
 
 
 def _names(text: str) -> frozenset[str]:

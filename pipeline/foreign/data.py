@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.contained import escape
+from pipeline.files.contained import escape
 from pipeline.errors import UserError
-from pipeline.foreign_keys import NotUsed, refuse, text_value
-from pipeline.foreign_schema import AXOLOTL_NO_VALUE
+from pipeline.foreign.keys import NotUsed, refuse, text_value
+from pipeline.foreign.schema import AXOLOTL_NO_VALUE
 from pipeline.splits import HF_FILES, SPLIT_NAME, SYNTAX, split_share
 
 # Axolotl dataset `type` -> our --format (None: detected from the file's columns)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.foreign_keys import Convert, refuse
-from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
+from pipeline.foreign.keys import Convert, refuse
+from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
     ATTN,
     AXOLOTL,
     BOTH,
@@ -71,10 +71,10 @@ from pipeline.foreign_keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _evaluations,
     show,
 )
-from pipeline.foreign_batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
-from pipeline.foreign_data import (DROP_FIRST_SYSTEM, add_tokens, axolotl_datasets, dataset_name, drops_system,
+from pipeline.foreign.batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
+from pipeline.foreign.data import (DROP_FIRST_SYSTEM, add_tokens, axolotl_datasets, dataset_name, drops_system,
                                    special_tokens, trl_mixture)
-from pipeline.foreign_schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
+from pipeline.foreign.schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
 PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
               "trained as packed groups of the same examples, one group a step (the same gradient)")

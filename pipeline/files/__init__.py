@@ -1,0 +1,1 @@
+"""Writing files safely: atomic writes and fsync (`durable`), paths that stay inside their folder (`contained`), folder locks (`folder_lock`)."""
