@@ -13,22 +13,22 @@ from typing import Any
 
 import click
 
-from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES, uncompiled
-from pipeline.read import hub
 from pipeline.config_file import HintedCommand, config_option
-from pipeline.foreign.config import DATA
-from pipeline.report.deep_check import deep_check
-from pipeline.files.durable import write_atomic
-from pipeline.errors import UserError, cli_errors
-from pipeline.option_checks import INT_MAX, MAX_PROCS, click_options, field_values, param_fields
-from pipeline.read.formats import FormatOptions
 from pipeline.engines.job import run_pack_data
 from pipeline.engines.pack_config import PACK_CHECKS, PackConfig
-from pipeline.tokenize.encode_pool import capped_workers
+from pipeline.errors import UserError, cli_errors
+from pipeline.files.durable import write_atomic
+from pipeline.foreign.config import DATA
+from pipeline.option_checks import INT_MAX, MAX_PROCS, click_options, field_values, param_fields
+from pipeline.plan.binpack import MAX_LEN_LIMIT, STRATEGIES, uncompiled
+from pipeline.read import hub
+from pipeline.read.formats import FormatOptions
 from pipeline.read.remote import folder_to_read
-from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
+from pipeline.report.deep_check import deep_check
 from pipeline.report.flops import MAX_LAYERS, Sizes
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, PACKED_STRATEGIES
+from pipeline.shards import MANIFEST_NAME, check_checksum, verify_eval_folder, verify_folder
+from pipeline.tokenize.encode_pool import capped_workers
 from pipeline.tokenize.tokenize_inputs import lengths_of
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -196,8 +196,7 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
     a URI (s3://, gs://, hdfs://, file://), which is downloaded first."""
     # polars (pipeline.report.folder_report) is imported by this command only: pack-data and pack-verify run
     # where it is not installed (the GPU benchmark box)
-    from pipeline.report.folder_report import (folder_report, folder_whatif, load_folder, report_sources, to_json,
-                                               whatif_report)
+    from pipeline.report.folder_report import folder_report, folder_whatif, load_folder, report_sources, to_json, whatif_report
     from pipeline.report.report_render import write_html
     from pipeline.report.report_text import format_text
     from pipeline.report.run_summary import format_run, is_run_folder, run_report

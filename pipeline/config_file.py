@@ -43,8 +43,8 @@ from typing import Any
 
 import click
 
-from pipeline.foreign import config as foreign_config
 from pipeline.errors import UserError
+from pipeline.foreign import config as foreign_config
 from pipeline.option_checks import Check, check_value
 
 MAX_CONFIG_BYTES = 16 * 2**20  # a config file past this is refused unread

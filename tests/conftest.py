@@ -13,9 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from wallclock import (pytest_addoption, pytest_configure, pytest_runtest_call,  # noqa: F401  (hooks)
-                       pytest_runtest_setup, pytest_runtest_teardown)
+from wallclock import pytest_addoption, pytest_configure, pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401  (hooks)
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_TESTS = re.compile(r"test_ray_|\[ray\]|bench_ray")  # tests that start a Ray cluster

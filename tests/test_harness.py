@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gloo_ranks import fork_ranks, run_killable
 
 HERE = Path(__file__).resolve().parent

@@ -15,40 +15,47 @@ shards are the same.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
-import shutil
 from contextlib import AbstractContextManager, closing, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pipeline import splits
 from pipeline.api_errors import python_spelling
 from pipeline.background import Background
-from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
-from pipeline import splits
+from pipeline.engines.pack_config import PACK_CHECKS, PackConfig, refuse_combinations
+from pipeline.engines.ray_engine import (
+    check_shared,
+    columns_on_ray,
+    download_on_ray,
+    fingerprints_on_ray,
+    ray_session,
+    tokenize_on_ray,
+    write_on_ray,
+)
 from pipeline.errors import UserError
 from pipeline.files.folder_lock import folder_lock
-from pipeline.read.formats import ResolvedFormat
+from pipeline.option_checks import check_options
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
-from pipeline.option_checks import check_options
-from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
-from pipeline.write.nesting import check_out_nesting
-from pipeline.write.remote_out import remote_out
 from pipeline.plan.rows import Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.engines.pack_config import PACK_CHECKS, PackConfig, refuse_combinations
-from pipeline.engines.ray_engine import (check_shared, columns_on_ray, download_on_ray, fingerprints_on_ray, ray_session,
-                                         tokenize_on_ray, write_on_ray)
+from pipeline.read.formats import ResolvedFormat
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
-from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
-from pipeline.tokenize.spill import Spill
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
-from pipeline.tokenize.tokenize_inputs import file_formats, needs_encoder, tokenize_to_spill
+from pipeline.shards import Manifest, manifest_vocab, verify_folder, write_manifest
 from pipeline.tokenize.chat_templates import resolve_chat_template
+from pipeline.tokenize.encode_pool import capped_workers, default_workers, encode_pool
+from pipeline.tokenize.spill import Spill
+from pipeline.tokenize.tokenize_inputs import file_formats, needs_encoder, tokenize_to_spill
 from pipeline.tokenize.tokenizer import check_token_options, load_tokenizer, tokenizer_info
+from pipeline.write.nesting import check_out_nesting
+from pipeline.write.outdir import check_out, local_inputs_folder, output_folder
+from pipeline.write.remote_out import remote_out
 from pipeline.write.shard_writer import Written, check_sizes, write_shards
 
 SHARD_TARGET_BYTES = 128 << 20  # auto --rows-per-shard aims at shards of about this size (bounds RAM)

@@ -41,19 +41,26 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.engines.ray_reaper import reaped_ray
 from pipeline.errors import UserError, one_line
-from pipeline.read.formats import ResolvedFormat, text_fields
 from pipeline.plan.rows import RowPlan
 from pipeline.progress import bar
-from pipeline.engines.ray_reaper import reaped_ray
-from pipeline.read.remote import download_file
-from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
 from pipeline.read.batches import column_names, where_of
 from pipeline.read.chunks import Chunk, chunk_batches, plan_chunks
+from pipeline.read.formats import ResolvedFormat, text_fields
+from pipeline.read.remote import download_file
 from pipeline.read.sources import InputFile, input_fingerprints
+from pipeline.shards import ShardInfo, file_sha256, shard_name, summarize_shard, write_shard
 from pipeline.tokenize.spill import FILE_SHIFT, Spill
-from pipeline.tokenize.tokenize_inputs import (Part, default_batch_rows, ids_are_labels, rust_threads_off, spill_part,
-                                               tokenize_source_batch, try_direct)
+from pipeline.tokenize.tokenize_inputs import (
+    Part,
+    default_batch_rows,
+    ids_are_labels,
+    rust_threads_off,
+    spill_part,
+    tokenize_source_batch,
+    try_direct,
+)
 from pipeline.tokenize.tokenizer import BackendOnly, load_tokenizer
 from pipeline.write.shard_writer import Written, check_vocab, shard_table
 

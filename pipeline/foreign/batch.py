@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.foreign.keys import DATA, PACKED, Convert, NotUsed, refuse as _refuse
+from pipeline.foreign.keys import DATA, PACKED, Convert, NotUsed
+from pipeline.foreign.keys import refuse as _refuse
 
 
 def padded(settings: Mapping[str, Any]) -> bool:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.foreign.keys import Convert, refuse
+from pipeline.foreign.batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
+from pipeline.foreign.data import DROP_FIRST_SYSTEM, add_tokens, axolotl_datasets, dataset_name, drops_system, special_tokens, trl_mixture
 from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
     ATTN,
     AXOLOTL,
@@ -26,54 +27,53 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     DATA,
     DATA_KEY,
     HUB,
-    Key,
-    Map,
-    NotUsed,
     PACKED,
     TILE_TOKENS,
-    WATCHDOG,
-    Rule,
     TRAIN,
     TRAIN_KEY,
     TRL,
     TRL_MAX_LENGTH,
+    WATCHDOG,
+    Convert,
+    Key,
+    Map,
+    NotUsed,
+    Rule,
     Unused,
+    _activation_offloading,
     _adapter,
     _bf16,
     _bfloat16,
     _chat_template,
     _chat_template_jinja,
+    _evaluations,
     _fp16,
     _fsdp,
     _fsdp_config,
+    _fsdp_version,
     _grad_checkpointing,
     _in_dataset_name,
     _load_in_4bit,
     _load_in_8bit,
     _lora_linear,
+    _lora_r,
     _lora_target,
     _max_steps,
     _model_tokenizer,
     _not,
     _optimizer,
+    _plugins,
     _report_to,
     _same,
     _schedule,
+    _tiled_mlp,
     _use_peft,
     _val_set_size,
     _wandb_project,
     _whole,
-    _activation_offloading,
-    _fsdp_version,
-    _lora_r,
-    _tiled_mlp,
-    _plugins,
-    _evaluations,
+    refuse,
     show,
 )
-from pipeline.foreign.batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
-from pipeline.foreign.data import (DROP_FIRST_SYSTEM, add_tokens, axolotl_datasets, dataset_name, drops_system,
-                                   special_tokens, trl_mixture)
 from pipeline.foreign.schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
 PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "

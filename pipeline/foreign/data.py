@@ -5,13 +5,13 @@ shape (`name: 2024`, `type: [a, b]`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.files.contained import escape
 from pipeline.errors import UserError
+from pipeline.files.contained import escape
 from pipeline.foreign.keys import NotUsed, refuse, text_value
 from pipeline.foreign.schema import AXOLOTL_NO_VALUE
 from pipeline.splits import HF_FILES, SPLIT_NAME, SYNTAX, split_share

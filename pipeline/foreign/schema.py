@@ -15,8 +15,8 @@ line. The lists are read from the sources, not imported (neither tool is a depen
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 

@@ -19,8 +19,17 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UserError
-from pipeline.plan.binpack_kernels import (assign_from_runs, bfd_runs, count_lengths, ffd_runs, first_fit_order,
-                                           minibatch_bins, next_fit, relabel, scan_lengths)
+from pipeline.plan.binpack_kernels import (
+    assign_from_runs,
+    bfd_runs,
+    count_lengths,
+    ffd_runs,
+    first_fit_order,
+    minibatch_bins,
+    next_fit,
+    relabel,
+    scan_lengths,
+)
 
 __all__ = ["STRATEGIES", "PlanError", "assign_bins", "bin_loads", "minibatch_groups"]
 

@@ -28,7 +28,6 @@ from pipeline.errors import UserError
 from pipeline.plan.rows import Pieces
 from pipeline.read.sources import resolve_inputs
 
-
 # The most uses of one example: past it even a single example's uses take more than 48 TiB to plan
 # (BYTES_PER_USE each), so a larger weight (1e308, say) is refused as it is parsed.
 MAX_WEIGHT = 2.0**40

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.plan.binpack import assign_bins, minibatch_groups
 from pipeline.errors import UserError
+from pipeline.plan.binpack import assign_bins, minibatch_groups
 from pipeline.shards import Counts
 from pipeline.tokenize.spill import Spill
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.files.contained import contained, escape
 from pipeline.errors import UserError, one_line
+from pipeline.files.contained import contained, escape
 from pipeline.splits import HF_FILES
 
 _PART = r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?"
@@ -150,8 +150,14 @@ def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None
              ignore: Sequence[str] | None) -> tuple[Path, str]:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub import errors as hf_errors
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())  # huggingface_hub 2.x
     transport = _transport_errors()

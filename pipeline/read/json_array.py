@@ -18,9 +18,7 @@ import pyarrow as pa
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_lines import open_input
 from pipeline.read.json_numbers import exact_column, exact_float
-from pipeline.read.json_records import (MAX_DEPTH, Conformer, DuplicateKey, json_kind, lone_surrogate, short, type_conflict,
-                                        unique_keys)
-
+from pipeline.read.json_records import MAX_DEPTH, Conformer, DuplicateKey, json_kind, lone_surrogate, short, type_conflict, unique_keys
 
 _SKIP_WS = re.compile(r"[ \t\n\r]*")
 

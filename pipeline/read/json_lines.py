@@ -9,8 +9,8 @@ import gzip
 import io
 import json
 import zlib
-from contextlib import contextmanager
 from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -19,8 +19,17 @@ import pyarrow.json as pajson
 
 from pipeline.errors import UserError, one_line
 from pipeline.read.json_numbers import exact_numbers
-from pipeline.read.json_records import (MAX_DEPTH, Conformer, DuplicateKey, json_kind, lone_surrogate, short,
-                                        type_conflict, uniform_content, unique_keys)
+from pipeline.read.json_records import (
+    MAX_DEPTH,
+    Conformer,
+    DuplicateKey,
+    json_kind,
+    lone_surrogate,
+    short,
+    type_conflict,
+    uniform_content,
+    unique_keys,
+)
 
 # Bytes of JSONL parsed at once (one pyarrow block; small, so tokenizing starts soon and overlaps
 # the parsing of the next chunk); a line longer than this makes a larger chunk.

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.read import hub
 from pipeline.errors import ShardFormatError, UserError, one_line
+from pipeline.read import hub
 from pipeline.shards.format import IGNORE_INDEX, load_shard, shard_paths
 from pipeline.shards.manifest import Manifest
 from pipeline.tokenize.tokenize_inputs import tokenize_examples

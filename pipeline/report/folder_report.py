@@ -36,19 +36,19 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipeline.plan.binpack import assign_bins
 from pipeline.errors import UserError
-from pipeline.shards import IGNORE_INDEX, Manifest, file_sha256, load_shard, manifest_vocab, read_manifest, shard_paths
+from pipeline.plan.binpack import assign_bins
 from pipeline.report.flops import Sizes, step_flops
 from pipeline.report.stats import (
     DEFAULT_BATCH_SIZE,
     PACKED_STRATEGIES,
     Layout,
-    safe_ratio,
     packed,
     pad_to_longest,
     pad_to_max,
+    safe_ratio,
 )
+from pipeline.shards import IGNORE_INDEX, Manifest, file_sha256, load_shard, manifest_vocab, read_manifest, shard_paths
 
 PADDED_LAYOUTS = ("pad-to-longest", "pad-to-max")
 

@@ -16,7 +16,6 @@ import numpy as np
 from pipeline.report.folder_report import PADDED_LAYOUTS, FolderData
 from pipeline.report.report_text import _limits_text, _n, across_lengths, model_text
 
-
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f5f6f8;
 color:#1f2933}

@@ -23,7 +23,6 @@ import numpy as np
 from pipeline.errors import ShardFormatError
 from pipeline.shards.format import IGNORE_INDEX, ShardColumns, load_shard
 
-
 # Defects the token pass finds, in the order they are reported when a shard has several kinds.
 _OK, _NEGATIVE_ID, _BEYOND_VOCAB, _POSITION, _LABEL_AT_START, _LABEL_SHIFTED = range(6)
 

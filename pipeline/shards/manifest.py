@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import ShardFormatError
 from pipeline.files.contained import contained, escape
 from pipeline.files.durable import fsync_path
-from pipeline.errors import ShardFormatError
 
 FORMAT_NAME = "packlm-shards"
 FORMAT_VERSION = 1

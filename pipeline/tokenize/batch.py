@@ -25,11 +25,11 @@ import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
 from pipeline.read.formats import ResolvedFormat
+from pipeline.shards import IGNORE_INDEX
 from pipeline.tokenize.control_tokens import encode_marked, has_marks
 from pipeline.tokenize.long_texts import Encode, encode_bounded
 from pipeline.tokenize.render import Where, check_same_format, missing_field, render
 from pipeline.tokenize.segments import Cuts, cached_token_sizes, encode_segments
-from pipeline.shards import IGNORE_INDEX
 
 
 def encode_texts(tokenizer: Any, texts: list[str], cuts: Cuts | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.tokenize.encode_pool import Cuts
 from pipeline.errors import UserError
+from pipeline.tokenize.encode_pool import Cuts
 
 LONG_TEXT_CHARS = 1 << 20  # a text longer than this is cut into pieces (where the tokenizer allows it)
 PIECE_CHARS = 8 << 10  # a piece ends at the first place to cut from this many chars after its start

@@ -21,11 +21,11 @@ import pyarrow.compute as pc
 
 from pipeline.errors import UserError, one_line
 from pipeline.foreign.data import DROP_FIRST_SYSTEM
+from pipeline.read import formats
+from pipeline.read.formats import NO_INPUT, NO_INPUT_FORMS, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat
 from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
 from pipeline.tokenize.control_tokens import END, control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
-from pipeline.read.formats import (NO_INPUT, NO_INPUT_FORMS, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat,
-                                   detect_format, template_fields)
 
 
 @dataclass
@@ -88,7 +88,7 @@ def check_same_format(table: pa.Table, fmt: ResolvedFormat, where: Where) -> Non
     if set(has) & set(needed):
         return  # a row of this format with a field missing
     try:
-        other = detect_format(has, FormatOptions())
+        other = formats.detect_format(has, FormatOptions())
     except UserError:
         return  # the fields of no format
     raise UserError(
@@ -219,7 +219,7 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, token
         else [""] * n, controls, where
     )
     no_input = NO_INPUT_FORMS.get(fmt.template_name or "")  # the preset's wording for a row without input
-    if fmt.fields.get("input") and "input" not in template_fields(template):
+    if fmt.fields.get("input") and "input" not in formats.template_fields(template):
         check_input_unused(inputs, fmt, where)
     texts: list[str] = []
     for p, x, r in zip(prompts, inputs, responses):

@@ -24,10 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import UserError
-from pipeline.read.formats import ResolvedFormat
 from pipeline.read.batches import where_of
+from pipeline.read.formats import ResolvedFormat
 from pipeline.tokenize.render import check_same_format, rows_where
-
 
 
 @dataclass

@@ -28,18 +28,16 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from pipeline.background import done, in_order
-from pipeline.tokenize.encode_pool import encode_pool
 from pipeline.errors import UserError
-from pipeline.read.formats import FormatOptions, ResolvedFormat, detect_formats, text_fields
-from pipeline.tokenize.long_texts import Encode
-from pipeline.read.remote import download_here, staged_inputs
 from pipeline.read.batches import column_names, iter_batches, where_of
+from pipeline.read.formats import FormatOptions, ResolvedFormat, detect_formats, text_fields
+from pipeline.read.remote import download_here, staged_inputs
 from pipeline.read.sources import resolve_inputs
-from pipeline.tokenize.spill import Spill, append_values, NotDirect, direct_arrow_spill
 from pipeline.tokenize.batch import TokBatch, tokenize_batch, tokenized_batch
+from pipeline.tokenize.encode_pool import encode_pool
+from pipeline.tokenize.long_texts import Encode
+from pipeline.tokenize.spill import NotDirect, Spill, append_values, direct_arrow_spill
 from pipeline.tokenize.tokenizer import RUST_THREADS, load_tokenizer
-
-
 
 # --------------------------------------------------------------------------------- pool plumbing
 

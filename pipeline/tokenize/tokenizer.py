@@ -22,8 +22,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pipeline.read import hub
 from pipeline.errors import UserError
+from pipeline.read import hub
 
 TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "chat_template")
 RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for its own thread pool

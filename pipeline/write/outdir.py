@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.files.durable import fsync_path
 from pipeline.errors import UserError
+from pipeline.files.durable import fsync_path
 from pipeline.files.folder_lock import check_no_file_in_the_way
 from pipeline.shards import MANIFEST_NAME, pack_data_files
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.files.contained import escape
 from pipeline.errors import UserError, one_line
+from pipeline.files.contained import escape
 from pipeline.read.remote import bounded, file_info, files_under, is_uri, open_fs, remote_timeout
 from pipeline.shards import FORMAT_NAME, MANIFEST_NAME
 

@@ -54,10 +54,10 @@ def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tup
     from transformers import LlamaForCausalLM
 
     from trainer.data.batch import collate_flat
-    from trainer.model.lora import freeze_in_bf16
-    from trainer.model.loss import LossModule
     from trainer.model.load import compile_decoder_layers, decoder_layers, prepare, preset_config
     from trainer.model.long_rows import tile_mlp
+    from trainer.model.lora import freeze_in_bf16
+    from trainer.model.loss import LossModule
 
     torch._dynamo.reset()
     config = preset_config(args.model, 32000)

@@ -28,6 +28,7 @@ os.environ.setdefault("NUMBA_CACHE_DIR", tempfile.mkdtemp(prefix="bench-binpack-
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
+from pipeline.plan.binpack import STRATEGIES, assign_bins  # noqa: E402
 from scripts.benchlib import (  # noqa: E402
     CODEALPACA,
     LLAMA2,
@@ -40,7 +41,6 @@ from scripts.benchlib import (  # noqa: E402
     shared_dir,
     timed,
 )
-from pipeline.plan.binpack import STRATEGIES, assign_bins  # noqa: E402
 
 # ------------------------------------------------------------------------------------ lengths
 

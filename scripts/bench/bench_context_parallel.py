@@ -51,13 +51,13 @@ def check(json_path: str | None) -> None:
     """Context-parallel against the whole row on the GPU kernels (see the module)."""
     import torch
     import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from trainer.data.batch import collate_flat
     from trainer.data.row_split import shard_microbatch
     from trainer.distributed import context_parallel as cp
-    from trainer.data.batch import collate_flat
-    from trainer.model.loss import token_losses
     from trainer.model.load import prepare
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from trainer.model.loss import token_losses
 
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

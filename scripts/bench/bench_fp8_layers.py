@@ -39,7 +39,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
 from scripts.benchlib import add_bench_args, check_output, device_name, machine_summary, write_json  # noqa: E402
-
 from trainer.data.batch import collate_flat
 from trainer.model.fp8 import RECIPES, check_fp8, convertible, fp8_config
 from trainer.model.load import compile_decoder_layers, decoder_layers, prepare, preset_config

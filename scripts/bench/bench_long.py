@@ -28,8 +28,19 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import (AUTO_DEVICE, LLAMA2, REPO, add_bench_args, check_output, device_name,  # noqa: E402
-                              machine_summary, model_config, resolve_device, shared_dir, write_json)
+from scripts.benchlib import (  # noqa: E402
+    AUTO_DEVICE,
+    LLAMA2,
+    REPO,
+    add_bench_args,
+    check_output,
+    device_name,
+    machine_summary,
+    model_config,
+    resolve_device,
+    shared_dir,
+    write_json,
+)
 from scripts.benchlib.train_results import H100_BF16_TFLOPS, PathResult, flop_shape  # noqa: E402
 from scripts.benchlib.train_runs import PACKED_RUN_DEFAULTS, run_packed_pack_train  # noqa: E402
 

@@ -57,12 +57,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
 from scripts.benchlib import (  # noqa: E402
-    add_bench_args,
     AUTO_DEVICE,
     LLAMA2,
     REPO,
     PackJob,
+    add_bench_args,
     autocast_ctx,
     build_hf_model,
     check_output,
@@ -88,13 +89,11 @@ from scripts.benchlib import (  # noqa: E402
     to_device,
     tokenizer_ids,
     write_json,
+    write_jsonl,
     write_output,
     write_text_output,
-    write_jsonl,
 )
 from scripts.benchlib.args import default_pack_procs, default_workdir  # noqa: E402
-
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
 
 METHODS = ("pad", "minibatch", "shuffle", "ffd", "ffd-full")
 BF16_WEIGHTS = "+bf16-weights"  # a packed method's tuning (see the module)

@@ -25,11 +25,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import add_bench_args, LLAMA2, REPO, check_output, machine_summary, shared_dir, write_json  # noqa: E402
+from pipeline.tokenize.tokenizer import load_tokenizer
+from scripts.benchlib import LLAMA2, REPO, add_bench_args, check_output, machine_summary, shared_dir, write_json  # noqa: E402
 from scripts.benchlib import pack_data_runs as bpd  # noqa: E402
 from scripts.benchlib.pack_data_runs import replicate  # noqa: E402
-
-from pipeline.tokenize.tokenizer import load_tokenizer
 
 CEILING_BATCH = 4096
 

@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
+from pipeline.engines.job import PackConfig, run_pack_data
 from scripts.benchlib import LLAMA2, REPO, shared_dir  # noqa: E402
 from scripts.benchlib.pack_data_runs import replicate  # noqa: E402
-
-from pipeline.engines.job import PackConfig, run_pack_data
 
 FIELDS = ("RssAnon", "RssFile")
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import statistics
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,8 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
 from scripts.benchlib import (  # noqa: E402
-    add_bench_args,
     LLAMA2,
+    add_bench_args,
     check_output,
     free_memory,
     jsonable,
@@ -54,7 +54,6 @@ from scripts.benchlib import (  # noqa: E402
     write_text_output,
 )
 from scripts.benchlib.train_runs import no_checkpoint_writes  # noqa: E402
-
 from trainer.config import GRAD_REDUCE  # noqa: E402
 
 
@@ -168,15 +167,14 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     """
     import torch
 
+    from pipeline.report.flops import step_flops
+    from pipeline.shards import manifest_vocab, read_manifest
     from scripts.benchlib import build_hf_model, cuda_peak_gib, make_optimizer, sync
     from scripts.benchlib.train_results import flop_shape
     from scripts.benchlib.train_runs import plan_step_rows
     from scripts.benchlib.train_steps import flash_attn_available, hf_fp8, hf_row_batches, hf_step_fn
-
-    from pipeline.report.flops import step_flops
-    from pipeline.shards import manifest_vocab, read_manifest
-    from trainer.model.load import compile_decoder_layers, decoder_layers, enable_grad_checkpointing
     from trainer.distributed.parallel import close_distributed, pick_device, setup_distributed, wrap_parallel
+    from trainer.model.load import compile_decoder_layers, decoder_layers, enable_grad_checkpointing
 
     dtype, recipe, seed = parse_entry(entry.removeprefix(HF), args.seed)
     if dtype not in ("bf16", "fp8"):

@@ -36,8 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import (add_bench_args, CODEALPACA, GSM8K, LLAMA2, REPO, check_output, machine_summary, require,  # noqa: E402
-                              shared_dir, write_json)
+from scripts.benchlib import CODEALPACA, GSM8K, LLAMA2, REPO, add_bench_args, check_output, machine_summary, require, shared_dir, write_json  # noqa: E402
 
 SHARED = shared_dir()
 TOKENIZER = SHARED / LLAMA2

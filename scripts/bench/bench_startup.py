@@ -32,8 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import (add_bench_args, GSM8K, LLAMA2, REPO, check_output, cpu_model, machine_summary, shared_dir,  # noqa: E402
-                              write_json)
+from scripts.benchlib import GSM8K, LLAMA2, REPO, add_bench_args, check_output, cpu_model, machine_summary, shared_dir, write_json  # noqa: E402
 
 
 def entry_point(checkout: Path, command: str = "pack-data") -> str:

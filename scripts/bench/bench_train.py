@@ -121,8 +121,7 @@ from scripts.benchlib.train_results import (  # noqa: E402
     split_path,
     target_lines,
 )
-from scripts.benchlib.train_runs import (Setup, finish_path, plan_step_rows, run_packed_pack_train,  # noqa: E402
-                                         trace_path)
+from scripts.benchlib.train_runs import Setup, finish_path, plan_step_rows, run_packed_pack_train, trace_path  # noqa: E402
 from scripts.benchlib.train_steps import (  # noqa: E402
     flash_attn_available,
     hf_batches,

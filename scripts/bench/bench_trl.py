@@ -167,10 +167,9 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     steps = len(times) - 1
     tokens, seconds, rate = steady_rate([c[0] for c in counts[:steps]], times, a.warmup)
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    from pipeline.report.flops import StepFlops, step_flops
     from scripts.benchlib import flop_rates
     from scripts.benchlib.train_results import flop_shape
-
-    from pipeline.report.flops import StepFlops, step_flops
 
     shape = flop_shape(model_config(a.model, vocab), a.lora_r, 1 if "ckpt" in options else 0)
     flops = sum((step_flops(shape, lengths[k], loss_tokens=counts[k][1]) for k in range(a.warmup, steps)),
@@ -189,11 +188,10 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
 
 def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     """One pack-train run (`trainer.train`, what the CLI runs) on the packed folder; the result record."""
+    from pipeline.errors import UserError
     from scripts.benchlib import flop_rates
     from scripts.benchlib.train_results import timed_result
     from scripts.benchlib.train_runs import no_checkpoint_writes
-
-    from pipeline.errors import UserError
     from trainer import TrainConfig, train
 
     out = tempfile.mkdtemp(prefix="packlm-", dir=a.workdir)
@@ -339,7 +337,6 @@ def longest(records: list[dict[str, Any]]) -> dict[str, int | None]:
 def run_lengths(a: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
     """--lengths: each path at each length, ascending, until its first length that does not train."""
     from scripts.benchlib.packing import write_long_folder
-
     from trainer.model.load import preset_config
 
     vocab = preset_config(a.model).vocab_size  # both trainers build the preset with it

@@ -96,13 +96,22 @@ def with_lengths(batches: Iterator[Callable[[], Any]]) -> Iterator[Callable[[], 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     t0 = time.perf_counter()
+    import torch
     import unsloth  # noqa: F401 - first, so that it patches transformers before anything imports it
     from unsloth import FastLanguageModel
 
-    import torch
-
-    from scripts.benchlib import (LLAMA2, device_name, free_memory, machine_summary, make_optimizer, prepare_data,
-                                  reset_cuda_peak, shared_dir, tokenizer_ids, write_json)
+    from scripts.benchlib import (
+        LLAMA2,
+        device_name,
+        free_memory,
+        machine_summary,
+        make_optimizer,
+        prepare_data,
+        reset_cuda_peak,
+        shared_dir,
+        tokenizer_ids,
+        write_json,
+    )
     from scripts.benchlib.train_results import flop_shape, n_params_of
     from scripts.benchlib.train_runs import Setup, finish_path, plan_step_rows
     from scripts.benchlib.train_steps import hf_row_batches, hf_step_fn, timed_loop

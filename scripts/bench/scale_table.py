@@ -33,9 +33,8 @@ from typing import Any
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import add_bench_args, check_output, write_text_output  # noqa: E402
-
 from pipeline.errors import UserError, cli_errors  # noqa: E402
+from scripts.benchlib import add_bench_args, check_output, write_text_output  # noqa: E402
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -23,15 +23,46 @@ that use them.
 """
 
 from .args import AUTO_DEVICE, add_bench_args
-from .machine import (best_of, cpu_model, cuda_peak_gib, device_name, fix_malloc, free_memory, machine_summary,
-                      reset_cuda_peak, reset_rss_peak, rss_peak_extra_mb, timed, vmhwm_mb)
-from .output import (OneLineParser, check_output, check_output_folder, jsonable, write_json, write_jsonl,
-                     write_output, write_text_output)
-from .packing import (PREP_STRATEGIES, PackJob, examples_by_id, ffd_steps, group_example_ids, minibatch_groups,
-                      pack_data_args, prepare_data, run_pack_jobs, tokenizer_ids)
+from .machine import (
+                      best_of,
+                      cpu_model,
+                      cuda_peak_gib,
+                      device_name,
+                      fix_malloc,
+                      free_memory,
+                      machine_summary,
+                      reset_cuda_peak,
+                      reset_rss_peak,
+                      rss_peak_extra_mb,
+                      timed,
+                      vmhwm_mb,
+)
+from .output import OneLineParser, check_output, check_output_folder, jsonable, write_json, write_jsonl, write_output, write_text_output
+from .packing import (
+                      PREP_STRATEGIES,
+                      PackJob,
+                      examples_by_id,
+                      ffd_steps,
+                      group_example_ids,
+                      minibatch_groups,
+                      pack_data_args,
+                      prepare_data,
+                      run_pack_jobs,
+                      tokenizer_ids,
+)
 from .shared import CODEALPACA, GSM8K, LLAMA2, REPO, load_source_examples, read_records, require, seeded_order, shared_dir
-from .training import (autocast_ctx, build_hf_model, flop_rates, make_optimizer, model_config, optimizer_step,
-                       pad_collate, resolve_device, sync, to_device)
+from .training import (
+                      autocast_ctx,
+                      build_hf_model,
+                      flop_rates,
+                      make_optimizer,
+                      model_config,
+                      optimizer_step,
+                      pad_collate,
+                      resolve_device,
+                      sync,
+                      to_device,
+)
 
 __all__ = [
     "AUTO_DEVICE", "CODEALPACA", "GSM8K", "LLAMA2", "PREP_STRATEGIES", "REPO", "OneLineParser", "PackJob",

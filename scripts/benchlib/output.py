@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 
-
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose refusals are one line (`PROG: error: ...`, exit 2), without the usage block."""
 

@@ -82,10 +82,10 @@ def rendered_texts(path: Path, tokenizer) -> list[str]:
     (prompt, response) joined into its whole text."""
     from itertools import groupby
 
-    from pipeline.read.formats import FormatOptions, detect_format
-    from pipeline.tokenize.render import render
     from pipeline.read.batches import column_names, iter_batches
+    from pipeline.read.formats import FormatOptions, detect_format
     from pipeline.read.sources import resolve_inputs
+    from pipeline.tokenize.render import render
 
     files = resolve_inputs([str(path)])
     fmt = detect_format(column_names(files), FormatOptions())

@@ -171,8 +171,7 @@ def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab
     model; without, a preset keeps its own vocabulary (the 8B's 128,256)."""
     import numpy as np
 
-    from pipeline.shards import (IGNORE_INDEX, Counts, Manifest, ShardInfo, file_sha256, rows_table, shard_name,
-                                 write_manifest, write_shard)
+    from pipeline.shards import IGNORE_INDEX, Counts, Manifest, ShardInfo, file_sha256, rows_table, shard_name, write_manifest, write_shard
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

@@ -224,9 +224,10 @@ def fake_ring(state: ReferenceRing, calls: RingCalls) -> Iterator[None]:
 def build_peer_model(preset: str, vocab: int | None, device: torch.device, *, lora_r: int, seed: int,
                      attn: str, init_lora_weights: bool = True) -> Any:
     """The peft model (see the module): bf16 base on CUDA, fp32 on the CPU; gradient checkpointing."""
-    from .training import model_config
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
+    from .training import model_config
 
     torch.manual_seed(seed)
     with torch.device(device):  # initialized where it trains: an 8B model's random init is slow on the CPU
@@ -353,9 +354,9 @@ def run_peer(rows: list[dict[str, np.ndarray]], *, preset: str, vocab: int | Non
 def timed_flops(rows: list[dict[str, np.ndarray]], config: Any, lora_r: int) -> Any:
     """The model FLOPs of these rows (`pipeline.report.flops`, every layer recomputed as the peer
     does): the same count pack-train's metrics give its own steps."""
-    from .train_results import flop_shape, loss_tokens_of
-
     from pipeline.report.flops import StepFlops, step_flops
+
+    from .train_results import flop_shape, loss_tokens_of
 
     shape = flop_shape(config, lora_r, 1)
     return sum((step_flops(shape, row["seq_lens"], loss_tokens=loss_tokens_of([row["labels"]])) for row in rows),

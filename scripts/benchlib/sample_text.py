@@ -8,7 +8,30 @@ import math
 import random
 from collections.abc import Callable
 
-from .sample_words import (ADJECTIVES, ADJS, CITIES, CONNECTORS, EFFECTS, GERUNDS, GOALS, GOODS, INFORMAL, ITEMS, NAMES, NOUNS, NOUN_PHRASES, PERIODS, REVIEWS, SENTENCES, THINGS, TOPICS, VERBS, VERB_PHRASES, WORD_SENTENCES, cap)
+from .sample_words import (
+    ADJECTIVES,
+    ADJS,
+    CITIES,
+    CONNECTORS,
+    EFFECTS,
+    GERUNDS,
+    GOALS,
+    GOODS,
+    INFORMAL,
+    ITEMS,
+    NAMES,
+    NOUN_PHRASES,
+    NOUNS,
+    PERIODS,
+    REVIEWS,
+    SENTENCES,
+    THINGS,
+    TOPICS,
+    VERB_PHRASES,
+    VERBS,
+    WORD_SENTENCES,
+    cap,
+)
 
 # Rough characters per token of the trained tokenizer on this text; used only to aim lengths.
 CHARS_PER_TOKEN = 4.3

@@ -20,8 +20,7 @@ from pipeline.report.flops import ModelShape
 from pipeline.shards import iter_rows, read_manifest
 
 from .machine import cuda_peak_gib, free_memory, reset_cuda_peak
-from .train_results import (H100_BF16_TFLOPS, PathResult, finish_result, loss_tokens_of, packed_dtype, split_path,
-                            timed_result)
+from .train_results import H100_BF16_TFLOPS, PathResult, finish_result, loss_tokens_of, packed_dtype, split_path, timed_result
 
 # bench_train.py's defaults of the options `run_packed_pack_train` reads besides a run's own (model,
 # steps, warmup, max_len, ffd_tokens, workdir): a script that runs packlm paths without bench_train's

@@ -41,10 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
 
-from scripts.benchlib import (REPO, CODEALPACA, GSM8K, OneLineParser, check_output, read_records, require,  # noqa: E402
-                      shared_dir, write_jsonl)
-
 from pipeline.errors import UserError  # noqa: E402
+from scripts.benchlib import CODEALPACA, GSM8K, REPO, OneLineParser, check_output, read_records, require, shared_dir, write_jsonl  # noqa: E402
 
 SAMPLE = REPO / "data" / "sample"
 KINDS = ("chat", "text")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from hf_cache import C1, add_snapshot, hf_home  # noqa: F401 - hf_home is a fixture
+
 from pipeline.cli import pack_data
 from pipeline.shards import read_manifest
 

@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 
 import pytest
+from test_hostile_inputs import TOKENIZER, cli, error_line, write_jsonl
 
 from pipeline.shards import IGNORE_INDEX, load_shard, read_manifest, shard_paths
 from pipeline.shards.manifest import manifest_checksum
 from pipeline.tokenize.tokenizer import load_tokenizer
-from test_hostile_inputs import TOKENIZER, cli, error_line, write_jsonl
 
 CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
+from test_foreign_recipes import DATA_FLAGS, LOCAL, ROOT, swapped
 
 from pipeline.cli import pack_data
 from trainer.cli import pack_train
-from test_foreign_recipes import DATA_FLAGS, LOCAL, ROOT, swapped
 
 TRAIN_FLAGS = ["--max-steps", "2", "--num-workers", "0", "--no-progress", "--log-every", "1"]
 

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: pipeline, trainer
 from pipeline.errors import UserError  # noqa: E402
-from trainer.attention import backend as attention, kernels  # noqa: E402
+from trainer.attention import backend as attention  # noqa: E402
+from trainer.attention import kernels
 from trainer.attention.backend import BACKENDS, select_backend, varlen_attention  # noqa: E402
 
 TOL = 2e-2
@@ -140,8 +141,8 @@ def check_model(backends, device) -> list[tuple]:
     import contextlib
 
     from trainer.data.batch import collate_flat
-    from trainer.model.loss import packed_loss
     from trainer.model.load import build_model
+    from trainer.model.loss import packed_loss
 
     rng = np.random.default_rng(1)
     lengths = [1, 37, 300, 5, 129, 40]

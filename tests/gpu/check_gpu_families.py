@@ -43,18 +43,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: families, packed_factory
 
-from families import FAMILIES, Family, examples, fresh_rope  # noqa: E402
+from families import FAMILIES, examples, fresh_rope  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import check_output, write_text_output  # noqa: E402
-
 from pipeline.errors import UserError  # noqa: E402
+from scripts.benchlib import check_output, write_text_output  # noqa: E402
 from trainer.attention import backend as attention  # noqa: E402
-from trainer.data.batch import collate_flat  # noqa: E402
 from trainer.attention.features import Features  # noqa: E402
 from trainer.attention.kernels import varlen_attention  # noqa: E402
-from trainer.model.loss import per_example_losses  # noqa: E402
+from trainer.data.batch import collate_flat  # noqa: E402
 from trainer.model.load import prepare  # noqa: E402
+from trainer.model.loss import per_example_losses  # noqa: E402
 
 LOSS_TOL = 2e-2  # relative, per example: a bf16 kernel against float32
 FP32_TOL = 1e-4  # flex in float32 against the stock model: losses and all gradients together
@@ -218,6 +217,7 @@ TRAIN_FAMILIES = ("llama", "gemma2", "gpt_oss", "deepseek_v3", "llama4")
 
 def train_rows(device: torch.device, folder: Path) -> list[dict]:
     from packed_factory import make_packed_folder, pack_lengths
+
     from trainer import TrainConfig, train
 
     data = folder / "packed"

@@ -24,9 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
 
-from trainer.data.hf import PackedCollator  # noqa: E402
-
 from scripts.benchlib import check_output, write_text_output  # noqa: E402
+from trainer.data.hf import PackedCollator  # noqa: E402
 
 TOL = 2e-2
 VOCAB = 1000

@@ -6,11 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-
-import pytest
-
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

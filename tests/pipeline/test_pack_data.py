@@ -18,11 +18,11 @@ import pipeline.engines.job
 import pipeline.shards.verify
 import pipeline.write.shard_writer
 from pipeline.cli import pack_data, pack_verify
-from pipeline.tokenize.encode_pool import default_workers
 from pipeline.engines.job import PackConfig, run_pack_data
+from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest, verify_folder
+from pipeline.tokenize.encode_pool import default_workers
 from pipeline.tokenize.long_texts import MAX_PIECE_CHARS
 from pipeline.tokenize.segments import encode_segments
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest, verify_folder
 from pipeline.tokenize.tokenize_inputs import tokenize_examples
 from pipeline.tokenize.tokenizer import load_tokenizer
 
@@ -755,8 +755,8 @@ def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: 
 
 
 def test_progress_total_is_estimated_from_metadata_or_newlines(tmp_path: Path):
-    from pipeline.read.sources import resolve_inputs
     from pipeline.progress import estimate_rows
+    from pipeline.read.sources import resolve_inputs
 
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": str(i)} for i in range(7)])
     pq.write_table(pa.table({"text": ["x"] * 5}), tmp_path / "b.parquet")

@@ -28,10 +28,13 @@ import bench_train as bt  # noqa: E402
 from packed_factory import make_packed_folder  # noqa: E402
 
 from pipeline.shards import read_manifest  # noqa: E402
+from scripts.benchlib import (  # noqa: E402
+    pad_collate,
+    to_device,
+    train_steps,  # noqa: E402
+)
 from scripts.benchlib.train_results import finish_result, timed_result  # noqa: E402
 from scripts.benchlib.train_runs import step_seq_lens_of_plan  # noqa: E402
-from scripts.benchlib import pad_collate, to_device  # noqa: E402
-from scripts.benchlib import train_steps  # noqa: E402
 from scripts.benchlib.train_steps import Batch, flatten_collate, real_tokens  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -165,8 +168,8 @@ def test_all_paths_compute_the_same_loss_on_the_same_weights():
     """HF padding, HF flattening (sdpa) and packlm's packed_loss agree on a tiny model; the HF
     baseline model starts from exactly build_model's weights."""
     from trainer.data.batch import collate_rows
-    from trainer.model.loss import packed_loss
     from trainer.model.load import build_model
+    from trainer.model.loss import packed_loss
 
     exs = _examples([6, 9, 3, 7])
     hf = bt.build_hf_model("tiny", "sdpa", CPU, 512, seed=0)
@@ -935,6 +938,7 @@ def test_bench_fp8_layers_weight_scaled_variant_keeps_every_example_exact(monkey
     import dataclasses
 
     import bench_fp8_layers as bf
+
     from trainer.model import fp8
 
     sys.path.insert(0, str(REPO / "tests" / "trainer" / "model"))
@@ -954,9 +958,9 @@ def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_
     """bench_context_parallel report: medians of pack-train's own FLOP rates over the timed steps;
     ring_peer: the FLOPs of its rows by pipeline.report.flops (every layer recomputed)."""
     import bench_context_parallel as bcp
-    from scripts.benchlib import ring_peer as rp
 
     from pipeline.report.flops import step_flops
+    from scripts.benchlib import ring_peer as rp
 
     run = tmp_path / "run"
     run.mkdir()

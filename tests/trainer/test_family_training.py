@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-
 from families import FAMILIES, ROPE_THRESHOLD, fresh_rope
 from packed_factory import make_packed_folder
+
 from pipeline.shards import iter_rows
 from trainer.cli import pack_train
 

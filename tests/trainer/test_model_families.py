@@ -14,14 +14,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from families import FAMILIES, LENGTHS, ROPE_THRESHOLD, Family, examples, fresh_rope
+
 from pipeline.errors import UserError
-from trainer.attention import backend as attention, packed_row, positions
-from trainer.model import loss, check as model_check
+from trainer.attention import backend as attention
+from trainer.attention import packed_row, positions
 from trainer.data.batch import collate_flat
-from trainer.model.loss import per_example_losses
+from trainer.model import check as model_check
+from trainer.model import loss
 from trainer.model.load import prepare
+from trainer.model.loss import per_example_losses
 
 RTOL = 1e-5
 

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from packed_factory import random_packed_folder  # noqa: E402
 
 from pipeline.api_errors import parameter_names  # noqa: E402
-from pipeline.errors import UserError  # noqa: E402
 from pipeline.engines.job import PackConfig, run_pack_data  # noqa: E402
+from pipeline.errors import UserError  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.config import validate  # noqa: E402
 

@@ -53,10 +53,18 @@ import torch
 from pipeline.errors import UserError
 from trainer.attention.cudnn_kernel import cudnn_varlen
 from trainer.attention.fa4_ops import fa4_varlen
-from trainer.attention.features import (EVERY_FEATURE, FEATURE_NAMES, KERNELS, Features, row_kernel, pad_last, repeat_kv, split_chunks,
-                                     with_tensors)
+from trainer.attention.features import (
+    EVERY_FEATURE,
+    FEATURE_NAMES,
+    KERNELS,
+    Features,
+    pad_last,
+    repeat_kv,
+    row_kernel,
+    split_chunks,
+    with_tensors,
+)
 from trainer.attention.reference_kernels import flex_varlen, sdpa_varlen
-
 
 # --------------------------------------------------------------------------- availability
 

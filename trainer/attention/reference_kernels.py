@@ -14,7 +14,6 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from pipeline.errors import UserError
 from trainer.attention.features import Features, repeat_kv, segment_ids
 
-
 # Examples whose attention runs as one batched call: a bucket takes every example at least this
 # fraction of its longest as long (right-padded to it), so padding adds at most ~1/0.8^2 = 1.56x
 # to an example's attention work; examples of at most SMALL_EXAMPLE tokens share one bucket, where

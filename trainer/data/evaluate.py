@@ -25,10 +25,10 @@ from pipeline.errors import UserError
 from pipeline.shards import Manifest, read_manifest, verify_folder
 from pipeline.shards.example_hash import example_hashes, shared_examples
 from trainer.config import TrainConfig
-from trainer.data.row_split import shard_microbatch
-from trainer.distributed.parallel import DistInfo
 from trainer.data.integrity import shard_problem
+from trainer.data.row_split import shard_microbatch
 from trainer.data.stream import ShardReader, greedy_cuts
+from trainer.distributed.parallel import DistInfo
 
 
 def held_out_folder(config: TrainConfig, manifest: Manifest) -> Path | None:

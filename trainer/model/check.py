@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from pipeline.errors import UserError
-from trainer.attention import backend as attention, positions
+from trainer.attention import backend as attention
+from trainer.attention import positions
 from trainer.data.batch import collate_flat
 from trainer.data.row_split import shard_microbatch
 from trainer.distributed.context_parallel import Layout

@@ -13,7 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from pipeline.errors import UserError
-from trainer.attention import backend as attention, positions
+from trainer.attention import backend as attention
+from trainer.attention import positions
 from trainer.distributed.context_parallel import ContextGroups
 from trainer.model.check import check_model
 from trainer.model.loss import find_decoder

@@ -41,7 +41,6 @@ import torch
 
 from trainer.model.load import allow_recompiles
 
-
 CHUNK_TENSORS = 8  # parameters per call of the compiled update (see signature_chunks)
 
 

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from pipeline.errors import UserError, one_line
 from pipeline.files.contained import leaves
 from pipeline.files.durable import fsync_path, fsync_tree, write_atomic, write_text_atomic
-from pipeline.errors import UserError, one_line
 from pipeline.shards import file_sha256
 from trainer.run.preflight import CHECKPOINTS, list_checkpoints  # noqa: F401  (torch-free: pack-train's early checks)
 

@@ -55,7 +55,6 @@ from trainer.model.long_rows import HostOffload
 from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.run.state import Run
 
-
 Step = Callable[[MicroBatch], None]
 Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
 

@@ -28,23 +28,23 @@ from torch.utils.checkpoint import CheckpointError
 from pipeline.api_errors import python_spelling
 from pipeline.errors import UserError, one_line
 from pipeline.shards import Manifest
-from trainer.run import checkpoint as ckpt
-from trainer.run import fit_check
-from trainer.data.batch import MicroBatch
 from trainer.config import TrainConfig, validate
-from trainer.run.finite import FiniteWatch
+from trainer.data.batch import MicroBatch
+from trainer.data.stream import Cursor, loader_batches, step_cursor
+from trainer.distributed.parallel import DistInfo, close_distributed, full_model_state, optimizer_state
 from trainer.model.fp8 import refresh_fp8_weight_scales
 from trainer.model.long_rows import offload_activations
 from trainer.model.lora import merged_model
-from trainer.run.metrics import Meter, plot_losses, run_folder_lock, write_summary
 from trainer.model.precision import MasterAdamW
-from trainer.distributed.parallel import DistInfo, close_distributed, full_model_state, optimizer_state
-from trainer.run.preempt import StopOnSigterm
+from trainer.run import checkpoint as ckpt
+from trainer.run import fit_check
+from trainer.run.finite import FiniteWatch
+from trainer.run.metrics import Meter, plot_losses, run_folder_lock, write_summary
 from trainer.run.nesting import refuse_nested_run
+from trainer.run.preempt import StopOnSigterm
 from trainer.run.preflight import refuse_foreign_out
 from trainer.run.start import start
 from trainer.run.state import Run
-from trainer.data.stream import Cursor, loader_batches, step_cursor
 
 
 @python_spelling(TrainConfig)

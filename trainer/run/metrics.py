@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from pipeline.files.durable import write_text_atomic
 from pipeline.errors import UserError
+from pipeline.files.durable import write_text_atomic
 from pipeline.files.folder_lock import folder_lock
 from pipeline.report.flops import LayerShape, ModelShape, StepFlops, attention_share, step_flops
-from trainer.data.batch import MicroBatch
 from trainer.config import TrainConfig
+from trainer.data.batch import MicroBatch
 from trainer.model.load import decoder_layers
 from trainer.model.long_rows import layer_mlp
 from trainer.model.loss import KEEP_LOGITS_UP_TO

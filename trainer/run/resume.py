@@ -13,13 +13,13 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from trainer.run import checkpoint as ckpt
 from trainer.config import RESUME, TrainConfig
-from trainer.model.lora import load_adapter_into
-from trainer.run.optim import stretch_schedule
-from trainer.distributed.parallel import DistInfo, load_optimizer_state
-from trainer.run.preflight import refuse_reused_out
 from trainer.data.stream import Cursor, Planner, step_cursor
+from trainer.distributed.parallel import DistInfo, load_optimizer_state
+from trainer.model.lora import load_adapter_into
+from trainer.run import checkpoint as ckpt
+from trainer.run.optim import stretch_schedule
+from trainer.run.preflight import refuse_reused_out
 
 # Options that fix the data stream: a resume with other values could not continue exactly.
 STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_parallel", "step_by_group")

@@ -22,15 +22,22 @@ from trainer.attention.backend import select_backend
 from trainer.config import TrainConfig, parse_step_range, per_epoch, resolved, validate
 from trainer.data.evaluate import Evaluator, held_out_folder
 from trainer.data.integrity import ShardHashCheck
-from trainer.data.stream import (Cursor, CursorSampler, MicroBatchDataset, Planner, ShardReader, data_fingerprint,
-                                 largest_microbatch, make_loader)
+from trainer.data.stream import (
+    Cursor,
+    CursorSampler,
+    MicroBatchDataset,
+    Planner,
+    ShardReader,
+    data_fingerprint,
+    largest_microbatch,
+    make_loader,
+)
 from trainer.distributed import context_parallel
 from trainer.distributed.context_parallel import ContextGroups
 from trainer.distributed.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
 from trainer.model.check import check_context_parallel
 from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
-from trainer.model.load import (compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing,
-                                load_model, prepare)
+from trainer.model.load import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.model.long_rows import tile_mlp
 from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
 from trainer.model.loss import LossModule
@@ -39,10 +46,8 @@ from trainer.run.metrics import model_shape, start_run_files
 from trainer.run.optim import make_optimizer
 from trainer.run.preflight import open_data
 from trainer.run.profiling import StepProfiler
-from trainer.run.resume import (check_resumable, checkpoint_to_resume, continue_history, load_training_state,
-                                resume_model)
+from trainer.run.resume import check_resumable, checkpoint_to_resume, continue_history, load_training_state, resume_model
 from trainer.run.state import Run
-
 
 # precisions whose weights are bf16 over fp32 masters in one process (trainer.model.precision)
 MASTER_DTYPES = ("bf16-weights", "fp8")

@@ -27,11 +27,11 @@ from click.testing import CliRunner
 from own_processes import cmdline, descendants, tagged
 
 from pipeline.cli import pack_data
-from pipeline.errors import UserError
 from pipeline.engines.job import PackConfig, run_pack_data
-from pipeline.shards import read_manifest, verify_folder
+from pipeline.errors import UserError
 from pipeline.read.chunks import plan_chunks
 from pipeline.read.sources import resolve_inputs
+from pipeline.shards import verify_folder
 
 ray = pytest.importorskip("ray")
 

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.errors import UserError
 from pipeline.plan.binpack import (
     STRATEGIES,
     PlanError,
@@ -14,7 +15,6 @@ from pipeline.plan.binpack import (
     bin_loads,
     minibatch_groups,
 )
-from pipeline.errors import UserError
 
 FAST = settings(max_examples=60, deadline=None)
 

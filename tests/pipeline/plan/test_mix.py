@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.plan import mix
 from pipeline.cli import pack_data, pack_report, pack_verify
-from pipeline.report.deep_check import deep_check
-from pipeline.errors import UserError
 from pipeline.engines.job import PackConfig, run_pack_data
+from pipeline.errors import UserError
+from pipeline.plan import mix
 from pipeline.plan.rows import Pieces
+from pipeline.report.deep_check import deep_check
 from pipeline.shards import iter_rows
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,14 +15,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from hf_cache import C1, C2, add_snapshot, fake_hub, folder_files, hf_home  # noqa: F401 - hf_home is a fixture
-from pipeline.read import hub
-from pipeline.report.deep_check import deep_check
-from pipeline.errors import UserError
+
 from pipeline.engines.job import PackConfig, run_pack_data
-from pipeline.shards import read_manifest, verify_folder
+from pipeline.errors import UserError
+from pipeline.read import hub
 from pipeline.read.sources import resolve_inputs
+from pipeline.report.deep_check import deep_check
+from pipeline.shards import read_manifest, verify_folder
 from pipeline.tokenize.tokenize_inputs import tokenize_examples
 
 ROOT = Path(__file__).resolve().parents[3]

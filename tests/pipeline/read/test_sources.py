@@ -12,12 +12,14 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
-
 from hf_cache import hf_home  # noqa: F401 - a fixture
-from pipeline.read import json_lines as read_json, sources, tables as read_tables
+
 from pipeline.errors import UserError
+from pipeline.read import json_lines as read_json
+from pipeline.read import sources
+from pipeline.read import tables as read_tables
 from pipeline.read.batches import SourceBatch, column_names, iter_batches
-from pipeline.read.sources import InputFile, input_fingerprints, resolve_inputs
+from pipeline.read.sources import input_fingerprints, resolve_inputs
 
 ROWS = [{"instruction": f"task {i}", "input": "" if i % 2 else f"in {i}", "output": f"answer {i}"}
         for i in range(10)]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from hf_cache import C1, add_snapshot, hf_home  # noqa: F401 - hf_home is a fixture
+
 from pipeline.errors import UserError
 from pipeline.read.batches import iter_batches
 from pipeline.read.chunks import plan_chunks

@@ -278,7 +278,7 @@ def test_a_folder_what_if_plans_the_stored_example_lengths_at_other_max_len(fold
     assert all(len(line) <= 100 for line in result.output.splitlines())
     page = (tmp_path / "r.html").read_text()
     assert "<h2>What-if: other max_len values</h2>" in page and "<td>20</td><td>0</td><td>2</td><td>ffd</td>" in page
-    plain = CliRunner().invoke(pack_report, [str(folder), "--json", str(tmp_path / "p.json")])
+    CliRunner().invoke(pack_report, [str(folder), "--json", str(tmp_path / "p.json")])
     assert "whatif" not in json.loads((tmp_path / "p.json").read_text())  # only when --max-len is given
 
 

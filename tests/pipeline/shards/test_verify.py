@@ -13,10 +13,9 @@ from click.testing import CliRunner
 from packed_factory import edit_manifest, make_packed_folder, rewrite_shard, shard_arrays
 
 import pipeline.shards.checks
-from pipeline.errors import ShardFormatError
-from pipeline.shards import IGNORE_INDEX
 from pipeline.cli import pack_verify
-from pipeline.shards import summarize_shard, verify_folder
+from pipeline.errors import ShardFormatError
+from pipeline.shards import IGNORE_INDEX, summarize_shard, verify_folder
 
 MAX_LEN = 10
 # Example 4 is prompt-only (all labels masked); example 5 was split into two pieces (10 + 2).

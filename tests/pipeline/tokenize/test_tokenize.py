@@ -14,16 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.tokenize.encode_pool import encode_pool
-from pipeline.tokenize.segments import cached_token_sizes, encode_segments, token_sizes
 from pipeline.errors import UserError
 from pipeline.read.formats import FormatOptions, detect_format
-from pipeline.tokenize.render import rows_where
-from pipeline.shards import IGNORE_INDEX
 from pipeline.read.sources import resolve_inputs
+from pipeline.shards import IGNORE_INDEX
+from pipeline.tokenize.batch import encode_texts, tokenize_batch, tokenized_batch
+from pipeline.tokenize.encode_pool import encode_pool
+from pipeline.tokenize.render import rows_where
+from pipeline.tokenize.segments import cached_token_sizes, encode_segments, token_sizes
 from pipeline.tokenize.spill import _map_pieces
 from pipeline.tokenize.tokenize_inputs import TEXT_BATCH_ROWS, iter_tokenized, lengths_of
-from pipeline.tokenize.batch import encode_texts, tokenize_batch, tokenized_batch
 from pipeline.tokenize.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]

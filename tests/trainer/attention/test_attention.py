@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from trainer.attention import backend as attention, features as kernel_features, kernels, reference_kernels
+from trainer.attention import backend as attention
+from trainer.attention import features as kernel_features
+from trainer.attention import kernels, reference_kernels
 from trainer.attention.backend import BACKENDS, install, select_backend, varlen_attention
 from trainer.data.batch import collate_flat
 from trainer.model.load import build_model
@@ -505,8 +507,9 @@ def test_install_falls_back_to_the_config_attribute(monkeypatch):
 
 
 def test_presets_sizes_and_gqa():
-    from trainer.model.load import PRESETS, count_params, preset_config
     from transformers import LlamaForCausalLM
+
+    from trainer.model.load import PRESETS, count_params, preset_config
 
     with torch.device("meta"):
         sizes = {name: count_params(LlamaForCausalLM(preset_config(name))) for name in PRESETS}

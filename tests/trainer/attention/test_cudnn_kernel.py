@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from trainer.attention import backend as attention, cudnn_kernel, features as kernel_features
+from trainer.attention import backend as attention
+from trainer.attention import cudnn_kernel
+from trainer.attention import features as kernel_features
 from trainer.attention.backend import select_backend, varlen_attention
 
 LENGTHS = [5, 1, 9, 0, 3, 12]  # an empty example too: it holds no rows

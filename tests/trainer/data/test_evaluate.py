@@ -20,8 +20,8 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.cli import pack_data, pack_verify
-from pipeline.errors import ShardFormatError, UserError
 from pipeline.engines.job import PackConfig, run_pack_data
+from pipeline.errors import ShardFormatError, UserError
 from pipeline.shards import iter_rows, read_manifest, verify_eval_folder, write_shard
 from trainer import TrainConfig, train
 

@@ -26,8 +26,8 @@ from pipeline.shards import iter_rows, read_manifest  # noqa: E402
 from pipeline.tokenize.tokenizer import load_tokenizer  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.data import hf  # noqa: E402
-from trainer.model.load import load_model, prepare  # noqa: E402
 from trainer.data.stream import Planner, row_lengths  # noqa: E402
+from trainer.model.load import load_model, prepare  # noqa: E402
 
 MAX_LEN, VOCAB, ROWS = 64, 300, 8
 
@@ -161,7 +161,7 @@ def test_the_collator_names_what_is_wrong_with_rows_of_another_shape():
         hf.PackedCollator()(["input_ids"])
     with pytest.raises(ValueError, match=r"row 0's 'input_ids' must be a flat list of integers, got .* shape \(1, 2\)"):
         hf.PackedCollator()([{**row, "input_ids": [[5, 6]]}])
-    with pytest.raises(ValueError, match="return_flash_attn_kwargs=...\) must be True or False, got 'no'"):
+    with pytest.raises(ValueError, match=r"return_flash_attn_kwargs=...\) must be True or False, got 'no'"):
         hf.PackedCollator(return_flash_attn_kwargs="no")
     assert hf.PackedCollator()((row, row))["input_ids"].tolist() == [[5, 6, 5, 6]]  # a tuple of rows is fine
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from packed_factory import default_labels, make_packed_folder
+
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 

@@ -5,22 +5,20 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
+from gloo_ranks import run_on_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from gloo_ranks import run_on_ranks
 from run_metrics import logged_losses
+
 from pipeline.errors import UserError
-from trainer.data import row_split as rs
-from trainer.distributed import context_parallel as cp
-from trainer.data.batch import collate_flat
 from trainer.attention.features import Features
 from trainer.attention.kernels import varlen_attention
+from trainer.data import row_split as rs
+from trainer.data.batch import collate_flat
+from trainer.distributed import context_parallel as cp
 
 lengths_st = st.lists(st.integers(1, 400), min_size=1, max_size=12)
 
@@ -221,8 +219,8 @@ def _per_example(model, batch, shard):
 def _compare_rank(rank: int, world: int, family: str, broken: bool) -> dict:
     """On one rank: each example's loss and gradients, context-parallel against the whole row."""
     import torch.distributed as dist
-
     from families import FAMILIES
+
     from trainer.model.load import prepare
 
     torch.manual_seed(0)
@@ -307,6 +305,7 @@ def test_train_under_context_parallel_gives_the_single_process_losses(long_rows,
     (grad_accum = the data-parallel ranks) at every step, and the same held-out loss (its rows split
     the same way), float32 on the CPU."""
     from packed_factory import make_packed_folder, pack_lengths
+
     from trainer import TrainConfig, train
 
     held = tmp_path / "held"
@@ -367,11 +366,11 @@ def _families_rank(rank: int, world: int) -> dict:
     each example's loss and the gradients of a random mix of them, context-parallel against the
     whole row (relative to the largest entry); a family refused packed is refused in one line."""
     import torch.distributed as dist
+    from families import FAMILIES, examples
     from transformers import CONFIG_MAPPING
 
-    from families import FAMILIES, examples
-    from trainer.model.load import prepare
     from trainer.model.check import check_context_parallel
+    from trainer.model.load import prepare
 
     layout = cp.setup(rank, world, True, world)
     data = examples()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from gloo_ranks import train_on_two_ranks
 from packed_factory import random_packed_folder
 from run_metrics import logged_losses
+
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.config import validate

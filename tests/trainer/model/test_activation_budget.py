@@ -18,8 +18,8 @@ from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.data.batch import collate_flat  # noqa: E402
-from trainer.model.loss import LossModule  # noqa: E402
 from trainer.model.load import compile_decoder_layers, prepare, preset_config  # noqa: E402
+from trainer.model.loss import LossModule  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

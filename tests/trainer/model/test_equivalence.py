@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from trainer.data.batch import MicroBatch, collate_flat
-from trainer.model.loss import packed_loss, per_example_losses, token_losses
 from trainer.model.load import build_model
+from trainer.model.loss import packed_loss, per_example_losses, token_losses
 
 LENGTHS = [9, 4, 14, 2, 7]
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -16,13 +16,13 @@ import torch
 
 pytest.importorskip("torchao.float8")
 
-from pipeline.errors import UserError  # noqa: E402
-from trainer.model import fp8  # noqa: E402
-from trainer.config import TrainConfig, validate  # noqa: E402
-from trainer.model.loss import per_example_losses  # noqa: E402
-from trainer.model.load import build_model, decoder_layers  # noqa: E402
-
 from test_equivalence import alone_loss_sum, n_loss, pack, params_grad  # noqa: E402
+
+from pipeline.errors import UserError  # noqa: E402
+from trainer.config import TrainConfig, validate  # noqa: E402
+from trainer.model import fp8  # noqa: E402
+from trainer.model.load import build_model, decoder_layers  # noqa: E402
+from trainer.model.loss import per_example_losses  # noqa: E402
 
 LENGTHS = [9, 30, 4, 17]
 
@@ -299,7 +299,7 @@ def test_tensorwise_under_fsdp2_all_gathers_float8_weights_and_computes_the_same
         m.unlink()
     monkeypatch.setattr(start, "float8_all_gather", lambda recipe, fsdp: False)
     monkeypatch.setattr(fp8, "float8_all_gather", lambda recipe, fsdp: False)
-    plain = run("bf16-gather", "tensorwise")
+    run("bf16-gather", "tensorwise")
     assert not list(tmp_path.glob("refresh-*"))  # no float8 all-gather, nothing to refresh
     assert gathered[0]["final_loss"] == gathered[1]["final_loss"]
     losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from hf_cache import C1, C2, add_snapshot, fake_hub, folder_files, hf_home  # noqa: F401 - hf_home is a fixture
-from pipeline.errors import UserError
+
 from pipeline.engines.job import PackConfig, run_pack_data
+from pipeline.errors import UserError
 from trainer.cli import pack_train
 from trainer.config import TrainConfig
 from trainer.run.preflight import open_data

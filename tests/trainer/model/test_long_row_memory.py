@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from families import FAMILIES, TINY, examples
 from packed_factory import make_packed_folder, pack_lengths
 from run_metrics import logged_losses
+
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.data.batch import collate_flat
+from trainer.model.load import decoder_layers, enable_grad_checkpointing, prepare
 from trainer.model.long_rows import HostOffload, layer_mlp, offload_activations, tile_mlp
 from trainer.model.loss import packed_loss
-from trainer.model.load import decoder_layers, enable_grad_checkpointing, prepare
 
 
 def _row():

@@ -27,9 +27,9 @@ from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 from pipeline.errors import UserError  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
 from trainer.data.batch import collate_rows  # noqa: E402
+from trainer.model.load import build_model, load_model  # noqa: E402
 from trainer.model.lora import add_lora  # noqa: E402
 from trainer.model.loss import per_example_losses  # noqa: E402
-from trainer.model.load import build_model, load_model  # noqa: E402
 
 VOCAB = 300
 
@@ -259,8 +259,8 @@ def nf4_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _qlora_model(folder: Path):
-    from trainer.model.lora import quantize_base_nf4
     from trainer.model.load import decoder_layers
+    from trainer.model.lora import quantize_base_nf4
 
     model, peft = _lora_model(name=str(folder))
     assert quantize_base_nf4(decoder_layers(model)) == (14, 0)  # 2 layers x 7 projections

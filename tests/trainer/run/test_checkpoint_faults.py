@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from small_disk import small_disk
 
 from pipeline.errors import UserError
-from small_disk import small_disk
-from trainer.run import checkpoint as ckpt
 from trainer.model.load import load_model
+from trainer.run import checkpoint as ckpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -198,6 +198,7 @@ def test_pack_train_out_below_a_regular_file_is_one_line(tmp_path: Path) -> None
 
     sys.path.insert(0, str(Path(__file__).parents[2]))
     from packed_factory import make_packed_folder, pack_lengths
+
     from trainer.cli import pack_train
 
     data = tmp_path / "packed"

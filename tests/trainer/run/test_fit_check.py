@@ -13,17 +13,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from packed_factory import make_packed_folder, pack_lengths
 from run_metrics import logged_losses
+
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
+from trainer.data.stream import Largest, Planner, largest_microbatch
 from trainer.run import fit_check
 from trainer.run.fit_check import (
-    MARGIN, Need, fit_line, host_state_bytes, longest_fitting, measure_need, optimizer_state_bytes,
-    probe_tokens, synthetic_row, verdict,
+    MARGIN,
+    Need,
+    fit_line,
+    host_state_bytes,
+    longest_fitting,
+    measure_need,
+    optimizer_state_bytes,
+    probe_tokens,
+    synthetic_row,
+    verdict,
 )
-from trainer.data.stream import Largest, Planner, largest_microbatch
 
 GIB = 2**30
 

@@ -100,6 +100,7 @@ def test_the_manifest_records_each_group_and_pack_verify_checks_it(grouped: Path
         read_manifest(tampered([0, *manifest.groups]))
     verify_folder(tampered(list(manifest.groups)))  # control: the same groups rewritten pass
     from click.testing import CliRunner
+
     from pipeline.cli import pack_verify
 
     result = CliRunner().invoke(pack_verify, [str(tampered(moved))])

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-
-import numpy as np
 
 from pipeline.report.flops import LayerShape, ModelShape
 from trainer.config import TrainConfig

@@ -19,8 +19,8 @@ from packed_factory import make_packed_folder, pack_lengths  # noqa: E402
 
 from pipeline.errors import UserError  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
-from trainer.run import profiling  # noqa: E402
 from trainer.config import parse_step_range  # noqa: E402
+from trainer.run import profiling  # noqa: E402
 
 
 @pytest.fixture(scope="module")

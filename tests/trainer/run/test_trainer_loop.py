@@ -22,15 +22,17 @@ from packed_factory import default_labels, make_packed_folder, random_packed_fol
 
 from pipeline.errors import UserError  # noqa: E402
 from pipeline.shards import read_manifest  # noqa: E402
-from trainer.run import checkpoint as ckpt  # noqa: E402
-from trainer.data.stream import ShardReader  # noqa: E402
 from trainer import TrainConfig, train  # noqa: E402
-from trainer.run.loop import backward_window  # noqa: E402
-from trainer.model.loss import LossModule  # noqa: E402
-from trainer.run.optim import Schedule  # noqa: E402
+from trainer.data.stream import ShardReader  # noqa: E402
 from trainer.model.load import build_model  # noqa: E402
-from trainer.run.optim import param_groups  # noqa: E402
+from trainer.model.loss import LossModule  # noqa: E402
 from trainer.model.precision import MasterAdamW, adamw_update  # noqa: E402
+from trainer.run import checkpoint as ckpt  # noqa: E402
+from trainer.run.loop import backward_window  # noqa: E402
+from trainer.run.optim import (
+    Schedule,  # noqa: E402
+    param_groups,  # noqa: E402
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -200,7 +202,7 @@ def test_checkpoint_is_complete_and_loadable_by_transformers(packed: Path, tmp_p
 
 
 def test_resume_steps_over_a_damaged_checkpoint(packed: Path, tmp_path: Path, capsys) -> None:
-    full = train(_config(packed, tmp_path / "full", max_steps=4))
+    train(_config(packed, tmp_path / "full", max_steps=4))
     run = tmp_path / "run"
     train(_config(packed, run, max_steps=4, save_every=2))
     newest = run / "checkpoints" / "step-00000004"
@@ -423,8 +425,8 @@ def _layer_forwards_in_one_step(every: int | None) -> tuple[list[int], dict[str,
     """A 4-layer tiny model, one packed micro-batch forward + backward: how many times each decoder
     layer's MLP ran, and the gradients; `every` as enable_grad_checkpointing's (None: off)."""
     from trainer.data.batch import collate_rows
-    from trainer.model.loss import packed_loss
     from trainer.model.load import PRESETS, decoder_layers, enable_grad_checkpointing
+    from trainer.model.loss import packed_loss
 
     preset = dict(PRESETS["tiny"])
     PRESETS["tiny4"] = {**preset, "num_hidden_layers": 4}
@@ -830,8 +832,8 @@ def test_bf16_weights_train_like_bf16_autocast(packed: Path, tmp_path: Path) -> 
 @pytest.fixture
 def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
     """train() believes it runs under torchrun as rank 0 of 2 (it refuses before any collective)."""
-    from trainer.run import start
     from trainer.distributed.parallel import DistInfo
+    from trainer.run import start
 
     monkeypatch.setattr(start, "setup_distributed", lambda device, **_: DistInfo(enabled=True, rank=0, world_size=2))
 
