@@ -29,6 +29,7 @@ from pipeline.errors import UserError  # noqa: E402
 from trainer.attention import backend as attention  # noqa: E402
 from trainer.attention import kernels
 from trainer.attention.backend import BACKENDS, select_backend, varlen_attention  # noqa: E402
+from trainer.attention.features import row_kernel
 
 TOL = 2e-2
 LEAK_TOL = 1e-3
@@ -38,6 +39,9 @@ SHAPES = {  # name: (query heads, kv heads, head dim)
     "gqa-1b": (32, 8, 64),
     "phi-2": (32, 32, 80),  # a head dim fa4 pads (to 96)
 }
+# shapes checked on a row of two long examples (16x --tokens in all), where a pair such as auto's
+# "flash_attn+cudnn" hands the row to its second kernel (trainer.attention.features.row_kernel)
+LONG_SHAPES = {"llama-1b-long": (16, 16, 128)}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -91,11 +95,15 @@ def time_backend(backend, q, k, v, dout, cu, max_len, iters=5) -> float:
     return (time.perf_counter() - t0) / iters * 1e3
 
 
-def check_kernels(backends, tokens, seed, device) -> list[tuple]:
+def check_kernels(backends, row_tokens, seed, device) -> list[tuple]:
     rows = []
     rng = np.random.default_rng(seed)
-    for shape_name, (hq, hkv, d) in SHAPES.items():
-        lengths = random_lengths(tokens, rng)
+    for shape_name, (hq, hkv, d) in {**SHAPES, **LONG_SHAPES}.items():
+        if shape_name in LONG_SHAPES:
+            lengths = [8 * row_tokens + 1000, 8 * row_tokens - 1000]
+        else:
+            lengths = random_lengths(row_tokens, rng)
+        tokens = sum(lengths)
         cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
         g = torch.Generator(device=device).manual_seed(seed)
         mk = lambda h: torch.randn(tokens, h, d, device=device, dtype=torch.bfloat16, generator=g)  # noqa: E731
@@ -107,6 +115,11 @@ def check_kernels(backends, tokens, seed, device) -> list[tuple]:
         v2[: lengths[0]] -= 3.0
         first = lengths[0]
         for backend in backends:
+            if shape_name in LONG_SHAPES and backend == "flex":  # uncompiled, flex materializes the scores
+                continue
+            if "+" in backend:
+                print(f"  {shape_name} ({len(lengths)} examples, {tokens} tokens): {backend} runs "
+                      f"{row_kernel(backend, tokens, len(lengths), d)}")
             try:
                 got = run_backend(backend, q, k, v, dout, cu, max(lengths))
             except UserError as exc:  # a shape the kernel has no kernel for: refused in one line, not wrong
@@ -159,7 +172,9 @@ def check_model(backends, device) -> list[tuple]:
     for mode, (dtype, ctx) in modes.items():
         results = {}
         for backend in ["sdpa", *[b for b in backends if b != "sdpa"]]:
-            model, _ = build_model("tiny", attn=backend, device=device, dtype=dtype, seed=0)
+            # a pair is what auto resolves to: asked for as auto, as a user would
+            model, _ = build_model("tiny", attn="auto" if "+" in backend else backend, device=device, dtype=dtype,
+                                   seed=0)
             try:
                 with ctx():
                     total, _ = packed_loss(model, batch)
@@ -195,7 +210,10 @@ def main() -> int:
             print(f"  {backend:10s} available: {attention.DESCRIPTIONS[backend]}")
         except UserError as exc:
             print(f"  {backend:10s} SKIPPED: {exc}")
-    print(f"auto picks: {select_backend('auto', device, torch.bfloat16)}")
+    auto = select_backend("auto", device, torch.bfloat16)
+    print(f"auto picks: {auto}")
+    if "+" in auto:  # a pair: checked as a backend of its own, on short and on long rows
+        backends.append(auto)
 
     rows = check_kernels(backends, args.tokens, args.seed, device)
     print(f"\nper-example relative error vs float32 per-example reference (bf16, tolerance {TOL}):")

@@ -180,3 +180,71 @@ def test_a_paired_backend_runs_cudnn_on_rows_of_long_examples_only(cpu_scope, mo
     assert kernel_features.row_kernel("flash_attn", 10**6, 1) == "flash_attn"  # unpaired: as asked
     # a head dim cuDNN was not measured at stays with the first kernel, however long the examples
     assert kernel_features.row_kernel("flash_attn+cudnn", 10**6, 1, head_dim=16) == "flash_attn"
+
+
+def test_one_token_examples_never_reach_cudnn(cpu_scope, monkeypatch):
+    """cuDNN has no kernel for a key length of 1 ("cudnn SDPA does not support key/value sequence
+    length 1", seen on an H200): a row holding one-token examples still trains, each of them written
+    as its value, with output and q/k/v gradients equal to the sdpa reference's. The stand-in SDPA
+    refuses length 1 as cuDNN does (control: it does raise there), and is called once for each of
+    the two longer examples only (each at its planned length, `cudnn_kernel.planned_length`)."""
+    real = torch.nn.functional.scaled_dot_product_attention
+    seen = []
+
+    def like_cudnn(q, k, v, **kwargs):
+        seen.append(k.shape[-2])
+        if k.shape[-2] == 1:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(cudnn_kernel.F, "scaled_dot_product_attention", like_cudnn)
+    lengths = [1, 7, 1, 1, 4]
+    g = torch.Generator().manual_seed(3)
+    t = sum(lengths)
+    q, k, v = (torch.randn(t, h, 8, generator=g).bfloat16().requires_grad_() for h in (6, 2, 2))
+    out = varlen_attention(q, k, v, cu_of(lengths), max(lengths), backend="cudnn", scale=0.5)
+    dout = torch.randn(out.shape, generator=g).bfloat16()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert seen == [cudnn_kernel.PLAN_BUCKET] * 2
+    want, want_grads = reference(q, k, v, dout, lengths, 0.5, kernel_features.Features())
+    torch.testing.assert_close(out.double(), want, atol=TOL, rtol=0)
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), expected, atol=2 * TOL, rtol=0)
+    assert float(grads[0][0].abs().max()) == 0.0 and float(grads[2][0].abs().max()) > 0  # dq 0, dv not
+    with pytest.raises(RuntimeError, match="No available kernel"):
+        like_cudnn(q[:1].transpose(0, 1)[None], k[:1].transpose(0, 1)[None], v[:1].transpose(0, 1)[None])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "control_not_causal"])
+def test_examples_run_at_bucketed_lengths_and_stay_exact(cpu_scope, monkeypatch, causal):
+    """cuDNN builds a plan per sequence length, so examples run at a multiple of PLAN_BUCKET: the
+    tokens after an example in the row stand in as padding (a view), zeros where the row ends. Output
+    and q/k/v gradients still equal each example alone, and changing the following example leaves an
+    earlier one's output unchanged. Negative control: attention that is not causal sees the padding,
+    and the same comparison fails."""
+    monkeypatch.setattr(cudnn_kernel, "PLAN_BUCKET", 8)
+    real = torch.nn.functional.scaled_dot_product_attention
+    seen = []
+
+    def stand_in(q, k, v, **kwargs):
+        seen.append(k.shape[-2])
+        return real(q, k, v, **{**kwargs, "is_causal": causal})
+
+    monkeypatch.setattr(cudnn_kernel.F, "scaled_dot_product_attention", stand_in)
+    lengths = [13, 3, 8, 21, 6]  # 13 -> 16 over the next example's tokens; the last, 6 -> 8, zero-padded
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(sum(lengths), h, 8, generator=g).bfloat16().requires_grad_() for h in (4, 2, 2))
+    out = varlen_attention(q, k, v, cu_of(lengths), max(lengths), backend="cudnn", scale=0.4)
+    dout = torch.randn(out.shape, generator=g).bfloat16()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert seen == [16, 8, 8, 24, 8]
+    monkeypatch.setattr(cudnn_kernel.F, "scaled_dot_product_attention", real)
+    want, want_grads = reference(q, k, v, dout, lengths, 0.4, kernel_features.Features())
+    matches = torch.allclose(out.double(), want, atol=TOL, rtol=0) and all(
+        torch.allclose(a.double(), b, atol=2 * TOL, rtol=0) for a, b in zip(grads, want_grads))
+    assert matches is causal
+    if causal:
+        k2 = k.detach().clone()
+        k2[13:16] += 5.0  # the tokens that padded the first example
+        again = varlen_attention(q, k2, v, cu_of(lengths), max(lengths), backend="cudnn", scale=0.4)
+        torch.testing.assert_close(again[:13], out[:13].detach(), atol=0, rtol=0)
