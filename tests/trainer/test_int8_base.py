@@ -166,6 +166,21 @@ def test_packed_int8_base_matches_each_example_alone():
     assert packed_grads.abs().sum() > 0
 
 
+def test_an_int8_layer_compiles_as_one_graph_with_the_eager_numbers():
+    """pack-train compiles each decoder layer on a GPU: the int8 matmul's autograd function traces
+    into one graph (dynamic shapes), forward and backward, and gives what the eager layer gives."""
+    mlp = decoder_layers(_int8_lora_model())[0].mlp
+    compiled = torch.compile(mlp, dynamic=True, fullgraph=True)
+    for n in (37, 50):
+        x = torch.randn(1, n, 64)
+        eager_x, compiled_x = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        eager, got = mlp(eager_x), compiled(compiled_x)
+        torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-6)
+        eager.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(compiled_x.grad, eager_x.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_pack_train_int8_base_trains_records_it_and_merges_into_the_dequantized_base(
         packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
     from peft import PeftModel
@@ -230,20 +245,77 @@ def test_int8_base_under_ddp_matches_one_process_with_the_same_window(packed: Pa
     (dict(dtype="fp8"), "int8_base=True and dtype fp8 both choose how the frozen base computes"),
 ])
 def test_options_int8_base_contradicts_are_one_line(packed: Path, tmp_path: Path, change: dict, words: str):
+    from trainer.config import refuse_combinations
+
     with pytest.raises(UserError, match=words):
         train(_config(packed, tmp_path / "run", **change))
     assert not (tmp_path / "run").exists()
-    # negative control: without --int8-base the same options are not refused for it
-    if "qlora" not in change and "dtype" not in change:
-        return
-    assert "int8" not in str(_refusal(_config(packed, tmp_path / "run", **{**change, "int8_base": False})))
+    # negative control: the same options without --int8-base are not refused (with adapters)
+    refuse_combinations(_config(packed, tmp_path / "run", **{"lora_r": 4, **change, "int8_base": False}))
 
 
-def _refusal(config: TrainConfig) -> str | None:
-    from trainer.config import refuse_combinations
+# ---- Axolotl's and TRL's load_in_8bit (pipeline.foreign): an int8 base where those tools train one
 
-    try:
-        refuse_combinations(config)
-    except UserError as exc:
-        return str(exc)
-    return None
+AXOLOTL = "base_model: tiny\nlearning_rate: 0.0002\n"
+TRL = "model_name_or_path: tiny\n"
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: true\n", {"lora_r": 8, "int8_base": True}),
+    (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: true\nload_in_4bit: false\n", {"lora_r": 8, "int8_base": True}),
+    (TRL + "use_peft: true\nload_in_8bit: true\n", {"lora_r": 16, "int8_base": True}),  # TRL's default rank
+    # negative controls: false, or no key, keeps the base as it is
+    (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: false\n", {"lora_r": 8, "int8_base": None}),
+    (TRL + "use_peft: true\n", {"lora_r": 16, "int8_base": None}),
+])
+def test_load_in_8bit_with_lora_adapters_is_an_int8_base(tmp_path: Path, text: str, want: dict):
+    from pipeline.config_file import read_config_file
+    from trainer.cli import pack_train
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
+    assert {k: got.get(k) for k in want} == want
+    assert got.get("qlora") is None
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    # Axolotl: "Can't load qlora in 8bit"
+    (AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_8bit: true\n",
+     "key 'load_in_8bit': True has no equivalent here: adapter: qlora takes a 4-bit base"),
+    # TRL: "You can't use 8 bit and 4 bit precision at the same time"
+    (TRL + "use_peft: true\nload_in_8bit: true\nload_in_4bit: true\n", "load_in_4bit: true asks for a 4-bit base too"),
+    # Axolotl: not supported without an adapter; transformers' Trainer: no training of a purely quantized model
+    (AXOLOTL + "load_in_8bit: true\n", "an 8-bit base is not supported without LoRA adapters"),
+    (TRL + "use_peft: false\nload_in_8bit: true\n", "add adapter: lora (Axolotl) or use_peft: true (TRL)"),
+    (AXOLOTL + "load_in_8bit: 'true'\n", "key 'load_in_8bit': 'true'"),  # quoted text, not a boolean
+])
+def test_load_in_8bit_where_its_tool_refuses_it_is_one_line(tmp_path: Path, text: str, needle: str):
+    from click.testing import CliRunner
+
+    from trainer.cli import pack_train
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    result = CliRunner().invoke(pack_train, ["--config", str(cfg), "--data", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and str(cfg) in lines[0] and "Traceback" not in result.output, lines
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_int8_base_refusals_are_one_line_on_the_command_line(packed: Path, tmp_path: Path):
+    from click.testing import CliRunner
+
+    from trainer.cli import pack_train
+
+    common = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "o"), "--int8-base"]
+    for extra, words in ((["--qlora", "--lora-r", "4"], "--int8-base and --qlora both choose"),
+                         (["--dtype", "fp8", "--lora-r", "4"], "--int8-base and --dtype fp8 both choose"),
+                         ([], "--int8-base needs --lora-r")):
+        result = CliRunner().invoke(pack_train, common + extra)
+        assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and words in lines[0], lines
+        assert not (tmp_path / "o").exists()
