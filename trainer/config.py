@@ -163,8 +163,8 @@ class TrainConfig:
     int8_base: bool = opt(False, section=LORA, help=(
         "With --lora-r: store the frozen base's decoder linear layers in int8, one scale per output "
         "row (torchao): half their bf16 memory, dequantized for every matmul. Unlike bitsandbytes' "
-        "LLM.int8 (load_in_8bit elsewhere), only the weights are int8: activations are not quantized "
-        "and every matmul runs in the compute dtype."))
+        "LLM.int8 (Axolotl's and TRL's load_in_8bit), which also quantizes the activations and keeps "
+        "outlier columns in fp16, only the weights are int8: every matmul runs in the compute dtype."))
     save_best: bool = opt(False, section=CHECKPOINTS, help=(
         "Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
         "it; --keep-last never removes it)."))

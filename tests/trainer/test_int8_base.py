@@ -205,6 +205,18 @@ def test_pack_train_int8_base_trains_records_it_and_merges_into_the_dequantized_
         assert not torch.allclose(fresh(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
 
 
+def test_under_bf16_the_int8_base_comes_from_the_bf16_base_and_merges_back_to_bf16(packed: Path, tmp_path: Path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    summary = train(_config(packed, tmp_path / "bf16", dtype="bf16", max_steps=2, merge_lora=True))
+    assert np.isfinite(summary["final_loss"])
+    adapter = load_file(str(Path(summary["checkpoint"]) / "model" / "adapter_model.safetensors"))
+    assert {t.dtype for t in adapter.values()} == {torch.float32}
+    merged = AutoModelForCausalLM.from_pretrained(summary["merged_model"], dtype="auto")
+    assert merged.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+
+
 def test_an_int8_base_run_resumes_bitwise_and_only_as_one(packed: Path, tmp_path: Path):
     from safetensors.torch import load_file
 

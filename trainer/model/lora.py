@@ -17,15 +17,17 @@ the NF4 weight. The embedding, the output head and the norms stay as they are. E
 8B-shaped base's 6.98B decoder weights take about 3.6 GB instead of 14 GB.
 
 `--int8-base` stores them in int8 instead: each becomes an `Int8Linear`, whose weight is int8 with
-one float32 scale per output row (torchao's int8 weight-only quantization: symmetric, the scale
-is the row's largest magnitude / 127.5), half of bf16 and closer to it than NF4. As NF4Linear, every matmul
-dequantizes it to the input's dtype and the backward keeps only the int8 weight and its scales.
-Unlike bitsandbytes' LLM.int8 (Axolotl's and TRL's `load_in_8bit`), activations are not quantized
-and no outlier columns are kept apart: every matmul runs in the compute dtype.
+one float32 scale per output row (torchao's int8 weight-only quantization: symmetric, the scale is
+the row's largest magnitude / 127.5): half of bf16, closer to it than NF4, for any layer shape. As
+with NF4, every matmul dequantizes it to the input's dtype and the backward keeps only the int8
+weight and its scales. Unlike bitsandbytes' LLM.int8 (Axolotl's and TRL's `load_in_8bit`),
+activations are not quantized and no outlier columns are kept apart: every matmul runs in the
+compute dtype.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,7 @@ class _Int8Matmul(torch.autograd.Function):
 
 
 def _int8_weight(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantized weight in `dtype` (the product taken in float32, rounded once)."""
     return (qdata.to(torch.float32) * scale).to(dtype)
 
 
@@ -176,7 +179,8 @@ class Int8Linear(torch.nn.Module):
         return _plain_linear(_int8_weight(self.weight, self.weight_scale, self.original_dtype), self.bias)
 
 
-def _replace_frozen_linears(layers: list[torch.nn.Module], quantized: Any, fits: Any) -> tuple[int, int]:
+def _replace_frozen_linears(layers: list[torch.nn.Module], quantized: Callable[[torch.nn.Linear], torch.nn.Module],
+                           fits: Callable[[torch.nn.Linear], bool]) -> tuple[int, int]:
     """Replace every frozen `nn.Linear` inside `layers` (the decoder layers: a LoRA layer's
     `base_layer`, or a linear layer without adapters) for which `fits(linear)` by `quantized(linear)`;
     LoRA adapters stay as they are. Returns (replaced, kept as they were)."""
