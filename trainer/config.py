@@ -160,6 +160,11 @@ class TrainConfig:
     qlora: bool = opt(False, section=LORA, help=(
         "With --lora-r: store the frozen base's decoder linear layers in 4-bit NF4 (QLoRA, "
         "torchao): about a quarter of their bf16 memory, dequantized for every matmul."))
+    int8_base: bool = opt(False, section=LORA, help=(
+        "With --lora-r: store the frozen base's decoder linear layers in int8, one scale per output "
+        "row (torchao): half their bf16 memory, dequantized for every matmul. Unlike bitsandbytes' "
+        "LLM.int8 (Axolotl's and TRL's load_in_8bit), which also quantizes the activations and keeps "
+        "outlier columns in fp16, only the weights are int8: every matmul runs in the compute dtype."))
     save_best: bool = opt(False, section=CHECKPOINTS, help=(
         "Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
         "it; --keep-last never removes it)."))
@@ -270,6 +275,12 @@ def refuse_combinations(config: TrainConfig) -> None:
         raise UserError("--qlora needs --lora-r (it stores the frozen base of a LoRA run in 4 bits)")
     if config.qlora and config.dtype == "fp8":
         raise UserError("--qlora and --dtype fp8 both choose how the frozen base computes: use one of them")
+    if config.int8_base and not config.lora_r:
+        raise UserError("--int8-base needs --lora-r (it stores the frozen base of a LoRA run in int8)")
+    if config.int8_base and config.qlora:
+        raise UserError("--int8-base and --qlora both choose how the frozen base is stored: use one of them")
+    if config.int8_base and config.dtype == "fp8":
+        raise UserError("--int8-base and --dtype fp8 both choose how the frozen base computes: use one of them")
     if config.merge_lora and not config.lora_r:
         raise UserError("--merge-lora needs --lora-r (there is no adapter to merge)")
     if config.lora_r and config.parallel == "fsdp":

@@ -321,8 +321,8 @@ KEYS: tuple[Key, ...] = (
     Key("lora_modules_to_save", AXOLOTL, Unused("only the LoRA adapters train: remove it, or train every weight "
                                                 "(lora_r: 0)"), TRAIN_KEY),
     Key("lora_fan_in_fan_out", AXOLOTL, Unused("the adapters follow each layer's own weight layout"), TRAIN_KEY),
-    Key("load_in_8bit", BOTH, Map(("qlora",), _load_in_8bit, "true is refused (no 8-bit base: load_in_4bit with "
-                                                             "qlora instead)"), TRAIN_KEY),
+    Key("load_in_8bit", BOTH, Map(("int8_base",), _load_in_8bit, "true, with adapter: lora or use_peft: an int8 "
+                                                                 "base (not LLM.int8's int8 matmuls)"), TRAIN_KEY),
     # long rows (Axolotl's ALST example)
     Key("context_parallel_size", AXOLOTL, _same("context_parallel"), TRAIN_KEY),
     Key("tiled_mlp", AXOLOTL, Map(("tile_mlp",), _tiled_mlp, f"true: --tile-mlp sequence_len / tiled_mlp_num_shards, "

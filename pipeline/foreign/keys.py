@@ -258,11 +258,21 @@ def _load_in_4bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     return {"qlora": True}
 
 
-def _load_in_8bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if _yes_no("load_in_8bit", value):
-        raise _refuse("load_in_8bit", value, "an 8-bit base is not supported: use load_in_4bit: true with "
-                                             "adapter: qlora (a 4-bit NF4 base, --qlora)")
-    raise NotUsed("false: the base stays in bf16")
+def _load_in_8bit(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`--int8-base` under Axolotl's adapter: lora or TRL's use_peft; refused where those tools refuse
+    it (Axolotl: with qlora or no adapter; TRL: with load_in_4bit; Trainer: no adapter)."""
+    if not _yes_no("load_in_8bit", value):
+        raise NotUsed("false: the base stays in bf16")
+    if settings.get("load_in_4bit") is True:
+        raise _refuse("load_in_8bit", value, "load_in_4bit: true asks for a 4-bit base too: keep one of them")
+    if settings.get("adapter") == "qlora":
+        raise _refuse("load_in_8bit", value, "adapter: qlora takes a 4-bit base (Axolotl refuses qlora in 8 bits): "
+                                             "use load_in_4bit: true, or adapter: lora over the 8-bit base")
+    if settings.get("adapter") == "lora" or settings.get("use_peft") is True:
+        return {"int8_base": True}
+    raise _refuse("load_in_8bit", value, "an 8-bit base is not supported without LoRA adapters (Axolotl and TRL "
+                                         "train only adapters over a quantized base): add adapter: lora (Axolotl) "
+                                         "or use_peft: true (TRL), or remove load_in_8bit to train every weight")
 
 
 def _val_set_size(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,14 +19,14 @@ from trainer.cli import pack_train
 # file -> the keys (and the words of the reason) its one-line refusal names; {} where it runs unchanged
 HELD_OUT = {
     "olmo3_olmo3-7b-qlora.yaml": {},
-    "phi_lora-3.5.yaml": {"load_in_8bit": "an 8-bit base is not supported"},
-    "mistral_lora.yml": {"load_in_8bit": "an 8-bit base is not supported"},
-    "llama-3_instruct-lora-8b.yml": {"load_in_8bit": "an 8-bit base is not supported"},
-    "deepcogito_cogito-v1-preview-qwen-14B-lora.yml": {"load_in_8bit": "an 8-bit base is not supported"},
+    "phi_lora-3.5.yaml": {},  # these four: load_in_8bit with adapter: lora, an int8 base (--int8-base)
+    "mistral_lora.yml": {},
+    "llama-3_instruct-lora-8b.yml": {},
+    "deepcogito_cogito-v1-preview-qwen-14B-lora.yml": {},
     "gemma2_qlora.yml": {},  # drop_system_message: through its chat template (tests/e2e/test_foreign_slices.py)
 }
-# the fix each refusal's line names, as the user applies it
-FIXES = {"load_in_8bit": {"load_in_8bit": False, "load_in_4bit": True, "adapter": "qlora"}}
+# the fix each refusal's line names, as the user applies it (none left: every held-out file runs)
+FIXES: dict[str, dict] = {}
 
 
 @pytest.mark.parametrize("name", sorted(HELD_OUT))
@@ -61,10 +61,11 @@ def _fixed(name: str, tmp_path: Path) -> str:
 def test_each_held_out_example_trains_its_recipe(tmp_path: Path, name: str, request):
     settings = yaml.safe_load((EXAMPLES / "axolotl" / name).read_text())
     source = _fixed(name, tmp_path) if HELD_OUT[name] else name
-    qlora = settings.get("adapter") == "qlora" or "load_in_8bit" in HELD_OUT[name]
+    qlora, int8 = settings.get("adapter") == "qlora", settings.get("load_in_8bit") is True
     saved, stderr = run(source, tmp_path, request.getfixturevalue("nf4_model") if qlora else "tiny")
     assert "Axolotl defaults for the keys the file leaves out" in stderr
-    expected = {"lr": settings["learning_rate"], "lora_r": settings["lora_r"], "qlora": qlora,
+    assert ("--int8-base: 14 linear layers of the decoder stored in int8" in stderr) == int8  # tiny: 2 x 7
+    expected = {"lr": settings["learning_rate"], "lora_r": settings["lora_r"], "qlora": qlora, "int8_base": int8,
                 "lora_alpha": float(settings["lora_alpha"]),
                 "optimizer": {"adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit"}[settings["optimizer"]],
                 **{k: AXOLOTL_DEFAULTS[k] for k in ("beta1", "beta2", "adam_eps", "schedule")}}

@@ -154,7 +154,8 @@ def wrap_parallel(
         # warns about, to forward_sync_buffers)
         # frozen parameters (a LoRA run's base) are equal on every rank by construction, as the
         # buffers are: DDP need not broadcast them at the start (a --qlora base's NF4 weights, which
-        # it could not broadcast, or an 8B bf16 base's 14.5 GB)
+        # it could not broadcast, an --int8-base base's int8 weights and scales, or an 8B bf16 base's
+        # 14.5 GB); LoRA under FSDP2 is refused (`refuse_combinations`), so neither base is sharded
         DDP = torch.nn.parallel.DistributedDataParallel
         DDP._set_params_and_buffers_to_ignore_for_model(
             module, [name for name, param in module.named_parameters() if not param.requires_grad])

@@ -15,10 +15,19 @@ values, each block's scale quantized in blocks of 256: about 4.1 bits a weight, 
 Every matmul dequantizes it to the input's dtype, forward and backward; the backward keeps only
 the NF4 weight. The embedding, the output head and the norms stay as they are. Example: an
 8B-shaped base's 6.98B decoder weights take about 3.6 GB instead of 14 GB.
+
+`--int8-base` stores them in int8 instead: each becomes an `Int8Linear`, whose weight is int8 with
+one float32 scale per output row (torchao's int8 weight-only quantization: symmetric, the scale is
+the row's largest magnitude / 127.5): half of bf16, closer to it than NF4, for any layer shape. As
+with NF4, every matmul dequantizes it to the input's dtype and the backward keeps only the int8
+weight and its scales. Unlike bitsandbytes' LLM.int8 (Axolotl's and TRL's `load_in_8bit`),
+activations are not quantized and no outlier columns are kept apart: every matmul runs in the
+compute dtype.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,41 +114,108 @@ class NF4Linear(torch.nn.Module):
 
     def dequantized(self) -> torch.nn.Linear:
         """An ordinary `nn.Linear` with the dequantized weight (what the layer computes with)."""
-        weight = self.weight.get_original_weight()
-        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
-                                 device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            if self.bias is not None:
-                linear.bias.copy_(self.bias)
-        return linear.requires_grad_(False)
+        return _plain_linear(self.weight.get_original_weight(), self.bias)
 
 
-def quantize_base_nf4(layers: list[torch.nn.Module]) -> tuple[int, int]:
+def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Linear:
+    """A frozen `nn.Linear` holding `weight` and `bias` (a quantized layer's dequantized form)."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
+                             dtype=weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear.requires_grad_(False)
+
+
+class _Int8Matmul(torch.autograd.Function):
+    """x W^T with W = int8 rows x their scales, dequantized to x's dtype in the forward and to the
+    gradient's in the backward: only the int8 weight and the scales are saved for the backward
+    (torchao's own int8 weight-only linear saves a float copy of W)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(qdata, scale)
+        return torch.nn.functional.linear(x, _int8_weight(qdata, scale, x.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        qdata, scale = ctx.saved_tensors
+        return grad @ _int8_weight(qdata, scale, grad.dtype), None, None
+
+
+def _int8_weight(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantized weight in `dtype` (the product taken in float32, rounded once)."""
+    return (qdata.to(torch.float32) * scale).to(dtype)
+
+
+class Int8Linear(torch.nn.Module):
+    """A frozen `nn.Linear` whose weight is stored in int8 with one float32 scale per output row
+    (torchao's `Int8Tensor` per-row symmetric quantization): y = x W^T + b, W dequantized to x's
+    dtype for every matmul (`_Int8Matmul`)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        try:
+            from torchao.quantization import Int8Tensor, PerRow
+        except ImportError:
+            raise UserError("--int8-base needs the torchao package (0.18 or newer): pip install torchao") from None
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.original_dtype = linear.weight.dtype  # what `dequantized` gives back (bf16 under --dtype bf16)
+        quantized = Int8Tensor.from_hp(linear.weight.detach(), PerRow())
+        # frozen parameters, as NF4Linear's weight: DDP leaves them out of its broadcast by that
+        self.weight = torch.nn.Parameter(quantized.qdata, requires_grad=False)
+        self.weight_scale = torch.nn.Parameter(quantized.scale.to(torch.float32).reshape(-1, 1), requires_grad=False)
+        self.bias = linear.bias
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _Int8Matmul.apply(x, self.weight, self.weight_scale)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def dequantized(self) -> torch.nn.Linear:
+        """An ordinary `nn.Linear` with the dequantized weight, in the dtype the layer came in."""
+        return _plain_linear(_int8_weight(self.weight, self.weight_scale, self.original_dtype), self.bias)
+
+
+def _replace_frozen_linears(layers: list[torch.nn.Module], quantized: Callable[[torch.nn.Linear], torch.nn.Module],
+                           fits: Callable[[torch.nn.Linear], bool]) -> tuple[int, int]:
     """Replace every frozen `nn.Linear` inside `layers` (the decoder layers: a LoRA layer's
-    `base_layer`, or a linear layer without adapters) whose weight NF4 can hold (a multiple of
-    64 x 256 values; every layer of common models) by an `NF4Linear`; LoRA adapters stay as they are.
-    Returns (replaced, kept as they were)."""
+    `base_layer`, or a linear layer without adapters) for which `fits(linear)` by `quantized(linear)`;
+    LoRA adapters stay as they are. Returns (replaced, kept as they were)."""
     swapped = kept = 0
     for layer in layers:
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is not torch.nn.Linear or child.weight.requires_grad:
                     continue  # LoRA's lora_A / lora_B train; anything else is left alone
-                if child.weight.numel() % NF4_BLOCK:
+                if not fits(child):
                     kept += 1
                     continue
-                setattr(parent, name, NF4Linear(child))
+                setattr(parent, name, quantized(child))
                 swapped += 1
     return swapped, kept
 
 
+def quantize_base_nf4(layers: list[torch.nn.Module]) -> tuple[int, int]:
+    """The decoder's frozen linear layers as `NF4Linear`s where NF4 can hold their weight (a
+    multiple of 64 x 256 values; every layer of common models). Returns (replaced, kept as they were)."""
+    return _replace_frozen_linears(layers, NF4Linear, lambda linear: linear.weight.numel() % NF4_BLOCK == 0)
+
+
+def quantize_base_int8(layers: list[torch.nn.Module]) -> int:
+    """The decoder's frozen linear layers as `Int8Linear`s (any shape). Returns how many."""
+    return _replace_frozen_linears(layers, Int8Linear, lambda linear: True)[0]
+
+
 def dequantize_base(model: torch.nn.Module) -> None:
-    """Every `NF4Linear` of `model` back to an `nn.Linear` of its dequantized weight (before merging
-    the adapters: the merged model is the base a QLoRA run trained against, plus the adapters)."""
+    """Every `NF4Linear` / `Int8Linear` of `model` back to an `nn.Linear` of its dequantized weight
+    (before merging the adapters: the merged model is the base a QLoRA or --int8-base run trained
+    against, plus the adapters)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, NF4Linear):
+            if isinstance(child, (NF4Linear, Int8Linear)):
                 setattr(parent, name, child.dequantized())
 
 
@@ -160,7 +236,7 @@ def load_adapter_into(peft_model: Any, checkpoint: Path) -> None:
 
 
 def merged_model(peft_model: Any) -> Any:
-    """The base model with the adapters merged in, as a plain Hugging Face model (a --qlora base is
-    dequantized first: the adapters merge into the weights they trained against)."""
+    """The base model with the adapters merged in, as a plain Hugging Face model (a --qlora or
+    --int8-base base is dequantized first: the adapters merge into the weights they trained against)."""
     dequantize_base(peft_model)
     return peft_model.merge_and_unload()

@@ -30,6 +30,10 @@ power of two, so the host may hold up to twice that. The probes leave no trace i
 gradients are zeroed and the random number generators restored, so the steps that follow are those
 of a run without the check.
 
+The weights count as they sit on the GPU, measured with the rest: a --qlora base at about half a
+byte a weight, an --int8-base one at 1 byte a weight plus a float32 scale per row, each with the one
+layer's weight a matmul dequantizes at a time.
+
 The first step allocates the optimizer's states after its backward, so its peak can be below the
 need read here, which is that of every later step (whose backward runs beside those states).
 """

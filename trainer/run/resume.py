@@ -30,7 +30,7 @@ OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "warmup_ratio", "warmup_rule",
                   "beta1", "beta2", "adam_eps")
 # Options that shape a LoRA adapter (its matrices' size and where they sit, its scale alpha / r, the
 # base it sits on): a resume with other values would continue another adapter than the one saved.
-ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora")
+ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora", "int8_base")
 
 
 def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
@@ -116,6 +116,10 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
         for key in keys:
             if key in saved and saved[key] != getattr(config, key):
                 flag = "--" + key.replace("_", "-")
+                if isinstance(saved[key], bool):  # an on/off flag: --qlora, --int8-base
+                    was, now = ("with", "without") if saved[key] else ("without", "with")
+                    raise UserError(f"cannot resume {path}: it was trained {was} {flag}, this run {now} it, and {why} "
+                                    f"that: resume {was} {flag}, or start a new run in another --out")
                 raise UserError(
                     f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
                     f"{getattr(config, key)}, and {why} {saved[key]}: resume with {flag} {saved[key]}, or "

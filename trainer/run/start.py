@@ -39,7 +39,7 @@ from trainer.model.check import check_context_parallel
 from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
 from trainer.model.load import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.model.long_rows import tile_mlp
-from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_nf4
+from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_int8, quantize_base_nf4
 from trainer.model.loss import LossModule
 from trainer.model.precision import MasterAdamW
 from trainer.run.metrics import model_shape, start_run_files
@@ -125,6 +125,11 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
                   + (f"; {kept} stay as they were (NF4 needs weights of a multiple of {NF4_BLOCK} values)"
                      if kept else ""),
                   file=sys.stderr)
+    if config.int8_base:  # on the device too: one scale per output row, any shape
+        int8 = quantize_base_int8(decoder_layers(model))
+        if info.rank == 0:
+            print(f"pack-train: --int8-base: {int8} linear layers of the decoder stored in int8, one scale per "
+                  "output row (torchao); every matmul dequantizes them to the compute dtype", file=sys.stderr)
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:
