@@ -14,6 +14,12 @@ TRAIN, DATA = "pack-train", "pack-data"
 AXOLOTL, TRL, BOTH = "Axolotl", "TRL", "Axolotl, TRL"
 # TRL's SFTConfig default row length (`max_length`) when a TRL file gives a batch size without it
 TRL_MAX_LENGTH = 1024
+# Axolotl 0.19.0 drops, before packing, the examples whose input_ids (prompt, BOS and EOS included)
+# are fewer than `min_sample_len or 2` tokens: utils/data/utils.py handle_long_seq_in_dataset ->
+# _drop_outside_range / _filter_short_sequences, which filter with utils/trainer.py
+# filter_sequences_by_length and utils/data/utils.py keep_min_len (`min_sequence_len or 2`). A file
+# without the key (or with null or 0) drops the 1-token examples: schema.source_defaults gives it.
+AXOLOTL_MIN_LEN = 2
 
 
 class NotUsed(Exception):
