@@ -23,6 +23,7 @@ from pipeline.foreign.data import DROP_FIRST_SYSTEM, add_tokens, axolotl_dataset
 from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
     ATTN,
     AXOLOTL,
+    AXOLOTL_MIN_LEN,
     BOTH,
     DATA,
     DATA_KEY,
@@ -100,19 +101,29 @@ def _strategy(key: str, steps_key: str) -> Convert:
 
 
 def _min_sample_len(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl drops the examples shorter than this many tokens; every example has one token at least."""
-    if isinstance(value, int) and not isinstance(value, bool) and value <= 1:
-        raise NotUsed("every example is this long: none is dropped")
-    raise refuse("min_sample_len", value, "pack-data keeps every example whatever its length (it has no minimum "
-                                          "length): remove the key to keep the short ones, or drop them from the "
-                                          "data first")
+    """Axolotl's min_sample_len as --min-len (keys.AXOLOTL_MIN_LEN: how Axolotl applies it): 0 is its
+    default; below 1 keeps every example."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise refuse("min_sample_len", value, "give a whole number of tokens")
+    return {"min_len": AXOLOTL_MIN_LEN if value == 0 else max(1, value)}
 
 
-def _unfrozen_parameters(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl freezes every parameter whose name no pattern matches (utils/freeze.py)."""
-    raise refuse("unfrozen_parameters", value, "pack-train trains LoRA adapters (adapter) or every parameter, never "
-                                               "a chosen set of the model's own: remove the key (then the file's adapter "
-                                               "trains, or with none every parameter)")
+def _unfrozen_parameters(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl 0.19.0 freezes every parameter and unfreezes those a pattern matches (train.py
+    setup_model_and_tokenizer -> utils/freeze.py freeze_layers_except): --unfrozen-parameters, which
+    reads the patterns as Axolotl does (trainer.model.freeze). Axolotl matches them against the model
+    it holds then, which with an adapter is peft's (base_model.model.model.layers..., the adapters
+    included): pack-train trains adapters or chosen parameters of the model, not a mixture."""
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):  # Axolotl: list[str]
+        raise refuse("unfrozen_parameters", value, "give a list of regular expressions of parameter names")
+    if settings.get("adapter") in ("lora", "qlora") or settings.get("use_peft") is True:
+        raise refuse("unfrozen_parameters", value, "with an adapter Axolotl matches these patterns against peft's "
+                                                   "names (base_model.model.model...), so it freezes the LoRA adapters "
+                                                   "unless a pattern matches them; pack-train trains LoRA adapters "
+                                                   "(adapter) or every parameter, or chosen parameters of the model "
+                                                   "without adapters: remove the key to train the adapters, or the "
+                                                   "adapter keys to train only the matching parameters")
+    return {"unfrozen_parameters": value}
 
 
 def _dropping(convert: Convert) -> Convert:
@@ -345,9 +356,12 @@ KEYS: tuple[Key, ...] = (
     Key("loss_watchdog_patience", AXOLOTL, Unused(WATCHDOG), TRAIN_KEY),
     Key("ddp_find_unused_parameters", BOTH, Unused("every trained parameter gets a gradient in each step here: "
                                                    "DDP has no unused parameters to look for"), TRAIN_KEY),
-    Key("min_sample_len", AXOLOTL, DATA_KEY, Map((), _min_sample_len, "refused above 1 (pack-data drops no short "
-                                                                     "example); 1 or less: not used")),
-    Key("unfrozen_parameters", AXOLOTL, Map((), _unfrozen_parameters, "refused: LoRA or every parameter trains here"),
+    Key("min_sample_len", AXOLOTL, DATA_KEY, Map(("min_len",), _min_sample_len, "examples of fewer tokens dropped "
+                                                 f"and counted; absent, null or 0: Axolotl's {AXOLOTL_MIN_LEN}; below 1: "
+                                                 "none dropped")),
+    Key("unfrozen_parameters", AXOLOTL, Map(("unfrozen_parameters",), _unfrozen_parameters,
+                                            "only the parameters a pattern matches train, read as Axolotl reads "
+                                            "them; refused with an adapter, and a pattern with a [start:end] range"),
         TRAIN_KEY),
     Key("eot_tokens", AXOLOTL, Unused("pack-data's"), Unused("the chat template's own end-of-turn marker ends each "
                                                               "turn and takes the loss (train_on_eos)")),
