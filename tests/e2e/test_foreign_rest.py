@@ -173,3 +173,73 @@ def test_axolotls_unfrozen_parameters_with_an_adapter_is_one_line(tmp_path: Path
     keys = {"unfrozen_parameters": ["^model.layers.*"], **keys}
     with pytest.raises(UserError, match=re.escape(words)):
         _read(tmp_path, **keys)
+
+
+# ---------------------------------------------------------------- TRL's prompt/completion under a chat template
+
+MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|begin_of_text|>", "<|start_header_id|>",
+           "<|end_header_id|>", "<|eot_id|>"]
+ROWS = [
+    {"prompt": [{"role": "user", "content": "What is 2+2?"}], "completion": [{"role": "assistant", "content": "It is 4."}]},
+    {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+     "completion": [{"role": "assistant", "content": "Blue"}]},
+    {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": "bye"}], "completion": [{"role": "assistant", "content": "see you"}]},
+]  # (a reply that writes <think>...</think> itself differs: its markers are text here, control tokens in TRL)
+
+
+def _trl_prepared(tok, rows: list[dict], tmp_path: Path) -> list[tuple[list[int], list[bool]]]:
+    """TRL's own preparation of a prompt/completion dataset (SFTTrainer._prepare_dataset: tokenize_fn,
+    then build_labels with its default completion_only_loss), run on a stand-in for the trainer."""
+    import types
+
+    from datasets import Dataset
+    from trl import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
+
+    trainer = types.SimpleNamespace(_tokenizer=tok, chat_template=None, completion_only_loss=True)
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_length=None, report_to=[], bf16=False, use_cpu=True)
+    prepared = SFTTrainer._prepare_dataset(trainer, Dataset.from_list(rows), tok, args, packing=False,
+                                           formatting_func=None, dataset_name="train")
+    return [(list(r["input_ids"]), [label != -100 for label in r["labels"]]) for r in prepared]
+
+
+@pytest.mark.parametrize("template", ["qwen3", "chatml", "llama3"])
+def test_prompt_completion_packs_as_trl_prepares_it(tmp_path: Path, template: str):
+    """Token by token and mask by mask: TRL trains what follows its prompt rendered with the generation
+    prompt, so under qwen3 (whose generation prompt ends with `<think>\\n\\n`) `</think>\\n\\n` carries
+    loss, and so does the `\\n` after `<|im_end|>`; it adds no BOS (this tokenizer's post-processor
+    would) and no EOS."""
+    pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    from pipeline.cli import pack_data
+    from pipeline.shards import iter_rows
+    from pipeline.tokenize.chat_templates import NAMED
+
+    tok = AutoTokenizer.from_pretrained(str(Path(__file__).parents[2] / "data" / "tokenizer"))
+    tok.add_special_tokens({"additional_special_tokens": MARKERS})
+    tok.chat_template = NAMED[template]
+    tok.save_pretrained(tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    want = _trl_prepared(tok, ROWS, tmp_path)
+    data = tmp_path / "pc.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    result = CliRunner().invoke(pack_data, [str(data), "--tokenizer", str(tmp_path / "tok"), "--max-len", "512",
+                                            "--out", str(tmp_path / "packed"), "--no-progress", "--num-proc", "1"])
+    assert result.exit_code == 0, result.output
+    got = {}
+    for row in iter_rows(tmp_path / "packed"):
+        at = 0
+        for n, e in zip(row["seq_lens"].tolist(), row["example_ids"].tolist()):
+            got[e] = (row["input_ids"][at:at + n].tolist(), (row["labels"][at:at + n] != -100).tolist())
+            at += n
+    assert [got[i] for i in range(len(ROWS))] == want
+    if template == "qwen3":  # what the brief asked about: TRL itself trains these tokens
+        ids, mask = want[0]
+        trained = tok.decode([t for t, m in zip(ids, mask) if m])
+        assert trained == "</think>\n\nIt is 4.<|im_end|>\n" and bos_free(ids, tok)
+
+
+def bos_free(ids: list[int], tok) -> bool:
+    return tok.bos_token_id is not None and ids[0] != tok.bos_token_id
