@@ -117,6 +117,17 @@ def test_after_training_only_matching_parameters_changed(packed: Path, tmp_path:
     assert config["unfrozen_parameters"] == list(patterns)
 
 
+def test_a_resume_continues_the_same_parameters_bitwise(packed: Path, tmp_path: Path):
+    from safetensors.torch import load_file
+
+    patterns = ("model.layers.0.mlp.",)
+    full = train(_config(packed, tmp_path / "full", unfrozen_parameters=patterns))
+    train(_config(packed, tmp_path / "part", unfrozen_parameters=patterns, stop_at=1))
+    rest = train(_config(packed, tmp_path / "part", unfrozen_parameters=patterns, resume="newest"))
+    a, b = (load_file(str(next((Path(r["checkpoint"]) / "model").glob("*.safetensors")))) for r in (full, rest))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_resume_with_other_patterns_is_refused(packed: Path, tmp_path: Path):
     train(_config(packed, tmp_path / "run", unfrozen_parameters=("model.layers.1.",), stop_at=1))
     with pytest.raises(UserError, match=re.escape("unfrozen_parameters ['model.layers.1.'] but this run has "
