@@ -84,6 +84,19 @@ def _lengths(folder: Path) -> dict[int, int]:
     return {int(e): int(n) for row in iter_rows(folder) for n, e in zip(row["seq_lens"], row["example_ids"])}
 
 
+def test_held_out_examples_come_from_the_kept_ones(tmp_path: Path):
+    """--eval-examples holds out examples among those --min-len keeps: the two folders hold the
+    kept examples between them, each once; the short ones are counted in the training folder."""
+    result = _pack(_pretokenized(tmp_path), "--tokenizer", TOKENIZER, "--max-len", 16, "--out", tmp_path / "o",
+                   "--min-len", 3, "--eval-examples", 2)
+    assert result.exit_code == 0, result.output
+    train, held = _lengths(tmp_path / "o"), _lengths(tmp_path / "o" / "eval")
+    assert len(held) == 2 and not train.keys() & held.keys()
+    assert {**train, **held} == {i: n for i, n in enumerate(LENGTHS) if n >= 3}
+    assert read_manifest(tmp_path / "o").counts.too_short == 3
+    assert verify_folder(tmp_path / "o" / "eval") and verify_folder(tmp_path / "o")
+
+
 def test_every_example_short_is_one_line(tmp_path: Path):
     result = _pack(_pretokenized(tmp_path), "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o",
                    "--min-len", 100)
