@@ -165,6 +165,12 @@ class TrainConfig:
         "row (torchao): half their bf16 memory, dequantized for every matmul. Unlike bitsandbytes' "
         "LLM.int8 (Axolotl's and TRL's load_in_8bit), which also quantizes the activations and keeps "
         "outlier columns in fp16, only the weights are int8: every matmul runs in the compute dtype."))
+    # trainer.model.freeze (Axolotl's unfrozen_parameters)
+    unfrozen_parameters: tuple[str, ...] = opt((), multiple=True, metavar="REGEX", section=LORA, help=(
+        "Instead of LoRA: a full fine-tune of only the model's parameters whose name matches one of these "
+        "regexes (repeat it), the others frozen. Read as Axolotl's unfrozen_parameters: from the name's "
+        "start, a '.' is a dot, e.g. '^lm_head.*' or 'model.layers.1[0-9].mlp.'; one that matches no "
+        "parameter is refused."))
     save_best: bool = opt(False, section=CHECKPOINTS, help=(
         "Checkpoint every evaluated step whose eval loss is the lowest so far (RUN/best.json names "
         "it; --keep-last never removes it)."))
@@ -286,6 +292,12 @@ def refuse_combinations(config: TrainConfig) -> None:
     if config.lora_r and config.parallel == "fsdp":
         raise UserError("--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
                         "weights are frozen, so DDP holds no optimizer state for them)")
+    if config.unfrozen_parameters and config.lora_r:
+        raise UserError("--unfrozen-parameters chooses which of the model's own parameters train, --lora-r trains "
+                        "adapters instead of them: use one of them")
+    if config.unfrozen_parameters and config.parallel == "fsdp":
+        raise UserError("--unfrozen-parameters is not run with --parallel fsdp here (FSDP2 would shard frozen "
+                        "and trained parameters of a layer together): use --parallel ddp")
     if config.offload_states and config.parallel != "fsdp":
         raise UserError("--offload-states needs --parallel fsdp (FSDP2 keeps each rank's shards, their gradients "
                         "and the optimizer's states in CPU memory)")

@@ -231,9 +231,13 @@ def _plan(config: PackConfig, staged: Staged, files: list[Any], spill: Spill
     and row plan; also the pad-to-longest layout pack-report compares against (batches of 32
     stored sequences in example-id order)."""
     with bar(config.progress, desc="plan", total=1, unit="step") as progress:
-        pieces = apply_overlong(spill, config.max_len, config.overlong)
+        pieces = apply_overlong(spill, config.max_len, config.overlong, config.min_len)
         if len(pieces.lengths) == 0:
+            short = pieces.counts.too_short
             raise UserError(
+                f"all {len(spill.lengths)} examples were dropped ({short} shorter than --min-len {config.min_len}, "
+                f"{pieces.counts.dropped} longer than --max-len {config.max_len}): lower --min-len, raise --max-len "
+                "or use --overlong truncate|split" if short else
                 f"all {len(spill.lengths)} examples are longer than --max-len {config.max_len} and were dropped: "
                 "raise --max-len or use --overlong truncate|split"
             )
@@ -338,7 +342,9 @@ def summary_lines(
     phases = ", ".join(f"{k.replace('_', '+')} {v:.2f}s" for k, v in times.items() if not k.startswith("_"))
     lines = [
         (f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
-         f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"),
+         f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"
+         + (f", {c.too_short} shorter than --min-len {manifest.config['min_len']} dropped"
+            if manifest.config.get("min_len", 1) > 1 else "")),
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]

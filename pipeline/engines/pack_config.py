@@ -44,6 +44,10 @@ class PackConfig(FormatOptions):
     overlong: str = opt("truncate", choices=OVERLONG, show_default=True, section=PACKING, help=(
         "What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
         "drop it, or stop with an error naming its row. Counted in the manifest."))
+    # pipeline.plan.rows.apply_overlong; Axolotl's min_sample_len (pipeline.foreign.config)
+    min_len: int = opt(1, low=1, high=MAX_LEN_LIMIT, show_default=True, section=PACKING, help=(
+        "Drop the examples of fewer tokens than this (their whole tokenized length, before --overlong; "
+        "1 keeps every example). Counted in the manifest and the summary."))
     # tokenizer worker processes; None: every usable CPU, at most 16
     num_proc: int | None = opt(None, low=1, high=MAX_PROCS, section=WORK, help=(
         "Tokenizer worker processes (output is identical for any value). Default: every CPU this "

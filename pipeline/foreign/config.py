@@ -23,12 +23,12 @@ from pipeline.foreign.data import DROP_FIRST_SYSTEM, add_tokens, axolotl_dataset
 from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
     ATTN,
     AXOLOTL,
+    AXOLOTL_MIN_LEN,
     BOTH,
     DATA,
     DATA_KEY,
     HUB,
     PACKED,
-    TILE_TOKENS,
     TRAIN,
     TRAIN_KEY,
     TRL,
@@ -40,7 +40,6 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     NotUsed,
     Rule,
     Unused,
-    _activation_offloading,
     _adapter,
     _bf16,
     _bfloat16,
@@ -48,9 +47,6 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _chat_template_jinja,
     _evaluations,
     _fp16,
-    _fsdp,
-    _fsdp_config,
-    _fsdp_version,
     _grad_checkpointing,
     _in_dataset_name,
     _load_in_4bit,
@@ -62,11 +58,9 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _model_tokenizer,
     _not,
     _optimizer,
-    _plugins,
     _report_to,
     _same,
     _schedule,
-    _tiled_mlp,
     _use_peft,
     _val_set_size,
     _wandb_project,
@@ -74,6 +68,7 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     refuse,
     show,
 )
+from pipeline.foreign.parallel_keys import TILE_TOKENS, _activation_offloading, _fsdp, _fsdp_config, _fsdp_version, _plugins, _tiled_mlp
 from pipeline.foreign.schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
 PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
@@ -100,19 +95,29 @@ def _strategy(key: str, steps_key: str) -> Convert:
 
 
 def _min_sample_len(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl drops the examples shorter than this many tokens; every example has one token at least."""
-    if isinstance(value, int) and not isinstance(value, bool) and value <= 1:
-        raise NotUsed("every example is this long: none is dropped")
-    raise refuse("min_sample_len", value, "pack-data keeps every example whatever its length (it has no minimum "
-                                          "length): remove the key to keep the short ones, or drop them from the "
-                                          "data first")
+    """Axolotl's min_sample_len as --min-len (keys.AXOLOTL_MIN_LEN: how Axolotl applies it): 0 is its
+    default; below 1 keeps every example."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise refuse("min_sample_len", value, "give a whole number of tokens")
+    return {"min_len": AXOLOTL_MIN_LEN if value == 0 else max(1, value)}
 
 
-def _unfrozen_parameters(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl freezes every parameter whose name no pattern matches (utils/freeze.py)."""
-    raise refuse("unfrozen_parameters", value, "pack-train trains LoRA adapters (adapter) or every parameter, never "
-                                               "a chosen set of the model's own: remove the key (then the file's adapter "
-                                               "trains, or with none every parameter)")
+def _unfrozen_parameters(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Axolotl 0.19.0 freezes every parameter and unfreezes those a pattern matches (train.py
+    setup_model_and_tokenizer -> utils/freeze.py freeze_layers_except): --unfrozen-parameters, which
+    reads the patterns as Axolotl does (trainer.model.freeze). Axolotl matches them against the model
+    it holds then, which with an adapter is peft's (base_model.model.model.layers..., the adapters
+    included): pack-train trains adapters or chosen parameters of the model, not a mixture."""
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):  # Axolotl: list[str]
+        raise refuse("unfrozen_parameters", value, "give a list of regular expressions of parameter names")
+    if settings.get("adapter") in ("lora", "qlora") or settings.get("use_peft") is True:
+        raise refuse("unfrozen_parameters", value, "with an adapter Axolotl matches these patterns against peft's "
+                                                   "names (base_model.model.model...), so it freezes the LoRA adapters "
+                                                   "unless a pattern matches them; pack-train trains LoRA adapters "
+                                                   "(adapter) or every parameter, or chosen parameters of the model "
+                                                   "without adapters: remove the key to train the adapters, or the "
+                                                   "adapter keys to train only the matching parameters")
+    return {"unfrozen_parameters": value}
 
 
 def _dropping(convert: Convert) -> Convert:
@@ -345,9 +350,12 @@ KEYS: tuple[Key, ...] = (
     Key("loss_watchdog_patience", AXOLOTL, Unused(WATCHDOG), TRAIN_KEY),
     Key("ddp_find_unused_parameters", BOTH, Unused("every trained parameter gets a gradient in each step here: "
                                                    "DDP has no unused parameters to look for"), TRAIN_KEY),
-    Key("min_sample_len", AXOLOTL, DATA_KEY, Map((), _min_sample_len, "refused above 1 (pack-data drops no short "
-                                                                     "example); 1 or less: not used")),
-    Key("unfrozen_parameters", AXOLOTL, Map((), _unfrozen_parameters, "refused: LoRA or every parameter trains here"),
+    Key("min_sample_len", AXOLOTL, DATA_KEY, Map(("min_len",), _min_sample_len, "examples of fewer tokens dropped "
+                                                 f"and counted; absent, null or 0: Axolotl's {AXOLOTL_MIN_LEN}; below 1: "
+                                                 "none dropped")),
+    Key("unfrozen_parameters", AXOLOTL, Map(("unfrozen_parameters",), _unfrozen_parameters,
+                                            "only the parameters a pattern matches train, read as Axolotl reads "
+                                            "them; refused with an adapter, and a pattern with a [start:end] range"),
         TRAIN_KEY),
     Key("eot_tokens", AXOLOTL, Unused("pack-data's"), Unused("the chat template's own end-of-turn marker ends each "
                                                               "turn and takes the loss (train_on_eos)")),

@@ -14,6 +14,12 @@ TRAIN, DATA = "pack-train", "pack-data"
 AXOLOTL, TRL, BOTH = "Axolotl", "TRL", "Axolotl, TRL"
 # TRL's SFTConfig default row length (`max_length`) when a TRL file gives a batch size without it
 TRL_MAX_LENGTH = 1024
+# Axolotl 0.19.0 drops, before packing, the examples whose input_ids (prompt, BOS and EOS included)
+# are fewer than `min_sample_len or 2` tokens: utils/data/utils.py handle_long_seq_in_dataset ->
+# _drop_outside_range / _filter_short_sequences, which filter with utils/trainer.py
+# filter_sequences_by_length and utils/data/utils.py keep_min_len (`min_sequence_len or 2`). A file
+# without the key (or with null or 0) drops the 1-token examples: schema.source_defaults gives it.
+AXOLOTL_MIN_LEN = 2
 
 
 class NotUsed(Exception):
@@ -321,25 +327,6 @@ def _wandb_project(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     return {"wandb_project": value, "report_to": "wandb"}
 
 
-def _tiled_mlp(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl's tiled MLP as --tile-mlp TOKENS: its tiles only bound memory (the MLP works token by
-    token), so any tile length computes the same; tiled_mlp_num_shards gives sequence_len / shards."""
-    if not _yes_no("tiled_mlp", value):
-        raise NotUsed("false: the MLP runs over the whole row")
-    shards, length = settings.get("tiled_mlp_num_shards"), settings.get("sequence_len")
-    if isinstance(shards, int) and shards > 0 and isinstance(length, int) and not isinstance(length, bool):
-        return {"tile_mlp": max(1, -(-length // shards))}
-    return {"tile_mlp": TILE_TOKENS}
-
-
-def _activation_offloading(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value in (True, "legacy"):
-        return {"offload_activations": True}
-    if value is False:
-        raise NotUsed("false: activations stay on the GPU")
-    raise _refuse("activation_offloading", value, "use true (CPU memory); disk offloading is not done here")
-
-
 def _evaluations(option: str) -> Convert:
     """eval_steps / evals_per_epoch, when the tool would evaluate: Axolotl only with held-out data
     (val_set_size or test_datasets), TRL only with eval_strategy: steps (its default is no)."""
@@ -351,54 +338,6 @@ def _evaluations(option: str) -> Convert:
             raise NotUsed(f"eval_strategy is {settings.get('eval_strategy', 'no')} (TRL's default: no): no evaluation")
         return {option: value}
     return convert
-
-
-# Axolotl plugins whose kernels compute the same numbers (the loss, norms, RoPE, SwiGLU fused; the
-# Hub's kernels), and SwanLab, a metrics logger
-SAME_MATH_PLUGINS = ("cut_cross_entropy", "liger", "integrations.kernels", "swanlab")
-
-
-def _plugins(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    """Cut Cross Entropy and Liger are kernels; any other plugin changes what Axolotl runs
-    (Spectrum freezes layers, others distil or evaluate) and is refused."""
-    names = value if isinstance(value, list) else [value]
-    other = [n for n in names if not (isinstance(n, str) and any(k in n for k in SAME_MATH_PLUGINS))]
-    if other:
-        raise _refuse("plugins", other, "only Axolotl's kernel plugins (Cut Cross Entropy, Liger, Kernels) are "
-                                        "known to compute what pack-train computes: remove the others")
-    raise NotUsed("kernels that compute the same (the loss here is chunked and exact), or SwanLab's logging: "
-                  "metrics go to metrics.jsonl and --report-to")
-
-
-def _fsdp_version(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value not in (1, 2):
-        raise _refuse("fsdp_version", value, "use 1 or 2")
-    return {"parallel": "fsdp"}  # FSDP2; FSDP1's sharding computes the same
-
-
-def _fsdp_words(value: Any) -> list[str]:
-    """TRL's `fsdp: "full_shard auto_wrap offload"` or Axolotl's list of the same words."""
-    if isinstance(value, str):
-        return value.split()
-    return [str(v) for v in value] if isinstance(value, list) else []
-
-
-def _fsdp(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if not value:
-        raise NotUsed("empty: no FSDP")
-    if "offload" in _fsdp_words(value):
-        return {"parallel": "fsdp", "offload_states": True}
-    return {"parallel": "fsdp"}
-
-
-def _fsdp_config(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`offload_params: true` (TRL/accelerate; Axolotl: `fsdp_offload_params`) is --offload-states."""
-    offload = isinstance(value, Mapping) and any(value.get(k) is True for k in ("offload_params", "fsdp_offload_params"))
-    if not offload:
-        raise NotUsed("FSDP2 wraps each decoder layer; its settings are --reshard-after-forward and --offload-states")
-    if "offload" in _fsdp_words(settings.get("fsdp")):
-        raise NotUsed("fsdp's offload sets --offload-states already")
-    return {"offload_states": True}
 
 
 def _chat_template(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -435,7 +374,6 @@ def show(value: Any) -> str:
 
 WATCHDOG = "pack-train stops at a non-finite loss or gradient; a high but finite loss is logged, not watched"
 # --tile-mlp's tile when Axolotl's tiled_mlp gives no number of shards (README: long rows)
-TILE_TOKENS = 8192
 
 
 def _same(option: str) -> Map:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.errors import UserError
 from pipeline.foreign.batch import group_size, padded
-from pipeline.foreign.keys import DATA, TRAIN, TRL, TRL_MAX_LENGTH, show, shown
+from pipeline.foreign.keys import AXOLOTL_MIN_LEN, DATA, TRAIN, TRL, TRL_MAX_LENGTH, show, shown
 
 
 def _names(text: str) -> frozenset[str]:
@@ -257,6 +257,9 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
         if tool != TRL and "overlong" not in out:  # Axolotl drops what is past sequence_len; TRL truncates
             take(f"({tool} default)", "overlong", "drop")
             said.append("examples longer than sequence_len dropped (excess_length_strategy drop)")
+        if tool != TRL and "min_len" not in out:  # Axolotl drops the 1-token examples (keys.AXOLOTL_MIN_LEN)
+            take(f"({tool} default)", "min_len", AXOLOTL_MIN_LEN)
+            said.append(f"examples of fewer than {AXOLOTL_MIN_LEN} tokens dropped (min_sample_len {AXOLOTL_MIN_LEN})")
         if tool != TRL and "out" not in out:
             take(f"({tool} default)", "out", "last_run_prepared")
             said.append("dataset_prepared_path last_run_prepared")

@@ -36,11 +36,16 @@ class Pieces:
         return first
 
 
-def apply_overlong(spill: Spill, max_len: int, policy: str) -> Pieces:
-    """Turn spilled examples into pieces of at most `max_len` tokens according to `policy`."""
+def apply_overlong(spill: Spill, max_len: int, policy: str, min_len: int = 1) -> Pieces:
+    """Turn spilled examples into pieces of at most `max_len` tokens according to `policy`, after
+    dropping (and counting as `too_short`) the examples of fewer than `min_len` tokens (`--min-len`):
+    an example's whole tokenized length decides, before any cut, as Axolotl's min_sample_len does."""
     lengths, starts, ids = spill.lengths, spill.offsets, spill.example_ids
+    short = lengths < min_len
+    counts = Counts(examples_read=spill.examples_read, empty_skipped=spill.empty_skipped, too_short=int(short.sum()))
+    if counts.too_short:
+        lengths, starts, ids = lengths[~short], starts[~short], ids[~short]
     over = lengths > max_len
-    counts = Counts(examples_read=spill.examples_read, empty_skipped=spill.empty_skipped)
     if policy == "truncate":
         counts.truncated = int(over.sum())
         pieces = Pieces(ids, starts, np.minimum(lengths, max_len), counts)

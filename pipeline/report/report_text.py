@@ -127,8 +127,8 @@ def format_text(report: dict[str, Any]) -> str:
         f"p99 {L['p99']:.0f}, max {L['max']}, mean {L['mean']:.1f}",
         f"  examples read {c['examples_read']:,}: packed {c['examples_packed']:,}, truncated "
         f"{c['truncated']:,}, split {c['split']:,}, dropped {c['dropped']:,}, empty skipped "
-        f"{c['empty_skipped']:,}" + (f", {c['no_loss']:,} with no loss token (they train nothing)"
-                                     if c.get("no_loss") else ""),
+        f"{c['empty_skipped']:,}" + (f", shorter than --min-len {c['too_short']:,}" if c.get("too_short") else "")
+        + (f", {c['no_loss']:,} with no loss token (they train nothing)" if c.get("no_loss") else ""),
         "",
         "savings against padding",
         f"  vs pad-to-longest (B={r['batch_size']}): {_n(s1['padding_avoided'])} padding tokens "

@@ -41,6 +41,7 @@ class Counts:
     truncated: int = 0
     split: int = 0
     dropped: int = 0
+    too_short: int = 0  # examples of fewer tokens than --min-len, dropped before the overlong policy
     no_loss: int | None = None  # examples (pieces) packed with no token that carries a loss; None: not recorded
     passes: int = 1  # --mix: uses per example at most; use k of example i has id k * examples_read + i
 

@@ -41,6 +41,7 @@ class Segments:
     n_examples: int
     controls: tuple[str, ...] = ()  # the control tokens the texts' markers wrap (`control_tokens.mark`)
     no_eos: np.ndarray | None = None  # bool per example: its template ends it with its own end-of-turn token
+    as_rendered: bool = False  # the texts are the whole examples: no BOS or EOS is added (TRL's chat rendering)
 
 
 Where = Callable[[int], str]  # row index within the batch -> "file line 17" (SourceBatch.where)
@@ -151,9 +152,12 @@ def is_conversational(table: pa.Table, fmt: ResolvedFormat) -> bool:
 
 
 def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any) -> Segments:
-    """TRL's conversational prompt/completion, rendered as TRL renders it: the chat template over
-    prompt + completion, the loss on what follows the prompt rendered with the generation prompt
-    (with `--train-on-prompt`, on everything)."""
+    """TRL's conversational prompt/completion, as TRL 1.16's SFTTrainer._prepare_dataset (tokenize_fn,
+    build_labels in trl/trainer/sft_trainer.py) makes it: the chat template over prompt + completion,
+    nothing added (its apply_chat_template adds no BOS or EOS), the loss on all that follows the prompt
+    rendered with the generation prompt: the template's whitespace after the end-of-turn token too, and
+    a qwen3 reply's `</think>\n\n` (its generation prompt ends with `<think>\n\n`). With
+    `--train-on-prompt`, on everything; a --train-on-eos other than turn moves that whitespace out."""
     if not hasattr(tokenizer, "chat_template"):
         raise UserError(f"{where(0)}: conversational prompt/completion data is rendered with the chat template, "
                         "which --engine ray tasks do not load for instruction data: pack it with --engine local")
@@ -167,7 +171,6 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
     texts: list[str] = []
     example: list[int] = []
     loss: list[bool] = []
-    no_eos = np.zeros(len(prompts), dtype=bool)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         if not isinstance(completion, list):
             raise UserError(f"{where(i)}: field {fmt.fields['response']!r} is not a list of messages while "
@@ -192,19 +195,19 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
                             "would land on the prompt: fix the template (each message rendered the same whatever "
                             "follows it)")
         cut = len(head) if full.startswith(head) else len(os.path.commonprefix([head, full]))
-        segs = eos_policy(without_trailing_space([(full[:cut], fmt.train_on_prompt), (full[cut:], True)], controls),
-                          controls, fmt.train_on_eos)
+        segs = [(full[:cut], fmt.train_on_prompt), (full[cut:], True)]
+        if fmt.train_on_eos != "turn":
+            segs = eos_policy(without_trailing_space(segs, controls), controls, fmt.train_on_eos)
         try:
             check_assistant_rendered(msgs[len(head_msgs):], segs, template_name(tokenizer))
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
-        no_eos[i] = ends_with_control(full, controls)
         for text, is_loss in segs:
             texts.append(text)
             example.append(i)
             loss.append(is_loss)
     return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts), controls,
-                    no_eos)
+                    as_rendered=True)
 
 
 def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:

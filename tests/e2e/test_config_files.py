@@ -269,7 +269,8 @@ def test_an_axolotl_config_maps_key_by_key_for_both_commands(tmp_path: Path):
     assert data == {"tokenizer": str(ROOT / "data/tokenizer"), "chat_template": "chatml",
                     "inputs": [str(ROOT / "data/sample/chat.jsonl")], "fmt": "chat", "messages_field": "messages",
                     "out": str(tmp_path / "prepared"), "eval_fraction": 0.05, "max_len": 512,
-                    "train_on_prompt": False, "seed": 7, "overlong": "drop"}  # Axolotl drops past sequence_len
+                    "train_on_prompt": False, "seed": 7, "overlong": "drop",  # Axolotl drops past sequence_len
+                    "min_len": 2}  # and the examples of one token (min_sample_len's default)
     assert "  base_model: tiny: not used (tokenizer_config names the tokenizer)" in lines
     assert "  learning_rate: not used by pack-data: pack-train's: run pack-train --config with the same file" in lines
 

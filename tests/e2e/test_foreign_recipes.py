@@ -173,12 +173,9 @@ def test_a_trl_mixture_is_its_datasets_not_chat_data():
     ("llama-3_qlora-1b.yml", {"qlora": True, "lora_r": 32, "optimizer": "adamw8bit"}),
 ])
 def test_the_multi_gpu_and_long_row_examples_map_to_our_options(tmp_path: Path, name: str, want: dict):
-    """What needs torchrun or a GPU is compared key by key; the keys that cannot be honoured (the ALST
-    example's min_sample_len drops every example shorter than 200,000 tokens) are named at once."""
+    """What needs torchrun or a GPU is compared key by key."""
     cfg = tmp_path / name
-    settings = yaml.safe_load((EXAMPLES / "axolotl" / name).read_text())
-    settings.pop("min_sample_len", None)
-    cfg.write_text(yaml.safe_dump(settings))
+    cfg.write_text((EXAMPLES / "axolotl" / name).read_text())
     got = read_config_file(cfg, pack_train, TRAIN_CHECKS, {"compile_": "compile"}, foreign="pack-train")
     assert {k: got[k] for k in want} == want
 
@@ -210,17 +207,19 @@ def test_axolotls_alpaca_prompt_is_pack_datas_preset():
 
 
 def test_what_cannot_be_honoured_is_named_all_at_once():
-    """gemma3's example freezes all but some parameters (unfrozen_parameters), ALST's drops short
-    examples (min_sample_len): one line each, naming every such key, never a run per key."""
+    """gemma3's example freezes all but some parameters (unfrozen_parameters) of a QLoRA model: one
+    line naming every such key, never a run per key; ALST's min_sample_len is pack-data's --min-len (its
+    two datasets' fields differ, which pack-data refuses)."""
     for command, name, keys, why in (
             (pack_train, "gemma3_gemma-3-1b-qlora.yml", ["unfrozen_parameters"], "LoRA adapters (adapter) or every"),
-            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", ["min_sample_len"], "no minimum length"),
+            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", ["datasets"], "with the same field"),
             (pack_train, "alst_llama3-8b-fsdp2-alst.yaml", [], ""),  # min_sample_len: pack-data's
             (pack_train, "phi_phi3-ft.yml", [], ""), (pack_data, "phi_phi3-ft.yml", [], "")):
         result = CliRunner().invoke(command, ["--config", str(EXAMPLES / "axolotl" / name), "--help"])
         if keys:
             assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
             assert all(f"key '{k}'" in result.stderr for k in keys) and why in result.stderr
+            assert "min_sample_len" not in result.stderr  # pack-data's --min-len
         else:
             assert result.exit_code == 0, result.output
 

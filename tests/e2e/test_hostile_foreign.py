@@ -138,7 +138,7 @@ def test_every_key_that_cannot_be_honoured_is_named_at_once(tmp_path: Path):
     """One run names all of them (never one run per key); keys at their tool's default are not among
     them (control)."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(AXOLOTL + "fp16: true\nlora_model_dir: ./adapter\nunfrozen_parameters: [^lm_head.*]\n"
+    cfg.write_text(AXOLOTL + "fp16: true\nlora_model_dir: ./adapter\nunfrozen_parameters: ^lm_head.*\n"
                    "ddp_find_unused_parameters: false\nlora_model_dir_unused_default:\nrl: dpo\n"
                    "eval_sample_packing: false\nloss_watchdog_threshold: 5.0\n"
                    "plugins: [axolotl.integrations.liger.LigerPlugin]\n")

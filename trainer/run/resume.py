@@ -24,10 +24,11 @@ from trainer.run.preflight import refuse_reused_out
 # Options that fix the data stream: a resume with other values could not continue exactly.
 STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_parallel", "step_by_group")
 # Options the checkpoint's optimizer and scheduler states carry (its learning rate, schedule shape and
-# AdamW settings are restored from them): a resume with other values would silently keep the old ones.
+# AdamW settings are restored from them; they hold states for the parameters that train, which
+# --unfrozen-parameters chooses): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
 OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "warmup_ratio", "warmup_rule", "schedule", "optimizer", "weight_decay",
-                  "beta1", "beta2", "adam_eps")
+                  "beta1", "beta2", "adam_eps", "unfrozen_parameters")
 # Options that shape a LoRA adapter (its matrices' size and where they sit, its scale alpha / r, the
 # base it sits on): a resume with other values would continue another adapter than the one saved.
 ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora", "int8_base")
@@ -114,7 +115,9 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
     for keys, why in ((OPTIMIZER_KEYS, "its optimizer and schedule states would carry on with"),
                       (ADAPTER_KEYS, "the adapter it saved was trained for")):
         for key in keys:
-            if key in saved and saved[key] != getattr(config, key):
+            now = getattr(config, key)
+            now = list(now) if isinstance(now, tuple) else now  # as config.json holds it
+            if key in saved and saved[key] != now:
                 flag = "--" + key.replace("_", "-")
                 if isinstance(saved[key], bool):  # an on/off flag: --qlora, --int8-base
                     was, now = ("with", "without") if saved[key] else ("without", "with")
@@ -122,7 +125,7 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
                                     f"that: resume {was} {flag}, or start a new run in another --out")
                 raise UserError(
                     f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
-                    f"{getattr(config, key)}, and {why} {saved[key]}: resume with {flag} {saved[key]}, or "
+                    f"{now}, and {why} {saved[key]}: resume with {flag} {saved[key]}, or "
                     "start a new run in another --out"
                 )
     if state.get("data") != fingerprint:

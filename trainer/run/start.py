@@ -37,6 +37,7 @@ from trainer.distributed.context_parallel import ContextGroups
 from trainer.distributed.parallel import DistInfo, pick_device, seed_everything, setup_distributed, wrap_parallel
 from trainer.model.check import check_context_parallel
 from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
+from trainer.model.freeze import unfreeze_only
 from trainer.model.load import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.model.long_rows import tile_mlp
 from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_int8, quantize_base_nf4
@@ -110,6 +111,11 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if layout.cp_size > 1:  # where the model was proven, still in float32 (a LoRA base: on the CPU)
         check_context_parallel(model, layout)
     n_params = count_params(model)
+    if config.unfrozen_parameters:  # before anything wraps the model: the names Axolotl matches
+        tensors, of, trained, _ = unfreeze_only(model, config.unfrozen_parameters)
+        if info.rank == 0:
+            print(f"pack-train: --unfrozen-parameters: {trained / 1e6:.2f}M of {n_params / 1e6:.2f}M parameters "
+                  f"({tensors} of {of} tensors) train, the others are frozen", file=sys.stderr)
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
     flop_shape = model_shape(model, config)  # before quantizing and sharding change the weights
     if peft is not None and bf16:
