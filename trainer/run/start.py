@@ -15,9 +15,7 @@ from typing import Any
 import torch
 import transformers
 
-from pipeline.errors import UserError
-from pipeline.shards import Manifest, manifest_vocab
-from pipeline.tokenize.tokenizer import added_count
+from pipeline.contract import Manifest, UserError, added_count, manifest_vocab
 from trainer.attention.backend import select_backend
 from trainer.config import TrainConfig, parse_step_range, per_epoch, resolved, validate
 from trainer.data.evaluate import Evaluator, held_out_folder
