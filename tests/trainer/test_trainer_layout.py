@@ -188,6 +188,19 @@ def test_the_face_rule_itself():
     assert {m for m in found if _is_face(m)} == {DOOR}
 
 
+def test_the_contract_says_each_group_in_one_line_and_each_name_once():
+    """Each group of the door says what it is in one line; a name is exported once (a second entry
+    would silently replace the first); the trainer uses every name, so none is exported for nothing."""
+    import pipeline.contract as contract
+
+    assert all(doc and "\n" not in doc and doc.endswith(".") for doc, _ in contract.GROUPS)
+    listed = [name for _, modules in contract.GROUPS for names in modules.values() for name in names] + list(contract.WHOLE)
+    assert sorted(listed) == sorted(set(listed)) == contract.__all__
+    used = {alias.name for path in (ROOT / "trainer").rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module == DOOR for alias in node.names}
+    assert set(listed) - used == set()
+
+
 def test_the_contract_imports_nothing_of_trainer():
     """pipeline.contract's modules import no trainer module, name none as a source, and taking every
     name it exports loads no trainer module; each name is the very object its module defines (a
