@@ -17,17 +17,14 @@ The folders are the steps data takes, in order; each imports only the ones befor
     engines/   the job (`run_pack_data`) runs those steps here, or on Ray (`--engine ray`)
     cli.py     the commands pack-data, pack-verify, pack-report
 
-`shards/` is the shard format, the contract with `trainer/`; the modules at this level (`errors`,
-`api_errors`, `option_checks`, `config_file`, `progress`, `background`, `splits`), `files/` (safe
-writing) and `foreign/` (Axolotl and TRL config files) serve every step and the trainer, and import
-no step. docs/DESIGN.md draws the map.
+`shards/` is the shard format; the modules at this level (`errors`, `api_errors`, `option_checks`,
+`config_file`, `progress`, `background`, `splits`), `files/` (safe writing) and `foreign/` (Axolotl
+and TRL config files) serve every step and the trainer, and import no step. docs/DESIGN.md draws the map.
 
-Public faces: the only modules `trainer/` imports are `shards` (the shard format), `errors` (the
-one-line errors), `api_errors` (Python spellings of options), `option_checks` (option checks),
-`config_file` (--config files), `foreign.config` (other tools' config keys), `files.durable` (atomic
-writes), `files.contained` (paths inside a folder), `files.folder_lock` (folder locks), `read.hub` (Hub
-resolution), `tokenize.tokenizer` (the tokenizer and its fingerprint), `report.flops` (the one
-count of training FLOPs, which pack-report and pack-train's MFU share) (tests/trainer/test_trainer_layout.py checks it).
+The trainer's one door: `trainer/` imports pipeline only through `contract` (`pipeline.contract`),
+which names by group what it may use (the shard format, errors, config files, option declarations,
+file primitives, the FLOPs count, the tokenizer and the Hub) and defines the run folder's file names
+(`contract/run_folder`); tests/trainer/test_trainer_layout.py checks it.
 """
 
 from importlib import import_module

@@ -7,13 +7,20 @@ import sys
 
 import click
 
-from pipeline.config_file import HintedCommand, config_option
-from pipeline.errors import cli_errors
-from pipeline.foreign.config import TRAIN
-from pipeline.option_checks import click_options, field_values, param_fields
-from pipeline.read.hub import OFFLINE_HELP, no_progress_bars, offline_flag
-from pipeline.report.flops import rates_line
-from pipeline.tokenize.tokenizer import tokenizer_folder
+from pipeline.contract import (
+    OFFLINE_HELP,
+    TRAIN,
+    HintedCommand,
+    cli_errors,
+    click_options,
+    config_option,
+    field_values,
+    no_progress_bars,
+    offline_flag,
+    param_fields,
+    rates_line,
+    tokenizer_folder,
+)
 from trainer.config import TRAIN_CHECKS, TrainConfig, uri_problem, validate
 from trainer.model.presets import model_folder
 from trainer.run.nesting import refuse_nested_run

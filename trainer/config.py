@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.errors import UserError
-from pipeline.option_checks import MAX_PROCS, PATH, check_options, checks_of, opt
+from pipeline.contract import MAX_PROCS, PATH, UserError, check_options, checks_of, opt
 
 SCHEDULES = ("cosine", "linear", "constant")
 RESUME = ("newest", "strict")

@@ -11,17 +11,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract.run_folder import BEST, LOSS_PLOT, METRICS, RUN_CONFIG, SUMMARY
 from pipeline.errors import UserError
 from pipeline.report.flops import rates_line
 
 FLOP_KEYS = ("mfu", "tflops", "hfu", "attn_flop_share")  # pack-train's FLOP figures (pipeline.report.flops)
 
-SUMMARY, METRICS, BEST = "summary.json", "metrics.jsonl", "best.json"
-
 
 def is_run_folder(folder: Path) -> bool:
     """A folder pack-train wrote (metrics.jsonl beside config.json), not a packed folder."""
-    return (folder / METRICS).is_file() and (folder / "config.json").is_file() and not (folder / "manifest.json").exists()
+    return (folder / METRICS).is_file() and (folder / RUN_CONFIG).is_file() and not (folder / "manifest.json").exists()
 
 
 def run_report(folder: Path) -> dict[str, Any]:
@@ -62,7 +61,7 @@ def _figures(folder: Path, records: list[dict], train: list[dict], evals: list[d
         "flops": _flop_figures(summary, train),
         "evals": [{"step": r["step"], "eval_loss": r["eval_loss"], "eval_ppl": r.get("eval_ppl")} for r in evals],
         "best": best,
-        "plot": str(folder / "loss.png") if (folder / "loss.png").is_file() else None,
+        "plot": str(folder / LOSS_PLOT) if (folder / LOSS_PLOT).is_file() else None,
     }
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract.run_folder import METRICS, RUN_CONFIG
 from pipeline.errors import ShardFormatError
 from pipeline.files.contained import contained, escape
 from pipeline.files.durable import fsync_path
@@ -186,7 +187,7 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
     """Load and validate `folder/manifest.json`."""
     path = Path(folder) / MANIFEST_NAME
     if not path.is_file():
-        if (Path(folder) / "metrics.jsonl").is_file() and (Path(folder) / "config.json").is_file():
+        if (Path(folder) / METRICS).is_file() and (Path(folder) / RUN_CONFIG).is_file():
             raise ShardFormatError(f"{folder} is a pack-train run folder, not a packed folder: give the folder "
                                    "pack-data wrote (the run's config.json names it as data)")
         raise ShardFormatError(f"{path}: no manifest: is {folder} a folder written by pack-data?")

@@ -2,8 +2,10 @@
 imports follow that order.
 
 - a step package imports only itself and the steps before it: read < tokenize < plan < write <
-  report < engines < cli; `shards/` (the contract with the trainer) and the shared modules at the
-  top of `pipeline/` import no step;
+  report < engines < cli; `shards/` (the shard format), `contract/run_folder` (the run folder's
+  names) and the shared modules at the top of `pipeline/` import no step;
+- `pipeline.contract`, the trainer's one door, re-exports from the steps (on first use: its
+  `SOURCES` are its imports), so it sits above them beside the commands, and no step imports it;
 - no cycle among modules, counting imports inside functions too;
 - `pipeline` never imports `trainer`;
 - the public API (`from pipeline import ...`, `trainer.train`) is what it was;
@@ -56,9 +58,10 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
 
 
 def _rank(module: str) -> int:
-    """0: shared modules and the shard contract; 1..6: the steps in order; 7: the commands."""
+    """0: shared modules, the shard format and the run folder's names; 1..6: the steps in order; 7:
+    the commands and the trainer's door (`pipeline.contract`)."""
     parts = module.split(".")
-    if module in ("pipeline", "pipeline.cli"):
+    if module in ("pipeline", "pipeline.cli", "pipeline.contract"):
         return len(STEPS) + 1
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in STEPS):
         return STEPS.index(parts[1]) + 1 if parts[1] in STEPS else 0
@@ -69,7 +72,11 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
     # a package's own __init__ is what `import pipeline.x` runs first: count it only where named
-    return {name: _imports(path, name, known) - {"pipeline"} for name, path in modules.items()}
+    graph = {name: _imports(path, name, known) - {"pipeline"} for name, path in modules.items()}
+    from pipeline.contract import SOURCES
+
+    graph["pipeline.contract"] |= set(SOURCES.values())  # imported on first use: its imports all the same
+    return graph
 
 
 def test_no_module_of_pipeline_imports_trainer():
@@ -99,6 +106,18 @@ def test_the_rank_rule_itself():
     assert _rank("pipeline.write.outdir") < _rank("pipeline.report.stats") < _rank("pipeline.engines.job")
     assert _rank("pipeline.engines.job") < _rank("pipeline.cli")
     assert _rank("pipeline.read") == 1  # a step's own __init__ belongs to it
+    assert _rank("pipeline.contract.run_folder") == 0 and _rank("pipeline.contract") > _rank("pipeline.engines.job")
+
+
+def test_the_contract_is_above_the_steps_and_none_goes_through_it():
+    """The door's exports count as its imports (a step among them), and a step importing the door
+    is caught (a negative control on a copy of the graph)."""
+    graph = _graph()
+    assert {"pipeline.report.flops", "pipeline.shards", "pipeline.contract.run_folder"} <= graph["pipeline.contract"]
+    assert not [m for m, deps in graph.items() if "pipeline.contract" in deps]
+    graph["pipeline.report.run_summary"] = graph["pipeline.report.run_summary"] | {"pipeline.contract"}
+    assert [f"{m} imports {d}" for m, deps in graph.items() for d in deps if _rank(d) > _rank(m)] == [
+        "pipeline.report.run_summary imports pipeline.contract"]
 
 
 def test_no_import_cycle_among_modules():

@@ -9,15 +9,20 @@
 - no module of trainer/ is over 450 lines (tests/pipeline/test_layout.py checks that limit for both
   packages);
 - no import cycle among trainer's modules;
-- trainer imports pipeline only through pipeline's public faces (FACES, named in pipeline/__init__);
+- trainer imports pipeline only through its one door, `pipeline.contract` (DOOR, named in
+  pipeline/__init__), and the door imports nothing of trainer;
 - `pack-train` and `python -m trainer.cli` stay where they were.
-Every import counts, anywhere in a module: inside functions, and under `if TYPE_CHECKING:` (an
-import for type hints only still says the module depends on the other).
+Every import counts, anywhere in a module: inside functions, under `if TYPE_CHECKING:` (an import for
+type hints only still says the module depends on the other), and `importlib.import_module("...")` or
+`__import__("...")` of a written name.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -27,20 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["distributed", "data", "attention", "model", "run"]  # the floors, lowest first
 GROUND = "trainer.config"  # below every floor: the options every floor reads
 COMMANDS = ("trainer", "trainer.cli")  # above every floor
-FACES = {
-    'pipeline.shards',  # the shard format
-    'pipeline.errors',  # the one-line errors
-    'pipeline.api_errors',  # Python spellings of options
-    'pipeline.option_checks',  # option checks
-    'pipeline.config_file',  # --config files
-    'pipeline.foreign.config',  # other tools' config keys
-    'pipeline.files.durable',  # atomic writes
-    'pipeline.files.contained',  # paths inside a folder
-    'pipeline.files.folder_lock',  # folder locks
-    'pipeline.read.hub',  # Hub resolution
-    'pipeline.tokenize.tokenizer',  # the tokenizer and its fingerprint
-    'pipeline.report.flops',  # the one count of training FLOPs
-}
+DOOR = "pipeline.contract"  # all trainer/ may use of pipeline/, named by group in its __init__
 
 
 def _imports(path: Path, name: str, known: set[str]) -> set[str]:
@@ -56,6 +48,8 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             targets = [[f"{base}.{alias.name}", base] for alias in node.names]
+        elif _imported_by_call(node) is not None:
+            targets = [[_imported_by_call(node)]]
         else:
             continue
         for candidates in targets:
@@ -68,6 +62,15 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
     return out
 
 
+def _imported_by_call(node: ast.AST) -> str | None:
+    """The module `import_module("x")` / `__import__("x")` names, for a name written in the call."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return None
+    called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    name = node.args[0].value
+    return name if called in ("import_module", "__import__") and isinstance(name, str) else None
+
+
 def _graph() -> dict[str, set[str]]:
     known = set(modules(ROOT, "trainer")) | set(modules(ROOT, "pipeline"))
     # `from trainer import TrainConfig` reaches the package's own __init__: no edge of a cycle
@@ -75,7 +78,9 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _is_face(module: str) -> bool:
-    return any(module == face or module.startswith(face + ".") for face in FACES)
+    """Whether an import of trainer's reaches pipeline through the door: the door itself, never a
+    module behind it (`pipeline.contract.run_folder` included)."""
+    return module == DOOR
 
 
 def _floor(module: str) -> int:
@@ -157,24 +162,64 @@ def test_no_import_cycle_among_modules():
 
 
 def test_trainer_imports_pipeline_only_through_its_faces():
-    wrong = sorted(f"{m} imports {d}" for m, deps in _graph().items() for d in deps
+    """The one face is the door, `pipeline.contract`: every import of pipeline in trainer/ is of it."""
+    graph = _graph()
+    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
                    if d.split(".")[0] == "pipeline" and not _is_face(d))
     assert wrong == []
+    assert sum(DOOR in deps for deps in graph.values()) > 20  # the trainer does use pipeline, through the door
     import pipeline
 
-    assert all(f"`{face.removeprefix('pipeline.')}`" in " ".join(pipeline.__doc__.split()) for face in FACES)
+    assert f"`{DOOR.removeprefix('pipeline.')}`" in " ".join(pipeline.__doc__.split())
 
 
 def test_the_face_rule_itself():
-    """Negative controls: what `_imports` and `_is_face` make of imports, faces and not."""
+    """Negative controls: what `_imports` and `_is_face` make of imports of the door and around it."""
     known = set(modules(ROOT, "pipeline")) | {"trainer.x"}
-    text = "from pipeline.read import hub\nfrom pipeline.plan import binpack\nimport pipeline.shards.format\n"
+    text = ("from pipeline.read import hub\nfrom pipeline.plan import binpack\nimport pipeline.shards.format\n"
+            "from pipeline.contract import UserError, hub as h\nfrom pipeline.contract.run_folder import METRICS\n"
+            "import pipeline\nimportlib.import_module('pipeline.shards')\n__import__('pipeline.errors')\n")
     found = _imports_of_text(text, known)
-    assert found == {"pipeline.read.hub", "pipeline.plan.binpack", "pipeline.shards.format"}
+    assert found == {"pipeline.read.hub", "pipeline.plan.binpack", "pipeline.shards.format", DOOR,
+                     "pipeline.contract.run_folder", "pipeline", "pipeline.shards", "pipeline.errors"}
     hinted = _imports_of_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pipeline.plan\n", known)
     assert hinted == {"typing", "pipeline.plan"}  # an import for type hints only is an edge too
-    assert {m: _is_face(m) for m in found | {"pipeline.read"}} == {
-        "pipeline.read.hub": True, "pipeline.shards.format": True, "pipeline.plan.binpack": False, "pipeline.read": False}
+    assert _imports_of_text("from pipeline import contract\nimport_module(name)\n", known) == {DOOR}
+    assert {m for m in found if _is_face(m)} == {DOOR}
+
+
+def test_the_contract_says_each_group_in_one_line_and_each_name_once():
+    """Each group of the door says what it is in one line; a name is exported once (a second entry
+    would silently replace the first); the trainer uses every name, so none is exported for nothing."""
+    import pipeline.contract as contract
+
+    assert all(doc and "\n" not in doc and doc.endswith(".") for doc, _ in contract.GROUPS)
+    listed = [name for _, modules in contract.GROUPS for names in modules.values() for name in names] + list(contract.WHOLE)
+    assert sorted(listed) == sorted(set(listed)) == contract.__all__
+    used = {alias.name for path in (ROOT / "trainer").rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module == DOOR for alias in node.names}
+    assert set(listed) - used == set()
+
+
+def test_the_contract_imports_nothing_of_trainer():
+    """pipeline.contract's modules import no trainer module, name none as a source, and taking every
+    name it exports loads no trainer module; each name is the very object its module defines (a
+    module taken whole is that module)."""
+    known = set(modules(ROOT, "pipeline")) | set(modules(ROOT, "trainer"))
+    inside = {name: path for name, path in modules(ROOT, "pipeline").items() if name.split(".")[:2] == ["pipeline", "contract"]}
+    assert set(inside) == {DOOR, "pipeline.contract.run_folder"}
+    imported = {d for name, path in inside.items() for d in _imports(path, name, known)}
+    assert imported and not {d for d in imported if d.split(".")[0] == "trainer"}
+    code = ("import importlib, json, sys\nimport pipeline.contract as c\nfor name, source in c.SOURCES.items():\n"
+            "    module = importlib.import_module(source)\n"
+            "    assert getattr(c, name) is (module if name in c.WHOLE else getattr(module, name)), name\n"
+            "    assert (type(getattr(c, name)) is type(sys)) == (name in c.WHOLE), name\n"
+            "print(json.dumps([sorted(set(c.SOURCES.values())), [n for n in sys.modules if n.split('.')[0] == 'trainer']]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sources, loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert "pipeline.shards" in sources and not [s for s in sources if s.split(".")[0] != "pipeline"]
+    assert loaded == []
 
 
 def test_the_cycle_search_itself():

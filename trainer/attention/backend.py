@@ -33,7 +33,7 @@ import torch
 from transformers import AttentionInterface, masking_utils
 from transformers.masking_utils import AttentionMaskInterface
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention import gathered, packed_row, positions
 from trainer.attention.cudnn_kernel import cudnn_available
 from trainer.attention.features import FEATURE_NAMES, KERNELS, LONG_EXAMPLE_TOKENS, Features, with_tensors

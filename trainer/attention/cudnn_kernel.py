@@ -40,7 +40,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention.features import Features
 
 

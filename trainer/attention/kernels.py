@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention.cudnn_kernel import cudnn_varlen
 from trainer.attention.fa4_ops import fa4_varlen
 from trainer.attention.features import (

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention import packed_row
 
 PER_EXAMPLE_ROPE = ("dynamic", "longrope")

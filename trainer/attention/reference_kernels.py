@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention.features import Features, repeat_kv, segment_ids
 
 # Examples whose attention runs as one batched call: a bucket takes every example at least this

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.shards import IGNORE_INDEX
+from pipeline.contract import IGNORE_INDEX
 
 
 @dataclass

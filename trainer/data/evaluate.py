@@ -21,9 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import UserError
-from pipeline.shards import Manifest, read_manifest, verify_folder
-from pipeline.shards.example_hash import example_hashes, shared_examples
+from pipeline.contract import Manifest, UserError, example_hashes, read_manifest, shared_examples, verify_folder
 from trainer.config import TrainConfig
 from trainer.data.integrity import shard_problem
 from trainer.data.row_split import shard_microbatch

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.shards import shard_paths, verify_folder
+from pipeline.contract import shard_paths, verify_folder
 
 # TRL's SFTConfig turns `gradient_checkpointing` on by default, an argument transformers 5 renamed
 # `activation_checkpointing`, so every SFTConfig() warns of a name its user never wrote; only that

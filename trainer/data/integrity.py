@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import UserError
-from pipeline.shards import Manifest
+from pipeline.contract import Manifest, UserError
 from trainer.data.stream import FileIdentity, file_identity, replaced
 
 

@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pipeline.errors import UserError
-from pipeline.shards import IGNORE_INDEX
+from pipeline.contract import IGNORE_INDEX, UserError
 from trainer.data.batch import MicroBatch
 
 WORK_SLACK = 1.10  # no rank's causal work more than 10% above the group's mean, where c allows it

@@ -31,8 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.errors import UserError
-from pipeline.shards import TOKEN_COLUMNS, Manifest, ShardColumns, load_shard, shard_paths
+from pipeline.contract import TOKEN_COLUMNS, Manifest, ShardColumns, UserError, load_shard, shard_paths
 from trainer.data.batch import MicroBatch, collate_flat
 from trainer.data.plan import EpochPlan, greedy_cuts, group_plan  # noqa: F401 - greedy_cuts: evaluate's
 from trainer.data.row_split import shard_microbatch

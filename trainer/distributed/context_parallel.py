@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 
 
 @dataclass(frozen=True)

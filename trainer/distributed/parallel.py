@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 
 
 @dataclass

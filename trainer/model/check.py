@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention import backend as attention
 from trainer.attention import positions
 from trainer.data.batch import collate_flat

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 
 RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")
 PACKING_EXACT = ("rowwise_with_gw_hp",)  # recipes whose scales never span two examples

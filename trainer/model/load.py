@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.attention import backend as attention
 from trainer.attention import positions
 from trainer.distributed.context_parallel import ContextGroups

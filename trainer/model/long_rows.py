@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 
 MLP_NAMES = ("mlp", "feed_forward")  # the MLP's attribute on a decoder layer (Llama, Llama 4 ...)
 _TILED = "_packlm_tiled"

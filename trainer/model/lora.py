@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.config import TrainConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

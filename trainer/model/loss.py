@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from pipeline.errors import UserError
-from pipeline.shards import IGNORE_INDEX
+from pipeline.contract import IGNORE_INDEX, UserError
 from trainer.attention import packed_row
 from trainer.attention.features import segment_ids
 from trainer.data.batch import MicroBatch

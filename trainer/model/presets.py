@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.errors import UserError
-from pipeline.read import hub
+from pipeline.contract import UserError, hub
 
 PRESETS: dict[str, dict] = {
     # Test/CI size. GQA on purpose (4 query heads share 2 kv heads); vocab matches data/tokenizer.

@@ -39,14 +39,23 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from pipeline.errors import UserError, one_line
-from pipeline.files.contained import leaves
-from pipeline.files.durable import fsync_path, fsync_tree, write_atomic, write_text_atomic
-from pipeline.shards import file_sha256
-from trainer.run.preflight import CHECKPOINTS, list_checkpoints  # noqa: F401  (torch-free: pack-train's early checks)
+from pipeline.contract import (
+    BEST,
+    CHECKPOINTS,
+    LATEST,
+    METRICS,
+    SUPERSEDED,
+    UserError,
+    file_sha256,
+    fsync_path,
+    fsync_tree,
+    leaves,
+    one_line,
+    write_atomic,
+    write_text_atomic,
+)
+from trainer.run.preflight import list_checkpoints  # torch-free: pack-train's early checks use it too
 
-LATEST = "latest"
-SUPERSEDED = "superseded"  # RUN/superseded/N/: checkpoints a roll-back set aside (`set_aside_newer`)
 STATE_FILE = "trainer_state.json"
 FILE_LIST = "checkpoint.json"
 
@@ -225,14 +234,11 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-BEST_FILE = "best.json"
-
-
 def best_checkpoint(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """RUN/best.json ({"step", "eval_loss", "checkpoint": its folder name under checkpoints/}) as
     `--save-best` writes it, or None."""
     try:
-        return json.loads((Path(run_dir) / BEST_FILE).read_text(encoding="utf-8"))
+        return json.loads((Path(run_dir) / BEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -240,7 +246,7 @@ def best_checkpoint(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 def mark_best(run_dir: str | os.PathLike[str], step: int, eval_loss: float, checkpoint: Path) -> None:
     """Record `checkpoint` as the one with the lowest eval loss so far (atomically; rank 0 only)."""
     record = {"step": step, "eval_loss": eval_loss, "checkpoint": Path(checkpoint).name}
-    write_text_atomic(Path(run_dir) / BEST_FILE, json.dumps(record) + "\n")
+    write_text_atomic(Path(run_dir) / BEST, json.dumps(record) + "\n")
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -267,12 +273,12 @@ def set_aside_newer(run_dir: str | os.PathLike[str], path: Path) -> list[Path]:
         number += 1
     kept = root / SUPERSEDED / str(number)
     (kept / CHECKPOINTS).mkdir(parents=True)
-    metrics = root / "metrics.jsonl"
+    metrics = root / METRICS
     if metrics.is_file():
         write_atomic(kept / metrics.name, lambda tmp: shutil.copyfile(metrics, tmp))
     best = best_checkpoint(root)
     if isinstance(best, dict) and best.get("checkpoint") in {p.name for p in newer}:
-        os.replace(root / BEST_FILE, kept / BEST_FILE)
+        os.replace(root / BEST, kept / BEST)
     moved = []
     for old in reversed(newer):
         os.replace(old, kept / CHECKPOINTS / old.name)

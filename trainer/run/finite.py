@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 
 
 class FiniteWatch:

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.data.batch import MicroBatch, collate_flat
 from trainer.data.row_split import shard_microbatch
 from trainer.data.stream import Largest

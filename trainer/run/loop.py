@@ -25,9 +25,7 @@ import torch._functorch.config
 import torch.distributed as dist
 from torch.utils.checkpoint import CheckpointError
 
-from pipeline.api_errors import python_spelling
-from pipeline.errors import UserError, one_line
-from pipeline.shards import Manifest
+from pipeline.contract import CHECKPOINTS, MERGED, Manifest, UserError, one_line, python_spelling
 from trainer.config import TrainConfig, validate
 from trainer.data.batch import MicroBatch
 from trainer.data.stream import Cursor, loader_batches, step_cursor
@@ -292,7 +290,7 @@ def finish(
         "eval_loss": last_eval[0] if last_eval else None,
         "eval_ppl": math.exp(min(last_eval[0], 700)) if last_eval else None,
         "eval_loss_tokens": last_eval[1] if last_eval else None,
-        "best_checkpoint": str(run.out / ckpt.CHECKPOINTS / best["checkpoint"]) if best else None,
+        "best_checkpoint": str(run.out / CHECKPOINTS / best["checkpoint"]) if best else None,
         "best_eval_loss": best["eval_loss"] if best else None,
         "attention": run.backend,
         "compiled": run.compiled,
@@ -320,7 +318,7 @@ def save_merged(run: Run) -> Path:
     """RUN/merged: the base model with the adapters merged in, saved as a full Hugging Face model with
     the tokenizer, whole or not at all (`write_folder_atomic`: a full disk or a kill -9 leaves no
     half-written folder)."""
-    merged, out = merged_model(run.peft), run.out / "merged"
+    merged, out = merged_model(run.peft), run.out / MERGED
 
     def write(folder: Path) -> None:
         merged.save_pretrained(folder, safe_serialization=True)

@@ -22,19 +22,29 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from pipeline.errors import UserError
-from pipeline.files.durable import write_text_atomic
-from pipeline.files.folder_lock import folder_lock
-from pipeline.report.flops import LayerShape, ModelShape, StepFlops, attention_share, step_flops
+from pipeline.contract import (
+    LOSS_PLOT,
+    METRICS,
+    RANKS,
+    RUN_CONFIG,
+    RUN_LOCK,
+    SUMMARY,
+    TENSORBOARD,
+    LayerShape,
+    ModelShape,
+    StepFlops,
+    UserError,
+    attention_share,
+    folder_lock,
+    step_flops,
+    write_text_atomic,
+)
 from trainer.config import TrainConfig
 from trainer.data.batch import MicroBatch
 from trainer.model.load import decoder_layers
 from trainer.model.long_rows import layer_mlp
 from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.model.presets import model_hub_record
-from trainer.run.preflight import RUN_CONFIG, RUN_LOCK
-
-METRICS = "metrics.jsonl"
 
 
 def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
@@ -127,7 +137,7 @@ class Reporter:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise UserError("--report-to tensorboard needs the tensorboard package: pip install tensorboard") from None
-            self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+            self.writer = SummaryWriter(log_dir=str(out / TENSORBOARD))
         elif self.kind == "wandb":
             try:
                 import wandb
@@ -374,7 +384,7 @@ def plot_losses(out: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = out / "loss.png"
+    path = out / LOSS_PLOT
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -385,6 +395,6 @@ def write_summary(out: Path, summary: dict[str, Any], own: dict[str, Any]) -> No
     so equal step counts across ranks can be checked."""
     rank = summary["rank"]
     if rank == 0:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "ranks").mkdir(exist_ok=True)
-    (out / "ranks" / f"rank{rank}.json").write_text(json.dumps(own) + "\n", encoding="utf-8")
+        (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / RANKS).mkdir(exist_ok=True)
+    (out / RANKS / f"rank{rank}.json").write_text(json.dumps(own) + "\n", encoding="utf-8")

@@ -17,13 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.errors import UserError
+from pipeline.contract import RUN_CONFIG, RUN_ENTRIES, UserError
 from trainer.config import TrainConfig
-from trainer.run.preflight import CHECKPOINTS, RUN_CONFIG, is_run_folder, list_checkpoints
-
-# what a run writes into its folder (the files and folders of `trainer.run.metrics`, checkpoint and loop)
-RUN_ENTRIES = (CHECKPOINTS, "merged", "tensorboard", "profile", "ranks", RUN_CONFIG, "metrics.jsonl",
-               "summary.json", "loss.png")
+from trainer.run.preflight import is_run_folder, list_checkpoints
 
 
 def _real(path: str) -> Path:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.config import TrainConfig, warmup_steps
 from trainer.model.precision import MasterAdamW
 

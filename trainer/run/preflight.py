@@ -26,17 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UserError
-from pipeline.read import hub
-from pipeline.shards import Manifest, verify_folder
-from pipeline.tokenize import tokenizer as hf_tokenizer
+from pipeline.contract import CHECKPOINTS, RUN_CONFIG, RUN_LOCK, Manifest, UserError, hub, verify_folder
+from pipeline.contract import tokenizer as hf_tokenizer
 from trainer.config import TrainConfig
 from trainer.model.presets import model_folder
 
-CHECKPOINTS = "checkpoints"
-RUN_CONFIG = "config.json"
-# the lock `trainer.run.metrics.run_folder_lock` takes inside the run folder
-RUN_LOCK = ".pack-train.lock"
 # keys of the config.json every pack-train run writes first into its folder (`start_run_files`)
 RUN_CONFIG_KEYS = frozenset({"data", "model", "out", "tokens_per_step", "grad_accum"})
 RUN_CONFIG_MAX_BYTES = 1 << 20  # pack-train's config.json is a few kB: a larger one is not its

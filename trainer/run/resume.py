@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 from trainer.config import RESUME, TrainConfig
 from trainer.data.stream import Cursor, Planner, step_cursor
 from trainer.distributed.parallel import DistInfo, load_optimizer_state

@@ -15,9 +15,7 @@ from typing import Any
 import torch
 import transformers
 
-from pipeline.errors import UserError
-from pipeline.shards import Manifest, manifest_vocab
-from pipeline.tokenize.tokenizer import added_count
+from pipeline.contract import PROFILE, Manifest, UserError, added_count, manifest_vocab
 from trainer.attention.backend import select_backend
 from trainer.config import TrainConfig, parse_step_range, per_epoch, resolved, validate
 from trainer.data.evaluate import Evaluator, held_out_folder
@@ -196,7 +194,7 @@ def _profiler(config: TrainConfig, device: torch.device, rank: int, start_step: 
         raise UserError(f"--profile-steps {config.profile_steps}: this run trains steps {start_step + 1} to "
                         f"{stop_at}; profile steps among them, past the first few, which compile (e.g. "
                         f"its last three: {max(start_step + 1, stop_at - 2)}-{stop_at})")
-    return StepProfiler((first, last), device, Path(config.out) / "profile", rank)
+    return StepProfiler((first, last), device, Path(config.out) / PROFILE, rank)
 
 
 def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import transformers
 
-from pipeline.report.flops import ModelShape
+from pipeline.contract import ModelShape
 from trainer.config import TrainConfig
 from trainer.data.evaluate import Evaluator
 from trainer.data.integrity import ShardHashCheck
