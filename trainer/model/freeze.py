@@ -19,7 +19,7 @@ import re
 
 import torch
 
-from pipeline.errors import UserError
+from pipeline.contract import UserError
 
 # Axolotl's LayerNamePattern._parse_pattern: a trailing [start:end] unfreezes part of a tensor
 _RANGE = re.compile(r"^(.+)\[([0-9]*)(?::([0-9]*))?\]$")
