@@ -38,6 +38,9 @@ class TrainConfig:
     """Every option of `pack-train`, declared once (see the module); the comments say which code
     reads an option where that is not plain."""
 
+    # fmt: off
+    # A table, one declaration an option in a few lines: ruff format would give every argument of
+    # every `opt(...)` a line of its own and the table three times the height.
     data: str = opt(kind=PATH, section=RUN, help="Packed folder written by pack-data.")
     model: str = opt(kind=PATH, section=RUN, help=(
         "Hugging Face model: a Hub id such as Qwen/Qwen2.5-0.5B (org/name[@revision]; from the local "
@@ -239,11 +242,11 @@ class TrainConfig:
         "on every rank: RUN/profile/rank{r}.json says per step where the GPU's time went (by "
         "kernel kind, top kernels, idle gaps, host waits); rank{r}.trace.json.gz is the "
         "Chrome trace (chrome://tracing, Perfetto)."))
+    # fmt: on
 
 
 # the type and range of every TrainConfig field: `validate`, and the values of `pack-train --config FILE`
 TRAIN_CHECKS = checks_of(TrainConfig)
-
 
 def resolved(config: TrainConfig, device_type: str) -> TrainConfig:
     """`config` with the defaults that depend on the device filled in (tokens_per_step)."""

@@ -141,6 +141,8 @@ def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 FROM_DATA = ("pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; "
              "pack-train resizes the embeddings to it")
 KERNEL = "a kernel of Axolotl's that computes the same: the loss here is chunked and exact, attention is --attn's"
+# fmt: off
+# A table, a key a row or two: ruff format would give every argument of every Key(...) a line of its own.
 KEYS: tuple[Key, ...] = (
     # model and tokenizer
     Key("base_model", AXOLOTL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
@@ -362,6 +364,7 @@ KEYS: tuple[Key, ...] = (
     Key("resize_token_embeddings_to_32x", AXOLOTL, Unused("the embeddings keep the vocabulary's size (padding rows "
                                                           "to a multiple of 32 trains nothing)"), TRAIN_KEY),
 )
+# fmt: on
 BY_NAME = {k.name: k for k in KEYS}
 
 

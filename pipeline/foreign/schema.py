@@ -108,6 +108,8 @@ vllm_importance_sampling_mode vllm_mode vllm_server_timeout vllm_sync_interval w
 wandb_mode wandb_name wandb_project wandb_run_id wandb_watch warmup_ratio warmup_steps weight_dtype
 worker_extension_cls world_size xformers_attention
 """)
+# fmt: off
+# Tables of the tools' defaults, several keys a line as read from their code: ruff format would give each a line.
 AXOLOTL_VALUES: dict[str, Any] = {
     'activation_offloading': False, 'adaptive_max_tokens': True, 'advantage_estimator': 'rloo', 'alignment_coef':
     1.0, 'async_prefetch': False, 'bf16': 'auto', 'ce_coef': 0.0, 'check_interval': 10, 'context_length': 8,
@@ -141,6 +143,7 @@ AXOLOTL_VALUES: dict[str, Any] = {
     False, 'use_ray': False, 'use_vllm': False, 'use_whitening': False, 'val_set_size': 0.0, 'vllm_lora_sync':
     False, 'vllm_server_host': '0.0.0.0', 'vllm_server_port': 8000, 'weight_decay': 0.0
 }
+# fmt: on
 
 TRL_NO_VALUE = _names("""
 accelerator_config activation_checkpointing activation_checkpointing_kwargs attn_implementation bf16
@@ -155,6 +158,8 @@ output_dir pad_token parallelism_config resume_from_checkpoint router_aux_loss_c
 test_split_size tf32 torch_compile_backend torch_compile_mode torch_empty_cache_steps trackio_bucket_id
 trackio_space_id trackio_static_space_id
 """)
+# fmt: off
+# The same for TRL's.
 TRL_VALUES: dict[str, Any] = {
     'activation_offloading': False, 'adam_beta1': 0.9, 'adam_beta2': 0.999, 'adam_epsilon': 1e-08,
     'assistant_only_loss': False, 'auto_find_batch_size': False, 'average_tokens_across_devices': True,
@@ -183,6 +188,7 @@ TRL_VALUES: dict[str, Any] = {
     'use_dora': False, 'use_liger_kernel': False, 'use_peft': False, 'use_rslora': False, 'warmup_steps': 0,
     'weight_decay': 0.0
 }
+# fmt: on
 
 
 def schema_key(key: str, value: Any, tool: str, command: str) -> str:
