@@ -28,6 +28,8 @@ class PackConfig(FormatOptions):
 
     SECTIONS = (FILES, FORMAT, TOKENIZER, PACKING, EXAMPLES, WORK)  # the --help and README order
 
+    # fmt: off
+    # A table, one declaration an option (as TrainConfig's): ruff format would give every argument a line.
     inputs: list[str] = opt(kind=PATHS, cli=False, section=FILES, help="The data to pack (INPUT... of pack-data).")
     tokenizer: str = opt(kind=PATH, section=FILES, help=(
         "Tokenizer folder (tokenizer.json), or a Hugging Face Hub id such as meta-llama/Llama-2-7b-hf "
@@ -101,6 +103,7 @@ class PackConfig(FormatOptions):
         "Set the tokenizer's special token NAME (eos_token, bos_token, pad_token, ...) to TEXT, added to "
         "the vocabulary when missing (repeat it; Axolotl's special_tokens), e.g. eos_token=<|im_end|>."))
     progress: bool = opt(True, show_default=True, section=WORK, help="Progress bars on stderr.")
+    # fmt: on
 
     def format_options(self) -> FormatOptions:
         keys = FormatOptions.__dataclass_fields__

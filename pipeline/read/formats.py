@@ -82,6 +82,8 @@ class FormatOptions:
     """What the user asked for (the options of pack-data and pack-report that say how input rows
     become examples, each declared once); `None` fields are auto-detected."""
 
+    # fmt: off
+    # A table, one declaration an option (as PackConfig's): ruff format would give every argument a line.
     format: str = opt("auto", choices=FORMATS, flags=("--format", "fmt"), show_default=True, section=FORMAT, help=(
         "Input format; auto looks at column names: input_ids -> tokenized, messages -> chat, "
         "instruction/output, prompt/completion, question/answer -> instruction, text -> text."))
@@ -110,6 +112,7 @@ class FormatOptions:
     train_on_eos: str = opt("turn", choices=EOS_CHOICES, show_default=True, section=FORMAT, help=(
         "Chat data: which end-of-turn tokens carry loss: each trained turn's, only the last trained "
         "turn's, every turn's, or none (Axolotl's train_on_eos)."))
+    # fmt: on
 
 
 @dataclass
