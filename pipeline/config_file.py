@@ -52,7 +52,7 @@ from pipeline.config_yaml import (  # noqa: F401 - MAX_CONFIG_BYTES: the limit, 
 )
 from pipeline.errors import UserError
 from pipeline.foreign import config as foreign_config
-from pipeline.option_checks import Check, check_value
+from pipeline.option_checks import TEXT_MAP, Check, check_value
 
 
 def read_config_file(path: str | Path, command: click.Command, checks: dict[str, Check] | None = None,
@@ -198,6 +198,13 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
     if value is None:
         return None
     flag, many = _flag(param), getattr(param, "multiple", False) or param.nargs == -1
+    if check.kind == TEXT_MAP if check is not None else many and isinstance(value, dict):
+        # `special-token: {eos_token: ...}`, or its NAME=TEXT texts: the command's callback takes the
+        # mapping as it is (pipeline.cli._special_tokens)
+        if isinstance(value, list) and all(isinstance(v, str) and "=" in v for v in value):
+            value = {name.strip(): text for name, _, text in (v.partition("=") for v in value)}
+        check_value(flag, value, check or Check(TEXT_MAP))
+        return value
     if many and isinstance(value, str):
         value = [value]  # one INPUT
     if check is not None and check.comma_list and isinstance(value, list) and value and all(

@@ -273,7 +273,7 @@ def special_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     kept = {k: v for k, v in value.items() if k != "pad_token"}
     if not kept:
         raise NotUsed("a pad token only: rows hold no padding")
-    return {"special_tokens": [f"{k}={v}" for k, v in kept.items()]}
+    return {"special_tokens": kept}  # the form a config file gives --special-token (TEXT_MAP)
 
 
 def add_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:

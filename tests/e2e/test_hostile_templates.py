@@ -169,3 +169,25 @@ def test_tokens_pack_data_adds_grow_the_models_embeddings_in_pack_train(tmp_path
     line = error_line(cli("pack-train", "--data", "packed", "--model", tmp_path / "model", "--out", "run2",
                           "--max-steps", 1, "--device", "cpu", "--tokens-per-step", 256, cwd=tmp_path))
     assert "only embeds 4096" in line, line
+
+
+@pytest.mark.parametrize("spelling", ["mapping", "texts", "axolotl"])
+def test_special_tokens_from_a_config_file_are_recorded_like_the_flag(tmp_path: Path, spelling: str):
+    """`--config` with pack-data's `special-token` as a mapping or as its NAME=TEXT texts, or an
+    Axolotl file's `special_tokens` mapping (its pad token dropped: rows hold no padding): each packs,
+    and the manifest records the tokens as `--special-token eos_token=<|end|>` does. Both native
+    spellings were refused before ("takes a list" / "must be a mapping"), and with them every Axolotl
+    file naming an end-of-sequence token."""
+    if spelling == "axolotl":
+        text = ("base_model: m\nsequence_len: 256\nspecial_tokens:\n  pad_token: <|pad|>\n  eos_token: <|end|>\n"
+                "datasets:\n  - path: chat.jsonl\n    type: chat_template\n")
+    else:
+        value = "{eos_token: <|end|>}" if spelling == "mapping" else "['eos_token=<|end|>']"
+        text = f"special-token: {value}\n"
+    (tmp_path / "run.yaml").write_text(text)
+    proc = pack_chat(tmp_path, [CHAT] * 4, "--config", "run.yaml")
+    assert proc.returncode == 0, proc.stderr_text
+    assert read_manifest(tmp_path / "packed").tokenizer["special_tokens"] == {"eos_token": "<|end|>"}
+    flag = pack_chat(tmp_path, [CHAT] * 4, "--special-token", "eos_token=<|end|>", out="packed2")
+    assert flag.returncode == 0 and read_manifest(tmp_path / "packed2").tokenizer["special_tokens"] == {
+        "eos_token": "<|end|>"}
