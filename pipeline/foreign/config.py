@@ -141,6 +141,20 @@ def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 FROM_DATA = ("pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; "
              "pack-train resizes the embeddings to it")
 KERNEL = "a kernel of Axolotl's that computes the same: the loss here is chunked and exact, attention is --attn's"
+COMPILING = "how torch.compile runs changes no number: pack-train compiles each decoder layer (--compile)"
+
+
+def _use_fast(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value is True:
+        raise NotUsed("the tokenizer is tokenizer.json's fast one, as Axolotl's default")
+    raise refuse("tokenizer_use_fast", value, "pack-data reads tokenizer.json (the fast tokenizer); a slow one may "
+                                              "split the text otherwise: remove the key")
+
+
+def _use_tensorboard(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value is True:
+        return {"report_to": "tensorboard"}
+    raise NotUsed("false: no TensorBoard")
 # fmt: off
 # A table, a key a row or two: ruff format would give every argument of every Key(...) a line of its own.
 KEYS: tuple[Key, ...] = (
@@ -343,7 +357,18 @@ KEYS: tuple[Key, ...] = (
                                              "same); any other plugin is refused"), Unused("pack-train's")),
     *(Key(k, AXOLOTL, Unused(KERNEL), TRAIN_KEY) for k in (
         "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm", "liger_fused_linear_cross_entropy",
-        "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "cut_cross_entropy")),
+        "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "cut_cross_entropy", "flash_attn_rms_norm",
+        "flash_attn_fuse_mlp", "flash_attn_cross_entropy", "fused_attn_kernel")),
+    *(Key(k, AXOLOTL, Unused(COMPILING), TRAIN_KEY) for k in (
+        "torch_compile_mode", "torch_compile_backend", "flex_attn_compile_kwargs")),
+    Key("low_cpu_mem_usage", AXOLOTL, Unused("how the weights are loaded: the model computes the same"), TRAIN_KEY),
+    Key("tokenizer_use_fast", AXOLOTL, Map((), _use_fast, "true (Axolotl's default): not used, the tokenizer is "
+                                                         "tokenizer.json's fast one; false is refused"),
+        Map((), _use_fast, "the same")),
+    Key("use_tensorboard", AXOLOTL, Map(("report_to",), _use_tensorboard, "true: --report-to tensorboard"),
+        TRAIN_KEY),
+    *(Key(k, AXOLOTL, Unused("metrics go to metrics.jsonl and --report-to (tensorboard, wandb)"), TRAIN_KEY)
+      for k in ("use_swanlab", "use_otel_metrics")),
     Key("eval_sample_packing", AXOLOTL, Unused(PACKED), Unused(PACKED)),
     *(Key(k, AXOLOTL, Unused("pack-train evaluates the held-out loss (eval_loss, eval_ppl), without generating "
                              "samples or other metrics"), TRAIN_KEY)

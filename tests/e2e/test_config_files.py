@@ -405,3 +405,30 @@ def test_the_page_lists_every_mapped_key_as_the_code_maps_it():
     assert markdown_table() in page
     for key in KEYS:
         assert f"| `{key.name}` |" in page
+
+
+def test_axolotl_kernel_compile_and_logging_keys_are_named_or_mapped(tmp_path: Path):
+    """Keys of Axolotl 0.19.0's own examples that change no number here -- fused kernels
+    (flash_attn_rms_norm, flash_attn_fuse_mlp, fused_attn_kernel), how torch.compile runs
+    (torch_compile_mode, flex_attn_compile_kwargs), how weights load (low_cpu_mem_usage), metrics
+    loggers (use_swanlab, use_otel_metrics) -- are named as not used with why; use_tensorboard is
+    --report-to tensorboard; tokenizer_use_fast true is Axolotl's default, false is refused (a slow
+    tokenizer may split text otherwise). Control: an unknown key is still refused."""
+    base = ("base_model: m\nsequence_len: 256\nflash_attn_rms_norm: true\nflash_attn_fuse_mlp: true\n"
+            "fused_attn_kernel: true\ntorch_compile_mode: max-autotune\nflex_attn_compile_kwargs: {dynamic: false}\n"
+            "low_cpu_mem_usage: true\nuse_swanlab: true\nuse_otel_metrics: true\ntokenizer_use_fast: true\n")
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(base + "use_tensorboard: true\n")
+    mapping: list[str] = []
+    got = read_config_file(cfg, pack_train, foreign="pack-train", mapping=mapping)
+    assert got["report_to"] == "tensorboard"
+    said = "\n".join(mapping)
+    for key in ("flash_attn_rms_norm", "fused_attn_kernel", "torch_compile_mode", "low_cpu_mem_usage", "use_swanlab"):
+        assert f"{key}: " in said and "not used" in said.split(f"{key}: ", 1)[1].splitlines()[0], key
+    assert read_config_file(cfg, pack_data, foreign="pack-data") is not None
+    cfg.write_text(base.replace("tokenizer_use_fast: true", "tokenizer_use_fast: false"))
+    with pytest.raises(Exception, match="tokenizer_use_fast.*fast tokenizer"):
+        read_config_file(cfg, pack_data, foreign="pack-data")
+    cfg.write_text(base + "flash_attn_made_up_key: true\n")
+    with pytest.raises(Exception, match="flash_attn_made_up_key"):
+        read_config_file(cfg, pack_train, foreign="pack-train")
