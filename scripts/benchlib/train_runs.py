@@ -25,9 +25,22 @@ from .train_results import H100_BF16_TFLOPS, PathResult, finish_result, loss_tok
 # bench_train.py's defaults of the options `run_packed_pack_train` reads besides a run's own (model,
 # steps, warmup, max_len, ffd_tokens, workdir): a script that runs packlm paths without bench_train's
 # command line starts from these
-PACKED_RUN_DEFAULTS = dict(lr=1e-4, attn="auto", dtype="bf16", fp8_recipe="rowwise_with_gw_hp", compile=False,
-                           lora_r=0, grad_checkpointing=0, optimizer="adamw", activation_memory_budget=1.0,
-                           num_workers=2, profile_steps=0, profile_trace=None, peak_tflops=H100_BF16_TFLOPS, seed=0)
+PACKED_RUN_DEFAULTS = dict(
+    lr=1e-4,
+    attn="auto",
+    dtype="bf16",
+    fp8_recipe="rowwise_with_gw_hp",
+    compile=False,
+    lora_r=0,
+    grad_checkpointing=0,
+    optimizer="adamw",
+    activation_memory_budget=1.0,
+    num_workers=2,
+    profile_steps=0,
+    profile_trace=None,
+    peak_tflops=H100_BF16_TFLOPS,
+    seed=0,
+)
 
 
 @dataclass
@@ -53,8 +66,9 @@ def trace_path(a: argparse.Namespace, path: str) -> Path | None:
     return Path(a.profile_trace) / f"{path.replace('+', '_')}.json.gz"
 
 
-def plan_step_rows(folder: Path, tokens_per_step: int, seed: int, count: int, first: int = 0, *,
-                   world_size: int = 1, rank: int = 0) -> list[list[dict[str, np.ndarray]]]:
+def plan_step_rows(
+    folder: Path, tokens_per_step: int, seed: int, count: int, first: int = 0, *, world_size: int = 1, rank: int = 0
+) -> list[list[dict[str, np.ndarray]]]:
     """The rows of optimizer steps first..first+count-1 that rank `rank` of pack-train's
     `world_size` data-parallel ranks takes from `folder` (grad_accum 1), in its order: the same
     deterministic `trainer.data.stream.Planner` plan."""
@@ -70,8 +84,7 @@ def plan_step_rows(folder: Path, tokens_per_step: int, seed: int, count: int, fi
     return steps
 
 
-def step_seq_lens_of_plan(folder: Path, tokens_per_step: int, seed: int, first: int,
-                          count: int) -> tuple[np.ndarray, int]:
+def step_seq_lens_of_plan(folder: Path, tokens_per_step: int, seed: int, first: int, count: int) -> tuple[np.ndarray, int]:
     """Example lengths and real tokens of optimizer steps first..first+count-1 that pack-train takes
     (`plan_step_rows`)."""
     lens = [r["seq_lens"] for rows in plan_step_rows(folder, tokens_per_step, seed, count, first) for r in rows]
@@ -107,18 +120,34 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
     run_dir = Path(tempfile.mkdtemp(prefix=f"{path}-", dir=a.workdir))
     log_every = a.warmup if a.warmup > 0 else a.steps
     if a.profile_steps and (a.warmup + a.steps) % log_every:
-        raise ValueError("--profile-steps with pack-train paths: --steps must be a multiple of "
-                         "--warmup (the timed region then ends on a metrics line)")
+        raise ValueError(
+            "--profile-steps with pack-train paths: --steps must be a multiple of --warmup (the timed region then ends on a metrics line)"
+        )
     config = TrainConfig(
-        data=str(folder), model=a.model, out=str(run_dir), tokens_per_step=tokens_per_step,
-        grad_accum=1, lr=a.lr, warmup=0, schedule="constant", max_steps=a.warmup + a.steps + a.profile_steps,
-        attn=a.attn, dtype=packed_dtype(tunings, a.dtype), fp8_recipe=a.fp8_recipe, compile=a.compile,
+        data=str(folder),
+        model=a.model,
+        out=str(run_dir),
+        tokens_per_step=tokens_per_step,
+        grad_accum=1,
+        lr=a.lr,
+        warmup=0,
+        schedule="constant",
+        max_steps=a.warmup + a.steps + a.profile_steps,
+        attn=a.attn,
+        dtype=packed_dtype(tunings, a.dtype),
+        fp8_recipe=a.fp8_recipe,
+        compile=a.compile,
         qlora="qlora" in tunings,
-        seed=a.seed, log_every=log_every,
+        seed=a.seed,
+        log_every=log_every,
         profile_steps=f"{a.warmup + a.steps + 1}-{a.warmup + a.steps + a.profile_steps}" if a.profile_steps else None,
-        lora_r=a.lora_r, grad_checkpointing=a.grad_checkpointing, optimizer=a.optimizer,
+        lora_r=a.lora_r,
+        grad_checkpointing=a.grad_checkpointing,
+        optimizer=a.optimizer,
         activation_memory_budget=a.activation_memory_budget,
-        device=str(s.device), progress=False, num_workers=a.num_workers,
+        device=str(s.device),
+        progress=False,
+        num_workers=a.num_workers,
         peak_flops=a.peak_tflops * 1e12,
     )
     reset_cuda_peak(s.device)
@@ -127,39 +156,42 @@ def run_packed_pack_train(path: str, s: Setup) -> PathResult:
             summary = train(config)
     finally:
         free_memory(s.device)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     records = [rec for rec in records if rec["step"] <= a.warmup + a.steps]  # not the profiled ones
-    res, window_ms = timed_result(path, f"pack-train/{summary.get('attention')}", records, a.warmup, a.steps,
-                                  stopped_by_sigterm=bool(summary.get("stopped_by_sigterm")))
+    res, window_ms = timed_result(
+        path,
+        f"pack-train/{summary.get('attention')}",
+        records,
+        a.warmup,
+        a.steps,
+        stopped_by_sigterm=bool(summary.get("stopped_by_sigterm")),
+    )
     if a.profile_steps:  # pack-train --profile-steps wrote them (trainer.run.profiling)
         res.extra["profile"] = json.loads((run_dir / "profile" / "rank0.json").read_text())
         trace = trace_path(a, path)
         if trace is not None:
             shutil.copyfile(run_dir / "profile" / "rank0.trace.json.gz", trace)
     res.peak_gib = records[-1]["peak_mem_gib"] if s.device.type == "cuda" else None
-    lens, planned_tokens = step_seq_lens_of_plan(folder, tokens_per_step, a.seed, a.warmup,
-                                                 res.steps)
+    lens, planned_tokens = step_seq_lens_of_plan(folder, tokens_per_step, a.seed, a.warmup, res.steps)
     if planned_tokens != res.tokens:
-        res.note = "; ".join(filter(None, [
-            res.note, f"planned {planned_tokens} tokens but pack-train counted {res.tokens}"]))
+        res.note = "; ".join(filter(None, [res.note, f"planned {planned_tokens} tokens but pack-train counted {res.tokens}"]))
     res.examples = len(lens)
-    res.loss_tokens = loss_tokens_of([r["labels"] for rows in plan_step_rows(folder, tokens_per_step, a.seed,
-                                                                              res.steps, a.warmup) for r in rows])
+    res.loss_tokens = loss_tokens_of(
+        [r["labels"] for rows in plan_step_rows(folder, tokens_per_step, a.seed, res.steps, a.warmup) for r in rows]
+    )
     n_params = int(summary["params"])
     finish_result(res, shape=s.shape, lens=lens, peak_tflops=a.peak_tflops)
-    res.extra.update(n_params=n_params, tokens_per_step=tokens_per_step,
-                     pack_train_mfu_last=records[-1].get("mfu"), step_ms_per_metrics_window=window_ms)
+    res.extra.update(
+        n_params=n_params, tokens_per_step=tokens_per_step, pack_train_mfu_last=records[-1].get("mfu"), step_ms_per_metrics_window=window_ms
+    )
     shutil.rmtree(run_dir, ignore_errors=True)
     return res
 
 
-def finish_path(res: PathResult, lens: np.ndarray, s: Setup, *, path: str, runner: str,
-                 n_params: int) -> PathResult:
+def finish_path(res: PathResult, lens: np.ndarray, s: Setup, *, path: str, runner: str, n_params: int) -> PathResult:
     """Label a timed path and fill in peak memory, MFU and attention FLOPs."""
     res.path, res.runner = path, runner
     res.peak_gib = cuda_peak_gib(s.device)
     finish_result(res, shape=s.shape, lens=lens, peak_tflops=s.args.peak_tflops)
     res.extra["n_params"] = n_params
     return res
-

@@ -45,8 +45,7 @@ def model_config(preset: str, vocab_size: int | None) -> Any:
     return config
 
 
-def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int | None,
-                   seed: int) -> torch.nn.Module:
+def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int | None, seed: int) -> torch.nn.Module:
     """A plain HF causal LM with a stock attention implementation, fp32 weights, seeded init."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -54,13 +53,13 @@ def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int
     config = model_config(preset, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # drawn on the CPU like build_model: the same initial weights
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn,
-                                                 dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     return model.to(device).train()
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device,
-                   optimizer: str = "adamw", master_weights: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: torch.nn.Module, lr: float, device: torch.device, optimizer: str = "adamw", master_weights: bool = False
+) -> torch.optim.Optimizer:
     """AdamW, fused on CUDA, or torch's Adafactor (the same settings for every path).
     `master_weights`: AdamW as pack-train's --dtype bf16-weights runs it (`trainer.model.precision.MasterAdamW`,
     which turns the model's weights into bf16 and keeps their fp32 masters)."""
