@@ -46,6 +46,7 @@ from scripts.benchlib import (  # noqa: E402
     jsonable,
     load_source_examples,
     machine_summary,
+    pack_data_args,
     reset_cuda_peak,
     seeded_order,
     shared_dir,
@@ -53,6 +54,7 @@ from scripts.benchlib import (  # noqa: E402
     write_jsonl,
     write_text_output,
 )
+from scripts.benchlib.metrics_rates import parse_steps, timed_rate, window_rates  # noqa: E402
 from scripts.benchlib.train_runs import no_checkpoint_writes  # noqa: E402
 from trainer.config import GRAD_REDUCE  # noqa: E402
 
@@ -94,25 +96,10 @@ def prepare(args: argparse.Namespace, rank: int) -> Path:
     args.workdir.mkdir(parents=True, exist_ok=True)
     inputs = args.workdir / "examples.jsonl"
     write_jsonl(inputs, seeded_order(load_source_examples(args.shared, args.limit), args.seed))
-    argv = [
-        str(inputs),
-        "--tokenizer",
-        str(args.shared / LLAMA2),
-        "--max-len",
-        str(args.max_len),
-        "--out",
-        str(folder),
-        "--strategy",
-        "ffd",
-        "--seed",
-        str(args.seed),
-        "--overwrite",
-        "--no-progress",
-        "--eval-fraction",
-        str(args.eval_fraction),
-        "--num-proc",
-        str(args.pack_procs),
-    ]
+    argv = pack_data_args(
+        [inputs], folder, tokenizer=args.shared / LLAMA2, max_len=args.max_len, strategy="ffd", seed=args.seed, num_proc=args.pack_procs
+    )
+    argv += ["--eval-fraction", str(args.eval_fraction)]
     try:
         pack_data.main(args=argv, standalone_mode=False)
     except click.ClickException as exc:
@@ -304,50 +291,6 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
         "loss_curve": [(r["step"], r["loss"]) for r in rows],
         "profile": None,
     }
-
-
-def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:
-    """Tokens/s over the metrics.jsonl training lines whose log window starts after `warmup` steps.
-
-    A line at step s covers the steps since the previous line, at its mean `step_time_s`, and holds
-    the running token count: with lines at steps 10, 20, 30 and warmup 10, the windows 11-20 and 21-30
-    count; with lines at 25 and 50 and warmup 20, only 26-50 does (1-25 holds the compile).
-    """
-    seconds = tokens = 0.0
-    last_step, last_tokens = 0, 0
-    for r in rows:
-        if last_step >= warmup:
-            seconds += r["step_time_s"] * (r["step"] - last_step)
-            tokens += r["tokens"] - last_tokens
-        last_step, last_tokens = r["step"], r["tokens"]
-    return tokens / seconds if seconds else 0.0
-
-
-def parse_steps(spec: str | None) -> range:
-    """--profile-steps "16-17" -> range(16, 18) (pack-train's own parsing); None -> an empty range."""
-    if not spec:
-        return range(0)
-    from trainer.config import parse_step_range
-
-    first, last = parse_step_range(spec)
-    return range(first, last + 1)
-
-
-def window_rates(rows: Sequence[dict[str, Any]], warmup: int, profiled: range = range(0)) -> list[float]:
-    """Tokens/s of each log window that starts after `warmup`, leaving out windows with a profiled step.
-
-    The median of these is the steady rate: one slow window (a stall, the profiler) moves
-    `timed_rate` but not the median. Lines at steps 5, 10, 15, 20 with warmup 5 and step 17 profiled
-    give the rates of windows 6-10 and 11-15.
-    """
-    rates = []
-    last_step, last_tokens = 0, 0
-    for r in rows:
-        window = range(last_step + 1, r["step"] + 1)
-        if last_step >= warmup and not any(s in profiled for s in window) and r["step_time_s"] > 0:
-            rates.append((r["tokens"] - last_tokens) / (r["step_time_s"] * len(window)))
-        last_step, last_tokens = r["step"], r["tokens"]
-    return rates
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:

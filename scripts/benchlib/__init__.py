@@ -12,10 +12,11 @@ script.
 - `training`: devices, the Hugging Face baseline model, AdamW, autocast, right-padded batches.
 - imported by name, not from here (numpy, torch or the product at module level, or one benchmark's
   own): `train_steps`, `train_results`, `train_runs` (the training benchmarks' step loop, results and
-  pack-train runs), `pack_data_runs` (pack-data and its baselines in child processes), `trl_data` and
-  `trl_run` (bench_trl.py's examples for TRL, its TRL run), `ring_peer` and `ring_attention`
-  (ring-flash-attn's peer of pack-train --context-parallel, its attention), `sample_words`,
-  `sample_code` and `sample_text` (the sample data's templated text).
+  pack-train runs), `metrics_rates` (tokens/s from pack-train's metrics lines), `pack_data_runs`
+  (pack-data and its baselines in child processes), `trl_data` and `trl_run` (bench_trl.py's
+  examples for TRL, its TRL run), `ring_peer` and `ring_attention` (ring-flash-attn's peer of
+  pack-train --context-parallel, its attention), `sample_words`, `sample_code` and `sample_text`
+  (the sample data's templated text).
 
 Only the standard library is imported at module level by what this file re-exports:
 bench_pack_data.py times fresh processes that import it, and the GPU box has neither polars nor
