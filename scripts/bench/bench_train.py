@@ -94,7 +94,6 @@ from scripts.benchlib import (  # noqa: E402
     check_output,
     device_name,
     examples_by_id,
-    ffd_steps,
     free_memory,
     group_example_ids,
     jsonable,
@@ -121,7 +120,7 @@ from scripts.benchlib.train_results import (  # noqa: E402
     split_path,
     target_lines,
 )
-from scripts.benchlib.train_runs import Setup, finish_path, plan_step_rows, run_packed_pack_train, trace_path  # noqa: E402
+from scripts.benchlib.train_runs import Setup, finish_path, plan_step_rows, run_packed_path, trace_path  # noqa: E402
 from scripts.benchlib.train_steps import (  # noqa: E402
     flash_attn_available,
     hf_batches,
@@ -129,8 +128,6 @@ from scripts.benchlib.train_steps import (  # noqa: E402
     hf_lora,
     hf_row_batches,
     hf_step_fn,
-    packed_batches,
-    packed_step_fn,
     timed_loop,
 )
 
@@ -167,15 +164,6 @@ HF_ATTN = {
     "hf-ffd-flex": "flex_attention",
     "hf-ffd-fa2": "flash_attention_2",
 }
-
-
-# ------------------------------------------------------------------------------------- batching
-
-
-# ------------------------------------------------------------------------------------ accounting
-
-
-# ------------------------------------------------------------------------------------ step loop
 
 
 # ------------------------------------------------------------------------------------ the paths
@@ -247,50 +235,6 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
         del model, opt
         free_memory(s.device)
     return finish_path(res, lens, s, path=path, runner=f"hf/{attn}" + "".join(f"+{t}" for t in tunings), n_params=n_params)
-
-
-def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
-    """The micro-batches of a packlm path: minibatch groups, or ffd rows cut by --ffd-tokens."""
-    if split_path(path)[0] == "packlm-minibatch":
-        return s.groups
-    return ffd_steps(s.folders["ffd"], s.args.ffd_tokens)
-
-
-def run_packed_inline(path: str, s: Setup) -> PathResult:
-    """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
-    from trainer.model.load import build_model, compile_decoder_layers
-
-    a = s.args
-    if a.lora_r or a.grad_checkpointing or split_path(path)[1]:
-        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing / +bf16-weights: use --packed-runner pack-train")
-    reset_cuda_peak(s.device)
-    model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32, vocab_size=s.vocab_size, seed=a.seed)
-    model.train()
-    if a.compile:  # as pack-train --compile does
-        compile_decoder_layers(model)
-    opt = make_optimizer(model, a.lr, s.device, a.optimizer)
-    n_params = n_params_of(model)
-    try:
-        res, lens = timed_loop(
-            packed_batches(packed_step_rows(path, s), s.device),
-            packed_step_fn(model, opt, s.device, a.dtype, a.compile),
-            warmup=a.warmup,
-            steps=a.steps,
-            device=s.device,
-            profile_steps=a.profile_steps,
-            trace=trace_path(a, path),
-        )
-    finally:
-        del model, opt
-        free_memory(s.device)
-    return finish_path(res, lens, s, path=path, runner=f"inline/{backend}", n_params=n_params)
-
-
-def run_packed_path(path: str, s: Setup) -> PathResult:
-    """A packlm path through `pack-train`'s loop, or the equivalent inline loop."""
-    if s.args.packed_runner == "pack-train":
-        return run_packed_pack_train(path, s)
-    return run_packed_inline(path, s)
 
 
 # ------------------------------------------------------------------------------------- reporting

@@ -1,6 +1,7 @@
 """packlm paths through the product's own loop (`trainer.run.loop.train`, what `pack-train` runs),
-read back from its metrics.jsonl: the paths' shared setup, pack-train's own step plan (which rows a
-step takes), checkpoint writes patched out, and where a profile's trace goes."""
+read back from its metrics.jsonl, or through the equivalent inline loop in this process
+(`run_packed_inline`): the paths' shared setup, pack-train's own step plan (which rows a step
+takes), checkpoint writes patched out, and where a profile's trace goes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from pipeline.report.flops import ModelShape
 from pipeline.shards import iter_rows, read_manifest
 
 from .machine import cuda_peak_gib, free_memory, reset_cuda_peak
-from .train_results import H100_BF16_TFLOPS, PathResult, finish_result, loss_tokens_of, packed_dtype, split_path, timed_result
+from .packing import ffd_steps
+from .train_results import H100_BF16_TFLOPS, PathResult, finish_result, loss_tokens_of, n_params_of, packed_dtype, split_path, timed_result
+from .training import make_optimizer
 
 # bench_train.py's defaults of the options `run_packed_pack_train` reads besides a run's own (model,
 # steps, warmup, max_len, ffd_tokens, workdir): a script that runs packlm paths without bench_train's
@@ -195,3 +198,49 @@ def finish_path(res: PathResult, lens: np.ndarray, s: Setup, *, path: str, runne
     finish_result(res, shape=s.shape, lens=lens, peak_tflops=s.args.peak_tflops)
     res.extra["n_params"] = n_params
     return res
+
+
+def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
+    """The micro-batches of a packlm path: minibatch groups, or ffd rows cut by --ffd-tokens."""
+    if split_path(path)[0] == "packlm-minibatch":
+        return s.groups
+    return ffd_steps(s.folders["ffd"], s.args.ffd_tokens)
+
+
+def run_packed_inline(path: str, s: Setup) -> PathResult:
+    """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
+    from trainer.model.load import build_model, compile_decoder_layers
+
+    from .train_steps import packed_batches, packed_step_fn, timed_loop
+
+    a = s.args
+    if a.lora_r or a.grad_checkpointing or split_path(path)[1]:
+        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing / +bf16-weights: use --packed-runner pack-train")
+    reset_cuda_peak(s.device)
+    model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32, vocab_size=s.vocab_size, seed=a.seed)
+    model.train()
+    if a.compile:  # as pack-train --compile does
+        compile_decoder_layers(model)
+    opt = make_optimizer(model, a.lr, s.device, a.optimizer)
+    n_params = n_params_of(model)
+    try:
+        res, lens = timed_loop(
+            packed_batches(packed_step_rows(path, s), s.device),
+            packed_step_fn(model, opt, s.device, a.dtype, a.compile),
+            warmup=a.warmup,
+            steps=a.steps,
+            device=s.device,
+            profile_steps=a.profile_steps,
+            trace=trace_path(a, path),
+        )
+    finally:
+        del model, opt
+        free_memory(s.device)
+    return finish_path(res, lens, s, path=path, runner=f"inline/{backend}", n_params=n_params)
+
+
+def run_packed_path(path: str, s: Setup) -> PathResult:
+    """A packlm path through `pack-train`'s loop, or the equivalent inline loop."""
+    if s.args.packed_runner == "pack-train":
+        return run_packed_pack_train(path, s)
+    return run_packed_inline(path, s)
