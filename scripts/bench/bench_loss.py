@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
+from pipeline.shards import iter_rows, read_manifest  # noqa: E402
 from scripts.benchlib import (  # noqa: E402
     AUTO_DEVICE,
     LLAMA2,
@@ -73,6 +73,7 @@ from scripts.benchlib import (  # noqa: E402
     ffd_steps,
     free_memory,
     group_example_ids,
+    heldout_loss,
     jsonable,
     load_source_examples,
     machine_summary,
@@ -275,33 +276,6 @@ def train_method(
     del model, opt
     free_memory(device)
     return res
-
-
-@torch.no_grad()
-def heldout_loss(
-    model: torch.nn.Module, examples: Sequence[dict[str, np.ndarray]], pad_id: int, device: torch.device, dtype: str, batch_size: int = 32
-) -> float:
-    """Mean token loss over all held-out loss tokens: padded batches, `sdpa` attention, the same
-    code for every method (a packlm model is switched to sdpa first)."""
-    try:
-        model.set_attn_implementation("sdpa")
-    except (AttributeError, ValueError, KeyError, ImportError):  # older transformers
-        model.config._attn_implementation = "sdpa"
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(examples), batch_size):
-        batch = to_device(pad_collate(examples[start : start + batch_size], pad_id), device)
-        labels = batch.pop("labels")
-        with autocast_ctx(device, dtype):
-            logits = model(**batch).logits
-        targets = labels[:, 1:]
-        ce = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        total += float(ce)
-        count += int((targets != IGNORE_INDEX).sum())
-    model.train()
-    return total / max(count, 1)
 
 
 # ------------------------------------------------------------------------------------- reporting

@@ -9,7 +9,8 @@ script.
   line on a refused target or a full disk) and one-line argparse errors.
 - `args`: the options the benchmarks share (--model, --steps, --warmup, --json ...), declared once.
 - `packing`: pack-data jobs and the packed folders they write, read back as groups, examples, steps.
-- `training`: devices, the Hugging Face baseline model, AdamW, autocast, right-padded batches.
+- `training`: devices, the Hugging Face baseline model, AdamW, autocast, right-padded batches, a
+  held-out loss over them.
 - imported by name, not from here (numpy, torch or the product at module level, or one benchmark's
   own): `train_steps`, `train_results`, `train_runs` (the training benchmarks' step loop, results and
   pack-train runs), `metrics_rates` (tokens/s from pack-train's metrics lines), `pack_data_runs`
@@ -57,6 +58,7 @@ from .training import (
     autocast_ctx,
     build_hf_model,
     flop_rates,
+    heldout_loss,
     make_optimizer,
     model_config,
     optimizer_step,
@@ -90,6 +92,7 @@ __all__ = [
     "flop_rates",
     "free_memory",
     "group_example_ids",
+    "heldout_loss",
     "jsonable",
     "load_source_examples",
     "machine_summary",
