@@ -102,11 +102,15 @@ def _saved(args: argparse.Namespace, n_layers: int, budget: float | None) -> tup
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_bench_args(p, model=("llama-8b", "packlm preset whose layer shape is measured"),
-                      lora_r=(16, "LoRA rank on every linear layer (0: full fine-tune)"))
+    add_bench_args(
+        p,
+        model=("llama-8b", "packlm preset whose layer shape is measured"),
+        lora_r=(16, "LoRA rank on every linear layer (0: full fine-tune)"),
+    )
     p.add_argument("--tokens", type=int, default=256, help="tokens of the packed batch (four examples)")
-    p.add_argument("--budgets", default="eager,1,0.7,0.5",
-                   help="comma separated: 'eager' (no compile) or a compiled layer's activation memory budget")
+    p.add_argument(
+        "--budgets", default="eager,1,0.7,0.5", help="comma separated: 'eager' (no compile) or a compiled layer's activation memory budget"
+    )
     p.add_argument("--project-tokens", type=int, default=16384, help="micro-batch of the projection")
     p.add_argument("--tile-mlp", type=int, default=0, help="the MLP in tiles of this many tokens (0: whole)")
     args = p.parse_args(argv)
@@ -114,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
 
     config = preset_config(args.model)
     hidden_bytes = 2 * config.hidden_size  # one bf16 hidden-size vector
-    print(f"# {args.model} layer (hidden {config.hidden_size}, MLP {config.intermediate_size}), LoRA r{args.lora_r}, "
-          f"{args.tokens} tokens, bf16 autocast{f', MLP in tiles of {args.tile_mlp}' if args.tile_mlp else ''}, "
-          f"torch {torch.__version__}")
+    print(
+        f"# {args.model} layer (hidden {config.hidden_size}, MLP {config.intermediate_size}), LoRA r{args.lora_r}, "
+        f"{args.tokens} tokens, bf16 autocast{f', MLP in tiles of {args.tile_mlp}' if args.tile_mlp else ''}, "
+        f"torch {torch.__version__}"
+    )
     for entry in args.budgets.split(","):
         budget = None if entry == "eager" else float(entry)
         t0 = time.perf_counter()
@@ -124,10 +130,12 @@ def main(argv: list[str] | None = None) -> None:
         # recomputed layers (with tiles) hold one layer's set at a time; otherwise every layer keeps its own
         layers = 1 if args.tile_mlp else config.num_hidden_layers
         project = per_token * args.project_tokens * layers / 2**30
-        print(f"{'eager' if budget is None else f'compiled, budget {budget:g}'}: {per_token:,.0f} bytes per token "
-              f"per layer ({per_token / hidden_bytes:.1f} bf16 hidden vectors); {args.project_tokens} tokens x "
-              f"{layers} layer{'s' if layers > 1 else ' (recomputed)'}: {project:.1f} GiB "
-              f"({time.perf_counter() - t0:.0f} s)")
+        print(
+            f"{'eager' if budget is None else f'compiled, budget {budget:g}'}: {per_token:,.0f} bytes per token "
+            f"per layer ({per_token / hidden_bytes:.1f} bf16 hidden vectors); {args.project_tokens} tokens x "
+            f"{layers} layer{'s' if layers > 1 else ' (recomputed)'}: {project:.1f} GiB "
+            f"({time.perf_counter() - t0:.0f} s)"
+        )
         for (dtype, shape), b in sorted(kinds.items(), key=lambda x: -x[1])[:8]:
             print(f"  {b:9,.0f} B/token  {dtype} {list(shape)}")
 

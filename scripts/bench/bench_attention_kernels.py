@@ -93,8 +93,7 @@ def run_case(kernel: str, tokens: int, examples: int, reps: int, seed: int, warm
 
     pairs = causal_pairs(lengths)
     fwd_flops = 4 * HQ * D * pairs
-    result = {"kernel": kernel, "tokens": tokens, "examples": examples, "example_len": length,
-              "causal_pairs": pairs, "ok": False}
+    result = {"kernel": kernel, "tokens": tokens, "examples": examples, "example_len": length, "causal_pairs": pairs, "ok": False}
     try:
         with torch.no_grad():
             fwd_ms = timed(forward, reps, warm)
@@ -104,10 +103,16 @@ def run_case(kernel: str, tokens: int, examples: int, reps: int, seed: int, warm
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         fb_ms = timed(forward_backward, reps, warm=False)
-        result.update(ok=True, fwd_ms=fwd_ms, fwd_bwd_ms=fb_ms, bwd_ms=fb_ms - fwd_ms,
-                      fwd_tflops=fwd_flops / fwd_ms / 1e9, fwd_bwd_tflops=3 * fwd_flops / fb_ms / 1e9,
-                      bwd_tflops=2 * fwd_flops / max(fb_ms - fwd_ms, 1e-9) / 1e9,
-                      extra_peak_gib=(torch.cuda.max_memory_allocated() - base) / 2**30)
+        result.update(
+            ok=True,
+            fwd_ms=fwd_ms,
+            fwd_bwd_ms=fb_ms,
+            bwd_ms=fb_ms - fwd_ms,
+            fwd_tflops=fwd_flops / fwd_ms / 1e9,
+            fwd_bwd_tflops=3 * fwd_flops / fb_ms / 1e9,
+            bwd_tflops=2 * fwd_flops / max(fb_ms - fwd_ms, 1e-9) / 1e9,
+            extra_peak_gib=(torch.cuda.max_memory_allocated() - base) / 2**30,
+        )
     except Exception as exc:  # noqa: BLE001 - one failing kernel must not lose the others
         result["note"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     finally:
@@ -122,15 +127,17 @@ def main() -> None:
     p.add_argument("--examples", default="1", help="examples per row, comma-separated (each case runs every one)")
     p.add_argument("--kernels", default="fa4,flash_attn,torch,cudnn")
     p.add_argument("--reps", type=int, default=5, help="timed calls per case (rows of 1M tokens: 1 is enough)")
-    p.add_argument("--max-reps-tokens", type=int, default=262144,
-                   help="rows longer than this are timed with one call")
+    p.add_argument("--max-reps-tokens", type=int, default=262144, help="rows longer than this are timed with one call")
     add_bench_args(p, seed=0, json=None)
     args = p.parse_args()
     if args.json:
         check_output(args.json, "--json")
     results = []
-    header = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bf16"}}
+    header = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bf16"},
+    }
     for tokens in (int(x) for x in args.lengths.split(",")):
         for examples in (int(x) for x in args.examples.split(",")):
             for kernel in args.kernels.split(","):
@@ -138,10 +145,13 @@ def main() -> None:
                 res = run_case(kernel, tokens, examples, args.reps if short else 1, args.seed, warm=short)
                 results.append(res)
                 if res["ok"]:
-                    print(f"[{kernel}] T={tokens:,} x{examples}: fwd {res['fwd_ms']:.1f} ms "
-                          f"({res['fwd_tflops']:.0f} TFLOP/s), fwd+bwd {res['fwd_bwd_ms']:.1f} ms "
-                          f"({res['fwd_bwd_tflops']:.0f} TFLOP/s; bwd {res['bwd_tflops']:.0f}), "
-                          f"+{res['extra_peak_gib']:.2f} GiB", flush=True)
+                    print(
+                        f"[{kernel}] T={tokens:,} x{examples}: fwd {res['fwd_ms']:.1f} ms "
+                        f"({res['fwd_tflops']:.0f} TFLOP/s), fwd+bwd {res['fwd_bwd_ms']:.1f} ms "
+                        f"({res['fwd_bwd_tflops']:.0f} TFLOP/s; bwd {res['bwd_tflops']:.0f}), "
+                        f"+{res['extra_peak_gib']:.2f} GiB",
+                        flush=True,
+                    )
                 else:
                     print(f"[{kernel}] T={tokens:,} x{examples}: FAILED {res.get('note')}", flush=True)
                 if args.json:

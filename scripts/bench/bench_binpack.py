@@ -117,8 +117,7 @@ def run_axolotl(lengths: np.ndarray, max_len: int) -> dict:
     pack_group(lens32[:64], 0, max_len, 64, 200, True)  # compile its numba kernel before timing
     # Axolotl's trainer defaults: sample_packing_group_size=100_000, sample_packing_bin_size=200;
     # num_processes left to pack_parallel (min(n // group_size, cpu_count, 16) worker processes)
-    dt, packed = timed(lambda: pack_parallel(lens32, bin_capacity=max_len, group_size=100_000,
-                                             bin_size=200))
+    dt, packed = timed(lambda: pack_parallel(lens32, bin_capacity=max_len, group_size=100_000, bin_size=200))
     placed = sum(len(b) for b in packed)
     assert placed == lengths.size, f"Axolotl placed {placed} of {lengths.size} examples"
     return {"seconds": dt, "bins": len(packed), "mem_mb": None}
@@ -148,9 +147,7 @@ def fmt_row(cells: list[str], widths: list[int]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="20k and 100k examples, TRL on 20k only")
     ap.add_argument("--sizes", default=None, help="comma-separated example counts (default 1M,10M)")
     ap.add_argument("--max-lens", default="8192,2048")
@@ -178,10 +175,7 @@ def main() -> None:
     print(f"numpy {np.__version__}, numba {numba.__version__}, python {platform.python_version()}")
 
     base, source = base_lengths()
-    print(
-        f"lengths: {source}: mean {base.mean():.1f}, median {np.median(base):.0f}, "
-        f"max {base.max()}"
-    )
+    print(f"lengths: {source}: mean {base.mean():.1f}, median {np.median(base):.0f}, max {base.max()}")
 
     # cold numba compile of every strategy (int64 lengths), reported apart from the timings
     tiny = np.array([3, 5, 2, 7, 1], dtype=np.int64)
@@ -257,10 +251,7 @@ def main() -> None:
             r = same[0] if same else max(theirs, key=lambda r: r["n"])
             ratio = (ours["n"] / ours["seconds"]) / (r["n"] / r["seconds"])
             note = "" if same else f" (baseline measured on n={r['n']:,} only)"
-            print(
-                f"ffd vs {name}, n={ours['n']:,}, max_len={ours['max_len']}: "
-                f"{ratio:,.0f}x the sequences/s{note}"
-            )
+            print(f"ffd vs {name}, n={ours['n']:,}, max_len={ours['max_len']}: {ratio:,.0f}x the sequences/s{note}")
     print(f"load average at end {os.getloadavg()}")
 
 

@@ -73,8 +73,15 @@ def check(json_path: str | None) -> None:
     results = {}
     for kernel, dtype in (("flash_attn", torch.bfloat16), ("sdpa", torch.float32)):
         torch.manual_seed(0)
-        config = LlamaConfig(hidden_size=4096, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=8,
-                             intermediate_size=14336, vocab_size=32000, rope_theta=500000.0)
+        config = LlamaConfig(
+            hidden_size=4096,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+            vocab_size=32000,
+            rope_theta=500000.0,
+        )
         model = LlamaForCausalLM(config).to(device)
         prepare(model, kernel, device, layout.groups)
         found = []
@@ -98,13 +105,11 @@ def check(json_path: str | None) -> None:
             found.append(((sums / counts).cpu(), grads))
         (want, want_g), (got, got_g) = found
         grad = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(got_g, want_g))
-        results[kernel] = {"dtype": str(dtype), "loss_rel_max": float(((got - want).abs() / want.abs()).max()),
-                           "grad_rel_norm_max": grad}
+        results[kernel] = {"dtype": str(dtype), "loss_rel_max": float(((got - want).abs() / want.abs()).max()), "grad_rel_norm_max": grad}
         del model
         torch.cuda.empty_cache()
     if rank == 0:
-        payload = {"world": world, "lengths": lengths.tolist(), "device": torch.cuda.get_device_name(device),
-                   "results": results}
+        payload = {"world": world, "lengths": lengths.tolist(), "device": torch.cuda.get_device_name(device), "results": results}
         print(json.dumps(payload, indent=1))
         if json_path:
             write_text_output(json_path, json.dumps(payload, indent=1))
@@ -117,24 +122,32 @@ def report(runs: list[str], json_path: str | None, warmup: int = 1) -> None:
     for run in map(Path, runs):
         config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
-            if (run / "metrics.jsonl").exists() else []
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
         steps = [r for r in rows if r.get("tokens_per_s") is not None and r.get("step", 0) > warmup]
         world = summary.get("world_size") or config.get("world_size") or 1
         rate = statistics.median(r["tokens_per_s"] for r in steps) if steps else None
-        records.append({
-            "run": run.name, "steps": summary.get("steps"), "world_size": world,
-            "context_parallel": config.get("context_parallel", 1), "tokens_per_step": config.get("tokens_per_step"),
-            "tokens_per_s": rate, "tokens_per_s_per_gpu": rate / world if rate else None,
-            # pack-train's FLOP rates (pipeline.report.flops: causal attention from the examples'
-            # lengths, each rank its share of the row), medians over the same steps
-            **{key: statistics.median(r[key] for r in steps) if steps and all(r.get(key) is not None for r in steps)
-               else None for key in ("tflops", "mfu", "hfu", "attn_flop_share")},
-            # pack-train's own count over the whole run, the first step (start-up effects) included
-            "whole_run_tokens_per_s": summary.get("tokens_per_s"),
-            "peak_mem_gib": max((r.get("peak_mem_gib") or 0 for r in rows), default=None),
-            "final_loss": summary.get("final_loss"), "completed": bool(summary),
-        })
+        records.append(
+            {
+                "run": run.name,
+                "steps": summary.get("steps"),
+                "world_size": world,
+                "context_parallel": config.get("context_parallel", 1),
+                "tokens_per_step": config.get("tokens_per_step"),
+                "tokens_per_s": rate,
+                "tokens_per_s_per_gpu": rate / world if rate else None,
+                # pack-train's FLOP rates (pipeline.report.flops: causal attention from the examples'
+                # lengths, each rank its share of the row), medians over the same steps
+                **{
+                    key: statistics.median(r[key] for r in steps) if steps and all(r.get(key) is not None for r in steps) else None
+                    for key in ("tflops", "mfu", "hfu", "attn_flop_share")
+                },
+                # pack-train's own count over the whole run, the first step (start-up effects) included
+                "whole_run_tokens_per_s": summary.get("tokens_per_s"),
+                "peak_mem_gib": max((r.get("peak_mem_gib") or 0 for r in rows), default=None),
+                "final_loss": summary.get("final_loss"),
+                "completed": bool(summary),
+            }
+        )
     print(json.dumps(records, indent=1))
     if json_path:
         write_text_output(json_path, json.dumps(records, indent=1))
@@ -155,8 +168,7 @@ def main() -> None:
     add_bench_args(reported, json=str, warmup=(1, "steps left out of the rate"))
     peer = sub.add_parser("peer", help="ring-flash-attn's HF adapter on the same rows (under torchrun)")
     peer.add_argument("--data", required=True, help="a packed folder (one made by `data`)")
-    add_bench_args(peer, model="llama-8b", lora_r=16, steps=(3, "timed steps, after --warmup"), warmup=2, lr=1e-4,
-                         seed=0)
+    add_bench_args(peer, model="llama-8b", lora_r=16, steps=(3, "timed steps, after --warmup"), warmup=2, lr=1e-4, seed=0)
     peer.add_argument("--heads-k-stride", type=int, default=1, help="kv heads per all-gather in the ring")
     peer.add_argument("--fake-ring", action="store_true", help="CPU, gloo, exact reference attention")
     add_bench_args(peer, json=str)
@@ -172,8 +184,18 @@ def main() -> None:
     elif args.command == "peer":
         from scripts.benchlib.ring_peer import peer_main
 
-        peer_main(args.data, preset=args.model, lora_r=args.lora_r, steps=args.steps, warmup=args.warmup, lr=args.lr,
-                  seed=args.seed, fake=args.fake_ring, heads_k_stride=args.heads_k_stride, json_path=args.json)
+        peer_main(
+            args.data,
+            preset=args.model,
+            lora_r=args.lora_r,
+            steps=args.steps,
+            warmup=args.warmup,
+            lr=args.lr,
+            seed=args.seed,
+            fake=args.fake_ring,
+            heads_k_stride=args.heads_k_stride,
+            json_path=args.json,
+        )
     else:
         report(args.runs, args.json, args.warmup)
 

@@ -60,7 +60,8 @@ def variant_config(name: str) -> Any:
         cast_config_weight_for_grad_input=CastConfig(scaling_granularity=ScalingGranularity.TENSORWISE),
         cast_config_input_for_grad_weight=CastConfig(scaling_type=ScalingType.DISABLED),
         cast_config_grad_output_for_grad_weight=CastConfig(scaling_type=ScalingType.DISABLED, target_dtype=e4m3_dtype),
-        round_scales_to_power_of_2=True, pad_inner_dim=True,
+        round_scales_to_power_of_2=True,
+        pad_inner_dim=True,
     )
 
 
@@ -91,8 +92,7 @@ def build(args: argparse.Namespace, recipe: str, device: torch.device) -> torch.
 
         layers = {id(m) for layer in decoder_layers(model) for m in layer.modules()}
         config8 = fp8_config(recipe) if recipe in RECIPES else variant_config(recipe)
-        convert_to_float8_training(model, config=config8,
-                                   module_filter_fn=lambda m, name: id(m) in layers and convertible(m))
+        convert_to_float8_training(model, config=config8, module_filter_fn=lambda m, name: id(m) in layers and convertible(m))
     compile_decoder_layers(model)
     return model.model  # the decoder: no output head, no loss
 
@@ -128,10 +128,15 @@ def run_entry(args: argparse.Namespace, recipe: str, device: torch.device) -> di
         torch.cuda.synchronize(device)
     summary = profile_summary(prof, 3 * args.layers, device, top=args.top)
     median = statistics.median(times)
-    result = {"recipe": recipe, "first_iteration_s": first_s, "ms_per_iteration": times,
-              "median_ms": median, "ms_per_layer": median / args.layers,
-              "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-              "profile_per_layer": summary}
+    result = {
+        "recipe": recipe,
+        "first_iteration_s": first_s,
+        "ms_per_iteration": times,
+        "median_ms": median,
+        "ms_per_layer": median / args.layers,
+        "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "profile_per_layer": summary,
+    }
     del decoder
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -162,8 +167,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["x_bf16"] = base["ms_per_layer"] / r["ms_per_layer"]
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["profile_per_layer"]["ms_per_step_by_kind"].items())
         print(f"{r['recipe']:<22}{r['ms_per_layer']:>10.3f}{r['x_bf16']:>8.3f}  {kinds}")
-    report = {"config": vars(args), "machine": machine_summary(), "device_name": device_name(device),
-              "torch": torch.__version__, "results": results}
+    report = {
+        "config": vars(args),
+        "machine": machine_summary(),
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "results": results,
+    }
     if args.json:
         write_json(args.json, report)
     return report

@@ -72,8 +72,15 @@ def main() -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--compile", action="store_true")
     add_bench_args(p, lora_r=0)
-    p.add_argument("--grad-checkpointing", nargs="?", const=1, default=0, type=int, metavar="N",
-                   help="recompute every Nth decoder layer (alone: every layer)")
+    p.add_argument(
+        "--grad-checkpointing",
+        nargs="?",
+        const=1,
+        default=0,
+        type=int,
+        metavar="N",
+        help="recompute every Nth decoder layer (alone: every layer)",
+    )
     add_bench_args(p, peak_tflops=H100_BF16_TFLOPS, seed=0, json=None)
     args = p.parse_args()
     if args.json:
@@ -88,18 +95,38 @@ def main() -> None:
     vocab = len(load_tokenizer(str(tokenizer)))
     lens = make_examples(work / "long.arrow", args.examples, args.min_len, args.max_example_len, args.seed, vocab)
     folder = work / "ffd"
-    run_pack_data(PackConfig(inputs=[str(work / "long.arrow")], tokenizer=str(tokenizer),
-                             max_len=args.max_len, out=str(folder), strategy="ffd", progress=False))
+    run_pack_data(
+        PackConfig(
+            inputs=[str(work / "long.arrow")],
+            tokenizer=str(tokenizer),
+            max_len=args.max_len,
+            out=str(folder),
+            strategy="ffd",
+            progress=False,
+        )
+    )
     config = model_config(args.model, vocab)
     train_args = SimpleNamespace(**PACKED_RUN_DEFAULTS)  # bench_train's defaults for what this script does not set
     vars(train_args).update(
-        warmup=args.warmup, steps=args.steps, max_len=args.max_len, ffd_tokens=args.tokens_per_step or args.max_len,
-        model=args.model, dtype=args.dtype, compile=args.compile, seed=args.seed, num_workers=2,
-        lora_r=args.lora_r, grad_checkpointing=args.grad_checkpointing,
-        peak_tflops=args.peak_tflops, workdir=work)
+        warmup=args.warmup,
+        steps=args.steps,
+        max_len=args.max_len,
+        ffd_tokens=args.tokens_per_step or args.max_len,
+        model=args.model,
+        dtype=args.dtype,
+        compile=args.compile,
+        seed=args.seed,
+        num_workers=2,
+        lora_r=args.lora_r,
+        grad_checkpointing=args.grad_checkpointing,
+        peak_tflops=args.peak_tflops,
+        workdir=work,
+    )
     setup = SimpleNamespace(args=train_args, device=device, folders={"ffd": folder}, shape=flop_shape(config))
-    print(f"# bench_long: {args.examples} examples of {args.min_len}-{args.max_example_len} tokens "
-          f"(mean {lens.mean():.0f}), rows of {args.max_len}, model {args.model}, {device_name(device)}")
+    print(
+        f"# bench_long: {args.examples} examples of {args.min_len}-{args.max_example_len} tokens "
+        f"(mean {lens.mean():.0f}), rows of {args.max_len}, model {args.model}, {device_name(device)}"
+    )
     results: list[PathResult] = []
     for backend in args.backends.split(","):
         train_args.attn = backend
@@ -109,14 +136,25 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - one failing backend must not lose the others
             res = PathResult(path=backend, runner="", ok=False, note=f"{type(exc).__name__}: {str(exc)[:160]}")
         results.append(res)
-        print(f"[{backend}] {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step, MFU {res.mfu:.1%} "
-              f"({res.tflops:,.1f} TFLOP/s; attention {res.attn_share:.0%} of the FLOPs), "
-              f"peak {res.peak_gib} GiB, loss {res.final_loss}, runner {res.runner}"
-              + ("" if res.ok and not res.note else f" NOTE {res.note}"), flush=True)
+        print(
+            f"[{backend}] {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step, MFU {res.mfu:.1%} "
+            f"({res.tflops:,.1f} TFLOP/s; attention {res.attn_share:.0%} of the FLOPs), "
+            f"peak {res.peak_gib} GiB, loss {res.final_loss}, runner {res.runner}"
+            + ("" if res.ok and not res.note else f" NOTE {res.note}"),
+            flush=True,
+        )
     if args.json:
-        write_json(args.json, {"config": {k: str(v) for k, v in vars(args).items()}, "machine": machine_summary(),
-                               "device_name": device_name(device), "torch": torch.__version__,
-                               "mean_example_tokens": float(lens.mean()), "results": [asdict(r) for r in results]})
+        write_json(
+            args.json,
+            {
+                "config": {k: str(v) for k, v in vars(args).items()},
+                "machine": machine_summary(),
+                "device_name": device_name(device),
+                "torch": torch.__version__,
+                "mean_example_tokens": float(lens.mean()),
+                "results": [asdict(r) for r in results],
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from pipeline.shards import IGNORE_INDEX, iter_rows, read_manifest  # noqa: E402
+from pipeline.shards import iter_rows, read_manifest  # noqa: E402
 from scripts.benchlib import (  # noqa: E402
     AUTO_DEVICE,
     LLAMA2,
@@ -73,6 +73,7 @@ from scripts.benchlib import (  # noqa: E402
     ffd_steps,
     free_memory,
     group_example_ids,
+    heldout_loss,
     jsonable,
     load_source_examples,
     machine_summary,
@@ -113,12 +114,17 @@ def prepare(args: argparse.Namespace, shared: Path) -> dict[str, Path]:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = args.tokenizer or shared / LLAMA2
-    stamp = {"limit": args.limit, "seed": args.seed, "holdout": args.holdout,
-             "tokenizer": str(tokenizer), "shared": str(shared.resolve()), "max_len": args.max_len}
+    stamp = {
+        "limit": args.limit,
+        "seed": args.seed,
+        "holdout": args.holdout,
+        "tokenizer": str(tokenizer),
+        "shared": str(shared.resolve()),
+        "max_len": args.max_len,
+    }
     train_file, held_file = work / "train.jsonl", work / "heldout.jsonl"
     stamp_file = work / "split.stamp.json"
-    if not (train_file.is_file() and held_file.is_file() and stamp_file.is_file()
-            and json.loads(stamp_file.read_text()) == stamp):
+    if not (train_file.is_file() and held_file.is_file() and stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp):
         records = seeded_order(load_source_examples(shared, args.limit), args.seed)
         train, held = split_records(records, args.holdout)
         write_jsonl(train_file, train)
@@ -127,12 +133,13 @@ def prepare(args: argparse.Namespace, shared: Path) -> dict[str, Path]:
     need = sorted(({m.removesuffix(BF16_WEIGHTS) for m in args.methods} - {"ffd-full"}) | {"minibatch", "pad"})
     jobs = [PackJob([train_file], work / f"train-{s}", s, {**stamp, "strategy": s}) for s in need]
     if any(m.startswith("ffd-full") for m in args.methods):
-        jobs.append(PackJob([train_file], work / "train-ffd-full", "ffd",
-                            {**stamp, "strategy": "ffd", "max_len": args.full_len}, max_len=args.full_len))
-    jobs.append(PackJob([held_file], work / "heldout-pad", "pad",
-                        {**stamp, "strategy": "pad", "split": "heldout"}))
-    run_pack_jobs(jobs, tokenizer=tokenizer, max_len=args.max_len, seed=args.seed,
-                  num_proc=args.pack_procs)
+        jobs.append(
+            PackJob(
+                [train_file], work / "train-ffd-full", "ffd", {**stamp, "strategy": "ffd", "max_len": args.full_len}, max_len=args.full_len
+            )
+        )
+    jobs.append(PackJob([held_file], work / "heldout-pad", "pad", {**stamp, "strategy": "pad", "split": "heldout"}))
+    run_pack_jobs(jobs, tokenizer=tokenizer, max_len=args.max_len, seed=args.seed, num_proc=args.pack_procs)
     folders = {job.out.name.removeprefix("train-"): job.out for job in jobs}
     folders["heldout"] = folders.pop("heldout-pad")
     return folders
@@ -148,8 +155,9 @@ class Step:
     tokens: int = 0
 
 
-def method_steps(method: str, folders: dict[str, Path], group: int, budget: int,
-                 examples: dict[int, dict[str, np.ndarray]] | None) -> list[Step]:
+def method_steps(
+    method: str, folders: dict[str, Path], group: int, budget: int, examples: dict[int, dict[str, np.ndarray]] | None
+) -> list[Step]:
     """The steps of one epoch of `method` (see the module docstring; a tuning changes none)."""
     method = method.removesuffix(BF16_WEIGHTS)
     if method in ("pad", "minibatch"):
@@ -157,9 +165,9 @@ def method_steps(method: str, folders: dict[str, Path], group: int, budget: int,
         for rows in minibatch_groups(folders["minibatch"], group):
             ids = group_example_ids(rows)
             tokens = sum(len(r["input_ids"]) for r in rows)
-            out.append(Step(rows=None if method == "pad" else rows,
-                            example_ids=ids if method == "pad" else None,
-                            examples=len(ids), tokens=tokens))
+            out.append(
+                Step(rows=None if method == "pad" else rows, example_ids=ids if method == "pad" else None, examples=len(ids), tokens=tokens)
+            )
         return out
     if method == "ffd-full":
         budget = read_manifest(folders[method]).max_len  # one full row per step
@@ -204,14 +212,20 @@ def build(method: str, args: argparse.Namespace, device: torch.device, vocab: in
         return build_hf_model(args.model, "sdpa", device, vocab, args.seed), "hf/sdpa"
     from trainer.model.load import build_model
 
-    model, backend = build_model(args.model, attn=args.attn, device=device, dtype=torch.float32,
-                                 vocab_size=vocab, seed=args.seed)
+    model, backend = build_model(args.model, attn=args.attn, device=device, dtype=torch.float32, vocab_size=vocab, seed=args.seed)
     return model, f"packlm/{backend}"
 
 
-def train_method(method: str, steps: list[Step], args: argparse.Namespace, device: torch.device,
-                 vocab: int, examples: dict[int, dict[str, np.ndarray]], pad_id: int,
-                 held: Sequence[dict[str, np.ndarray]]) -> MethodResult:
+def train_method(
+    method: str,
+    steps: list[Step],
+    args: argparse.Namespace,
+    device: torch.device,
+    vocab: int,
+    examples: dict[int, dict[str, np.ndarray]],
+    pad_id: int,
+    held: Sequence[dict[str, np.ndarray]],
+) -> MethodResult:
     """One epoch of `method` (with its tuning, if any), then its held-out loss (`heldout_loss`, with
     the fp32 masters as the weights under +bf16-weights)."""
     from trainer.data.batch import collate_rows
@@ -254,7 +268,7 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     res.curve = list(zip(seen, values))
     res.steps, res.examples = len(steps), n_seen
     res.tokens_per_s = res.tokens / res.wall_s if res.wall_s > 0 else 0.0
-    tail = values[-max(1, len(values) // 20):]
+    tail = values[-max(1, len(values) // 20) :]
     res.final_train_loss = float(np.mean(tail)) if tail else None
     res.peak_gib = cuda_peak_gib(device)
     with opt.full_precision() if isinstance(opt, MasterAdamW) else contextlib.nullcontext():
@@ -262,32 +276,6 @@ def train_method(method: str, steps: list[Step], args: argparse.Namespace, devic
     del model, opt
     free_memory(device)
     return res
-
-
-@torch.no_grad()
-def heldout_loss(model: torch.nn.Module, examples: Sequence[dict[str, np.ndarray]], pad_id: int,
-                 device: torch.device, dtype: str, batch_size: int = 32) -> float:
-    """Mean token loss over all held-out loss tokens: padded batches, `sdpa` attention, the same
-    code for every method (a packlm model is switched to sdpa first)."""
-    try:
-        model.set_attn_implementation("sdpa")
-    except (AttributeError, ValueError, KeyError, ImportError):  # older transformers
-        model.config._attn_implementation = "sdpa"
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(examples), batch_size):
-        batch = to_device(pad_collate(examples[start : start + batch_size], pad_id), device)
-        labels = batch.pop("labels")
-        with autocast_ctx(device, dtype):
-            logits = model(**batch).logits
-        targets = labels[:, 1:]
-        ce = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-            ignore_index=IGNORE_INDEX, reduction="sum")
-        total += float(ce)
-        count += int((targets != IGNORE_INDEX).sum())
-    model.train()
-    return total / max(count, 1)
 
 
 # ------------------------------------------------------------------------------------- reporting
@@ -338,17 +326,18 @@ def markdown_table(results: Sequence[MethodResult]) -> str:
     for r in results:
         lines.append(
             f"| {r.method} | {r.attention} | {r.steps} | {r.examples} | {r.wall_s:.1f} | "
-            f"{r.tokens_per_s:,.0f} | {r.final_train_loss:.4f} | {r.heldout_loss:.4f} |")
+            f"{r.tokens_per_s:,.0f} | {r.final_train_loss:.4f} | {r.heldout_loss:.4f} |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_args(p, device=AUTO_DEVICE, model="llama-100m")
     p.add_argument("--methods", default=",".join(METHODS))
-    add_bench_args(p, workdir=default_workdir("packlm-bench-loss"), shared=None, tokenizer=None,
-                      limit=(None, "first N examples of each dataset"))
+    add_bench_args(
+        p, workdir=default_workdir("packlm-bench-loss"), shared=None, tokenizer=None, limit=(None, "first N examples of each dataset")
+    )
     p.add_argument("--holdout", type=float, default=0.02)
     add_bench_args(p, seed=0)
     p.add_argument("--group", type=int, default=32)
@@ -357,8 +346,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_bench_args(p, lr=6e-4)
     p.add_argument("--warmup-frac", type=float, default=0.03)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                   help="default bf16 (autocast) on CUDA, fp32 on CPU")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default bf16 (autocast) on CUDA, fp32 on CPU")
     p.add_argument("--attn", default="auto")
     add_bench_args(p, pack_procs=default_pack_procs(5), json=None)
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "loss_curves.png")
@@ -381,8 +369,10 @@ def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
     device = resolve_device(args.device)
     shared = args.shared or shared_dir()
     t_all = time.perf_counter()
-    print(f"# bench_loss: model={args.model} device={device} dtype={args.dtype} (autocast) "
-          f"methods={','.join(args.methods)} limit={args.limit}")
+    print(
+        f"# bench_loss: model={args.model} device={device} dtype={args.dtype} (autocast) "
+        f"methods={','.join(args.methods)} limit={args.limit}"
+    )
     folders = prepare(args, shared)
     vocab, pad_id = tokenizer_ids(folders["pad"])
     examples = examples_by_id(folders["pad"])
@@ -390,34 +380,43 @@ def main(argv: Sequence[str] | None = None) -> list[MethodResult]:
     groups = minibatch_groups(folders["minibatch"], args.group)
     full = [g for g in groups if len(group_example_ids(g)) == args.group] or groups
     budget = round(float(np.mean([sum(len(r["input_ids"]) for r in g) for g in full])))
-    print(f"data ready in {time.perf_counter() - t_all:.1f} s: {len(examples)} train / {len(held)} "
-          f"held-out examples, token budget per packed step {budget} (mean of a {args.group}-"
-          f"example group), max_len {args.max_len}")
+    print(
+        f"data ready in {time.perf_counter() - t_all:.1f} s: {len(examples)} train / {len(held)} "
+        f"held-out examples, token budget per packed step {budget} (mean of a {args.group}-"
+        f"example group), max_len {args.max_len}"
+    )
     results: list[MethodResult] = []
     for method in args.methods:
         steps = method_steps(method, folders, args.group, budget, examples)
         res = train_method(method, steps, args, device, vocab, examples, pad_id, held)
-        print(f"  {method}: {res.steps} steps, {res.wall_s:.1f} s, {res.tokens_per_s:,.0f} tokens/s, "
-              f"final train {res.final_train_loss:.4f}, held-out {res.heldout_loss:.4f}")
+        print(
+            f"  {method}: {res.steps} steps, {res.wall_s:.1f} s, {res.tokens_per_s:,.0f} tokens/s, "
+            f"final train {res.final_train_loss:.4f}, held-out {res.heldout_loss:.4f}"
+        )
         results.append(res)
     table = markdown_table(results)
     print()
     print(table)
-    title = (f"{args.model} from scratch, one epoch of GSM8K+CodeAlpaca"
-             f"{'' if args.limit is None else f' (first {args.limit} of each)'}, {device.type}")
+    title = (
+        f"{args.model} from scratch, one epoch of GSM8K+CodeAlpaca"
+        f"{'' if args.limit is None else f' (first {args.limit} of each)'}, {device.type}"
+    )
     if args.plot:
         plot(results, args.plot, title)
         print(f"plot: {args.plot}")
     if args.json:
-        write_json(args.json, {
-            "config": jsonable(args),
-            "machine": machine_summary(),
-            "device_name": device_name(device),
-            "token_budget": budget,
-            "results": [asdict(r) for r in results],
-            "table": table,
-            "wall_s": time.perf_counter() - t_all,
-        })
+        write_json(
+            args.json,
+            {
+                "config": jsonable(args),
+                "machine": machine_summary(),
+                "device_name": device_name(device),
+                "token_budget": budget,
+                "results": [asdict(r) for r in results],
+                "table": table,
+                "wall_s": time.perf_counter() - t_all,
+            },
+        )
     print(f"total {time.perf_counter() - t_all:.1f} s")
     return results
 

@@ -97,11 +97,22 @@ PACK_DATA_MAIN = "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli impor
 def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None) -> float:
     """Seconds of one whole `pack-data` process, as a user runs it: interpreter start, imports,
     tokenizer load, the job, and the exit."""
-    argv = [str(path), "--tokenizer", str(TOKENIZER), "--max-len", str(max_len), "--out", str(out),
-            "--overwrite", "--no-progress", *(["--num-proc", str(num_proc)] if num_proc else [])]
+    argv = [
+        str(path),
+        "--tokenizer",
+        str(TOKENIZER),
+        "--max-len",
+        str(max_len),
+        "--out",
+        str(out),
+        "--overwrite",
+        "--no-progress",
+        *(["--num-proc", str(num_proc)] if num_proc else []),
+    ]
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PACK_DATA_MAIN, *argv], cwd=REPO, check=False,
-                          capture_output=True, text=True, env=child_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", PACK_DATA_MAIN, *argv], cwd=REPO, check=False, capture_output=True, text=True, env=child_env()
+    )
     seconds = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"pack-data process failed:\n{proc.stderr[-3000:]}")
@@ -111,8 +122,14 @@ def pack_data_process(path: Path, out: Path, max_len: int, num_proc: int | None)
 def job_config(args, path: Path, out: Path) -> dict:
     """The PackConfig fields of a benchmark job on `path`: the Llama-2 tokenizer, --max-len and
     --num-proc, output to `out`."""
-    return {"inputs": [str(path)], "tokenizer": str(TOKENIZER), "max_len": args.max_len, "out": str(out),
-            "overwrite": True, "num_proc": args.num_proc}
+    return {
+        "inputs": [str(path)],
+        "tokenizer": str(TOKENIZER),
+        "max_len": args.max_len,
+        "out": str(out),
+        "overwrite": True,
+        "num_proc": args.num_proc,
+    }
 
 
 def raw_tokenizer(texts: list[str], tokenizer, apis: tuple[str, ...] = RAW_APIS) -> dict:
@@ -161,10 +178,22 @@ def bench_text(args, tmp: Path) -> dict:
     for _, path in DATASETS:
         pack_in_child(**job_config(args, path, tmp / "out-compile"), limit=200)
     result: dict = {"datasets": {}}
-    totals = {"pack_tokens": 0, "pack_s": 0.0, "warm_s": 0.0, "trl_s": 0.0, "sft_s": 0.0,
-              "cold_raw_tokens": 0, "cold_raw_s": 0.0, "cold_trl_s": 0.0, "cold_sft_s": 0.0,
-              "engine_tokens": 0, "engine_s": 0.0, "pack_process_s": 0.0, "trl_process_s": 0.0,
-              "sft_process_s": 0.0}
+    totals = {
+        "pack_tokens": 0,
+        "pack_s": 0.0,
+        "warm_s": 0.0,
+        "trl_s": 0.0,
+        "sft_s": 0.0,
+        "cold_raw_tokens": 0,
+        "cold_raw_s": 0.0,
+        "cold_trl_s": 0.0,
+        "cold_sft_s": 0.0,
+        "engine_tokens": 0,
+        "engine_s": 0.0,
+        "pack_process_s": 0.0,
+        "trl_process_s": 0.0,
+        "sft_process_s": 0.0,
+    }
     raw_best: dict[str, list[float]] = {}
     for name, path in DATASETS:
         texts = rendered_texts(path, tokenizer)
@@ -190,9 +219,17 @@ def bench_text(args, tmp: Path) -> dict:
         totals["warm_s"] += warm_s
         totals["engine_tokens"] += engine["tokens"]
         totals["engine_s"] += engine["seconds"]
-        result["datasets"][name] = {"texts": len(texts), "raw": raw, "engine": engine, "pack_data": stats, "pack_s_excl_setup": pack_s,
-                                   "pack_process_s": process_s, "trl": trl, "trl_sft": sft,
-                                   "cold_baselines": cold}
+        result["datasets"][name] = {
+            "texts": len(texts),
+            "raw": raw,
+            "engine": engine,
+            "pack_data": stats,
+            "pack_s_excl_setup": pack_s,
+            "pack_process_s": process_s,
+            "trl": trl,
+            "trl_sft": sft,
+            "cold_baselines": cold,
+        }
         totals["pack_tokens"] += stats["tokens"]
         totals["pack_s"] += pack_s
         totals["trl_s"] += trl["seconds"]
@@ -258,8 +295,13 @@ def bench_scale(args, tmp: Path) -> dict:
         process_s = pack_data_process(path, tmp / f"out-process-{name}", args.max_len, args.num_proc)
         pack_s = stats["times"]["total"] - stats["times"]["setup"]
         out["datasets"][name] = {
-            "texts": len(texts), "tokens": stats["tokens"], "pack_data": stats,
-            "pack_s_excl_setup": pack_s, "pack_process_s": process_s, "raw_warm": raw, "cold_baselines": cold,
+            "texts": len(texts),
+            "tokens": stats["tokens"],
+            "pack_data": stats,
+            "pack_s_excl_setup": pack_s,
+            "pack_process_s": process_s,
+            "raw_warm": raw,
+            "cold_baselines": cold,
             "vs_cold_raw": stats["tokens"] / pack_s / (cold["raw"]["tokens"] / cold["raw"]["seconds"]),
             "vs_warm_raw": stats["tokens"] / pack_s / raw["tokens_per_s"],
             "speedup_vs_trl": cold["trl"]["seconds"] / pack_s,
@@ -276,13 +318,24 @@ def bench_pretok(args, tmp: Path) -> dict:
         t = time.perf_counter()
         n = make_pretokenized(src, args.tokens)
         gen_s = time.perf_counter() - t
-        stats = pack_in_child(inputs=[str(src)], tokenizer=str(TOKENIZER if TOKENIZER.exists() else REPO / "data" / "tokenizer"),
-                              max_len=args.max_len, out=str(tmp / "out-pretok"), overwrite=True,
-                              batch_rows=args.pretok_batch_rows)
+        stats = pack_in_child(
+            inputs=[str(src)],
+            tokenizer=str(TOKENIZER if TOKENIZER.exists() else REPO / "data" / "tokenizer"),
+            max_len=args.max_len,
+            out=str(tmp / "out-pretok"),
+            overwrite=True,
+            batch_rows=args.pretok_batch_rows,
+        )
         pack_s = stats["times"]["total"] - stats["times"].get("setup", 0.0)
-        out[kind] = {"tokens": n, "generate_s": gen_s, "input_bytes": src.stat().st_size, "pack_data": stats,
-                     "pack_s_excl_setup": pack_s, "tokens_per_s": n / pack_s,
-                     "tokens_per_s_incl_setup": n / stats["times"]["total"]}
+        out[kind] = {
+            "tokens": n,
+            "generate_s": gen_s,
+            "input_bytes": src.stat().st_size,
+            "pack_data": stats,
+            "pack_s_excl_setup": pack_s,
+            "tokens_per_s": n / pack_s,
+            "tokens_per_s_incl_setup": n / stats["times"]["total"],
+        }
         src.unlink()
         shutil.rmtree(tmp / "out-pretok", ignore_errors=True)
     return out
@@ -292,14 +345,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="text,pretok", help="comma list of: text, scale, pretok")
     add_bench_args(parser, max_len=8192)
-    parser.add_argument("--num-proc", type=int, default=None,
-                        help="pack-data --num-proc (default: its own) and datasets.map num_proc (default: none)")
+    parser.add_argument(
+        "--num-proc", type=int, default=None, help="pack-data --num-proc (default: its own) and datasets.map num_proc (default: none)"
+    )
     parser.add_argument("--copies", type=int, default=20, help="scale: how many copies of each dataset")
     parser.add_argument("--tokens", type=int, default=200_000_000, help="size of the synthetic pre-tokenized set")
     parser.add_argument("--pretok-batch-rows", type=int, default=4096)
-    parser.add_argument("--pretok-format", default="arrow,parquet",
-                        help="comma list of file types of the synthetic set: arrow (uncompressed IPC file, "
-                             "gathered in place), parquet (uncompressed, decoded and spilled)")
+    parser.add_argument(
+        "--pretok-format",
+        default="arrow,parquet",
+        help="comma list of file types of the synthetic set: arrow (uncompressed IPC file, "
+        "gathered in place), parquet (uncompressed, decoded and spilled)",
+    )
     parser.add_argument("--tmp", default=None, help="folder for temporary data (default: system temp)")
     add_bench_args(parser, json=(str, "also write the full results here"))
     args = parser.parse_args()
@@ -312,56 +369,74 @@ def main() -> None:
         if "text" in parts:
             results["text"] = bench_text(args, tmp)
             s = results["text"]["summary"]
-            print(f"[text] pack-data {s['pack_tokens_per_s'] / 1e6:.2f}M tok/s ({s['pack_s']:.2f}s excl. setup); "
-                  + ", ".join(f"raw {k} {v / 1e6:.2f}M tok/s" for k, v in s["raw_tokens_per_s"].items())
-                  + f"; pack-data = {s['pack_vs_ceiling']:.0%} of {s['ceiling_api']}")
-            print(f"[text] TRL-style, batched map {s['trl_s']:.2f}s -> pack-data {s['speedup_vs_trl']:.1f}x faster; "
-                  f"TRL SFTTrainer-style, per-example map as TRL does {s['trl_sft_s']:.2f}s -> pack-data "
-                  f"{s['speedup_vs_trl_sft']:.1f}x faster")
-            print(f"[text] cold vs cold (each contender in a fresh process, first pass over the texts): pack-data "
-                  f"{s['pack_tokens_per_s'] / 1e6:.2f}M tok/s = {s['cold_pack_vs_cold_raw']:.0%} of a fresh tokenizer's "
-                  f"first encode_batch_fast ({s['cold_raw_tokens_per_s'] / 1e6:.2f}M tok/s); TRL-style batched map "
-                  f"{s['cold_trl_s']:.2f}s -> {s['cold_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style "
-                  f"{s['cold_trl_sft_s']:.2f}s -> {s['cold_speedup_vs_trl_sft']:.1f}x")
-            print(f"[text] whole process (fresh interpreter to exit: imports, tokenizer load, job; one per dataset): "
-                  f"pack-data {s['process_pack_s']:.2f}s; TRL-style batched map {s['process_trl_s']:.2f}s -> "
-                  f"{s['process_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style {s['process_trl_sft_s']:.2f}s -> "
-                  f"{s['process_speedup_vs_trl_sft']:.1f}x")
-            print(f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
-                  f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
-                  f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map")
-            print(f"[text] pack-data's tokenizer engine alone ({results['text']['datasets']['gsm8k']['engine']['workers']} "
-                  f"worker processes, no reading/rendering/spill/plan/write): {s['engine_tokens_per_s'] / 1e6:.2f}M tok/s; "
-                  f"warm pack-data = {s['warm_pack_vs_engine']:.0%} of it")
+            print(
+                f"[text] pack-data {s['pack_tokens_per_s'] / 1e6:.2f}M tok/s ({s['pack_s']:.2f}s excl. setup); "
+                + ", ".join(f"raw {k} {v / 1e6:.2f}M tok/s" for k, v in s["raw_tokens_per_s"].items())
+                + f"; pack-data = {s['pack_vs_ceiling']:.0%} of {s['ceiling_api']}"
+            )
+            print(
+                f"[text] TRL-style, batched map {s['trl_s']:.2f}s -> pack-data {s['speedup_vs_trl']:.1f}x faster; "
+                f"TRL SFTTrainer-style, per-example map as TRL does {s['trl_sft_s']:.2f}s -> pack-data "
+                f"{s['speedup_vs_trl_sft']:.1f}x faster"
+            )
+            print(
+                f"[text] cold vs cold (each contender in a fresh process, first pass over the texts): pack-data "
+                f"{s['pack_tokens_per_s'] / 1e6:.2f}M tok/s = {s['cold_pack_vs_cold_raw']:.0%} of a fresh tokenizer's "
+                f"first encode_batch_fast ({s['cold_raw_tokens_per_s'] / 1e6:.2f}M tok/s); TRL-style batched map "
+                f"{s['cold_trl_s']:.2f}s -> {s['cold_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style "
+                f"{s['cold_trl_sft_s']:.2f}s -> {s['cold_speedup_vs_trl_sft']:.1f}x"
+            )
+            print(
+                f"[text] whole process (fresh interpreter to exit: imports, tokenizer load, job; one per dataset): "
+                f"pack-data {s['process_pack_s']:.2f}s; TRL-style batched map {s['process_trl_s']:.2f}s -> "
+                f"{s['process_speedup_vs_trl']:.1f}x; TRL SFTTrainer-style {s['process_trl_sft_s']:.2f}s -> "
+                f"{s['process_speedup_vs_trl_sft']:.1f}x"
+            )
+            print(
+                f"[text] warm (best of {REPEATS} later runs in the same process): pack-data {s['warm_pack_tokens_per_s'] / 1e6:.2f}M tok/s "
+                f"= {s['warm_pack_vs_ceiling']:.0%} of {s['ceiling_api']}, {s['warm_speedup_vs_trl']:.1f}x TRL-style "
+                f"batched map, {s['warm_speedup_vs_trl_sft']:.1f}x TRL SFTTrainer-style per-example map"
+            )
+            print(
+                f"[text] pack-data's tokenizer engine alone ({results['text']['datasets']['gsm8k']['engine']['workers']} "
+                f"worker processes, no reading/rendering/spill/plan/write): {s['engine_tokens_per_s'] / 1e6:.2f}M tok/s; "
+                f"warm pack-data = {s['warm_pack_vs_engine']:.0%} of it"
+            )
             for name, d in results["text"]["datasets"].items():
                 ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}
-                print(f"  {name}: {d['pack_data']['tokens']} tokens, {d['pack_data']['rows']} rows, "
-                      f"efficiency {d['pack_data']['efficiency']:.2%}, pack-data phases {ph}; "
-                      f"TRL-style, batched map {d['trl']['seconds']:.2f}s "
-                      f"{({k: round(v, 2) for k, v in d['trl']['phases'].items()})}; TRL SFTTrainer-style, per-example "
-                      f"map {d['trl_sft']['seconds']:.2f}s {({k: round(v, 2) for k, v in d['trl_sft']['phases'].items()})}")
+                print(
+                    f"  {name}: {d['pack_data']['tokens']} tokens, {d['pack_data']['rows']} rows, "
+                    f"efficiency {d['pack_data']['efficiency']:.2%}, pack-data phases {ph}; "
+                    f"TRL-style, batched map {d['trl']['seconds']:.2f}s "
+                    f"{ ({k: round(v, 2) for k, v in d['trl']['phases'].items()}) }; TRL SFTTrainer-style, per-example "
+                    f"map {d['trl_sft']['seconds']:.2f}s { ({k: round(v, 2) for k, v in d['trl_sft']['phases'].items()}) }"
+                )
         if "scale" in parts:
             results["scale"] = bench_scale(args, tmp)
             for name, d in results["scale"]["datasets"].items():
                 cold = d["cold_baselines"]
                 ph = {k: round(v, 2) for k, v in d["pack_data"]["times"].items() if not k.startswith("_")}
-                print(f"[scale {name} x{args.copies}] {d['texts']} texts, {d['tokens']} tokens, first job: pack-data "
-                      f"{d['tokens'] / d['pack_s_excl_setup'] / 1e6:.2f}M tok/s excl. setup = {d['vs_cold_raw']:.0%} of a "
-                      f"fresh tokenizer's first encode_batch_fast ({cold['raw']['tokens'] / cold['raw']['seconds'] / 1e6:.2f}M "
-                      f"tok/s), {d['vs_warm_raw']:.0%} of its best later one ({d['raw_warm']['tokens_per_s'] / 1e6:.2f}M); "
-                      f"TRL-style batched map {cold['trl']['seconds']:.2f}s -> {d['speedup_vs_trl']:.1f}x; whole processes "
-                      f"{d['pack_process_s']:.2f}s vs {cold['trl']['process_s']:.2f}s -> {d['process_speedup_vs_trl']:.1f}x; "
-                      f"pack-data peak RSS {d['pack_data']['maxrss_self_mb']:.0f} MB (its children: "
-                      f"{d['pack_data']['maxrss_children_mb']:.0f} MB), phases {ph}")
+                print(
+                    f"[scale {name} x{args.copies}] {d['texts']} texts, {d['tokens']} tokens, first job: pack-data "
+                    f"{d['tokens'] / d['pack_s_excl_setup'] / 1e6:.2f}M tok/s excl. setup = {d['vs_cold_raw']:.0%} of a "
+                    f"fresh tokenizer's first encode_batch_fast ({cold['raw']['tokens'] / cold['raw']['seconds'] / 1e6:.2f}M "
+                    f"tok/s), {d['vs_warm_raw']:.0%} of its best later one ({d['raw_warm']['tokens_per_s'] / 1e6:.2f}M); "
+                    f"TRL-style batched map {cold['trl']['seconds']:.2f}s -> {d['speedup_vs_trl']:.1f}x; whole processes "
+                    f"{d['pack_process_s']:.2f}s vs {cold['trl']['process_s']:.2f}s -> {d['process_speedup_vs_trl']:.1f}x; "
+                    f"pack-data peak RSS {d['pack_data']['maxrss_self_mb']:.0f} MB (its children: "
+                    f"{d['pack_data']['maxrss_children_mb']:.0f} MB), phases {ph}"
+                )
         if "pretok" in parts:
             results["pretok"] = bench_pretok(args, tmp)
             for kind, p in results["pretok"].items():
                 ph = {k: round(v, 2) for k, v in p["pack_data"]["times"].items() if not k.startswith("_")}
-                print(f"[pretok {kind}] {p['tokens']} tokens ({p['input_bytes'] / 1e9:.2f} GB input): "
-                      f"{p['tokens_per_s'] / 1e6:.1f}M tok/s excl. setup "
-                      f"({p['tokens_per_s_incl_setup'] / 1e6:.1f}M incl.), peak RSS "
-                      f"{p['pack_data']['maxrss_self_mb']:.0f} MB (its children: "
-                      f"{p['pack_data']['maxrss_children_mb']:.0f} MB); phases {ph}")
+                print(
+                    f"[pretok {kind}] {p['tokens']} tokens ({p['input_bytes'] / 1e9:.2f} GB input): "
+                    f"{p['tokens_per_s'] / 1e6:.1f}M tok/s excl. setup "
+                    f"({p['tokens_per_s_incl_setup'] / 1e6:.1f}M incl.), peak RSS "
+                    f"{p['pack_data']['maxrss_self_mb']:.0f} MB (its children: "
+                    f"{p['pack_data']['maxrss_children_mb']:.0f} MB); phases {ph}"
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:

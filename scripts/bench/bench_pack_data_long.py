@@ -41,8 +41,7 @@ def ceiling(texts: list[str], tokenizer) -> float:
     for _ in range(3):
         start, tokens = time.perf_counter(), 0
         for i in range(0, len(texts), CEILING_BATCH):
-            tokens += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + CEILING_BATCH],
-                                                                         add_special_tokens=False))
+            tokens += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + CEILING_BATCH], add_special_tokens=False))
         best = min(best, time.perf_counter() - start)
     return tokens / best
 
@@ -63,24 +62,35 @@ def main() -> None:
         for mb in (int(x) for x in args.mb.split(",")):
             path = replicate(mb, tmp)
             for name, folder in tokenizers.items():
-                stats = bpd.pack_in_child(inputs=[str(path)], tokenizer=str(folder), max_len=args.max_len,
-                                          out=str(tmp / "out"), overwrite=True)
+                stats = bpd.pack_in_child(
+                    inputs=[str(path)], tokenizer=str(folder), max_len=args.max_len, out=str(tmp / "out"), overwrite=True
+                )
                 seconds = stats["times"]["total"] - stats["times"]["setup"]
                 tokenizer = load_tokenizer(str(folder))
                 texts = bpd.rendered_texts(path, tokenizer)
                 ceiling_tokens_per_s = ceiling(texts, tokenizer)
                 del texts
-                run = {"mb": mb, "tokenizer": name, "rows": stats.get("rows"), "tokens": stats["tokens"],
-                       "pack_s": seconds, "pack_tokens_per_s": stats["tokens"] / seconds,
-                       "ceiling_tokens_per_s": ceiling_tokens_per_s,
-                       "ratio": stats["tokens"] / seconds / ceiling_tokens_per_s,
-                       "peak_rss_mb": stats["maxrss_self_mb"], "peak_rss_worker_mb": stats["maxrss_children_mb"],
-                       "times": stats["times"]}
+                run = {
+                    "mb": mb,
+                    "tokenizer": name,
+                    "rows": stats.get("rows"),
+                    "tokens": stats["tokens"],
+                    "pack_s": seconds,
+                    "pack_tokens_per_s": stats["tokens"] / seconds,
+                    "ceiling_tokens_per_s": ceiling_tokens_per_s,
+                    "ratio": stats["tokens"] / seconds / ceiling_tokens_per_s,
+                    "peak_rss_mb": stats["maxrss_self_mb"],
+                    "peak_rss_worker_mb": stats["maxrss_children_mb"],
+                    "times": stats["times"],
+                }
                 results["runs"].append(run)
-                print(f"{mb:>4} MB {name:<15} {run['tokens'] / 1e6:6.1f}M tokens: pack-data "
-                      f"{run['pack_tokens_per_s'] / 1e6:.2f}M tok/s = {run['ratio']:.0%} of encode_batch_fast "
-                      f"({run['ceiling_tokens_per_s'] / 1e6:.2f}M); peak RSS {run['peak_rss_mb']:.0f} MB "
-                      f"(+ worker {run['peak_rss_worker_mb']:.0f} MB)", flush=True)
+                print(
+                    f"{mb:>4} MB {name:<15} {run['tokens'] / 1e6:6.1f}M tokens: pack-data "
+                    f"{run['pack_tokens_per_s'] / 1e6:.2f}M tok/s = {run['ratio']:.0%} of encode_batch_fast "
+                    f"({run['ceiling_tokens_per_s'] / 1e6:.2f}M); peak RSS {run['peak_rss_mb']:.0f} MB "
+                    f"(+ worker {run['peak_rss_worker_mb']:.0f} MB)",
+                    flush=True,
+                )
                 shutil.rmtree(tmp / "out", ignore_errors=True)
             path.unlink()
     finally:

@@ -57,8 +57,9 @@ def measure(path: Path, tokenizer: str, out: Path) -> dict:
     thread = threading.Thread(target=sample, daemon=True)
     start = time.perf_counter()
     thread.start()
-    run_pack_data(PackConfig(inputs=[str(path)], tokenizer=tokenizer, max_len=8192, out=str(out),
-                             overwrite=True, progress=False), stats=stats)
+    run_pack_data(
+        PackConfig(inputs=[str(path)], tokenizer=tokenizer, max_len=8192, out=str(out), overwrite=True, progress=False), stats=stats
+    )
     done.set()
     thread.join()
     split = start + stats["times"]["setup"] + stats["times"]["read_tokenize"]
@@ -77,8 +78,7 @@ def main() -> None:
     sizes = args.mb.split(",")
     if len(sizes) > 1:  # one fresh process per size
         for mb in sizes:
-            subprocess.run([sys.executable, __file__, "--mb", mb] + (["--tokenizer", args.tokenizer] if args.tokenizer else []),
-                           check=True)
+            subprocess.run([sys.executable, __file__, "--mb", mb] + (["--tokenizer", args.tokenizer] if args.tokenizer else []), check=True)
         return
     tokenizer = args.tokenizer or str(shared_dir() / LLAMA2 if (shared_dir() / LLAMA2).is_dir() else REPO / "data" / "tokenizer")
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))

@@ -46,6 +46,7 @@ from scripts.benchlib import (  # noqa: E402
     jsonable,
     load_source_examples,
     machine_summary,
+    pack_data_args,
     reset_cuda_peak,
     seeded_order,
     shared_dir,
@@ -53,12 +54,13 @@ from scripts.benchlib import (  # noqa: E402
     write_jsonl,
     write_text_output,
 )
+from scripts.benchlib.metrics_rates import parse_steps, timed_rate, window_rates  # noqa: E402
 from scripts.benchlib.train_runs import no_checkpoint_writes  # noqa: E402
 from trainer.config import GRAD_REDUCE  # noqa: E402
 
 
 def parse_entry(entry: str, seed: int = 0) -> tuple[str, str | None, int]:
-    """"fp8:tensorwise" -> ("fp8", "tensorwise", seed); "bf16-weights@1" -> ("bf16-weights", None, 1)."""
+    """ "fp8:tensorwise" -> ("fp8", "tensorwise", seed); "bf16-weights@1" -> ("bf16-weights", None, 1)."""
     entry, _, entry_seed = entry.partition("@")
     dtype, _, recipe = entry.partition(":")
     return dtype, (recipe or None), (int(entry_seed) if entry_seed else seed)
@@ -71,8 +73,13 @@ def prepare(args: argparse.Namespace, rank: int) -> Path:
     """The packed folder (with its eval split), written by rank 0 once; other ranks wait for it."""
     folder = args.workdir / "ffd-eval"
     ready = args.workdir / "ffd-eval.ready.json"
-    stamp = {"limit": args.limit, "seed": args.seed, "max_len": args.max_len,
-             "eval_fraction": args.eval_fraction, "shared": str(args.shared.resolve())}
+    stamp = {
+        "limit": args.limit,
+        "seed": args.seed,
+        "max_len": args.max_len,
+        "eval_fraction": args.eval_fraction,
+        "shared": str(args.shared.resolve()),
+    }
     if rank != 0:
         deadline = time.time() + 1800
         while not (ready.is_file() and json.loads(ready.read_text()) == stamp):
@@ -89,9 +96,10 @@ def prepare(args: argparse.Namespace, rank: int) -> Path:
     args.workdir.mkdir(parents=True, exist_ok=True)
     inputs = args.workdir / "examples.jsonl"
     write_jsonl(inputs, seeded_order(load_source_examples(args.shared, args.limit), args.seed))
-    argv = [str(inputs), "--tokenizer", str(args.shared / LLAMA2), "--max-len", str(args.max_len),
-            "--out", str(folder), "--strategy", "ffd", "--seed", str(args.seed), "--overwrite",
-            "--no-progress", "--eval-fraction", str(args.eval_fraction), "--num-proc", str(args.pack_procs)]
+    argv = pack_data_args(
+        [inputs], folder, tokenizer=args.shared / LLAMA2, max_len=args.max_len, strategy="ffd", seed=args.seed, num_proc=args.pack_procs
+    )
+    argv += ["--eval-fraction", str(args.eval_fraction)]
     try:
         pack_data.main(args=argv, standalone_mode=False)
     except click.ClickException as exc:
@@ -108,12 +116,28 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
     dtype, recipe, seed = parse_entry(entry, args.seed)
     out = args.workdir / f"run-{entry.replace(':', '-').replace('@', '-seed')}"
     config = TrainConfig(
-        data=str(folder), model=args.model, out=str(out), tokens_per_step=args.tokens_per_step,
-        lr=args.lr, warmup=args.lr_warmup, schedule="cosine", max_steps=args.steps, attn=args.attn,
-        dtype=dtype, fp8_recipe=recipe or "rowwise_with_gw_hp", seed=seed, log_every=args.log_every,
-        parallel=args.parallel, grad_checkpointing=args.grad_checkpointing, progress=False,
-        num_workers=2, save_every=0, verify_hashes=False, peak_flops=args.peak_tflops * 1e12,
-        profile_steps=args.profile_steps, reshard_after_forward=args.reshard_after_forward,
+        data=str(folder),
+        model=args.model,
+        out=str(out),
+        tokens_per_step=args.tokens_per_step,
+        lr=args.lr,
+        warmup=args.lr_warmup,
+        schedule="cosine",
+        max_steps=args.steps,
+        attn=args.attn,
+        dtype=dtype,
+        fp8_recipe=recipe or "rowwise_with_gw_hp",
+        seed=seed,
+        log_every=args.log_every,
+        parallel=args.parallel,
+        grad_checkpointing=args.grad_checkpointing,
+        progress=False,
+        num_workers=2,
+        save_every=0,
+        verify_hashes=False,
+        peak_flops=args.peak_tflops * 1e12,
+        profile_steps=args.profile_steps,
+        reshard_after_forward=args.reshard_after_forward,
         grad_reduce=args.grad_reduce,
     )
     if out.exists() and int(os.environ.get("RANK", "0")) == 0:
@@ -134,16 +158,26 @@ def run_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str, A
     tokens_per_s = timed_rate(train_rows, args.warmup)
     windows = window_rates(train_rows, args.warmup, profiled=parse_steps(args.profile_steps))
     return {
-        "entry": entry, "dtype": dtype, "recipe": recipe, "seed": seed, "tokens_per_s": tokens_per_s,
+        "entry": entry,
+        "dtype": dtype,
+        "recipe": recipe,
+        "seed": seed,
+        "tokens_per_s": tokens_per_s,
         "window_tokens_per_s": windows,
         "median_window_tokens_per_s": statistics.median(windows) if windows else None,
-        "mfu_last": timed[-1].get("mfu") if timed else None, "eval_loss": summary.get("eval_loss"),
-        "final_loss": summary.get("final_loss"), "peak_mem_gib": train_rows[-1].get("peak_mem_gib") if train_rows else None,
-        "world_size": summary.get("world_size"), "attention": summary.get("attention"),
+        "mfu_last": timed[-1].get("mfu") if timed else None,
+        "eval_loss": summary.get("eval_loss"),
+        "final_loss": summary.get("final_loss"),
+        "peak_mem_gib": train_rows[-1].get("peak_mem_gib") if train_rows else None,
+        "world_size": summary.get("world_size"),
+        "attention": summary.get("attention"),
         "loss_curve": [(r["step"], r["loss"]) for r in train_rows],
         # --profile-steps: rank 0's summary (every rank's, and the traces, stay in RUN/profile/)
-        "profile": (json.loads((out / "profile" / "rank0.json").read_text())
-                    if args.profile_steps and (out / "profile" / "rank0.json").is_file() else None),
+        "profile": (
+            json.loads((out / "profile" / "rank0.json").read_text())
+            if args.profile_steps and (out / "profile" / "rank0.json").is_file()
+            else None
+        ),
     }
 
 
@@ -192,13 +226,19 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
         hf_fp8(layers, recipe or "rowwise_with_gw_hp")
     if device.type == "cuda":  # as pack-train's --compile defaults
         compile_decoder_layers(model)
-    module = wrap_parallel(model, layers, info, fsdp=args.parallel == "fsdp", bf16=True,
-                           reduce_bf16=args.grad_reduce == "bf16", bucket_mb=250,
-                           reshard_after_forward=args.reshard_after_forward)
+    module = wrap_parallel(
+        model,
+        layers,
+        info,
+        fsdp=args.parallel == "fsdp",
+        bf16=True,
+        reduce_bf16=args.grad_reduce == "bf16",
+        bucket_mb=250,
+        reshard_after_forward=args.reshard_after_forward,
+    )
     opt = make_optimizer(module, args.lr, device)
     step = hf_step_fn(module, opt, device, "bf16")
-    steps = plan_step_rows(folder, args.tokens_per_step, args.seed, args.steps,
-                           world_size=info.world_size, rank=info.rank)
+    steps = plan_step_rows(folder, args.tokens_per_step, args.seed, args.steps, world_size=info.world_size, rank=info.rank)
     rows: list[dict[str, Any]] = []
     tokens, flops, since, last = 0, 0.0, 0, time.perf_counter()
     try:
@@ -216,8 +256,15 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
             sync(device)
             now = time.perf_counter()
             peak = args.peak_tflops * 1e12 * info.world_size
-            rows.append({"step": k, "loss": value, "tokens": int(total[0]), "step_time_s": (now - last) / since,
-                         "mfu": float(total[1]) / (now - last) / peak})
+            rows.append(
+                {
+                    "step": k,
+                    "loss": value,
+                    "tokens": int(total[0]),
+                    "step_time_s": (now - last) / since,
+                    "mfu": float(total[1]) / (now - last) / peak,
+                }
+            )
             last, since, flops = now, 0, 0.0
         peak = cuda_peak_gib(device)
     finally:
@@ -227,66 +274,33 @@ def run_hf_entry(entry: str, folder: Path, args: argparse.Namespace) -> dict[str
     tokens_per_s = timed_rate(rows, args.warmup)
     windows = window_rates(rows, args.warmup)
     return {
-        "entry": entry, "dtype": dtype, "recipe": recipe, "seed": seed, "tokens_per_s": tokens_per_s,
-        "window_tokens_per_s": windows, "median_window_tokens_per_s": statistics.median(windows) if windows else None,
+        "entry": entry,
+        "dtype": dtype,
+        "recipe": recipe,
+        "seed": seed,
+        "tokens_per_s": tokens_per_s,
+        "window_tokens_per_s": windows,
+        "median_window_tokens_per_s": statistics.median(windows) if windows else None,
         "mfu_last": rows[-1]["mfu"] if windows else None,
-        "eval_loss": None, "final_loss": rows[-1]["loss"] if rows else None, "peak_mem_gib": peak,
+        "eval_loss": None,
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "peak_mem_gib": peak,
         "tokens_seen": rows[-1]["tokens"] if rows else 0,
-        "world_size": info.world_size, "attention": attn, "loss_curve": [(r["step"], r["loss"]) for r in rows],
+        "world_size": info.world_size,
+        "attention": attn,
+        "loss_curve": [(r["step"], r["loss"]) for r in rows],
         "profile": None,
     }
-
-
-def timed_rate(rows: Sequence[dict[str, Any]], warmup: int) -> float:
-    """Tokens/s over the metrics.jsonl training lines whose log window starts after `warmup` steps.
-
-    A line at step s covers the steps since the previous line, at its mean `step_time_s`, and holds
-    the running token count: with lines at steps 10, 20, 30 and warmup 10, the windows 11-20 and 21-30
-    count; with lines at 25 and 50 and warmup 20, only 26-50 does (1-25 holds the compile).
-    """
-    seconds = tokens = 0.0
-    last_step, last_tokens = 0, 0
-    for r in rows:
-        if last_step >= warmup:
-            seconds += r["step_time_s"] * (r["step"] - last_step)
-            tokens += r["tokens"] - last_tokens
-        last_step, last_tokens = r["step"], r["tokens"]
-    return tokens / seconds if seconds else 0.0
-
-
-def parse_steps(spec: str | None) -> range:
-    """--profile-steps "16-17" -> range(16, 18) (pack-train's own parsing); None -> an empty range."""
-    if not spec:
-        return range(0)
-    from trainer.config import parse_step_range
-
-    first, last = parse_step_range(spec)
-    return range(first, last + 1)
-
-
-def window_rates(rows: Sequence[dict[str, Any]], warmup: int, profiled: range = range(0)) -> list[float]:
-    """Tokens/s of each log window that starts after `warmup`, leaving out windows with a profiled step.
-
-    The median of these is the steady rate: one slow window (a stall, the profiler) moves
-    `timed_rate` but not the median. Lines at steps 5, 10, 15, 20 with warmup 5 and step 17 profiled
-    give the rates of windows 6-10 and 11-15.
-    """
-    rates = []
-    last_step, last_tokens = 0, 0
-    for r in rows:
-        window = range(last_step + 1, r["step"] + 1)
-        if last_step >= warmup and not any(s in profiled for s in window) and r["step_time_s"] > 0:
-            rates.append((r["tokens"] - last_tokens) / (r["step_time_s"] * len(window)))
-        last_step, last_tokens = r["step"], r["tokens"]
-    return rates
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     """One line per entry, ratios against the first."""
     base = results[0]
-    lines = ["| precision | tokens/s (all ranks) | x first | median window tokens/s | x first | MFU (last window) "
-             "| held-out loss | vs first | final train loss | peak GiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| precision | tokens/s (all ranks) | x first | median window tokens/s | x first | MFU (last window) "
+        "| held-out loss | vs first | final train loss | peak GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         speed = r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else float("nan")
         if r["eval_loss"] is not None and base["eval_loss"]:
@@ -298,20 +312,24 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         steady = f"{med:,.0f} | {med / base_med:.2f}" if med and base_med else "n/a | n/a"
         mfu = f"{100 * r['mfu_last']:.1f}%" if r["mfu_last"] else "n/a"
         peak = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "n/a"
-        lines.append(f"| {r['entry']} | {r['tokens_per_s']:,.0f} | {speed:.2f} | {steady} | {mfu} | {ev} | {rel} | "
-                     f"{r['final_loss']:.4f} | {peak} |")
+        lines.append(
+            f"| {r['entry']} | {r['tokens_per_s']:,.0f} | {speed:.2f} | {steady} | {mfu} | {ev} | {rel} | {r['final_loss']:.4f} | {peak} |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_args(p, model="llama-1b")
-    p.add_argument("--dtypes", default="bf16-weights,fp8",
-                   help="comma separated pack-train --dtype values, fp8 with :RECIPE, a model seed with @N; "
-                        "hf/bf16 and hf/fp8[:RECIPE] are the Hugging Face peer on the same rows; ratios against the first")
-    add_bench_args(p, steps=200,
-                      warmup=(10, "steps left out of tokens/s (compile); whole --log-every windows from the first that starts after them"))
+    p.add_argument(
+        "--dtypes",
+        default="bf16-weights,fp8",
+        help="comma separated pack-train --dtype values, fp8 with :RECIPE, a model seed with @N; "
+        "hf/bf16 and hf/fp8[:RECIPE] are the Hugging Face peer on the same rows; ratios against the first",
+    )
+    add_bench_args(
+        p, steps=200, warmup=(10, "steps left out of tokens/s (compile); whole --log-every windows from the first that starts after them")
+    )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--tokens-per-step", type=int, default=16384)
     add_bench_args(p, max_len=8192)
@@ -321,18 +339,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto")
     p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"))
     p.add_argument("--grad-checkpointing", type=int, default=0)
-    p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
-                   help="FSDP2 keeps each layer's gathered weights from its forward to its backward "
-                        "(pack-train --no-reshard-after-forward)")
-    p.add_argument("--grad-reduce", default="fp32", choices=GRAD_REDUCE,
-                   help="dtype of the gradient reduction (pack-train --grad-reduce)")
-    p.add_argument("--profile-steps", default=None, metavar="FIRST-LAST",
-                   help="pack-train --profile-steps for every entry (e.g. 21-23, past --warmup): where those "
-                        "steps' GPU time went, in the JSON (rank 0) and in each run's profile/ folder. The "
-                        "profiler slows those steps: they count in tokens/s, not in the median window")
-    add_bench_args(p, limit=(None, "first N examples of each dataset"), seed=0, pack_procs=4,
-                      peak_tflops=(989.0, "dense bf16 peak for MFU (H100 SXM: 989)"), shared=None,
-                      workdir=Path("/tmp/packlm-bench-precision"), json=None)
+    p.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="FSDP2 keeps each layer's gathered weights from its forward to its backward (pack-train --no-reshard-after-forward)",
+    )
+    p.add_argument("--grad-reduce", default="fp32", choices=GRAD_REDUCE, help="dtype of the gradient reduction (pack-train --grad-reduce)")
+    p.add_argument(
+        "--profile-steps",
+        default=None,
+        metavar="FIRST-LAST",
+        help="pack-train --profile-steps for every entry (e.g. 21-23, past --warmup): where those "
+        "steps' GPU time went, in the JSON (rank 0) and in each run's profile/ folder. The "
+        "profiler slows those steps: they count in tokens/s, not in the median window",
+    )
+    add_bench_args(
+        p,
+        limit=(None, "first N examples of each dataset"),
+        seed=0,
+        pack_procs=4,
+        peak_tflops=(989.0, "dense bf16 peak for MFU (H100 SXM: 989)"),
+        shared=None,
+        workdir=Path("/tmp/packlm-bench-precision"),
+        json=None,
+    )
     args = p.parse_args(argv)
     if args.json:
         check_output(args.json, "--json")
@@ -380,17 +411,28 @@ def run_entries(args: argparse.Namespace, folder: Path, rank: int, t0: float) ->
         results.append(res)
         if rank != 0:
             continue
-        print(f"[{time.perf_counter() - t0:.0f} s] {entry}: {res['tokens_per_s']:,.0f} tokens/s, "
-              f"held-out {res['eval_loss']}, final train {res['final_loss']}", flush=True)
+        print(
+            f"[{time.perf_counter() - t0:.0f} s] {entry}: {res['tokens_per_s']:,.0f} tokens/s, "
+            f"held-out {res['eval_loss']}, final train {res['final_loss']}",
+            flush=True,
+        )
         text = table(results)
         if args.json:  # after every entry, so a run cut short keeps what it measured
             import torch
 
-            write_json(args.json, {"config": jsonable(args), "machine": machine_summary(),
-                                   "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                                   "torch": torch.__version__, "results": results, "table": text,
-                                   "wall_s": time.perf_counter() - t0,
-                                   "complete": len(results) == len(args.dtypes)})
+            write_json(
+                args.json,
+                {
+                    "config": jsonable(args),
+                    "machine": machine_summary(),
+                    "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                    "torch": torch.__version__,
+                    "results": results,
+                    "table": text,
+                    "wall_s": time.perf_counter() - t0,
+                    "complete": len(results) == len(args.dtypes),
+                },
+            )
     if rank == 0:
         print(table(results))
     return results

@@ -89,16 +89,25 @@ class RayMemory:
     def summary(self) -> dict:
         workers = [mb for name, mb in self.peaks.values() if name.startswith("ray::") and "Agent" not in name]
         daemons = {name: round(mb) for name, mb in self.peaks.values() if not name.startswith("ray::") or "Agent" in name}
-        return {"worker_processes": len(workers), "max_worker_peak_mb": round(max(workers, default=0.0)),
-                "sum_worker_peaks_mb": round(sum(workers)), "daemon_peaks_mb": daemons}
+        return {
+            "worker_processes": len(workers),
+            "max_worker_peak_mb": round(max(workers, default=0.0)),
+            "sum_worker_peaks_mb": round(sum(workers)),
+            "daemon_peaks_mb": daemons,
+        }
 
 
 def run_job(config: dict) -> dict:
     """One pack-data job in a fresh interpreter; its stats, and Ray's processes' peaks."""
     with RayMemory() as memory:
-        proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"progress": False, "overwrite": True, **config})],
-                              cwd=REPO, capture_output=True, text=True, check=False,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps({"progress": False, "overwrite": True, **config})],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+        )
     if proc.returncode != 0:
         raise SystemExit(f"pack-data ({config.get('engine', 'local')}) failed:\n{proc.stderr[-3000:]}")
     stats = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("STATS "))[6:])
@@ -115,25 +124,36 @@ def compare(name: str, inputs: list[str], tokenizer: str, args, tmp: Path) -> di
     """The same job on both engines; tokens/s, phases, memory, and whether the shards are equal."""
     out: dict = {}
     # untimed: a small job fills numba's on-disk cache of compiled kernels (both engines use it)
-    run_job({"inputs": inputs, "tokenizer": tokenizer, "max_len": args.max_len, "out": str(tmp / "warm-up"),
-             "num_proc": 1, "limit": 1000})
+    run_job({"inputs": inputs, "tokenizer": tokenizer, "max_len": args.max_len, "out": str(tmp / "warm-up"), "num_proc": 1, "limit": 1000})
     for engine in ("local", "ray"):
         folder = tmp / f"out-{name}-{engine}"
-        stats = run_job({"inputs": inputs, "tokenizer": tokenizer, "max_len": args.max_len, "out": str(folder),
-                         "num_proc": args.workers, "engine": engine})
+        stats = run_job(
+            {
+                "inputs": inputs,
+                "tokenizer": tokenizer,
+                "max_len": args.max_len,
+                "out": str(folder),
+                "num_proc": args.workers,
+                "engine": engine,
+            }
+        )
         total, setup = stats["times"]["total"], stats["times"].get("setup", 0.0)
-        out[engine] = {**stats, "tokens_per_s": stats["tokens"] / total,
-                       "tokens_per_s_excl_setup": stats["tokens"] / (total - setup)}
-        print(f"[{name} {engine}] {stats['tokens']:,} tokens: {out[engine]['tokens_per_s'] / 1e6:.2f}M tok/s "
-              f"({out[engine]['tokens_per_s_excl_setup'] / 1e6:.2f}M excl. setup), driver peak "
-              f"{stats['driver_peak_mb']:.0f} MB, phases {stats['times']}"
-              + (f", Ray {stats['ray_memory']}" if engine == "ray" else ""), flush=True)
+        out[engine] = {**stats, "tokens_per_s": stats["tokens"] / total, "tokens_per_s_excl_setup": stats["tokens"] / (total - setup)}
+        print(
+            f"[{name} {engine}] {stats['tokens']:,} tokens: {out[engine]['tokens_per_s'] / 1e6:.2f}M tok/s "
+            f"({out[engine]['tokens_per_s_excl_setup'] / 1e6:.2f}M excl. setup), driver peak "
+            f"{stats['driver_peak_mb']:.0f} MB, phases {stats['times']}" + (f", Ray {stats['ray_memory']}" if engine == "ray" else ""),
+            flush=True,
+        )
     digests = [shard_digests(tmp / f"out-{name}-{engine}") for engine in ("local", "ray")]
     out["identical"] = digests[0] == digests[1]
     out["ray_vs_local"] = out["ray"]["tokens_per_s"] / out["local"]["tokens_per_s"]
     out["ray_vs_local_excl_setup"] = out["ray"]["tokens_per_s_excl_setup"] / out["local"]["tokens_per_s_excl_setup"]
-    print(f"[{name}] shards identical: {out['identical']}; Ray/local {out['ray_vs_local']:.2f}x "
-          f"({out['ray_vs_local_excl_setup']:.2f}x excl. setup)", flush=True)
+    print(
+        f"[{name}] shards identical: {out['identical']}; Ray/local {out['ray_vs_local']:.2f}x "
+        f"({out['ray_vs_local_excl_setup']:.2f}x excl. setup)",
+        flush=True,
+    )
     for engine in ("local", "ray"):
         subprocess.run(["rm", "-rf", str(tmp / f"out-{name}-{engine}")], check=True)
     return out
@@ -156,8 +176,10 @@ def bench_text(args, tmp: Path) -> dict:
     from scripts.benchlib.pack_data_runs import make_copies
 
     require(SHARED / GSM8K, SHARED / CODEALPACA, TOKENIZER)
-    inputs = [str(make_copies(SHARED / path, args.copies, tmp / f"{name}-x{args.copies}.jsonl"))
-              for name, path in (("gsm8k", GSM8K), ("codealpaca", CODEALPACA))]
+    inputs = [
+        str(make_copies(SHARED / path, args.copies, tmp / f"{name}-x{args.copies}.jsonl"))
+        for name, path in (("gsm8k", GSM8K), ("codealpaca", CODEALPACA))
+    ]
     out = compare(f"text x{args.copies}", inputs, str(TOKENIZER), args, tmp)
     out["input_bytes"] = sum(Path(p).stat().st_size for p in inputs)
     return out
@@ -174,16 +196,24 @@ def bench_plan(args) -> dict:
     rng = np.random.default_rng(0)
     for mean in (250, 2056):
         n = int(args.plan_tokens) // mean
-        lengths = np.clip(rng.exponential(mean, n), 1, args.max_len).astype(np.int64) if mean == 250 \
+        lengths = (
+            np.clip(rng.exponential(mean, n), 1, args.max_len).astype(np.int64)
+            if mean == 250
             else rng.integers(16, 4097, n).astype(np.int64)
+        )
         spill = Spill(Path("unused"), None, lengths, np.arange(n, dtype=np.int64), n, 0)
         t = time.perf_counter()
         pieces: Pieces = apply_overlong(spill, args.max_len, "truncate")
         plan = plan_rows(pieces, args.max_len, "ffd", 0, 32)
         seconds = time.perf_counter() - t
         key = f"{n}x{mean}"
-        out[key] = {"examples": n, "mean_tokens": float(lengths.mean()), "tokens": int(lengths.sum()),
-                    "rows": plan.n_rows, "seconds": seconds}
+        out[key] = {
+            "examples": n,
+            "mean_tokens": float(lengths.mean()),
+            "tokens": int(lengths.sum()),
+            "rows": plan.n_rows,
+            "seconds": seconds,
+        }
         print(f"[plan {n:,} examples, mean {lengths.mean():.0f} tokens] {seconds:.1f} s, {plan.n_rows:,} rows", flush=True)
         del spill, pieces, plan, lengths
     return out

@@ -48,8 +48,14 @@ def refusal_once(checkout: Path, packed: Path, run: Path) -> float:
     argv = ["--data", str(packed), "--model", "tiny", "--out", str(run), "--dtype", "fp8", "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-P", "-c", entry_point(checkout, "pack-train"), *argv], cwd=run.parent,
-                          env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", entry_point(checkout, "pack-train"), *argv],
+        cwd=run.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     seconds = time.perf_counter() - t0
     if proc.returncode != 1 or "--dtype fp8 needs an NVIDIA GPU" not in proc.stderr or run.exists():
         raise SystemExit(f"pack-train of {checkout} did not refuse --dtype fp8 on the CPU:\n{proc.stderr[-3000:]}")
@@ -67,13 +73,16 @@ def jobs() -> dict[str, tuple[Path, Path]]:
 
 def run_once(checkout: Path, data: Path, tokenizer: Path, out: Path, cache: Path) -> float:
     """Seconds of one whole pack-data process of `checkout`."""
-    argv = [str(data), "--tokenizer", str(tokenizer), "--max-len", "8192", "--out", str(out), "--overwrite",
-            "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])),
-           "XDG_CACHE_HOME": str(cache)}
+    argv = [str(data), "--tokenizer", str(tokenizer), "--max-len", "8192", "--out", str(out), "--overwrite", "--no-progress"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])),
+        "XDG_CACHE_HOME": str(cache),
+    }
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-P", "-c", entry_point(checkout), *argv], cwd=out.parent, env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", entry_point(checkout), *argv], cwd=out.parent, env=env, capture_output=True, text=True, check=False
+    )
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"pack-data of {checkout} failed:\n{proc.stderr[-3000:]}")
@@ -124,16 +133,17 @@ def main() -> None:
             results["runs"][job] = times
             results["digests"][job] = next(iter(digests.values()))
             for name, secs in times.items():
-                print(f"{job:7s} {name:18s} median {statistics.median(secs):6.2f} s  runs "
-                      + ", ".join(f"{s:.2f}" for s in secs))
+                print(f"{job:7s} {name:18s} median {statistics.median(secs):6.2f} s  runs " + ", ".join(f"{s:.2f}" for s in secs))
             print(f"{job:7s} shards sha256 {results['digests'][job][:16]}... (same for every variant)")
         packed = tmp / "out" / "sample-this"
         results["pack_train_refusal"] = {}
         for name, path in checkouts.items():
             secs = [refusal_once(path, packed, tmp / "refused-run") for _ in range(args.warmup + args.runs)]
-            results["pack_train_refusal"][name] = secs[args.warmup:]
-            print(f"pack-train refusal {name:7s} median {statistics.median(secs[args.warmup:]):6.2f} s  runs "
-                  + ", ".join(f"{s:.2f}" for s in secs[args.warmup:]))
+            results["pack_train_refusal"][name] = secs[args.warmup :]
+            print(
+                f"pack-train refusal {name:7s} median {statistics.median(secs[args.warmup :]):6.2f} s  runs "
+                + ", ".join(f"{s:.2f}" for s in secs[args.warmup :])
+            )
     results["checkouts"] = {name: str(path) for name, path in checkouts.items()}
     if args.json:
         write_json(args.json, results)

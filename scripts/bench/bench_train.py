@@ -94,7 +94,6 @@ from scripts.benchlib import (  # noqa: E402
     check_output,
     device_name,
     examples_by_id,
-    ffd_steps,
     free_memory,
     group_example_ids,
     jsonable,
@@ -121,7 +120,7 @@ from scripts.benchlib.train_results import (  # noqa: E402
     split_path,
     target_lines,
 )
-from scripts.benchlib.train_runs import Setup, finish_path, plan_step_rows, run_packed_pack_train, trace_path  # noqa: E402
+from scripts.benchlib.train_runs import Setup, finish_path, plan_step_rows, run_packed_path, trace_path  # noqa: E402
 from scripts.benchlib.train_steps import (  # noqa: E402
     flash_attn_available,
     hf_batches,
@@ -129,8 +128,6 @@ from scripts.benchlib.train_steps import (  # noqa: E402
     hf_lora,
     hf_row_batches,
     hf_step_fn,
-    packed_batches,
-    packed_step_fn,
     timed_loop,
 )
 
@@ -147,8 +144,15 @@ HF_TUNINGS = ("layers", "model", "bf16", "fp8", "liger")
 PACKED_TUNINGS = ("bf16-weights", "fp8", "qlora")
 # the same-row peer at each precision (its best attention and whole-model compile) beside pack-train's
 # paths on those rows, then padding and the minibatch rows
-DEFAULT_PATHS = ("hf-ffd-fa2+model", "hf-ffd-flex+model", "hf-ffd-fa2+model+bf16", "packlm-ffd",
-                 "packlm-ffd+bf16-weights", "hf-pad+layers", "packlm-minibatch")
+DEFAULT_PATHS = (
+    "hf-ffd-fa2+model",
+    "hf-ffd-flex+model",
+    "hf-ffd-fa2+model+bf16",
+    "packlm-ffd",
+    "packlm-ffd+bf16-weights",
+    "hf-pad+layers",
+    "packlm-minibatch",
+)
 
 
 HF_ATTN = {
@@ -160,15 +164,6 @@ HF_ATTN = {
     "hf-ffd-flex": "flex_attention",
     "hf-ffd-fa2": "flash_attention_2",
 }
-
-
-# ------------------------------------------------------------------------------------- batching
-
-
-# ------------------------------------------------------------------------------------ accounting
-
-
-# ------------------------------------------------------------------------------------ step loop
 
 
 # ------------------------------------------------------------------------------------ the paths
@@ -216,109 +211,113 @@ def run_hf_path(path: str, s: Setup) -> PathResult:
         model.compile(dynamic=True)
     opt = make_optimizer(model, a.lr, s.device, a.optimizer)
     if base.startswith("hf-ffd"):
-        batches = hf_row_batches(plan_step_rows(s.folders["ffd"], a.ffd_tokens, a.seed,
-                                                a.warmup + a.steps + a.profile_steps), s.device,
-                                 flash_kwargs=attn == "flash_attention_2")
+        batches = hf_row_batches(
+            plan_step_rows(s.folders["ffd"], a.ffd_tokens, a.seed, a.warmup + a.steps + a.profile_steps),
+            s.device,
+            flash_kwargs=attn == "flash_attention_2",
+        )
     else:
-        batches = hf_batches(s.group_ids, s.examples, flatten=(base != "hf-pad"), pad_id=s.pad_id,
-                             device=s.device, flash_kwargs=attn == "flash_attention_2")
+        batches = hf_batches(
+            s.group_ids, s.examples, flatten=(base != "hf-pad"), pad_id=s.pad_id, device=s.device, flash_kwargs=attn == "flash_attention_2"
+        )
     try:  # the compiled layers partition at their first step: under the budget (no effect uncompiled)
         with torch._functorch.config.patch(activation_memory_budget=a.activation_memory_budget):
-            res, lens = timed_loop(batches, hf_step_fn(model, opt, s.device, a.dtype),
-                                   warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,
-                                   trace=trace_path(a, path))
+            res, lens = timed_loop(
+                batches,
+                hf_step_fn(model, opt, s.device, a.dtype),
+                warmup=a.warmup,
+                steps=a.steps,
+                device=s.device,
+                profile_steps=a.profile_steps,
+                trace=trace_path(a, path),
+            )
     finally:
         del model, opt
         free_memory(s.device)
-    return finish_path(res, lens, s, path=path, runner=f"hf/{attn}" + "".join(f"+{t}" for t in tunings),
-                        n_params=n_params)
-
-
-def packed_step_rows(path: str, s: Setup) -> list[list[dict[str, np.ndarray]]]:
-    """The micro-batches of a packlm path: minibatch groups, or ffd rows cut by --ffd-tokens."""
-    if split_path(path)[0] == "packlm-minibatch":
-        return s.groups
-    return ffd_steps(s.folders["ffd"], s.args.ffd_tokens)
-
-
-def run_packed_inline(path: str, s: Setup) -> PathResult:
-    """A packlm path in this process: build_model + collate_rows + packed_loss, fused AdamW."""
-    from trainer.model.load import build_model, compile_decoder_layers
-
-    a = s.args
-    if a.lora_r or a.grad_checkpointing or split_path(path)[1]:
-        raise ValueError("the inline runner has no --lora-r / --grad-checkpointing / +bf16-weights: use "
-                         "--packed-runner pack-train")
-    reset_cuda_peak(s.device)
-    model, backend = build_model(a.model, attn=a.attn, device=s.device, dtype=torch.float32,
-                                 vocab_size=s.vocab_size, seed=a.seed)
-    model.train()
-    if a.compile:  # as pack-train --compile does
-        compile_decoder_layers(model)
-    opt = make_optimizer(model, a.lr, s.device, a.optimizer)
-    n_params = n_params_of(model)
-    try:
-        res, lens = timed_loop(packed_batches(packed_step_rows(path, s), s.device),
-                               packed_step_fn(model, opt, s.device, a.dtype, a.compile),
-                               warmup=a.warmup, steps=a.steps, device=s.device, profile_steps=a.profile_steps,
-                               trace=trace_path(a, path))
-    finally:
-        del model, opt
-        free_memory(s.device)
-    return finish_path(res, lens, s, path=path, runner=f"inline/{backend}", n_params=n_params)
-
-
-def run_packed_path(path: str, s: Setup) -> PathResult:
-    """A packlm path through `pack-train`'s loop, or the equivalent inline loop."""
-    if s.args.packed_runner == "pack-train":
-        return run_packed_pack_train(path, s)
-    return run_packed_inline(path, s)
+    return finish_path(res, lens, s, path=path, runner=f"hf/{attn}" + "".join(f"+{t}" for t in tunings), n_params=n_params)
 
 
 # ------------------------------------------------------------------------------------- reporting
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_args(p, device=AUTO_DEVICE, model="llama-1b", steps=(30, "timed optimizer steps per path"),
-                   warmup=(5, "untimed steps per path before timing"))
-    p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
-                   help=f"comma separated, of {','.join(ALL_PATHS)}; an HF path may add +TUNING "
-                        f"({', '.join(HF_TUNINGS)}; +liger last), a packlm path +{'/+'.join(PACKED_TUNINGS)}")
-    add_bench_args(p, json=(None, "write all results here"), workdir=default_workdir("packlm-bench"), shared=None,
-                   tokenizer=None, limit=None, seed=0)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_args(
+        p,
+        device=AUTO_DEVICE,
+        model="llama-1b",
+        steps=(30, "timed optimizer steps per path"),
+        warmup=(5, "untimed steps per path before timing"),
+    )
+    p.add_argument(
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"comma separated, of {','.join(ALL_PATHS)}; an HF path may add +TUNING "
+        f"({', '.join(HF_TUNINGS)}; +liger last), a packlm path +{'/+'.join(PACKED_TUNINGS)}",
+    )
+    add_bench_args(
+        p, json=(None, "write all results here"), workdir=default_workdir("packlm-bench"), shared=None, tokenizer=None, limit=None, seed=0
+    )
     p.add_argument("--group", type=int, default=32, help="examples per step (padding/minibatch)")
     add_bench_args(p, max_len=8192)
-    p.add_argument("--ffd-tokens", type=int, default=16384,
-                   help="tokens per optimizer step on the ffd path (whole rows; 16384, pack-train's "
-                        "default --tokens-per-step, is two full 8192-token rows)")
+    p.add_argument(
+        "--ffd-tokens",
+        type=int,
+        default=16384,
+        help="tokens per optimizer step on the ffd path (whole rows; 16384, pack-train's "
+        "default --tokens-per-step, is two full 8192-token rows)",
+    )
     add_bench_args(p, lr=1e-4)
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
-                   help="bf16 = autocast over fp32 weights for every path")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 = autocast over fp32 weights for every path")
     p.add_argument("--attn", default="auto", help="packlm attention backend (build_model attn=)")
-    p.add_argument("--fp8-recipe", default="rowwise_with_gw_hp",
-                   choices=("rowwise_with_gw_hp", "rowwise", "tensorwise"),
-                   help="torchao float8 recipe of +fp8 paths, HF and packlm alike (pack-train --fp8-recipe)")
+    p.add_argument(
+        "--fp8-recipe",
+        default="rowwise_with_gw_hp",
+        choices=("rowwise_with_gw_hp", "rowwise", "tensorwise"),
+        help="torchao float8 recipe of +fp8 paths, HF and packlm alike (pack-train --fp8-recipe)",
+    )
     p.add_argument("--packed-runner", choices=("auto", "pack-train", "inline"), default="auto")
     p.add_argument("--compile", action="store_true", help="pack-train --compile (per-layer)")
     add_bench_args(p, lora_r=(0, "LoRA rank on every path (0: full fine-tune)"))
-    p.add_argument("--optimizer", choices=("adamw", "adafactor"), default="adamw",
-                   help="every path's optimizer (pack-train --optimizer; torch.optim.Adafactor on HF paths)")
-    p.add_argument("--grad-checkpointing", nargs="?", const=1, default=0, type=int, metavar="N",
-                   help="activation checkpointing of every decoder layer on every path, or with N of "
-                        "every Nth one (layers 0, N, 2N, ...)")
-    p.add_argument("--activation-memory-budget", type=float, default=1.0, metavar="F",
-                   help="torch.compile's activation memory budget on every compiled path (pack-train "
-                        "--activation-memory-budget; HF paths compile under the same setting)")
-    p.add_argument("--profile-steps", type=int, default=0,
-                   help="profile this many more steps of each path after its timed ones (torch.profiler) "
-                        "and report GPU time by kernel kind, top kernels, GPU idle time by gap length "
-                        "with the longest gaps, and the host's busiest operators and waits for the GPU")
-    p.add_argument("--profile-trace", default=None, metavar="DIR",
-                   help="with --profile-steps: write each path's Chrome trace of those steps into DIR as "
-                        "PATH.json.gz, '+' written '_' (for chrome://tracing or Perfetto); the HF and inline "
-                        "paths also record Python stacks (which slows the host down), pack-train's do not")
+    p.add_argument(
+        "--optimizer",
+        choices=("adamw", "adafactor"),
+        default="adamw",
+        help="every path's optimizer (pack-train --optimizer; torch.optim.Adafactor on HF paths)",
+    )
+    p.add_argument(
+        "--grad-checkpointing",
+        nargs="?",
+        const=1,
+        default=0,
+        type=int,
+        metavar="N",
+        help="activation checkpointing of every decoder layer on every path, or with N of every Nth one (layers 0, N, 2N, ...)",
+    )
+    p.add_argument(
+        "--activation-memory-budget",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="torch.compile's activation memory budget on every compiled path (pack-train "
+        "--activation-memory-budget; HF paths compile under the same setting)",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profile this many more steps of each path after its timed ones (torch.profiler) "
+        "and report GPU time by kernel kind, top kernels, GPU idle time by gap length "
+        "with the longest gaps, and the host's busiest operators and waits for the GPU",
+    )
+    p.add_argument(
+        "--profile-trace",
+        default=None,
+        metavar="DIR",
+        help="with --profile-steps: write each path's Chrome trace of those steps into DIR as "
+        "PATH.json.gz, '+' written '_' (for chrome://tracing or Perfetto); the HF and inline "
+        "paths also record Python stacks (which slows the host down), pack-train's do not",
+    )
     add_bench_args(p, pack_procs=default_pack_procs(4))
     p.add_argument("--num-workers", type=int, default=2, help="pack-train DataLoader workers")
     add_bench_args(p, peak_tflops=H100_BF16_TFLOPS)
@@ -327,11 +326,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         check_output(args.json, "--json")
     args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
     known = [(HF_PATHS, HF_TUNINGS), (PACKED_PATHS, PACKED_TUNINGS)]
-    unknown = [x for x in args.paths if not any(
-        split_path(x)[0] in bases and set(split_path(x)[1]) <= set(tunings) for bases, tunings in known)]
+    unknown = [
+        x for x in args.paths if not any(split_path(x)[0] in bases and set(split_path(x)[1]) <= set(tunings) for bases, tunings in known)
+    ]
     if unknown:
-        p.error(f"unknown path(s) {unknown}: choose from {','.join(ALL_PATHS)} (HF ones with "
-                f"+{'/+'.join(HF_TUNINGS)}, packlm ones with +{'/+'.join(PACKED_TUNINGS)})")
+        p.error(
+            f"unknown path(s) {unknown}: choose from {','.join(ALL_PATHS)} (HF ones with "
+            f"+{'/+'.join(HF_TUNINGS)}, packlm ones with +{'/+'.join(PACKED_TUNINGS)})"
+        )
     liger = [k for k, x in enumerate(args.paths) if "liger" in split_path(x)[1]]
     if liger and liger[0] != len(args.paths) - len(liger):
         p.error("+liger paths must come last: Liger patches transformers' Llama classes for the rest of the run")
@@ -343,48 +345,66 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
     device = resolve_device(args.device)
     shared = args.shared or shared_dir()
     t0 = time.perf_counter()
-    print(f"# bench_train: model={args.model} device={device} steps={args.steps} "
-          f"warmup={args.warmup} dtype={args.dtype} (bf16 = autocast, fp32 weights)")
+    print(
+        f"# bench_train: model={args.model} device={device} steps={args.steps} "
+        f"warmup={args.warmup} dtype={args.dtype} (bf16 = autocast, fp32 weights)"
+    )
     print(f"preparing data in {args.workdir} (shared={shared}, limit={args.limit})")
-    folders = prepare_data(args.workdir, shared, limit=args.limit, seed=args.seed,
-                           max_len=args.max_len, tokenizer=args.tokenizer,
-                           num_proc=args.pack_procs)
+    folders = prepare_data(
+        args.workdir, shared, limit=args.limit, seed=args.seed, max_len=args.max_len, tokenizer=args.tokenizer, num_proc=args.pack_procs
+    )
     vocab_size, pad_id = tokenizer_ids(folders["pad"])
     groups = minibatch_groups(folders["minibatch"], args.group)
     group_ids = [group_example_ids(g) for g in groups]
     examples = examples_by_id(folders["pad"])
     config = model_config(args.model, vocab_size)
-    setup = Setup(args, device, folders, groups, group_ids, examples, pad_id, vocab_size,
-                  shape=flop_shape(config, args.lora_r, args.grad_checkpointing))
+    setup = Setup(
+        args,
+        device,
+        folders,
+        groups,
+        group_ids,
+        examples,
+        pad_id,
+        vocab_size,
+        shape=flop_shape(config, args.lora_r, args.grad_checkpointing),
+    )
     if args.packed_runner == "auto":
         try:
             from trainer import TrainConfig, train  # noqa: F401
 
             args.packed_runner = "pack-train"
         except ImportError as exc:
-            print(f"NOTE: trainer.run.loop is not importable ({exc}); packlm paths run the equivalent "
-                  "inline loop (build_model + collate_rows + packed_loss)")
+            print(
+                f"NOTE: trainer.run.loop is not importable ({exc}); packlm paths run the equivalent "
+                "inline loop (build_model + collate_rows + packed_loss)"
+            )
             args.packed_runner = "inline"
     mean_tokens = np.mean([sum(len(r["input_ids"]) for r in g) for g in groups])
-    print(f"data ready in {time.perf_counter() - t0:.1f} s: {len(examples)} examples, "
-          f"{len(groups)} groups of {args.group} (mean {mean_tokens:.0f} tokens/group), "
-          f"vocab {vocab_size}, packed runner {args.packed_runner}")
+    print(
+        f"data ready in {time.perf_counter() - t0:.1f} s: {len(examples)} examples, "
+        f"{len(groups)} groups of {args.group} (mean {mean_tokens:.0f} tokens/group), "
+        f"vocab {vocab_size}, packed runner {args.packed_runner}"
+    )
     results: list[PathResult] = []
 
     def save(table: str, targets: list[str]) -> None:
         """The JSON report so far: written after every path, so a run cut short keeps its results."""
         if args.json:
-            write_json(args.json, {
-                "config": jsonable(args),
-                "machine": machine_summary(),
-                "device_name": device_name(device),
-                "torch": torch.__version__,
-                "mean_tokens_per_group": float(mean_tokens),
-                "results": [asdict(r) for r in results],
-                "table": table,
-                "targets": targets,
-                "wall_s": time.perf_counter() - t0,
-            })
+            write_json(
+                args.json,
+                {
+                    "config": jsonable(args),
+                    "machine": machine_summary(),
+                    "device_name": device_name(device),
+                    "torch": torch.__version__,
+                    "mean_tokens_per_group": float(mean_tokens),
+                    "results": [asdict(r) for r in results],
+                    "table": table,
+                    "targets": targets,
+                    "wall_s": time.perf_counter() - t0,
+                },
+            )
 
     for path in args.paths:
         t_path = time.perf_counter()
@@ -399,11 +419,14 @@ def main(argv: Sequence[str] | None = None) -> list[PathResult]:
         except Exception as exc:  # noqa: BLE001 - one failing path must not lose the others
             traceback.print_exc()
             first = (str(exc).strip().splitlines() or [""])[0][:120]
-            res = PathResult(path=path, runner=HF_ATTN.get(split_path(path)[0], args.packed_runner), ok=False,
-                             note=f"{type(exc).__name__}: {first}")
+            res = PathResult(
+                path=path, runner=HF_ATTN.get(split_path(path)[0], args.packed_runner), ok=False, note=f"{type(exc).__name__}: {first}"
+            )
         free_memory(device)  # here, once the traceback (and the model it holds) is gone
-        print(f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step "
-              f"({time.perf_counter() - t_path:.1f} s){'' if res.ok else ' SKIPPED ' + res.note}")
+        print(
+            f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step "
+            f"({time.perf_counter() - t_path:.1f} s){'' if res.ok else ' SKIPPED ' + res.note}"
+        )
         if "profile" in res.extra:
             print(f"  {path} profile: {json.dumps(res.extra['profile'])}")
         results.append(res)

@@ -14,7 +14,8 @@ folder's rows cut back into their examples (`scripts.benchlib.train_steps.row_ex
 `datasets.Dataset` of `input_ids` and `completion_mask` (1 where pack-data's label is not -100), and
 packs them itself (`packing=True, packing_strategy="bfd"`, padding-free, `max_length=L`,
 `completion_only_loss=True`, so the loss falls on exactly pack-data's loss tokens). Before training,
-the TRL run checks that its packed dataset holds the folder's examples, tokens and loss tokens.
+the TRL run (`scripts.benchlib.trl_run`) checks that its packed dataset holds the folder's examples,
+tokens and loss tokens.
 
 A path is `trl` or `packlm` with options: `+ckpt` recomputes every decoder layer in the backward
 (TRL: HF gradient checkpointing, use_reentrant=False; pack-train: --grad-checkpointing), `+liger`
@@ -55,14 +56,14 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
 from scripts.benchlib import add_bench_args, check_output, write_text_output  # noqa: E402
-from scripts.benchlib.trl_data import folder_totals, packed_totals, steady_rate, trl_dataset  # noqa: E402
+from scripts.benchlib.trl_data import folder_totals  # noqa: E402
+from scripts.benchlib.trl_run import run_trl  # noqa: E402
 
 RUNNERS = ("trl", "packlm")
 OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload"), "packlm": ("ckpt", "long")}
@@ -85,107 +86,6 @@ def parse_path(path: str) -> tuple[str, set[str]]:
 # --------------------------------------------------------------------------------------- one path
 
 
-def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
-    """One TRL SFTTrainer run (see the module); the result record."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
-
-    from scripts.benchlib import LLAMA2, model_config, tokenizer_ids
-
-    device = torch.device(a.device)
-    cuda = device.type == "cuda"
-    folder = Path(a.folder)
-    vocab, _ = tokenizer_ids(folder)
-    want = folder_totals(folder)
-    tokenizer = AutoTokenizer.from_pretrained(Path(a.shared) / LLAMA2)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    lora = a.lora_r > 0
-    torch.manual_seed(a.seed)
-    with torch.device(device):  # initialized where it trains: an 8B model's random init is slow on the CPU
-        model = AutoModelForCausalLM.from_config(
-            model_config(a.model, vocab), attn_implementation="flash_attention_2" if cuda else "sdpa",
-            dtype=torch.bfloat16 if lora and cuda else torch.float32)
-    peft_config = None
-    if lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=a.lora_r, lora_alpha=16.0, lora_dropout=0.0, target_modules="all-linear",
-                                 task_type="CAUSAL_LM")
-    out = tempfile.mkdtemp(prefix="trl-", dir=a.workdir)
-    args = SFTConfig(
-        output_dir=out, max_steps=a.steps, per_device_train_batch_size=1, gradient_accumulation_steps=1,
-        learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        optim="adamw_torch_fused" if cuda else "adamw_torch", bf16=cuda, use_cpu=not cuda,
-        gradient_checkpointing="ckpt" in options, gradient_checkpointing_kwargs={"use_reentrant": False},
-        use_liger_kernel="liger" in options, torch_compile="compile" in options,
-        activation_offloading="offload" in options,
-        packing=True, packing_strategy="bfd", padding_free=True, max_length=a.max_len, completion_only_loss=True,
-        report_to="none", save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True,
-        seed=a.seed, dataloader_num_workers=0,
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=trl_dataset(folder), processing_class=tokenizer,
-                         peft_config=peft_config)
-    got = packed_totals(trainer.train_dataset)
-    same = all(got[k] == want[k] for k in ("examples", "tokens", "loss_tokens"))
-    if not same:
-        raise SystemExit(f"TRL's packed dataset {got} does not hold the folder's examples {want}")
-
-    counts: list[tuple[int, int, int]] = []  # per collated batch: tokens, loss tokens, examples
-    lengths: list[list[int]] = []  # per collated batch: its examples' lengths (for the FLOP count)
-    collate = trainer.data_collator
-
-    def counting(examples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = collate(examples)
-        counts.append((sum(len(e["input_ids"]) for e in examples), int((batch["labels"] != -100).sum()),
-                       sum(len(e["seq_lengths"]) for e in examples)))
-        lengths.append([int(n) for e in examples for n in e["seq_lengths"]])
-        return batch
-
-    trainer.data_collator = counting
-    times: list[float] = []
-
-    class StepTimes(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, D102
-            if not times:
-                if cuda:
-                    torch.cuda.synchronize(device)
-                times.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, D102
-            if cuda:
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter())
-
-    trainer.add_callback(StepTimes())
-    for quiet in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(quiet)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    trainer.train()
-    steps = len(times) - 1
-    tokens, seconds, rate = steady_rate([c[0] for c in counts[:steps]], times, a.warmup)
-    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
-    from pipeline.report.flops import StepFlops, step_flops
-    from scripts.benchlib import flop_rates
-    from scripts.benchlib.train_results import flop_shape
-
-    shape = flop_shape(model_config(a.model, vocab), a.lora_r, 1 if "ckpt" in options else 0)
-    flops = sum((step_flops(shape, lengths[k], loss_tokens=counts[k][1]) for k in range(a.warmup, steps)),
-                StepFlops())
-    return {
-        "status": "ok", "steps": steps, "timed_steps": steps - a.warmup, "tokens": tokens, "seconds": seconds,
-        "tokens_per_s": rate, **flop_rates(flops.model, flops.attention, seconds),
-        "loss_tokens": int(sum(c[1] for c in counts[:steps])),
-        "examples": int(sum(c[2] for c in counts[:steps])), "step_tokens": [c[0] for c in counts[:steps]],
-        "final_loss": losses[-1] if losses else None,
-        "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
-        "dataset": {"folder": want, "trl_packed": got, "same_examples": same},
-        "runner": f"trl SFTTrainer, {'flash_attention_2' if cuda else 'sdpa'}",
-    }
-
-
 def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     """One pack-train run (`trainer.train`, what the CLI runs) on the packed folder; the result record."""
     from pipeline.errors import UserError
@@ -196,10 +96,23 @@ def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
 
     out = tempfile.mkdtemp(prefix="packlm-", dir=a.workdir)
     config = TrainConfig(
-        data=a.folder, model=a.model, out=out, tokens_per_step=a.max_len, grad_accum=1, lr=a.lr, warmup=0,
-        schedule="constant", max_steps=a.steps, seed=a.seed, log_every=1, lora_r=a.lora_r,
-        grad_checkpointing=1 if "ckpt" in options else 0, compile=False if a.no_compile else None,
-        device=a.device, progress=False, tile_mlp=8192 if "long" in options else 0,
+        data=a.folder,
+        model=a.model,
+        out=out,
+        tokens_per_step=a.max_len,
+        grad_accum=1,
+        lr=a.lr,
+        warmup=0,
+        schedule="constant",
+        max_steps=a.steps,
+        seed=a.seed,
+        log_every=1,
+        lora_r=a.lora_r,
+        grad_checkpointing=1 if "ckpt" in options else 0,
+        compile=False if a.no_compile else None,
+        device=a.device,
+        progress=False,
+        tile_mlp=8192 if "long" in options else 0,
         offload_activations="long" in options,
     )
     try:
@@ -217,13 +130,19 @@ def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     model = sum(r["tflops"] * 1e12 * r["step_time_s"] for r in timed)  # pack-train's own count, one step a line
     attention = sum(r["attn_flop_share"] * r["tflops"] * 1e12 * r["step_time_s"] for r in timed)
     return {
-        "status": "ok" if res.ok else "short", "note": res.note, "steps": records[-1]["step"] if records else 0,
-        "timed_steps": res.steps, "tokens": res.tokens, "seconds": res.seconds,
+        "status": "ok" if res.ok else "short",
+        "note": res.note,
+        "steps": records[-1]["step"] if records else 0,
+        "timed_steps": res.steps,
+        "tokens": res.tokens,
+        "seconds": res.seconds,
         "tokens_per_s": res.tokens / res.seconds if res.seconds > 0 else 0.0,
         **flop_rates(model, attention, res.seconds),
-        "tokens_all_steps": records[-1]["tokens"] if records else 0, "final_loss": res.final_loss,
+        "tokens_all_steps": records[-1]["tokens"] if records else 0,
+        "final_loss": res.final_loss,
         "peak_gib": records[-1].get("peak_mem_gib") if records and a.device.startswith("cuda") else None,
-        "runner": f"pack-train, {summary.get('attention')}", "params": summary.get("params"),
+        "runner": f"pack-train, {summary.get('attention')}",
+        "params": summary.get("params"),
     }
 
 
@@ -250,12 +169,40 @@ def run_one(a: argparse.Namespace) -> None:
 
 def child_args(a: argparse.Namespace, path: str, folder: Path, result: Path) -> list[str]:
     """The command line of one path's subprocess."""
-    return [sys.executable, str(Path(__file__).resolve()), "--one", path, "--folder", str(folder),
-            "--result", str(result), "--model", a.model, "--lora-r", str(a.lora_r), "--max-len", str(a.max_len),
-            "--steps", str(a.steps), "--warmup", str(a.warmup), "--lr", str(a.lr), "--seed", str(a.seed),
-            "--device", a.device, "--workdir", str(a.workdir), "--shared", str(a.shared)] + \
-        (["--no-compile"] if a.no_compile else []) + \
-        (["--gpu-memory-gib", str(a.gpu_memory_gib)] if a.gpu_memory_gib else [])
+    return (
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--one",
+            path,
+            "--folder",
+            str(folder),
+            "--result",
+            str(result),
+            "--model",
+            a.model,
+            "--lora-r",
+            str(a.lora_r),
+            "--max-len",
+            str(a.max_len),
+            "--steps",
+            str(a.steps),
+            "--warmup",
+            str(a.warmup),
+            "--lr",
+            str(a.lr),
+            "--seed",
+            str(a.seed),
+            "--device",
+            a.device,
+            "--workdir",
+            str(a.workdir),
+            "--shared",
+            str(a.shared),
+        ]
+        + (["--no-compile"] if a.no_compile else [])
+        + (["--gpu-memory-gib", str(a.gpu_memory_gib)] if a.gpu_memory_gib else [])
+    )
 
 
 def ratios(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -281,7 +228,8 @@ def ratios(records: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         out[r["path"]] = {
             "vs_trl_same_recompute": r["tokens_per_s"] / peer["tokens_per_s"] if peer else None,
             "vs_trl_best": r["tokens_per_s"] / best["tokens_per_s"] if best else None,
-            "trl_same_recompute": peer["path"] if peer else None, "trl_best": best["path"] if best else None,
+            "trl_same_recompute": peer["path"] if peer else None,
+            "trl_best": best["path"] if best else None,
         }
     return out
 
@@ -292,8 +240,10 @@ def line(r: dict[str, Any]) -> str:
         return f"{r['path']:<16} {r.get('status')}: {r.get('note', '')}"
     peak = f"{r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else "-"
     mfu = f"  MFU {r['mfu']:.1%} ({r['tflops']:,.0f} TFLOP/s)" if r.get("tflops") is not None else ""
-    return (f"{r['path']:<16} {r['tokens_per_s']:>10,.0f} tok/s  over {r['timed_steps']} steps, {r['tokens']} tokens"
-            f"{mfu}  peak {peak}  loss {r.get('final_loss')}  ({r.get('runner')})")
+    return (
+        f"{r['path']:<16} {r['tokens_per_s']:>10,.0f} tok/s  over {r['timed_steps']} steps, {r['tokens']} tokens"
+        f"{mfu}  peak {peak}  loss {r.get('final_loss')}  ({r.get('runner')})"
+    )
 
 
 def run_path(a: argparse.Namespace, path: str, folder: Path) -> dict[str, Any]:
@@ -302,8 +252,7 @@ def run_path(a: argparse.Namespace, path: str, folder: Path) -> dict[str, Any]:
     result.unlink(missing_ok=True)
     print(f"== {path}" + (f" at {a.max_len:,} tokens" if a.lengths else ""), flush=True)
     try:
-        proc = subprocess.run(child_args(a, path, folder, result), stderr=subprocess.PIPE, text=True,
-                              timeout=a.path_timeout)
+        proc = subprocess.run(child_args(a, path, folder, result), stderr=subprocess.PIPE, text=True, timeout=a.path_timeout)
     except subprocess.TimeoutExpired as exc:
         sys.stderr.write(exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "")
         record = {"path": path, "status": "timeout", "note": f"stopped after --path-timeout {a.path_timeout} s"}
@@ -357,29 +306,44 @@ def run_lengths(a: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
     for path, n in found.items():
         print(f"{path}: the longest example that trained: {f'{n:,} tokens' if n else 'none of those tried'}")
     compared = {str(n): ratios([r for r in records if r["length"] == n]) for n in lengths}
-    return {"model": a.model, "lora_r": a.lora_r, "lengths": lengths, "steps": a.steps, "warmup": a.warmup,
-            "device": a.device, "gpu_memory_gib": a.gpu_memory_gib,
-            "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
-            "results": records, "longest": found, "ratios_by_length": compared}
+    return {
+        "model": a.model,
+        "lora_r": a.lora_r,
+        "lengths": lengths,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "device": a.device,
+        "gpu_memory_gib": a.gpu_memory_gib,
+        "data": "rows of one example of random ids (bench_context_parallel.write_long_folder)",
+        "results": records,
+        "longest": found,
+        "ratios_by_length": compared,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_args(p, model=("llama-1b", "trainer.model.presets name (llama-1b, llama-8b, tiny)"),
-                      lora_r=(0, "0: full fine-tune; r: LoRA rank on every linear layer"),
-                      max_len=(16384, "pack-data --max-len = TRL max_length = tokens a step"),
-                      steps=(8, "steps in all (the first --warmup are not timed)"), warmup=3)
+    add_bench_args(
+        p,
+        model=("llama-1b", "trainer.model.presets name (llama-1b, llama-8b, tiny)"),
+        lora_r=(0, "0: full fine-tune; r: LoRA rank on every linear layer"),
+        max_len=(16384, "pack-data --max-len = TRL max_length = tokens a step"),
+        steps=(8, "steps in all (the first --warmup are not timed)"),
+        warmup=3,
+    )
     p.add_argument("--paths", default=DEFAULT_PATHS)
     add_bench_args(p, lr=1e-5, seed=0, device="cuda", limit=(None, "examples read from each data set (default: all)"))
     p.add_argument("--no-compile", action="store_true", help="pack-train --no-compile")
-    p.add_argument("--gpu-memory-gib", type=float, default=None,
-                   help="cap each path's GPU memory (torch.cuda.set_per_process_memory_fraction), e.g. 78 "
-                        "on a larger GPU to stand in for an 80 GB card's memory (not its speed)")
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="cap each path's GPU memory (torch.cuda.set_per_process_memory_fraction), e.g. 78 "
+        "on a larger GPU to stand in for an 80 GB card's memory (not its speed)",
+    )
     p.add_argument("--path-timeout", type=float, default=None, help="seconds a path may run (then: 'timeout')")
-    add_bench_args(p, workdir=Path("/tmp/bench_trl"),
-                      shared=(None, "shared data folder (default: benchlib.shared_dir)"))
-    p.add_argument("--lengths", default=None,
-                   help="comma separated example lengths: the longest each path trains (see the module)")
+    add_bench_args(p, workdir=Path("/tmp/bench_trl"), shared=(None, "shared data folder (default: benchlib.shared_dir)"))
+    p.add_argument("--lengths", default=None, help="comma separated example lengths: the longest each path trains (see the module)")
     add_bench_args(p, json=str)
     p.add_argument("--one", help=argparse.SUPPRESS)  # the child: run this path only
     p.add_argument("--folder", help=argparse.SUPPRESS)
@@ -411,9 +375,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         same = f"{r['vs_trl_same_recompute']:.2f}x {r['trl_same_recompute']}" if r["vs_trl_same_recompute"] else "-"
         best = f"{r['vs_trl_best']:.2f}x {r['trl_best']}" if r["vs_trl_best"] else "-"
         print(f"{path}: {same} (same recompute); {best} (TRL's best)")
-    payload = {"model": a.model, "lora_r": a.lora_r, "max_len": a.max_len, "steps": a.steps, "warmup": a.warmup,
-               "device": a.device, "data": {"folder": str(folder), **totals}, "results": records,
-               "ratios": compared}
+    payload = {
+        "model": a.model,
+        "lora_r": a.lora_r,
+        "max_len": a.max_len,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "device": a.device,
+        "data": {"folder": str(folder), **totals},
+        "results": records,
+        "ratios": compared,
+    }
     return _finish(a, payload)
 
 

@@ -46,12 +46,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, required=True, help="bench_train.py's --workdir (its packed rows)")
     add_bench_args(p, shared=None, model=("llama-8b", "packlm preset"), lora_r=16)
-    p.add_argument("--gc", choices=("unsloth", "true", "false"), default="unsloth",
-                   help="Unsloth's use_gradient_checkpointing")
+    p.add_argument("--gc", choices=("unsloth", "true", "false"), default="unsloth", help="Unsloth's use_gradient_checkpointing")
     add_bench_args(p, steps=9, warmup=3)
     p.add_argument("--ffd-tokens", type=int, default=16384, help="tokens per step (bench_train.py --ffd-tokens)")
-    add_bench_args(p, seed=0, lr=1e-4, max_len=(8192, "pack-data --max-len of the prepared rows"), peak_tflops=989.0,
-                   device=("cuda", "cuda (tests: cpu, with a stand-in for unsloth)"), json=None)
+    add_bench_args(
+        p,
+        seed=0,
+        lr=1e-4,
+        max_len=(8192, "pack-data --max-len of the prepared rows"),
+        peak_tflops=989.0,
+        device=("cuda", "cuda (tests: cpu, with a stand-in for unsloth)"),
+        json=None,
+    )
     args = p.parse_args(argv)
     if args.json:
         from scripts.benchlib import check_output
@@ -60,8 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def write_checkpoint(folder: Path, preset: str, vocab_size: int, seed: int, tokenizer: Path,
-                     device: str) -> None:
+def write_checkpoint(folder: Path, preset: str, vocab_size: int, seed: int, tokenizer: Path, device: str) -> None:
     """The preset as a bf16 safetensors checkpoint with its tokenizer, once per folder."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -85,6 +90,7 @@ def with_lengths(batches: Iterator[Callable[[], Any]]) -> Iterator[Callable[[], 
     import torch
 
     for thunk in batches:
+
         def add(thunk: Callable[[], Any] = thunk) -> Any:
             batch = thunk()
             batch.payload["packed_seq_lengths"] = torch.tensor(batch.seq_lens, dtype=torch.int32)
@@ -129,33 +135,59 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # step is longer, which Unsloth accepts where packed_seq_lengths marks the examples
     gc = {"unsloth": "unsloth", "true": True, "false": False}[args.gc]
     model, _ = FastLanguageModel.from_pretrained(
-        model_name=str(checkpoint), max_seq_length=args.max_len, dtype=torch.bfloat16, load_in_4bit=False,
-        load_in_16bit=True, use_gradient_checkpointing=gc, local_files_only=True)
+        model_name=str(checkpoint),
+        max_seq_length=args.max_len,
+        dtype=torch.bfloat16,
+        load_in_4bit=False,
+        load_in_16bit=True,
+        use_gradient_checkpointing=gc,
+        local_files_only=True,
+    )
     n_params = n_params_of(model)
     config = model.config
     model = FastLanguageModel.get_peft_model(
-        model, r=args.lora_r, lora_alpha=16, lora_dropout=0.0, bias="none",
+        model,
+        r=args.lora_r,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        bias="none",
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        use_gradient_checkpointing=gc, random_state=args.seed)
+        use_gradient_checkpointing=gc,
+        random_state=args.seed,
+    )
     model.train()
     opt = make_optimizer(model, args.lr, device)
     steps = plan_step_rows(folders["ffd"], args.ffd_tokens, args.seed, args.warmup + args.steps)
     batches = with_lengths(hf_row_batches(steps, device))
-    print(f"model ready in {time.perf_counter() - t0:.1f} s: {n_params / 1e6:.1f}M params, "
-          f"gradient checkpointing {gc!r}", flush=True)
-    res, lens = timed_loop(batches, hf_step_fn(model, opt, device, "bf16"),
-                              warmup=args.warmup, steps=args.steps, device=device)
-    s = Setup(argparse.Namespace(peak_tflops=args.peak_tflops, lora_r=args.lora_r), device, folders,
-                 [], [], {}, 0, vocab_size, shape=flop_shape(config, args.lora_r, 1 if gc else 0))
+    print(f"model ready in {time.perf_counter() - t0:.1f} s: {n_params / 1e6:.1f}M params, gradient checkpointing {gc!r}", flush=True)
+    res, lens = timed_loop(batches, hf_step_fn(model, opt, device, "bf16"), warmup=args.warmup, steps=args.steps, device=device)
+    s = Setup(
+        argparse.Namespace(peak_tflops=args.peak_tflops, lora_r=args.lora_r),
+        device,
+        folders,
+        [],
+        [],
+        {},
+        0,
+        vocab_size,
+        shape=flop_shape(config, args.lora_r, 1 if gc else 0),
+    )
     path = f"unsloth-ffd+gc-{args.gc}"
     res = finish_path(res, lens, s, path=path, runner=f"unsloth {unsloth.__version__}", n_params=n_params)
     del model, opt
     free_memory(device)
-    print(f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step, peak {res.peak_gib} GiB, "
-          f"MFU {100 * res.mfu:.1f}%, loss {res.final_loss:.4f}")
-    report = {"config": {k: str(v) for k, v in vars(args).items()}, "machine": machine_summary(),
-              "device_name": device_name(device), "torch": torch.__version__,
-              "results": [asdict(res)], "wall_s": time.perf_counter() - t0}
+    print(
+        f"  {path}: {res.tokens_per_s:,.0f} tokens/s, {res.step_ms:.0f} ms/step, peak {res.peak_gib} GiB, "
+        f"MFU {100 * res.mfu:.1f}%, loss {res.final_loss:.4f}"
+    )
+    report = {
+        "config": {k: str(v) for k, v in vars(args).items()},
+        "machine": machine_summary(),
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "results": [asdict(res)],
+        "wall_s": time.perf_counter() - t0,
+    }
     if args.json:
         write_json(args.json, report)
     return report

@@ -42,8 +42,8 @@ for name in ("trl", "datasets", "liger_kernel", "flash_attn"):
     module = importlib.import_module(name)
     print(f"{name} {getattr(module, '__version__', md.version(name.replace('_', '-')))} from {module.__file__}")
 import sys; sys.path.insert(0, ".")
-from scripts.benchlib import ring_peer
-print("ring_flash_attn adapter", ring_peer.import_adapter().__file__)
+from scripts.benchlib import ring_attention
+print("ring_flash_attn adapter", ring_attention.import_adapter().__file__)
 PY
 }
 

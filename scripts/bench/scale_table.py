@@ -80,13 +80,22 @@ def summarize_run(run_dir: Path, warmup: int) -> dict[str, Any]:
     world = int(known) if known else None  # None: the run died before writing config.json
     parallel = "single" if world == 1 else str(config.get("parallel", "?"))
     row: dict[str, Any] = {
-        "name": run_dir.name, "run_dir": str(run_dir), "parallel": parallel, "gpus": world,
-        "exit_code": exit_code, "ok": bool(records) and exit_code in (0, None) and summary is not None,
+        "name": run_dir.name,
+        "run_dir": str(run_dir),
+        "parallel": parallel,
+        "gpus": world,
+        "exit_code": exit_code,
+        "ok": bool(records) and exit_code in (0, None) and summary is not None,
         "steps_logged": records[-1]["step"] if records else 0,
         "steps_summary": summary.get("steps") if summary else None,
         "total_steps": summary.get("total_steps") if summary else None,
-        "steps_measured": 0, "tokens_measured": 0, "seconds_measured": 0.0,
-        "tokens_per_s": None, "tokens_per_s_per_gpu": None, "mfu": None, "step_time_ms": None,
+        "steps_measured": 0,
+        "tokens_measured": 0,
+        "seconds_measured": 0.0,
+        "tokens_per_s": None,
+        "tokens_per_s_per_gpu": None,
+        "mfu": None,
+        "step_time_ms": None,
         "peak_mem_gib": max((r.get("peak_mem_gib") or 0.0 for r in records), default=None),
         "attention": records[-1].get("attention") if records else None,
         "params": summary.get("params") if summary else None,
@@ -130,9 +139,11 @@ def _fmt(value: Any, spec: str) -> str:
 def markdown_table(rows: Sequence[dict[str, Any]], warmup: int) -> str:
     """The scaling table in Markdown, with a note saying how each column was computed."""
     lines = [
-        ("| config | GPUs | exit | steps (logged / summary) | steps measured "
-         "| tokens/s total (all GPUs, real tokens) | tokens/s per GPU | scaling eff. vs 1 GPU "
-         "| MFU (per GPU) | step time ms | peak mem GiB (rank 0) | steps per rank |"),
+        (
+            "| config | GPUs | exit | steps (logged / summary) | steps measured "
+            "| tokens/s total (all GPUs, real tokens) | tokens/s per GPU | scaling eff. vs 1 GPU "
+            "| MFU (per GPU) | step time ms | peak mem GiB (rank 0) | steps per rank |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -148,12 +159,14 @@ def markdown_table(rows: Sequence[dict[str, Any]], warmup: int) -> str:
         )
     lines += [
         "",
-        (f"Measured: steps > {warmup} (earlier steps are compile/allocator warmup). pack-train's "
-         "`tokens` are summed over all ranks, so tokens/s total is global and per GPU = total / GPUs. "
-         "Scaling efficiency = per-GPU tokens/s / the 1-GPU run's. MFU = model FLOPs/s (causal attention "
-         "included: pipeline.report.flops) / (peak FLOP/s x GPUs), as pack-train logs it (peak = its "
-         "--peak-flops). Only rank 0 logs "
-         "metrics; steps per rank come from each rank's own ranks/rank{r}.json."),
+        (
+            f"Measured: steps > {warmup} (earlier steps are compile/allocator warmup). pack-train's "
+            "`tokens` are summed over all ranks, so tokens/s total is global and per GPU = total / GPUs. "
+            "Scaling efficiency = per-GPU tokens/s / the 1-GPU run's. MFU = model FLOPs/s (causal attention "
+            "included: pipeline.report.flops) / (peak FLOP/s x GPUs), as pack-train logs it (peak = its "
+            "--peak-flops). Only rank 0 logs "
+            "metrics; steps per rank come from each rank's own ranks/rank{r}.json."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -184,8 +197,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.md:
             write_text_output(args.md, table, "--md")
         if args.json:
-            payload = {"warmup": args.warmup, "baseline": base["name"] if base else None,
-                       "tokens_per_s_scope": "global (all ranks), real tokens", "runs": rows}
+            payload = {
+                "warmup": args.warmup,
+                "baseline": base["name"] if base else None,
+                "tokens_per_s_scope": "global (all ranks), real tokens",
+                "runs": rows,
+            }
             write_text_output(args.json, json.dumps(payload, indent=2) + "\n")
         bad = [r["name"] for r in rows if not r["ok"]]
         if bad:

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo, else what `platform` knows."""
     try:

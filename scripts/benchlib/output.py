@@ -48,8 +48,7 @@ def check_output(path: str | os.PathLike[str], option: str = "--out") -> Path:
     if stat.S_ISDIR(mode):
         raise SystemExit(f"error: {option} {path} is a folder: name a file to write (one inside it, or another path)")
     if not stat.S_ISREG(mode):
-        raise SystemExit(f"error: {option} {path} is not a regular file (a device, FIFO or socket): "
-                         "name a regular file to write")
+        raise SystemExit(f"error: {option} {path} is not a regular file (a device, FIFO or socket): name a regular file to write")
     return path
 
 
@@ -78,8 +77,9 @@ def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], op
         write_atomic(target, write)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise SystemExit(f"error: disk full while writing {path}: free some space or choose another "
-                             f"{option}; nothing was written") from None
+            raise SystemExit(
+                f"error: disk full while writing {path}: free some space or choose another {option}; nothing was written"
+            ) from None
         raise SystemExit(f"error: cannot write {path}: {exc.strerror}: choose another {option}") from None
 
 
@@ -95,6 +95,7 @@ def write_json(path: str | os.PathLike[str], payload: Any, option: str = "--json
 
 def write_jsonl(path: Path, records: Sequence[dict[str, str]], option: str = "--out") -> None:
     """One JSON object per line, written whole or not at all (`write_output`)."""
+
     def write(tmp: Path) -> None:
         with tmp.open("w", encoding="utf-8") as handle:
             for rec in records:

@@ -54,8 +54,7 @@ def run_child(code: str, *argv: str, what: str) -> dict:
     """Run `python -c code argv...` in a fresh interpreter (repo root, this SHARED); return the JSON
     it prints on its `STATS ` line."""
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True,
-                          check=False, env=child_env())
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, check=False, env=child_env())
     process_s = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
@@ -130,8 +129,12 @@ def trl_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) 
     packed.save_to_disk(str(tmp / f"trl-out-{path.stem}"))
     t3 = time.perf_counter()
     tokens = sum(len(x) for x in ds["input_ids"])
-    return {"tokens": tokens, "rows": len(packed), "seconds": t3 - t0,
-            "phases": {"load+map": t1 - t0, "pack_dataset": t2 - t1, "save_to_disk": t3 - t2}}
+    return {
+        "tokens": tokens,
+        "rows": len(packed),
+        "seconds": t3 - t0,
+        "phases": {"load+map": t1 - t0, "pack_dataset": t2 - t1, "save_to_disk": t3 - t2},
+    }
 
 
 def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: int) -> dict:
@@ -167,9 +170,7 @@ def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: i
 
     def tokenize_fn(example, processing_class):  # the prompt-completion, non-conversational branch
         prompt_ids = _tokenize(processing_class, example["prompt"], chat_template=None)["input_ids"]
-        prompt_completion_ids = _tokenize(
-            processing_class, example["prompt"] + example["completion"], chat_template=None
-        )["input_ids"]
+        prompt_completion_ids = _tokenize(processing_class, example["prompt"] + example["completion"], chat_template=None)["input_ids"]
         prompt_len = common_prefix_length(prompt_ids, prompt_completion_ids)
         completion_mask = [0] * prompt_len + [1] * (len(prompt_completion_ids) - prompt_len)
         return {"input_ids": prompt_completion_ids, "completion_mask": completion_mask}
@@ -189,9 +190,12 @@ def trl_sft_pipeline(path: Path, tokenizer, tmp: Path, max_len: int, num_proc: i
     packed.save_to_disk(str(tmp / f"trl-sft-out-{path.stem}"))
     t4 = time.perf_counter()
     tokens = sum(len(x) for x in ds["input_ids"])
-    return {"tokens": tokens, "rows": len(packed), "seconds": t4 - t0,
-            "phases": {"load+render": t1 - t0, "eos+tokenize+labels maps": t2 - t1, "pack_dataset": t3 - t2,
-                       "save_to_disk": t4 - t3}}
+    return {
+        "tokens": tokens,
+        "rows": len(packed),
+        "seconds": t4 - t0,
+        "phases": {"load+render": t1 - t0, "eos+tokenize+labels maps": t2 - t1, "pack_dataset": t3 - t2, "save_to_disk": t4 - t3},
+    }
 
 
 BASELINE_CHILD = r"""
@@ -220,8 +224,7 @@ def baseline_in_child(kind: str, path: Path, tmp: Path, max_len: int) -> dict:
     """One cold baseline (`raw`: the first encode_batch_fast call over the texts; `trl`; `sft`) in a
     fresh interpreter with a freshly loaded tokenizer, timed after its imports, like pack-data's child
     (and, as `process_s`, the whole process)."""
-    return run_child(BASELINE_CHILD, kind, str(path), str(tmp / f"cold-{kind}"), str(max_len),
-                     what=f"cold {kind} baseline")
+    return run_child(BASELINE_CHILD, kind, str(path), str(tmp / f"cold-{kind}"), str(max_len), what=f"cold {kind} baseline")
 
 
 def make_copies(path: Path, copies: int, out: Path) -> Path:
@@ -279,4 +282,3 @@ def replicate(target_mb: int, out: Path) -> Path:
                 f.write(json.dumps({**r, "instruction": f"{copy}: {r['instruction']}"}) + "\n")
             copy += 1
     return path
-

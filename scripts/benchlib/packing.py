@@ -22,7 +22,13 @@ PREP_STRATEGIES = ("pad", "minibatch", "ffd")
 
 
 def pack_data_args(
-    inputs: Sequence[Path], out: Path, *, tokenizer: Path, max_len: int, strategy: str, seed: int,
+    inputs: Sequence[Path],
+    out: Path,
+    *,
+    tokenizer: Path,
+    max_len: int,
+    strategy: str,
+    seed: int,
     num_proc: int = 1,
 ) -> list[str]:
     """The `pack-data` command-line arguments for one strategy."""
@@ -45,8 +51,7 @@ class PackJob:
     max_len: int | None = None  # None: run_pack_jobs' max_len
 
 
-def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, seed: int,
-                  num_proc: int = 1) -> None:
+def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, seed: int, num_proc: int = 1) -> None:
     """Run `pack-data` (its click command, in this process: one import of transformers for all)
     for the jobs whose output is missing or stale."""
     import click
@@ -55,37 +60,41 @@ def run_pack_jobs(jobs: Sequence[PackJob], *, tokenizer: Path, max_len: int, see
 
     for job in jobs:
         stamp_file = job.out.parent / f"{job.out.name}.stamp.json"
-        if ((job.out / "manifest.json").is_file() and stamp_file.is_file()
-                and json.loads(stamp_file.read_text()) == job.stamp):
+        if (job.out / "manifest.json").is_file() and stamp_file.is_file() and json.loads(stamp_file.read_text()) == job.stamp:
             print(f"  reusing {job.out}")
             continue
         job_len = job.max_len or max_len
-        args = pack_data_args(job.inputs, job.out, tokenizer=tokenizer, max_len=job_len,
-                              strategy=job.strategy, seed=seed, num_proc=num_proc)
+        args = pack_data_args(
+            job.inputs, job.out, tokenizer=tokenizer, max_len=job_len, strategy=job.strategy, seed=seed, num_proc=num_proc
+        )
         t0 = time.perf_counter()
         try:
             pack_data.main(args=args, standalone_mode=False)
         except click.ClickException as exc:
             raise SystemExit(f"pack-data {' '.join(args)} failed: {exc.format_message()}") from None
         write_text_output(stamp_file, json.dumps(job.stamp), "--workdir")
-        print(f"  pack-data --strategy {job.strategy} --max-len {job_len} -> {job.out.name}: "
-              f"{time.perf_counter() - t0:.1f} s")
+        print(f"  pack-data --strategy {job.strategy} --max-len {job_len} -> {job.out.name}: {time.perf_counter() - t0:.1f} s")
 
 
 def prepare_data(
-    workdir: Path, shared: Path, *, limit: int | None, seed: int, max_len: int,
-    strategies: Sequence[str] = PREP_STRATEGIES, tokenizer: Path | None = None, num_proc: int = 1,
+    workdir: Path,
+    shared: Path,
+    *,
+    limit: int | None,
+    seed: int,
+    max_len: int,
+    strategies: Sequence[str] = PREP_STRATEGIES,
+    tokenizer: Path | None = None,
+    num_proc: int = 1,
 ) -> dict[str, Path]:
     """Write GSM8K + CodeAlpaca as one seeded instruction/input/output JSONL and pack it once per
     strategy; returns the folders by strategy."""
     workdir.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer or shared / LLAMA2
-    stamp = {"limit": limit, "seed": seed, "max_len": max_len, "tokenizer": str(tokenizer),
-             "shared": str(shared.resolve())}
+    stamp = {"limit": limit, "seed": seed, "max_len": max_len, "tokenizer": str(tokenizer), "shared": str(shared.resolve())}
     inputs = workdir / "examples.jsonl"
     input_stamp = workdir / "examples.stamp.json"
-    if not (inputs.is_file() and input_stamp.is_file()
-            and json.loads(input_stamp.read_text()) == stamp):
+    if not (inputs.is_file() and input_stamp.is_file() and json.loads(input_stamp.read_text()) == stamp):
         write_jsonl(inputs, seeded_order(load_source_examples(shared, limit), seed))
         write_text_output(input_stamp, json.dumps(stamp), "--workdir")
     jobs = [PackJob([inputs], workdir / s, s, {**stamp, "strategy": s}) for s in strategies]
@@ -120,8 +129,10 @@ def minibatch_groups(folder: Path, group_size: int = 32) -> list[list[dict[str, 
         seen.update(int(e) for e in row["example_ids"])
         if len(seen) >= group_size:
             if len(seen) > group_size:
-                raise ValueError(f"{folder}: a group holds {len(seen)} > {group_size} examples: "
-                                 "was it packed with --strategy minibatch and this group size?")
+                raise ValueError(
+                    f"{folder}: a group holds {len(seen)} > {group_size} examples: "
+                    "was it packed with --strategy minibatch and this group size?"
+                )
             groups.append(current)
             current, seen = [], set()
     if current:
@@ -144,8 +155,7 @@ def examples_by_id(pad_folder: Path) -> dict[int, dict[str, np.ndarray]]:
     out: dict[int, dict[str, np.ndarray]] = {}
     for row in iter_rows(pad_folder):
         if len(row["seq_lens"]) != 1:
-            raise ValueError(f"{pad_folder}: a row holds {len(row['seq_lens'])} examples; "
-                             "expected --strategy pad (one example per row)")
+            raise ValueError(f"{pad_folder}: a row holds {len(row['seq_lens'])} examples; expected --strategy pad (one example per row)")
         out[int(row["example_ids"][0])] = {"input_ids": row["input_ids"], "labels": row["labels"]}
     return out
 
@@ -164,8 +174,7 @@ def ffd_steps(folder: Path, tokens_per_step: int) -> list[list[dict[str, np.ndar
     return [rows[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
 
 
-def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab: int = 32000,
-                      record_vocab: bool = False) -> None:
+def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab: int = 32000, record_vocab: bool = False) -> None:
     """A packed folder of `rows` rows, each one example of `length` tokens (ids below `vocab`). With
     `record_vocab` the manifest names `vocab` as the tokenizer's size, which pack-train then gives the
     model; without, a preset keeps its own vocabulary (the 8B's 128,256)."""
@@ -179,19 +188,28 @@ def write_long_folder(folder: Path, length: int, rows: int, seed: int = 0, vocab
     labels = ids.copy()
     labels[::length] = IGNORE_INDEX
     positions = np.tile(np.arange(length, dtype=np.int64), rows)
-    table = rows_table(ids, labels, positions, np.arange(rows + 1, dtype=np.int64) * length,
-                       np.full(rows, length, dtype=np.int64), np.arange(rows, dtype=np.int64),
-                       np.arange(rows + 1, dtype=np.int64))
+    table = rows_table(
+        ids,
+        labels,
+        positions,
+        np.arange(rows + 1, dtype=np.int64) * length,
+        np.full(rows, length, dtype=np.int64),
+        np.arange(rows, dtype=np.int64),
+        np.arange(rows + 1, dtype=np.int64),
+    )
     name = shard_name(0)
     write_shard(folder / name, table)
     manifest = Manifest(
-        max_len=length, strategy="ffd", seed=seed, rows=rows, total_tokens=rows * length,
-        loss_tokens=rows * (length - 1), efficiency=1.0,
+        max_len=length,
+        strategy="ffd",
+        seed=seed,
+        rows=rows,
+        total_tokens=rows * length,
+        loss_tokens=rows * (length - 1),
+        efficiency=1.0,
         counts=Counts(examples_read=rows, examples_packed=rows),
         shards=[ShardInfo(file=name, rows=rows, tokens=rows * length, sha256=file_sha256(folder / name))],
-        tokenizer={"name": f"random ids below {vocab}", "fingerprint": "0" * 64,
-                   **({"vocab_size": vocab} if record_vocab else {})},
+        tokenizer={"name": f"random ids below {vocab}", "fingerprint": "0" * 64, **({"vocab_size": vocab} if record_vocab else {})},
         config={"max_len": length, "strategy": "ffd", "seed": seed},
     )
     write_manifest(folder, manifest)
-

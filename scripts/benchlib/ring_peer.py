@@ -19,10 +19,10 @@ Run through `scripts/bench/bench_context_parallel.py peer` (under torchrun). Per
   backward; the adapters' gradients are partial sums, all-reduced (SUM); AdamW step.
 
 The first forward must call the ring function once per decoder layer, else the run stops
-(`RingCalls.check`): a transformers release whose flash_attention_2 path bypasses the patch would
-otherwise time plain per-rank flash attention.
+(`ring_attention.RingCalls.check`): a transformers release whose flash_attention_2 path bypasses
+the patch would otherwise time plain per-rank flash attention.
 
-`fake=True` (CPU, gloo) replaces the ring function by an exact reference (`reference_attention`:
+`fake=True` (CPU, gloo) replaces the ring function by an exact reference (`ring_attention.fake_ring`:
 K and V all-gathered over the group, attention with each example's causal mask at global
 positions) under the sdpa slot; it needs no ring_flash_attn, so the slicing, the loss and the
 gradient sync are checked on the CPU against the examples run one by one (tests/scripts).
@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from .ring_attention import ReferenceRing, RingCalls, fake_ring, install_ring, set_ring_row
 
 IGNORE = -100
 LOSS_CHUNK = 8192  # tokens whose logits exist at once in the loss
@@ -81,148 +82,22 @@ def row_share(row: dict[str, np.ndarray], rank: int, world: int, pad_id: int = 0
         seq_lens = np.concatenate([seq_lens, [pad]])
     width = (n + pad) // world
     part = slice(rank * width, (rank + 1) * width)
-    return Share(input_ids=ids[part], position_ids=positions[part], targets=targets[part],
-                 cu_seqlens=np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int32),
-                 row_tokens=int(n), loss_tokens=int((targets != IGNORE).sum()))
-
-
-# ------------------------------------------------------------------------------- the attention
-
-
-class RingCalls:
-    """Counts the calls of the ring attention function, and stops a run whose first forward did not
-    call it once per decoder layer."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def wrap(self, fn: Any) -> Any:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.n += 1
-            return fn(*args, **kwargs)
-        return counted
-
-    def check(self, layers: int, what: str) -> None:
-        if self.n != layers:
-            raise SystemExit(f"{what} was called {self.n} times in the first forward, not once per decoder layer "
-                             f"({layers}): the patch does not reach this transformers release's attention; "
-                             "no numbers are reported")
-
-
-def import_adapter() -> Any:
-    """`ring_flash_attn.adapters.hf_adapter`, importable under transformers 5.
-
-    ring-flash-attn 0.1.8's adapter imports `is_flash_attn_greater_or_equal_2_10` from
-    `transformers.modeling_flash_attention_utils`, which transformers 5 no longer defines there
-    (zhuzilin/ring-flash-attention PR #88, unreleased), so `import ring_flash_attn` fails; the
-    adapter only tests that name for truth, and the flash-attn it runs with (2.8) is >= 2.10, so a
-    function answering True is put in its place first."""
-    import transformers.modeling_flash_attention_utils as fa_utils
-
-    if not hasattr(fa_utils, "is_flash_attn_greater_or_equal_2_10"):
-        fa_utils.is_flash_attn_greater_or_equal_2_10 = lambda: True
-    from ring_flash_attn.adapters import hf_adapter
-
-    return hf_adapter
-
-
-def install_ring(group: Any, heads_k_stride: int, calls: RingCalls) -> str:
-    """Route transformers' flash_attention_2 through ring-flash-attn's HF adapter; returns how.
-
-    The adapter replaces `modeling_flash_attention_utils._flash_attention_forward` with the ring
-    form whose parameter count matches this release's, and registers its own flash_attention_2
-    interface (which looks that name up at call time; transformers' own interface imported it by
-    name). Where no form matches (a release newer than the adapter knows), its transformers>=4.53
-    form, which takes **kwargs, is installed the same way by hand; the call count then shows
-    whether it is used. The ring kernel itself (`llama3_flash_attn_varlen_func`, a global of the
-    adapter's module) is wrapped by `calls`."""
-    import transformers.modeling_flash_attention_utils as fa_utils
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    hf_adapter = import_adapter()
-
-    try:
-        hf_adapter.substitute_hf_flash_attn(group, heads_k_stride)
-        how = "substitute_hf_flash_attn"
-    except ValueError:
-        fa_utils._flash_attention_forward = hf_adapter.create_ring_flash_attention_forward(group, heads_k_stride)[-1]
-        ALL_ATTENTION_FUNCTIONS["flash_attention_2"] = hf_adapter.flash_attention_forward
-        how = "adapter's transformers>=4.53 forward installed by hand (its signature check refused this release)"
-    hf_adapter.llama3_flash_attn_varlen_func = calls.wrap(hf_adapter.llama3_flash_attn_varlen_func)
-    return how
-
-
-def set_ring_row(cu_seqlens: torch.Tensor, group: Any) -> None:
-    """The ring adapter's per-row state: the padded row's example boundaries."""
-    import_adapter().update_ring_flash_attn_params(cu_seqlens, group)
-
-
-class _GatherSeq(torch.autograd.Function):
-    """All-gather along the sequence (dim 2 of [batch, heads, tokens, dim]); the backward sums the
-    gradient over the group and keeps this rank's part."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: D102
-        ctx.group, ctx.n = group, x.shape[2]
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=2)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        rank = dist.get_rank(ctx.group)
-        return grad.narrow(2, rank * ctx.n, ctx.n), None
-
-
-@dataclass
-class ReferenceRing:
-    """The state of `reference_attention`: the group and the padded row's boundaries."""
-
-    group: Any = None
-    cu_seqlens: torch.Tensor | None = None
-
-
-def reference_attention(state: ReferenceRing, calls: RingCalls) -> Any:
-    """An attention interface (transformers' signature) computing exactly what the ring computes:
-    this rank's queries against the whole row's keys and values, each query seeing the earlier
-    tokens of its own example only (positions on the whole row)."""
-
-    def attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-               dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-        calls.n += 1
-        key, value = _GatherSeq.apply(key, state.group), _GatherSeq.apply(value, state.group)
-        rep = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
-        local, total = query.shape[2], key.shape[2]
-        q_pos = dist.get_rank(state.group) * local + torch.arange(local)
-        k_pos = torch.arange(total)
-        example = torch.searchsorted(state.cu_seqlens[1:].long(), torch.arange(total), right=True)
-        mask = (example[q_pos][:, None] == example[None, :]) & (k_pos[None, :] <= q_pos[:, None])
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.device), scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
-
-    return attend
-
-
-@contextlib.contextmanager
-def fake_ring(state: ReferenceRing, calls: RingCalls) -> Iterator[None]:
-    """`reference_attention` in the sdpa slot of transformers' attention interfaces, for the block."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = reference_attention(state, calls)
-    try:
-        yield
-    finally:
-        del ALL_ATTENTION_FUNCTIONS["sdpa"]  # the library's own again
+    return Share(
+        input_ids=ids[part],
+        position_ids=positions[part],
+        targets=targets[part],
+        cu_seqlens=np.concatenate([[0], np.cumsum(seq_lens)]).astype(np.int32),
+        row_tokens=int(n),
+        loss_tokens=int((targets != IGNORE).sum()),
+    )
 
 
 # -------------------------------------------------------------------------- the model and a step
 
 
-def build_peer_model(preset: str, vocab: int | None, device: torch.device, *, lora_r: int, seed: int,
-                     attn: str, init_lora_weights: bool = True) -> Any:
+def build_peer_model(
+    preset: str, vocab: int | None, device: torch.device, *, lora_r: int, seed: int, attn: str, init_lora_weights: bool = True
+) -> Any:
     """The peft model (see the module): bf16 base on CUDA, fp32 on the CPU; gradient checkpointing."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -231,11 +106,13 @@ def build_peer_model(preset: str, vocab: int | None, device: torch.device, *, lo
 
     torch.manual_seed(seed)
     with torch.device(device):  # initialized where it trains: an 8B model's random init is slow on the CPU
-        model = AutoModelForCausalLM.from_config(model_config(preset, vocab), attn_implementation=attn,
-                                                 dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            model_config(preset, vocab), attn_implementation=attn, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32
+        )
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = LoraConfig(r=lora_r, lora_alpha=16.0, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM",
-                      init_lora_weights=init_lora_weights)
+    lora = LoraConfig(
+        r=lora_r, lora_alpha=16.0, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM", init_lora_weights=init_lora_weights
+    )
     return get_peft_model(model, lora).train()  # peft keeps the adapters in fp32 over a bf16 base
 
 
@@ -250,8 +127,10 @@ def loss_sum(model: Any, ids: torch.Tensor, positions: torch.Tensor, targets: to
     def chunk(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(base.lm_head(h).float(), t, ignore_index=IGNORE, reduction="sum")
 
-    return sum(checkpoint(chunk, hidden[s:s + LOSS_CHUNK], targets[s:s + LOSS_CHUNK], use_reentrant=False)
-               for s in range(0, len(targets), LOSS_CHUNK))
+    return sum(
+        checkpoint(chunk, hidden[s : s + LOSS_CHUNK], targets[s : s + LOSS_CHUNK], use_reentrant=False)
+        for s in range(0, len(targets), LOSS_CHUNK)
+    )
 
 
 def sync_grads(params: list[torch.nn.Parameter], group: Any) -> None:
@@ -261,12 +140,13 @@ def sync_grads(params: list[torch.nn.Parameter], group: Any) -> None:
     dist.all_reduce(flat, group=group)
     offset = 0
     for p, g in zip(params, grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+        p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
         offset += g.numel()
 
 
-def peer_backward(model: Any, share: Share, device: torch.device, group: Any, *, calls: RingCalls | None = None,
-                  layers: int | None = None, what: str = "") -> torch.Tensor:
+def peer_backward(
+    model: Any, share: Share, device: torch.device, group: Any, *, calls: RingCalls | None = None, layers: int | None = None, what: str = ""
+) -> torch.Tensor:
     """Forward and backward of one rank's share, gradients synced; returns the whole row's mean loss
     (all-reduced). With `calls`, stops unless the forward called the ring function `layers` times."""
     ids = torch.from_numpy(share.input_ids.astype(np.int64)).to(device)
@@ -286,8 +166,19 @@ def peer_backward(model: Any, share: Share, device: torch.device, group: Any, *,
     return loss[0]
 
 
-def run_peer(rows: list[dict[str, np.ndarray]], *, preset: str, vocab: int | None, lora_r: int, steps: int,
-             warmup: int, lr: float, seed: int, fake: bool, heads_k_stride: int) -> dict[str, Any]:
+def run_peer(
+    rows: list[dict[str, np.ndarray]],
+    *,
+    preset: str,
+    vocab: int | None,
+    lora_r: int,
+    steps: int,
+    warmup: int,
+    lr: float,
+    seed: int,
+    fake: bool,
+    heads_k_stride: int,
+) -> dict[str, Any]:
     """W warm-up steps then S timed steps of the peer on `rows` (row k at step k, cyclically), in the
     default process group (made by the caller); the record (rank 0's is the one to keep)."""
     import transformers
@@ -302,8 +193,7 @@ def run_peer(rows: list[dict[str, np.ndarray]], *, preset: str, vocab: int | Non
     else:
         ctx = contextlib.nullcontext()
         how = install_ring(None, heads_k_stride, calls)
-    model = build_peer_model(preset, vocab, device, lora_r=lora_r, seed=seed,
-                             attn="sdpa" if fake else "flash_attention_2")
+    model = build_peer_model(preset, vocab, device, lora_r=lora_r, seed=seed, attn="sdpa" if fake else "flash_attention_2")
     layers = model.get_base_model().config.num_hidden_layers
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, fused=device.type == "cuda")
@@ -320,33 +210,42 @@ def run_peer(rows: list[dict[str, np.ndarray]], *, preset: str, vocab: int | Non
                 state.cu_seqlens = cu.cpu()
             else:
                 set_ring_row(cu, None)
-            loss = peer_backward(model, share, device, None, calls=calls if step == 0 else None, layers=layers,
-                                 what="the ring attention function")
+            loss = peer_backward(
+                model, share, device, None, calls=calls if step == 0 else None, layers=layers, what="the ring attention function"
+            )
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(device)
             times.append(time.perf_counter() - start)
             tokens.append(share.row_tokens)
             losses.append(float(loss))
-    peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0],
-                        device=device)
+    peak = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0], device=device)
     peaks = [torch.zeros_like(peak) for _ in range(world)]
     dist.all_gather(peaks, peak)
     seconds, timed = sum(times[warmup:]), sum(tokens[warmup:])
     rate = timed / seconds if seconds > 0 else 0.0
     from .training import flop_rates
 
-    flops = timed_flops([rows[step % len(rows)] for step in range(warmup, warmup + steps)],
-                        model.get_base_model().config, lora_r)
+    flops = timed_flops([rows[step % len(rows)] for step in range(warmup, warmup + steps)], model.get_base_model().config, lora_r)
     return {
-        "peer": "ring-flash-attn HF adapter (llama3 varlen)", "attention": how, "world_size": world,
-        "model": preset, "lora_r": lora_r, "grad_checkpointing": "every layer (HF, use_reentrant=False)",
-        "heads_k_stride": heads_k_stride, "transformers": transformers.__version__,
-        "row_tokens": tokens[0], "steps": steps, "warmup": warmup, "step_s": [round(t, 4) for t in times],
-        "tokens_per_s": rate, "tokens_per_s_per_gpu": rate / world,
+        "peer": "ring-flash-attn HF adapter (llama3 varlen)",
+        "attention": how,
+        "world_size": world,
+        "model": preset,
+        "lora_r": lora_r,
+        "grad_checkpointing": "every layer (HF, use_reentrant=False)",
+        "heads_k_stride": heads_k_stride,
+        "transformers": transformers.__version__,
+        "row_tokens": tokens[0],
+        "steps": steps,
+        "warmup": warmup,
+        "step_s": [round(t, 4) for t in times],
+        "tokens_per_s": rate,
+        "tokens_per_s_per_gpu": rate / world,
         **flop_rates(flops.model, flops.attention, seconds * world),  # a GPU's share of the time
         "peak_mem_gib": [float(p) for p in peaks] if device.type == "cuda" else None,
-        "final_loss": losses[-1], "ring_calls_first_forward": layers,
+        "final_loss": losses[-1],
+        "ring_calls_first_forward": layers,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
 
@@ -359,8 +258,7 @@ def timed_flops(rows: list[dict[str, np.ndarray]], config: Any, lora_r: int) -> 
     from .train_results import flop_shape, loss_tokens_of
 
     shape = flop_shape(config, lora_r, 1)
-    return sum((step_flops(shape, row["seq_lens"], loss_tokens=loss_tokens_of([row["labels"]])) for row in rows),
-               StepFlops())
+    return sum((step_flops(shape, row["seq_lens"], loss_tokens=loss_tokens_of([row["labels"]])) for row in rows), StepFlops())
 
 
 def _sync(device: torch.device) -> None:
@@ -368,8 +266,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peer_main(data: str, *, preset: str, lora_r: int, steps: int, warmup: int, lr: float, seed: int, fake: bool,
-              heads_k_stride: int, json_path: str | None) -> None:
+def peer_main(
+    data: str,
+    *,
+    preset: str,
+    lora_r: int,
+    steps: int,
+    warmup: int,
+    lr: float,
+    seed: int,
+    fake: bool,
+    heads_k_stride: int,
+    json_path: str | None,
+) -> None:
     """`bench_context_parallel.py peer`: the rows of a packed folder, the process group (nccl, or
     gloo with `fake`), `run_peer`, rank 0's record printed and written to `json_path`."""
     import os
@@ -382,8 +291,18 @@ def peer_main(data: str, *, preset: str, lora_r: int, steps: int, warmup: int, l
     dist.init_process_group("gloo" if fake else "nccl")
     rows = list(iter_rows(data))
     vocab = manifest_vocab(read_manifest(data).tokenizer)  # as pack-train sizes the model (None: the preset's)
-    record = run_peer(rows, preset=preset, vocab=vocab, lora_r=lora_r, steps=steps, warmup=warmup, lr=lr, seed=seed,
-                      fake=fake, heads_k_stride=heads_k_stride)
+    record = run_peer(
+        rows,
+        preset=preset,
+        vocab=vocab,
+        lora_r=lora_r,
+        steps=steps,
+        warmup=warmup,
+        lr=lr,
+        seed=seed,
+        fake=fake,
+        heads_k_stride=heads_k_stride,
+    )
     if dist.get_rank() == 0:
         record["data"] = str(data)
         print(json.dumps(record, indent=1))

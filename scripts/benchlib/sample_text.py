@@ -1,13 +1,13 @@
 """The templated English and code of the embedded sample data (scripts/tools/make_sample_data.py):
 `Gen` draws instructions, chats and texts from one seeded `random.Random`, so a rerun is
-byte-identical."""
+byte-identical (the words from `sample_words`, the coding tasks from `sample_code`)."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 
+from .sample_code import CODE_TASKS
 from .sample_words import (
     ADJECTIVES,
     ADJS,
@@ -50,8 +50,14 @@ class Gen:
         noun, noun2 = r.sample(NOUNS, 2)
         verb, verb2 = r.sample(VERBS, 2)
         return r.choice(WORD_SENTENCES).format(
-            adj=r.choice(ADJS), noun=noun, noun2=noun2, verb=verb, verb2=verb2,
-            Name=r.choice(NAMES)[0], city=r.choice(CITIES), period=r.choice(PERIODS),
+            adj=r.choice(ADJS),
+            noun=noun,
+            noun2=noun2,
+            verb=verb,
+            verb2=verb2,
+            Name=r.choice(NAMES)[0],
+            city=r.choice(CITIES),
+            period=r.choice(PERIODS),
         )
 
     def sentence(self, topic: str) -> str:
@@ -62,9 +68,19 @@ class Gen:
         vp, vp2 = r.sample(VERB_PHRASES, 2)
         np_, np2 = r.sample(NOUN_PHRASES, 2)
         s = t.format(
-            Topic=cap(topic), topic=topic, adj=r.choice(ADJECTIVES), np=np_, np2=np2, vp=vp,
-            vp2=vp2, ger=r.choice(GERUNDS), conn=r.choice(CONNECTORS), effect=r.choice(EFFECTS),
-            num=r.randint(2, 5), period=r.choice(PERIODS), Name=r.choice(NAMES)[0],
+            Topic=cap(topic),
+            topic=topic,
+            adj=r.choice(ADJECTIVES),
+            np=np_,
+            np2=np2,
+            vp=vp,
+            vp2=vp2,
+            ger=r.choice(GERUNDS),
+            conn=r.choice(CONNECTORS),
+            effect=r.choice(EFFECTS),
+            num=r.randint(2, 5),
+            period=r.choice(PERIODS),
+            Name=r.choice(NAMES)[0],
         )
         return cap(s)
 
@@ -110,46 +126,53 @@ class Gen:
             item = r.choice(ITEMS)
             a, b = r.randint(5, 60), r.randint(2, 40)
             c = r.randint(1, a + b - 1)
-            q = (f"{name} has {a} {item}. {He} buys {b} more and then gives {c} to {friend}. "
-                 f"How many {item} does {name} have now?")
-            s = (f"After buying more, {name} has {a} + {b} = {a + b} {item}.\n"
-                 f"After giving {c} to {friend}, {he} has {a + b} - {c} = {a + b - c} {item}.\n"
-                 f"#### {a + b - c}")
+            q = f"{name} has {a} {item}. {He} buys {b} more and then gives {c} to {friend}. How many {item} does {name} have now?"
+            s = (
+                f"After buying more, {name} has {a} + {b} = {a + b} {item}.\n"
+                f"After giving {c} to {friend}, {he} has {a + b} - {c} = {a + b - c} {item}.\n"
+                f"#### {a + b - c}"
+            )
         elif kind == 1:
             good, price = r.choice(GOODS)
             n = r.randint(2, 9)
             paid = ((price * n) // 10 + 1 + r.randint(0, 3)) * 10
-            q = (f"A {good} costs ${price}. {name} buys {n} of them and pays with ${paid}. "
-                 f"How much change does {he} get?")
-            s = (f"The total cost is {n} x ${price} = ${n * price}.\n"
-                 f"The change is ${paid} - ${n * price} = ${paid - n * price}.\n#### {paid - n * price}")
+            q = f"A {good} costs ${price}. {name} buys {n} of them and pays with ${paid}. How much change does {he} get?"
+            s = (
+                f"The total cost is {n} x ${price} = ${n * price}.\n"
+                f"The change is ${paid} - ${n * price} = ${paid - n * price}.\n#### {paid - n * price}"
+            )
         elif kind == 2:
             item = r.choice(ITEMS)
             per, boxes = r.randint(3, 12), r.randint(2, 12)
             friends = r.choice([d for d in range(2, 9) if (per * boxes) % d == 0] or [1])
             total = per * boxes
-            q = (f"{name} has {boxes} boxes with {per} {item} in each box. {He} shares all the {item} "
-                 f"equally among {friends} friends. How many {item} does each friend get?")
-            s = (f"{name} has {boxes} x {per} = {total} {item} in total.\n"
-                 f"Each friend gets {total} / {friends} = {total // friends} {item}.\n#### {total // friends}")
+            q = (
+                f"{name} has {boxes} boxes with {per} {item} in each box. {He} shares all the {item} "
+                f"equally among {friends} friends. How many {item} does each friend get?"
+            )
+            s = (
+                f"{name} has {boxes} x {per} = {total} {item} in total.\n"
+                f"Each friend gets {total} / {friends} = {total // friends} {item}.\n#### {total // friends}"
+            )
         elif kind == 3:
             good, price = r.choice(GOODS)
             price *= 10
             pct = r.choice([10, 20, 25, 50])
             off = price * pct // 100
-            q = (f"A {good} normally costs ${price}. This week it is {pct}% off. "
-                 f"How much does {name} pay for it this week?")
-            s = (f"The discount is {pct}% of ${price} = ${off}.\n"
-                 f"{name} pays ${price} - ${off} = ${price - off}.\n#### {price - off}")
+            q = f"A {good} normally costs ${price}. This week it is {pct}% off. How much does {name} pay for it this week?"
+            s = f"The discount is {pct}% of ${price} = ${off}.\n{name} pays ${price} - ${off} = ${price - off}.\n#### {price - off}"
         else:
             speed, hours, extra = r.randint(30, 90), r.randint(2, 6), r.randint(10, 80)
-            q = (f"{name} drives at {speed} miles per hour for {hours} hours and then drives another "
-                 f"{extra} miles to reach {his} friend {friend}. How many miles does {he} drive in total?")
-            s = (f"In {hours} hours {he} drives {speed} x {hours} = {speed * hours} miles.\n"
-                 f"In total {he} drives {speed * hours} + {extra} = {speed * hours + extra} miles.\n"
-                 f"#### {speed * hours + extra}")
-        instr = r.choice(["Solve the following math word problem step by step.",
-                          "Answer the question and show your reasoning.", q])
+            q = (
+                f"{name} drives at {speed} miles per hour for {hours} hours and then drives another "
+                f"{extra} miles to reach {his} friend {friend}. How many miles does {he} drive in total?"
+            )
+            s = (
+                f"In {hours} hours {he} drives {speed} x {hours} = {speed * hours} miles.\n"
+                f"In total {he} drives {speed * hours} + {extra} = {speed * hours + extra} miles.\n"
+                f"#### {speed * hours + extra}"
+            )
+        instr = r.choice(["Solve the following math word problem step by step.", "Answer the question and show your reasoning.", q])
         if instr == q:
             return q, "", s
         return instr, q, s
@@ -157,29 +180,35 @@ class Gen:
     def code(self, target_chars: int) -> tuple[str, str, str]:
         r = self.r
         task, fname, body, call, result = r.choice(CODE_TASKS)(r)
-        lang_intro = r.choice([
-            "Here is a simple Python function that does this:",
-            "You can solve this with a short Python function:",
-            "One clear way to write it in Python:",
-        ])
+        lang_intro = r.choice(
+            [
+                "Here is a simple Python function that does this:",
+                "You can solve this with a short Python function:",
+                "One clear way to write it in Python:",
+            ]
+        )
         code = f"```python\n{body}\n```"
         expl = self.paragraph("unit testing", r.randint(1, 2))
         example = f"Example:\n\n```python\n>>> {call}\n{result}\n```"
         out = f"{lang_intro}\n\n{code}\n\n{example}\n\n{expl}"
         if len(out) < target_chars:
-            out = self.paragraphs_until(r.choice(["unit testing", "caching", "version control",
-                                                  "database indexing"]), target_chars, out)
-        instr = r.choice([f"Write a Python function `{fname}` that {task}.",
-                          f"Implement {task} in Python.",
-                          f"How do I write a function that {task}?"])
+            out = self.paragraphs_until(r.choice(["unit testing", "caching", "version control", "database indexing"]), target_chars, out)
+        instr = r.choice(
+            [f"Write a Python function `{fname}` that {task}.", f"Implement {task} in Python.", f"How do I write a function that {task}?"]
+        )
         return instr, "", out
 
     def tips(self, target_chars: int) -> tuple[str, str, str]:
         r = self.r
         goal = r.choice(GOALS)
         n = max(3, min(10, target_chars // 150))
-        instr = r.choice([f"Give me {n} tips for {goal}.", f"List {n} ways to get better at {goal}.",
-                          f"What are {n} practical pieces of advice for {goal}?"])
+        instr = r.choice(
+            [
+                f"Give me {n} tips for {goal}.",
+                f"List {n} ways to get better at {goal}.",
+                f"What are {n} practical pieces of advice for {goal}?",
+            ]
+        )
         out = f"Here are {n} tips for {goal}:\n\n" + self.numbered_list(goal, min(n, len(VERB_PHRASES)))
         if len(out) < target_chars:
             out = self.paragraphs_until(goal, target_chars, out)
@@ -188,15 +217,20 @@ class Gen:
     def explain(self, target_chars: int) -> tuple[str, str, str]:
         r = self.r
         topic = r.choice(TOPICS)
-        instr = r.choice([f"Explain {topic} in simple terms.", f"What should I know about {topic}?",
-                          f"Write a short overview of {topic}.", f"Why does {topic} matter?"])
+        instr = r.choice(
+            [
+                f"Explain {topic} in simple terms.",
+                f"What should I know about {topic}?",
+                f"Write a short overview of {topic}.",
+                f"Why does {topic} matter?",
+            ]
+        )
         return instr, "", self.paragraphs_until(topic, target_chars)
 
     def guide(self, target_chars: int) -> tuple[str, str, str]:
         r = self.r
         topic = r.choice(TOPICS)
-        instr = (f"Write a detailed guide to {topic} for beginners, with sections, examples and a "
-                 f"checklist at the end.")
+        instr = f"Write a detailed guide to {topic} for beginners, with sections, examples and a checklist at the end."
         head = f"# A beginner's guide to {topic}\n\n" + self.paragraph(topic)
         body = self.paragraphs_until(topic, target_chars - 400, head)
         return instr, "", body + "\n\n## Checklist\n\n" + self.numbered_list(topic, 5)
@@ -205,8 +239,7 @@ class Gen:
         r = self.r
         topic = r.choice(TOPICS)
         text = self.paragraphs_until(topic, max(200, int(target_chars * 0.8)))
-        instr = r.choice(["Summarize the following text in two sentences.",
-                          "Write a one-paragraph summary of this passage.", "TL;DR:"])
+        instr = r.choice(["Summarize the following text in two sentences.", "Write a one-paragraph summary of this passage.", "TL;DR:"])
         return instr, text, self.paragraph(topic, 2)
 
     def words_task(self, target_chars: int) -> tuple[str, str, str]:
@@ -214,26 +247,22 @@ class Gen:
         pick = r.random()
         if pick < 0.4:
             words = r.sample(NOUNS + VERBS + ADJS, max(4, min(60, target_chars // 16)))
-            return ("Sort the following words in alphabetical order.", ", ".join(words),
-                    ", ".join(sorted(words)))
+            return ("Sort the following words in alphabetical order.", ", ".join(words), ", ".join(sorted(words)))
         if pick < 0.7:
             word = r.choice(NOUNS)
             out = " ".join(self.word_sentence() for _ in range(r.randint(1, 3)))
-            out = f"Here is a sentence with the word \"{word}\": The {r.choice(ADJS)} {word} " \
-                  f"was easy to {r.choice(VERBS)}. {out}"
-            return f"Use the word \"{word}\" in a sentence.", "", out
+            out = f'Here is a sentence with the word "{word}": The {r.choice(ADJS)} {word} was easy to {r.choice(VERBS)}. {out}'
+            return f'Use the word "{word}" in a sentence.', "", out
         city = r.choice(CITIES)
         n = r.randint(3, 6)
         lines = [f"- {cap(r.choice(VERBS))} the {r.choice(ADJS)} {r.choice(NOUNS)}" for _ in range(n)]
-        return (f"Make a short to-do list for a weekend in {city}.", "",
-                f"Weekend in {city}:\n" + "\n".join(lines))
+        return (f"Make a short to-do list for a weekend in {city}.", "", f"Weekend in {city}:\n" + "\n".join(lines))
 
     def short(self) -> tuple[str, str, str]:
         r = self.r
         if r.random() < 0.6:
             tmpl, label = r.choice(REVIEWS)
-            return ("Classify the sentiment of this review as Positive, Negative or Neutral.",
-                    tmpl.format(thing=r.choice(THINGS)), label)
+            return ("Classify the sentiment of this review as Positive, Negative or Neutral.", tmpl.format(thing=r.choice(THINGS)), label)
         src, dst = r.choice(INFORMAL)
         return "Rewrite the following sentence in a formal tone.", src, dst
 
@@ -266,12 +295,19 @@ class Gen:
         r = self.r
         msgs: list[dict[str, str]] = []
         if r.random() < 0.6:
-            msgs.append({"role": "system", "content": r.choice([
-                "You are a helpful assistant.",
-                "You are a patient tutor. Explain things step by step.",
-                "You are a concise assistant. Keep answers short and accurate.",
-                "You are a friendly coding assistant who writes clear Python.",
-            ])})
+            msgs.append(
+                {
+                    "role": "system",
+                    "content": r.choice(
+                        [
+                            "You are a helpful assistant.",
+                            "You are a patient tutor. Explain things step by step.",
+                            "You are a concise assistant. Keep answers short and accurate.",
+                            "You are a friendly coding assistant who writes clear Python.",
+                        ]
+                    ),
+                }
+            )
         topic = r.choice(TOPICS)
         for turn in range(r.randint(1, 4)):
             target = int(min(3000, r.lognormvariate(math.log(90), 0.7)) * CHARS_PER_TOKEN)
@@ -283,8 +319,7 @@ class Gen:
                     ins, _, a = self.code(target)
                     q = ins
                 else:
-                    q = r.choice([f"Can you explain {topic}?", f"I keep hearing about {topic}. What is it?",
-                                  f"How does {topic} work?"])
+                    q = r.choice([f"Can you explain {topic}?", f"I keep hearing about {topic}. What is it?", f"How does {topic} work?"])
                     a = self.paragraphs_until(topic, target)
             else:
                 follow = r.randrange(4)
@@ -313,109 +348,7 @@ class Gen:
         r = self.r
         topic = r.choice(TOPICS)
         target = int(min(4000, r.lognormvariate(math.log(220), 0.8)) * CHARS_PER_TOKEN)
-        title = r.choice([f"Notes on {topic}", f"{cap(topic)}: a short introduction",
-                          f"What I learned about {topic}", f"Thinking about {topic}"])
+        title = r.choice(
+            [f"Notes on {topic}", f"{cap(topic)}: a short introduction", f"What I learned about {topic}", f"Thinking about {topic}"]
+        )
         return {"text": self.paragraphs_until(topic, target, title)}
-
-
-# ------------------------------------------------------------------------------------ code tasks
-
-
-def _t_reverse(r: random.Random):
-    s = r.choice(["hello", "packing", "python", "level", "stream"])
-    body = "def reverse_string(s: str) -> str:\n    \"\"\"Return s reversed.\"\"\"\n    return s[::-1]"
-    return "reverses a string", "reverse_string", body, f"reverse_string({s!r})", repr(s[::-1])
-
-
-def _t_even_sum(r: random.Random):
-    xs = [r.randint(0, 20) for _ in range(r.randint(3, 7))]
-    body = ("def sum_even(numbers: list[int]) -> int:\n    total = 0\n    for n in numbers:\n"
-            "        if n % 2 == 0:\n            total += n\n    return total")
-    return ("returns the sum of the even numbers in a list", "sum_even", body, f"sum_even({xs})",
-            str(sum(x for x in xs if x % 2 == 0)))
-
-
-def _t_prime(r: random.Random):
-    n = r.randint(2, 100)
-    body = ("def is_prime(n: int) -> bool:\n    if n < 2:\n        return False\n    i = 2\n"
-            "    while i * i <= n:\n        if n % i == 0:\n            return False\n        i += 1\n"
-            "    return True")
-    ok = n >= 2 and all(n % i for i in range(2, int(n ** 0.5) + 1))
-    return "checks whether a number is prime", "is_prime", body, f"is_prime({n})", str(ok)
-
-
-def _t_factorial(r: random.Random):
-    n = r.randint(0, 12)
-    body = ("def factorial(n: int) -> int:\n    result = 1\n    for k in range(2, n + 1):\n"
-            "        result *= k\n    return result")
-    return "computes the factorial of n", "factorial", body, f"factorial({n})", str(math.factorial(n))
-
-
-def _t_fib(r: random.Random):
-    n = r.randint(1, 15)
-    body = ("def fibonacci(n: int) -> list[int]:\n    seq = [0, 1]\n    while len(seq) < n:\n"
-            "        seq.append(seq[-1] + seq[-2])\n    return seq[:n]")
-    seq = [0, 1]
-    while len(seq) < n:
-        seq.append(seq[-1] + seq[-2])
-    return ("returns the first n Fibonacci numbers", "fibonacci", body, f"fibonacci({n})",
-            str(seq[:n]))
-
-
-def _t_dedup(r: random.Random):
-    xs = [r.randint(1, 6) for _ in range(r.randint(4, 9))]
-    body = ("def dedupe(items: list) -> list:\n    seen = set()\n    out = []\n    for x in items:\n"
-            "        if x not in seen:\n            seen.add(x)\n            out.append(x)\n    return out")
-    return ("removes duplicates from a list while keeping the order", "dedupe", body,
-            f"dedupe({xs})", str(list(dict.fromkeys(xs))))
-
-
-def _t_celsius(r: random.Random):
-    c = r.randint(-20, 40)
-    body = "def to_fahrenheit(celsius: float) -> float:\n    return celsius * 9 / 5 + 32"
-    return ("converts Celsius to Fahrenheit", "to_fahrenheit", body, f"to_fahrenheit({c})",
-            str(c * 9 / 5 + 32))
-
-
-def _t_palindrome(r: random.Random):
-    s = r.choice(["racecar", "level", "python", "noon", "packing", "madam"])
-    body = ("def is_palindrome(text: str) -> bool:\n    cleaned = ''.join(c.lower() for c in text "
-            "if c.isalnum())\n    return cleaned == cleaned[::-1]")
-    return ("checks whether a string is a palindrome", "is_palindrome", body,
-            f"is_palindrome({s!r})", str(s == s[::-1]))
-
-
-def _t_count_words(r: random.Random):
-    s = " ".join(r.choice(["the", "cat", "sat", "on", "mat", "a", "dog"]) for _ in range(6))
-    body = ("def count_words(text: str) -> dict[str, int]:\n    counts = {}\n"
-            "    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n"
-            "    return counts")
-    counts: dict[str, int] = {}
-    for w in s.split():
-        counts[w] = counts.get(w, 0) + 1
-    return "counts how often each word appears in a text", "count_words", body, \
-        f"count_words({s!r})", str(counts)
-
-
-def _t_max(r: random.Random):
-    xs = [r.randint(-50, 50) for _ in range(r.randint(3, 8))]
-    body = ("def largest(numbers: list[int]) -> int:\n    best = numbers[0]\n    for n in numbers[1:]:\n"
-            "        if n > best:\n            best = n\n    return best")
-    return "finds the largest number in a list", "largest", body, f"largest({xs})", str(max(xs))
-
-
-def _t_bsearch(r: random.Random):
-    xs = sorted(r.sample(range(1, 60), 8))
-    x = r.choice(xs + [61])
-    body = ("def binary_search(items: list[int], target: int) -> int:\n    lo, hi = 0, len(items) - 1\n"
-            "    while lo <= hi:\n        mid = (lo + hi) // 2\n        if items[mid] == target:\n"
-            "            return mid\n        if items[mid] < target:\n            lo = mid + 1\n"
-            "        else:\n            hi = mid - 1\n    return -1")
-    return ("performs binary search on a sorted list", "binary_search", body,
-            f"binary_search({xs}, {x})", str(xs.index(x) if x in xs else -1))
-
-
-CODE_TASKS: list[Callable[[random.Random], tuple[str, str, str, str, str]]] = [
-    _t_reverse, _t_even_sum, _t_prime, _t_factorial, _t_fib, _t_dedup, _t_celsius, _t_palindrome,
-    _t_count_words, _t_max, _t_bsearch,
-]

@@ -34,8 +34,10 @@ def require(*paths: Path) -> None:
     """Exit with one line naming the first of `paths` that is missing."""
     for path in paths:
         if not path.exists():
-            raise SystemExit(f"missing {path}: this benchmark needs the shared data; set SHARED= "
-                             "(or --shared) to the folder that holds datasets/ and tokenizers/")
+            raise SystemExit(
+                f"missing {path}: this benchmark needs the shared data; set SHARED= "
+                "(or --shared) to the folder that holds datasets/ and tokenizers/"
+            )
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -52,10 +54,8 @@ def load_source_examples(shared: Path, limit: int | None = None) -> list[dict[st
     pack-data detects one format per run; it renders them with its Alpaca template."""
     gsm, alpaca = shared / GSM8K, shared / CODEALPACA
     require(gsm, alpaca)
-    out = [{"instruction": r["question"], "input": "", "output": r["answer"]}
-           for r in read_records(gsm)[:limit]]
-    out += [{"instruction": r["instruction"], "input": r.get("input") or "", "output": r["output"]}
-            for r in read_records(alpaca)[:limit]]
+    out = [{"instruction": r["question"], "input": "", "output": r["answer"]} for r in read_records(gsm)[:limit]]
+    out += [{"instruction": r["instruction"], "input": r.get("input") or "", "output": r["output"]} for r in read_records(alpaca)[:limit]]
     return out
 
 

@@ -18,13 +18,13 @@ H100_BF16_TFLOPS = 989.0  # an H100/H200's dense bf16 peak, the default of --pea
 
 
 def split_path(path: str) -> tuple[str, list[str]]:
-    """"hf-flat-fa2+layers+liger" -> ("hf-flat-fa2", ["layers", "liger"])."""
+    """ "hf-flat-fa2+layers+liger" -> ("hf-flat-fa2", ["layers", "liger"])."""
     base, *tunings = path.split("+")
     return base, tunings
 
 
 def precision_class(path: str) -> str:
-    """"fp8", "bf16 weights" or "autocast" (bf16 autocast over fp32 weights, or fp32 with --dtype
+    """ "fp8", "bf16 weights" or "autocast" (bf16 autocast over fp32 weights, or fp32 with --dtype
     fp32): the precision a path computes at, for same-precision ratios. pack-train's bf16-weights
     (fp32 masters) and HF's +bf16 (no masters) share a class: HF gets the faster, less precise one."""
     tunings = split_path(path)[1]
@@ -110,8 +110,9 @@ def finish_result(res: PathResult, *, shape: ModelShape, lens: np.ndarray, peak_
     res.data_wait_pct = 100.0 * res.data_wait_s / res.seconds
 
 
-def timed_result(path: str, runner: str, records: Sequence[dict], warmup: int, steps: int, *,
-                 stopped_by_sigterm: bool = False) -> tuple[PathResult, list[float]]:
+def timed_result(
+    path: str, runner: str, records: Sequence[dict], warmup: int, steps: int, *, stopped_by_sigterm: bool = False
+) -> tuple[PathResult, list[float]]:
     """The timed steps (warmup+1..warmup+steps) of pack-train's metrics lines, and the mean step of
     each timed line's window in ms. A run that logged fewer timed steps is not a result: SIGTERM
     (a `timeout` around the benchmark) makes pack-train finish its step, save and end, and one
@@ -138,15 +139,17 @@ def timed_result(path: str, runner: str, records: Sequence[dict], warmup: int, s
         prev_step, prev_tokens = rec["step"], rec["tokens"]
     if res.steps < steps:
         res.ok = False
-        res.note = (f"pack-train stopped after {res.steps} of {steps} timed steps"
-                    + (" (SIGTERM)" if stopped_by_sigterm else ""))
+        res.note = f"pack-train stopped after {res.steps} of {steps} timed steps" + (" (SIGTERM)" if stopped_by_sigterm else "")
     return res, window_ms
 
 
 def best_hf_same_rows(results: Sequence[PathResult], precision: str | None = None) -> PathResult | None:
     """The fastest `hf-ffd*` path (the peer fed the same rows), of one precision class if given."""
-    peers = [r for r in results if r.ok and r.tokens_per_s > 0 and r.path.startswith("hf-ffd")
-             and (precision is None or precision_class(r.path) == precision)]
+    peers = [
+        r
+        for r in results
+        if r.ok and r.tokens_per_s > 0 and r.path.startswith("hf-ffd") and (precision is None or precision_class(r.path) == precision)
+    ]
     return max(peers, key=lambda r: r.tokens_per_s, default=None)
 
 
@@ -162,15 +165,16 @@ def markdown_table(results: Sequence[PathResult]) -> str:
     def ratio(r: PathResult, base: float) -> str:
         return f"{r.tokens_per_s / base:.2f}" if base else "n/a"
 
-    head = ("| path | precision | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | HFU "
-            "| attn FLOP share | data-wait % | x HF same rows | x HF same rows, same precision "
-            "| x best HF packed | x best padding |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = (
+        "| path | precision | runner | tokens/step | tokens/s | step ms | peak GiB | MFU | HFU "
+        "| attn FLOP share | data-wait % | x HF same rows | x HF same rows, same precision "
+        "| x best HF packed | x best padding |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     lines = [head]
     for r in results:
         if not r.ok:
-            lines.append(f"| {r.path} | {precision_class(r.path)} | {r.runner} | skipped: {r.note} "
-                         "| | | | | | | | | | | |")
+            lines.append(f"| {r.path} | {precision_class(r.path)} | {r.runner} | skipped: {r.note} | | | | | | | | | | | |")
             continue
         peak = f"{r.peak_gib:.1f}" if r.peak_gib is not None else "n/a"
         same_precision = best_hf_same_rows(results, precision_class(r.path))
@@ -197,17 +201,19 @@ def target_lines(results: Sequence[PathResult]) -> list[str]:
         if split_path(r.path)[0] != "packlm-ffd" or same is None:
             continue
         own = best_hf_same_rows(results, precision_class(r.path))
-        lines.append(f"{r.path} vs best HF same rows ({same.path}): {r.tokens_per_s / same.tokens_per_s:.2f}x"
-                     + (f"; vs same precision ({own.path}): {r.tokens_per_s / own.tokens_per_s:.2f}x" if own else ""))
+        lines.append(
+            f"{r.path} vs best HF same rows ({same.path}): {r.tokens_per_s / same.tokens_per_s:.2f}x"
+            + (f"; vs same precision ({own.path}): {r.tokens_per_s / own.tokens_per_s:.2f}x" if own else "")
+        )
     fp8, bf16 = by_path.get("packlm-ffd+fp8"), by_path.get("packlm-ffd+bf16-weights")
     if fp8 and bf16:
         x = fp8.tokens_per_s / bf16.tokens_per_s
-        lines.append(f"packlm-ffd+fp8 vs packlm-ffd+bf16-weights: {x:.2f}x (target >= 1.25x on the 8B shape): "
-                     f"{'MET' if x >= 1.25 else 'NOT MET'}")
+        lines.append(
+            f"packlm-ffd+fp8 vs packlm-ffd+bf16-weights: {x:.2f}x (target >= 1.25x on the 8B shape): {'MET' if x >= 1.25 else 'NOT MET'}"
+        )
     if fp8 and same:
         x = fp8.tokens_per_s / same.tokens_per_s
-        lines.append(f"packlm-ffd+fp8 vs best HF same rows: {x:.2f}x (target >= 1.3x): "
-                     f"{'MET' if x >= 1.3 else 'NOT MET'}")
+        lines.append(f"packlm-ffd+fp8 vs best HF same rows: {x:.2f}x (target >= 1.3x): {'MET' if x >= 1.3 else 'NOT MET'}")
     bf16_ffd = [r for r in ok if split_path(r.path)[0] == "packlm-ffd" and precision_class(r.path) != "fp8"]
     if bf16_ffd:
         best = max(bf16_ffd, key=lambda r: r.mfu)
@@ -216,7 +222,8 @@ def target_lines(results: Sequence[PathResult]) -> list[str]:
     waits = [r for r in ok if r.path.startswith("packlm")]
     if waits:
         worst = max(waits, key=lambda r: r.data_wait_pct)
-        lines.append(f"data-wait of packlm paths <= {worst.data_wait_pct:.2f}% of step time "
-                     f"(target < 1%): {'MET' if worst.data_wait_pct < 1 else 'NOT MET'}")
+        lines.append(
+            f"data-wait of packlm paths <= {worst.data_wait_pct:.2f}% of step time "
+            f"(target < 1%): {'MET' if worst.data_wait_pct < 1 else 'NOT MET'}"
+        )
     return lines
-

@@ -33,7 +33,12 @@ class Batch:
 def timed_loop(
     batches: Iterator[Callable[[], Batch]],
     step: Callable[[Any], torch.Tensor],
-    *, warmup: int, steps: int, device: torch.device, profile_steps: int = 0, trace: Path | None = None,
+    *,
+    warmup: int,
+    steps: int,
+    device: torch.device,
+    profile_steps: int = 0,
+    trace: Path | None = None,
 ) -> tuple[PathResult, np.ndarray]:
     """Run `warmup` untimed then `steps` timed steps; returns raw counts and all timed seq_lens.
     With `profile_steps`, that many more steps run under torch.profiler afterwards (not timed) and
@@ -58,8 +63,7 @@ def timed_loop(
         try:
             thunk = next(batches)
         except StopIteration:
-            raise SystemExit(f"ran out of data after {i} steps: lower --steps/--warmup or "
-                             "raise --limit") from None
+            raise SystemExit(f"ran out of data after {i} steps: lower --steps/--warmup or raise --limit") from None
         batch = thunk()
         t1 = time.perf_counter()
         loss = step(batch.payload)
@@ -97,8 +101,7 @@ def flatten_collate(examples: Sequence[dict[str, np.ndarray]], *, flash_kwargs: 
     from transformers import DataCollatorWithFlattening
 
     collator = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
-    return collator([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples],
-                    return_tensors="pt")
+    return collator([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples], return_tensors="pt")
 
 
 def real_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -121,18 +124,23 @@ def hf_step_fn(model, opt, device: torch.device, dtype: str) -> Callable[[Any], 
 
 
 def hf_batches(
-    groups: Sequence[Sequence[int]], examples: dict[int, dict[str, np.ndarray]], *, flatten: bool,
-    pad_id: int, device: torch.device, flash_kwargs: bool = False,
+    groups: Sequence[Sequence[int]],
+    examples: dict[int, dict[str, np.ndarray]],
+    *,
+    flatten: bool,
+    pad_id: int,
+    device: torch.device,
+    flash_kwargs: bool = False,
 ) -> Iterator[Callable[[], Batch]]:
     """One thunk per group: collate (padding or HF flattening, `flatten_collate`) and copy to the
     device."""
     for ids in groups:
+
         def thunk(ids: Sequence[int] = ids) -> Batch:
             exs = [examples[i] for i in ids]
             host = flatten_collate(exs, flash_kwargs=flash_kwargs) if flatten else pad_collate(exs, pad_id)
             lens = np.array([len(e["input_ids"]) for e in exs], dtype=np.int64)
-            return Batch(to_device(host, device), real_tokens(host), lens, len(exs),
-                         loss_tokens_of([e["labels"] for e in exs]))
+            return Batch(to_device(host, device), real_tokens(host), lens, len(exs), loss_tokens_of([e["labels"] for e in exs]))
 
         yield thunk
 
@@ -147,13 +155,13 @@ def row_examples(rows: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.nda
     out = []
     for row in rows:
         edges = np.concatenate([[0], np.cumsum(row["seq_lens"])]).tolist()
-        out.extend({"input_ids": row["input_ids"][a:b], "labels": row["labels"][a:b]}
-                   for a, b in zip(edges[:-1], edges[1:]))
+        out.extend({"input_ids": row["input_ids"][a:b], "labels": row["labels"][a:b]} for a, b in zip(edges[:-1], edges[1:]))
     return out
 
 
-def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device, *,
-                   flash_kwargs: bool = False) -> Iterator[Callable[[], Batch]]:
+def hf_row_batches(
+    steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device, *, flash_kwargs: bool = False
+) -> Iterator[Callable[[], Batch]]:
     """One thunk per step of packed rows: their examples through HF's flattening collator (one
     [1, T] row, restarting position_ids, -100 at each example's first label) and to the device.
     Every step is collated before the first one runs (pinned on CUDA), as a DataLoader's workers
@@ -163,22 +171,21 @@ def hf_row_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: tor
         host = flatten_collate(row_examples(rows), flash_kwargs=flash_kwargs)
         if device.type == "cuda":
             host = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in host.items()}
-        ready.append((host, np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64),
-                      loss_tokens_of([r["labels"] for r in rows])))
+        ready.append((host, np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64), loss_tokens_of([r["labels"] for r in rows])))
     for host, lens, loss in ready:
+
         def thunk(host: dict[str, torch.Tensor] = host, lens: np.ndarray = lens, loss: int = loss) -> Batch:
             return Batch(to_device(host, device), real_tokens(host), lens, len(lens), loss)
 
         yield thunk
 
 
-def packed_batches(
-    steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device
-) -> Iterator[Callable[[], Batch]]:
+def packed_batches(steps: Sequence[Sequence[dict[str, np.ndarray]]], device: torch.device) -> Iterator[Callable[[], Batch]]:
     """One thunk per step: packlm's `collate_rows` + pinned non-blocking copy (`MicroBatch.to`)."""
     from trainer.data.batch import collate_rows
 
     for rows in steps:
+
         def thunk(rows: Sequence[dict[str, np.ndarray]] = rows) -> Batch:
             mb = collate_rows(rows)
             lens = np.concatenate([r["seq_lens"] for r in rows]).astype(np.int64)
@@ -224,8 +231,7 @@ def hf_fp8(layers: Sequence[torch.nn.Module], recipe: str) -> None:
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
 
     def take(module: torch.nn.Module, fqn: str) -> bool:
-        return (isinstance(module, torch.nn.Linear) and "lora_" not in fqn
-                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+        return isinstance(module, torch.nn.Linear) and "lora_" not in fqn and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
     for layer in layers:
         convert_to_float8_training(layer, module_filter_fn=take, config=config)
@@ -238,8 +244,6 @@ def hf_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
 
     from trainer.model.lora import freeze_in_bf16
 
-    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=16, lora_dropout=0.0,
-                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"))
     freeze_in_bf16(model)
     return model
-

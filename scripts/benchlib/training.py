@@ -1,6 +1,6 @@
 """The pieces the training benchmarks share: devices, the Hugging Face baseline model, AdamW,
-autocast, right-padded batches, FLOP rates. torch, numpy and the product are imported by the
-functions that use them."""
+autocast, right-padded batches, a held-out loss over them, FLOP rates. torch, numpy and the product
+are imported by the functions that use them."""
 
 from __future__ import annotations
 
@@ -45,8 +45,7 @@ def model_config(preset: str, vocab_size: int | None) -> Any:
     return config
 
 
-def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int | None,
-                   seed: int) -> torch.nn.Module:
+def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int | None, seed: int) -> torch.nn.Module:
     """A plain HF causal LM with a stock attention implementation, fp32 weights, seeded init."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -54,13 +53,13 @@ def build_hf_model(preset: str, attn: str, device: torch.device, vocab_size: int
     config = model_config(preset, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # drawn on the CPU like build_model: the same initial weights
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn,
-                                                 dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
     return model.to(device).train()
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, device: torch.device,
-                   optimizer: str = "adamw", master_weights: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: torch.nn.Module, lr: float, device: torch.device, optimizer: str = "adamw", master_weights: bool = False
+) -> torch.optim.Optimizer:
     """AdamW, fused on CUDA, or torch's Adafactor (the same settings for every path).
     `master_weights`: AdamW as pack-train's --dtype bf16-weights runs it (`trainer.model.precision.MasterAdamW`,
     which turns the model's weights into bf16 and keeps their fp32 masters)."""
@@ -139,6 +138,37 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         return v.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else v.to(device)
 
     return {k: move(v) for k, v in batch.items()}
+
+
+def heldout_loss(
+    model: torch.nn.Module, examples: Sequence[dict[str, np.ndarray]], pad_id: int, device: torch.device, dtype: str, batch_size: int = 32
+) -> float:
+    """Mean token loss over all the examples' loss tokens, without gradients: right-padded batches,
+    `sdpa` attention, the same code for every model (a packlm model is switched to sdpa first)."""
+    import torch
+
+    from pipeline.shards import IGNORE_INDEX
+
+    try:
+        model.set_attn_implementation("sdpa")
+    except (AttributeError, ValueError, KeyError, ImportError):  # older transformers
+        model.config._attn_implementation = "sdpa"
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            batch = to_device(pad_collate(examples[start : start + batch_size], pad_id), device)
+            labels = batch.pop("labels")
+            with autocast_ctx(device, dtype):
+                logits = model(**batch).logits
+            targets = labels[:, 1:]
+            ce = torch.nn.functional.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+            total += float(ce)
+            count += int((targets != IGNORE_INDEX).sum())
+    model.train()
+    return total / max(count, 1)
 
 
 def flop_rates(model: float, attention: float, seconds: float, peak_tflops: float = 989.0) -> dict[str, float]:

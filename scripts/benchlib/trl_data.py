@@ -28,8 +28,11 @@ def folder_examples(folder: Path) -> list[dict[str, np.ndarray]]:
 def folder_totals(folder: Path) -> dict[str, int]:
     """Examples, tokens and loss tokens of a packed folder."""
     examples = folder_examples(folder)
-    return {"examples": len(examples), "tokens": int(sum(len(e["input_ids"]) for e in examples)),
-            "loss_tokens": int(sum(loss_positions(e["labels"]).sum() for e in examples))}
+    return {
+        "examples": len(examples),
+        "tokens": int(sum(len(e["input_ids"]) for e in examples)),
+        "loss_tokens": int(sum(loss_positions(e["labels"]).sum() for e in examples)),
+    }
 
 
 def trl_dataset(folder: Path) -> Any:
@@ -37,10 +40,12 @@ def trl_dataset(folder: Path) -> Any:
     from datasets import Dataset
 
     examples = folder_examples(folder)
-    return Dataset.from_dict({
-        "input_ids": [e["input_ids"].tolist() for e in examples],
-        "completion_mask": [loss_positions(e["labels"]).astype(np.int8).tolist() for e in examples],
-    })
+    return Dataset.from_dict(
+        {
+            "input_ids": [e["input_ids"].tolist() for e in examples],
+            "completion_mask": [loss_positions(e["labels"]).astype(np.int8).tolist() for e in examples],
+        }
+    )
 
 
 def packed_totals(dataset: Any) -> dict[str, int]:
@@ -70,4 +75,3 @@ def steady_rate(tokens: Sequence[int], times: Sequence[float], warmup: int) -> t
     got = int(sum(tokens[warmup:n]))
     seconds = times[n] - times[warmup]
     return got, seconds, got / seconds if seconds > 0 else 0.0
-

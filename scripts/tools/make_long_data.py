@@ -74,8 +74,7 @@ def exchanges(source: str) -> list[tuple[str, str]]:
         pairs.append((r["instruction"] + (f"\n\n{extra}" if extra else ""), r["output"]))
     for r in read_records(SAMPLE / "chat.jsonl"):
         msgs = [m for m in r["messages"] if m["role"] != "system"]
-        pairs += [(u["content"], a["content"]) for u, a in zip(msgs[::2], msgs[1::2])
-                  if u["role"] == "user" and a["role"] == "assistant"]
+        pairs += [(u["content"], a["content"]) for u, a in zip(msgs[::2], msgs[1::2]) if u["role"] == "user" and a["role"] == "assistant"]
     return pairs
 
 
@@ -126,8 +125,9 @@ class Counter:
         return int(lengths[0]) if len(lengths) else 0
 
 
-def grouped_turns(pairs: Iterator[tuple[str, str]], counter: Counter, budget: int, turn_tokens: int
-                  ) -> tuple[list[dict[str, str]], int, Iterator[tuple[str, str]]]:
+def grouped_turns(
+    pairs: Iterator[tuple[str, str]], counter: Counter, budget: int, turn_tokens: int
+) -> tuple[list[dict[str, str]], int, Iterator[tuple[str, str]]]:
     """Whole user/assistant turns of about `turn_tokens` tokens each while their estimate stays
     below `budget`: (messages, estimated tokens, the pairs left)."""
     messages: list[dict[str, str]] = []
@@ -142,8 +142,7 @@ def grouped_turns(pairs: Iterator[tuple[str, str]], counter: Counter, budget: in
             size += sum(counter.estimate([questions[-1], answers[-1]])) + 8
         if used + size >= budget:
             return messages, used, pairs
-        messages += [{"role": "user", "content": "\n\n".join(questions)},
-                     {"role": "assistant", "content": "\n\n".join(answers)}]
+        messages += [{"role": "user", "content": "\n\n".join(questions)}, {"role": "assistant", "content": "\n\n".join(answers)}]
         used += size
 
 
@@ -156,8 +155,7 @@ def filler_ids(counter: Counter, texts: Iterator[str], need: int, ids: list[int]
     return ids
 
 
-def land(counter: Counter, target: int, head: Any, ids: list[int], first_guess: int,
-         more: Iterator[str]) -> tuple[dict[str, Any], int]:
+def land(counter: Counter, target: int, head: Any, ids: list[int], first_guess: int, more: Iterator[str]) -> tuple[dict[str, Any], int]:
     """The example `head(tail_text)` whose exact count is `target`: the tail is a token prefix of
     `ids`, its length corrected by the difference until the count is met (ids are extended from
     `more` as needed). Returns (record, count); the count differs from `target` only when
@@ -184,13 +182,11 @@ def land(counter: Counter, target: int, head: Any, ids: list[int], first_guess: 
         if k < 1:
             break
     if best is None:
-        raise SystemExit(f"cannot build an example of {target} tokens: its fixed part alone is longer; "
-                         "ask for a longer length")
+        raise SystemExit(f"cannot build an example of {target} tokens: its fixed part alone is longer; ask for a longer length")
     return best
 
 
-def chat_example(counter: Counter, target: int, pairs: Iterator[tuple[str, str]], turn_tokens: int
-                 ) -> tuple[dict[str, Any], int]:
+def chat_example(counter: Counter, target: int, pairs: Iterator[tuple[str, str]], turn_tokens: int) -> tuple[dict[str, Any], int]:
     """One conversation of `target` tokens (module doc)."""
     system = {"role": "system", "content": SYSTEM}
     messages, used, pairs = grouped_turns(pairs, counter, int(target * 0.95) - 64, turn_tokens)
@@ -200,8 +196,7 @@ def chat_example(counter: Counter, target: int, pairs: Iterator[tuple[str, str]]
     guess = target - used - sum(counter.estimate([SYSTEM, last_user["content"]])) - 6 * (len(fixed) + 1) - 2
     answers = chain([f"Answer 1: {answer}"], (a for _, a in pairs))
     ids = filler_ids(counter, answers, max(guess, 1) + 64)
-    return land(counter, target, lambda tail: {"messages": [*fixed, {"role": "assistant", "content": tail}]},
-                ids, guess, answers)
+    return land(counter, target, lambda tail: {"messages": [*fixed, {"role": "assistant", "content": tail}]}, ids, guess, answers)
 
 
 def text_example(counter: Counter, target: int, docs: Iterator[str]) -> tuple[dict[str, Any], int]:
@@ -218,12 +213,17 @@ def text_example(counter: Counter, target: int, docs: Iterator[str]) -> tuple[di
     guess = target - used - 2
     tail_docs = chain([doc], docs)  # (not a generator of ours: closing one would close `docs`)
     ids = filler_ids(counter, tail_docs, max(guess, 1) + 64)
-    return land(counter, target, lambda tail: {"text": f"{head_text}\n\n{tail}" if head_text else tail},
-                ids, guess, tail_docs)
+    return land(counter, target, lambda tail: {"text": f"{head_text}\n\n{tail}" if head_text else tail}, ids, guess, tail_docs)
 
 
-def build(kind: str, source: str, tokenizer: str, lengths: list[int], count: int, seed: int,
-          ) -> list[tuple[dict[str, Any], int, int]]:
+def build(
+    kind: str,
+    source: str,
+    tokenizer: str,
+    lengths: list[int],
+    count: int,
+    seed: int,
+) -> list[tuple[dict[str, Any], int, int]]:
     """(record, its token count, the length asked for) of each example: `count` per length."""
     rng = random.Random(seed)
     out = []
@@ -247,32 +247,42 @@ def _lengths(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:100]!r}: expected comma-separated integers, "
-                                         "e.g. 32768,131072")
+        raise argparse.ArgumentTypeError(f"{text[:100]!r}: expected comma-separated integers, e.g. 32768,131072")
     if not values or min(values) < 64 or max(values) > MAX_LEN_LIMIT:
-        raise argparse.ArgumentTypeError(f"{text[:100]!r}: each length must be at least 64 tokens and "
-                                         f"at most {MAX_LEN_LIMIT} (pack-data's longest --max-len)")
+        raise argparse.ArgumentTypeError(
+            f"{text[:100]!r}: each length must be at least 64 tokens and at most {MAX_LEN_LIMIT} (pack-data's longest --max-len)"
+        )
     return values
 
 
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lengths", type=_lengths, default=[32768, 131072, 524288, 1048576],
-                   help="token lengths of the examples, comma-separated (default: 32768,131072,524288,1048576)")
+    p.add_argument(
+        "--lengths",
+        type=_lengths,
+        default=[32768, 131072, 524288, 1048576],
+        help="token lengths of the examples, comma-separated (default: 32768,131072,524288,1048576)",
+    )
     p.add_argument("--count", type=int, default=1, help="examples per length (default 1)")
     p.add_argument("--kind", choices=KINDS, default="chat", help="chat conversations or plain text (default chat)")
-    p.add_argument("--source", choices=SOURCES, default="sample",
-                   help="data/sample, or GSM8K + CodeAlpaca from $SHARED or ../shared (default sample)")
-    p.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer"),
-                   help="the tokenizer pack-data will use (lengths are counted with it; default data/tokenizer)")
+    p.add_argument(
+        "--source", choices=SOURCES, default="sample", help="data/sample, or GSM8K + CodeAlpaca from $SHARED or ../shared (default sample)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=str(REPO / "data" / "tokenizer"),
+        help="the tokenizer pack-data will use (lengths are counted with it; default data/tokenizer)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the order the source's units are taken in")
     p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     args = p.parse_args(argv)
     if args.count < 1:
         p.error("--count must be at least 1")
     if args.count * sum(args.lengths) > MAX_TOTAL_TOKENS:
-        p.error(f"--count {args.count} examples of each of --lengths ({sum(args.lengths)} tokens) make more "
-                f"than {MAX_TOTAL_TOKENS} tokens in all, which are held in memory: ask for fewer")
+        p.error(
+            f"--count {args.count} examples of each of --lengths ({sum(args.lengths)} tokens) make more "
+            f"than {MAX_TOTAL_TOKENS} tokens in all, which are held in memory: ask for fewer"
+        )
     check_output(args.out)
     if not args.out.absolute().parent.is_dir():
         p.error(f"--out {args.out}: folder {args.out.absolute().parent} does not exist")

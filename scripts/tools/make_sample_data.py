@@ -69,8 +69,7 @@ CHAT_TEMPLATE = (
 
 def instruction_targets(r: random.Random) -> list[int]:
     """Token-length targets: lognormal (median 120), clipped below the long examples, plus 3 > 8192."""
-    targets = [int(min(6000, max(8, r.lognormvariate(math.log(110), 0.95))))
-               for _ in range(N_INSTRUCTIONS - len(LONG_TARGETS))]
+    targets = [int(min(6000, max(8, r.lognormvariate(math.log(110), 0.95)))) for _ in range(N_INSTRUCTIONS - len(LONG_TARGETS))]
     for i, t in enumerate(LONG_TARGETS):  # spread the long ones through the file
         targets.insert((i + 1) * N_INSTRUCTIONS // (len(LONG_TARGETS) + 1), t)
     return targets
@@ -78,6 +77,7 @@ def instruction_targets(r: random.Random) -> list[int]:
 
 def write_jsonl(path: Path, rows: Iterator[dict]) -> None:
     """One JSON object per line, the file written whole or not at all (`benchlib.write_output`)."""
+
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
             for row in rows:
@@ -119,24 +119,30 @@ def make_tokenizer(files: list[Path], out: Path) -> list[Path]:
     tok.decoder = decoders.ByteLevel()
     # Deliberately no post-processor that inserts BOS/EOS: the pipeline adds them itself.
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(training_texts(files), trainer=trainer)
     folder = out / "tokenizer"
     tok_json = json.loads(tok.to_str())
     added_decoder = {
-        str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word",
-                                          "special")}
+        str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
         for t in tok_json["added_tokens"]
     }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK,
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
         "additional_special_tokens": [IM_START, IM_END],
         "extra_special_tokens": {},
         # The pipeline adds BOS/EOS explicitly; the tokenizer must not add them on its own.
-        "add_bos_token": False, "add_eos_token": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1_000_000,
         "padding_side": "right",

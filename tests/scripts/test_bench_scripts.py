@@ -29,12 +29,13 @@ from packed_factory import make_packed_folder  # noqa: E402
 
 from pipeline.shards import read_manifest  # noqa: E402
 from scripts.benchlib import (  # noqa: E402
+    ffd_steps,
     pad_collate,
     to_device,
     train_steps,  # noqa: E402
 )
 from scripts.benchlib.train_results import finish_result, timed_result  # noqa: E402
-from scripts.benchlib.train_runs import step_seq_lens_of_plan  # noqa: E402
+from scripts.benchlib.train_runs import run_packed_pack_train, step_seq_lens_of_plan  # noqa: E402
 from scripts.benchlib.train_steps import Batch, flatten_collate, real_tokens  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -229,9 +230,9 @@ def test_ffd_steps_cut_rows_at_the_token_budget(tmp_path):
     lens = [8, 8, 5, 8, 3]
     rows = [[(i, np.arange(3, 3 + n))] for i, n in enumerate(lens)]
     make_packed_folder(tmp_path / "ffd", rows, max_len=8)
-    steps = bt.ffd_steps(tmp_path / "ffd", 16)
+    steps = ffd_steps(tmp_path / "ffd", 16)
     assert [[len(r["input_ids"]) for r in s] for s in steps] == [[8, 8], [5, 8, 3]]
-    assert [len(s) for s in bt.ffd_steps(tmp_path / "ffd", 4)] == [1, 1, 1, 1, 1]  # long rows alone
+    assert [len(s) for s in ffd_steps(tmp_path / "ffd", 4)] == [1, 1, 1, 1, 1]  # long rows alone
 
 
 def test_timed_loop_counts_only_timed_steps_and_host_wait():
@@ -906,7 +907,7 @@ def test_the_activation_memory_budget_reaches_every_compiled_path(tmp_path, monk
                               "--steps", "1", "--warmup", "1", *budget])
         s = bt.Setup(args, CPU, {"ffd": tmp_path / "p"}, [], [], {}, 0, 300)
         with pytest.raises(Stop):
-            bt.run_packed_pack_train("packlm-ffd", s)
+            run_packed_pack_train("packlm-ffd", s)
         with pytest.raises(Stop):
             bt.run_hf_path("hf-ffd-sdpa+layers", s)
         assert seen == {"packlm": want, "hf": want}

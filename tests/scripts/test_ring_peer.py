@@ -22,6 +22,7 @@ pytest.importorskip("peft")
 
 from gloo_ranks import run_on_ranks  # noqa: E402
 
+from scripts.benchlib import ring_attention as ra  # noqa: E402
 from scripts.benchlib import ring_peer as rp  # noqa: E402
 
 LENGTHS = [37, 100, 5, 59]  # 201 tokens: one pad token on 2 ranks; the 100-token example spans both
@@ -62,8 +63,8 @@ def _compare_rank(rank: int, world: int, skip_sync: bool = False) -> dict[str, f
     model.zero_grad(set_to_none=True)
     # the peer: this rank's half of the padded row, the reference ring, gradients summed over the ranks
     share = rp.row_share(row, rank, world)
-    calls, state = rp.RingCalls(), rp.ReferenceRing(cu_seqlens=torch.from_numpy(share.cu_seqlens))
-    with rp.fake_ring(state, calls):
+    calls, state = ra.RingCalls(), ra.ReferenceRing(cu_seqlens=torch.from_numpy(share.cu_seqlens))
+    with ra.fake_ring(state, calls):
         got_loss = float(rp.peer_backward(model, share, cpu, None, calls=calls, layers=2, what="the reference"))
     grad = max(float((p.grad - w).norm() / w.norm()) for p, w in zip(params, want))
     return {"loss": abs(got_loss - want_loss) / want_loss, "grad": grad,
@@ -92,7 +93,7 @@ def test_an_unpatched_forward_stops_the_run() -> None:
     model = rp.build_peer_model("tiny", 4096, torch.device("cpu"), lora_r=4, seed=0, attn="sdpa")
     share = rp.row_share(_row(), 0, 1)
     with pytest.raises(SystemExit, match="called 0 times in the first forward, not once per decoder layer"):
-        rp.peer_backward(model, share, torch.device("cpu"), None, calls=rp.RingCalls(), layers=2,
+        rp.peer_backward(model, share, torch.device("cpu"), None, calls=ra.RingCalls(), layers=2,
                          what="the ring attention function")
 
 
@@ -106,7 +107,7 @@ def test_row_share_pads_to_a_multiple_of_the_ranks() -> None:
     assert shares[0].cu_seqlens.tolist() == [0, 37, 137, 142, 201, 204]
 
 
-# A child process (flash_attn stubbed there only): ring_peer.install_ring under the installed
+# A child process (flash_attn stubbed there only): ring_attention.install_ring under the installed
 # transformers, then a tiny Llama's forward with config._attn_implementation "flash_attention_2";
 # the ring kernel (faked by causal sdpa on the local tokens) must be reached once per layer.
 _ADAPTER_CHILD = r'''
@@ -121,16 +122,16 @@ package.flash_attn_interface, package.__version__ = interface, "2.8.3"
 package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
 interface.__spec__ = importlib.machinery.ModuleSpec("flash_attn.flash_attn_interface", None)
 sys.modules.update({"flash_attn": package, "flash_attn.flash_attn_interface": interface})
-from scripts.benchlib import ring_peer as rp
-adapter = rp.import_adapter()
+from scripts.benchlib import ring_attention as ra, ring_peer as rp
+adapter = ra.import_adapter()
 def kernel(q, k, v, **kwargs):  # [tokens, heads, dim]
     rep = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1),
                                           v.repeat_interleave(rep, 1).transpose(0, 1), is_causal=True).transpose(0, 1)
 adapter.llama3_flash_attn_varlen_func = kernel
 adapter.DATA_PARAMS.update(cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, local_k_slice=None)
-calls = rp.RingCalls()
-how = rp.install_ring(None, 1, calls)
+calls = ra.RingCalls()
+how = ra.install_ring(None, 1, calls)
 model = rp.build_peer_model("tiny", 4096, torch.device("cpu"), lora_r=4, seed=0, attn="sdpa")
 model.get_base_model().config._attn_implementation = "flash_attention_2"
 ids = torch.arange(3, 10)
