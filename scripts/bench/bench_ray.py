@@ -160,13 +160,16 @@ def compare(name: str, inputs: list[str], tokenizer: str, args, tmp: Path) -> di
 
 
 def bench_pretok(args, tmp: Path) -> dict:
+    from tokenizers import Tokenizer
+
     from scripts.benchlib.pack_data_runs import make_pretokenized
 
     tokenizer = str(TOKENIZER if TOKENIZER.exists() else REPO / "data" / "tokenizer")
+    vocab = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json")).get_vocab_size()  # ids it can hold
     out = {}
     for kind in ("arrow", "parquet"):
         src = tmp / f"pretok.{kind}"
-        make_pretokenized(src, args.tokens)
+        make_pretokenized(src, args.tokens, vocab=vocab)
         out[kind] = compare(f"pretok {kind}", [str(src)], tokenizer, args, tmp)
         src.unlink()
     return out
