@@ -151,6 +151,23 @@ def _use_fast(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
                                               "split the text otherwise: remove the key")
 
 
+def _scheduler_kwargs(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    if settings.get("lr_scheduler_type") == "cosine_with_min_lr" and isinstance(value, Mapping) and set(value) <= {
+            "min_lr_rate", "min_lr"}:
+        raise NotUsed("read with lr_scheduler_type cosine_with_min_lr as --min-lr-ratio")
+    if not value:
+        raise NotUsed("empty")
+    raise refuse("lr_scheduler_kwargs", value, "only min_lr_rate / min_lr of cosine_with_min_lr are read here: "
+                                               "remove the others")
+
+
+def _eos_token(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """TRL's SFTConfig.eos_token: the token that ends each example (and turn), set on the tokenizer."""
+    if not isinstance(value, str) or not value:
+        raise refuse("eos_token", value, "give the token's text, e.g. <|im_end|>")
+    return {"special_tokens": {"eos_token": value}}
+
+
 def _use_tensorboard(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value is True:
         return {"report_to": "tensorboard"}
@@ -312,6 +329,20 @@ KEYS: tuple[Key, ...] = (
     Key("run_name", TRL, _same("run_name"), TRAIN_KEY),
     Key("logging_dir", TRL, Unused("TensorBoard writes to OUT/tensorboard"), TRAIN_KEY),
     Key("push_to_hub", TRL, Unused(HUB), TRAIN_KEY),
+    Key("hub_always_push", TRL, Unused(HUB), TRAIN_KEY),
+    Key("lr_scheduler_kwargs", BOTH, Map((), _scheduler_kwargs, "min_lr_rate or min_lr of cosine_with_min_lr: "
+                                                                "--min-lr-ratio (with lr_scheduler_type); others "
+                                                                "refused"), TRAIN_KEY),
+    Key("log_level", TRL, Unused("how much the trainer logs: pack-train prints its lines, metrics go to "
+                                 "metrics.jsonl"), Unused("the same")),
+    Key("use_liger_kernel", TRL, Unused(KERNEL), TRAIN_KEY),
+    Key("save_only_model", TRL, Unused("checkpoints hold the optimizer state too (what --resume continues "
+                                       "from); the model files are the same"), TRAIN_KEY),
+    Key("overwrite_output_dir", TRL, Unused("pack-train writes only into a new or empty folder or a run folder of "
+                                            "its own (--resume continues one)"), TRAIN_KEY),
+    Key("eos_token", TRL, DATA_KEY, Map(("special_tokens",), _eos_token, "--special-token eos_token=TEXT (SFTConfig's "
+                                                                         "end of each example)")),
+    Key("pad_token", TRL, Unused("rows hold no padding"), Unused("rows hold no padding")),
     Key("hub_model_id", BOTH, Unused(HUB), TRAIN_KEY),
     # LoRA
     Key("adapter", AXOLOTL, Map(("qlora",), _adapter, "qlora: --qlora; lora: lora_r gives the rank"), TRAIN_KEY),

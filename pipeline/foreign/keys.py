@@ -167,7 +167,23 @@ def _grad_checkpointing(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     return {"grad_checkpointing": int(value)}
 
 
-SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "constant_with_warmup": "constant"}
+SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "constant_with_warmup": "constant",
+                  "cosine_with_min_lr": "cosine"}
+
+
+def min_lr_rate(settings: Mapping[str, Any]) -> float | None:
+    """transformers' `cosine_with_min_lr` floor as a share of the peak: `lr_scheduler_kwargs`'
+    min_lr_rate, or its min_lr over the learning rate (transformers' optimization.py,
+    get_cosine_with_min_lr_schedule_with_warmup: the cosine of ours, ending at that share)."""
+    kwargs = settings.get("lr_scheduler_kwargs")
+    if not isinstance(kwargs, Mapping):
+        return None
+    rate, lowest, peak = kwargs.get("min_lr_rate"), kwargs.get("min_lr"), settings.get("learning_rate", 5e-5)
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        return float(rate)
+    if isinstance(lowest, (int, float)) and isinstance(peak, (int, float)) and peak > 0:
+        return float(lowest) / float(peak)
+    return None
 
 
 def _schedule(key: str) -> Convert:
@@ -175,6 +191,11 @@ def _schedule(key: str) -> Convert:
         if not isinstance(value, str) or value not in SCHEDULE_NAMES:
             raise _refuse(key, value, f"choose one of {', '.join(SCHEDULE_NAMES)}")
         out: dict[str, Any] = {"schedule": SCHEDULE_NAMES[value]}
+        if value == "cosine_with_min_lr":
+            rate = min_lr_rate(settings)
+            if rate is None:
+                raise _refuse(key, value, "give lr_scheduler_kwargs with min_lr_rate or min_lr, as transformers needs")
+            return {**out, "min_lr_ratio": rate}
         if value in ("cosine", "linear") and not {"cosine_min_lr_ratio", "min_lr_ratio", "min-lr-ratio"} & set(settings):
             out["min_lr_ratio"] = 0.0  # the Hugging Face schedules decay to 0
         return out

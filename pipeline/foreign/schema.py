@@ -191,6 +191,11 @@ TRL_VALUES: dict[str, Any] = {
 # fmt: on
 
 
+def _a(tool: str) -> str:
+    """The tool's name with its article: "an Axolotl", "a TRL"."""
+    return f"{'an' if tool.startswith('A') else 'a'} {tool}"
+
+
 def schema_key(key: str, value: Any, tool: str, command: str) -> str:
     """The mapping's line for a key of `tool`'s schema that `foreign_config.KEYS` does not map: not
     used when its value is the tool's default or empty (nothing changes), else a UserError (its
@@ -199,12 +204,12 @@ def schema_key(key: str, value: Any, tool: str, command: str) -> str:
                if t in tool]
     known = [(None if key in none else values[key]) for none, values in schemas if key in none or key in values]
     if not known:
-        raise UserError(f"unknown option {key!r}: neither an option of {command} nor an {tool} key: remove it "
+        raise UserError(f"unknown option {key!r}: neither an option of {command} nor {_a(tool)} key: remove it "
                         "(docs/from-trl-axolotl.md lists the keys it maps)")
     if value in (None, "", [], {}) or any(value == d and type(value) is type(d) for d in known) or (
             value is False and None in known):
         return f"  {key}: {show(value)}: not used ({tool}'s default: nothing to change)"
-    raise UserError(f"{shown(value)} is an {tool} setting with no equivalent in {command}: remove it to train "
+    raise UserError(f"{shown(value)} is {_a(tool)} setting with no equivalent in {command}: remove it to train "
                     "without it")
 
 

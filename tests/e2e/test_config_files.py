@@ -432,3 +432,27 @@ def test_axolotl_kernel_compile_and_logging_keys_are_named_or_mapped(tmp_path: P
     cfg.write_text(base + "flash_attn_made_up_key: true\n")
     with pytest.raises(Exception, match="flash_attn_made_up_key"):
         read_config_file(cfg, pack_train, foreign="pack-train")
+
+
+def test_a_trl_recipe_of_open_r1s_kind_maps_its_schedule_eos_and_logging_keys(tmp_path: Path):
+    """Keys of the `trl sft` recipes people run (open-r1's): lr_scheduler_type cosine_with_min_lr with
+    lr_scheduler_kwargs min_lr_rate (or min_lr over the learning rate) is our cosine ending at that
+    share; eos_token is pack-data's --special-token eos_token; log_level, use_liger_kernel,
+    save_only_model, hub_always_push, overwrite_output_dir and pad_token change no number and are
+    named. Controls: cosine_with_min_lr without its kwargs, and other scheduler kwargs, are refused."""
+    base = ("model_name_or_path: m\nlearning_rate: 4.0e-05\nlr_scheduler_type: cosine_with_min_lr\n"
+            "log_level: info\nuse_liger_kernel: true\nsave_only_model: true\nhub_always_push: true\n"
+            "overwrite_output_dir: true\neos_token: <|im_end|>\npad_token: <|endoftext|>\n")
+    cfg = tmp_path / "r1.yaml"
+    cfg.write_text(base + "lr_scheduler_kwargs: {min_lr_rate: 0.1}\n")
+    got = read_config_file(cfg, pack_train, foreign="pack-train")
+    assert (got["schedule"], got["min_lr_ratio"]) == ("cosine", 0.1)
+    assert read_config_file(cfg, pack_data, foreign="pack-data")["special_tokens"] == {"eos_token": "<|im_end|>"}
+    cfg.write_text(base + "lr_scheduler_kwargs: {min_lr: 4.0e-06}\n")
+    assert read_config_file(cfg, pack_train, foreign="pack-train")["min_lr_ratio"] == pytest.approx(0.1)
+    cfg.write_text(base)
+    with pytest.raises(Exception, match="cosine_with_min_lr.*min_lr_rate or min_lr"):
+        read_config_file(cfg, pack_train, foreign="pack-train")
+    cfg.write_text(base.replace("cosine_with_min_lr", "cosine") + "lr_scheduler_kwargs: {num_cycles: 2}\n")
+    with pytest.raises(Exception, match="lr_scheduler_kwargs"):
+        read_config_file(cfg, pack_train, foreign="pack-train")
