@@ -55,6 +55,7 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _lora_r,
     _lora_target,
     _max_steps,
+    _model,
     _model_tokenizer,
     _not,
     _optimizer,
@@ -141,6 +142,8 @@ def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 FROM_DATA = ("pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; "
              "pack-train resizes the embeddings to it")
 KERNEL = "a kernel of Axolotl's that computes the same: the loss here is chunked and exact, attention is --attn's"
+TOKENIZER = "the model's tokenizer (NAME@REVISION as the model)"
+REVISED = "the model (with model_revision / revision_of_model: NAME@REVISION)"
 COMPILING = "how torch.compile runs changes no number: pack-train compiles each decoder layer (--compile)"
 
 
@@ -161,6 +164,13 @@ def _scheduler_kwargs(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]
                                                "remove the others")
 
 
+def _packing_strategy(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    if value in ("bfd", "ffd"):
+        raise NotUsed("pack-data's planner packs rows of whole examples (--strategy; ffd by default)")
+    raise refuse("packing_strategy", value, "TRL's wrapped cuts examples at row ends, which changes what the model "
+                                            "sees: use bfd")
+
+
 def _eos_token(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """TRL's SFTConfig.eos_token: the token that ends each example (and turn), set on the tokenizer."""
     if not isinstance(value, str) or not value:
@@ -176,8 +186,10 @@ def _use_tensorboard(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
 # A table, a key a row or two: ruff format would give every argument of every Key(...) a line of its own.
 KEYS: tuple[Key, ...] = (
     # model and tokenizer
-    Key("base_model", AXOLOTL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
-    Key("model_name_or_path", TRL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
+    Key("base_model", AXOLOTL, Map(("model",), _model, REVISED), Map(("tokenizer",), _model_tokenizer, TOKENIZER)),
+    Key("model_name_or_path", TRL, Map(("model",), _model, REVISED), Map(("tokenizer",), _model_tokenizer, TOKENIZER)),
+    *(Key(k, tool, Unused("read with the model's name: NAME@REVISION"), Unused("the same"))
+      for k, tool in (("model_revision", TRL), ("revision_of_model", AXOLOTL))),
     Key("tokenizer_config", AXOLOTL, _same("tokenizer"), _same("tokenizer")),
     Key("model_type", AXOLOTL, Unused("the model class comes from the model's config.json"),
         Unused("the model class comes from the model's config.json")),
@@ -330,6 +342,12 @@ KEYS: tuple[Key, ...] = (
     Key("logging_dir", TRL, Unused("TensorBoard writes to OUT/tensorboard"), TRAIN_KEY),
     Key("push_to_hub", TRL, Unused(HUB), TRAIN_KEY),
     Key("hub_always_push", TRL, Unused(HUB), TRAIN_KEY),
+    *(Key(k, TRL, Unused(f"{k} only tells a script what to run; pack-train trains, and evaluates as eval_strategy "
+                         "says"), Unused("the same")) for k in ("do_train", "do_eval")),
+    Key("ddp_timeout", TRL, Unused("how long a collective waits before it fails: torch's default here"), TRAIN_KEY),
+    Key("packing_strategy", TRL, DATA_KEY, Map((), _packing_strategy, "bfd (TRL's default) or ffd: not used, "
+                                                                      "pack-data's planner packs whole examples; "
+                                                                      "wrapped is refused")),
     Key("lr_scheduler_kwargs", BOTH, Map((), _scheduler_kwargs, "min_lr_rate or min_lr of cosine_with_min_lr: "
                                                                 "--min-lr-ratio (with lr_scheduler_type); others "
                                                                 "refused"), TRAIN_KEY),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
@@ -118,10 +119,27 @@ def _max_steps(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     return {} if value == -1 else {"max_steps": value}  # TRL's -1: no step limit (the epochs decide)
 
 
+REVISION_KEYS = ("model_revision", "revision_of_model")  # TRL's ModelConfig, Axolotl's
+
+
+def with_revision(value: Any, settings: Mapping[str, Any]) -> Any:
+    """A Hub model id with the file's revision (`model_revision` / `revision_of_model`) as NAME@REVISION,
+    what our --model and --tokenizer take; a local folder as it is (from_pretrained ignores a revision
+    there too)."""
+    rev = next((settings[k] for k in REVISION_KEYS if isinstance(settings.get(k), str) and settings[k]), None)
+    if rev is None or not isinstance(value, str) or "@" in value or Path(value).exists():
+        return value
+    return f"{value}@{rev}"
+
+
+def _model(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model": with_revision(value, settings)}
+
+
 def _model_tokenizer(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if settings.get("tokenizer_config") is not None:
         raise NotUsed("tokenizer_config names the tokenizer")
-    return {"tokenizer": value}
+    return {"tokenizer": with_revision(value, settings)}
 
 
 def _bf16(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:

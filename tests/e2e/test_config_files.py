@@ -456,3 +456,24 @@ def test_a_trl_recipe_of_open_r1s_kind_maps_its_schedule_eos_and_logging_keys(tm
     cfg.write_text(base.replace("cosine_with_min_lr", "cosine") + "lr_scheduler_kwargs: {num_cycles: 2}\n")
     with pytest.raises(Exception, match="lr_scheduler_kwargs"):
         read_config_file(cfg, pack_train, foreign="pack-train")
+
+
+@pytest.mark.parametrize("tool", ["trl", "axolotl"])
+def test_a_model_revision_reaches_model_and_tokenizer_as_name_at_revision(tmp_path: Path, tool: str):
+    """TRL's model_revision and Axolotl's revision_of_model: the model (pack-train) and its tokenizer
+    (pack-data) as NAME@REVISION, the form --model and --tokenizer take; a local folder stays as it
+    is (from_pretrained ignores a revision there too). TRL's do_train / do_eval / ddp_timeout and
+    packing_strategy bfd are named; packing_strategy wrapped is refused (it cuts examples)."""
+    name, rev = ("model_name_or_path", "model_revision") if tool == "trl" else ("base_model", "revision_of_model")
+    extra = "do_train: true\ndo_eval: true\nddp_timeout: 18000\npacking_strategy: bfd\n" if tool == "trl" else ""
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(f"{name}: org/model\n{rev}: v1.0\n{extra}")
+    assert read_config_file(cfg, pack_train, foreign="pack-train")["model"] == "org/model@v1.0"
+    assert read_config_file(cfg, pack_data, foreign="pack-data")["tokenizer"] == "org/model@v1.0"
+    (tmp_path / "local").mkdir()
+    cfg.write_text(f"{name}: {tmp_path / 'local'}\n{rev}: v1.0\n")
+    assert read_config_file(cfg, pack_train, foreign="pack-train")["model"] == str(tmp_path / "local")
+    if tool == "trl":
+        cfg.write_text(f"{name}: org/model\npacking_strategy: wrapped\n")
+        with pytest.raises(Exception, match="packing_strategy.*wrapped"):
+            read_config_file(cfg, pack_data, foreign="pack-data")
