@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pipeline.foreign.adapter_keys import _adapter, _load_in_4bit, _load_in_8bit, _lora_linear, _lora_r, _lora_target, _use_peft
 from pipeline.foreign.batch import _excess_length, _grad_accum, _groups, _packing, _tokens_per_step
 from pipeline.foreign.data import DROP_FIRST_SYSTEM, add_tokens, axolotl_datasets, dataset_name, drops_system, special_tokens, trl_mixture
 from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused: the commands import them from here)
@@ -40,7 +41,6 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     NotUsed,
     Rule,
     Unused,
-    _adapter,
     _bf16,
     _bfloat16,
     _chat_template,
@@ -49,11 +49,6 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _fp16,
     _grad_checkpointing,
     _in_dataset_name,
-    _load_in_4bit,
-    _load_in_8bit,
-    _lora_linear,
-    _lora_r,
-    _lora_target,
     _max_steps,
     _model,
     _model_tokenizer,
@@ -62,7 +57,6 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _report_to,
     _same,
     _schedule,
-    _use_peft,
     _val_set_size,
     _wandb_project,
     _whole,
@@ -70,6 +64,15 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     show,
 )
 from pipeline.foreign.parallel_keys import TILE_TOKENS, _activation_offloading, _fsdp, _fsdp_config, _fsdp_version, _plugins, _tiled_mlp
+from pipeline.foreign.recipe_keys import (
+    _eos_token,
+    _min_sample_len,
+    _packing_strategy,
+    _scheduler_kwargs,
+    _unfrozen_parameters,
+    _use_fast,
+    _use_tensorboard,
+)
 from pipeline.foreign.schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
 PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
@@ -93,32 +96,6 @@ def _strategy(key: str, steps_key: str) -> Convert:
             return {every: 0}
         raise refuse(key, value, "use steps, epoch or no")
     return convert
-
-
-def _min_sample_len(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl's min_sample_len as --min-len (keys.AXOLOTL_MIN_LEN: how Axolotl applies it): 0 is its
-    default; below 1 keeps every example."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise refuse("min_sample_len", value, "give a whole number of tokens")
-    return {"min_len": AXOLOTL_MIN_LEN if value == 0 else max(1, value)}
-
-
-def _unfrozen_parameters(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Axolotl 0.19.0 freezes every parameter and unfreezes those a pattern matches (train.py
-    setup_model_and_tokenizer -> utils/freeze.py freeze_layers_except): --unfrozen-parameters, which
-    reads the patterns as Axolotl does (trainer.model.freeze). Axolotl matches them against the model
-    it holds then, which with an adapter is peft's (base_model.model.model.layers..., the adapters
-    included): pack-train trains adapters or chosen parameters of the model, not a mixture."""
-    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):  # Axolotl: list[str]
-        raise refuse("unfrozen_parameters", value, "give a list of regular expressions of parameter names")
-    if settings.get("adapter") in ("lora", "qlora") or settings.get("use_peft") is True:
-        raise refuse("unfrozen_parameters", value, "with an adapter Axolotl matches these patterns against peft's "
-                                                   "names (base_model.model.model...), so it freezes the LoRA adapters "
-                                                   "unless a pattern matches them; pack-train trains LoRA adapters "
-                                                   "(adapter) or every parameter, or chosen parameters of the model "
-                                                   "without adapters: remove the key to train the adapters, or the "
-                                                   "adapter keys to train only the matching parameters")
-    return {"unfrozen_parameters": value}
 
 
 def _dropping(convert: Convert) -> Convert:
@@ -147,41 +124,6 @@ REVISED = "the model (with model_revision / revision_of_model: NAME@REVISION)"
 COMPILING = "how torch.compile runs changes no number: pack-train compiles each decoder layer (--compile)"
 
 
-def _use_fast(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value is True:
-        raise NotUsed("the tokenizer is tokenizer.json's fast one, as Axolotl's default")
-    raise refuse("tokenizer_use_fast", value, "pack-data reads tokenizer.json (the fast tokenizer); a slow one may "
-                                              "split the text otherwise: remove the key")
-
-
-def _scheduler_kwargs(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    if settings.get("lr_scheduler_type") == "cosine_with_min_lr" and isinstance(value, Mapping) and set(value) <= {
-            "min_lr_rate", "min_lr"}:
-        raise NotUsed("read with lr_scheduler_type cosine_with_min_lr as --min-lr-ratio")
-    if not value:
-        raise NotUsed("empty")
-    raise refuse("lr_scheduler_kwargs", value, "only min_lr_rate / min_lr of cosine_with_min_lr are read here: "
-                                               "remove the others")
-
-
-def _packing_strategy(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value in ("bfd", "ffd"):
-        raise NotUsed("pack-data's planner packs rows of whole examples (--strategy; ffd by default)")
-    raise refuse("packing_strategy", value, "TRL's wrapped cuts examples at row ends, which changes what the model "
-                                            "sees: use bfd")
-
-
-def _eos_token(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """TRL's SFTConfig.eos_token: the token that ends each example (and turn), set on the tokenizer."""
-    if not isinstance(value, str) or not value:
-        raise refuse("eos_token", value, "give the token's text, e.g. <|im_end|>")
-    return {"special_tokens": {"eos_token": value}}
-
-
-def _use_tensorboard(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
-    if value is True:
-        return {"report_to": "tensorboard"}
-    raise NotUsed("false: no TensorBoard")
 # fmt: off
 # A table, a key a row or two: ruff format would give every argument of every Key(...) a line of its own.
 KEYS: tuple[Key, ...] = (
