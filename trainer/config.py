@@ -57,7 +57,8 @@ class TrainConfig:
     # None: on exactly when the folder has groups (resolved by trainer.run.start)
     step_by_group: bool | None = opt(None, section=BATCHES, help=(
         "One optimizer step per group of examples of a `pack-data --strategy minibatch` folder "
-        "(the padded batch of TRL/Axolotl without packing: the same examples, the same gradient), "
+        "(the padded batch of TRL/Axolotl without packing: the same examples, the same gradient; "
+        "under torchrun one group a rank), "
         "cut into micro-batches of --tokens-per-step; the groups come in a seeded order each "
         "epoch. Default: on for a folder with groups; --no-step-by-group steps by token budget."))
     lr: float = opt(3e-4, low=0, low_open=True, section=SCHEDULE, help="Peak learning rate (AdamW).")
