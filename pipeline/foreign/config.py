@@ -141,6 +141,14 @@ def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 FROM_DATA = ("pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; "
              "pack-train resizes the embeddings to it")
 KERNEL = "a kernel of Axolotl's that computes the same: the loss here is chunked and exact, attention is --attn's"
+
+def _average_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers' average_tokens_across_devices: the step's loss over all ranks' loss tokens
+    (true), or each rank's own mean, the means averaged (false)."""
+    if not isinstance(value, bool):
+        raise refuse("average_tokens_across_devices", value, "use true or false")
+    return {"loss_average": "tokens" if value else "ranks"}
+
 KEYS: tuple[Key, ...] = (
     # model and tokenizer
     Key("base_model", AXOLOTL, _same("model"), Map(("tokenizer",), _model_tokenizer, "the model's tokenizer")),
@@ -275,6 +283,8 @@ KEYS: tuple[Key, ...] = (
     Key("adam_beta2", BOTH, _same("beta2"), TRAIN_KEY),
     Key("adam_epsilon", BOTH, _same("adam_eps"), TRAIN_KEY),
     Key("max_grad_norm", BOTH, _same("grad_clip"), TRAIN_KEY),
+    Key("average_tokens_across_devices", TRL, Map(("loss_average",), _average_tokens,
+                                                  "true (TRL's default): tokens; false: ranks"), TRAIN_KEY),
     Key("seed", BOTH, None, None),
     Key("resume_from_checkpoint", BOTH, Map(("resume",), None, "any intact checkpoint folder, an earlier one or "
                                               "another run's (a new output_dir starts its own history there)"),

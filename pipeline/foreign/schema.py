@@ -218,7 +218,9 @@ TRAIN_DEFAULTS = {
                 ("out", "./model-out", "output_dir ./model-out"),  # schemas/config.py
                 ("data", "last_run_prepared", "dataset_prepared_path last_run_prepared"),  # common/const.py
                 ("warmup_rule", "axolotl", "warmup as Axolotl counts it (3% of the steps, at most 100, when none is "
-                                             "given)")],
+                                             "given)"),
+                # core/builders/base.py sets transformers' average_tokens_across_devices false
+                ("loss_average", "ranks", "each rank's loss its own mean, the ranks' means averaged")],
 }
 
 

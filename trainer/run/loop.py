@@ -12,8 +12,11 @@ average gradients over ranks, hence the `world_size`). This is what TRL 1.16's S
 `_get_num_items_in_batch` gathers the loss-token count of every accumulated batch of every rank,
 `compute_loss` multiplies the loss by the number of processes). Axolotl 0.19.0 sets
 `average_tokens_across_devices=False` (core/builders/base.py, the training arguments), so each rank
-divides by its own count and DDP averages the ranks' means: the two agree when the ranks' windows
-hold equally many loss tokens, and this loop trains the former.
+divides by its own count and DDP averages the ranks' means: `--loss-average ranks` (its files' default)
+backpropagates `loss_sum * world_size / (A * own_tokens)` instead, own_tokens the loss tokens of this
+rank's data-parallel group (all its context-parallel shares) and A the groups that hold any (fewer
+than all in an epoch's last step stepping by group). The logged loss is the window's token mean in
+both.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
 
     def window(micro: list[MicroBatch], real: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
         return backward_window(run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
-                               masters=run.masters, offload=config.offload_activations, real=real)
+                               masters=run.masters, offload=config.offload_activations, real=real,
+                               by_rank=config.loss_average == "ranks", context_parallel=config.context_parallel)
 
     def zero_grad() -> None:  # DDP's gradients are views into its all-reduce buckets: zeroed in place, they stay so
         optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled)
@@ -202,6 +206,8 @@ def backward_window(
     masters: MasterAdamW | None = None,
     offload: bool = False,
     real: int | None = None,
+    by_rank: bool = False,
+    context_parallel: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
     """Forward + backward over one accumulation window; gradients of the window's mean token loss.
 
@@ -216,6 +222,8 @@ def backward_window(
     `real`: only the first `real` micro-batches count (default all); the others are fillers
     (`trainer.data.plan.StepShare`), backpropagated with weight 0 so that this rank still joins the
     step's collectives (its one synchronising backward, under FSDP every forward's gathering).
+    `by_rank` (--loss-average ranks): the gradient of the mean of the data-parallel groups' own means
+    (groups of `context_parallel` neighbouring ranks), over the groups with loss tokens.
     """
     info = info or DistInfo()
     autocast = autocast if autocast is not None else contextlib.nullcontext()
@@ -225,10 +233,17 @@ def backward_window(
     )
     window_loss_tokens: torch.Tensor | int
     if info.enabled:
-        counts = counts.to(device)
-        dist.all_reduce(counts)
-        window_loss_tokens = counts[0].clamp(min=1)
-        scale = info.world_size / window_loss_tokens.to(torch.float32)
+        each = torch.zeros(2 + info.world_size, dtype=torch.int64)  # [loss tokens, tokens, each rank's loss tokens]
+        each[:2], each[2 + info.rank] = counts, counts[0]
+        each = each.to(device)
+        dist.all_reduce(each)  # one collective for both averages
+        counts, window_loss_tokens = each[:2], each[0].clamp(min=1)
+        if by_rank:
+            groups = each[2:].view(-1, context_parallel).sum(dim=1)  # loss tokens of each data-parallel group
+            own = groups[info.rank // context_parallel].clamp(min=1)
+            scale = info.world_size / ((groups > 0).sum().clamp(min=1) * own).to(torch.float32)
+        else:
+            scale = info.world_size / window_loss_tokens.to(torch.float32)
     else:
         window_loss_tokens = max(1, int(counts[0]))
         scale = 1.0 / window_loss_tokens

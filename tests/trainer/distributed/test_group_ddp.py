@@ -3,9 +3,10 @@ processes): one optimizer step takes W groups of pack-data, one a rank, each ran
 its own micro-batches (a different number per rank), the loss the mean over all W groups' loss tokens
 (transformers' `average_tokens_across_devices`, TRL's default). On two gloo ranks, DDP and FSDP2, the
 weights after an epoch equal one process's whose step is the union of the same groups (float32);
-negative controls: the ranks' means averaged (Axolotl's normalisation) and both ranks taking the same
-group each fail that comparison. An odd number of groups ends the epoch in a step of one group (the
-other rank joins with a zero-weight backward), and a run resumed mid-epoch ends as an uninterrupted one."""
+negative controls: the ranks' means averaged and both ranks taking the same group each fail that
+comparison. `--loss-average ranks` (Axolotl's normalisation) equals the ranks' means averaged instead.
+An odd number of groups ends the epoch in a step of one group (the other rank joins with a
+zero-weight backward), and a run resumed mid-epoch ends as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -56,10 +57,11 @@ def _model() -> LossModule:
     return LossModule(build_model("tiny", seed=1)[0])
 
 
-def _rank_epoch(rank: int, world: int, folder: str, parallel: str, out: str, takes: int | None = None) -> list[list[int]]:
+def _rank_epoch(rank: int, world: int, folder: str, parallel: str, out: str, takes: int | None = None,
+                by_rank: bool = False) -> list[list[int]]:
     """One epoch on this rank as pack-train's loop takes it (DDP or FSDP2, SGD); rank 0 saves the
     weights to `out`. `takes`: the rank whose groups this one reads (the broken control's; None: its
-    own). Returns each step's (micro-batches read, of them its own)."""
+    own); `by_rank`: --loss-average ranks. Returns each step's (micro-batches read, of them its own)."""
     fsdp = parallel == "fsdp"
     planner, reader = _planner(Path(folder), rank if takes is None else takes, world, even=fsdp)
     module = _model()
@@ -70,7 +72,7 @@ def _rank_epoch(rank: int, world: int, folder: str, parallel: str, out: str, tak
     for step in range(planner.steps_in_epoch(0)):
         share = planner.step_share(0, step)
         micro = [reader.microbatch(planner.local_rows(0, i, rank)) for i in share.indices]
-        backward_window(wrapped, micro, device=CPU, info=info, fsdp=fsdp, real=share.real)
+        backward_window(wrapped, micro, device=CPU, info=info, fsdp=fsdp, real=share.real, by_rank=by_rank)
         optimizer.step()
         optimizer.zero_grad(set_to_none=fsdp)
         shares.append([len(share.indices), share.real])
@@ -82,7 +84,7 @@ def _rank_epoch(rank: int, world: int, folder: str, parallel: str, out: str, tak
 
 def _one_process(folder: Path, *, rank_means: bool = False) -> dict[str, torch.Tensor]:
     """The weights after one epoch in one process whose step is the union of the step's two groups
-    (`rank_means`: the control, each group's mean loss, the two averaged)."""
+    (`rank_means`: each group's mean loss, the means averaged over the groups of the step: Axolotl's)."""
     planners = [_planner(folder, r) for r in range(2)]
     reader = planners[0][1]
     module = _model()
@@ -96,7 +98,7 @@ def _one_process(folder: Path, *, rank_means: bool = False) -> dict[str, torch.T
             for micro in filter(None, mine):
                 backward_window(module, micro, device=CPU)
             for p in module.parameters():
-                p.grad /= 2
+                p.grad /= len(list(filter(None, mine)))
         else:
             backward_window(module, [b for micro in mine for b in micro], device=CPU)
         optimizer.step()
@@ -173,3 +175,28 @@ def test_train_under_torchrun_steps_by_group_and_resumes_mid_epoch_exactly(group
     assert [m["epoch"] for m in a] == [0] * 4 + [1] * 4
     for key in ("loss", "grad_norm", "tokens"):
         assert [m[key] for m in a] == [m[key] for m in b], key
+
+
+def test_loss_average_ranks_trains_the_mean_of_the_ranks_means(grouped: Path, tmp_path: Path) -> None:
+    """--loss-average ranks (Axolotl's normalisation): each rank's mean over its own group, the means
+    averaged (over the one group of the epoch's last step there); the token mean is its control."""
+    out = tmp_path / "w.pt"
+    run_on_ranks(_rank_epoch, 2, args=(str(grouped), "ddp", str(out), None, True), deadline_s=240)
+    got = torch.load(out)
+    assert _close(got, _one_process(grouped, rank_means=True))
+    assert not _close(got, _one_process(grouped))
+
+
+def test_train_takes_loss_average_ranks_under_torchrun(grouped: Path, tmp_path: Path) -> None:
+    """pack-train's loop passes --loss-average on: the first step's logged loss (the token mean of the
+    same weights) is the same, its gradient another (the control: tokens, as in the resume test)."""
+    runs = {}
+    for average in ("tokens", "ranks"):
+        config = TrainConfig(data=str(grouped), model="tiny", out=str(tmp_path / average), tokens_per_step=BUDGET,
+                             max_steps=1, lr=1e-3, warmup=0, log_every=1, num_workers=0, progress=False,
+                             device="cpu", eval_data="none", loss_average=average)
+        (tmp_path / f"{average}-ranks").mkdir()
+        train_on_two_ranks(config, tmp_path / f"{average}-ranks")
+        runs[average] = _metrics(tmp_path / average)[0]
+    assert runs["tokens"]["loss"] == pytest.approx(runs["ranks"]["loss"], rel=1e-6)
+    assert runs["tokens"]["grad_norm"] != pytest.approx(runs["ranks"]["grad_norm"], rel=1e-4)
