@@ -187,16 +187,22 @@ def test_loss_average_ranks_trains_the_mean_of_the_ranks_means(grouped: Path, tm
     assert not _close(got, _one_process(grouped))
 
 
+def _first_step(grouped: Path, tmp_path: Path, name: str, **kw) -> dict:
+    config = TrainConfig(data=str(grouped), model="tiny", out=str(tmp_path / name), tokens_per_step=BUDGET,
+                         max_steps=1, lr=1e-3, warmup=0, log_every=1, num_workers=0, progress=False,
+                         device="cpu", eval_data="none", **kw)
+    (tmp_path / f"{name}-ranks").mkdir()
+    train_on_two_ranks(config, tmp_path / f"{name}-ranks")
+    return _metrics(tmp_path / name)[0]
+
+
 def test_train_takes_loss_average_ranks_under_torchrun(grouped: Path, tmp_path: Path) -> None:
     """pack-train's loop passes --loss-average on: the first step's logged loss (the token mean of the
-    same weights) is the same, its gradient another (the control: tokens, as in the resume test)."""
-    runs = {}
-    for average in ("tokens", "ranks"):
-        config = TrainConfig(data=str(grouped), model="tiny", out=str(tmp_path / average), tokens_per_step=BUDGET,
-                             max_steps=1, lr=1e-3, warmup=0, log_every=1, num_workers=0, progress=False,
-                             device="cpu", eval_data="none", loss_average=average)
-        (tmp_path / f"{average}-ranks").mkdir()
-        train_on_two_ranks(config, tmp_path / f"{average}-ranks")
-        runs[average] = _metrics(tmp_path / average)[0]
-    assert runs["tokens"]["loss"] == pytest.approx(runs["ranks"]["loss"], rel=1e-6)
-    assert runs["tokens"]["grad_norm"] != pytest.approx(runs["ranks"]["grad_norm"], rel=1e-4)
+    same weights) is the same, its gradient another (the control: tokens). Two ranks sharing each row
+    (--context-parallel 2) are one data-parallel group: there the two averages are one."""
+    tokens, ranks = (_first_step(grouped, tmp_path, average, loss_average=average) for average in ("tokens", "ranks"))
+    assert tokens["loss"] == pytest.approx(ranks["loss"], rel=1e-6)
+    assert tokens["grad_norm"] != pytest.approx(ranks["grad_norm"], rel=1e-4)
+    shared = [_first_step(grouped, tmp_path, f"cp-{average}", loss_average=average, context_parallel=2)
+              for average in ("tokens", "ranks")]
+    assert shared[0]["grad_norm"] == pytest.approx(shared[1]["grad_norm"], rel=1e-6)
