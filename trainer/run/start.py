@@ -302,9 +302,11 @@ def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -
     print(f"pack-train: attention {backend_why}", file=sys.stderr)
     if config.step_by_group:
         step = "one" if dp == 1 else f"{dp} (one a rank; an epoch's last step may take fewer)"
+        mean = ("each rank's group its own mean, the means averaged (--loss-average ranks)"
+                if dp > 1 and config.loss_average == "ranks" else "the mean over all its loss tokens")
         print(f"pack-train: stepping by group: each optimizer step is {step} of the {len(manifest.groups)} groups "
-              f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss the mean over "
-              "all its loss tokens, as padded batches of those examples; every epoch takes the same groups in "
+              f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss {mean}, "
+              "as padded batches of those examples; every epoch takes the same groups in "
               "another seeded order (TRL/Axolotl draw new batches each epoch: another random draw, the same "
               "recipe); --no-step-by-group steps by token budget instead", file=sys.stderr)
     if dtype_name == "fp8":

@@ -157,14 +157,18 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_train_under_torchrun_steps_by_group_and_resumes_mid_epoch_exactly(grouped: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_train_under_torchrun_steps_by_group_and_resumes_mid_epoch_exactly(grouped: Path, tmp_path: Path,
+                                                                         parallel: str, capfd) -> None:
     config = TrainConfig(data=str(grouped), model="tiny", out=str(tmp_path / "full"), tokens_per_step=BUDGET,
                          epochs=2, lr=1e-3, warmup=0, schedule="constant", log_every=1, num_workers=0,
-                         progress=False, device="cpu", eval_data="none")
+                         progress=False, device="cpu", eval_data="none", parallel=parallel)
     for name in ("full-ranks", "part-ranks", "resume-ranks"):
         (tmp_path / name).mkdir()
     full = train_on_two_ranks(config, tmp_path / "full-ranks")
     assert [s["steps"] for s in full] == [8, 8]  # two epochs of four steps (seven groups, two a step)
+    err = capfd.readouterr().err
+    assert "8 steps of 2 groups, one a rank, of 4 examples each" in err and "each optimizer step is 2 (one a rank" in err
     saved = json.loads((tmp_path / "full" / "config.json").read_text())
     assert saved["step_by_group"] is True
     part = replace(config, out=str(tmp_path / "part"))
