@@ -10,6 +10,7 @@ zero-weight backward), and a run resumed mid-epoch ends as an uninterrupted one.
 
 from __future__ import annotations
 
+import doctest
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from gloo_ranks import run_on_ranks, train_on_two_ranks
 from pipeline.engines.job import PackConfig, run_pack_data
 from pipeline.shards import read_manifest
 from trainer import TrainConfig
+from trainer.data import plan
 from trainer.data.stream import Planner, ShardReader
 from trainer.distributed.parallel import DistInfo, full_model_state, wrap_parallel
 from trainer.model.load import build_model, decoder_layers
@@ -109,6 +111,11 @@ def _one_process(folder: Path, *, rank_means: bool = False) -> dict[str, torch.T
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     assert a.keys() == b.keys()
     return all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+
+
+def test_group_share_examples() -> None:
+    """`group_share`'s docstring: a rank's micro-batches, fillers where it has none or fewer (even)."""
+    assert doctest.testmod(plan).failed == 0
 
 
 def test_the_plan_deals_one_group_a_rank(grouped: Path) -> None:
