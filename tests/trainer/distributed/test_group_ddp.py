@@ -217,3 +217,22 @@ def test_train_takes_loss_average_ranks_under_torchrun(grouped: Path, tmp_path: 
     shared = [_first_step(grouped, tmp_path, f"cp-{average}", loss_average=average, context_parallel=2)
               for average in ("tokens", "ranks")]
     assert shared[0]["grad_norm"] == pytest.approx(shared[1]["grad_norm"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("value", "want"), [("false", "ranks"), ("true", "tokens"), (None, "tokens")])
+def test_trls_average_tokens_across_devices_is_loss_average(tmp_path: Path, value: str | None, want: str) -> None:
+    """TRL's key maps to --loss-average (absent: TRL's default, the token mean); Axolotl files default
+    to ranks (tests/e2e/test_config_files.py); a value that is no boolean is one line."""
+    from pipeline.config_file import read_config_file
+    from pipeline.errors import UserError
+    from trainer.cli import pack_train
+    from trainer.config import TRAIN_CHECKS
+
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("model_name_or_path: tiny\nlearning_rate: 1.0e-4\n"
+                   + (f"average_tokens_across_devices: {value}\n" if value else ""))
+    settings = read_config_file(cfg, pack_train, TRAIN_CHECKS, foreign="pack-train", mapping=[])
+    assert settings.get("loss_average", "tokens") == want
+    cfg.write_text("model_name_or_path: tiny\naverage_tokens_across_devices: sometimes\n")
+    with pytest.raises(UserError, match="'sometimes' has no equivalent here: use true or false"):
+        read_config_file(cfg, pack_train, TRAIN_CHECKS, foreign="pack-train", mapping=[])
