@@ -23,6 +23,7 @@ DTYPES = ("auto", "bf16", "bf16-weights", "fp8", "fp32")
 FP8_RECIPES = ("rowwise_with_gw_hp", "rowwise", "tensorwise")  # trainer.model.fp8.RECIPES
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw4bit", "adafactor")
 WARMUP_RULES = ("hf", "axolotl")
+LOSS_AVERAGES = ("tokens", "ranks")  # trainer.run.loop.backward_window
 ATTENTION = ("auto", "fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")  # auto, trainer.attention BACKENDS
 # Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
 # README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
@@ -56,11 +57,17 @@ class TrainConfig:
         f"to it (a longer row is a micro-batch of its own). Default: {TOKENS_PER_STEP['cuda']} "
         f"on a GPU, {TOKENS_PER_STEP['cpu']} on the CPU."))
     grad_accum: int = opt(1, low=1, section=BATCHES, help="Micro-batches per optimizer step on each rank.")
+    loss_average: str = opt("tokens", choices=LOSS_AVERAGES, section=BATCHES, help=(
+        "The step's loss over its data-parallel ranks (torchrun): tokens: the sum of all token losses over "
+        "the count of all the ranks' loss tokens, as one batch (TRL, transformers' "
+        "average_tokens_across_devices); ranks: each rank's mean over its own loss tokens, the ranks' means "
+        "averaged (Axolotl 0.19.0). One process: the same."))
     # one optimizer step per group of a --strategy minibatch folder (trainer.data.plan.group_plan);
     # None: on exactly when the folder has groups (resolved by trainer.run.start)
     step_by_group: bool | None = opt(None, section=BATCHES, help=(
         "One optimizer step per group of examples of a `pack-data --strategy minibatch` folder "
-        "(the padded batch of TRL/Axolotl without packing: the same examples, the same gradient), "
+        "(the padded batch of TRL/Axolotl without packing: the same examples, the same gradient; "
+        "under torchrun one group a rank), "
         "cut into micro-batches of --tokens-per-step; the groups come in a seeded order each "
         "epoch. Default: on for a folder with groups; --no-step-by-group steps by token budget."))
     lr: float = opt(3e-4, low=0, low_open=True, section=SCHEDULE, help="Peak learning rate (AdamW).")

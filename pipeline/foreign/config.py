@@ -65,6 +65,7 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
 )
 from pipeline.foreign.parallel_keys import TILE_TOKENS, _activation_offloading, _fsdp, _fsdp_config, _fsdp_version, _plugins, _tiled_mlp
 from pipeline.foreign.recipe_keys import (
+    _average_tokens,
     _eos_token,
     _min_sample_len,
     _packing_strategy,
@@ -262,6 +263,8 @@ KEYS: tuple[Key, ...] = (
     Key("adam_beta2", BOTH, _same("beta2"), TRAIN_KEY),
     Key("adam_epsilon", BOTH, _same("adam_eps"), TRAIN_KEY),
     Key("max_grad_norm", BOTH, _same("grad_clip"), TRAIN_KEY),
+    Key("average_tokens_across_devices", TRL, Map(("loss_average",), _average_tokens,
+                                                  "true (TRL's default): tokens; false: ranks"), TRAIN_KEY),
     Key("seed", BOTH, None, None),
     Key("resume_from_checkpoint", BOTH, Map(("resume",), None, "any intact checkpoint folder, an earlier one or "
                                               "another run's (a new output_dir starts its own history there)"),

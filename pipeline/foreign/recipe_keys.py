@@ -74,3 +74,11 @@ def _use_tensorboard(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value is True:
         return {"report_to": "tensorboard"}
     raise NotUsed("false: no TensorBoard")
+
+
+def _average_tokens(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers' average_tokens_across_devices: the step's loss over all ranks' loss tokens
+    (true), or each rank's own mean, the means averaged (false)."""
+    if not isinstance(value, bool):
+        raise refuse("average_tokens_across_devices", value, "use true or false")
+    return {"loss_average": "tokens" if value else "ranks"}

@@ -229,7 +229,9 @@ TRAIN_DEFAULTS = {
                 ("out", "./model-out", "output_dir ./model-out"),  # schemas/config.py
                 ("data", "last_run_prepared", "dataset_prepared_path last_run_prepared"),  # common/const.py
                 ("warmup_rule", "axolotl", "warmup as Axolotl counts it (3% of the steps, at most 100, when none is "
-                                             "given)")],
+                                             "given)"),
+                # core/builders/base.py sets transformers' average_tokens_across_devices false
+                ("loss_average", "ranks", "each rank's loss its own mean, the ranks' means averaged")],
 }
 
 
@@ -304,8 +306,9 @@ def padded_groups(tool: str, command: str, data: Mapping[str, Any], out: dict[st
         if "tokens_per_step" not in out:
             take(f"({tool} default)", "tokens_per_step", batch * length)
     return [f"  {tool}: batches of {size} padded examples a step, trained as packed groups of those {size} (same "
-            f"gradient): pack-data --strategy minibatch --group-size {size}, pack-train --step-by-group, one process "
-            "(under torchrun pack-train refuses it); each epoch takes pack-data's groups in a new order, where "
+            f"gradient): pack-data --strategy minibatch --group-size {size}, pack-train --step-by-group, one group a "
+            "process (under torchrun N groups a step, one a rank, as N processes of the tool); each epoch takes "
+            "pack-data's groups in a new order, where "
             f"{tool} draws new batches (another random draw, the same recipe)"]
 
 

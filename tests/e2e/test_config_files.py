@@ -248,7 +248,8 @@ def test_an_axolotl_config_maps_key_by_key_for_both_commands(tmp_path: Path):
         "saves_per_epoch": 1,
         # Axolotl's defaults for what the file leaves out (transformers' for what Axolotl leaves None);
         # num_epochs is not used: max_steps decides the length, as there
-        "beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "grad_clip": 1.0, "warmup_rule": "axolotl"}
+        "beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "grad_clip": 1.0, "warmup_rule": "axolotl",
+        "loss_average": "ranks"}
     text = "\n".join(lines)
     assert lines[0] == f"pack-train --config {cfg} (Axolotl keys):"
     assert "  learning_rate: 0.0002 -> --lr 0.0002" in lines

@@ -53,7 +53,7 @@ def test_trls_example_without_packing_trains_groups_of_its_batch(tmp_path: Path)
     again = ["--config", str(cfg), "--data", str(tmp_path / "packed"), "--tokenizer", str(ROOT / "data/tokenizer"),
              "--out", str(tmp_path / "accum"), *TRAIN_FLAGS]
     refused = CliRunner().invoke(pack_train, [*again, "--grad-accum", "2"])
-    assert refused.exit_code != 0 and "stepping by group takes a whole group" in refused.stderr
+    assert refused.exit_code != 0 and "--grad-accum 2 with stepping by group: a group is already" in refused.stderr
     assert "Traceback" not in refused.output and len(refused.stderr.strip().splitlines()[-1]) > 40
     plain = tmp_path / "plain"
     assert CliRunner().invoke(pack_data, [str(LOCAL["completion"]), "--tokenizer", str(ROOT / "data/tokenizer"),

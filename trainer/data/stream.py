@@ -8,8 +8,8 @@ of `world_size * grad_accum`, and gives micro-batch i to rank i % world_size. Ev
 sees the same number of micro-batches and optimizer steps (no hang at the end of an epoch), the
 ranks' data are disjoint, and the plan is a pure function of (seed, epoch), so a data cursor of
 (epoch, micro-batch index) resumes exactly. A folder of groups (`--strategy minibatch`, stepped by
-group) is planned by `trainer.data.plan.group_plan` instead: one optimizer step per group, in a
-seeded order, one process.
+group) is planned by `trainer.data.plan.group_plan` instead: the groups in a seeded order, one
+optimizer step taking the next `world_size` of them, one a rank (`Planner.step_share`).
 
 Loading is a map-style dataset keyed by (epoch, local micro-batch index): the training process maps
 the shards at start (`ShardReader`), DataLoader workers forked from it gather the rows with numpy
@@ -33,7 +33,7 @@ import torch
 
 from pipeline.contract import TOKEN_COLUMNS, Manifest, ShardColumns, UserError, load_shard, shard_paths
 from trainer.data.batch import MicroBatch, collate_flat
-from trainer.data.plan import EpochPlan, greedy_cuts, group_plan  # noqa: F401 - greedy_cuts: evaluate's
+from trainer.data.plan import EpochPlan, StepShare, greedy_cuts, group_plan, group_share  # noqa: F401 - greedy_cuts: evaluate's
 from trainer.data.row_split import shard_microbatch
 
 
@@ -57,9 +57,14 @@ class Planner:
     """Seeded per-epoch micro-batch plans, split across data-parallel ranks.
 
     With `groups` (the rows of each group of a `--strategy minibatch` folder, in row order) an
-    optimizer step is one whole group instead: every epoch takes the groups in a seeded order and
-    cuts each group's rows greedily into micro-batches of at most `tokens_per_step` tokens, so a
-    step holds exactly the examples pack-data put in its group (one process, grad_accum 1)."""
+    optimizer step is whole groups instead: every epoch takes the groups in a seeded order and cuts
+    each group's rows greedily into micro-batches of at most `tokens_per_step` tokens; a step takes
+    the next `world_size` groups, one a rank, so it holds exactly the examples of W groups as the
+    source tool's padded batches of W processes do (grad_accum 1: a group already holds the file's
+    accumulation, `pipeline.foreign.batch.group_size`). The epoch's last step may hold fewer groups
+    than ranks (the Hugging Face Trainer's last batch is smaller too: dataloader_drop_last False).
+    This rank is `rank`; `even` (FSDP2, whose every forward gathers the weights over the ranks): each
+    rank reads as many micro-batches as the step's fullest group, padded with fillers."""
 
     def __init__(
         self,
@@ -71,12 +76,16 @@ class Planner:
         grad_accum: int = 1,
         shuffle: bool = True,
         groups: list[int] | None = None,
+        rank: int = 0,
+        even: bool = False,
     ) -> None:
         if tokens_per_step < 1 or world_size < 1 or grad_accum < 1:
             raise UserError("tokens_per_step, world_size and grad_accum must all be >= 1")
-        if groups and (world_size != 1 or grad_accum != 1):
-            raise UserError("stepping by group takes a whole group of rows per optimizer step in one process: "
-                            "train it without --grad-accum and without torchrun, or with --no-step-by-group")
+        if groups and grad_accum != 1:
+            raise UserError(f"--grad-accum {grad_accum} with stepping by group: a group is already a rank's whole "
+                            "optimizer step (an Axolotl/TRL file's per-device batch x gradient_accumulation_steps "
+                            "examples): pack with --group-size B x N and drop --grad-accum, or step by token budget "
+                            "with --no-step-by-group")
         if groups and sum(groups) != len(lengths):
             raise UserError(f"the folder's groups hold {sum(groups)} rows but it has {len(lengths)}: re-run pack-data")
         self.groups = np.asarray(groups or [], dtype=np.int64)
@@ -86,6 +95,7 @@ class Planner:
         self.world_size = int(world_size)
         self.grad_accum = int(grad_accum)
         self.shuffle = shuffle
+        self.rank, self.even = int(rank), even
         self._cache: OrderedDict[int, EpochPlan] = OrderedDict()
 
     @property
@@ -124,19 +134,24 @@ class Planner:
     def steps_in_epoch(self, epoch: int) -> int:
         """Optimizer steps of `epoch` (the same on every rank)."""
         if len(self.groups):
-            return len(self.groups)
+            return -(-len(self.groups) // self.world_size)
         return self.plan(epoch).n_microbatches // self.group
 
-    def step_microbatches(self, epoch: int, step: int) -> range:
-        """This rank's local micro-batch indices of optimizer step `step` of `epoch`."""
-        starts = self.plan(epoch).step_starts
-        if starts is not None:
-            return range(int(starts[step]), int(starts[step + 1]))
-        return range(step * self.grad_accum, (step + 1) * self.grad_accum)
+    def step_share(self, epoch: int, step: int) -> StepShare:
+        """This rank's micro-batches of optimizer step `step` of `epoch`: `grad_accum` local indices;
+        stepping by group, the micro-batches of this rank's group (global indices of the epoch's plan),
+        then fillers (the first micro-batch of the step's first group) where a rank has no group left
+        in the epoch's last step, or, `even`, fewer micro-batches than the step's fullest group."""
+        plan = self.plan(epoch)
+        if plan.group_starts is None:
+            return StepShare(list(range(step * self.grad_accum, (step + 1) * self.grad_accum)), self.grad_accum)
+        return group_share(plan.group_starts, step, self.world_size, self.rank, even=self.even)
 
     def local_rows(self, epoch: int, local_index: int, rank: int) -> np.ndarray:
-        """Rows of this rank's micro-batch number `local_index` in `epoch`."""
-        return self.plan(epoch).rows(local_index * self.world_size + rank)
+        """Rows of this rank's micro-batch number `local_index` in `epoch` (stepping by group: of the
+        epoch's micro-batch `local_index`, whichever rank reads it)."""
+        plan = self.plan(epoch)
+        return plan.rows(local_index if plan.group_starts is not None else local_index * self.world_size + rank)
 
 
 @dataclass(frozen=True)
@@ -318,7 +333,7 @@ class CursorSampler(torch.utils.data.Sampler):
                 )
             take = min(steps - step, left)
             for s in range(step, step + take):
-                for index in self.planner.step_microbatches(epoch, s):
+                for index in self.planner.step_share(epoch, s).indices:
                     yield (epoch, index)
             left -= take
             epoch, step = epoch + 1, 0

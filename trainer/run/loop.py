@@ -2,12 +2,21 @@
 (what comes before the first step is `trainer.run.start`'s).
 
 Loss normalisation: each optimizer step covers `grad_accum` micro-batches on each of `world_size`
-ranks, or the micro-batches of one group when stepping by group (the "window"). Its loss is the SUM of all token losses in the window divided by the number
-of loss tokens in the whole window, the same value one big batch would give, not a mean of
-per-micro-batch means. The window's loss-token count is known on the host before any forward pass
-(`MicroBatch.n_loss_tokens`), all-reduced once per step, and every micro-batch backpropagates
-`loss_sum * world_size / window_tokens` (DDP and FSDP average gradients over ranks, hence the
-`world_size`).
+ranks, or, stepping by group, one group a rank (the "window"). Its loss is the SUM of all token
+losses in the window divided by the number of loss tokens in the whole window, the same value one
+big batch would give, not a mean of per-micro-batch or per-rank means. The window's loss-token count
+is known on the host before any forward pass (`MicroBatch.n_loss_tokens`), all-reduced once per
+step, and every micro-batch backpropagates `loss_sum * world_size / window_tokens` (DDP and FSDP
+average gradients over ranks, hence the `world_size`). This is what TRL 1.16's SFTTrainer trains
+(transformers 5's Trainer with `average_tokens_across_devices=True`, its default: trainer.py
+`_get_num_items_in_batch` gathers the loss-token count of every accumulated batch of every rank,
+`compute_loss` multiplies the loss by the number of processes). Axolotl 0.19.0 sets
+`average_tokens_across_devices=False` (core/builders/base.py, the training arguments), so each rank
+divides by its own count and DDP averages the ranks' means: `--loss-average ranks` (its files' default)
+backpropagates `loss_sum * world_size / (A * own_tokens)` instead, own_tokens the loss tokens of this
+rank's data-parallel group (all its context-parallel shares) and A the groups that hold any (fewer
+than all in an epoch's last step stepping by group). The logged loss is the window's token mean in
+both.
 """
 
 from __future__ import annotations
@@ -75,9 +84,10 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     config = run.config  # with the device's defaults filled in
     info, device, optimizer = run.info, run.device, run.optimizer
 
-    def window(micro: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+    def window(micro: list[MicroBatch], real: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
         return backward_window(run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
-                               masters=run.masters, offload=config.offload_activations)
+                               masters=run.masters, offload=config.offload_activations, real=real,
+                               by_rank=config.loss_average == "ranks", context_parallel=config.context_parallel)
 
     def zero_grad() -> None:  # DDP's gradients are views into its all-reduce buckets: zeroed in place, they stay so
         optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled)
@@ -100,9 +110,10 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     with StopOnSigterm() as sigterm, meter, loader_batches(run.loader) as batches:
         while step < run.stop_at:
             t0 = time.perf_counter()
-            micro = [next(batches) for _ in run.planner.step_microbatches(position.epoch, position.step_in_epoch)]
+            share = run.planner.step_share(position.epoch, position.step_in_epoch)
+            micro = [next(batches) for _ in share.indices]
             wait = time.perf_counter() - t0
-            loss_sum, counts, window_loss_tokens = window(micro)
+            loss_sum, counts, window_loss_tokens = window(micro, share.real)
             if run.masters is not None:  # the clipping itself happens inside its step
                 grad_norm = run.masters.clip_grad_norm_(max_norm)
             else:
@@ -115,7 +126,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             zero_grad()
             epoch = position.epoch  # of this step
             step, position = step + 1, step_cursor(run.planner, position, 1)
-            meter.step(micro, wait, counts[1])
+            meter.step(micro[: share.real], wait, counts[1])
             watch.after_step(step, loss_sum)
             if step == run.start_step + 1:  # the layers and the optimizer are compiled now
                 freeze_heap()
@@ -194,6 +205,9 @@ def backward_window(
     fsdp: bool = False,
     masters: MasterAdamW | None = None,
     offload: bool = False,
+    real: int | None = None,
+    by_rank: bool = False,
+    context_parallel: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
     """Forward + backward over one accumulation window; gradients of the window's mean token loss.
 
@@ -205,18 +219,31 @@ def backward_window(
     bf16-weights, one process) and several micro-batches, each one's bf16 gradients move into the
     fp32 masters right after its backward, so they accumulate in fp32. `offload`: what each forward
     saves for its backward waits in CPU memory (`trainer.model.long_rows.offload_activations`).
+    `real`: only the first `real` micro-batches count (default all); the others are fillers
+    (`trainer.data.plan.StepShare`), backpropagated with weight 0 so that this rank still joins the
+    step's collectives (its one synchronising backward, under FSDP every forward's gathering).
+    `by_rank` (--loss-average ranks): the gradient of the mean of the data-parallel groups' own means
+    (groups of `context_parallel` neighbouring ranks), over the groups with loss tokens.
     """
     info = info or DistInfo()
     autocast = autocast if autocast is not None else contextlib.nullcontext()
+    real = len(micro) if real is None else real
     counts = torch.tensor(
-        [sum(b.n_loss_tokens for b in micro), sum(b.n_tokens for b in micro)], dtype=torch.int64
+        [sum(b.n_loss_tokens for b in micro[:real]), sum(b.n_tokens for b in micro[:real])], dtype=torch.int64
     )
     window_loss_tokens: torch.Tensor | int
     if info.enabled:
-        counts = counts.to(device)
-        dist.all_reduce(counts)
-        window_loss_tokens = counts[0].clamp(min=1)
-        scale = info.world_size / window_loss_tokens.to(torch.float32)
+        each = torch.zeros(2 + info.world_size, dtype=torch.int64)  # [loss tokens, tokens, each rank's loss tokens]
+        each[:2], each[2 + info.rank] = counts, counts[0]
+        each = each.to(device)
+        dist.all_reduce(each)  # one collective for both averages
+        counts, window_loss_tokens = each[:2], each[0].clamp(min=1)
+        if by_rank:
+            groups = each[2:].view(-1, context_parallel).sum(dim=1)  # loss tokens of each data-parallel group
+            own = groups[info.rank // context_parallel].clamp(min=1)
+            scale = info.world_size / ((groups > 0).sum().clamp(min=1) * own).to(torch.float32)
+        else:
+            scale = info.world_size / window_loss_tokens.to(torch.float32)
     else:
         window_loss_tokens = max(1, int(counts[0]))
         scale = 1.0 / window_loss_tokens
@@ -234,10 +261,11 @@ def backward_window(
         with sync:
             with autocast, offload_activations(offload, device):
                 loss_sum = module(batch)
-            _backward(loss_sum * scale)
+            _backward(loss_sum * (scale if i < real else 0.0))
         if masters is not None and len(micro) > 1:
             masters.collect_grads()
-        loss_acc += loss_sum.detach().float()
+        if i < real:
+            loss_acc += loss_sum.detach().float()
     return loss_acc, counts, window_loss_tokens
 
 

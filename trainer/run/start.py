@@ -89,7 +89,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     config = by_group(config, manifest)
     planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
                       world_size=layout.dp_size, grad_accum=config.grad_accum,
-                      groups=manifest.groups if config.step_by_group else None)
+                      groups=manifest.groups if config.step_by_group else None, rank=layout.dp_rank,
+                      even=info.enabled and config.parallel == "fsdp")
     shortest = int(reader.row_lengths().min())
     if layout.cp_size > 1 and shortest < layout.cp_size:  # a share of no token
         raise UserError(f"--context-parallel {layout.cp_size}: {config.data} holds a row of "
@@ -286,22 +287,26 @@ def _total_steps(config: TrainConfig, planner: Planner) -> int:
 def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -> None:
     """The start-up lines on stderr: model, attention, data and steps."""
     config, world = run.config, run.info.world_size
+    dp = world // config.context_parallel  # data-parallel ranks
     print(
         f"pack-train: {run.n_params / 1e6:.1f}M params, attention {run.backend}, {dtype_name}, "
         f"{world} rank(s) ({config.parallel if run.info.enabled else 'single'}"
         f"{f', each row split over {config.context_parallel}' if config.context_parallel > 1 else ''}), "
         f"{manifest.rows} rows / {manifest.total_tokens} tokens, {run.total_steps} steps of "
-        + (f"one group of {manifest.group_size} examples each (cut into micro-batches <= {config.tokens_per_step} "
-           "tokens)" if config.step_by_group else
-           f"{config.grad_accum} x {world // config.context_parallel} micro-batches <= {config.tokens_per_step} tokens")
+        + (f"{'one group' if dp == 1 else f'{dp} groups, one a rank,'} of {manifest.group_size} examples each "
+           f"(cut into micro-batches <= {config.tokens_per_step} tokens)" if config.step_by_group else
+           f"{config.grad_accum} x {dp} micro-batches <= {config.tokens_per_step} tokens")
         + (f", resuming at step {run.start_step}" if config.resume else ""),
         file=sys.stderr,
     )
     print(f"pack-train: attention {backend_why}", file=sys.stderr)
     if config.step_by_group:
-        print(f"pack-train: stepping by group: each optimizer step is one of the {len(manifest.groups)} groups "
-              f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss the mean over "
-              "all its loss tokens, as a padded batch of those examples; every epoch takes the same groups in "
+        step = "one" if dp == 1 else f"{dp} (one a rank; an epoch's last step may take fewer)"
+        mean = ("each rank's group its own mean, the means averaged (--loss-average ranks)"
+                if dp > 1 and config.loss_average == "ranks" else "the mean over all its loss tokens")
+        print(f"pack-train: stepping by group: each optimizer step is {step} of the {len(manifest.groups)} groups "
+              f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss {mean}, "
+              "as padded batches of those examples; every epoch takes the same groups in "
               "another seeded order (TRL/Axolotl draw new batches each epoch: another random draw, the same "
               "recipe); --no-step-by-group steps by token budget instead", file=sys.stderr)
     if dtype_name == "fp8":

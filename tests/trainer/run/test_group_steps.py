@@ -118,7 +118,7 @@ def test_a_group_step_computes_the_padded_batch_gradient(grouped: Path) -> None:
     stock.set_attn_implementation("eager")
     cut = 0
     for step in range(2):
-        indices = planner.step_microbatches(0, step)
+        indices = planner.step_share(0, step).indices
         micro = [reader.microbatch(planner.local_rows(0, i, 0)) for i in indices]
         cut += len(micro) > 1
         loss_sum, _, n = backward_window(module, micro, device=torch.device("cpu"))
@@ -138,7 +138,7 @@ def test_a_group_step_computes_the_padded_batch_gradient(grouped: Path) -> None:
     micro = [reader.microbatch(budget.local_rows(0, 0, 0))]
     backward_window(module, micro, device=torch.device("cpu"))
     by_budget = _grads(module)
-    first = planner.step_microbatches(0, 0)
+    first = planner.step_share(0, 0).indices
     _padded_loss(stock, [e for i in first for r in planner.local_rows(0, i, 0) for e in rows[r]]).backward()
     assert not torch.allclose(by_budget, _grads(stock), rtol=1e-3, atol=1e-5)
 
@@ -174,10 +174,10 @@ def test_an_epoch_is_one_step_per_group_and_resume_lands_on_the_group(grouped: P
 def test_group_stepping_refuses_what_would_change_the_group(grouped: Path, tmp_path: Path) -> None:
     manifest = read_manifest(grouped)
     lengths = ShardReader(grouped, manifest).row_lengths()
-    with pytest.raises(UserError, match="in one process: train it without --grad-accum and without torchrun"):
-        Planner(lengths, 300, world_size=2, groups=manifest.groups)  # data-parallel ranks: refused
-    assert Planner(lengths, 300, world_size=2).steps_in_epoch(0) > 0  # control: by token budget
-    with pytest.raises(UserError, match="stepping by group takes a whole group .* without grad_accum"):
+    with pytest.raises(UserError, match="--grad-accum 2 with stepping by group: .* --group-size B x N"):
+        Planner(lengths, 300, grad_accum=2, groups=manifest.groups)
+    assert Planner(lengths, 300, grad_accum=2).steps_in_epoch(0) > 0  # control: by token budget
+    with pytest.raises(UserError, match="grad_accum 2 with stepping by group"):  # the Python API spells options so
         train(_config(grouped, tmp_path / "accum", max_steps=1, grad_accum=2))
     train(_config(grouped, tmp_path / "budget", max_steps=1, grad_accum=2, step_by_group=False))  # control
     plain = tmp_path / "plain"
