@@ -43,7 +43,7 @@ from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.plan.rows import Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.read.formats import ResolvedFormat
+from pipeline.read.formats import ResolvedFormat, absolute_per_input
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
 from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
@@ -272,6 +272,7 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
     # local paths absolute, so `pack-verify --deep` can re-read the inputs from any folder
     config_dict["inputs"] = [_absolute_if_local(p) for p in config.inputs]
     config_dict["tokenizer"] = _absolute_if_local(config.tokenizer)
+    config_dict["per_input"] = absolute_per_input(config.per_input, _absolute_if_local)
     # what --format auto (or the field options) resolved to, per input file
     config_dict["resolved_formats"] = [{"file": staged.to_uri(f.path), **x.to_dict()} for f, x in zip(files, fmts)]
     return Manifest(

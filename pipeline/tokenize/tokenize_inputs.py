@@ -50,7 +50,7 @@ def file_formats(files: list[Any], options: FormatOptions, columns: list[list[st
     `columns`: each file's, when already known)."""
     if columns is None:
         columns = [column_names([f]) for f in files]
-    return detect_formats([(f.path, cols) for f, cols in zip(files, columns)], options)
+    return detect_formats(list(zip(files, columns)), options)
 
 
 def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
