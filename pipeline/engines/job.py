@@ -104,7 +104,7 @@ def out_lock(out: str) -> AbstractContextManager:
 def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: bool,
          echo: Callable[[str], None] | None, stats: dict[str, Any] | None) -> Manifest:
     """The job on local paths: `out` is the local output folder, `staged.inputs` the local inputs."""
-    files = resolve_inputs(staged.inputs)
+    files = staged.as_given(resolve_inputs(staged.inputs))
     # each input file's own format and fields
     fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template, config.add_tokens, config.special_tokens)

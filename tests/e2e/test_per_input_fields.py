@@ -153,3 +153,40 @@ def test_axolotls_alst_example_packs_its_two_datasets_each_with_its_field(tmp_pa
     assert token_lists(tmp_path / "prepared") == token_lists(tmp_path / "a") + token_lists(tmp_path / "b")
     assert read_manifest(tmp_path / "prepared").config["per_input"] == [f"{a}:text-field=text",
                                                                          f"{b}:text-field=chapter"]
+
+
+def test_a_remote_input_is_named_as_given(tmp_path: Path, data: tuple[Path, Path]):
+    """A remote input (here file://) is read from a local copy, but its entry names it as given, and
+    pack-verify --deep matches the entry to it again."""
+    a, b = data
+    uri = b.as_uri()
+    result = pack(a, uri, "--per-input", f"{uri}:text-field=chapter", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert pack(b, "--text-field", "chapter", "--out", tmp_path / "b").exit_code == 0
+    assert token_lists(tmp_path / "out")[9:] == token_lists(tmp_path / "b")
+    verified = CliRunner().invoke(pack_verify, [str(tmp_path / "out"), "--deep"])
+    assert verified.exit_code == 0 and "16 examples re-tokenized and matched" in verified.output, verified.output
+    wrong = pack(a, uri, "--per-input", f"{uri}x:text-field=chapter", "--out", tmp_path / "wrong")
+    assert wrong.exit_code == 1 and f"use an INPUT as given ({a}, {uri})" in wrong.stderr, wrong.output
+
+
+def test_chat_inputs_with_their_own_messages_field_and_loss_settings(tmp_path: Path):
+    """One chat file in `messages`, another in `dialog` whose user turns train too and whose
+    end-of-turn tokens carry no loss: ids and labels as each packed alone with its options."""
+    rows = [json.loads(line) for line in (ROOT / "data" / "sample" / "chat.jsonl").read_text().splitlines()[:12]]
+    c1 = write_jsonl(tmp_path / "c1.jsonl", rows[:6])
+    c2 = write_jsonl(tmp_path / "c2.jsonl", [{"dialog": r["messages"]} for r in rows[6:]])
+    own = ["--messages-field", "dialog", "--roles-to-train", "user", "--roles-to-train", "assistant",
+           "--train-on-eos", "none"]
+    both = pack(c1, c2, "--per-input", "c2.jsonl:messages-field=dialog", "--per-input",
+                "c2.jsonl:roles-to-train=user,assistant", "--per-input", "c2.jsonl:train-on-eos=none",
+                "--out", tmp_path / "both")
+    assert both.exit_code == 0, both.output
+    assert pack(c1, "--out", tmp_path / "c1").exit_code == pack(c2, *own, "--out", tmp_path / "c2").exit_code == 0
+    want_c2 = token_lists(tmp_path / "c2")
+    assert token_lists(tmp_path / "both") == token_lists(tmp_path / "c1") + want_c2
+    # control: the field alone, with the default loss settings, gives other labels (the same ids)
+    field_only = pack(c1, c2, "--per-input", "c2.jsonl:messages-field=dialog", "--out", tmp_path / "field")
+    assert field_only.exit_code == 0, field_only.output
+    got = token_lists(tmp_path / "field")[6:]
+    assert [g[0] for g in got] == [w[0] for w in want_c2] and [g[1] for g in got] != [w[1] for w in want_c2]
