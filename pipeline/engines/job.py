@@ -43,7 +43,7 @@ from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.plan.rows import Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.read.formats import ResolvedFormat, absolute_per_input
+from pipeline.read.formats import ResolvedFormat, absolute_per_input, parse_per_input
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
 from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
@@ -181,6 +181,8 @@ def validate(config: PackConfig) -> None:
     if not is_uri(config.out):
         check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
+    for entry in config.per_input:  # so does a malformed --per-input
+        parse_per_input(entry)
     if config.chat_template is not None:
         resolve_chat_template(config.chat_template)  # an unknown name or missing file, too
     check_token_options(config.add_tokens, config.special_tokens)

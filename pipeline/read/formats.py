@@ -311,6 +311,11 @@ def parse_per_input(entry: str) -> tuple[str, str, Any]:
     elif key == "train_on_prompt":
         value = {"true": True, "false": False}.get(text.lower(), text)
     check_value(f"--per-input {name}:{match.group('option')}", value, _CHECKS[key])
+    if key == "template":  # a preset or a format string with the right placeholders
+        try:
+            resolve_template(value, "plain")
+        except UserError as exc:
+            raise UserError(f"--per-input {entry!r}: {str(exc).removeprefix('--template ')}") from None
     return name, key, value
 
 

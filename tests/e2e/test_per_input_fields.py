@@ -79,6 +79,8 @@ def test_each_input_packs_exactly_as_it_would_alone(tmp_path: Path, data: tuple[
     ("b.jsonl:txt-field=chapter", ["is not INPUT:OPTION=VALUE", "text-field"]),
     ("b.jsonl:text-field=", ["gives text-field no value"]),
     ("b.jsonl:train-on-eos=sometimes", ["unknown --per-input b.jsonl:train-on-eos 'sometimes'", "turn, last"]),
+    ("a.jsonl:template={question}", ["--per-input 'a.jsonl:template={question}': '{question}': use the "
+                                     "placeholders {instruction} (or {prompt})"]),
 ])
 def test_a_field_an_input_lacks_or_a_bad_entry_is_one_line(tmp_path: Path, data: tuple[Path, Path], entry: str,
                                                           needles: list[str]):
