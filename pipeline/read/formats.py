@@ -14,6 +14,7 @@ Formats:
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from collections.abc import Sequence
@@ -320,9 +321,11 @@ def parse_per_input(entry: str) -> tuple[str, str, Any]:
 
 
 def _names(name: str, file: Any) -> bool:
-    """Whether --per-input's NAME is the INPUT `file` was given as, its path or its file name."""
-    path = str(getattr(file, "path", file))
-    return name in (getattr(file, "given", None), path, Path(path).name)
+    """Whether --per-input's NAME is the INPUT `file` was given as, its path (either spelled as
+    another path to the same place: ./b.jsonl, its absolute path) or its file name."""
+    path, given = str(getattr(file, "path", file)), getattr(file, "given", None)
+    same = {os.path.abspath(p) for p in (path, given) if p and "://" not in p}
+    return name in (given, path, Path(path).name) or ("://" not in name and os.path.abspath(name) in same)
 
 
 def per_input_options(files: Sequence[Any], options: FormatOptions) -> list[tuple[FormatOptions, dict[str, str]]]:

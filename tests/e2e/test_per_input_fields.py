@@ -67,8 +67,10 @@ def test_each_input_packs_exactly_as_it_would_alone(tmp_path: Path, data: tuple[
     auto = pack(a, b, "--out", tmp_path / "auto")
     assert auto.exit_code == 0, auto.output
     assert token_lists(tmp_path / "auto")[:9] == want_a and token_lists(tmp_path / "auto")[9:] != want_b
-    # the entry wins over the option given for every input; the other input keeps the option
-    mixed = pack(a, b, "--text-field", "text", "--per-input", f"{b}:text-field=chapter", "--out", tmp_path / "mixed")
+    # the entry wins over the option given for every input; the other input keeps the option (the entry
+    # names the input by another spelling of its path)
+    other = f"{tmp_path}/sub/../sub/b.jsonl"
+    mixed = pack(a, b, "--text-field", "text", "--per-input", f"{other}:text-field=chapter", "--out", tmp_path / "mixed")
     assert mixed.exit_code == 0, mixed.output
     assert token_lists(tmp_path / "mixed") == want_a + want_b
 
@@ -192,3 +194,13 @@ def test_chat_inputs_with_their_own_messages_field_and_loss_settings(tmp_path: P
     assert field_only.exit_code == 0, field_only.output
     got = token_lists(tmp_path / "field")[6:]
     assert [g[0] for g in got] == [w[0] for w in want_c2] and [g[1] for g in got] != [w[1] for w in want_c2]
+
+
+@pytest.mark.parametrize("given", ["sub", "sub/*.jsonl", "sub/b.jsonl:train[2:6]"])
+def test_an_entry_names_a_folder_a_glob_or_a_share_as_given(tmp_path: Path, data: tuple[Path, Path], given: str):
+    """Every file of a folder or glob input takes the entry; a share of an input's rows is named with it."""
+    result = pack("a.jsonl", given, "--per-input", f"{given}:text-field=chapter", "--out", "out", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert pack(data[1], "--text-field", "chapter", "--out", tmp_path / "b").exit_code == 0
+    want = token_lists(tmp_path / "b")
+    assert token_lists(tmp_path / "out")[9:] == (want[2:6] if "[" in given else want)
