@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -134,29 +135,46 @@ def test_the_manifest_records_each_inputs_own_and_verify_rereads_them(tmp_path: 
     assert [t[0].tolist() for t in tokenize_examples(without, [12])] != [ids[12][0]]
 
 
-def test_axolotls_alst_example_packs_its_two_datasets_each_with_its_field(tmp_path: Path, data: tuple[Path, Path]):
-    """Axolotl 0.19.0's examples/alst/llama3-8b-fsdp2-alst.yaml with its two datasets (completion,
-    field: text; completion, field: chapter) swapped for local files of those columns, its model for the
-    project's tokenizer; --max-len and --min-len sized for a CPU test (flags win over the file)."""
-    a, b = data
+def _long_documents(path: Path, column: str, words: list[int]) -> Path:
+    """Documents of about 4.2 tokens a word under the project's tokenizer, in `column` (and a short
+    `text` column beside them, which auto-detection would take)."""
+    rng = random.Random(len(words))
+    vocab = ["alpha", "beta", "gamma", "delta", "long", "context", "chapter", "page"]
+    return write_jsonl(path, [{column: " ".join(f"{rng.choice(vocab)}{rng.randrange(1000)}" for _ in range(n)),
+                               **({"text": "a title"} if column != "text" else {})} for n in words])
+
+
+def test_axolotls_alst_example_packs_its_two_datasets_each_with_its_field(tmp_path: Path):
+    """Axolotl 0.19.0's examples/alst/llama3-8b-fsdp2-alst.yaml, unchanged but for paths: its two
+    datasets (completion, field: text; completion, field: chapter) swapped for local files of those
+    columns, its model's tokenizer for the project's. Its sequence_len 500000 and min_sample_len 200000
+    hold: the documents of 200,000 tokens and more pack, each as its dataset alone packs it, the short
+    ones are dropped and said."""
+    a = _long_documents(tmp_path / "rp_sub.jsonl", "text", [52000, 55000, 50])
+    b = _long_documents(tmp_path / "chapters.jsonl", "chapter", [53000, 30])
     settings = yaml.safe_load(ALST.read_text())
     assert [(d["type"], d["field"]) for d in settings["datasets"]] == [("completion", "text"), ("completion", "chapter")]
     settings["datasets"][0]["path"] = str(a)
     del settings["datasets"][0]["data_files"]
     settings["datasets"][1]["path"] = str(b)
-    settings["tokenizer_config"] = TOKENIZER
-    settings["dataset_prepared_path"] = str(tmp_path / "prepared")
-    cfg = tmp_path / "alst.yaml"
-    cfg.write_text(yaml.safe_dump(settings, sort_keys=False))
-    result = CliRunner().invoke(pack_data, ["--config", str(cfg), "--max-len", "256", "--min-len", "2", "--num-proc",
-                                            "1", "--no-progress"])
+    settings["base_model"] = TOKENIZER
+
+    def packed(name: str, datasets: list[dict]) -> object:
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({**settings, "datasets": datasets, "dataset_prepared_path": str(tmp_path / name)}))
+        return CliRunner().invoke(pack_data, ["--config", str(cfg), "--num-proc", "1", "--no-progress"])
+
+    result = packed("both", settings["datasets"])
     assert result.exit_code == 0, result.output
-    assert "--per-input" in result.stderr
-    assert pack(a, "--out", tmp_path / "a").exit_code == pack(b, "--text-field", "chapter", "--out",
-                                                              tmp_path / "b").exit_code == 0
-    assert token_lists(tmp_path / "prepared") == token_lists(tmp_path / "a") + token_lists(tmp_path / "b")
-    assert read_manifest(tmp_path / "prepared").config["per_input"] == [f"{a}:text-field=text",
-                                                                         f"{b}:text-field=chapter"]
+    assert "--per-input" in next(line for line in result.stderr.splitlines() if line.startswith("  datasets:"))
+    assert "2 shorter than --min-len 200000 dropped" in result.output
+    assert packed("a", settings["datasets"][:1]).exit_code == packed("b", settings["datasets"][1:]).exit_code == 0
+    got = token_lists(tmp_path / "both")
+    assert len(got) == 3 and min(len(ids) for ids, _ in got) >= 200_000
+    assert got == token_lists(tmp_path / "a") + token_lists(tmp_path / "b")
+    manifest = read_manifest(tmp_path / "both")
+    assert (manifest.max_len, manifest.config["per_input"]) == (500_000, [f"{a}:text-field=text",
+                                                                           f"{b}:text-field=chapter"])
 
 
 def test_a_remote_input_is_named_as_given(tmp_path: Path, data: tuple[Path, Path]):
