@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -350,7 +350,7 @@ def per_input_options(files: Sequence[Any], options: FormatOptions) -> list[tupl
     return [(replace(options, per_input=(), **o) if o else options, h) for o, h in zip(own, hints)]
 
 
-def absolute_per_input(entries: Sequence[str], absolute: Any) -> list[str]:
+def absolute_per_input(entries: Sequence[str], absolute: Callable[[str], str]) -> list[str]:
     """`--per-input` entries with their INPUT made absolute by `absolute` (as the manifest records
     the inputs, so that `pack-verify --deep` matches them from any folder)."""
     out = []

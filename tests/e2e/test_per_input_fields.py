@@ -222,3 +222,20 @@ def test_an_entry_names_a_folder_a_glob_or_a_share_as_given(tmp_path: Path, data
     assert pack(data[1], "--text-field", "chapter", "--out", tmp_path / "b").exit_code == 0
     want = token_lists(tmp_path / "b")
     assert token_lists(tmp_path / "out")[9:] == (want[2:6] if "[" in given else want)
+
+
+def test_pack_report_what_if_reads_each_input_with_its_own(tmp_path: Path, data: tuple[Path, Path]):
+    a, b = data
+    args = ["--input", str(a), "--input", str(b), "--tokenizer", TOKENIZER, "--max-len", "256"]
+    report = CliRunner().invoke(pack_report, [*args, "--per-input", "b.jsonl:text-field=chapter"])
+    assert report.exit_code == 0 and "what-if: 16 examples" in report.output, report.output
+    tokens = lambda out: next(line for line in out.splitlines() if line.startswith("what-if:"))
+    alone_a = CliRunner().invoke(pack_report, ["--input", str(a), *args[4:]])
+    alone_b = CliRunner().invoke(pack_report, ["--input", str(b), *args[4:], "--text-field", "chapter"])
+    count = lambda out: int(tokens(out).rpartition(", ")[2].split()[0].replace(",", ""))
+    assert count(report.output) == count(alone_a.output) + count(alone_b.output)
+    auto = CliRunner().invoke(pack_report, args)  # control: b.jsonl's titles
+    assert count(auto.output) < count(report.output)
+    lacking = CliRunner().invoke(pack_report, [*args, "--per-input", "b.jsonl:text-field=nope"])
+    assert lacking.exit_code == 1 and len(lacking.stderr.strip().splitlines()) == 1
+    assert "column 'nope' not found in" in lacking.stderr and "b.jsonl" in lacking.stderr
