@@ -10,6 +10,9 @@ Formats:
 - `chat`: a column of `[{role, content}, ...]` lists (auto: `messages`, `conversations`), rendered
   with the tokenizer's chat template; ShareGPT-style `{from, value}` turns are accepted too.
 - `tokenized`: an `input_ids` column (+ optional `labels`), used as is.
+
+The options apply to every input file, but for what `--per-input INPUT:OPTION=VALUE` gives one input
+of its own (`per_input_options`): inputs whose columns differ pack in one run.
 """
 
 from __future__ import annotations
@@ -293,6 +296,7 @@ def detect_formats(columns_per_file: Sequence[tuple[Any, list[str]]], options: F
 # the options --per-input sets (every FormatOptions field but its own), by their flag without dashes
 PER_INPUT = {flag_of(f.name)[2:]: f.name for f in fields(FormatOptions) if f.name != "per_input"}
 _ENTRY = re.compile(rf"^(?P<name>.+?):(?P<option>{'|'.join(map(re.escape, PER_INPUT))})=(?P<value>.*)$", re.S)
+_CHECKS = checks_of(FormatOptions)  # each option's own check, for its value in an entry
 
 
 def parse_per_input(entry: str) -> tuple[str, str, Any]:
@@ -358,11 +362,6 @@ def absolute_per_input(entries: Sequence[str], absolute: Callable[[str], str]) -
         match = _ENTRY.match(entry)
         out.append(entry if match is None else f"{absolute(match.group('name'))}{entry[match.end('name'):]}")
     return out
-
-
-
-
-_CHECKS = checks_of(FormatOptions)
 
 
 def text_fields(fmt: ResolvedFormat) -> list[str]:
