@@ -43,7 +43,7 @@ from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.plan.rows import Pieces, RowPlan, apply_overlong, plan_rows
 from pipeline.progress import bar, estimate_rows
-from pipeline.read.formats import ResolvedFormat
+from pipeline.read.formats import ResolvedFormat, absolute_per_input, parse_per_input
 from pipeline.read.remote import Staged, download_here, is_uri, staged_inputs
 from pipeline.read.sources import changed_inputs, input_fingerprints, resolve_inputs
 from pipeline.report.stats import DEFAULT_BATCH_SIZE, Layout, pad_to_longest
@@ -104,7 +104,7 @@ def out_lock(out: str) -> AbstractContextManager:
 def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: bool,
          echo: Callable[[str], None] | None, stats: dict[str, Any] | None) -> Manifest:
     """The job on local paths: `out` is the local output folder, `staged.inputs` the local inputs."""
-    files = resolve_inputs(staged.inputs)
+    files = staged.as_given(resolve_inputs(staged.inputs))
     # each input file's own format and fields
     fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template, config.add_tokens, config.special_tokens)
@@ -181,6 +181,8 @@ def validate(config: PackConfig) -> None:
     if not is_uri(config.out):
         check_out(Path(config.out), config.overwrite)
     parse_mix(config.mix)  # a malformed --mix fails before any work
+    for entry in config.per_input:  # so does a malformed --per-input
+        parse_per_input(entry)
     if config.chat_template is not None:
         resolve_chat_template(config.chat_template)  # an unknown name or missing file, too
     check_token_options(config.add_tokens, config.special_tokens)
@@ -272,6 +274,7 @@ def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[R
     # local paths absolute, so `pack-verify --deep` can re-read the inputs from any folder
     config_dict["inputs"] = [_absolute_if_local(p) for p in config.inputs]
     config_dict["tokenizer"] = _absolute_if_local(config.tokenizer)
+    config_dict["per_input"] = absolute_per_input(config.per_input, _absolute_if_local)
     # what --format auto (or the field options) resolved to, per input file
     config_dict["resolved_formats"] = [{"file": staged.to_uri(f.path), **x.to_dict()} for f, x in zip(files, fmts)]
     return Manifest(

@@ -151,7 +151,7 @@ KEYS: tuple[Key, ...] = (
     Key("tokens", AXOLOTL, Unused(FROM_DATA), Map(("add_tokens",), add_tokens, "each as --add-token TEXT")),
     # data
     Key("datasets", BOTH, DATA_KEY, Map(("inputs", "fmt", "messages_field", "text_field", "template",
-                                         "roles_to_train", "train_on_eos"), _datasets,
+                                         "roles_to_train", "train_on_eos", "per_input"), _datasets,
         "each entry's path is an input: a Hub id as org/name[@revision][:name]:split, a local path, data_files inside a "
         "local folder or of a Hub dataset (hf://datasets/org/name/FILE); a share of a split (train[:20%], "
         "train[10:100], train[-5%:]) as the input's :split[...], the rows datasets selects; drop_system_message: "
@@ -159,8 +159,9 @@ KEYS: tuple[Key, ...] = (
         "chat, alpaca: instruction (alpaca:chat, alpaca:chatml, alpaca:phi: Axolotl's prompt of that style as "
         "--template, its markers the tokenizer's tokens), completion: text; field_messages, field: the fields; "
         "message_property_mappings (or message_field_role/content): role from role/from, content from "
-        "content/value; roles_to_train, train_on_eos: --roles-to-train, --train-on-eos; shards other than 1 "
-        "refused. In a TRL file, its mixture: path, name, split, data_files of each entry")),
+        "content/value; roles_to_train, train_on_eos: --roles-to-train, --train-on-eos; a type or sub-key that differs "
+        "between entries: each entry's own, as --per-input INPUT:OPTION=VALUE (drop_system_message: one for all); "
+        "shards other than 1 refused. In a TRL file, its mixture: path, name, split, data_files of each entry")),
     Key("dataset_name", TRL, DATA_KEY, Map(("inputs",), dataset_name,
         "the input: a Hub dataset as dataset_name[:dataset_config]:dataset_train_split, or a local path")),
     Key("dataset_config", TRL, DATA_KEY, Map((), _in_dataset_name("dataset_config"), "part of dataset_name's input")),

@@ -26,10 +26,11 @@ ALPACA_STYLES = {"instruct": "alpaca", "chat": "alpaca:chat", "chatml": "alpaca:
 _MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
            "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content",
            "drop_system_message", "revision"}
-# values that leave a sub-key at Axolotl's own default: nothing to do
-# the sub-keys every entry must agree on, and the option each sets (type: alpaca's prompt style)
+# the option each sub-key sets (type: alpaca's prompt style): for every input when the entries agree,
+# else for each entry's inputs (--per-input)
 SUBKEY_OPTIONS = {"type": "template", "field_messages": "messages_field", "field": "text_field",
                   "roles_to_train": "roles_to_train", "train_on_eos": "train_on_eos"}
+# values that leave a sub-key at Axolotl's own default: nothing to do
 _DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "train_on_eos": ("turn",),
                     "shards": (1,), "split": ("train",)}
 
@@ -125,9 +126,12 @@ def _unused_subkeys(entry: Mapping[str, Any], where: str) -> None:
 
 def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     """Axolotl's `datasets:` list (or TRL's mixture, when the file is TRL's) as pack-data's inputs,
-    --format and field options."""
+    --format and field options: a setting every entry shares as the option, one that differs
+    between entries as each entry's own (--per-input), as Axolotl tokenizes each dataset with its own."""
     entries(value)
-    inputs, formats, extra = [], set(), {}
+    inputs: list[str] = []
+    of_entry: dict[int, list[str]] = {}  # entry -> its inputs
+    kinds: dict[int, str | None] = {}  # entry -> its --format (None: detected from the columns)
     chosen: dict[str, dict[int, Any]] = {}  # sub-key -> entry -> its value (None: Axolotl's default)
     for i, d in enumerate(value):
         where = f"datasets[{i}]"
@@ -140,11 +144,9 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if base not in AXOLOTL_TYPES:
             raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
                                                 "with pack-data's own --format and field options")
-        formats.add(AXOLOTL_TYPES[base])
-        if base == "alpaca":  # plain alpaca is alpaca:instruct, pack-data's alpaca preset
-            chosen.setdefault("type", {})[i] = f"alpaca:{style or 'instruct'}"
-            if style:
-                extra["template"] = ALPACA_STYLES[style]
+        kinds[i] = AXOLOTL_TYPES[base]
+        if base == "alpaca":  # plain alpaca is alpaca:instruct, the default of instruction/output columns
+            chosen.setdefault("type", {})[i] = ALPACA_STYLES[style] if style else None
         split = _split(f"{where} split", d.get("split"))
         name = text_value(f"{where} name", d.get("name"), none=True)
         shards = d.get("shards")
@@ -154,9 +156,10 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         revision = text_value(f"{where} revision", d.get("revision"), none=True)
         path = _saved_split(path, split, where)
         if d.get("data_files") is not None:
-            inputs.extend(_files(d, where, split, revision))
+            of_entry[i] = _files(d, where, split, revision)
         else:
-            inputs.append(hub_or_path(path, split, name, revision))
+            of_entry[i] = [hub_or_path(path, split, name, revision)]
+        inputs.extend(of_entry[i])
         drop = d.get("drop_system_message")
         if drop not in (None, True, False):
             raise refuse(f"{where} drop_system_message", drop, "use true or false")
@@ -176,28 +179,33 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
                 got = None
             elif got is not None:
                 got = tuple(got) if isinstance(got, list) else text_value(f"{where} {key}", got)
-            if got is not None or key in applies.get(AXOLOTL_TYPES[base] or "", ()):
+            if got is not None or key in applies.get(kinds[i] or "", ()):
                 chosen.setdefault(key, {})[i] = got
-    # pack-data packs every input with the same options: datasets that differ in one (their own value
-    # or Axolotl's default) would train some of them on another recipe than the file asks for
-    for key, values in chosen.items():
+    out: dict[str, Any] = {"inputs": inputs}
+    per_input: list[str] = []
+    for key, values in {"format": kinds, **chosen}.items():
+        option = "fmt" if key == "format" else SUBKEY_OPTIONS.get(key)
         first, *rest = values.items()
-        for i, value in rest:
-            if value != first[1]:
-                shown = "Axolotl's default" if value is None else list(value) if isinstance(value, tuple) else value
-                raise refuse(f"datasets[{i}] {key}", shown, f"datasets[{first[0]}] has "
-                             f"{'the default' if first[1] is None else first[1]}, and pack-data packs every dataset "
-                             f"of one run with the same {key}: pack them separately")
-        if key not in ("type", "drop_system_message") and first[1] is not None:
-            extra[SUBKEY_OPTIONS[key]] = list(first[1]) if isinstance(first[1], tuple) else first[1]
+        if all(v == first[1] for _, v in rest):  # one value for every entry: the option
+            if option and first[1] is not None:
+                out[option] = list(first[1]) if isinstance(first[1], tuple) else first[1]
+            continue
+        if option is None:  # drop_system_message: applied through the one chat template of the run
+            i = next(i for i, v in rest if v != first[1])
+            raise refuse(f"datasets[{i}] {key}", values[i] or "Axolotl's default", f"datasets[{first[0]}] has "
+                         f"{first[1] or 'the default'}, and pack-data renders every dataset of one run with the same "
+                         "chat template: pack them separately")
+        flag = "format" if key == "format" else option.replace("_", "-")
+        for i, v in values.items():  # each entry's own value, for each of its inputs
+            if v is not None:
+                text = ",".join(v) if isinstance(v, tuple) else v
+                per_input.extend(f"{name}:{flag}={text}" for name in of_entry[i])
     if chosen["drop_system_message"][0] and not _named_template(settings):
         raise refuse("datasets[0] drop_system_message", True, "it is applied through the chat template, which the file "
                                                               "leaves to the tokenizer: name it (chat_template: NAME, "
                                                               "or jinja with chat_template_jinja)")
-    out: dict[str, Any] = {"inputs": inputs}
-    out.update(extra)
-    if len(formats) == 1 and None not in formats:
-        out["fmt"] = formats.pop()
+    if per_input:
+        out["per_input"] = per_input
     return out
 
 

@@ -10,16 +10,23 @@ Formats:
 - `chat`: a column of `[{role, content}, ...]` lists (auto: `messages`, `conversations`), rendered
   with the tokenizer's chat template; ShareGPT-style `{from, value}` turns are accepted too.
 - `tokenized`: an `input_ids` column (+ optional `labels`), used as is.
+
+The options apply to every input file, but for what `--per-input INPUT:OPTION=VALUE` gives one input
+of its own (`per_input_options`): inputs whose columns differ pack in one run.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import string
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.option_checks import opt
+from pipeline.option_checks import check_value, checks_of, flag_of, opt
 
 FORMATS = ("auto", "text", "instruction", "chat", "tokenized")
 
@@ -112,6 +119,12 @@ class FormatOptions:
     train_on_eos: str = opt("turn", choices=EOS_CHOICES, show_default=True, section=FORMAT, help=(
         "Chat data: which end-of-turn tokens carry loss: each trained turn's, only the last trained "
         "turn's, every turn's, or none (Axolotl's train_on_eos)."))
+    # `per_input_options`: the options above for one input, each entry INPUT:OPTION=VALUE
+    per_input: tuple[str, ...] = opt((), multiple=True, metavar="INPUT:OPTION=VALUE", section=FORMAT, help=(
+        "One input's own value of an option above (repeatable), e.g. 'chapters.jsonl:text-field=chapter' to "
+        "pack inputs whose columns differ in one run: INPUT is an INPUT as given or a file's name, OPTION a "
+        "flag above without its dashes (roles-to-train: ROLE,ROLE; train-on-prompt: true or false). It wins "
+        "over the option given for every input."))
     # fmt: on
 
 
@@ -258,16 +271,97 @@ def detect_format(columns: list[str], options: FormatOptions, *, source: str | N
     )
 
 
-def detect_formats(columns_per_file: list[tuple[str, list[str]]], options: FormatOptions) -> list[ResolvedFormat]:
-    """One `ResolvedFormat` per input file, each from that file's own columns.
+def detect_formats(columns_per_file: Sequence[tuple[Any, list[str]]], options: FormatOptions) -> list[ResolvedFormat]:
+    """One `ResolvedFormat` per input file (an `InputFile` or its path), each from that file's own
+    columns.
 
     With `--format auto` and no field options every file gets its own format and fields (an
     instruction file, a chat file and a text file can be packed in one run); explicit options apply
-    to every file, and a file they do not fit is a one-line error naming the file and the field.
+    to every file but for the inputs `--per-input` gives their own; a file they do not fit is a
+    one-line error naming the file and the field.
     """
-    return [detect_format(cols, options, source=name) for name, cols in columns_per_file]
+    files = [f for f, _ in columns_per_file]
+    out = []
+    for (file, cols), (own, hints) in zip(columns_per_file, per_input_options(files, options)):
+        try:
+            out.append(detect_format(cols, own, source=getattr(file, "path", file)))
+        except UserError as exc:  # a column of --per-input's: its fix is that entry's, not the option's
+            raise UserError(next((str(exc).replace(f"pass {f} ", f"pass {h} ") for f, h in hints.items()
+                                  if f"pass {f} " in str(exc)), str(exc))) from None
+    return out
 
 
+# ------------------------------------------------------------------------------------ --per-input
+
+# the options --per-input sets (every FormatOptions field but its own), by their flag without dashes
+PER_INPUT = {flag_of(f.name)[2:]: f.name for f in fields(FormatOptions) if f.name != "per_input"}
+_ENTRY = re.compile(rf"^(?P<name>.+?):(?P<option>{'|'.join(map(re.escape, PER_INPUT))})=(?P<value>.*)$", re.S)
+_CHECKS = checks_of(FormatOptions)  # each option's own check, for its value in an entry
+
+
+def parse_per_input(entry: str) -> tuple[str, str, Any]:
+    """'chapters.jsonl:text-field=chapter' -> ("chapters.jsonl", "text_field", "chapter"): the value
+    checked as the option's own (`pipeline.option_checks`); a malformed entry is one line."""
+    match = _ENTRY.match(entry)
+    if match is None:
+        raise UserError(f"--per-input {entry!r} is not INPUT:OPTION=VALUE with OPTION one of "
+                        f"{', '.join(PER_INPUT)}: write e.g. --per-input 'chapters.jsonl:text-field=chapter'")
+    name, key, text = match.group("name"), PER_INPUT[match.group("option")], match.group("value")
+    if not text.strip():
+        raise UserError(f"--per-input {entry!r} gives {match.group('option')} no value: write {name}:"
+                        f"{match.group('option')}=VALUE, or leave the entry out")
+    value: Any = text
+    if key == "roles_to_train":
+        value = tuple(r.strip() for r in text.split(",") if r.strip())
+    elif key == "train_on_prompt":
+        value = {"true": True, "false": False}.get(text.lower(), text)
+    check_value(f"--per-input {name}:{match.group('option')}", value, _CHECKS[key])
+    if key == "template":  # a preset or a format string with the right placeholders
+        try:
+            resolve_template(value, "plain")
+        except UserError as exc:
+            raise UserError(f"--per-input {entry!r}: {str(exc).removeprefix('--template ')}") from None
+    return name, key, value
+
+
+def _names(name: str, file: Any) -> bool:
+    """Whether --per-input's NAME is the INPUT `file` was given as, its path (either spelled as
+    another path to the same place: ./b.jsonl, its absolute path) or its file name."""
+    path, given = str(getattr(file, "path", file)), getattr(file, "given", None)
+    same = {os.path.abspath(p) for p in (path, given) if p and "://" not in p}
+    return name in (given, path, Path(path).name) or ("://" not in name and os.path.abspath(name) in same)
+
+
+def per_input_options(files: Sequence[Any], options: FormatOptions) -> list[tuple[FormatOptions, dict[str, str]]]:
+    """Each file's options: `options` with the `--per-input` entries naming it applied, and the
+    flags those entries replace (--text-field -> the entry to fix when its column is missing). An
+    entry that names no input, or a second value of one option for one file, is one line."""
+    own: list[dict[str, Any]] = [{} for _ in files]
+    hints: list[dict[str, str]] = [{} for _ in files]
+    for entry in options.per_input:
+        name, key, value = parse_per_input(entry)
+        hit = [j for j, f in enumerate(files) if _names(name, f)]
+        if not hit:
+            given = dict.fromkeys(str(getattr(f, "given", None) or getattr(f, "path", f)) for f in files)
+            raise UserError(f"--per-input {entry!r}: {name!r} matches no input: use an INPUT as given "
+                            f"({', '.join(given)}) or one of its files' names")
+        for j in hit:
+            if key in own[j] and own[j][key] != value:
+                raise UserError(f"--per-input gives {getattr(files[j], 'path', files[j])} two values of "
+                                f"{flag_of(key)} ({own[j][key]!r}, {value!r}): give each input one")
+            own[j][key] = value
+            hints[j][flag_of(key)] = f"--per-input {name}:{flag_of(key)[2:]}=COLUMN"
+    return [(replace(options, per_input=(), **o) if o else options, h) for o, h in zip(own, hints)]
+
+
+def absolute_per_input(entries: Sequence[str], absolute: Callable[[str], str]) -> list[str]:
+    """`--per-input` entries with their INPUT made absolute by `absolute` (as the manifest records
+    the inputs, so that `pack-verify --deep` matches them from any folder)."""
+    out = []
+    for entry in entries:
+        match = _ENTRY.match(entry)
+        out.append(entry if match is None else f"{absolute(match.group('name'))}{entry[match.end('name'):]}")
+    return out
 
 
 def text_fields(fmt: ResolvedFormat) -> list[str]:

@@ -30,7 +30,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -246,6 +246,12 @@ class Staged:
             if path == local or path.startswith(local + "/"):
                 return uri + path[len(local):]
         return path
+
+    def as_given(self, files: list[Any]) -> list[Any]:
+        """Resolved input files (`pipeline.read.sources.InputFile`) with the remote inputs they came
+        from as given (what --per-input names), not their local copies."""
+        given = {local: uri for uri, local in self.local_of.items()}
+        return [replace(f, given=given.get(f.given, f.given)) for f in files]
 
     def in_message(self, text: str) -> str:
         """An error message with every local copy's path replaced by its URI."""

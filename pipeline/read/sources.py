@@ -65,6 +65,7 @@ class InputFile:
     hub: dict | None = None  # a Hub dataset's file: the input as given, id, revision, commit (`pipeline.read.hub`)
     mtime_ns: int | None = None  # a file's modification time when resolved (`changed_inputs`)
     rows: tuple[int, int] | None = None  # only these records [start, stop) of the file (a split's share)
+    given: str | None = None  # the INPUT it came from, as given (what --mix and --per-input name)
 
 
 # ------------------------------------------------------------------------------------ resolving
@@ -209,7 +210,7 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
         spec = os.path.expanduser(str(raw))
         sliced = None if os.path.lexists(spec) else splits.split_share(spec)
         if sliced is None:
-            out.extend(_resolve_one(str(raw), spec))
+            out.extend(replace(f, given=str(raw)) for f in _resolve_one(str(raw), spec))
             continue
         base, split, share = sliced
         ref = None if base.startswith(splits.HF_FILES) else hub.hub_ref(f"{base}:{split}", dataset=True)
@@ -217,7 +218,7 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
             raise UserError(f"{raw}: the rows of a local file (or of hf:// files) are datasets' split 'train': "
                             f"write {base}:train[...]")
         files = _resolve_hub(str(raw), ref) if ref is not None else _resolve_one(str(raw), base)
-        out.extend(_share(files, share, str(raw)))
+        out.extend(replace(f, given=str(raw)) for f in _share(files, share, str(raw)))
     for f in out:
         _refuse_packed(f)
     return out

@@ -50,7 +50,7 @@ def file_formats(files: list[Any], options: FormatOptions, columns: list[list[st
     `columns`: each file's, when already known)."""
     if columns is None:
         columns = [column_names([f]) for f in files]
-    return detect_formats([(f.path, cols) for f, cols in zip(files, columns)], options)
+    return detect_formats(list(zip(files, columns)), options)
 
 
 def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
@@ -302,7 +302,7 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
         return []
     with tempfile.TemporaryDirectory(prefix="packlm-inputs-") as tmp, \
             staged_inputs(list(config["inputs"]), Path(tmp) / "inputs", download_here) as staged:
-        return _tokenize_examples(config, wanted, resolve_inputs(staged.inputs))
+        return _tokenize_examples(config, wanted, staged.as_given(resolve_inputs(staged.inputs)))
 
 
 def _tokenize_examples(config: dict[str, Any], wanted: np.ndarray, files: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:

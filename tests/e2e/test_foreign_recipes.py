@@ -208,11 +208,11 @@ def test_axolotls_alpaca_prompt_is_pack_datas_preset():
 
 def test_what_cannot_be_honoured_is_named_all_at_once():
     """gemma3's example freezes all but some parameters (unfrozen_parameters) of a QLoRA model: one
-    line naming every such key, never a run per key; ALST's min_sample_len is pack-data's --min-len (its
-    two datasets' fields differ, which pack-data refuses)."""
+    line naming every such key, never a run per key; ALST's min_sample_len is pack-data's --min-len, and
+    its two datasets' fields, which differ, each that dataset's own (--per-input)."""
     for command, name, keys, why in (
             (pack_train, "gemma3_gemma-3-1b-qlora.yml", ["unfrozen_parameters"], "LoRA adapters (adapter) or every"),
-            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", ["datasets"], "with the same field"),
+            (pack_data, "alst_llama3-8b-fsdp2-alst.yaml", [], ""),  # tests/e2e/test_per_input_fields.py packs it
             (pack_train, "alst_llama3-8b-fsdp2-alst.yaml", [], ""),  # min_sample_len: pack-data's
             (pack_train, "phi_phi3-ft.yml", [], ""), (pack_data, "phi_phi3-ft.yml", [], "")):
         result = CliRunner().invoke(command, ["--config", str(EXAMPLES / "axolotl" / name), "--help"])

@@ -55,30 +55,35 @@ def test_a_yes_no_key_as_quoted_text_or_a_number_is_refused(tmp_path: Path, comm
     assert {k: got.get(k) for k in want} == want
 
 
-@pytest.mark.parametrize(("entries", "needle"), [
+@pytest.mark.parametrize(("entries", "want"), [
     # one dataset at Axolotl's default, another not: the default must not become the other's value
     ("  - {path: org/a, type: chat_template}\n  - {path: org/b, type: chat_template, roles_to_train: [user, "
-     "assistant]}\n", "datasets[1] roles_to_train: ['user', 'assistant'] has no equivalent here: datasets[0] has "
-     "the default"),
+     "assistant]}\n", ["org/b:train:roles-to-train=user,assistant"]),
     ("  - {path: org/a, type: chat_template, train_on_eos: none}\n  - {path: org/b, type: chat_template}\n",
-     "datasets[1] train_on_eos: \"Axolotl's default\""),
+     ["org/a:train:train-on-eos=none"]),
     ("  - {path: org/a, type: chat_template, field_messages: conversations}\n  - {path: org/b}\n",
-     "datasets[1] field_messages"),
-    ("  - {path: org/a, type: alpaca:chat}\n  - {path: org/b, type: alpaca}\n",
-     "datasets[1] type: 'alpaca:instruct' has no equivalent here: datasets[0] has alpaca:chat"),
-    ("  - {path: org/a, type: completion, field: body}\n  - {path: org/b, type: completion}\n", "datasets[1] field"),
+     ["org/a:train:messages-field=conversations"]),
+    ("  - {path: org/a, type: alpaca:chat}\n  - {path: org/b, type: alpaca}\n", ["org/a:train:template=alpaca:chat"]),
+    ("  - {path: org/a, type: completion, field: body}\n  - {path: org/b, type: completion}\n",
+     ["org/a:train:text-field=body"]),
 ])
-def test_datasets_that_differ_in_a_sub_key_are_refused(tmp_path: Path, entries: str, needle: str):
-    """pack-data packs every input with the same options; Axolotl gives each dataset its own.
-    Control: the same sub-key on every entry maps, and a sub-key of another type's entry does not count."""
+def test_datasets_that_differ_in_a_sub_key_are_each_read_with_their_own(tmp_path: Path, entries: str,
+                                                                        want: list[str]):
+    """Axolotl gives each dataset its own settings: a sub-key that differs is that entry's --per-input,
+    and the entry at Axolotl's default gets no option (the default never becomes the other's value).
+    Control: the same sub-key on every entry maps to the option, and a sub-key of another type's entry
+    does not count."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(AXOLOTL + "datasets:\n" + entries)
-    assert needle in one_line(pack_data, cfg, tmp_path)
+    got = mapped(pack_data, cfg)
+    assert got["per_input"] == want
+    assert not {"roles_to_train", "train_on_eos", "messages_field", "text_field", "template"} & set(got)
     cfg.write_text(AXOLOTL + "datasets:\n  - {path: org/a, type: alpaca}\n  - {path: org/b, type: chat_template, "
                    "roles_to_train: [user, assistant], train_on_eos: all}\n  - {path: org/c, roles_to_train: "
                    "[user, assistant], train_on_eos: all}\n")
     got = mapped(pack_data, cfg)
     assert (got["roles_to_train"], got["train_on_eos"], got.get("template")) == (["user", "assistant"], "all", None)
+    assert got["per_input"] == ["org/a:train:format=instruction", "org/b:train:format=chat", "org/c:train:format=chat"]
 
 
 def test_chat_template_jinja_without_its_template_is_refused(tmp_path: Path):
