@@ -39,6 +39,7 @@ from pipeline.engines.ray_engine import (
 from pipeline.errors import UserError
 from pipeline.files.folder_lock import folder_lock
 from pipeline.option_checks import check_options
+from pipeline.plan.dedup import drop_duplicates
 from pipeline.plan.eval_split import EVAL_FOLDER, split_off_eval
 from pipeline.plan.mix import apply_mix, file_weights, parse_mix
 from pipeline.plan.rows import Pieces, RowPlan, apply_overlong, plan_rows
@@ -234,6 +235,8 @@ def _plan(config: PackConfig, staged: Staged, files: list[Any], spill: Spill
     stored sequences in example-id order)."""
     with bar(config.progress, desc="plan", total=1, unit="step") as progress:
         pieces = apply_overlong(spill, config.max_len, config.overlong, config.min_len)
+        if config.dedup:
+            pieces = drop_duplicates(spill, pieces)
         if len(pieces.lengths) == 0:
             short = pieces.counts.too_short
             raise UserError(
@@ -347,7 +350,8 @@ def summary_lines(
         (f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
          f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"
          + (f", {c.too_short} shorter than --min-len {manifest.config['min_len']} dropped"
-            if manifest.config.get("min_len", 1) > 1 else "")),
+            if manifest.config.get("min_len", 1) > 1 else "")
+         + (f", {c.duplicates} duplicates dropped (--dedup)" if manifest.config.get("dedup") else "")),
         (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
          f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
     ]

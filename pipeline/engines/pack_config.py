@@ -46,6 +46,10 @@ class PackConfig(FormatOptions):
     overlong: str = opt("truncate", choices=OVERLONG, show_default=True, section=PACKING, help=(
         "What to do with an example longer than --max-len: cut it, split it into max-len pieces, "
         "drop it, or stop with an error naming its row. Counted in the manifest."))
+    # pipeline.plan.dedup; Axolotl's dataset_exact_deduplication (pipeline.foreign.config)
+    dedup: bool = opt(False, show_default=True, section=PACKING, help=(
+        "Drop the examples whose tokens and labels equal an earlier example's (after --min-len and "
+        "--overlong; Axolotl's dataset_exact_deduplication). Counted in the manifest and the summary."))
     # pipeline.plan.rows.apply_overlong; Axolotl's min_sample_len (pipeline.foreign.config)
     min_len: int = opt(1, low=1, high=MAX_LEN_LIMIT, show_default=True, section=PACKING, help=(
         "Drop the examples of fewer tokens than this (their whole tokenized length, before --overlong; "
@@ -120,6 +124,9 @@ def refuse_combinations(config: PackConfig) -> None:
     that depend on the machine or --max-len are filled in: those never contradict.)"""
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
+    if config.dedup and config.overlong == "split":
+        raise UserError("--dedup compares whole examples and --overlong split cuts them into pieces: use --overlong "
+                        "truncate, drop or error with --dedup")
     if config.rows_per_shard is not None and config.rows_per_shard * config.max_len > MAX_SHARD_TOKENS:
         raise UserError(
             f"--rows-per-shard {config.rows_per_shard} at --max-len {config.max_len} lets one shard hold up to "

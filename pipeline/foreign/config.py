@@ -356,6 +356,7 @@ KEYS: tuple[Key, ...] = (
         "flash_attn_fuse_mlp", "flash_attn_cross_entropy", "fused_attn_kernel")),
     *(Key(k, AXOLOTL, Unused(COMPILING), TRAIN_KEY) for k in (
         "torch_compile_mode", "torch_compile_backend", "flex_attn_compile_kwargs")),
+    Key("dataset_exact_deduplication", AXOLOTL, DATA_KEY, _same("dedup")),
     Key("low_cpu_mem_usage", AXOLOTL, Unused("how the weights are loaded: the model computes the same"), TRAIN_KEY),
     Key("tokenizer_use_fast", AXOLOTL, Map((), _use_fast, "true (Axolotl's default): not used, the tokenizer is "
                                                          "tokenizer.json's fast one; false is refused"),

@@ -287,7 +287,8 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
             f'<p class="note">Examples read {_v(c["examples_read"], ",")}: packed '
             f'{_v(c["examples_packed"], ",")}, truncated {_v(c["truncated"], ",")}, split {_v(c["split"], ",")}, '
             f'dropped {_v(c["dropped"], ",")}, empty skipped {_v(c["empty_skipped"], ",")}'
-            + (f', shorter than --min-len {_v(c["too_short"], ",")}' if c.get("too_short") else "") + '. Attention work vs '
+            + (f', shorter than --min-len {_v(c["too_short"], ",")}' if c.get("too_short") else "")
+            + (f', duplicates {_v(c["duplicates"], ",")}' if c.get("duplicates") else "") + '. Attention work vs '
             f"pad-to-longest {_v(s1['attention_ratio'], '.2f')}x less, vs pad-to-max_len "
             f"{_v(s2['attention_ratio'], '.2f')}x less.</p>")
         if data is not None:

@@ -128,6 +128,7 @@ def format_text(report: dict[str, Any]) -> str:
         f"  examples read {c['examples_read']:,}: packed {c['examples_packed']:,}, truncated "
         f"{c['truncated']:,}, split {c['split']:,}, dropped {c['dropped']:,}, empty skipped "
         f"{c['empty_skipped']:,}" + (f", shorter than --min-len {c['too_short']:,}" if c.get("too_short") else "")
+        + (f", duplicates {c['duplicates']:,}" if c.get("duplicates") else "")
         + (f", {c['no_loss']:,} with no loss token (they train nothing)" if c.get("no_loss") else ""),
         "",
         "savings against padding",

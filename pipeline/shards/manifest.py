@@ -43,6 +43,7 @@ class Counts:
     split: int = 0
     dropped: int = 0
     too_short: int = 0  # examples of fewer tokens than --min-len, dropped before the overlong policy
+    duplicates: int = 0  # examples equal to an earlier one in tokens and labels, dropped by --dedup
     no_loss: int | None = None  # examples (pieces) packed with no token that carries a loss; None: not recorded
     passes: int = 1  # --mix: uses per example at most; use k of example i has id k * examples_read + i
 
