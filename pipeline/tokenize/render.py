@@ -23,7 +23,7 @@ from pipeline.errors import UserError, one_line
 from pipeline.foreign.data import DROP_FIRST_SYSTEM
 from pipeline.read import formats
 from pipeline.read.formats import NO_INPUT, NO_INPUT_FORMS, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat
-from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
+from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, reasoning_split, without_trailing_space
 from pipeline.tokenize.control_tokens import END, control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
 
@@ -40,8 +40,8 @@ class Segments:
     loss: np.ndarray  # bool
     n_examples: int
     controls: tuple[str, ...] = ()  # the control tokens the texts' markers wrap (`control_tokens.mark`)
-    no_eos: np.ndarray | None = None  # bool per example: its template ends it with its own end-of-turn token
-    as_rendered: bool = False  # the texts are the whole examples: no BOS or EOS is added (TRL's chat rendering)
+    no_eos: np.ndarray | None = None  # bool per example: no EOS added (its template ends it with its own end of turn)
+    as_rendered: bool = False  # a chat template's rendering: no BOS added (the template writes one where it wants)
 
 
 Where = Callable[[int], str]  # row index within the batch -> "file line 17" (SourceBatch.where)
@@ -179,7 +179,7 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
         msgs = head_msgs + normalise_messages(completion, where(i))
         if not msgs:
             continue
-        msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
+        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer), controls, where(i))
         try:
             full = apply_chat_template(tokenizer, msgs)
             head = apply_chat_template(tokenizer, msgs[: len(head_msgs)], add_generation_prompt=True)
@@ -207,7 +207,7 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
             example.append(i)
             loss.append(is_loss)
     return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts), controls,
-                    as_rendered=True)
+                    np.ones(len(prompts), dtype=bool), as_rendered=True)  # TRL adds no EOS either
 
 
 def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
@@ -410,7 +410,7 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             msgs = msgs[1:]
         if not msgs:
             continue
-        msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
+        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer), controls, where(i))
         try:
             segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt, tuple(fmt.roles_to_train), fmt.train_on_eos)
         except UserError as exc:
@@ -424,12 +424,13 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             example.append(i)
             loss.append(is_loss)
     return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows), controls,
-                    no_eos)
+                    no_eos, as_rendered=True)
 
 
 def ends_with_control(text: str, controls: tuple[str, ...]) -> bool:
     """Whether a rendered conversation ends (but for whitespace) with a control token of its
-    template (its end-of-turn token): then pack-data adds no EOS after it."""
+    template (its end-of-turn token): then pack-data adds no EOS after it (a template that ends with
+    none gets the EOS, so that the model learns to stop; apply_chat_template, TRL and Axolotl add none)."""
     tail = text.rstrip()
     return not tail.endswith(END) and any(tail.endswith(token) for token in controls)  # END: one the user wrote
 
