@@ -93,13 +93,14 @@ def eos_policy(segments: list[tuple[str, bool]], controls: tuple[str, ...], poli
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def reasoning_split(messages: list[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+def reasoning_split(messages: list[dict[str, Any]], tokenizer: Any, where: str) -> list[dict[str, Any]]:
     """`messages` with each assistant content that writes `<think>...</think>` split into its
     `reasoning_content` and the text after it, as a template that does this split itself (Qwen3's:
     `content.split('</think>')`) splits it, so the template writes the think tags as its own control
     tokens while the reasoning and reply stay the user's text (`control_tokens.mark`). Done only where
     the template's own rendering of the conversation is the same text either way (the template moves
-    the reasoning out itself); else the messages are returned as they are, the tags then plain text."""
+    the reasoning out itself); else the messages are returned as they are, the tags then plain text.
+    A bound of the template sandbox is a UserError naming `where`."""
     template = tokenizer.chat_template or ""
     if "reasoning_content" not in template or THINK_CLOSE not in template:
         return messages
@@ -108,8 +109,8 @@ def reasoning_split(messages: list[dict[str, Any]], tokenizer: Any) -> list[dict
         return messages
     try:
         same = apply_chat_template(tokenizer, split) == apply_chat_template(tokenizer, messages)
-    except UserError:
-        raise  # a bound of the sandbox
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None  # a bound of the sandbox
     except Exception:  # noqa: BLE001 - the template refuses one of the forms: keep the user's
         return messages
     return split if same else messages
@@ -124,6 +125,14 @@ def _split_think(message: dict[str, Any]) -> dict[str, Any]:
         return message
     reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
     return {**message, "content": content.split(THINK_CLOSE)[-1].lstrip("\n"), "reasoning_content": reasoning}
+
+
+def ends_with_control(text: str, controls: tuple[str, ...]) -> bool:
+    """Whether a rendered conversation ends (but for whitespace) with a control token of its
+    template (its end-of-turn token): then pack-data adds no EOS after it (a template that ends with
+    none gets the EOS, so that the model learns to stop; apply_chat_template, TRL and Axolotl add none)."""
+    tail = text.rstrip()
+    return not tail.endswith(END) and any(tail.endswith(token) for token in controls)  # END: one the user wrote
 
 
 def _trained_text(added: str, message: dict[str, Any]) -> list[tuple[str, bool]]:

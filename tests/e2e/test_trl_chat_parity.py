@@ -235,3 +235,16 @@ def test_think_tags_stay_text_where_the_template_does_not_split_them(tmp_path: P
     (ids, _), = _packed(q, [str(_data(q, rows)), "--tokenizer", str(q / "tok"), "--max-len", "512"])
     assert ids.count(think) == 1 and ids.count(end) == 2  # the template's own: user turn's and reply's ends
     assert tok.decode(ids).count("<think>") == 2 and "stop <|im_end|> here" in tok.decode(ids)
+
+
+def test_think_tags_stay_text_under_a_template_that_renders_them_from_the_content(tmp_path: Path):
+    """A template that reads reasoning_content but prints an assistant's content as it is renders the
+    split differently: nothing is split, and the user's tags are text (its own `<think>` absent)."""
+    own = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.reasoning_content is defined %}"
+           "{{ '<think>' + m.reasoning_content + '</think>' }}{% endif %}{{ m.content + '<|im_end|>\\n' }}{% endfor %}"
+           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    tok = _tokenizer(tmp_path, own)
+    (ids, _), = _packed(tmp_path, [str(_data(tmp_path, THINKING[:1])), "--tokenizer", str(tmp_path / "tok"),
+                                   "--max-len", "512", "--train-on-prompt"])
+    assert tok.convert_tokens_to_ids("<think>") not in ids
+    assert tok.decode(ids).endswith("<think>\nAdd them.\n</think>\n\nIt is 4.<|im_end|>\n")
