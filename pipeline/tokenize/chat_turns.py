@@ -4,7 +4,8 @@ carry the loss; else the text each assistant message adds does, found by renderi
 conversation, or, for a long one whose template renders each message on its own, short windows of it
 in time linear in its messages, its trailing whitespace (the template's, after the end-of-turn token)
 left without loss. Every rendering goes through the bounded sandbox (`template_sandbox`)
-(`pipeline.tokenize.render` renders chat rows with it)."""
+(`pipeline.tokenize.render` renders chat rows with it). An assistant's `<think>...</think>` is split
+into its reasoning as the template itself splits it, where it does (`reasoning_split`)."""
 
 from __future__ import annotations
 
