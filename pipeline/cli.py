@@ -86,8 +86,9 @@ def pack_data(inputs: tuple[str, ...], **options: object) -> None:
     data.jsonl:train[10:100], 'data/*.jsonl:train[-5%:]' (a local file's split is train): the rows
     datasets.load_dataset(..., split=...) selects, counted over all the input's files.
 
-    Every example starts with BOS and ends with EOS (a chat whose template ends it with its own
-    end-of-turn token ends with that); loss is taken on responses / assistant turns
+    Every example starts with BOS and ends with EOS, but a chat, which is its chat template's rendering
+    as apply_chat_template tokenizes it (its own BOS, if any; an EOS only where it writes no
+    end-of-turn token of its own); loss is taken on responses / assistant turns
     (all tokens of plain text), never on the first token of an example. Rows hold no padding;
     position_ids restart per example. The output folder appears only when complete.
     """

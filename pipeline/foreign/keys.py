@@ -247,13 +247,20 @@ def _val_set_size(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     raise _refuse("val_set_size", value, "give a fraction below 1 or a number of examples")
 
 
-def _not(option: str, key: str) -> Convert:
-    def convert(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
+def _trl_loss_key(key: str) -> Convert:
+    """TRL 1.16's loss keys as its SFTTrainer reads them together (build_labels): assistant_only_loss
+    masks all but the assistant's tokens of either data shape; completion_only_loss (default: true for
+    prompt/completion data) has no effect on messages data, so only `false` (every token of either
+    shape) sets --train-on-prompt, and not beside assistant_only_loss: true. What neither sets is the
+    data's shape's default (`schema.source_defaults`)."""
+    def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             raise NotUsed("null")
         if not isinstance(value, bool):
             raise _refuse(key, value, "use true or false")
-        return {option: not value}
+        if key == "assistant_only_loss":
+            return {"train_on_prompt": False} if value else {}
+        return {"train_on_prompt": True} if not value and settings.get("assistant_only_loss") is not True else {}
     return convert
 
 

@@ -319,7 +319,7 @@ def _trl_loss(out: dict[str, Any], take: Callable[..., Any]) -> str:
         return "loss on every token of the messages (assistant_only_loss: false)"
     if every is None:
         return ("loss on every token for messages data, on the completion for prompt/completion data: the data's "
-                "shape is seen only when packing: give assistant_only_loss: false for TRL's messages default "
+                "shape is seen only when packing: give completion_only_loss: false for TRL's messages default "
                 "(pack-data's own: loss on the assistant's turns)")
     return "loss on the completion (completion_only_loss)"
 

@@ -5,9 +5,9 @@ into its whole text, the whole texts of the batch are tokenized with the fast to
 (one call, or calls of bounded size with long texts cut where no id changes: `pipeline.tokenize.long_texts`),
 and the ids are split at the segments' cuts (`pipeline.tokenize.segments.encode_segments`: the ids are the
 tokenizer's ids of the text a model sees, not those of segments encoded apart). A numba kernel then
-adds BOS/EOS per example (none to TRL's conversational prompt/completion, which TRL renders whole:
-`Segments.as_rendered`) and builds the labels (-100 on prompt segments and always on an example's
-first token; the EOS that ends a response carries loss).
+adds BOS/EOS per example (no BOS to a chat template's rendering, tokenized as transformers'
+apply_chat_template, TRL and Axolotl tokenize it: `Segments.as_rendered`) and builds the labels (-100
+on prompt segments and always on an example's first token; the EOS that ends a response carries loss).
 
 Pre-tokenized rows skip the tokenizer and are reshaped with vectorised pyarrow/numpy only.
 """
@@ -129,7 +129,7 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     ex_end = np.where(has_seg, seg_end[np.clip(last_seg, 0, top)] if len(seg_end) else 0, 0)
     ex_last_loss = np.where(has_seg, segs.loss[np.clip(last_seg, 0, top)] if len(segs.loss) else False, False)
     bos = None if segs.as_rendered else tokenizer.bos_token_id
-    eos = None if segs.as_rendered else tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
     ids, labels, lengths = _assemble(
         flat,
         tok_loss,

@@ -4,10 +4,12 @@ carry the loss; else the text each assistant message adds does, found by renderi
 conversation, or, for a long one whose template renders each message on its own, short windows of it
 in time linear in its messages, its trailing whitespace (the template's, after the end-of-turn token)
 left without loss. Every rendering goes through the bounded sandbox (`template_sandbox`)
-(`pipeline.tokenize.render` renders chat rows with it)."""
+(`pipeline.tokenize.render` renders chat rows with it). An assistant's `<think>...</think>` is split
+into its reasoning as the template itself splits it, where it does (`reasoning_split`)."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -89,6 +91,51 @@ def eos_policy(segments: list[tuple[str, bool]], controls: tuple[str, ...], poli
     return [(t, loss) for t, loss in out if t]
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def reasoning_split(messages: list[dict[str, Any]], tokenizer: Any, where: str) -> list[dict[str, Any]]:
+    """`messages` with each assistant content that writes `<think>...</think>` split into its
+    `reasoning_content` and the text after it, as a template that does this split itself (Qwen3's:
+    `content.split('</think>')`) splits it, so the template writes the think tags as its own control
+    tokens while the reasoning and reply stay the user's text (`control_tokens.mark`). Done only where
+    the template's own rendering of the conversation is the same text either way (the template moves
+    the reasoning out itself); else the messages are returned as they are, the tags then plain text.
+    A bound of the template sandbox is a UserError naming `where`."""
+    template = tokenizer.chat_template or ""
+    if "reasoning_content" not in template or THINK_CLOSE not in template:
+        return messages
+    split = [_split_think(m) for m in messages]
+    if split == messages:
+        return messages
+    try:
+        same = apply_chat_template(tokenizer, split) == apply_chat_template(tokenizer, messages)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None  # a bound of the sandbox
+    except Exception:  # noqa: BLE001 - the template refuses one of the forms: keep the user's
+        return messages
+    return split if same else messages
+
+
+def _split_think(message: dict[str, Any]) -> dict[str, Any]:
+    """One message split as Qwen3's template splits it (only an assistant's string content holding
+    `</think>`, without a reasoning_content of its own)."""
+    content = message.get("content")
+    if (message.get("role") != "assistant" or not isinstance(content, str) or THINK_CLOSE not in content
+            or "reasoning_content" in message):
+        return message
+    reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+    return {**message, "content": content.split(THINK_CLOSE)[-1].lstrip("\n"), "reasoning_content": reasoning}
+
+
+def ends_with_control(text: str, controls: tuple[str, ...]) -> bool:
+    """Whether a rendered conversation ends (but for whitespace) with a control token of its
+    template (its end-of-turn token): then pack-data adds no EOS after it (a template that ends with
+    none gets the EOS, so that the model learns to stop; apply_chat_template, TRL and Axolotl add none)."""
+    tail = text.rstrip()
+    return not tail.endswith(END) and any(tail.endswith(token) for token in controls)  # END: one the user wrote
+
+
 def _trained_text(added: str, message: dict[str, Any]) -> list[tuple[str, bool]]:
     """The text a message of a trained role other than the assistant adds: loss from its content on
     (its header, before the content, without), or on all of it when the content is not found."""
@@ -143,6 +190,18 @@ def check_assistant_rendered(messages: list[dict[str, Any]], segments: list[tupl
                             "not be trained: fix the template (it must print message['content'])")
 
 
+def reply_start(before: str, head: str, full: str) -> int | None:
+    """Where an assistant message's reply starts in `full` (the conversation rendered up to it), given
+    `before` (rendered without it) and `head` (that with the generation prompt): after the generation
+    prompt, or after what `head` and `full` share where the reply fills a block the generation prompt
+    opens (qwen3's `<think>\n\n` before a reply that writes its reasoning), as TRL cuts a completion
+    (common_prefix_length). None where `before` is not the start of both."""
+    if not (head.startswith(before) and full.startswith(before)):
+        return None
+    cut = len(head) if full.startswith(head) else len(os.path.commonprefix([head, full]))
+    return cut if cut > len(before) else None
+
+
 def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str],
                      roles: tuple[str, ...] = ("assistant",)) -> list[tuple[str, bool]]:
     """`chat_segments` by rendering every prefix of the conversation (what it defines)."""
@@ -151,10 +210,9 @@ def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str],
     for i, message in enumerate(messages):
         full = render(messages[: i + 1])
         if message["role"] == "assistant" and "assistant" in roles:
-            head = render(messages[:i], gen=True)
-            if head.startswith(prev) and full.startswith(head):
-                segments.append((head[len(prev) :], False))
-                segments.append((full[len(head) :], True))
+            cut = reply_start(prev, render(messages[:i], gen=True), full)
+            if cut is not None:
+                segments += [(full[len(prev) : cut], False), (full[cut:], True)]
                 prev = full
                 continue
         if not full.startswith(prev):
@@ -198,9 +256,9 @@ def _local_segments(messages: list[dict[str, str]], render: Callable[..., str],
             base = render(window)
             full = render(window + [messages[i]])
             if messages[i]["role"] == "assistant" and "assistant" in roles:
-                head = render(window, gen=True)
-                if head.startswith(base) and full.startswith(head):
-                    segments += [(head[len(base) :], False), (full[len(head) :], True)]
+                cut = reply_start(base, render(window, gen=True), full)
+                if cut is not None:
+                    segments += [(full[len(base) : cut], False), (full[cut:], True)]
                     continue
             if not full.startswith(base):
                 return None

@@ -23,8 +23,16 @@ from pipeline.errors import UserError, one_line
 from pipeline.foreign.data import DROP_FIRST_SYSTEM
 from pipeline.read import formats
 from pipeline.read.formats import NO_INPUT, NO_INPUT_FORMS, ROLE_ALIASES, ROLES, FormatOptions, ResolvedFormat
-from pipeline.tokenize.chat_turns import chat_segments, check_assistant_rendered, eos_policy, without_trailing_space
-from pipeline.tokenize.control_tokens import END, control_tokens, mark
+from pipeline.tokenize.chat_turns import (
+    chat_segments,
+    check_assistant_rendered,
+    ends_with_control,
+    eos_policy,
+    reasoning_split,
+    without_trailing_space,
+)
+from pipeline.tokenize.content_parts import with_text_content
+from pipeline.tokenize.control_tokens import control_tokens, mark
 from pipeline.tokenize.template_sandbox import apply_chat_template, template_name
 
 
@@ -40,8 +48,8 @@ class Segments:
     loss: np.ndarray  # bool
     n_examples: int
     controls: tuple[str, ...] = ()  # the control tokens the texts' markers wrap (`control_tokens.mark`)
-    no_eos: np.ndarray | None = None  # bool per example: its template ends it with its own end-of-turn token
-    as_rendered: bool = False  # the texts are the whole examples: no BOS or EOS is added (TRL's chat rendering)
+    no_eos: np.ndarray | None = None  # bool per example: no EOS added (its template ends it with its own end of turn)
+    as_rendered: bool = False  # a chat template's rendering: no BOS added (the template writes one where it wants)
 
 
 Where = Callable[[int], str]  # row index within the batch -> "file line 17" (SourceBatch.where)
@@ -179,7 +187,8 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
         msgs = head_msgs + normalise_messages(completion, where(i))
         if not msgs:
             continue
-        msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
+        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer, where(i)), controls,
+                    where(i))
         try:
             full = apply_chat_template(tokenizer, msgs)
             head = apply_chat_template(tokenizer, msgs[: len(head_msgs)], add_generation_prompt=True)
@@ -207,7 +216,7 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
             example.append(i)
             loss.append(is_loss)
     return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts), controls,
-                    as_rendered=True)
+                    np.ones(len(prompts), dtype=bool), as_rendered=True)  # TRL adds no EOS either
 
 
 def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
@@ -286,62 +295,6 @@ def normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def parts_text(content: list[Any], where: str) -> str:
-    """The text of an OpenAI content list: its text parts joined with newlines (as vLLM joins them for
-    a template that takes text). A part of another type (an image) is a one-line error."""
-    texts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and not isinstance(part.get("text"), str):
-            value = part.get("text")
-            got = "no 'text'" if value is None else f"the {type(value).__name__} {one_line(repr(value), 40)} as its 'text'"
-            raise UserError(f"{where}: a text content part has {got}: give each text part its text as a string "
-                            "([{\"type\": \"text\", \"text\": \"...\"}])")
-        if kind != "text":
-            raise UserError(f"{where}: a message content part of type {kind!r}: only text parts "
-                            "([{\"type\": \"text\", \"text\": ...}]) can be packed for a text model; remove the others")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-_PROBE = "zq-packlm-part-zq"
-
-
-def template_reads_parts(tokenizer: Any) -> bool:
-    """Whether the chat template renders OpenAI content lists itself (as many recent ones do): a
-    probe part's text appears in its rendering and the list's own text (`'type'`) does not."""
-    template = getattr(tokenizer, "chat_template", None)
-    cache = getattr(tokenizer, "_packlm_reads_parts", None)
-    if cache is not None and cache[0] == template:
-        return cache[1]
-    try:
-        text = apply_chat_template(tokenizer, [{"role": "user", "content": [{"type": "text", "text": _PROBE}]}])
-        reads = _PROBE in text and "'type'" not in text
-    except UserError:
-        raise  # a bound of the sandbox
-    except Exception:  # noqa: BLE001 - a template that cannot take a list
-        reads = False
-    try:
-        tokenizer._packlm_reads_parts = (template, reads)
-    except AttributeError:
-        pass
-    return reads
-
-
-def with_text_content(messages: list[dict[str, Any]], tokenizer: Any, where: str) -> list[dict[str, Any]]:
-    """`messages` as the chat template takes them: content lists as they are when the template
-    renders them (`template_reads_parts`), else each list's text (`parts_text`)."""
-    if not any(isinstance(m["content"], list) for m in messages):
-        return messages
-    if template_reads_parts(tokenizer):
-        for m in messages:
-            if isinstance(m["content"], list):
-                parts_text(m["content"], where)  # only text parts
-        return messages
-    return [{**m, "content": parts_text(m["content"], where) if isinstance(m["content"], list) else m["content"]}
-            for m in messages]
-
-
 def check_has_template(tokenizer: Any) -> None:
     """A tokenizer without a chat template cannot render chats: one line saying what to pass. A
     template whose markers are not single tokens of the vocabulary (`missing_markers`) would train
@@ -410,7 +363,8 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             msgs = msgs[1:]
         if not msgs:
             continue
-        msgs = mark(with_text_content(msgs, tokenizer, where(i)), controls, where(i))
+        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer, where(i)), controls,
+                    where(i))
         try:
             segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt, tuple(fmt.roles_to_train), fmt.train_on_eos)
         except UserError as exc:
@@ -424,14 +378,7 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             example.append(i)
             loss.append(is_loss)
     return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows), controls,
-                    no_eos)
-
-
-def ends_with_control(text: str, controls: tuple[str, ...]) -> bool:
-    """Whether a rendered conversation ends (but for whitespace) with a control token of its
-    template (its end-of-turn token): then pack-data adds no EOS after it."""
-    tail = text.rstrip()
-    return not tail.endswith(END) and any(tail.endswith(token) for token in controls)  # END: one the user wrote
+                    no_eos, as_rendered=True)
 
 
 def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:

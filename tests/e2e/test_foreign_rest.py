@@ -196,7 +196,7 @@ ROWS = [
      "completion": [{"role": "assistant", "content": "Blue"}]},
     {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                 {"role": "user", "content": "bye"}], "completion": [{"role": "assistant", "content": "see you"}]},
-]  # (a reply that writes <think>...</think> itself differs: its markers are text here, control tokens in TRL)
+]  # (a reply that writes <think>...</think> itself: tests/e2e/test_trl_chat_parity.py)
 
 
 def _trl_prepared(tok, rows: list[dict], tmp_path: Path) -> list[tuple[list[int], list[bool]]]:

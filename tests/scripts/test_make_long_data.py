@@ -76,8 +76,9 @@ def test_a_million_token_conversation_packs_whole_into_one_row(script, tmp_path:
     for row in rows:
         np.testing.assert_array_equal(row["position_ids"], np.arange(len(row["input_ids"])))
         labels = row["labels"]
-        # BOS; the template's own end of turn (<|im_end|> 5, then its "\n"), no EOS after it
-        assert labels[0] == IGNORE_INDEX and row["input_ids"][0] == 1 and row["input_ids"][-2] == 5
+        # the template's rendering as it is: its <|im_start|> 4 first (no BOS: it writes none), its own end
+        # of turn (<|im_end|> 5, then its "\n"), no EOS after it
+        assert labels[0] == IGNORE_INDEX and row["input_ids"][0] == 4 and row["input_ids"][-2] == 5
         trained = labels != IGNORE_INDEX
         assert 0.3 < trained.mean() < 0.9  # the assistant turns only (answers), not the questions
 

@@ -33,15 +33,6 @@ def one(table: pa.Table, tok) -> tuple[list[int], list[int]]:
     return batch.input_ids.tolist(), batch.labels.tolist()
 
 
-def body(ids: list[int], labels: list[int], tok) -> tuple[list[int], list[bool]]:
-    """The ids without the BOS/EOS pack-data adds around every example (when the rendering has none),
-    and which of them carry loss (a label at position t is the id at t)."""
-    loss = [label != IGNORE_INDEX for label in labels]
-    if ids[-1] == tok.eos_token_id:
-        ids, loss = ids[:-1], loss[:-1]
-    return ids[1:], loss[1:]  # the BOS never carries a loss
-
-
 def test_trl_conversational_prompt_completion_packs_as_trl_tokenizes_it():
     """TRL's SFTTrainer: ids = the template over prompt + completion; loss from where they leave the
     prompt rendered with the generation prompt (`_tokenize`, `common_prefix_length`)."""
@@ -82,11 +73,10 @@ def test_openai_content_lists_render_as_the_template_renders_them(tmp_path: Path
     jinja = tmp_path / "parts.jinja"
     jinja.write_text(READS_PARTS)
     tok = load_tokenizer(str(TOKENIZER), str(jinja))
-    ids, labels = one(pa.table({"messages": [PARTS]}), tok)
+    ours, labels = one(pa.table({"messages": [PARTS]}), tok)
     peer = tok.apply_chat_template(PARTS, tokenize=True, return_dict=True)["input_ids"]
-    ours, loss = body(ids, labels, tok)
-    assert ours == list(peer) and "Look:2+2?" in tok.decode(ours)
-    assert tok.decode([t for t, l in zip(ours, loss) if l]) == "4<|im_end|>"  # not the template's "\n" after it
+    assert ours == list(peer) and "Look:2+2?" in tok.decode(ours)  # no BOS or EOS added: the template's ids
+    assert tok.decode([t for t in labels if t != IGNORE_INDEX]) == "4<|im_end|>"  # not the template's "\n" after it
 
     plain = load_tokenizer(str(TOKENIZER))  # its template concatenates content as text
     joined = [{"role": "user", "content": "Look:\n2+2?"}, {"role": "assistant", "content": "4"}]

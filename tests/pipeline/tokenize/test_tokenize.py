@@ -74,12 +74,17 @@ def test_instruction_loss_only_on_response_and_its_eos(tok):
     assert ids2 == ids and labels2 == [IGNORE_INDEX, *ids[1:]]
 
 
-def test_chat_loss_on_assistant_turns_and_no_double_bos(tok):
+def test_chat_loss_on_assistant_turns_and_the_templates_ids_as_they_are(tok):
+    """A chat is its template's rendering tokenized as apply_chat_template tokenizes it: no BOS where
+    the template writes none (pack-data adds one to text), no EOS after it."""
     msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
     table = pa.table({"messages": [msgs]})
     fmt = detect_format(table.column_names, FormatOptions())
     (ids, labels), = split(tokenize_batch(table, fmt, tok, rows_where("c.jsonl")))
-    assert ids[0] == BOS and ids[1] != BOS and EOS not in ids  # the template ends the turn: no EOS after it
+    assert ids == tok.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"]
+    text = pa.table({"text": ["Hi"]})
+    (text_ids, _), = split(tokenize_batch(text, detect_format(text.column_names, FormatOptions()), tok, rows_where("t")))
+    assert BOS not in ids and EOS not in ids and text_ids[0] == BOS  # control: text gets one
     trained = [t for t in labels if t != IGNORE_INDEX]
     assert tok.decode(trained) == "Hello there<|im_end|>"  # its generation block: not the "\n" after it
 
