@@ -69,8 +69,8 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
             raise ShardFormatError(
                 f"{stored[0][0]} (id {eid}): stored {what} differ from a fresh tokenization of the "
                 f"source ({sum(len(p[2]) for p in stored)} stored vs {len(ids)} fresh tokens): "
-                "wrong input, tokenizer or format options (or shards from an older pack-data, which "
-                "tokenized prompts and responses apart: pack the data again)"
+                "wrong input, tokenizer or format options (or shards from an older pack-data, whose "
+                "tokenization differed, e.g. a BOS before chats whose template writes none: pack the data again)"
             )
     return len(chosen)
 
