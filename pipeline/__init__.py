@@ -32,9 +32,13 @@ from typing import Any
 
 # Imported on first use, so that importing one module of the package (pipeline.errors, say, from
 # pack-train's command line) does not import numba, pyarrow and the rest.
-_EXPORTS = {"assign_bins": "pipeline.plan.binpack", "PackConfig": "pipeline.engines.pack_config",
-            "run_pack_data": "pipeline.engines.job", "read_manifest": "pipeline.shards",
-            "verify_folder": "pipeline.shards"}
+_EXPORTS = {
+    "assign_bins": "pipeline.plan.binpack",
+    "PackConfig": "pipeline.engines.pack_config",
+    "run_pack_data": "pipeline.engines.job",
+    "read_manifest": "pipeline.shards",
+    "verify_folder": "pipeline.shards",
+}
 
 __all__ = ["PackConfig", "assign_bins", "read_manifest", "run_pack_data", "verify_folder"]
 

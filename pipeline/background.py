@@ -63,8 +63,7 @@ def in_order(
     source = iter(items)
     upcoming = next(source, _END)
     while upcoming is not _END or pending:
-        while upcoming is not _END and len(pending) < depth and (
-                not budget or not pending or in_flight + weight(upcoming) <= budget):
+        while upcoming is not _END and len(pending) < depth and (not budget or not pending or in_flight + weight(upcoming) <= budget):
             w = weight(upcoming)
             pending.append((upcoming, start(upcoming), w))
             in_flight += w

@@ -73,10 +73,13 @@ def _special_tokens(ctx: click.Context, _param: click.Parameter, value: tuple[st
 @click.command(cls=HintedCommand, context_settings=CONTEXT, epilog=PACK_DATA_EPILOG)
 @config_option(checks=PACK_CHECKS, fields=param_fields(PackConfig), foreign=DATA)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click_options(PackConfig, ranges=False, skip=("inputs",), settings={
-    "tmp_dir": {"type": click.Path(file_okay=False)}, "special_tokens": {"callback": _special_tokens}})
-@click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True,
-              help=hub.OFFLINE_HELP)
+@click_options(
+    PackConfig,
+    ranges=False,
+    skip=("inputs",),
+    settings={"tmp_dir": {"type": click.Path(file_okay=False)}, "special_tokens": {"callback": _special_tokens}},
+)
+@click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True, help=hub.OFFLINE_HELP)
 def pack_data(inputs: tuple[str, ...], **options: object) -> None:
     """Tokenize INPUT... (JSONL, JSON, Parquet, Arrow, CSV, save_to_disk folders, globs, URIs of
     remote storage such as s3://bucket/data/*.jsonl, and Hugging Face Hub datasets such as
@@ -105,21 +108,18 @@ def pack_data(inputs: tuple[str, ...], **options: object) -> None:
 @click.command(context_settings=CONTEXT)
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--no-hash", is_flag=True, help="Skip the sha256 of each shard and the manifest's checksum (structure only).")
-@click.option("--deep", is_flag=True,
-              help="Also re-tokenize a sample of the source examples and compare token ids.")
-@click.option("--tokenizer", default=None,
-              help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
-@click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1),
-              help="How many examples --deep re-tokenizes.")
-@click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True,
-              help=hub.OFFLINE_HELP)
+@click.option("--deep", is_flag=True, help="Also re-tokenize a sample of the source examples and compare token ids.")
+@click.option("--tokenizer", default=None, help="Tokenizer for --deep (default: the one recorded in the manifest's config).")
+@click.option("--sample", default=100, show_default=True, type=click.IntRange(min=1), help="How many examples --deep re-tokenizes.")
+@click.option("--offline", is_flag=True, callback=hub.offline_flag, expose_value=False, is_eager=True, help=hub.OFFLINE_HELP)
 def pack_verify(folder: str, no_hash: bool, deep: bool, tokenizer: str | None, sample: int) -> None:
     """Check that FOLDER (written by pack-data) is intact and follows the shard contract; with a
     held-out eval folder inside (pack-data --eval-fraction), that one too, and that no example is
     in both. FOLDER may be a URI (s3://, gs://, hdfs://, file://): it is downloaded and checked."""
-    with cli_errors(interrupted="the packed folder was not changed",
-                    disk_full="free some space; the packed folder was not changed"), \
-            folder_to_read(folder) as folder:  # type: ignore[assignment]
+    with (
+        cli_errors(interrupted="the packed folder was not changed", disk_full="free some space; the packed folder was not changed"),
+        folder_to_read(folder) as folder,
+    ):  # type: ignore[assignment]
         manifest = verify_folder(folder, check_hashes=not no_hash)
         folders = [(folder, manifest, "ok")]
         if manifest.eval.get("folder"):
@@ -147,49 +147,100 @@ Examples:
 
 @click.command(context_settings=CONTEXT, epilog=PACK_REPORT_EPILOG)
 @click.argument("folder", required=False, type=click.Path(file_okay=False))
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write every figure to this JSON file.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a self-contained HTML report (embedded charts) to this file.")
-@click.option("--sources-csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the per-input table (weight, examples read, uses, tokens, loss tokens, share) "
-                   "of FOLDER as CSV.")
-@click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True,
-              type=click.IntRange(min=1),
-              help="Examples per batch of the pad-to-longest baseline (example-id order).")
-@click.option("--hidden", default=Sizes.hidden, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
-              help="Model width of the training-FLOP count (speedups, attention's share of the work).")
-@click.option("--layers", default=Sizes.layers, show_default=True, type=click.IntRange(min=1, max=MAX_LAYERS),
-              help="Decoder layers of that model.")
-@click.option("--heads", default=Sizes.heads, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
-              help="Its query heads (head_dim = hidden / heads).")
-@click.option("--kv-heads", default=Sizes.kv_heads, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
-              help="Its key/value heads (grouped-query attention).")
-@click.option("--intermediate", default=Sizes.intermediate, show_default=True, type=click.IntRange(min=1, max=INT_MAX),
-              help="Its MLP width (a gated MLP of three matrices).")
-@click.option("--strategy", "strategy", multiple=True,
-              help="Packing strategies to compare (repeat or comma-separate; default: all).")
-@click.option("--seed", default=None, type=click.IntRange(min=0),
-              help="Planner seed (default: the folder's, or 0).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write every figure to this JSON file.")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a self-contained HTML report (embedded charts) to this file.",
+)
+@click.option(
+    "--sources-csv",
+    "csv_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the per-input table (weight, examples read, uses, tokens, loss tokens, share) of FOLDER as CSV.",
+)
+@click.option(
+    "--batch-size",
+    default=DEFAULT_BATCH_SIZE,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Examples per batch of the pad-to-longest baseline (example-id order).",
+)
+@click.option(
+    "--hidden",
+    default=Sizes.hidden,
+    show_default=True,
+    type=click.IntRange(min=1, max=INT_MAX),
+    help="Model width of the training-FLOP count (speedups, attention's share of the work).",
+)
+@click.option(
+    "--layers", default=Sizes.layers, show_default=True, type=click.IntRange(min=1, max=MAX_LAYERS), help="Decoder layers of that model."
+)
+@click.option(
+    "--heads",
+    default=Sizes.heads,
+    show_default=True,
+    type=click.IntRange(min=1, max=INT_MAX),
+    help="Its query heads (head_dim = hidden / heads).",
+)
+@click.option(
+    "--kv-heads",
+    default=Sizes.kv_heads,
+    show_default=True,
+    type=click.IntRange(min=1, max=INT_MAX),
+    help="Its key/value heads (grouped-query attention).",
+)
+@click.option(
+    "--intermediate",
+    default=Sizes.intermediate,
+    show_default=True,
+    type=click.IntRange(min=1, max=INT_MAX),
+    help="Its MLP width (a gated MLP of three matrices).",
+)
+@click.option("--strategy", "strategy", multiple=True, help="Packing strategies to compare (repeat or comma-separate; default: all).")
+@click.option("--seed", default=None, type=click.IntRange(min=0), help="Planner seed (default: the folder's, or 0).")
 @click.option("--no-hash", is_flag=True, help="Do not check shard sha256 sums.")
-@click.option("--input", "inputs", multiple=True,
-              help="What-if mode: data files/folders to tokenize and plan (no shards written).")
-@click.option("--tokenizer", default=None,
-              help="What-if (required with --input): the tokenizer folder or Hub id you will pack with, or a packed "
-                   "folder, whose recorded tokenizer is taken. The report names it.")
-@click.option("--max-len", "max_lens", default=DEFAULT_MAX_LENS, show_default=True,
-              help="What-if: comma-separated row lengths to try. With a packed FOLDER, plans its examples' stored "
-                   "lengths at each (no re-tokenizing).")
+@click.option("--input", "inputs", multiple=True, help="What-if mode: data files/folders to tokenize and plan (no shards written).")
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="What-if (required with --input): the tokenizer folder or Hub id you will pack with, or a packed "
+    "folder, whose recorded tokenizer is taken. The report names it.",
+)
+@click.option(
+    "--max-len",
+    "max_lens",
+    default=DEFAULT_MAX_LENS,
+    show_default=True,
+    help="What-if: comma-separated row lengths to try. With a packed FOLDER, plans its examples' stored "
+    "lengths at each (no re-tokenizing).",
+)
 @format_options
-@click.option("--limit", default=None, type=click.IntRange(min=1),
-              help="What-if: read only the first N examples.")
-@click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_PROCS),
-              help="What-if: tokenizer processes.")
-def pack_report(folder: str | None, json_path: Path | None, html_path: Path | None, csv_path: Path | None,
-                batch_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
-                strategy: tuple[str, ...], seed: int | None,
-                no_hash: bool, inputs: tuple[str, ...], tokenizer: str | None, max_lens: str,
-                fmt: str, limit: int | None, num_proc: int, **format_fields: Any) -> None:
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="What-if: read only the first N examples.")
+@click.option("--num-proc", default=1, show_default=True, type=click.IntRange(min=1, max=MAX_PROCS), help="What-if: tokenizer processes.")
+def pack_report(
+    folder: str | None,
+    json_path: Path | None,
+    html_path: Path | None,
+    csv_path: Path | None,
+    batch_size: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    strategy: tuple[str, ...],
+    seed: int | None,
+    no_hash: bool,
+    inputs: tuple[str, ...],
+    tokenizer: str | None,
+    max_lens: str,
+    fmt: str,
+    limit: int | None,
+    num_proc: int,
+    **format_fields: Any,
+) -> None:
     """Packing report of FOLDER (written by pack-data), or a what-if plan with --input: the
     first form reads the manifest and shards; the second tokenizes (or reads the `input_ids` of
     pre-tokenized data) and runs the planner for every max_len and strategy without writing shards.
@@ -202,10 +253,13 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
     from pipeline.report.report_text import format_text
     from pipeline.report.run_summary import format_run, is_run_folder, run_report
 
-    with cli_errors(interrupted="no report file was left half-written",
-                    disk_full="free some space or write the report elsewhere (--json, --html, --sources-csv); "
-                              "no report file was left half-written"), \
-            folder_to_read(folder) if folder is not None else nullcontext() as local:
+    with (
+        cli_errors(
+            interrupted="no report file was left half-written",
+            disk_full="free some space or write the report elsewhere (--json, --html, --sources-csv); no report file was left half-written",
+        ),
+        folder_to_read(folder) if folder is not None else nullcontext() as local,
+    ):
         shown, folder = folder, local  # the folder as given names it in the report
         sizes = Sizes(hidden, layers, heads, kv_heads, intermediate)
         sizes.shape()  # sizes that make no model: one line before any work
@@ -231,38 +285,50 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
             return
         cold = uncompiled(strategies)
         if cold:
-            click.echo(f"pack-report: compiling the planner's numba kernels for {', '.join(cold)} (their first "
-                       "use here; cached for later runs): up to half a minute", err=True)
+            click.echo(
+                f"pack-report: compiling the planner's numba kernels for {', '.join(cold)} (their first "
+                "use here; cached for later runs): up to half a minute",
+                err=True,
+            )
         if folder is not None:
             data = load_folder(folder, check_hashes=not no_hash)
-            report = folder_report(data, batch_size=batch_size, sizes=sizes,
-                                   strategies=strategies, seed=seed)
+            report = folder_report(data, batch_size=batch_size, sizes=sizes, strategies=strategies, seed=seed)
             _refuse_unchecked(folder, report, no_hash)
             recorded = data.manifest.config.get("inputs") or [i.get("path") for i in data.manifest.inputs]
-            report.update(report_sources(data.manifest.config.get("tokenizer") or data.manifest.tokenizer.get("name"),
-                                         "recorded by the folder",
-                                         [str(i) for i in recorded]))
+            report.update(
+                report_sources(
+                    data.manifest.config.get("tokenizer") or data.manifest.tokenizer.get("name"),
+                    "recorded by the folder",
+                    [str(i) for i in recorded],
+                )
+            )
             if given:  # a what-if across --max-len values, from the lengths the shards hold
-                report["whatif"] = folder_whatif(data, max_len_list, strategies=strategies, batch_size=batch_size,
-                                                 seed=data.manifest.seed if seed is None else seed, sizes=sizes)
+                report["whatif"] = folder_whatif(
+                    data,
+                    max_len_list,
+                    strategies=strategies,
+                    batch_size=batch_size,
+                    seed=data.manifest.seed if seed is None else seed,
+                    sizes=sizes,
+                )
             title = f"packlm packing report: {shown}"
         elif inputs:
-            options = {"format": fmt, "num_proc": capped_workers(num_proc, "pack-report"), "limit": limit,
-                       **format_fields}
+            options = {"format": fmt, "num_proc": capped_workers(num_proc, "pack-report"), "limit": limit, **format_fields}
             options = {k: v for k, v in options.items() if v is not None}
             tok, name, via = whatif_tokenizer(tokenizer)
             lengths = lengths_of(list(inputs), tok, **options)
             if len(lengths) == 0:
-                raise UserError(f"no non-empty examples in {', '.join(inputs)}: check --format and the field options "
-                                "(--text-field, --instruction-field, ...) against the file's fields")
-            report = whatif_report(lengths, max_len_list,
-                                   strategies=strategies, batch_size=batch_size,
-                                   seed=seed or 0, sizes=replace(sizes, vocab=len(tok)))  # its vocabulary
+                raise UserError(
+                    f"no non-empty examples in {', '.join(inputs)}: check --format and the field options "
+                    "(--text-field, --instruction-field, ...) against the file's fields"
+                )
+            report = whatif_report(
+                lengths, max_len_list, strategies=strategies, batch_size=batch_size, seed=seed or 0, sizes=replace(sizes, vocab=len(tok))
+            )  # its vocabulary
             report.update(report_sources(name, via, list(inputs)))
             title = f"packlm what-if report: {', '.join(inputs)}"[:200]
         else:
-            raise UserError("nothing to report: give a packed FOLDER, or --input DATA for a "
-                            "what-if plan (see pack-report --help)")
+            raise UserError("nothing to report: give a packed FOLDER, or --input DATA for a what-if plan (see pack-report --help)")
         click.echo(format_text(report), nl=False)
         if json_path is not None:
             write_atomic(json_path, lambda p: p.write_text(to_json(report), encoding="utf-8"))
@@ -274,8 +340,10 @@ def pack_report(folder: str | None, json_path: Path | None, html_path: Path | No
             import polars as pl
 
             if not report["sources"]:
-                raise UserError(f"{folder}: its manifest records no sources (written by an older pack-data): "
-                                "pack the data again to get the per-input table")
+                raise UserError(
+                    f"{folder}: its manifest records no sources (written by an older pack-data): "
+                    "pack the data again to get the per-input table"
+                )
             write_atomic(csv_path, lambda p: pl.DataFrame(report["sources"]).write_csv(p))
             click.echo(f"wrote {csv_path}")
 
@@ -284,14 +352,17 @@ def _check_report_target(path: Path, flag: str, read: list[Path]) -> None:
     """A report file replaces only a regular file (or none) outside what the report reads: a device
     node would be replaced by a file, the packed folder's manifest or an input by the report."""
     if not path.absolute().parent.is_dir():
-        raise UserError(f"{flag} {path}: folder {path.absolute().parent} does not exist: create it, or write "
-                        "the report into an existing folder")
+        raise UserError(
+            f"{flag} {path}: folder {path.absolute().parent} does not exist: create it, or write the report into an existing folder"
+        )
     if path.exists() and not path.is_file():
         raise UserError(f"{flag} {path}: not a regular file (a device, a pipe): write the report to a file")
     for source in read:
         if path.resolve() == source.resolve() or path.resolve().is_relative_to(source.resolve()):
-            raise UserError(f"{flag} {path}: it is {source} or inside it, which the report reads: pack-report "
-                            "writes nothing there; write the report elsewhere")
+            raise UserError(
+                f"{flag} {path}: it is {source} or inside it, which the report reads: pack-report "
+                "writes nothing there; write the report elsewhere"
+            )
 
 
 def _refuse_unchecked(folder: Path, report: dict[str, Any], no_hash: bool) -> None:
@@ -300,14 +371,17 @@ def _refuse_unchecked(folder: Path, report: dict[str, Any], no_hash: bool) -> No
     (unless --no-hash), or a manifest figure (rows, tokens, loss tokens) that the shards contradict."""
     damaged = [s["file"] for s in report["shards"] if s["sha256_ok"] is False]
     if damaged:
-        raise UserError(f"{folder}: {damaged[0]} does not match its sha256 in the manifest "
-                        f"({len(damaged)} shard(s) damaged): run pack-verify {folder} for details; no report written")
+        raise UserError(
+            f"{folder}: {damaged[0]} does not match its sha256 in the manifest "
+            f"({len(damaged)} shard(s) damaged): run pack-verify {folder} for details; no report written"
+        )
     if not no_hash:
         check_checksum(Path(folder) / MANIFEST_NAME)
     wrong = [key for key, ok in report["manifest_matches"].items() if not ok]
     if wrong:
-        raise UserError(f"{folder}: the manifest's {wrong[0]} is not what the shards hold: run pack-verify "
-                        f"{folder} for details; no report written")
+        raise UserError(
+            f"{folder}: the manifest's {wrong[0]} is not what the shards hold: run pack-verify {folder} for details; no report written"
+        )
 
 
 def whatif_tokenizer(tokenizer: str | None) -> tuple[Any, str, str]:
@@ -318,17 +392,18 @@ def whatif_tokenizer(tokenizer: str | None) -> tuple[Any, str, str]:
     from pipeline.tokenize.tokenizer import apply_recorded, load_tokenizer
 
     if tokenizer is None:
-        raise UserError("--input needs --tokenizer: the tokenizer you will pack with (a folder or a Hub id such as "
-                        f"meta-llama/Llama-2-7b-hf, e.g. --tokenizer {DEFAULT_TOKENIZER}), or a packed folder, "
-                        "whose recorded tokenizer is taken")
+        raise UserError(
+            "--input needs --tokenizer: the tokenizer you will pack with (a folder or a Hub id such as "
+            f"meta-llama/Llama-2-7b-hf, e.g. --tokenizer {DEFAULT_TOKENIZER}), or a packed folder, "
+            "whose recorded tokenizer is taken"
+        )
     if (Path(tokenizer) / "manifest.json").is_file():
         manifest = read_manifest(Path(tokenizer))
         recorded = manifest.tokenizer
         name = manifest.config.get("tokenizer") or recorded.get("name")  # the config's: absolute when local
         if not name:
             raise UserError(f"--tokenizer {tokenizer}: the packed folder records no tokenizer name: give the tokenizer")
-        return (apply_recorded(load_tokenizer(str(name)), recorded), str(name),
-                f"recorded by the packed folder {tokenizer}")
+        return (apply_recorded(load_tokenizer(str(name)), recorded), str(name), f"recorded by the packed folder {tokenizer}")
     return load_tokenizer(tokenizer), tokenizer, "--tokenizer"
 
 
@@ -336,9 +411,7 @@ def _int_list(text: str, name: str) -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise UserError(
-            f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096"
-        ) from None
+        raise UserError(f"{name} {text!r}: expected comma-separated integers, e.g. 2048,4096") from None
     if not values or any(not 2 <= v <= MAX_LEN_LIMIT for v in values):
         bad = next((v for v in values if not 2 <= v <= MAX_LEN_LIMIT), None)
         raise UserError(f"--max-len must be between 2 and {MAX_LEN_LIMIT}, got {bad if bad is not None else text!r}")

@@ -55,9 +55,15 @@ from pipeline.foreign import config as foreign_config
 from pipeline.option_checks import TEXT_MAP, Check, check_value
 
 
-def read_config_file(path: str | Path, command: click.Command, checks: dict[str, Check] | None = None,
-                     fields: dict[str, str] | None = None, *, foreign: str | None = None,
-                     mapping: list[str] | None = None) -> dict[str, Any]:
+def read_config_file(
+    path: str | Path,
+    command: click.Command,
+    checks: dict[str, Check] | None = None,
+    fields: dict[str, str] | None = None,
+    *,
+    foreign: str | None = None,
+    mapping: list[str] | None = None,
+) -> dict[str, Any]:
     """`path`'s settings as a default_map for `command` (keys: its parameter names); an unreadable
     file, a file that is not a mapping, an unknown or repeated option, or a value the flag would
     refuse is a UserError. `checks` (a config dataclass's, `pipeline.option_checks`) are run on the
@@ -72,17 +78,18 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     except _Repeated as exc:
         raise UserError(f"--config {path} line {exc.line}: option {exc.key!r} is given twice: keep one") from None
     except RecursionError:
-        raise UserError(f"--config {path}: values nested too deeply (thousands of levels): write plain "
-                        "values") from None
+        raise UserError(f"--config {path}: values nested too deeply (thousands of levels): write plain values") from None
     except _Alias as exc:
-        raise UserError(f"--config {path} line {exc.line}: a YAML alias (*{exc.anchor}) is not accepted in a config "
-                        "file: write the value out") from None
+        raise UserError(
+            f"--config {path} line {exc.line}: a YAML alias (*{exc.anchor}) is not accepted in a config file: write the value out"
+        ) from None
     except OSError as exc:
         raise UserError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         line = exc.object[: exc.start].count(b"\n") + 1
-        raise UserError(f"--config {path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}): save the "
-                        "file as UTF-8") from None
+        raise UserError(
+            f"--config {path} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}): save the file as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -95,8 +102,11 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     for param in command.params:
         if param.name == "config":
             continue
-        spellings = [(param.name, False), *((o.lstrip("-"), False) for o in param.opts),
-                     *((o.lstrip("-"), True) for o in getattr(param, "secondary_opts", []))]
+        spellings = [
+            (param.name, False),
+            *((o.lstrip("-"), False) for o in param.opts),
+            *((o.lstrip("-"), True) for o in getattr(param, "secondary_opts", [])),
+        ]
         for spelling, inverse in spellings:
             names[spelling] = names[spelling.replace("-", "_")] = (param.name, inverse)
     params = {p.name: p for p in command.params}
@@ -137,8 +147,7 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     if foreign and tool in (foreign_config.AXOLOTL, foreign_config.TRL):
         lines.extend(foreign_config.source_defaults(tool, foreign, data, out, take, refused))
     if refused:
-        head = f"--config {path}: " + ("" if len(refused) == 1 else
-                                       f"{len(refused)} keys cannot be honoured here (all named at once): ")
+        head = f"--config {path}: " + ("" if len(refused) == 1 else f"{len(refused)} keys cannot be honoured here (all named at once): ")
         raise UserError(cut(head + "; ".join(refused)))
     if mapping is not None and lines:
         mapping.append(f"{foreign} --config {path} ({tool or 'Axolotl/TRL'} keys):")
@@ -146,9 +155,16 @@ def read_config_file(path: str | Path, command: click.Command, checks: dict[str,
     return out
 
 
-def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: str | None,
-              names: dict[str, tuple[str, bool]], params: dict[str, click.Parameter],
-              take: Callable[..., Any]) -> str | None:
+def _read_key(
+    key: object,
+    value: Any,
+    data: dict,
+    foreign: str | None,
+    tool: str | None,
+    names: dict[str, tuple[str, bool]],
+    params: dict[str, click.Parameter],
+    take: Callable[..., Any],
+) -> str | None:
     """Take one key of the file: its line of the printed mapping (None for our own options), or a
     UserError for a key that cannot be honoured."""
     if tool and isinstance(value, str) and value.strip().lower() in ("true", "false"):  # the tools read it as a yes/no
@@ -166,14 +182,16 @@ def _read_key(key: object, value: Any, data: dict, foreign: str | None, tool: st
             mapped = rule.apply(value, data)
         except foreign_config.NotUsed as exc:
             return f"  {key}: {foreign_config.show(value)}: not used ({exc})"
-        shown = [f"{_flag(params[name]) if name in params else name} {foreign_config.show(take(key, name, v))}"
-                 for name, v in mapped.items()]
+        shown = [
+            f"{_flag(params[name]) if name in params else name} {foreign_config.show(take(key, name, v))}" for name, v in mapped.items()
+        ]
         return f"  {key}: {foreign_config.show(value)} -> {' '.join(shown) or '(the defaults)'}"
     if found is None:
         if tool is not None:
             return foreign_config.schema_key(str(key), value, tool, foreign or "")
-        known = ", ".join(sorted({o.lstrip("-") for p in params.values() if p.name != "config"
-                                  for o in (*p.opts, *getattr(p, "secondary_opts", []))}))
+        known = ", ".join(
+            sorted({o.lstrip("-") for p in params.values() if p.name != "config" for o in (*p.opts, *getattr(p, "secondary_opts", []))})
+        )
         raise UserError(f"unknown option {key!r} (this command takes: {known})")
     name, inverse = found
     take(key, name, value, inverse)
@@ -185,7 +203,7 @@ def cut(text: str, limit: int = 1000) -> str:
     string) is cut in the middle, so the line keeps what is wrong, where, and the fix at its end."""
     if len(text) <= limit:
         return text
-    return f"{text[: limit * 2 // 3]} ...({len(text) - limit} characters cut)... {text[-limit // 3:]}"
+    return f"{text[: limit * 2 // 3]} ...({len(text) - limit} characters cut)... {text[-limit // 3 :]}"
 
 
 def _flag(param: click.Parameter) -> str:
@@ -207,17 +225,27 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
         return value
     if many and isinstance(value, str):
         value = [value]  # one INPUT
-    if check is not None and check.comma_list and isinstance(value, list) and value and all(
-            isinstance(v, str) for v in value):
+    if check is not None and check.comma_list and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         value = ",".join(value)  # `lora-target: [q_proj, v_proj]`
-    kind = (bool if getattr(param, "is_flag", False) else
-            int if isinstance(param.type, (click.types.IntParamType, click.IntRange)) else
-            float if isinstance(param.type, (click.types.FloatParamType, click.FloatRange)) else
-            str if isinstance(param.type, (click.types.StringParamType, click.Choice, click.Path)) else None)
+    kind = (
+        bool
+        if getattr(param, "is_flag", False)
+        else int
+        if isinstance(param.type, (click.types.IntParamType, click.IntRange))
+        else float
+        if isinstance(param.type, (click.types.FloatParamType, click.FloatRange))
+        else str
+        if isinstance(param.type, (click.types.StringParamType, click.Choice, click.Path))
+        else None
+    )
     try:  # `yes`, `1:30`, `017`: what the option takes, or refused (`Spelling`)
-        value = ([v.settle(kind) if isinstance(v, Spelling) else v for v in value] if isinstance(value, list)
-                 else value.settle(bool if getattr(param, "_flag_needs_value", False) and value.flag is not None
-                                   else kind) if isinstance(value, Spelling) else value)
+        value = (
+            [v.settle(kind) if isinstance(v, Spelling) else v for v in value]
+            if isinstance(value, list)
+            else value.settle(bool if getattr(param, "_flag_needs_value", False) and value.flag is not None else kind)
+            if isinstance(value, Spelling)
+            else value
+        )
     except UserError as exc:
         raise UserError(f"{flag}: {exc}") from None
     if value is True and getattr(param, "_flag_needs_value", False):
@@ -242,8 +270,13 @@ def _checked(param: click.Parameter, value: Any, check: Check | None) -> Any:
     return value
 
 
-def config_option(command: Callable[..., Any] | None = None, *, checks: dict[str, Check] | None = None,
-                  fields: dict[str, str] | None = None, foreign: str | None = None) -> Any:
+def config_option(
+    command: Callable[..., Any] | None = None,
+    *,
+    checks: dict[str, Check] | None = None,
+    fields: dict[str, str] | None = None,
+    foreign: str | None = None,
+) -> Any:
     """Add `--config FILE` to a click command (read before every other option): `@config_option`, or
     `@config_option(checks=..., fields=..., foreign=...)` to run a config dataclass's checks on the
     file's values and read Axolotl/TRL keys as the command `foreign` (see `read_config_file`); the
@@ -263,9 +296,14 @@ def config_option(command: Callable[..., Any] | None = None, *, checks: dict[str
             click.echo("\n".join(mapping), err=True)
         ctx.default_map = {**(ctx.default_map or {}), **settings}
 
-    return click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
-                        callback=load, help="YAML file of options (names as the flags, without dashes); "
-                        "flags on the command line win.")(command)
+    return click.option(
+        "--config",
+        type=click.Path(dir_okay=False),
+        is_eager=True,
+        expose_value=False,
+        callback=load,
+        help="YAML file of options (names as the flags, without dashes); flags on the command line win.",
+    )(command)
 
 
 class HintedCommand(click.Command):
@@ -299,4 +337,3 @@ def option_hint(option: str, command: click.Command, foreign: str | None) -> str
         ours = " / ".join(_flag(params[o]) for o in rule.options if o in params)
         return f"{key} is the Axolotl/TRL name; here it is {ours}{' (' + rule.doc + ')' if rule.doc else ''}"
     return None
-

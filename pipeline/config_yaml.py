@@ -39,13 +39,13 @@ def _config_text(path: str | Path) -> str:
     and so is a file past MAX_CONFIG_BYTES: a run's settings are a few kilobytes."""
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):
-        raise UserError(f"--config {path}: not a regular file (a pipe or a device could wait or never end): "
-                        "give the YAML file itself")
+        raise UserError(f"--config {path}: not a regular file (a pipe or a device could wait or never end): give the YAML file itself")
     with open(path, "rb") as f:
         data = f.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
-        raise UserError(f"--config {path}: larger than a config file can be ({MAX_CONFIG_BYTES // 2**20} MiB): "
-                        "give the YAML file of the run's settings")
+        raise UserError(
+            f"--config {path}: larger than a config file can be ({MAX_CONFIG_BYTES // 2**20} MiB): give the YAML file of the run's settings"
+        )
     return data.decode("utf-8")
 
 
@@ -111,12 +111,15 @@ class Spelling(str):
             made.flag = _FLAGS[text.lower()]
             made.why = f"{text!r} is a word (true or false to YAML 1.1), not a number: write the number"
         elif _BASE60.fullmatch(text):
-            made.why = (f"{text} is a base-60 number to YAML 1.1 ({_base60(text):g}) and text to YAML 1.2: "
-                        f"write the number itself, e.g. {_base60(text):g}")
+            made.why = (
+                f"{text} is a base-60 number to YAML 1.1 ({_base60(text):g}) and text to YAML 1.2: "
+                f"write the number itself, e.g. {_base60(text):g}"
+            )
         elif _OCTAL11.fullmatch(text) and bare.strip("0_"):
             octal, decimal = int(text.replace("_", ""), 8), int(text.replace("_", ""), 10)
-            made.why = (f"{text} is octal to YAML 1.1 ({octal}) and decimal to YAML 1.2 ({decimal}): "
-                        f"write {octal} or {decimal}, the one you mean")
+            made.why = (
+                f"{text} is octal to YAML 1.1 ({octal}) and decimal to YAML 1.2 ({decimal}): write {octal} or {decimal}, the one you mean"
+            )
         elif _OCTAL12.fullmatch(text):
             made.number = int(text, 0)
             made.why = f"{text} is octal to YAML 1.2 ({made.number}) and text to YAML 1.1 (Axolotl, TRL): write {made.number}"

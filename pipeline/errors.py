@@ -49,8 +49,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def cli_errors(interrupted: str = "nothing was written to the output folder",
-               disk_full: str = "free some space or choose another --out; nothing was left behind") -> Iterator[None]:
+def cli_errors(
+    interrupted: str = "nothing was written to the output folder",
+    disk_full: str = "free some space or choose another --out; nothing was left behind",
+) -> Iterator[None]:
     """Turn expected failures into `click` errors: one line on stderr, exit status 1, or 130 after
     Ctrl-C and 143 after SIGTERM, each with the line `interrupted` (what the command leaves behind).
     A full disk (ENOSPC, EDQUOT) is "disk full while writing FILE: " + `disk_full` (what to do, and
@@ -84,9 +86,7 @@ def cli_errors(interrupted: str = "nothing was written to the output folder",
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise click.ClickException(f"disk full while writing {exc.filename or 'output'}: {disk_full}") from None
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise click.ClickException(
-                f"permission denied: {exc.filename}: choose a folder you can write to"
-            ) from None
+            raise click.ClickException(f"permission denied: {exc.filename}: choose a folder you can write to") from None
         raise
     except Exception:  # noqa: BLE001 - e.g. Terminated wrapped by C code it was raised in (Ray's wait)
         if not _Sigterm.arrived:

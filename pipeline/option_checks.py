@@ -25,7 +25,7 @@ import click
 
 from pipeline.errors import UserError
 
-INT_MAX = 2 ** 63 - 1  # the largest integer any option takes (what numpy, torch and C hold in 64 bits)
+INT_MAX = 2**63 - 1  # the largest integer any option takes (what numpy, torch and C hold in 64 bits)
 MAX_PROCS = 1024  # the most worker processes an option may ask for (more than any machine has cores)
 PATH = "path"  # a `Check.kind`: text or an os.PathLike
 PATHS = "paths"  # a list (or tuple) of paths; a lone string is refused
@@ -49,10 +49,16 @@ class Check:
     comma_list: bool = False  # text that is a comma-separated list: a --config file may give a YAML list
 
 
-KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "text",
-              PATH: "a path (text)", PATHS: "a list of paths, e.g. ['a.jsonl'] (not one string)",
-              TEXTS: "a list of texts, e.g. ['<|im_end|>'] (not one string)",
-              TEXT_MAP: "a mapping of names to texts, e.g. {eos_token: '<|im_end|>'}"}
+KIND_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "text",
+    PATH: "a path (text)",
+    PATHS: "a list of paths, e.g. ['a.jsonl'] (not one string)",
+    TEXTS: "a list of texts, e.g. ['<|im_end|>'] (not one string)",
+    TEXT_MAP: "a mapping of names to texts, e.g. {eos_token: '<|im_end|>'}",
+}
 
 
 def flag_of(name: str) -> str:
@@ -87,8 +93,10 @@ def _range_text(check: Check) -> str:
     low = f"{'>' if check.low_open else '>='} {num(check.low)}" if check.low is not None else ""
     high = f"{'<' if check.high_open else '<='} {num(check.high)}" if check.high is not None else ""
     if low and high and check.low_open == check.high_open:
-        return (f"between {num(check.low)} and {num(check.high)}"  # type: ignore[arg-type]
-                + (" (exclusive)" if check.low_open else ""))
+        return (
+            f"between {num(check.low)} and {num(check.high)}"  # type: ignore[arg-type]
+            + (" (exclusive)" if check.low_open else "")
+        )
     return " and ".join(t for t in (low, high) if t)
 
 
@@ -120,6 +128,7 @@ def check_options(config: object, checks: dict[str, Check], flags: dict[str, str
 
 # ------------------------------------------------------------------ one declaration per option
 
+
 @dataclass(frozen=True)
 class Option:
     """The declaration of one option, held in its config field's metadata (`opt`): what the field
@@ -139,10 +148,24 @@ class Option:
     click: tuple[tuple[str, Any], ...] = ()
 
 
-def opt(default: Any = MISSING, *, help: str, section: str, kind: Any = None, low: float | None = None,  # noqa: A002
-        high: float | None = None, low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] = (),
-        comma_list: bool = False, flags: tuple[str, ...] = (), invert: bool = False, cli: bool = True,
-        factory: Callable[[], Any] | None = None, **click_settings: Any) -> Any:
+def opt(
+    default: Any = MISSING,
+    *,
+    help: str,
+    section: str,
+    kind: Any = None,
+    low: float | None = None,  # noqa: A002
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices: tuple[str, ...] = (),
+    comma_list: bool = False,
+    flags: tuple[str, ...] = (),
+    invert: bool = False,
+    cli: bool = True,
+    factory: Callable[[], Any] | None = None,
+    **click_settings: Any,
+) -> Any:
     """A config field with its option's declaration (`Option`), e.g.
     `lr: float = opt(3e-4, low=0, low_open=True, help="Peak learning rate (AdamW).", section="Optimizer")`.
     No `default` (and no `factory`): a required option. `kind` is read from the field's type
@@ -154,8 +177,7 @@ def opt(default: Any = MISSING, *, help: str, section: str, kind: Any = None, lo
     return field(default=default, metadata={"option": declared})
 
 
-_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "tuple[str, ...]": TEXTS, "list[str]": PATHS,
-          "dict[str, str]": TEXT_MAP}
+_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "tuple[str, ...]": TEXTS, "list[str]": PATHS, "dict[str, str]": TEXT_MAP}
 
 
 @functools.cache
@@ -205,8 +227,9 @@ def option_sections(config_type: type) -> dict[str, list[str]]:
     return {section: names for section, names in out.items() if names}
 
 
-def click_options(config_type: type, *, ranges: bool, settings: dict[str, dict[str, Any]] | None = None,
-                  skip: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def click_options(
+    config_type: type, *, ranges: bool, settings: dict[str, dict[str, Any]] | None = None, skip: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator adding a click option for every declared field of `config_type` with a flag
     (`pipeline.option_checks.opt`), by section: its flag names, default, help and click settings from
     the declaration, its type from the check (`click.Choice` for choices; with `ranges`, a range
@@ -217,8 +240,7 @@ def click_options(config_type: type, *, ranges: bool, settings: dict[str, dict[s
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         shown = [name for names in option_sections(config_type).values() for name in names]
         hidden = [name for name, d in declarations(config_type).items() if d.cli and name not in shown]
-        options = [_click_option(config_type, name, ranges, (settings or {}).get(name, {}))
-                   for name in shown + hidden if name not in skip]
+        options = [_click_option(config_type, name, ranges, (settings or {}).get(name, {})) for name in shown + hidden if name not in skip]
         for option in reversed(options):
             command = option(command)
         return command
@@ -234,7 +256,8 @@ def _click_option(config_type: type, name: str, ranges: bool, given: dict[str, A
         kind_type = click.Choice(check.choices)
     elif check.kind in (int, float) and ranges and (check.low is not None or check.high is not None):
         kind_type = (click.IntRange if check.kind is int else click.FloatRange)(
-            check.low, check.high, min_open=check.low_open, max_open=check.high_open)
+            check.low, check.high, min_open=check.low_open, max_open=check.high_open
+        )
     elif check.kind in (int, float):
         kind_type = check.kind
     decls = flag_decls(name, declared, default)
@@ -275,8 +298,16 @@ def field_values(config_type: type, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_TABLE_KINDS = {int: "integer", float: "number", bool: "on/off", str: "text", PATH: "path", PATHS: "paths",
-                TEXTS: "text, repeatable", TEXT_MAP: "NAME=TEXT, repeatable"}
+_TABLE_KINDS = {
+    int: "integer",
+    float: "number",
+    bool: "on/off",
+    str: "text",
+    PATH: "path",
+    PATHS: "paths",
+    TEXTS: "text, repeatable",
+    TEXT_MAP: "NAME=TEXT, repeatable",
+}
 
 
 def option_table(config_type: type) -> str:
@@ -292,13 +323,25 @@ def option_table(config_type: type) -> str:
         out += [f"**{section}**", "", "| Option | Default | Accepts | Description |", "| --- | --- | --- | --- |"]
         for name in names:
             d, default = declared[name], default_of(config_type, name)
-            flags = " / ".join(f"`{f}`" for decl in flag_decls(name, d, default) if decl.startswith("-")
-                               for f in decl.split("/"))
-            shown = ("required" if default is MISSING else "off" if d.invert or default is False else
-                     "on" if default is True else "-" if default in (None, (), {}) else
-                     ", ".join(default) if isinstance(default, tuple) else default)
-            accepts = (", ".join(d.check.choices) if d.check.choices else
-                       " ".join(t for t in (_TABLE_KINDS[d.check.kind], _range_text(d.check)) if t))
+            flags = " / ".join(f"`{f}`" for decl in flag_decls(name, d, default) if decl.startswith("-") for f in decl.split("/"))
+            shown = (
+                "required"
+                if default is MISSING
+                else "off"
+                if d.invert or default is False
+                else "on"
+                if default is True
+                else "-"
+                if default in (None, (), {})
+                else ", ".join(default)
+                if isinstance(default, tuple)
+                else default
+            )
+            accepts = (
+                ", ".join(d.check.choices)
+                if d.check.choices
+                else " ".join(t for t in (_TABLE_KINDS[d.check.kind], _range_text(d.check)) if t)
+            )
             out.append(f"| {flags} | {cell(shown)} | {cell(accepts)} | {cell(d.help)} |")
         out.append("")
     return "\n".join(out)

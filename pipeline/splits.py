@@ -41,8 +41,10 @@ class Share:
         if self.percent:
             if self.rounding == "pct1_dropremainder":
                 if total < 100:
-                    raise UserError(f"{self.text}: pct1_dropremainder rounding needs a split of at least 100 "
-                                    f"examples (this one has {total}): drop the (pct1_dropremainder)")
+                    raise UserError(
+                        f"{self.text}: pct1_dropremainder rounding needs a split of at least 100 "
+                        f"examples (this one has {total}): drop the (pct1_dropremainder)"
+                    )
                 to_rows = lambda pct: pct * math.trunc(total / 100.0)
             else:
                 to_rows = lambda pct: round(pct * total / 100.0)  # int: Python's round, as datasets'
@@ -65,15 +67,16 @@ def split_share(spec: str) -> tuple[str, str, Share] | None:
     if match is None:
         return None
     split, rounding = match.group("split"), match.group("rounding")
-    text = spec[len(match.group("base")) + 1:]
+    text = spec[len(match.group("base")) + 1 :]
     bounds = _BOUNDS.match(match.group("bounds"))
     if bounds is None:
         raise UserError(f"{spec}: {text} is no slice of a split: write {SYNTAX}")
     percent = bool(bounds.group("from_pct") or bounds.group("to_pct"))
     start, stop = (int(bounds.group(k)) if bounds.group(k) else None for k in ("from", "to"))
     if rounding is not None and (not percent or rounding not in ROUNDINGS):
-        raise UserError(f"{spec}: rounding ({rounding}) is for percent slices only and is one of "
-                        f"{', '.join(ROUNDINGS)}: remove it or fix it")
+        raise UserError(
+            f"{spec}: rounding ({rounding}) is for percent slices only and is one of {', '.join(ROUNDINGS)}: remove it or fix it"
+        )
     if percent and any(b is not None and abs(b) > 100 for b in (start, stop)):
         raise UserError(f"{spec}: percent bounds lie between -100% and 100%: fix the slice")
     if percent and rounding is None:
@@ -87,8 +90,10 @@ def assign(share: Share, counts: list[int], where: str) -> list[tuple[int, int] 
     no row at all is one line (`where` names the input)."""
     start, stop = share.rows(sum(counts))
     if stop < start:  # datasets reads these inconsistently: to the split's end when one row short, else nothing
-        raise UserError(f"{where}: {share.text} ends (row {stop}) before it starts (row {start}) of its {sum(counts)} "
-                        "examples: write the bounds in order")
+        raise UserError(
+            f"{where}: {share.text} ends (row {stop}) before it starts (row {start}) of its {sum(counts)} "
+            "examples: write the bounds in order"
+        )
     if stop == start:
         raise UserError(f"{where}: {share.text} selects no examples of its {sum(counts)}: widen the slice")
     out: list[tuple[int, int] | None] = []

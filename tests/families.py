@@ -16,9 +16,20 @@ import numpy as np
 import torch
 
 TINY = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    intermediate_size=128, vocab_size=256, max_position_embeddings=512, attention_dropout=0.0,
-    tie_word_embeddings=False, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=256,
+    max_position_embeddings=512,
+    attention_dropout=0.0,
+    tie_word_embeddings=False,
+    use_cache=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
     initializer_range=0.1,  # larger than real models' 0.02: peakier attention shows every feature
 )
 # Example lengths of the comparisons: longer than every window and chunk below.
@@ -63,8 +74,16 @@ class Family:
         return model.train()
 
 
-def fam(name: str, model_type: str | None = None, *features: str, head: bool = False,
-        refused: str | None = None, sinks: bool = False, fresh_alone: bool = False, **config) -> Family:
+def fam(
+    name: str,
+    model_type: str | None = None,
+    *features: str,
+    head: bool = False,
+    refused: str | None = None,
+    sinks: bool = False,
+    fresh_alone: bool = False,
+    **config,
+) -> Family:
     return Family(name, model_type or name, config, frozenset(features), head, refused, sinks, fresh_alone)
 
 
@@ -75,8 +94,7 @@ FAMILIES = [
     fam("ministral", None, "window", sliding_window=WINDOW),
     fam("qwen2", None, "window", use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
     fam("qwen2-no-window", "qwen2"),
-    fam("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32),
+    fam("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
     fam("qwen3"),
     fam("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     fam("phi3", None, "window", sliding_window=WINDOW),
@@ -87,24 +105,56 @@ FAMILIES = [
     fam("olmo3", None, "window", sliding_window=WINDOW),
     fam("olmoe", num_experts=4, num_experts_per_tok=2),
     fam("gemma"),
-    fam("gemma2", None, "window", "softcap", head=True, sliding_window=WINDOW, initializer_range=0.2,
-        attn_logit_softcapping=1.0, final_logit_softcapping=0.1),
+    fam(
+        "gemma2",
+        None,
+        "window",
+        "softcap",
+        head=True,
+        sliding_window=WINDOW,
+        initializer_range=0.2,
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=0.1,
+    ),
     fam("gemma3", "gemma3_text", "window", head=True, sliding_window=WINDOW, final_logit_softcapping=0.1),
     # its per-layer input embeddings get a table of their own: 262,144 x 512 by default (134M
     # parameters, gigabytes once the comparisons hold gradients of each example and float64 copies)
-    fam("gemma4", "gemma4_text", "window", "wide_head", head=True, sliding_window=WINDOW, final_logit_softcapping=0.1,
-        vocab_size_per_layer_input=256, hidden_size_per_layer_input=16),
-    fam("gpt_oss", None, "window", "sinks", sinks=True, sliding_window=WINDOW, num_local_experts=4,
-        num_experts_per_tok=2),
+    fam(
+        "gemma4",
+        "gemma4_text",
+        "window",
+        "wide_head",
+        head=True,
+        sliding_window=WINDOW,
+        final_logit_softcapping=0.1,
+        vocab_size_per_layer_input=256,
+        hidden_size_per_layer_input=16,
+    ),
+    fam("gpt_oss", None, "window", "sinks", sinks=True, sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2),
     fam("granite", None, head=True, logits_scaling=4.0),
     fam("granitemoe", None, head=True, logits_scaling=4.0, num_local_experts=4, num_experts_per_tok=2),
     fam("cohere", None, head=True, logit_scale=0.25),
     fam("cohere2", None, "window", head=True, logit_scale=0.25, sliding_window=WINDOW),
     fam("exaone4", None, "window", sliding_window=WINDOW, sliding_window_pattern=2),
     fam("llama4", "llama4_text", "chunk", attention_chunk_size=WINDOW),
-    fam("deepseek_v3", None, "value_dim", num_key_value_heads=4, head_dim=8, q_lora_rank=None, kv_lora_rank=16,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4,
-        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32),
+    fam(
+        "deepseek_v3",
+        None,
+        "value_dim",
+        num_key_value_heads=4,
+        head_dim=8,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+    ),
     fam("glm4"),
     fam("smollm3"),
     fam("seed_oss"),
@@ -121,20 +171,42 @@ FAMILIES = [
     fam("hyperclovax", None, head=True, logits_scaling=4.0),  # multiplies its logits by logits_scaling
     # position features that transformers computes from the row: per example (trainer.attention.positions),
     # with thresholds far below the examples' lengths
-    fam("llama-dynamic-rope", "llama", fresh_alone=True, max_position_embeddings=ROPE_THRESHOLD,
-        rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0}),
-    fam("phi3-longrope", "phi3", original_max_position_embeddings=ROPE_THRESHOLD, rope_parameters={
-        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": ROPE_THRESHOLD,
-        "short_factor": [1.0 + i / 4 for i in range(8)], "long_factor": [1.0 + 4 * i for i in range(8)]}),
-    fam("llama4-temperature", "llama4_text", "chunk", attention_chunk_size=WINDOW, no_rope_layers=[1, 0],
-        floor_scale=ROPE_THRESHOLD, attn_scale=2.0),
+    fam(
+        "llama-dynamic-rope",
+        "llama",
+        fresh_alone=True,
+        max_position_embeddings=ROPE_THRESHOLD,
+        rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0},
+    ),
+    fam(
+        "phi3-longrope",
+        "phi3",
+        original_max_position_embeddings=ROPE_THRESHOLD,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": ROPE_THRESHOLD,
+            "short_factor": [1.0 + i / 4 for i in range(8)],
+            "long_factor": [1.0 + 4 * i for i in range(8)],
+        },
+    ),
+    fam(
+        "llama4-temperature",
+        "llama4_text",
+        "chunk",
+        attention_chunk_size=WINDOW,
+        no_rope_layers=[1, 0],
+        floor_scale=ROPE_THRESHOLD,
+        attn_scale=2.0,
+    ),
     # refused, each with one line
     fam("gpt2-dropout", "gpt2", refused="attention dropout", n_embd=64, n_layer=2, n_head=4),
     fam("modernbert-decoder", refused=HEAD),  # its output Linear is named `decoder`
     fam("lfm2", refused=STATE, layer_types=["conv", "full_attention"]),
     fam("granitemoehybrid", refused=STATE),
-    fam("qwen3_next", refused=FAILED, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32),  # 512 experts by default
+    fam(
+        "qwen3_next", refused=FAILED, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+    ),  # 512 experts by default
     fam("qwen3_5", "qwen3_5_text", refused=FAILED),
     fam("falcon", refused=NO_INTERFACE, head_dim=DROP),
     fam("bloom", refused=NO_INTERFACE, n_layer=2, n_head=4),

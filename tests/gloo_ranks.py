@@ -47,8 +47,7 @@ def _kill_groups(pids: list[int]) -> None:
             pass
 
 
-def fork_ranks(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2,
-               deadline_s: float = RANK_DEADLINE_S) -> None:
+def fork_ranks(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2, deadline_s: float = RANK_DEADLINE_S) -> None:
     """`fn(rank, *args)` on `nprocs` forked ranks (fork: they inherit the imported modules; spawn
     would re-import torch + transformers), each in a process group of its own. Returns when every
     rank has returned; raises AssertionError naming the rank and its traceback as soon as one
@@ -90,9 +89,11 @@ def fork_ranks(fn: Callable[..., Any], args: tuple = (), nprocs: int = 2,
                         raise AssertionError(f"rank {rank} of {nprocs} failed (the others were killed):\n{why}")
             if running and time.monotonic() > end:
                 stuck = sorted(running.values())
-                raise AssertionError(f"rank(s) {stuck} of {nprocs} still running after {deadline_s:.0f} s: "
-                                     f"killed with their process groups (a deadlock, or a test too slow for "
-                                     f"its deadline)")
+                raise AssertionError(
+                    f"rank(s) {stuck} of {nprocs} still running after {deadline_s:.0f} s: "
+                    f"killed with their process groups (a deadlock, or a test too slow for "
+                    f"its deadline)"
+                )
             time.sleep(0.05)
     finally:
         _kill_groups(list(running))
@@ -106,15 +107,16 @@ def run_killable(argv: list[str], timeout_s: float, **kwargs: Any) -> subprocess
     the whole process group is killed (subprocess.run's own timeout kills the direct child only,
     then waits for its pipes, which the ranks it started still hold) and AssertionError says so
     with the output so far."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{' '.join(map(str, argv[:4]))} ... still running after {timeout_s:.0f} s: killed "
-                             f"with its process group\n{(err or '')[-3000:]}") from None
+        raise AssertionError(
+            f"{' '.join(map(str, argv[:4]))} ... still running after {timeout_s:.0f} s: killed "
+            f"with its process group\n{(err or '')[-3000:]}"
+        ) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -135,8 +137,7 @@ def _rank(rank: int, world: int, port: int, config, record: str) -> None:
 
     from trainer import train
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     Path(record, f"rank{rank}.json").write_text(json.dumps(train(config)))
     assert not dist.is_initialized(), "train() left its process group open"
@@ -152,8 +153,7 @@ def _gloo_rank(rank: int, fn: Callable[..., Any], world: int, port: int, args: t
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     result = fn(rank, world, *args)

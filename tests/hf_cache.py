@@ -18,8 +18,7 @@ import pytest
 C1, C2 = "1" * 40, "2" * 40  # two commit shas for the snapshots the tests build
 
 
-def add_snapshot(home: Path, repo_type: str, repo_id: str, files: dict[str, Path | bytes], commit: str,
-                 ref: str | None = "main") -> Path:
+def add_snapshot(home: Path, repo_type: str, repo_id: str, files: dict[str, Path | bytes], commit: str, ref: str | None = "main") -> Path:
     """Put `files` (path in the repo -> a file to copy, or bytes) in the cache under HF_HOME `home`
     as snapshot `commit` of `repo_id`, `ref` (if any) pointing at it; returns the snapshot folder."""
     root = home / "hub" / f"{repo_type}s--{repo_id.replace('/', '--')}"

@@ -27,7 +27,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(m)
         for d in sorted(d for d in graph[m] if d in graph):
             if state.get(d) == 1:
-                return path[path.index(d):] + [d]
+                return path[path.index(d) :] + [d]
             if d not in state and (cycle := visit(d)):
                 return cycle
         path.pop()

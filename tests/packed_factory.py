@@ -71,11 +71,7 @@ def make_packed_folder(
         for row in group:
             for example in row:
                 eid, tokens = example[0], np.asarray(example[1], dtype=np.int64)
-                labels = (
-                    np.asarray(example[2], dtype=np.int64)
-                    if len(example) > 2
-                    else default_labels(tokens)
-                )
+                labels = np.asarray(example[2], dtype=np.int64) if len(example) > 2 else default_labels(tokens)
                 ids_.append(tokens)
                 labels_.append(labels)
                 pos_.append(np.arange(len(tokens), dtype=np.int64))
@@ -87,14 +83,18 @@ def make_packed_folder(
         cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
         input_ids, labels, positions = cat(ids_), cat(labels_), cat(pos_)
         table = rows_table(
-            input_ids, labels, positions, np.array(row_off), np.array(seq_, dtype=np.int64),
-            np.array(exid_, dtype=np.int64), np.array(ex_off),
+            input_ids,
+            labels,
+            positions,
+            np.array(row_off),
+            np.array(seq_, dtype=np.int64),
+            np.array(exid_, dtype=np.int64),
+            np.array(ex_off),
         )
         name = shard_name(index)
         write_shard(folder / name, table)
         tokens = int(len(input_ids))
-        shards.append(ShardInfo(file=name, rows=len(group), tokens=tokens,
-                                sha256=file_sha256(folder / name)))
+        shards.append(ShardInfo(file=name, rows=len(group), tokens=tokens, sha256=file_sha256(folder / name)))
         total += tokens
         loss += int((labels != IGNORE_INDEX).sum())
     if counts is None:
@@ -119,9 +119,7 @@ def make_packed_folder(
     return manifest
 
 
-def pack_lengths(
-    lengths: Sequence[int], max_len: int, *, seed: int = 0, vocab: int = 1000
-) -> list[list[Example]]:
+def pack_lengths(lengths: Sequence[int], max_len: int, *, seed: int = 0, vocab: int = 1000) -> list[list[Example]]:
     """Rows for `lengths` by first fit in input order (example id = index), random token ids.
 
     Lengths above max_len are not allowed here (truncate them first).
@@ -145,8 +143,15 @@ def pack_lengths(
 
 
 def random_packed_folder(
-    folder: str | os.PathLike[str], max_len: int, *, count: int, low: int, high: int, seed: int = 0,
-    vocab: int = 300, rows_per_shard: int | None = None,
+    folder: str | os.PathLike[str],
+    max_len: int,
+    *,
+    count: int,
+    low: int,
+    high: int,
+    seed: int = 0,
+    vocab: int = 300,
+    rows_per_shard: int | None = None,
 ) -> Path:
     """A packed folder of `count` examples of random lengths in [low, high) (numpy's generator
     from `seed`), packed by `pack_lengths` into rows of `max_len`; returns the folder.
@@ -175,8 +180,11 @@ def shard_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def rewrite_shard(
-    folder: str | os.PathLike[str], index: int, arrays: dict[str, np.ndarray],
-    *, update_hash: bool = True,
+    folder: str | os.PathLike[str],
+    index: int,
+    arrays: dict[str, np.ndarray],
+    *,
+    update_hash: bool = True,
 ) -> None:
     """Write shard `index` from (possibly tampered) `arrays` (see `shard_arrays`).
 
@@ -187,8 +195,9 @@ def rewrite_shard(
 
     folder = Path(folder)
     a = arrays
-    table = rows_table(a["input_ids"], a["labels"], a["position_ids"], a["row_offsets"],
-                       a["seq_lens"], a["example_ids"], a["example_offsets"])
+    table = rows_table(
+        a["input_ids"], a["labels"], a["position_ids"], a["row_offsets"], a["seq_lens"], a["example_ids"], a["example_offsets"]
+    )
     path = folder / shard_name(index)
     write_shard(path, table)
     if update_hash:

@@ -1,6 +1,6 @@
 """What a finished pack-train run logged, for tests that compare runs.
 
-    logged_losses(tmp_path / "run")  # [8.309, 8.321, 8.326]: the loss of each logged step
+logged_losses(tmp_path / "run")  # [8.309, 8.321, 8.326]: the loss of each logged step
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ import pytest
 @contextlib.contextmanager
 def small_disk(folder: Path, size: str) -> Iterator[Path]:
     folder.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    )
     if not mounted:
         pytest.skip("mounting a small file system needs root")
     try:

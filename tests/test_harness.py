@@ -110,8 +110,23 @@ def _inner_run(tmp_path: Path, *select: str) -> subprocess.CompletedProcess:
     (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return run_killable([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
-                         str(tmp_path), str(tmp_path / "test_inner.py"), *select], 120, cwd=tmp_path, env=env)
+    return run_killable(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_inner.py"),
+            *select,
+        ],
+        120,
+        cwd=tmp_path,
+        env=env,
+    )
 
 
 def test_a_test_past_its_wall_clock_limit_fails_and_the_next_one_runs(tmp_path: Path) -> None:

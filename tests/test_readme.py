@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 MAX_LINES = 450
-SETUP = ('python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[dev]" && '
-         "pack-data data/sample/instructions.jsonl --tokenizer data/tokenizer --max-len 8192 --out out/sample --overwrite")
+SETUP = (
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e ".[dev]" && '
+    "pack-data data/sample/instructions.jsonl --tokenizer data/tokenizer --max-len 8192 --out out/sample --overwrite"
+)
 TEST_COMMAND = "python -m pytest -q -n 2 --dist loadgroup"
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```\n", re.S | re.M)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -162,10 +164,11 @@ def test_a_name_that_moved_is_found(tmp_path: Path):
     (tmp_path / "trainer" / "__init__.py").write_text("")
     (tmp_path / "trainer" / "data" / "__init__.py").write_text("")
     (tmp_path / "trainer" / "data" / "hf.py").write_text("def packed_dataset(folder): ...\n")
-    text = ("`trainer/data/hf.py`, `trainer.data.hf.packed_dataset`, `trainer.data.hf`, `trainer/data/`, and the "
-            "moved `trainer/data/check.py`, `trainer.data.hf.PackedCollator`, `trainer.run.loop.train`.")
-    assert missing_names(text, tmp_path) == ["trainer/data/check.py", "trainer.data.hf.PackedCollator",
-                                             "trainer.run.loop.train"]
+    text = (
+        "`trainer/data/hf.py`, `trainer.data.hf.packed_dataset`, `trainer.data.hf`, `trainer/data/`, and the "
+        "moved `trainer/data/check.py`, `trainer.data.hf.PackedCollator`, `trainer.run.loop.train`."
+    )
+    assert missing_names(text, tmp_path) == ["trainer/data/check.py", "trainer.data.hf.PackedCollator", "trainer.run.loop.train"]
 
 
 @pytest.mark.parametrize("command", ["pack-data", "pack-train"])
@@ -173,8 +176,7 @@ def test_option_tables_hold_no_benchmark_figures(repo_root: Path, command: str):
     readme = _readme(repo_root)
     start, end = f"<!-- options:{command} -->", f"<!-- /options:{command} -->"
     assert start in readme and end in readme
-    table = readme[readme.index(start):readme.index(end)]
+    table = readme[readme.index(start) : readme.index(end)]
     assert table.count("\n|") > 20
-    figures = re.findall(r"\d(?:\.\d+)?x (?:faster|slower|the|bf16|HF)|\d+(?:\.\d+)?% (?:MFU|faster|slower)|tokens/s",
-                         table)
+    figures = re.findall(r"\d(?:\.\d+)?x (?:faster|slower|the|bf16|HF)|\d+(?:\.\d+)?% (?:MFU|faster|slower)|tokens/s", table)
     assert not figures, figures

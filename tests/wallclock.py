@@ -58,9 +58,11 @@ def _limited(item: pytest.Item, phase: str) -> Generator[None, None, None]:
         return
 
     def expired(signum, frame) -> None:
-        raise WallClockExceeded(f"{item.nodeid} ({phase}) ran past its wall-clock limit of {seconds:g} s "
-                                f"(wallclock_limit_s in pyproject.toml, or @pytest.mark.wallclock)",
-                                pytrace=False)
+        raise WallClockExceeded(
+            f"{item.nodeid} ({phase}) ran past its wall-clock limit of {seconds:g} s "
+            f"(wallclock_limit_s in pyproject.toml, or @pytest.mark.wallclock)",
+            pytrace=False,
+        )
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)

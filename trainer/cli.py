@@ -39,8 +39,11 @@ class LocalFolder(click.Path):
 
 @click.command(cls=HintedCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @config_option(checks=TRAIN_CHECKS, fields=param_fields(TrainConfig), foreign=TRAIN)
-@click_options(TrainConfig, ranges=True, settings={"data": {"type": LocalFolder(exists=True, file_okay=False)},
-                                                   "out": {"type": LocalFolder(file_okay=False)}})
+@click_options(
+    TrainConfig,
+    ranges=True,
+    settings={"data": {"type": LocalFolder(exists=True, file_okay=False)}, "out": {"type": LocalFolder(file_okay=False)}},
+)
 @click.option("--offline", is_flag=True, callback=offline_flag, expose_value=False, is_eager=True, help=OFFLINE_HELP)
 def pack_train(**options: object) -> None:
     """Train a causal LM on pre-packed shards with varlen (packed) attention.
@@ -49,9 +52,10 @@ def pack_train(**options: object) -> None:
 
     Or from a file (flags win): pack-train --config data/configs/pack-train.yaml --max-steps 50
     """
-    with cli_errors(interrupted="checkpoints saved before are intact (continue with --resume)",
-                    disk_full="free some space (or choose another --out); checkpoints saved before are intact "
-                              "(continue with --resume)"):
+    with cli_errors(
+        interrupted="checkpoints saved before are intact (continue with --resume)",
+        disk_full="free some space (or choose another --out); checkpoints saved before are intact (continue with --resume)",
+    ):
         config = TrainConfig(**field_values(TrainConfig, options))
         if not config.progress:
             no_progress_bars()
@@ -68,15 +72,21 @@ def pack_train(**options: object) -> None:
         # need (BENCHMARKS.md and the README's quick start have the timings).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if sys.stderr.isatty() and os.environ.get("RANK", "0") == "0":
-            click.echo("pack-train: options and data checked; importing torch and building the model "
-                       "(seconds; compiling on a GPU takes longer) ...", err=True)
+            click.echo(
+                "pack-train: options and data checked; importing torch and building the model "
+                "(seconds; compiling on a GPU takes longer) ...",
+                err=True,
+            )
         from trainer.run.loop import train
 
         summary = train(config, opened)
         if summary["stopped_by_sigterm"]:
             if summary["rank"] == 0:
-                click.echo(f"terminated (SIGTERM): stopped after step {summary['steps']} and saved "
-                           f"{summary['checkpoint']}; continue with --resume", err=True)
+                click.echo(
+                    f"terminated (SIGTERM): stopped after step {summary['steps']} and saved "
+                    f"{summary['checkpoint']}; continue with --resume",
+                    err=True,
+                )
             sys.exit(143)
         if summary["rank"] == 0:
             click.echo(format_summary(summary))
@@ -85,18 +95,22 @@ def pack_train(**options: object) -> None:
 def format_summary(summary: dict) -> str:
     """The few lines printed when training ends (all of it is in RUN_DIR/summary.json)."""
     loss = summary.get("final_loss")
-    return "\n".join([
-        f"steps         {summary['steps']} / {summary['total_steps']}",
-        f"tokens        {summary['tokens']:,} ({summary['tokens_this_run']:,} in this run)",
-        f"tokens/s      {summary['tokens_per_s']:,.0f} (all ranks, real tokens only)",
-        *([f"compute       {rates_line(summary)}"] if rates_line(summary) else []),
-        f"final loss    {loss:.4f}" if loss is not None else "final loss    -",
-        *([f"eval loss     {summary['eval_loss']:.4f} (perplexity {summary['eval_ppl']:.2f}, "
-           f"{summary['eval_loss_tokens']:,} tokens)"] if summary.get("eval_loss") is not None else []),
-        f"attention     {summary['attention']}"
-        + (" (decoder layers compiled)" if summary.get("compiled") else ""),
-        f"checkpoint    {summary['checkpoint']}",
-    ])
+    return "\n".join(
+        [
+            f"steps         {summary['steps']} / {summary['total_steps']}",
+            f"tokens        {summary['tokens']:,} ({summary['tokens_this_run']:,} in this run)",
+            f"tokens/s      {summary['tokens_per_s']:,.0f} (all ranks, real tokens only)",
+            *([f"compute       {rates_line(summary)}"] if rates_line(summary) else []),
+            f"final loss    {loss:.4f}" if loss is not None else "final loss    -",
+            *(
+                [f"eval loss     {summary['eval_loss']:.4f} (perplexity {summary['eval_ppl']:.2f}, {summary['eval_loss_tokens']:,} tokens)"]
+                if summary.get("eval_loss") is not None
+                else []
+            ),
+            f"attention     {summary['attention']}" + (" (decoder layers compiled)" if summary.get("compiled") else ""),
+            f"checkpoint    {summary['checkpoint']}",
+        ]
+    )
 
 
 def main() -> None:

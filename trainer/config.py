@@ -255,6 +255,7 @@ class TrainConfig:
 # the type and range of every TrainConfig field: `validate`, and the values of `pack-train --config FILE`
 TRAIN_CHECKS = checks_of(TrainConfig)
 
+
 def resolved(config: TrainConfig, device_type: str) -> TrainConfig:
     """`config` with the defaults that depend on the device filled in (tokens_per_step)."""
     if config.tokens_per_step is not None:
@@ -269,8 +270,10 @@ def validate(config: TrainConfig) -> None:
     for name in ("data", "eval_data", "out"):
         refuse_uri(f"--{name.replace('_', '-')}", getattr(config, name))
     if config.resume is not None and config.resume not in RESUME and not Path(config.resume).is_dir():
-        raise UserError(f"--resume={config.resume}: expected newest, strict, or a checkpoint folder "
-                        "(RUN/checkpoints/step-...), and there is no such folder")
+        raise UserError(
+            f"--resume={config.resume}: expected newest, strict, or a checkpoint folder "
+            "(RUN/checkpoints/step-...), and there is no such folder"
+        )
     if config.profile_steps is not None:
         parse_step_range(config.profile_steps)
     refuse_combinations(config)
@@ -280,8 +283,7 @@ def refuse_combinations(config: TrainConfig) -> None:
     """The one place for options that contradict each other, whatever the data, model or machine:
     a UserError naming both. (What depends on those is refused where it is known: see the README.)"""
     if config.warmup and config.warmup_ratio:
-        raise UserError(f"--warmup {config.warmup} and --warmup-ratio {config.warmup_ratio} both set the warmup: "
-                        "give one")
+        raise UserError(f"--warmup {config.warmup} and --warmup-ratio {config.warmup_ratio} both set the warmup: give one")
     if config.evals_per_epoch and config.eval_every or config.saves_per_epoch and config.save_every:
         raise UserError("--evals-per-epoch / --saves-per-epoch and --eval-every / --save-every both say when: give one")
     if config.stop_at is not None and config.max_steps is not None and config.stop_at > config.max_steps:
@@ -299,29 +301,45 @@ def refuse_combinations(config: TrainConfig) -> None:
     if config.merge_lora and not config.lora_r:
         raise UserError("--merge-lora needs --lora-r (there is no adapter to merge)")
     if config.lora_r and config.parallel == "fsdp":
-        raise UserError("--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
-                        "weights are frozen, so DDP holds no optimizer state for them)")
+        raise UserError(
+            "--lora-r is not supported with --parallel fsdp yet: use --parallel ddp (the base "
+            "weights are frozen, so DDP holds no optimizer state for them)"
+        )
     if config.unfrozen_parameters and config.lora_r:
-        raise UserError("--unfrozen-parameters chooses which of the model's own parameters train, --lora-r trains "
-                        "adapters instead of them: use one of them")
+        raise UserError(
+            "--unfrozen-parameters chooses which of the model's own parameters train, --lora-r trains "
+            "adapters instead of them: use one of them"
+        )
     if config.unfrozen_parameters and config.parallel == "fsdp":
-        raise UserError("--unfrozen-parameters is not run with --parallel fsdp here (FSDP2 would shard frozen "
-                        "and trained parameters of a layer together): use --parallel ddp")
+        raise UserError(
+            "--unfrozen-parameters is not run with --parallel fsdp here (FSDP2 would shard frozen "
+            "and trained parameters of a layer together): use --parallel ddp"
+        )
     if config.offload_states and config.parallel != "fsdp":
-        raise UserError("--offload-states needs --parallel fsdp (FSDP2 keeps each rank's shards, their gradients "
-                        "and the optimizer's states in CPU memory)")
+        raise UserError(
+            "--offload-states needs --parallel fsdp (FSDP2 keeps each rank's shards, their gradients "
+            "and the optimizer's states in CPU memory)"
+        )
     if config.offload_states and config.dtype == "fp8":
-        raise UserError("--offload-states does not combine with --dtype fp8 (its float8 all-gathers run on the "
-                        "GPU's copies of the weights): use --dtype bf16")
+        raise UserError(
+            "--offload-states does not combine with --dtype fp8 (its float8 all-gathers run on the "
+            "GPU's copies of the weights): use --dtype bf16"
+        )
     if config.context_parallel > 1 and config.attn not in ("auto", "flash_attn", "sdpa"):
-        raise UserError(f"--context-parallel needs --attn flash_attn (GPU) or sdpa: {config.attn} cannot attend a "
-                        "share of an example to the keys of the whole row")
+        raise UserError(
+            f"--context-parallel needs --attn flash_attn (GPU) or sdpa: {config.attn} cannot attend a "
+            "share of an example to the keys of the whole row"
+        )
     if config.optimizer in ("adamw8bit", "adamw4bit") and config.parallel == "fsdp":
-        raise UserError(f"--optimizer {config.optimizer} (torchao's low-bit AdamW) is not run with --parallel fsdp "
-                        "here: use --parallel ddp, or --optimizer adamw")
+        raise UserError(
+            f"--optimizer {config.optimizer} (torchao's low-bit AdamW) is not run with --parallel fsdp "
+            "here: use --parallel ddp, or --optimizer adamw"
+        )
     if config.dtype in ("bf16-weights", "fp8") and config.optimizer != "adamw":
-        raise UserError(f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
-                        f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16")
+        raise UserError(
+            f"--dtype {config.dtype} needs --optimizer adamw (its fp32 masters are updated by a "
+            f"fused AdamW step); with --optimizer {config.optimizer} use --dtype bf16"
+        )
 
 
 def warmup_steps(config: TrainConfig, total_steps: int) -> int:
@@ -332,8 +350,13 @@ def warmup_steps(config: TrainConfig, total_steps: int) -> int:
     3
     """
     if config.warmup_rule == "axolotl":  # axolotl 0.19.0, core/builders/base.py
-        steps = (config.warmup if config.warmup else int(config.warmup_ratio * total_steps) if config.warmup_ratio
-                 else min(int(0.03 * total_steps), 100))
+        steps = (
+            config.warmup
+            if config.warmup
+            else int(config.warmup_ratio * total_steps)
+            if config.warmup_ratio
+            else min(int(0.03 * total_steps), 100)
+        )
         return 2 if steps == 1 else steps
     return math.ceil(config.warmup_ratio * total_steps) if config.warmup_ratio else config.warmup
 
@@ -365,8 +388,7 @@ def parse_step_range(text: str) -> tuple[int, int]:
         first, last = int(parts[0]), int(parts[-1])
         if 1 <= first <= last:
             return first, last
-    raise UserError(f"--profile-steps {text}: expected FIRST-LAST optimizer steps counted from 1, "
-                    "e.g. 6-8 (or one step, e.g. 7)")
+    raise UserError(f"--profile-steps {text}: expected FIRST-LAST optimizer steps counted from 1, e.g. 6-8 (or one step, e.g. 7)")
 
 
 def refuse_uri(option: str, value: str | None) -> None:
@@ -381,6 +403,9 @@ def uri_problem(option: str, value: str | None) -> str | None:
     """Why `value` cannot be given to `option` (it is a URI), or None."""
     if value is None or not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(value)):
         return None
-    fix = ("give a local (or mounted) folder and copy the run folder afterwards" if option == "--out" else
-           "copy the packed folder to a local (or mounted) path first and give that path")
+    fix = (
+        "give a local (or mounted) folder and copy the run folder afterwards"
+        if option == "--out"
+        else "copy the packed folder to a local (or mounted) path first and give that path"
+    )
     return f"pack-train reads and writes local folders only, not URIs: {fix}"

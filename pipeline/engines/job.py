@@ -78,9 +78,11 @@ def run_pack_data(
     clock = _Clock()
     validate(config)
     on_ray = config.engine == "ray"
-    with (out_lock(config.out),
-          ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext(),
-          remote_out(config.out, config.overwrite, config.tmp_dir) as out):
+    with (
+        out_lock(config.out),
+        ray_session(config.ray_address, config.num_proc) if on_ray else nullcontext(),
+        remote_out(config.out, config.overwrite, config.tmp_dir) as out,
+    ):
         if on_ray:  # every node sees where the output (and downloaded inputs) go, and the local inputs
             check_shared(out.absolute().parent, [p for p in config.inputs if not is_uri(p) and os.path.exists(p)])
         download = download_on_ray if on_ray else download_here
@@ -102,15 +104,21 @@ def out_lock(out: str) -> AbstractContextManager:
     return folder_lock(path.parent / f".{path.name}.lock", out, "pack-data")
 
 
-def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: bool,
-         echo: Callable[[str], None] | None, stats: dict[str, Any] | None) -> Manifest:
+def _run(
+    config: PackConfig,
+    out: Path,
+    staged: Staged,
+    clock: _Clock,
+    on_ray: bool,
+    echo: Callable[[str], None] | None,
+    stats: dict[str, Any] | None,
+) -> Manifest:
     """The job on local paths: `out` is the local output folder, `staged.inputs` the local inputs."""
     files = staged.as_given(resolve_inputs(staged.inputs))
     # each input file's own format and fields
     fmts = file_formats(files, config.format_options(), columns_on_ray(files) if on_ray else None)
     tokenizer = load_tokenizer(config.tokenizer, config.chat_template, config.add_tokens, config.special_tokens)
-    tok_info = tokenizer_info(tokenizer, config.tokenizer, config.chat_template, config.add_tokens,
-                              config.special_tokens)
+    tok_info = tokenizer_info(tokenizer, config.tokenizer, config.chat_template, config.add_tokens, config.special_tokens)
     if not on_ray and config.num_proc > 1 and needs_encoder(fmts):
         encode_pool(config.num_proc)  # its workers are forked before this process starts any thread
     # the sha256 of every input byte, meanwhile
@@ -124,18 +132,27 @@ def _run(config: PackConfig, out: Path, staged: Staged, clock: _Clock, on_ray: b
             folders = [(tmp, pieces, plan)]
             if held is not None:
                 (tmp / EVAL_FOLDER).mkdir()
-                folders.append((tmp / EVAL_FOLDER, held,
-                                plan_rows(held, config.max_len, config.strategy, config.seed, config.group_size)))
+                folders.append((tmp / EVAL_FOLDER, held, plan_rows(held, config.max_len, config.strategy, config.seed, config.group_size)))
             clock.lap("plan")
             write = write_on_ray if on_ray else write_shards
-            written = [write(folder, spill, rows, max_len=config.max_len, rows_per_shard=config.rows_per_shard,
-                             vocab=manifest_vocab(tok_info), progress=config.progress)
-                       for folder, _, rows in folders]
+            written = [
+                write(
+                    folder,
+                    spill,
+                    rows,
+                    max_len=config.max_len,
+                    rows_per_shard=config.rows_per_shard,
+                    vocab=manifest_vocab(tok_info),
+                    progress=config.progress,
+                )
+                for folder, _, rows in folders
+            ]
         shutil.rmtree(tmp / "_spill", ignore_errors=True)
         changed_inputs(files, fingerprints.result())
         inputs = [{**entry, "path": staged.to_uri(entry["path"])} for entry in fingerprints.result()]
-        manifests = [_manifest(config, staged, files, fmts, tok_info, parts, rows, w, inputs)
-                     for (_, parts, rows), w in zip(folders, written)]
+        manifests = [
+            _manifest(config, staged, files, fmts, tok_info, parts, rows, w, inputs) for (_, parts, rows), w in zip(folders, written)
+        ]
         manifest = manifests[0]
         manifest.sources = sources
         if held is not None:
@@ -203,9 +220,19 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
         folder = str(getattr(tokenizer, "name_or_path", "") or config.tokenizer)
         chat_template = tokenizer.chat_template if config.chat_template is not None else None
         source = (folder, chat_template, tuple(config.add_tokens), tuple(sorted(config.special_tokens.items())))
-        spill = tokenize_on_ray(files, fmts, tokenizer, source, tmp / "_spill", max_len=config.max_len,
-                                overlong=config.overlong, limit=config.limit, batch_rows=config.batch_rows,
-                                chunk_bytes=config.chunk_bytes, progress=config.progress)
+        spill = tokenize_on_ray(
+            files,
+            fmts,
+            tokenizer,
+            source,
+            tmp / "_spill",
+            max_len=config.max_len,
+            overlong=config.overlong,
+            limit=config.limit,
+            batch_rows=config.batch_rows,
+            chunk_bytes=config.chunk_bytes,
+            progress=config.progress,
+        )
     else:
         spill = _tokenize_here(config, files, fmts, tokenizer, tmp)
     if spill.examples_read == 0:
@@ -218,18 +245,25 @@ def _tokenize(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], 
     return spill
 
 
-def _tokenize_here(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any,
-                   tmp: Path) -> Spill:
+def _tokenize_here(config: PackConfig, files: list[Any], fmts: list[ResolvedFormat], tokenizer: Any, tmp: Path) -> Spill:
     """The local engine's read and tokenize (`tokenize_to_spill`), with a progress bar of examples."""
     total = estimate_rows(files, config.limit) if config.progress else None
     with bar(config.progress, desc="read+tokenize", unit="ex", total=total) as progress:
-        return tokenize_to_spill(files, fmts, tokenizer, tmp / "_spill", max_len=config.max_len,
-                                 overlong=config.overlong, num_proc=config.num_proc, limit=config.limit,
-                                 batch_rows=config.batch_rows, progress=progress)
+        return tokenize_to_spill(
+            files,
+            fmts,
+            tokenizer,
+            tmp / "_spill",
+            max_len=config.max_len,
+            overlong=config.overlong,
+            num_proc=config.num_proc,
+            limit=config.limit,
+            batch_rows=config.batch_rows,
+            progress=progress,
+        )
 
 
-def _plan(config: PackConfig, staged: Staged, files: list[Any], spill: Spill
-          ) -> tuple[Pieces, Pieces | None, list[dict], RowPlan, Layout]:
+def _plan(config: PackConfig, staged: Staged, files: list[Any], spill: Spill) -> tuple[Pieces, Pieces | None, list[dict], RowPlan, Layout]:
     """Overlong policy, held-out examples (`--eval-fraction`/`--eval-examples`), mixture (`--mix`)
     and row plan; also the pad-to-longest layout pack-report compares against (batches of 32
     stored sequences in example-id order)."""
@@ -242,27 +276,37 @@ def _plan(config: PackConfig, staged: Staged, files: list[Any], spill: Spill
             raise UserError(
                 f"all {len(spill.lengths)} examples were dropped ({short} shorter than --min-len {config.min_len}, "
                 f"{pieces.counts.dropped} longer than --max-len {config.max_len}): lower --min-len, raise --max-len "
-                "or use --overlong truncate|split" if short else
-                f"all {len(spill.lengths)} examples are longer than --max-len {config.max_len} and were dropped: "
+                "or use --overlong truncate|split"
+                if short
+                else f"all {len(spill.lengths)} examples are longer than --max-len {config.max_len} and were dropped: "
                 "raise --max-len or use --overlong truncate|split"
             )
         held = None
         if config.eval_fraction is not None or config.eval_examples is not None:
             cut = spill.example_ids[spill.lengths > config.max_len] if config.overlong == "truncate" else None
-            pieces, held = split_off_eval(pieces, fraction=config.eval_fraction, examples=config.eval_examples,
-                                          seed=config.seed, truncated_ids=cut)
+            pieces, held = split_off_eval(
+                pieces, fraction=config.eval_fraction, examples=config.eval_examples, seed=config.seed, truncated_ids=cut
+            )
         mix = {staged.local_of.get(name, name): w for name, w in parse_mix(config.mix).items()}
         weights = file_weights(mix, staged.inputs, files)
-        pieces, sources = apply_mix(pieces, spill.file_examples, weights, config.seed,
-                                    [staged.to_uri(f.path) for f in files])
+        pieces, sources = apply_mix(pieces, spill.file_examples, weights, config.seed, [staged.to_uri(f.path) for f in files])
         plan = plan_rows(pieces, config.max_len, config.strategy, config.seed, config.group_size)
         reference = pad_to_longest(pieces.lengths, DEFAULT_BATCH_SIZE)
         progress.update(1)
     return pieces, held, sources, plan, reference
 
 
-def _manifest(config: PackConfig, staged: Staged, files: list[Any], fmts: list[ResolvedFormat], tok_info: dict[str, Any],
-              pieces: Pieces, plan: RowPlan, written: Written, inputs: list[dict]) -> Manifest:
+def _manifest(
+    config: PackConfig,
+    staged: Staged,
+    files: list[Any],
+    fmts: list[ResolvedFormat],
+    tok_info: dict[str, Any],
+    pieces: Pieces,
+    plan: RowPlan,
+    written: Written,
+    inputs: list[dict],
+) -> Manifest:
     """The manifest of the finished shards; refuses data in which no token carries a loss."""
     if written.loss_tokens == 0:
         raise UserError(
@@ -318,8 +362,7 @@ def no_loss_causes(manifest: Manifest) -> str:
     c = manifest.counts
     causes = []
     if c.truncated:
-        causes.append(f"examples cut at --max-len {manifest.max_len} before their response begins: "
-                      f"{c.truncated} were truncated")
+        causes.append(f"examples cut at --max-len {manifest.max_len} before their response begins: {c.truncated} were truncated")
     if c.split:
         causes.append("pieces of split examples that hold only prompt tokens")
     if "chat" in kinds:
@@ -347,27 +390,45 @@ def summary_lines(
     tok_s = manifest.total_tokens / times["total"] if times.get("total") else 0.0
     phases = ", ".join(f"{k.replace('_', '+')} {v:.2f}s" for k, v in times.items() if not k.startswith("_"))
     lines = [
-        (f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
-         f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"
-         + (f", {c.too_short} shorter than --min-len {manifest.config['min_len']} dropped"
-            if manifest.config.get("min_len", 1) > 1 else "")
-         + (f", {c.duplicates} duplicates dropped (--dedup)" if manifest.config.get("dedup") else "")),
-        (f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
-         f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"),
+        (
+            f"examples: {c.examples_read} read, {c.examples_packed} packed, {c.empty_skipped} empty skipped, "
+            f"{c.truncated} truncated, {c.split} split, {c.dropped} dropped"
+            + (
+                f", {c.too_short} shorter than --min-len {manifest.config['min_len']} dropped"
+                if manifest.config.get("min_len", 1) > 1
+                else ""
+            )
+            + (f", {c.duplicates} duplicates dropped (--dedup)" if manifest.config.get("dedup") else "")
+        ),
+        (
+            f"rows: {manifest.rows} in {len(manifest.shards)} shard(s), {manifest.total_tokens} tokens "
+            f"({manifest.loss_tokens} with loss), efficiency {manifest.efficiency:.2%} of {manifest.rows} x {manifest.max_len}"
+        ),
     ]
     if manifest.groups:
-        lines.append(f"groups: {len(manifest.groups)} of {manifest.group_size} examples (the last may hold fewer), "
-                     "each packed on its own: pack-train takes one group an optimizer step")
+        lines.append(
+            f"groups: {len(manifest.groups)} of {manifest.group_size} examples (the last may hold fewer), "
+            "each packed on its own: pack-train takes one group an optimizer step"
+        )
     if manifest.eval.get("folder"):
-        lines.append(f"eval: {manifest.eval['examples']} examples held out in {manifest.eval['folder']}/ "
-                     "(a packed folder of its own; pack-train evaluates on it)")
+        lines.append(
+            f"eval: {manifest.eval['examples']} examples held out in {manifest.eval['folder']}/ "
+            "(a packed folder of its own; pack-train evaluates on it)"
+        )
     if any(src.get("weight", 1) != 1 for src in manifest.sources):
-        lines.append("mix: " + "; ".join(
-            f"{Path(src['input']).name} x{src['weight']:g}: {src['examples_used']} of {src['examples_read']} "
-            f"examples used, {src['uses']} uses" for src in manifest.sources))
+        lines.append(
+            "mix: "
+            + "; ".join(
+                f"{Path(src['input']).name} x{src['weight']:g}: {src['examples_used']} of {src['examples_read']} "
+                f"examples used, {src['uses']} uses"
+                for src in manifest.sources
+            )
+        )
     if c.no_loss:
-        lines.append(f"warning: {c.no_loss} packed example(s) have no token that carries a loss "
-                     f"({no_loss_causes(manifest)}): they take room but train nothing")
+        lines.append(
+            f"warning: {c.no_loss} packed example(s) have no token that carries a loss "
+            f"({no_loss_causes(manifest)}): they take room but train nothing"
+        )
     if reference is not None:
         avoided = reference.padding - pad_packed
         verdict = f"{avoided:,} avoided" if avoided >= 0 else f"{-avoided:,} more than pad-to-longest"

@@ -125,8 +125,10 @@ def refuse_combinations(config: PackConfig) -> None:
     if config.eval_fraction is not None and config.eval_examples is not None:
         raise UserError("give --eval-fraction or --eval-examples, not both")
     if config.dedup and config.overlong == "split":
-        raise UserError("--dedup compares whole examples and --overlong split cuts them into pieces: use --overlong "
-                        "truncate, drop or error with --dedup")
+        raise UserError(
+            "--dedup compares whole examples and --overlong split cuts them into pieces: use --overlong "
+            "truncate, drop or error with --dedup"
+        )
     if config.rows_per_shard is not None and config.rows_per_shard * config.max_len > MAX_SHARD_TOKENS:
         raise UserError(
             f"--rows-per-shard {config.rows_per_shard} at --max-len {config.max_len} lets one shard hold up to "

@@ -109,11 +109,18 @@ def _init(ray: Any, address: str | None, num_cpus: int, mark: dict[str, str]) ->
     handler = signal.getsignal(signal.SIGTERM) if in_main else None
     os.environ.update(mark)
     try:
-        ray.init(address=address or "local", num_cpus=None if address else num_cpus, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.ERROR)
+        ray.init(
+            address=address or "local",
+            num_cpus=None if address else num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+        )
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UserError(f"cannot connect to the Ray cluster at {address or 'this machine'}: {one_line(exc)}: "
-                        "check --ray-address / RAY_ADDRESS (host:port of the head node, or 'auto')") from None
+        raise UserError(
+            f"cannot connect to the Ray cluster at {address or 'this machine'}: {one_line(exc)}: "
+            "check --ray-address / RAY_ADDRESS (host:port of the head node, or 'auto')"
+        ) from None
     finally:
         for key in mark:
             os.environ.pop(key, None)
@@ -128,8 +135,10 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         socket.create_connection((host or address, int(port or 6379)), timeout=timeout).close()
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(exc)
-        raise UserError(f"cannot reach the Ray cluster at {address} ({reason}): check --ray-address / "
-                        "RAY_ADDRESS (host:port of the head node's GCS, e.g. 10.0.0.1:6379)") from None
+        raise UserError(
+            f"cannot reach the Ray cluster at {address} ({reason}): check --ray-address / "
+            "RAY_ADDRESS (host:port of the head node's GCS, e.g. 10.0.0.1:6379)"
+        ) from None
 
 
 def _remote(fn: Callable[..., Any], **options: Any) -> Any:
@@ -160,8 +169,10 @@ def _get(refs: list[Any], progress: Any = None) -> list[Any]:
         raise
     except ray.exceptions.RayError as exc:  # a worker or node lost more often than Ray retries, ...
         _cancel(pending)
-        raise UserError(f"a Ray task failed and was not retried again ({type(exc).__name__}: {one_line(exc)}); "
-                        "check the cluster's nodes and memory (ray status) and re-run") from None
+        raise UserError(
+            f"a Ray task failed and was not retried again ({type(exc).__name__}: {one_line(exc)}); "
+            "check the cluster's nodes and memory (ray status) and re-run"
+        ) from None
     except BaseException:
         _cancel(pending)
         raise
@@ -192,8 +203,12 @@ def check_shared(folder: Path, inputs: list[str]) -> None:
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         look = _remote(_sees, num_cpus=0)
-        refs = [look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                .remote(str(probe), token, [os.path.abspath(p) for p in inputs]) for n in nodes]
+        refs = [
+            look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+                str(probe), token, [os.path.abspath(p) for p in inputs]
+            )
+            for n in nodes
+        ]
         for node, missing in zip(nodes, ray.get(refs)):
             if missing:
                 raise UserError(
@@ -243,10 +258,20 @@ def _fingerprint(f: InputFile) -> dict:
     return input_fingerprints([f])[0]
 
 
-def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenizer: Any,
-                    name: tuple[str, str | None], spill_dir: Path, *,
-                    max_len: int, overlong: str, limit: int | None, batch_rows: int | None,
-                    chunk_bytes: int | None, progress: bool) -> Spill:
+def tokenize_on_ray(
+    files: list[InputFile],
+    fmts: list[ResolvedFormat],
+    tokenizer: Any,
+    name: tuple[str, str | None],
+    spill_dir: Path,
+    *,
+    max_len: int,
+    overlong: str,
+    limit: int | None,
+    batch_rows: int | None,
+    chunk_bytes: int | None,
+    progress: bool,
+) -> Spill:
     """The local engine's `tokenize_to_spill`, one Ray task per chunk: the same Spill (lengths,
     example ids, counts) over one spill part per chunk, or direct mode for uncompressed Arrow IPC
     pre-tokenized input (nothing to tokenize: the write tasks read the inputs in place).
@@ -265,13 +290,13 @@ def tokenize_on_ray(files: list[InputFile], fmts: list[ResolvedFormat], tokenize
     spill_dir.mkdir()
     task = _remote(_tokenize_chunk)
     spec = ray.put(name if any(x.kind == "chat" for x in fmts) else BackendOnly.of(tokenizer))
-    refs = [task.remote(files[c.file], fmt_of[files[c.file].path], spec, c, str(spill_dir / f"part-{k:06d}"),
-                        batch_rows, not same_labels)
-            for k, c in enumerate(chunks)]
+    refs = [
+        task.remote(files[c.file], fmt_of[files[c.file].path], spec, c, str(spill_dir / f"part-{k:06d}"), batch_rows, not same_labels)
+        for k, c in enumerate(chunks)
+    ]
     with bar(progress, desc="read+tokenize", unit="chunk", total=len(chunks)) as progress_bar:
         parts: list[Part] = _get(refs, progress_bar)
-    return _joined_spill(files, chunks, parts, spill_dir, same_labels=same_labels, max_len=max_len,
-                         overlong=overlong, limit=limit)
+    return _joined_spill(files, chunks, parts, spill_dir, same_labels=same_labels, max_len=max_len, overlong=overlong, limit=limit)
 
 
 def default_chunk_bytes(input_bytes: int) -> int:
@@ -285,9 +310,15 @@ def default_chunk_bytes(input_bytes: int) -> int:
 _TOKENIZERS: dict[str, Any] = {}  # per worker process: built once, used by every task it runs
 
 
-def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: tuple[str, str | None] | BackendOnly, chunk: Chunk,
-                    part: str,
-                    batch_rows: int, derive_labels: bool) -> Part:
+def _tokenize_chunk(
+    f: InputFile,
+    fmt: ResolvedFormat,
+    tokenizer: tuple[str, str | None] | BackendOnly,
+    chunk: Chunk,
+    part: str,
+    batch_rows: int,
+    derive_labels: bool,
+) -> Part:
     """One chunk into spill part `part` (.ids and .labels). A JSON Lines chunk past its file's start
     is read without its line numbers (counting them reads the file up to there) and, only if it
     fails, read again with them, so the error names the right line."""
@@ -313,8 +344,17 @@ def _tokenize_chunk(f: InputFile, fmt: ResolvedFormat, tokenizer: tuple[str, str
         return run(lines_known=True)  # raises the same error, at the right line
 
 
-def _joined_spill(files: list[InputFile], chunks: list[Chunk], parts: list[Part], spill_dir: Path, *,
-                  same_labels: bool, max_len: int, overlong: str, limit: int | None) -> Spill:
+def _joined_spill(
+    files: list[InputFile],
+    chunks: list[Chunk],
+    parts: list[Part],
+    spill_dir: Path,
+    *,
+    same_labels: bool,
+    max_len: int,
+    overlong: str,
+    limit: int | None,
+) -> Spill:
     """One Spill over the parts: examples numbered across chunks in input order, `--limit` applied
     (every chunk was read: the rows of a JSON Lines chunk are known only once it is read), and
     `--overlong error` raised for the first example too long (as the local engine does)."""
@@ -336,11 +376,19 @@ def _joined_spill(files: list[InputFile], chunks: list[Chunk], parts: list[Part]
         if file_rows[k] == 0 and (limit is None or firsts[first_chunk[k]] < limit):
             raise UserError(f"{f.path} contains no records: give an input with at least one example")
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)
-    spill = Spill(spill_dir / "part-000000.ids", None if same_labels else spill_dir / "part-000000.labels",
-                  cat(lengths), cat(example_ids), read, read - sum(map(len, lengths)), starts=cat(starts),
-                  where=partial(where_of, files), file_examples=per_file,
-                  sources=[spill_dir / f"part-{k:06d}.ids" for k in range(len(parts))],
-                  label_sources=[] if same_labels else [spill_dir / f"part-{k:06d}.labels" for k in range(len(parts))])
+    spill = Spill(
+        spill_dir / "part-000000.ids",
+        None if same_labels else spill_dir / "part-000000.labels",
+        cat(lengths),
+        cat(example_ids),
+        read,
+        read - sum(map(len, lengths)),
+        starts=cat(starts),
+        where=partial(where_of, files),
+        file_examples=per_file,
+        sources=[spill_dir / f"part-{k:06d}.ids" for k in range(len(parts))],
+        label_sources=[] if same_labels else [spill_dir / f"part-{k:06d}.labels" for k in range(len(parts))],
+    )
     if overlong == "error" and (spill.lengths > max_len).any():
         bad = int(np.argmax(spill.lengths > max_len))
         raise UserError(
@@ -353,8 +401,9 @@ def _joined_spill(files: list[InputFile], chunks: list[Chunk], parts: list[Part]
 # ------------------------------------------------------------------------------------ write
 
 
-def write_on_ray(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, rows_per_shard: int,
-                 vocab: int | None, progress: bool) -> Written:
+def write_on_ray(
+    folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, rows_per_shard: int, vocab: int | None, progress: bool
+) -> Written:
     """The local engine's `write_shards`, one Ray task per shard (each task gathers, writes,
     hashes and checks its shard); the same files and `Written`."""
     import ray
@@ -362,8 +411,10 @@ def write_on_ray(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, row
     reader = ray.put(spill.reader())
     task = _remote(_write_shard)
     bounds = list(range(0, plan.n_rows, rows_per_shard))
-    refs = [task.remote(reader, plan.rows(r0, min(plan.n_rows, r0 + rows_per_shard)), str(folder / shard_name(s)), max_len)
-            for s, r0 in enumerate(bounds)]
+    refs = [
+        task.remote(reader, plan.rows(r0, min(plan.n_rows, r0 + rows_per_shard)), str(folder / shard_name(s)), max_len)
+        for s, r0 in enumerate(bounds)
+    ]
     with bar(progress, desc="write", unit="shard", total=len(refs)) as progress_bar:
         results = _get(refs, progress_bar)
     out = Written()

@@ -47,9 +47,15 @@ def reaped_ray() -> Iterator[dict[str, str]]:
     read, write = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != RAY_MARK}
     try:
-        watchdog = subprocess.Popen([sys.executable, "-m", "pipeline.engines.ray_reaper", token, str(read)],
-                                    pass_fds=(read,), start_new_session=True, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        watchdog = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.engines.ray_reaper", token, str(read)],
+            pass_fds=(read,),
+            start_new_session=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     finally:
         os.close(read)
     try:

@@ -49,8 +49,7 @@ def leaves(folder: str | os.PathLike[str], name: str, *, root: str | os.PathLike
     return problem
 
 
-def contained(folder: str | os.PathLike[str], name: str, what: str, *,
-              root: str | os.PathLike[str] | None = None) -> Path:
+def contained(folder: str | os.PathLike[str], name: str, what: str, *, root: str | os.PathLike[str] | None = None) -> Path:
     """`folder / name`, once `leaves` finds nothing wrong with `name` (`what` says where it was read,
     e.g. "manifest.json shards[3].file"); otherwise UserError, one line."""
     problem = leaves(folder, name, root=root)

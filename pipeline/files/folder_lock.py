@@ -54,8 +54,9 @@ def check_no_file_in_the_way(out: Path, option: str = "--out") -> None:
     for folder in Path(out).absolute().parents:
         if folder.exists() or folder.is_symlink():
             if not folder.is_dir():
-                raise UserError(f"{option} {out}: {folder} is a file, not a folder, so nothing can be "
-                                f"written below it: choose another {option}")
+                raise UserError(
+                    f"{option} {out}: {folder} is a file, not a folder, so nothing can be written below it: choose another {option}"
+                )
             return
 
 
@@ -71,12 +72,13 @@ def _acquire(lock_path: Path, folder: str | os.PathLike[str], command: str) -> i
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise UserError(
-                    f"{folder} is in use by another {command} run{holder}: wait for it to end, or choose "
-                    "another --out"
+                    f"{folder} is in use by another {command} run{holder}: wait for it to end, or choose another --out"
                 ) from None
             if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                print(f"{command}: warning: the file system of {folder} has no file locks, so nothing stops "
-                      "a second run on the same --out", file=sys.stderr)
+                print(
+                    f"{command}: warning: the file system of {folder} has no file locks, so nothing stops a second run on the same --out",
+                    file=sys.stderr,
+                )
                 return None
             raise
         try:
@@ -93,8 +95,10 @@ def _acquire(lock_path: Path, folder: str | os.PathLike[str], command: str) -> i
         os.unlink(lock_path)
         os.close(fd)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise UserError(f"disk full: {command} could not write its lock {lock_path} into {folder}, so nothing "
-                            "was written: free some space, or choose another --out") from None
+            raise UserError(
+                f"disk full: {command} could not write its lock {lock_path} into {folder}, so nothing "
+                "was written: free some space, or choose another --out"
+            ) from None
         raise
     return fd
 

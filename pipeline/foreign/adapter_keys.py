@@ -21,6 +21,7 @@ def _lora_target(key: str) -> Convert:
         if value == "all-linear" or isinstance(value, str):
             return {"lora_target": "all" if value == "all-linear" else value}
         raise _refuse(key, value, "give a list of module names, e.g. [q_proj, v_proj]")
+
     return convert
 
 
@@ -32,16 +33,19 @@ def _lora_linear(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def _positive_rank(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _refuse(key, value, "the file asks for LoRA adapters, and their rank lora_r must be a whole number "
-                                  "of at least 1 (without them every weight trains: remove the adapter key)")
+        raise _refuse(
+            key,
+            value,
+            "the file asks for LoRA adapters, and their rank lora_r must be a whole number "
+            "of at least 1 (without them every weight trains: remove the adapter key)",
+        )
 
 
 def _adapter(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if value not in ("lora", "qlora"):
         raise _refuse("adapter", value, "use lora or qlora")
     if settings.get("lora_r") is None:  # Axolotl has no default rank: peft would get r=None
-        raise _refuse("adapter", value, "Axolotl takes the adapters' rank from lora_r, which the file leaves out: "
-                                        "give lora_r (e.g. 16)")
+        raise _refuse("adapter", value, "Axolotl takes the adapters' rank from lora_r, which the file leaves out: give lora_r (e.g. 16)")
     _positive_rank("lora_r", settings["lora_r"])
     if value == "qlora":
         return {"qlora": True}
@@ -68,8 +72,7 @@ def _use_peft(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if settings.get("lora_r") is not None:
         _positive_rank("lora_r", settings["lora_r"])
     given = {"lora_target": "lora_target_modules"}
-    return {k: v for k, v in defaults.items() if settings.get(given.get(k, k)) is None
-            and settings.get(k.replace("_", "-")) is None}
+    return {k: v for k, v in defaults.items() if settings.get(given.get(k, k)) is None and settings.get(k.replace("_", "-")) is None}
 
 
 def _load_in_4bit(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,10 +89,18 @@ def _load_in_8bit(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     if settings.get("load_in_4bit") is True:
         raise _refuse("load_in_8bit", value, "load_in_4bit: true asks for a 4-bit base too: keep one of them")
     if settings.get("adapter") == "qlora":
-        raise _refuse("load_in_8bit", value, "adapter: qlora takes a 4-bit base (Axolotl refuses qlora in 8 bits): "
-                                             "use load_in_4bit: true, or adapter: lora over the 8-bit base")
+        raise _refuse(
+            "load_in_8bit",
+            value,
+            "adapter: qlora takes a 4-bit base (Axolotl refuses qlora in 8 bits): "
+            "use load_in_4bit: true, or adapter: lora over the 8-bit base",
+        )
     if settings.get("adapter") == "lora" or settings.get("use_peft") is True:
         return {"int8_base": True}
-    raise _refuse("load_in_8bit", value, "an 8-bit base is not supported without LoRA adapters (Axolotl and TRL "
-                                         "train only adapters over a quantized base): add adapter: lora (Axolotl) "
-                                         "or use_peft: true (TRL), or remove load_in_8bit to train every weight")
+    raise _refuse(
+        "load_in_8bit",
+        value,
+        "an 8-bit base is not supported without LoRA adapters (Axolotl and TRL "
+        "train only adapters over a quantized base): add adapter: lora (Axolotl) "
+        "or use_peft: true (TRL), or remove load_in_8bit to train every weight",
+    )

@@ -32,8 +32,7 @@ def group_size(batch: Any, batch_key: str, settings: Mapping[str, Any]) -> int:
     return _whole_rows(batch_key, batch) * (1 if accum is None else _whole_rows("gradient_accumulation_steps", accum))
 
 
-def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, default_len: int | None,
-                     padded_len: int) -> Convert:
+def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, default_len: int | None, padded_len: int) -> Convert:
     """A batch size in rows is exact as a token budget only when every row is packed to the full
     length: `rows * length` tokens per micro-batch. A padded batch (no packing) is a group of
     examples instead: each optimizer step one group (--step-by-group), cut into micro-batches of
@@ -48,10 +47,15 @@ def _tokens_per_step(key: str, length_keys: tuple[str, ...], packing_key: str, d
             return {"tokens_per_step": value * (length or padded_len), "step_by_group": True}
         length = length or default_len
         if not isinstance(length, int):
-            raise _refuse(key, value, f"with {packing_key}: true a batch of {value} rows is a token budget only with "
-                                      f"the row length: set {length_keys[0]}, or give tokens_per_step "
-                                      "(tokens per micro-batch)")
+            raise _refuse(
+                key,
+                value,
+                f"with {packing_key}: true a batch of {value} rows is a token budget only with "
+                f"the row length: set {length_keys[0]}, or give tokens_per_step "
+                "(tokens per micro-batch)",
+            )
         return {"tokens_per_step": value * length}
+
     return convert
 
 
@@ -62,6 +66,7 @@ def _groups(key: str) -> Convert:
         if not padded(settings):
             raise NotUsed("pack-train's token budget, with packing")
         return {"strategy": "minibatch", "group_size": group_size(value, key, settings)}
+
     return convert
 
 
@@ -76,6 +81,7 @@ def _grad_accum(command: str) -> Convert:
         if command == DATA:
             raise NotUsed("pack-train's")
         return {"grad_accum": value}
+
     return convert
 
 

@@ -76,9 +76,10 @@ from pipeline.foreign.recipe_keys import (
 )
 from pipeline.foreign.schema import AXOLOTL_VALUES, schema_key, source_defaults  # noqa: F401 (config_file calls them here)
 
-PACKED_DOC = ("true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
-              "trained as packed groups of the same examples, one group a step (the same gradient)")
-
+PACKED_DOC = (
+    "true: rows are packed here anyway; false or absent (both tools' default): padded batches, "
+    "trained as packed groups of the same examples, one group a step (the same gradient)"
+)
 
 
 def _strategy(key: str, steps_key: str) -> Convert:
@@ -96,6 +97,7 @@ def _strategy(key: str, steps_key: str) -> Convert:
                 raise NotUsed("no: no evaluation along the way, as there")
             return {every: 0}
         raise refuse(key, value, "use steps, epoch or no")
+
     return convert
 
 
@@ -104,11 +106,13 @@ def _dropping(convert: Convert) -> Convert:
     `DROP_FIRST_SYSTEM` before the template (its name or text; `pipeline.tokenize.chat_templates`
     resolves what follows it): each conversation is rendered without its first message when that is a
     system message, as Axolotl renders it (`pipeline.tokenize.render.render_chat`)."""
+
     def dropping(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         out = convert(value, settings)
         if drops_system(settings) and out.get("chat_template"):
             out["chat_template"] = DROP_FIRST_SYSTEM + str(out["chat_template"])
         return out
+
     return dropping
 
 
@@ -117,8 +121,9 @@ def _datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
     return (trl_mixture if looks_foreign(settings) == TRL else axolotl_datasets)(value, settings)
 
 
-FROM_DATA = ("pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; "
-             "pack-train resizes the embeddings to it")
+FROM_DATA = (
+    "pack-data adds them to the tokenizer and records the grown vocabulary in the packed folder; pack-train resizes the embeddings to it"
+)
 KERNEL = "a kernel of Axolotl's that computes the same: the loss here is chunked and exact, attention is --attn's"
 TOKENIZER = "the model's tokenizer (NAME@REVISION as the model)"
 REVISED = "the model (with model_revision / revision_of_model: NAME@REVISION)"

@@ -17,22 +17,40 @@ from pipeline.foreign.schema import AXOLOTL_NO_VALUE
 from pipeline.splits import HF_FILES, SPLIT_NAME, SYNTAX, split_share
 
 # Axolotl dataset `type` -> our --format (None: detected from the file's columns)
-AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text",
-                 "input_output": None}
+AXOLOTL_TYPES = {"chat_template": "chat", "sharegpt": "chat", "alpaca": "instruction", "completion": "text", "input_output": None}
 # `alpaca:STYLE`: Axolotl's AlpacaPrompter styles, pack-data's --template presets of the same name
 # (`pipeline.read.formats.TEMPLATES`); plain `alpaca` (alpaca:instruct) is pack-data's alpaca preset.
 ALPACA_STYLES = {"instruct": "alpaca", "chat": "alpaca:chat", "chatml": "alpaca:chatml", "phi": "alpaca:phi"}
 # sub-keys of an Axolotl dataset entry that name what `datasets` maps (the rest: `_unused_subkeys`)
-_MAPPED = {"path", "type", "split", "name", "data_files", "field_messages", "field", "message_property_mappings",
-           "roles_to_train", "train_on_eos", "ds_type", "shards", "message_field_role", "message_field_content",
-           "drop_system_message", "revision"}
+_MAPPED = {
+    "path",
+    "type",
+    "split",
+    "name",
+    "data_files",
+    "field_messages",
+    "field",
+    "message_property_mappings",
+    "roles_to_train",
+    "train_on_eos",
+    "ds_type",
+    "shards",
+    "message_field_role",
+    "message_field_content",
+    "drop_system_message",
+    "revision",
+}
 # the option each sub-key sets (type: alpaca's prompt style): for every input when the entries agree,
 # else for each entry's inputs (--per-input)
-SUBKEY_OPTIONS = {"type": "template", "field_messages": "messages_field", "field": "text_field",
-                  "roles_to_train": "roles_to_train", "train_on_eos": "train_on_eos"}
+SUBKEY_OPTIONS = {
+    "type": "template",
+    "field_messages": "messages_field",
+    "field": "text_field",
+    "roles_to_train": "roles_to_train",
+    "train_on_eos": "train_on_eos",
+}
 # values that leave a sub-key at Axolotl's own default: nothing to do
-_DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "train_on_eos": ("turn",),
-                    "shards": (1,), "split": ("train",)}
+_DEFAULT_SUBKEYS = {"roles_to_train": (["assistant"], ["assistant", "gpt"]), "train_on_eos": ("turn",), "shards": (1,), "split": ("train",)}
 
 
 def _is_local(path: str) -> bool:
@@ -63,8 +81,12 @@ def _saved_split(path: str, split: str | None, where: str) -> str:
     if kind is None or split is None:
         return path
     if "[" in split:
-        raise refuse(f"{where} split", split, f"Axolotl reads the save_to_disk folder {path} whole, without a share of "
-                                              "its rows: remove the [...] (or save the share you want)")
+        raise refuse(
+            f"{where} split",
+            split,
+            f"Axolotl reads the save_to_disk folder {path} whole, without a share of "
+            "its rows: remove the [...] (or save the share you want)",
+        )
     return str(folder / split) if kind == "dataset_dict.json" else path
 
 
@@ -91,12 +113,14 @@ def _files(entry: Mapping[str, Any], key: str, split: str | None, revision: str 
         raise refuse(f"{key} split", split, "data_files are read as the split train: write train (or train[...])")
     share = split if split and "[" in split else None
     if share and len(files) > 1:
-        raise refuse(f"{key} split", split, "a share of the rows of several data_files is not taken here: give one "
-                                            "file, or their folder as path with the share")
+        raise refuse(
+            f"{key} split",
+            split,
+            "a share of the rows of several data_files is not taken here: give one file, or their folder as path with the share",
+        )
     if not _is_local(path):
         if entry.get("name") is not None:
-            raise refuse(f"{key} name", entry["name"], "data_files already choose the files of the Hub dataset: "
-                                                       "remove name")
+            raise refuse(f"{key} name", entry["name"], "data_files already choose the files of the Hub dataset: remove name")
         for file in files:
             if escape(file) is not None:
                 raise refuse(f"{key} data_files", file, f"{escape(file)}: name a file inside the Hub dataset {path}")
@@ -119,8 +143,11 @@ def _unused_subkeys(entry: Mapping[str, Any], where: str) -> None:
         if key in _MAPPED or value in (None, "", [], {}, False):
             continue
         if key in AXOLOTL_NO_VALUE:
-            raise refuse(f"{where} {key}", value, "this dataset setting has no equivalent in pack-data: "
-                                                  "remove it, or prepare the file so that it is not needed")
+            raise refuse(
+                f"{where} {key}",
+                value,
+                "this dataset setting has no equivalent in pack-data: remove it, or prepare the file so that it is not needed",
+            )
         raise refuse(f"{where} {key}", value, "not a dataset key of Axolotl: remove it")
 
 
@@ -142,8 +169,11 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if style and style not in ALPACA_STYLES:
             raise refuse(f"{where} type", kind, f"not one of Axolotl's alpaca styles ({', '.join(ALPACA_STYLES)})")
         if base not in AXOLOTL_TYPES:
-            raise refuse(f"{where} type", kind, f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file "
-                                                "with pack-data's own --format and field options")
+            raise refuse(
+                f"{where} type",
+                kind,
+                f"use one of {', '.join(AXOLOTL_TYPES)}, or pack the file with pack-data's own --format and field options",
+            )
         kinds[i] = AXOLOTL_TYPES[base]
         if base == "alpaca":  # plain alpaca is alpaca:instruct, the default of instruction/output columns
             chosen.setdefault("type", {})[i] = ALPACA_STYLES[style] if style else None
@@ -151,8 +181,11 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         name = text_value(f"{where} name", d.get("name"), none=True)
         shards = d.get("shards")
         if shards not in (None, 1):
-            raise refuse(f"{where} shards", shards, "pack-data reads the whole split: save the shard you want "
-                                                    "(datasets' shard()) to a file and give its path")
+            raise refuse(
+                f"{where} shards",
+                shards,
+                "pack-data reads the whole split: save the shard you want (datasets' shard()) to a file and give its path",
+            )
         revision = text_value(f"{where} revision", d.get("revision"), none=True)
         path = _saved_split(path, split, where)
         if d.get("data_files") is not None:
@@ -168,8 +201,11 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if mapping is not None:
             _message_mappings(mapping, where)
         # Axolotl's older spelling of the same mapping
-        old = {ours: d[theirs] for ours, theirs in (("role", "message_field_role"),
-                                                    ("content", "message_field_content")) if d.get(theirs) is not None}
+        old = {
+            ours: d[theirs]
+            for ours, theirs in (("role", "message_field_role"), ("content", "message_field_content"))
+            if d.get(theirs) is not None
+        }
         if old:
             _message_mappings(old, where)
         applies = {"chat": ("field_messages", "roles_to_train", "train_on_eos"), "text": ("field",)}
@@ -192,18 +228,26 @@ def axolotl_datasets(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if option is None:  # drop_system_message: applied through the one chat template of the run
             i = next(i for i, v in rest if v != first[1])
-            raise refuse(f"datasets[{i}] {key}", values[i] or "Axolotl's default", f"datasets[{first[0]}] has "
-                         f"{first[1] or 'the default'}, and pack-data renders every dataset of one run with the same "
-                         "chat template: pack them separately")
+            raise refuse(
+                f"datasets[{i}] {key}",
+                values[i] or "Axolotl's default",
+                f"datasets[{first[0]}] has "
+                f"{first[1] or 'the default'}, and pack-data renders every dataset of one run with the same "
+                "chat template: pack them separately",
+            )
         flag = "format" if key == "format" else option.replace("_", "-")
         for i, v in values.items():  # each entry's own value, for each of its inputs
             if v is not None:
                 text = ",".join(v) if isinstance(v, tuple) else v
                 per_input.extend(f"{name}:{flag}={text}" for name in of_entry[i])
     if chosen["drop_system_message"][0] and not _named_template(settings):
-        raise refuse("datasets[0] drop_system_message", True, "it is applied through the chat template, which the file "
-                                                              "leaves to the tokenizer: name it (chat_template: NAME, "
-                                                              "or jinja with chat_template_jinja)")
+        raise refuse(
+            "datasets[0] drop_system_message",
+            True,
+            "it is applied through the chat template, which the file "
+            "leaves to the tokenizer: name it (chat_template: NAME, "
+            "or jinja with chat_template_jinja)",
+        )
     if per_input:
         out["per_input"] = per_input
     return out
@@ -217,9 +261,11 @@ def _message_mappings(value: Any, where: str) -> None:
     known = {"role": ("role", "from"), "content": ("content", "value")}
     for ours, theirs in value.items():
         if ours not in known or theirs not in known[ours]:
-            raise refuse(f"{where} message_property_mappings", {ours: theirs},
-                         "pack-data reads role from role or from, content from content or value: rename the "
-                         "field in the file")
+            raise refuse(
+                f"{where} message_property_mappings",
+                {ours: theirs},
+                "pack-data reads role from role or from, content from content or value: rename the field in the file",
+            )
 
 
 def entries(value: Any) -> None:
@@ -264,7 +310,8 @@ DROP_FIRST_SYSTEM = "{#- drop_system_message: each conversation's first system m
 
 def _named_template(settings: Mapping[str, Any]) -> bool:
     return settings.get("chat_template") not in (None, "tokenizer_default", "jinja") or bool(
-        settings.get("chat_template") == "jinja" and settings.get("chat_template_jinja"))
+        settings.get("chat_template") == "jinja" and settings.get("chat_template_jinja")
+    )
 
 
 def drops_system(settings: Mapping[str, Any]) -> bool:

@@ -72,7 +72,7 @@ def shown(value: Any, limit: int = 80) -> str:
         text = repr(value)
     except RecursionError:
         return "(a value nested too deeply)"
-    return text if len(text) <= limit else f"{text[:limit - 20]}...({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} characters)"
 
 
 def refuse(key: str, value: Any, fix: str) -> UserError:
@@ -91,9 +91,11 @@ def text_value(key: str, value: Any, none: bool = False) -> Any:
     if value is None and none:
         return None
     if not isinstance(value, str) or not value:
-        raise UserError(f"{key}: {shown(value)} is "
-                        f"{type(value).__name__ if value != '' else 'empty'} where a name goes: write it as "
-                        "text (quoted in YAML: '2024')")
+        raise UserError(
+            f"{key}: {shown(value)} is "
+            f"{type(value).__name__ if value != '' else 'empty'} where a name goes: write it as "
+            "text (quoted in YAML: '2024')"
+        )
     return value
 
 
@@ -109,9 +111,11 @@ def _whole(key: str, option: str) -> Convert:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, float):
-            raise _refuse(key, value, f"{option.replace('_', '-')} counts whole passes or steps; round it, or "
-                                      "give max_steps for a partial pass")
+            raise _refuse(
+                key, value, f"{option.replace('_', '-')} counts whole passes or steps; round it, or give max_steps for a partial pass"
+            )
         return {option: value}
+
     return convert
 
 
@@ -185,8 +189,13 @@ def _grad_checkpointing(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     return {"grad_checkpointing": int(value)}
 
 
-SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "constant_with_warmup": "constant",
-                  "cosine_with_min_lr": "cosine"}
+SCHEDULE_NAMES = {
+    "cosine": "cosine",
+    "linear": "linear",
+    "constant": "constant",
+    "constant_with_warmup": "constant",
+    "cosine_with_min_lr": "cosine",
+}
 
 
 def min_lr_rate(settings: Mapping[str, Any]) -> float | None:
@@ -217,16 +226,26 @@ def _schedule(key: str) -> Convert:
         if value in ("cosine", "linear") and not {"cosine_min_lr_ratio", "min_lr_ratio", "min-lr-ratio"} & set(settings):
             out["min_lr_ratio"] = 0.0  # the Hugging Face schedules decay to 0
         return out
+
     return convert
 
 
 # Axolotl's and transformers' optimizer names -> ours; the 8-bit and 4-bit AdamWs (bitsandbytes',
 # paged or not, and torchao's) are torchao's block-quantized AdamW8bit / AdamW4bit here; paging only
 # moves states between GPU and CPU memory, so paged_adamw_32bit is AdamW
-OPTIMIZER_NAMES = {"adamw": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
-                   "paged_adamw_32bit": "adamw", "adafactor": "adafactor", "adamw_8bit": "adamw8bit",
-                   "adamw_bnb_8bit": "adamw8bit", "paged_adamw_8bit": "adamw8bit", "adamw_torch_8bit": "adamw8bit",
-                   "adamw_torch_4bit": "adamw4bit"}
+OPTIMIZER_NAMES = {
+    "adamw": "adamw",
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_hf": "adamw",
+    "paged_adamw_32bit": "adamw",
+    "adafactor": "adafactor",
+    "adamw_8bit": "adamw8bit",
+    "adamw_bnb_8bit": "adamw8bit",
+    "paged_adamw_8bit": "adamw8bit",
+    "adamw_torch_8bit": "adamw8bit",
+    "adamw_torch_4bit": "adamw4bit",
+}
 
 
 def _optimizer(key: str) -> Convert:
@@ -234,6 +253,7 @@ def _optimizer(key: str) -> Convert:
         if not isinstance(value, str) or value not in OPTIMIZER_NAMES:
             raise _refuse(key, value, f"choose one of {', '.join(OPTIMIZER_NAMES)}")
         return {"optimizer": OPTIMIZER_NAMES[value]}
+
     return convert
 
 
@@ -253,6 +273,7 @@ def _trl_loss_key(key: str) -> Convert:
     prompt/completion data) has no effect on messages data, so only `false` (every token of either
     shape) sets --train-on-prompt, and not beside assistant_only_loss: true. What neither sets is the
     data's shape's default (`schema.source_defaults`)."""
+
     def convert(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             raise NotUsed("null")
@@ -261,6 +282,7 @@ def _trl_loss_key(key: str) -> Convert:
         if key == "assistant_only_loss":
             return {"train_on_prompt": False} if value else {}
         return {"train_on_prompt": True} if not value and settings.get("assistant_only_loss") is not True else {}
+
     return convert
 
 
@@ -300,6 +322,7 @@ def _evaluations(option: str) -> Convert:
         if "model_name_or_path" in settings and settings.get("eval_strategy", "no") != "steps":
             raise NotUsed(f"eval_strategy is {settings.get('eval_strategy', 'no')} (TRL's default: no): no evaluation")
         return {option: value}
+
     return convert
 
 
@@ -308,8 +331,12 @@ def _chat_template(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
         raise NotUsed("the tokenizer's own template renders chats")
     if value == "jinja":
         if not settings.get("chat_template_jinja"):  # Axolotl refuses it too; never the tokenizer's instead
-            raise _refuse("chat_template", value, "it reads the template from chat_template_jinja, which the file "
-                                                  "leaves out: give chat_template_jinja, or the template's name")
+            raise _refuse(
+                "chat_template",
+                value,
+                "it reads the template from chat_template_jinja, which the file "
+                "leaves out: give chat_template_jinja, or the template's name",
+            )
         raise NotUsed("chat_template_jinja holds the template")
     return {"chat_template": value}
 
@@ -325,6 +352,7 @@ def _in_dataset_name(key: str) -> Convert:
         if settings.get("dataset_name") is None:
             raise _refuse(key, value, "TRL reads it with dataset_name: set that, or remove it")
         raise NotUsed("part of the input named from dataset_name")
+
     return convert
 
 

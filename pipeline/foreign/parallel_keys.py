@@ -43,10 +43,16 @@ def _plugins(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     names = value if isinstance(value, list) else [value]
     other = [n for n in names if not (isinstance(n, str) and any(k in n for k in SAME_MATH_PLUGINS))]
     if other:
-        raise _refuse("plugins", other, "only Axolotl's kernel plugins (Cut Cross Entropy, Liger, Kernels) are "
-                                        "known to compute what pack-train computes: remove the others")
-    raise NotUsed("kernels that compute the same (the loss here is chunked and exact), or SwanLab's logging: "
-                  "metrics go to metrics.jsonl and --report-to")
+        raise _refuse(
+            "plugins",
+            other,
+            "only Axolotl's kernel plugins (Cut Cross Entropy, Liger, Kernels) are "
+            "known to compute what pack-train computes: remove the others",
+        )
+    raise NotUsed(
+        "kernels that compute the same (the loss here is chunked and exact), or SwanLab's logging: "
+        "metrics go to metrics.jsonl and --report-to"
+    )
 
 
 def _fsdp_version(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,37 +30,41 @@ def _unfrozen_parameters(value: Any, settings: Mapping[str, Any]) -> dict[str, A
     if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):  # Axolotl: list[str]
         raise refuse("unfrozen_parameters", value, "give a list of regular expressions of parameter names")
     if settings.get("adapter") in ("lora", "qlora") or settings.get("use_peft") is True:
-        raise refuse("unfrozen_parameters", value, "with an adapter Axolotl matches these patterns against peft's "
-                                                   "names (base_model.model.model...), so it freezes the LoRA adapters "
-                                                   "unless a pattern matches them; pack-train trains LoRA adapters "
-                                                   "(adapter) or every parameter, or chosen parameters of the model "
-                                                   "without adapters: remove the key to train the adapters, or the "
-                                                   "adapter keys to train only the matching parameters")
+        raise refuse(
+            "unfrozen_parameters",
+            value,
+            "with an adapter Axolotl matches these patterns against peft's "
+            "names (base_model.model.model...), so it freezes the LoRA adapters "
+            "unless a pattern matches them; pack-train trains LoRA adapters "
+            "(adapter) or every parameter, or chosen parameters of the model "
+            "without adapters: remove the key to train the adapters, or the "
+            "adapter keys to train only the matching parameters",
+        )
     return {"unfrozen_parameters": value}
 
 
 def _use_fast(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value is True:
         raise NotUsed("the tokenizer is tokenizer.json's fast one, as Axolotl's default")
-    raise refuse("tokenizer_use_fast", value, "pack-data reads tokenizer.json (the fast tokenizer); a slow one may "
-                                              "split the text otherwise: remove the key")
+    raise refuse(
+        "tokenizer_use_fast",
+        value,
+        "pack-data reads tokenizer.json (the fast tokenizer); a slow one may split the text otherwise: remove the key",
+    )
 
 
 def _scheduler_kwargs(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
-    if settings.get("lr_scheduler_type") == "cosine_with_min_lr" and isinstance(value, Mapping) and set(value) <= {
-            "min_lr_rate", "min_lr"}:
+    if settings.get("lr_scheduler_type") == "cosine_with_min_lr" and isinstance(value, Mapping) and set(value) <= {"min_lr_rate", "min_lr"}:
         raise NotUsed("read with lr_scheduler_type cosine_with_min_lr as --min-lr-ratio")
     if not value:
         raise NotUsed("empty")
-    raise refuse("lr_scheduler_kwargs", value, "only min_lr_rate / min_lr of cosine_with_min_lr are read here: "
-                                               "remove the others")
+    raise refuse("lr_scheduler_kwargs", value, "only min_lr_rate / min_lr of cosine_with_min_lr are read here: remove the others")
 
 
 def _packing_strategy(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     if value in ("bfd", "ffd"):
         raise NotUsed("pack-data's planner packs rows of whole examples (--strategy; ffd by default)")
-    raise refuse("packing_strategy", value, "TRL's wrapped cuts examples at row ends, which changes what the model "
-                                            "sees: use bfd")
+    raise refuse("packing_strategy", value, "TRL's wrapped cuts examples at row ends, which changes what the model sees: use bfd")
 
 
 def _eos_token(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -200,17 +200,16 @@ def schema_key(key: str, value: Any, tool: str, command: str) -> str:
     """The mapping's line for a key of `tool`'s schema that `foreign_config.KEYS` does not map: not
     used when its value is the tool's default or empty (nothing changes), else a UserError (its
     meaning cannot be honoured here); a key of neither schema is a UserError too."""
-    schemas = [(n, v) for t, n, v in (("Axolotl", AXOLOTL_NO_VALUE, AXOLOTL_VALUES), ("TRL", TRL_NO_VALUE, TRL_VALUES))
-               if t in tool]
+    schemas = [(n, v) for t, n, v in (("Axolotl", AXOLOTL_NO_VALUE, AXOLOTL_VALUES), ("TRL", TRL_NO_VALUE, TRL_VALUES)) if t in tool]
     known = [(None if key in none else values[key]) for none, values in schemas if key in none or key in values]
     if not known:
-        raise UserError(f"unknown option {key!r}: neither an option of {command} nor {_a(tool)} key: remove it "
-                        "(docs/from-trl-axolotl.md lists the keys it maps)")
-    if value in (None, "", [], {}) or any(value == d and type(value) is type(d) for d in known) or (
-            value is False and None in known):
+        raise UserError(
+            f"unknown option {key!r}: neither an option of {command} nor {_a(tool)} key: remove it "
+            "(docs/from-trl-axolotl.md lists the keys it maps)"
+        )
+    if value in (None, "", [], {}) or any(value == d and type(value) is type(d) for d in known) or (value is False and None in known):
         return f"  {key}: {show(value)}: not used ({tool}'s default: nothing to change)"
-    raise UserError(f"{shown(value)} is {_a(tool)} setting with no equivalent in {command}: remove it to train "
-                    "without it")
+    raise UserError(f"{shown(value)} is {_a(tool)} setting with no equivalent in {command}: remove it to train without it")
 
 
 # The recipe each tool trains with for the training keys a file leaves out: (our option, value,
@@ -218,25 +217,42 @@ def schema_key(key: str, value: Any, tool: str, command: str) -> str:
 # over transformers 5.24's TrainingArguments; Axolotl 0.19.0: utils/schemas/training.py (optimizer,
 # lr_scheduler, weight_decay, num_epochs), core/builders/base.py (warmup), and TrainingArguments for
 # what Axolotl leaves None (adam_beta1/2, adam_epsilon, max_grad_norm, seed).
-_HF = [("weight_decay", 0.0, "weight decay 0"), ("beta1", 0.9, "beta1 0.9"), ("beta2", 0.999, "beta2 0.999"),
-       ("adam_eps", 1e-8, "adam eps 1e-8"), ("grad_clip", 1.0, "grad clip 1.0"), ("seed", 42, "seed 42")]
+_HF = [
+    ("weight_decay", 0.0, "weight decay 0"),
+    ("beta1", 0.9, "beta1 0.9"),
+    ("beta2", 0.999, "beta2 0.999"),
+    ("adam_eps", 1e-8, "adam eps 1e-8"),
+    ("grad_clip", 1.0, "grad clip 1.0"),
+    ("seed", 42, "seed 42"),
+]
 TRAIN_DEFAULTS = {
-    "TRL": [("lr", 2e-5, "lr 2e-5"), ("schedule", "linear", "linear"), ("min_lr_ratio", 0.0, "to 0"), *_HF,
-            ("epochs", 3, "3 epochs"), ("grad_checkpointing", 1, "gradient checkpointing on"),
-            ("log_every", 10, "log every 10 steps"), ("save_every", 500, "save every 500 steps"),
-            ("out", "trainer_output", "output_dir trainer_output")],
-    "Axolotl": [("schedule", "cosine", "cosine"), ("min_lr_ratio", 0.0, "to 0"), *_HF,
-                ("out", "./model-out", "output_dir ./model-out"),  # schemas/config.py
-                ("data", "last_run_prepared", "dataset_prepared_path last_run_prepared"),  # common/const.py
-                ("warmup_rule", "axolotl", "warmup as Axolotl counts it (3% of the steps, at most 100, when none is "
-                                             "given)"),
-                # core/builders/base.py sets transformers' average_tokens_across_devices false
-                ("loss_average", "ranks", "each rank's loss its own mean, the ranks' means averaged")],
+    "TRL": [
+        ("lr", 2e-5, "lr 2e-5"),
+        ("schedule", "linear", "linear"),
+        ("min_lr_ratio", 0.0, "to 0"),
+        *_HF,
+        ("epochs", 3, "3 epochs"),
+        ("grad_checkpointing", 1, "gradient checkpointing on"),
+        ("log_every", 10, "log every 10 steps"),
+        ("save_every", 500, "save every 500 steps"),
+        ("out", "trainer_output", "output_dir trainer_output"),
+    ],
+    "Axolotl": [
+        ("schedule", "cosine", "cosine"),
+        ("min_lr_ratio", 0.0, "to 0"),
+        *_HF,
+        ("out", "./model-out", "output_dir ./model-out"),  # schemas/config.py
+        ("data", "last_run_prepared", "dataset_prepared_path last_run_prepared"),  # common/const.py
+        ("warmup_rule", "axolotl", "warmup as Axolotl counts it (3% of the steps, at most 100, when none is given)"),
+        # core/builders/base.py sets transformers' average_tokens_across_devices false
+        ("loss_average", "ranks", "each rank's loss its own mean, the ranks' means averaged"),
+    ],
 }
 
 
-def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[str, Any],
-                    take: Callable[..., Any], refused: list[str]) -> list[str]:
+def source_defaults(
+    tool: str, command: str, data: Mapping[str, Any], out: dict[str, Any], take: Callable[..., Any], refused: list[str]
+) -> list[str]:
     """Fill `out` (through `take`) with `tool`'s defaults for what the file leaves out, and give the
     summary's line saying which recipe was read."""
     said = []
@@ -259,10 +275,11 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             said.append("no learning_rate (Axolotl requires one): pack-train's --lr, unless given as a flag")
         source = "SFTConfig of trl 1.16.0" if tool == TRL else "Axolotl 0.19.0's schema"
     else:
-        if tool == TRL and "max_len" not in out and any(k in data and data[k] is None
-                                                         for k in ("max_length", "max_seq_length")):
-            refused.append("key 'max_length': null: TRL then cuts no example, and pack-data packs rows of a fixed "
-                           "length: give max_length (at least the longest example's tokens)")
+        if tool == TRL and "max_len" not in out and any(k in data and data[k] is None for k in ("max_length", "max_seq_length")):
+            refused.append(
+                "key 'max_length': null: TRL then cuts no example, and pack-data packs rows of a fixed "
+                "length: give max_length (at least the longest example's tokens)"
+            )
         elif "max_len" not in out:
             length = 1024 if tool == TRL else AXOLOTL_VALUES["sequence_len"]
             take(f"({tool} default)", "max_len", length)
@@ -280,18 +297,18 @@ def source_defaults(tool: str, command: str, data: Mapping[str, Any], out: dict[
             said.append(_trl_loss(out, take))
         source = "SFTConfig of trl 1.16.0" if tool == TRL else "Axolotl 0.19.0's schema"
     groups = padded_groups(tool, command, data, out, take) if padded(data) else []
-    return groups + ([f"  {tool} defaults for the keys the file leaves out ({source}): {', '.join(said)}"]
-                     if said else [])
+    return groups + ([f"  {tool} defaults for the keys the file leaves out ({source}): {', '.join(said)}"] if said else [])
 
 
-def padded_groups(tool: str, command: str, data: Mapping[str, Any], out: dict[str, Any],
-                  take: Callable[..., Any]) -> list[str]:
+def padded_groups(tool: str, command: str, data: Mapping[str, Any], out: dict[str, Any], take: Callable[..., Any]) -> list[str]:
     """A file without packing trains steps of B padded examples (B: per-device batch x
     gradient_accumulation_steps, the tool's default batch when the file gives none): pack-data packs
     each B as one group, pack-train takes one group a step; the summary line saying so."""
     batch_key, default, length_keys, length = (
-        ("per_device_train_batch_size", 8, ("max_length", "max_seq_length"), TRL_MAX_LENGTH) if tool == TRL else
-        ("micro_batch_size", AXOLOTL_VALUES["micro_batch_size"], ("sequence_len",), AXOLOTL_VALUES["sequence_len"]))
+        ("per_device_train_batch_size", 8, ("max_length", "max_seq_length"), TRL_MAX_LENGTH)
+        if tool == TRL
+        else ("micro_batch_size", AXOLOTL_VALUES["micro_batch_size"], ("sequence_len",), AXOLOTL_VALUES["sequence_len"])
+    )
     batch = default if data.get(batch_key) is None else data[batch_key]
     try:
         size = group_size(batch, batch_key, data)
@@ -305,11 +322,13 @@ def padded_groups(tool: str, command: str, data: Mapping[str, Any], out: dict[st
         take(f"({tool} default)", "step_by_group", True)
         if "tokens_per_step" not in out:
             take(f"({tool} default)", "tokens_per_step", batch * length)
-    return [f"  {tool}: batches of {size} padded examples a step, trained as packed groups of those {size} (same "
-            f"gradient): pack-data --strategy minibatch --group-size {size}, pack-train --step-by-group, one group a "
-            "process (under torchrun N groups a step, one a rank, as N processes of the tool); each epoch takes "
-            "pack-data's groups in a new order, where "
-            f"{tool} draws new batches (another random draw, the same recipe)"]
+    return [
+        f"  {tool}: batches of {size} padded examples a step, trained as packed groups of those {size} (same "
+        f"gradient): pack-data --strategy minibatch --group-size {size}, pack-train --step-by-group, one group a "
+        "process (under torchrun N groups a step, one a rank, as N processes of the tool); each epoch takes "
+        "pack-data's groups in a new order, where "
+        f"{tool} draws new batches (another random draw, the same recipe)"
+    ]
 
 
 def _trl_loss(out: dict[str, Any], take: Callable[..., Any]) -> str:
@@ -318,9 +337,11 @@ def _trl_loss(out: dict[str, Any], take: Callable[..., Any]) -> str:
         take("(TRL default)", "train_on_prompt", True)
         return "loss on every token of the messages (assistant_only_loss: false)"
     if every is None:
-        return ("loss on every token for messages data, on the completion for prompt/completion data: the data's "
-                "shape is seen only when packing: give completion_only_loss: false for TRL's messages default "
-                "(pack-data's own: loss on the assistant's turns)")
+        return (
+            "loss on every token for messages data, on the completion for prompt/completion data: the data's "
+            "shape is seen only when packing: give completion_only_loss: false for TRL's messages default "
+            "(pack-data's own: loss on the assistant's turns)"
+        )
     return "loss on the completion (completion_only_loss)"
 
 
@@ -342,6 +363,5 @@ def trl_loss_default(inputs: list[str]) -> bool | None:
             return None
         if not isinstance(first, dict):
             return None
-        shapes.add("chat" if {"messages", "conversations"} & set(first) else
-                   "prompt" if "prompt" in first else "other")
+        shapes.add("chat" if {"messages", "conversations"} & set(first) else "prompt" if "prompt" in first else "other")
     return {"chat"} == shapes if shapes else None

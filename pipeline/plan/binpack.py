@@ -58,10 +58,7 @@ def _check_lengths(lengths: object, max_len: int) -> tuple[np.ndarray, int, int]
     if arr.size == 0:
         return arr.astype(np.int64), 0, 0
     if arr.dtype.kind not in "iu":
-        raise PlanError(
-            f"lengths must be integers (token counts), got dtype {arr.dtype}: "
-            "pass e.g. np.asarray(lengths, dtype=np.int64)"
-        )
+        raise PlanError(f"lengths must be integers (token counts), got dtype {arr.dtype}: pass e.g. np.asarray(lengths, dtype=np.int64)")
     if arr.dtype not in (np.int32, np.int64):
         bad = np.flatnonzero((arr < 1) | (arr > max_len))
         if bad.size:
@@ -77,8 +74,7 @@ def _check_lengths(lengths: object, max_len: int) -> tuple[np.ndarray, int, int]
 
 def _range_message(index: int, value: int, max_len: int) -> str:
     return (
-        f"lengths[{index}] = {value} is outside 1..max_len={max_len}: drop empty examples and clip "
-        "or split overlong ones before planning"
+        f"lengths[{index}] = {value} is outside 1..max_len={max_len}: drop empty examples and clip or split overlong ones before planning"
     )
 
 
@@ -104,9 +100,7 @@ def assign_bins(
     if max_len < 1 or max_len > MAX_LEN_LIMIT:
         raise PlanError(f"max_len must be in 1..{MAX_LEN_LIMIT}, got {max_len}")
     if strategy not in STRATEGIES:
-        raise PlanError(
-            f"unknown packing strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}"
-        )
+        raise PlanError(f"unknown packing strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     seed = _as_int(seed, "seed")
     if seed < 0:
         raise PlanError(f"seed must be a non-negative integer, got {seed}")

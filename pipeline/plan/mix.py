@@ -47,9 +47,11 @@ def parse_mix(text: str | None) -> dict[str, float]:
         if weight is None:
             raise UserError(f"--mix entry {entry!r} is not NAME=WEIGHT: write e.g. --mix 'a.jsonl=2,b.parquet=0.5'")
         if not 0 < weight <= MAX_WEIGHT:  # also nan and inf
-            raise UserError(f"--mix {name.strip()}={value}: a weight must be a number above 0 and at "
-                            f"most {MAX_WEIGHT:.0f} (how many times each of its examples is used; leave an input "
-                            "out to drop it)")
+            raise UserError(
+                f"--mix {name.strip()}={value}: a weight must be a number above 0 and at "
+                f"most {MAX_WEIGHT:.0f} (how many times each of its examples is used; leave an input "
+                "out to drop it)"
+            )
         if name.strip() in weights:
             raise UserError(f"--mix names {name.strip()!r} twice: give each input one weight")
         weights[name.strip()] = weight
@@ -64,18 +66,19 @@ def file_weights(weights: dict[str, float], inputs: list[str], files: list[Any])
         return out
     given = {arg: {f.path for f in resolve_inputs([arg])} for arg in inputs}
     for name, weight in weights.items():
-        hit = [j for j, f in enumerate(files)
-               if f.path in given.get(name, ()) or name == f.path or name == Path(f.path).name]
+        hit = [j for j, f in enumerate(files) if f.path in given.get(name, ()) or name == f.path or name == Path(f.path).name]
         if not hit:
-            raise UserError(f"--mix {name}={weight:g} matches no input: use an INPUT as given "
-                            f"({', '.join(inputs)}) or one of its files' names")
+            raise UserError(
+                f"--mix {name}={weight:g} matches no input: use an INPUT as given ({', '.join(inputs)}) or one of its files' names"
+            )
         for j in hit:
             out[j] = weight
     return out
 
 
-def apply_mix(pieces: Pieces, file_counts: np.ndarray, weights: list[float], seed: int,
-              names: list[str]) -> tuple[Pieces, list[dict[str, Any]]]:
+def apply_mix(
+    pieces: Pieces, file_counts: np.ndarray, weights: list[float], seed: int, names: list[str]
+) -> tuple[Pieces, list[dict[str, Any]]]:
     """The pieces of every use (see the module docstring) and one record per input file: its name,
     weight, examples read, distinct examples used and uses. Every piece of a split example goes
     with it. A weight that leaves an input with examples but no use is a UserError."""
@@ -103,10 +106,20 @@ def apply_mix(pieces: Pieces, file_counts: np.ndarray, weights: list[float], see
         used = len(present) if whole else len(chosen)
         uses = whole * len(present) + len(chosen)
         if len(present) and uses == 0:
-            raise UserError(f"--mix {names[j]}={weight:g} leaves none of its {len(present)} examples: "
-                            f"raise the weight to at least {1 / len(present):.3g} or leave the input out")
-        records.append({"input": names[j], "weight": weight, "first_id": int(bounds[j]),
-                        "examples_read": int(file_counts[j]), "examples_used": used, "uses": uses})
+            raise UserError(
+                f"--mix {names[j]}={weight:g} leaves none of its {len(present)} examples: "
+                f"raise the weight to at least {1 / len(present):.3g} or leave the input out"
+            )
+        records.append(
+            {
+                "input": names[j],
+                "weight": weight,
+                "first_id": int(bounds[j]),
+                "examples_read": int(file_counts[j]),
+                "examples_used": used,
+                "uses": uses,
+            }
+        )
     if all(w == 1 for w in weights):
         return pieces, records
     k, idx = np.nonzero(copies)  # row-major: pass by pass, pieces in input order inside a pass
@@ -122,8 +135,7 @@ def apply_mix(pieces: Pieces, file_counts: np.ndarray, weights: list[float], see
 BYTES_PER_USE = 48  # planning memory per used piece: its id, start, length and the indices that pick it
 
 
-def _check_size(ids: np.ndarray, file_of: np.ndarray, first: np.ndarray, weights: list[float], passes: int,
-                names: list[str]) -> None:
+def _check_size(ids: np.ndarray, file_of: np.ndarray, first: np.ndarray, weights: list[float], passes: int, names: list[str]) -> None:
     """Refuse, before allocating it, a mixture too large to plan in this machine's memory (half of
     what is available): `--mix a.jsonl=1e9` would repeat each example a billion times."""
     if not weights or max(weights) <= 1:
@@ -136,9 +148,11 @@ def _check_size(ids: np.ndarray, file_of: np.ndarray, first: np.ndarray, weights
         return
     j = int(np.argmax(np.asarray(weights) * np.maximum(pieces, 1)))
     examples = int((first & (file_of == j)).sum())
-    raise UserError(f"--mix {names[j]}={weights[j]:g} asks for {weights[j] * examples:.3g} uses of its {examples} "
-                    f"examples: planning them needs about {_gib(need)} of memory and {_gib(free)} is available: "
-                    "use a smaller weight (how many times each example is used)")
+    raise UserError(
+        f"--mix {names[j]}={weights[j]:g} asks for {weights[j] * examples:.3g} uses of its {examples} "
+        f"examples: planning them needs about {_gib(need)} of memory and {_gib(free)} is available: "
+        "use a smaller weight (how many times each example is used)"
+    )
 
 
 def available_memory() -> float:

@@ -60,13 +60,13 @@ def apply_overlong(spill: Spill, max_len: int, policy: str, min_len: int = 1) ->
         first_chunk = np.cumsum(n_chunks) - n_chunks
         k = np.arange(len(rep), dtype=np.int64) - np.repeat(first_chunk, n_chunks)
         chunk_start = k * max_len
-        pieces = Pieces(
-            ids[rep], starts[rep] + chunk_start, np.minimum(lengths[rep] - chunk_start, max_len), counts
-        )
+        pieces = Pieces(ids[rep], starts[rep] + chunk_start, np.minimum(lengths[rep] - chunk_start, max_len), counts)
     else:  # "error": tokenize_to_spill already raised on the first overlong example
         if over.any():
-            raise UserError(f"example {int(ids[over][0])} ({int(lengths[over][0])} tokens) is longer than --max-len "
-                            f"{max_len}: raise --max-len, or pass --overlong truncate or split")
+            raise UserError(
+                f"example {int(ids[over][0])} ({int(lengths[over][0])} tokens) is longer than --max-len "
+                f"{max_len}: raise --max-len, or pass --overlong truncate or split"
+            )
         pieces = Pieces(ids, starts, lengths, counts)
     counts.examples_packed = len(np.unique(pieces.example_ids)) if policy == "split" else len(pieces.example_ids)
     return pieces
@@ -91,7 +91,7 @@ class RowPlan:
     def rows(self, r0: int, r1: int) -> RowPlan:
         """The plan of rows [r0, r1) alone (what one shard holds)."""
         a, b = int(self.row_pieces[r0]), int(self.row_pieces[r1])
-        return RowPlan(self.example_ids[a:b], self.starts[a:b], self.lengths[a:b], self.row_pieces[r0:r1 + 1] - a)
+        return RowPlan(self.example_ids[a:b], self.starts[a:b], self.lengths[a:b], self.row_pieces[r0 : r1 + 1] - a)
 
 
 def plan_rows(pieces: Pieces, max_len: int, strategy: str, seed: int, group_size: int) -> RowPlan:

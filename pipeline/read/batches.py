@@ -51,9 +51,14 @@ class SourceBatch:
 # ------------------------------------------------------------------------------------ public
 
 
-def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 exact: dict[str, Collection[str]] | None = None) -> Iterator[SourceBatch]:
+def iter_batches(
+    files: list[InputFile],
+    *,
+    batch_rows: int = 4096,
+    limit: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    exact: dict[str, Collection[str]] | None = None,
+) -> Iterator[SourceBatch]:
     """Stream every input in order as tables of at most `batch_rows` rows (never an empty one).
 
     `limit` stops after that many rows in total; a file with `rows` yields only those records. An input
@@ -79,14 +84,13 @@ def iter_batches(files: list[InputFile], *, batch_rows: int = 4096, limit: int |
                 keep = min(keep, limit - index)
             if cut or keep < table.num_rows:
                 table = table.slice(cut, keep)
-                lines = None if lines is None else lines[cut:cut + keep]
+                lines = None if lines is None else lines[cut : cut + keep]
             yield SourceBatch(table=table, file=f.path, first_row=first + cut, first_index=index, lines=lines)
             index += table.num_rows
             if (limit is not None and index >= limit) or (stop is not None and row >= stop):
                 break
         if row == 0:
-            raise UserError(f"{f.path} contains no records: give an input with at least one "
-                            "example")
+            raise UserError(f"{f.path} contains no records: give an input with at least one example")
         if limit is not None and index >= limit:
             return
 
@@ -120,8 +124,9 @@ def _column_names(f: InputFile) -> list[str]:
         if f.kind == "hf_disk":
             return list(load_disk(f.path).column_names)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise UserError(f"{f.path}: not a readable Parquet file ({one_line(exc)}); it may be "
-                        "truncated or corrupt: re-export or re-download it") from None
+        raise UserError(
+            f"{f.path}: not a readable Parquet file ({one_line(exc)}); it may be truncated or corrupt: re-export or re-download it"
+        ) from None
     if f.kind == "json":
         keys: dict[str, None] = {}
         for _, record in scan_json_array(f.path, json_array_text(f.path)):

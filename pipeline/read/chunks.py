@@ -57,7 +57,7 @@ def plan_chunks(files: list[InputFile], chunk_bytes: int) -> list[Chunk]:
             acc += size
             if acc >= chunk_bytes or g == len(counts) - 1:
                 chunks.append(Chunk(k, begin, g + 1, first))
-                first += sum(counts[begin:g + 1])
+                first += sum(counts[begin : g + 1])
                 begin, acc = g + 1, 0
     return chunks
 
@@ -77,21 +77,25 @@ def _part_rows(f: InputFile) -> list[int] | None:
     return None
 
 
-def chunk_batches(f: InputFile, chunk: Chunk, *, batch_rows: int, lines_known: bool = True,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, exact: Collection[str] | None = None
-                  ) -> Iterator[SourceBatch]:
+def chunk_batches(
+    f: InputFile,
+    chunk: Chunk,
+    *,
+    batch_rows: int,
+    lines_known: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    exact: Collection[str] | None = None,
+) -> Iterator[SourceBatch]:
     """Stream one chunk as `iter_batches` streams files, `first_index` counted from the chunk's
     first row. A JSON Lines chunk past the file's start knows its line numbers only with
     `lines_known` (which counts the line ends before it: a read of the file up to there); without,
     they are counted from 1 (fine when nothing is reported). `exact`: as `iter_batches`'s, for `f`."""
     if chunk.end < 0:
-        yield from iter_batches([f], batch_rows=batch_rows, chunk_bytes=chunk_bytes,
-                                exact=None if exact is None else {f.path: exact})
+        yield from iter_batches([f], batch_rows=batch_rows, chunk_bytes=chunk_bytes, exact=None if exact is None else {f.path: exact})
         return
     if f.kind == "jsonl":
         first_line = 1 + (lines_before(f.path, chunk.start) if lines_known and chunk.start else 0)
-        tables: Iterator[tuple[pa.Table, Any]] = read_jsonl(f.path, batch_rows, chunk_bytes, chunk.start,
-                                                             chunk.end, first_line, exact)
+        tables: Iterator[tuple[pa.Table, Any]] = read_jsonl(f.path, batch_rows, chunk_bytes, chunk.start, chunk.end, first_line, exact)
     else:
         parts = range(chunk.start, chunk.end)
         read = read_parquet(f.path, batch_rows, parts) if f.kind == "parquet" else read_arrow(f.path, batch_rows, parts)

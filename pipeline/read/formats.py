@@ -44,14 +44,18 @@ ALPACA_NO_INPUT = (
 # control tokens they write are the template's own, encoded as the tokenizer's tokens.
 _SYSTEM, _SYSTEM_NO_INPUT = ALPACA.split("\n\n")[0], ALPACA_NO_INPUT.split("\n\n")[0]
 _ALPACA_STYLES = {
-    "alpaca:chat": (f"SYSTEM: {_SYSTEM}\nUSER: {{instruction}}\n{{input}}\nASSISTANT:",
-                    f"SYSTEM: {_SYSTEM_NO_INPUT}\nUSER: {{instruction}}\nASSISTANT:"),
-    "alpaca:chatml": (f"<|im_start|>system\n{_SYSTEM}<|im_end|>\n<|im_start|>user\n{{instruction}}\n{{input}}"
-                      "<|im_end|>\n<|im_start|>assistant\n",
-                      f"<|im_start|>system\n{_SYSTEM_NO_INPUT}<|im_end|>\n<|im_start|>user\n{{instruction}}"
-                      "<|im_end|>\n<|im_start|>assistant\n"),
-    "alpaca:phi": (f"<|system|>\n{_SYSTEM}<|end|>\n<|user|>\n{{instruction}}<|end|>{{input}}<|assistant|>",
-                   f"<|system|>\n{_SYSTEM_NO_INPUT}<|end|>\n<|user|>\n{{instruction}}<|end|>\n<|assistant|>\n"),
+    "alpaca:chat": (
+        f"SYSTEM: {_SYSTEM}\nUSER: {{instruction}}\n{{input}}\nASSISTANT:",
+        f"SYSTEM: {_SYSTEM_NO_INPUT}\nUSER: {{instruction}}\nASSISTANT:",
+    ),
+    "alpaca:chatml": (
+        f"<|im_start|>system\n{_SYSTEM}<|im_end|>\n<|im_start|>user\n{{instruction}}\n{{input}}<|im_end|>\n<|im_start|>assistant\n",
+        f"<|im_start|>system\n{_SYSTEM_NO_INPUT}<|im_end|>\n<|im_start|>user\n{{instruction}}<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    "alpaca:phi": (
+        f"<|system|>\n{_SYSTEM}<|end|>\n<|user|>\n{{instruction}}<|end|>{{input}}<|assistant|>",
+        f"<|system|>\n{_SYSTEM_NO_INPUT}<|end|>\n<|user|>\n{{instruction}}<|end|>\n<|assistant|>\n",
+    ),
 }
 # Named templates for --template. The alpaca ones switch to their no-input wording (`NO_INPUT_FORMS`)
 # for a row whose `input` is empty.
@@ -155,11 +159,9 @@ def _require(columns: list[str], name: str, flag: str, source: str | None = None
     if name not in columns:
         place = source or "the input"
         raise UserError(
-            f"column {name!r} not found in {place} (columns: {', '.join(columns) or 'none'}): "
-            f"pass {flag} with the right column name"
+            f"column {name!r} not found in {place} (columns: {', '.join(columns) or 'none'}): pass {flag} with the right column name"
         )
     return name
-
 
 
 def template_fields(template: str) -> set[str]:
@@ -176,11 +178,14 @@ def resolve_template(template: str | None, default: str) -> tuple[str, str | Non
         parts = list(string.Formatter().parse(name))
     except ValueError as exc:
         raise UserError(f"--template {name!r} is not a valid Python format string ({exc})") from None
-    dressed = next((f"{{{f}{'!' + c if c else ''}{':' + spec if spec else ''}}}" for _, f, spec, c in parts
-                    if f is not None and (spec or c)), None)
+    dressed = next(
+        (f"{{{f}{'!' + c if c else ''}{':' + spec if spec else ''}}}" for _, f, spec, c in parts if f is not None and (spec or c)), None
+    )
     if dressed is not None:  # {prompt:d}, {prompt!r}, {input:{x}}: the text goes in as it is, or not at all
-        raise UserError(f"--template {name!r}: {dressed} has a format spec or conversion; write the placeholders "
-                        "bare ({instruction}, {prompt}, {input}): the field's text is put in as it is")
+        raise UserError(
+            f"--template {name!r}: {dressed} has a format spec or conversion; write the placeholders "
+            "bare ({instruction}, {prompt}, {input}): the field's text is put in as it is"
+        )
     keys = {f for _, f, _, _ in parts if f is not None}
     unknown = keys - {"instruction", "prompt", "input"}
     if unknown or not keys & {"instruction", "prompt"}:
@@ -235,8 +240,11 @@ def detect_format(columns: list[str], options: FormatOptions, *, source: str | N
     if fmt == "chat":
         name = options.messages_field or _pick(cols, MESSAGE_FIELDS) or "messages"
         return ResolvedFormat(
-            "chat", {"messages": req(name, "--messages-field")}, train_on_prompt=top,
-            roles_to_train=tuple(options.roles_to_train), train_on_eos=options.train_on_eos,
+            "chat",
+            {"messages": req(name, "--messages-field")},
+            train_on_prompt=top,
+            roles_to_train=tuple(options.roles_to_train),
+            train_on_eos=options.train_on_eos,
         )
     # instruction
     prompt, response, default_tpl = options.prompt_field, options.response_field, "alpaca"
@@ -286,8 +294,9 @@ def detect_formats(columns_per_file: Sequence[tuple[Any, list[str]]], options: F
         try:
             out.append(detect_format(cols, own, source=getattr(file, "path", file)))
         except UserError as exc:  # a column of --per-input's: its fix is that entry's, not the option's
-            raise UserError(next((str(exc).replace(f"pass {f} ", f"pass {h} ") for f, h in hints.items()
-                                  if f"pass {f} " in str(exc)), str(exc))) from None
+            raise UserError(
+                next((str(exc).replace(f"pass {f} ", f"pass {h} ") for f, h in hints.items() if f"pass {f} " in str(exc)), str(exc))
+            ) from None
     return out
 
 
@@ -304,12 +313,16 @@ def parse_per_input(entry: str) -> tuple[str, str, Any]:
     checked as the option's own (`pipeline.option_checks`); a malformed entry is one line."""
     match = _ENTRY.match(entry)
     if match is None:
-        raise UserError(f"--per-input {entry!r} is not INPUT:OPTION=VALUE with OPTION one of "
-                        f"{', '.join(PER_INPUT)}: write e.g. --per-input 'chapters.jsonl:text-field=chapter'")
+        raise UserError(
+            f"--per-input {entry!r} is not INPUT:OPTION=VALUE with OPTION one of "
+            f"{', '.join(PER_INPUT)}: write e.g. --per-input 'chapters.jsonl:text-field=chapter'"
+        )
     name, key, text = match.group("name"), PER_INPUT[match.group("option")], match.group("value")
     if not text.strip():
-        raise UserError(f"--per-input {entry!r} gives {match.group('option')} no value: write {name}:"
-                        f"{match.group('option')}=VALUE, or leave the entry out")
+        raise UserError(
+            f"--per-input {entry!r} gives {match.group('option')} no value: write {name}:"
+            f"{match.group('option')}=VALUE, or leave the entry out"
+        )
     value: Any = text
     if key == "roles_to_train":
         value = tuple(r.strip() for r in text.split(",") if r.strip())
@@ -343,12 +356,15 @@ def per_input_options(files: Sequence[Any], options: FormatOptions) -> list[tupl
         hit = [j for j, f in enumerate(files) if _names(name, f)]
         if not hit:
             given = dict.fromkeys(str(getattr(f, "given", None) or getattr(f, "path", f)) for f in files)
-            raise UserError(f"--per-input {entry!r}: {name!r} matches no input: use an INPUT as given "
-                            f"({', '.join(given)}) or one of its files' names")
+            raise UserError(
+                f"--per-input {entry!r}: {name!r} matches no input: use an INPUT as given ({', '.join(given)}) or one of its files' names"
+            )
         for j in hit:
             if key in own[j] and own[j][key] != value:
-                raise UserError(f"--per-input gives {getattr(files[j], 'path', files[j])} two values of "
-                                f"{flag_of(key)} ({own[j][key]!r}, {value!r}): give each input one")
+                raise UserError(
+                    f"--per-input gives {getattr(files[j], 'path', files[j])} two values of "
+                    f"{flag_of(key)} ({own[j][key]!r}, {value!r}): give each input one"
+                )
             own[j][key] = value
             hints[j][flag_of(key)] = f"--per-input {name}:{flag_of(key)[2:]}=COLUMN"
     return [(replace(options, per_input=(), **o) if o else options, h) for o, h in zip(own, hints)]
@@ -360,7 +376,7 @@ def absolute_per_input(entries: Sequence[str], absolute: Callable[[str], str]) -
     out = []
     for entry in entries:
         match = _ENTRY.match(entry)
-        out.append(entry if match is None else f"{absolute(match.group('name'))}{entry[match.end('name'):]}")
+        out.append(entry if match is None else f"{absolute(match.group('name'))}{entry[match.end('name') :]}")
     return out
 
 

@@ -33,11 +33,35 @@ _REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _TRUE = ("1", "on", "yes", "true")
 # suffixes that make a name a file path, never a Hub id (Hub repo names may hold dots: Qwen2.5-7B)
-_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".arrow", ".feather", ".ipc", ".csv",
-                  ".tsv", ".gz", ".zst", ".txt", ".model", ".safetensors", ".bin")
+_FILE_SUFFIXES = (
+    ".jsonl",
+    ".ndjson",
+    ".json",
+    ".parquet",
+    ".pq",
+    ".arrow",
+    ".feather",
+    ".ipc",
+    ".csv",
+    ".tsv",
+    ".gz",
+    ".zst",
+    ".txt",
+    ".model",
+    ".safetensors",
+    ".bin",
+)
 # a tokenizer's files (what `pipeline.tokenize.tokenizer` reads; config.json is weighed by AutoTokenizer)
-TOKENIZER_PATTERNS = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt",
-                      "chat_template*", "*.tiktoken", "config.json"]
+TOKENIZER_PATTERNS = [
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab*",
+    "merges.txt",
+    "chat_template*",
+    "*.tiktoken",
+    "config.json",
+]
 # a model's files: configs, safetensors weights, tokenizer files; not the original/ checkpoints of
 # some repos, nor .bin / .h5 / .msgpack weights the project never loads
 MODEL_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]
@@ -75,8 +99,9 @@ def hub_ref(spec: str, *, dataset: bool = False) -> HubRef | None:
     if "@" in parts[0] and not revision:
         return None
     if revision and escape(revision) is not None:  # the cache keeps refs/REVISION and snapshots/REVISION
-        raise UserError(f"{spec}: revision {revision!r} is no branch, tag or commit ({escape(revision)}): "
-                        "give one such as @main or a commit hash")
+        raise UserError(
+            f"{spec}: revision {revision!r} is no branch, tag or commit ({escape(revision)}): give one such as @main or a commit hash"
+        )
     if os.path.isdir(repo.split("/")[0]):  # data/tokenizr: a typo'd path under a local folder
         return None
     config = parts[1] if len(parts) == 3 else None
@@ -96,8 +121,7 @@ def go_offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-OFFLINE_HELP = ("Never contact the Hugging Face Hub (as HF_HUB_OFFLINE=1): Hub ids are taken from the local "
-                "Hugging Face cache only.")
+OFFLINE_HELP = "Never contact the Hugging Face Hub (as HF_HUB_OFFLINE=1): Hub ids are taken from the local Hugging Face cache only."
 
 
 def offline_flag(_ctx: object, _param: object, value: bool) -> None:
@@ -134,8 +158,9 @@ def _page(ref: HubRef, repo_type: str) -> str:
 _RESOLVED: dict[tuple, tuple[Path, str]] = {}
 
 
-def resolve(ref: HubRef, repo_type: str, what: str, *, allow_patterns: Sequence[str] | None = None,
-            ignore_patterns: Sequence[str] | None = None) -> tuple[Path, str]:
+def resolve(
+    ref: HubRef, repo_type: str, what: str, *, allow_patterns: Sequence[str] | None = None, ignore_patterns: Sequence[str] | None = None
+) -> tuple[Path, str]:
     """(local snapshot folder, commit hash) of `ref`: from the local Hugging Face cache, downloaded
     first when not there (and not offline). `what` names it in errors ("tokenizer", "model",
     "dataset"). Every failure is one UserError line. Resolved once per process (later calls return
@@ -146,8 +171,7 @@ def resolve(ref: HubRef, repo_type: str, what: str, *, allow_patterns: Sequence[
     return _RESOLVED[key]
 
 
-def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None,
-             ignore: Sequence[str] | None) -> tuple[Path, str]:
+def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None, ignore: Sequence[str] | None) -> tuple[Path, str]:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub import errors as hf_errors
     from huggingface_hub.errors import (
@@ -163,37 +187,40 @@ def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None
     transport = _transport_errors()
 
     name = ref.repo_id + (f"@{ref.revision}" if ref.revision else "")
-    kwargs = dict(repo_type=repo_type, revision=ref.revision, allow_patterns=allow and list(allow),
-                  ignore_patterns=ignore and list(ignore))
+    kwargs = dict(repo_type=repo_type, revision=ref.revision, allow_patterns=allow and list(allow), ignore_patterns=ignore and list(ignore))
     offline, unreachable = is_offline(), None
     try:
         if not offline and not (ref.revision and _COMMIT.match(ref.revision)):
             try:  # one bounded question first: a missing or gated repo fails here, in seconds
-                HfApi(endpoint=_endpoint()).repo_info(ref.repo_id, repo_type=repo_type, revision=ref.revision,
-                                                      timeout=_timeout())
+                HfApi(endpoint=_endpoint()).repo_info(ref.repo_id, repo_type=repo_type, revision=ref.revision, timeout=_timeout())
             except HfHubHTTPError as exc:
                 if exc.response is None or exc.response.status_code < 500:
                     raise
                 unreachable = f"it answered {exc.response.status_code}"  # the Hub is down: the cache may do
             except (*transport, OSError) as exc:  # no connection, DNS, timeout, proxy
                 unreachable = one_line(exc) or type(exc).__name__
-        folder = snapshot_download(ref.repo_id, local_files_only=offline or unreachable is not None,
-                                   etag_timeout=_timeout(), endpoint=_endpoint(), **kwargs)
+        folder = snapshot_download(
+            ref.repo_id, local_files_only=offline or unreachable is not None, etag_timeout=_timeout(), endpoint=_endpoint(), **kwargs
+        )
     except RevisionNotFoundError:
-        raise UserError(f"{what} {ref.repo_id} has no revision {ref.revision!r} on the Hugging Face Hub: "
-                        f"give an existing branch, tag or commit after '@' (see {_page(ref, repo_type)})") from None
+        raise UserError(
+            f"{what} {ref.repo_id} has no revision {ref.revision!r} on the Hugging Face Hub: "
+            f"give an existing branch, tag or commit after '@' (see {_page(ref, repo_type)})"
+        ) from None
     except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if isinstance(exc, GatedRepoError) or status in (401, 403):
             raise UserError(
                 f"{what} {name}: the Hugging Face Hub refused access ({status or 'gated'}): it is gated or "
                 "private: log in with `hf auth login` or set HF_TOKEN, and accept the license at "
-                f"{_page(ref, repo_type)}") from None
+                f"{_page(ref, repo_type)}"
+            ) from None
         if isinstance(exc, RepositoryNotFoundError) or status == 404:
-            raise UserError(f"{what} {name} is neither a local path nor a {repo_type} repo on the Hugging Face "
-                            f"Hub ({_endpoint()} answered 404): check the name (a local path: start it with ./)") from None
-        raise UserError(f"{what} {name}: the Hugging Face Hub answered {status}: {one_line(exc)[:200]}; "
-                        "try again later") from None
+            raise UserError(
+                f"{what} {name} is neither a local path nor a {repo_type} repo on the Hugging Face "
+                f"Hub ({_endpoint()} answered 404): check the name (a local path: start it with ./)"
+            ) from None
+        raise UserError(f"{what} {name}: the Hugging Face Hub answered {status}: {one_line(exc)[:200]}; try again later") from None
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as exc:
         from huggingface_hub import constants
 
@@ -204,12 +231,16 @@ def _resolve(ref: HubRef, repo_type: str, what: str, allow: Sequence[str] | None
         else:
             why = one_line(exc)[:200]
         where = "only partly in" if incomplete and isinstance(exc, incomplete) else "not in"
-        raise UserError(f"{what} {name} is {where} the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                        f"and {why}: download it once online (hf download {ref.repo_id}"
-                        f"{' --repo-type dataset' if repo_type == 'dataset' else ''}) or pass a local path") from None
+        raise UserError(
+            f"{what} {name} is {where} the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
+            f"and {why}: download it once online (hf download {ref.repo_id}"
+            f"{' --repo-type dataset' if repo_type == 'dataset' else ''}) or pass a local path"
+        ) from None
     except transport as exc:  # the connection failed during the download itself
-        raise UserError(f"{what} {name}: downloading from the Hugging Face Hub failed ({one_line(exc)[:160]}): "
-                        "run again (files already downloaded are kept in the cache), or pass a local path") from None
+        raise UserError(
+            f"{what} {name}: downloading from the Hugging Face Hub failed ({one_line(exc)[:160]}): "
+            "run again (files already downloaded are kept in the cache), or pass a local path"
+        ) from None
     folder = Path(folder)
     return folder, folder.name
 
@@ -218,8 +249,12 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     """The network failures of the HTTP client huggingface_hub uses (httpx2 for 2.x, httpx for 1.x,
     requests before)."""
     found: list[type[BaseException]] = []
-    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError"),
-                         ("requests", "Timeout")):
+    for module, name in (
+        ("httpx2", "TransportError"),
+        ("httpx", "TransportError"),
+        ("requests", "ConnectionError"),
+        ("requests", "Timeout"),
+    ):
         try:
             found.append(getattr(__import__(module), name))
         except (ImportError, AttributeError):
@@ -249,13 +284,31 @@ def changed_revision(what: str, ref: HubRef, commit: str, recorded: dict | None)
         return None
     if recorded["commit"] == commit:
         return None
-    return (f"{what} {ref.repo_id} is at commit {commit[:12]} now, but the data was packed with commit "
-            f"{str(recorded['commit'])[:12]}: pass {ref.repo_id}@{recorded['commit']} to use the same files")
+    return (
+        f"{what} {ref.repo_id} is at commit {commit[:12]} now, but the data was packed with commit "
+        f"{str(recorded['commit'])[:12]}: pass {ref.repo_id}@{recorded['commit']} to use the same files"
+    )
 
 
 # data files a dataset repo may hold that the project reads (`pipeline.read.sources.EXTENSIONS`)
-DATA_PATTERNS = ["*.parquet", "*.pq", "*.jsonl", "*.jsonl.gz", "*.ndjson", "*.json", "*.json.gz", "*.csv",
-                 "*.csv.gz", "*.tsv", "*.tsv.gz", "*.arrow", "*.jsonl.zst", "*.json.zst", "*.csv.zst", "*.tsv.zst"]
+DATA_PATTERNS = [
+    "*.parquet",
+    "*.pq",
+    "*.jsonl",
+    "*.jsonl.gz",
+    "*.ndjson",
+    "*.json",
+    "*.json.gz",
+    "*.csv",
+    "*.csv.gz",
+    "*.tsv",
+    "*.tsv.gz",
+    "*.arrow",
+    "*.jsonl.zst",
+    "*.json.zst",
+    "*.csv.zst",
+    "*.tsv.zst",
+]
 
 
 def dataset_files(ref: HubRef) -> tuple[list[str], str]:
@@ -268,26 +321,31 @@ def dataset_files(ref: HubRef) -> tuple[list[str], str]:
     pinned = HubRef(ref.repo_id, commit, ref.config, ref.split)
     base, patterns, listed = _split_patterns(pinned, card_folder)
     split = ref.split or "train"
-    allow = (["README.md", *(_repo_pattern(base, card_folder, p) for p in patterns[split])]
-             if listed and split in patterns else ["README.md", *DATA_PATTERNS])
+    allow = (
+        ["README.md", *(_repo_pattern(base, card_folder, p) for p in patterns[split])]
+        if listed and split in patterns
+        else ["README.md", *DATA_PATTERNS]
+    )
     folder, _ = resolve(pinned, "dataset", "dataset", allow_patterns=allow)
     base_dir, patterns, _ = _split_patterns(pinned, folder)
     from datasets.data_files import DataFilesDict
     from datasets.exceptions import DataFilesNotFoundError
 
     if split not in patterns:
-        raise UserError(f"dataset {ref.repo_id}{_config_name(ref)} has no split {split!r}: choose one of "
-                        f"{', '.join(sorted(patterns))} ({ref.repo_id}:SPLIT)")
+        raise UserError(
+            f"dataset {ref.repo_id}{_config_name(ref)} has no split {split!r}: choose one of "
+            f"{', '.join(sorted(patterns))} ({ref.repo_id}:SPLIT)"
+        )
     try:
         files = DataFilesDict.from_patterns({split: patterns[split]}, base_path=str(base_dir))[split]
     except (DataFilesNotFoundError, FileNotFoundError) as exc:
-        raise UserError(f"dataset {ref.repo_id}{_config_name(ref)} split {split!r}: its files are not in "
-                        f"{folder} ({one_line(exc)[:160]})") from None
+        raise UserError(
+            f"dataset {ref.repo_id}{_config_name(ref)} split {split!r}: its files are not in {folder} ({one_line(exc)[:160]})"
+        ) from None
     readme = str(folder / "README.md")
     files = sorted(str(f) for f in files if str(f) != readme)
     for file in files:  # what a pattern matched, links followed, stays in the repo's cache folder
-        contained(folder, os.path.relpath(file, folder), f"dataset {ref.repo_id} split {split!r} file",
-                  root=_repo_root(folder))
+        contained(folder, os.path.relpath(file, folder), f"dataset {ref.repo_id} split {split!r} file", root=_repo_root(folder))
     return files, commit
 
 
@@ -335,18 +393,18 @@ def _split_patterns(ref: HubRef, folder: Path) -> tuple[Path, dict[str, list[str
         card = DatasetCard.load(readme).data if readme.is_file() else DatasetCardData()
         configs = MetadataConfigs.from_dataset_card_data(card)
     except Exception as exc:  # noqa: BLE001 - a malformed card: YAML, ValueError, ...
-        raise UserError(f"dataset {ref.repo_id}: cannot read the configs of its card {readme} "
-                        f"({one_line(exc)[:160]})") from None
+        raise UserError(f"dataset {ref.repo_id}: cannot read the configs of its card {readme} ({one_line(exc)[:160]})") from None
     base = folder
     if configs:
         name = ref.config or configs.get_default_config_name() or (next(iter(configs)) if len(configs) == 1 else None)
         if name not in configs:
-            raise UserError(f"dataset {ref.repo_id} has configs {', '.join(configs)}: name one as "
-                            f"{ref.repo_id}:CONFIG:SPLIT" + (f" ({ref.config!r} is none of them)" if ref.config else ""))
+            raise UserError(
+                f"dataset {ref.repo_id} has configs {', '.join(configs)}: name one as "
+                f"{ref.repo_id}:CONFIG:SPLIT" + (f" ({ref.config!r} is none of them)" if ref.config else "")
+            )
         params = configs[name]
         card_at = f"dataset {ref.repo_id}: the card's config {name!r}"
-        base = (contained(folder, params["data_dir"], f"{card_at} data_dir", root=_repo_root(folder))
-                if params.get("data_dir") else folder)
+        base = contained(folder, params["data_dir"], f"{card_at} data_dir", root=_repo_root(folder)) if params.get("data_dir") else folder
         if params.get("data_files") is not None:
             patterns = sanitize_patterns(params["data_files"])
             for split_patterns in patterns.values():
@@ -356,10 +414,8 @@ def _split_patterns(ref: HubRef, folder: Path) -> tuple[Path, dict[str, list[str
     elif ref.config and ref.config != "default":
         base = contained(folder, ref.config, f"dataset {ref.repo_id}: config", root=_repo_root(folder))
         if not base.is_dir():
-            raise UserError(f"dataset {ref.repo_id} declares no configs and has no folder {ref.config!r}: "
-                            f"give {ref.repo_id}:SPLIT")
+            raise UserError(f"dataset {ref.repo_id} declares no configs and has no folder {ref.config!r}: give {ref.repo_id}:SPLIT")
     try:
         return base, get_data_patterns(str(base)) if base.is_dir() else {}, False
     except EmptyDatasetError:
         return base, {}, False
-

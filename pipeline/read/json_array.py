@@ -48,8 +48,9 @@ def read_json_array(path: str, batch_rows: int) -> Iterator[tuple[pa.Table, Any]
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeEncodeError) as exc:
             numbers = [lines[k] for k in range(len(batch))]
             err = lone_surrogate(path, zip(numbers, batch)) or type_conflict(path, iter(zip(numbers, batch)))
-            raise (err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read "
-                                    f"these records: {one_line(exc)}")) from None
+            raise (
+                err or UserError(f"{path} lines {numbers[0]}-{numbers[-1]}: pyarrow cannot read these records: {one_line(exc)}")
+            ) from None
         yield conform(table), lines
 
 
@@ -78,8 +79,9 @@ def json_array_text(path: str) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(f"{path} line {line} (byte offset {e.start}): not valid UTF-8; re-encode "
-                        "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise UserError(
+            f"{path} line {line} (byte offset {e.start}): not valid UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
@@ -87,40 +89,47 @@ def scan_json_array(path: str, text: str) -> Iterator[tuple[int, dict]]:
     UserError naming the line where it breaks."""
     dec = json.JSONDecoder(object_pairs_hook=unique_keys)
     pos = _SKIP_WS.match(text, 0).end()
-    if text[pos: pos + 1] != "[":
+    if text[pos : pos + 1] != "[":
         raise UserError(f"{path}: expected a JSON array of objects; convert it to JSONL")
     pos += 1
     line, line_pos = 1, 0
     while True:
         pos = _SKIP_WS.match(text, pos).end()
-        if text[pos: pos + 1] == "]":  # end of the array (also tolerates a trailing comma)
+        if text[pos : pos + 1] == "]":  # end of the array (also tolerates a trailing comma)
             return
         line += text.count("\n", line_pos, pos)
         line_pos = pos
         try:
             obj, pos = dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            raise UserError(f"{path} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno});"
-                            " fix that element of the array") from None
+            raise UserError(
+                f"{path} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno}); fix that element of the array"
+            ) from None
         except RecursionError:
-            raise UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
-                            "flatten that element of the array") from None
+            raise UserError(
+                f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): flatten that element of the array"
+            ) from None
         except DuplicateKey as e:
-            raise UserError(f"{path} line {line}: key {short(e.key)!r} appears twice in one JSON object: "
-                            "keep one of them (each key once per object)") from None
+            raise UserError(
+                f"{path} line {line}: key {short(e.key)!r} appears twice in one JSON object: keep one of them (each key once per object)"
+            ) from None
         if not isinstance(obj, dict):
-            raise UserError(f"{path} line {line}: array element is a {json_kind(obj)}, not an "
-                            "object; the array must hold one {...} record per example")
+            raise UserError(
+                f"{path} line {line}: array element is a {json_kind(obj)}, not an "
+                "object; the array must hold one {...} record per example"
+            )
         yield line, obj
         pos = _SKIP_WS.match(text, pos).end()
-        sep = text[pos: pos + 1]
+        sep = text[pos : pos + 1]
         if sep == ",":
             pos += 1
         elif sep != "]":
             line += text.count("\n", line_pos, pos)
             line_pos = pos
-            raise UserError(f"{path} line {line}: expected ',' or ']' after an array element, found "
-                            f"{sep or 'end of file'!r}; the file is truncated or malformed")
+            raise UserError(
+                f"{path} line {line}: expected ',' or ']' after an array element, found "
+                f"{sep or 'end of file'!r}; the file is truncated or malformed"
+            )
 
 
 def _array_element_lines(path: str) -> np.ndarray:

@@ -61,8 +61,10 @@ def compressed_errors(path: str) -> Iterator[None]:
     except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
         if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and "compressed" not in str(exc):
             raise  # a full disk, a vanished file: not the file's own damage (pyarrow: "Truncated compressed stream")
-        raise UserError(f"cannot read {path}: {one_line(exc)}: the compressed file is cut short or damaged; check "
-                        "it (gzip -t, zstd -t) or decompress it again") from None
+        raise UserError(
+            f"cannot read {path}: {one_line(exc)}: the compressed file is cut short or damaged; check "
+            "it (gzip -t, zstd -t) or decompress it again"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------ JSON Lines
@@ -119,12 +121,10 @@ def _too_deep_line(path: str, chunk: bytes, first_line: int) -> UserError | None
 
 
 def _deep_error(path: str, line: int) -> UserError:
-    return UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): "
-                     "flatten that record")
+    return UserError(f"{path} line {line}: JSON nested too deeply (about {MAX_DEPTH} levels or more): flatten that record")
 
 
-def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
-                        exc: Exception) -> UserError:
+def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int, exc: Exception) -> UserError:
     """Error path: re-scan a chunk line by line in Python to name the offending line."""
     parsed: list[tuple[int, Any]] = []
     pos = 0
@@ -133,35 +133,42 @@ def _locate_jsonl_error(path: str, chunk: bytes, first_line: int, offset: int,
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            return UserError(f"{path} line {line} (byte offset {offset + pos + e.start}): not valid "
-                             "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+            return UserError(
+                f"{path} line {line} (byte offset {offset + pos + e.start}): not valid "
+                "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            )
         pos += len(raw) + 1
         if not text.strip():
             continue
         try:
             obj = json.loads(text, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
-            return UserError(f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); "
-                             "fix or remove that line (one JSON object per line)")
+            return UserError(
+                f"{path} line {line}: malformed JSON ({e.msg} at column {e.colno}); fix or remove that line (one JSON object per line)"
+            )
         except DuplicateKey as e:
-            return UserError(f"{path} line {line}: key {short(e.key)!r} appears twice in one JSON object: "
-                             "keep one of them (each key once per object)")
+            return UserError(
+                f"{path} line {line}: key {short(e.key)!r} appears twice in one JSON object: keep one of them (each key once per object)"
+            )
         except RecursionError:
             return _deep_error(path, line)
         if not isinstance(obj, dict):
-            return UserError(f"{path} line {line}: expected a JSON object per line, found a "
-                             f"{json_kind(obj)}; write one {{...}} record per line")
+            return UserError(
+                f"{path} line {line}: expected a JSON object per line, found a {json_kind(obj)}; write one {{...}} record per line"
+            )
         parsed.append((line, obj))
     conflict = lone_surrogate(path, parsed) or type_conflict(path, iter(parsed))
     if conflict:
         return conflict
     last = first_line + chunk.count(b"\n") - chunk.endswith(b"\n")
-    return UserError(f"{path} lines {first_line}-{last}: pyarrow cannot read these records: "
-                     f"{one_line(exc)}; make nested fields use one type throughout")
+    return UserError(
+        f"{path} lines {first_line}-{last}: pyarrow cannot read these records: {one_line(exc)}; make nested fields use one type throughout"
+    )
 
 
-def _jsonl_chunks(path: str, chunk_bytes: int, start: int = 0, end: int | None = None,
-                  first_line: int = 1) -> Iterator[tuple[bytes, int, int]]:
+def _jsonl_chunks(
+    path: str, chunk_bytes: int, start: int = 0, end: int | None = None, first_line: int = 1
+) -> Iterator[tuple[bytes, int, int]]:
     """(chunk, 1-based line of its first line, byte offset) cut at line ends; bounded memory.
 
     The blocks of a line longer than a block are kept apart until its end is read and joined once,
@@ -190,7 +197,7 @@ def _jsonl_chunks(path: str, chunk_bytes: int, start: int = 0, end: int | None =
                 pending.append(block)
                 continue
             pending.append(block[: cut + 1])  # the only part with line ends
-            rest = block[cut + 1:]
+            rest = block[cut + 1 :]
             del block
             lines, size = pending[-1].count(b"\n"), sum(map(len, pending))
             yield _joined(pending), line, offset  # (no reference to the chunk stays here)
@@ -290,15 +297,22 @@ def _parse_uniform(chunk: bytes) -> tuple[pa.Table, bytes] | None:
     if uniform is None:
         return None
     try:
-        return pajson.read_json(pa.BufferReader(uniform), read_options=pajson.ReadOptions(
-            use_threads=False, block_size=len(uniform) + 1)), uniform
+        return pajson.read_json(
+            pa.BufferReader(uniform), read_options=pajson.ReadOptions(use_threads=False, block_size=len(uniform) + 1)
+        ), uniform
     except pa.ArrowInvalid:
         return None
 
 
-def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end: int | None = None,
-               first_line: int = 1, exact: Collection[str] | None = None
-               ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+def read_jsonl(
+    path: str,
+    batch_rows: int,
+    chunk_bytes: int,
+    start: int = 0,
+    end: int | None = None,
+    first_line: int = 1,
+    exact: Collection[str] | None = None,
+) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     """Tables of at most `batch_rows` records and the line of each; `start`, `end`, `first_line`:
     only that byte range (as `_jsonl_chunks`); `exact`: the columns whose numbers are kept as their
     text (`exact_numbers`; None: all)."""
@@ -329,5 +343,4 @@ def read_jsonl(path: str, batch_rows: int, chunk_bytes: int, start: int = 0, end
             pa.default_memory_pool().release_unused()
         del chunk  # only the table is needed while its batches are tokenized
         for start in range(0, table.num_rows, batch_rows):
-            yield (table.slice(start, batch_rows),
-                   None if lines is None else lines[start: start + batch_rows])
+            yield (table.slice(start, batch_rows), None if lines is None else lines[start : start + batch_rows])

@@ -25,8 +25,11 @@ def exact_numbers(table: pa.Table, chunk: bytes, columns: Collection[str] | None
     never a float's rendering of it. `columns`: only those (the text fields of the file's format;
     None: every such column), since this decodes the chunk once more in Python. Other columns, and
     chunks without such a column, are unchanged."""
-    floats = [i for i, (name, typ) in enumerate(zip(table.column_names, table.schema.types))
-              if pa.types.is_floating(typ) and (columns is None or name in columns)]
+    floats = [
+        i
+        for i, (name, typ) in enumerate(zip(table.column_names, table.schema.types))
+        if pa.types.is_floating(typ) and (columns is None or name in columns)
+    ]
     if not floats:
         return table
     text = chunk.decode("utf-8")
@@ -64,7 +67,7 @@ def exact_column(values: list[Any]) -> list[Any]:
     """A top-level field of JSON-array records: when its values are numbers (or null) and one of
     them is a float or an integer too long for int64, every number as the text the file holds (as
     `exact_numbers` does for JSON Lines); otherwise unchanged."""
-    inexact = any(isinstance(v, float) or (_is_number(v) and not -2**63 <= v < 2**63) for v in values)
+    inexact = any(isinstance(v, float) or (_is_number(v) and not -(2**63) <= v < 2**63) for v in values)
     if not inexact or not all(v is None or _is_number(v) for v in values):
         return values
     return [None if v is None else v.text if isinstance(v, _Float) else str(v) for v in values]

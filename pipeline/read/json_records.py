@@ -67,9 +67,11 @@ def type_conflict(path: str, items: Iterator[tuple[int, Any]]) -> UserError | No
             kind = json_kind(value)
             seen = first.setdefault(key, (kind, line))
             if seen[0] != kind:
-                return UserError(f"{path} line {line}: field {key!r} is a {kind} here but a "
-                                 f"{seen[0]} on line {seen[1]}: use one type per field in every "
-                                 "record")
+                return UserError(
+                    f"{path} line {line}: field {key!r} is a {kind} here but a "
+                    f"{seen[0]} on line {seen[1]}: use one type per field in every "
+                    "record"
+                )
     return None
 
 
@@ -106,8 +108,10 @@ def lone_surrogate(path: str, items: Iterable[tuple[int, dict[str, Any]]]) -> Us
         found = _lone_surrogate_field(obj)
         if found:
             where, escape = found
-            return UserError(f"{path} line {line}: {where} holds a lone surrogate {escape} (half of "
-                             "a UTF-16 pair, not a character): fix the text, e.g. replace it with \\ufffd or remove it")
+            return UserError(
+                f"{path} line {line}: {where} holds a lone surrogate {escape} (half of "
+                "a UTF-16 pair, not a character): fix the text, e.g. replace it with \\ufffd or remove it"
+            )
     return None
 
 
@@ -169,8 +173,9 @@ def uniform_content(chunk: bytes) -> bytes | None:
         if isinstance(obj, dict):
             for key in mixed & set(obj):
                 if isinstance(obj[key], list):
-                    obj[key] = [{**m, "content": _text_part(m["content"])} if isinstance(m, dict) and "content" in m
-                                else m for m in obj[key]]
+                    obj[key] = [
+                        {**m, "content": _text_part(m["content"])} if isinstance(m, dict) and "content" in m else m for m in obj[key]
+                    ]
             raw = json.dumps(obj, ensure_ascii=False).encode("utf-8")
         out.append(raw)
     return b"\n".join(out)

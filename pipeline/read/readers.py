@@ -36,14 +36,14 @@ def load_disk(path: str) -> Any:
     try:
         ds = datasets.load_from_disk(path)
     except Exception as exc:
-        raise UserError(f"{path}: cannot load this datasets.save_to_disk folder: "
-                        f"{type(exc).__name__}: {one_line(exc)}") from None
+        raise UserError(f"{path}: cannot load this datasets.save_to_disk folder: {type(exc).__name__}: {one_line(exc)}") from None
     if isinstance(ds, datasets.DatasetDict):
         splits = list(ds)
         if len(splits) == 1 or "train" in splits:
             return ds[splits[0] if len(splits) == 1 else "train"]
-        raise UserError(f"{path} is a DatasetDict with splits {splits} and no 'train': pass one "
-                        f"split folder, e.g. {os.path.join(path, splits[0])}")
+        raise UserError(
+            f"{path} is a DatasetDict with splits {splits} and no 'train': pass one split folder, e.g. {os.path.join(path, splits[0])}"
+        )
     return ds
 
 
@@ -54,20 +54,24 @@ def _read_datasets(ds: Any, batch_rows: int, name: str) -> Iterator[pa.Table]:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"{name}: reading failed: {type(exc).__name__}: {one_line(exc)}: check that the "
-                        "folder is a complete datasets.save_to_disk folder (save it again)") from None
+        raise UserError(
+            f"{name}: reading failed: {type(exc).__name__}: {one_line(exc)}: check that the "
+            "folder is a complete datasets.save_to_disk folder (save it again)"
+        ) from None
 
 
-def tables(path: str, kind: str, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None = None
-           ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+def tables(
+    path: str, kind: str, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None = None
+) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     """The file's rows in order, as (table, line of each row or None); `exact`: as
     `pipeline.read.batches.iter_batches`'s, for this file."""
     with compressed_errors(path):
         yield from _tables_of(path, kind, batch_rows, chunk_bytes, exact)
 
 
-def _tables_of(path: str, kind: str, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None
-               ) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+def _tables_of(
+    path: str, kind: str, batch_rows: int, chunk_bytes: int, exact: Collection[str] | None
+) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
     if kind == "jsonl":
         yield from read_jsonl(path, batch_rows, chunk_bytes, exact=exact)
     elif kind == "json":

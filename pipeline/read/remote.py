@@ -84,9 +84,11 @@ def bounded(what: str, fn: Callable[[], T], limit: float | None) -> T:
         raise
     if not answered:
         leave_behind(thread)
-        raise UserError(f"{what}: the storage did not answer in {limit:g} s: check the endpoint "
-                        "(e.g. AWS_ENDPOINT_URL), the network and the credentials (set PACKLM_REMOTE_TIMEOUT "
-                        "to wait longer)")
+        raise UserError(
+            f"{what}: the storage did not answer in {limit:g} s: check the endpoint "
+            "(e.g. AWS_ENDPOINT_URL), the network and the credentials (set PACKLM_REMOTE_TIMEOUT "
+            "to wait longer)"
+        )
     ok, value = box[0]
     if ok:
         return value
@@ -110,8 +112,10 @@ def open_fs(uri: str) -> tuple[Any, str]:
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... per scheme
-        raise UserError(f"cannot open {uri}: {one_line(exc)}: check the URI (s3://, gs://, hdfs://, file://) "
-                        "and the storage's credentials in the environment") from None
+        raise UserError(
+            f"cannot open {uri}: {one_line(exc)}: check the URI (s3://, gs://, hdfs://, file://) "
+            "and the storage's credentials in the environment"
+        ) from None
 
 
 def _with_timeouts(fs: Any) -> Any:
@@ -140,8 +144,7 @@ def files_under(fs: Any, path: str, uri: str) -> list[tuple[str, int]]:
     import pyarrow.fs as pafs
 
     try:
-        infos = bounded(f"cannot list {uri}", lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)),
-                        remote_timeout())
+        infos = bounded(f"cannot list {uri}", lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)), remote_timeout())
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -157,7 +160,7 @@ def list_input(uri: str) -> tuple[str, list[tuple[str, int]]]:
     if _GLOB.search(uri.split("://", 1)[1]):
         head, _, _ = _GLOB.split(uri, 1)[0].rpartition("/")
         fs, base = open_fs(head)
-        pattern = base.rstrip("/") + "/" + uri[len(head) + 1:]
+        pattern = base.rstrip("/") + "/" + uri[len(head) + 1 :]
         found = [(p, n) for p, n in files_under(fs, base, uri) if fnmatch.fnmatchcase(p, pattern)]
         if not found:
             raise UserError(f"no files match {uri!r}: check the pattern")
@@ -188,12 +191,13 @@ def download_file(uri: str, local: str) -> None:
 
     fs, path = open_fs(uri)
     try:
-        bounded(f"cannot download {uri}", lambda: pafs.copy_files(
-            path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(), use_threads=False),
-            None)
+        bounded(
+            f"cannot download {uri}",
+            lambda: pafs.copy_files(path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem(), use_threads=False),
+            None,
+        )
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"cannot download {uri}: {one_line(exc)}: check the URI, the credentials and the free "
-                        "space of --tmp-dir") from None
+        raise UserError(f"cannot download {uri}: {one_line(exc)}: check the URI, the credentials and the free space of --tmp-dir") from None
 
 
 def download_here(pairs: list[tuple[str, str]]) -> None:
@@ -216,8 +220,7 @@ def download_here(pairs: list[tuple[str, str]]) -> None:
                 with lock:
                     errors.append(exc)
 
-    threads = [threading.Thread(target=work, name="packlm-download", daemon=True)
-               for _ in range(min(DOWNLOAD_THREADS, len(pairs)))]
+    threads = [threading.Thread(target=work, name="packlm-download", daemon=True) for _ in range(min(DOWNLOAD_THREADS, len(pairs)))]
     for t in threads:
         t.start()
     try:
@@ -244,7 +247,7 @@ class Staged:
         """A local copy's path as the URI it was downloaded from (other paths unchanged)."""
         for local, uri in self.prefixes:
             if path == local or path.startswith(local + "/"):
-                return uri + path[len(local):]
+                return uri + path[len(local) :]
         return path
 
     def as_given(self, files: list[Any]) -> list[Any]:
@@ -261,8 +264,7 @@ class Staged:
 
 
 @contextmanager
-def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tuple[str, str]]], None]
-                  ) -> Iterator[Staged]:
+def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tuple[str, str]]], None]) -> Iterator[Staged]:
     """Download the remote inputs into `folder` (made here, removed afterwards); local inputs pass
     through. Input k's files go to folder/k/ under their paths relative to the input."""
     if not any(is_uri(p) for p in inputs):
@@ -276,17 +278,17 @@ def staged_inputs(inputs: list[str], folder: Path, download: Callable[[list[tupl
                 staged.inputs.append(given)
                 continue
             sliced = splits.split_share(given)  # a share of its rows (:train[:20%]) follows the local copy
-            uri, tail = (sliced[0], given[len(sliced[0]):]) if sliced else (given, "")
+            uri, tail = (sliced[0], given[len(sliced[0]) :]) if sliced else (given, "")
             base, files = list_input(uri)
             scheme = uri.split("://", 1)[0]
             root = folder / str(k)
             for path, _ in files:
-                local = root / path[len(base):].lstrip("/")
+                local = root / path[len(base) :].lstrip("/")
                 local.parent.mkdir(parents=True, exist_ok=True)
                 pairs.append((f"{scheme}://{path}", str(local)))
             # a file stays a file (its name tells its format); a prefix or glob becomes the folder
             one_file = len(files) == 1 and files[0][0] == uri.split("://", 1)[1].rstrip("/")
-            local_input = (str(root / files[0][0][len(base):].lstrip("/")) if one_file else str(root)) + tail
+            local_input = (str(root / files[0][0][len(base) :].lstrip("/")) if one_file else str(root)) + tail
             staged.inputs.append(local_input)
             staged.local_of[given] = local_input
             staged.prefixes.append((str(root), f"{scheme}://{base}"))
@@ -325,7 +327,7 @@ def folder_to_read(folder: str) -> Iterator[Path]:
         local = Path(tmp) / "folder"
         pairs = []
         for path, _ in files:
-            target = local / path[len(root):].lstrip("/")
+            target = local / path[len(root) :].lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             pairs.append((f"{scheme}://{path}", str(target)))
         download_here(pairs)

@@ -44,14 +44,31 @@ from pipeline.shards import SCHEMA, file_sha256, pack_data_files
 
 # Longest suffix first so that ".jsonl.gz" wins over ".gz".
 EXTENSIONS = {
-    ".jsonl.gz": "jsonl", ".ndjson.gz": "jsonl", ".json.gz": "json", ".csv.gz": "csv",
-    ".tsv.gz": "csv", ".jsonl.zst": "jsonl", ".ndjson.zst": "jsonl", ".json.zst": "json", ".csv.zst": "csv",
-    ".tsv.zst": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
-    ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".csv": "csv",
+    ".jsonl.gz": "jsonl",
+    ".ndjson.gz": "jsonl",
+    ".json.gz": "json",
+    ".csv.gz": "csv",
+    ".tsv.gz": "csv",
+    ".jsonl.zst": "jsonl",
+    ".ndjson.zst": "jsonl",
+    ".json.zst": "json",
+    ".csv.zst": "csv",
+    ".tsv.zst": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+    ".csv": "csv",
     ".tsv": "csv",
 }
-SUPPORTED = (".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
-             "formats also .gz or .zst), a datasets.save_to_disk folder, or a Hub dataset id (org/name)")
+SUPPORTED = (
+    ".jsonl, .ndjson, .json, .parquet, .pq, .arrow, .feather, .ipc, .csv, .tsv (text "
+    "formats also .gz or .zst), a datasets.save_to_disk folder, or a Hub dataset id (org/name)"
+)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -93,8 +110,7 @@ def _first_char(path: str) -> bytes:
 
 def _broken_link(path: str) -> UserError:
     """The error for a symbolic link whose target does not exist (or a loop of links)."""
-    return UserError(f"{path} is a broken symbolic link (to {os.readlink(path)!r}, which does not exist): "
-                     "fix the link or remove it")
+    return UserError(f"{path} is a broken symbolic link (to {os.readlink(path)!r}, which does not exist): fix the link or remove it")
 
 
 def _check_readable(path: str) -> None:
@@ -123,10 +139,18 @@ def _check_regular(path: str) -> None:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}; check the path") from None
     if not stat.S_ISREG(mode):
-        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        raise UserError(f"{path} is {kind}, not a regular file (reading it could wait forever "
-                        "or never end): save the data to a file and give that")
+        kind = (
+            "a named pipe (FIFO)"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file"
+        )
+        raise UserError(
+            f"{path} is {kind}, not a regular file (reading it could wait forever or never end): save the data to a file and give that"
+        )
 
 
 def _resolve_file(path: str) -> InputFile:
@@ -150,23 +174,23 @@ def _resolve_file(path: str) -> InputFile:
         if kind == "json" and first == b"{":
             kind = "jsonl"  # JSON Lines saved as .json (as `datasets` does)
         elif kind == "json" and first != b"[":
-            raise UserError(f"{path} is neither a JSON array of objects nor JSON Lines "
-                            f"(starts with {first.decode(errors='replace')!r}): convert it to JSONL")
+            raise UserError(
+                f"{path} is neither a JSON array of objects nor JSON Lines "
+                f"(starts with {first.decode(errors='replace')!r}): convert it to JSONL"
+            )
     return InputFile(path=path, kind=kind, size=size, mtime_ns=st.st_mtime_ns)
 
 
 def _resolve_folder(path: str) -> list[InputFile]:
     folder = Path(path)
     if _is_hf_disk(folder):
-        _check_readable(str(folder / ("state.json" if (folder / "state.json").is_file()
-                                      else "dataset_dict.json")))
+        _check_readable(str(folder / ("state.json" if (folder / "state.json").is_file() else "dataset_dict.json")))
         size = sum(p.stat().st_size for p in hf_data_files(folder))
         return [InputFile(path=path, kind="hf_disk", size=size)]
     entries, links = _walk(folder)
     if links:  # one rule for links to files and to folders: followed, and said
         names = ", ".join(f"{os.path.relpath(p, path)} -> {os.path.realpath(p)}" for p in links[:3])
-        print(f"pack-data: {path}: following {len(links)} symbolic link(s) ({names}"
-              f"{', ...' if len(links) > 3 else ''})", file=sys.stderr)
+        print(f"pack-data: {path}: following {len(links)} symbolic link(s) ({names}{', ...' if len(links) > 3 else ''})", file=sys.stderr)
     broken = sorted(str(p) for p in entries if p.is_symlink() and not p.exists())
     for p in broken:  # a link to data that is gone: never skipped unsaid
         if _kind_of(p):
@@ -176,11 +200,11 @@ def _resolve_folder(path: str) -> list[InputFile]:
     skipped = sorted([p for p in files if not _kind_of(p)] + broken)
     if found and skipped:  # said, never silent: a README beside the data is fine, a typo'd .jsonl is not
         names = ", ".join(os.path.relpath(p, path) for p in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
-        print(f"pack-data: {path}: skipping {len(skipped)} file(s) that are not data ({names}); "
-              f"supported are {SUPPORTED}", file=sys.stderr)
+        print(f"pack-data: {path}: skipping {len(skipped)} file(s) that are not data ({names}); supported are {SUPPORTED}", file=sys.stderr)
     if not found:
-        raise UserError(f"folder {path} holds no supported data files and was not written by "
-                        f"datasets.save_to_disk: supported are {SUPPORTED}")
+        raise UserError(
+            f"folder {path} holds no supported data files and was not written by datasets.save_to_disk: supported are {SUPPORTED}"
+        )
     return [_resolve_file(p) for p in found]
 
 
@@ -215,8 +239,7 @@ def resolve_inputs(inputs: Sequence[str]) -> list[InputFile]:
         base, split, share = sliced
         ref = None if base.startswith(splits.HF_FILES) else hub.hub_ref(f"{base}:{split}", dataset=True)
         if ref is None and split != "train":
-            raise UserError(f"{raw}: the rows of a local file (or of hf:// files) are datasets' split 'train': "
-                            f"write {base}:train[...]")
+            raise UserError(f"{raw}: the rows of a local file (or of hf:// files) are datasets' split 'train': write {base}:train[...]")
         files = _resolve_hub(str(raw), ref) if ref is not None else _resolve_one(str(raw), base)
         out.extend(replace(f, given=str(raw)) for f in _share(files, share, str(raw)))
     for f in out:
@@ -233,8 +256,7 @@ def _resolve_one(raw: str, spec: str) -> list[InputFile]:
     if _GLOB_CHARS.search(spec):
         matches = sorted(globlib.glob(spec, recursive=True))
         if not matches:
-            raise UserError(f"no files match {raw!r}: check the pattern and quote it so the "
-                            "shell does not expand it")
+            raise UserError(f"no files match {raw!r}: check the pattern and quote it so the shell does not expand it")
         return [f for m in matches for f in (_resolve_folder(m) if os.path.isdir(m) else [_resolve_file(m)])]
     if os.path.islink(spec):
         raise _broken_link(spec)
@@ -248,8 +270,7 @@ def _share(files: list[InputFile], share: splits.Share, given: str) -> list[Inpu
     each with the records of its own it keeps."""
     counts = [count_records(f.path, f.kind, DEFAULT_CHUNK_BYTES) for f in files]
     kept = splits.assign(share, counts, given)
-    return [replace(f, rows=rows, hub=f.hub and {**f.hub, "split": share.text})
-            for f, rows in zip(files, kept) if rows is not None]
+    return [replace(f, rows=rows, hub=f.hub and {**f.hub, "split": share.text}) for f, rows in zip(files, kept) if rows is not None]
 
 
 _PACKED_COLUMNS = {"seq_lens", "position_ids", "example_ids"}
@@ -295,7 +316,7 @@ def _resolve_hub_files(given: str, spec: str) -> list[InputFile]:
     """`hf://datasets/owner/name[@rev]/PATH`: the files of that dataset repo matching PATH (a glob
     allowed), from the cache or downloaded alone, as `datasets.load_dataset(owner/name,
     data_files=PATH)` reads them."""
-    repo, _, pattern = spec[len(splits.HF_FILES):].partition("/")
+    repo, _, pattern = spec[len(splits.HF_FILES) :].partition("/")
     owner_name = f"{repo}/{pattern.partition('/')[0]}"
     pattern = pattern.partition("/")[2]
     ref = hub.hub_ref(owner_name, dataset=True)
@@ -348,7 +369,14 @@ def input_fingerprints(files: list[InputFile]) -> list[dict]:
                 total += p.stat().st_size
             out.append({"path": f.path, "kind": f.kind, "bytes": total, "sha256": h.hexdigest()})
         else:
-            out.append({"path": f.path, "kind": f.kind, "bytes": os.path.getsize(f.path),
-                        "sha256": file_sha256(f.path), **({"hub": f.hub} if f.hub else {}),
-                        **({"rows": list(f.rows)} if f.rows else {})})
+            out.append(
+                {
+                    "path": f.path,
+                    "kind": f.kind,
+                    "bytes": os.path.getsize(f.path),
+                    "sha256": file_sha256(f.path),
+                    **({"hub": f.hub} if f.hub else {}),
+                    **({"rows": list(f.rows)} if f.rows else {}),
+                }
+            )
     return out

@@ -24,8 +24,10 @@ def _locate_bad_utf8(path: str) -> UserError | None:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return UserError(f"{path} line {lineno} (byte offset {offset + e.start}): not valid "
-                                 "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+                return UserError(
+                    f"{path} line {lineno} (byte offset {offset + e.start}): not valid "
+                    "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                )
             offset += len(raw)
     return None
 
@@ -40,17 +42,15 @@ def read_csv(path: str, batch_rows: int, chunk_bytes: int) -> Iterator[pa.Table]
             err = _locate_bad_utf8(path)
             if err:
                 return err
-        return UserError(f"{path}: cannot read as CSV: {one_line(exc)}; check quoting and that "
-                         "every row has the same number of fields")
+        return UserError(f"{path}: cannot read as CSV: {one_line(exc)}; check quoting and that every row has the same number of fields")
 
     try:
-        with pacsv.open_csv(pa.input_stream(path, compression="detect"), read_options=read,
-                            parse_options=parse) as probe:
+        with pacsv.open_csv(pa.input_stream(path, compression="detect"), read_options=read, parse_options=parse) as probe:
             names = probe.schema.names
-        convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
-                                       strings_can_be_null=False)
-        reader = pacsv.open_csv(pa.input_stream(path, compression="detect"), read_options=read,
-                                parse_options=parse, convert_options=convert)
+        convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False)
+        reader = pacsv.open_csv(
+            pa.input_stream(path, compression="detect"), read_options=read, parse_options=parse, convert_options=convert
+        )
     except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
         if "Empty CSV file" in str(exc):
             raise UserError(f"{path} has no header and no rows: give a non-empty CSV") from None
@@ -105,8 +105,9 @@ def read_parquet(path: str, batch_rows: int, groups: range | None = None) -> Ite
                     yield table.slice(start, batch_rows)
                 del table
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise UserError(f"{path}: not a readable Parquet file ({one_line(exc)}); it may be "
-                        "truncated or corrupt: re-export or re-download it") from None
+        raise UserError(
+            f"{path}: not a readable Parquet file ({one_line(exc)}); it may be truncated or corrupt: re-export or re-download it"
+        ) from None
 
 
 def _parquet_group(path: str, group: int) -> pa.Table:
@@ -127,8 +128,9 @@ def read_arrow(path: str, batch_rows: int, parts: range | None = None) -> Iterat
         source = pa.memory_map(path)
         try:
             reader = pa.ipc.open_file(source)
-            batches: Iterator[pa.RecordBatch] = (reader.get_batch(i) for i in
-                                                 (range(reader.num_record_batches) if parts is None else parts))
+            batches: Iterator[pa.RecordBatch] = (
+                reader.get_batch(i) for i in (range(reader.num_record_batches) if parts is None else parts)
+            )
         except pa.ArrowInvalid:
             source.seek(0)
             batches = iter(pa.ipc.open_stream(source))
@@ -136,5 +138,6 @@ def read_arrow(path: str, batch_rows: int, parts: range | None = None) -> Iterat
             for start in range(0, rb.num_rows, batch_rows):
                 yield pa.Table.from_batches([rb.slice(start, batch_rows)])
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise UserError(f"{path}: not a readable Arrow IPC file or stream ({one_line(exc)}); it "
-                        "may be truncated or corrupt: re-export it") from None
+        raise UserError(
+            f"{path}: not a readable Arrow IPC file or stream ({one_line(exc)}); it may be truncated or corrupt: re-export it"
+        ) from None

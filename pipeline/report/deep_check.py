@@ -15,8 +15,7 @@ from pipeline.shards.manifest import Manifest
 from pipeline.tokenize.tokenize_inputs import tokenize_examples
 
 
-def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: int,
-               seed: int = 0) -> int:
+def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: int, seed: int = 0) -> int:
     """Re-tokenize a seeded sample of source examples and compare token ids and labels.
 
     Uses `pipeline.tokenize.tokenize_inputs.tokenize_examples(config, ids)` on the manifest's `config` (inputs,
@@ -45,8 +44,8 @@ def deep_check(folder: Path, manifest: Manifest, tokenizer: str | None, sample: 
             r = int(np.searchsorted(flat.ex_off, k, side="right") - 1)
             sl = slice(int(cum[k]), int(cum[k + 1]))
             pieces.setdefault(int(flat.example_ids[k]), []).append(
-                (f"{name} row {r} example {k - int(flat.ex_off[r])}", r,
-                 flat.input_ids[sl], flat.labels[sl]))
+                (f"{name} row {r} example {k - int(flat.ex_off[r])}", r, flat.input_ids[sl], flat.labels[sl])
+            )
     assert wanted == set(pieces)
     # a --mix use k of source example i has id k * examples_read + i
     fresh = tokenize_examples(config, [eid % manifest.counts.examples_read for eid in chosen])
@@ -83,8 +82,10 @@ def recorded_template(manifest: Manifest) -> str | None:
     named = manifest.config.get("chat_template")
     if text is not None:
         if not isinstance(text, str):
-            raise UserError(f"--deep: the manifest's tokenizer.chat_template_text is a {type(text).__name__}, not "
-                            "the template's text: pack the folder again")
+            raise UserError(
+                f"--deep: the manifest's tokenizer.chat_template_text is a {type(text).__name__}, not "
+                "the template's text: pack the folder again"
+            )
         return text
     if named is None:
         return None
@@ -92,9 +93,11 @@ def recorded_template(manifest: Manifest) -> str | None:
 
     if named in NAMED:
         return NAMED[named]
-    raise UserError(f"--deep: the manifest's config names the chat template {one_line(named, 200)!r} but holds "
-                    "no tokenizer.chat_template_text; pack-verify reads a template only from the manifest, never "
-                    "from a path it names (it may lead outside the folder): pack the folder again")
+    raise UserError(
+        f"--deep: the manifest's config names the chat template {one_line(named, 200)!r} but holds "
+        "no tokenizer.chat_template_text; pack-verify reads a template only from the manifest, never "
+        "from a path it names (it may lead outside the folder): pack the folder again"
+    )
 
 
 def pinned_config(manifest: Manifest) -> dict:

@@ -115,8 +115,15 @@ class StepFlops:
         return [self.dense, self.attention, self.recompute]
 
 
-def step_flops(shape: ModelShape, lengths: Sequence[int] | np.ndarray | None, *, tokens: int | None = None,
-               loss_tokens: int | None = None, head_recompute: bool = False, pairs: int | None = None) -> StepFlops:
+def step_flops(
+    shape: ModelShape,
+    lengths: Sequence[int] | np.ndarray | None,
+    *,
+    tokens: int | None = None,
+    loss_tokens: int | None = None,
+    head_recompute: bool = False,
+    pairs: int | None = None,
+) -> StepFlops:
     """FLOPs of training on examples of `lengths` (all rows' examples, in any order): see the module.
     `tokens` defaults to their sum, `loss_tokens` (the head's tokens) to `tokens`. `pairs` instead
     of `lengths`: their causal pairs, counted already (for a model whose layers all attend fully)."""
@@ -163,9 +170,11 @@ class Sizes:
         """The `ModelShape` of these sizes (full causal attention in every layer); sizes that do not
         make a model (a width the heads do not divide) are one line."""
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise UserError(f"--hidden {self.hidden}, --heads {self.heads}, --kv-heads {self.kv_heads}: the heads "
-                            "must divide the width and the K/V heads the heads (e.g. --hidden 2048 --heads 32 "
-                            "--kv-heads 8)")
+            raise UserError(
+                f"--hidden {self.hidden}, --heads {self.heads}, --kv-heads {self.kv_heads}: the heads "
+                "must divide the width and the K/V heads the heads (e.g. --hidden 2048 --heads 32 "
+                "--kv-heads 8)"
+            )
         head_dim = self.hidden // self.heads
         attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head_dim  # q, o; k, v
         mlp = 3 * self.hidden * self.intermediate
@@ -173,8 +182,10 @@ class Sizes:
         return ModelShape(layers=(layer,) * self.layers, head_params=self.vocab * self.hidden, vocab=self.vocab)
 
     def describe(self) -> str:
-        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads ({self.kv_heads} K/V), "
-                f"MLP {self.intermediate}, vocab {self.vocab:,}")
+        return (
+            f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads ({self.kv_heads} K/V), "
+            f"MLP {self.intermediate}, vocab {self.vocab:,}"
+        )
 
 
 def attention_share(flops: StepFlops) -> float:
@@ -192,7 +203,12 @@ def rates_line(record: dict) -> str | None:
     if record.get("tflops") is None:
         return None
     mfu, hfu = record.get("mfu"), record.get("hfu")
-    peak = (f"MFU {100 * float(mfu):.1f}%, HFU {100 * float(hfu):.1f}%" if mfu is not None and hfu is not None
-            else "MFU - (no peak known: --peak-flops)")
-    return (f"{float(record['tflops']):,.1f} TFLOP/s a device, {peak} "
-            f"(attention {100 * float(record.get('attn_flop_share') or 0):.1f}% of the model FLOPs)")
+    peak = (
+        f"MFU {100 * float(mfu):.1f}%, HFU {100 * float(hfu):.1f}%"
+        if mfu is not None and hfu is not None
+        else "MFU - (no peak known: --peak-flops)"
+    )
+    return (
+        f"{float(record['tflops']):,.1f} TFLOP/s a device, {peak} "
+        f"(attention {100 * float(record.get('attn_flop_share') or 0):.1f}% of the model FLOPs)"
+    )

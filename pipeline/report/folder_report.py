@@ -56,8 +56,7 @@ PADDED_LAYOUTS = ("pad-to-longest", "pad-to-max")
 # ------------------------------------------------------------------------------------- layouts
 
 
-def plan_layout(lengths: np.ndarray, max_len: int, strategy: str, seed: int = 0,
-                group_size: int = DEFAULT_BATCH_SIZE) -> Layout:
+def plan_layout(lengths: np.ndarray, max_len: int, strategy: str, seed: int = 0, group_size: int = DEFAULT_BATCH_SIZE) -> Layout:
     """Run the planner (`pipeline.plan.binpack.assign_bins`) and measure the resulting layout."""
     assign_bins(np.ones(4, np.int64), max(max_len, 4), strategy, seed, group_size)  # jit warm-up
     t0 = time.perf_counter()
@@ -67,9 +66,15 @@ def plan_layout(lengths: np.ndarray, max_len: int, strategy: str, seed: int = 0,
     return packed(strategy, lengths, rows, max_len, seconds)
 
 
-def compare(lengths_in_order: np.ndarray, max_len: int, *, batch_size: int = DEFAULT_BATCH_SIZE,
-            strategies: tuple[str, ...] = PACKED_STRATEGIES, seed: int = 0,
-            sizes: Sizes = Sizes()) -> list[dict[str, Any]]:
+def compare(
+    lengths_in_order: np.ndarray,
+    max_len: int,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    strategies: tuple[str, ...] = PACKED_STRATEGIES,
+    seed: int = 0,
+    sizes: Sizes = Sizes(),
+) -> list[dict[str, Any]]:
     """Padded baselines and every packing strategy on the same sequence lengths (all <= max_len)."""
     lengths = np.asarray(lengths_in_order, dtype=np.int64)
     ref = pad_to_longest(lengths, batch_size)
@@ -128,14 +133,33 @@ def load_folder(folder: str | os.PathLike[str], *, check_hashes: bool = True) ->
         shard_loss = int(has_loss.sum())
         loss += shard_loss
         sha_ok = (file_sha256(path) == info.sha256) if check_hashes else None
-        shards.append({"file": info.file, "rows": len(cols.row_off) - 1, "tokens": int(cols.seq_lens.sum()),
-                       "loss_tokens": shard_loss, "sha256": info.sha256, "sha256_ok": sha_ok})
+        shards.append(
+            {
+                "file": info.file,
+                "rows": len(cols.row_off) - 1,
+                "tokens": int(cols.seq_lens.sum()),
+                "loss_tokens": shard_loss,
+                "sha256": info.sha256,
+                "sha256_ok": sha_ok,
+            }
+        )
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     seq_lens, example_ids = cat(seqs), cat(ids)
     order = np.argsort(example_ids, kind="stable")
-    return FolderData(manifest, seq_lens[order], example_ids[order], cat(row_tok), cat(row_ex),
-                      loss, shards, cat(seq_loss)[order], cat(row_pairs), cat(row_loss), cat(row_longest),
-                      cat(row_shard))
+    return FolderData(
+        manifest,
+        seq_lens[order],
+        example_ids[order],
+        cat(row_tok),
+        cat(row_ex),
+        loss,
+        shards,
+        cat(seq_loss)[order],
+        cat(row_pairs),
+        cat(row_loss),
+        cat(row_longest),
+        cat(row_shard),
+    )
 
 
 def source_table(data: FolderData) -> list[dict[str, Any]]:
@@ -147,17 +171,22 @@ def source_table(data: FolderData) -> list[dict[str, Any]]:
         return []
     read = max(data.manifest.counts.examples_read, 1)
     source_of = np.searchsorted([s["first_id"] for s in sources], data.example_ids % read, side="right") - 1
-    frame = pl.DataFrame({"source": source_of, "id": data.example_ids, "tokens": data.seq_lens,
-                          "loss": data.seq_loss})
-    per = frame.group_by("source").agg(pl.col("id").n_unique().alias("uses"), pl.col("tokens").sum(),
-                                       pl.col("loss").sum())
+    frame = pl.DataFrame({"source": source_of, "id": data.example_ids, "tokens": data.seq_lens, "loss": data.seq_loss})
+    per = frame.group_by("source").agg(pl.col("id").n_unique().alias("uses"), pl.col("tokens").sum(), pl.col("loss").sum())
     got = {row["source"]: row for row in per.iter_rows(named=True)}
     total = max(int(data.seq_lens.sum()), 1)
-    return [{"input": s["input"], "weight": s.get("weight", 1.0), "examples_read": s["examples_read"],
-             "uses": int(got.get(j, {}).get("uses", 0)), "tokens": int(got.get(j, {}).get("tokens", 0)),
-             "loss_tokens": int(got.get(j, {}).get("loss", 0)),
-             "share": int(got.get(j, {}).get("tokens", 0)) / total}
-            for j, s in enumerate(sources)]
+    return [
+        {
+            "input": s["input"],
+            "weight": s.get("weight", 1.0),
+            "examples_read": s["examples_read"],
+            "uses": int(got.get(j, {}).get("uses", 0)),
+            "tokens": int(got.get(j, {}).get("tokens", 0)),
+            "loss_tokens": int(got.get(j, {}).get("loss", 0)),
+            "share": int(got.get(j, {}).get("tokens", 0)) / total,
+        }
+        for j, s in enumerate(sources)
+    ]
 
 
 def _length_stats(lengths: np.ndarray) -> dict[str, float]:
@@ -175,10 +204,14 @@ def _length_stats(lengths: np.ndarray) -> dict[str, float]:
     }
 
 
-def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                  sizes: Sizes = Sizes(),
-                  strategies: tuple[str, ...] = PACKED_STRATEGIES,
-                  seed: int | None = None) -> dict[str, Any]:
+def folder_report(
+    data: FolderData,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    sizes: Sizes = Sizes(),
+    strategies: tuple[str, ...] = PACKED_STRATEGIES,
+    seed: int | None = None,
+) -> dict[str, Any]:
     """Every figure of a packed folder as a JSON-ready dict (planner seed: the folder's; the
     model's vocabulary: its tokenizer's where the manifest records it)."""
     m = data.manifest
@@ -226,12 +259,11 @@ def folder_report(data: FolderData, *, batch_size: int = DEFAULT_BATCH_SIZE,
         "row_fill": _length_stats(fill) if rows else _length_stats(fill),
         "lengths": _length_stats(data.seq_lens),
         "counts": dict(vars(m.counts)),
-        "packed": {"token_slots": this.token_slots, "padding_tokens": this.padding,
-                   "attention_pairs": this.attention_pairs},
+        "packed": {"token_slots": this.token_slots, "padding_tokens": this.padding, "attention_pairs": this.attention_pairs},
         "savings": savings,
-        "comparison": compare(data.seq_lens, m.max_len, batch_size=batch_size,
-                              strategies=strategies, seed=m.seed if seed is None else seed,
-                              sizes=sizes),
+        "comparison": compare(
+            data.seq_lens, m.max_len, batch_size=batch_size, strategies=strategies, seed=m.seed if seed is None else seed, sizes=sizes
+        ),
         "attention": attention_work(data, sizes),
         "shards": data.shards,
         "sources": source_table(data),
@@ -274,10 +306,18 @@ def attention_work(data: FolderData, sizes: Sizes) -> dict[str, Any]:
         "attention_flops": float(attention.sum()),
         "share": safe_ratio(float(attention.sum()), float(work.sum())),
         "row_share": _length_stats(share),
-        "highest_share_rows": [{"shard": data.shards[data.row_shard[r]]["file"],
-                            "row": int(r - starts[data.row_shard[r]]), "tokens": int(data.row_tokens[r]),
-                            "examples": int(data.row_examples[r]), "longest": int(data.row_longest[r]),
-                            "attention_share": float(share[r]), "flops": float(work[r])} for r in top],
+        "highest_share_rows": [
+            {
+                "shard": data.shards[data.row_shard[r]]["file"],
+                "row": int(r - starts[data.row_shard[r]]),
+                "tokens": int(data.row_tokens[r]),
+                "examples": int(data.row_examples[r]),
+                "longest": int(data.row_longest[r]),
+                "attention_share": float(share[r]),
+                "flops": float(work[r]),
+            }
+            for r in top
+        ],
     }
 
 
@@ -298,8 +338,7 @@ def folder_whatif(data: FolderData, max_lens: list[int], **options: Any) -> dict
     options["sizes"] = folder_sizes(options.get("sizes", Sizes()), data.manifest)
     report = whatif_report(example_lengths(data), max_lens, **options)
     cut = {"truncated": counts.truncated, "dropped": counts.dropped}
-    report["limits"] = {"folder_max_len": data.manifest.max_len, **cut,
-                        "exact_up_to": data.manifest.max_len if any(cut.values()) else None}
+    report["limits"] = {"folder_max_len": data.manifest.max_len, **cut, "exact_up_to": data.manifest.max_len if any(cut.values()) else None}
     return report
 
 
@@ -308,24 +347,30 @@ def report_sources(tokenizer: str | None, via: str | None, inputs: list[str]) ->
     return {"tokenizer": tokenizer, "tokenizer_from": via, "inputs": list(inputs)}
 
 
-def whatif_report(lengths: np.ndarray, max_lens: list[int], *,
-                  strategies: tuple[str, ...] = PACKED_STRATEGIES,
-                  batch_size: int = DEFAULT_BATCH_SIZE, seed: int = 0,
-                  sizes: Sizes = Sizes()) -> dict[str, Any]:
+def whatif_report(
+    lengths: np.ndarray,
+    max_lens: list[int],
+    *,
+    strategies: tuple[str, ...] = PACKED_STRATEGIES,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+    sizes: Sizes = Sizes(),
+) -> dict[str, Any]:
     """The strategy comparison for each max_len, with lengths over it truncated to it."""
     lengths = np.asarray(lengths, dtype=np.int64)
     lengths = lengths[lengths > 0]
     runs = []
     for max_len in max_lens:
         clipped = np.minimum(lengths, max_len)
-        runs.append({
-            "max_len": max_len,
-            "over_max_len": int((lengths > max_len).sum()),
-            "tokens": int(clipped.sum()),
-            "lower_bound_rows": -(-int(clipped.sum()) // max_len),
-            "comparison": compare(clipped, max_len, batch_size=batch_size,
-                                  strategies=strategies, seed=seed, sizes=sizes),
-        })
+        runs.append(
+            {
+                "max_len": max_len,
+                "over_max_len": int((lengths > max_len).sum()),
+                "tokens": int(clipped.sum()),
+                "lower_bound_rows": -(-int(clipped.sum()) // max_len),
+                "comparison": compare(clipped, max_len, batch_size=batch_size, strategies=strategies, seed=seed, sizes=sizes),
+            }
+        )
     return {
         "kind": "what-if",
         "examples": int(len(lengths)),

@@ -64,8 +64,7 @@ def _v(value: Any, spec: str = "") -> str:
 
 
 def _figure(uri: str, caption: str) -> str:
-    return (f'<figure><img alt="{_v(caption)}" src="{_v(uri)}"><figcaption>{_v(caption)}'
-            "</figcaption></figure>")
+    return f'<figure><img alt="{_v(caption)}" src="{_v(uri)}"><figcaption>{_v(caption)}</figcaption></figure>'
 
 
 def length_bins(lengths: np.ndarray, max_len: int, n: int = 50) -> np.ndarray:
@@ -95,8 +94,7 @@ def _plots_folder(data: FolderData) -> list[str]:
         ax.set_xlim(bins[0], bins[-1])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.axvline(max_len, color="#c92a2a", linestyle="--", linewidth=1.5,
-               label=f"max_len = {max_len:,}")
+    ax.axvline(max_len, color="#c92a2a", linestyle="--", linewidth=1.5, label=f"max_len = {max_len:,}")
     ax.set_xlabel("example length (tokens, log scale)")
     ax.set_ylabel("examples (log scale)")
     ax.set_title("Example lengths")
@@ -106,8 +104,7 @@ def _plots_folder(data: FolderData) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     fill = data.row_tokens / max_len if len(data.row_tokens) else np.zeros(0)
-    ax.hist(fill * 100, bins=np.linspace(0, 100, 41), color="#2f9e6f", edgecolor="white",
-            linewidth=0.4)
+    ax.hist(fill * 100, bins=np.linspace(0, 100, 41), color="#2f9e6f", edgecolor="white", linewidth=0.4)
     ax.set_xlabel("row fill (tokens per row / max_len, %)")
     ax.set_ylabel("rows")
     ax.set_title("Row fill")
@@ -150,8 +147,7 @@ def _comparison_plot(rows: list[dict[str, Any]], title: str) -> str:
     a1.invert_yaxis()
     for i, v in enumerate(eff):
         if v > 80:  # label inside the bar, right-aligned, so it never crosses the bar's end
-            a1.text(v - 1.5, i, f"{v:.1f}%", va="center", ha="right", fontsize=9, color="white",
-                    fontweight="bold")
+            a1.text(v - 1.5, i, f"{v:.1f}%", va="center", ha="right", fontsize=9, color="white", fontweight="bold")
         else:
             a1.text(v + 1, i, f"{v:.1f}%", va="center", fontsize=9)
     sp = [r.get("speedup_vs_pad_to_longest", 0) for r in rows]
@@ -172,9 +168,11 @@ def _comparison_plot(rows: list[dict[str, Any]], title: str) -> str:
 
 
 def _comparison_table(rows: list[dict[str, Any]], highlight: str | None = None) -> str:
-    head = ("<tr><th>layout</th><th>rows / sequences</th><th>token slots</th><th>efficiency</th>"
-            "<th>padding tokens</th><th>attention pairs</th><th>est. speedup</th>"
-            "<th>plan time</th></tr>")
+    head = (
+        "<tr><th>layout</th><th>rows / sequences</th><th>token slots</th><th>efficiency</th>"
+        "<th>padding tokens</th><th>attention pairs</th><th>est. speedup</th>"
+        "<th>plan time</th></tr>"
+    )
     body = []
     for r in rows:
         cls = ' class="this"' if r["layout"] == highlight else ""
@@ -189,40 +187,58 @@ def _comparison_table(rows: list[dict[str, Any]], highlight: str | None = None) 
 
 
 def _cards(items: list[tuple[str, str, bool]]) -> str:
-    return '<div class="cards">' + "".join(
-        f'<div class="card{" hi" if hi else ""}"><div class="v">{_v(v)}</div>'
-        f'<div class="k">{_v(k)}</div></div>' for v, k, hi in items) + "</div>"
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card{" hi" if hi else ""}"><div class="v">{_v(v)}</div><div class="k">{_v(k)}</div></div>' for v, k, hi in items
+        )
+        + "</div>"
+    )
 
 
 def _stats_card(r: dict[str, Any]) -> str:
     L, F = r["lengths"], r["row_fill"]
     rows = [
         ("example length (tokens)", L["min"], L["p50"], L["p90"], L["p99"], L["max"], L["mean"]),
-        ("row fill (% of max_len)", *(100 * F[k] for k in ("min", "p50", "p90", "p99", "max",
-                                                           "mean"))),
+        ("row fill (% of max_len)", *(100 * F[k] for k in ("min", "p50", "p90", "p99", "max", "mean"))),
     ]
     body = "".join(
         f"<tr><td>{_v(name)}</td>"
         + "".join(f"<td>{_v(v, ',.1f' if name.startswith('row') else ',.0f')}</td>" for v in vals[:-1])
-        + f"<td>{_v(vals[-1], ',.1f')}</td></tr>" for name, *vals in rows)
+        + f"<td>{_v(vals[-1], ',.1f')}</td></tr>"
+        for name, *vals in rows
+    )
     c = r["counts"]
-    counts = "".join(f"<tr><td>{_v(k.replace('_', ' '))}</td><td>{_v(v, ',')}</td></tr>" for k, v in c.items()
-                     if v is not None)  # no_loss is None in manifests written before it was counted
-    return ('<figure><table class="stats"><tr><th>statistic</th><th>min</th><th>p50</th>'
-            f"<th>p90</th><th>p99</th><th>max</th><th>mean</th></tr>{body}</table><br>"
-            f'<table class="stats"><tr><th>input examples</th><th>count</th></tr>{counts}</table>'
-            "<figcaption>Length and row-fill statistics (polars), and what happened to the "
-            "input examples.</figcaption></figure>")
+    counts = "".join(
+        f"<tr><td>{_v(k.replace('_', ' '))}</td><td>{_v(v, ',')}</td></tr>" for k, v in c.items() if v is not None
+    )  # no_loss is None in manifests written before it was counted
+    return (
+        '<figure><table class="stats"><tr><th>statistic</th><th>min</th><th>p50</th>'
+        f"<th>p90</th><th>p99</th><th>max</th><th>mean</th></tr>{body}</table><br>"
+        f'<table class="stats"><tr><th>input examples</th><th>count</th></tr>{counts}</table>'
+        "<figcaption>Length and row-fill statistics (polars), and what happened to the "
+        "input examples.</figcaption></figure>"
+    )
 
 
 def _across_table(runs: list[dict[str, Any]]) -> str:
     """The what-if across --max-len values as one HTML table (every value escaped)."""
-    head = ("<tr><th>max_len</th><th>examples longer</th><th>lower bound rows</th><th>best strategy</th>"
-            "<th>rows</th><th>efficiency</th><th>pad-to-longest efficiency</th><th>est. speedup</th></tr>")
+    head = (
+        "<tr><th>max_len</th><th>examples longer</th><th>lower bound rows</th><th>best strategy</th>"
+        "<th>rows</th><th>efficiency</th><th>pad-to-longest efficiency</th><th>est. speedup</th></tr>"
+    )
     body = ""
     for r in across_lengths(runs):
-        cells = [f"{r['max_len']:,}", f"{r['longer']:,}", f"{r['lower_bound']:,}", r["strategy"], f"{r['rows']:,}",
-                 f"{r['efficiency']:.1%}", f"{r['pad_efficiency']:.1%}", f"{r['speedup']:.2f}x"]
+        cells = [
+            f"{r['max_len']:,}",
+            f"{r['longer']:,}",
+            f"{r['lower_bound']:,}",
+            r["strategy"],
+            f"{r['rows']:,}",
+            f"{r['efficiency']:.1%}",
+            f"{r['pad_efficiency']:.1%}",
+            f"{r['speedup']:.2f}x",
+        ]
         body += "<tr>" + "".join(f"<td>{_v(c)}</td>" for c in cells) + "</tr>"
     return f"<table>{head}{body}</table>"
 
@@ -231,8 +247,10 @@ def _sources_html(report: dict[str, Any]) -> str:
     if "tokenizer" not in report:
         return ""
     inputs = "".join(f"<li><code>{_v(i)}</code></li>" for i in report.get("inputs") or [])
-    return (f'<p class="note">Tokenizer <code>{_v(report["tokenizer"])}</code> '
-            f'({_v(report.get("tokenizer_from"))}); inputs:</p><ul class="note">{inputs}</ul>')
+    return (
+        f'<p class="note">Tokenizer <code>{_v(report["tokenizer"])}</code> '
+        f'({_v(report.get("tokenizer_from"))}); inputs:</p><ul class="note">{inputs}</ul>'
+    )
 
 
 def _attention_html(report: dict[str, Any]) -> str:
@@ -243,62 +261,77 @@ def _attention_html(report: dict[str, Any]) -> str:
         f"<tr><td>{_v(r['shard'])}</td><td>{_v(r['row'], ',')}</td><td>{_v(r['tokens'], ',')}</td>"
         f"<td>{_v(r['examples'], ',')}</td><td>{_v(r['longest'], ',')}</td>"
         f"<td>{_v(r['attention_share'], '.1%')}</td><td>{_v(_n(r['flops']))}</td></tr>"
-        for r in a["highest_share_rows"])
-    return (f'<p class="note">Training FLOPs (forward and backward, counted as pack-train counts them) for a '
-            f"model of {_v(model_text(report))}: attention {_v(a['share'], '.1%')} of "
-            f"{_v(_n(a['flops']))} FLOPs in all; per row min {_v(q['min'], '.1%')}, p50 {_v(q['p50'], '.1%')}, "
-            f"p90 {_v(q['p90'], '.1%')}, max {_v(q['max'], '.1%')}. The rows where its share is highest:</p>"
-            "<table><tr><th>shard</th><th>row</th><th>tokens</th><th>examples</th><th>longest example</th>"
-            f"<th>attention share</th><th>FLOPs</th></tr>{rows}</table>")
+        for r in a["highest_share_rows"]
+    )
+    return (
+        f'<p class="note">Training FLOPs (forward and backward, counted as pack-train counts them) for a '
+        f"model of {_v(model_text(report))}: attention {_v(a['share'], '.1%')} of "
+        f"{_v(_n(a['flops']))} FLOPs in all; per row min {_v(q['min'], '.1%')}, p50 {_v(q['p50'], '.1%')}, "
+        f"p90 {_v(q['p90'], '.1%')}, max {_v(q['max'], '.1%')}. The rows where its share is highest:</p>"
+        "<table><tr><th>shard</th><th>row</th><th>tokens</th><th>examples</th><th>longest example</th>"
+        f"<th>attention share</th><th>FLOPs</th></tr>{rows}</table>"
+    )
 
 
 def _note(report: dict[str, Any]) -> str:
-    return (f'<p class="note">Estimated speedup = FLOPs(pad-to-longest) / FLOPs(layout), in training FLOPs '
-            f"(pipeline.report.flops) of a model of {_v(model_text(report))}; "
-            f"pad-to-longest uses batches of {_v(report['batch_size'])} sequences in example-id order; "
-            "a packed row is charged a full max_len (conservative for flat varlen batches).</p>")
+    return (
+        f'<p class="note">Estimated speedup = FLOPs(pad-to-longest) / FLOPs(layout), in training FLOPs '
+        f"(pipeline.report.flops) of a model of {_v(model_text(report))}; "
+        f"pad-to-longest uses batches of {_v(report['batch_size'])} sequences in example-id order; "
+        "a packed row is charged a full max_len (conservative for flat varlen batches).</p>"
+    )
 
 
-def write_html(report: dict[str, Any], path: str | os.PathLike[str],
-               data: FolderData | None = None, title: str = "packlm packing report") -> None:
+def write_html(
+    report: dict[str, Any], path: str | os.PathLike[str], data: FolderData | None = None, title: str = "packlm packing report"
+) -> None:
     """One self-contained HTML page (figures embedded as base64 PNG)."""
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_v(title)}"
-             f"</title><style>{_CSS}</style></head><body><main><h1>{_v(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_v(title)}"
+        f"</title><style>{_CSS}</style></head><body><main><h1>{_v(title)}</h1>"
+    ]
     if report["kind"] == "folder":
         r, c = report, report["counts"]
         s1, s2 = r["savings"]["pad_to_longest"], r["savings"]["pad_to_max"]
         parts.append(_sources_html(r))
-        parts.append(f'<p class="sub">max_len {_v(r["max_len"], ",")} &middot; strategy '
-                     f'<code>{_v(r["strategy"])}</code> &middot; {_v(len(r["shards"]))} '
-                     f'shard{"s" if len(r["shards"]) != 1 else ""}</p>')
-        parts.append(_cards([
-            (f"{r['examples']:,}", "examples packed", False),
-            (_n(r["tokens"]), f"tokens ({_n(r['loss_tokens'])} with loss)", False),
-            (f"{r['rows']:,}", f"rows (lower bound {r['lower_bound_rows']:,})", False),
-            (f"{r['efficiency']:.1%}", "efficiency: tokens / (rows x max_len)", True),
-            (f"{r['examples_per_row']['mean']:.2f}",
-             f"examples per row (max {r['examples_per_row']['max']})", False),
-            (_n(s1["padding_avoided"]), f"padding tokens avoided vs pad-to-longest "
-                                        f"(B={r['batch_size']})", False),
-            (f"{s1['estimated_speedup']:.2f}x", "est. speedup vs pad-to-longest", True),
-            (f"{s2['estimated_speedup']:.2f}x", "est. speedup vs pad-to-max_len", True),
-        ]))  # plain text: _cards escapes each
+        parts.append(
+            f'<p class="sub">max_len {_v(r["max_len"], ",")} &middot; strategy '
+            f"<code>{_v(r['strategy'])}</code> &middot; {_v(len(r['shards']))} "
+            f"shard{'s' if len(r['shards']) != 1 else ''}</p>"
+        )
+        parts.append(
+            _cards(
+                [
+                    (f"{r['examples']:,}", "examples packed", False),
+                    (_n(r["tokens"]), f"tokens ({_n(r['loss_tokens'])} with loss)", False),
+                    (f"{r['rows']:,}", f"rows (lower bound {r['lower_bound_rows']:,})", False),
+                    (f"{r['efficiency']:.1%}", "efficiency: tokens / (rows x max_len)", True),
+                    (f"{r['examples_per_row']['mean']:.2f}", f"examples per row (max {r['examples_per_row']['max']})", False),
+                    (_n(s1["padding_avoided"]), f"padding tokens avoided vs pad-to-longest (B={r['batch_size']})", False),
+                    (f"{s1['estimated_speedup']:.2f}x", "est. speedup vs pad-to-longest", True),
+                    (f"{s2['estimated_speedup']:.2f}x", "est. speedup vs pad-to-max_len", True),
+                ]
+            )
+        )  # plain text: _cards escapes each
         parts.append(
             f'<p class="note">Examples read {_v(c["examples_read"], ",")}: packed '
-            f'{_v(c["examples_packed"], ",")}, truncated {_v(c["truncated"], ",")}, split {_v(c["split"], ",")}, '
-            f'dropped {_v(c["dropped"], ",")}, empty skipped {_v(c["empty_skipped"], ",")}'
-            + (f', shorter than --min-len {_v(c["too_short"], ",")}' if c.get("too_short") else "")
-            + (f', duplicates {_v(c["duplicates"], ",")}' if c.get("duplicates") else "") + '. Attention work vs '
+            f"{_v(c['examples_packed'], ',')}, truncated {_v(c['truncated'], ',')}, split {_v(c['split'], ',')}, "
+            f"dropped {_v(c['dropped'], ',')}, empty skipped {_v(c['empty_skipped'], ',')}"
+            + (f", shorter than --min-len {_v(c['too_short'], ',')}" if c.get("too_short") else "")
+            + (f", duplicates {_v(c['duplicates'], ',')}" if c.get("duplicates") else "")
+            + ". Attention work vs "
             f"pad-to-longest {_v(s1['attention_ratio'], '.2f')}x less, vs pad-to-max_len "
-            f"{_v(s2['attention_ratio'], '.2f')}x less.</p>")
+            f"{_v(s2['attention_ratio'], '.2f')}x less.</p>"
+        )
         if data is not None:
-            parts.append('<h2>Distributions</h2><div class="figs">' + "".join(_plots_folder(data))
-                         + _stats_card(r) + "</div>")
+            parts.append('<h2>Distributions</h2><div class="figs">' + "".join(_plots_folder(data)) + _stats_card(r) + "</div>")
         parts.append("<h2>Attention's share of the work</h2>" + _attention_html(r))
         parts.append("<h2>Strategy comparison (same sequence lengths)</h2>")
-        parts.append(_figure(_comparison_plot(r["comparison"], "Layouts of this folder's "
-                                              "sequences"), "Grey: padded baselines; blue: "
-                                              "packing strategies."))
+        parts.append(
+            _figure(
+                _comparison_plot(r["comparison"], "Layouts of this folder's sequences"), "Grey: padded baselines; blue: packing strategies."
+            )
+        )
         parts.append("<br>" + _comparison_table(r["comparison"], r["strategy"]) + _note(r))
         if r.get("whatif"):
             parts.append("<h2>What-if: other max_len values</h2>")
@@ -307,28 +340,40 @@ def write_html(report: dict[str, Any], path: str | os.PathLike[str],
         parts.append("<h2>Shards</h2>")
         rows = []
         for s in r["shards"]:
-            ok = ('<span class="ok">ok</span>' if s["sha256_ok"] else
-                  "not checked" if s["sha256_ok"] is None else '<span class="bad">MISMATCH</span>')
-            rows.append(f"<tr><td>{_v(s['file'])}</td><td>{_v(s['rows'], ',')}</td>"
-                        f"<td>{_v(s['tokens'], ',')}</td><td>{_v(s['loss_tokens'], ',')}</td>"
-                        f"<td><code>{_v(str(s['sha256'])[:16])}</code></td><td>{ok}</td></tr>")
-        parts.append("<table><tr><th>file</th><th>rows</th><th>tokens</th><th>loss tokens</th>"
-                     f"<th>sha256</th><th>sha256 check</th></tr>{''.join(rows)}</table>")
+            ok = (
+                '<span class="ok">ok</span>'
+                if s["sha256_ok"]
+                else "not checked"
+                if s["sha256_ok"] is None
+                else '<span class="bad">MISMATCH</span>'
+            )
+            rows.append(
+                f"<tr><td>{_v(s['file'])}</td><td>{_v(s['rows'], ',')}</td>"
+                f"<td>{_v(s['tokens'], ',')}</td><td>{_v(s['loss_tokens'], ',')}</td>"
+                f"<td><code>{_v(str(s['sha256'])[:16])}</code></td><td>{ok}</td></tr>"
+            )
+        parts.append(
+            "<table><tr><th>file</th><th>rows</th><th>tokens</th><th>loss tokens</th>"
+            f"<th>sha256</th><th>sha256 check</th></tr>{''.join(rows)}</table>"
+        )
     else:
         r = report
         L = r["lengths"]
         parts.append(_sources_html(r))
-        parts.append(f'<p class="sub">What-if (nothing written): {_v(r["examples"], ",")} examples, '
-                     f'{_v(r["tokens_untruncated"], ",")} tokens; lengths p50 {_v(L["p50"], ".0f")}, p90 '
-                     f'{_v(L["p90"], ".0f")}, max {_v(L["max"], ",")}</p>')
+        parts.append(
+            f'<p class="sub">What-if (nothing written): {_v(r["examples"], ",")} examples, '
+            f"{_v(r['tokens_untruncated'], ',')} tokens; lengths p50 {_v(L['p50'], '.0f')}, p90 "
+            f"{_v(L['p90'], '.0f')}, max {_v(L['max'], ',')}</p>"
+        )
         parts.append("<h2>Across max_len</h2>" + _across_table(r["runs"]))
         for run in r["runs"]:
             parts.append(f"<h2>max_len {_v(run['max_len'], ',')}</h2>")
-            parts.append(f'<p class="note">{_v(run["over_max_len"], ",")} examples longer than max_len '
-                         f'(truncated in this estimate); lower bound '
-                         f'{_v(run["lower_bound_rows"], ",")} rows.</p>')
-            parts.append(_figure(_comparison_plot(run["comparison"],
-                                                  f"max_len {run['max_len']:,}"), ""))
+            parts.append(
+                f'<p class="note">{_v(run["over_max_len"], ",")} examples longer than max_len '
+                f"(truncated in this estimate); lower bound "
+                f"{_v(run['lower_bound_rows'], ',')} rows.</p>"
+            )
+            parts.append(_figure(_comparison_plot(run["comparison"], f"max_len {run['max_len']:,}"), ""))
             parts.append("<br>" + _comparison_table(run["comparison"]))
         parts.append(_note(r))
     parts.append("</main></body></html>\n")

@@ -22,8 +22,7 @@ def _n(x: float) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
-    head = (f"{'layout':<24}{'rows':>11}{'efficiency':>12}{'padding':>11}{'attn pairs':>12}"
-            f"{'speedup*':>10}{'plan ms':>10}")
+    head = f"{'layout':<24}{'rows':>11}{'efficiency':>12}{'padding':>11}{'attn pairs':>12}{'speedup*':>10}{'plan ms':>10}"
     lines = [head, "-" * len(head)]
     for r in rows:
         plan = "" if r["layout"] in PADDED_LAYOUTS else f"{r['plan_seconds'] * 1000:.1f}"
@@ -58,28 +57,40 @@ def across_lengths(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in runs:
         best = best_packed(run)
         pad = next(r for r in run["comparison"] if r["layout"] == "pad-to-longest")
-        out.append({"max_len": run["max_len"], "longer": run["over_max_len"], "lower_bound": run["lower_bound_rows"],
-                    "strategy": best["layout"], "rows": best["rows"], "efficiency": best["efficiency"],
-                    "pad_rows": pad["rows"], "pad_efficiency": pad["efficiency"],
-                    "speedup": best.get("speedup_vs_pad_to_longest", 0)})
+        out.append(
+            {
+                "max_len": run["max_len"],
+                "longer": run["over_max_len"],
+                "lower_bound": run["lower_bound_rows"],
+                "strategy": best["layout"],
+                "rows": best["rows"],
+                "efficiency": best["efficiency"],
+                "pad_rows": pad["rows"],
+                "pad_efficiency": pad["efficiency"],
+                "speedup": best.get("speedup_vs_pad_to_longest", 0),
+            }
+        )
     return out
 
 
 def _across_text(runs: list[dict[str, Any]]) -> list[str]:
-    head = (f"{'max_len':>9}{'longer':>9}{'lower bound':>13}{'best':>10}{'rows':>10}{'efficiency':>12}"
-            f"{'padded eff.':>13}{'speedup*':>10}")
+    head = f"{'max_len':>9}{'longer':>9}{'lower bound':>13}{'best':>10}{'rows':>10}{'efficiency':>12}{'padded eff.':>13}{'speedup*':>10}"
     lines = [head, "-" * len(head)]
     for r in across_lengths(runs):
-        lines.append(f"{r['max_len']:>9,}{r['longer']:>9,}{r['lower_bound']:>13,}{r['strategy'][:9]:>10}"
-                     f"{r['rows']:>10,}{r['efficiency']:>11.1%} {r['pad_efficiency']:>12.1%}{r['speedup']:>9.2f}x")
+        lines.append(
+            f"{r['max_len']:>9,}{r['longer']:>9,}{r['lower_bound']:>13,}{r['strategy'][:9]:>10}"
+            f"{r['rows']:>10,}{r['efficiency']:>11.1%} {r['pad_efficiency']:>12.1%}{r['speedup']:>9.2f}x"
+        )
     return lines
 
 
 def _limits_text(limits: dict[str, Any]) -> str:
     if not limits.get("exact_up_to"):
         return "  from the stored example lengths (none truncated or dropped: exact at every max_len)"
-    return (f"  from the stored example lengths; {limits['truncated']:,} truncated, {limits['dropped']:,} dropped "
-            f"at {limits['folder_max_len']:,}: rows above it are lower bounds")
+    return (
+        f"  from the stored example lengths; {limits['truncated']:,} truncated, {limits['dropped']:,} dropped "
+        f"at {limits['folder_max_len']:,}: rows above it are lower bounds"
+    )
 
 
 def model_text(report: dict[str, Any]) -> str:
@@ -88,19 +99,25 @@ def model_text(report: dict[str, Any]) -> str:
 
 
 def _footnote(report: dict[str, Any]) -> str:
-    return (f"* est. speedup vs pad-to-longest (B={report['batch_size']}) in training FLOPs "
-            f"(pipeline.report.flops) of a model of\n    {model_text(report)}")
+    return (
+        f"* est. speedup vs pad-to-longest (B={report['batch_size']}) in training FLOPs "
+        f"(pipeline.report.flops) of a model of\n    {model_text(report)}"
+    )
 
 
 def attention_lines(a: dict[str, Any]) -> list[str]:
     """Attention's share of the training FLOPs of a folder's rows, in all and per row."""
     q = a["row_share"]
-    lines = [f"  all rows        {a['share']:.1%} of {_n(a['flops'])} FLOPs",
-             f"  per row         min {q['min']:.1%}, p50 {q['p50']:.1%}, p90 {q['p90']:.1%}, p99 {q['p99']:.1%}, "
-             f"max {q['max']:.1%}", "  highest share"]
+    lines = [
+        f"  all rows        {a['share']:.1%} of {_n(a['flops'])} FLOPs",
+        f"  per row         min {q['min']:.1%}, p50 {q['p50']:.1%}, p90 {q['p90']:.1%}, p99 {q['p99']:.1%}, max {q['max']:.1%}",
+        "  highest share",
+    ]
     for r in a["highest_share_rows"]:
-        lines.append(f"    {str(r['shard'])[:24]} row {r['row']:,}: {r['tokens']:,} tokens, {r['examples']:,} "
-                     f"example(s), longest {r['longest']:,}: {r['attention_share']:.1%}")
+        lines.append(
+            f"    {str(r['shard'])[:24]} row {r['row']:,}: {r['tokens']:,} tokens, {r['examples']:,} "
+            f"example(s), longest {r['longest']:,}: {r['attention_share']:.1%}"
+        )
     return lines
 
 
@@ -114,20 +131,18 @@ def format_text(report: dict[str, Any]) -> str:
     lines = [
         *sources_lines(r),
         f"packed folder: max_len {r['max_len']}, strategy {r['strategy']}",
-        f"  examples        {r['examples']:>14,}   sequences (split pieces count) "
-        f"{r['sequences']:,}",
-        f"  tokens          {r['tokens']:>14,}   loss tokens {r['loss_tokens']:,} "
-        f"({safe_ratio(r['loss_tokens'], r['tokens']):.1%})",
+        f"  examples        {r['examples']:>14,}   sequences (split pieces count) {r['sequences']:,}",
+        f"  tokens          {r['tokens']:>14,}   loss tokens {r['loss_tokens']:,} ({safe_ratio(r['loss_tokens'], r['tokens']):.1%})",
         f"  rows            {r['rows']:>14,}   lower bound ceil(tokens/max_len) "
         f"{r['lower_bound_rows']:,} (+{r['rows_over_lower_bound']:,})",
         f"  efficiency      {r['efficiency']:>14.2%}   tokens / (rows x max_len)",
-        f"  examples/row    mean {r['examples_per_row']['mean']:.2f}, max "
-        f"{r['examples_per_row']['max']}",
+        f"  examples/row    mean {r['examples_per_row']['mean']:.2f}, max {r['examples_per_row']['max']}",
         f"  lengths         min {L['min']}, p50 {L['p50']:.0f}, p90 {L['p90']:.0f}, "
         f"p99 {L['p99']:.0f}, max {L['max']}, mean {L['mean']:.1f}",
         f"  examples read {c['examples_read']:,}: packed {c['examples_packed']:,}, truncated "
         f"{c['truncated']:,}, split {c['split']:,}, dropped {c['dropped']:,}, empty skipped "
-        f"{c['empty_skipped']:,}" + (f", shorter than --min-len {c['too_short']:,}" if c.get("too_short") else "")
+        f"{c['empty_skipped']:,}"
+        + (f", shorter than --min-len {c['too_short']:,}" if c.get("too_short") else "")
         + (f", duplicates {c['duplicates']:,}" if c.get("duplicates") else "")
         + (f", {c['no_loss']:,} with no loss token (they train nothing)" if c.get("no_loss") else ""),
         "",
@@ -147,27 +162,45 @@ def format_text(report: dict[str, Any]) -> str:
         "  " + _footnote(r),
     ]
     if r.get("whatif"):
-        lines += ["", "what-if: this folder's examples packed at other max_len values",
-                  _limits_text(r["whatif"]["limits"]), *("  " + x for x in _across_text(r["whatif"]["runs"]))]
+        lines += [
+            "",
+            "what-if: this folder's examples packed at other max_len values",
+            _limits_text(r["whatif"]["limits"]),
+            *("  " + x for x in _across_text(r["whatif"]["runs"])),
+        ]
     held = r.get("eval") or {}
     if held.get("folder"):
-        lines += ["", f"eval: {held['examples']:,} examples held out in {held['folder']}/ (not in this folder; "
-                      f"pack-report FOLDER/{held['folder']} for its figures)"]
+        lines += [
+            "",
+            f"eval: {held['examples']:,} examples held out in {held['folder']}/ (not in this folder; "
+            f"pack-report FOLDER/{held['folder']} for its figures)",
+        ]
     elif held.get("role") == "eval":
         lines += ["", "this is a held-out eval folder (pack-data --eval-fraction): pack-train evaluates on it"]
     if len(r.get("sources", [])) > 1 or any(x["weight"] != 1 for x in r.get("sources", [])):
-        lines += ["", "sources (uses: packed examples, a --mix weight of 2 uses each example twice)",
-                  f"  {'input':<32} {'weight':>6} {'read':>10} {'uses':>10} {'tokens':>12} {'loss tokens':>12} "
-                  f"{'share':>6}"]
+        lines += [
+            "",
+            "sources (uses: packed examples, a --mix weight of 2 uses each example twice)",
+            f"  {'input':<32} {'weight':>6} {'read':>10} {'uses':>10} {'tokens':>12} {'loss tokens':>12} {'share':>6}",
+        ]
         for x in r["sources"]:
             name = Path(x["input"]).name
-            lines.append(f"  {name[:32]:<32} {x['weight']:>6g} {x['examples_read']:>10,} {x['uses']:>10,} "
-                         f"{x['tokens']:>12,} {x['loss_tokens']:>12,} {x['share']:>6.1%}")
+            lines.append(
+                f"  {name[:32]:<32} {x['weight']:>6g} {x['examples_read']:>10,} {x['uses']:>10,} "
+                f"{x['tokens']:>12,} {x['loss_tokens']:>12,} {x['share']:>6.1%}"
+            )
     bad = [s["file"] for s in r["shards"] if s["sha256_ok"] is False]
     lines.append("")
-    lines.append(f"shards: {len(r['shards'])}, sha256 "
-                 + ("not checked" if r["shards"] and r["shards"][0]["sha256_ok"] is None
-                    else "all ok" if not bad else f"MISMATCH in {', '.join(bad[:3])}"))
+    lines.append(
+        f"shards: {len(r['shards'])}, sha256 "
+        + (
+            "not checked"
+            if r["shards"] and r["shards"][0]["sha256_ok"] is None
+            else "all ok"
+            if not bad
+            else f"MISMATCH in {', '.join(bad[:3])}"
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +209,7 @@ def _format_whatif(r: dict[str, Any]) -> str:
     lines = [
         *sources_lines(r),
         f"what-if: {r['examples']:,} examples, {r['tokens_untruncated']:,} tokens",
-        f"  lengths min {L['min']}, p50 {L['p50']:.0f}, p90 {L['p90']:.0f}, p99 {L['p99']:.0f}, "
-        f"max {L['max']}, mean {L['mean']:.1f}",
+        f"  lengths min {L['min']}, p50 {L['p50']:.0f}, p90 {L['p90']:.0f}, p99 {L['p99']:.0f}, max {L['max']}, mean {L['mean']:.1f}",
     ]
     for run in r["runs"]:
         lines += [

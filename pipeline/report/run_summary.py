@@ -43,19 +43,22 @@ def run_report(folder: Path) -> dict[str, Any]:
     try:
         return _figures(folder, records, train, evals, summary, best)
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{folder}: metrics.jsonl holds a value pack-train does not write ({type(exc).__name__}: "
-                        f"{exc}): the run folder is damaged") from None
+        raise UserError(
+            f"{folder}: metrics.jsonl holds a value pack-train does not write ({type(exc).__name__}: {exc}): the run folder is damaged"
+        ) from None
 
 
-def _figures(folder: Path, records: list[dict], train: list[dict], evals: list[dict], summary: dict | None,
-             best: dict | None) -> dict[str, Any]:
+def _figures(
+    folder: Path, records: list[dict], train: list[dict], evals: list[dict], summary: dict | None, best: dict | None
+) -> dict[str, Any]:
     return {
         "kind": "run",
         "folder": str(folder),
         "finished": summary is not None,
         "summary": summary,
-        "train_loss": {"first": train[0]["loss"], "last": train[-1]["loss"],
-                       "lowest": min(r["loss"] for r in train), "lines": len(train)} if train else None,
+        "train_loss": {"first": train[0]["loss"], "last": train[-1]["loss"], "lowest": min(r["loss"] for r in train), "lines": len(train)}
+        if train
+        else None,
         "last_step": max((r["step"] for r in records), default=0),
         "tokens_per_s": [r["tokens_per_s"] for r in train if "tokens_per_s" in r][-1:] or None,
         "flops": _flop_figures(summary, train),
@@ -82,11 +85,12 @@ def _json_object(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not readable JSON ({type(exc).__name__}): the run folder is damaged (a run "
-                        "cut off while writing it?); re-run or resume the run to write it again") from None
+        raise UserError(
+            f"{path}: not readable JSON ({type(exc).__name__}): the run folder is damaged (a run "
+            "cut off while writing it?); re-run or resume the run to write it again"
+        ) from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: not a JSON object: the run folder is damaged; re-run or resume the run to "
-                        "write it again")
+        raise UserError(f"{path}: not a JSON object: the run folder is damaged; re-run or resume the run to write it again")
     return data
 
 
@@ -96,24 +100,29 @@ def format_run(report: dict[str, Any]) -> str:
     try:
         return _format_run(report)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise UserError(f"{report['folder']}: summary.json, metrics.jsonl or best.json holds a value pack-train "
-                        f"does not write ({type(exc).__name__}: {exc}): the run folder is damaged") from None
+        raise UserError(
+            f"{report['folder']}: summary.json, metrics.jsonl or best.json holds a value pack-train "
+            f"does not write ({type(exc).__name__}: {exc}): the run folder is damaged"
+        ) from None
 
 
 def _format_run(report: dict[str, Any]) -> str:
     s, t = report["summary"], report["train_loss"]
     lines = [f"pack-train run: {report['folder']} ({'finished' if report['finished'] else 'not finished'})"]
     if s:
-        lines.append(f"  steps           {s['steps']} / {s['total_steps']}, {s['tokens']:,} tokens, "
-                     f"{s['tokens_per_s']:,.0f} tokens/s, attention {s['attention']}")
+        lines.append(
+            f"  steps           {s['steps']} / {s['total_steps']}, {s['tokens']:,} tokens, "
+            f"{s['tokens_per_s']:,.0f} tokens/s, attention {s['attention']}"
+        )
     else:
         lines.append(f"  last step       {report['last_step']}")
     if report.get("flops"):
         f = report["flops"]
         lines.append(f"  compute         {rates_line(f)}" + ("" if f["over"] == "run" else f" at {f['over']}"))
     if t:
-        lines.append(f"  train loss      first {t['first']:.4f}, last {t['last']:.4f}, lowest {t['lowest']:.4f} "
-                     f"({t['lines']} metrics lines)")
+        lines.append(
+            f"  train loss      first {t['first']:.4f}, last {t['last']:.4f}, lowest {t['lowest']:.4f} ({t['lines']} metrics lines)"
+        )
     for e in report["evals"][-5:]:
         lines.append(f"  eval loss       step {e['step']}: {e['eval_loss']:.4f} (perplexity {e['eval_ppl']:.2f})")
     if report["best"]:

@@ -131,13 +131,10 @@ def check_shard(flat: ShardColumns, name: str, max_len: int, vocab_size: int | N
     n_ex = np.diff(flat.ex_off)
     if len(row_len) and (bad := (row_len < 1) | (n_ex < 1)).any():
         r = _first(bad)
-        raise ShardFormatError(f"{loc.row(r)}: empty row ({int(row_len[r])} tokens, "
-                               f"{int(n_ex[r])} examples)")
+        raise ShardFormatError(f"{loc.row(r)}: empty row ({int(row_len[r])} tokens, {int(n_ex[r])} examples)")
     if (bad := row_len > max_len).any():
         r = _first(bad)
-        raise ShardFormatError(
-            f"{loc.row(r)}: row too long: {int(row_len[r])} tokens > max_len {max_len}"
-        )
+        raise ShardFormatError(f"{loc.row(r)}: row too long: {int(row_len[r])} tokens > max_len {max_len}")
     seq = flat.seq_lens
     if (bad := seq < 1).any():
         k = _first(bad)
@@ -147,20 +144,13 @@ def check_shard(flat: ShardColumns, name: str, max_len: int, vocab_size: int | N
     row_sums = cum[flat.ex_off[1:]] - cum[flat.ex_off[:-1]]
     if (bad := row_sums != row_len).any():
         r = _first(bad)
-        raise ShardFormatError(
-            f"{loc.row(r)}: seq_lens sum to {int(row_sums[r])} but the row has "
-            f"{int(row_len[r])} tokens"
-        )
+        raise ShardFormatError(f"{loc.row(r)}: seq_lens sum to {int(row_sums[r])} but the row has {int(row_len[r])} tokens")
     # From here the example boundaries tile the flat token arrays exactly: one numba pass over the
     # tokens finds the first defect of each kind (reported in the order below) and counts loss tokens.
     starts = cum[:-1]
-    code, at, loss_tokens, max_id, no_loss = _token_checks(
-        flat.input_ids, flat.labels, flat.position_ids, seq, int(vocab_size or 0)
-    )
+    code, at, loss_tokens, max_id, no_loss = _token_checks(flat.input_ids, flat.labels, flat.position_ids, seq, int(vocab_size or 0))
     if code == _NEGATIVE_ID:
-        raise ShardFormatError(
-            f"{loc.token(at, starts)}: negative token id {int(flat.input_ids[at])}"
-        )
+        raise ShardFormatError(f"{loc.token(at, starts)}: negative token id {int(flat.input_ids[at])}")
     if code == _BEYOND_VOCAB:
         raise ShardFormatError(
             f"{loc.token(at, starts)}: token id {int(flat.input_ids[at])} >= the tokenizer's "
@@ -214,12 +204,12 @@ class ShardSummary:
             st = os.stat(path)
         except OSError:
             return False
-        return (st.st_size, st.st_mtime_ns, st.st_ino, max_len) == (
-            self.size, self.mtime_ns, self.inode, self.max_len) and (vocab_size is None or self.max_id < vocab_size)
+        return (st.st_size, st.st_mtime_ns, st.st_ino, max_len) == (self.size, self.mtime_ns, self.inode, self.max_len) and (
+            vocab_size is None or self.max_id < vocab_size
+        )
 
 
-def summarize_shard(path: str | os.PathLike[str], max_len: int,
-                    vocab_size: int | None = None) -> ShardSummary:
+def summarize_shard(path: str | os.PathLike[str], max_len: int, vocab_size: int | None = None) -> ShardSummary:
     """`check_shard` on the file as it is on disk (memory-mapped); its totals and example ids.
 
     pack-data calls this on each shard as soon as it is written and hands the results to

@@ -26,8 +26,7 @@ _SEEDS = (0x5EED0FE8A1, 0x5EED0FE8A2)
 def _multipliers(n: int) -> np.ndarray:
     """(2, n) odd uint64 multipliers for positions 0..n-1, the same in every process and folder
     (each row a stream of its own seed, so the first n do not depend on n)."""
-    rows = [np.random.Generator(np.random.PCG64(seed)).integers(0, 2 ** 63, size=n, dtype=np.uint64)
-            for seed in _SEEDS]
+    rows = [np.random.Generator(np.random.PCG64(seed)).integers(0, 2**63, size=n, dtype=np.uint64) for seed in _SEEDS]
     return np.stack(rows) * np.uint64(2) + np.uint64(1)
 
 

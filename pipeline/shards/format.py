@@ -53,7 +53,7 @@ SCHEMA = pa.schema(
 MAX_SHARD_TOKENS = (1 << 31) - 1  # the largest int32 list offset: tokens one shard can hold
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
 # the longest row a shard holds: a position, a sequence length and a row's offsets are 32-bit
-MAX_ROW_TOKENS = 2 ** 31 - 1
+MAX_ROW_TOKENS = 2**31 - 1
 EXAMPLE_COLUMNS = ("seq_lens", "example_ids")
 
 
@@ -81,6 +81,7 @@ def rows_table(
     """
     if len(row_offsets) and int(row_offsets[-1]) > MAX_SHARD_TOKENS:  # pack-data's options keep shards below it
         raise ValueError(f"a shard of {int(row_offsets[-1]):,} tokens is beyond its int32 list offsets")
+
     # Arrays are built straight from the numpy buffers (zero-copy).
     def lists(offsets: np.ndarray, values: np.ndarray, dtype: type, arrow_type: pa.DataType) -> pa.Array:
         flat = np.ascontiguousarray(values, dtype=dtype)
@@ -136,7 +137,7 @@ class _SkipLeadingMagic:
             self._skip -= cut
             view = view[cut:]
         while view:  # raw (unbuffered) writes may be short
-            view = view[self._raw.write(view):]
+            view = view[self._raw.write(view) :]
         return len(data)
 
     def flush(self) -> None:
@@ -262,16 +263,13 @@ def load_shard(path: str | os.PathLike[str]) -> ShardColumns:
         if not np.array_equal(off, row_off):
             r = _first_true(np.diff(off) != np.diff(row_off))
             raise ShardFormatError(
-                f"{name} row {r}: {other} has {int(np.diff(off)[r])} entries but input_ids has "
-                f"{int(np.diff(row_off)[r])}"
+                f"{name} row {r}: {other} has {int(np.diff(off)[r])} entries but input_ids has {int(np.diff(row_off)[r])}"
             )
     ex_off = cols["seq_lens"][1]
     if not np.array_equal(cols["example_ids"][1], ex_off):
         d1, d2 = np.diff(cols["example_ids"][1]), np.diff(ex_off)
         r = _first_true(d1 != d2)
-        raise ShardFormatError(
-            f"{name} row {r}: example_ids has {int(d1[r])} entries but seq_lens has {int(d2[r])}"
-        )
+        raise ShardFormatError(f"{name} row {r}: example_ids has {int(d1[r])} entries but seq_lens has {int(d2[r])}")
     return ShardColumns(
         input_ids=cols["input_ids"][0],
         labels=cols["labels"][0],

@@ -90,8 +90,7 @@ class Manifest:
             raise ShardFormatError(f"{where}: expected a JSON object")
         if data.get("format") != FORMAT_NAME:
             raise ShardFormatError(
-                f"{where}: format is {data.get('format')!r}, expected {FORMAT_NAME!r}: "
-                "not a folder written by pack-data"
+                f"{where}: format is {data.get('format')!r}, expected {FORMAT_NAME!r}: not a folder written by pack-data"
             )
         if data.get("format_version") != FORMAT_VERSION:
             raise ShardFormatError(
@@ -123,10 +122,13 @@ def _check_types(data: dict[str, Any], ints: tuple[str, ...], where: str) -> Non
     """Every field of a parsed manifest has the type pack-data writes (a count an integer, a sha256 64
     hex digits, a shard's file and the eval folder strings: `read_manifest` keeps them inside), else ShardFormatError
     naming the field: a value of another type never reaches a computation or a report."""
+
     def bad(field_: str, value: Any, want: str) -> ShardFormatError:
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        return ShardFormatError(f"{where}: field {field_} is {shown}, but must be {want}: the manifest was "
-                                "altered or written by something else; re-run pack-data")
+        return ShardFormatError(
+            f"{where}: field {field_} is {shown}, but must be {want}: the manifest was "
+            "altered or written by something else; re-run pack-data"
+        )
 
     for key in ints:
         if not _count(data[key]):
@@ -189,8 +191,10 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
     path = Path(folder) / MANIFEST_NAME
     if not path.is_file():
         if (Path(folder) / METRICS).is_file() and (Path(folder) / RUN_CONFIG).is_file():
-            raise ShardFormatError(f"{folder} is a pack-train run folder, not a packed folder: give the folder "
-                                   "pack-data wrote (the run's config.json names it as data)")
+            raise ShardFormatError(
+                f"{folder} is a pack-train run folder, not a packed folder: give the folder "
+                "pack-data wrote (the run's config.json names it as data)"
+            )
         raise ShardFormatError(f"{path}: no manifest: is {folder} a folder written by pack-data?")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -221,8 +225,6 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
         while n := handle.readinto(buf):
             digest.update(view[:n])
     return digest.hexdigest()
-
-
 
 
 def pack_data_files(folder: str | os.PathLike[str]) -> set[str] | None:

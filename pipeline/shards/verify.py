@@ -69,16 +69,11 @@ def _check_manifest_self(manifest: Manifest, where: str) -> None:
             f"{c.examples_read}" + (f" x counts.passes {c.passes}" if c.passes != 1 else "")
         )
     if manifest.loss_tokens > manifest.total_tokens:
-        raise ShardFormatError(
-            f"{where}: loss_tokens {manifest.loss_tokens} > total_tokens {manifest.total_tokens}"
-        )
+        raise ShardFormatError(f"{where}: loss_tokens {manifest.loss_tokens} > total_tokens {manifest.total_tokens}")
     expected = manifest.total_tokens / (manifest.rows * manifest.max_len) if manifest.rows else 0.0
     eff = manifest.efficiency
     if not isinstance(eff, (int, float)) or abs(eff - expected) > 1e-5:  # manifests round to 1e-6
-        raise ShardFormatError(
-            f"{where}: efficiency {manifest.efficiency!r} != total_tokens / (rows x max_len) = "
-            f"{expected:.6f}"
-        )
+        raise ShardFormatError(f"{where}: efficiency {manifest.efficiency!r} != total_tokens / (rows x max_len) = {expected:.6f}")
 
 
 def verify_folder(
@@ -111,8 +106,7 @@ def verify_folder(
     stray = sorted(p.name for p in folder.glob(SHARD_GLOB) if p.name not in listed)
     if stray:
         raise ShardFormatError(
-            f"{folder / stray[0]}: shard file not listed in the manifest (left over from another "
-            "run?): remove it or re-run pack-data"
+            f"{folder / stray[0]}: shard file not listed in the manifest (left over from another run?): remove it or re-run pack-data"
         )
 
     vocab = manifest_vocab(manifest.tokenizer)
@@ -132,8 +126,7 @@ def verify_folder(
             summary = summarize_shard(path, manifest.max_len, vocab)
         if summary.rows != info.rows or summary.tokens != info.tokens:
             raise ShardFormatError(
-                f"{path}: has {summary.rows} rows / {summary.tokens} tokens, manifest says "
-                f"{info.rows} rows / {info.tokens} tokens"
+                f"{path}: has {summary.rows} rows / {summary.tokens} tokens, manifest says {info.rows} rows / {info.tokens} tokens"
             )
         rows += summary.rows
         tokens += summary.tokens
@@ -164,15 +157,16 @@ def _check_groups(manifest: Manifest, where: str, paths: list[Path]) -> None:
     if size is None or not groups:
         raise ShardFormatError(f"{where}: groups and group_size come together (one is missing): re-run pack-data")
     if sum(groups) != manifest.rows:
-        raise ShardFormatError(f"{where}: the groups hold {sum(groups)} rows but the folder has {manifest.rows}: "
-                               "re-run pack-data")
+        raise ShardFormatError(f"{where}: the groups hold {sum(groups)} rows but the folder has {manifest.rows}: re-run pack-data")
     pieces = np.concatenate([np.diff(load_shard(p).ex_off) for p in paths] or [np.zeros(0, np.int64)])
     per_group = np.add.reduceat(pieces, np.concatenate(([0], np.cumsum(groups)[:-1]))) if len(pieces) else pieces
     wrong = np.flatnonzero(per_group[:-1] != size)
     if len(wrong) or per_group[-1] > size:
         g = int(wrong[0]) if len(wrong) else len(groups) - 1
-        raise ShardFormatError(f"{where}: group {g} holds {int(per_group[g])} examples, not group_size {size} "
-                               "(only the last group may hold fewer): re-run pack-data")
+        raise ShardFormatError(
+            f"{where}: group {g} holds {int(per_group[g])} examples, not group_size {size} "
+            "(only the last group may hold fewer): re-run pack-data"
+        )
 
 
 def check_checksum(path: Path) -> None:
@@ -213,8 +207,7 @@ def _check_example_ids(manifest: Manifest, where: str, ids: np.ndarray) -> None:
         )
     if len(uniq) != c.examples_packed:
         raise ShardFormatError(
-            f"{where}: counts.examples_packed is {c.examples_packed} but the shards hold "
-            f"{len(uniq)} distinct example ids"
+            f"{where}: counts.examples_packed is {c.examples_packed} but the shards hold {len(uniq)} distinct example ids"
         )
 
 
@@ -225,10 +218,13 @@ def verify_eval_folder(folder: str | os.PathLike[str], manifest: Manifest, *, ch
     if not (held / MANIFEST_NAME).is_file():
         raise ShardFormatError(f"{folder}: its manifest names the eval folder {held}, which is missing: re-run pack-data")
     eval_manifest = verify_folder(held, check_hashes=check_hashes)
-    ids = [np.unique(np.concatenate([load_shard(p).example_ids for p in shard_paths(f, m)] or [np.zeros(0)]))
-           for f, m in ((folder, manifest), (held, eval_manifest))]
+    ids = [
+        np.unique(np.concatenate([load_shard(p).example_ids for p in shard_paths(f, m)] or [np.zeros(0)]))
+        for f, m in ((folder, manifest), (held, eval_manifest))
+    ]
     both = np.intersect1d(*ids)
     if len(both):
-        raise ShardFormatError(f"{held}: example id {int(both[0])} is in the eval folder and in the training "
-                               f"folder ({len(both)} in both): re-run pack-data")
+        raise ShardFormatError(
+            f"{held}: example id {int(both[0])} is in the eval folder and in the training folder ({len(both)} in both): re-run pack-data"
+        )
     return eval_manifest

@@ -89,8 +89,7 @@ def _assemble(ids, tok_loss, ex_tok_start, ex_tok_end, ex_last_loss, empty, no_e
     return out_ids, out_lab, lengths
 
 
-def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: Where,
-                   encode: Encode | None = None) -> TokBatch:
+def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: Where, encode: Encode | None = None) -> TokBatch:
     """Render, tokenize and assemble one batch of a text / instruction / chat dataset.
 
     `encode` turns texts into (flat ids, lengths): `encode_texts` with this tokenizer by default, or
@@ -105,9 +104,7 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     has_text = np.zeros(n, dtype=bool)
     if len(segs.texts):
         np.logical_or.at(has_text, segs.example[~blank], True)
-    texts = segs.texts if has_text.all() else [
-        t if keep else "" for t, keep in zip(segs.texts, has_text[segs.example].tolist())
-    ]
+    texts = segs.texts if has_text.all() else [t if keep else "" for t, keep in zip(segs.texts, has_text[segs.example].tolist())]
     # segments are sorted by example: example e owns segments [first[e], last[e]]
     counts = np.bincount(segs.example, minlength=n) if len(segs.example) else np.zeros(n, dtype=np.int64)
     last_seg = np.cumsum(counts) - 1
@@ -116,8 +113,12 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     whole, cuts = _join_segments(texts, counts, first_seg)
     owner = np.flatnonzero(has_seg)  # the example of each whole text
     flat, seg_lens = _encode_whole(
-        encode if encode is not None else partial(encode_texts, tokenizer), whole, cuts, tokenizer,
-        lambda i: where(int(owner[i])), segs.controls,
+        encode if encode is not None else partial(encode_texts, tokenizer),
+        whole,
+        cuts,
+        tokenizer,
+        lambda i: where(int(owner[i])),
+        segs.controls,
     )
     tok_loss = np.repeat(segs.loss, seg_lens)
     seg_end = np.cumsum(seg_lens)
@@ -144,8 +145,9 @@ def tokenize_batch(table: pa.Table, fmt: ResolvedFormat, tokenizer: Any, where: 
     return TokBatch(ids, labels, lengths)
 
 
-def _encode_whole(encode: Encode, whole: list[str], cuts: Cuts | None, tokenizer: Any, where: Where,
-                  controls: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+def _encode_whole(
+    encode: Encode, whole: list[str], cuts: Cuts | None, tokenizer: Any, where: Where, controls: tuple[str, ...]
+) -> tuple[np.ndarray, np.ndarray]:
     """(flat ids, segment token counts) of the whole texts: with `encode` (`encode_bounded`), but for
     the texts holding control tokens the user wrote, encoded here (`control_tokens.encode_marked`)."""
     marked = [i for i, text in enumerate(whole) if has_marks(text)]
@@ -155,10 +157,15 @@ def _encode_whole(encode: Encode, whole: list[str], cuts: Cuts | None, tokenizer
     positions = np.zeros(0, dtype=np.int64) if cuts is None else np.asarray(cuts[1], dtype=np.int64)
     first_cut = np.cumsum(counts) - counts
     plain = [i for i in range(len(whole)) if not has_marks(whole[i])]
-    plain_cuts = (counts[plain], np.concatenate([positions[first_cut[i] : first_cut[i] + counts[i]] for i in plain]
-                                                or [np.zeros(0, dtype=np.int64)]))
-    flat_p, lens_p = encode_bounded(encode, [whole[i] for i in plain], plain_cuts, lambda: tokenizer.backend_tokenizer,
-                                    lambda k: where(plain[k])) if plain else (np.zeros(0, np.int32), np.zeros(0, np.int64))
+    plain_cuts = (
+        counts[plain],
+        np.concatenate([positions[first_cut[i] : first_cut[i] + counts[i]] for i in plain] or [np.zeros(0, dtype=np.int64)]),
+    )
+    flat_p, lens_p = (
+        encode_bounded(encode, [whole[i] for i in plain], plain_cuts, lambda: tokenizer.backend_tokenizer, lambda k: where(plain[k]))
+        if plain
+        else (np.zeros(0, np.int32), np.zeros(0, np.int64))
+    )
     parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     seg_at = tok_at = 0
     for k, i in enumerate(plain):
@@ -171,8 +178,7 @@ def _encode_whole(encode: Encode, whole: list[str], cuts: Cuts | None, tokenizer
         cut = positions[first_cut[i] : first_cut[i] + counts[i]].tolist()
         parts[i] = encode_marked(tokenizer.backend_tokenizer, whole[i], cut, controls)
     ordered = [parts[i] for i in range(len(whole))]
-    return (np.concatenate([p[0] for p in ordered]).astype(np.int32),
-            np.concatenate([p[1] for p in ordered]).astype(np.int64))
+    return (np.concatenate([p[0] for p in ordered]).astype(np.int32), np.concatenate([p[1] for p in ordered]).astype(np.int64))
 
 
 def _join_segments(texts: list[str], counts: np.ndarray, first_seg: np.ndarray) -> tuple[list[str], Cuts | None]:
@@ -212,8 +218,10 @@ def _int_list_column(table: pa.Table, name: str, where: Where) -> tuple[np.ndarr
     flat = values.to_numpy(zero_copy_only=False)
     if flat.dtype != np.int32:
         if len(flat) and (flat.min() < IGNORE_INDEX or flat.max() > np.iinfo(np.int32).max):
-            raise UserError(f"{where(0)}: column {name!r} holds ids outside the int32 range: token ids are "
-                            "non-negative and below the vocabulary size; fix the data")
+            raise UserError(
+                f"{where(0)}: column {name!r} holds ids outside the int32 range: token ids are "
+                "non-negative and below the vocabulary size; fix the data"
+            )
         flat = flat.astype(np.int32)
     return flat, lengths
 
@@ -235,8 +243,7 @@ def tokenized_batch(table: pa.Table, fmt: ResolvedFormat, where: Where, *, deriv
         if not np.array_equal(lab_lens, lengths):
             bad = int(np.argmax(lab_lens != lengths))
             raise UserError(
-                f"{where(bad)}: labels has {lab_lens[bad]} entries but input_ids has "
-                f"{lengths[bad]}: they must be the same length"
+                f"{where(bad)}: labels has {lab_lens[bad]} entries but input_ids has {lengths[bad]}: they must be the same length"
             )
         wrong = (labels != IGNORE_INDEX) & (labels != ids)
         if wrong.any():

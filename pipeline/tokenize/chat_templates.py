@@ -29,8 +29,19 @@ _LLAMA2 = (  # meta-llama/Llama-2-7b-chat-hf
     "(system if loop.first else '') + message['content'] | trim + ' [/INST]' }}{% elif message['role'] == "
     "'assistant' %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}{% endif %}{% endfor %}"
 )
-_ORDER = ("chatml", "llama3", "llama2", "qwen_25", "qwen3", "gemma", "gemma3", "phi_3", "mistral_v1",
-          "mistral_v3_tekken", "mistral_v7_tekken")
+_ORDER = (
+    "chatml",
+    "llama3",
+    "llama2",
+    "qwen_25",
+    "qwen3",
+    "gemma",
+    "gemma3",
+    "phi_3",
+    "mistral_v1",
+    "mistral_v3_tekken",
+    "mistral_v7_tekken",
+)
 NAMED: dict[str, str] = {name: {**AXOLOTL, **AXOLOTL_TOOLS, "llama2": _LLAMA2}[name] for name in _ORDER}
 
 
@@ -44,7 +55,7 @@ def resolve_chat_template(value: str) -> str:
     if value in NAMED:
         return NAMED[value]
     if value.startswith(DROP_FIRST_SYSTEM):  # an Axolotl file's drop_system_message, before its template
-        return DROP_FIRST_SYSTEM + resolve_chat_template(value[len(DROP_FIRST_SYSTEM):])
+        return DROP_FIRST_SYSTEM + resolve_chat_template(value[len(DROP_FIRST_SYSTEM) :])
     if "{%" in value or "{{" in value:
         return checked(value, "--chat-template (inline text)")
     path = Path(value).expanduser()
@@ -54,11 +65,14 @@ def resolve_chat_template(value: str) -> str:
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"--chat-template {value}: cannot read it ({exc})") from None
         if not text.strip():
-            raise UserError(f"--chat-template {value}: the file is empty: give a file holding a Jinja chat template "
-                            f"(or a name: {', '.join(NAMED)})")
+            raise UserError(
+                f"--chat-template {value}: the file is empty: give a file holding a Jinja chat template (or a name: {', '.join(NAMED)})"
+            )
         return checked(text, f"--chat-template {value}")
-    raise UserError(f"--chat-template {value!r}: not a template name ({', '.join(NAMED)}) nor a Jinja file: "
-                    "give one of those names or the path of a .jinja file")
+    raise UserError(
+        f"--chat-template {value!r}: not a template name ({', '.join(NAMED)}) nor a Jinja file: "
+        "give one of those names or the path of a .jinja file"
+    )
 
 
 def checked(text: str, name: str) -> str:
@@ -70,13 +84,12 @@ def checked(text: str, name: str) -> str:
     try:
         compile_template(text)
     except jinja2.TemplateSyntaxError as exc:
-        raise UserError(f"{name}: not a valid Jinja template (line {exc.lineno}: {one_line(exc.message, 200)}): "
-                        "fix it") from None
+        raise UserError(f"{name}: not a valid Jinja template (line {exc.lineno}: {one_line(exc.message, 200)}): fix it") from None
     return text
 
 
 def template_label(value: str) -> str:
     """How the manifest names `--chat-template VALUE`: the name or path, or "inline" for template text."""
     if value.startswith(DROP_FIRST_SYSTEM):
-        return f"{template_label(value[len(DROP_FIRST_SYSTEM):])} (its first system message dropped)"
+        return f"{template_label(value[len(DROP_FIRST_SYSTEM) :])} (its first system message dropped)"
     return "inline" if value not in NAMED and ("{%" in value or "{{" in value) else value

@@ -24,8 +24,13 @@ GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")  # transformers' test for
 LOCAL_FROM = 16  # conversations with more messages try `_local_segments` first
 
 
-def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_prompt: bool,
-                  roles: tuple[str, ...] = ("assistant",), train_on_eos: str = "turn") -> list[tuple[str, bool]]:
+def chat_segments(
+    messages: list[dict[str, str]],
+    tokenizer: Any,
+    train_on_prompt: bool,
+    roles: tuple[str, ...] = ("assistant",),
+    train_on_eos: str = "turn",
+) -> list[tuple[str, bool]]:
     """Render a conversation with the chat template as (text, is_loss) segments.
 
     The conversation is rendered prefix by prefix; the text an assistant message adds (after the
@@ -57,8 +62,7 @@ def chat_segments(messages: list[dict[str, str]], tokenizer: Any, train_on_promp
         segments = _generation_segments(messages, tokenizer)
     else:
         local = _local_segments(messages, render, roles) if len(messages) > LOCAL_FROM else None
-        segments = without_trailing_space(local if local is not None else _prefix_segments(messages, render, roles),
-                                           controls)
+        segments = without_trailing_space(local if local is not None else _prefix_segments(messages, render, roles), controls)
     if "assistant" in roles:
         check_assistant_rendered(messages, segments, template_name(tokenizer))
     return eos_policy(segments, controls, train_on_eos)
@@ -68,8 +72,9 @@ def eos_policy(segments: list[tuple[str, bool]], controls: tuple[str, ...], poli
     """`--train-on-eos`: the end-of-turn token ending a loss segment (a control token) keeps its loss
     ("turn"), keeps it only in the last loss segment ("last"), loses it ("none"); "all" also gives
     loss to every occurrence of those end-of-turn tokens in the segments without loss."""
-    ends = [next((t for t in controls if text.endswith(t) and not text.endswith(END + t)), None) if loss else None
-            for text, loss in segments]
+    ends = [
+        next((t for t in controls if text.endswith(t) and not text.endswith(END + t)), None) if loss else None for text, loss in segments
+    ]
     if policy == "turn" or not any(ends):
         return segments
     last = max(i for i, end in enumerate(ends) if end)
@@ -121,8 +126,7 @@ def _split_think(message: dict[str, Any]) -> dict[str, Any]:
     """One message split as Qwen3's template splits it (only an assistant's string content holding
     `</think>`, without a reasoning_content of its own)."""
     content = message.get("content")
-    if (message.get("role") != "assistant" or not isinstance(content, str) or THINK_CLOSE not in content
-            or "reasoning_content" in message):
+    if message.get("role") != "assistant" or not isinstance(content, str) or THINK_CLOSE not in content or "reasoning_content" in message:
         return message
     reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
     return {**message, "content": content.split(THINK_CLOSE)[-1].lstrip("\n"), "reasoning_content": reasoning}
@@ -165,7 +169,7 @@ def without_trailing_space(segments: list[tuple[str, bool]], controls: tuple[str
     for text, loss in segments:
         body = text.rstrip() if loss else text
         if loss and body != text and not body.endswith(END) and any(body.endswith(t) for t in controls):
-            out += [(body, True), (text[len(body):], False)]
+            out += [(body, True), (text[len(body) :], False)]
         else:
             out.append((text, loss))
     return out
@@ -185,9 +189,11 @@ def check_assistant_rendered(messages: list[dict[str, Any]], segments: list[tupl
     trained = unmark("".join(text for text, loss in segments if loss))
     for i, message in enumerate(messages):
         if message.get("role") == "assistant" and (text := visible_text(message.get("content"))) and text not in trained:
-            raise UserError(f"the chat template {name} does not render the assistant's content where the loss goes "
-                            f"(message {i + 1}: {text[:40]!r} is not in its rendering's assistant text), so it would "
-                            "not be trained: fix the template (it must print message['content'])")
+            raise UserError(
+                f"the chat template {name} does not render the assistant's content where the loss goes "
+                f"(message {i + 1}: {text[:40]!r} is not in its rendering's assistant text), so it would "
+                "not be trained: fix the template (it must print message['content'])"
+            )
 
 
 def reply_start(before: str, head: str, full: str) -> int | None:
@@ -202,8 +208,9 @@ def reply_start(before: str, head: str, full: str) -> int | None:
     return cut if cut > len(before) else None
 
 
-def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str],
-                     roles: tuple[str, ...] = ("assistant",)) -> list[tuple[str, bool]]:
+def _prefix_segments(
+    messages: list[dict[str, str]], render: Callable[..., str], roles: tuple[str, ...] = ("assistant",)
+) -> list[tuple[str, bool]]:
     """`chat_segments` by rendering every prefix of the conversation (what it defines)."""
     segments: list[tuple[str, bool]] = []
     prev = ""
@@ -227,8 +234,9 @@ def _prefix_segments(messages: list[dict[str, str]], render: Callable[..., str],
     return segments
 
 
-def _local_segments(messages: list[dict[str, str]], render: Callable[..., str],
-                    roles: tuple[str, ...] = ("assistant",)) -> list[tuple[str, bool]] | None:
+def _local_segments(
+    messages: list[dict[str, str]], render: Callable[..., str], roles: tuple[str, ...] = ("assistant",)
+) -> list[tuple[str, bool]] | None:
     """`chat_segments` of a long conversation in linear time, or None where this cannot be shown.
 
     The leading system messages and the two messages after them are split as `_prefix_segments`

@@ -19,11 +19,14 @@ def parts_text(content: list[Any], where: str) -> str:
         if kind == "text" and not isinstance(part.get("text"), str):
             value = part.get("text")
             got = "no 'text'" if value is None else f"the {type(value).__name__} {one_line(repr(value), 40)} as its 'text'"
-            raise UserError(f"{where}: a text content part has {got}: give each text part its text as a string "
-                            "([{\"type\": \"text\", \"text\": \"...\"}])")
+            raise UserError(
+                f'{where}: a text content part has {got}: give each text part its text as a string ([{{"type": "text", "text": "..."}}])'
+            )
         if kind != "text":
-            raise UserError(f"{where}: a message content part of type {kind!r}: only text parts "
-                            "([{\"type\": \"text\", \"text\": ...}]) can be packed for a text model; remove the others")
+            raise UserError(
+                f"{where}: a message content part of type {kind!r}: only text parts "
+                '([{"type": "text", "text": ...}]) can be packed for a text model; remove the others'
+            )
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -62,5 +65,4 @@ def with_text_content(messages: list[dict[str, Any]], tokenizer: Any, where: str
             if isinstance(m["content"], list):
                 parts_text(m["content"], where)  # only text parts
         return messages
-    return [{**m, "content": parts_text(m["content"], where) if isinstance(m["content"], list) else m["content"]}
-            for m in messages]
+    return [{**m, "content": parts_text(m["content"], where) if isinstance(m["content"], list) else m["content"]} for m in messages]

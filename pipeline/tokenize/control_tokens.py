@@ -51,8 +51,13 @@ def _control_tokens(backend_json: str, template: str) -> tuple[str, ...]:
     from tokenizers import Tokenizer
 
     added = Tokenizer.from_str(backend_json).get_added_tokens_decoder().values()
-    return tuple(sorted({t.content for t in added if t.content and (t.special or (
-        t.content in template and not t.content.isspace()))}, key=len, reverse=True))
+    return tuple(
+        sorted(
+            {t.content for t in added if t.content and (t.special or (t.content in template and not t.content.isspace()))},
+            key=len,
+            reverse=True,
+        )
+    )
 
 
 @lru_cache(maxsize=16)
@@ -66,8 +71,10 @@ def mark(value: Any, tokens: tuple[str, ...], where: str) -> Any:
     character itself is a UserError naming `where`."""
     if isinstance(value, str):
         if START in value or END in value or _AFTER[0] in value:
-            raise UserError(f"{where}: the text holds the private-use character U+F0F01, U+F0F02 or U+F0F03, "
-                            "which pack-data uses to tell control tokens the user wrote: remove it")
+            raise UserError(
+                f"{where}: the text holds the private-use character U+F0F01, U+F0F02 or U+F0F03, "
+                "which pack-data uses to tell control tokens the user wrote: remove it"
+            )
         return _pattern(tokens).sub(lambda m: START + m.group() + END, value) if tokens else value
     if isinstance(value, dict):
         return {k: mark(v, tokens, where) for k, v in value.items()}
@@ -95,8 +102,7 @@ def _as_text_backend(backend_json: str, tokens: tuple[str, ...]) -> Any:
     copy.no_truncation()
     copy.no_padding()
     copy.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
-    copy.add_tokens([AddedToken(_AFTER, special=False, normalized=False, single_word=False, lstrip=False,
-                                rstrip=False)])
+    copy.add_tokens([AddedToken(_AFTER, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False)])
     copy.encode_special_tokens = True
     return copy
 

@@ -105,10 +105,7 @@ def _worker_alive() -> Iterator[None]:
     try:
         yield
     except (EOFError, OSError):
-        raise UserError(
-            "a tokenizer worker process exited unexpectedly (out of memory?): rerun with a smaller "
-            "--num-proc"
-        ) from None
+        raise UserError("a tokenizer worker process exited unexpectedly (out of memory?): rerun with a smaller --num-proc") from None
 
 
 def _send(conn: Connection, msg: Any) -> None:
@@ -188,8 +185,7 @@ class EncodePool:
             if conn in self._unacked:
                 _recv(conn)
                 self._unacked.discard(conn)
-            counts, positions = (None, None) if cuts is None else (cuts[0].astype(np.int64).tobytes(),
-                                                                   cuts[1].astype(np.int64).tobytes())
+            counts, positions = (None, None) if cuts is None else (cuts[0].astype(np.int64).tobytes(), cuts[1].astype(np.int64).tobytes())
             _send(conn, ("encode", texts, counts, positions))
             reply = _recv(conn)
         finally:

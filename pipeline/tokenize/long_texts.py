@@ -109,8 +109,9 @@ def piece_starts(text: str, pattern: re.Pattern[str] | None) -> list[int] | None
     return starts
 
 
-def encode_bounded(encode: Encode, texts: list[str], cuts: Cuts | None, backend: Callable[[], Any],
-                   where: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_bounded(
+    encode: Encode, texts: list[str], cuts: Cuts | None, backend: Callable[[], Any], where: Callable[[int], str]
+) -> tuple[np.ndarray, np.ndarray]:
     """`encode(texts, cuts)` (flat int32 ids, int64 segment lengths), made of calls of at most
     CALL_CHARS chars each, long texts cut into pieces (module doc).
 
@@ -177,11 +178,12 @@ def _calls(chars: np.ndarray) -> list[tuple[int, int]]:
 
 def _too_long(where: str, chars: int, cuttable: bool) -> UserError:
     if cuttable:
-        why = (f"has no place within {MAX_PIECE_CHARS:,} characters where cutting it leaves its tokens unchanged "
-               "(such as a space after a word)")
+        why = (
+            f"has no place within {MAX_PIECE_CHARS:,} characters where cutting it leaves its tokens unchanged "
+            "(such as a space after a word)"
+        )
     else:
-        why = (f"is longer than the {MAX_PIECE_CHARS:,} characters this tokenizer encodes at once (its texts "
-               "cannot be cut exactly)")
+        why = f"is longer than the {MAX_PIECE_CHARS:,} characters this tokenizer encodes at once (its texts cannot be cut exactly)"
     return UserError(
         f"{where}: the text of {chars:,} characters {why}, and tokenizing it whole takes memory many times its size: "
         f"split it into rows of at most {MAX_PIECE_CHARS:,} characters"

@@ -71,8 +71,7 @@ def missing_field(table: pa.Table, name: str, where: Where) -> UserError:
 
 def needed_fields(fmt: ResolvedFormat) -> list[str]:
     """The columns every row of a file in this format must fill (the optional ones left out)."""
-    keys = {"text": ("text",), "instruction": ("prompt", "response"), "chat": ("messages",),
-            "tokenized": ("input_ids",)}[fmt.kind]
+    keys = {"text": ("text",), "instruction": ("prompt", "response"), "chat": ("messages",), "tokenized": ("input_ids",)}[fmt.kind]
     return [str(fmt.fields[k]) for k in keys]
 
 
@@ -123,18 +122,14 @@ def string_column(table: pa.Table, name: str, where: Where, *, optional: bool) -
                 col = pc.cast(col, pa.string())
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 raise UserError(
-                    f"{where(0)}: field {name!r} has type {one_line(col.type, 80)}, expected text: choose another "
-                    "field or --format"
+                    f"{where(0)}: field {name!r} has type {one_line(col.type, 80)}, expected text: choose another field or --format"
                 ) from None
     if col.null_count:
         if optional:
             col = pc.fill_null(col, "")
         else:
             first = int(pc.index(pc.is_null(col), True).as_py())
-            raise UserError(
-                f"{where(first)}: field {name!r} is missing or null: fix the row or "
-                "remove it"
-            )
+            raise UserError(f"{where(first)}: field {name!r} is missing or null: fix the row or remove it")
     return col.to_pylist()
 
 
@@ -147,16 +142,14 @@ def render_text(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
     texts = string_column(table, fmt.fields["text"], where, optional=False)
     controls = control_tokens(tokenizer.backend_tokenizer) if tokenizer is not None else ()
     n = len(texts)
-    return Segments(marked_column(texts, controls, where), np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n,
-                    controls)
+    return Segments(marked_column(texts, controls, where), np.arange(n, dtype=np.int64), np.ones(n, dtype=bool), n, controls)
 
 
 def is_conversational(table: pa.Table, fmt: ResolvedFormat) -> bool:
     """Instruction data whose prompt column holds message lists: TRL's conversational
     prompt/completion (`prompt: [{role, content}]`, `completion: [{role: assistant, ...}]`)."""
     name = fmt.fields.get("prompt")
-    return name in table.column_names and (pa.types.is_list(table.column(name).type)
-                                           or pa.types.is_large_list(table.column(name).type))
+    return name in table.column_names and (pa.types.is_list(table.column(name).type) or pa.types.is_large_list(table.column(name).type))
 
 
 def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any) -> Segments:
@@ -167,8 +160,10 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
     a qwen3 reply's `</think>\n\n` (its generation prompt ends with `<think>\n\n`). With
     `--train-on-prompt`, on everything; a --train-on-eos other than turn moves that whitespace out."""
     if not hasattr(tokenizer, "chat_template"):
-        raise UserError(f"{where(0)}: conversational prompt/completion data is rendered with the chat template, "
-                        "which --engine ray tasks do not load for instruction data: pack it with --engine local")
+        raise UserError(
+            f"{where(0)}: conversational prompt/completion data is rendered with the chat template, "
+            "which --engine ray tasks do not load for instruction data: pack it with --engine local"
+        )
     check_has_template(tokenizer)
     for name in (fmt.fields["prompt"], fmt.fields["response"]):
         if name not in table.column_names:
@@ -181,14 +176,15 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
     loss: list[bool] = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         if not isinstance(completion, list):
-            raise UserError(f"{where(i)}: field {fmt.fields['response']!r} is not a list of messages while "
-                            f"{fmt.fields['prompt']!r} is: give both as [{{role, content}}] lists, or both as text")
+            raise UserError(
+                f"{where(i)}: field {fmt.fields['response']!r} is not a list of messages while "
+                f"{fmt.fields['prompt']!r} is: give both as [{{role, content}}] lists, or both as text"
+            )
         head_msgs = normalise_messages(prompt, where(i))
         msgs = head_msgs + normalise_messages(completion, where(i))
         if not msgs:
             continue
-        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer, where(i)), controls,
-                    where(i))
+        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer, where(i)), controls, where(i))
         try:
             full = apply_chat_template(tokenizer, msgs)
             head = apply_chat_template(tokenizer, msgs[: len(head_msgs)], add_generation_prompt=True)
@@ -196,27 +192,38 @@ def render_prompt_completion(table: pa.Table, fmt: ResolvedFormat, where: Where,
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
-            raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} failed on this conversation "
-                            f"({one_line(exc)}): fix the conversation or the template") from None
+            raise UserError(
+                f"{where(i)}: the chat template {template_name(tokenizer)} failed on this conversation "
+                f"({one_line(exc)}): fix the conversation or the template"
+            ) from None
         if not full.startswith(bare):
-            raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} is not prefix-stable: the prompt "
-                            "rendered alone is not the start of prompt + completion rendered together, so the loss "
-                            "would land on the prompt: fix the template (each message rendered the same whatever "
-                            "follows it)")
+            raise UserError(
+                f"{where(i)}: the chat template {template_name(tokenizer)} is not prefix-stable: the prompt "
+                "rendered alone is not the start of prompt + completion rendered together, so the loss "
+                "would land on the prompt: fix the template (each message rendered the same whatever "
+                "follows it)"
+            )
         cut = len(head) if full.startswith(head) else len(os.path.commonprefix([head, full]))
         segs = [(full[:cut], fmt.train_on_prompt), (full[cut:], True)]
         if fmt.train_on_eos != "turn":
             segs = eos_policy(without_trailing_space(segs, controls), controls, fmt.train_on_eos)
         try:
-            check_assistant_rendered(msgs[len(head_msgs):], segs, template_name(tokenizer))
+            check_assistant_rendered(msgs[len(head_msgs) :], segs, template_name(tokenizer))
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
         for text, is_loss in segs:
             texts.append(text)
             example.append(i)
             loss.append(is_loss)
-    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(prompts), controls,
-                    np.ones(len(prompts), dtype=bool), as_rendered=True)  # TRL adds no EOS either
+    return Segments(
+        texts,
+        np.asarray(example, dtype=np.int64),
+        np.asarray(loss, dtype=bool),
+        len(prompts),
+        controls,
+        np.ones(len(prompts), dtype=bool),
+        as_rendered=True,
+    )  # TRL adds no EOS either
 
 
 def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:
@@ -226,9 +233,7 @@ def render_instruction(table: pa.Table, fmt: ResolvedFormat, where: Where, token
     responses = marked_column(string_column(table, fmt.fields["response"], where, optional=False), controls, where)
     n = len(prompts)
     inputs = marked_column(
-        string_column(table, fmt.fields["input"], where, optional=True)
-        if fmt.fields.get("input")
-        else [""] * n, controls, where
+        string_column(table, fmt.fields["input"], where, optional=True) if fmt.fields.get("input") else [""] * n, controls, where
     )
     no_input = NO_INPUT_FORMS.get(fmt.template_name or "")  # the preset's wording for a row without input
     if fmt.fields.get("input") and "input" not in formats.template_fields(template):
@@ -289,8 +294,9 @@ def normalise_messages(messages: Any, where: str) -> list[dict[str, Any]]:
             raise UserError(f"{where}: a message lacks role/content (or from/value): fix the row")
         role = ROLE_ALIASES.get(role, role)
         if role not in ROLES:
-            raise UserError(f"{where}: unknown message role {role!r}: use one of {', '.join(ROLES)} "
-                            f"(or ShareGPT's {', '.join(ROLE_ALIASES)})")
+            raise UserError(
+                f"{where}: unknown message role {role!r}: use one of {', '.join(ROLES)} (or ShareGPT's {', '.join(ROLE_ALIASES)})"
+            )
         out.append({"role": role, "content": content, **message})
     return out
 
@@ -327,8 +333,9 @@ def missing_markers(tokenizer: Any) -> list[str]:
     cache = getattr(tokenizer, "_packlm_markers", None)
     if cache is not None and cache[0] == template:
         return cache[1]
-    added = set(tokenizer.backend_tokenizer.get_added_tokens_decoder()[i].content
-                for i in tokenizer.backend_tokenizer.get_added_tokens_decoder())
+    added = set(
+        tokenizer.backend_tokenizer.get_added_tokens_decoder()[i].content for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()
+    )
     missing = list(dict.fromkeys(m for m in MARKER.findall(template) if m not in added))
     try:
         tokenizer._packlm_markers = (template, missing)
@@ -363,22 +370,22 @@ def render_chat(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: A
             msgs = msgs[1:]
         if not msgs:
             continue
-        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer, where(i)), controls,
-                    where(i))
+        msgs = mark(reasoning_split(with_text_content(msgs, tokenizer, where(i)), tokenizer, where(i)), controls, where(i))
         try:
             segs = chat_segments(msgs, tokenizer, fmt.train_on_prompt, tuple(fmt.roles_to_train), fmt.train_on_eos)
         except UserError as exc:
             raise UserError(f"{where(i)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any jinja error of a user template
-            raise UserError(f"{where(i)}: the chat template {template_name(tokenizer)} failed on this conversation "
-                            f"({one_line(exc)}): fix the conversation or the template") from None
+            raise UserError(
+                f"{where(i)}: the chat template {template_name(tokenizer)} failed on this conversation "
+                f"({one_line(exc)}): fix the conversation or the template"
+            ) from None
         no_eos[i] = ends_with_control("".join(text for text, _ in segs), controls)
         for text, is_loss in segs:
             texts.append(text)
             example.append(i)
             loss.append(is_loss)
-    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows), controls,
-                    no_eos, as_rendered=True)
+    return Segments(texts, np.asarray(example, dtype=np.int64), np.asarray(loss, dtype=bool), len(rows), controls, no_eos, as_rendered=True)
 
 
 def render(table: pa.Table, fmt: ResolvedFormat, where: Where, tokenizer: Any = None) -> Segments:

@@ -25,8 +25,9 @@ def flat_ids(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lens
 
 
-def encode_segments(backend: Any, texts: list[str], cuts: Cuts | None = None,
-                    sizes: TokenSizes | None = None) -> tuple[np.ndarray, np.ndarray]:
+def encode_segments(
+    backend: Any, texts: list[str], cuts: Cuts | None = None, sizes: TokenSizes | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Encode each text whole with a `tokenizers.Tokenizer` (no special tokens) -> flat int32 ids
     and the int64 token count of each of its segments.
 
@@ -54,14 +55,17 @@ def encode_segments(backend: Any, texts: list[str], cuts: Cuts | None = None,
         redo = [texts[i] for i in bad]
         cut0 = np.cumsum(counts) - counts  # each text's first cut in `positions`
         seg0 = cut0 + np.arange(len(texts))  # and its first segment in `seg_lens`
-        _, fixed = _split_by_offsets(backend.encode_batch(redo, add_special_tokens=False), redo, counts[bad],
-                                     np.concatenate([positions[cut0[i] : cut0[i] + counts[i]] for i in bad]))
+        _, fixed = _split_by_offsets(
+            backend.encode_batch(redo, add_special_tokens=False),
+            redo,
+            counts[bad],
+            np.concatenate([positions[cut0[i] : cut0[i] + counts[i]] for i in bad]),
+        )
         seg_lens[np.concatenate([np.arange(seg0[i], seg0[i] + counts[i] + 1) for i in bad])] = fixed
     return flat, seg_lens
 
 
-def _split_by_offsets(encodings: list[Any], texts: list[str], counts: np.ndarray,
-                      positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _split_by_offsets(encodings: list[Any], texts: list[str], counts: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat ids and segment token counts of `encodings` (made with offsets), cut where `positions` say."""
     flat, lens = flat_ids(encodings)
     seg_lens = np.empty(len(texts) + len(positions), dtype=np.int64)
@@ -139,8 +143,7 @@ def token_sizes(backend: Any) -> TokenSizes | None:
         return None
     vocab = backend.get_vocab(with_added_tokens=False)
     sizes = np.full(backend.get_vocab_size(with_added_tokens=True), _IMPOSSIBLE, dtype=np.int64)
-    sizes[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = np.fromiter(
-        map(size, vocab), dtype=np.int64, count=len(vocab))
+    sizes[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = np.fromiter(map(size, vocab), dtype=np.int64, count=len(vocab))
     added = np.zeros(len(sizes), dtype=bool)
     strips = np.zeros(len(sizes), dtype=bool)
     for i, token in backend.get_added_tokens_decoder().items():
@@ -156,8 +159,9 @@ def _metaspace_size(token: str) -> int:
     return 1 if len(token) == 6 and _BYTE_TOKEN.fullmatch(token) else len(token.replace("▁", " ").encode())
 
 
-def _split_by_sizes(sizes: TokenSizes, flat: np.ndarray, lens: np.ndarray, texts: list[str], counts: np.ndarray,
-                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _split_by_sizes(
+    sizes: TokenSizes, flat: np.ndarray, lens: np.ndarray, texts: list[str], counts: np.ndarray, positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Segment token counts from the ids' byte sizes (vectorised over the batch), and per text
     whether its sizes add up (False: its counts are to be taken from offsets)."""
     n = len(texts)
@@ -177,8 +181,9 @@ def _split_by_sizes(sizes: TokenSizes, flat: np.ndarray, lens: np.ndarray, texts
         stripping = np.concatenate(([0], np.cumsum(sizes.strips[flat])))
         ok &= stripping[first_tok + lens] == stripping[first_tok]
     owner = np.repeat(np.arange(n), counts)
-    cut_bytes = np.fromiter((len(texts[i][:c].encode()) for i, c in zip(owner.tolist(), positions.tolist())),
-                            dtype=np.int64, count=len(positions))
+    cut_bytes = np.fromiter(
+        (len(texts[i][:c].encode()) for i, c in zip(owner.tolist(), positions.tolist())), dtype=np.int64, count=len(positions)
+    )
     # the first token ending after the cut: ends[t + 1] > target
     target = base[owner] + prepended[owner] + cut_bytes
     bound = np.clip(np.searchsorted(ends, target, side="right") - 1 - first_tok[owner], 0, lens[owner])

@@ -81,8 +81,7 @@ class Spill:
             return _pread_pieces(fds, starts, lengths, o_ids), None
         if self.sources:
             ids = _map_parts([self._fd(p) for p in self.sources], starts, lengths, o_ids)
-            labels = None if not self.label_sources else \
-                _map_parts([self._fd(p) for p in self.label_sources], starts, lengths, o_lab)
+            labels = None if not self.label_sources else _map_parts([self._fd(p) for p in self.label_sources], starts, lengths, o_lab)
             return ids, labels
         ids = _map_pieces(self._fd(self.ids_path), starts, lengths, o_ids)
         labels = None if self.labels_path is None else _map_pieces(self._fd(self.labels_path), starts, lengths, o_lab)
@@ -91,8 +90,16 @@ class Spill:
     def reader(self) -> Spill:
         """A copy that can read pieces but holds no per-example arrays (cheap to send to a Ray task)."""
         empty = np.zeros(0, np.int64)
-        return Spill(self.ids_path, self.labels_path, empty, empty, sources=self.sources, where=self.where,
-                     label_sources=self.label_sources, direct=self.direct)
+        return Spill(
+            self.ids_path,
+            self.labels_path,
+            empty,
+            empty,
+            sources=self.sources,
+            where=self.where,
+            label_sources=self.label_sources,
+            direct=self.direct,
+        )
 
     def _fd(self, path: Path) -> int:
         if path not in self._fds:
@@ -122,8 +129,9 @@ def _map_parts(fds: list[int], starts: np.ndarray, lengths: np.ndarray, out: np.
     return out
 
 
-def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None,
-                dest: np.ndarray | None = None) -> np.ndarray:
+def _map_pieces(
+    fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None, dest: np.ndarray | None = None
+) -> np.ndarray:
     """Concatenate int32 ranges [start, start + length) of a file, in the order given, copied out of
     memory maps of it: the pieces sorted by start, one window of about MAP_WINDOW_BYTES mapped at a
     time and unmapped before the next, so a read costs no syscall per piece (against one pread
@@ -155,7 +163,7 @@ def _map_pieces(fd: int, starts: np.ndarray, lengths: np.ndarray, out: np.ndarra
                 raise _short_read() from None
             except OSError:  # a file system that cannot map files (some FUSE mounts): piece by piece
                 for a, m, d in zip(first.tolist(), n.tolist(), dest.tolist()):
-                    _pread_pieces([fd], np.array([a]), np.array([m]), out[d:d + m])
+                    _pread_pieces([fd], np.array([a]), np.array([m]), out[d : d + m])
                 return out
             with window:
                 src = np.frombuffer(window, dtype="<i4")
@@ -216,8 +224,9 @@ class NotDirect(Exception):
     """The inputs cannot be gathered in place (fall back to the spill)."""
 
 
-def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
-                       max_len: int, overlong: str, limit: int | None, progress: Any = None) -> Spill:
+def direct_arrow_spill(
+    files: list[Any], fmts: dict[str, ResolvedFormat], *, max_len: int, overlong: str, limit: int | None, progress: Any = None
+) -> Spill:
     """A Spill that points into the input files: every input is an uncompressed Arrow IPC *file* of
     pre-tokenized list<int32> `input_ids` without labels, so the writer can pread each example from
     the input itself and nothing is spilled. Only the offsets buffers are read here (not through
@@ -263,9 +272,8 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
                 table = pa.Table.from_batches([record_batch]).slice(0, len(col))
                 check_same_format(table, fmt, rows_where(f.path, index - file_first))
                 first = int(pc.index(pc.is_null(col), True).as_py())
-                raise UserError(f"{f.path} row {index - file_first + first + 1}: {name!r} is missing or null: "
-                                "fix the row or remove it")
-            off = np.frombuffer(col.buffers()[1], dtype=np.int32, count=col.offset + len(col) + 1)[col.offset:]
+                raise UserError(f"{f.path} row {index - file_first + first + 1}: {name!r} is missing or null: fix the row or remove it")
+            off = np.frombuffer(col.buffers()[1], dtype=np.int32, count=col.offset + len(col) + 1)[col.offset :]
             n_ex = np.diff(off).astype(np.int64)
             first_elem = (values.address - base) // 4 + col.values.offset
             keep = n_ex > 0
@@ -288,6 +296,16 @@ def direct_arrow_spill(files: list[Any], fmts: dict[str, ResolvedFormat], *,
         per_file.append(index - file_first)
 
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return Spill(Path(files[0].path), None, cat(lengths), cat(example_ids), read, empty,
-                 sources=[Path(f.path) for f in files], starts=cat(starts), where=partial(where_of, files),
-                 file_examples=per_file + [0] * (len(files) - len(per_file)), direct=True)
+    return Spill(
+        Path(files[0].path),
+        None,
+        cat(lengths),
+        cat(example_ids),
+        read,
+        empty,
+        sources=[Path(f.path) for f in files],
+        starts=cat(starts),
+        where=partial(where_of, files),
+        file_examples=per_file + [0] * (len(files) - len(per_file)),
+        direct=True,
+    )

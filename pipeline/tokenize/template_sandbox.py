@@ -48,8 +48,7 @@ def template_seconds() -> float:
     try:
         return max(float(os.environ.get(SECONDS_ENV, "30")), 0.01)
     except ValueError:
-        raise UserError(f"{SECONDS_ENV}={os.environ[SECONDS_ENV]!r} is not a number of seconds: set it to one, "
-                        "such as 30") from None
+        raise UserError(f"{SECONDS_ENV}={os.environ[SECONDS_ENV]!r} is not a number of seconds: set it to one, such as 30") from None
 
 
 class TemplateLimit(Exception):
@@ -89,12 +88,23 @@ def _check_arguments(args: tuple, kwargs: dict) -> None:
     something past it (`'x'.ljust(10**12)`, `center`, `indent`): refused."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CHARS:
-            raise TemplateLimit(f"a number of {value.bit_length()} bits is passed to a method or filter (more "
-                                f"than {MAX_CHARS})")
+            raise TemplateLimit(f"a number of {value.bit_length()} bits is passed to a method or filter (more than {MAX_CHARS})")
 
 
-PRINTS_ITS_VALUES = {"tojson", "join", "string", "pprint", "list", "urlencode", "xmlattr", "format", "map",
-                     "batch", "slice", "sum"}  # filters whose result is as large as what their values hold
+PRINTS_ITS_VALUES = {
+    "tojson",
+    "join",
+    "string",
+    "pprint",
+    "list",
+    "urlencode",
+    "xmlattr",
+    "format",
+    "map",
+    "batch",
+    "slice",
+    "sum",
+}  # filters whose result is as large as what their values hold
 
 
 def _check_contents(values: tuple) -> None:
@@ -182,8 +192,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         return result
 
     def wrap_str_format(self, value: Any) -> Any:  # str.format / format_map, sandboxed: their widths first
-        if getattr(value, "__name__", "") in ("format", "format_map") and isinstance(getattr(value, "__self__", None),
-                                                                                    str):
+        if getattr(value, "__name__", "") in ("format", "format_map") and isinstance(getattr(value, "__self__", None), str):
             _check_format_widths(value.__self__)
         return super().wrap_str_format(value)
 
@@ -241,8 +250,7 @@ def _raise_exception(message: Any) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -281,12 +289,10 @@ class _TemplateDict:
 @lru_cache(maxsize=16)
 def compile_template(text: str) -> jinja2.Template:
     """The template compiled in a `BoundedEnvironment` set up as transformers sets its own."""
-    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols],
-                             finalize=_finalize)
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols], finalize=_finalize)
     env.filters["tojson"] = _tojson
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
-    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
-                       namespace=_Namespace)
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(), namespace=_Namespace)
     return env.from_string(text)
 
 
@@ -334,8 +340,7 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 
 
-def render_template(text: str, name: str, spans: bool = False, **variables: Any
-                    ) -> str | tuple[str, list[tuple[int, int]]]:
+def render_template(text: str, name: str, spans: bool = False, **variables: Any) -> str | tuple[str, list[tuple[int, int]]]:
     """Render chat template `text` (named `name` in errors) with `variables` within the bounds; with
     `spans`, also the (start, end) of each `{% generation %}` block in the output. A bound exceeded
     is a UserError naming the template; a template error is raised as it is."""
@@ -357,13 +362,14 @@ def render_template(text: str, name: str, spans: bool = False, **variables: Any
             _WATCHDOG.stop()
             _tracking.blocks = None
     except _Timeout:
-        raise UserError(f"the chat template {name} did not finish rendering one conversation within {seconds:g} s "
-                        f"(an endless or huge loop?): fix the template, or raise {SECONDS_ENV}") from None
+        raise UserError(
+            f"the chat template {name} did not finish rendering one conversation within {seconds:g} s "
+            f"(an endless or huge loop?): fix the template, or raise {SECONDS_ENV}"
+        ) from None
     except TemplateLimit as exc:
         raise UserError(f"the chat template {name} exceeds a size limit: {exc}: fix the template") from None
     except (MemoryError, RecursionError, OverflowError) as exc:
-        raise UserError(f"the chat template {name} exceeds a limit ({type(exc).__name__}): fix the "
-                        "template") from None
+        raise UserError(f"the chat template {name} exceeds a limit ({type(exc).__name__}): fix the template") from None
     rendered = "".join(blocks)
     return (rendered, generated) if spans else rendered
 
@@ -371,8 +377,13 @@ def render_template(text: str, name: str, spans: bool = False, **variables: Any
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers fills the first two from any
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
-                        spans: bool = False, extra: dict[str, Any] | None = None) -> Any:
+def apply_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = False,
+    spans: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> Any:
     """`tokenizer.apply_chat_template(messages, tokenize=False, ...)` as transformers renders it (its
     variables: the tokenizer's special tokens, `messages` with the reasoning aliases it adds, `tools`
     and `documents` None), within the bounds of `render_template`; with `spans`, the generation
@@ -380,10 +391,15 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], add_gene
     aliased = []
     for message in messages:
         reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
-        aliased.append(message if reasoning is None else {"thinking": reasoning, **message,
-                                                           "reasoning_content": reasoning})
-    variables = {**getattr(tokenizer, "special_tokens_map", {}), "messages": aliased, "tools": None,
-                 "documents": None, "add_generation_prompt": add_generation_prompt, **(extra or {})}
+        aliased.append(message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning})
+    variables = {
+        **getattr(tokenizer, "special_tokens_map", {}),
+        "messages": aliased,
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": add_generation_prompt,
+        **(extra or {}),
+    }
     return render_template(tokenizer.chat_template, template_name(tokenizer), spans=spans, **variables)
 
 

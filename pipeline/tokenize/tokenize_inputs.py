@@ -44,8 +44,7 @@ from pipeline.tokenize.tokenizer import RUST_THREADS, load_tokenizer
 Formats = ResolvedFormat | Sequence[ResolvedFormat]  # one for every file, or one per input file
 
 
-def file_formats(files: list[Any], options: FormatOptions, columns: list[list[str]] | None = None
-                 ) -> list[ResolvedFormat]:
+def file_formats(files: list[Any], options: FormatOptions, columns: list[list[str]] | None = None) -> list[ResolvedFormat]:
     """The resolved format of each input file, from its own columns (`formats.detect_formats`;
     `columns`: each file's, when already known)."""
     if columns is None:
@@ -62,8 +61,9 @@ def _format_map(files: list[Any], fmt: Formats) -> dict[str, ResolvedFormat]:
     return {f.path: x for f, x in zip(files, fmt)}
 
 
-def tokenize_source_batch(batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False,
-                          encode: Encode | None = None) -> TokBatch:
+def tokenize_source_batch(
+    batch: Any, fmt: ResolvedFormat, tokenizer: Any, derive_labels: bool = False, encode: Encode | None = None
+) -> TokBatch:
     """One batch of rows (`pipeline.read.batches.SourceBatch`) as token ids and labels, in its file's
     format; `encode`: where texts are encoded (default: here, with the tokenizer's backend)."""
     if fmt.kind == "tokenized":
@@ -121,8 +121,7 @@ def iter_tokenized(
     text = needs_encoder(list(fmts.values()))
     if batch_rows is None:
         batch_rows = default_batch_rows(fmts.values())
-    batches = iter_batches(files, batch_rows=batch_rows, limit=limit,
-                           exact={path: text_fields(f) for path, f in fmts.items()})
+    batches = iter_batches(files, batch_rows=batch_rows, limit=limit, exact={path: text_fields(f) for path, f in fmts.items()})
     if num_proc <= 1 or not text:
         with rust_threads_off():
             for batch in batches:
@@ -169,20 +168,31 @@ def tokenize_to_spill(
     ids_path, labels_path = spill_dir / "input_ids.bin", spill_dir / "labels.bin"
     fmts = _format_map(files, fmt)
     same_labels = ids_are_labels(fmts.values())
-    in_place = try_direct(files, fmts, max_len=max_len, overlong=overlong, limit=limit, progress=progress) \
-        if direct else None
+    in_place = try_direct(files, fmts, max_len=max_len, overlong=overlong, limit=limit, progress=progress) if direct else None
     if in_place is not None:
         return in_place
     with open(ids_path, "wb") as fi, open(labels_path, "wb") as fl:
         part = spill_part(
-            iter_tokenized(files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows,
-                           derive_labels=not same_labels),
-            fi, fl, ids_path, labels_path, max_len=max_len if overlong == "error" else None, progress=progress)
+            iter_tokenized(files, fmt, tokenizer, num_proc=num_proc, limit=limit, batch_rows=batch_rows, derive_labels=not same_labels),
+            fi,
+            fl,
+            ids_path,
+            labels_path,
+            max_len=max_len if overlong == "error" else None,
+            progress=progress,
+        )
     if same_labels:
         labels_path.unlink()
-    return Spill(ids_path, None if same_labels else labels_path, part.lengths, part.example_ids, part.read,
-                 part.read - len(part.lengths), where=partial(where_of, files),
-                 file_examples=[part.per_file.get(f.path, 0) for f in files])
+    return Spill(
+        ids_path,
+        None if same_labels else labels_path,
+        part.lengths,
+        part.example_ids,
+        part.read,
+        part.read - len(part.lengths),
+        where=partial(where_of, files),
+        file_examples=[part.per_file.get(f.path, 0) for f in files],
+    )
 
 
 def ids_are_labels(fmts: Iterable[ResolvedFormat]) -> bool:
@@ -190,8 +200,9 @@ def ids_are_labels(fmts: Iterable[ResolvedFormat]) -> bool:
     return all(x.kind == "tokenized" and not x.fields.get("labels") for x in fmts)
 
 
-def try_direct(files: list[Any], fmts: dict[str, ResolvedFormat], *, max_len: int, overlong: str,
-               limit: int | None, progress: Any = None) -> Spill | None:
+def try_direct(
+    files: list[Any], fmts: dict[str, ResolvedFormat], *, max_len: int, overlong: str, limit: int | None, progress: Any = None
+) -> Spill | None:
     """Direct mode (`direct_arrow_spill`: the writer gathers from the inputs themselves, nothing is
     spilled) when every input is an uncompressed Arrow IPC file of pre-tokenized ids without labels;
     else None (the progress bar, if any, reset)."""
@@ -221,8 +232,16 @@ class Part:
     per_file: dict[str, int]
 
 
-def spill_part(tokenized: Iterable[tuple[Any, TokBatch]], ids_file: BinaryIO, labels_file: BinaryIO,
-               ids_path: Path, labels_path: Path, *, max_len: int | None = None, progress: Any = None) -> Part:
+def spill_part(
+    tokenized: Iterable[tuple[Any, TokBatch]],
+    ids_file: BinaryIO,
+    labels_file: BinaryIO,
+    ids_path: Path,
+    labels_path: Path,
+    *,
+    max_len: int | None = None,
+    progress: Any = None,
+) -> Part:
     """Append tokenized batches (`iter_tokenized`'s pairs) to open spill files, in order; with
     `max_len`, the first example longer than it is a UserError naming its row (--overlong error)."""
     lengths: list[np.ndarray] = []
@@ -300,14 +319,17 @@ def tokenize_examples(config: dict[str, Any], example_ids: Any) -> list[tuple[np
     wanted = np.asarray(list(example_ids), dtype=np.int64)
     if len(wanted) == 0:
         return []
-    with tempfile.TemporaryDirectory(prefix="packlm-inputs-") as tmp, \
-            staged_inputs(list(config["inputs"]), Path(tmp) / "inputs", download_here) as staged:
+    with (
+        tempfile.TemporaryDirectory(prefix="packlm-inputs-") as tmp,
+        staged_inputs(list(config["inputs"]), Path(tmp) / "inputs", download_here) as staged,
+    ):
         return _tokenize_examples(config, wanted, staged.as_given(resolve_inputs(staged.inputs)))
 
 
 def _tokenize_examples(config: dict[str, Any], wanted: np.ndarray, files: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
-    tokenizer = load_tokenizer(config["tokenizer"], config.get("chat_template"), config.get("add_tokens") or (),
-                               config.get("special_tokens") or {})
+    tokenizer = load_tokenizer(
+        config["tokenizer"], config.get("chat_template"), config.get("add_tokens") or (), config.get("special_tokens") or {}
+    )
     fmts = _format_map(files, file_formats(files, _format_options(config)))
     max_len = int(config.get("max_len") or 0)
     found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -333,6 +355,8 @@ def _tokenize_examples(config: dict[str, Any], wanted: np.ndarray, files: list[A
             found[batch.first_index + li] = (ids, labels)
     missing = [int(i) for i in wanted if int(i) not in found]
     if missing:
-        raise UserError(f"example id {missing[0]} is not in the inputs {config['inputs']}: were they changed "
-                        "since packing? Check against the original inputs, or pack them again")
+        raise UserError(
+            f"example id {missing[0]} is not in the inputs {config['inputs']}: were they changed "
+            "since packing? Check against the original inputs, or pack them again"
+        )
     return [found[int(i)] for i in wanted]

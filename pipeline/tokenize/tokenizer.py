@@ -29,8 +29,12 @@ TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "added_tokens", "v
 RUST_THREADS = "TOKENIZERS_PARALLELISM"  # the tokenizers library's switch for its own thread pool
 
 
-def load_tokenizer(name_or_path: str, chat_template: str | None = None, add_tokens: Sequence[str] = (),
-                   special_tokens: Mapping[str, str] | Sequence[tuple[str, str]] = ()) -> Any:
+def load_tokenizer(
+    name_or_path: str,
+    chat_template: str | None = None,
+    add_tokens: Sequence[str] = (),
+    special_tokens: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+) -> Any:
     """Load a fast Hugging Face tokenizer from a local folder, or a Hub id's (`org/name[@revision]`)
     files: from the local Hugging Face cache, downloaded when not there and not offline
     (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub.
@@ -44,8 +48,7 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None, add_toke
     except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/... with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
-            f"cannot load tokenizer {name_or_path!r} ({first[:200]}): pass a folder holding "
-            "tokenizer.json / tokenizer_config.json"
+            f"cannot load tokenizer {name_or_path!r} ({first[:200]}): pass a folder holding tokenizer.json / tokenizer_config.json"
         ) from None
     if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
         raise UserError(f"tokenizer {name_or_path!r} is not a fast (Rust) tokenizer: provide tokenizer.json")
@@ -73,8 +76,9 @@ def check_token_options(add_tokens: Any, special_tokens: Any, source: str = "") 
     specials = dict(pairs)
     for name, text in specials.items():
         if name not in SPECIAL_NAMES:
-            raise UserError(f"--special-token {name}={text}{source}: {name!r} is not a special token's name: use one "
-                            f"of {', '.join(SPECIAL_NAMES)}")
+            raise UserError(
+                f"--special-token {name}={text}{source}: {name!r} is not a special token's name: use one of {', '.join(SPECIAL_NAMES)}"
+            )
         if not isinstance(text, str) or not text:
             raise UserError(f"--special-token {name}{source}: give the token's text, e.g. {name}=<|im_end|>")
     for text in add_tokens:
@@ -83,8 +87,9 @@ def check_token_options(add_tokens: Any, special_tokens: Any, source: str = "") 
     return specials
 
 
-def grow_tokenizer(tokenizer: Any, add_tokens: Sequence[str] = (),
-                   special_tokens: Mapping[str, str] | Sequence[tuple[str, str]] = (), source: str = "") -> None:
+def grow_tokenizer(
+    tokenizer: Any, add_tokens: Sequence[str] = (), special_tokens: Mapping[str, str] | Sequence[tuple[str, str]] = (), source: str = ""
+) -> None:
     """Add tokens to the tokenizer as Axolotl does: `special_tokens` (eos_token=...) set as the
     tokenizer's and added to its vocabulary when missing, `add_tokens` added as new tokens (both
     matched in raw text, no spaces taken); `len(tokenizer)` (the manifest's vocab_size) grows."""
@@ -114,8 +119,7 @@ def apply_recorded(tokenizer: Any, recorded: Any) -> Any:
         tokenizer.chat_template = text
     added, specials = recorded.get("added_tokens", []), recorded.get("special_tokens", {})
     if not isinstance(added, list) or not isinstance(specials, dict):
-        raise UserError("the manifest's tokenizer.added_tokens must be a list and special_tokens a mapping: pack the "
-                        "data again")
+        raise UserError("the manifest's tokenizer.added_tokens must be a list and special_tokens a mapping: pack the data again")
     grow_tokenizer(tokenizer, added, specials, source=" (recorded in the manifest)")
     return tokenizer
 
@@ -194,8 +198,9 @@ def hub_folder(name: str) -> Path:
     Face cache, downloaded there first when missing and not offline (`pipeline.read.hub.resolve`)."""
     ref = hub.hub_ref(name)
     if ref is None:
-        raise UserError(f"tokenizer {name!r} is neither a folder nor a Hub id (org/name): pass a folder "
-                        "with tokenizer.json (e.g. data/tokenizer)")
+        raise UserError(
+            f"tokenizer {name!r} is neither a folder nor a Hub id (org/name): pass a folder with tokenizer.json (e.g. data/tokenizer)"
+        )
     return _resolve(ref)[0]
 
 
@@ -223,10 +228,11 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     template changes it."""
     backend = json.loads(tokenizer.backend_tokenizer.to_str())
     backend["truncation"] = backend["padding"] = None
-    specials = {name: [_token_text(getattr(tokenizer, f"{name}_token", None)),
-                       getattr(tokenizer, f"{name}_token_id", None)] for name in SPECIAL_TOKENS}
-    facts = {"backend": backend, "special_tokens": specials,
-             "chat_template": getattr(tokenizer, "chat_template", None)}
+    specials = {
+        name: [_token_text(getattr(tokenizer, f"{name}_token", None)), getattr(tokenizer, f"{name}_token_id", None)]
+        for name in SPECIAL_TOKENS
+    }
+    facts = {"backend": backend, "special_tokens": specials, "chat_template": getattr(tokenizer, "chat_template", None)}
     text = json.dumps(facts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -243,10 +249,7 @@ def file_fingerprint(tokenizer: Any) -> str | None:
     source = Path(name)
     if not name or not source.is_dir():
         return None
-    files = sorted(
-        p for p in source.iterdir()
-        if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model")
-    )
+    files = sorted(p for p in source.iterdir() if p.is_file() and (p.name.startswith(TOKENIZER_FILE_PREFIXES) or p.suffix == ".model"))
     if not files:
         return None
     digest = hashlib.sha256()
@@ -255,8 +258,13 @@ def file_fingerprint(tokenizer: Any) -> str | None:
     return digest.hexdigest()
 
 
-def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None, add_tokens: Sequence[str] = (),
-                   special_tokens: Mapping[str, str] | None = None) -> dict[str, Any]:
+def tokenizer_info(
+    tokenizer: Any,
+    name: str,
+    chat_template: str | None = None,
+    add_tokens: Sequence[str] = (),
+    special_tokens: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """What the manifest records about the tokenizer; with `chat_template` (`--chat-template`, already
     set on `tokenizer` by `load_tokenizer`), its name and text too; the tokens pack-data added
     (`added_tokens`, `special_tokens`: pack-train adds them to the model's tokenizer and grows its
@@ -276,8 +284,11 @@ def tokenizer_info(tokenizer: Any, name: str, chat_template: str | None = None, 
         **({"template_date": PINNED_DATE} if isinstance(template, str) and "strftime_now" in template else {}),
         **({"added_tokens": list(add_tokens)} if add_tokens else {}),
         **({"special_tokens": dict(special_tokens)} if special_tokens else {}),
-        **({"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
-           if chat_template is not None else {}),
+        **(
+            {"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
+            if chat_template is not None
+            else {}
+        ),
         **({"hub": record} if (record := hub_record(name)) else {}),
     }
 

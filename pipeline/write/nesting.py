@@ -50,11 +50,17 @@ def check_out_nesting(out: str, inputs: Sequence[str], is_uri: bool) -> None:
             real = _real(spec)
             if real.is_relative_to(real_out):
                 packed = " (it is packed output of pack-data)" if (real_out / "manifest.json").is_file() else ""
-                raise UserError(f"input {given} is inside --out {out}{packed}: writing the output replaces that "
-                                "folder (with --overwrite, deleting the input): choose an --out outside the inputs")
+                raise UserError(
+                    f"input {given} is inside --out {out}{packed}: writing the output replaces that "
+                    "folder (with --overwrite, deleting the input): choose an --out outside the inputs"
+                )
             if real.is_dir() and real_out.is_relative_to(real):
-                raise UserError(f"--out {out} is inside the input folder {given}: the next run would read the "
-                                "packed output back as input: choose an --out outside the input folders")
+                raise UserError(
+                    f"--out {out} is inside the input folder {given}: the next run would read the "
+                    "packed output back as input: choose an --out outside the input folders"
+                )
         elif _GLOB_CHARS.search(spec) and "://" not in spec and _glob_reaches(spec, real_out):
-            raise UserError(f"--out {out} is a folder the input glob {given!r} reaches: the next run would read "
-                            "the packed output back as input: choose an --out the glob does not match")
+            raise UserError(
+                f"--out {out} is a folder the input glob {given!r} reaches: the next run would read "
+                "the packed output back as input: choose an --out the glob does not match"
+            )

@@ -89,7 +89,7 @@ def remove_stale_tmp(parent: Path, name: str) -> None:
     of another host, or of a process that still exists, is left alone."""
     prefix = tmp_prefix(name)
     for path in parent.iterdir():
-        pid = path.name[len(prefix):].split("-", 1)[0] if path.name.startswith(prefix) else ""
+        pid = path.name[len(prefix) :].split("-", 1)[0] if path.name.startswith(prefix) else ""
         if pid.isdigit() and not _process_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
@@ -126,7 +126,6 @@ def commit(tmp: Path, out: Path, overwrite: bool) -> None:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             raise UserError(
-                f"output folder {out} appeared while packing: pass --overwrite to replace it, or "
-                "choose another --out"
+                f"output folder {out} appeared while packing: pass --overwrite to replace it, or choose another --out"
             ) from None
     fsync_path(out.absolute().parent)

@@ -34,8 +34,10 @@ def check_remote_out(uri: str, overwrite: bool) -> None:
     ours = _ours(uri)
     foreign = sorted(set(existing) - ours)
     if foreign:
-        raise UserError(f"--out {uri} holds {foreign[0]!r}, which pack-data did not write; refusing to replace it "
-                        "even with --overwrite: choose another --out")
+        raise UserError(
+            f"--out {uri} holds {foreign[0]!r}, which pack-data did not write; refusing to replace it "
+            "even with --overwrite: choose another --out"
+        )
 
 
 def _remote_files(uri: str) -> list[str]:
@@ -49,7 +51,7 @@ def _remote_files(uri: str) -> list[str]:
         raise UserError(f"--out {uri} exists and is not a folder: choose another --out")
     if info.type == pafs.FileType.NotFound:
         return []
-    return [p[len(root) + 1:] for p, _ in files_under(fs, root, uri)]
+    return [p[len(root) + 1 :] for p, _ in files_under(fs, root, uri)]
 
 
 def _ours(uri: str) -> set[str]:
@@ -71,8 +73,9 @@ def _ours(uri: str) -> set[str]:
             return set()
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             return set()
-        names = {sub + MANIFEST_NAME} | {sub + s["file"] for s in data.get("shards", [])
-                                          if isinstance(s, dict) and escape(s.get("file")) is None}
+        names = {sub + MANIFEST_NAME} | {
+            sub + s["file"] for s in data.get("shards", []) if isinstance(s, dict) and escape(s.get("file")) is None
+        }
         held = (data.get("eval") or {}).get("folder") if not sub and isinstance(data.get("eval"), dict) else None
         if isinstance(held, str) and held and "/" not in held and held not in (".", ".."):
             names |= listed(held + "/")
@@ -90,8 +93,7 @@ def remote_out(out: str, overwrite: bool, tmp_dir: str | None) -> Iterator[Path]
         yield Path(out)
         return
     check_remote_out(out, overwrite)
-    staging = Path(tempfile.mkdtemp(prefix=f"packlm-out-{socket.gethostname()}-{os.getpid()}-",
-                                    dir=tmp_dir)).absolute()
+    staging = Path(tempfile.mkdtemp(prefix=f"packlm-out-{socket.gethostname()}-{os.getpid()}-", dir=tmp_dir)).absolute()
     try:
         yield staging / "out"
         upload_folder(staging / "out", out, overwrite)
@@ -122,9 +124,13 @@ def upload_folder(local: Path, uri: str, overwrite: bool) -> None:
             delete(MANIFEST_NAME)  # the old output stops looking finished
         bounded(failed, lambda: fs.create_dir(root, recursive=True), remote_timeout())
         for name in [f for f in files if f not in manifests] + manifests:
-            bounded(failed, lambda: pafs.copy_files(str(local / name), f"{root}/{name}",
-                                                    source_filesystem=pafs.LocalFileSystem(),
-                                                    destination_filesystem=fs), None)
+            bounded(
+                failed,
+                lambda: pafs.copy_files(
+                    str(local / name), f"{root}/{name}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+                ),
+                None,
+            )
             done.append(name)
     except BaseException as exc:
         if isinstance(exc, Exception):  # (after SIGTERM or Ctrl-C, no more waiting on the storage)
@@ -134,8 +140,7 @@ def upload_folder(local: Path, uri: str, overwrite: bool) -> None:
                 except Exception:  # noqa: BLE001 - best effort; the manifest went last, so nothing looks finished
                     break
             detail = str(exc) if isinstance(exc, UserError) else f"{failed}: {one_line(exc)}"
-            raise UserError(f"{detail}; nothing was left there that looks finished (no manifest.json): "
-                            "re-run pack-data") from None
+            raise UserError(f"{detail}; nothing was left there that looks finished (no manifest.json): re-run pack-data") from None
         raise
     for name in sorted(set(old) - set(files)):
         delete(name)

@@ -91,8 +91,9 @@ def gather_rows(
     return ids, labels, pos, int(loss)
 
 
-def shard_table(spill: Spill, rows: RowPlan, max_len: int,
-                buffers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[Any, int, int]:
+def shard_table(
+    spill: Spill, rows: RowPlan, max_len: int, buffers: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+) -> tuple[Any, int, int]:
     """One shard, the rows of `rows` (`RowPlan.rows`): (Arrow table, tokens, loss tokens), gathered
     from the spill (`gather_rows`; `buffers` as there)."""
     ids, labels, pos, loss = gather_rows(spill, rows.starts, rows.lengths, rows.example_ids, buffers)
@@ -115,8 +116,9 @@ class Written:
     checked: dict[str, ShardSummary] = field(default_factory=dict)
 
 
-def write_shards(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, rows_per_shard: int,
-                 vocab: int | None, progress: bool) -> Written:
+def write_shards(
+    folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, rows_per_shard: int, vocab: int | None, progress: bool
+) -> Written:
     """Write `plan`'s rows into `folder` as shards of `rows_per_shard` rows; see the module doc."""
     rps = rows_per_shard
     n_rows = plan.n_rows
@@ -168,8 +170,7 @@ def write_shards(folder: Path, spill: Spill, plan: RowPlan, *, max_len: int, row
     return out
 
 
-def check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None,
-                spill: Spill) -> None:
+def check_vocab(folder: Path, summaries: Iterable[tuple[str, ShardSummary]], vocab: int | None, spill: Spill) -> None:
     """Every token id below the tokenizer's vocabulary size, else a UserError naming the input
     example of the first one beyond it."""
     for name, summary in summaries:
@@ -188,6 +189,5 @@ def check_sizes(folder: Path, sizes: dict[str, int]) -> None:
         now = os.path.getsize(folder / name)
         if now != size:
             raise UserError(
-                f"{folder / name}: shard is {now} bytes but {size} were written (changed on disk while "
-                "packing?): re-run pack-data"
+                f"{folder / name}: shard is {now} bytes but {size} were written (changed on disk while packing?): re-run pack-data"
             )

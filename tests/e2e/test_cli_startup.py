@@ -11,13 +11,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # pack-train as its console script runs it; the last line says whether torch was imported
-PACK_TRAIN = ("import sys\nfrom trainer.cli import main\nsys.argv[0] = 'pack-train'\ntry:\n    main()\n"
-              "finally:\n    print('imported torch:', 'torch' in sys.modules, 'transformers' in sys.modules)")
+PACK_TRAIN = (
+    "import sys\nfrom trainer.cli import main\nsys.argv[0] = 'pack-train'\ntry:\n    main()\n"
+    "finally:\n    print('imported torch:', 'torch' in sys.modules, 'transformers' in sys.modules)"
+)
 
 
 def _pack_train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PACK_TRAIN, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run([sys.executable, "-c", PACK_TRAIN, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_pack_train_help_imports_no_torch_and_states_the_default_budget():
@@ -53,8 +54,7 @@ def test_pack_train_data_errors_come_before_torch(tmp_path: Path):
     from packed_factory import make_packed_folder, pack_lengths
 
     packed = tmp_path / "packed"
-    make_packed_folder(packed, pack_lengths([5, 7, 9], 32, vocab=300), 32,
-                       tokenizer={"name": "another", "fingerprint": "0" * 64})
+    make_packed_folder(packed, pack_lengths([5, 7, 9], 32, vocab=300), 32, tokenizer={"name": "another", "fingerprint": "0" * 64})
     cases = {
         (str(tmp_path / "empty"), "--tokenizer", str(ROOT / "data" / "tokenizer")): "manifest.json",
         (str(packed), "--tokenizer", str(ROOT / "data" / "tokenizer")): "was packed with tokenizer 'another'",
@@ -82,10 +82,19 @@ def test_pack_train_makes_pytorchs_idle_threads_wait_passively(tmp_path: Path, m
     packed = tmp_path / "packed"
     make_packed_folder(packed, pack_lengths([5, 7, 9], 32, vocab=300), 32)
     seen = []
-    summary = dict(steps=1, total_steps=1, tokens=21, tokens_this_run=21, tokens_per_s=1.0, final_loss=1.0,
-                   attention="sdpa", checkpoint="c", stopped_by_sigterm=False, rank=0)
-    monkeypatch.setattr(trainer.run.loop, "train", lambda config, opened: seen.append(os.environ.get("OMP_WAIT_POLICY"))
-                        or summary)
+    summary = dict(
+        steps=1,
+        total_steps=1,
+        tokens=21,
+        tokens_this_run=21,
+        tokens_per_s=1.0,
+        final_loss=1.0,
+        attention="sdpa",
+        checkpoint="c",
+        stopped_by_sigterm=False,
+        rank=0,
+    )
+    monkeypatch.setattr(trainer.run.loop, "train", lambda config, opened: seen.append(os.environ.get("OMP_WAIT_POLICY")) or summary)
     monkeypatch.setenv("OMP_WAIT_POLICY", "restored after the test")
     args = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r")]
     monkeypatch.delenv("OMP_WAIT_POLICY")
@@ -110,17 +119,30 @@ def test_what_cannot_run_is_refused_before_torch_in_one_line(tmp_path: Path):
     (used / "checkpoints" / "step-00000002").mkdir(parents=True)
     no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     cases = [
-        (["--dtype", "fp8", "--device", "cpu"], None, "--dtype fp8 needs an NVIDIA GPU with float8 tensor cores "
-         "(sm89 or newer: Ada, Hopper, Blackwell); this run is on cpu: use --dtype bf16-weights"),
+        (
+            ["--dtype", "fp8", "--device", "cpu"],
+            None,
+            "--dtype fp8 needs an NVIDIA GPU with float8 tensor cores "
+            "(sm89 or newer: Ada, Hopper, Blackwell); this run is on cpu: use --dtype bf16-weights",
+        ),
         (["--dtype", "fp8"], no_gpu, "Blackwell); CUDA_VISIBLE_DEVICES='' hides every GPU: use --dtype bf16-weights"),
-        (["--out", str(used)], None, f"{used} already holds checkpoints: pass --resume to continue that run, "
-         "or choose a new --out"),
+        (["--out", str(used)], None, f"{used} already holds checkpoints: pass --resume to continue that run, or choose a new --out"),
     ]
     if importlib.util.find_spec("flash_attn") is None:
-        cases.append((["--attn", "flash_attn"], None, '--attn flash_attn: the flash-attn package is not installed '
-                      'here: pip install -e ".[flash]", or use --attn auto'))
-        cases.append((["--attn", "fa4"], None, '--attn fa4: the flash-attn-4 package is not installed here: '
-                      'pip install -e ".[fa4]", or use --attn auto'))
+        cases.append(
+            (
+                ["--attn", "flash_attn"],
+                None,
+                '--attn flash_attn: the flash-attn package is not installed here: pip install -e ".[flash]", or use --attn auto',
+            )
+        )
+        cases.append(
+            (
+                ["--attn", "fa4"],
+                None,
+                '--attn fa4: the flash-attn-4 package is not installed here: pip install -e ".[fa4]", or use --attn auto',
+            )
+        )
     for args, env, message in cases:
         proc = _pack_train("--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), *args, env=env)
         assert proc.returncode == 1, (args, proc.stderr)
@@ -141,9 +163,11 @@ def test_a_data_only_install_says_pack_train_needs_torch(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "no_torch"), str(ROOT)])}
     proc = _pack_train("--data", str(tmp_path / "packed"), "--model", "tiny", "--out", str(tmp_path / "r"), env=env)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr == ('Error: pack-train needs PyTorch, which this install lacks: pip install -e ".[train]" '
-                           "(install the torch build for your machine first: "
-                           "https://pytorch.org/get-started/locally/)\n"), proc.stderr
+    assert proc.stderr == (
+        'Error: pack-train needs PyTorch, which this install lacks: pip install -e ".[train]" '
+        "(install the torch build for your machine first: "
+        "https://pytorch.org/get-started/locally/)\n"
+    ), proc.stderr
     assert not (tmp_path / "r").exists()
 
 
@@ -157,8 +181,7 @@ def test_on_a_terminal_pack_train_says_what_its_first_seconds_do(tmp_path: Path)
     from packed_factory import make_packed_folder, pack_lengths
 
     make_packed_folder(tmp_path / "packed", pack_lengths([5, 7, 9], 32, vocab=300), 32)
-    args = ["--data", str(tmp_path / "packed"), "--model", "tiny", "--max-steps", "1", "--no-progress",
-            "--num-workers", "0"]
+    args = ["--data", str(tmp_path / "packed"), "--model", "tiny", "--max-steps", "1", "--no-progress", "--num-workers", "0"]
     leader, follower = pty.openpty()
     seen: list[bytes] = []
 
@@ -175,15 +198,20 @@ def test_on_a_terminal_pack_train_says_what_its_first_seconds_do(tmp_path: Path)
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        proc = subprocess.run([sys.executable, "-c", PACK_TRAIN, *args, "--out", str(tmp_path / "tty")], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=follower, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", PACK_TRAIN, *args, "--out", str(tmp_path / "tty")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=300,
+        )
     finally:
         os.close(follower)
         reader.join(10)
         os.close(leader)
     terminal = b"".join(seen).decode()
     assert proc.returncode == 0, terminal
-    assert terminal.splitlines()[0].startswith(
-        "pack-train: options and data checked; importing torch and building the model"), terminal
+    assert terminal.splitlines()[0].startswith("pack-train: options and data checked; importing torch and building the model"), terminal
     piped = _pack_train(*args, "--out", str(tmp_path / "piped"))
     assert piped.returncode == 0 and "importing torch" not in piped.stderr, piped.stderr

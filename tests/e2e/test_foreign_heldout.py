@@ -65,8 +65,13 @@ def test_each_held_out_example_trains_its_recipe(tmp_path: Path, name: str, requ
     saved, stderr = run(source, tmp_path, request.getfixturevalue("nf4_model") if qlora else "tiny")
     assert "Axolotl defaults for the keys the file leaves out" in stderr
     assert ("--int8-base: 14 linear layers of the decoder stored in int8" in stderr) == int8  # tiny: 2 x 7
-    expected = {"lr": settings["learning_rate"], "lora_r": settings["lora_r"], "qlora": qlora, "int8_base": int8,
-                "lora_alpha": float(settings["lora_alpha"]),
-                "optimizer": {"adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit"}[settings["optimizer"]],
-                **{k: AXOLOTL_DEFAULTS[k] for k in ("beta1", "beta2", "adam_eps", "schedule")}}
+    expected = {
+        "lr": settings["learning_rate"],
+        "lora_r": settings["lora_r"],
+        "qlora": qlora,
+        "int8_base": int8,
+        "lora_alpha": float(settings["lora_alpha"]),
+        "optimizer": {"adamw_bnb_8bit": "adamw8bit", "adamw_8bit": "adamw8bit"}[settings["optimizer"]],
+        **{k: AXOLOTL_DEFAULTS[k] for k in ("beta1", "beta2", "adam_eps", "schedule")},
+    }
     assert {k: saved[k] for k in expected} == expected

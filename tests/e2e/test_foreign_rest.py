@@ -50,30 +50,47 @@ def _one_thread():
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("freeze")
     lengths = np.random.default_rng(0).integers(4, 40, size=24).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=VOCAB), 64,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(
+        folder, pack_lengths(lengths, 64, vocab=VOCAB), 64, tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB}
+    )
     return folder
 
 
 def _config(packed: Path, out: Path, **kw: object) -> TrainConfig:
-    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=1, lr=1e-2,
-                max_steps=2, log_every=1, num_workers=0, progress=False, attn="sdpa", weight_decay=0.1)
+    base = dict(
+        data=str(packed),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=128,
+        grad_accum=1,
+        lr=1e-2,
+        max_steps=2,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        attn="sdpa",
+        weight_decay=0.1,
+    )
     return TrainConfig(**{**base, **kw})
 
 
 # ---------------------------------------------------------------- patterns, read as Axolotl reads them
 
-@pytest.mark.parametrize(("pattern", "name", "matches"), [
-    ("model.layers.1.", "model.layers.1.self_attn.q_proj.weight", True),
-    ("model.layers.1.", "model.layers.10.mlp.up_proj.weight", False),  # '.' is a dot: not "model.layers.1x"
-    ("model.layers.1.", "model.layers_1_mlp", False),
-    ("layers.1.", "model.layers.1.mlp.up_proj.weight", False),  # re.match: from the name's start
-    ("^lm_head.*", "lm_head.weight", True),
-    ("^model.language_model.*", "model.layers.0.mlp.up_proj.weight", False),
-    ("model.layers.[0-9]+.mlp", "model.layers.12.mlp.up_proj.weight", True),  # '.+' stays a wildcard
-    ("model.norm.weight$", "model.norm.weight", True),
-    ("model.norm.weight$", "model.norm.weight_x", False),
-])
+
+@pytest.mark.parametrize(
+    ("pattern", "name", "matches"),
+    [
+        ("model.layers.1.", "model.layers.1.self_attn.q_proj.weight", True),
+        ("model.layers.1.", "model.layers.10.mlp.up_proj.weight", False),  # '.' is a dot: not "model.layers.1x"
+        ("model.layers.1.", "model.layers_1_mlp", False),
+        ("layers.1.", "model.layers.1.mlp.up_proj.weight", False),  # re.match: from the name's start
+        ("^lm_head.*", "lm_head.weight", True),
+        ("^model.language_model.*", "model.layers.0.mlp.up_proj.weight", False),
+        ("model.layers.[0-9]+.mlp", "model.layers.12.mlp.up_proj.weight", True),  # '.+' stays a wildcard
+        ("model.norm.weight$", "model.norm.weight", True),
+        ("model.norm.weight$", "model.norm.weight_x", False),
+    ],
+)
 def test_a_pattern_matches_a_name_as_axolotls_layer_name_pattern(pattern: str, name: str, matches: bool):
     """axolotl 0.19.0 utils/freeze.py LayerNamePattern: re.compile(re.sub(r"\\.(?!\\+)", "\\\\.", p)).match"""
     assert (pattern_regex(pattern).match(name) is not None) is matches
@@ -92,8 +109,7 @@ def test_only_the_matching_parameters_train_and_reach_the_optimizer():
     assert held == {id(p) for p in model.parameters() if p.requires_grad}
 
 
-def test_after_training_only_matching_parameters_changed(packed: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]):
+def test_after_training_only_matching_parameters_changed(packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """Negative control both ways: every matching tensor changed, every other one is bitwise the
     same (weight decay 0.1 would move any tensor the optimizer held)."""
     from safetensors.torch import load_file
@@ -130,19 +146,36 @@ def test_a_resume_continues_the_same_parameters_bitwise(packed: Path, tmp_path: 
 
 def test_a_resume_with_other_patterns_is_refused(packed: Path, tmp_path: Path):
     train(_config(packed, tmp_path / "run", unfrozen_parameters=("model.layers.1.",), stop_at=1))
-    with pytest.raises(UserError, match=re.escape("unfrozen_parameters ['model.layers.1.'] but this run has "
-                                                  "unfrozen_parameters ['model.layers.0.']")):
+    with pytest.raises(
+        UserError, match=re.escape("unfrozen_parameters ['model.layers.1.'] but this run has unfrozen_parameters ['model.layers.0.']")
+    ):
         train(_config(packed, tmp_path / "run", unfrozen_parameters=("model.layers.0.",), resume="newest"))
 
 
-@pytest.mark.parametrize(("patterns", "words"), [
-    (("model.layers.1.", "^vision_tower.*"), "'^vision_tower.*': matches no parameter of the model"),
-    (("model.embed_tokens.weight$[:32000]",), "a range [start:end]"),
-    (("model.layers.(",), "is not a regular expression"),
-])
+@pytest.mark.parametrize(
+    ("patterns", "words"),
+    [
+        (("model.layers.1.", "^vision_tower.*"), "'^vision_tower.*': matches no parameter of the model"),
+        (("model.embed_tokens.weight$[:32000]",), "a range [start:end]"),
+        (("model.layers.(",), "is not a regular expression"),
+    ],
+)
 def test_patterns_that_cannot_be_honoured_are_one_line(packed: Path, tmp_path: Path, patterns: tuple, words: str):
-    args = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "run"), "--max-steps", "1",
-            "--no-progress", "--num-workers", "0", "--tokens-per-step", "128"]
+    args = [
+        "--data",
+        str(packed),
+        "--model",
+        "tiny",
+        "--out",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "1",
+        "--no-progress",
+        "--num-workers",
+        "0",
+        "--tokens-per-step",
+        "128",
+    ]
     for p in patterns:
         args += ["--unfrozen-parameters", p]
     result = CliRunner().invoke(pack_train, args)
@@ -175,11 +208,14 @@ def test_axolotls_unfrozen_parameters_is_the_option(tmp_path: Path):
     assert "unfrozen_parameters" not in _read(tmp_path)  # control: without the key every parameter trains
 
 
-@pytest.mark.parametrize(("keys", "words"), [
-    ({"adapter": "lora", "lora_r": 8}, "with an adapter Axolotl matches these patterns against peft's names"),
-    ({"adapter": "qlora", "lora_r": 8, "load_in_4bit": True}, "remove the key to train the adapters"),
-    ({"unfrozen_parameters": "^lm_head.*"}, "give a list of regular expressions"),  # Axolotl's schema: list[str]
-])
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({"adapter": "lora", "lora_r": 8}, "with an adapter Axolotl matches these patterns against peft's names"),
+        ({"adapter": "qlora", "lora_r": 8, "load_in_4bit": True}, "remove the key to train the adapters"),
+        ({"unfrozen_parameters": "^lm_head.*"}, "give a list of regular expressions"),  # Axolotl's schema: list[str]
+    ],
+)
 def test_axolotls_unfrozen_parameters_with_an_adapter_is_one_line(tmp_path: Path, keys: dict, words: str):
     keys = {"unfrozen_parameters": ["^model.layers.*"], **keys}
     with pytest.raises(UserError, match=re.escape(words)):
@@ -188,14 +224,26 @@ def test_axolotls_unfrozen_parameters_with_an_adapter_is_one_line(tmp_path: Path
 
 # ---------------------------------------------------------------- TRL's prompt/completion under a chat template
 
-MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|begin_of_text|>", "<|start_header_id|>",
-           "<|end_header_id|>", "<|eot_id|>"]
+MARKERS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
 ROWS = [
     {"prompt": [{"role": "user", "content": "What is 2+2?"}], "completion": [{"role": "assistant", "content": "It is 4."}]},
-    {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
-     "completion": [{"role": "assistant", "content": "Blue"}]},
-    {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                {"role": "user", "content": "bye"}], "completion": [{"role": "assistant", "content": "see you"}]},
+    {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+        "completion": [{"role": "assistant", "content": "Blue"}],
+    },
+    {
+        "prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}],
+        "completion": [{"role": "assistant", "content": "see you"}],
+    },
 ]  # (a reply that writes <think>...</think> itself: tests/e2e/test_trl_chat_parity.py)
 
 
@@ -210,8 +258,9 @@ def _trl_prepared(tok, rows: list[dict], tmp_path: Path) -> list[tuple[list[int]
 
     trainer = types.SimpleNamespace(_tokenizer=tok, chat_template=None, completion_only_loss=True)
     args = SFTConfig(output_dir=str(tmp_path / "trl"), max_length=None, report_to=[], bf16=False, use_cpu=True)
-    prepared = SFTTrainer._prepare_dataset(trainer, Dataset.from_list(rows), tok, args, packing=False,
-                                           formatting_func=None, dataset_name="train")
+    prepared = SFTTrainer._prepare_dataset(
+        trainer, Dataset.from_list(rows), tok, args, packing=False, formatting_func=None, dataset_name="train"
+    )
     return [(list(r["input_ids"]), [label != -100 for label in r["labels"]]) for r in prepared]
 
 
@@ -236,14 +285,27 @@ def test_prompt_completion_packs_as_trl_prepares_it(tmp_path: Path, template: st
     want = _trl_prepared(tok, ROWS, tmp_path)
     data = tmp_path / "pc.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    result = CliRunner().invoke(pack_data, [str(data), "--tokenizer", str(tmp_path / "tok"), "--max-len", "512",
-                                            "--out", str(tmp_path / "packed"), "--no-progress", "--num-proc", "1"])
+    result = CliRunner().invoke(
+        pack_data,
+        [
+            str(data),
+            "--tokenizer",
+            str(tmp_path / "tok"),
+            "--max-len",
+            "512",
+            "--out",
+            str(tmp_path / "packed"),
+            "--no-progress",
+            "--num-proc",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     got = {}
     for row in iter_rows(tmp_path / "packed"):
         at = 0
         for n, e in zip(row["seq_lens"].tolist(), row["example_ids"].tolist()):
-            got[e] = (row["input_ids"][at:at + n].tolist(), (row["labels"][at:at + n] != -100).tolist())
+            got[e] = (row["input_ids"][at : at + n].tolist(), (row["labels"][at : at + n] != -100).tolist())
             at += n
     assert [got[i] for i in range(len(ROWS))] == want
     if template == "qwen3":  # what the brief asked about: TRL itself trains these tokens

@@ -26,8 +26,7 @@ FLAGS = ["--no-progress", "--num-proc", "1", "--max-len", "256"]
 
 def _config(tmp_path: Path, datasets: list[dict], name: str = "axolotl.yaml", **top: object) -> Path:
     cfg = tmp_path / name
-    cfg.write_text(yaml.safe_dump({"base_model": "tiny", "tokenizer_config": TOKENIZER, "datasets": datasets,
-                                   **top}, sort_keys=False))
+    cfg.write_text(yaml.safe_dump({"base_model": "tiny", "tokenizer_config": TOKENIZER, "datasets": datasets, **top}, sort_keys=False))
     return cfg
 
 
@@ -65,12 +64,10 @@ def test_a_share_of_a_local_split_packs_the_rows_datasets_selects(tmp_path: Path
     folder, stderr = _pack(tmp_path, "sliced", "--config", str(cfg))
     assert f"INPUTS {TEXT}:{split}" in stderr  # the start-up summary names the share
     same = _selected(str(TEXT), split, tmp_path / "selected.jsonl")
-    control, _ = _pack(tmp_path, "control", "--config", str(_config(tmp_path, [{"path": str(same), "type": "completion"}],
-                                                                    "control.yaml")))
+    control, _ = _pack(tmp_path, "control", "--config", str(_config(tmp_path, [{"path": str(same), "type": "completion"}], "control.yaml")))
     assert _hashes(folder) == _hashes(control)
     assert read_manifest(folder).counts.examples_read == len(same.read_text().splitlines())
-    whole, _ = _pack(tmp_path, "whole", "--config", str(_config(tmp_path, [{"path": str(TEXT), "type": "completion"}],
-                                                                "whole.yaml")))
+    whole, _ = _pack(tmp_path, "whole", "--config", str(_config(tmp_path, [{"path": str(TEXT), "type": "completion"}], "whole.yaml")))
     assert _hashes(whole) != _hashes(folder)  # negative control: the whole file is another packing
 
 
@@ -88,8 +85,7 @@ def _hub_dataset(home: Path, tmp_path: Path) -> Path:
     rows = [json.loads(line) for line in TEXT.read_text().splitlines()]
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows[:100]))
-    return add_snapshot(home, "dataset", "someone/ds", {"data/train-00000-of-00001.jsonl": train,
-                                                        "pretrain/rp_sub.jsonl": TEXT}, C1)
+    return add_snapshot(home, "dataset", "someone/ds", {"data/train-00000-of-00001.jsonl": train, "pretrain/rp_sub.jsonl": TEXT}, C1)
 
 
 def test_data_files_of_a_hub_dataset_read_only_those_files(hf_home: Path, tmp_path: Path) -> None:
@@ -101,8 +97,7 @@ def test_data_files_of_a_hub_dataset_read_only_those_files(hf_home: Path, tmp_pa
     assert manifest.counts.examples_read == 300
     assert [e["hub"]["data_files"] for e in manifest.inputs] == ["pretrain/rp_sub.jsonl"]
     assert manifest.inputs[0]["hub"]["id"] == "someone/ds" and manifest.inputs[0]["hub"]["commit"] == C1
-    by_path, _ = _pack(tmp_path, "by-path", "--config", str(_config(tmp_path, [{"path": str(TEXT), "type": "completion"}],
-                                                                      "by-path.yaml")))
+    by_path, _ = _pack(tmp_path, "by-path", "--config", str(_config(tmp_path, [{"path": str(TEXT), "type": "completion"}], "by-path.yaml")))
     assert _hashes(folder) == _hashes(by_path)
     split, _ = _pack(tmp_path, "split", "--config", str(_config(tmp_path, [{"path": "someone/ds", "type": "completion"}])))
     assert read_manifest(split).counts.examples_read == 100  # negative control: the dataset's train split
@@ -110,8 +105,15 @@ def test_data_files_of_a_hub_dataset_read_only_those_files(hf_home: Path, tmp_pa
     entry["split"] = "train[-10%:]"
     sliced, _ = _pack(tmp_path, "sliced", "--config", str(_config(tmp_path, [entry])))
     trl = tmp_path / "trl.yaml"
-    trl.write_text(yaml.safe_dump({"model_name_or_path": "tiny", "max_length": 256, "datasets": [
-        {"path": "someone/ds", "data_files": "pretrain/rp_sub.jsonl", "split": "train[-10%:]"}]}))
+    trl.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": "tiny",
+                "max_length": 256,
+                "datasets": [{"path": "someone/ds", "data_files": "pretrain/rp_sub.jsonl", "split": "train[-10%:]"}],
+            }
+        )
+    )
     by_trl, _ = _pack(tmp_path, "trl", "--config", str(trl), "--tokenizer", TOKENIZER, "--format", "text")
     for folder in (by_trl, sliced):  # the last 30 of the file's 300 rows (TRL's own recipe packs them otherwise)
         assert read_manifest(folder).counts.examples_read == 30 and read_manifest(folder).inputs[0]["rows"] == [270, 300]
@@ -125,8 +127,7 @@ def test_drop_system_message_renders_each_conversation_without_its_first_system_
     firsts = {r["messages"][0]["role"] for r in rows}
     assert {"system", "user"} <= firsts  # rows with a system message to drop, and rows without
     without = tmp_path / "without-system.jsonl"
-    without.write_text("".join(json.dumps({"messages": r["messages"][r["messages"][0]["role"] == "system":]}) + "\n"
-                               for r in rows))
+    without.write_text("".join(json.dumps({"messages": r["messages"][r["messages"][0]["role"] == "system" :]}) + "\n" for r in rows))
     plain = {"path": str(without), "type": "chat_template"}
     control, _ = _pack(tmp_path, "control", "--config", str(_config(tmp_path, [plain], "plain.yaml", chat_template="llama2")))
     assert _hashes(folder) == _hashes(control)
@@ -136,22 +137,33 @@ def test_drop_system_message_renders_each_conversation_without_its_first_system_
     assert _hashes(kept) != _hashes(folder)
 
 
-@pytest.mark.parametrize(("datasets", "top", "needle"), [
-    ([{"path": str(CHAT), "drop_system_message": True}], {},
-     "datasets[0] drop_system_message: True has no equivalent here: it is applied through the chat template"),
-    ([{"path": str(CHAT), "drop_system_message": True}, {"path": str(CHAT)}], {"chat_template": "llama2"},
-     "datasets[1] drop_system_message"),
-    ([{"path": str(CHAT), "drop_system_message": "yes"}], {"chat_template": "llama2"}, "use true or false"),
-    ([{"path": "org/ds", "split": "train[:10%]+test"}], {}, "pack-data reads one split or one share of it"),
-    ([{"path": "org/ds", "split": "train[:200%]"}], {}, "between -100% and 100%"),
-    ([{"path": "org/ds", "data_files": ["a.jsonl", "b.jsonl"], "split": "train[:10%]"}], {},
-     "a share of the rows of several data_files"),
-    ([{"path": "org/ds", "data_files": "../other/x.jsonl"}], {}, "climbs out"),
-    ([{"path": "org/ds", "data_files": "x.jsonl", "split": "test"}], {}, "data_files are read as the split train"),
-    ([{"path": "org/ds", "data_files": "x.jsonl", "name": "en"}], {}, "remove name"),
-])
-def test_shapes_that_cannot_be_honoured_are_one_line(tmp_path: Path, datasets: list[dict], top: dict,
-                                                     needle: str) -> None:
+@pytest.mark.parametrize(
+    ("datasets", "top", "needle"),
+    [
+        (
+            [{"path": str(CHAT), "drop_system_message": True}],
+            {},
+            "datasets[0] drop_system_message: True has no equivalent here: it is applied through the chat template",
+        ),
+        (
+            [{"path": str(CHAT), "drop_system_message": True}, {"path": str(CHAT)}],
+            {"chat_template": "llama2"},
+            "datasets[1] drop_system_message",
+        ),
+        ([{"path": str(CHAT), "drop_system_message": "yes"}], {"chat_template": "llama2"}, "use true or false"),
+        ([{"path": "org/ds", "split": "train[:10%]+test"}], {}, "pack-data reads one split or one share of it"),
+        ([{"path": "org/ds", "split": "train[:200%]"}], {}, "between -100% and 100%"),
+        (
+            [{"path": "org/ds", "data_files": ["a.jsonl", "b.jsonl"], "split": "train[:10%]"}],
+            {},
+            "a share of the rows of several data_files",
+        ),
+        ([{"path": "org/ds", "data_files": "../other/x.jsonl"}], {}, "climbs out"),
+        ([{"path": "org/ds", "data_files": "x.jsonl", "split": "test"}], {}, "data_files are read as the split train"),
+        ([{"path": "org/ds", "data_files": "x.jsonl", "name": "en"}], {}, "remove name"),
+    ],
+)
+def test_shapes_that_cannot_be_honoured_are_one_line(tmp_path: Path, datasets: list[dict], top: dict, needle: str) -> None:
     datasets = [{"type": "chat_template", **d} for d in datasets]
     assert needle in _one_line(tmp_path, _config(tmp_path, datasets, **top))
 
@@ -162,8 +174,7 @@ def test_a_share_of_a_hub_split_packs_as_datasets_selects(hf_home: Path, tmp_pat
     folder, stderr = _pack(tmp_path, "hub-share", "--config", str(cfg))
     assert "INPUTS someone/ds:train[25%:-10]" in stderr
     same = _selected(str(snapshot / "data/train-00000-of-00001.jsonl"), "train[25%:-10]", tmp_path / "same.jsonl")
-    control, _ = _pack(tmp_path, "control", "--config", str(_config(tmp_path, [{"path": str(same), "type": "completion"}],
-                                                                    "control.yaml")))
+    control, _ = _pack(tmp_path, "control", "--config", str(_config(tmp_path, [{"path": str(same), "type": "completion"}], "control.yaml")))
     assert _hashes(folder) == _hashes(control) and read_manifest(folder).counts.examples_read == 65
     assert read_manifest(folder).inputs[0]["hub"]["split"] == "train[25%:-10]"
     assert read_manifest(folder).inputs[0]["rows"] == [25, 90]
@@ -201,17 +212,20 @@ def test_alsts_zstd_data_files_of_a_hub_dataset(hf_home: Path, tmp_path: Path) -
     assert entry["data_files"] == ["pretrain/rp_sub.jsonl.zst"]
     folder, stderr = _pack(tmp_path, "alst", "--config", str(_config(tmp_path, [entry])))
     assert "INPUTS hf://datasets/togethercomputer/Long-Data-Collections/pret" in stderr  # (shortened)
-    plain, _ = _pack(tmp_path, "plain", "--config", str(_config(tmp_path, [{**entry, "path": str(TEXT), "data_files": None}],
-                                                                "plain.yaml")))
+    plain, _ = _pack(
+        tmp_path, "plain", "--config", str(_config(tmp_path, [{**entry, "path": str(TEXT), "data_files": None}], "plain.yaml"))
+    )
     assert _hashes(folder) == _hashes(plain) and read_manifest(folder).counts.examples_read == 300
 
 
 def test_a_datasets_revision_pins_the_hub_dataset(tmp_path: Path) -> None:
     from pipeline.config_file import read_config_file
 
-    for entry, want in [({"path": "org/ds", "revision": "v2", "split": "test[:5%]"}, ["org/ds@v2:test[:5%]"]),
-                        ({"path": "org/ds", "revision": "abc", "data_files": "x.jsonl"}, ["hf://datasets/org/ds@abc/x.jsonl"]),
-                        ({"path": str(TEXT), "revision": "v2"}, [str(TEXT)])]:  # Axolotl ignores it for local data
+    for entry, want in [
+        ({"path": "org/ds", "revision": "v2", "split": "test[:5%]"}, ["org/ds@v2:test[:5%]"]),
+        ({"path": "org/ds", "revision": "abc", "data_files": "x.jsonl"}, ["hf://datasets/org/ds@abc/x.jsonl"]),
+        ({"path": str(TEXT), "revision": "v2"}, [str(TEXT)]),
+    ]:  # Axolotl ignores it for local data
         cfg = _config(tmp_path, [{"type": "completion", **entry}])
         assert read_config_file(cfg, pack_data, foreign="pack-data")["inputs"] == want
 
@@ -224,8 +238,9 @@ def test_a_save_to_disk_folder_is_read_as_axolotl_reads_it(tmp_path: Path) -> No
     from pipeline.config_file import read_config_file
 
     folder = tmp_path / "saved"
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a", "b"]}),
-                          "test": datasets.Dataset.from_dict({"text": ["c"]})}).save_to_disk(str(folder))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"text": ["a", "b"]}), "test": datasets.Dataset.from_dict({"text": ["c"]})}
+    ).save_to_disk(str(folder))
     cfg = _config(tmp_path, [{"path": str(folder), "type": "completion", "split": "test"}])
     assert read_config_file(cfg, pack_data, foreign="pack-data")["inputs"] == [str(folder / "test")]
     cfg = _config(tmp_path, [{"path": str(folder), "type": "completion"}])  # control: no split, the train split

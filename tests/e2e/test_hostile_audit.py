@@ -28,25 +28,51 @@ from trainer.config import TrainConfig
 from trainer.run.preflight import refuse_foreign_out
 
 
-@pytest.mark.parametrize(("command", "text", "needle", "control", "want"), [
-    # TRL reads use_peft: "true" (and 1) as true: never a full fine-tune for it
-    (pack_train, TRL + 'use_peft: "true"\n', "key 'use_peft': 'true' is quoted text where true or false goes",
-     TRL + "use_peft: true\n", {"lora_r": 16}),
-    (pack_train, TRL + "use_peft: 1\n", "key 'use_peft': 1 has no equivalent here: use true or false, unquoted",
-     TRL + "use_peft: false\n", {"lora_r": None}),
-    (pack_train, AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_4bit: 'False'\n", "key 'load_in_4bit': 'False' is "
-     "quoted text", AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_4bit: true\n", {"lora_r": 8, "qlora": True}),
-    (pack_train, AXOLOTL + "adapter: lora\nlora_r: 8\nlora_target_linear: 1\n", "key 'lora_target_linear': 1",
-     AXOLOTL + "adapter: lora\nlora_r: 8\nlora_target_linear: true\n", {"lora_r": 8, "lora_target": "all"}),
-    (pack_train, AXOLOTL + "tiled_mlp: 'true'\n", "key 'tiled_mlp': 'true' is quoted text",
-     AXOLOTL + "tiled_mlp: false\n", {}),
-    (pack_train, AXOLOTL + "fp16: 1\n", "key 'fp16': 1", AXOLOTL + "fp16: false\n", {}),
-    # a key of no effect in one command is still read as its tool reads it: named, not passed over
-    (pack_data, AXOLOTL + "sample_packing: 'false'\n", "key 'sample_packing': 'false' is quoted text",
-     AXOLOTL + "sample_packing: false\n", {}),
-])
-def test_a_yes_no_key_as_quoted_text_or_a_number_is_refused(tmp_path: Path, command, text: str, needle: str,
-                                                            control: str, want: dict):
+@pytest.mark.parametrize(
+    ("command", "text", "needle", "control", "want"),
+    [
+        # TRL reads use_peft: "true" (and 1) as true: never a full fine-tune for it
+        (
+            pack_train,
+            TRL + 'use_peft: "true"\n',
+            "key 'use_peft': 'true' is quoted text where true or false goes",
+            TRL + "use_peft: true\n",
+            {"lora_r": 16},
+        ),
+        (
+            pack_train,
+            TRL + "use_peft: 1\n",
+            "key 'use_peft': 1 has no equivalent here: use true or false, unquoted",
+            TRL + "use_peft: false\n",
+            {"lora_r": None},
+        ),
+        (
+            pack_train,
+            AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_4bit: 'False'\n",
+            "key 'load_in_4bit': 'False' is quoted text",
+            AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_4bit: true\n",
+            {"lora_r": 8, "qlora": True},
+        ),
+        (
+            pack_train,
+            AXOLOTL + "adapter: lora\nlora_r: 8\nlora_target_linear: 1\n",
+            "key 'lora_target_linear': 1",
+            AXOLOTL + "adapter: lora\nlora_r: 8\nlora_target_linear: true\n",
+            {"lora_r": 8, "lora_target": "all"},
+        ),
+        (pack_train, AXOLOTL + "tiled_mlp: 'true'\n", "key 'tiled_mlp': 'true' is quoted text", AXOLOTL + "tiled_mlp: false\n", {}),
+        (pack_train, AXOLOTL + "fp16: 1\n", "key 'fp16': 1", AXOLOTL + "fp16: false\n", {}),
+        # a key of no effect in one command is still read as its tool reads it: named, not passed over
+        (
+            pack_data,
+            AXOLOTL + "sample_packing: 'false'\n",
+            "key 'sample_packing': 'false' is quoted text",
+            AXOLOTL + "sample_packing: false\n",
+            {},
+        ),
+    ],
+)
+def test_a_yes_no_key_as_quoted_text_or_a_number_is_refused(tmp_path: Path, command, text: str, needle: str, control: str, want: dict):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(text)
     assert needle in one_line(command, cfg, tmp_path)
@@ -55,20 +81,27 @@ def test_a_yes_no_key_as_quoted_text_or_a_number_is_refused(tmp_path: Path, comm
     assert {k: got.get(k) for k in want} == want
 
 
-@pytest.mark.parametrize(("entries", "want"), [
-    # one dataset at Axolotl's default, another not: the default must not become the other's value
-    ("  - {path: org/a, type: chat_template}\n  - {path: org/b, type: chat_template, roles_to_train: [user, "
-     "assistant]}\n", ["org/b:train:roles-to-train=user,assistant"]),
-    ("  - {path: org/a, type: chat_template, train_on_eos: none}\n  - {path: org/b, type: chat_template}\n",
-     ["org/a:train:train-on-eos=none"]),
-    ("  - {path: org/a, type: chat_template, field_messages: conversations}\n  - {path: org/b}\n",
-     ["org/a:train:messages-field=conversations"]),
-    ("  - {path: org/a, type: alpaca:chat}\n  - {path: org/b, type: alpaca}\n", ["org/a:train:template=alpaca:chat"]),
-    ("  - {path: org/a, type: completion, field: body}\n  - {path: org/b, type: completion}\n",
-     ["org/a:train:text-field=body"]),
-])
-def test_datasets_that_differ_in_a_sub_key_are_each_read_with_their_own(tmp_path: Path, entries: str,
-                                                                        want: list[str]):
+@pytest.mark.parametrize(
+    ("entries", "want"),
+    [
+        # one dataset at Axolotl's default, another not: the default must not become the other's value
+        (
+            "  - {path: org/a, type: chat_template}\n  - {path: org/b, type: chat_template, roles_to_train: [user, assistant]}\n",
+            ["org/b:train:roles-to-train=user,assistant"],
+        ),
+        (
+            "  - {path: org/a, type: chat_template, train_on_eos: none}\n  - {path: org/b, type: chat_template}\n",
+            ["org/a:train:train-on-eos=none"],
+        ),
+        (
+            "  - {path: org/a, type: chat_template, field_messages: conversations}\n  - {path: org/b}\n",
+            ["org/a:train:messages-field=conversations"],
+        ),
+        ("  - {path: org/a, type: alpaca:chat}\n  - {path: org/b, type: alpaca}\n", ["org/a:train:template=alpaca:chat"]),
+        ("  - {path: org/a, type: completion, field: body}\n  - {path: org/b, type: completion}\n", ["org/a:train:text-field=body"]),
+    ],
+)
+def test_datasets_that_differ_in_a_sub_key_are_each_read_with_their_own(tmp_path: Path, entries: str, want: list[str]):
     """Axolotl gives each dataset its own settings: a sub-key that differs is that entry's --per-input,
     and the entry at Axolotl's default gets no option (the default never becomes the other's value).
     Control: the same sub-key on every entry maps to the option, and a sub-key of another type's entry
@@ -78,9 +111,11 @@ def test_datasets_that_differ_in_a_sub_key_are_each_read_with_their_own(tmp_path
     got = mapped(pack_data, cfg)
     assert got["per_input"] == want
     assert not {"roles_to_train", "train_on_eos", "messages_field", "text_field", "template"} & set(got)
-    cfg.write_text(AXOLOTL + "datasets:\n  - {path: org/a, type: alpaca}\n  - {path: org/b, type: chat_template, "
-                   "roles_to_train: [user, assistant], train_on_eos: all}\n  - {path: org/c, roles_to_train: "
-                   "[user, assistant], train_on_eos: all}\n")
+    cfg.write_text(
+        AXOLOTL + "datasets:\n  - {path: org/a, type: alpaca}\n  - {path: org/b, type: chat_template, "
+        "roles_to_train: [user, assistant], train_on_eos: all}\n  - {path: org/c, roles_to_train: "
+        "[user, assistant], train_on_eos: all}\n"
+    )
     got = mapped(pack_data, cfg)
     assert (got["roles_to_train"], got["train_on_eos"], got.get("template")) == (["user", "assistant"], "all", None)
     assert got["per_input"] == ["org/a:train:format=instruction", "org/b:train:format=chat", "org/c:train:format=chat"]
@@ -90,36 +125,38 @@ def test_chat_template_jinja_without_its_template_is_refused(tmp_path: Path):
     """Never the tokenizer's own template in its place; control: with chat_template_jinja it is that text."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(AXOLOTL + "chat_template: jinja\n")
-    assert "key 'chat_template': 'jinja' has no equivalent here: it reads the template from chat_template_jinja" in \
-        one_line(pack_data, cfg, tmp_path)
+    assert "key 'chat_template': 'jinja' has no equivalent here: it reads the template from chat_template_jinja" in one_line(
+        pack_data, cfg, tmp_path
+    )
     cfg.write_text(AXOLOTL + "chat_template: jinja\nchat_template_jinja: '{{ messages }}'\n")
     assert mapped(pack_data, cfg)["chat_template"] == "{{ messages }}"
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    # TRL saves and evaluates where its *_strategy says, not every save_steps' default 500 steps
-    ("save_strategy: epoch\n", {"saves_per_epoch": 1, "save_every": 0}),
-    ("save_strategy: 'no'\n", {"saves_per_epoch": None, "save_every": 0}),
-    ("eval_strategy: epoch\n", {"evals_per_epoch": 1, "eval_every": 0}),
-    ("save_strategy: steps\nsave_steps: 100\n", {"saves_per_epoch": None, "save_every": 100}),  # control
-    ("", {"saves_per_epoch": None, "save_every": 500, "evals_per_epoch": None}),  # control: TRL's defaults
-])
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        # TRL saves and evaluates where its *_strategy says, not every save_steps' default 500 steps
+        ("save_strategy: epoch\n", {"saves_per_epoch": 1, "save_every": 0}),
+        ("save_strategy: 'no'\n", {"saves_per_epoch": None, "save_every": 0}),
+        ("eval_strategy: epoch\n", {"evals_per_epoch": 1, "eval_every": 0}),
+        ("save_strategy: steps\nsave_steps: 100\n", {"saves_per_epoch": None, "save_every": 100}),  # control
+        ("", {"saves_per_epoch": None, "save_every": 500, "evals_per_epoch": None}),  # control: TRL's defaults
+    ],
+)
 def test_trl_save_and_eval_strategies_are_honoured(tmp_path: Path, text: str, want: dict):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(TRL + text)
     got = mapped(pack_train, cfg)
     assert {k: got.get(k) for k in want} == want
     cfg.write_text(TRL + "save_strategy: best\n")
-    assert "key 'save_strategy': 'best' has no equivalent here: use steps, epoch or no" in \
-        one_line(pack_train, cfg, tmp_path)
+    assert "key 'save_strategy': 'best' has no equivalent here: use steps, epoch or no" in one_line(pack_train, cfg, tmp_path)
 
 
 @pytest.mark.parametrize("command", [pack_train, pack_data])
 def test_a_config_file_that_is_not_utf8_is_one_line_naming_its_line(tmp_path: Path, command):
     cfg = tmp_path / "c.yaml"
     cfg.write_bytes(AXOLOTL.encode() + b"note: caf\xe9\n")  # Latin-1
-    assert f"--config {cfg} line 3: not UTF-8 text (byte 0xe9): save the file as UTF-8" in \
-        one_line(command, cfg, tmp_path)
+    assert f"--config {cfg} line 3: not UTF-8 text (byte 0xe9): save the file as UTF-8" in one_line(command, cfg, tmp_path)
     cfg.write_bytes("\ufeff".encode() + AXOLOTL.encode() + "wandb_name: café\n".encode())  # control: UTF-8, a BOM
     assert mapped(command, cfg)
 
@@ -165,22 +202,28 @@ def test_an_out_inside_the_model_or_data_folder_is_refused(tmp_path: Path) -> No
 def test_pack_train_writes_nothing_into_the_data_folder(tmp_path: Path) -> None:
     packed = pack(tmp_path, SAMPLE)
     before = snapshot(tmp_path)
-    line = error_line(cli("pack-train", "--data", "packed", "--model", "tiny", "--max-steps", 1, "--out", "packed/run",
-                          cwd=tmp_path))
+    line = error_line(cli("pack-train", "--data", "packed", "--model", "tiny", "--max-steps", 1, "--out", "packed/run", cwd=tmp_path))
     assert "--out packed/run is inside the --data folder packed" in line, line
     assert snapshot(tmp_path) == before and packed.is_dir()
 
 
-@pytest.mark.parametrize(("template", "says"), [
-    ("{{ raise_exception('roles must alternate') }}", "(roles must alternate)"),
-    ("{% include 'other.jinja' %}", "(no loader for this environment specified)"),  # templates read no files
-])
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("{{ raise_exception('roles must alternate') }}", "(roles must alternate)"),
+        ("{% include 'other.jinja' %}", "(no loader for this environment specified)"),  # templates read no files
+    ],
+)
 def test_a_template_that_fails_on_a_conversation_is_named_with_the_fix(tmp_path: Path, template: str, says: str):
     (tmp_path / "t.jinja").write_text(template + "{% for m in messages %}{{ m.content }}{% endfor %}")
     (tmp_path / "other.jinja").write_text("{{ 7 }}")
     line = error_line(pack_chat(tmp_path, [CHAT], "--chat-template", "t.jinja"))
-    assert "chat.jsonl line 1: the chat template --chat-template t.jinja failed on this conversation " + says + \
-        ": fix the conversation or the template" in line, line
+    assert (
+        "chat.jsonl line 1: the chat template --chat-template t.jinja failed on this conversation "
+        + says
+        + ": fix the conversation or the template"
+        in line
+    ), line
     assert not (tmp_path / "packed").exists()
 
 
@@ -192,13 +235,17 @@ def packed_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _state(folder: Path) -> tuple:
     """What a report must leave as it was: the packed folder, the data file, the link, the FIFO
     (never read: a read would wait for a writer) and the folder's names."""
-    return (snapshot(folder / "packed"), (folder / "data.jsonl").read_bytes(), os.readlink(folder / "link.json"),
-            stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode), sorted(p.name for p in folder.iterdir()))
+    return (
+        snapshot(folder / "packed"),
+        (folder / "data.jsonl").read_bytes(),
+        os.readlink(folder / "link.json"),
+        stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode),
+        sorted(p.name for p in folder.iterdir()),
+    )
 
 
 @pytest.mark.parametrize("target", ["packed/manifest.json", "packed/new.json", "link.json", "data.jsonl", "fifo"])
-def test_a_report_file_never_replaces_what_the_report_reads_or_a_device(packed_sample: Path, tmp_path: Path,
-                                                                       target: str):
+def test_a_report_file_never_replaces_what_the_report_reads_or_a_device(packed_sample: Path, tmp_path: Path, target: str):
     """pack-report --json naming the packed folder's manifest (or any file in it, also through a
     link), the --input data file, or a FIFO: one line, nothing replaced (the manifest was replaced
     by the report, the data file too, and a device node became a regular file). Control: a report
@@ -208,8 +255,7 @@ def test_a_report_file_never_replaces_what_the_report_reads_or_a_device(packed_s
     (tmp_path / "link.json").symlink_to(tmp_path / "packed" / "manifest.json")
     os.mkfifo(tmp_path / "fifo")
     before = _state(tmp_path)
-    args = (["--input", "data.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512] if target == "data.jsonl"
-            else ["packed"])
+    args = ["--input", "data.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512] if target == "data.jsonl" else ["packed"]
     line = error_line(cli("pack-report", *args, "--json", target, cwd=tmp_path))
     assert f"--json {target}: " in line and ("which the report reads" in line or "not a regular file" in line), line
     assert _state(tmp_path) == before

@@ -42,8 +42,7 @@ def cli(name: str, *args: object, cwd: Path, wait: bool = True, **kwargs: object
     argv = [str(BIN / name), *map(str, args)]
     if name in ("pack-data", "pack-train"):
         argv.append("--no-progress")
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)  # type: ignore[call-overload]
     if wait:
         proc.stdout_text, proc.stderr_text = proc.communicate(timeout=600)
     return proc
@@ -147,39 +146,41 @@ def _input_field_and_template_without_input(tmp: Path) -> list[str]:
 # case -> (make the inputs in tmp: the arguments before --tokenizer, or a full argument list that
 #          holds --out; a needle of the one error line)
 BAD_INPUT: dict[str, tuple[Callable[[Path], object], str]] = {
-    "bad json": (lambda t: (t / "d.jsonl").write_text('{"text": "a"}\n{"text": "b"\n') and t / "d.jsonl",
-                 "d.jsonl line 2"),
+    "bad json": (lambda t: (t / "d.jsonl").write_text('{"text": "a"}\n{"text": "b"\n') and t / "d.jsonl", "d.jsonl line 2"),
     "wrong schema": (lambda t: write_jsonl(t / "d.jsonl", [{"body": "x"}]), "cannot tell the format"),
     "truncated parquet": (_truncated_parquet, "t.parquet"),
     "non-utf8": (lambda t: (t / "d.jsonl").write_bytes(b'{"text": "caf\xe9"}\n') and t / "d.jsonl", "UTF-8"),
     "no loss token": (lambda t: write_jsonl(t / "d.jsonl", [_chat("user")] * 4), "nothing to train on"),
-    "unknown role": (lambda t: write_jsonl(t / "d.jsonl", [_chat("user", "wizard")]),
-                     "d.jsonl line 1: unknown message role 'wizard'"),
+    "unknown role": (lambda t: write_jsonl(t / "d.jsonl", [_chat("user", "wizard")]), "d.jsonl line 1: unknown message role 'wizard'"),
     "a file that mixes formats": (
         lambda t: write_jsonl(t / "d.jsonl", [_chat("user", "assistant")] * 3 + [{"instruction": "i", "output": "o"}]),
-        "d.jsonl line 4: the file mixes formats"),
+        "d.jsonl line 4: the file mixes formats",
+    ),
     "packed output as input": (_packed_input, "is packed output of pack-data"),
     "--overwrite over the user's files": (_own_files_inside_out, "'MY_NOTES.txt', which pack-data did not write"),
     "--out is an input": (_out_is_the_input_folder, "corpus"),
-    "a template that leaves a field out": (_input_field_and_template_without_input,
-                                           "d.jsonl line 2: field 'input' has text, but --template qa has no {input}"),
+    "a template that leaves a field out": (
+        _input_field_and_template_without_input,
+        "d.jsonl line 2: field 'input' has text, but --template qa has no {input}",
+    ),
     "a broken link in an input folder": (_broken_link_in_folder, "b.jsonl is a broken symbolic link"),
     "a .jsonl.gz cut short past its first block": (
-        lambda t: _cut_gz(t / "d.jsonl.gz", b"".join(json.dumps({"text": f"line {i} " * 8}).encode() + b"\n"
-                                                      for i in range(400000))),
-        "d.jsonl.gz: Compressed file ended before the end-of-stream marker was reached"),
+        lambda t: _cut_gz(t / "d.jsonl.gz", b"".join(json.dumps({"text": f"line {i} " * 8}).encode() + b"\n" for i in range(400000))),
+        "d.jsonl.gz: Compressed file ended before the end-of-stream marker was reached",
+    ),
     "a .json.gz array cut short": (
-        lambda t: _cut_gz(t / "d.json.gz", b"[" + b",".join(json.dumps({"text": f"row {i} " * 8}).encode()
-                                                              for i in range(400000)) + b"]"),
-        "d.json.gz: "),
+        lambda t: _cut_gz(t / "d.json.gz", b"[" + b",".join(json.dumps({"text": f"row {i} " * 8}).encode() for i in range(400000)) + b"]"),
+        "d.json.gz: ",
+    ),
     "a .csv.gz cut short": (
         lambda t: _cut_gz(t / "d.csv.gz", b"text\n" + b"".join(b"row %d of text\n" % i for i in range(400000))),
-        "d.csv.gz: "),
-    "an empty messages list in every row": (lambda t: write_jsonl(t / "d.jsonl", [{"messages": []}] * 3),
-                                            "all 3 examples are empty"),
+        "d.csv.gz: ",
+    ),
+    "an empty messages list in every row": (lambda t: write_jsonl(t / "d.jsonl", [{"messages": []}] * 3), "all 3 examples are empty"),
     "over-long row with --overlong error": (
-        lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])),
-                   "--overlong", "error"], "d.jsonl line 2"),
+        lambda t: [str(write_jsonl(t / "d.jsonl", [{"text": "short"}, {"text": "long " * 2000}])), "--overlong", "error"],
+        "d.jsonl line 2",
+    ),
 }
 
 
@@ -212,15 +213,17 @@ def test_a_bad_max_len_is_one_line(tmp_path: Path, value: str) -> None:
 # ------------------------------------------------------ pack-data: complete, and says what it did
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("--num-proc", 3 * 10 ** 9), "--num-proc must be between 1 and 1024, got 3000000000"),
-    (("--seed", 10 ** 20), "--seed must be a 64-bit integer"),
-    (("--limit", -(10 ** 20)), "--limit must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--num-proc", 3 * 10**9), "--num-proc must be between 1 and 1024, got 3000000000"),
+        (("--seed", 10**20), "--seed must be a 64-bit integer"),
+        (("--limit", -(10**20)), "--limit must be >= 1"),
+    ],
+)
 def test_an_absurd_number_is_one_line_at_once(tmp_path: Path, args: tuple, needle: str) -> None:
     """Not thousands of processes forked, not an OverflowError from numpy: refused before any work."""
-    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args,
-                    cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", *args, cwd=tmp_path)
     assert needle in error_line(proc) and snapshot(tmp_path) == {}
 
 
@@ -237,8 +240,9 @@ def test_a_number_in_a_text_field_is_packed_as_the_text_the_file_holds(tmp_path:
     from pipeline.shards import iter_rows
     from pipeline.tokenize.tokenizer import load_tokenizer
 
-    (tmp_path / "d.jsonl").write_text('{"instruction": "the id", "output": 12345678901234567890}\n'
-                                      '{"instruction": "a price", "output": 1.10}\n', encoding="utf-8")
+    (tmp_path / "d.jsonl").write_text(
+        '{"instruction": "the id", "output": 12345678901234567890}\n{"instruction": "a price", "output": 1.10}\n', encoding="utf-8"
+    )
     out = pack(tmp_path, tmp_path / "d.jsonl")
     tokenizer = load_tokenizer(str(TOKENIZER))
     texts = [tokenizer.decode(r["input_ids"]) for r in iter_rows(out)]
@@ -258,8 +262,9 @@ def test_files_skipped_in_a_folder_are_named(tmp_path: Path) -> None:
 
 def test_examples_without_a_loss_token_are_counted_and_warned_about(tmp_path: Path) -> None:
     rows = [_chat("user", "assistant")] * 6 + [_chat("user")] * 2
-    proc = run_here("pack-data", write_jsonl(tmp_path / "d.jsonl", rows), "--tokenizer", TOKENIZER, "--max-len", 512,
-               "--out", "o", cwd=tmp_path)
+    proc = run_here(
+        "pack-data", write_jsonl(tmp_path / "d.jsonl", rows), "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr_text
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["counts"]["no_loss"] == 2
     assert "2 " in proc.stdout_text + proc.stderr_text and "loss" in proc.stdout_text + proc.stderr_text
@@ -279,8 +284,21 @@ def _big_input(tmp: Path) -> Path:
 def _signal_mid_run(tmp: Path, sig: int, *, group: bool) -> subprocess.Popen:
     """Start pack-data in a session of its own and send `sig` once its temporary folder exists (to
     the whole process group with `group`, as Slurm does; else to pack-data alone, as `timeout`)."""
-    proc = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o",
-               "--num-proc", 2, cwd=tmp, wait=False, start_new_session=True)
+    proc = cli(
+        "pack-data",
+        "big.jsonl",
+        "--tokenizer",
+        TOKENIZER,
+        "--max-len",
+        512,
+        "--out",
+        "o",
+        "--num-proc",
+        2,
+        cwd=tmp,
+        wait=False,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not list(tmp.glob(".o.tmp-*")):
         assert proc.poll() is None and time.monotonic() < deadline, "pack-data ended before the signal"
@@ -324,8 +342,7 @@ def test_kill_9_mid_run_then_a_rerun_gives_the_same_bytes(tmp_path: Path) -> Non
     again = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "o", cwd=tmp_path)
     assert again.returncode == 0 and "Traceback" not in again.stderr_text, again.stderr_text
     assert not list(tmp_path.glob(".o.tmp-*"))  # the killed run's folder is gone too
-    clean = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "clean",
-                cwd=tmp_path)
+    clean = cli("pack-data", "big.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "clean", cwd=tmp_path)
     assert clean.returncode == 0
     for shard in sorted((tmp_path / "clean").glob("shard-*")):
         assert shard.read_bytes() == (tmp_path / "o" / shard.name).read_bytes()
@@ -337,8 +354,7 @@ def test_disk_full_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     """A real full disk (a 512 KiB tmpfs; needs root to mount, skipped otherwise)."""
     with small_disk(tmp_path / "small", "512k") as small:
         write_jsonl(tmp_path / "d.jsonl", [{"text": f"word {i} " * 100} for i in range(2000)])
-        proc = cli("pack-data", "d.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", small / "o",
-                   cwd=tmp_path)
+        proc = cli("pack-data", "d.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", small / "o", cwd=tmp_path)
         line = error_line(proc)
         assert "disk full while writing" in line and "_spill" in line, line  # the phase: the token spill
         assert list(small.iterdir()) == []
@@ -380,8 +396,7 @@ def test_a_damaged_shard_fails_verify_report_and_train_in_one_line(packed_sample
     before = snapshot(tmp_path)
     assert shard.name in error_line(run_here("pack-verify", folder, cwd=tmp_path))
     assert shard.name in error_line(run_here("pack-report", folder, cwd=tmp_path))
-    train = run_here("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 3,
-                "--log-every", 1, cwd=tmp_path)
+    train = run_here("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 3, "--log-every", 1, cwd=tmp_path)
     assert shard.name in error_line(train) and "sha256" in error_line(train)
     assert not (tmp_path / "run" / "checkpoints").exists()  # no checkpoint of damaged data
     after = {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("run")}  # (config, metrics)
@@ -403,20 +418,43 @@ def test_a_model_packing_would_change_is_refused_in_one_line(packed_sample: Path
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=4096, max_position_embeddings=32768,
-                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=4096,
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
     before = snapshot(tmp_path)
-    train = run_here("pack-train", "--data", packed_sample, "--model", tmp_path / "model", "--out", "run",
-                "--max-steps", 1, "--device", "cpu", cwd=tmp_path)
+    train = run_here(
+        "pack-train",
+        "--data",
+        packed_sample,
+        "--model",
+        tmp_path / "model",
+        "--out",
+        "run",
+        "--max-steps",
+        1,
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
     line = error_line(train)
-    assert line.endswith("LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type "
-                         "'dynamic') changes past 32768 tokens, and proving that per packed example would take "
-                         "a 32786-token probe row (the check's limit is 16384): refused unchecked; use a static "
-                         "RoPE scaling (rope_type 'linear' or 'yarn')"), line
+    assert line.endswith(
+        "LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type "
+        "'dynamic') changes past 32768 tokens, and proving that per packed example would take "
+        "a 32786-token probe row (the check's limit is 16384): refused unchecked; use a static "
+        "RoPE scaling (rope_type 'linear' or 'yarn')"
+    ), line
     assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
 def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str) -> None:
     deadline = time.monotonic() + 300
     while not condition():
@@ -445,8 +483,7 @@ def test_a_second_pack_data_on_a_busy_out_is_one_line_and_kill_9_frees_it(tmp_pa
     verified(tmp_path / "o")
 
 
-def test_a_second_pack_train_on_a_busy_run_folder_is_one_line_and_kill_9_frees_it(
-        packed_sample: Path, tmp_path: Path) -> None:
+def test_a_second_pack_train_on_a_busy_run_folder_is_one_line_and_kill_9_frees_it(packed_sample: Path, tmp_path: Path) -> None:
     args = ("--data", packed_sample, "--model", "tiny", "--out", "run", "--log-every", 1, "--tokens-per-step", 2048)
     first = cli("pack-train", *args, "--max-steps", 1000, cwd=tmp_path, wait=False, start_new_session=True)
     lock = tmp_path / "run" / ".pack-train.lock"
@@ -475,8 +512,7 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_a_damaged_checkpoint_is_named_and_stepped_over(packed_sample: Path, tmp_path: Path) -> None:
-    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
-            "--tokens-per-step", 2048)
+    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1, "--tokens-per-step", 2048)
     first = run_here("pack-train", *args, "--out", "run", cwd=tmp_path)
     assert first.returncode == 0, first.stderr_text
     original = _metrics(tmp_path / "run")
@@ -542,15 +578,28 @@ class _Payload:
 
 
 # every file `pack-train --resume` reads from a checkpoint (checkpoint.json lists the others)
-RESUME_READS = ["optimizer.pt", "scheduler.pt", "rng-rank0.pt", "trainer_state.json", "model/model.safetensors",
-                "checkpoint.json"]
+RESUME_READS = ["optimizer.pt", "scheduler.pt", "rng-rank0.pt", "trainer_state.json", "model/model.safetensors", "checkpoint.json"]
 
 
 @pytest.fixture(scope="module")
 def one_checkpoint(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple]:
     tmp = tmp_path_factory.mktemp("resume")
-    args = ("--data", packed_sample, "--model", "tiny", "--max-steps", 4, "--save-every", 2, "--log-every", 1,
-            "--tokens-per-step", 2048, "--out", "run")
+    args = (
+        "--data",
+        packed_sample,
+        "--model",
+        "tiny",
+        "--max-steps",
+        4,
+        "--save-every",
+        2,
+        "--log-every",
+        1,
+        "--tokens-per-step",
+        2048,
+        "--out",
+        "run",
+    )
     first = run_here("pack-train", *args[:5], 2, *args[6:], cwd=tmp)  # resume asks for 2 more steps
     assert first.returncode == 0, first.stderr_text
     return tmp / "run", args
@@ -558,7 +607,8 @@ def one_checkpoint(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.parametrize("name", RESUME_READS)
 def test_a_pickle_planted_in_a_checkpoint_never_runs_and_resume_refuses_in_one_line(
-        one_checkpoint: tuple[Path, tuple], tmp_path: Path, name: str) -> None:
+    one_checkpoint: tuple[Path, tuple], tmp_path: Path, name: str
+) -> None:
     import shutil
 
     import torch
@@ -591,8 +641,7 @@ def test_a_pickle_planted_in_a_checkpoint_never_runs_and_resume_refuses_in_one_l
         assert str(target.relative_to(tmp_path).parent) in line, line
 
 
-def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(
-        one_checkpoint: tuple[Path, tuple], tmp_path: Path) -> None:
+def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(one_checkpoint: tuple[Path, tuple], tmp_path: Path) -> None:
     import shutil
 
     run = tmp_path / "run"
@@ -601,8 +650,7 @@ def test_a_checkpoint_listing_that_names_a_file_outside_is_never_read(
     secret.write_text("not yours")
     checkpoint = run / "checkpoints" / "step-00000002"
     listing = json.loads((checkpoint / "checkpoint.json").read_text())
-    for name, value in (("../../../secret.txt", "../../../secret.txt"), (str(secret), str(secret)),
-                        ("link", None)):
+    for name, value in (("../../../secret.txt", "../../../secret.txt"), (str(secret), str(secret)), ("link", None)):
         files = dict(listing["files"])
         if value is None:
             (checkpoint / "link").symlink_to(secret)
@@ -645,8 +693,7 @@ def _shard_outside(tmp: Path, folder: Path, how: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["climbs", "absolute", "link", "eval folder"])
-def test_a_manifest_path_that_leaves_the_folder_is_one_line_everywhere(
-        packed_sample: Path, tmp_path: Path, how: str) -> None:
+def test_a_manifest_path_that_leaves_the_folder_is_one_line_everywhere(packed_sample: Path, tmp_path: Path, how: str) -> None:
     import shutil
 
     folder = tmp_path / "packed"
@@ -658,8 +705,11 @@ def test_a_manifest_path_that_leaves_the_folder_is_one_line_everywhere(
     else:
         name = _shard_outside(tmp_path, folder, how)
     before = snapshot(tmp_path)
-    for command in (("pack-verify", folder), ("pack-report", folder),
-                    ("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 1)):
+    for command in (
+        ("pack-verify", folder),
+        ("pack-report", folder),
+        ("pack-train", "--data", folder, "--model", "tiny", "--out", "run", "--max-steps", 1),
+    ):
         line = error_line(run_here(*command, cwd=tmp_path))
         assert f"is {name!r}, which leaves {folder}" in line, (command[0], line)
         assert ("through a symbolic link" if how == "link" else "climbs out" if "../" in name else "absolute") in line
@@ -701,8 +751,9 @@ def _set(path: str, value: object) -> Callable[[dict], None]:
     return edit
 
 
-@pytest.mark.parametrize("field", ["shards.0.sha256", "shards.0.rows", "counts.examples_read", "counts.truncated",
-                                   "max_len", "efficiency", "checksum", "eval"])
+@pytest.mark.parametrize(
+    "field", ["shards.0.sha256", "shards.0.rows", "counts.examples_read", "counts.truncated", "max_len", "efficiency", "checksum", "eval"]
+)
 def test_markup_in_a_manifest_field_is_one_line_and_no_report(packed_sample: Path, tmp_path: Path, field: str) -> None:
     """A value of the wrong type (markup where a hash, count or object belongs): refused by every
     command that reads the folder, and pack-report writes no file."""
@@ -713,8 +764,10 @@ def test_markup_in_a_manifest_field_is_one_line_and_no_report(packed_sample: Pat
     _edit_manifest(folder, _set(field, MARKUP))
     if field == "checksum":
         (folder / "manifest.json").write_text(
-            (folder / "manifest.json").read_text().replace(json.loads((folder / "manifest.json").read_text())
-                                                            ["checksum"], MARKUP.replace('"', "'")))
+            (folder / "manifest.json")
+            .read_text()
+            .replace(json.loads((folder / "manifest.json").read_text())["checksum"], MARKUP.replace('"', "'"))
+        )
     before = snapshot(tmp_path)
     report = run_here("pack-report", folder, "--html", "r.html", "--json", "r.json", cwd=tmp_path)
     line = error_line(report)
@@ -747,8 +800,7 @@ def test_markup_in_a_value_the_report_shows_is_escaped(packed_sample: Path, tmp_
 def test_overwrite_through_a_link_replaces_the_folder_it_names_and_leaves_nothing_beside(tmp_path: Path) -> None:
     older = pack(tmp_path, SAMPLE, "older", "--limit", 20)
     (tmp_path / "out").symlink_to(older)
-    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "out", "--overwrite",
-               cwd=tmp_path)
+    proc = run_here("pack-data", SAMPLE, "--tokenizer", TOKENIZER, "--max-len", 512, "--out", "out", "--overwrite", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr_text
     assert (tmp_path / "out").is_symlink() and os.readlink(tmp_path / "out") == str(older)
     assert json.loads((older / "manifest.json").read_text())["counts"]["examples_read"] > 20  # the new output
@@ -764,12 +816,15 @@ def a_run(packed_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return tmp / "run"
 
 
-@pytest.mark.parametrize("command", [("pack-verify", "RUN"), ("pack-train", "--data", "RUN", "--model", "tiny",
-                                                              "--out", "new", "--max-steps", 1),
-                                     ("pack-train", "--data", "PACKED", "--eval-data", "RUN", "--model", "tiny",
-                                      "--out", "new", "--max-steps", 1)])
-def test_a_run_folder_given_for_a_packed_folder_is_one_line(a_run: Path, packed_sample: Path, tmp_path: Path,
-                                                            command: tuple) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("pack-verify", "RUN"),
+        ("pack-train", "--data", "RUN", "--model", "tiny", "--out", "new", "--max-steps", 1),
+        ("pack-train", "--data", "PACKED", "--eval-data", "RUN", "--model", "tiny", "--out", "new", "--max-steps", 1),
+    ],
+)
+def test_a_run_folder_given_for_a_packed_folder_is_one_line(a_run: Path, packed_sample: Path, tmp_path: Path, command: tuple) -> None:
     args = [{"RUN": a_run, "PACKED": packed_sample}.get(a, a) for a in command]
     line = error_line(run_here(*args, cwd=tmp_path))
     assert f"{a_run} is a pack-train run folder, not a packed folder" in line, line
@@ -816,16 +871,36 @@ def test_empty_messages_lists_first_and_last_are_counted_as_empty(tmp_path: Path
     verified(folder)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("--lr", "1e308", "--save-every", 1), "after step 1 a weight is not finite (NaN or inf): training stopped at step 1 "
-                                           "without saving; no checkpoint was saved; lower --lr"),
-    (("--lr", "1e308", "--log-every", 1), "is not finite (NaN or inf): training stopped at step"),
-    (("--lora-r", 4, "--lora-alpha", 0), "--lora-alpha must be > 0, got 0.0"),
-])
-def test_a_run_that_cannot_train_what_was_asked_is_one_line(packed_sample: Path, tmp_path: Path, args: tuple,
-                                                           needle: str) -> None:
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ("--lr", "1e308", "--save-every", 1),
+            "after step 1 a weight is not finite (NaN or inf): training stopped at step 1 "
+            "without saving; no checkpoint was saved; lower --lr",
+        ),
+        (("--lr", "1e308", "--log-every", 1), "is not finite (NaN or inf): training stopped at step"),
+        (("--lora-r", 4, "--lora-alpha", 0), "--lora-alpha must be > 0, got 0.0"),
+    ],
+)
+def test_a_run_that_cannot_train_what_was_asked_is_one_line(packed_sample: Path, tmp_path: Path, args: tuple, needle: str) -> None:
     """A learning rate that diverges at once, an adapter scaled by zero: refused, never a run that exits 0."""
-    line = error_line(run_here("pack-train", "--data", packed_sample, "--model", "tiny", "--out", "run", "--max-steps", 3,
-                          "--tokens-per-step", 2048, *args, cwd=tmp_path))
+    line = error_line(
+        run_here(
+            "pack-train",
+            "--data",
+            packed_sample,
+            "--model",
+            "tiny",
+            "--out",
+            "run",
+            "--max-steps",
+            3,
+            "--tokens-per-step",
+            2048,
+            *args,
+            cwd=tmp_path,
+        )
+    )
     assert needle in line, line
     assert not list((tmp_path / "run" / "checkpoints").glob("step-*")) if (tmp_path / "run").exists() else True

@@ -49,15 +49,11 @@ def _corpus(tmp: Path) -> Path:
 NESTED_OUT = {
     "--out inside the input folder": (("corpus", "--out", "corpus/packed"), "inside the input folder corpus"),
     "--out deep inside the input folder": (("corpus", "--out", "corpus/sub/x/packed"), "inside the input folder"),
-    "--out inside the folder, given through a link": (("corpus-link", "--out", "corpus/packed"),
-                                                      "inside the input folder corpus-link"),
-    "--out inside the folder, itself through a link": (("corpus", "--out", "corpus-link/packed"),
-                                                       "inside the input folder corpus"),
-    "--out the input file's folder": (("corpus/a.jsonl", "--out", "corpus", "--overwrite"),
-                                      "input corpus/a.jsonl is inside --out corpus"),
+    "--out inside the folder, given through a link": (("corpus-link", "--out", "corpus/packed"), "inside the input folder corpus-link"),
+    "--out inside the folder, itself through a link": (("corpus", "--out", "corpus-link/packed"), "inside the input folder corpus"),
+    "--out the input file's folder": (("corpus/a.jsonl", "--out", "corpus", "--overwrite"), "input corpus/a.jsonl is inside --out corpus"),
     "an input inside --out": (("corpus/sub/b.jsonl", "--out", "corpus", "--overwrite"), "is inside --out corpus"),
-    "--out the working folder holding the input": (("corpus/a.jsonl", "--out", ".", "--overwrite"),
-                                                   "is inside --out ."),
+    "--out the working folder holding the input": (("corpus/a.jsonl", "--out", ".", "--overwrite"), "is inside --out ."),
     "a glob matching --out": (("corpus/*", "--out", "corpus/packed"), "the input glob 'corpus/*' reaches"),
     "a recursive glob": (("corpus/**/*.jsonl", "--out", "corpus/sub/packed"), "reaches"),
     "a glob matching a folder above --out": (("c*s", "--out", "corpus/packed"), "reaches"),
@@ -81,9 +77,11 @@ def _examples(folder: Path) -> int:
 
 def test_an_out_beside_the_inputs_is_packed_and_a_second_run_reads_the_same_examples(tmp_path: Path) -> None:
     _corpus(tmp_path)
-    runs = [("corpus/a.jsonl", "--out", "corpus/packed-a"),  # beside an input file: only that file is read
-            ("corpus/*.jsonl", "--out", "corpus/packed-g"),  # a glob that cannot match the output
-            ("corpus/sub", "--out", "corpus/sub-packed")]  # a sibling whose name starts like the folder's
+    runs = [
+        ("corpus/a.jsonl", "--out", "corpus/packed-a"),  # beside an input file: only that file is read
+        ("corpus/*.jsonl", "--out", "corpus/packed-g"),  # a glob that cannot match the output
+        ("corpus/sub", "--out", "corpus/sub-packed"),
+    ]  # a sibling whose name starts like the folder's
     for args in runs * 2:
         done = run_here("pack-data", *args, *PACK, "--overwrite", cwd=tmp_path)
         assert done.returncode == 0, done.stderr_text
@@ -95,8 +93,9 @@ def test_the_python_api_refuses_the_same(tmp_path: Path) -> None:
 
     _corpus(tmp_path)
     with pytest.raises(UserError, match="inside the input folder"):
-        run_pack_data(PackConfig(inputs=[str(tmp_path / "corpus")], tokenizer=str(TOKENIZER), max_len=256,
-                                 out=str(tmp_path / "corpus" / "packed")))
+        run_pack_data(
+            PackConfig(inputs=[str(tmp_path / "corpus")], tokenizer=str(TOKENIZER), max_len=256, out=str(tmp_path / "corpus" / "packed"))
+        )
     assert not (tmp_path / "corpus" / "packed").exists()
 
 
@@ -131,21 +130,22 @@ def _layout(tmp: Path, packed: Path) -> None:
 
 NESTED_RUN = {
     "--out inside a run folder": (("--data", "packed", "--out", "runA/ablation"), "inside the run folder"),
-    "--out inside a run's checkpoints": (("--data", "packed", "--out", "runA/checkpoints/step-00000009"),
-                                         "inside the run folder"),
+    "--out inside a run's checkpoints": (("--data", "packed", "--out", "runA/checkpoints/step-00000009"), "inside the run folder"),
     "--out inside a run without config.json": (("--data", "packed", "--out", "runC/sub"), "inside the run folder"),
-    "--data inside --out's checkpoints": (("--data", "runB/checkpoints/data", "--out", "runB", "--resume"),
-                                          "--data runB/checkpoints/data is inside runB/checkpoints"),
+    "--data inside --out's checkpoints": (
+        ("--data", "runB/checkpoints/data", "--out", "runB", "--resume"),
+        "--data runB/checkpoints/data is inside runB/checkpoints",
+    ),
     "--eval-data inside --out's checkpoints": (
         ("--data", "packed", "--eval-data", "runB/checkpoints/data", "--out", "runB", "--resume"),
-        "--eval-data runB/checkpoints/data is inside runB/checkpoints"),
+        "--eval-data runB/checkpoints/data is inside runB/checkpoints",
+    ),
     "--out inside the packed folder": (("--data", "packed", "--out", "packed/run"), "inside the --data folder"),
 }
 
 
 @pytest.mark.parametrize("case", NESTED_RUN)
-def test_a_run_folder_that_nests_with_another_is_one_line_and_changes_nothing(
-        packed: Path, tmp_path: Path, case: str) -> None:
+def test_a_run_folder_that_nests_with_another_is_one_line_and_changes_nothing(packed: Path, tmp_path: Path, case: str) -> None:
     args, needle = NESTED_RUN[case]
     _layout(tmp_path, packed)
     before = snapshot(tmp_path)
@@ -223,8 +223,7 @@ REFUSED = [  # (file text, command, the key named, what the line says)
 
 
 @pytest.mark.parametrize(("text", "command", "key", "needle"), REFUSED, ids=_ids(REFUSED))
-def test_a_yaml_1_1_number_is_refused_naming_file_and_key(tmp_path: Path, text: str, command, key: str,
-                                                          needle: str) -> None:
+def test_a_yaml_1_1_number_is_refused_naming_file_and_key(tmp_path: Path, text: str, command, key: str, needle: str) -> None:
     with pytest.raises(UserError) as caught:
         _settings(tmp_path, text, command, TRAIN if command is pack_train else DATA)
     line = str(caught.value)

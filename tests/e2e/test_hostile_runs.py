@@ -58,8 +58,7 @@ def _model_folder(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["model", "data", "config-file", "axolotl", "users-folder", "empty-name"])
-def test_an_out_that_is_not_a_run_folder_is_refused_before_anything_is_written(
-        packed_sample: Path, tmp_path: Path, kind: str) -> None:
+def test_an_out_that_is_not_a_run_folder_is_refused_before_anything_is_written(packed_sample: Path, tmp_path: Path, kind: str) -> None:
     data = shutil.copytree(packed_sample, tmp_path / "packed")
     model = _model_folder(tmp_path / "model")
     mine = tmp_path / "mine"
@@ -83,8 +82,10 @@ def test_an_out_that_is_not_a_run_folder_is_refused_before_anything_is_written(
         expect = "is the --model folder"
     elif kind == "users-folder":
         args = ["--data", data, "--model", "tiny", "--max-steps", 2, "--out", mine]
-        expect = (f"--out {mine} is an existing folder that is not a pack-train run folder (it holds config.json, "
-                  "metrics.jsonl): pack-train writes only into a new or empty folder")
+        expect = (
+            f"--out {mine} is an existing folder that is not a pack-train run folder (it holds config.json, "
+            "metrics.jsonl): pack-train writes only into a new or empty folder"
+        )
     else:
         args = ["--data", data, "--model", "tiny", "--max-steps", 2, "--out", ""]
         expect = "--out is empty: name the run folder to create"
@@ -102,8 +103,12 @@ def test_which_folders_are_run_folders(one_run: Path, tmp_path: Path) -> None:
     (locked / ".pack-train.lock").write_text("1 host\n")
     (locked / ".config.json.x1y2.tmp").write_text("{")  # a kill -9 while config.json was written
     assert is_run_folder(locked)
-    for name, text in (("list", "[1, 2]"), ("hf-config", '{"model_type": "llama", "hidden_size": 64}'),
-                       ("broken", "{not json"), ("other-tool", '{"data": 1, "model": 2, "out": 3}')):
+    for name, text in (
+        ("list", "[1, 2]"),
+        ("hf-config", '{"model_type": "llama", "hidden_size": 64}'),
+        ("broken", "{not json"),
+        ("other-tool", '{"data": 1, "model": 2, "out": 3}'),
+    ):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "config.json").write_text(text)
@@ -131,8 +136,7 @@ def test_an_empty_folder_of_the_users_takes_a_run(one_run: Path) -> None:
     assert is_run_folder(one_run) and (one_run / "metrics.jsonl").is_file()
 
 
-def test_a_link_in_checkpoints_to_another_runs_checkpoint_is_one_line(
-        packed_sample: Path, one_run: Path, tmp_path: Path) -> None:
+def test_a_link_in_checkpoints_to_another_runs_checkpoint_is_one_line(packed_sample: Path, one_run: Path, tmp_path: Path) -> None:
     target = one_run / "checkpoints" / "step-00000002"
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -142,8 +146,10 @@ def test_a_link_in_checkpoints_to_another_runs_checkpoint_is_one_line(
     args = ("--data", packed_sample, *TRAIN[:2], "--max-steps", 4, *TRAIN[4:], "--out", "run")
     for resume in (f"--resume={run / 'checkpoints' / 'step-00000002'}", "--resume"):
         line = error_line(run_here("pack-train", *args, resume, cwd=tmp_path))
-        assert (f"run/checkpoints/step-00000002 is a symbolic link (to {target}): pack-train reads, "
-                "replaces and removes only the checkpoints it wrote") in line, line
+        assert (
+            f"run/checkpoints/step-00000002 is a symbolic link (to {target}): pack-train reads, "
+            "replaces and removes only the checkpoints it wrote"
+        ) in line, line
         assert "--resume FOLDER with a new --out" in line, line
     assert snapshot(tmp_path) == before and snapshot(one_run) == theirs
     # control: as the line says, the checkpoint itself with a new --out
@@ -160,8 +166,7 @@ def test_a_full_disk_at_the_start_leaves_no_run_folder(packed_sample: Path, tmp_
     empty run folder (nor its parents) is left behind."""
     with small_disk(tmp_path / "small", "64k") as small:
         (small / "fill").write_bytes(b"\0" * (64 - 4 * free_pages) * 1024)
-        line = error_line(run_here("pack-train", "--data", packed_sample, *TRAIN, "--out", small / "a" / "run",
-                                   cwd=tmp_path))
+        line = error_line(run_here("pack-train", "--data", packed_sample, *TRAIN, "--out", small / "a" / "run", cwd=tmp_path))
         assert line.startswith("Error: disk full: pack-train could not write its ") and f"{small / 'a' / 'run'}" in line, line
         assert sorted(p.name for p in small.iterdir()) == ["fill"]
 
@@ -172,8 +177,7 @@ def test_a_full_disk_while_merging_lora_leaves_no_half_written_merged(packed_sam
     from trainer.run.checkpoint import checkpoint_damage
 
     with small_disk(tmp_path / "small", "1m") as small:
-        proc = run_here("pack-train", "--data", packed_sample, *TRAIN, "--lora-r", 4, "--merge-lora",
-                        "--out", small / "run", cwd=tmp_path)
+        proc = run_here("pack-train", "--data", packed_sample, *TRAIN, "--lora-r", 4, "--merge-lora", "--out", small / "run", cwd=tmp_path)
         line = error_line(proc)
         assert f"writing {small / 'run' / 'merged'} failed (disk full); nothing of it was left: free some space" in line
         assert not (small / "run" / "merged").exists() and not (small / "run" / ".tmp-merged").exists()

@@ -50,8 +50,14 @@ def benchlib():  # noqa: ANN201
 
 
 def _script(name: str, *args: object, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(_path(name)), *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, str(_path(name)), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def _one_line(proc: subprocess.CompletedProcess, status: int = 1) -> str:
@@ -86,9 +92,13 @@ def _targets(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     note.write_text("the user's")
     link = tmp_path / "to-null"
     link.symlink_to(_device(tmp_path))
-    return {"device": (_device(tmp_path), "is not a regular file"), "fifo": (fifo, "is not a regular file"),
-            "link to a device": (link, "is not a regular file"), "folder": (folder, "is a folder"),
-            "below a file": (note / "x.jsonl", "is a file, not a folder")}
+    return {
+        "device": (_device(tmp_path), "is not a regular file"),
+        "fifo": (fifo, "is not a regular file"),
+        "link to a device": (link, "is not a regular file"),
+        "folder": (folder, "is a folder"),
+        "below a file": (note / "x.jsonl", "is a file, not a folder"),
+    }
 
 
 def _unchanged(tmp_path: Path) -> None:
@@ -117,17 +127,19 @@ def test_make_long_data_refuses_every_target_that_is_no_regular_file(long_data, 
     _unchanged(tmp_path)
 
 
-@pytest.mark.parametrize("args, phrase", [
-    (["--lengths", "99999999999999999999"], "at most 16777216"),
-    (["--lengths", "3000,16777217"], "at most 16777216"),
-    (["--lengths", "1e308"], "expected comma-separated integers"),
-    (["--lengths", "9" * 5000], "expected comma-separated integers"),  # past int()'s digit limit
-    (["--lengths", "-64"], "each length must be at least 64 tokens"),
-    (["--lengths", "1048576", "--count", "99999999999999999999"], "tokens in all, which are held in memory"),
-    (["--lengths", "16777216", "--count", "9"], "tokens in all, which are held in memory"),
-])
-def test_make_long_data_refuses_an_absurd_size_at_once(long_data, tmp_path: Path, args: list[str], phrase: str,
-                                                        capsys):
+@pytest.mark.parametrize(
+    "args, phrase",
+    [
+        (["--lengths", "99999999999999999999"], "at most 16777216"),
+        (["--lengths", "3000,16777217"], "at most 16777216"),
+        (["--lengths", "1e308"], "expected comma-separated integers"),
+        (["--lengths", "9" * 5000], "expected comma-separated integers"),  # past int()'s digit limit
+        (["--lengths", "-64"], "each length must be at least 64 tokens"),
+        (["--lengths", "1048576", "--count", "99999999999999999999"], "tokens in all, which are held in memory"),
+        (["--lengths", "16777216", "--count", "9"], "tokens in all, which are held in memory"),
+    ],
+)
+def test_make_long_data_refuses_an_absurd_size_at_once(long_data, tmp_path: Path, args: list[str], phrase: str, capsys):
     with pytest.raises(SystemExit) as exc:
         long_data.main([*args, "--out", str(tmp_path / "x.jsonl")])
     err = capsys.readouterr().err
@@ -174,18 +186,22 @@ def test_benchlib_write_output_on_a_full_disk_keeps_the_old_file(benchlib, tmp_p
         (small / "r.json").write_text("old")
         with pytest.raises(SystemExit) as exc:
             benchlib.write_text_output(small / "r.json", "x" * 200_000)
-        assert str(exc.value.code) == (f"error: disk full while writing {small / 'r.json'}: free some space or "
-                                       "choose another --json; nothing was written")
+        assert str(exc.value.code) == (
+            f"error: disk full while writing {small / 'r.json'}: free some space or choose another --json; nothing was written"
+        )
         assert [p.name for p in small.iterdir()] == ["r.json"] and (small / "r.json").read_text() == "old"
         benchlib.write_text_output(small / "r.json", "new")  # the control: what fits is written
         assert (small / "r.json").read_text() == "new"
 
 
-@pytest.mark.parametrize("script, args", [
-    ("scale_table.py", ["runs", "--json"]),
-    ("scale_table.py", ["runs", "--md"]),
-    ("make_sample_data.py", ["--out"]),
-])
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("scale_table.py", ["runs", "--json"]),
+        ("scale_table.py", ["runs", "--md"]),
+        ("make_sample_data.py", ["--out"]),
+    ],
+)
 def test_other_scripts_refuse_a_device_in_one_line(tmp_path: Path, script: str, args: list[str]):
     device = _device(tmp_path)
     proc = _script(script, *args, device, cwd=tmp_path)
@@ -239,30 +255,68 @@ def _pack(tmp_path: Path, *inputs: Path, extra: tuple[str, ...] = ()):  # noqa: 
 
     from pipeline.cli import pack_data
 
-    return CliRunner().invoke(pack_data, [*map(str, inputs), "--tokenizer", str(TOKENIZER), "--max-len", "64",
-                                          "--num-proc", "1", "--no-progress", "--out", str(tmp_path / "out"), *extra])
+    return CliRunner().invoke(
+        pack_data,
+        [
+            *map(str, inputs),
+            "--tokenizer",
+            str(TOKENIZER),
+            "--max-len",
+            "64",
+            "--num-proc",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+            *extra,
+        ],
+    )
 
 
 def test_a_lone_surrogate_is_one_line_naming_its_file_line_and_field(tmp_path: Path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "a\\ud800b"}\n{"text": "four"}\n')
-    proc = subprocess.run([sys.executable, "-c", "from pipeline.cli import pack_data; pack_data()", str(data),
-                           "--tokenizer", str(TOKENIZER), "--max-len", "64", "--no-progress", "--out", "out"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert _one_line(proc) == (f"Error: {data} line 3: field 'text' holds a lone surrogate \\ud800 (half of a "
-                               "UTF-16 pair, not a character): fix the text, e.g. replace it with \\ufffd or remove it\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pipeline.cli import pack_data; pack_data()",
+            str(data),
+            "--tokenizer",
+            str(TOKENIZER),
+            "--max-len",
+            "64",
+            "--no-progress",
+            "--out",
+            "out",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert _one_line(proc) == (
+        f"Error: {data} line 3: field 'text' holds a lone surrogate \\ud800 (half of a "
+        "UTF-16 pair, not a character): fix the text, e.g. replace it with \\ufffd or remove it\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name, text, where", [
-    ("low.jsonl", '{"text": "x"}\n{"text": "a\\udc00"}\n', "line 2: field 'text' holds a lone surrogate \\udc00"),
-    ("unpaired.jsonl", '{"text": "\\ud83d\\u0041"}\n', "line 1: field 'text' holds a lone surrogate \\ud83d"),
-    ("chat.jsonl", '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\\ud800"}]}\n',
-     "line 1: field 'messages[1].content' holds"),
-    ("key.jsonl", '{"text": "x", "meta": {"\\udfff": 1}}\n', "line 1: a key of 'meta' holds a lone surrogate \\udfff"),
-    ("array.json", '[{"text": "x"},\n {"text": "y"},\n {"text": "\\ud800"}]\n', "line 3: field 'text' holds"),
-])
+@pytest.mark.parametrize(
+    "name, text, where",
+    [
+        ("low.jsonl", '{"text": "x"}\n{"text": "a\\udc00"}\n', "line 2: field 'text' holds a lone surrogate \\udc00"),
+        ("unpaired.jsonl", '{"text": "\\ud83d\\u0041"}\n', "line 1: field 'text' holds a lone surrogate \\ud83d"),
+        (
+            "chat.jsonl",
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "\\ud800"}]}\n',
+            "line 1: field 'messages[1].content' holds",
+        ),
+        ("key.jsonl", '{"text": "x", "meta": {"\\udfff": 1}}\n', "line 1: a key of 'meta' holds a lone surrogate \\udfff"),
+        ("array.json", '[{"text": "x"},\n {"text": "y"},\n {"text": "\\ud800"}]\n', "line 3: field 'text' holds"),
+    ],
+)
 def test_a_lone_surrogate_anywhere_in_a_record_is_named(tmp_path: Path, name: str, text: str, where: str):
     data = tmp_path / name
     data.write_text(text)
@@ -281,8 +335,7 @@ def test_a_surrogate_pair_and_an_escaped_backslash_pack(tmp_path: Path):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]["examples_packed"] == 2
 
 
-@pytest.mark.parametrize("weight", ["1e308", "1e400", "inf", "-inf", "nan", "0", "-0", "-1", "1099511627777",
-                                    "9" * 400])
+@pytest.mark.parametrize("weight", ["1e308", "1e400", "inf", "-inf", "nan", "0", "-0", "-1", "1099511627777", "9" * 400])
 def test_an_absurd_mix_weight_is_one_line(tmp_path: Path, weight: str):
     result = _pack(tmp_path, ROOT / "data" / "sample" / "text.jsonl", extra=("--mix", f"text.jsonl={weight}"))
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output

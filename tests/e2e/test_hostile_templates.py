@@ -23,19 +23,30 @@ CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel
 # each: a Jinja chat template that must not run unbounded
 ENDLESS = {
     "nested ranges": "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
-                     "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% endfor %}",
     "huge power": "{{ 10**(10**10) }}{% for m in messages %}{{ m.content }}{% endfor %}",
     "huge string": "{{ 'x' * 10**12 }}{% for m in messages %}{{ m.content }}{% endfor %}",
     "huge width": "{{ 'x'.ljust(10**12) }}{% for m in messages %}{{ m.content }}{% endfor %}",
     "doubling": "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"
-                "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{{ m.content }}{% endfor %}",
 }
 
 
 def pack_chat(tmp: Path, rows: list, *extra: object, out: str = "packed"):  # noqa: ANN201
     data = write_jsonl(tmp / "chat.jsonl", [{"messages": m} if isinstance(m, list) else m for m in rows])
-    return cli("pack-data", data, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", out, *extra, cwd=tmp,
-               env={**os.environ, "PACKLM_TEMPLATE_SECONDS": "3"})
+    return cli(
+        "pack-data",
+        data,
+        "--tokenizer",
+        TOKENIZER,
+        "--max-len",
+        256,
+        "--out",
+        out,
+        *extra,
+        cwd=tmp,
+        env={**os.environ, "PACKLM_TEMPLATE_SECONDS": "3"},
+    )
 
 
 @pytest.mark.parametrize("name", sorted(ENDLESS))
@@ -51,14 +62,16 @@ def test_the_same_template_bounded_renders_when_it_stays_inside_the_limits(tmp_p
     (tmp_path / "t.jinja").write_text(
         "{% for a in range(300) %}{% endfor %}{{ '' * 3 }}{{ (2**64) % 7 }}"
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}{% generation %}"
-        "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}")
+        "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
+    )
     proc = pack_chat(tmp_path, [CHAT], "--chat-template", "t.jinja")
     assert proc.returncode == 0, proc.stderr_text
 
 
 def test_a_template_that_never_renders_the_assistant_is_refused(tmp_path: Path):
-    (tmp_path / "t.jinja").write_text("{% for m in messages %}{% if m.role != 'assistant' %}<|im_start|>"
-                                      "{{ m.content }}<|im_end|>{% endif %}{% endfor %}")
+    (tmp_path / "t.jinja").write_text(
+        "{% for m in messages %}{% if m.role != 'assistant' %}<|im_start|>{{ m.content }}<|im_end|>{% endif %}{% endfor %}"
+    )
     line = error_line(pack_chat(tmp_path, [CHAT], "--chat-template", "t.jinja"))
     assert "chat.jsonl line 1" in line and "does not render the assistant's content" in line, line
     assert not (tmp_path / "packed").exists()
@@ -69,9 +82,12 @@ def test_a_template_not_prefix_stable_on_prompt_completion_is_refused(tmp_path: 
     (tmp_path / "t.jinja").write_text(
         "{% for m in messages if m.role != 'system' %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
         "{% for m in messages if m.role == 'system' %}{{ m.content }}{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>{% endif %}")
-    row = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
-           "completion": [{"role": "assistant", "content": "4"}]}
+        "{% if add_generation_prompt %}<|im_start|>{% endif %}"
+    )
+    row = {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+        "completion": [{"role": "assistant", "content": "4"}],
+    }
     line = error_line(pack_chat(tmp_path, [row], "--chat-template", "t.jinja"))
     assert "chat.jsonl line 1" in line and "not prefix-stable" in line, line
     assert not (tmp_path / "packed").exists()
@@ -80,8 +96,10 @@ def test_a_template_not_prefix_stable_on_prompt_completion_is_refused(tmp_path: 
 def test_user_text_that_spells_a_control_token_trains_as_text(tmp_path: Path):
     """`</s>` and `<|im_end|>` inside a message are ordinary text: the row holds only the template's
     <|im_end|> (one per message) and no `</s>` id; control: the same row without the literals."""
-    literal = [{"role": "user", "content": "end with </s> or <|im_end|> please"},
-               {"role": "assistant", "content": "Sure: </s><|im_end|> done"}]
+    literal = [
+        {"role": "user", "content": "end with </s> or <|im_end|> please"},
+        {"role": "assistant", "content": "Sure: </s><|im_end|> done"},
+    ]
     proc = pack_chat(tmp_path, [literal])
     assert proc.returncode == 0, proc.stderr_text
     tok = load_tokenizer(str(TOKENIZER))
@@ -95,8 +113,9 @@ def test_user_text_that_spells_a_control_token_trains_as_text(tmp_path: Path):
 
 
 def test_a_template_that_prints_the_date_packs_the_same_bytes_and_records_it(tmp_path: Path):
-    (tmp_path / "t.jinja").write_text("Today: {{ strftime_now('%d %b %Y') }}\n{% for m in messages %}<|im_start|>"
-                                      "{{ m.content }}<|im_end|>{% endfor %}")
+    (tmp_path / "t.jinja").write_text(
+        "Today: {{ strftime_now('%d %b %Y') }}\n{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+    )
     hashes = []
     for out in ("a", "b"):
         proc = pack_chat(tmp_path, [CHAT], "--chat-template", "t.jinja", out=out)
@@ -115,8 +134,9 @@ def test_an_empty_chat_template_file_is_named(tmp_path: Path):
     assert "--chat-template t.jinja: the file is empty" in line, line
 
 
-@pytest.mark.parametrize("part, answer, says", [({"type": "text", "text": 7}, 8, "the int 7 as its 'text'"),
-                                                ({"type": "text"}, "ok", "no 'text'")])
+@pytest.mark.parametrize(
+    "part, answer, says", [({"type": "text", "text": 7}, 8, "the int 7 as its 'text'"), ({"type": "text"}, "ok", "no 'text'")]
+)
 def test_a_text_part_without_a_string_is_named(tmp_path: Path, part: dict, answer: object, says: str):
     row = [{"role": "user", "content": [part]}, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
     line = error_line(pack_chat(tmp_path, [row]))
@@ -126,8 +146,9 @@ def test_a_text_part_without_a_string_is_named(tmp_path: Path, part: dict, answe
 def test_pack_verify_deep_never_reads_a_template_path_the_manifest_names(tmp_path: Path):
     """A manifest edited to name a template outside its folder (and no recorded text): one line,
     the file never read; control: the untouched folder passes --deep."""
-    (tmp_path / "t.jinja").write_text("{% for m in messages %}<|im_start|>{% generation %}{{ m.content }}<|im_end|>"
-                                      "{% endgeneration %}{% endfor %}")
+    (tmp_path / "t.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}{% endfor %}"
+    )
     proc = pack_chat(tmp_path, [CHAT], "--chat-template", "t.jinja")
     assert proc.returncode == 0, proc.stderr_text
     ok = cli("pack-verify", "packed", "--deep", cwd=tmp_path)
@@ -149,16 +170,39 @@ def test_tokens_pack_data_adds_grow_the_models_embeddings_in_pack_train(tmp_path
     a larger vocabulary is still refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=4096,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
     proc = pack_chat(tmp_path, [CHAT] * 4, "--special-token", "pad_token=<|pad|>", "--add-token", "<tool>")
     assert proc.returncode == 0, proc.stderr_text
     manifest = read_manifest(tmp_path / "packed")
     assert manifest.tokenizer["vocab_size"] == 4098 and manifest.tokenizer["added_tokens"] == ["<tool>"]
     assert manifest.tokenizer["special_tokens"] == {"pad_token": "<|pad|>"}
-    train = cli("pack-train", "--data", "packed", "--model", tmp_path / "model", "--tokenizer", TOKENIZER,
-                "--out", "run", "--max-steps", 1, "--device", "cpu", "--tokens-per-step", 256, cwd=tmp_path)
+    train = cli(
+        "pack-train",
+        "--data",
+        "packed",
+        "--model",
+        tmp_path / "model",
+        "--tokenizer",
+        TOKENIZER,
+        "--out",
+        "run",
+        "--max-steps",
+        1,
+        "--device",
+        "cpu",
+        "--tokens-per-step",
+        256,
+        cwd=tmp_path,
+    )
     assert train.returncode == 0, train.stderr_text
     assert "embeddings and its LM head of" in train.stderr_text and "grown from 4096 to 4098 rows" in train.stderr_text
     path = tmp_path / "packed" / "manifest.json"
@@ -166,8 +210,24 @@ def test_tokens_pack_data_adds_grow_the_models_embeddings_in_pack_train(tmp_path
     del edited["tokenizer"]["added_tokens"], edited["tokenizer"]["special_tokens"]
     edited["checksum"] = manifest_checksum(edited)
     path.write_text(json.dumps(edited))
-    line = error_line(cli("pack-train", "--data", "packed", "--model", tmp_path / "model", "--out", "run2",
-                          "--max-steps", 1, "--device", "cpu", "--tokens-per-step", 256, cwd=tmp_path))
+    line = error_line(
+        cli(
+            "pack-train",
+            "--data",
+            "packed",
+            "--model",
+            tmp_path / "model",
+            "--out",
+            "run2",
+            "--max-steps",
+            1,
+            "--device",
+            "cpu",
+            "--tokens-per-step",
+            256,
+            cwd=tmp_path,
+        )
+    )
     assert "only embeds 4096" in line, line
 
 
@@ -179,8 +239,10 @@ def test_special_tokens_from_a_config_file_are_recorded_like_the_flag(tmp_path: 
     spellings were refused before ("takes a list" / "must be a mapping"), and with them every Axolotl
     file naming an end-of-sequence token."""
     if spelling == "axolotl":
-        text = ("base_model: m\nsequence_len: 256\nspecial_tokens:\n  pad_token: <|pad|>\n  eos_token: <|end|>\n"
-                "datasets:\n  - path: chat.jsonl\n    type: chat_template\n")
+        text = (
+            "base_model: m\nsequence_len: 256\nspecial_tokens:\n  pad_token: <|pad|>\n  eos_token: <|end|>\n"
+            "datasets:\n  - path: chat.jsonl\n    type: chat_template\n"
+        )
     else:
         value = "{eos_token: <|end|>}" if spelling == "mapping" else "['eos_token=<|end|>']"
         text = f"special-token: {value}\n"
@@ -189,5 +251,4 @@ def test_special_tokens_from_a_config_file_are_recorded_like_the_flag(tmp_path: 
     assert proc.returncode == 0, proc.stderr_text
     assert read_manifest(tmp_path / "packed").tokenizer["special_tokens"] == {"eos_token": "<|end|>"}
     flag = pack_chat(tmp_path, [CHAT] * 4, "--special-token", "eos_token=<|end|>", out="packed2")
-    assert flag.returncode == 0 and read_manifest(tmp_path / "packed2").tokenizer["special_tokens"] == {
-        "eos_token": "<|end|>"}
+    assert flag.returncode == 0 and read_manifest(tmp_path / "packed2").tokenizer["special_tokens"] == {"eos_token": "<|end|>"}

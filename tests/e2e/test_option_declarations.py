@@ -31,8 +31,11 @@ BY_HAND = {"config", "offline", "inputs"}  # --config, --offline (no field) and 
 def undeclared(config_type: type) -> list[str]:
     """The fields of `config_type` without a complete declaration (help, section, kind)."""
     declared = declarations(config_type)
-    return [f.name for f in fields(config_type) if f.name not in declared or not declared[f.name].help
-            or not declared[f.name].section or declared[f.name].check.kind is None]
+    return [
+        f.name
+        for f in fields(config_type)
+        if f.name not in declared or not declared[f.name].help or not declared[f.name].section or declared[f.name].check.kind is None
+    ]
 
 
 @pytest.mark.parametrize("config_type", [TrainConfig, PackConfig])
@@ -56,8 +59,7 @@ def test_an_undeclared_field_is_found():
 @pytest.mark.parametrize(("command", "config_type"), COMMANDS)
 def test_every_click_option_comes_from_its_declaration(command: click.Command, config_type: type):
     declared = declarations(config_type)
-    names = {param: name for name, param in ((n, n) for n in declared)} | {
-        p: f for p, f in param_fields(config_type).items()}
+    names = {param: name for name, param in ((n, n) for n in declared)} | {p: f for p, f in param_fields(config_type).items()}
     params = [p for p in command.params if p.name not in BY_HAND]
     assert sorted(names[p.name] for p in params) == sorted(n for n, d in declared.items() if d.cli)
     for param in params:
@@ -72,8 +74,7 @@ def test_the_checks_are_generated_not_written_by_hand():
     for path in [*(ROOT / "trainer").rglob("*.py"), *(ROOT / "pipeline").rglob("*.py")]:
         if path.relative_to(ROOT).as_posix() in ("pipeline/option_checks.py", "pipeline/config_file.py"):
             continue  # the machinery: a kind alone (`Check(int)`) checks a value's type
-        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
-                 and getattr(n.func, "id", None) == "Check"]
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Check"]
         assert not calls, f"{path}: a Check written by hand; declare the option with opt()"
 
 
@@ -145,11 +146,9 @@ def test_the_readme_markers_are_read_exactly():
 
 @pytest.mark.parametrize(("name", "config_type"), [("pack-train", TrainConfig), ("pack-data", PackConfig)])
 def test_the_tables_command_prints_the_generated_tables(name: str, config_type: type):
-    done = subprocess.run([sys.executable, "-m", "pipeline.option_checks", name], capture_output=True, text=True,
-                          cwd=ROOT, check=True)
+    done = subprocess.run([sys.executable, "-m", "pipeline.option_checks", name], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout == option_table(config_type) and done.stderr == ""
-    wrong = subprocess.run([sys.executable, "-m", "pipeline.option_checks", "pack-verify"], capture_output=True,
-                           text=True, cwd=ROOT)
+    wrong = subprocess.run([sys.executable, "-m", "pipeline.option_checks", "pack-verify"], capture_output=True, text=True, cwd=ROOT)
     assert wrong.returncode == 1 and wrong.stdout == "" and "usage:" in wrong.stderr
 
 

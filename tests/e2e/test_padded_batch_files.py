@@ -29,38 +29,74 @@ def test_trls_example_without_packing_trains_groups_of_its_batch(tmp_path: Path)
     """examples/cli_configs/example_config.yaml gives no batch size and no packing: TRL's 8 padded
     examples a step."""
     cfg = swapped("trl/example_config.yaml", tmp_path)
-    packed = CliRunner().invoke(pack_data, ["--config", str(cfg), str(LOCAL["completion"]), "--out",
-                                            str(tmp_path / "packed"), "--tokenizer", str(ROOT / "data/tokenizer"),
-                                            *DATA_FLAGS])
+    packed = CliRunner().invoke(
+        pack_data,
+        [
+            "--config",
+            str(cfg),
+            str(LOCAL["completion"]),
+            "--out",
+            str(tmp_path / "packed"),
+            "--tokenizer",
+            str(ROOT / "data/tokenizer"),
+            *DATA_FLAGS,
+        ],
+    )
     assert packed.exit_code == 0, packed.output
-    assert "TRL: batches of 8 padded examples a step, trained as packed groups of those 8 (same gradient)" \
-        in packed.stderr
+    assert "TRL: batches of 8 padded examples a step, trained as packed groups of those 8 (same gradient)" in packed.stderr
     manifest = _manifest(tmp_path / "packed")
     assert f"groups: {len(manifest['groups'])} of 8 examples" in packed.output
     assert (manifest["strategy"], manifest["group_size"], manifest["max_len"]) == ("minibatch", 8, 1024)
     assert sum(manifest["groups"]) == manifest["rows"] and len(manifest["groups"]) == -(-300 // 8)
-    trained = CliRunner().invoke(pack_train, ["--config", str(cfg), "--data", str(tmp_path / "packed"),
-                                              "--tokenizer", str(ROOT / "data/tokenizer"), *TRAIN_FLAGS])
+    trained = CliRunner().invoke(
+        pack_train, ["--config", str(cfg), "--data", str(tmp_path / "packed"), "--tokenizer", str(ROOT / "data/tokenizer"), *TRAIN_FLAGS]
+    )
     assert trained.exit_code == 0, trained.output
     assert "TRL: batches of 8 padded examples a step" in trained.stderr and "stepping by group" in trained.stderr
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert (saved["step_by_group"], saved["group_size"], saved["grad_accum"], saved["tokens_per_step"]) == (
-        True, 8, 1, 8 * 1024)
+    assert (saved["step_by_group"], saved["group_size"], saved["grad_accum"], saved["tokens_per_step"]) == (True, 8, 1, 8 * 1024)
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps if "loss" in m] == [1, 2]
 
     # what would change the group is one line: --grad-accum on top, or a folder without groups
-    again = ["--config", str(cfg), "--data", str(tmp_path / "packed"), "--tokenizer", str(ROOT / "data/tokenizer"),
-             "--out", str(tmp_path / "accum"), *TRAIN_FLAGS]
+    again = [
+        "--config",
+        str(cfg),
+        "--data",
+        str(tmp_path / "packed"),
+        "--tokenizer",
+        str(ROOT / "data/tokenizer"),
+        "--out",
+        str(tmp_path / "accum"),
+        *TRAIN_FLAGS,
+    ]
     refused = CliRunner().invoke(pack_train, [*again, "--grad-accum", "2"])
     assert refused.exit_code != 0 and "--grad-accum 2 with stepping by group: a group is already" in refused.stderr
     assert "Traceback" not in refused.output and len(refused.stderr.strip().splitlines()[-1]) > 40
     plain = tmp_path / "plain"
-    assert CliRunner().invoke(pack_data, [str(LOCAL["completion"]), "--tokenizer", str(ROOT / "data/tokenizer"),
-                                          "--out", str(plain), "--max-len", "1024", *DATA_FLAGS]).exit_code == 0
-    refused = CliRunner().invoke(pack_train, ["--config", str(cfg), "--data", str(plain), "--tokenizer",
-                                              str(ROOT / "data/tokenizer"), "--out", str(tmp_path / "plain-run"),
-                                              *TRAIN_FLAGS])
+    assert (
+        CliRunner()
+        .invoke(
+            pack_data,
+            [str(LOCAL["completion"]), "--tokenizer", str(ROOT / "data/tokenizer"), "--out", str(plain), "--max-len", "1024", *DATA_FLAGS],
+        )
+        .exit_code
+        == 0
+    )
+    refused = CliRunner().invoke(
+        pack_train,
+        [
+            "--config",
+            str(cfg),
+            "--data",
+            str(plain),
+            "--tokenizer",
+            str(ROOT / "data/tokenizer"),
+            "--out",
+            str(tmp_path / "plain-run"),
+            *TRAIN_FLAGS,
+        ],
+    )
     assert refused.exit_code != 0 and "has no groups (it was packed with --strategy ffd)" in refused.stderr
     assert not (tmp_path / "plain-run" / "metrics.jsonl").exists()
 

@@ -30,9 +30,10 @@ def data(tmp_path: Path) -> tuple[Path, Path]:
     beside them that auto-detection would take instead (the wrong column)."""
     (tmp_path / "sub").mkdir()
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": f"document {i}: " + "words of a page " * (i + 2)} for i in range(9)])
-    b = write_jsonl(tmp_path / "sub" / "b.jsonl",
-                    [{"chapter": f"chapter {i}: " + "a textbook chapter " * (i + 3), "text": f"title {i}"}
-                     for i in range(7)])
+    b = write_jsonl(
+        tmp_path / "sub" / "b.jsonl",
+        [{"chapter": f"chapter {i}: " + "a textbook chapter " * (i + 3), "text": f"title {i}"} for i in range(7)],
+    )
     return a, b
 
 
@@ -76,17 +77,21 @@ def test_each_input_packs_exactly_as_it_would_alone(tmp_path: Path, data: tuple[
     assert token_lists(tmp_path / "mixed") == want_a + want_b
 
 
-@pytest.mark.parametrize(("entry", "needles"), [
-    ("b.jsonl:text-field=nope", ["column 'nope' not found in", "b.jsonl", "--per-input b.jsonl:text-field=COLUMN"]),
-    ("c.jsonl:text-field=chapter", ["'c.jsonl' matches no input", "a.jsonl"]),
-    ("b.jsonl:txt-field=chapter", ["is not INPUT:OPTION=VALUE", "text-field"]),
-    ("b.jsonl:text-field=", ["gives text-field no value"]),
-    ("b.jsonl:train-on-eos=sometimes", ["unknown --per-input b.jsonl:train-on-eos 'sometimes'", "turn, last"]),
-    ("a.jsonl:template={question}", ["--per-input 'a.jsonl:template={question}': '{question}': use the "
-                                     "placeholders {instruction} (or {prompt})"]),
-])
-def test_a_field_an_input_lacks_or_a_bad_entry_is_one_line(tmp_path: Path, data: tuple[Path, Path], entry: str,
-                                                          needles: list[str]):
+@pytest.mark.parametrize(
+    ("entry", "needles"),
+    [
+        ("b.jsonl:text-field=nope", ["column 'nope' not found in", "b.jsonl", "--per-input b.jsonl:text-field=COLUMN"]),
+        ("c.jsonl:text-field=chapter", ["'c.jsonl' matches no input", "a.jsonl"]),
+        ("b.jsonl:txt-field=chapter", ["is not INPUT:OPTION=VALUE", "text-field"]),
+        ("b.jsonl:text-field=", ["gives text-field no value"]),
+        ("b.jsonl:train-on-eos=sometimes", ["unknown --per-input b.jsonl:train-on-eos 'sometimes'", "turn, last"]),
+        (
+            "a.jsonl:template={question}",
+            ["--per-input 'a.jsonl:template={question}': '{question}': use the placeholders {instruction} (or {prompt})"],
+        ),
+    ],
+)
+def test_a_field_an_input_lacks_or_a_bad_entry_is_one_line(tmp_path: Path, data: tuple[Path, Path], entry: str, needles: list[str]):
     a, b = data
     result = pack(a, b, "--per-input", entry, "--out", tmp_path / "out")
     lines = result.stderr.strip().splitlines()
@@ -97,19 +102,18 @@ def test_a_field_an_input_lacks_or_a_bad_entry_is_one_line(tmp_path: Path, data:
 
 def test_two_values_of_one_option_for_one_input_are_one_line(tmp_path: Path, data: tuple[Path, Path]):
     a, b = data
-    result = pack(a, b, "--per-input", "b.jsonl:text-field=chapter", "--per-input", f"{b}:text-field=text",
-                  "--out", tmp_path / "out")
+    result = pack(a, b, "--per-input", "b.jsonl:text-field=chapter", "--per-input", f"{b}:text-field=text", "--out", tmp_path / "out")
     assert result.exit_code == 1 and "two values of --text-field ('chapter', 'text')" in result.stderr
-    same = pack(a, b, "--per-input", "b.jsonl:text-field=chapter", "--per-input", f"{b}:text-field=chapter",
-                "--out", tmp_path / "out")  # control: the same value twice is one value
+    same = pack(
+        a, b, "--per-input", "b.jsonl:text-field=chapter", "--per-input", f"{b}:text-field=chapter", "--out", tmp_path / "out"
+    )  # control: the same value twice is one value
     assert same.exit_code == 0, same.output
 
 
 def test_the_manifest_records_each_inputs_own_and_verify_rereads_them(tmp_path: Path, data: tuple[Path, Path]):
     """Given relative to the folder pack-data ran in, the entries are recorded with absolute inputs,
     so pack-verify --deep re-tokenizes every example the same from anywhere; pack-report names both."""
-    result = pack("a.jsonl", "sub/b.jsonl", "--per-input", "sub/b.jsonl:text-field=chapter", "--out", "out",
-                  cwd=tmp_path)
+    result = pack("a.jsonl", "sub/b.jsonl", "--per-input", "sub/b.jsonl:text-field=chapter", "--out", "out", cwd=tmp_path)
     assert result.exit_code == 0, result.output
     config = read_manifest(tmp_path / "out").config
     assert config["per_input"] == [f"{tmp_path / 'sub' / 'b.jsonl'}:text-field=chapter"]
@@ -140,8 +144,16 @@ def _long_documents(path: Path, column: str, words: list[int]) -> Path:
     `text` column beside them, which auto-detection would take)."""
     rng = random.Random(len(words))
     vocab = ["alpha", "beta", "gamma", "delta", "long", "context", "chapter", "page"]
-    return write_jsonl(path, [{column: " ".join(f"{rng.choice(vocab)}{rng.randrange(1000)}" for _ in range(n)),
-                               **({"text": "a title"} if column != "text" else {})} for n in words])
+    return write_jsonl(
+        path,
+        [
+            {
+                column: " ".join(f"{rng.choice(vocab)}{rng.randrange(1000)}" for _ in range(n)),
+                **({"text": "a title"} if column != "text" else {}),
+            }
+            for n in words
+        ],
+    )
 
 
 def test_axolotls_alst_example_packs_its_two_datasets_each_with_its_field(tmp_path: Path):
@@ -173,8 +185,7 @@ def test_axolotls_alst_example_packs_its_two_datasets_each_with_its_field(tmp_pa
     assert len(got) == 3 and min(len(ids) for ids, _ in got) >= 200_000
     assert got == token_lists(tmp_path / "a") + token_lists(tmp_path / "b")
     manifest = read_manifest(tmp_path / "both")
-    assert (manifest.max_len, manifest.config["per_input"]) == (500_000, [f"{a}:text-field=text",
-                                                                           f"{b}:text-field=chapter"])
+    assert (manifest.max_len, manifest.config["per_input"]) == (500_000, [f"{a}:text-field=text", f"{b}:text-field=chapter"])
 
 
 def test_a_remote_input_is_named_as_given(tmp_path: Path, data: tuple[Path, Path]):
@@ -198,11 +209,19 @@ def test_chat_inputs_with_their_own_messages_field_and_loss_settings(tmp_path: P
     rows = [json.loads(line) for line in (ROOT / "data" / "sample" / "chat.jsonl").read_text().splitlines()[:12]]
     c1 = write_jsonl(tmp_path / "c1.jsonl", rows[:6])
     c2 = write_jsonl(tmp_path / "c2.jsonl", [{"dialog": r["messages"]} for r in rows[6:]])
-    own = ["--messages-field", "dialog", "--roles-to-train", "user", "--roles-to-train", "assistant",
-           "--train-on-eos", "none"]
-    both = pack(c1, c2, "--per-input", "c2.jsonl:messages-field=dialog", "--per-input",
-                "c2.jsonl:roles-to-train=user,assistant", "--per-input", "c2.jsonl:train-on-eos=none",
-                "--out", tmp_path / "both")
+    own = ["--messages-field", "dialog", "--roles-to-train", "user", "--roles-to-train", "assistant", "--train-on-eos", "none"]
+    both = pack(
+        c1,
+        c2,
+        "--per-input",
+        "c2.jsonl:messages-field=dialog",
+        "--per-input",
+        "c2.jsonl:roles-to-train=user,assistant",
+        "--per-input",
+        "c2.jsonl:train-on-eos=none",
+        "--out",
+        tmp_path / "both",
+    )
     assert both.exit_code == 0, both.output
     assert pack(c1, "--out", tmp_path / "c1").exit_code == pack(c2, *own, "--out", tmp_path / "c2").exit_code == 0
     want_c2 = token_lists(tmp_path / "c2")

@@ -17,20 +17,40 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = {"pack-data": "pipeline.cli:pack_data", "pack-train": "trainer.cli:main",
-           "pack-report": "pipeline.cli:pack_report", "pack-verify": "pipeline.cli:pack_verify"}
+SCRIPTS = {
+    "pack-data": "pipeline.cli:pack_data",
+    "pack-train": "trainer.cli:main",
+    "pack-report": "pipeline.cli:pack_report",
+    "pack-verify": "pipeline.cli:pack_verify",
+}
 # The README, then the guides whose commands and snippets run here, in this order (the Trainer and TRL
 # examples train on the folder the Python API's snippet packs; the other guides' commands need what
 # NOT_HERE names, or are not console commands).
-GUIDES = ("README.md", "docs/fine-tuning.md", "docs/config-files.md", "docs/python-api.md", "docs/hf-trainer.md",
-          "docs/planner.md", "docs/pack-data.md", "docs/long-examples.md", "docs/ray.md", "docs/hub-and-remote.md",
-          "docs/pack-report-verify.md", "docs/pack-train.md")
+GUIDES = (
+    "README.md",
+    "docs/fine-tuning.md",
+    "docs/config-files.md",
+    "docs/python-api.md",
+    "docs/hf-trainer.md",
+    "docs/planner.md",
+    "docs/pack-data.md",
+    "docs/long-examples.md",
+    "docs/ray.md",
+    "docs/hub-and-remote.md",
+    "docs/pack-report-verify.md",
+    "docs/pack-train.md",
+)
 # Commands the manual shows for data or machines a fresh clone does not have (a user's corpus, a
 # Ray cluster, Hugging Face Hub ids, which need the network, long examples that a script the test does
 # not run writes: tests/scripts/test_make_long_data.py packs them); each must still be in the manual, so
 # the list cannot go stale. (tests/pipeline/read/test_hub.py packs Hub ids from a cache it builds.)
-NOT_HERE = ("'corpus/*.parquet'", "'/mnt/shared/corpus/*.jsonl'", "HuggingFaceH4/ultrachat_200k",
-            "--data out/ultrachat", "--out packed-long")
+NOT_HERE = (
+    "'corpus/*.parquet'",
+    "'/mnt/shared/corpus/*.jsonl'",
+    "HuggingFaceH4/ultrachat_200k",
+    "--data out/ultrachat",
+    "--out packed-long",
+)
 # pack-train runs here are cut to a few small steps (CPU time); what collides does not depend on it.
 SHORT = ["--max-steps", "3", "--tokens-per-step", "1024"]
 NOISE = re.compile(r"Warning|warn\(|Traceback", re.I)
@@ -40,7 +60,7 @@ def readme_steps(readme: str) -> list[tuple[str, str]]:
     """("bash", one command) and ("python", one snippet) in the order of `readme` (the README, or the
     README and its guides one after the other): every fenced bash and python block, and the console
     commands written inline in the quick start's prose."""
-    quick = readme[readme.index("## Quick start"):readme.index("\n## ", readme.index("## Quick start") + 1)]
+    quick = readme[readme.index("## Quick start") : readme.index("\n## ", readme.index("## Quick start") + 1)]
     found: list[tuple[int, str, str]] = []
     for m in re.finditer(r"```(bash|python)\n(.*?)```", readme, re.S):
         if m.group(1) == "python":
@@ -58,8 +78,11 @@ def readme_steps(readme: str) -> list[tuple[str, str]]:
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-           "OMP_NUM_THREADS": "1"}  # tiny models train far faster on one thread of a shared CPU
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "OMP_NUM_THREADS": "1",
+    }  # tiny models train far faster on one thread of a shared CPU
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -84,8 +107,7 @@ def test_the_readme_runs_top_to_bottom_in_a_fresh_folder(repo_root: Path, tmp_pa
             argv = shlex.split(text)
             module, function = SCRIPTS[argv[0]].split(":")
             code = f"import sys; sys.argv[0] = {argv[0]!r}; from {module} import {function}; sys.exit({function}())"
-            extra = (["--no-progress"] if argv[0] in ("pack-data", "pack-train") else []) + \
-                    (SHORT if argv[0] == "pack-train" else [])
+            extra = (["--no-progress"] if argv[0] in ("pack-data", "pack-train") else []) + (SHORT if argv[0] == "pack-train" else [])
             proc = _run([sys.executable, "-c", code, *argv[1:], *extra], tmp_path)
         assert proc.returncode == 0, (text, proc.stderr[-3000:])
         noise = [line for line in proc.stderr.splitlines() if NOISE.search(line)]
@@ -99,4 +121,3 @@ def test_the_readme_runs_top_to_bottom_in_a_fresh_folder(repo_root: Path, tmp_pa
         assert json.loads((tmp_path / "out" / folder / "manifest.json").read_text())["config"]["max_len"] == 1024
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert len(runs) >= 6 and all((tmp_path / "runs" / r).is_dir() for r in runs), runs
-

@@ -35,9 +35,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pipeline.cli import pack_data
 
     out = tmp_path_factory.mktemp("e2e") / "packed"
-    result = CliRunner().invoke(
-        pack_data, [str(SAMPLE), "--tokenizer", str(TOKENIZER), "--max-len", "1024", "--out", str(out)]
-    )
+    result = CliRunner().invoke(pack_data, [str(SAMPLE), "--tokenizer", str(TOKENIZER), "--max-len", "1024", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
@@ -45,9 +43,29 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_pack_data_then_pack_train_lowers_the_loss(packed: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    args = ["--data", str(packed), "--model", "tiny", "--out", str(run), "--tokenizer", str(TOKENIZER),
-            "--max-steps", "20", "--tokens-per-step", "1024", "--lr", "3e-3", "--warmup", "2",
-            "--log-every", "1", "--num-workers", "1", "--no-progress"]
+    args = [
+        "--data",
+        str(packed),
+        "--model",
+        "tiny",
+        "--out",
+        str(run),
+        "--tokenizer",
+        str(TOKENIZER),
+        "--max-steps",
+        "20",
+        "--tokens-per-step",
+        "1024",
+        "--lr",
+        "3e-3",
+        "--warmup",
+        "2",
+        "--log-every",
+        "1",
+        "--num-workers",
+        "1",
+        "--no-progress",
+    ]
     result = CliRunner().invoke(pack_train, args)
     assert result.exit_code == 0, result.output
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -72,20 +90,18 @@ def test_pack_data_then_pack_train_lowers_the_loss(packed: Path, tmp_path: Path)
 
 
 def test_cli_errors_are_one_line(packed: Path, tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), "--resume"]
-    )
+    result = CliRunner().invoke(pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), "--resume"])
     assert result.exit_code == 1
     assert "holds no checkpoint" in result.output and "Traceback" not in result.output
-    result = CliRunner().invoke(
-        pack_train, ["--data", str(packed), "--model", "no-such-preset", "--out", str(tmp_path / "r")]
-    )
+    result = CliRunner().invoke(pack_train, ["--data", str(packed), "--model", "no-such-preset", "--out", str(tmp_path / "r")])
     assert result.exit_code == 1 and "nor a Hub id" in result.output
-    for bad, needle in ((["--device", "mps"], "use auto, cpu, cuda"), (["--seed", "-1"], "--seed"),
-                        (["--lr", "-1"], "--lr"), (["--peak-flops", "0"], "--peak-flops")):
-        result = CliRunner().invoke(
-            pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), *bad]
-        )
+    for bad, needle in (
+        (["--device", "mps"], "use auto, cpu, cuda"),
+        (["--seed", "-1"], "--seed"),
+        (["--lr", "-1"], "--lr"),
+        (["--peak-flops", "0"], "--peak-flops"),
+    ):
+        result = CliRunner().invoke(pack_train, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "r"), *bad])
         assert result.exit_code != 0 and needle in result.output and "Traceback" not in result.output
         assert not (tmp_path / "r").exists()
 
@@ -107,8 +123,10 @@ def test_uris_for_the_data_or_the_run_folder_are_refused_in_one_line(packed: Pat
     from pipeline.errors import UserError
     from trainer import TrainConfig, train
 
-    for args, option in ((["--data", "s3://bucket/packed", "--out", str(tmp_path / "r")], "--data"),
-                         (["--data", str(packed), "--out", "s3://bucket/run"], "--out")):
+    for args, option in (
+        (["--data", "s3://bucket/packed", "--out", str(tmp_path / "r")], "--data"),
+        (["--data", str(packed), "--out", "s3://bucket/run"], "--out"),
+    ):
         result = CliRunner().invoke(pack_train, [*args, "--model", "tiny"])
         assert result.exit_code == 2 and "Traceback" not in result.output, result.output
         assert f"Invalid value for '{option}'" in result.output and "local folders only, not URIs" in result.output
@@ -122,10 +140,19 @@ def test_a_checkpoints_model_folder_continues_training_without_tokenizer(packed:
     """The checkpoint's model/ holds the tokenizer re-saved by save_pretrained (other files than
     data/tokenizer's): it is the tokenizer the data was packed with, so training continues from
     that folder alone. Negative control: the same folder with another EOS token is refused."""
-    common = ["--data", str(packed), "--max-steps", "1", "--tokens-per-step", "1024", "--num-workers", "0",
-              "--no-progress", "--no-verify-hashes"]
-    first = CliRunner().invoke(pack_train, [*common, "--model", "tiny", "--tokenizer", str(TOKENIZER),
-                                            "--out", str(tmp_path / "first")])
+    common = [
+        "--data",
+        str(packed),
+        "--max-steps",
+        "1",
+        "--tokens-per-step",
+        "1024",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--no-verify-hashes",
+    ]
+    first = CliRunner().invoke(pack_train, [*common, "--model", "tiny", "--tokenizer", str(TOKENIZER), "--out", str(tmp_path / "first")])
     assert first.exit_code == 0, first.output
     model_dir = tmp_path / "first" / "checkpoints" / "step-00000001" / "model"
     assert (model_dir / "tokenizer.json").read_bytes() != (TOKENIZER / "tokenizer.json").read_bytes()

@@ -28,20 +28,43 @@ from pipeline.tokenize.chat_templates import NAMED
 
 ROOT = Path(__file__).parents[2]
 LLAMA2 = ROOT.parent / "shared" / "tokenizers" / "llama2"
-MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|begin_of_text|>", "<|start_header_id|>",
-           "<|end_header_id|>", "<|eot_id|>"]
+MARKERS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
 ROWS = [
     {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."}]},
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
-                  {"role": "assistant", "content": "Blue"}, {"role": "user", "content": "Another?"},
-                  {"role": "assistant", "content": "Red, then."}]},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue"},
+            {"role": "user", "content": "Another?"},
+            {"role": "assistant", "content": "Red, then."},
+        ]
+    },
 ]
 THINKING = [
-    {"messages": [{"role": "user", "content": "What is 2+2?"},
-                  {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\nIt is 4."}]},
-    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>greet</think>hello"},
-                  {"role": "user", "content": "bye"},
-                  {"role": "assistant", "content": "<think>\nbe kind\n</think>\n\nsee you"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\nIt is 4."},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "<think>greet</think>hello"},
+            {"role": "user", "content": "bye"},
+            {"role": "assistant", "content": "<think>\nbe kind\n</think>\n\nsee you"},
+        ]
+    },
 ]
 
 pytestmark = pytest.mark.skipif(not (LLAMA2 / "tokenizer.json").is_file(), reason="no shared Llama-2 tokenizer")
@@ -78,17 +101,18 @@ def _trl_prepared(tok, rows: list[dict], tmp_path: Path, **config: bool) -> list
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
     from trl.trainer.sft_trainer import SFTTrainer
 
-    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_length=None, report_to=[], bf16=False, use_cpu=True,
-                     **config)
-    template = (get_training_chat_template(tok) if args.assistant_only_loss
-                and not has_generation_markers(tok.chat_template) else None)
-    completion_only = (args.completion_only_loss if args.completion_only_loss is not None
-                       else "prompt" in rows[0])  # SFTTrainer.__init__: by the data's shape
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_length=None, report_to=[], bf16=False, use_cpu=True, **config)
+    template = get_training_chat_template(tok) if args.assistant_only_loss and not has_generation_markers(tok.chat_template) else None
+    completion_only = (
+        args.completion_only_loss if args.completion_only_loss is not None else "prompt" in rows[0]
+    )  # SFTTrainer.__init__: by the data's shape
     trainer = types.SimpleNamespace(_tokenizer=tok, chat_template=template, completion_only_loss=completion_only)
-    prepared = SFTTrainer._prepare_dataset(trainer, Dataset.from_list(rows), tok, args, packing=False,
-                                           formatting_func=None, dataset_name="train")
-    return [(list(r["input_ids"]), [i > 0 and label != -100 for i, label in enumerate(r["labels"])])
-            for r in prepared]  # the first token predicts nothing in either (pack-data masks it)
+    prepared = SFTTrainer._prepare_dataset(
+        trainer, Dataset.from_list(rows), tok, args, packing=False, formatting_func=None, dataset_name="train"
+    )
+    return [
+        (list(r["input_ids"]), [i > 0 and label != -100 for i, label in enumerate(r["labels"])]) for r in prepared
+    ]  # the first token predicts nothing in either (pack-data masks it)
 
 
 def _data(tmp_path: Path, rows: list[dict]) -> Path:
@@ -106,7 +130,7 @@ def _packed(tmp_path: Path, args: list[str]) -> list[tuple[list[int], list[bool]
     for row in iter_rows(out):
         at = 0
         for n, e in zip(row["seq_lens"].tolist(), row["example_ids"].tolist()):
-            got[e] = (row["input_ids"][at:at + n].tolist(), (row["labels"][at:at + n] != -100).tolist())
+            got[e] = (row["input_ids"][at : at + n].tolist(), (row["labels"][at : at + n] != -100).tolist())
             at += n
     return [got[i] for i in range(len(got))]
 
@@ -114,22 +138,19 @@ def _packed(tmp_path: Path, args: list[str]) -> list[tuple[list[int], list[bool]
 def _trl_config(tmp_path: Path, rows: list[dict], keys: str) -> list[str]:
     """A TRL `trl sft` file naming the tokenizer and the data as a user's would."""
     cfg = tmp_path / "trl.yaml"
-    cfg.write_text(f"model_name_or_path: {tmp_path / 'tok'}\ndataset_name: {_data(tmp_path, rows)}\n"
-                   f"max_length: 512\n{keys}")
+    cfg.write_text(f"model_name_or_path: {tmp_path / 'tok'}\ndataset_name: {_data(tmp_path, rows)}\nmax_length: 512\n{keys}")
     return ["--config", str(cfg)]
 
 
 @pytest.mark.parametrize("template", ["chatml", "llama3", "qwen3"])
-@pytest.mark.parametrize("keys", ["", "assistant_only_loss: false\n", "completion_only_loss: true\n",
-                                  "assistant_only_loss: true\n"])
+@pytest.mark.parametrize("keys", ["", "assistant_only_loss: false\n", "completion_only_loss: true\n", "assistant_only_loss: true\n"])
 def test_a_trl_messages_dataset_packs_as_trl_prepares_it(tmp_path: Path, template: str, keys: str):
     """Token by token and mask by mask against TRL's own preparation; the Llama-2 tokenizer would add
     a BOS to text, and TRL adds none to the template's rendering (negative control: its first id)."""
     pytest.importorskip("trl")
     config = {k: v for k, v in (yaml_pair(line) for line in keys.splitlines())}
     if config.get("assistant_only_loss") and template == "chatml":
-        pytest.skip("TRL 1.16 refuses assistant_only_loss with a template it cannot patch (ChatML without "
-                    "{% generation %} blocks)")
+        pytest.skip("TRL 1.16 refuses assistant_only_loss with a template it cannot patch (ChatML without {% generation %} blocks)")
     tok = _tokenizer(tmp_path, _template(template, bool(config.get("assistant_only_loss"))))
     want = _trl_prepared(tok, ROWS, tmp_path, **config)
     assert _packed(tmp_path, _trl_config(tmp_path, ROWS, keys)) == want
@@ -148,8 +169,10 @@ def _axolotl_config(tmp_path: Path, rows: list[dict]) -> list[str]:
     """An Axolotl file as its chatml examples write it: chat_template datasets (the tokenizer's EOS
     the end-of-turn marker, so that train_on_eos: turn trains it)."""
     cfg = tmp_path / "axolotl.yaml"
-    cfg.write_text(f"base_model: {tmp_path / 'tok'}\nchat_template: chatml\nsequence_len: 512\n"
-                   f"datasets:\n  - path: {_data(tmp_path, rows)}\n    type: chat_template\n")
+    cfg.write_text(
+        f"base_model: {tmp_path / 'tok'}\nchat_template: chatml\nsequence_len: 512\n"
+        f"datasets:\n  - path: {_data(tmp_path, rows)}\n    type: chat_template\n"
+    )
     return ["--config", str(cfg)]
 
 
@@ -160,8 +183,31 @@ def test_an_axolotl_chat_template_dataset_packs_as_axolotl_tokenizes_it(tmp_path
     tok = _tokenizer(tmp_path, NAMED["chatml"], eos="<|im_end|>")
     got = _packed(tmp_path, _axolotl_config(tmp_path, ROWS[:1]))
     start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])  # no BOS before the first
-    want_ids = [start, 1792, 13, 5618, 338, 29871, 29906, 29974, 29906, 29973, end, 13,  # user: What is 2+2?
-                start, 465, 22137, 13, 3112, 338, 29871, 29946, 29889, end, 13]  # assistant: It is 4.
+    want_ids = [
+        start,
+        1792,
+        13,
+        5618,
+        338,
+        29871,
+        29906,
+        29974,
+        29906,
+        29973,
+        end,
+        13,  # user: What is 2+2?
+        start,
+        465,
+        22137,
+        13,
+        3112,
+        338,
+        29871,
+        29946,
+        29889,
+        end,
+        13,
+    ]  # assistant: It is 4.
     trained = [3112, 338, 29871, 29946, 29889, end]  # "It is 4." and <|im_end|>, not the "\n" after it
     assert got == [(want_ids, [i in range(16, 22) for i in range(len(want_ids))])]
     assert [t for t, m in zip(*got[0]) if m] == trained
@@ -181,7 +227,7 @@ def test_pack_datas_own_chat_is_apply_chat_template(tmp_path: Path, template: st
     text = tmp_path / "text"
     text.mkdir()
     (text / "t.jsonl").write_text('{"text": "It is 4."}\n')
-    (ids, _), = _packed(text, [str(text / "t.jsonl"), "--tokenizer", str(tmp_path / "tok"), "--max-len", "512"])
+    ((ids, _),) = _packed(text, [str(text / "t.jsonl"), "--tokenizer", str(tmp_path / "tok"), "--max-len", "512"])
     assert ids[0] == tok.bos_token_id
 
 
@@ -197,7 +243,7 @@ def test_a_qwen3_reply_that_writes_its_reasoning_packs_as_the_template_renders_i
     for (ids, _), row in zip(_packed(tmp_path, [*args, "--train-on-prompt"]), THINKING):
         want = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=True)["input_ids"]
         assert ids == want and ids.count(think) == 1  # the last reply's; the earlier one's reasoning is dropped
-    (ids, mask), = _packed(_made(tmp_path / "one"), [*args, "--limit", "1"])  # assistant-only loss
+    ((ids, mask),) = _packed(_made(tmp_path / "one"), [*args, "--limit", "1"])  # assistant-only loss
     want = tok.apply_chat_template(THINKING[0]["messages"], tokenize=True, return_dict=True)["input_ids"]
     assert ids == want
     assert tok.decode([t for t, m in zip(ids, mask) if m]).endswith("Add them.\n</think>\n\nIt is 4.<|im_end|>")
@@ -225,14 +271,19 @@ def test_think_tags_stay_text_where_the_template_does_not_split_them(tmp_path: P
     never a control token, and so is one in a user message or inside the reasoning under qwen3."""
     tok = _tokenizer(tmp_path, NAMED["chatml"])
     think, end = tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("<|im_end|>")
-    got = _packed(tmp_path, [str(_data(tmp_path, THINKING[:1])), "--tokenizer", str(tmp_path / "tok"), "--max-len",
-                             "512"])
+    got = _packed(tmp_path, [str(_data(tmp_path, THINKING[:1])), "--tokenizer", str(tmp_path / "tok"), "--max-len", "512"])
     assert think not in got[0][0] and "<think>" in tok.decode(got[0][0])
-    rows = [{"messages": [{"role": "user", "content": "say <think>"},
-                          {"role": "assistant", "content": "<think>\nstop <|im_end|> here\n</think>\n\nok"}]}]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "say <think>"},
+                {"role": "assistant", "content": "<think>\nstop <|im_end|> here\n</think>\n\nok"},
+            ]
+        }
+    ]
     q = _made(tmp_path / "q")
     tok = _tokenizer(q, NAMED["qwen3"])
-    (ids, _), = _packed(q, [str(_data(q, rows)), "--tokenizer", str(q / "tok"), "--max-len", "512"])
+    ((ids, _),) = _packed(q, [str(_data(q, rows)), "--tokenizer", str(q / "tok"), "--max-len", "512"])
     assert ids.count(think) == 1 and ids.count(end) == 2  # the template's own: user turn's and reply's ends
     assert tok.decode(ids).count("<think>") == 2 and "stop <|im_end|> here" in tok.decode(ids)
 
@@ -240,11 +291,14 @@ def test_think_tags_stay_text_where_the_template_does_not_split_them(tmp_path: P
 def test_think_tags_stay_text_under_a_template_that_renders_them_from_the_content(tmp_path: Path):
     """A template that reads reasoning_content but prints an assistant's content as it is renders the
     split differently: nothing is split, and the user's tags are text (its own `<think>` absent)."""
-    own = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.reasoning_content is defined %}"
-           "{{ '<think>' + m.reasoning_content + '</think>' }}{% endif %}{{ m.content + '<|im_end|>\\n' }}{% endfor %}"
-           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    own = (
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.reasoning_content is defined %}"
+        "{{ '<think>' + m.reasoning_content + '</think>' }}{% endif %}{{ m.content + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
     tok = _tokenizer(tmp_path, own)
-    (ids, _), = _packed(tmp_path, [str(_data(tmp_path, THINKING[:1])), "--tokenizer", str(tmp_path / "tok"),
-                                   "--max-len", "512", "--train-on-prompt"])
+    ((ids, _),) = _packed(
+        tmp_path, [str(_data(tmp_path, THINKING[:1])), "--tokenizer", str(tmp_path / "tok"), "--max-len", "512", "--train-on-prompt"]
+    )
     assert tok.convert_tokens_to_ids("<think>") not in ids
     assert tok.decode(ids).endswith("<think>\nAdd them.\n</think>\n\nIt is 4.<|im_end|>\n")

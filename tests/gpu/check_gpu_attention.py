@@ -118,8 +118,10 @@ def check_kernels(backends, row_tokens, seed, device) -> list[tuple]:
             if shape_name in LONG_SHAPES and backend == "flex":  # uncompiled, flex materializes the scores
                 continue
             if "+" in backend:
-                print(f"  {shape_name} ({len(lengths)} examples, {tokens} tokens): {backend} runs "
-                      f"{row_kernel(backend, tokens, len(lengths), d)}")
+                print(
+                    f"  {shape_name} ({len(lengths)} examples, {tokens} tokens): {backend} runs "
+                    f"{row_kernel(backend, tokens, len(lengths), d)}"
+                )
             try:
                 got = run_backend(backend, q, k, v, dout, cu, max(lengths))
             except UserError as exc:  # a shape the kernel has no kernel for: refused in one line, not wrong
@@ -133,10 +135,12 @@ def check_kernels(backends, row_tokens, seed, device) -> list[tuple]:
                 # bf16 rounding noise by zero: floor the denominator at 1% of the norm an example
                 # of this size has on average.
                 floors = [1e-2 * b.float().norm() * (n / tokens) ** 0.5 for b in ref]
-                errors.append([
-                    float((a[sl].float() - b[sl].float()).norm() / torch.maximum(b[sl].float().norm(), f))
-                    for a, b, f in zip(got, ref, floors)
-                ])
+                errors.append(
+                    [
+                        float((a[sl].float() - b[sl].float()).norm() / torch.maximum(b[sl].float().norm(), f))
+                        for a, b, f in zip(got, ref, floors)
+                    ]
+                )
                 start += n
             worst = np.max(np.asarray(errors), axis=0)
             with torch.no_grad():
@@ -173,8 +177,7 @@ def check_model(backends, device) -> list[tuple]:
         results = {}
         for backend in ["sdpa", *[b for b in backends if b != "sdpa"]]:
             # a pair is what auto resolves to: asked for as auto, as a user would
-            model, _ = build_model("tiny", attn="auto" if "+" in backend else backend, device=device, dtype=dtype,
-                                   seed=0)
+            model, _ = build_model("tiny", attn="auto" if "+" in backend else backend, device=device, dtype=dtype, seed=0)
             try:
                 with ctx():
                     total, _ = packed_loss(model, batch)
@@ -221,7 +224,9 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     for shape, heads, n, backend, o, dq, dk, dv, leak, ms, ok in rows:
-        print(f"{shape:9s} {heads:9s} {n:3d} {backend:10s} {o:8.1e} {dq:8.1e} {dk:8.1e} {dv:8.1e} {leak:8.1e} {ms:10.3f}  {'OK' if ok else 'FAIL'}")
+        print(
+            f"{shape:9s} {heads:9s} {n:3d} {backend:10s} {o:8.1e} {dq:8.1e} {dk:8.1e} {dv:8.1e} {leak:8.1e} {ms:10.3f}  {'OK' if ok else 'FAIL'}"
+        )
 
     model_rows = check_model(backends, device)
     print(f"\ntiny Llama, packed_loss + all parameter gradients vs the sdpa backend (bf16, tolerance {TOL}):")

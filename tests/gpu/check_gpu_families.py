@@ -84,7 +84,7 @@ def kernel_rows(device: torch.device) -> list[dict]:
         g = torch.Generator(device="cpu").manual_seed(0)
         make = lambda *shape: torch.randn(*shape, generator=g).to(device, torch.bfloat16)  # noqa: E731
         q, k, v, dout = make(t, hq, d), make(t, hkv, d), make(t, hkv, dv), make(t, hq, dv)
-        sinks = (torch.linspace(-2, 2, hq) if with_sinks else None)
+        sinks = torch.linspace(-2, 2, hq) if with_sinks else None
         sinks = sinks.to(device) if sinks is not None else None
 
         def run(backend, f=feats, dtype=None):
@@ -118,8 +118,17 @@ def kernel_rows(device: torch.device) -> list[dict]:
             if wider is not None:
                 row["off_by_one_err"] = rel(out, wider)
                 ok = ok and row["off_by_one_err"] > KERNEL_TOL
-            rows.append({**row, "status": "ok" if ok else "MISMATCH", "out": errors[0], "dq": errors[1],
-                         "dk": errors[2], "dv": errors[3], "ms": 1e3 * (time.perf_counter() - t0)})
+            rows.append(
+                {
+                    **row,
+                    "status": "ok" if ok else "MISMATCH",
+                    "out": errors[0],
+                    "dq": errors[1],
+                    "dk": errors[2],
+                    "dv": errors[3],
+                    "ms": 1e3 * (time.perf_counter() - t0),
+                }
+            )
     return rows
 
 
@@ -138,8 +147,7 @@ def stock_alone(model, data, device):
 
 
 def _grads(model) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1)
-                      for p in model.parameters()])
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1) for p in model.parameters()])
 
 
 def family_rows(device: torch.device) -> list[dict]:
@@ -206,8 +214,7 @@ def family_rows(device: torch.device) -> list[dict]:
                 loss_err = float(((packed.detach() - alone).abs() / alone.abs()).max())
                 grad_err = rel(_grads(model), alone_grad)
                 ok = loss_err < FP32_TOL and grad_err < FP32_TOL
-                row["flex_fp32"] = {"status": "ok" if ok else "MISMATCH", "loss_err": loss_err,
-                                    "grad_err": grad_err}
+                row["flex_fp32"] = {"status": "ok" if ok else "MISMATCH", "loss_err": loss_err, "grad_err": grad_err}
         rows.append(row)
     return rows
 
@@ -227,9 +234,17 @@ def train_rows(device: torch.device, folder: Path) -> list[dict]:
     for family in (f for f in FAMILIES if f.name in TRAIN_FAMILIES):
         model_dir = folder / family.name
         family.build().save_pretrained(model_dir)
-        config = TrainConfig(data=str(data), model=str(model_dir), out=str(folder / f"run-{family.name}"),
-                             tokens_per_step=2048, max_steps=6, log_every=1, num_workers=0,
-                             progress=False, lr=1e-3)
+        config = TrainConfig(
+            data=str(data),
+            model=str(model_dir),
+            out=str(folder / f"run-{family.name}"),
+            tokens_per_step=2048,
+            max_steps=6,
+            log_every=1,
+            num_workers=0,
+            progress=False,
+            lr=1e-3,
+        )
         try:
             summary = train(config)
         except Exception as exc:  # noqa: BLE001 - recorded, and counted as a failure
@@ -238,8 +253,15 @@ def train_rows(device: torch.device, folder: Path) -> list[dict]:
         metrics = [json.loads(line) for line in (folder / f"run-{family.name}" / "metrics.jsonl").open()]
         losses = [m["loss"] for m in metrics]
         ok = all(np.isfinite(losses)) and summary["compiled"]
-        rows.append({"family": family.name, "attention": summary["attention"], "losses": losses,
-                     "tokens_per_s": summary["tokens_per_s"], "status": "ok" if ok else "BAD"})
+        rows.append(
+            {
+                "family": family.name,
+                "attention": summary["attention"],
+                "losses": losses,
+                "tokens_per_s": summary["tokens_per_s"],
+                "status": "ok" if ok else "BAD",
+            }
+        )
     return rows
 
 
@@ -255,23 +277,33 @@ def main() -> int:
     device = torch.device("cuda")
     import transformers
 
-    env = {"torch": torch.__version__, "transformers": transformers.__version__,
-           "gpu": torch.cuda.get_device_name(device), "flash_attn": attention.flash_attn_importable()}
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "gpu": torch.cuda.get_device_name(device),
+        "flash_attn": attention.flash_attn_importable(),
+    }
     print(env)
     kernels = kernel_rows(device)
-    print(f"\nkernels vs float32 reference per example (bf16, tolerance {KERNEL_TOL}; off_by_one: "
-          "distance to a window one token wider, must exceed it)")
+    print(
+        f"\nkernels vs float32 reference per example (bf16, tolerance {KERNEL_TOL}; off_by_one: "
+        "distance to a window one token wider, must exceed it)"
+    )
     for r in kernels:
         if "why" in r:
             print(f"{r['case']:15s} {r['backend']:10s} {r['status']}: {r['why']}")
         else:
             extra = f"  off_by_one {r['off_by_one_err']:.1e}" if "off_by_one_err" in r else ""
-            print(f"{r['case']:15s} {r['backend']:10s} out {r['out']:.1e} dq {r['dq']:.1e} dk {r['dk']:.1e} "
-                  f"dv {r['dv']:.1e}{extra}  {r['status']}")
+            print(
+                f"{r['case']:15s} {r['backend']:10s} out {r['out']:.1e} dq {r['dq']:.1e} dk {r['dk']:.1e} "
+                f"dv {r['dv']:.1e}{extra}  {r['status']}"
+            )
     families = family_rows(device)
-    print(f"\nfamilies: per-example loss in bf16 vs float32 stock eager alone (rel, tol {LOSS_TOL}) / "
-          f"gradient vs the sdpa reference in bf16 (rel, reported only); flex fp32: loss / gradient "
-          f"vs the stock model (tol {FP32_TOL})")
+    print(
+        f"\nfamilies: per-example loss in bf16 vs float32 stock eager alone (rel, tol {LOSS_TOL}) / "
+        f"gradient vs the sdpa reference in bf16 (rel, reported only); flex fp32: loss / gradient "
+        f"vs the stock model (tol {FP32_TOL})"
+    )
     for r in families:
         if "features" not in r:
             print(f"{r['family']:18s} {r['status']}: {r.get('why', '')}")
@@ -279,13 +311,17 @@ def main() -> int:
         cells = []
         for b in ("sdpa", *KERNEL_BACKENDS):
             c = r[b]
-            result = f"{c['status']} ({c['why'][:60]})" if "why" in c else (
-                "{:.1e}/{:.1e} {}".format(c["loss_err"], c["grad_err"], c["status"]))
+            result = (
+                f"{c['status']} ({c['why'][:60]})" if "why" in c else ("{:.1e}/{:.1e} {}".format(c["loss_err"], c["grad_err"], c["status"]))
+            )
             cells.append(f"{b} {result}")
         if "flex_fp32" in r:
             c = r["flex_fp32"]
-            cells.append(f"flex fp32 {c['status']} ({c['why'][:60]})" if "why" in c else
-                         "flex fp32 {:.1e}/{:.1e} {}".format(c["loss_err"], c["grad_err"], c["status"]))
+            cells.append(
+                f"flex fp32 {c['status']} ({c['why'][:60]})"
+                if "why" in c
+                else "flex fp32 {:.1e}/{:.1e} {}".format(c["loss_err"], c["grad_err"], c["status"])
+            )
         print(f"{r['family']:18s} {','.join(r['features']) or '-':22s} auto={r['auto']:10s} " + " | ".join(cells))
     import tempfile
 
@@ -297,11 +333,13 @@ def main() -> int:
     bad = [r for r in kernels if r["status"] == "MISMATCH"]
     bad += [r for r in training if r["status"] != "ok"]
     bad += [r for r in families if r.get("status") == "NOT REFUSED" or str(r.get("auto", "")).startswith("REFUSED")]
-    bad += [r for r in families if any(isinstance(r.get(b), dict) and r[b]["status"] == "MISMATCH"
-                                       for b in ("sdpa", *KERNEL_BACKENDS, "flex_fp32"))]
+    bad += [
+        r
+        for r in families
+        if any(isinstance(r.get(b), dict) and r[b]["status"] == "MISMATCH" for b in ("sdpa", *KERNEL_BACKENDS, "flex_fp32"))
+    ]
     if args.json:
-        write_text_output(args.json, json.dumps(
-            {"env": env, "kernels": kernels, "families": families, "training": training}, indent=1))
+        write_text_output(args.json, json.dumps({"env": env, "kernels": kernels, "families": families, "training": training}, indent=1))
     print("\nALL OK" if not bad else f"\n{len(bad)} PROBLEM(S)")
     return 1 if bad else 0
 

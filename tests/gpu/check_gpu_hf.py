@@ -47,8 +47,7 @@ def rows(n_rows: int, max_len: int, rng: np.random.Generator) -> list[dict[str, 
             labels.append(np.concatenate(([-100], tokens[1:])))
             pos.append(np.arange(n))
             left -= n
-        out.append({"input_ids": np.concatenate(ids), "labels": np.concatenate(labels),
-                    "position_ids": np.concatenate(pos)})
+        out.append({"input_ids": np.concatenate(ids), "labels": np.concatenate(labels), "position_ids": np.concatenate(pos)})
     return out
 
 
@@ -56,8 +55,15 @@ def model(attn: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+    )
     m = LlamaForCausalLM(config).cuda()
     if attn.startswith("packlm-"):
         from trainer.model.load import prepare
@@ -83,15 +89,22 @@ def check(attn: str, batch: dict, reference) -> dict:
                 total += float(alone.loss) * n
                 count += n
     loss_err = abs(float(out.loss) - total / count) / (total / count)
-    return {"attn": attn, "worst_example_logits_rel": worst, "loss_rel": loss_err,
-            "ok": bool(worst < TOL and loss_err < TOL)}
+    return {"attn": attn, "worst_example_logits_rel": worst, "loss_rel": loss_err, "ok": bool(worst < TOL and loss_err < TOL)}
 
 
 def trainer_step(attn: str, data: list[dict], out: Path) -> float:
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(str(out / attn), per_device_train_batch_size=2, max_steps=2, bf16=True,
-                             report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1)
+    args = TrainingArguments(
+        str(out / attn),
+        per_device_train_batch_size=2,
+        max_steps=2,
+        bf16=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+    )
     t = Trainer(model=model(attn), args=args, train_dataset=data, data_collator=PackedCollator())
     t.train()
     return [r["loss"] for r in t.state.log_history if "loss" in r][-1]
@@ -127,8 +140,10 @@ def main() -> None:
         print(json.dumps(r), flush=True)
     device = torch.cuda.get_device_name()
     if args.json:
-        write_text_output(args.json, json.dumps({"device": device, "torch": torch.__version__,
-                                                 "max_len": args.max_len, "results": results}, indent=2) + "\n")
+        write_text_output(
+            args.json,
+            json.dumps({"device": device, "torch": torch.__version__, "max_len": args.max_len, "results": results}, indent=2) + "\n",
+        )
     sys.exit(0 if all(r["ok"] for r in results) else 1)
 
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 HERE = Path(__file__).resolve().parent
 CHECKS = sorted(p.name for p in HERE.glob("check_gpu_*.py"))
 
+
 def test_every_check_is_collected():
     """What the parametrized test runs is every check in this folder (a renamed or new check is
     run, never silently left out)."""
@@ -26,6 +27,5 @@ def test_every_check_is_collected():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU checks need one")
 @pytest.mark.parametrize("check", CHECKS)
 def test_gpu_check_passes(check: str, tmp_path: Path):
-    proc = subprocess.run([sys.executable, str(HERE / check)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=540, check=False)
+    proc = subprocess.run([sys.executable, str(HERE / check)], cwd=tmp_path, capture_output=True, text=True, timeout=540, check=False)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])

@@ -5,8 +5,7 @@ packages that need it."""
 
 import sys
 
-HIDDEN = {"torch", "torchao", "torchvision", "torchaudio", "accelerate", "peft", "trl", "flash_attn", "triton",
-          "safetensors"}
+HIDDEN = {"torch", "torchao", "torchvision", "torchaudio", "accelerate", "peft", "trl", "flash_attn", "triton", "safetensors"}
 
 
 class _Hide:

@@ -42,7 +42,7 @@ class _Recorder:
 
     def start(self, i: int):
         self.started.append(i)
-        flying = self.started[self.yielded:]
+        flying = self.started[self.yielded :]
         self.most = max(self.most, len(flying))
         self.most_weight = max(self.most_weight, sum(self.weights[j] for j in flying))
         return done(i * i) if i % 3 == 0 else self.pool.submit(lambda: (time.sleep(0.001 * (i % 2)), i * i)[1])
@@ -56,8 +56,7 @@ def test_in_order_yields_every_result_in_order_within_depth_and_budget(weights, 
     with ThreadPoolExecutor(3) as pool:
         rec = _Recorder(pool, weights)
         out = []
-        for item, result in in_order(range(len(weights)), rec.start, depth=depth,
-                                     weight=weights.__getitem__, budget=budget):
+        for item, result in in_order(range(len(weights)), rec.start, depth=depth, weight=weights.__getitem__, budget=budget):
             out.append((item, result))
             rec.yielded += 1
     assert out == [(i, i * i) for i in range(len(weights))]

@@ -90,8 +90,7 @@ def test_pack_data_dedup_drops_counts_says_and_verifies(tmp_path: Path):
     assert CliRunner().invoke(pack_verify, [str(tmp_path / "p"), "--deep"]).exit_code == 0
     plain = _pack(data, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "q")
     assert plain.exit_code == 0 and read_manifest(tmp_path / "q").counts.examples_packed == 40
-    refused = _pack(data, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "r", "--dedup",
-                    "--overlong", "split")
+    refused = _pack(data, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "r", "--dedup", "--overlong", "split")
     assert refused.exit_code != 0 and "--dedup" in refused.output and "--overlong split" in refused.output
     assert not (tmp_path / "r").exists()
     cfg = tmp_path / "a.yaml"

@@ -82,10 +82,12 @@ def _graph() -> dict[str, set[str]]:
 def test_no_module_of_pipeline_imports_trainer():
     bad = {m: sorted(t for t in deps if t.split(".")[0] == "trainer") for m, deps in _graph().items()}
     assert not {m: t for m, t in bad.items() if t}
-    code = ("import importlib, pkgutil, sys, pipeline\n"
-            "for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.'):\n"
-            "    importlib.import_module(m.name)\n"
-            "print(sorted(n for n in sys.modules if n == 'trainer' or n.startswith('trainer.')))")
+    code = (
+        "import importlib, pkgutil, sys, pipeline\n"
+        "for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(sorted(n for n in sys.modules if n == 'trainer' or n.startswith('trainer.')))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-1] == "[]"
@@ -94,8 +96,7 @@ def test_no_module_of_pipeline_imports_trainer():
 def test_steps_import_only_earlier_steps():
     graph = _graph()
     assert {m.split(".")[1] for m in graph if m.count(".") >= 2} >= set(STEPS) | {"shards"}
-    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
-                   if d.startswith("pipeline") and _rank(d) > _rank(m))
+    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps if d.startswith("pipeline") and _rank(d) > _rank(m))
     assert wrong == []
 
 
@@ -117,7 +118,8 @@ def test_the_contract_is_above_the_steps_and_none_goes_through_it():
     assert not [m for m, deps in graph.items() if "pipeline.contract" in deps]
     graph["pipeline.report.run_summary"] = graph["pipeline.report.run_summary"] | {"pipeline.contract"}
     assert [f"{m} imports {d}" for m, deps in graph.items() for d in deps if _rank(d) > _rank(m)] == [
-        "pipeline.report.run_summary imports pipeline.contract"]
+        "pipeline.report.run_summary imports pipeline.contract"
+    ]
 
 
 def test_no_import_cycle_among_modules():
@@ -130,24 +132,31 @@ def test_public_api_is_unchanged():
     import trainer
 
     assert sorted(pipeline.__all__) == ["PackConfig", "assign_bins", "read_manifest", "run_pack_data", "verify_folder"]
-    fresh = subprocess.run([sys.executable, "-c", "import pipeline; print(sorted(n for n in dir(pipeline) if n[0] != '_'))"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import pipeline; print(sorted(n for n in dir(pipeline) if n[0] != '_'))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert fresh.stdout.strip() == "['Any', 'import_module']", fresh.stderr
-    signatures = {name: str(inspect.signature(getattr(pipeline, name))) for name in ("assign_bins", "run_pack_data",
-                                                                                        "read_manifest", "verify_folder")}
+    signatures = {
+        name: str(inspect.signature(getattr(pipeline, name))) for name in ("assign_bins", "run_pack_data", "read_manifest", "verify_folder")
+    }
     assert signatures == {
         "assign_bins": "(lengths: 'np.ndarray', max_len: 'int', strategy: 'str' = 'ffd', seed: 'int' = 0, "
-                       "group_size: 'int' = 32) -> 'np.ndarray'",
+        "group_size: 'int' = 32) -> 'np.ndarray'",
         "run_pack_data": "(config: 'PackConfig', *, echo: 'Callable[[str], None] | None' = None, "
-                         "stats: 'dict[str, Any] | None' = None) -> 'Manifest'",
+        "stats: 'dict[str, Any] | None' = None) -> 'Manifest'",
         "read_manifest": "(folder: 'str | os.PathLike[str]') -> 'Manifest'",
         "verify_folder": "(folder: 'str | os.PathLike[str]', *, check_hashes: 'bool' = True, "
-                         "checked: 'dict[str, ShardSummary] | None' = None) -> 'Manifest'",
+        "checked: 'dict[str, ShardSummary] | None' = None) -> 'Manifest'",
     }
     assert list(inspect.signature(pipeline.PackConfig).parameters)[:2] == ["format", "text_field"]
     assert trainer.__all__ == ["TrainConfig", "train"]
-    assert str(inspect.signature(trainer.train)) == \
-        "(config: 'TrainConfig', opened: 'tuple[Manifest, Any] | None' = None) -> 'dict[str, Any]'"
+    assert (
+        str(inspect.signature(trainer.train)) == "(config: 'TrainConfig', opened: 'tuple[Manifest, Any] | None' = None) -> 'dict[str, Any]'"
+    )
 
 
 def test_every_package_is_in_the_wheel():
@@ -155,15 +164,18 @@ def test_every_package_is_in_the_wheel():
 
     find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     shipped = set(find_packages(str(ROOT), include=find["include"]))
-    packages = {".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "trainer")
-                for p in (ROOT / top).rglob("__init__.py")}
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for top in ("pipeline", "trainer") for p in (ROOT / top).rglob("__init__.py")}
     assert packages <= shipped and {"pipeline.read", "pipeline.shards", "pipeline.engines"} <= shipped
     assert not {p for p in shipped if p.split(".")[0] not in ("pipeline", "trainer")}
 
 
 def test_modules_are_at_most_450_lines():
-    long = {str(p.relative_to(ROOT)): n for top in ("pipeline", "trainer") for p in sorted((ROOT / top).rglob("*.py"))
-            if (n := len(p.read_text().splitlines())) > 450}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for top in ("pipeline", "trainer")
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 450
+    }
     assert long == {}
 
 

@@ -56,8 +56,9 @@ def long_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def long_out(long_input: Path) -> Path:
     out = long_input.parent / "packed"
-    result = run(pack_data, long_input, "--tokenizer", TOKENIZER, "--max-len", MAX_LEN, "--rows-per-shard", 2,
-                 "--out", out, "--no-progress")
+    result = run(
+        pack_data, long_input, "--tokenizer", TOKENIZER, "--max-len", MAX_LEN, "--rows-per-shard", 2, "--out", out, "--no-progress"
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -74,7 +75,7 @@ def test_million_token_rows_keep_every_example_whole(long_out: Path):
         assert len(row["input_ids"]) == int(row["seq_lens"].sum()) <= MAX_LEN
         start = 0
         for n, eid in zip(row["seq_lens"].tolist(), row["example_ids"].tolist()):
-            ids, labels, pos = (row[k][start:start + n] for k in ("input_ids", "labels", "position_ids"))
+            ids, labels, pos = (row[k][start : start + n] for k in ("input_ids", "labels", "position_ids"))
             np.testing.assert_array_equal(ids, token_ids(eid, LENGTHS[eid]))  # whole, uncut, in order
             np.testing.assert_array_equal(pos, np.arange(n))  # positions restart at every boundary
             assert pos.dtype == np.int32 and labels[0] == IGNORE_INDEX
@@ -91,8 +92,7 @@ def test_verify_and_report_at_a_million_tokens(long_out: Path, tmp_path: Path):
     verified = run(pack_verify, long_out)
     assert verified.exit_code == 0, verified.output
     assert f"ok: {read_manifest(long_out).rows} rows, {sum(LENGTHS)} tokens" in verified.output
-    result = run(pack_report, long_out, "--json", tmp_path / "r.json", "--html", tmp_path / "r.html",
-                 "--strategy", "ffd")
+    result = run(pack_report, long_out, "--json", tmp_path / "r.json", "--html", tmp_path / "r.html", "--strategy", "ffd")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["max_len"] == MAX_LEN and report["tokens"] == sum(LENGTHS)
@@ -121,24 +121,39 @@ def test_attention_pairs_of_many_million_token_rows_read_in_peta():
 
 
 def test_whatif_at_a_million_tokens(long_input: Path, tmp_path: Path):
-    result = run(pack_report, "--input", long_input, "--tokenizer", TOKENIZER, "--max-len", f"131072,{MAX_LEN}",
-                 "--strategy", "ffd", "--json", tmp_path / "w.json")
+    result = run(
+        pack_report,
+        "--input",
+        long_input,
+        "--tokenizer",
+        TOKENIZER,
+        "--max-len",
+        f"131072,{MAX_LEN}",
+        "--strategy",
+        "ffd",
+        "--json",
+        tmp_path / "w.json",
+    )
     assert result.exit_code == 0, result.output
     runs = {r["max_len"]: r for r in json.loads((tmp_path / "w.json").read_text())["runs"]}
     assert runs[MAX_LEN]["over_max_len"] == 0 and runs[MAX_LEN]["tokens"] == sum(LENGTHS)
     assert runs[131072]["over_max_len"] == 5  # 1M, 1M - 576, 300k, 140k and 131,073
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--max-len", MAX_LEN_LIMIT + 1], f"--max-len must be between 2 and {MAX_LEN_LIMIT}, got {MAX_LEN_LIMIT + 1}"),
-    (["--max-len", MAX_LEN, "--rows-per-shard", 4096],
-     f"--rows-per-shard 4096 at --max-len {MAX_LEN} lets one shard hold up to 4,294,967,296 tokens, more than "
-     f"the {MAX_SHARD_TOKENS:,} its int32 list offsets address: use --rows-per-shard 2047 or fewer"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-len", MAX_LEN_LIMIT + 1], f"--max-len must be between 2 and {MAX_LEN_LIMIT}, got {MAX_LEN_LIMIT + 1}"),
+        (
+            ["--max-len", MAX_LEN, "--rows-per-shard", 4096],
+            f"--rows-per-shard 4096 at --max-len {MAX_LEN} lets one shard hold up to 4,294,967,296 tokens, more than "
+            f"the {MAX_SHARD_TOKENS:,} its int32 list offsets address: use --rows-per-shard 2047 or fewer",
+        ),
+    ],
+)
 def test_lengths_beyond_what_shards_hold_are_refused_in_one_line(long_input: Path, tmp_path: Path, args, needle):
     out = tmp_path / "out"
-    result = CliRunner().invoke(pack_data, [str(long_input), "--tokenizer", TOKENIZER, "--out", str(out),
-                                            "--no-progress", *map(str, args)])
+    result = CliRunner().invoke(pack_data, [str(long_input), "--tokenizer", TOKENIZER, "--out", str(out), "--no-progress", *map(str, args)])
     assert needle in one_line_error(result)
     assert not out.exists()
 
@@ -161,12 +176,21 @@ def long_problems(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(long_problems(), st.sampled_from([p for p in OVERLONG if p != "error"]),
-       st.sampled_from(["ffd", "bfd", "shuffle", "sequential", "minibatch", "pad"]), st.integers(0, 1000))
+@given(
+    long_problems(),
+    st.sampled_from([p for p in OVERLONG if p != "error"]),
+    st.sampled_from(["ffd", "bfd", "shuffle", "sequential", "minibatch", "pad"]),
+    st.integers(0, 1000),
+)
 def test_an_example_that_fits_a_row_is_never_cut(problem, policy: str, strategy: str, seed: int):
     lengths, max_len = problem
-    spill = Spill(ids_path=Path("unused"), labels_path=None, lengths=lengths,
-                  example_ids=np.arange(len(lengths), dtype=np.int64), examples_read=len(lengths))
+    spill = Spill(
+        ids_path=Path("unused"),
+        labels_path=None,
+        lengths=lengths,
+        example_ids=np.arange(len(lengths), dtype=np.int64),
+        examples_read=len(lengths),
+    )
     pieces = apply_overlong(spill, max_len, policy)
     plan = plan_rows(pieces, max_len, strategy, seed, 4) if len(pieces.lengths) else None
     offsets = spill.offsets
@@ -190,5 +214,4 @@ def test_a_shard_past_int32_offsets_is_never_written_wrapped():
 
     tiny = np.zeros(2, np.int32)
     with pytest.raises(ValueError, match="beyond its int32 list offsets"):
-        rows_table(tiny, tiny, tiny, np.asarray([0, MAX_SHARD_TOKENS + 1]), tiny[:1], np.zeros(1, np.int64),
-                   np.asarray([0, 1]))
+        rows_table(tiny, tiny, tiny, np.asarray([0, MAX_SHARD_TOKENS + 1]), tiny[:1], np.zeros(1, np.int64), np.asarray([0, 1]))

@@ -25,8 +25,7 @@ LENGTHS = [1, 2, 5, 3, 12, 4, 1, 9]  # the examples' tokens, against --max-len 8
 
 
 def _spill(lengths: list[int]) -> Spill:
-    return Spill(Path("ids"), None, np.array(lengths, np.int64), np.arange(len(lengths), dtype=np.int64),
-                 examples_read=len(lengths))
+    return Spill(Path("ids"), None, np.array(lengths, np.int64), np.arange(len(lengths), dtype=np.int64), examples_read=len(lengths))
 
 
 @pytest.mark.parametrize("policy", [p for p in OVERLONG if p != "error"])
@@ -45,7 +44,8 @@ def test_exactly_the_short_examples_go_whatever_the_overlong_policy(policy: str)
         assert pieces.counts.examples_packed == len(want)
         control = apply_overlong(_spill(lengths), max_len, policy)
         assert control.counts.too_short == 0 and len(set(control.example_ids.tolist())) == len(
-            [n for n in lengths if policy != "drop" or n <= max_len])
+            [n for n in lengths if policy != "drop" or n <= max_len]
+        )
 
 
 def _pretokenized(tmp_path: Path) -> Path:
@@ -87,8 +87,9 @@ def _lengths(folder: Path) -> dict[int, int]:
 def test_held_out_examples_come_from_the_kept_ones(tmp_path: Path):
     """--eval-examples holds out examples among those --min-len keeps: the two folders hold the
     kept examples between them, each once; the short ones are counted in the training folder."""
-    result = _pack(_pretokenized(tmp_path), "--tokenizer", TOKENIZER, "--max-len", 16, "--out", tmp_path / "o",
-                   "--min-len", 3, "--eval-examples", 2)
+    result = _pack(
+        _pretokenized(tmp_path), "--tokenizer", TOKENIZER, "--max-len", 16, "--out", tmp_path / "o", "--min-len", 3, "--eval-examples", 2
+    )
     assert result.exit_code == 0, result.output
     train, held = _lengths(tmp_path / "o"), _lengths(tmp_path / "o" / "eval")
     assert len(held) == 2 and not train.keys() & held.keys()
@@ -98,8 +99,7 @@ def test_held_out_examples_come_from_the_kept_ones(tmp_path: Path):
 
 
 def test_every_example_short_is_one_line(tmp_path: Path):
-    result = _pack(_pretokenized(tmp_path), "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o",
-                   "--min-len", 100)
+    result = _pack(_pretokenized(tmp_path), "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o", "--min-len", 100)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
     assert "8 shorter than --min-len 100" in lines[0] and not (tmp_path / "o").exists()
@@ -112,15 +112,31 @@ def _axolotl(tmp_path: Path, **keys: object) -> Path:
     data = tmp_path / "text.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     cfg = tmp_path / "axolotl.yaml"
-    cfg.write_text(yaml.safe_dump({"base_model": "tiny", "tokenizer_config": TOKENIZER, "sequence_len": 64,
-                                   "datasets": [{"path": str(data), "type": "completion"}], **keys}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "base_model": "tiny",
+                "tokenizer_config": TOKENIZER,
+                "sequence_len": 64,
+                "datasets": [{"path": str(data), "type": "completion"}],
+                **keys,
+            }
+        )
+    )
     return cfg
 
 
-@pytest.mark.parametrize(("keys", "min_len"), [
-    ({}, 2), ({"min_sample_len": None}, 2), ({"min_sample_len": 0}, 2),  # Axolotl: `min_sample_len or 2`
-    ({"min_sample_len": 4}, 4), ({"min_sample_len": 1}, 1), ({"min_sample_len": -3}, 1),
-])
+@pytest.mark.parametrize(
+    ("keys", "min_len"),
+    [
+        ({}, 2),
+        ({"min_sample_len": None}, 2),
+        ({"min_sample_len": 0}, 2),  # Axolotl: `min_sample_len or 2`
+        ({"min_sample_len": 4}, 4),
+        ({"min_sample_len": 1}, 1),
+        ({"min_sample_len": -3}, 1),
+    ],
+)
 def test_an_axolotl_files_min_sample_len_is_min_len(tmp_path: Path, keys: dict, min_len: int):
     assert read_config_file(_axolotl(tmp_path, **keys), pack_data, foreign="pack-data")["min_len"] == min_len
 

@@ -72,8 +72,7 @@ def readme_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:  # exactly the README's first command (plus where to write)
-        result = run("data/sample/instructions.jsonl", "--tokenizer", "data/tokenizer", "--max-len", "8192",
-                     "--out", out, "--overwrite")
+        result = run("data/sample/instructions.jsonl", "--tokenizer", "data/tokenizer", "--max-len", "8192", "--out", out, "--overwrite")
     finally:
         os.chdir(cwd)
     assert result.exit_code == 0, result.output
@@ -94,9 +93,14 @@ def test_readme_command_output_passes_verify_and_records_everything(readme_out: 
     assert (manifest.tokenizer["bos_token_id"], manifest.tokenizer["eos_token_id"]) == (BOS, EOS)
     assert manifest.tokenizer["format"]["kind"] == "instruction"
     sample = SAMPLE / "instructions.jsonl"  # hashed in a background thread while packing
-    assert manifest.inputs == [{"path": str(sample.relative_to(ROOT)), "kind": manifest.inputs[0]["kind"],
-                                "bytes": sample.stat().st_size,
-                                "sha256": hashlib.sha256(sample.read_bytes()).hexdigest()}]
+    assert manifest.inputs == [
+        {
+            "path": str(sample.relative_to(ROOT)),
+            "kind": manifest.inputs[0]["kind"],
+            "bytes": sample.stat().st_size,
+            "sha256": hashlib.sha256(sample.read_bytes()).hexdigest(),
+        }
+    ]
     assert leftovers(readme_out.parent) == []
 
 
@@ -125,7 +129,7 @@ def test_rows_follow_the_contract(readme_out: Path):
     seen = examples(readme_out)
     assert sorted(seen) == list(range(3000))  # every example once, by input index
     for eid in (0, 1, 1234):
-        (ids, labels, pos), = seen[eid]
+        ((ids, labels, pos),) = seen[eid]
         assert ids[0] == BOS and labels[0] == IGNORE_INDEX and pos == list(range(len(ids)))
         assert ids[-1] == EOS and labels[-1] == EOS
         assert "### Response:" in tok.decode(ids) and "### Response:" not in tok.decode([t for t in labels if t >= 0])
@@ -167,25 +171,24 @@ def test_mixed_formats_each_file_rendered_with_its_own(tmp_path: Path):
     shas = []
     for n in (1, 2):
         out = tmp_path / f"out{n}"
-        result = run(*inputs, "--tokenizer", TOKENIZER, "--max-len", 8192, "--out", out, "--num-proc", n,
-                     "--batch-rows", 3, "--rows-per-shard", 1)
+        result = run(
+            *inputs, "--tokenizer", TOKENIZER, "--max-len", 8192, "--out", out, "--num-proc", n, "--batch-rows", 3, "--rows-per-shard", 1
+        )
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in verify_folder(out).shards])
     assert shas[0] == shas[1]  # same bytes whatever --num-proc, pre-tokenized batches included
     manifest = read_manifest(out)
     resolved = manifest.config["resolved_formats"]
-    assert [(r["file"], r["kind"]) for r in resolved] == list(
-        zip(map(str, inputs), ["instruction", "chat", "text", "tokenized"])
-    )
+    assert [(r["file"], r["kind"]) for r in resolved] == list(zip(map(str, inputs), ["instruction", "chat", "text", "tokenized"]))
     assert resolved[0]["template_name"] == "alpaca" and resolved[1]["fields"] == {"messages": "messages"}
     assert manifest.tokenizer["format"] == {"kind": "mixed"}
     seen = examples(out)
     assert sorted(seen) == list(range(32))  # global ids follow the input order across files
-    (ids, labels, _), = seen[3]  # instruction: prompt masked
+    ((ids, labels, _),) = seen[3]  # instruction: prompt masked
     assert "### Response:" in tok.decode(ids) and "### Response:" not in tok.decode([t for t in labels if t >= 0])
-    (ids, labels, _), = seen[13]  # chat: only assistant turns trained
+    ((ids, labels, _),) = seen[13]  # chat: only assistant turns trained
     assert "<|im_start|>" in tok.decode(ids) and "<|im_start|>" not in tok.decode([t for t in labels if t >= 0])
-    (ids, labels, _), = seen[23]  # text: every token but the first
+    ((ids, labels, _),) = seen[23]  # text: every token but the first
     assert labels[0] == IGNORE_INDEX and labels[1:] == ids[1:] and ids[-1] == EOS
     assert seen[30] == [([7, 8, 9], [IGNORE_INDEX, 8, 9], [0, 1, 2])]  # pre-tokenized: used as is
     fresh = tokenize_examples(manifest.config, [3, 13, 23, 31])  # re-tokenizes with each file's format
@@ -198,8 +201,21 @@ def test_summary_padding_is_pack_reports_figure(tmp_path: Path, strategy: str, m
     from pipeline.report.folder_report import folder_report, load_folder
 
     out = tmp_path / strategy
-    result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", max_len, "--out", out,
-                 "--limit", 150, "--overlong", overlong, "--strategy", strategy)
+    result = run(
+        SAMPLE / "text.jsonl",
+        "--tokenizer",
+        TOKENIZER,
+        "--max-len",
+        max_len,
+        "--out",
+        out,
+        "--limit",
+        150,
+        "--overlong",
+        overlong,
+        "--strategy",
+        strategy,
+    )
     assert result.exit_code == 0, result.output
     report = folder_report(load_folder(out))
     longest = report["savings"]["pad_to_longest"]
@@ -279,8 +295,10 @@ def test_arrow_ipc_in_place_rows_of_another_format_name_the_file_row_and_fields(
         writer.write_table(table, max_chunksize=2)
     result = run(tmp_path / "a.arrow", "--tokenizer", TOKENIZER, "--max-len", 8, "--out", tmp_path / "o")
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert (f"{tmp_path / 'a.arrow'} row 3: the file mixes formats: this row has the fields text (text format), but "
-            "the file is read as tokenized, which needs 'input_ids' in every row") in result.output, result.output
+    assert (
+        f"{tmp_path / 'a.arrow'} row 3: the file mixes formats: this row has the fields text (text format), but "
+        "the file is read as tokenized, which needs 'input_ids' in every row"
+    ) in result.output, result.output
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
 
 
@@ -294,8 +312,7 @@ def test_the_manifest_records_the_tokenizers_facts_and_the_format(tmp_path: Path
         data = write_jsonl(tmp_path / "t.jsonl", [{"text": "hello there"}, {"text": "bye"}])
     expected = tokenizer_info(load_tokenizer(TOKENIZER), TOKENIZER)
     for out in ("o1", "o2"):
-        m = run_pack_data(PackConfig(inputs=[str(data)], tokenizer=TOKENIZER, max_len=64, out=str(tmp_path / out),
-                                     progress=False))
+        m = run_pack_data(PackConfig(inputs=[str(data)], tokenizer=TOKENIZER, max_len=64, out=str(tmp_path / out), progress=False))
         assert {k: v for k, v in m.tokenizer.items() if k != "format"} == expected
         assert m.tokenizer["format"]["kind"] == kind
     assert (tmp_path / "o1" / "shard-00000.arrow").read_bytes() == (tmp_path / "o2" / "shard-00000.arrow").read_bytes()
@@ -310,8 +327,14 @@ def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_token(tmp_path
     shutil.copytree(TOKENIZER, saved)
     spec = json.loads((saved / "tokenizer.json").read_text())
     spec["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
-    spec["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None,
-                       "pad_id": 3, "pad_type_id": 0, "pad_token": "<pad>"}
+    spec["padding"] = {
+        "strategy": {"Fixed": 16},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 3,
+        "pad_type_id": 0,
+        "pad_token": "<pad>",
+    }
     (saved / "tokenizer.json").write_text(json.dumps(spec))
     common = [SAMPLE / data, "--max-len", 2048, "--limit", 40, "--num-proc", num_proc]
     for name, tok in (("plain", TOKENIZER), ("saved", saved)):
@@ -402,15 +425,13 @@ def test_same_shards_whatever_num_proc_and_batch_rows(tmp_path: Path):
     for n, batch_rows in ((1, 37), (2, 37), (2, None), (3, None), (None, 37)):
         out = tmp_path / f"np{n}-{len(shas)}"
         extra = (() if n is None else ("--num-proc", n)) + (() if batch_rows is None else ("--batch-rows", batch_rows))
-        result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", out,
-                     "--rows-per-shard", 20, *extra)
+        result = run(SAMPLE / "text.jsonl", "--tokenizer", TOKENIZER, "--max-len", 1024, "--out", out, "--rows-per-shard", 20, *extra)
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(out).shards])
     assert len(shas[0]) > 1 and all(s == shas[0] for s in shas), shas
 
 
-def test_a_long_row_packs_the_same_whatever_num_proc_with_the_ids_of_its_whole_text(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_long_row_packs_the_same_whatever_num_proc_with_the_ids_of_its_whole_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A row longer than LONG_TEXT_CHARS (made small here), tokenized in pieces: the shards are the
     same for any --num-proc, and its example holds the ids of the whole rendered text, its loss
     starting where the tokenizer's offsets put the response, split into --max-len pieces."""
@@ -421,13 +442,25 @@ def test_a_long_row_packs_the_same_whatever_num_proc_with_the_ids_of_its_whole_t
     docs = [json.loads(line)["text"] for line in (SAMPLE / "text.jsonl").read_text().splitlines()]
     body = " ".join(docs)[:100_000]
     prompt, response = body[: len(body) // 2], body[len(body) // 2 :]
-    rows = [{"prompt": "2+2?", "response": "4"}, {"prompt": prompt, "response": response},
-            {"prompt": "3+3?", "response": "6"}]
+    rows = [{"prompt": "2+2?", "response": "4"}, {"prompt": prompt, "response": response}, {"prompt": "3+3?", "response": "6"}]
     data = write_jsonl(tmp_path / "long.jsonl", rows)
     shas = []
     for n in (1, 2):
-        result = run(data, "--tokenizer", TOKENIZER, "--max-len", 4096, "--overlong", "split", "--num-proc", n,
-                     "--strategy", "sequential", "--out", tmp_path / f"np{n}")  # (rows, so pieces, in input order)
+        result = run(
+            data,
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            4096,
+            "--overlong",
+            "split",
+            "--num-proc",
+            n,
+            "--strategy",
+            "sequential",
+            "--out",
+            tmp_path / f"np{n}",
+        )  # (rows, so pieces, in input order)
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(tmp_path / f"np{n}").shards])
     assert shas[0] == shas[1]
@@ -447,14 +480,15 @@ def test_a_long_row_packs_the_same_whatever_num_proc_with_the_ids_of_its_whole_t
 
 def test_chat_sample_limit_and_strategy(tmp_path: Path):
     out = tmp_path / "chat"
-    result = run(SAMPLE / "chat.jsonl", "--tokenizer", TOKENIZER, "--max-len", 2048, "--out", out,
-                 "--limit", 40, "--strategy", "bfd", "--seed", 3)
+    result = run(
+        SAMPLE / "chat.jsonl", "--tokenizer", TOKENIZER, "--max-len", 2048, "--out", out, "--limit", 40, "--strategy", "bfd", "--seed", 3
+    )
     assert result.exit_code == 0, result.output
     manifest = verify_folder(out)
     assert manifest.counts.examples_read == 40 and manifest.strategy == "bfd" and manifest.seed == 3
     tok = load_tokenizer(TOKENIZER)
     for chunks in examples(out).values():
-        (_, labels, _), = chunks
+        ((_, labels, _),) = chunks
         trained = tok.decode([t for t in labels if t >= 0])
         assert "<|im_start|>" not in trained and trained.endswith("<|im_end|>")  # the template's end, no EOS
 
@@ -509,8 +543,7 @@ def test_packed_output_is_refused_as_input(tmp_path: Path, pretok: Path):
     loose = tmp_path / "loose.arrow"
     shutil.copy(shard, loose)
     manifest = (packed / "manifest.json").read_bytes()
-    for source, out in [(packed, tmp_path / "again"), (shard, tmp_path / "again"), (loose, tmp_path / "again"),
-                        (shard, packed)]:
+    for source, out in [(packed, tmp_path / "again"), (shard, tmp_path / "again"), (loose, tmp_path / "again"), (shard, packed)]:
         result = run(source, "--tokenizer", TOKENIZER, "--max-len", 64, "--out", out, "--overwrite")
         lines = result.output.strip().splitlines()
         assert result.exit_code == 1 and len(lines) == 1 and "is packed output of pack-data" in lines[0], result.output
@@ -549,9 +582,23 @@ def test_examples_that_train_nothing_are_counted_and_a_job_of_only_those_refused
 def test_help_explains_options_with_an_example():
     result = CliRunner().invoke(pack_data, ["--help"])
     assert result.exit_code == 0
-    for option in ("--format", "--text-field", "--prompt-field", "--response-field", "--messages-field",
-                   "--template", "--train-on-prompt", "--strategy", "--overlong", "--num-proc", "--seed",
-                   "--rows-per-shard", "--overwrite", "--limit", "Examples:"):
+    for option in (
+        "--format",
+        "--text-field",
+        "--prompt-field",
+        "--response-field",
+        "--messages-field",
+        "--template",
+        "--train-on-prompt",
+        "--strategy",
+        "--overlong",
+        "--num-proc",
+        "--seed",
+        "--rows-per-shard",
+        "--overwrite",
+        "--limit",
+        "Examples:",
+    ):
         assert option in result.output
 
 
@@ -591,27 +638,47 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "all dropped": ([str(good), "--max-len", "2", "--overlong", "drop"], "dropped"),
         "bad tokenizer": ([str(good), "--tokenizer", str(tmp / "no-tokenizer")], "no-tokenizer"),
         "non-utf8": ([str(latin)], "UTF-8"),
-        "id outside vocabulary": ([str(write_jsonl(tmp / "ids.jsonl", [{"input_ids": [5, 6]}, {"input_ids": [7, 99999]}]))],
-                                  "ids.jsonl line 2: token id 99999 is outside"),
-        "mixed fields": ([str(good), str(write_jsonl(tmp / "other.jsonl", [{"body": "x"}]))],
-                         "cannot tell the format from the columns of " + str(tmp / "other.jsonl")),
+        "id outside vocabulary": (
+            [str(write_jsonl(tmp / "ids.jsonl", [{"input_ids": [5, 6]}, {"input_ids": [7, 99999]}]))],
+            "ids.jsonl line 2: token id 99999 is outside",
+        ),
+        "mixed fields": (
+            [str(good), str(write_jsonl(tmp / "other.jsonl", [{"body": "x"}]))],
+            "cannot tell the format from the columns of " + str(tmp / "other.jsonl"),
+        ),
         "explicit field misses one file": (
             [str(good), str(write_jsonl(tmp / "pairs.jsonl", [{"question": "q", "answer": "a"}])), "--text-field", "text"],
-            "column 'text' not found in " + str(tmp / "pairs.jsonl")),
+            "column 'text' not found in " + str(tmp / "pairs.jsonl"),
+        ),
         "explicit format misses one file": (
             [str(write_jsonl(tmp / "pairs.jsonl", [{"question": "q", "answer": "a"}])), str(good), "--format", "instruction"],
-            "column 'prompt' not found in " + str(good)),
-        "chat without template": ([str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
-                                   "--tokenizer", str(_no_template(tmp))], "no chat template"),
+            "column 'prompt' not found in " + str(good),
+        ),
+        "chat without template": (
+            [
+                str(write_jsonl(tmp / "chat.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])),
+                "--tokenizer",
+                str(_no_template(tmp)),
+            ],
+            "no chat template",
+        ),
         "mixed formats in one file": (
-            [str(write_jsonl(tmp / "mixed.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3
-                             + [{"instruction": "add 2 and 2", "output": "4"}]))],
+            [
+                str(
+                    write_jsonl(
+                        tmp / "mixed.jsonl",
+                        [{"messages": [{"role": "user", "content": "hi"}]}] * 3 + [{"instruction": "add 2 and 2", "output": "4"}],
+                    )
+                )
+            ],
             "mixed.jsonl line 4: the file mixes formats: this row has the fields instruction, output (instruction "
             "format), but the file is read as chat, which needs 'messages' in every row: split it into one file per "
-            "format"),
+            "format",
+        ),
         "text too long to cut": (
             [str(write_jsonl(tmp / "long.jsonl", [{"text": "fine"}, {"text": "x" * (MAX_PIECE_CHARS + 1)}]))],
-            f"long.jsonl line 2: the text of {MAX_PIECE_CHARS + 1:,} characters has no place within"),
+            f"long.jsonl line 2: the text of {MAX_PIECE_CHARS + 1:,} characters has no place within",
+        ),
         "zero batch rows": ([str(good), "--batch-rows", "0"], "--batch-rows must be >= 1"),
         "zero group size": ([str(good), "--group-size", "0"], "--group-size must be >= 1"),
         "zero workers": ([str(good), "--num-proc", "0"], "--num-proc must be between 1 and 1024, got 0"),
@@ -619,10 +686,28 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
 
 
 CASES = [
-    "missing file", "corrupt json", "corrupt parquet", "unknown file format", "unknown columns", "missing field",
-    "null field", "empty dataset", "all empty", "all dropped", "bad tokenizer", "non-utf8", "chat without template",
-    "id outside vocabulary", "mixed fields", "explicit field misses one file", "explicit format misses one file",
-    "zero batch rows", "zero group size", "zero workers", "mixed formats in one file", "text too long to cut",
+    "missing file",
+    "corrupt json",
+    "corrupt parquet",
+    "unknown file format",
+    "unknown columns",
+    "missing field",
+    "null field",
+    "empty dataset",
+    "all empty",
+    "all dropped",
+    "bad tokenizer",
+    "non-utf8",
+    "chat without template",
+    "id outside vocabulary",
+    "mixed fields",
+    "explicit field misses one file",
+    "explicit format misses one file",
+    "zero batch rows",
+    "zero group size",
+    "zero workers",
+    "mixed formats in one file",
+    "text too long to cut",
 ]
 
 
@@ -652,8 +737,7 @@ def test_disk_full_leaves_nothing_behind(tmp_path: Path, pretok: Path, monkeypat
     assert not out.exists() and leftovers(tmp_path) == []
 
 
-def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch):
+def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
     calls: list[bool] = []
     real = pipeline.engines.job.verify_folder
 
@@ -684,9 +768,7 @@ def test_final_check_does_not_rehash_but_catches_a_changed_shard(tmp_path: Path,
     assert not (tmp_path / "o2").exists() and leftovers(tmp_path) == []
 
 
-
-def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Path,
-                                                      monkeypatch: pytest.MonkeyPatch):
+def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
     """What is checked is the file on disk: a bad shard written by the writer thread is caught."""
     real = pipeline.write.shard_writer.write_shard
 
@@ -701,8 +783,9 @@ def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Pa
 
     monkeypatch.setattr(pipeline.write.shard_writer, "write_shard", write_bad)
     out = tmp_path / "o"
-    result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "8",
-                                            "--rows-per-shard", "1", "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "8", "--rows-per-shard", "1", "--out", str(out), "--no-progress"]
+    )
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
@@ -710,8 +793,7 @@ def test_shard_checked_as_written_names_shard_and_row(tmp_path: Path, pretok: Pa
     assert not out.exists() and leftovers(tmp_path) == []
 
 
-def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: Path,
-                                                        monkeypatch: pytest.MonkeyPatch):
+def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
     """A shard rewritten (same size) after the checker thread saw it is re-read by the final step."""
     import time
 
@@ -742,14 +824,14 @@ def test_shard_changed_after_its_check_is_checked_again(tmp_path: Path, pretok: 
     assert rechecked == ["shard-00001.arrow"]  # the unchanged shards were not read again
     assert not out.exists() and leftovers(tmp_path) == []
 
+
 def test_interrupt_leaves_no_folder_that_looks_finished(tmp_path: Path, pretok: Path, monkeypatch: pytest.MonkeyPatch):
     def interrupted(path, table):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline.write.shard_writer, "write_shard", interrupted)
     out = tmp_path / "o"
-    result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "32",
-                                            "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(pack_data, [str(pretok), "--tokenizer", TOKENIZER, "--max-len", "32", "--out", str(out), "--no-progress"])
     assert result.exit_code == 130
     assert not out.exists() and leftovers(tmp_path) == []
 
@@ -774,8 +856,19 @@ def test_spill_read_in_one_window_or_many_gives_the_same_shards(tmp_path: Path, 
     for window in (pipeline.tokenize.spill.MAP_WINDOW_BYTES, 4096):  # the whole spill mapped at once / a page at a time
         monkeypatch.setattr(pipeline.tokenize.spill, "MAP_WINDOW_BYTES", window)
         out = tmp_path / f"o{window}"
-        result = run(SAMPLE / "instructions.jsonl", "--tokenizer", TOKENIZER, "--max-len", 512, "--out", out,
-                     "--overlong", "split", "--rows-per-shard", 50)
+        result = run(
+            SAMPLE / "instructions.jsonl",
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            512,
+            "--out",
+            out,
+            "--overlong",
+            "split",
+            "--rows-per-shard",
+            50,
+        )
         assert result.exit_code == 0, result.output
         shas.append([s.sha256 for s in read_manifest(out).shards])
     assert len(shas[0]) > 1 and shas[0] == shas[1]
@@ -793,10 +886,12 @@ def test_a_later_run_removes_what_killed_runs_left(tmp_path: Path):
     gone.wait()  # its pid now names no process
     host = socket.gethostname()
     stale = tmp_path / f".o.tmp-{host}-{gone.pid}-0123abcd"
-    kept = [tmp_path / f".o.tmp-{host}-{os.getpid()}-0123abcd",  # a process that exists
-            tmp_path / f".o.tmp-other-host-{gone.pid}-0123abcd",  # another host's
-            tmp_path / f".other.tmp-{host}-{gone.pid}-0123abcd",  # another output's
-            tmp_path / f".o.old-{gone.pid}-0123abcd"]  # an old output being replaced: never touched
+    kept = [
+        tmp_path / f".o.tmp-{host}-{os.getpid()}-0123abcd",  # a process that exists
+        tmp_path / f".o.tmp-other-host-{gone.pid}-0123abcd",  # another host's
+        tmp_path / f".other.tmp-{host}-{gone.pid}-0123abcd",  # another output's
+        tmp_path / f".o.old-{gone.pid}-0123abcd",
+    ]  # an old output being replaced: never touched
     for folder in [stale, *kept]:
         (folder / "_spill").mkdir(parents=True)
         (folder / "_spill" / "input_ids.bin").write_bytes(b"\0" * 64)
@@ -821,8 +916,7 @@ def test_the_no_loss_warning_names_the_causes_this_data_can_have(tmp_path: Path)
     assert "chat" not in warning, warning
 
     talk = [{"role": "user", "content": "hello there"}]
-    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": talk + [{"role": "assistant", "content": "hi"}]}] * 3
-                       + [{"messages": talk}])
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": talk + [{"role": "assistant", "content": "hi"}]}] * 3 + [{"messages": talk}])
     result = run(chat, "--tokenizer", TOKENIZER, "--max-len", 256, "--out", tmp_path / "c")
     warning = next(line for line in result.output.splitlines() if line.startswith("warning: "))
     assert "(likely chat rows without an assistant turn)" in warning and "truncated" not in warning, warning
@@ -838,16 +932,47 @@ def test_num_proc_is_capped_at_the_cpus_this_process_may_use(tmp_path: Path, mon
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     data = SAMPLE / "instructions.jsonl"
-    capped = CliRunner().invoke(pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "2048", "--limit", "50",
-                                            "--num-proc", "64", "--no-progress", "--out", str(tmp_path / "a")])
+    capped = CliRunner().invoke(
+        pack_data,
+        [
+            str(data),
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            "2048",
+            "--limit",
+            "50",
+            "--num-proc",
+            "64",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "a"),
+        ],
+    )
     assert capped.exit_code == 0, capped.output
     assert "pack-data: --num-proc 64 capped at 2, the CPUs this process may use\n" in capped.stderr
     assert read_manifest(tmp_path / "a").config["num_proc"] == 2
-    kept = CliRunner().invoke(pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "2048", "--limit", "50",
-                                          "--num-proc", "2", "--no-progress", "--out", str(tmp_path / "b")])
+    kept = CliRunner().invoke(
+        pack_data,
+        [
+            str(data),
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            "2048",
+            "--limit",
+            "50",
+            "--num-proc",
+            "2",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+    )
     assert kept.exit_code == 0 and "capped" not in kept.output
     assert read_manifest(tmp_path / "b").config["num_proc"] == 2
-    report = CliRunner().invoke(pack_report, ["--input", str(data), "--tokenizer", TOKENIZER, "--limit", "50",
-                                              "--max-len", "2048", "--num-proc", "1000"])
+    report = CliRunner().invoke(
+        pack_report, ["--input", str(data), "--tokenizer", TOKENIZER, "--limit", "50", "--max-len", "2048", "--num-proc", "1000"]
+    )
     assert report.exit_code == 0, report.output
     assert "pack-report: --num-proc 1000 capped at 2, the CPUs this process may use\n" in report.stderr

@@ -87,8 +87,7 @@ def test_finish_result_rates():
     """The rates come from the one count of the timed steps' examples (pipeline.report.flops)."""
     from pipeline.report.flops import LayerShape, ModelShape
 
-    shape = ModelShape(layers=(LayerShape(params=1_000_000_000, heads=8, head_dim=128, recompute=True),),
-                       head_params=0)
+    shape = ModelShape(layers=(LayerShape(params=1_000_000_000, heads=8, head_dim=128, recompute=True),), head_params=0)
     lens = np.array([3000, 5000])
     res = bt.PathResult(path="x", runner="r", steps=4, tokens=8000, loss_tokens=6000, seconds=2.0, data_wait_s=0.02)
     finish_result(res, shape=shape, lens=lens, peak_tflops=989.0)
@@ -215,9 +214,9 @@ def test_minibatch_groups_are_recovered_from_rows(tmp_path):
 
 def test_examples_by_id_needs_one_example_per_row(tmp_path):
     exs = _examples([4, 6])
-    make_packed_folder(tmp_path / "pad", [[(7, exs[0]["input_ids"], exs[0]["labels"])],
-                                          [(3, exs[1]["input_ids"], exs[1]["labels"])]], 16,
-                       strategy="pad")
+    make_packed_folder(
+        tmp_path / "pad", [[(7, exs[0]["input_ids"], exs[0]["labels"])], [(3, exs[1]["input_ids"], exs[1]["labels"])]], 16, strategy="pad"
+    )
     got = bt.examples_by_id(tmp_path / "pad")
     assert sorted(got) == [3, 7]
     assert got[3]["labels"].tolist() == exs[1]["labels"].tolist()
@@ -240,13 +239,14 @@ def test_timed_loop_counts_only_timed_steps_and_host_wait():
 
     def thunks():
         for i in range(5):
+
             def thunk(i=i):
                 time.sleep(0.01)
                 return Batch(payload=i, tokens=10 * (i + 1), seq_lens=np.array([i + 1]), examples=1)
+
             yield thunk
 
-    res, lens = bt.timed_loop(thunks(), lambda p: torch.tensor(float(p)), warmup=2, steps=3,
-                              device=CPU)
+    res, lens = bt.timed_loop(thunks(), lambda p: torch.tensor(float(p)), warmup=2, steps=3, device=CPU)
     assert res.steps == 3 and res.examples == 3
     assert res.tokens == 30 + 40 + 50
     assert lens.tolist() == [3, 4, 5]
@@ -273,8 +273,7 @@ def test_planned_steps_match_pack_train_data_plan(tmp_path):
 def test_a_pack_train_run_that_stopped_early_is_no_result():
     """SIGTERM (a `timeout` around the benchmark) makes pack-train save and end after its step: the
     one timed step it logged must not stand in for the steps asked for."""
-    recs = [{"step": s, "tokens": 100 * s, "step_time_s": 0.5, "data_wait_s": 0.01, "loss": 9.0 - s}
-            for s in (3, 6, 9)]
+    recs = [{"step": s, "tokens": 100 * s, "step_time_s": 0.5, "data_wait_s": 0.01, "loss": 9.0 - s} for s in (3, 6, 9)]
     full, ms = timed_result("packlm-ffd", "pack-train", recs, warmup=3, steps=6)
     assert full.ok and full.steps == 6 and full.tokens == 600 and ms == [500.0, 500.0] and not full.note
     short, _ = timed_result("packlm-ffd", "pack-train", recs[:2], warmup=3, steps=6, stopped_by_sigterm=True)
@@ -329,8 +328,13 @@ def test_gpu_suite_is_strict_bash_with_parts():
     import subprocess
 
     assert subprocess.run(check=False, args=["bash", "-n", str(REPO / "scripts" / "bench" / "gpu_suite.sh")]).returncode == 0
-    bad = subprocess.run(check=False, args=["bash", str(REPO / "scripts" / "bench" / "gpu_suite.sh"), "nonsense"],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "OUT": "/tmp"})
+    bad = subprocess.run(
+        check=False,
+        args=["bash", str(REPO / "scripts" / "bench" / "gpu_suite.sh"), "nonsense"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "OUT": "/tmp"},
+    )
     assert bad.returncode != 0 and "usage" in (bad.stderr + bad.stdout).lower()
 
 
@@ -365,8 +369,7 @@ def _fake_shared(root: Path, n: int = 40) -> Path:
     with (root / "datasets" / "gsm8k" / "train.jsonl").open("w") as handle:
         for _ in range(n):
             handle.write(json.dumps({"question": text(8), "answer": text(int(rng.integers(3, 20)))}) + "\n")
-    alpaca = [{"instruction": text(6), "input": text(3) if i % 2 else "", "output": text(int(rng.integers(3, 20)))}
-              for i in range(n)]
+    alpaca = [{"instruction": text(6), "input": text(3) if i % 2 else "", "output": text(int(rng.integers(3, 20)))} for i in range(n)]
     (root / "datasets" / "codealpaca" / "code_alpaca.json").write_text(json.dumps(alpaca))
     return root
 
@@ -380,9 +383,32 @@ def test_bench_train_end_to_end_on_cpu(tmp_path):
     if not (tokenizer / "tokenizer.json").is_file():
         pytest.skip("data/tokenizer is not there")
     shared = _fake_shared(tmp_path / "shared")
-    common = ["--device", "cpu", "--model", "tiny", "--steps", "1", "--warmup", "1", "--dtype", "fp32",
-              "--shared", str(shared), "--tokenizer", str(tokenizer), "--workdir", str(tmp_path / "w"),
-              "--max-len", "512", "--ffd-tokens", "512", "--num-workers", "0", "--pack-procs", "1"]
+    common = [
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--dtype",
+        "fp32",
+        "--shared",
+        str(shared),
+        "--tokenizer",
+        str(tokenizer),
+        "--workdir",
+        str(tmp_path / "w"),
+        "--max-len",
+        "512",
+        "--ffd-tokens",
+        "512",
+        "--num-workers",
+        "0",
+        "--pack-procs",
+        "1",
+    ]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # OpenMP threads on a shared 2-core box only slow a tiny model down
     try:
@@ -394,11 +420,22 @@ def test_bench_train_end_to_end_on_cpu(tmp_path):
 def test_bench_train_paths_and_tunings_are_checked():
     """HF paths take +layers/+model/+liger tunings, packlm paths +bf16-weights; +liger must come
     last (it patches transformers)."""
-    args = bt.parse_args(["--paths", "hf-pad+layers,hf-flat-fa2+model,packlm-ffd,packlm-ffd+bf16-weights,"
-                                     "hf-ffd-fa2+model+bf16,hf-ffd-flex+fp8,packlm-ffd+fp8,hf-flat-fa2+layers+liger"])
+    args = bt.parse_args(
+        [
+            "--paths",
+            "hf-pad+layers,hf-flat-fa2+model,packlm-ffd,packlm-ffd+bf16-weights,"
+            "hf-ffd-fa2+model+bf16,hf-ffd-flex+fp8,packlm-ffd+fp8,hf-flat-fa2+layers+liger",
+        ]
+    )
     assert args.paths[-1] == "hf-flat-fa2+layers+liger"
-    for bad in ("hf-flat-fa2+turbo", "packlm-ffd+layers", "hf-pad+bf16-weights", "hf-flat-fa2+liger,hf-pad",
-                "packlm-ffd+bf16", "hf-ffd-fa2+bf16-weights"):
+    for bad in (
+        "hf-flat-fa2+turbo",
+        "packlm-ffd+layers",
+        "hf-pad+bf16-weights",
+        "hf-flat-fa2+liger,hf-pad",
+        "packlm-ffd+bf16",
+        "hf-ffd-fa2+bf16-weights",
+    ):
         with pytest.raises(SystemExit):
             bt.parse_args(["--paths", bad])
     assert bt.split_path("hf-flat-fa2+layers+liger") == ("hf-flat-fa2", ["layers", "liger"])
@@ -406,8 +443,15 @@ def test_bench_train_paths_and_tunings_are_checked():
 
 def _run_end_to_end(common, tmp_path):
     out = tmp_path / "bench.json"
-    results = bt.main([*common, "--paths", "hf-pad,hf-flat-sdpa,hf-flat-sdpa+layers,packlm-minibatch,packlm-ffd,"
-                                           "packlm-ffd+bf16-weights,hf-ffd-sdpa", "--json", str(out)])
+    results = bt.main(
+        [
+            *common,
+            "--paths",
+            "hf-pad,hf-flat-sdpa,hf-flat-sdpa+layers,packlm-minibatch,packlm-ffd,packlm-ffd+bf16-weights,hf-ffd-sdpa",
+            "--json",
+            str(out),
+        ]
+    )
     by = {r.path: r for r in results}
     assert all(r.ok for r in results), [r.note for r in results]
     # the compiled HF path: the same examples, the same loss up to the compiler's rounding
@@ -441,17 +485,16 @@ def _run_end_to_end(common, tmp_path):
     assert inline.tokens == by["hf-pad"].tokens
     assert inline.final_loss == pytest.approx(by["hf-pad"].final_loss, rel=1e-4)
     # --profile-steps on a pack-train path profiles steps after the timed ones, which stay as they were
-    profiled = bt.main([*common, "--paths", "packlm-ffd", "--profile-steps", "1",
-                        "--profile-trace", str(tmp_path / "traces")])[0]
+    profiled = bt.main([*common, "--paths", "packlm-ffd", "--profile-steps", "1", "--profile-trace", str(tmp_path / "traces")])[0]
     assert profiled.ok and profiled.tokens == by["packlm-ffd"].tokens and profiled.steps == 1
     assert profiled.extra["profile"]["note"] == "kernel times are measured on CUDA only"
     assert profiled.extra["profile"]["top_host_ops_self_ms_per_step"]  # the host side is profiled on CPU too
     import gzip
+
     trace = json.loads(gzip.decompress((tmp_path / "traces" / "packlm-ffd.json.gz").read_bytes()))
     assert trace["traceEvents"]
     # --optimizer adafactor reaches both kinds of path (its state: tests/trainer/run/test_trainer_loop.py)
-    ada = {r.path: r for r in bt.main([*common, "--paths", "hf-flat-sdpa,packlm-minibatch", "--optimizer", "adafactor",
-                                       "--warmup", "0"])}
+    ada = {r.path: r for r in bt.main([*common, "--paths", "hf-flat-sdpa,packlm-minibatch", "--optimizer", "adafactor", "--warmup", "0"])}
     assert all(r.ok for r in ada.values()), [r.note for r in ada.values()]
 
 
@@ -466,12 +509,32 @@ def test_bench_loss_end_to_end_on_cpu(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results = bl.main([
-            "--device", "cpu", "--model", "tiny", "--shared", str(shared), "--tokenizer", str(tokenizer),
-            "--workdir", str(tmp_path / "w"), "--max-len", "256", "--holdout", "0.1",
-            "--pack-procs", "1", "--json", str(tmp_path / "loss.json"), "--plot", str(tmp_path / "c.png"),
-            "--full-len", "4096",
-        ])
+        results = bl.main(
+            [
+                "--device",
+                "cpu",
+                "--model",
+                "tiny",
+                "--shared",
+                str(shared),
+                "--tokenizer",
+                str(tokenizer),
+                "--workdir",
+                str(tmp_path / "w"),
+                "--max-len",
+                "256",
+                "--holdout",
+                "0.1",
+                "--pack-procs",
+                "1",
+                "--json",
+                str(tmp_path / "loss.json"),
+                "--plot",
+                str(tmp_path / "c.png"),
+                "--full-len",
+                "4096",
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     by = {r.method: r for r in results}
@@ -498,9 +561,26 @@ def test_bench_loss_bf16_weights_tuning_trains_the_same_steps_with_master_weight
     if not (tokenizer / "tokenizer.json").is_file():
         pytest.skip("data/tokenizer is not there")
     shared = _fake_shared(tmp_path / "shared", n=40)
-    common = ["--device", "cpu", "--model", "tiny", "--shared", str(shared), "--tokenizer", str(tokenizer),
-              "--workdir", str(tmp_path / "w"), "--max-len", "256", "--holdout", "0.1",
-              "--pack-procs", "1", "--plot", str(tmp_path / "c.png")]
+    common = [
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--shared",
+        str(shared),
+        "--tokenizer",
+        str(tokenizer),
+        "--workdir",
+        str(tmp_path / "w"),
+        "--max-len",
+        "256",
+        "--holdout",
+        "0.1",
+        "--pack-procs",
+        "1",
+        "--plot",
+        str(tmp_path / "c.png"),
+    ]
     with pytest.raises(SystemExit):
         bl.parse_args([*common, "--methods", "pad+bf16-weights"])
     threads = torch.get_num_threads()
@@ -527,8 +607,9 @@ def test_bench_pack_data_runs_pack_data_in_a_child_and_as_a_whole_process(tmp_pa
     if not (tokenizer / "tokenizer.json").is_file():
         pytest.skip("data/tokenizer is not there")
     source = REPO / "data" / "sample" / "chat.jsonl"
-    stats = bpd.pack_in_child(repeat=2, inputs=[str(source)], tokenizer=str(tokenizer), max_len=1024,
-                              out=str(tmp_path / "child"), num_proc=2, limit=60)
+    stats = bpd.pack_in_child(
+        repeat=2, inputs=[str(source)], tokenizer=str(tokenizer), max_len=1024, out=str(tmp_path / "child"), num_proc=2, limit=60
+    )
     assert set(stats["times"]) == {"setup", "read_tokenize", "plan", "write", "verify", "total"}
     assert stats["tokens"] > 0 and 0 < stats["efficiency"] <= 1 and stats["process_s"] > 0
     assert [w["tokens"] for w in stats["warm_runs"]] == [stats["tokens"]]
@@ -568,8 +649,7 @@ def test_targets_are_checked_against_the_same_run():
         bt.PathResult(path="packlm-ffd+fp8", runner="p", tokens_per_s=715, mfu=0.83),
     ]
     lines = bt.target_lines(rs)
-    assert lines[0] == ("packlm-ffd vs best HF same rows (hf-ffd-fa2+model+fp8): 0.80x; "
-                        "vs same precision (hf-ffd-fa2+model): 1.10x")
+    assert lines[0] == ("packlm-ffd vs best HF same rows (hf-ffd-fa2+model+fp8): 0.80x; vs same precision (hf-ffd-fa2+model): 1.10x")
     assert lines[1].endswith("vs same precision (hf-ffd-fa2+model+bf16): 1.04x")
     assert lines[2].endswith("vs same precision (hf-ffd-fa2+model+fp8): 1.30x")
     assert lines[3].startswith("packlm-ffd+fp8 vs packlm-ffd+bf16-weights: 1.38x") and lines[3].endswith(": MET")
@@ -628,11 +708,39 @@ def test_bench_long_on_cpu(tmp_path):
     import subprocess
 
     out = tmp_path / "long.json"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "bench_long.py"), "--device", "cpu", "--model", "tiny",
-                           "--examples", "30", "--min-len", "64", "--max-example-len", "128", "--max-len", "256",
-                           "--steps", "2", "--warmup", "1", "--dtype", "fp32", "--backends", "sdpa,sdpa,torch",
-                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, check=False,
-                          env={"SHARED": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench" / "bench_long.py"),
+            "--device",
+            "cpu",
+            "--model",
+            "tiny",
+            "--examples",
+            "30",
+            "--min-len",
+            "64",
+            "--max-example-len",
+            "128",
+            "--max-len",
+            "256",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--dtype",
+            "fp32",
+            "--backends",
+            "sdpa,sdpa,torch",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"SHARED": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
     assert [r["ok"] for r in results] == [True, True, False] and "CUDA" in results[2]["note"]
@@ -647,9 +755,26 @@ def test_bench_ray_on_cpu(tmp_path):
     import subprocess
 
     out = tmp_path / "ray.json"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "bench_ray.py"), "--parts", "pretok,plan",
-                           "--workers", "2", "--tokens", "300000", "--plan-tokens", "1e6", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench" / "bench_ray.py"),
+            "--parts",
+            "pretok,plan",
+            "--workers",
+            "2",
+            "--tokens",
+            "300000",
+            "--plan-tokens",
+            "1e6",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["pretok"]["arrow"]["identical"] and result["pretok"]["parquet"]["identical"]
@@ -677,10 +802,12 @@ def test_bench_precision_entries_and_ratios_against_the_first():
     assert bp.window_rates(lines, warmup=5) == [100.0, 50.0, 200.0, 25.0]
     assert bp.window_rates(lines, warmup=5, profiled=bp.parse_steps("16-17")) == [100.0, 50.0, 25.0]
     row = dict(final_loss=2.0, mfu_last=0.5, peak_mem_gib=10.0)
-    rows = bp.table([{**row, "entry": "bf16-weights", "tokens_per_s": 100.0, "eval_loss": 4.0,
-                      "median_window_tokens_per_s": 110.0},
-                     {**row, "entry": "fp8", "tokens_per_s": 125.0, "eval_loss": 3.96,
-                      "median_window_tokens_per_s": 143.0}]).splitlines()
+    rows = bp.table(
+        [
+            {**row, "entry": "bf16-weights", "tokens_per_s": 100.0, "eval_loss": 4.0, "median_window_tokens_per_s": 110.0},
+            {**row, "entry": "fp8", "tokens_per_s": 125.0, "eval_loss": 3.96, "median_window_tokens_per_s": 143.0},
+        ]
+    ).splitlines()
     cells = [c.strip() for c in rows[-1].split("|")]
     assert cells[1:9] == ["fp8", "125", "1.25", "143", "1.30", "50.0%", "3.9600", "-1.00%"]
 
@@ -701,8 +828,7 @@ def test_bench_precision_passes_the_fsdp_options_to_pack_train(tmp_path, monkeyp
 
     monkeypatch.setattr(trainer, "train", stop)
     monkeypatch.setattr(bp, "reset_cuda_peak", lambda device: seen.append(("reset", device.type)))
-    for argv, reshard, reduce in ((["--no-reshard-after-forward", "--grad-reduce", "bf16"], False, "bf16"),
-                                  ([], True, "fp32")):
+    for argv, reshard, reduce in ((["--no-reshard-after-forward", "--grad-reduce", "bf16"], False, "bf16"), ([], True, "fp32")):
         args = bp.parse_args([*argv, "--workdir", str(tmp_path), "--shared", str(tmp_path)])
         with pytest.raises(RuntimeError, match="stop"):
             bp.run_entry("fp8:tensorwise", tmp_path, args)
@@ -716,8 +842,7 @@ def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) ->
     the input_ids of every micro-batch each one trained on, and the peer's result."""
     import os
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                      RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     import bench_precision as bp
     import torch.distributed as dist
@@ -744,12 +869,32 @@ def _peer_worker(rank: int, world: int, port: int, folder: str, workdir: str) ->
         def run(batch):
             seen["hf"].append(batch["input_ids"].flatten().tolist())
             return step(batch)
+
         return run
 
     train_steps.hf_step_fn = spy_step  # where bench_precision's HF peer takes it from
-    args = bp.parse_args(["--model", "tiny", "--parallel", "fsdp", "--tokens-per-step", "128", "--steps", "3",
-                          "--warmup", "1", "--log-every", "1", "--lr", "1e-3", "--workdir", workdir,
-                          "--shared", workdir])
+    args = bp.parse_args(
+        [
+            "--model",
+            "tiny",
+            "--parallel",
+            "fsdp",
+            "--tokens-per-step",
+            "128",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--log-every",
+            "1",
+            "--lr",
+            "1e-3",
+            "--workdir",
+            workdir,
+            "--shared",
+            workdir,
+        ]
+    )
     with bp.process_group():  # main's one group for every entry (gloo here), open across both
         bp.run_entry("bf16", Path(folder), args)
         assert dist.is_initialized()
@@ -829,14 +974,35 @@ def test_bench_unsloth_feeds_unsloth_the_same_rows_with_their_lengths(tmp_path, 
             model.register_forward_pre_hook(take_lengths, with_kwargs=True)
             return model
 
-    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel,
-                                                                       __version__="stand-in"))
+    monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel, __version__="stand-in"))
     import bench_unsloth
 
-    report = bench_unsloth.main(["--workdir", str(tmp_path / "w"), "--shared", str(shared), "--model", "tiny",
-                                 "--lora-r", "4", "--gc", "true", "--steps", "2", "--warmup", "1",
-                                 "--max-len", "512", "--ffd-tokens", "512", "--device", "cpu",
-                                 "--json", str(tmp_path / "u.json")])
+    report = bench_unsloth.main(
+        [
+            "--workdir",
+            str(tmp_path / "w"),
+            "--shared",
+            str(shared),
+            "--model",
+            "tiny",
+            "--lora-r",
+            "4",
+            "--gc",
+            "true",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--max-len",
+            "512",
+            "--ffd-tokens",
+            "512",
+            "--device",
+            "cpu",
+            "--json",
+            str(tmp_path / "u.json"),
+        ]
+    )
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(seen["checkpoint"])
     assert seen["gc"] is True and seen["r"] == 4
     assert [sum(x) for x in seen["lengths"]] == seen["tokens"]  # every token is in one example
@@ -903,8 +1069,23 @@ def test_the_activation_memory_budget_reaches_every_compiled_path(tmp_path, monk
     monkeypatch.setattr(bt, "timed_loop", fake_loop)
     make_packed_folder(tmp_path / "p", [[(i, np.arange(3, 3 + n))] for i, n in enumerate([5, 9, 3, 7])], max_len=16)
     for budget, want in ((["--activation-memory-budget", "0.7"], 0.7), ([], 1.0)):
-        args = bt.parse_args(["--device", "cpu", "--model", "tiny", "--workdir", str(tmp_path), "--ffd-tokens", "16",
-                              "--steps", "1", "--warmup", "1", *budget])
+        args = bt.parse_args(
+            [
+                "--device",
+                "cpu",
+                "--model",
+                "tiny",
+                "--workdir",
+                str(tmp_path),
+                "--ffd-tokens",
+                "16",
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                *budget,
+            ]
+        )
         s = bt.Setup(args, CPU, {"ffd": tmp_path / "p"}, [], [], {}, 0, 300)
         with pytest.raises(Stop):
             run_packed_pack_train("packlm-ffd", s)
@@ -946,9 +1127,15 @@ def test_bench_fp8_layers_weight_scaled_variant_keeps_every_example_exact(monkey
     import test_fp8
 
     real = fp8.fp8_config
-    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False, fsdp=False: (
-        dataclasses.replace(bf.variant_config(recipe), emulate=emulate) if recipe in bf.VARIANTS
-        else real(recipe, emulate=emulate, fsdp=fsdp)))
+    monkeypatch.setattr(
+        fp8,
+        "fp8_config",
+        lambda recipe, emulate=False, fsdp=False: (
+            dataclasses.replace(bf.variant_config(recipe), emulate=emulate)
+            if recipe in bf.VARIANTS
+            else real(recipe, emulate=emulate, fsdp=fsdp)
+        ),
+    )
     loss_gap, grad_gap = test_fp8._packed_vs_alone("rowwise_tw_weight")
     assert loss_gap < 1e-5 and grad_gap < 1e-4
     with pytest.raises(SystemExit, match="unknown recipe"):
@@ -966,15 +1153,20 @@ def test_context_parallel_report_and_ring_peer_count_flops_by_the_one_count(tmp_
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"world_size": 2, "context_parallel": 2}))
-    (run / "metrics.jsonl").write_text("".join(json.dumps(
-        {"step": k, "tokens_per_s": 10.0 * k, "tflops": k, "mfu": k / 989, "hfu": k / 900, "attn_flop_share": 0.5})
-        + "\n" for k in (1, 2, 3, 4)))
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": k, "tokens_per_s": 10.0 * k, "tflops": k, "mfu": k / 989, "hfu": k / 900, "attn_flop_share": 0.5}) + "\n"
+            for k in (1, 2, 3, 4)
+        )
+    )
     bcp.report([str(run)], str(tmp_path / "r.json"), warmup=1)
     (got,) = json.loads((tmp_path / "r.json").read_text())
     assert got["tflops"] == 3 and got["mfu"] == pytest.approx(3 / 989) and got["attn_flop_share"] == 0.5
     config = bt.model_config("tiny", 4096)
-    rows = [{"seq_lens": np.array([8]), "labels": np.array([-100] + [5] * 7)},
-            {"seq_lens": np.array([3, 5]), "labels": np.array([-100, 5, 5, -100, 5, 5, 5, 5])}]
+    rows = [
+        {"seq_lens": np.array([8]), "labels": np.array([-100] + [5] * 7)},
+        {"seq_lens": np.array([3, 5]), "labels": np.array([-100, 5, 5, -100, 5, 5, 5, 5])},
+    ]
     shape = bt.flop_shape(config, 4, 1)
     want = step_flops(shape, [8], loss_tokens=7) + step_flops(shape, [3, 5], loss_tokens=6)
     assert rp.timed_flops(rows, config, 4) == want and want.recompute > 0

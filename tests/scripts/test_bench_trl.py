@@ -19,17 +19,38 @@ import bench_trl  # noqa: E402
 from scripts.benchlib import shared_dir  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("trl") is None or importlib.util.find_spec("datasets") is None,
-                       reason="trl and datasets are not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("trl") is None or importlib.util.find_spec("datasets") is None, reason="trl and datasets are not installed"
+    ),
     pytest.mark.skipif(not (shared_dir() / "tokenizers" / "llama2").is_dir(), reason="../shared is absent"),
 ]
 
 
 def test_tiny_cpu_trl_and_pack_train_same_examples(tmp_path: Path) -> None:
-    payload = bench_trl.main(["--model", "tiny", "--device", "cpu", "--limit", "60", "--max-len", "512",
-                              "--steps", "3", "--warmup", "1", "--paths", "trl+ckpt,packlm+ckpt",
-                              "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json"),
-                              "--path-timeout", "300"])  # a hung child path ends as a timeout
+    payload = bench_trl.main(
+        [
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--limit",
+            "60",
+            "--max-len",
+            "512",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--paths",
+            "trl+ckpt,packlm+ckpt",
+            "--workdir",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "out.json"),
+            "--path-timeout",
+            "300",
+        ]
+    )  # a hung child path ends as a timeout
     trl, packlm = payload["results"]
     assert [trl["status"], packlm["status"]] == ["ok", "ok"], payload["results"]
     data = payload["data"]
@@ -63,9 +84,26 @@ def test_path_names() -> None:
 def test_lengths_ladder_same_rows_same_losses(tmp_path: Path) -> None:
     """--lengths: each path trains rows of one example at each length; TRL packs exactly those
     examples, and its loss on them is pack-train's (fp32 on the CPU)."""
-    payload = bench_trl.main(["--model", "tiny", "--device", "cpu", "--lengths", "256,128", "--steps", "2",
-                              "--warmup", "1", "--paths", "trl+ckpt,packlm+ckpt+long", "--workdir", str(tmp_path),
-                              "--path-timeout", "300"])
+    payload = bench_trl.main(
+        [
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--lengths",
+            "256,128",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--paths",
+            "trl+ckpt,packlm+ckpt+long",
+            "--workdir",
+            str(tmp_path),
+            "--path-timeout",
+            "300",
+        ]
+    )
     assert payload["lengths"] == [128, 256]
     assert payload["longest"] == {"trl+ckpt": 256, "packlm+ckpt+long": 256}
     by = {(r["path"], r["length"]): r for r in payload["results"]}
@@ -89,8 +127,18 @@ def test_lengths_ladder_stops_a_path_at_its_first_failure(tmp_path: Path, monkey
         return {"path": path, "length": a.max_len, "status": "OOM" if fails else "ok", "tokens_per_s": 1.0}
 
     monkeypatch.setattr(bench_trl, "run_path", fake_run_path)
-    a = bench_trl.argparse.Namespace(model="tiny", lengths="128,32,64", steps=2, warmup=1, seed=0, gpu_memory_gib=None,
-                                     workdir=tmp_path, device="cpu", lora_r=0, max_len=0)
+    a = bench_trl.argparse.Namespace(
+        model="tiny",
+        lengths="128,32,64",
+        steps=2,
+        warmup=1,
+        seed=0,
+        gpu_memory_gib=None,
+        workdir=tmp_path,
+        device="cpu",
+        lora_r=0,
+        max_len=0,
+    )
     payload = bench_trl.run_lengths(a, ["trl", "packlm"])
     assert tried == [("trl", 32), ("packlm", 32), ("trl", 64), ("packlm", 64), ("packlm", 128)]
     assert payload["longest"] == {"trl": 32, "packlm": 128}
@@ -100,14 +148,24 @@ def test_lengths_ladder_stops_a_path_at_its_first_failure(tmp_path: Path, monkey
     assert payload["longest"] == {"packlm": 128, "packlm+ckpt": 128} and len(tried) == 6
 
 
-
 def test_the_memory_cap_reaches_every_path() -> None:
     """--gpu-memory-gib is passed on to each path's subprocess (which caps its allocator with it);
     without it the child gets no cap."""
     import argparse
 
-    base = dict(model="llama-8b", lora_r=16, max_len=65536, steps=1, warmup=0, lr=1e-5, seed=0, device="cuda",
-                workdir=Path("w"), shared=Path("s"), no_compile=True)
+    base = dict(
+        model="llama-8b",
+        lora_r=16,
+        max_len=65536,
+        steps=1,
+        warmup=0,
+        lr=1e-5,
+        seed=0,
+        device="cuda",
+        workdir=Path("w"),
+        shared=Path("s"),
+        no_compile=True,
+    )
     capped = bench_trl.child_args(argparse.Namespace(**base, gpu_memory_gib=78.0), "trl+ckpt", Path("f"), Path("r"))
     assert capped[capped.index("--gpu-memory-gib") + 1] == "78.0"
     plain = bench_trl.child_args(argparse.Namespace(**base, gpu_memory_gib=None), "trl+ckpt", Path("f"), Path("r"))

@@ -65,8 +65,9 @@ def test_a_million_token_conversation_packs_whole_into_one_row(script, tmp_path:
     data = tmp_path / "long.jsonl"
     make(script, data, "--lengths", "1048576,140000")
     out = tmp_path / "packed"
-    result = CliRunner().invoke(pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "1048576",
-                                            "--num-proc", "1", "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        pack_data, [str(data), "--tokenizer", TOKENIZER, "--max-len", "1048576", "--num-proc", "1", "--out", str(out), "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     manifest = read_manifest(out)
     assert (manifest.counts.truncated, manifest.counts.examples_packed) == (0, 2)
@@ -105,11 +106,14 @@ def test_a_tokenizer_without_a_chat_template_is_one_line_and_no_file(script, tmp
     assert not out.exists()
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--lengths", "4k"], "expected comma-separated integers"),
-    (["--lengths", "10"], "each length must be at least 64 tokens"),
-    (["--count", "0"], "--count must be at least 1"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--lengths", "4k"], "expected comma-separated integers"),
+        (["--lengths", "10"], "each length must be at least 64 tokens"),
+        (["--count", "0"], "--count must be at least 1"),
+    ],
+)
 def test_bad_options_are_refused(script, tmp_path: Path, args: list[str], needle: str, capsys):
     with pytest.raises(SystemExit) as exc:
         script.main([*args, "--out", str(tmp_path / "x.jsonl")])

@@ -35,8 +35,12 @@ def _row(vocab: int = 4096) -> dict[str, np.ndarray]:
     starts = np.concatenate([[0], np.cumsum(LENGTHS)[:-1]])
     labels[starts] = -100  # the shard contract
     labels[starts + 2] = -100  # and a prompt token in each example
-    return {"input_ids": ids, "labels": labels, "position_ids": np.concatenate([np.arange(n) for n in LENGTHS]),
-            "seq_lens": np.array(LENGTHS)}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": np.concatenate([np.arange(n) for n in LENGTHS]),
+        "seq_lens": np.array(LENGTHS),
+    }
 
 
 def _compare_rank(rank: int, world: int, skip_sync: bool = False) -> dict[str, float]:
@@ -54,9 +58,8 @@ def _compare_rank(rank: int, world: int, skip_sync: bool = False) -> dict[str, f
     loss_tokens = int((row["labels"][1:] != -100).sum())
     want_loss = 0.0
     for a, b in zip(edges[:-1], edges[1:]):
-        targets = np.concatenate([row["labels"][a + 1:b], [-100]])
-        loss = rp.loss_sum(model, torch.from_numpy(row["input_ids"][a:b]), torch.arange(b - a),
-                           torch.from_numpy(targets)) / loss_tokens
+        targets = np.concatenate([row["labels"][a + 1 : b], [-100]])
+        loss = rp.loss_sum(model, torch.from_numpy(row["input_ids"][a:b]), torch.arange(b - a), torch.from_numpy(targets)) / loss_tokens
         loss.backward()
         want_loss += float(loss)
     want = [p.grad.clone() for p in params]
@@ -67,9 +70,14 @@ def _compare_rank(rank: int, world: int, skip_sync: bool = False) -> dict[str, f
     with ra.fake_ring(state, calls):
         got_loss = float(rp.peer_backward(model, share, cpu, None, calls=calls, layers=2, what="the reference"))
     grad = max(float((p.grad - w).norm() / w.norm()) for p, w in zip(params, want))
-    return {"loss": abs(got_loss - want_loss) / want_loss, "grad": grad,
-            "zero_grads": sum(int(w.norm() == 0) for w in want), "loss_tokens": share.loss_tokens,
-            "row_tokens": share.row_tokens, "share": len(share.input_ids)}
+    return {
+        "loss": abs(got_loss - want_loss) / want_loss,
+        "grad": grad,
+        "zero_grads": sum(int(w.norm() == 0) for w in want),
+        "loss_tokens": share.loss_tokens,
+        "row_tokens": share.row_tokens,
+        "share": len(share.input_ids),
+    }
 
 
 def test_two_ranks_give_the_examples_loss_and_lora_gradients() -> None:
@@ -93,8 +101,7 @@ def test_an_unpatched_forward_stops_the_run() -> None:
     model = rp.build_peer_model("tiny", 4096, torch.device("cpu"), lora_r=4, seed=0, attn="sdpa")
     share = rp.row_share(_row(), 0, 1)
     with pytest.raises(SystemExit, match="called 0 times in the first forward, not once per decoder layer"):
-        rp.peer_backward(model, share, torch.device("cpu"), None, calls=ra.RingCalls(), layers=2,
-                         what="the ring attention function")
+        rp.peer_backward(model, share, torch.device("cpu"), None, calls=ra.RingCalls(), layers=2, what="the ring attention function")
 
 
 def test_row_share_pads_to_a_multiple_of_the_ranks() -> None:
@@ -110,7 +117,7 @@ def test_row_share_pads_to_a_multiple_of_the_ranks() -> None:
 # A child process (flash_attn stubbed there only): ring_attention.install_ring under the installed
 # transformers, then a tiny Llama's forward with config._attn_implementation "flash_attention_2";
 # the ring kernel (faked by causal sdpa on the local tokens) must be reached once per layer.
-_ADAPTER_CHILD = r'''
+_ADAPTER_CHILD = r"""
 import importlib.machinery, sys, types
 import numpy as np, torch, torch.nn.functional as F
 interface = types.ModuleType("flash_attn.flash_attn_interface")
@@ -137,7 +144,7 @@ model.get_base_model().config._attn_implementation = "flash_attention_2"
 ids = torch.arange(3, 10)
 rp.loss_sum(model, ids, torch.arange(7), ids)
 print(calls.n, how)
-'''
+"""
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ring_flash_attn") is None, reason="ring_flash_attn is not installed")

@@ -16,8 +16,7 @@ TOKENIZER_FILES = ["tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("make_sample_data",
-                                                  ROOT / "scripts" / "tools" / "make_sample_data.py")
+    spec = importlib.util.spec_from_file_location("make_sample_data", ROOT / "scripts" / "tools" / "make_sample_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,8 +42,10 @@ def test_regeneration_is_byte_identical(tmp_path):
     for name in SAMPLES:
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
     if committed["tokenizers_version"] != tokenizers.__version__:
-        pytest.skip(f"sample files identical; tokenizer trained with tokenizers "
-                    f"{committed['tokenizers_version']}, installed {tokenizers.__version__}")
+        pytest.skip(
+            f"sample files identical; tokenizer trained with tokenizers "
+            f"{committed['tokenizers_version']}, installed {tokenizers.__version__}"
+        )
     for name in TOKENIZER_FILES:
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
     assert (tmp_path / "GENERATED.json").read_bytes() == (DATA / "GENERATED.json").read_bytes()
@@ -64,10 +65,16 @@ def test_tokenizer_specials_and_no_auto_bos(tokenizer):
     assert tokenizer("<|im_start|>user")["input_ids"][0] == 4
 
 
-@pytest.mark.parametrize("text", [
-    "Hello world", "  leading spaces\nand\ttabs  ", "Zürich, 東京, emoji 🙂 and ümlauts",
-    "```python\ndef f(x):\n    return x * 2\n```", "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello world",
+        "  leading spaces\nand\ttabs  ",
+        "Zürich, 東京, emoji 🙂 and ümlauts",
+        "```python\ndef f(x):\n    return x * 2\n```",
+        "",
+    ],
+)
 def test_tokenizer_round_trips(tokenizer, text):
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.unk_token_id not in ids
@@ -75,15 +82,13 @@ def test_tokenizer_round_trips(tokenizer, text):
 
 
 def test_chat_template_renders(tokenizer):
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello!"}]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     assert tokenizer.apply_chat_template(msgs, tokenize=False) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\nHello!<|im_end|>\n")
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    )
     prompt = tokenizer.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    out = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True,
-                                        return_assistant_tokens_mask=True)
+    out = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = np.array(out["input_ids"]), np.array(out["assistant_masks"], dtype=bool)
     assert tokenizer.decode(ids[mask].tolist()) == "Hello!<|im_end|>"
 
@@ -97,8 +102,8 @@ def test_instruction_lengths_have_long_tail(tokenizer):
     lengths = np.array([len(ids) for ids in tokenizer(texts)["input_ids"]])
     assert 50 <= np.median(lengths) <= 500
     assert ((lengths >= 50) & (lengths <= 500)).mean() > 0.6
-    assert (lengths > 2000).sum() >= 3            # a tail into thousands
-    assert 2 <= (lengths > 8192).sum() <= 5        # --max-len 8192 truncates a few
+    assert (lengths > 2000).sum() >= 3  # a tail into thousands
+    assert 2 <= (lengths > 8192).sum() <= 5  # --max-len 8192 truncates a few
 
 
 def test_chat_and_text_shapes():

@@ -14,26 +14,46 @@ scale_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(scale_table)
 
 
-def make_run(root: Path, name: str, *, world: int, parallel: str, step_time: float,
-             tokens_per_step: int, steps: int = 10, exit_code: int | None = 0,
-             summary: bool = True, mfu: float = 0.4, warm_step_time: float = 5.0) -> Path:
+def make_run(
+    root: Path,
+    name: str,
+    *,
+    world: int,
+    parallel: str,
+    step_time: float,
+    tokens_per_step: int,
+    steps: int = 10,
+    exit_code: int | None = 0,
+    summary: bool = True,
+    mfu: float = 0.4,
+    warm_step_time: float = 5.0,
+) -> Path:
     """A run folder as pack-train writes it: global cumulative `tokens`, per-step time; steps 1-2
     are slow (warmup) so a wrong warmup cut shows in the numbers."""
     run = root / name
     run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"world_size": world, "parallel": parallel,
-                                                 "peak_flops": 989e12}))
+    (run / "config.json").write_text(json.dumps({"world_size": world, "parallel": parallel, "peak_flops": 989e12}))
     lines, tokens = [], 0
     for step in range(1, steps + 1):
         tokens += tokens_per_step
         t = warm_step_time if step <= 2 else step_time
-        lines.append(json.dumps({"step": step, "tokens": tokens, "tokens_per_s": tokens_per_step / t,
-                                 "mfu": mfu if step > 2 else 0.01, "step_time_s": t,
-                                 "peak_mem_gib": 10.0 + step / 10, "attention": "sdpa", "loss": 1.0}))
+        lines.append(
+            json.dumps(
+                {
+                    "step": step,
+                    "tokens": tokens,
+                    "tokens_per_s": tokens_per_step / t,
+                    "mfu": mfu if step > 2 else 0.01,
+                    "step_time_s": t,
+                    "peak_mem_gib": 10.0 + step / 10,
+                    "attention": "sdpa",
+                    "loss": 1.0,
+                }
+            )
+        )
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if summary:
-        (run / "summary.json").write_text(json.dumps({"steps": steps, "total_steps": steps,
-                                                      "params": 1000, "world_size": world}))
+        (run / "summary.json").write_text(json.dumps({"steps": steps, "total_steps": steps, "params": 1000, "world_size": world}))
     if exit_code is not None:
         (run / "exit_code").write_text(f"{exit_code}\n")
     return run
@@ -63,9 +83,11 @@ def test_log_every_greater_than_one_weights_by_steps(tmp_path: Path) -> None:
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"world_size": 2, "parallel": "fsdp"}))
-    recs = [{"step": 5, "tokens": 500, "step_time_s": 10.0, "mfu": 0.0},
-            {"step": 10, "tokens": 1500, "step_time_s": 1.0, "mfu": 0.3},
-            {"step": 12, "tokens": 1900, "step_time_s": 2.0, "mfu": 0.1}]
+    recs = [
+        {"step": 5, "tokens": 500, "step_time_s": 10.0, "mfu": 0.0},
+        {"step": 10, "tokens": 1500, "step_time_s": 1.0, "mfu": 0.3},
+        {"step": 12, "tokens": 1900, "step_time_s": 2.0, "mfu": 0.1},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     row = scale_table.summarize_run(run, warmup=5)
     assert row["steps_measured"] == 7 and row["tokens_measured"] == 1400
@@ -77,14 +99,12 @@ def test_log_every_greater_than_one_weights_by_steps(tmp_path: Path) -> None:
 
 def test_main_writes_files_and_flags_failed_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     single = make_run(tmp_path, "single", world=1, parallel="ddp", step_time=0.5, tokens_per_step=8000)
-    fsdp = make_run(tmp_path, "fsdp", world=2, parallel="fsdp", step_time=0.5, tokens_per_step=16000,
-                    exit_code=1, summary=False)
+    fsdp = make_run(tmp_path, "fsdp", world=2, parallel="fsdp", step_time=0.5, tokens_per_step=16000, exit_code=1, summary=False)
     empty = tmp_path / "ddp"
     empty.mkdir()
     (empty / "exit_code").write_text("137\n")
     md, js = tmp_path / "scale.md", tmp_path / "scale.json"
-    rc = scale_table.main([str(single), str(empty), str(fsdp), "--warmup", "2", "--md", str(md),
-                           "--json", str(js)])
+    rc = scale_table.main([str(single), str(empty), str(fsdp), "--warmup", "2", "--md", str(md), "--json", str(js)])
     assert rc == 1
     out, err = capsys.readouterr()
     assert "ddp, fsdp" in err

@@ -48,8 +48,7 @@ PRODUCT_FACES = sorted([
 
 
 def _files() -> list[Path]:
-    return sorted([*(p for p in SCRIPTS.rglob("*") if p.is_file() and "__pycache__" not in p.parts),
-                   *GPU.glob("check_gpu_*.py")])
+    return sorted([*(p for p in SCRIPTS.rglob("*") if p.is_file() and "__pycache__" not in p.parts), *GPU.glob("check_gpu_*.py")])
 
 
 def _scripts() -> list[Path]:
@@ -106,8 +105,9 @@ def test_no_script_is_over_the_line_cap():
 def test_a_script_says_what_it_is_for_and_its_command(path: Path):
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     assert len(doc.split()) >= 8, f"{_rel(path)}: a module docstring says what it is for"
-    assert re.search(rf"python3? (-u )?{re.escape(_rel(path))}\b", doc), \
+    assert re.search(rf"python3? (-u )?{re.escape(_rel(path))}\b", doc), (
         f"{_rel(path)}: its docstring shows the command that runs it (python3 {_rel(path)} ...)"
+    )
 
 
 def test_library_modules_and_shell_drivers_say_what_they_are_for():
@@ -152,23 +152,30 @@ def test_shared_options_are_declared_once_in_the_library():
     """The options every benchmark has (--model, --steps, --warmup, --json ...) come from
     `scripts.benchlib.args.add_bench_args`; a script declaring one itself is listed here with why."""
     from_args = ast.parse((SCRIPTS / "benchlib" / "args.py").read_text(encoding="utf-8"))
-    table = next(n for n in ast.walk(from_args) if isinstance(n, ast.AnnAssign)
-                 and getattr(n.target, "id", "") == "SHARED_OPTIONS")
+    table = next(n for n in ast.walk(from_args) if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SHARED_OPTIONS")
     shared = {f"--{k.value}" for k in table.value.keys}
     own = {
         # a string, not a Path: its default is the tokenizer's name, resolved later
-        ("bench_pack_data_memory.py", "--tokenizer"), ("make_long_data.py", "--tokenizer"),
+        ("bench_pack_data_memory.py", "--tokenizer"),
+        ("make_long_data.py", "--tokenizer"),
         ("bench_unsloth.py", "--workdir"),  # required: bench_train.py's folder, not a default one
         ("make_long_data.py", "--seed"),  # the order of the source's units, with its own help
         # the GPU checks keep their own few options (a check, not a benchmark)
-        ("check_gpu_attention.py", "--seed"), ("check_gpu_families.py", "--json"),
-        ("check_gpu_hf.py", "--max-len"), ("check_gpu_hf.py", "--json"),
+        ("check_gpu_attention.py", "--seed"),
+        ("check_gpu_families.py", "--json"),
+        ("check_gpu_hf.py", "--max-len"),
+        ("check_gpu_hf.py", "--json"),
     }
     declared = set()
     for path in _scripts():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
-                    and isinstance(node.args[0], ast.Constant) and node.args[0].value in shared):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", "") == "add_argument"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value in shared
+            ):
                 declared.add((path.name, node.args[0].value))
     assert declared == own
 
@@ -179,7 +186,9 @@ def test_the_library_face_imports_the_standard_library_only():
     import subprocess
     import sys
 
-    code = ("import sys; import scripts.benchlib; heavy = {'numpy', 'torch', 'transformers', 'pipeline', 'trainer'}; "
-            "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))")
+    code = (
+        "import sys; import scripts.benchlib; heavy = {'numpy', 'torch', 'transformers', 'pipeline', 'trainer'}; "
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"

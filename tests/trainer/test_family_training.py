@@ -75,11 +75,11 @@ def stock_loss_and_grad_norm(model_dir: Path, packed: Path, fresh: bool = False)
 
 # stablelm, nemotron: layers that do not pass keyword arguments to attention; the last three:
 # position features computed per example past thresholds the data's examples and rows pass
-@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "llama4", "deepseek_v3", "stablelm", "nemotron",
-                                  "llama-dynamic-rope", "phi3-longrope", "llama4-temperature"])
-def test_step_one_loss_and_grad_norm_equal_the_stock_model_example_by_example(
-    name: str, packed: Path, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize(
+    "name",
+    ["gemma2", "gpt_oss", "llama4", "deepseek_v3", "stablelm", "nemotron", "llama-dynamic-rope", "phi3-longrope", "llama4-temperature"],
+)
+def test_step_one_loss_and_grad_norm_equal_the_stock_model_example_by_example(name: str, packed: Path, tmp_path: Path) -> None:
     family = next(f for f in FAMILIES if f.name == name)
     from transformers import CONFIG_MAPPING
 
@@ -88,9 +88,27 @@ def test_step_one_loss_and_grad_norm_equal_the_stock_model_example_by_example(
     model_dir = tmp_path / "model"
     family.build().save_pretrained(model_dir)
     run = tmp_path / "run"
-    args = ["--data", str(packed), "--model", str(model_dir), "--out", str(run), "--device", "cpu",
-            "--dtype", "fp32", "--max-steps", "1", "--tokens-per-step", str(6 * MAX_LEN),
-            "--log-every", "1", "--num-workers", "0", "--no-progress"]
+    args = [
+        "--data",
+        str(packed),
+        "--model",
+        str(model_dir),
+        "--out",
+        str(run),
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--max-steps",
+        "1",
+        "--tokens-per-step",
+        str(6 * MAX_LEN),
+        "--log-every",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-progress",
+    ]
     result = CliRunner().invoke(pack_train, args)
     assert result.exit_code == 0, result.output
     if name in ("llama-dynamic-rope", "phi3-longrope", "llama4-temperature"):  # the data passes the threshold
@@ -108,8 +126,9 @@ def test_a_family_that_leaks_across_examples_is_refused_in_one_line(packed: Path
     model_dir = tmp_path / "model"
     family.build().save_pretrained(model_dir)
     run = tmp_path / "run"
-    result = CliRunner().invoke(pack_train, ["--data", str(packed), "--model", str(model_dir), "--out",
-                                             str(run), "--device", "cpu", "--no-progress"])
+    result = CliRunner().invoke(
+        pack_train, ["--data", str(packed), "--model", str(model_dir), "--out", str(run), "--device", "cpu", "--no-progress"]
+    )
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "Lfm2ForCausalLM cannot be trained on packed rows" in lines[0], result.output

@@ -44,14 +44,28 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("int8")
     lengths = np.random.default_rng(0).integers(4, 40, size=40).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=VOCAB), 64,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(
+        folder, pack_lengths(lengths, 64, vocab=VOCAB), 64, tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB}
+    )
     return folder
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=1, lr=5e-3,
-                max_steps=4, log_every=1, num_workers=0, progress=False, lora_r=4, attn="sdpa", int8_base=True)
+    base = dict(
+        data=str(packed),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=128,
+        grad_accum=1,
+        lr=5e-3,
+        max_steps=4,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        lora_r=4,
+        attn="sdpa",
+        int8_base=True,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -74,8 +88,9 @@ def _batch(lengths: list[int]):
         ids = rng.integers(3, VOCAB, n).astype(np.int32)
         labels = ids.copy()
         labels[0] = -100
-        rows.append({"input_ids": ids, "labels": labels, "position_ids": np.arange(n, dtype=np.int32),
-                     "seq_lens": np.array([n], dtype=np.int32)})
+        rows.append(
+            {"input_ids": ids, "labels": labels, "position_ids": np.arange(n, dtype=np.int32), "seq_lens": np.array([n], dtype=np.int32)}
+        )
     return rows
 
 
@@ -92,8 +107,7 @@ def test_an_int8_layer_computes_what_a_linear_with_its_dequantized_weight_comput
     reference = layer.dequantized()
     assert type(reference) is torch.nn.Linear and reference.weight.dtype == torch.float32
     # the weight is torchao's int8 weight-only quantization of the original, dequantized
-    torch.testing.assert_close(reference.weight, Int8Tensor.from_hp(original.weight, PerRow()).dequantize(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(reference.weight, Int8Tensor.from_hp(original.weight, PerRow()).dequantize(), rtol=0, atol=0)
 
     x = torch.randn(5, 7, 96)
     outputs, grads = [], []
@@ -182,7 +196,8 @@ def test_an_int8_layer_compiles_as_one_graph_with_the_eager_numbers():
 
 
 def test_pack_train_int8_base_trains_records_it_and_merges_into_the_dequantized_base(
-        packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+    packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+):
     from peft import PeftModel
 
     summary = train(_config(packed, tmp_path / "run", merge_lora=True, max_steps=3))
@@ -200,8 +215,7 @@ def test_pack_train_int8_base_trains_records_it_and_merges_into_the_dequantized_
     with torch.no_grad():
         torch.testing.assert_close(adapted(input_ids=ids).logits, merged(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
         # negative control: the float base with the same adapter is another model
-        fresh = PeftModel.from_pretrained(load_model("tiny", vocab_size=VOCAB, seed=0).eval(),
-                                          Path(summary["checkpoint"]) / "model").eval()
+        fresh = PeftModel.from_pretrained(load_model("tiny", vocab_size=VOCAB, seed=0).eval(), Path(summary["checkpoint"]) / "model").eval()
         assert not torch.allclose(fresh(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
 
 
@@ -222,8 +236,11 @@ def test_an_int8_base_run_resumes_bitwise_and_only_as_one(packed: Path, tmp_path
 
     full = train(_config(packed, tmp_path / "full"))
     train(_config(packed, tmp_path / "part", stop_at=2))
-    with pytest.raises(UserError, match=r"it was trained with int8_base=True, this run without it, and the adapter it "
-                                        r"saved was trained for that: resume with int8_base=True, or"):
+    with pytest.raises(
+        UserError,
+        match=r"it was trained with int8_base=True, this run without it, and the adapter it "
+        r"saved was trained for that: resume with int8_base=True, or",
+    ):
         train(_config(packed, tmp_path / "part", resume="newest", int8_base=False))
     with pytest.raises(UserError, match=r"it was trained without qlora=True, this run with it"):  # a 4-bit base
         train(_config(packed, tmp_path / "part", resume="newest", int8_base=False, qlora=True))
@@ -251,11 +268,14 @@ def test_int8_base_under_ddp_matches_one_process_with_the_same_window(packed: Pa
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    (dict(lora_r=0), "int8_base=True needs lora_r"),
-    (dict(qlora=True), "int8_base=True and qlora=True both choose how the frozen base is stored"),
-    (dict(dtype="fp8"), "int8_base=True and dtype fp8 both choose how the frozen base computes"),
-])
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(lora_r=0), "int8_base=True needs lora_r"),
+        (dict(qlora=True), "int8_base=True and qlora=True both choose how the frozen base is stored"),
+        (dict(dtype="fp8"), "int8_base=True and dtype fp8 both choose how the frozen base computes"),
+    ],
+)
 def test_options_int8_base_contradicts_are_one_line(packed: Path, tmp_path: Path, change: dict, words: str):
     from trainer.config import refuse_combinations
 
@@ -272,14 +292,17 @@ AXOLOTL = "base_model: tiny\nlearning_rate: 0.0002\n"
 TRL = "model_name_or_path: tiny\n"
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: true\n", {"lora_r": 8, "int8_base": True}),
-    (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: true\nload_in_4bit: false\n", {"lora_r": 8, "int8_base": True}),
-    (TRL + "use_peft: true\nload_in_8bit: true\n", {"lora_r": 16, "int8_base": True}),  # TRL's default rank
-    # negative controls: false, or no key, keeps the base as it is
-    (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: false\n", {"lora_r": 8, "int8_base": None}),
-    (TRL + "use_peft: true\n", {"lora_r": 16, "int8_base": None}),
-])
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: true\n", {"lora_r": 8, "int8_base": True}),
+        (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: true\nload_in_4bit: false\n", {"lora_r": 8, "int8_base": True}),
+        (TRL + "use_peft: true\nload_in_8bit: true\n", {"lora_r": 16, "int8_base": True}),  # TRL's default rank
+        # negative controls: false, or no key, keeps the base as it is
+        (AXOLOTL + "adapter: lora\nlora_r: 8\nload_in_8bit: false\n", {"lora_r": 8, "int8_base": None}),
+        (TRL + "use_peft: true\n", {"lora_r": 16, "int8_base": None}),
+    ],
+)
 def test_load_in_8bit_with_lora_adapters_is_an_int8_base(tmp_path: Path, text: str, want: dict):
     from pipeline.config_file import read_config_file
     from trainer.cli import pack_train
@@ -292,17 +315,22 @@ def test_load_in_8bit_with_lora_adapters_is_an_int8_base(tmp_path: Path, text: s
     assert got.get("qlora") is None
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    # Axolotl: "Can't load qlora in 8bit"
-    (AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_8bit: true\n",
-     "key 'load_in_8bit': True has no equivalent here: adapter: qlora takes a 4-bit base"),
-    # TRL: "You can't use 8 bit and 4 bit precision at the same time"
-    (TRL + "use_peft: true\nload_in_8bit: true\nload_in_4bit: true\n", "load_in_4bit: true asks for a 4-bit base too"),
-    # Axolotl: not supported without an adapter; transformers' Trainer: no training of a purely quantized model
-    (AXOLOTL + "load_in_8bit: true\n", "an 8-bit base is not supported without LoRA adapters"),
-    (TRL + "use_peft: false\nload_in_8bit: true\n", "add adapter: lora (Axolotl) or use_peft: true (TRL)"),
-    (AXOLOTL + "load_in_8bit: 'true'\n", "key 'load_in_8bit': 'true'"),  # quoted text, not a boolean
-])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        # Axolotl: "Can't load qlora in 8bit"
+        (
+            AXOLOTL + "adapter: qlora\nlora_r: 8\nload_in_8bit: true\n",
+            "key 'load_in_8bit': True has no equivalent here: adapter: qlora takes a 4-bit base",
+        ),
+        # TRL: "You can't use 8 bit and 4 bit precision at the same time"
+        (TRL + "use_peft: true\nload_in_8bit: true\nload_in_4bit: true\n", "load_in_4bit: true asks for a 4-bit base too"),
+        # Axolotl: not supported without an adapter; transformers' Trainer: no training of a purely quantized model
+        (AXOLOTL + "load_in_8bit: true\n", "an 8-bit base is not supported without LoRA adapters"),
+        (TRL + "use_peft: false\nload_in_8bit: true\n", "add adapter: lora (Axolotl) or use_peft: true (TRL)"),
+        (AXOLOTL + "load_in_8bit: 'true'\n", "key 'load_in_8bit': 'true'"),  # quoted text, not a boolean
+    ],
+)
 def test_load_in_8bit_where_its_tool_refuses_it_is_one_line(tmp_path: Path, text: str, needle: str):
     from click.testing import CliRunner
 
@@ -323,9 +351,11 @@ def test_the_int8_base_refusals_are_one_line_on_the_command_line(packed: Path, t
     from trainer.cli import pack_train
 
     common = ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "o"), "--int8-base"]
-    for extra, words in ((["--qlora", "--lora-r", "4"], "--int8-base and --qlora both choose"),
-                         (["--dtype", "fp8", "--lora-r", "4"], "--int8-base and --dtype fp8 both choose"),
-                         ([], "--int8-base needs --lora-r")):
+    for extra, words in (
+        (["--qlora", "--lora-r", "4"], "--int8-base and --qlora both choose"),
+        (["--dtype", "fp8", "--lora-r", "4"], "--int8-base and --dtype fp8 both choose"),
+        ([], "--int8-base needs --lora-r"),
+    ):
         result = CliRunner().invoke(pack_train, common + extra)
         assert result.exit_code != 0 and "Traceback" not in result.output, result.output
         lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -92,8 +92,7 @@ def float32_rounding(reference, packed_model, data) -> float:
     batch = packed_batch(data)
     packed32 = packed_grads(packed_model, batch, len(data))
     packed64 = packed_grads(copy.deepcopy(packed_model).double(), batch, len(data))
-    return (max(gradient_error(a, b)[0] for a, b in zip(alone32, alone64))
-            + max(gradient_error(a, b)[0] for a, b in zip(packed32, packed64)))
+    return max(gradient_error(a, b)[0] for a, b in zip(alone32, alone64)) + max(gradient_error(a, b)[0] for a, b in zip(packed32, packed64))
 
 
 def assert_grads_close(packed, alone, names, what, rounding=None):
@@ -166,7 +165,8 @@ def _with_feature_off(monkeypatch, feature: str) -> None:
     real = attention.layer_features
     off = {"window": None, "chunk": None, "softcap": None, "sinks": False}[feature]
     monkeypatch.setattr(
-        attention, "layer_features",
+        attention,
+        "layer_features",
         lambda *a, **k: dataclasses.replace(real(*a, **k), **{feature: off}),
     )
 
@@ -221,8 +221,7 @@ def test_value_dim_negative_control(data, monkeypatch) -> None:
         per_example_losses(model, packed_batch(data))
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.refused == "carry state from one example to the next"],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.refused == "carry state from one example to the next"], ids=lambda f: f.name)
 def test_refused_hybrids_really_leak(family: Family, data, monkeypatch) -> None:
     """The refusal is warranted: forced through, the packed losses of later examples differ."""
     _installed(family)
@@ -247,8 +246,9 @@ def test_a_logit_post_processing_the_loss_does_not_know_is_refused(monkeypatch) 
     family = next(f for f in FAMILIES if f.name == "granite")
     _installed(family)
     monkeypatch.setattr(loss, "logit_transform", lambda model: None)  # as if logits_scaling were unknown
-    with pytest.raises(UserError, match="GraniteForCausalLM cannot be trained on packed rows: its logits differ "
-                                        "from the trainer's decoder \\+ output head"):
+    with pytest.raises(
+        UserError, match="GraniteForCausalLM cannot be trained on packed rows: its logits differ from the trainer's decoder \\+ output head"
+    ):
         prepare(family.build(), "sdpa")
 
 
@@ -273,8 +273,9 @@ def test_an_attention_feature_the_backends_do_not_know_is_refused_not_ignored(mo
         return real(self, *args, **kwargs, attention_temperature=0.5)
 
     monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", with_new_feature)
-    with pytest.raises(UserError, match="LlamaForCausalLM cannot be trained on packed rows: LlamaAttention "
-                                        "passes attention_temperature=0.5 to attention"):
+    with pytest.raises(
+        UserError, match="LlamaForCausalLM cannot be trained on packed rows: LlamaAttention passes attention_temperature=0.5 to attention"
+    ):
         prepare(family.build(), "sdpa")
     monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", real)
     model = family.build()
@@ -296,9 +297,7 @@ def _row_based_positions(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("family", POSITION_FAMILIES, ids=lambda f: f.name)
-def test_position_features_taken_from_the_row_train_wrong_and_the_check_says_so(
-    family: Family, data, monkeypatch
-) -> None:
+def test_position_features_taken_from_the_row_train_wrong_and_the_check_says_so(family: Family, data, monkeypatch) -> None:
     """Negative control: without trainer.attention.positions, packed examples get the row's RoPE
     frequencies or temperature, their losses differ from the examples run alone, and the start-up
     check refuses the model (its probe passes the feature's threshold); the check with the short
@@ -347,15 +346,14 @@ def test_llama4_default_floor_scale_is_probed_and_a_threshold_too_far_is_refused
         prepare(far.build(), "sdpa")
     message = str(refused.value)
     assert "\n" not in message and message.startswith(
-        "LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type 'dynamic') "
-        "changes past 32768 tokens"), message
+        "LlamaForCausalLM cannot be trained on packed rows: its dynamic NTK RoPE (rope_type 'dynamic') changes past 32768 tokens"
+    ), message
     assert "use a static RoPE scaling" in message
 
 
 def test_example_lengths_from_restarting_positions() -> None:
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
-    assert positions.example_lengths(position_ids).tolist() == [
-        [3, 3, 3, 2, 2, 4, 4, 4, 4], [9] * 9]
+    assert positions.example_lengths(position_ids).tolist() == [[3, 3, 3, 2, 2, 4, 4, 4, 4], [9] * 9]
 
 
 # --------------------------------------------------------------------------- boundaries, logit heads
@@ -401,8 +399,9 @@ def test_a_layer_that_drops_keyword_arguments_still_gets_each_examples_boundarie
         assert_grads_close(grads, alone_grads[i], names, f"example {i}")
     # negative control: without the decoder's record of the row, the layer has no boundaries
     monkeypatch.setattr(packed_row, "current", lambda: None)
-    with pytest.raises(UserError, match="LlamaForCausalLM cannot be trained on packed rows: LlamaAttention was "
-                                        "called without example boundaries"):
+    with pytest.raises(
+        UserError, match="LlamaForCausalLM cannot be trained on packed rows: LlamaAttention was called without example boundaries"
+    ):
         prepare(family.build(), "sdpa")
 
 
@@ -410,8 +409,10 @@ def test_logits_scaling_multiplied_hyperclovax_is_not_divided_as_granite(monkeyp
     family = next(f for f in FAMILIES if f.name == "hyperclovax")
     _installed(family)
     monkeypatch.setattr(loss, "MULTIPLIES_LOGITS_SCALING", frozenset())  # as Granite: divide
-    with pytest.raises(UserError, match="HyperCLOVAXForCausalLM cannot be trained on packed rows: its logits "
-                                        "differ from the trainer's decoder \\+ output head"):
+    with pytest.raises(
+        UserError,
+        match="HyperCLOVAXForCausalLM cannot be trained on packed rows: its logits differ from the trainer's decoder \\+ output head",
+    ):
         prepare(family.build(), "sdpa")
 
 
@@ -455,5 +456,6 @@ def test_a_length_dependent_rope_in_a_form_the_trainer_does_not_know_is_refused(
             del module.rope_type
     with pytest.raises(UserError) as refused:
         prepare(model, "sdpa")
-    assert str(refused.value).startswith("LlamaForCausalLM cannot be trained on packed rows: its config asks for "
-                                         "a 'dynamic' RoPE"), refused.value
+    assert str(refused.value).startswith("LlamaForCausalLM cannot be trained on packed rows: its config asks for a 'dynamic' RoPE"), (
+        refused.value
+    )

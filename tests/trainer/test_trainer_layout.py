@@ -99,8 +99,7 @@ def _floor(module: str) -> int:
 def _upward(graph: dict[str, set[str]]) -> list[str]:
     """Every import of `graph` from a floor to a higher one ("trainer.data.x imports trainer.model.y");
     of two packages that import each other, one import is upward."""
-    return sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
-                  if _floor(m) >= 0 and _floor(d) > _floor(m))
+    return sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps if _floor(m) >= 0 and _floor(d) > _floor(m))
 
 
 def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -139,9 +138,12 @@ def test_the_floor_rule_itself():
     """Negative controls: a synthetic graph with an import upward, a pair importing each other, an
     import of the commands and a type-only import upward are caught; imports downward, of the
     ground and outside trainer are not."""
-    good = {"trainer.data.stream": {"trainer.distributed.parallel", "trainer.config", "numpy"},
-            "trainer.run.loop": {"trainer.model.load", "trainer.data.stream"}, "trainer.config": {"pipeline.errors"},
-            "trainer.cli": {"trainer.run.loop", "trainer.config"}}
+    good = {
+        "trainer.data.stream": {"trainer.distributed.parallel", "trainer.config", "numpy"},
+        "trainer.run.loop": {"trainer.model.load", "trainer.data.stream"},
+        "trainer.config": {"pipeline.errors"},
+        "trainer.cli": {"trainer.run.loop", "trainer.config"},
+    }
     assert _upward(good) == [] and find_cycle(_package_graph(good)) is None
     up = {**good, "trainer.distributed.parallel": {"trainer.model.loss"}}
     assert _upward(up) == ["trainer.distributed.parallel imports trainer.model.loss"]
@@ -149,10 +151,13 @@ def test_the_floor_rule_itself():
     assert _upward(pair) == ["trainer.data.stream imports trainer.attention.backend"]
     assert find_cycle(_package_graph(pair)) == ["attention", "data", "attention"]
     assert _upward({"trainer.config": {"trainer.data.stream"}, "trainer.run.x": {"trainer.cli"}}) == [
-        "trainer.config imports trainer.data.stream", "trainer.run.x imports trainer.cli"]
+        "trainer.config imports trainer.data.stream",
+        "trainer.run.x imports trainer.cli",
+    ]
     known = set(modules(ROOT, "trainer"))
-    hinted = _imports_of_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.run.state import Run\n",
-                              known, name="trainer.model.x")
+    hinted = _imports_of_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainer.run.state import Run\n", known, name="trainer.model.x"
+    )
     assert _upward({"trainer.model.x": hinted}) == ["trainer.model.x imports trainer.run.state"]
 
 
@@ -164,8 +169,7 @@ def test_no_import_cycle_among_modules():
 def test_trainer_imports_pipeline_only_through_its_faces():
     """The one face is the door, `pipeline.contract`: every import of pipeline in trainer/ is of it."""
     graph = _graph()
-    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
-                   if d.split(".")[0] == "pipeline" and not _is_face(d))
+    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps if d.split(".")[0] == "pipeline" and not _is_face(d))
     assert wrong == []
     assert sum(DOOR in deps for deps in graph.values()) > 20  # the trainer does use pipeline, through the door
     import pipeline
@@ -176,12 +180,22 @@ def test_trainer_imports_pipeline_only_through_its_faces():
 def test_the_face_rule_itself():
     """Negative controls: what `_imports` and `_is_face` make of imports of the door and around it."""
     known = set(modules(ROOT, "pipeline")) | {"trainer.x"}
-    text = ("from pipeline.read import hub\nfrom pipeline.plan import binpack\nimport pipeline.shards.format\n"
-            "from pipeline.contract import UserError, hub as h\nfrom pipeline.contract.run_folder import METRICS\n"
-            "import pipeline\nimportlib.import_module('pipeline.shards')\n__import__('pipeline.errors')\n")
+    text = (
+        "from pipeline.read import hub\nfrom pipeline.plan import binpack\nimport pipeline.shards.format\n"
+        "from pipeline.contract import UserError, hub as h\nfrom pipeline.contract.run_folder import METRICS\n"
+        "import pipeline\nimportlib.import_module('pipeline.shards')\n__import__('pipeline.errors')\n"
+    )
     found = _imports_of_text(text, known)
-    assert found == {"pipeline.read.hub", "pipeline.plan.binpack", "pipeline.shards.format", DOOR,
-                     "pipeline.contract.run_folder", "pipeline", "pipeline.shards", "pipeline.errors"}
+    assert found == {
+        "pipeline.read.hub",
+        "pipeline.plan.binpack",
+        "pipeline.shards.format",
+        DOOR,
+        "pipeline.contract.run_folder",
+        "pipeline",
+        "pipeline.shards",
+        "pipeline.errors",
+    }
     hinted = _imports_of_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pipeline.plan\n", known)
     assert hinted == {"typing", "pipeline.plan"}  # an import for type hints only is an edge too
     assert _imports_of_text("from pipeline import contract\nimport_module(name)\n", known) == {DOOR}
@@ -196,8 +210,13 @@ def test_the_contract_says_each_group_in_one_line_and_each_name_once():
     assert all(doc and "\n" not in doc and doc.endswith(".") for doc, _ in contract.GROUPS)
     listed = [name for _, modules in contract.GROUPS for names in modules.values() for name in names] + list(contract.WHOLE)
     assert sorted(listed) == sorted(set(listed)) == contract.__all__
-    used = {alias.name for path in (ROOT / "trainer").rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom) and node.module == DOOR for alias in node.names}
+    used = {
+        alias.name
+        for path in (ROOT / "trainer").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == DOOR
+        for alias in node.names
+    }
     assert set(listed) - used == set()
 
 
@@ -210,11 +229,13 @@ def test_the_contract_imports_nothing_of_trainer():
     assert set(inside) == {DOOR, "pipeline.contract.run_folder"}
     imported = {d for name, path in inside.items() for d in _imports(path, name, known)}
     assert imported and not {d for d in imported if d.split(".")[0] == "trainer"}
-    code = ("import importlib, json, sys\nimport pipeline.contract as c\nfor name, source in c.SOURCES.items():\n"
-            "    module = importlib.import_module(source)\n"
-            "    assert getattr(c, name) is (module if name in c.WHOLE else getattr(module, name)), name\n"
-            "    assert (type(getattr(c, name)) is type(sys)) == (name in c.WHOLE), name\n"
-            "print(json.dumps([sorted(set(c.SOURCES.values())), [n for n in sys.modules if n.split('.')[0] == 'trainer']]))")
+    code = (
+        "import importlib, json, sys\nimport pipeline.contract as c\nfor name, source in c.SOURCES.items():\n"
+        "    module = importlib.import_module(source)\n"
+        "    assert getattr(c, name) is (module if name in c.WHOLE else getattr(module, name)), name\n"
+        "    assert (type(getattr(c, name)) is type(sys)) == (name in c.WHOLE), name\n"
+        "print(json.dumps([sorted(set(c.SOURCES.values())), [n for n in sys.modules if n.split('.')[0] == 'trainer']]))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     sources, loaded = json.loads(proc.stdout.splitlines()[-1])

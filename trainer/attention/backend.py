@@ -61,8 +61,9 @@ DESCRIPTIONS = {
 # whose examples average LONG_EXAMPLE_TOKENS or more (`trainer.attention.features.row_kernel`)
 PAIRED = ("flash_attn", "torch")
 for _first in PAIRED:
-    DESCRIPTIONS[f"{_first}+cudnn"] = (f"{DESCRIPTIONS[_first]}; cuDNN for rows whose examples average "
-                                       f"{LONG_EXAMPLE_TOKENS:,} tokens or more")
+    DESCRIPTIONS[f"{_first}+cudnn"] = (
+        f"{DESCRIPTIONS[_first]}; cuDNN for rows whose examples average {LONG_EXAMPLE_TOKENS:,} tokens or more"
+    )
 
 
 # --------------------------------------------------------------------------- selection
@@ -146,14 +147,16 @@ def select_backend(
     if reasons[requested] is not None:
         usable = [b for b, why in reasons.items() if why is None and b != requested]
         raise UserError(
-            f"attention backend {requested!r} cannot be used: {reasons[requested]}; use --attn auto "
-            f"or {' / '.join(usable)} instead"
+            f"attention backend {requested!r} cannot be used: {reasons[requested]}; use --attn auto or {' / '.join(usable)} instead"
         )
     return requested
 
 
 def explain_choice(
-    requested: str, backend: str, device: torch.device | str, dtype: torch.dtype | None = None,
+    requested: str,
+    backend: str,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
     features: set[str] = frozenset(),
 ) -> str:
     """One line saying what `backend` is and why it was chosen: the features the model uses and,
@@ -175,18 +178,23 @@ def explain_choice(
 # What an attention call may carry: read here (boundaries, features) or harmless to a packed
 # kernel. Anything else with a value is refused rather than ignored: a new model feature arrives
 # this way (as sliding_window, softcap and s_aux did), and ignoring one trains silently wrong.
-READ_KWARGS = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "sliding_window",
-               "softcap", "s_aux"}
-HARMLESS_KWARGS = {"position_ids", "use_cache", "cache_position", "output_attentions",
-                   "output_hidden_states", "return_dict", "past_key_values", "past_key_value",
-                   "position_embeddings",
-                   "num_items_in_batch"}  # a loss kwarg transformers.Trainer passes down through the model
+READ_KWARGS = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "sliding_window", "softcap", "s_aux"}
+HARMLESS_KWARGS = {
+    "position_ids",
+    "use_cache",
+    "cache_position",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "past_key_values",
+    "past_key_value",
+    "position_embeddings",
+    "num_items_in_batch",
+}  # a loss kwarg transformers.Trainer passes down through the model
 LAYER_KINDS = {"full_attention", "sliding_attention", "chunked_attention"}
 
 
-def layer_features(
-    module: torch.nn.Module, query: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
-) -> Features:
+def layer_features(module: torch.nn.Module, query: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]) -> Features:
     """The features of one attention call: window and soft-cap as transformers passed them, else
     as the layer's config says (its `layer_types` entry, or `sliding_window` for every layer of a
     model without layer types, whose mask then applies it everywhere: PhiMoE); sinks when `s_aux`
@@ -201,14 +209,17 @@ def layer_features(
     kind = layer_types[index] if layer_types and index is not None and index < len(layer_types) else None
     layer = type(module).__name__
     if kind is not None and kind not in LAYER_KINDS:
-        raise UserError(f"{layer} is a {kind!r} layer (config.layer_types), which the packed attention "
-                        f"backends do not know (they know {', '.join(sorted(LAYER_KINDS))}): refused "
-                        "rather than approximated")
-    unknown = sorted(k for k, v in kwargs.items()
-                     if k not in READ_KWARGS | HARMLESS_KWARGS and v is not None and v is not False)
+        raise UserError(
+            f"{layer} is a {kind!r} layer (config.layer_types), which the packed attention "
+            f"backends do not know (they know {', '.join(sorted(LAYER_KINDS))}): refused "
+            "rather than approximated"
+        )
+    unknown = sorted(k for k, v in kwargs.items() if k not in READ_KWARGS | HARMLESS_KWARGS and v is not None and v is not False)
     if unknown:
-        raise UserError(f"{layer} passes {unknown[0]}={kwargs[unknown[0]]!r} to attention, which the "
-                        "packed backends do not know how to reproduce: refused rather than ignored")
+        raise UserError(
+            f"{layer} passes {unknown[0]}={kwargs[unknown[0]]!r} to attention, which the "
+            "packed backends do not know how to reproduce: refused rather than ignored"
+        )
     window = kwargs.get("sliding_window")
     if window is None and (kind == "sliding_attention" or not layer_types):
         window = getattr(config, "sliding_window", None)
@@ -222,9 +233,16 @@ def layer_features(
     return with_tensors(read, query, value, kwargs.get("s_aux"))
 
 
-_HF_NAMES = {"fa4": "packlm_fa4", "flash_attn": "packlm_fa2", "torch": "packlm_torch",
-             "flex": "packlm_blockmask", "sdpa": "packlm_reference", "cudnn": "packlm_cudnn",
-             "flash_attn+cudnn": "packlm_fa2_cudnn", "torch+cudnn": "packlm_torch_cudnn"}
+_HF_NAMES = {
+    "fa4": "packlm_fa4",
+    "flash_attn": "packlm_fa2",
+    "torch": "packlm_torch",
+    "flex": "packlm_blockmask",
+    "sdpa": "packlm_reference",
+    "cudnn": "packlm_cudnn",
+    "flash_attn+cudnn": "packlm_fa2_cudnn",
+    "torch+cudnn": "packlm_torch_cudnn",
+}
 
 
 def attention_name(backend: str) -> str:
@@ -266,8 +284,7 @@ def make_hf_attention(backend: str, observe: Observer | None = None, groups: Con
         layer = type(module).__name__
         if dropout:
             raise UserError(
-                f"attention dropout ({dropout}) is not supported by the packed backends; "
-                "set attention_dropout=0 in the model config"
+                f"attention dropout ({dropout}) is not supported by the packed backends; set attention_dropout=0 in the model config"
             )
         if not getattr(module, "is_causal", True):
             raise UserError(f"packed attention backends are causal only; {layer} is not")
@@ -279,8 +296,7 @@ def make_hf_attention(backend: str, observe: Observer | None = None, groups: Con
         batch, n_heads, seq, head_dim = query.shape
         if key.shape[2] != seq:
             raise UserError(
-                "packed attention backends do not support a KV cache (generation); switch the "
-                "model to eager/sdpa attention for generation"
+                "packed attention backends do not support a KV cache (generation); switch the model to eager/sdpa attention for generation"
             )
         cu_seqlens, max_seqlen = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
         row = packed_row.current() if cu_seqlens is None else None
@@ -300,11 +316,11 @@ def make_hf_attention(backend: str, observe: Observer | None = None, groups: Con
         q, k, v = flat(query), flat(key), flat(value)
         sinks = kwargs.get("s_aux") if features.sinks else None
         if groups is None:
-            out = varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling,
-                                   features=features, sinks=sinks)
+            out = varlen_attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling, features=features, sinks=sinks)
         else:  # a context-parallel run: a share attends the whole row's keys, gathered over the group
-            out = gathered.attention(q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling,
-                                     features=features, sinks=sinks, groups=groups)
+            out = gathered.attention(
+                q, k, v, cu_seqlens, int(max_seqlen), backend=backend, scale=scaling, features=features, sinks=sinks, groups=groups
+            )
         return out.view(batch, seq, n_heads, out.shape[-1]), None
 
     packlm_attention.__name__ = attention_name(backend)
@@ -329,8 +345,7 @@ def _mask_preprocessing_skips_unregistered() -> bool:
     return "ALL_MASK_ATTENTION_FUNCTIONS._global_mapping" in source
 
 
-def register(backend: str, name: str | None = None, observe: Observer | None = None,
-             groups: ContextGroups | None = None) -> str:
+def register(backend: str, name: str | None = None, observe: Observer | None = None, groups: ContextGroups | None = None) -> str:
     """Register `backend` with transformers (attention function, and a None mask function only
     where this transformers version needs one) under `name` (default `attention_name(backend)`),
     gathering keys over `groups` when given (`make_hf_attention`). Returns the registered name."""
@@ -355,8 +370,7 @@ def set_implementation(model: torch.nn.Module, name: str) -> None:
         model.config._attn_implementation = name
     if getattr(model.config, "_attn_implementation", name) != name:
         raise UserError(
-            f"{type(model).__name__} did not accept attention implementation {name!r}; "
-            "it does not use transformers' AttentionInterface"
+            f"{type(model).__name__} did not accept attention implementation {name!r}; it does not use transformers' AttentionInterface"
         )
 
 

@@ -78,8 +78,8 @@ def _example(x: torch.Tensor, start: int, n: int, m: int) -> torch.Tensor:
     """Rows start .. start + m of x [T, H, D] as [1, H, m, D]: a view where the row holds them, else
     the example's n rows and m - n zero rows after them."""
     if start + m <= x.shape[0]:
-        return x[start:start + m].transpose(0, 1).unsqueeze(0)
-    return F.pad(x[start:start + n], (0, 0, 0, 0, 0, m - n)).transpose(0, 1).unsqueeze(0)
+        return x[start : start + m].transpose(0, 1).unsqueeze(0)
+    return F.pad(x[start : start + n], (0, 0, 0, 0, 0, m - n)).transpose(0, 1).unsqueeze(0)
 
 
 @torch.compiler.disable
@@ -109,6 +109,7 @@ def cudnn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks)
         raise
     except RuntimeError as exc:  # cuDNN refuses a shape (head dim, dtype, GPU) it has no kernel for
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"cuDNN attention cannot run this layer (q {tuple(q.shape)}, {q.dtype}): {first[:200]}; "
-                        "use --attn flash_attn or --attn auto") from None
+        raise UserError(
+            f"cuDNN attention cannot run this layer (q {tuple(q.shape)}, {q.dtype}): {first[:200]}; use --attn flash_attn or --attn auto"
+        ) from None
     return out

@@ -19,16 +19,30 @@ def _fa4_window(window: int) -> dict[str, int | None]:
 # FlashAttention-4 as two custom ops: torch.compile sees each as one opaque call with a known output
 # shape (the fake implementations), instead of tracing into flash_attn.cute's Python. `window` is
 # the number of keys to the left (-1: none), `softcap` 0.0 for none, as FlashAttention counts them.
-@torch.library.custom_op("packlm::fa4_varlen_fwd", mutates_args=(), schema=(
-    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale, SymInt window, "
-    "float softcap) -> (Tensor, Tensor)"))
+@torch.library.custom_op(
+    "packlm::fa4_varlen_fwd",
+    mutates_args=(),
+    schema=(
+        "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, SymInt max_seqlen, float scale, SymInt window, "
+        "float softcap) -> (Tensor, Tensor)"
+    ),
+)
 def _fa4_fwd(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
     """out [T, Hq, D] and the softmax's log-sum-exp [Hq, T] (float32), which the backward needs."""
     from flash_attn.cute.interface import _flash_attn_fwd
 
     out, lse, *_ = _flash_attn_fwd(
-        q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-        max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True, softcap=softcap, return_lse=True,
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
+        softmax_scale=scale,
+        causal=True,
+        softcap=softcap,
+        return_lse=True,
         **_fa4_window(window),
     )
     return out, lse
@@ -39,16 +53,33 @@ def _(q, k, v, cu_seqlens, max_seqlen, scale, window, softcap):
     return q.new_empty((*q.shape[:2], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("packlm::fa4_varlen_bwd", mutates_args=(), schema=(
-    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, SymInt max_seqlen, "
-    "float scale, SymInt window, float softcap) -> (Tensor, Tensor, Tensor)"))
+@torch.library.custom_op(
+    "packlm::fa4_varlen_bwd",
+    mutates_args=(),
+    schema=(
+        "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, SymInt max_seqlen, "
+        "float scale, SymInt window, float softcap) -> (Tensor, Tensor, Tensor)"
+    ),
+)
 def _fa4_bwd(dout, q, k, v, out, lse, cu_seqlens, max_seqlen, scale, window, softcap):
     """dq, dk, dv of `_fa4_fwd` given the output's gradient."""
     from flash_attn.cute.interface import _flash_attn_bwd
 
     dq, dk, dv = _flash_attn_bwd(
-        q, k, v, out, dout, lse, scale, True, softcap, **_fa4_window(window),
-        cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
+        q,
+        k,
+        v,
+        out,
+        dout,
+        lse,
+        scale,
+        True,
+        softcap,
+        **_fa4_window(window),
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
     )
     return dq, dk, dv
 

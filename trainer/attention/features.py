@@ -83,13 +83,12 @@ FEATURE_NAMES = {
 }
 
 
-def with_tensors(
-    features: Features, q: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None
-) -> Features:
+def with_tensors(features: Features, q: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None) -> Features:
     """`features` completed with what the tensors themselves say: sinks present, a value head dim
     unlike the query's, a head dim above 256 (head dims are the last axis in any layout)."""
-    return replace(features, sinks=sinks is not None, value_dim=bool(v.shape[-1] != q.shape[-1]),
-                   wide_head=bool(max(q.shape[-1], v.shape[-1]) > 256))
+    return replace(
+        features, sinks=sinks is not None, value_dim=bool(v.shape[-1] != q.shape[-1]), wide_head=bool(max(q.shape[-1], v.shape[-1]) > 256)
+    )
 
 
 def segment_ids(cu_seqlens: torch.Tensor, n_tokens: int) -> torch.Tensor:

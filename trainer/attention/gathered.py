@@ -21,8 +21,17 @@ from trainer.distributed.context_parallel import ContextGroups
 
 @torch.compiler.disable
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *,
-    backend: str, scale: float | None, features: Features, sinks: torch.Tensor | None, groups: ContextGroups,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    backend: str,
+    scale: float | None,
+    features: Features,
+    sinks: torch.Tensor | None,
+    groups: ContextGroups,
 ) -> torch.Tensor:
     """Packed attention of this rank's share of the row ([L, H, D] each), its queries against the
     keys of the whole row gathered over `groups` (see `trainer.data.row_split`); a call without a
@@ -30,8 +39,7 @@ def attention(
     row = packed_row.current()
     shard: RowShard | None = row.context if row is not None and row.n_tokens == q.shape[0] else None
     if shard is None:
-        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, scale=scale,
-                                features=features, sinks=sinks)
+        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, scale=scale, features=features, sinks=sinks)
     if backend != "sdpa":  # gathered in the kernel's 16-bit dtype (under autocast RoPE hands over float32)
         q, k, v = half_inputs(q, k, v)
     cu_q, cu_k, slots = shard.on(q.device, features.window, features.chunk)
@@ -41,5 +49,16 @@ def attention(
     keys, values = both.split([k.shape[-1], v.shape[-1]], dim=-1)
     # chunks are cut into the pieces now; the window also masks within a piece
     whole = Features(window=features.window, softcap=features.softcap)
-    return varlen_attention(q, keys, values, cu_q, pieces.max_q, backend=backend, scale=scale, features=whole,
-                            sinks=sinks, cu_seqlens_k=cu_k, max_seqlen_k=pieces.max_k)
+    return varlen_attention(
+        q,
+        keys,
+        values,
+        cu_q,
+        pieces.max_q,
+        backend=backend,
+        scale=scale,
+        features=whole,
+        sinks=sinks,
+        cu_seqlens_k=cu_k,
+        max_seqlen_k=pieces.max_k,
+    )

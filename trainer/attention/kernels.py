@@ -151,9 +151,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks
     if fn is None:
         op = torch_flash_op()
         if op is None:
-            raise UserError(
-                f"this PyTorch ({torch.__version__}) has no FlashAttention varlen kernel; use --attn sdpa"
-            )
+            raise UserError(f"this PyTorch ({torch.__version__}) has no FlashAttention varlen kernel; use --attn sdpa")
         # aten._flash_attention_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
         # is_causal, return_debug_mask, *, scale) -> (out, lse, rng_state, unused, debug_mask);
         # FlashAttention-2 handles grouped-query attention natively.
@@ -183,8 +181,7 @@ def _torch_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks
     return fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
 
 
-def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks, cu_seqlens_k=None,
-                       max_seqlen_k=None):
+def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks, cu_seqlens_k=None, max_seqlen_k=None):
     """flash-attn 2: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p,
     softmax_scale, causal, window_size, softcap); grouped-query attention is native. Key boundaries
     of their own (`cu_seqlens_k`) align the causal mask to the bottom right, as flash-attn >= 2.1 does."""
@@ -193,8 +190,16 @@ def _flash_attn_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, 
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     max_k = max_seqlen if max_seqlen_k is None else max_seqlen_k
     return flash_attn_varlen_func(
-        q, k, v, cu_seqlens, cu_k, max_seqlen, max_k,
-        dropout_p=0.0, softmax_scale=scale, causal=True,
+        q,
+        k,
+        v,
+        cu_seqlens,
+        cu_k,
+        max_seqlen,
+        max_k,
+        dropout_p=0.0,
+        softmax_scale=scale,
+        causal=True,
         window_size=(-1 if feats.window is None else feats.window - 1, 0),
         softcap=0.0 if feats.softcap is None else feats.softcap,
     )
@@ -276,12 +281,13 @@ def varlen_attention(
     its keys (`trainer.data.row_split` builds them); chunks must be cut by the caller.
     """
     n_examples = cu_seqlens.shape[0] - 1
-    backend = (row_kernel(backend, q.shape[0], n_examples, q.shape[-1]) if cu_seqlens_k is None
-               else backend.partition("+")[0])
+    backend = row_kernel(backend, q.shape[0], n_examples, q.shape[-1]) if cu_seqlens_k is None else backend.partition("+")[0]
     if cu_seqlens_k is not None:
         if backend not in ("sdpa", "flash_attn"):
-            raise UserError(f"attention backend {backend!r} cannot attend a piece of an example to its earlier "
-                            "keys (context parallelism); use --attn flash_attn (GPU) or sdpa")
+            raise UserError(
+                f"attention backend {backend!r} cannot attend a piece of an example to its earlier "
+                "keys (context parallelism); use --attn flash_attn (GPU) or sdpa"
+            )
         if features.chunk is not None:
             raise ValueError("cut chunked attention into pieces before passing cu_seqlens_k")
         cu_seqlens_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32, non_blocking=True)
@@ -310,8 +316,7 @@ def varlen_attention(
     if feats.chunk is not None:
         cu_seqlens, max_seqlen = split_chunks(cu_seqlens, feats.chunk)
     if cu_seqlens_k is not None:
-        out = _flash_attn_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks, cu_seqlens_k,
-                                 int(max_seqlen_k))
+        out = _flash_attn_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks, cu_seqlens_k, int(max_seqlen_k))
     else:
         out = _KERNELS[backend](q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
     return out[..., :value_dim]

@@ -49,9 +49,14 @@ def _rope_type(config: Any) -> str | None:
 
 def _temperature_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Llama 4 style attention modules that scale their queries by the row index (NoPE layers)."""
-    return [m for m in model.modules()
-            if (getattr(m, "attn_temperature_tuning", False) or getattr(m, _TEMPERATURE, False))
-            and hasattr(m, "use_rope") and not m.use_rope and hasattr(m, "floor_scale")]
+    return [
+        m
+        for m in model.modules()
+        if (getattr(m, "attn_temperature_tuning", False) or getattr(m, _TEMPERATURE, False))
+        and hasattr(m, "use_rope")
+        and not m.use_rope
+        and hasattr(m, "floor_scale")
+    ]
 
 
 def thresholds(model: torch.nn.Module) -> dict[str, int]:
@@ -68,8 +73,7 @@ def thresholds(model: torch.nn.Module) -> dict[str, int]:
             found["dynamic NTK RoPE (rope_type 'dynamic')"] = int(config.max_position_embeddings)
         elif rope_type == "longrope":
             params = _rope_parameters(config)
-            original = params.get("original_max_position_embeddings",
-                                  getattr(config, "original_max_position_embeddings", None))
+            original = params.get("original_max_position_embeddings", getattr(config, "original_max_position_embeddings", None))
             if original:
                 found["longrope RoPE"] = int(original)
     for layer in _temperature_layers(model):
@@ -90,8 +94,9 @@ def example_lengths(position_ids: torch.Tensor) -> torch.Tensor:
     return largest.index_select(0, flat).reshape(batch, n) + 1
 
 
-def _with_inv_freq(module: torch.nn.Module, raw: Callable, inv_freq: torch.Tensor, x: torch.Tensor,
-                   position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _with_inv_freq(
+    module: torch.nn.Module, raw: Callable, inv_freq: torch.Tensor, x: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The undecorated RoPE forward with `inv_freq` in place of the module's frequencies."""
     saved = module._buffers["inv_freq"]
     module._buffers["inv_freq"] = inv_freq
@@ -108,18 +113,19 @@ def _per_example_rope(module: torch.nn.Module) -> None:
     raw = getattr(type(module).forward, "__wrapped__", None)
     name = type(module).__name__
     if raw is None or "inv_freq" not in module._buffers or not hasattr(module, "original_inv_freq"):
-        raise UserError(f"{name} uses a {module.rope_type!r} RoPE, whose frequencies depend on the sequence "
-                        "length, in a form the trainer cannot compute per packed example: refused rather "
-                        "than letting every example get the frequencies of the row's longest one; use a "
-                        "static RoPE scaling (rope_type 'linear', 'yarn' or 'default') in the config")
+        raise UserError(
+            f"{name} uses a {module.rope_type!r} RoPE, whose frequencies depend on the sequence "
+            "length, in a form the trainer cannot compute per packed example: refused rather "
+            "than letting every example get the frequencies of the row's longest one; use a "
+            "static RoPE scaling (rope_type 'linear', 'yarn' or 'default') in the config"
+        )
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     init = ROPE_INIT_FUNCTIONS[module.rope_type]
     config = module.config
     if module.rope_type == "longrope":
         params = _rope_parameters(config)
-        threshold = int(params.get("original_max_position_embeddings",
-                                   getattr(config, "original_max_position_embeddings", 0)))
+        threshold = int(params.get("original_max_position_embeddings", getattr(config, "original_max_position_embeddings", 0)))
     else:
         threshold = int(module.original_max_seq_len)
 
@@ -136,8 +142,7 @@ def _per_example_rope(module: torch.nn.Module) -> None:
             variants = [(threshold + 1, lengths > threshold)]
         else:  # one set of frequencies per distinct length past the threshold (a host sync), from
             # the length as a tensor, as transformers computes them from the batch's largest position
-            variants = [(torch.tensor(n, device=x.device), lengths == n)
-                        for n in torch.unique(lengths[lengths > threshold]).tolist()]
+            variants = [(torch.tensor(n, device=x.device), lengths == n) for n in torch.unique(lengths[lengths > threshold]).tolist()]
         for length, pick in variants:
             inv_freq, _ = init(config, x.device, seq_len=length)
             other_cos, other_sin = _with_inv_freq(self, raw, inv_freq, x, position_ids)
@@ -171,22 +176,26 @@ def install(model: torch.nn.Module, decoder: torch.nn.Module) -> None:
         if getattr(module, _PATCHED, False):
             continue
         rope_type = getattr(module, "rope_type", None)
-        if isinstance(rope_type, dict) and any(
-            isinstance(t, str) and ("dynamic" in t or t == "longrope") for t in rope_type.values()
-        ):
-            raise UserError(f"{type(module).__name__} uses per-layer-type RoPE with a length-dependent type "
-                            f"({rope_type}), which the trainer cannot compute per packed example: refused; "
-                            "use a static RoPE scaling (rope_type 'linear', 'yarn' or 'default')")
+        if isinstance(rope_type, dict) and any(isinstance(t, str) and ("dynamic" in t or t == "longrope") for t in rope_type.values()):
+            raise UserError(
+                f"{type(module).__name__} uses per-layer-type RoPE with a length-dependent type "
+                f"({rope_type}), which the trainer cannot compute per packed example: refused; "
+                "use a static RoPE scaling (rope_type 'linear', 'yarn' or 'default')"
+            )
         if isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
             _per_example_rope(module)
             setattr(module, _PATCHED, True)
     kind = _rope_type(getattr(model, "config", None))
-    if isinstance(kind, str) and ("dynamic" in kind or kind == "longrope") and not any(
-        getattr(m, _PATCHED, False) for m in model.modules()
+    if (
+        isinstance(kind, str)
+        and ("dynamic" in kind or kind == "longrope")
+        and not any(getattr(m, _PATCHED, False) for m in model.modules())
     ):
-        raise UserError(f"its config asks for a {kind!r} RoPE, whose frequencies depend on the sequence length, "
-                        "but no RoPE module of the model is one the trainer can compute per packed example: "
-                        "refused; use a static RoPE scaling (rope_type 'linear' or 'yarn')")
+        raise UserError(
+            f"its config asks for a {kind!r} RoPE, whose frequencies depend on the sequence length, "
+            "but no RoPE module of the model is one the trainer can compute per packed example: "
+            "refused; use a static RoPE scaling (rope_type 'linear' or 'yarn')"
+        )
     layers = [layer for layer in _temperature_layers(model) if not getattr(layer, _TEMPERATURE, False)]
     for layer in layers:
         setattr(layer, _TEMPERATURE, True)

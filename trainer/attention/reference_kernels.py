@@ -87,8 +87,8 @@ def sdpa_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks, 
         if feats.softcap is None and sinks is None:
             plain = feats.window is None and feats.chunk is None and not bool(offsets.any())
             out = F.scaled_dot_product_attention(
-                qb, kb, vb, attn_mask=None if plain else mask, is_causal=plain, scale=scale,
-                enable_gqa=groups > 1)
+                qb, kb, vb, attn_mask=None if plain else mask, is_causal=plain, scale=scale, enable_gqa=groups > 1
+            )
         else:
             kb, vb = repeat_kv(kb, groups), repeat_kv(vb, groups)  # [B, H, L, D]: heads on dim 1 too
             scores = (qb @ kb.transpose(-1, -2)) * scale
@@ -147,17 +147,16 @@ def flex_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
     Sinks: flex returns log Z (the LSE); a sink logit s turns the softmax's denominator into
     Z + e^s, so the output is scaled by Z / (Z + e^s) = sigmoid(LSE - s)."""
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise UserError(
-            "attention backend 'flex' cannot train on the CPU (PyTorch has no FlexAttention backward "
-            "there); use --attn sdpa"
-        )
+        raise UserError("attention backend 'flex' cannot train on the CPU (PyTorch has no FlexAttention backward there); use --attn sdpa")
     n_tokens = q.shape[0]
     block_mask = _flex_block_mask(cu_seqlens, n_tokens, feats)
     softcap = feats.softcap
     score_mod = None
     if softcap is not None:
+
         def score_mod(score, b, h, q_idx, kv_idx):
             return softcap * torch.tanh(score / softcap)
+
     lse_kwargs: dict[str, Any] = {}
     if sinks is not None:
         try:
@@ -169,8 +168,14 @@ def flex_varlen(q, k, v, cu_seqlens, max_seqlen, scale, feats: Features, sinks):
     as_batch = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [T, H, D] -> [1, H, T, D]
     with torch.autocast(q.device.type, enabled=False):  # inputs are cast already; score_mod too
         result = flex_attention(
-            as_batch(q), as_batch(k), as_batch(v), score_mod=score_mod, block_mask=block_mask,
-            scale=scale, enable_gqa=q.shape[1] != k.shape[1], **lse_kwargs,
+            as_batch(q),
+            as_batch(k),
+            as_batch(v),
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+            **lse_kwargs,
         )
     if sinks is None:
         out = result

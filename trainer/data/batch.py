@@ -41,8 +41,7 @@ class MicroBatch:
         the calling thread, so the copies are asynchronous (`trainer.data.stream.make_loader` says why
         not in the DataLoader)."""
         pin = non_blocking and torch.device(device).type == "cuda"
-        return self._map_tensors(
-            lambda t: (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=non_blocking))
+        return self._map_tensors(lambda t: (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=non_blocking))
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -71,9 +70,7 @@ def collate_rows(rows: Sequence[dict[str, np.ndarray]]) -> MicroBatch:
     return collate_flat(input_ids, labels, position_ids, seq_lens)
 
 
-def collate_flat(
-    input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, seq_lens: np.ndarray
-) -> MicroBatch:
+def collate_flat(input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, seq_lens: np.ndarray) -> MicroBatch:
     """Build a MicroBatch from already concatenated flat arrays."""
     targets = np.full_like(labels, IGNORE_INDEX, dtype=np.int64)
     targets[:-1] = labels[1:]

@@ -42,13 +42,16 @@ def held_out_folder(config: TrainConfig, manifest: Manifest) -> Path | None:
         check_held_out(folder, Path(config.data), manifest)
     elif not off and manifest.eval.get("folder"):
         folder = Path(config.data) / manifest.eval["folder"]
-    wanted = [flag for flag, on in (("--save-best", config.save_best),
-                                    (f"--eval-every {config.eval_every}", config.eval_every)) if on]
+    wanted = [flag for flag, on in (("--save-best", config.save_best), (f"--eval-every {config.eval_every}", config.eval_every)) if on]
     if folder is None and wanted:
-        why = ("--eval-data none turns evaluation off" if off else
-               f"{config.data} holds no eval folder (pack-data --eval-fraction) and no --eval-data is given")
-        raise UserError(f"{wanted[0]} needs held-out data to evaluate on, but {why}: pass --eval-data FOLDER, "
-                        f"or drop {wanted[0].split()[0]}")
+        why = (
+            "--eval-data none turns evaluation off"
+            if off
+            else f"{config.data} holds no eval folder (pack-data --eval-fraction) and no --eval-data is given"
+        )
+        raise UserError(
+            f"{wanted[0]} needs held-out data to evaluate on, but {why}: pass --eval-data FOLDER, or drop {wanted[0].split()[0]}"
+        )
     return folder
 
 
@@ -61,13 +64,14 @@ def check_held_out(folder: Path, data: Path, manifest: Manifest) -> None:
     folder's own held-out split (pack-data --eval-fraction: DATA/eval, or a copy of it) is kept apart
     example by example by pack-data and is accepted."""
     if folder.resolve() == data.resolve():
-        raise UserError(f"--eval-data {folder} is the training folder --data {data} itself: its loss would be a "
-                        "training loss; evaluate on held-out data (pack-data --eval-fraction writes DATA/eval)")
+        raise UserError(
+            f"--eval-data {folder} is the training folder --data {data} itself: its loss would be a "
+            "training loss; evaluate on held-out data (pack-data --eval-fraction writes DATA/eval)"
+        )
     held = read_manifest(folder)
     own = data / manifest.eval["folder"] if manifest.eval.get("folder") else None
     if own is not None and (own / "manifest.json").is_file():
-        if folder.resolve() == own.resolve() or [s.sha256 for s in read_manifest(own).shards] == \
-                [s.sha256 for s in held.shards]:
+        if folder.resolve() == own.resolve() or [s.sha256 for s in read_manifest(own).shards] == [s.sha256 for s in held.shards]:
             return
     train_inputs = {e.get("sha256"): e.get("path") for e in manifest.inputs if isinstance(e, dict) and e.get("sha256")}
     for entry in held.inputs:
@@ -75,28 +79,40 @@ def check_held_out(folder: Path, data: Path, manifest: Manifest) -> None:
             raise UserError(
                 f"--eval-data {folder} overlaps the training folder --data {data}: both were packed from the same "
                 f"input {entry.get('path')} (sha256 {str(entry['sha256'])[:12]}...), so its examples are training "
-                "examples; evaluate on held-out data (pack-data --eval-fraction writes DATA/eval)")
+                "examples; evaluate on held-out data (pack-data --eval-fraction writes DATA/eval)"
+            )
     train_shards = {s.sha256 for s in manifest.shards}
     for shard in held.shards:
         if shard.sha256 in train_shards:
-            raise UserError(f"--eval-data {folder} overlaps the training folder --data {data}: its {shard.file} is a "
-                            "shard of the training data; evaluate on held-out data (pack-data --eval-fraction "
-                            "writes DATA/eval)")
+            raise UserError(
+                f"--eval-data {folder} overlaps the training folder --data {data}: its {shard.file} is a "
+                "shard of the training data; evaluate on held-out data (pack-data --eval-fraction "
+                "writes DATA/eval)"
+            )
     # example by example (one numpy pass over both folders' tokens): an eval file that holds
     # training examples among others, packed from another file or another pack-data run
     shared = shared_examples(example_hashes(data, manifest), example_hashes(folder, held))
     if shared:
-        raise UserError(f"--eval-data {folder} overlaps the training folder --data {data}: {shared} of its examples "
-                        "(same tokens) are training examples, so its loss would be partly a training loss; remove "
-                        "them from the eval input, or evaluate on held-out data (pack-data --eval-fraction writes "
-                        "DATA/eval)")
+        raise UserError(
+            f"--eval-data {folder} overlaps the training folder --data {data}: {shared} of its examples "
+            "(same tokens) are training examples, so its loss would be partly a training loss; remove "
+            "them from the eval input, or evaluate on held-out data (pack-data --eval-fraction writes "
+            "DATA/eval)"
+        )
 
 
 class Evaluator:
     """`evaluator(module, autocast)` -> (eval loss, loss tokens) over the whole folder."""
 
-    def __init__(self, folder: str | os.PathLike[str], train_manifest: Manifest, tokens_per_step: int,
-                 info: DistInfo, device: torch.device, share: tuple[int, int] = (0, 1)) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        train_manifest: Manifest,
+        tokens_per_step: int,
+        info: DistInfo,
+        device: torch.device,
+        share: tuple[int, int] = (0, 1),
+    ) -> None:
         manifest = verify_folder(folder, check_hashes=False)
         # mapped now (read from these files only); their sha256 checked here, of these same files
         self.reader = ShardReader(folder, manifest)
@@ -106,8 +122,10 @@ class Evaluator:
                 raise UserError(problem)
         want, have = train_manifest.tokenizer.get("fingerprint"), manifest.tokenizer.get("fingerprint")
         if want != have:
-            raise UserError(f"eval data {folder} was packed with another tokenizer than the training data "
-                            f"(fingerprint {str(have)[:12]} vs {str(want)[:12]}): pack both with the same one")
+            raise UserError(
+                f"eval data {folder} was packed with another tokenizer than the training data "
+                f"(fingerprint {str(have)[:12]} vs {str(want)[:12]}): pack both with the same one"
+            )
         if manifest.loss_tokens == 0:
             raise UserError(f"eval data {folder} has no token that carries a loss: nothing to evaluate")
         self.folder, self.info, self.device = str(folder), info, device

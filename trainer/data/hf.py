@@ -65,18 +65,15 @@ class PackedCollator:
 
     def __init__(self, return_flash_attn_kwargs: bool = True) -> None:
         if not isinstance(return_flash_attn_kwargs, bool):
-            raise ValueError(f"PackedCollator(return_flash_attn_kwargs=...) must be True or False, "
-                             f"got {return_flash_attn_kwargs!r}")
+            raise ValueError(f"PackedCollator(return_flash_attn_kwargs=...) must be True or False, got {return_flash_attn_kwargs!r}")
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if isinstance(rows, (Mapping, str, bytes)) or not isinstance(rows, Sequence):
-            raise ValueError(f"PackedCollator takes a list of rows (dicts of input_ids, labels, position_ids), "
-                             f"got {type(rows).__name__}")
+            raise ValueError(f"PackedCollator takes a list of rows (dicts of input_ids, labels, position_ids), got {type(rows).__name__}")
         if not rows:
             raise ValueError("PackedCollator needs at least one row")
-        flat = {name: np.concatenate([_column(r, name, i) for i, r in enumerate(rows)])
-                for name in ("input_ids", "labels", "position_ids")}
+        flat = {name: np.concatenate([_column(r, name, i) for i, r in enumerate(rows)]) for name in ("input_ids", "labels", "position_ids")}
         if not len(flat["input_ids"]) or not len(flat["labels"]) == len(flat["position_ids"]) == len(flat["input_ids"]):
             raise ValueError("rows need input_ids, labels and position_ids of one equal, non-zero length each")
         starts = np.flatnonzero(flat["position_ids"] == 0)
@@ -87,21 +84,24 @@ class PackedCollator:
         if self.return_flash_attn_kwargs:
             cu = np.append(starts, len(flat["input_ids"])).astype(np.int32)
             longest = int(np.diff(cu).max())
-            batch.update(cu_seq_lens_q=torch.from_numpy(cu), cu_seq_lens_k=torch.from_numpy(cu.copy()),
-                         max_length_q=longest, max_length_k=longest)
+            batch.update(
+                cu_seq_lens_q=torch.from_numpy(cu), cu_seq_lens_k=torch.from_numpy(cu.copy()), max_length_q=longest, max_length_k=longest
+            )
         return batch
 
 
 def _column(row: Any, name: str, index: int) -> np.ndarray:
     """Column `name` of row number `index` of a batch as int64, or ValueError naming the row."""
     if not isinstance(row, Mapping):
-        raise ValueError(f"PackedCollator: row {index} is a {type(row).__name__}, not a dict of input_ids, labels "
-                         "and position_ids")
+        raise ValueError(f"PackedCollator: row {index} is a {type(row).__name__}, not a dict of input_ids, labels and position_ids")
     if name not in row:
-        raise ValueError(f"PackedCollator: row {index} has no {name!r} (it has {', '.join(map(str, row))}); "
-                         "rows need input_ids, labels and position_ids, as packed_dataset's items have")
+        raise ValueError(
+            f"PackedCollator: row {index} has no {name!r} (it has {', '.join(map(str, row))}); "
+            "rows need input_ids, labels and position_ids, as packed_dataset's items have"
+        )
     values = np.asarray(row[name])
     if values.ndim != 1 or not (np.issubdtype(values.dtype, np.integer) or values.size == 0):
-        raise ValueError(f"PackedCollator: row {index}'s {name!r} must be a flat list of integers, "
-                         f"got {values.dtype} of shape {values.shape}")
+        raise ValueError(
+            f"PackedCollator: row {index}'s {name!r} must be a flat list of integers, got {values.dtype} of shape {values.shape}"
+        )
     return values.astype(np.int64)

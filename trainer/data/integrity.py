@@ -40,16 +40,18 @@ def shard_problem(path: Path, want: str, identity: FileIdentity | None = None, c
         return f"{path}: cannot read the shard ({exc.strerror or exc})"
     have = digest.hexdigest()
     if have != want:
-        return (f"{path}: sha256 {have[:12]}... does not match the manifest ({want[:12]}...): the shard "
-                "changed after packing; re-run pack-data")
+        return (
+            f"{path}: sha256 {have[:12]}... does not match the manifest ({want[:12]}...): the shard changed after packing; re-run pack-data"
+        )
     return None
 
 
 class ShardHashCheck:
     """Hash this rank's share of the shards in a daemon thread, against the manifest."""
 
-    def __init__(self, folder: str, manifest: Manifest, rank: int = 0, world_size: int = 1,
-                 identities: list[FileIdentity] | None = None) -> None:
+    def __init__(
+        self, folder: str, manifest: Manifest, rank: int = 0, world_size: int = 1, identities: list[FileIdentity] | None = None
+    ) -> None:
         self.problem: str | None = None
         ids = identities or [None] * len(manifest.shards)
         self._shards = [(Path(folder) / s.file, s.sha256, i) for s, i in zip(manifest.shards, ids)][rank::world_size]
@@ -73,8 +75,11 @@ class ShardHashCheck:
 
     def raise_if_failed(self, distributed: bool, device: torch.device) -> None:
         if self.failed(distributed, device):
-            raise UserError(self.problem or "another rank found a shard whose sha256 does not match the "
-                            "manifest: the folder changed after packing; run pack-verify on it")
+            raise UserError(
+                self.problem
+                or "another rank found a shard whose sha256 does not match the "
+                "manifest: the folder changed after packing; run pack-verify on it"
+            )
 
     def wait(self, distributed: bool, device: torch.device) -> None:
         """Block until every shard of this rank is hashed; then raise_if_failed (collective)."""

@@ -54,8 +54,7 @@ class EpochPlan:
         return self.order[self.cuts[index] : self.cuts[index + 1]]
 
 
-def group_plan(lengths: np.ndarray, groups: np.ndarray, budget: int, *, seed: int, epoch: int,
-               shuffle: bool = True) -> EpochPlan:
+def group_plan(lengths: np.ndarray, groups: np.ndarray, budget: int, *, seed: int, epoch: int, shuffle: bool = True) -> EpochPlan:
     """The plan of `epoch` for rows in groups (`groups[g]` rows each, group after group): the groups
     in a seeded order (`shuffle`), each group's rows cut on their own into micro-batches of at most
     `budget` tokens (a longer row alone). The groups themselves are pack-data's: every epoch takes
@@ -71,9 +70,14 @@ def group_plan(lengths: np.ndarray, groups: np.ndarray, budget: int, *, seed: in
         cuts.append(inner[1:] + placed)
         placed += len(rows)
         group_starts.append(group_starts[-1] + len(inner) - 1)
-    return EpochPlan(epoch=epoch, order=np.concatenate(order) if order else np.zeros(0, np.int64),
-                     cuts=np.concatenate(cuts), n_dropped_microbatches=0,
-                     n_long_rows=int((lengths > budget).sum()), group_starts=np.asarray(group_starts, dtype=np.int64))
+    return EpochPlan(
+        epoch=epoch,
+        order=np.concatenate(order) if order else np.zeros(0, np.int64),
+        cuts=np.concatenate(cuts),
+        n_dropped_microbatches=0,
+        n_long_rows=int((lengths > budget).sum()),
+        group_starts=np.asarray(group_starts, dtype=np.int64),
+    )
 
 
 class StepShare(NamedTuple):

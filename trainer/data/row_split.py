@@ -86,8 +86,10 @@ def split_row(seq_lens: np.ndarray, n_ranks: int) -> RowSplit:
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     total = int(seq_lens.sum())
     if total < n_ranks:
-        raise UserError(f"a micro-batch of {total} tokens cannot be split over {n_ranks} context-parallel "
-                        "ranks: raise --tokens-per-step or lower --context-parallel")
+        raise UserError(
+            f"a micro-batch of {total} tokens cannot be split over {n_ranks} context-parallel "
+            "ranks: raise --tokens-per-step or lower --context-parallel"
+        )
     work_before = np.zeros(total + 1, dtype=np.int64)
     np.cumsum(token_positions(seq_lens) + 1, out=work_before[1:])
     best: RowSplit | None = None
@@ -192,8 +194,7 @@ class RowShard:
         key = ("tensors", window, chunk, str(device))
         if key not in self._cache:
             p = self.pieces(window, chunk)
-            self._cache[key] = tuple(torch.from_numpy(a).to(device, non_blocking=True)
-                                     for a in (p.cu_q, p.cu_k, p.key_slots))
+            self._cache[key] = tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in (p.cu_q, p.cu_k, p.key_slots))
         return self._cache[key]
 
     def lengths_on(self, device: torch.device) -> torch.Tensor:
@@ -216,7 +217,13 @@ def shard_microbatch(batch: MicroBatch, rank: int, n_ranks: int) -> MicroBatch:
     pieces = shard.pieces()
     targets = batch.targets[:, index]
     return MicroBatch(
-        input_ids=batch.input_ids[:, index], targets=targets, position_ids=batch.position_ids[:, index],
-        cu_seqlens=torch.from_numpy(pieces.cu_q), max_seqlen=pieces.max_q, n_tokens=len(shard.tokens),
-        n_loss_tokens=int((targets != IGNORE_INDEX).sum()), n_examples=len(pieces.cu_q) - 1, context=shard,
+        input_ids=batch.input_ids[:, index],
+        targets=targets,
+        position_ids=batch.position_ids[:, index],
+        cu_seqlens=torch.from_numpy(pieces.cu_q),
+        max_seqlen=pieces.max_q,
+        n_tokens=len(shard.tokens),
+        n_loss_tokens=int((targets != IGNORE_INDEX).sum()),
+        n_examples=len(pieces.cu_q) - 1,
+        context=shard,
     )

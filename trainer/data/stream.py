@@ -37,8 +37,7 @@ from trainer.data.plan import EpochPlan, StepShare, greedy_cuts, group_plan, gro
 from trainer.data.row_split import shard_microbatch
 
 
-def row_lengths(folder: str | os.PathLike[str], manifest: Manifest,
-                shards: list[ShardColumns] | None = None) -> np.ndarray:
+def row_lengths(folder: str | os.PathLike[str], manifest: Manifest, shards: list[ShardColumns] | None = None) -> np.ndarray:
     """Token count of every row of the folder, in global row order (reads only the offsets);
     `shards`: the folder's shards already open (a `ShardReader`'s), else they are opened here."""
     parts = []
@@ -46,8 +45,7 @@ def row_lengths(folder: str | os.PathLike[str], manifest: Manifest,
         offsets = (load_shard(path) if shards is None else shards[i]).row_off
         if len(offsets) - 1 != info.rows:
             raise UserError(
-                f"{path}: has {len(offsets) - 1} rows but the manifest says {info.rows}: "
-                "the folder is damaged, re-run pack-data"
+                f"{path}: has {len(offsets) - 1} rows but the manifest says {info.rows}: the folder is damaged, re-run pack-data"
             )
         parts.append(np.diff(offsets))
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
@@ -82,10 +80,12 @@ class Planner:
         if tokens_per_step < 1 or world_size < 1 or grad_accum < 1:
             raise UserError("tokens_per_step, world_size and grad_accum must all be >= 1")
         if groups and grad_accum != 1:
-            raise UserError(f"--grad-accum {grad_accum} with stepping by group: a group is already a rank's whole "
-                            "optimizer step (an Axolotl/TRL file's per-device batch x gradient_accumulation_steps "
-                            "examples): pack with --group-size B x N and drop --grad-accum, or step by token budget "
-                            "with --no-step-by-group")
+            raise UserError(
+                f"--grad-accum {grad_accum} with stepping by group: a group is already a rank's whole "
+                "optimizer step (an Axolotl/TRL file's per-device batch x gradient_accumulation_steps "
+                "examples): pack with --group-size B x N and drop --grad-accum, or step by token budget "
+                "with --no-step-by-group"
+            )
         if groups and sum(groups) != len(lengths):
             raise UserError(f"the folder's groups hold {sum(groups)} rows but it has {len(lengths)}: re-run pack-data")
         self.groups = np.asarray(groups or [], dtype=np.int64)
@@ -109,8 +109,7 @@ class Planner:
             return self._cache[epoch]
         n = len(self.lengths)
         if len(self.groups):
-            plan = group_plan(self.lengths, self.groups, self.tokens_per_step, seed=self.seed, epoch=epoch,
-                              shuffle=self.shuffle)
+            plan = group_plan(self.lengths, self.groups, self.tokens_per_step, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
         elif self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(n).astype(np.int64)
         else:
@@ -291,9 +290,11 @@ def ids_fit(ids: np.ndarray, vocab: int) -> bool:
 def outside_vocab(path: str, row: int, ids: np.ndarray, vocab: int) -> str:
     """The one-line error for a row whose token ids do not fit a `vocab`-token embedding."""
     bad = int(ids[(ids < 0) | (ids >= vocab)][0])
-    return (f"{path}: row {row} holds token id {bad}, outside the model's vocabulary of {vocab} tokens "
-            f"(ids 0..{vocab - 1}): pack the data with the model's tokenizer, or train a model whose vocabulary "
-            f"covers its ids")
+    return (
+        f"{path}: row {row} holds token id {bad}, outside the model's vocabulary of {vocab} tokens "
+        f"(ids 0..{vocab - 1}): pack the data with the model's tokenizer, or train a model whose vocabulary "
+        f"covers its ids"
+    )
 
 
 class MicroBatchDataset(torch.utils.data.Dataset):
@@ -367,8 +368,7 @@ def make_loader(
     instead."""
     extra = {}
     if num_workers > 0:
-        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False,
-                 "worker_init_fn": _ignore_sigterm}
+        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False, "worker_init_fn": _ignore_sigterm}
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=None,

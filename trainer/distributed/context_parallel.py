@@ -60,11 +60,15 @@ def setup(rank: int, world_size: int, distributed: bool, n: int) -> Layout:
     if n == 1:
         return Layout(dp_rank=rank, dp_size=world_size)
     if not distributed:
-        raise UserError(f"--context-parallel {n} splits each row over {n} ranks: start pack-train with "
-                        f"torchrun --nproc-per-node {n} (or a multiple of {n})")
+        raise UserError(
+            f"--context-parallel {n} splits each row over {n} ranks: start pack-train with "
+            f"torchrun --nproc-per-node {n} (or a multiple of {n})"
+        )
     if world_size % n:
-        raise UserError(f"--context-parallel {n} does not divide the {world_size} ranks of this run: use a "
-                        f"divisor of {world_size}, or a number of ranks that {n} divides")
+        raise UserError(
+            f"--context-parallel {n} does not divide the {world_size} ranks of this run: use a "
+            f"divisor of {world_size}, or a number of ranks that {n} divides"
+        )
     on_cpu = dist.get_backend() == "gloo"
     mine = None
     for first in range(0, world_size, n):  # every rank creates every group, in the same order
@@ -104,5 +108,5 @@ class _GatherTokens(torch.autograd.Function):
         else:  # gloo has no reduce-scatter
             total = grad.contiguous().clone()
             dist.all_reduce(total, group=group)
-            part = total[rank * width:(rank + 1) * width]
+            part = total[rank * width : (rank + 1) * width]
         return part[: ctx.length], None, None

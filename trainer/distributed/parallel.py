@@ -116,8 +116,16 @@ def _bf16_allreduce_hook(state, bucket):  # noqa: ANN001, ANN202 (DDP rejects st
 
 
 def wrap_parallel(
-    module: torch.nn.Module, layers: list[torch.nn.Module], info: DistInfo, *, fsdp: bool, bf16: bool,
-    bucket_mb: int, reduce_bf16: bool = False, reshard_after_forward: bool = True, offload_states: bool = False,
+    module: torch.nn.Module,
+    layers: list[torch.nn.Module],
+    info: DistInfo,
+    *,
+    fsdp: bool,
+    bf16: bool,
+    bucket_mb: int,
+    reduce_bf16: bool = False,
+    reshard_after_forward: bool = True,
+    offload_states: bool = False,
 ) -> torch.nn.Module:
     """DDP, or FSDP2 (`fully_shard` on each of `layers`, then on `module`), or `module` itself (one
     process). Returns the module to call in the training step.
@@ -158,9 +166,11 @@ def wrap_parallel(
         # 14.5 GB); LoRA under FSDP2 is refused (`refuse_combinations`), so neither base is sharded
         DDP = torch.nn.parallel.DistributedDataParallel
         DDP._set_params_and_buffers_to_ignore_for_model(
-            module, [name for name, param in module.named_parameters() if not param.requires_grad])
-        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                   else {"broadcast_buffers": False})
+            module, [name for name, param in module.named_parameters() if not param.requires_grad]
+        )
+        no_sync = (
+            {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters else {"broadcast_buffers": False}
+        )
         ddp = DDP(module, **no_sync, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
         if reduce_bf16:
             ddp.register_comm_hook(None, _bf16_allreduce_hook)
@@ -177,18 +187,12 @@ def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, f
     """The optimizer's full state (collective under FSDP2)."""
     if not fsdp:
         return optimizer.state_dict()
-    return get_optimizer_state_dict(
-        module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_optimizer_state(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, fsdp: bool
-) -> None:
+def load_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, fsdp: bool) -> None:
     """Load what `optimizer_state` returned (under FSDP2 each rank keeps its own shard of it)."""
     if not fsdp:
         optimizer.load_state_dict(state)
         return
-    set_optimizer_state_dict(
-        module, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
-    )
+    set_optimizer_state_dict(module, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))

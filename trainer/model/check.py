@@ -141,17 +141,13 @@ def check_model(model: torch.nn.Module) -> set[str]:
         raise UserError(f"{name} cannot be trained on packed rows: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - whatever the model raises, the user gets one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{name} cannot be trained on packed rows: a packed forward pass failed "
-                        f"({type(exc).__name__}: {first})") from None
+        raise UserError(f"{name} cannot be trained on packed rows: a packed forward pass failed ({type(exc).__name__}: {first})") from None
     tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE_16BIT)
     _compare(name, packed, head, alone.float(), _mixers(model), tolerance)
     return seen
 
 
-def _compare(
-    name: str, packed: torch.Tensor, head: torch.Tensor, alone: torch.Tensor, mixers: list[str],
-    tolerance: float
-) -> None:
+def _compare(name: str, packed: torch.Tensor, head: torch.Tensor, alone: torch.Tensor, mixers: list[str], tolerance: float) -> None:
     """`head`: the first example's logits from the trainer's decoder + head on a row of its own."""
     scale = max(1.0, float(alone.abs().max()))
     head_error = float((head - alone[: len(head)]).abs().max()) / scale
@@ -163,8 +159,11 @@ def _compare(
         )
     leak = float((packed - alone).abs().max()) / scale
     if leak > tolerance:
-        why = (f"its {', '.join(mixers)} layers carry state from one example to the next"
-               if mixers else "something in the model carries state from one example to the next")
+        why = (
+            f"its {', '.join(mixers)} layers carry state from one example to the next"
+            if mixers
+            else "something in the model carries state from one example to the next"
+        )
         raise UserError(
             f"{name} cannot be trained on packed rows: a packed example's logits differ from the "
             f"example run alone by {leak:.1e} (relative); {why}"
@@ -203,5 +202,7 @@ def check_context_parallel(model: torch.nn.Module, layout: Layout) -> None:
     tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE_16BIT)
     if not float(error) <= tolerance:
         found = failure or f": a share's hidden states differ from the whole row's by {float(error):.1e} (relative)"
-        raise UserError(f"{name} cannot be trained with --context-parallel{found}; it mixes tokens outside "
-                        "attention (or fails on a share of a row): train it without --context-parallel")
+        raise UserError(
+            f"{name} cannot be trained with --context-parallel{found}; it mixes tokens outside "
+            "attention (or fails on a share of a row): train it without --context-parallel"
+        )

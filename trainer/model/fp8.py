@@ -55,13 +55,17 @@ def check_fp8(device: torch.device) -> None:
     """Refuse in one line where float8 training cannot run: no CUDA device, a GPU older than sm89,
     or torchao missing."""
     if device.type != "cuda":
-        raise UserError(f"--dtype fp8 needs an NVIDIA GPU with float8 tensor cores (sm89 or newer: Ada, "
-                        f"Hopper, Blackwell); this run is on {device.type}: use --dtype bf16-weights")
+        raise UserError(
+            f"--dtype fp8 needs an NVIDIA GPU with float8 tensor cores (sm89 or newer: Ada, "
+            f"Hopper, Blackwell); this run is on {device.type}: use --dtype bf16-weights"
+        )
     capability = torch.cuda.get_device_capability(device)
     if capability < MIN_CAPABILITY:
-        raise UserError(f"--dtype fp8 needs float8 tensor cores (sm89 or newer); "
-                        f"{torch.cuda.get_device_name(device)} is sm{capability[0]}{capability[1]}: "
-                        "use --dtype bf16-weights")
+        raise UserError(
+            f"--dtype fp8 needs float8 tensor cores (sm89 or newer); "
+            f"{torch.cuda.get_device_name(device)} is sm{capability[0]}{capability[1]}: "
+            "use --dtype bf16-weights"
+        )
     _torchao_float8()
 
 
@@ -70,8 +74,7 @@ def _torchao_float8() -> Any:
     try:
         from torchao import float8
     except ImportError:
-        raise UserError("--dtype fp8 needs the torchao package: pip install torchao (or the "
-                        "project's [fp8] extra)") from None
+        raise UserError("--dtype fp8 needs the torchao package: pip install torchao (or the project's [fp8] extra)") from None
     return float8
 
 
@@ -91,18 +94,15 @@ def fp8_config(recipe: str, *, emulate: bool = False, fsdp: bool = False) -> Any
     import dataclasses
 
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
-    return dataclasses.replace(config, pad_inner_dim=True, emulate=emulate,
-                               enable_fsdp_float8_all_gather=float8_all_gather(recipe, fsdp))
+    return dataclasses.replace(config, pad_inner_dim=True, emulate=emulate, enable_fsdp_float8_all_gather=float8_all_gather(recipe, fsdp))
 
 
 def convertible(module: torch.nn.Module) -> bool:
     """A plain `nn.Linear` whose dimensions the float8 matmul takes (multiples of 16)."""
-    return (type(module) is torch.nn.Linear and module.in_features % 16 == 0
-            and module.out_features % 16 == 0)
+    return type(module) is torch.nn.Linear and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def to_float8(model: torch.nn.Module, recipe: str, layers: list[torch.nn.Module], *,
-              fsdp: bool = False, emulate: bool = False) -> int:
+def to_float8(model: torch.nn.Module, recipe: str, layers: list[torch.nn.Module], *, fsdp: bool = False, emulate: bool = False) -> int:
     """Swap every convertible linear layer inside `layers` (the decoder layers) for a torchao
     `Float8Linear` holding the same weight and bias Parameters; returns how many were swapped.
     `fsdp`: the model is about to be sharded by FSDP2 (`fp8_config`).
@@ -113,13 +113,11 @@ def to_float8(model: torch.nn.Module, recipe: str, layers: list[torch.nn.Module]
     swapped = [0]
 
     def keep(module: torch.nn.Module, name: str) -> bool:
-        take = (id(module) in inside and convertible(module)
-                and not any(part in ("lora_A", "lora_B") for part in name.split(".")))
+        take = id(module) in inside and convertible(module) and not any(part in ("lora_A", "lora_B") for part in name.split("."))
         swapped[0] += take
         return take
 
-    float8.convert_to_float8_training(model, module_filter_fn=keep,
-                                      config=fp8_config(recipe, emulate=emulate, fsdp=fsdp))
+    float8.convert_to_float8_training(model, module_filter_fn=keep, config=fp8_config(recipe, emulate=emulate, fsdp=fsdp))
     return swapped[0]
 
 
@@ -133,5 +131,7 @@ def recipe_note(recipe: str) -> str:
     """The start-up line's words for the recipe, with the caveat of a batch-dependent one."""
     if recipe in PACKING_EXACT:
         return f"fp8 {recipe} (per-token scales: packing changes no example's numbers)"
-    return (f"fp8 {recipe} (WARNING: its scales span the micro-batch, so an example's gradients depend "
-            f"on the examples packed beside it; --fp8-recipe rowwise_with_gw_hp keeps them exact)")
+    return (
+        f"fp8 {recipe} (WARNING: its scales span the micro-batch, so an example's gradients depend "
+        f"on the examples packed beside it; --fp8-recipe rowwise_with_gw_hp keeps them exact)"
+    )

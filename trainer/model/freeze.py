@@ -29,8 +29,10 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
     """The regex Axolotl matches `pattern` as, or one line for a pattern pack-train cannot honour."""
     flag = f"--unfrozen-parameters {pattern!r}"
     if _RANGE.match(pattern):
-        raise UserError(f"{flag}: a range [start:end] trains part of a tensor (Axolotl zeroes the other rows' "
-                        "gradients), which pack-train does not do: remove the range to train the whole tensor")
+        raise UserError(
+            f"{flag}: a range [start:end] trains part of a tensor (Axolotl zeroes the other rows' "
+            "gradients), which pack-train does not do: remove the range to train the whole tensor"
+        )
     try:
         return re.compile(re.sub(r"\.(?!\+)", "\\.", pattern))  # as LayerNamePattern.__init__ compiles it
     except re.error as exc:
@@ -46,9 +48,11 @@ def unfreeze_only(model: torch.nn.Module, patterns: tuple[str, ...] | list[str])
     unmatched = [p for p, regex in regexes if not any(regex.match(name) for name, _ in named)]
     if unmatched:
         examples = ", ".join(name for name, _ in named[:2]) + (f", ..., {named[-1][0]}" if len(named) > 2 else "")
-        raise UserError(f"--unfrozen-parameters {', '.join(map(repr, unmatched))}: "
-                        f"{'matches' if len(unmatched) == 1 else 'match'} no parameter of the model, whose names are "
-                        f"{examples} (a pattern matches from the name's start; a '.' is a dot): fix or remove it")
+        raise UserError(
+            f"--unfrozen-parameters {', '.join(map(repr, unmatched))}: "
+            f"{'matches' if len(unmatched) == 1 else 'match'} no parameter of the model, whose names are "
+            f"{examples} (a pattern matches from the name's start; a '.' is a dot): fix or remove it"
+        )
     trained = tensors = 0
     for name, param in named:
         param.requires_grad_(any(regex.match(name) for _, regex in regexes))

@@ -21,8 +21,15 @@ from trainer.model.loss import find_decoder
 from trainer.model.presets import PRESETS, model_folder
 
 _COMMON = dict(
-    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attention_dropout=0.0,
-    initializer_range=0.02, bos_token_id=1, eos_token_id=2, pad_token_id=None, use_cache=False,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    attention_dropout=0.0,
+    initializer_range=0.02,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+    use_cache=False,
 )
 
 
@@ -45,14 +52,15 @@ def count_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype, added_tokens: int = 0,
-                seed: int = 0) -> PreTrainedModel:
+def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype, added_tokens: int = 0, seed: int = 0) -> PreTrainedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - config validation raises its own exception types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot load the model in {path}: {first}: check that the folder holds a complete "
-                        "Hugging Face model (config.json and its weights), or download it again") from None
+        raise UserError(
+            f"cannot load the model in {path}: {first}: check that the folder holds a complete "
+            "Hugging Face model (config.json and its weights), or download it again"
+        ) from None
     have = model.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > have:
         if vocab_size - added_tokens > have:
@@ -65,8 +73,11 @@ def _load_local(path: Path, vocab_size: int | None, dtype: torch.dtype, added_to
             torch.manual_seed(seed)
             model.resize_token_embeddings(vocab_size)
         head = "" if model.config.tie_word_embeddings else " and its LM head"
-        print(f"pack-train: the data's tokenizer has {vocab_size} tokens ({added_tokens} added by pack-data): the "
-              f"embeddings{head} of {path} grown from {have} to {vocab_size} rows", file=sys.stderr)
+        print(
+            f"pack-train: the data's tokenizer has {vocab_size} tokens ({added_tokens} added by pack-data): the "
+            f"embeddings{head} of {path} grown from {have} to {vocab_size} rows",
+            file=sys.stderr,
+        )
     return model
 
 
@@ -100,7 +111,9 @@ def load_model(
 
 
 def prepare(
-    model: PreTrainedModel, attn: str = "auto", device: torch.device | str = "cpu",
+    model: PreTrainedModel,
+    attn: str = "auto",
+    device: torch.device | str = "cpu",
     groups: ContextGroups | None = None,
 ) -> tuple[str, str]:
     """Make `model` train on packed rows exactly, or refuse it: prove packing leaves its logits
@@ -205,8 +218,10 @@ def enable_grad_checkpointing(model: PreTrainedModel, every: int = 1) -> None:
         return
     layers = decoder_layers(model)
     if not all(getattr(layer, "gradient_checkpointing", False) is True for layer in layers):
-        raise UserError(f"--grad-checkpointing {every}: this model's decoder layers do not checkpoint "
-                        "themselves, so it cannot checkpoint only some of them: use --grad-checkpointing "
-                        "(every layer)")
+        raise UserError(
+            f"--grad-checkpointing {every}: this model's decoder layers do not checkpoint "
+            "themselves, so it cannot checkpoint only some of them: use --grad-checkpointing "
+            "(every layer)"
+        )
     for i, layer in enumerate(layers):
         layer.gradient_checkpointing = i % every == 0

@@ -60,8 +60,10 @@ def tile_mlp(layers: list[torch.nn.Module], tokens: int) -> None:
     for layer in layers:
         mlp = layer_mlp(layer)
         if mlp is None:
-            raise UserError(f"--tile-mlp: {type(layer).__name__} has no MLP module ({' or '.join(MLP_NAMES)}) "
-                            "to run in tiles; train this model without --tile-mlp")
+            raise UserError(
+                f"--tile-mlp: {type(layer).__name__} has no MLP module ({' or '.join(MLP_NAMES)}) "
+                "to run in tiles; train this model without --tile-mlp"
+            )
         if getattr(mlp, _TILED, False):
             continue
         whole = mlp.forward
@@ -72,9 +74,11 @@ def tile_mlp(layers: list[torch.nn.Module], tokens: int) -> None:
                 return _whole(hidden, *args, **kwargs)
             pieces = [checkpoint(_whole, tile, use_reentrant=False) for tile in hidden.split(tokens, dim=-2)]
             if not all(isinstance(p, torch.Tensor) for p in pieces):
-                raise UserError(f"--tile-mlp: {type(self).__name__} returns more than its hidden states (a "
-                                "mixture-of-experts block?), which cannot be joined from tiles; train without "
-                                "--tile-mlp")
+                raise UserError(
+                    f"--tile-mlp: {type(self).__name__} returns more than its hidden states (a "
+                    "mixture-of-experts block?), which cannot be joined from tiles; train without "
+                    "--tile-mlp"
+                )
             return torch.cat(pieces, dim=-2)
 
         mlp.forward = types.MethodType(tiled, mlp)
@@ -118,8 +122,7 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
                 packed, _ = pinned_exact(tensor.size(), tensor.dtype)
                 cached = False
             else:
-                packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
-                                     pin_memory=pin and not tensor.is_sparse)
+                packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin and not tensor.is_sparse)
                 cached = pin and not tensor.is_sparse
             packed.copy_(tensor)
             HostOffload.moved += nbytes

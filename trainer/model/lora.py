@@ -39,7 +39,6 @@ from trainer.config import TrainConfig
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-
 def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
     """The `peft.PeftModel` around `model` with LoRA adapters on `config.lora_target` ("all": every
     linear layer of the decoder; else comma-separated module names such as q_proj,v_proj)."""
@@ -48,10 +47,16 @@ def add_lora(model: torch.nn.Module, config: TrainConfig) -> Any:
     except ImportError:
         raise UserError("--lora-r needs the peft package: pip install peft (or the project's [lora] extra)") from None
     # "default": None, peft's own targets for the model's type (what TRL's use_peft passes without any)
-    targets: Any = ("all-linear" if config.lora_target == "all" else None if config.lora_target == "default"
-                    else lora_targets(model, config.lora_target))
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM")
+    targets: Any = (
+        "all-linear"
+        if config.lora_target == "all"
+        else None
+        if config.lora_target == "default"
+        else lora_targets(model, config.lora_target)
+    )
+    lora = LoraConfig(
+        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
     try:
         return get_peft_model(model, lora)
     except ValueError as exc:  # e.g. target modules not found in the model
@@ -68,8 +73,9 @@ def lora_targets(model: torch.nn.Module, text: str) -> list[str]:
     for target in names:
         if not target or not any(m == target or m.endswith("." + target) for m in modules):
             linear = sorted({m.rsplit(".", 1)[-1] for m, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
-            raise UserError(f"--lora-target {text}: the model has no module named {target!r} (its linear layers: "
-                            f"{', '.join(linear)}; or 'all')")
+            raise UserError(
+                f"--lora-target {text}: the model has no module named {target!r} (its linear layers: {', '.join(linear)}; or 'all')"
+            )
     return names
 
 
@@ -119,8 +125,7 @@ class NF4Linear(torch.nn.Module):
 
 def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Linear:
     """A frozen `nn.Linear` holding `weight` and `bias` (a quantized layer's dequantized form)."""
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
-                             dtype=weight.dtype)
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         linear.weight.copy_(weight)
         if bias is not None:
@@ -179,8 +184,9 @@ class Int8Linear(torch.nn.Module):
         return _plain_linear(_int8_weight(self.weight, self.weight_scale, self.original_dtype), self.bias)
 
 
-def _replace_frozen_linears(layers: list[torch.nn.Module], quantized: Callable[[torch.nn.Linear], torch.nn.Module],
-                           fits: Callable[[torch.nn.Linear], bool]) -> tuple[int, int]:
+def _replace_frozen_linears(
+    layers: list[torch.nn.Module], quantized: Callable[[torch.nn.Linear], torch.nn.Module], fits: Callable[[torch.nn.Linear], bool]
+) -> tuple[int, int]:
     """Replace every frozen `nn.Linear` inside `layers` (the decoder layers: a LoRA layer's
     `base_layer`, or a linear layer without adapters) for which `fits(linear)` by `quantized(linear)`;
     LoRA adapters stay as they are. Returns (replaced, kept as they were)."""
@@ -226,13 +232,16 @@ def load_adapter_into(peft_model: Any, checkpoint: Path) -> None:
 
     path = Path(checkpoint) / "model" / ADAPTER_WEIGHTS
     if not path.is_file():
-        raise UserError(f"{checkpoint}/model holds no LoRA adapter ({ADAPTER_WEIGHTS}): it was not trained with "
-                        "--lora-r; resume with the options it was trained with")
+        raise UserError(
+            f"{checkpoint}/model holds no LoRA adapter ({ADAPTER_WEIGHTS}): it was not trained with "
+            "--lora-r; resume with the options it was trained with"
+        )
     result = set_peft_model_state_dict(peft_model, load_file(str(path)))
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
-        raise UserError(f"{path} does not match this LoRA setup (unexpected {unexpected[:2]}): resume with the "
-                        "same --lora-r / --lora-target")
+        raise UserError(
+            f"{path} does not match this LoRA setup (unexpected {unexpected[:2]}): resume with the same --lora-r / --lora-target"
+        )
 
 
 def merged_model(peft_model: Any) -> Any:

@@ -131,8 +131,11 @@ ChunkLosses = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tens
 
 
 def token_losses(
-    model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096,
-    chunk_losses: ChunkLosses = _chunk_token_losses, keep_logits_up_to: int = KEEP_LOGITS_UP_TO,
+    model: torch.nn.Module,
+    batch: MicroBatch,
+    chunk_tokens: int = 4096,
+    chunk_losses: ChunkLosses = _chunk_token_losses,
+    keep_logits_up_to: int = KEEP_LOGITS_UP_TO,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 cross-entropy of every loss token [n_loss], their flat positions [n_loss]);
     `chunk_losses(model, hidden, targets)` computes one chunk's (a compiled one in training).
@@ -167,8 +170,11 @@ def token_losses(
 
 
 def packed_loss(
-    model: torch.nn.Module, batch: MicroBatch, chunk_tokens: int = 4096,
-    chunk_losses: ChunkLosses = _chunk_token_losses, keep_logits_up_to: int = KEEP_LOGITS_UP_TO,
+    model: torch.nn.Module,
+    batch: MicroBatch,
+    chunk_tokens: int = 4096,
+    chunk_losses: ChunkLosses = _chunk_token_losses,
+    keep_logits_up_to: int = KEEP_LOGITS_UP_TO,
 ) -> tuple[torch.Tensor, int]:
     """(sum of token cross-entropies as a 0-d fp32 tensor, number of loss tokens).
 

@@ -44,8 +44,9 @@ from trainer.model.load import allow_recompiles
 CHUNK_TENSORS = 8  # parameters per call of the compiled update (see signature_chunks)
 
 
-def signature_chunks(pairs: list[tuple[torch.Tensor, torch.Tensor]],
-                     size: int = CHUNK_TENSORS) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def signature_chunks(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]], size: int = CHUNK_TENSORS
+) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """`pairs` of (master, gradient) split into chunks of at most `size` pairs that share a
     signature (the master's shape and dtype, the gradient's dtype), in order of first appearance.
 
@@ -59,12 +60,19 @@ def signature_chunks(pairs: list[tuple[torch.Tensor, torch.Tensor]],
     by_signature: dict[tuple[Any, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for master, grad in pairs:
         by_signature.setdefault((tuple(master.shape), master.dtype, grad.dtype), []).append((master, grad))
-    return [same[i:i + size] for same in by_signature.values() for i in range(0, len(same), size)]
+    return [same[i : i + size] for same in by_signature.values() for i in range(0, len(same), size)]
 
 
-def adamw_update(masters: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                 exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], weights: list[torch.Tensor],
-                 clip: torch.Tensor, hyper: torch.Tensor) -> None:
+def adamw_update(
+    masters: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    weights: list[torch.Tensor],
+    clip: torch.Tensor,
+    hyper: torch.Tensor,
+) -> None:
     """One AdamW step (torch.optim.AdamW's arithmetic) of each fp32 master of one group, in place.
 
     Each gradient is bf16 or fp32 and is scaled by `clip` (the clipping coefficient, a 0-d tensor)
@@ -74,15 +82,14 @@ def adamw_update(masters: list[torch.Tensor], grads: list[torch.Tensor], exp_avg
     compiled form: one graph per chunk signature (`signature_chunks`) for a whole run.
     """
     lr, weight_decay, beta1, beta2, eps = hyper.unbind()
-    for master, grad, exp_avg, exp_avg_sq, step, weight in zip(masters, grads, exp_avgs, exp_avg_sqs,
-                                                               steps, weights):
+    for master, grad, exp_avg, exp_avg_sq, step, weight in zip(masters, grads, exp_avgs, exp_avg_sqs, steps, weights):
         step.add_(1)
         g = grad.float() * clip
         master.mul_(1 - lr * weight_decay)
         exp_avg.lerp_(g, 1 - beta1)
         exp_avg_sq.mul_(beta2).add_(g * g * (1 - beta2))
-        denom = exp_avg_sq.sqrt() / (1 - beta2 ** step).sqrt() + eps
-        master.sub_(exp_avg / denom * (lr / (1 - beta1 ** step)))
+        denom = exp_avg_sq.sqrt() / (1 - beta2**step).sqrt() + eps
+        master.sub_(exp_avg / denom * (lr / (1 - beta1**step)))
         weight.copy_(master)
 
 
@@ -92,8 +99,9 @@ class MasterAdamW(torch.optim.Optimizer):
     is AdamW's (`exp_avg`, `exp_avg_sq`, `step`, the latter on the device like AdamW's capturable
     mode), so it saves and resumes through the usual `state_dict`."""
 
-    def __init__(self, groups: list[dict[str, Any]], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    def __init__(
+        self, groups: list[dict[str, Any]], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ) -> None:
         """`groups`: parameter groups of the model's trainable parameters (each with its
         `weight_decay`); those parameters become bf16, and the groups hold their fp32 masters."""
         self.weight_of: dict[torch.nn.Parameter, torch.nn.Parameter] = {}  # master -> model's parameter
@@ -166,10 +174,16 @@ class MasterAdamW(torch.optim.Optimizer):
                         state["exp_avg"] = torch.zeros_like(master)
                         state["exp_avg_sq"] = torch.zeros_like(master)
                     states.append(state)
-                self._update([m.detach() for m, _ in chunk], [g for _, g in chunk],
-                             [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                             [s["step"] for s in states], [self.weight_of[m].detach() for m, _ in chunk],
-                             clip, hyper)
+                self._update(
+                    [m.detach() for m, _ in chunk],
+                    [g for _, g in chunk],
+                    [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states],
+                    [s["step"] for s in states],
+                    [self.weight_of[m].detach() for m, _ in chunk],
+                    clip,
+                    hyper,
+                )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the step's gradients: the masters' fp32 ones and the model's bf16 ones."""

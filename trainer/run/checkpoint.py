@@ -183,16 +183,17 @@ def _write_failed(exc: BaseException) -> bool:
     """Whether `exc` is a failed write (not a bug): an OSError, safetensors' I/O error, or torch's
     stream writer failing ("PytorchStreamWriter failed writing file", "unexpected pos")."""
     text = str(exc)
-    return (isinstance(exc, OSError)
-            or (type(exc).__name__ == "SafetensorError" and "I/O error" in text)
-            or (isinstance(exc, RuntimeError) and ("PytorchStreamWriter" in text or "unexpected pos" in text)))
+    return (
+        isinstance(exc, OSError)
+        or (type(exc).__name__ == "SafetensorError" and "I/O error" in text)
+        or (isinstance(exc, RuntimeError) and ("PytorchStreamWriter" in text or "unexpected pos" in text))
+    )
 
 
 def _save_failed(final: Path, writing: Path, exc: Exception, full: bool) -> str:
     """The one line of a checkpoint that could not be written (its unfinished folder is gone)."""
     where = f"saving checkpoint {final} failed while writing {writing}"
-    after = ("the unfinished checkpoint was removed; the checkpoints saved before are intact "
-             "(continue with --resume)")
+    after = "the unfinished checkpoint was removed; the checkpoints saved before are intact (continue with --resume)"
     if full:
         return f"disk full: {where}: free some space (or choose another --out); {after}"
     return f"{where} ({type(exc).__name__}: {one_line(exc, 160)}): check the disk (space, quota, errors); {after}"
@@ -292,9 +293,7 @@ def set_aside_newer(run_dir: str | os.PathLike[str], path: Path) -> list[Path]:
 def write_file_list(folder: Path) -> None:
     """Write `folder/checkpoint.json`: the size and sha256 of every other file under `folder`."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != FILE_LIST)
-    listing = {
-        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, _sha256s(files))
-    }
+    listing = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, _sha256s(files))}
     (folder / FILE_LIST).write_text(json.dumps({"files": listing}, indent=1) + "\n", encoding="utf-8")
 
 
@@ -339,8 +338,10 @@ def resume_point(run_dir: str | os.PathLike[str], *, strict: bool) -> tuple[Path
     """
     found = list_checkpoints(run_dir)
     if not found:
-        raise UserError(f"--resume: {run_dir} holds no checkpoint to resume from: leave out --resume to start "
-                        "the run, or give --out the run folder whose checkpoints/ it should continue")
+        raise UserError(
+            f"--resume: {run_dir} holds no checkpoint to resume from: leave out --resume to start "
+            "the run, or give --out the run folder whose checkpoints/ it should continue"
+        )
     damaged: list[tuple[Path, str]] = []
     for path in reversed(found):
         damage = checkpoint_damage(path)
@@ -356,11 +357,9 @@ def resume_point(run_dir: str | os.PathLike[str], *, strict: bool) -> tuple[Path
     if damaged and strict:
         bad, damage = damaged[0]
         raise UserError(
-            f"--resume=strict: checkpoint {bad} is damaged ({damage}): use --resume to continue "
-            f"from {path.name}, the newest intact one"
+            f"--resume=strict: checkpoint {bad} is damaged ({damage}): use --resume to continue from {path.name}, the newest intact one"
         )
-    notes = [f"checkpoint {bad} is damaged ({damage}): resuming from {path.name}, the newest intact one"
-             for bad, damage in damaged]
+    notes = [f"checkpoint {bad} is damaged ({damage}): resuming from {path.name}, the newest intact one" for bad, damage in damaged]
     return path, notes
 
 
@@ -378,11 +377,19 @@ def read_trainer_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
     cursor = state.get("cursor") if isinstance(state, dict) else None
-    if not (isinstance(state, dict) and count(state.get("step")) and count(state.get("tokens_seen", 0))
-            and isinstance(state.get("config", {}), dict) and isinstance(cursor, dict)
-            and set(cursor) == {"epoch", "step_in_epoch"} and all(map(count, cursor.values()))):
-        raise UserError(f"{file}: not a checkpoint state pack-train writes (an object with integer step, "
-                        "tokens_seen and cursor {epoch, step_in_epoch}): pick another checkpoint")
+    if not (
+        isinstance(state, dict)
+        and count(state.get("step"))
+        and count(state.get("tokens_seen", 0))
+        and isinstance(state.get("config", {}), dict)
+        and isinstance(cursor, dict)
+        and set(cursor) == {"epoch", "step_in_epoch"}
+        and all(map(count, cursor.values()))
+    ):
+        raise UserError(
+            f"{file}: not a checkpoint state pack-train writes (an object with integer step, "
+            "tokens_seen and cursor {epoch, step_in_epoch}): pick another checkpoint"
+        )
     return state
 
 
@@ -424,8 +431,10 @@ def load_model_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors files in a checkpoint's `model/` folder (sharded or not)."""
     files = sorted((Path(path) / "model").glob("*.safetensors"))
     if not files:
-        raise UserError(f"{path}/model: no safetensors weights: the checkpoint is incomplete; resume from "
-                        "another one (--resume alone takes the newest intact checkpoint)")
+        raise UserError(
+            f"{path}/model: no safetensors weights: the checkpoint is incomplete; resume from "
+            "another one (--resume alone takes the newest intact checkpoint)"
+        )
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with loading(file):

@@ -29,8 +29,7 @@ class FiniteWatch:
         bad = (self.first_bad == 0) & ~torch.isfinite(loss_sum.detach()).all()
         self.first_bad = torch.where(bad, torch.full_like(self.first_bad, step), self.first_bad)
 
-    def check(self, step: int, distributed: bool, last_saved: Path | None,
-              module: torch.nn.Module | None = None) -> None:
+    def check(self, step: int, distributed: bool, last_saved: Path | None, module: torch.nn.Module | None = None) -> None:
         """Raise UserError if any rank saw a non-finite loss, or (with `module`, before a checkpoint)
         holds a weight that is not finite. Collective under torch.distributed."""
         first = self.first_bad.clone()
@@ -42,16 +41,24 @@ class FiniteWatch:
             weights_bad = (~finite).to(torch.int64).to(first.device)
         if distributed:
             # the earliest step any rank saw: 0 (none) must not win the MIN
-            first = torch.where(first == 0, torch.full_like(first, 2 ** 62), first)
+            first = torch.where(first == 0, torch.full_like(first, 2**62), first)
             dist.all_reduce(first, op=dist.ReduceOp.MIN)
-            first = torch.where(first == 2 ** 62, torch.zeros_like(first), first)
+            first = torch.where(first == 2**62, torch.zeros_like(first), first)
             dist.all_reduce(weights_bad, op=dist.ReduceOp.MAX)
         bad_step, bad_weights = int(first.item()), bool(weights_bad.item())
         if not bad_step and not bad_weights:
             return
-        what = (f"the loss of step {bad_step} is not finite (NaN or inf)" if bad_step else
-                f"after step {step} a weight is not finite (NaN or inf)")
-        kept = (f"the last checkpoint saved before it, {last_saved}, is intact (continue from it with --resume "
-                "and a lower --lr)" if last_saved is not None else "no checkpoint was saved")
-        raise UserError(f"{what}: training stopped at step {step} without saving; {kept}; lower --lr "
-                        "(or raise --warmup, keep --grad-clip on) to train stably")
+        what = (
+            f"the loss of step {bad_step} is not finite (NaN or inf)"
+            if bad_step
+            else f"after step {step} a weight is not finite (NaN or inf)"
+        )
+        kept = (
+            f"the last checkpoint saved before it, {last_saved}, is intact (continue from it with --resume and a lower --lr)"
+            if last_saved is not None
+            else "no checkpoint was saved"
+        )
+        raise UserError(
+            f"{what}: training stopped at step {step} without saving; {kept}; lower --lr "
+            "(or raise --warmup, keep --grad-clip on) to train stably"
+        )

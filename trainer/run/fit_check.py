@@ -141,8 +141,9 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer, where: str = "cuda")
 def host_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Under --offload-states, what the first step will still allocate in host memory for the
     parameters kept there: their optimizer states and the gradients they do not hold yet."""
-    grads = sum(local.numel() * local.element_size() for p, local in _local_params(optimizer)
-                if local.device.type == "cpu" and p.grad is None)
+    grads = sum(
+        local.numel() * local.element_size() for p, local in _local_params(optimizer) if local.device.type == "cpu" and p.grad is None
+    )
     return optimizer_state_bytes(optimizer, "cpu") + grads
 
 
@@ -199,8 +200,16 @@ def measure_peaks(step: Step, batch: MicroBatch, device: torch.device) -> tuple[
 
 
 def measure_need(
-    step: Step, clear: Callable[[], None], largest_local: int, *, vocab: int, tile_mlp: int, cp_rank: int,
-    cp_size: int, device: torch.device, measure: Measure = measure_peaks,
+    step: Step,
+    clear: Callable[[], None],
+    largest_local: int,
+    *,
+    vocab: int,
+    tile_mlp: int,
+    cp_rank: int,
+    cp_size: int,
+    device: torch.device,
+    measure: Measure = measure_peaks,
 ) -> Need:
     """Run the probes (`step` on synthetic rows of this rank's share, then `clear`), fit the lines
     and evaluate them at `largest_local` tokens per rank."""
@@ -216,8 +225,13 @@ def measure_need(
             host_points.append((tokens, host))
     gpu_line, host_line = fit_line(gpu_points), fit_line(host_points)
     at = float(largest_local)
-    return Need(gpu=int(gpu_line[0] + gpu_line[1] * at), host=int(host_line[0] + host_line[1] * at),
-                gpu_line=gpu_line, host_line=host_line, probes=probes)
+    return Need(
+        gpu=int(gpu_line[0] + gpu_line[1] * at),
+        host=int(host_line[0] + host_line[1] * at),
+        gpu_line=gpu_line,
+        host_line=host_line,
+        probes=probes,
+    )
 
 
 def size(n: float) -> str:
@@ -243,9 +257,22 @@ def _levers(tile_mlp: int, offload: bool, checkpointing: int, offload_states: bo
     return ", ".join(levers)
 
 
-def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, host_cap: int | None, *,
-            cp_size: int, tokens_per_step: int, data: str, tile_mlp: int, offload: bool,
-            checkpointing: int, host_fixed: int = 0, offload_states: bool | None = None) -> tuple[str | None, str]:
+def verdict(
+    largest: Largest,
+    need: Need,
+    optimizer_bytes: int,
+    gpu_cap: int,
+    host_cap: int | None,
+    *,
+    cp_size: int,
+    tokens_per_step: int,
+    data: str,
+    tile_mlp: int,
+    offload: bool,
+    checkpointing: int,
+    host_fixed: int = 0,
+    offload_states: bool | None = None,
+) -> tuple[str | None, str]:
     """(the one-line refusal or None, the start-up line saying what the largest micro-batch needs).
     Bytes per rank. The GPU's need (with the optimizer states it will hold) is held against
     `gpu_cap`; the bytes moved to host memory (--offload-activations), plus `host_fixed` (what
@@ -268,21 +295,29 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
     else:
         measured = f"steps of {' and '.join(f'{t * cp_size:,}' for t in need.probes)} tokens"
         rate = f" ({size(need.gpu_line[1])} a token)"
-    host_said = (f"; what it offloads needs at least {size(host_need)} more of the {size(host_cap)} of host "
-                 f"memory each rank has (blocks under 1 GiB take up to twice their size in torch's pinned "
-                 f"allocator)") if host else ""
-    info = (f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
-            f"{size(gpu_cap)} a GPU holds"
-            + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")
-            + f", measured from {measured}{rate}" + host_said)
+    host_said = (
+        (
+            f"; what it offloads needs at least {size(host_need)} more of the {size(host_cap)} of host "
+            f"memory each rank has (blocks under 1 GiB take up to twice their size in torch's pinned "
+            f"allocator)"
+        )
+        if host
+        else ""
+    )
+    info = (
+        f"the largest micro-batch ({largest.tokens:,} tokens) needs at least {size(gpu_need)} of the "
+        f"{size(gpu_cap)} a GPU holds"
+        + (f" (the longest that could fit: at most about {longest:,} tokens)" if longest is not None else "")
+        + f", measured from {measured}{rate}"
+        + host_said
+    )
     if not (gpu_short or host_short):
         return None, info
     shortfalls = []
     if gpu_short:
         shortfalls.append(f"{size(gpu_need)} on each GPU, which holds {size(gpu_cap)}")
     if host_short:
-        shortfalls.append(f"{size(host_need)} of host memory for what each rank offloads, "
-                          f"which has {size(host_cap)}")
+        shortfalls.append(f"{size(host_need)} of host memory for what each rank offloads, which has {size(host_cap)}")
     where = " and ".join(shortfalls)
     rest = need.gpu_line[0] + optimizer_bytes if gpu_short else need.host_line[0] + host_fixed
     fit = f"at most about {longest:,} tokens" if longest else f"none (the rest of the step alone needs about {size(rest)})"
@@ -290,16 +325,19 @@ def verdict(largest: Largest, need: Need, optimizer_bytes: int, gpu_cap: int, ho
     if gpu_short:
         remedies.append(f"use {_levers(tile_mlp, offload, checkpointing, offload_states)}")
     if host_short:
-        remedies.append("give each rank more host memory (fewer ranks a machine, or --context-parallel over "
-                        "several machines)")
+        remedies.append("give each rank more host memory (fewer ranks a machine, or --context-parallel over several machines)")
     remedy = " and ".join(remedies)
     if largest.row is not None:
-        return (f"{data}: {largest.row} holds {largest.tokens:,} tokens, which need at least {where} (measured from "
-                f"{measured}); the longest row that could fit is {fit}: to train it, {remedy}; "
-                f"or pack with a lower --max-len"), info
-    return (f"--tokens-per-step {tokens_per_step}: a micro-batch of {largest.tokens:,} tokens needs at least {where} "
-            f"(measured from {measured}); the most that could fit is {fit}: lower --tokens-per-step, "
-            f"or {remedy}"), info
+        return (
+            f"{data}: {largest.row} holds {largest.tokens:,} tokens, which need at least {where} (measured from "
+            f"{measured}); the longest row that could fit is {fit}: to train it, {remedy}; "
+            f"or pack with a lower --max-len"
+        ), info
+    return (
+        f"--tokens-per-step {tokens_per_step}: a micro-batch of {largest.tokens:,} tokens needs at least {where} "
+        f"(measured from {measured}); the most that could fit is {fit}: lower --tokens-per-step, "
+        f"or {remedy}"
+    ), info
 
 
 def agree(line: str | None, info_enabled: bool, device: torch.device) -> bool:
@@ -323,16 +361,34 @@ def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
     config, layout = run.config, run.layout
     vocab = int(run.model.get_input_embeddings().num_embeddings)
     largest_local = -(-run.largest.tokens // layout.cp_size)
-    need = measure_need(step, clear, largest_local, vocab=vocab, tile_mlp=config.tile_mlp,
-                        cp_rank=layout.cp_rank, cp_size=layout.cp_size, device=run.device, measure=measure_peaks)
+    need = measure_need(
+        step,
+        clear,
+        largest_local,
+        vocab=vocab,
+        tile_mlp=config.tile_mlp,
+        cp_rank=layout.cp_rank,
+        cp_size=layout.cp_size,
+        device=run.device,
+        measure=measure_peaks,
+    )
     gpu_cap, host_cap = gpu_capacity(run.device), host_capacity()
     offloads = config.offload_activations or config.offload_states
-    line, info = verdict(run.largest, need, optimizer_state_bytes(run.optimizer, run.device.type), gpu_cap,
-                         host_cap if offloads else None, cp_size=layout.cp_size,
-                         tokens_per_step=config.tokens_per_step, data=str(config.data), tile_mlp=config.tile_mlp,
-                         offload=config.offload_activations, checkpointing=int(config.grad_checkpointing),
-                         host_fixed=host_state_bytes(run.optimizer) if config.offload_states else 0,
-                         offload_states=None if config.lora_r else config.offload_states)
+    line, info = verdict(
+        run.largest,
+        need,
+        optimizer_state_bytes(run.optimizer, run.device.type),
+        gpu_cap,
+        host_cap if offloads else None,
+        cp_size=layout.cp_size,
+        tokens_per_step=config.tokens_per_step,
+        data=str(config.data),
+        tile_mlp=config.tile_mlp,
+        offload=config.offload_activations,
+        checkpointing=int(config.grad_checkpointing),
+        host_fixed=host_state_bytes(run.optimizer) if config.offload_states else 0,
+        offload_states=None if config.lora_r else config.offload_states,
+    )
     if agree(line, run.info.enabled, run.device):
         raise UserError(line or "another rank's largest micro-batch does not fit its GPU (its line says why)")
     if run.info.rank == 0:

@@ -64,8 +64,7 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
     refuse_nested_run(config)
     # torch.compile partitions each compiled layer into forward and backward at its first step,
     # inside _train: the budget must be in force then
-    with run_folder_lock(config.out), torch._functorch.config.patch(
-            activation_memory_budget=config.activation_memory_budget):
+    with run_folder_lock(config.out), torch._functorch.config.patch(activation_memory_budget=config.activation_memory_budget):
         try:
             return _train(config, opened)
         except torch.OutOfMemoryError as exc:
@@ -85,9 +84,19 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     info, device, optimizer = run.info, run.device, run.optimizer
 
     def window(micro: list[MicroBatch], real: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
-        return backward_window(run.module, micro, device=device, autocast=run.autocast, info=info, fsdp=run.fsdp,
-                               masters=run.masters, offload=config.offload_activations, real=real,
-                               by_rank=config.loss_average == "ranks", context_parallel=config.context_parallel)
+        return backward_window(
+            run.module,
+            micro,
+            device=device,
+            autocast=run.autocast,
+            info=info,
+            fsdp=run.fsdp,
+            masters=run.masters,
+            offload=config.offload_activations,
+            real=real,
+            by_rank=config.loss_average == "ranks",
+            context_parallel=config.context_parallel,
+        )
 
     def zero_grad() -> None:  # DDP's gradients are views into its all-reduce buckets: zeroed in place, they stay so
         optimizer.zero_grad(set_to_none=run.fsdp or not info.enabled)
@@ -102,9 +111,18 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
     last_path = run.resumed_from  # a resumed run: the checkpoint it continues is its last good one so far
     watch = FiniteWatch(device)
     stopping = False  # SIGTERM arrived (on any rank): save and stop after this step
-    meter = Meter(run.out, config, rank=info.rank, world=info.world_size, device=device,
-                  shape=run.flop_shape, backend=run.backend, start_step=run.start_step,
-                  total_steps=run.total_steps, tokens_seen=run.tokens_seen)
+    meter = Meter(
+        run.out,
+        config,
+        rank=info.rank,
+        world=info.world_size,
+        device=device,
+        shape=run.flop_shape,
+        backend=run.backend,
+        start_step=run.start_step,
+        total_steps=run.total_steps,
+        tokens_seen=run.tokens_seen,
+    )
     if run.profiler is not None:
         run.profiler.after_step(step)  # starts it now if it profiles the first step of this run
     with StopOnSigterm() as sigterm, meter, loader_batches(run.loader) as batches:
@@ -146,8 +164,7 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
                     grad_norm = grad_norm.full_tensor()
                 meter.log(step, epoch, last_loss, lr, float(grad_norm))
             improved = False
-            if run.evaluator is not None and (step == run.stop_at or stopping or
-                                              (config.eval_every and step % config.eval_every == 0)):
+            if run.evaluator is not None and (step == run.stop_at or stopping or (config.eval_every and step % config.eval_every == 0)):
                 last_eval = run.evaluator(run.module, run.autocast)
                 meter.log_eval(step, *last_eval)
                 improved = config.save_best and (best is None or last_eval[0] < best["eval_loss"])
@@ -228,9 +245,7 @@ def backward_window(
     info = info or DistInfo()
     autocast = autocast if autocast is not None else contextlib.nullcontext()
     real = len(micro) if real is None else real
-    counts = torch.tensor(
-        [sum(b.n_loss_tokens for b in micro[:real]), sum(b.n_tokens for b in micro[:real])], dtype=torch.int64
-    )
+    counts = torch.tensor([sum(b.n_loss_tokens for b in micro[:real]), sum(b.n_tokens for b in micro[:real])], dtype=torch.int64)
     window_loss_tokens: torch.Tensor | int
     if info.enabled:
         each = torch.zeros(2 + info.world_size, dtype=torch.int64)  # [loss tokens, tokens, each rank's loss tokens]
@@ -281,17 +296,29 @@ def save(run: Run, step: int, cursor: Cursor, tokens_seen: int, loss: float | No
     if run.fsdp:  # collective: every rank takes part in gathering the full state
         model_state = {k.removeprefix("model."): v for k, v in full_model_state(run.wrapper).items()}
     trainer_state = {
-        "step": step, "cursor": cursor.to_dict(), "tokens_seen": tokens_seen, "loss": loss,
-        "config": {**asdict(run.config), "world_size": info.world_size}, "data": run.fingerprint,
-        "attention": run.backend, "total_steps": run.total_steps,
+        "step": step,
+        "cursor": cursor.to_dict(),
+        "tokens_seen": tokens_seen,
+        "loss": loss,
+        "config": {**asdict(run.config), "world_size": info.world_size},
+        "data": run.fingerprint,
+        "attention": run.backend,
+        "total_steps": run.total_steps,
     }
     writes_optimizer = run.fsdp or info.rank == 0  # under FSDP every rank helps gather it
     with full_precision(run):  # the fp32 masters of --dtype bf16-weights, not their bf16 copies
         return ckpt.save_checkpoint(
-            run.out, step, model=run.peft if run.peft is not None else run.model, model_state=model_state,
+            run.out,
+            step,
+            model=run.peft if run.peft is not None else run.model,
+            model_state=model_state,
             optimizer_state=optimizer_state(run.wrapper, run.optimizer, run.fsdp) if writes_optimizer else None,
-            scheduler_state=run.scheduler.state_dict(), trainer_state=trainer_state,
-            tokenizer=run.tokenizer, rank=info.rank, barrier=info.barrier, keep_last=run.config.keep_last,
+            scheduler_state=run.scheduler.state_dict(),
+            trainer_state=trainer_state,
+            tokenizer=run.tokenizer,
+            rank=info.rank,
+            barrier=info.barrier,
+            keep_last=run.config.keep_last,
         )
 
 
@@ -301,8 +328,15 @@ def full_precision(run: Run) -> contextlib.AbstractContextManager:
 
 
 def finish(
-    run: Run, meter: Meter, step: int, last_loss: float | None, last_path: Path | None,
-    last_eval: tuple[float, int] | None = None, best: dict[str, Any] | None = None, *, stopped_by_sigterm: bool,
+    run: Run,
+    meter: Meter,
+    step: int,
+    last_loss: float | None,
+    last_path: Path | None,
+    last_eval: tuple[float, int] | None = None,
+    best: dict[str, Any] | None = None,
+    *,
+    stopped_by_sigterm: bool,
 ) -> dict[str, Any]:
     """The run's summary, written with each rank's own record (then a barrier)."""
     elapsed = time.perf_counter() - meter.run_start
@@ -334,10 +368,17 @@ def finish(
         if run.config.merge_lora and not stopped_by_sigterm:
             with full_precision(run):
                 summary["merged_model"] = str(save_merged(run))
-    write_summary(run.out, summary, {
-        "rank": info.rank, "world_size": info.world_size, "steps": step - run.start_step,
-        "micro_batches": meter.local_micro_batches, "tokens": meter.local_tokens,
-    })
+    write_summary(
+        run.out,
+        summary,
+        {
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "steps": step - run.start_step,
+            "micro_batches": meter.local_micro_batches,
+            "tokens": meter.local_tokens,
+        },
+    )
     info.barrier()
     return summary
 
@@ -353,6 +394,10 @@ def save_merged(run: Run) -> Path:
         if run.tokenizer is not None:
             run.tokenizer.save_pretrained(folder)
 
-    ckpt.write_folder_atomic(out, write, "free some space; the run's last checkpoint holds the adapter, which peft "
-                             "merges into the base: PeftModel.from_pretrained(base, CHECKPOINT/model).merge_and_unload()")
+    ckpt.write_folder_atomic(
+        out,
+        write,
+        "free some space; the run's last checkpoint holds the adapter, which peft "
+        "merges into the base: PeftModel.from_pretrained(base, CHECKPOINT/model).merge_and_unload()",
+    )
     return out

@@ -55,8 +55,7 @@ def run_folder_lock(out: str) -> contextlib.AbstractContextManager:
     return folder_lock(Path(out) / RUN_LOCK, out, "pack-train")
 
 
-def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None,
-                    group_size: int | None = None) -> None:
+def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int | None, group_size: int | None = None) -> None:
     """Create the run folder and write config.json (the TrainConfig, the world size, the examples per
     step when stepping by group, and, for a Hub-id --model, its id and commit); metrics lines of steps
     after the checkpoint a run resumes from are dropped (they will be redone), and a new run starts a
@@ -68,8 +67,12 @@ def start_run_files(out: Path, config: TrainConfig, world: int, resume_step: int
     elif (out / METRICS).exists():
         (out / METRICS).unlink()
     try:  # whole or not at all (a full disk leaves no empty config.json)
-        record = {**asdict(config), "world_size": world, "model_hub": model_hub_record(config.model),
-                  **({"group_size": group_size} if config.step_by_group else {})}
+        record = {
+            **asdict(config),
+            "world_size": world,
+            "model_hub": model_hub_record(config.model),
+            **({"group_size": group_size} if config.step_by_group else {}),
+        }
         write_text_atomic(out / RUN_CONFIG, json.dumps(record, indent=2) + "\n")
     except BaseException:
         if made:
@@ -90,8 +93,10 @@ def trim_metrics(path: Path, step: int) -> None:
         except ValueError:
             if number < len(lines):
                 raise UserError(f"{path} line {number}: not a JSON metrics line: fix or remove it") from None
-            print(f"pack-train: {path}: its last line was cut off (a write that did not finish, e.g. on a full "
-                  "disk); dropped", file=sys.stderr)
+            print(
+                f"pack-train: {path}: its last line was cut off (a write that did not finish, e.g. on a full disk); dropped",
+                file=sys.stderr,
+            )
             continue
         if record.get("step", 0) <= step:
             keep.append(line)
@@ -113,8 +118,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 # TensorBoard tags of the metrics keys that the Hugging Face Trainer also logs, under its names, so
 # that runs of both tools share charts; the other keys go under train/ with their own names
-HF_TAGS = {"lr": "train/learning_rate", "eval_loss": "eval/loss", "eval_ppl": "eval/perplexity",
-           "eval_loss_tokens": "eval/loss_tokens"}
+HF_TAGS = {"lr": "train/learning_rate", "eval_loss": "eval/loss", "eval_ppl": "eval/perplexity", "eval_loss_tokens": "eval/loss_tokens"}
 
 
 def tensorboard_tag(key: str) -> str:
@@ -144,12 +148,17 @@ class Reporter:
             except ImportError:
                 raise UserError("--report-to wandb needs the wandb package: pip install wandb") from None
             os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user set a mode
-            self.writer = wandb.init(project=config.wandb_project or "pack-train", entity=config.wandb_entity,
-                                     name=config.run_name, dir=str(out), config=asdict(config), resume="allow")
+            self.writer = wandb.init(
+                project=config.wandb_project or "pack-train",
+                entity=config.wandb_entity,
+                name=config.run_name,
+                dir=str(out),
+                config=asdict(config),
+                resume="allow",
+            )
 
     def log(self, step: int, record: dict[str, Any]) -> None:
-        scalars = {k: float(v) for k, v in record.items()
-                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self.kind == "tensorboard":
             for key, value in scalars.items():
                 self.writer.add_scalar(tensorboard_tag(key), value, step)
@@ -183,8 +192,7 @@ def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
     (`num_experts_per_tok` of them). Call it before the weights are quantized or sharded."""
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     per_token = getattr(text, "num_experts_per_tok", None)
-    experts = next((getattr(text, k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if getattr(text, k, None)), None)
+    experts = next((getattr(text, k) for k in ("num_local_experts", "num_experts", "n_routed_experts") if getattr(text, k, None)), None)
     active = min(1.0, per_token / experts) if per_token and experts else 1.0  # the experts' share a token uses
     heads = int(text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
@@ -197,14 +205,27 @@ def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
         chunk = getattr(text, "attention_chunk_size", None) if kind == "chunked_attention" else None
         base, adapters = _split_params(layer, active)
         mlp = layer_mlp(layer)
-        layers.append(LayerShape(params=base, heads=heads, head_dim=head_dim, window=int(window) if window else None,
-                                 chunk=int(chunk) if chunk else None, adapter_params=adapters,
-                                 mlp_params=_split_params(mlp, active)[0] if mlp is not None else 0,
-                                 recompute=bool(every) and i % every == 0))
+        layers.append(
+            LayerShape(
+                params=base,
+                heads=heads,
+                head_dim=head_dim,
+                window=int(window) if window else None,
+                chunk=int(chunk) if chunk else None,
+                adapter_params=adapters,
+                mlp_params=_split_params(mlp, active)[0] if mlp is not None else 0,
+                recompute=bool(every) and i % every == 0,
+            )
+        )
     head = model.get_output_embeddings()
     weight = head.weight if head is not None else torch.empty(0, 0, device="meta")
-    return ModelShape(layers=tuple(layers), head_params=weight.numel(), vocab=int(weight.shape[0]),
-                      lora=bool(config.lora_r), tiled_mlp=bool(config.tile_mlp))
+    return ModelShape(
+        layers=tuple(layers),
+        head_params=weight.numel(),
+        vocab=int(weight.shape[0]),
+        lora=bool(config.lora_r),
+        tiled_mlp=bool(config.tile_mlp),
+    )
 
 
 def _split_params(module: torch.nn.Module, active: float = 1.0) -> tuple[int, int]:
@@ -227,8 +248,13 @@ def batch_flops(shape: ModelShape, batch: MicroBatch) -> StepFlops:
     shard = batch.context
     cu = shard.cu_seqlens if shard is not None else batch.cu_seqlens.numpy()
     share = 1.0 / shard.n_ranks if shard is not None else 1.0
-    dense = step_flops(shape, np.zeros(0, np.int64), tokens=batch.n_tokens, loss_tokens=batch.n_loss_tokens,
-                       head_recompute=batch.n_loss_tokens * shape.vocab > KEEP_LOGITS_UP_TO)
+    dense = step_flops(
+        shape,
+        np.zeros(0, np.int64),
+        tokens=batch.n_tokens,
+        loss_tokens=batch.n_loss_tokens,
+        head_recompute=batch.n_loss_tokens * shape.vocab > KEEP_LOGITS_UP_TO,
+    )
     attention = step_flops(shape, np.diff(cu), tokens=0, loss_tokens=0)
     return dense + attention.scaled(share)
 
@@ -241,16 +267,32 @@ class Meter:
     when a line is written."""
 
     def __init__(
-        self, out: Path, config: TrainConfig, *, rank: int, world: int, device: torch.device,
-        shape: ModelShape, backend: str, start_step: int, total_steps: int, tokens_seen: int,
+        self,
+        out: Path,
+        config: TrainConfig,
+        *,
+        rank: int,
+        world: int,
+        device: torch.device,
+        shape: ModelShape,
+        backend: str,
+        start_step: int,
+        total_steps: int,
+        tokens_seen: int,
     ) -> None:
         self.device, self.backend, self.shape, self.world = device, backend, shape, world
         peak = config.peak_flops or known_peak_flops(device)
         self.peak_flops = peak * world if peak else None  # for the MFU and HFU
         self.file = open(out / METRICS, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
         self.reporter = Reporter(config.report_to, out, config, rank)
-        self.bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0 or not config.progress,
-                        desc="pack-train", unit="step", dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            disable=rank != 0 or not config.progress,
+            desc="pack-train",
+            unit="step",
+            dynamic_ncols=True,
+        )
         self.tokens_seen = tokens_seen  # all ranks, this run and the ones it resumes
         self.run_tokens = 0  # all ranks, this run
         self.run_flops = StepFlops()  # all ranks, this run, up to the last metrics line
@@ -285,16 +327,14 @@ class Meter:
     def count_tokens(self) -> None:
         """Bring the token counts up to date (reads the pending device count)."""
         n = int(self._pending)
-        self.tokens_seen, self.run_tokens, self._tokens_since = (
-            self.tokens_seen + n, self.run_tokens + n, self._tokens_since + n)
+        self.tokens_seen, self.run_tokens, self._tokens_since = (self.tokens_seen + n, self.run_tokens + n, self._tokens_since + n)
         self._pending = 0
 
     def _window_flops(self) -> StepFlops:
         """The FLOPs since the last line, all ranks (every rank writes a line at the same steps)."""
         flops = self._flops_since
         if dist.is_available() and dist.is_initialized() and self.world > 1:
-            total = torch.tensor(flops.as_list(), dtype=torch.float64,
-                                 device=self.device if self.device.type == "cuda" else "cpu")
+            total = torch.tensor(flops.as_list(), dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
             dist.all_reduce(total)
             flops = StepFlops(*total.tolist())
         self._flops_since = StepFlops()

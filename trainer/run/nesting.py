@@ -41,14 +41,22 @@ def refuse_nested_run(config: TrainConfig) -> None:
     out = _real(str(config.out))
     outer = _outer_run(out)
     if outer is not None:
-        raise UserError(f"--out {config.out} is inside the run folder {outer}: a run there replaces and removes "
-                        "what it wrote (checkpoints/, merged/, config.json); choose an --out outside every run folder")
-    for option, value in (("--model", config.model), ("--data", config.data), ("--eval-data", config.eval_data),
-                          ("--tokenizer", config.tokenizer)):
+        raise UserError(
+            f"--out {config.out} is inside the run folder {outer}: a run there replaces and removes "
+            "what it wrote (checkpoints/, merged/, config.json); choose an --out outside every run folder"
+        )
+    for option, value in (
+        ("--model", config.model),
+        ("--data", config.data),
+        ("--eval-data", config.eval_data),
+        ("--tokenizer", config.tokenizer),
+    ):
         if not value or not os.path.exists(os.path.expanduser(str(value))):
             continue
         real = _real(str(value))
         hit = next((name for name in RUN_ENTRIES if real.is_relative_to(out / name)), None)
         if hit is not None:
-            raise UserError(f"{option} {value} is inside {config.out}/{hit}, which this run writes (and "
-                            f"replaces or removes); copy it out of the run folder, or choose another --out")
+            raise UserError(
+                f"{option} {value} is inside {config.out}/{hit}, which this run writes (and "
+                f"replaces or removes); copy it out of the run folder, or choose another --out"
+            )

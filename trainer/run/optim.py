@@ -52,7 +52,10 @@ def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> l
 
 
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], config: TrainConfig, device: torch.device, total_steps: int,
+    params: Iterable[torch.nn.Parameter],
+    config: TrainConfig,
+    device: torch.device,
+    total_steps: int,
     master_weights: bool = False,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """`config.optimizer` over `params` (AdamW fused on CUDA) and a LambdaLR that follows `Schedule`.
@@ -60,15 +63,17 @@ def make_optimizer(
     bf16 and keeps their fp32 masters."""
     groups = param_groups(params, config.weight_decay)
     if master_weights:
-        optimizer: torch.optim.Optimizer = MasterAdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
-                                                       eps=config.adam_eps)
+        optimizer: torch.optim.Optimizer = MasterAdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps)
     elif config.optimizer == "adafactor":
         optimizer = torch.optim.Adafactor(groups, lr=config.lr, foreach=True)
     elif config.optimizer in LOW_BIT:
         optimizer = low_bit_adamw(config.optimizer, groups, config)
     else:
         optimizer = torch.optim.AdamW(
-            groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps,
+            groups,
+            lr=config.lr,
+            betas=(config.beta1, config.beta2),
+            eps=config.adam_eps,
             # fused: one pass over each tensor, on the GPU or, under --offload-states, in CPU memory
             **({"fused": True} if device.type == "cuda" else {"foreach": True}),
         )
@@ -86,13 +91,10 @@ def low_bit_adamw(name: str, groups: list[dict[str, Any]], config: TrainConfig) 
         from torchao import optim as low_bit
     except ImportError:
         raise UserError(f"--optimizer {name} needs torchao (pip install torchao): or use --optimizer adamw") from None
-    return getattr(low_bit, LOW_BIT[name])(groups, lr=config.lr, betas=(config.beta1, config.beta2),
-                                           eps=config.adam_eps)
+    return getattr(low_bit, LOW_BIT[name])(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps)
 
 
-def stretch_schedule(
-    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int
-) -> None:
+def stretch_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int) -> None:
     """After a scheduler was loaded from a checkpoint: keep this run's length (`--max-steps` may have
     grown) and set the learning rate of the next step from it."""
     schedule = scheduler.lr_lambdas[0]

@@ -75,20 +75,30 @@ def refuse_foreign_out(config: TrainConfig) -> None:
     never makes a link)."""
     text = str(config.out)
     if not text.strip():
-        raise UserError("--out is empty: name the run folder to create (e.g. --out runs/first); pack-train "
-                        "does not write a run into the working folder unnamed")
+        raise UserError(
+            "--out is empty: name the run folder to create (e.g. --out runs/first); pack-train "
+            "does not write a run into the working folder unnamed"
+        )
     out = Path(text).expanduser()
-    for option, value in (("--model", config.model), ("--data", config.data), ("--eval-data", config.eval_data),
-                          ("--tokenizer", config.tokenizer)):
+    for option, value in (
+        ("--model", config.model),
+        ("--data", config.data),
+        ("--eval-data", config.eval_data),
+        ("--tokenizer", config.tokenizer),
+    ):
         other = Path(str(value)).expanduser() if value else None
         if other is None or not other.is_dir():
             continue
         if out.exists() and os.path.samefile(out, other):
-            raise UserError(f"--out {text} is the {option} folder: the run would write its config.json, "
-                            f"metrics and checkpoints into it; choose a new folder for --out")
+            raise UserError(
+                f"--out {text} is the {option} folder: the run would write its config.json, "
+                f"metrics and checkpoints into it; choose a new folder for --out"
+            )
         if out.resolve().is_relative_to(other.resolve()) and any(other.iterdir()):  # inside it, links followed
-            raise UserError(f"--out {text} is inside the {option} folder {value}: the run would write its "
-                            "config.json, metrics and checkpoints into it; choose a folder outside it for --out")
+            raise UserError(
+                f"--out {text} is inside the {option} folder {value}: the run would write its "
+                "config.json, metrics and checkpoints into it; choose a folder outside it for --out"
+            )
     if not out.exists():
         return
     if not out.is_dir():
@@ -96,9 +106,11 @@ def refuse_foreign_out(config: TrainConfig) -> None:
     if not is_run_folder(out):
         names = sorted(p.name for p in out.iterdir())
         held = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise UserError(f"--out {text} is an existing folder that is not a pack-train run folder (it holds "
-                        f"{held}): pack-train writes only into a new or empty folder, or a run folder it wrote "
-                        "before; choose another --out")
+        raise UserError(
+            f"--out {text} is an existing folder that is not a pack-train run folder (it holds "
+            f"{held}): pack-train writes only into a new or empty folder, or a run folder it wrote "
+            "before; choose another --out"
+        )
     refuse_linked_checkpoints(out)
 
 
@@ -106,21 +118,20 @@ def refuse_linked_checkpoints(out: Path) -> None:
     """One line when `out`/checkpoints, or anything in it, is a symbolic link: pack-train never makes
     one, and would otherwise resume, replace or remove (--keep-last) what the link points to."""
     root = out / CHECKPOINTS
-    links = [root] if root.is_symlink() else (
-        [p for p in root.iterdir() if p.is_symlink()] if root.is_dir() else [])
+    links = [root] if root.is_symlink() else ([p for p in root.iterdir() if p.is_symlink()] if root.is_dir() else [])
     if links:
         link = links[0]
-        raise UserError(f"{link} is a symbolic link (to {os.readlink(link)}): pack-train reads, replaces and "
-                        f"removes only the checkpoints it wrote into {root}; remove the link, and to continue "
-                        "the checkpoint it points to, give that folder itself: --resume FOLDER with a new --out")
+        raise UserError(
+            f"{link} is a symbolic link (to {os.readlink(link)}): pack-train reads, replaces and "
+            f"removes only the checkpoints it wrote into {root}; remove the link, and to continue "
+            "the checkpoint it points to, give that folder itself: --resume FOLDER with a new --out"
+        )
 
 
 def refuse_reused_out(config: TrainConfig) -> None:
     """A new run may not write over another run's checkpoints."""
     if not config.resume and list_checkpoints(config.out):
-        raise UserError(
-            f"{config.out} already holds checkpoints: pass --resume to continue that run, or choose a new --out"
-        )
+        raise UserError(f"{config.out} already holds checkpoints: pass --resume to continue that run, or choose a new --out")
 
 
 def _installed(distribution: str, module: str) -> bool:
@@ -147,18 +158,24 @@ def no_nvidia_gpu(device: str) -> str | None:
 def refuse_before_torch(config: TrainConfig) -> None:
     """UserError (one line) for what is sure to fail once torch is imported; see the module's list."""
     if importlib.util.find_spec("torch") is None:
-        raise UserError('pack-train needs PyTorch, which this install lacks: pip install -e ".[train]" (install the '
-                        "torch build for your machine first: https://pytorch.org/get-started/locally/)")
+        raise UserError(
+            'pack-train needs PyTorch, which this install lacks: pip install -e ".[train]" (install the '
+            "torch build for your machine first: https://pytorch.org/get-started/locally/)"
+        )
     if config.attn in ATTN_PACKAGES:
         distribution, module, extra = ATTN_PACKAGES[config.attn]
         if not _installed(distribution, module):
-            raise UserError(f"--attn {config.attn}: the {distribution} package is not installed here: "
-                            f'pip install -e ".[{extra}]", or use --attn auto (the fastest backend that runs here)')
+            raise UserError(
+                f"--attn {config.attn}: the {distribution} package is not installed here: "
+                f'pip install -e ".[{extra}]", or use --attn auto (the fastest backend that runs here)'
+            )
     if config.dtype == "fp8":
         why = no_nvidia_gpu(config.device)
         if why:
-            raise UserError(f"--dtype fp8 needs an NVIDIA GPU with float8 tensor cores (sm89 or newer: Ada, Hopper, "
-                            f"Blackwell); {why}: use --dtype bf16-weights")
+            raise UserError(
+                f"--dtype fp8 needs an NVIDIA GPU with float8 tensor cores (sm89 or newer: Ada, Hopper, "
+                f"Blackwell); {why}: use --dtype bf16-weights"
+            )
         if importlib.util.find_spec("torchao") is None:
             raise UserError('--dtype fp8 needs the torchao package: pip install -e ".[fp8]"')
     refuse_foreign_out(config)
@@ -174,8 +191,10 @@ def open_data(config: TrainConfig) -> tuple[Manifest, Any]:
     records the template: the tokenizer takes it before the fingerprints are compared."""
     manifest = verify_folder(config.data, check_hashes=False)
     if manifest.loss_tokens == 0:
-        raise UserError(f"{config.data} has no token that carries a loss: training on it would learn "
-                        "nothing; re-pack data with responses (assistant turns) to train on")
+        raise UserError(
+            f"{config.data} has no token that carries a loss: training on it would learn "
+            "nothing; re-pack data with responses (assistant turns) to train on"
+        )
     source, named = config.tokenizer, config.tokenizer
     model_dir = Path(config.model).expanduser()
     if hub.hub_ref(config.model) is not None:  # (an existing folder is a path, never an id)

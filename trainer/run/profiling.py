@@ -52,8 +52,11 @@ class StepProfiler:
     def _write(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         trace = self.out / f"rank{self.rank}.trace.json.gz"  # torch gzips a path ending in .gz
-        summary = {"steps": [self.first, self.last], "rank": self.rank,
-                   **finish_profile(self.prof, self.last - self.first + 1, self.device, trace)}
+        summary = {
+            "steps": [self.first, self.last],
+            "rank": self.rank,
+            **finish_profile(self.prof, self.last - self.first + 1, self.device, trace),
+        }
         (self.out / f"rank{self.rank}.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
@@ -77,10 +80,14 @@ def finish_profile(prof: Any, steps: int, device: torch.device, trace: Path | No
 # all-gather, reduce-scatter) run on their own stream beside the compute. Inductor names a kernel after
 # its operations: the compiled AdamW update of --dtype bf16-weights (trainer.model.precision) holds "lerp"
 # (AdamW's first moment; nothing else in these models lerps), and "_to_copy" too.
-KERNEL_KINDS = (("communication", ("nccl",)), ("attention", ("flash", "fmha", "flex", "attention")),
-                ("optimizer", ("adam", "foreach", "multi_tensor", "lerp")),
-                ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "wgmma")),
-                ("cross-entropy", ("cross_entropy", "log_softmax", "nll_loss")), ("copy/cast", ("copy", "cast", "to_copy")))
+KERNEL_KINDS = (
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "flex", "attention")),
+    ("optimizer", ("adam", "foreach", "multi_tensor", "lerp")),
+    ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "matmul", "wgmma")),
+    ("cross-entropy", ("cross_entropy", "log_softmax", "nll_loss")),
+    ("copy/cast", ("copy", "cast", "to_copy")),
+)
 
 
 def kernel_kind(name: str) -> str:
@@ -96,9 +103,14 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
     them on their own stream, and their time is the "communication" kind."""
     # kernels only: a user annotation's GPU range ("Optimizer.step#AdamW.step") spans kernels
     # counted on their own
-    events = [e for e in prof.events() if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")
-              and (device.type != "cuda" or e.device_time > 0)
-              and not getattr(e, "is_user_annotation", False) and "#" not in e.name]
+    events = [
+        e
+        for e in prof.events()
+        if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")
+        and (device.type != "cuda" or e.device_time > 0)
+        and not getattr(e, "is_user_annotation", False)
+        and "#" not in e.name
+    ]
     if device.type != "cuda":
         return {"note": "kernel times are measured on CUDA only", **host_summary(prof, steps)}
     kinds: dict[str, float] = {}
@@ -114,7 +126,8 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
     spans = [(e.time_range.start, e.time_range.end) for e in compute]
     wall = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1000.0 if spans else 0.0
     return {
-        "busy_ms_per_step": busy / steps, "wall_ms_per_step": wall / steps,
+        "busy_ms_per_step": busy / steps,
+        "wall_ms_per_step": wall / steps,
         "gpu_idle_share": 1 - busy / wall if wall else None,
         "kernels_per_step": len(events) / steps,
         "ms_per_step_by_kind": {k: v / steps for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
@@ -126,8 +139,14 @@ def profile_summary(prof: Any, steps: int, device: torch.device, top: int = 12) 
 
 # host calls that may wait for the GPU (the two aten ones only when their tensor is on it): where a
 # step waits, the GPU's queue runs dry behind the host
-HOST_WAITS = ("aten::_local_scalar_dense", "aten::is_nonzero", "cudaStreamSynchronize",
-              "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+HOST_WAITS = (
+    "aten::_local_scalar_dense",
+    "aten::is_nonzero",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+)
 
 
 def host_summary(prof: Any, steps: int, top: int = 15) -> dict[str, Any]:
@@ -148,15 +167,13 @@ def host_summary(prof: Any, steps: int, top: int = 15) -> dict[str, Any]:
             key = f"{e.name} <- {' <- '.join(frames) or '?'}"
             waits[key] = waits.get(key, 0.0) + 1 / steps
     return {
-        "top_host_ops_self_ms_per_step": {a.key[:80]: a.self_cpu_time_total / 1000.0 / steps
-                                          for a in averages[:top]},
+        "top_host_ops_self_ms_per_step": {a.key[:80]: a.self_cpu_time_total / 1000.0 / steps for a in averages[:top]},
         "host_waits_per_step": dict(sorted(waits.items(), key=lambda kv: -kv[1])),
     }
 
 
 # (name, upper edge in us) of each bucket of gap lengths
-GAP_BUCKETS = (("<5us", 5.0), ("5-20us", 20.0), ("20-100us", 100.0), ("100-1000us", 1000.0),
-               (">=1000us", float("inf")))
+GAP_BUCKETS = (("<5us", 5.0), ("5-20us", 20.0), ("20-100us", 100.0), ("100-1000us", 1000.0), (">=1000us", float("inf")))
 
 
 def gap_summary(kernels: Sequence[tuple[float, float, str]], steps: int, top: int = 8) -> dict[str, Any]:

@@ -27,8 +27,20 @@ STREAM_KEYS = ("tokens_per_step", "grad_accum", "seed", "world_size", "context_p
 # AdamW settings are restored from them; they hold states for the parameters that train, which
 # --unfrozen-parameters chooses): a resume with other values would silently keep the old ones.
 # The schedule's length (--max-steps, --epochs) is this run's (`stretch_schedule`).
-OPTIMIZER_KEYS = ("lr", "min_lr_ratio", "warmup", "warmup_ratio", "warmup_rule", "schedule", "optimizer", "weight_decay",
-                  "beta1", "beta2", "adam_eps", "unfrozen_parameters")
+OPTIMIZER_KEYS = (
+    "lr",
+    "min_lr_ratio",
+    "warmup",
+    "warmup_ratio",
+    "warmup_rule",
+    "schedule",
+    "optimizer",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "adam_eps",
+    "unfrozen_parameters",
+)
 # Options that shape a LoRA adapter (its matrices' size and where they sit, its scale alpha / r, the
 # base it sits on): a resume with other values would continue another adapter than the one saved.
 ADAPTER_KEYS = ("lora_r", "lora_alpha", "lora_target", "qlora", "int8_base")
@@ -45,8 +57,11 @@ def checkpoint_to_resume(config: TrainConfig, info: DistInfo) -> Path | None:
     found: tuple[Path, list[str]] | str | None = None
     if info.rank == 0:
         try:
-            found = (ckpt.resume_point(out, strict=config.resume == "strict") if config.resume in RESUME
-                     else named_checkpoint(out, Path(config.resume)))
+            found = (
+                ckpt.resume_point(out, strict=config.resume == "strict")
+                if config.resume in RESUME
+                else named_checkpoint(out, Path(config.resume))
+            )
         except UserError as exc:
             found = str(exc)
     if info.enabled:
@@ -71,9 +86,11 @@ def named_checkpoint(out: Path, path: Path) -> tuple[Path, list[str]]:
         raise UserError(f"--resume={path}: the checkpoint is damaged ({damage}): give another one")
     found = ckpt.list_checkpoints(out)
     if found and path.resolve() not in {p.resolve() for p in found}:
-        raise UserError(f"--resume={path}: a checkpoint of another run folder, but --out {out} holds checkpoints of "
-                        f"its own run (newest {found[-1].name}): to start a new run from {path}, give a new --out; "
-                        f"to continue {out}, give one of its own checkpoints")
+        raise UserError(
+            f"--resume={path}: a checkpoint of another run folder, but --out {out} holds checkpoints of "
+            f"its own run (newest {found[-1].name}): to start a new run from {path}, give a new --out; "
+            f"to continue {out}, give one of its own checkpoints"
+        )
     return path, []
 
 
@@ -86,19 +103,23 @@ def continue_history(out: Path, path: Path | None, step: int) -> int | None:
         return None
     own = {p.resolve(): p for p in ckpt.list_checkpoints(out)}.get(path.resolve())
     if own is None:
-        print(f"pack-train: --resume={path}: the run in {out} starts its own history from this checkpoint of "
-              "another run folder", file=sys.stderr)
+        print(
+            f"pack-train: --resume={path}: the run in {out} starts its own history from this checkpoint of another run folder",
+            file=sys.stderr,
+        )
         return None
     moved = ckpt.set_aside_newer(out, own)  # `own`: PATH may be a link to it, named otherwise
     if moved:
-        print(f"pack-train: --resume={path}: rolled back; the newer checkpoints of this run ("
-              f"{', '.join(p.name for p in moved)}) are kept, unchanged, in {moved[0].parent} (with the metrics "
-              "they logged), where this run's saves, --keep-last and --resume never mix with them", file=sys.stderr)
+        print(
+            f"pack-train: --resume={path}: rolled back; the newer checkpoints of this run ("
+            f"{', '.join(p.name for p in moved)}) are kept, unchanged, in {moved[0].parent} (with the metrics "
+            "they logged), where this run's saves, --keep-last and --resume never mix with them",
+            file=sys.stderr,
+        )
     return step
 
 
-def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict, planner: Planner,
-                    stop_at: int) -> dict[str, Any]:
+def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: dict, planner: Planner, stop_at: int) -> dict[str, Any]:
     """The checkpoint's state, if this run can continue it exactly (same data stream, same optimizer
     and learning-rate schedule, a step and data cursor that agree with its name and the data, a
     step before `stop_at`), else UserError."""
@@ -112,8 +133,10 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
                 f"cannot resume {path}: it was trained with {key}={was} but this run has "
                 f"{key}={now}; the data order would differ: use the same value"
             )
-    for keys, why in ((OPTIMIZER_KEYS, "its optimizer and schedule states would carry on with"),
-                      (ADAPTER_KEYS, "the adapter it saved was trained for")):
+    for keys, why in (
+        (OPTIMIZER_KEYS, "its optimizer and schedule states would carry on with"),
+        (ADAPTER_KEYS, "the adapter it saved was trained for"),
+    ):
         for key in keys:
             now = getattr(config, key)
             now = list(now) if isinstance(now, tuple) else now  # as config.json holds it
@@ -121,34 +144,36 @@ def check_resumable(path: Path, config: TrainConfig, world: int, fingerprint: di
                 flag = "--" + key.replace("_", "-")
                 if isinstance(saved[key], bool):  # an on/off flag: --qlora, --int8-base
                     was, now = ("with", "without") if saved[key] else ("without", "with")
-                    raise UserError(f"cannot resume {path}: it was trained {was} {flag}, this run {now} it, and {why} "
-                                    f"that: resume {was} {flag}, or start a new run in another --out")
+                    raise UserError(
+                        f"cannot resume {path}: it was trained {was} {flag}, this run {now} it, and {why} "
+                        f"that: resume {was} {flag}, or start a new run in another --out"
+                    )
                 raise UserError(
                     f"cannot resume {path}: it was trained with {flag} {saved[key]} but this run has {flag} "
                     f"{now}, and {why} {saved[key]}: resume with {flag} {saved[key]}, or "
                     "start a new run in another --out"
                 )
     if state.get("data") != fingerprint:
-        raise UserError(
-            f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ "
-            f"from {config.data})"
-        )
+        raise UserError(f"cannot resume {path}: it was trained on other data (shard hashes or row counts differ from {config.data})")
     step = int(state["step"])
     named = ckpt.checkpoint_step(path.resolve())  # the folder's own name (PATH may be a link to it)
     if named is not None and named != step:
-        raise UserError(f"cannot resume {path}: its name says step {named} but it holds the state of step "
-                        f"{step} (a renamed folder?): rename it back to {ckpt.checkpoint_name(step)}, or give "
-                        "another checkpoint")
+        raise UserError(
+            f"cannot resume {path}: its name says step {named} but it holds the state of step "
+            f"{step} (a renamed folder?): rename it back to {ckpt.checkpoint_name(step)}, or give "
+            "another checkpoint"
+        )
     if step >= stop_at:
         raise UserError(
-            f"{path} is already at step {step} of {stop_at}: nothing to resume; "
-            "raise --max-steps (or --stop-at) to train further"
+            f"{path} is already at step {step} of {stop_at}: nothing to resume; raise --max-steps (or --stop-at) to train further"
         )
     cursor, expected = Cursor(**state["cursor"]), step_cursor(planner, Cursor(), step)
     if cursor != expected:
-        raise UserError(f"cannot resume {path}: its data cursor (epoch {cursor.epoch}, step {cursor.step_in_epoch} "
-                        f"of that epoch) is not where step {step} stands in {config.data} (epoch {expected.epoch}, "
-                        f"step {expected.step_in_epoch}): its {ckpt.STATE_FILE} was altered; give another checkpoint")
+        raise UserError(
+            f"cannot resume {path}: its data cursor (epoch {cursor.epoch}, step {cursor.step_in_epoch} "
+            f"of that epoch) is not where step {step} stands in {config.data} (epoch {expected.epoch}, "
+            f"step {expected.step_in_epoch}): its {ckpt.STATE_FILE} was altered; give another checkpoint"
+        )
     return state
 
 
@@ -166,8 +191,7 @@ def load_weights_into(model: torch.nn.Module, path: Path) -> None:
         )
 
 
-def resume_model(path: Path, model: torch.nn.Module, state: dict[str, Any],
-                 peft: Any = None) -> tuple[int, Cursor, int]:
+def resume_model(path: Path, model: torch.nn.Module, state: dict[str, Any], peft: Any = None) -> tuple[int, Cursor, int]:
     """Load the weights of checkpoint `path` (whose state `check_resumable` accepted) into `model`
     (with LoRA: its adapter into `peft`); returns the checkpoint's step, data cursor and tokens seen."""
     refuse_other_model(path, model, state)
@@ -180,8 +204,15 @@ def resume_model(path: Path, model: torch.nn.Module, state: dict[str, Any],
 
 
 # what makes a model another one, in its config.json: the kind and every shape of its weights
-MODEL_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                    "intermediate_size", "vocab_size")
+MODEL_SHAPE_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
 def refuse_other_model(path: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
@@ -197,13 +228,21 @@ def refuse_other_model(path: Path, model: torch.nn.Module, state: dict[str, Any]
     if differ:
         key = differ[0]
         was = state.get("config", {}).get("model", "?")
-        raise UserError(f"cannot resume {path}: it holds another model than --model (its {key} is {saved[key]}, "
-                        f"this model's {now[key]}): resume with the --model it was trained with ({was})")
+        raise UserError(
+            f"cannot resume {path}: it holds another model than --model (its {key} is {saved[key]}, "
+            f"this model's {now[key]}): resume with the --model it was trained with ({was})"
+        )
 
 
 def load_training_state(
-    path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, rank: int, fsdp: bool,
+    path: Path,
+    *,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    total_steps: int,
+    rank: int,
+    fsdp: bool,
 ) -> None:
     """Load the optimizer (of the wrapped `module`), the scheduler and this rank's RNG states from
     checkpoint `path`; the schedule keeps this run's length."""

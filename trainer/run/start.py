@@ -63,8 +63,10 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         torch.cuda.set_device(device)
     info = setup_distributed(device, cpu_collectives=config.offload_states)
     if config.offload_states and not info.enabled:
-        raise UserError("--offload-states shards the model with FSDP2, which runs under torchrun: torchrun "
-                        "--nproc-per-node N $(which pack-train) ... --parallel fsdp --offload-states (N may be 1)")
+        raise UserError(
+            "--offload-states shards the model with FSDP2, which runs under torchrun: torchrun "
+            "--nproc-per-node N $(which pack-train) ... --parallel fsdp --offload-states (N may be 1)"
+        )
     layout = context_parallel.setup(info.rank, info.world_size, info.enabled, config.context_parallel)
     if layout.cp_size > 1 and config.attn == "auto":  # the kernels that attend a share to the whole row
         config = replace(config, attn="flash_attn" if device.type == "cuda" else "sdpa")
@@ -77,8 +79,10 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         check_fp8(device)
     compiled = config.compile if config.compile is not None else device.type == "cuda"
     if config.activation_memory_budget < 1 and not compiled:
-        raise UserError(f"--activation-memory-budget {config.activation_memory_budget:g} applies to compiled "
-                        f"layers, and this run compiles none: add --compile (the default on CUDA)")
+        raise UserError(
+            f"--activation-memory-budget {config.activation_memory_budget:g} applies to compiled "
+            f"layers, and this run compiles none: add --compile (the default on CUDA)"
+        )
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     transformers.utils.logging.disable_progress_bar()
     resume_from = checkpoint_to_resume(config, info)
@@ -87,25 +91,30 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     eval_folder = held_out_folder(config, manifest)
     reader = ShardReader(config.data, manifest)  # mapped now: every row trained on comes from these files
     config = by_group(config, manifest)
-    planner = Planner(reader.row_lengths(), config.tokens_per_step, seed=config.seed,
-                      world_size=layout.dp_size, grad_accum=config.grad_accum,
-                      groups=manifest.groups if config.step_by_group else None, rank=layout.dp_rank,
-                      even=info.enabled and config.parallel == "fsdp")
+    planner = Planner(
+        reader.row_lengths(),
+        config.tokens_per_step,
+        seed=config.seed,
+        world_size=layout.dp_size,
+        grad_accum=config.grad_accum,
+        groups=manifest.groups if config.step_by_group else None,
+        rank=layout.dp_rank,
+        even=info.enabled and config.parallel == "fsdp",
+    )
     shortest = int(reader.row_lengths().min())
     if layout.cp_size > 1 and shortest < layout.cp_size:  # a share of no token
-        raise UserError(f"--context-parallel {layout.cp_size}: {config.data} holds a row of "
-                        f"{shortest} token(s), too short to split over {layout.cp_size} "
-                        "ranks: lower --context-parallel, or pack the data with longer rows")
+        raise UserError(
+            f"--context-parallel {layout.cp_size}: {config.data} holds a row of "
+            f"{shortest} token(s), too short to split over {layout.cp_size} "
+            "ranks: lower --context-parallel, or pack the data with longer rows"
+        )
     total_steps = _total_steps(config, planner)
     config = per_epoch(config, total_steps)  # --evals-per-epoch / --saves-per-epoch as steps
     stop_at = min(total_steps, config.stop_at) if config.stop_at else total_steps
     fingerprint = data_fingerprint(config.data, manifest)
-    state = (check_resumable(resume_from, config, info.world_size, fingerprint, planner, stop_at)
-             if resume_from is not None else None)
-    hashes = (ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities)
-              if config.verify_hashes else None)
-    model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16),
-                                         groups=layout.groups)
+    state = check_resumable(resume_from, config, info.world_size, fingerprint, planner, stop_at) if resume_from is not None else None
+    hashes = ShardHashCheck(config.data, manifest, info.rank, info.world_size, reader.identities) if config.verify_hashes else None
+    model, backend, backend_why = _model(config, device, manifest, load_on=load_device(config, device, bf16), groups=layout.groups)
     reader.vocab = model.get_input_embeddings().num_embeddings  # every micro-batch's ids checked against it
     if layout.cp_size > 1:  # where the model was proven, still in float32 (a LoRA base: on the CPU)
         check_context_parallel(model, layout)
@@ -113,8 +122,11 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if config.unfrozen_parameters:  # before anything wraps the model: the names Axolotl matches
         tensors, of, trained, _ = unfreeze_only(model, config.unfrozen_parameters)
         if info.rank == 0:
-            print(f"pack-train: --unfrozen-parameters: {trained / 1e6:.2f}M of {n_params / 1e6:.2f}M parameters "
-                  f"({tensors} of {of} tensors) train, the others are frozen", file=sys.stderr)
+            print(
+                f"pack-train: --unfrozen-parameters: {trained / 1e6:.2f}M of {n_params / 1e6:.2f}M parameters "
+                f"({tensors} of {of} tensors) train, the others are frozen",
+                file=sys.stderr,
+            )
     peft = add_lora(model, config) if config.lora_r else None  # adapters injected into `model` itself
     flop_shape = model_shape(model, config)  # before quantizing and sharding change the weights
     if peft is not None and bf16:
@@ -123,18 +135,24 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     if config.qlora:  # on the device, where quantizing is fast (the base arrives in bf16)
         nf4, kept = quantize_base_nf4(decoder_layers(model))
         if not nf4:
-            raise UserError(f"--qlora: none of the decoder's {kept} linear layers has a weight NF4 can store "
-                            f"(a multiple of {NF4_BLOCK} values): train this model with --lora-r alone")
+            raise UserError(
+                f"--qlora: none of the decoder's {kept} linear layers has a weight NF4 can store "
+                f"(a multiple of {NF4_BLOCK} values): train this model with --lora-r alone"
+            )
         if info.rank == 0:
-            print(f"pack-train: --qlora: {nf4} linear layers of the decoder stored in 4-bit NF4 (torchao)"
-                  + (f"; {kept} stay as they were (NF4 needs weights of a multiple of {NF4_BLOCK} values)"
-                     if kept else ""),
-                  file=sys.stderr)
+            print(
+                f"pack-train: --qlora: {nf4} linear layers of the decoder stored in 4-bit NF4 (torchao)"
+                + (f"; {kept} stay as they were (NF4 needs weights of a multiple of {NF4_BLOCK} values)" if kept else ""),
+                file=sys.stderr,
+            )
     if config.int8_base:  # on the device too: one scale per output row, any shape
         int8 = quantize_base_int8(decoder_layers(model))
         if info.rank == 0:
-            print(f"pack-train: --int8-base: {int8} linear layers of the decoder stored in int8, one scale per "
-                  "output row (torchao); every matmul dequantizes them to the compute dtype", file=sys.stderr)
+            print(
+                f"pack-train: --int8-base: {int8} linear layers of the decoder stored in int8, one scale per "
+                "output row (torchao); every matmul dequantizes them to the compute dtype",
+                file=sys.stderr,
+            )
 
     start_step, cursor, tokens_seen = 0, Cursor(), 0
     if resume_from is not None:
@@ -146,66 +164,101 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
     # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same
-    optimizer, scheduler = make_optimizer(wrapper.parameters(), config, device, total_steps,
-                                          master_weights=dtype_name in MASTER_DTYPES and not info.enabled)
+    optimizer, scheduler = make_optimizer(
+        wrapper.parameters(), config, device, total_steps, master_weights=dtype_name in MASTER_DTYPES and not info.enabled
+    )
     masters = optimizer if isinstance(optimizer, MasterAdamW) else None
     if resume_from is not None:
-        load_training_state(resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler,
-                            total_steps=total_steps, rank=info.rank, fsdp=fsdp)
+        load_training_state(
+            resume_from, module=wrapper, optimizer=optimizer, scheduler=scheduler, total_steps=total_steps, rank=info.rank, fsdp=fsdp
+        )
     loader = make_loader(
         MicroBatchDataset(reader, planner, layout.dp_rank, share=(layout.cp_rank, layout.cp_size)),
         CursorSampler(planner, cursor, max(stop_at - start_step, 0)),
-        num_workers=config.num_workers, prefetch_factor=config.prefetch,
+        num_workers=config.num_workers,
+        prefetch_factor=config.prefetch,
     )
     evaluator = None
     if eval_folder is not None:
-        evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device,
-                              share=(layout.cp_rank, layout.cp_size))
+        evaluator = Evaluator(eval_folder, manifest, config.tokens_per_step, info, device, share=(layout.cp_rank, layout.cp_size))
         evaluator.reader.vocab = reader.vocab
-    run = Run(config=config, info=info, fsdp=fsdp, device=device, autocast=autocast, masters=masters,
-              out=Path(config.out), planner=planner, total_steps=total_steps, stop_at=stop_at,
-              start_step=start_step, cursor=cursor, tokens_seen=tokens_seen, fingerprint=fingerprint,
-              hashes=hashes, tokenizer=tokenizer, model=model, peft=peft, wrapper=wrapper, module=module,
-              optimizer=optimizer, scheduler=scheduler, loader=loader, evaluator=evaluator,
-              backend=backend, compiled=compiled, n_params=n_params, flop_shape=flop_shape,
-              fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp), profiler=profiler,
-              layout=layout, largest=largest_microbatch(planner, reader.paths, reader.starts), resumed_from=resume_from)
+    run = Run(
+        config=config,
+        info=info,
+        fsdp=fsdp,
+        device=device,
+        autocast=autocast,
+        masters=masters,
+        out=Path(config.out),
+        planner=planner,
+        total_steps=total_steps,
+        stop_at=stop_at,
+        start_step=start_step,
+        cursor=cursor,
+        tokens_seen=tokens_seen,
+        fingerprint=fingerprint,
+        hashes=hashes,
+        tokenizer=tokenizer,
+        model=model,
+        peft=peft,
+        wrapper=wrapper,
+        module=module,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        evaluator=evaluator,
+        backend=backend,
+        compiled=compiled,
+        n_params=n_params,
+        flop_shape=flop_shape,
+        fp8_all_gather=dtype_name == "fp8" and float8_all_gather(config.fp8_recipe, fsdp),
+        profiler=profiler,
+        layout=layout,
+        largest=largest_microbatch(planner, reader.paths, reader.starts),
+        resumed_from=resume_from,
+    )
     if info.rank == 0:
         try:
-            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step),
-                            manifest.group_size)
+            start_run_files(run.out, config, info.world_size, continue_history(run.out, resume_from, start_step), manifest.group_size)
         except OSError as exc:  # config.json and metrics.jsonl are written whole or not at all
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            raise UserError(f"disk full: pack-train could not write its run files (config.json, metrics.jsonl) into "
-                            f"{run.out} (each is written whole or not at all): free some space, or choose another "
-                            "--out") from None
+            raise UserError(
+                f"disk full: pack-train could not write its run files (config.json, metrics.jsonl) into "
+                f"{run.out} (each is written whole or not at all): free some space, or choose another "
+                "--out"
+            ) from None
         _announce(run, manifest, dtype_name, backend_why)
     return run
 
 
-def _profiler(config: TrainConfig, device: torch.device, rank: int, start_step: int,
-              stop_at: int) -> StepProfiler | None:
+def _profiler(config: TrainConfig, device: torch.device, rank: int, start_step: int, stop_at: int) -> StepProfiler | None:
     """The profiler of `--profile-steps FIRST-LAST` (RUN/profile/), whose steps must be among the
     steps this run trains (start_step + 1 .. stop_at), else one line saying which those are."""
     if config.profile_steps is None:
         return None
     first, last = parse_step_range(config.profile_steps)
     if first <= start_step or last > stop_at:
-        raise UserError(f"--profile-steps {config.profile_steps}: this run trains steps {start_step + 1} to "
-                        f"{stop_at}; profile steps among them, past the first few, which compile (e.g. "
-                        f"its last three: {max(start_step + 1, stop_at - 2)}-{stop_at})")
+        raise UserError(
+            f"--profile-steps {config.profile_steps}: this run trains steps {start_step + 1} to "
+            f"{stop_at}; profile steps among them, past the first few, which compile (e.g. "
+            f"its last three: {max(start_step + 1, stop_at - 2)}-{stop_at})"
+        )
     return StepProfiler((first, last), device, Path(config.out) / PROFILE, rank)
 
 
 def _refuse_under_torchrun(config: TrainConfig, dtype_name: str) -> None:
     """One line for an option that does not combine with the data-parallel mode."""
     if dtype_name in MASTER_DTYPES and config.parallel != "fsdp":
-        raise UserError(f"--dtype {dtype_name} under torchrun needs --parallel fsdp (FSDP2 computes with "
-                        "bf16 weights over fp32 shards); DDP would average the gradients in bf16")
+        raise UserError(
+            f"--dtype {dtype_name} under torchrun needs --parallel fsdp (FSDP2 computes with "
+            "bf16 weights over fp32 shards); DDP would average the gradients in bf16"
+        )
     if config.optimizer == "adafactor" and config.parallel == "fsdp":
-        raise UserError("--optimizer adafactor is not supported with --parallel fsdp: its row and column "
-                        "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp")
+        raise UserError(
+            "--optimizer adafactor is not supported with --parallel fsdp: its row and column "
+            "statistics would cover each rank's shard, not the whole matrix; use --parallel ddp"
+        )
 
 
 def load_device(config: TrainConfig, device: torch.device, bf16: bool) -> torch.device:
@@ -217,7 +270,11 @@ def load_device(config: TrainConfig, device: torch.device, bf16: bool) -> torch.
 
 
 def _model(
-    config: TrainConfig, device: torch.device, manifest: Manifest, *, load_on: torch.device,
+    config: TrainConfig,
+    device: torch.device,
+    manifest: Manifest,
+    *,
+    load_on: torch.device,
     groups: ContextGroups | None,
 ) -> tuple[transformers.PreTrainedModel, str, str]:
     """The model in float32 on `load_on` (`device`, or the CPU for the caller to move it later),
@@ -226,19 +283,27 @@ def _model(
     vocab = manifest_vocab(manifest.tokenizer)
     if config.attn != "auto":  # an impossible request fails before any model is loaded
         select_backend(config.attn, device)
-    model = load_model(config.model, device=load_on, dtype=torch.float32, vocab_size=vocab, seed=config.seed,
-                       added_tokens=added_count(manifest.tokenizer))
+    model = load_model(
+        config.model, device=load_on, dtype=torch.float32, vocab_size=vocab, seed=config.seed, added_tokens=added_count(manifest.tokenizer)
+    )
     backend, why = prepare(model, config.attn, device, groups)
     emb = model.get_input_embeddings().num_embeddings
     if vocab is not None and int(vocab) > emb:
-        raise UserError(f"--data {config.data}: its tokenizer has {vocab} tokens but --model {config.model} embeds "
-                        f"only {emb}: pack the data with the model's tokenizer (pack-data --tokenizer)")
+        raise UserError(
+            f"--data {config.data}: its tokenizer has {vocab} tokens but --model {config.model} embeds "
+            f"only {emb}: pack the data with the model's tokenizer (pack-data --tokenizer)"
+        )
     return model, backend, why
 
 
 def _wrap(
-    model: transformers.PreTrainedModel, config: TrainConfig, info: DistInfo, *, fsdp: bool,
-    compiled: bool, bf16: bool,
+    model: transformers.PreTrainedModel,
+    config: TrainConfig,
+    info: DistInfo,
+    *,
+    fsdp: bool,
+    compiled: bool,
+    bf16: bool,
 ) -> tuple[LossModule, torch.nn.Module]:
     """The model with the loss as its forward, and that wrapper as the step calls it (DDP, FSDP2
     or itself); decoder layers recompute activations and are compiled where asked, and so is
@@ -252,9 +317,17 @@ def _wrap(
     if compiled:
         compile_decoder_layers(model)
     wrapper = LossModule(model, compiled=compiled and not fsdp)
-    module = wrap_parallel(wrapper, layers, info, fsdp=fsdp, bf16=bf16, reduce_bf16=config.grad_reduce == "bf16",
-                           reshard_after_forward=config.reshard_after_forward, bucket_mb=config.ddp_bucket_mb,
-                           offload_states=config.offload_states)
+    module = wrap_parallel(
+        wrapper,
+        layers,
+        info,
+        fsdp=fsdp,
+        bf16=bf16,
+        reduce_bf16=config.grad_reduce == "bf16",
+        reshard_after_forward=config.reshard_after_forward,
+        bucket_mb=config.ddp_bucket_mb,
+        offload_states=config.offload_states,
+    )
     return wrapper, module
 
 
@@ -262,8 +335,10 @@ def by_group(config: TrainConfig, manifest: Manifest) -> TrainConfig:
     """`config` with --step-by-group decided: on for a folder of groups unless turned off; asked for on
     a folder without groups, one line."""
     if config.step_by_group and not manifest.groups:
-        raise UserError(f"--step-by-group: {config.data} has no groups (it was packed with --strategy "
-                        f"{manifest.strategy}): pack it with --strategy minibatch --group-size B, or drop the option")
+        raise UserError(
+            f"--step-by-group: {config.data} has no groups (it was packed with --strategy "
+            f"{manifest.strategy}): pack it with --strategy minibatch --group-size B, or drop the option"
+        )
     return replace(config, step_by_group=bool(manifest.groups) and config.step_by_group is not False)
 
 
@@ -293,31 +368,48 @@ def _announce(run: Run, manifest: Manifest, dtype_name: str, backend_why: str) -
         f"{world} rank(s) ({config.parallel if run.info.enabled else 'single'}"
         f"{f', each row split over {config.context_parallel}' if config.context_parallel > 1 else ''}), "
         f"{manifest.rows} rows / {manifest.total_tokens} tokens, {run.total_steps} steps of "
-        + (f"{'one group' if dp == 1 else f'{dp} groups, one a rank,'} of {manifest.group_size} examples each "
-           f"(cut into micro-batches <= {config.tokens_per_step} tokens)" if config.step_by_group else
-           f"{config.grad_accum} x {dp} micro-batches <= {config.tokens_per_step} tokens")
+        + (
+            f"{'one group' if dp == 1 else f'{dp} groups, one a rank,'} of {manifest.group_size} examples each "
+            f"(cut into micro-batches <= {config.tokens_per_step} tokens)"
+            if config.step_by_group
+            else f"{config.grad_accum} x {dp} micro-batches <= {config.tokens_per_step} tokens"
+        )
         + (f", resuming at step {run.start_step}" if config.resume else ""),
         file=sys.stderr,
     )
     print(f"pack-train: attention {backend_why}", file=sys.stderr)
     if config.step_by_group:
         step = "one" if dp == 1 else f"{dp} (one a rank; an epoch's last step may take fewer)"
-        mean = ("each rank's group its own mean, the means averaged (--loss-average ranks)"
-                if dp > 1 and config.loss_average == "ranks" else "the mean over all its loss tokens")
-        print(f"pack-train: stepping by group: each optimizer step is {step} of the {len(manifest.groups)} groups "
-              f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss {mean}, "
-              "as padded batches of those examples; every epoch takes the same groups in "
-              "another seeded order (TRL/Axolotl draw new batches each epoch: another random draw, the same "
-              "recipe); --no-step-by-group steps by token budget instead", file=sys.stderr)
+        mean = (
+            "each rank's group its own mean, the means averaged (--loss-average ranks)"
+            if dp > 1 and config.loss_average == "ranks"
+            else "the mean over all its loss tokens"
+        )
+        print(
+            f"pack-train: stepping by group: each optimizer step is {step} of the {len(manifest.groups)} groups "
+            f"of {manifest.group_size} examples pack-data made (the last may hold fewer), its loss {mean}, "
+            "as padded batches of those examples; every epoch takes the same groups in "
+            "another seeded order (TRL/Axolotl draw new batches each epoch: another random draw, the same "
+            "recipe); --no-step-by-group steps by token budget instead",
+            file=sys.stderr,
+        )
     if dtype_name == "fp8":
         print(f"pack-train: {recipe_note(config.fp8_recipe)}", file=sys.stderr)
     if run.compiled:
-        print("pack-train: the first step compiles the decoder layers (torch.compile), which takes "
-              "minutes on a large model; later steps reuse that code (--no-compile skips it)", file=sys.stderr)
+        print(
+            "pack-train: the first step compiles the decoder layers (torch.compile), which takes "
+            "minutes on a large model; later steps reuse that code (--no-compile skips it)",
+            file=sys.stderr,
+        )
     plan = run.planner.plan(run.cursor.epoch)
     if plan.n_long_rows:
-        print(f"pack-train: {plan.n_long_rows} rows are longer than --tokens-per-step and each "
-              "becomes a micro-batch of its own", file=sys.stderr)
+        print(
+            f"pack-train: {plan.n_long_rows} rows are longer than --tokens-per-step and each becomes a micro-batch of its own",
+            file=sys.stderr,
+        )
     if plan.n_dropped_microbatches:
-        print(f"pack-train: each epoch drops its last {plan.n_dropped_microbatches} micro-batch(es) "
-              "so every rank takes the same number of steps", file=sys.stderr)
+        print(
+            f"pack-train: each epoch drops its last {plan.n_dropped_microbatches} micro-batch(es) "
+            "so every rank takes the same number of steps",
+            file=sys.stderr,
+        )

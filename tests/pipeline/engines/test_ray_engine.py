@@ -53,14 +53,20 @@ def local_ray():
 
 def digests(folder: Path) -> dict[str, str]:
     """sha256 of every shard, the eval folder's included."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*.arrow"))}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*.arrow"))}
 
 
 def pack(tmp: Path, name: str, inputs: list, **options) -> tuple[Path, object]:
     out = tmp / name
-    config = PackConfig(inputs=[str(p) for p in inputs], tokenizer=options.pop("tokenizer", TOKENIZER),
-                        max_len=options.pop("max_len", 512), out=str(out), progress=False, num_proc=2, **options)
+    config = PackConfig(
+        inputs=[str(p) for p in inputs],
+        tokenizer=options.pop("tokenizer", TOKENIZER),
+        max_len=options.pop("max_len", 512),
+        out=str(out),
+        progress=False,
+        num_proc=2,
+        **options,
+    )
     return out, run_pack_data(config)
 
 
@@ -115,8 +121,18 @@ def test_mixed_formats_and_options_are_byte_identical(tmp_path: Path) -> None:
             w.write_batch(b)
     inputs = [jsonl, gz, array, csv, parquet, arrow]
     assert len(plan_chunks(resolve_inputs(list(map(str, inputs))), 3_000)) > 30
-    same_as_local(tmp_path, inputs, (3_000, 1 << 30), max_len=96, overlong="split", limit=1900,
-                  eval_fraction=0.1, mix="a.jsonl=2,e.parquet=0.5", strategy="minibatch", group_size=8)
+    same_as_local(
+        tmp_path,
+        inputs,
+        (3_000, 1 << 30),
+        max_len=96,
+        overlong="split",
+        limit=1900,
+        eval_fraction=0.1,
+        mix="a.jsonl=2,e.parquet=0.5",
+        strategy="minibatch",
+        group_size=8,
+    )
 
 
 def test_pre_tokenized_inputs(tmp_path: Path) -> None:
@@ -177,9 +193,23 @@ def test_a_worker_killed_mid_job_is_retried_and_the_output_is_unchanged(tmp_path
 
 
 def test_an_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(pack_data, [str(SAMPLE / "text.jsonl"), "--tokenizer", TOKENIZER, "--max-len", "512",
-                                            "--out", str(tmp_path / "o"), "--engine", "ray",
-                                            "--ray-address", "127.0.0.1:9", "--no-progress"])
+    result = CliRunner().invoke(
+        pack_data,
+        [
+            str(SAMPLE / "text.jsonl"),
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            "512",
+            "--out",
+            str(tmp_path / "o"),
+            "--engine",
+            "ray",
+            "--ray-address",
+            "127.0.0.1:9",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the Ray cluster at 127.0.0.1:9" in lines[0], result.output
@@ -196,16 +226,24 @@ def test_a_node_that_cannot_see_the_output_folder_is_one_line(tmp_path: Path) ->
     ray_bin = str(Path(sys.executable).parent / "ray")
     port = 6391
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live under it
-    script = (f"mount -t tmpfs none {hidden} && {ray_bin} start --head --port {port} --num-cpus 1 "
-              f"--temp-dir {temp} --include-dashboard false --disable-usage-stats --block")
-    head = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    script = (
+        f"mount -t tmpfs none {hidden} && {ray_bin} start --head --port {port} --num-cpus 1 "
+        f"--temp-dir {temp} --include-dashboard false --disable-usage-stats --block"
+    )
+    head = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        code = (f"import ray, sys; ray.init(address='127.0.0.1:{port}', log_to_driver=False)\n"
-                "from click.testing import CliRunner\nfrom pipeline.cli import pack_data\n"
-                f"r = CliRunner().invoke(pack_data, ['{SAMPLE / 'text.jsonl'}', '--tokenizer', '{TOKENIZER}', "
-                f"'--max-len', '512', '--out', '{hidden / 'out'}', '--engine', 'ray', '--no-progress'])\n"
-                "print(r.output, end=''); sys.exit(r.exit_code)")
+        code = (
+            f"import ray, sys; ray.init(address='127.0.0.1:{port}', log_to_driver=False)\n"
+            "from click.testing import CliRunner\nfrom pipeline.cli import pack_data\n"
+            f"r = CliRunner().invoke(pack_data, ['{SAMPLE / 'text.jsonl'}', '--tokenizer', '{TOKENIZER}', "
+            f"'--max-len', '512', '--out', '{hidden / 'out'}', '--engine', 'ray', '--no-progress'])\n"
+            "print(r.output, end=''); sys.exit(r.exit_code)"
+        )
         for _ in range(60):  # the head takes a few seconds to come up
             run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
             if "cannot see" in run.stdout or run.returncode == 0:
@@ -231,11 +269,30 @@ def test_the_command_starts_and_stops_its_own_ray(tmp_path: Path) -> None:
     env = {**os.environ, "TEST_RAY_TAG": tag}
     env.pop("RAY_ADDRESS", None)
     try:
-        run = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; "
-                              "from pipeline.cli import pack_data; pack_data()",
-                              str(SAMPLE / "chat.jsonl"), "--tokenizer", TOKENIZER, "--max-len", "1024",
-                              "--out", str(tmp_path / "ray"), "--engine", "ray", "--num-proc", "2", "--no-progress"],
-                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli import pack_data; pack_data()",
+                str(SAMPLE / "chat.jsonl"),
+                "--tokenizer",
+                TOKENIZER,
+                "--max-len",
+                "1024",
+                "--out",
+                str(tmp_path / "ray"),
+                "--engine",
+                "ray",
+                "--num-proc",
+                "2",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env=env,
+        )
         assert run.returncode == 0 and run.stderr == "", run.stderr
         assert "examples: 300 read, 300 packed" in run.stdout
         assert digests(tmp_path / "ray") == digests(local)
@@ -249,12 +306,10 @@ def test_the_command_starts_and_stops_its_own_ray(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-
 def test_numbers_in_text_fields_are_the_file_s_text_on_ray_too(tmp_path: Path) -> None:
     """A JSON number in a text field is packed as the text the file holds, in every chunk."""
     jsonl = tmp_path / "n.jsonl"
-    jsonl.write_text("".join(f'{{"instruction": "id {i}", "output": {10**19 + i}.{i:02d}0, "score": 0.5}}\n'
-                             for i in range(300)))
+    jsonl.write_text("".join(f'{{"instruction": "id {i}", "output": {10**19 + i}.{i:02d}0, "score": 0.5}}\n' for i in range(300)))
     same_as_local(tmp_path, [jsonl], (2_000, 1 << 30), max_len=128)
     from pipeline.shards import iter_rows
     from pipeline.tokenize.tokenizer import load_tokenizer

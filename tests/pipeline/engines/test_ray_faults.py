@@ -35,10 +35,31 @@ def test_a_stopped_ray_job_leaves_no_ray_process(tmp_path: Path, sig: int) -> No
     env = {**os.environ, "TEST_RAY_TAG": tag}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli import pack_data; pack_data()",
-         str(data), "--tokenizer", TOKENIZER, "--max-len", "2048", "--out", str(tmp_path / "o"), "--engine", "ray",
-         "--num-proc", "2", "--chunk-bytes", "200000", "--no-progress"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv[0] = 'pack-data'; from pipeline.cli import pack_data; pack_data()",
+            str(data),
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            "2048",
+            "--out",
+            str(tmp_path / "o"),
+            "--engine",
+            "ray",
+            "--num-proc",
+            "2",
+            "--chunk-bytes",
+            "200000",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:  # until a tokenize task runs

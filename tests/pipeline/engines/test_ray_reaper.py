@@ -17,10 +17,12 @@ from pipeline.engines.ray_reaper import RAY_MARK, family, marked, stop
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the watchdog reads /proc (Linux)")
 
 # a marked parent that starts a child without the mark, prints the child's pid and waits
-PARENT = ("import os, subprocess, sys, time; "
-          f"env = {{k: v for k, v in os.environ.items() if k != {RAY_MARK!r}}}; "
-          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=env); "
-          "print(child.pid, flush=True); time.sleep(60)")
+PARENT = (
+    "import os, subprocess, sys, time; "
+    f"env = {{k: v for k, v in os.environ.items() if k != {RAY_MARK!r}}}; "
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=env); "
+    "print(child.pid, flush=True); time.sleep(60)"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -33,8 +35,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_child_without_the_mark_is_kept_in_the_family_and_stopped() -> None:
     token = uuid.uuid4().hex
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], env={**os.environ, RAY_MARK: token},
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], env={**os.environ, RAY_MARK: token}, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     try:
         # the mark alone finds the parent only; the family adds its unmarked child

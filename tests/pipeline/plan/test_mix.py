@@ -37,10 +37,8 @@ def test_every_example_is_used_its_weight_in_times(counts, data):
     """floor(w) uses of every example, plus one more for a seeded round(frac * n) of them; the ids
     are unique per use and give back their source example; a split example's pieces go together."""
     n_files = len(counts)
-    weights = data.draw(st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0, 0.25]), min_size=n_files,
-                                 max_size=n_files))
-    ids = np.repeat(np.arange(sum(counts)), data.draw(st.lists(st.integers(1, 3), min_size=sum(counts),
-                                                               max_size=sum(counts))) or [])
+    weights = data.draw(st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0, 0.25]), min_size=n_files, max_size=n_files))
+    ids = np.repeat(np.arange(sum(counts)), data.draw(st.lists(st.integers(1, 3), min_size=sum(counts), max_size=sum(counts))) or [])
     pieces = Pieces(ids.astype(np.int64), np.arange(len(ids)) * 7, np.ones(len(ids), np.int64))
     try:
         mixed, records = mix.apply_mix(pieces, np.array(counts), weights, seed=3, names=[str(i) for i in range(n_files)])
@@ -65,17 +63,24 @@ def test_every_example_is_used_its_weight_in_times(counts, data):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("mix")
-    (folder / "a.jsonl").write_text("".join(json.dumps({"text": f"alpha {i} " * (1 + i % 7)}) + "\n"
-                                            for i in range(40)))
-    (folder / "b.jsonl").write_text("".join(json.dumps({"prompt": f"question {i}?", "response": f"answer {i}"})
-                                            + "\n" for i in range(30)))
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": f"alpha {i} " * (1 + i % 7)}) + "\n" for i in range(40)))
+    (folder / "b.jsonl").write_text("".join(json.dumps({"prompt": f"question {i}?", "response": f"answer {i}"}) + "\n" for i in range(30)))
     return folder
 
 
 def _pack(inputs: Path, out: Path, mix_spec: str, num_proc: int = 1, **kw):
-    return run_pack_data(PackConfig(inputs=[str(inputs / "a.jsonl"), str(inputs / "b.jsonl")], tokenizer=TOKENIZER,
-                                    max_len=kw.pop("max_len", 128), out=str(out), mix=mix_spec, num_proc=num_proc,
-                                    progress=False, **kw))
+    return run_pack_data(
+        PackConfig(
+            inputs=[str(inputs / "a.jsonl"), str(inputs / "b.jsonl")],
+            tokenizer=TOKENIZER,
+            max_len=kw.pop("max_len", 128),
+            out=str(out),
+            mix=mix_spec,
+            num_proc=num_proc,
+            progress=False,
+            **kw,
+        )
+    )
 
 
 def _digest(folder: Path) -> str:
@@ -84,10 +89,11 @@ def _digest(folder: Path) -> str:
 
 def test_a_mixture_is_recorded_verified_and_the_same_for_any_num_proc(inputs: Path, tmp_path: Path):
     m = _pack(inputs, tmp_path / "one", "a.jsonl=2,b.jsonl=0.5")
-    assert _digest(tmp_path / "one") == (_pack(inputs, tmp_path / "two", "a.jsonl=2,b.jsonl=0.5", num_proc=2)
-                                         and _digest(tmp_path / "two"))
-    assert [(s["input"].endswith(n), s["weight"], s["examples_read"], s["examples_used"], s["uses"])
-            for s, n in zip(m.sources, ("a.jsonl", "b.jsonl"))] == [(True, 2.0, 40, 40, 80), (True, 0.5, 30, 15, 15)]
+    assert _digest(tmp_path / "one") == (_pack(inputs, tmp_path / "two", "a.jsonl=2,b.jsonl=0.5", num_proc=2) and _digest(tmp_path / "two"))
+    assert [
+        (s["input"].endswith(n), s["weight"], s["examples_read"], s["examples_used"], s["uses"])
+        for s, n in zip(m.sources, ("a.jsonl", "b.jsonl"))
+    ] == [(True, 2.0, 40, 40, 80), (True, 0.5, 30, 15, 15)]
     assert (m.counts.examples_read, m.counts.examples_packed, m.counts.passes) == (70, 95, 2)
     ids = np.concatenate([r["example_ids"] for r in iter_rows(tmp_path / "one")])
     assert len(ids) == len(np.unique(ids)) == 95
@@ -122,18 +128,35 @@ def test_pack_report_shows_and_writes_the_per_input_table(inputs: Path, tmp_path
     assert table["share"].sum() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("spec", "needle"), [
-    ("c.jsonl=2", "--mix c.jsonl=2 matches no input"),
-    ("a.jsonl=-1", "a weight must be a number above 0"),
-    ("a.jsonl=0", "a weight must be a number above 0"),
-    ("a.jsonl", "is not NAME=WEIGHT"),
-    ("a.jsonl=x", "is not NAME=WEIGHT"),
-    ("b.jsonl=0.001", "leaves none of its 30 examples"),
-])
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("c.jsonl=2", "--mix c.jsonl=2 matches no input"),
+        ("a.jsonl=-1", "a weight must be a number above 0"),
+        ("a.jsonl=0", "a weight must be a number above 0"),
+        ("a.jsonl", "is not NAME=WEIGHT"),
+        ("a.jsonl=x", "is not NAME=WEIGHT"),
+        ("b.jsonl=0.001", "leaves none of its 30 examples"),
+    ],
+)
 def test_bad_mixtures_are_one_line_and_no_output(inputs: Path, tmp_path: Path, spec: str, needle: str):
     out = tmp_path / "out"
-    result = CliRunner().invoke(pack_data, [str(inputs / "a.jsonl"), str(inputs / "b.jsonl"), "--tokenizer", TOKENIZER,
-                                            "--max-len", "64", "--out", str(out), "--mix", spec, "--no-progress"])
+    result = CliRunner().invoke(
+        pack_data,
+        [
+            str(inputs / "a.jsonl"),
+            str(inputs / "b.jsonl"),
+            "--tokenizer",
+            TOKENIZER,
+            "--max-len",
+            "64",
+            "--out",
+            str(out),
+            "--mix",
+            spec,
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], result.stderr

@@ -162,14 +162,16 @@ def records(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})
 
 
-@pytest.mark.parametrize(("rows", "row", "has", "kind", "needs"), [
-    ([CHAT_ROW] * 3 + [PAIR_ROW] * 2, 4, "instruction, output (instruction format)", "chat", "'messages'"),
-    ([PAIR_ROW] * 2 + [CHAT_ROW], 1, "instruction, output (instruction format)", "chat", "'messages'"),
-    ([{"text": "doc"}, {"question": "q", "answer": "a"}], 1, "text (text format)", "instruction", "'question' and 'answer'"),
-    ([{"input_ids": [1, 2]}, {"text": "doc"}], 2, "text (text format)", "tokenized", "'input_ids'"),
-])
-def test_a_file_that_mixes_formats_is_one_line_naming_the_row_its_fields_and_the_fix(
-        tokenizer, rows, row, has, kind, needs):
+@pytest.mark.parametrize(
+    ("rows", "row", "has", "kind", "needs"),
+    [
+        ([CHAT_ROW] * 3 + [PAIR_ROW] * 2, 4, "instruction, output (instruction format)", "chat", "'messages'"),
+        ([PAIR_ROW] * 2 + [CHAT_ROW], 1, "instruction, output (instruction format)", "chat", "'messages'"),
+        ([{"text": "doc"}, {"question": "q", "answer": "a"}], 1, "text (text format)", "instruction", "'question' and 'answer'"),
+        ([{"input_ids": [1, 2]}, {"text": "doc"}], 2, "text (text format)", "tokenized", "'input_ids'"),
+    ],
+)
+def test_a_file_that_mixes_formats_is_one_line_naming_the_row_its_fields_and_the_fix(tokenizer, rows, row, has, kind, needs):
     """The format of a file comes from all its fields; its first row that lacks what that format
     needs and has another format's fields instead is named, with both sets of fields and the fix."""
     from pipeline.tokenize.render import check_same_format
@@ -183,9 +185,11 @@ def test_a_file_that_mixes_formats_is_one_line_naming_the_row_its_fields_and_the
         else:
             render(table, fmt, rows_where("mixed.jsonl"), tokenizer)
     msg = str(info.value)
-    assert msg == (f"mixed.jsonl row {row}: the file mixes formats: this row has the fields {has}, but the file is "
-                   f"read as {kind}, which needs {needs} in every row: split it into one file per format (each "
-                   "input file gets its own format), or pass --format and the field options that fit every row")
+    assert msg == (
+        f"mixed.jsonl row {row}: the file mixes formats: this row has the fields {has}, but the file is "
+        f"read as {kind}, which needs {needs} in every row: split it into one file per format (each "
+        "input file gets its own format), or pass --format and the field options that fit every row"
+    )
 
 
 def test_rows_missing_a_field_without_another_formats_fields_keep_the_missing_field_message(tokenizer):
@@ -200,8 +204,11 @@ def test_rows_missing_a_field_without_another_formats_fields_keep_the_missing_fi
         render(table, detect_format(table.column_names, FormatOptions()), rows_where("d.jsonl"))
     table = records([PAIR_ROW, CHAT_ROW])
     fmt = detect_format(table.column_names, FormatOptions(format="instruction"))
-    with pytest.raises(UserError, match=r"^d.jsonl row 2: the file mixes formats: this row has the fields messages "
-                                        r"\(chat format\), but the file is read as instruction"):
+    with pytest.raises(
+        UserError,
+        match=r"^d.jsonl row 2: the file mixes formats: this row has the fields messages "
+        r"\(chat format\), but the file is read as instruction",
+    ):
         render(table, fmt, rows_where("d.jsonl"), tokenizer)
 
 
@@ -256,9 +263,14 @@ def test_an_unknown_chat_role_is_refused_naming_the_allowed_ones():
     from pipeline.tokenize.render import normalise_messages
 
     assert normalise_messages([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], "r") == [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    with pytest.raises(UserError, match=r"chat.jsonl line 3: unknown message role 'wizard': use one of "
-                                        r"system, developer, user, assistant, tool"):
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+    ]
+    with pytest.raises(
+        UserError,
+        match=r"chat.jsonl line 3: unknown message role 'wizard': use one of "
+        r"system, developer, user, assistant, tool",
+    ):
         normalise_messages([{"role": "wizard", "content": "abracadabra"}], "chat.jsonl line 3")
 
 
@@ -267,7 +279,8 @@ TOOL_TEMPLATE = (
     "{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<call>{{ c.function.name }}"
     "({{ c.function.arguments | tojson }})</call>{% endfor %}{% endif %}"
     "{% if m.tool_call_id is defined %}[{{ m.tool_call_id }}]{% endif %};{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def test_tool_calls_and_the_tool_role_reach_the_chat_template(tokenizer):
@@ -279,29 +292,43 @@ def test_tool_calls_and_the_tool_role_reach_the_chat_template(tokenizer):
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = TOOL_TEMPLATE
     tok.add_tokens(["<|user|>", "<|assistant|>", "<|tool|>"])  # its markers, tokens of the vocabulary
-    rows = [[{"role": "user", "content": "weather?"},
-             {"role": "assistant", "content": None, "tool_calls": [
-                 {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-             {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
-             {"role": "assistant", "content": "It is sunny."}],
-            [{"role": "user", "content": "add"},
-             {"role": "assistant", "content": "", "tool_calls": [
-                 {"type": "function", "function": {"name": "add", "arguments": {"x": 1}}}]}]]
+    rows = [
+        [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+        [
+            {"role": "user", "content": "add"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"x": 1}}}]},
+        ],
+    ]
     table = pa.table({"messages": rows})  # Arrow: every message gets tool_calls and tool_call_id
     segs = render(table, detect_format(["messages"], FormatOptions()), rows_where("c.jsonl", 0), tok)
     first = "".join(t for t, e in zip(segs.texts, segs.example) if e == 0)
-    assert first == ('<|user|>weather?;<|assistant|><call>get_weather({"city": "Paris"})</call>;'
-                     "<|tool|>sunny[c1];<|assistant|>It is sunny.;"), first
+    assert first == (
+        '<|user|>weather?;<|assistant|><call>get_weather({"city": "Paris"})</call>;<|tool|>sunny[c1];<|assistant|>It is sunny.;'
+    ), first
     second = [(t, bool(l)) for t, e, l in zip(segs.texts, segs.example, segs.loss) if e == 1]
     assert ('<call>add({"x": 1})</call>;', True) in second, second  # no "city": null from the other row
 
 
-@pytest.mark.parametrize("template, dressed", [("{prompt:d}", "{prompt:d}"), ("{instruction!r} {input}", "{instruction!r}"),
-                                               ("{instruction:>10}", "{instruction:>10}"),
-                                               ("{instruction} {input:{x}}", "{input:{x}}")])
+@pytest.mark.parametrize(
+    "template, dressed",
+    [
+        ("{prompt:d}", "{prompt:d}"),
+        ("{instruction!r} {input}", "{instruction!r}"),
+        ("{instruction:>10}", "{instruction:>10}"),
+        ("{instruction} {input:{x}}", "{input:{x}}"),
+    ],
+)
 def test_a_template_placeholder_with_a_format_spec_is_one_line(template: str, dressed: str):
     from pipeline.read.formats import resolve_template
 
-    with pytest.raises(UserError, match=re.escape(f"{dressed} has a format spec or conversion; write the "
-                                                  "placeholders bare")):
+    with pytest.raises(UserError, match=re.escape(f"{dressed} has a format spec or conversion; write the placeholders bare")):
         resolve_template(template, "alpaca")

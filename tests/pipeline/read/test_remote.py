@@ -31,14 +31,17 @@ def s3(tmp_path_factory):
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     patch = pytest.MonkeyPatch()
     for k, v in env.items():
         patch.setenv(k, v)
     boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="data")
-    fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], access_key="test", secret_key="test",
-                           region="us-east-1")
+    fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], access_key="test", secret_key="test", region="us-east-1")
     yield fs
     patch.undo()
     server.stop()
@@ -58,8 +61,9 @@ def digests(folder: Path) -> dict[str, str]:
 
 
 def pack(inputs: list[str], out: str, **options):
-    config = PackConfig(inputs=inputs, tokenizer=TOKENIZER, max_len=options.pop("max_len", 1024), out=out,
-                        progress=False, num_proc=2, **options)
+    config = PackConfig(
+        inputs=inputs, tokenizer=TOKENIZER, max_len=options.pop("max_len", 1024), out=out, progress=False, num_proc=2, **options
+    )
     return run_pack_data(config)
 
 
@@ -92,8 +96,7 @@ def test_s3_inputs_and_out_give_the_local_jobs_shards(s3, corpus: Path, tmp_path
     verify_folder(got)
     m = read_manifest(got)
     assert [i["path"] for i in m.inputs] == ["s3://data/corpus/a.jsonl", "s3://data/corpus/b.parquet"]
-    assert [i["sha256"] for i in m.inputs] == [hashlib.sha256((corpus / n).read_bytes()).hexdigest()
-                                                for n in ("a.jsonl", "b.parquet")]
+    assert [i["sha256"] for i in m.inputs] == [hashlib.sha256((corpus / n).read_bytes()).hexdigest() for n in ("a.jsonl", "b.parquet")]
     assert [s["input"] for s in m.sources] == ["s3://data/corpus/a.jsonl", "s3://data/corpus/b.parquet"]
     assert m.config["inputs"] == ["s3://data/corpus"] and manifest.rows == m.rows
     assert sorted(p.name for p in tmp_path.iterdir()) == ["got", "local"]  # nothing staged is left
@@ -115,8 +118,10 @@ def test_an_error_in_a_remote_input_names_its_uri_and_nothing_is_written(s3, tmp
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{broken\n')
     upload(s3, bad, "broken/bad.jsonl")
-    result = CliRunner().invoke(pack_data, ["s3://data/broken/bad.jsonl", "--tokenizer", TOKENIZER, "--max-len", "64",
-                                            "--out", "s3://data/out-broken", "--no-progress"])
+    result = CliRunner().invoke(
+        pack_data,
+        ["s3://data/broken/bad.jsonl", "--tokenizer", TOKENIZER, "--max-len", "64", "--out", "s3://data/out-broken", "--no-progress"],
+    )
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: s3://data/broken/bad.jsonl line 2: malformed JSON"), result.output
@@ -154,11 +159,14 @@ def test_file_uris(tmp_path: Path) -> None:
 
 
 def test_a_missing_remote_input_is_one_line(s3, tmp_path: Path) -> None:
-    result = CliRunner().invoke(pack_data, ["s3://data/nothing/here.jsonl", "--tokenizer", TOKENIZER, "--max-len", "64",
-                                            "--out", str(tmp_path / "o"), "--no-progress"])
+    result = CliRunner().invoke(
+        pack_data,
+        ["s3://data/nothing/here.jsonl", "--tokenizer", TOKENIZER, "--max-len", "64", "--out", str(tmp_path / "o"), "--no-progress"],
+    )
     assert result.exit_code != 0
-    assert result.output.strip().splitlines() == ["Error: input not found: s3://data/nothing/here.jsonl: "
-                                                  "check the bucket and key"], result.output
+    assert result.output.strip().splitlines() == ["Error: input not found: s3://data/nothing/here.jsonl: check the bucket and key"], (
+        result.output
+    )
 
 
 def test_a_remote_glob_is_recorded_as_its_uri_and_deep_verify_re_reads_it(s3, corpus: Path, tmp_path: Path) -> None:
@@ -198,7 +206,7 @@ def test_pack_verify_and_pack_report_read_a_packed_folder_by_its_uri(s3, corpus:
         assert bad.exit_code == 1 and f"{uri}/{shard.name}" in lines[-1] and "packlm-read-" not in bad.output, bad.output
     missing = CliRunner().invoke(pack_verify, ["s3://data/no-such-folder"])
     assert missing.exit_code == 1 and missing.output.strip().splitlines() == [
-        "Error: s3://data/no-such-folder: no folder there (expected the --out folder of pack-data): "
-        "check the bucket and key"], missing.output
+        "Error: s3://data/no-such-folder: no folder there (expected the --out folder of pack-data): check the bucket and key"
+    ], missing.output
     leftovers = [p for p in Path(tempfile.gettempdir()).glob("packlm-read-*")]
     assert not leftovers, leftovers

@@ -21,8 +21,7 @@ from pipeline.read import tables as read_tables
 from pipeline.read.batches import SourceBatch, column_names, iter_batches
 from pipeline.read.sources import input_fingerprints, resolve_inputs
 
-ROWS = [{"instruction": f"task {i}", "input": "" if i % 2 else f"in {i}", "output": f"answer {i}"}
-        for i in range(10)]
+ROWS = [{"instruction": f"task {i}", "input": "" if i % 2 else f"in {i}", "output": f"answer {i}"} for i in range(10)]
 
 
 def write_jsonl(path: Path, rows: list[dict], blank_every: int = 0) -> Path:
@@ -87,21 +86,26 @@ def _write_format(kind: str, tmp_path: Path) -> Path:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json", "json-lines-content", "parquet",
-                                  "arrow-file", "arrow-stream", "feather", "hf_disk"])
+@pytest.mark.parametrize(
+    "kind", ["jsonl", "jsonl.gz", "json", "json-lines-content", "parquet", "arrow-file", "arrow-stream", "feather", "hf_disk"]
+)
 def test_each_format_reads_all_rows_in_order(tmp_path, kind):
     path = _write_format(kind, tmp_path)
     files = resolve_inputs([str(path)])
-    expected_kind = {"jsonl.gz": "jsonl", "json-lines-content": "jsonl", "arrow-file": "arrow",
-                     "arrow-stream": "arrow", "feather": "arrow"}.get(kind, kind)
+    expected_kind = {
+        "jsonl.gz": "jsonl",
+        "json-lines-content": "jsonl",
+        "arrow-file": "arrow",
+        "arrow-stream": "arrow",
+        "feather": "arrow",
+    }.get(kind, kind)
     assert [f.kind for f in files] == [expected_kind]
     assert files[0].size > 0
     table, batches = read_all([str(path)], batch_rows=4)
     assert table.to_pylist() == ROWS
     assert all(b.table.num_rows <= 4 for b in batches)
     assert [b.first_row for b in batches] == [b.first_index for b in batches]
-    assert [b.first_row for b in batches] == list(np.cumsum([0] + [b.table.num_rows
-                                                                   for b in batches[:-1]]))
+    assert [b.first_row for b in batches] == list(np.cumsum([0] + [b.table.num_rows for b in batches[:-1]]))
     assert column_names(files) == ["instruction", "input", "output"]
 
 
@@ -122,8 +126,7 @@ def test_csv_and_tsv_read_as_strings_with_quoted_newlines(tmp_path):
 def test_datasets_dict_folder_uses_train_split(tmp_path):
     import datasets
 
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:3]),
-                               "test": datasets.Dataset.from_list(ROWS[3:])})
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:3]), "test": datasets.Dataset.from_list(ROWS[3:])})
     dd.save_to_disk(str(tmp_path / "dd"))
     table, _ = read_all([str(tmp_path / "dd")])
     assert table.to_pylist() == ROWS[:3]
@@ -134,8 +137,9 @@ def test_datasets_dict_folder_uses_train_split(tmp_path):
 def test_dataset_dict_without_train_names_the_splits(tmp_path):
     import datasets
 
-    datasets.DatasetDict({"a": datasets.Dataset.from_list(ROWS[:2]),
-                          "b": datasets.Dataset.from_list(ROWS[2:])}).save_to_disk(str(tmp_path / "dd"))
+    datasets.DatasetDict({"a": datasets.Dataset.from_list(ROWS[:2]), "b": datasets.Dataset.from_list(ROWS[2:])}).save_to_disk(
+        str(tmp_path / "dd")
+    )
     expect_error(r"splits \['a', 'b'\].*pass one split folder", read_all, [str(tmp_path / "dd")])
 
 
@@ -148,17 +152,27 @@ def test_a_hub_dataset_is_read_as_the_local_files_of_its_split(hf_home, tmp_path
     src.mkdir()
     pq.write_table(pa.Table.from_pylist(ROWS[:6]), src / "a.parquet")
     pq.write_table(pa.Table.from_pylist(ROWS[6:]), src / "b.parquet")
-    add_snapshot(hf_home, "dataset", "someone/some-data", {"main/test-0.parquet": src / "a.parquet",
-                                                           "main/test-1.parquet": src / "b.parquet",
-                                                           "main/train-0.parquet": src / "a.parquet"}, "c" * 40)
+    add_snapshot(
+        hf_home,
+        "dataset",
+        "someone/some-data",
+        {"main/test-0.parquet": src / "a.parquet", "main/test-1.parquet": src / "b.parquet", "main/train-0.parquet": src / "a.parquet"},
+        "c" * 40,
+    )
     monkeypatch.chdir(tmp_path)
     files = resolve_inputs(["someone/some-data:main:test"])
     assert [(Path(f.path).name, f.kind) for f in files] == [("test-0.parquet", "parquet"), ("test-1.parquet", "parquet")]
     table, batches = read_all(["someone/some-data:main:test"], batch_rows=4)
     assert table.to_pylist() == ROWS and len(batches) == 3
     assert column_names(files) == ["instruction", "input", "output"]
-    hub = {"input": "someone/some-data:main:test", "id": "someone/some-data", "revision": None, "commit": "c" * 40,
-           "config": "main", "split": "test"}
+    hub = {
+        "input": "someone/some-data:main:test",
+        "id": "someone/some-data",
+        "revision": None,
+        "commit": "c" * 40,
+        "config": "main",
+        "split": "test",
+    }
     assert [e["hub"] for e in input_fingerprints(files)] == [hub, hub]
     assert input_fingerprints(files)[0]["sha256"] == hashlib.sha256((src / "a.parquet").read_bytes()).hexdigest()
 
@@ -167,8 +181,11 @@ def test_a_hub_dataset_neither_cached_nor_reachable_is_one_clear_line(hf_home, m
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.chdir(tmp_path)
-    msg = expect_error("dataset owner/name is not in the local Hugging Face cache .* and the Hugging Face Hub "
-                       "cannot be reached", resolve_inputs, ["owner/name"])
+    msg = expect_error(
+        "dataset owner/name is not in the local Hugging Face cache .* and the Hugging Face Hub cannot be reached",
+        resolve_inputs,
+        ["owner/name"],
+    )
     assert "pass a local path" in msg
 
 
@@ -184,9 +201,15 @@ def test_globs_and_several_files_keep_order_and_global_index(tmp_path):
     assert [Path(f.path).name for f in files] == ["z.parquet", "a.jsonl", "b.jsonl", "c.jsonl"]
     _, batches = read_all(inputs, batch_rows=2)
     got = [(Path(b.file).name, b.first_row, b.first_index, b.table.num_rows) for b in batches]
-    assert got == [("z.parquet", 0, 0, 2), ("a.jsonl", 0, 2, 2), ("a.jsonl", 2, 4, 2),
-                   ("b.jsonl", 0, 6, 2), ("b.jsonl", 2, 8, 1), ("c.jsonl", 0, 9, 2),
-                   ("c.jsonl", 2, 11, 1)]
+    assert got == [
+        ("z.parquet", 0, 0, 2),
+        ("a.jsonl", 0, 2, 2),
+        ("a.jsonl", 2, 4, 2),
+        ("b.jsonl", 0, 6, 2),
+        ("b.jsonl", 2, 8, 1),
+        ("c.jsonl", 0, 9, 2),
+        ("c.jsonl", 2, 11, 1),
+    ]
     # the global index addresses the right example
     flat = [r for b in batches for r in b.table.to_pylist()]
     assert flat[4] == ROWS[5] and flat[9] == ROWS[7]
@@ -214,11 +237,9 @@ def test_files_skipped_in_a_folder_are_named(tmp_path, capsys):
 def test_limit_stops_across_files(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", ROWS[:4])
     write_jsonl(tmp_path / "b.jsonl", ROWS[4:])
-    table, batches = read_all([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
-                              batch_rows=3, limit=6)
+    table, batches = read_all([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")], batch_rows=3, limit=6)
     assert table.to_pylist() == ROWS[:6]
-    assert [(b.first_row, b.first_index, b.table.num_rows) for b in batches] == \
-        [(0, 0, 3), (3, 3, 1), (0, 4, 2)]
+    assert [(b.first_row, b.first_index, b.table.num_rows) for b in batches] == [(0, 0, 3), (3, 3, 1), (0, 4, 2)]
     assert list(iter_batches(resolve_inputs([str(tmp_path / "a.jsonl")]), limit=0)) == []
 
 
@@ -251,8 +272,8 @@ def test_jsonl_lines_longer_than_a_chunk_are_read_whole_with_their_line_numbers(
     chunks = list(read_json._jsonl_chunks(str(path), chunk_bytes))
     assert b"".join(c for c, _, _ in chunks) == path.read_bytes()
     assert [(line, offset) for _, line, offset in chunks] == [
-        (1 + sum(c.count(b"\n") for c, _, _ in chunks[:k]), sum(len(c) for c, _, _ in chunks[:k]))
-        for k in range(len(chunks))]
+        (1 + sum(c.count(b"\n") for c, _, _ in chunks[:k]), sum(len(c) for c, _, _ in chunks[:k])) for k in range(len(chunks))
+    ]
     assert column_names(resolve_inputs([str(path)])) == ["text", "extra"]
 
 
@@ -265,8 +286,7 @@ def test_jsonl_schema_changes_between_chunks(tmp_path, order):
     groups = {
         "null": [{"instruction": f"n{i}", "input": None, "output": "o"} for i in range(30)],
         "absent": [{"instruction": f"a{i}", "output": "o"} for i in range(30)],
-        "string": [{"instruction": f"s{i}", "input": "text", "output": "o", "extra": [1, 2]}
-                   for i in range(30)],
+        "string": [{"instruction": f"s{i}", "input": "text", "output": "o", "extra": [1, 2]} for i in range(30)],
     }
     rows = [r for g in order.split("-") for r in groups[g]]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
@@ -286,8 +306,7 @@ def test_jsonl_schema_changes_between_chunks(tmp_path, order):
 def test_jsonl_type_conflict_within_chunk_names_the_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"a": 1}\n{"a": 2}\n\n{"a": "three"}\n')
-    expect_error(r"d.jsonl line 4: field 'a' is a string here but a number on line 1",
-                 read_all, [str(path)])
+    expect_error(r"d.jsonl line 4: field 'a' is a string here but a number on line 1", read_all, [str(path)])
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -304,24 +323,20 @@ def test_malformed_jsonl_line_is_named_even_in_a_later_chunk(tmp_path):
 def test_jsonl_non_object_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"a": 1}\n[1, 2]\n')
-    expect_error(r"d.jsonl line 2: expected a JSON object per line, found a list", read_all,
-                 [str(path)])
+    expect_error(r"d.jsonl line 2: expected a JSON object per line, found a list", read_all, [str(path)])
 
 
 def test_non_utf8_jsonl_names_line_and_byte(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_bytes(b'{"a": "ok"}\n{"a": "caf\xe9"}\n')
-    expect_error(r"d.jsonl line 2 \(byte offset 22\): not valid UTF-8; re-encode", read_all,
-                 [str(path)])
+    expect_error(r"d.jsonl line 2 \(byte offset 22\): not valid UTF-8; re-encode", read_all, [str(path)])
 
 
 def test_non_utf8_csv_and_json_array(tmp_path):
     (tmp_path / "d.csv").write_bytes(b"a,b\nx,y\nz,caf\xe9\n")
-    expect_error(r"d.csv line 3 \(byte offset 13\): not valid UTF-8", read_all,
-                 [str(tmp_path / "d.csv")])
+    expect_error(r"d.csv line 3 \(byte offset 13\): not valid UTF-8", read_all, [str(tmp_path / "d.csv")])
     (tmp_path / "d.json").write_bytes(b'[\n{"a": "x"},\n{"a": "caf\xe9"}\n]')
-    expect_error(r"d.json line 3 \(byte offset 24\): not valid UTF-8", read_all,
-                 [str(tmp_path / "d.json")])
+    expect_error(r"d.json line 3 \(byte offset 24\): not valid UTF-8", read_all, [str(tmp_path / "d.json")])
 
 
 def test_malformed_json_array(tmp_path):
@@ -352,8 +367,9 @@ def test_json_array_lines_are_found_when_asked_for(tmp_path):
 def test_a_json_array_keeps_fields_its_first_record_lacks(tmp_path):
     """Every field of every record arrives, as from the same records in JSON Lines (pyarrow's
     `Table.from_pylist` alone would keep only the first record's fields)."""
-    records = [{"instruction": "say hi", "output": "hi"}] + \
-              [{"instruction": "repeat", "input": f"w{i}", "output": f"w{i}", "note": i} for i in range(5)]
+    records = [{"instruction": "say hi", "output": "hi"}] + [
+        {"instruction": "repeat", "input": f"w{i}", "output": f"w{i}", "note": i} for i in range(5)
+    ]
     array = tmp_path / "d.json"
     array.write_text(json.dumps(records))
     lines = write_jsonl(tmp_path / "d.jsonl", records)
@@ -369,8 +385,7 @@ def test_a_json_array_keeps_fields_its_first_record_lacks(tmp_path):
 def test_a_json_array_of_text_and_nulls_keeps_its_types(tmp_path):
     """Text and all-null columns of a JSON array arrive as string and null columns; other values
     (numbers of mixed types) still work."""
-    records = [{"text": "plain", "note": None, "n": None}, {"text": None, "note": "ünï 🙂"},
-               {"text": "", "note": None, "n": None}] * 50
+    records = [{"text": "plain", "note": None, "n": None}, {"text": None, "note": "ünï 🙂"}, {"text": "", "note": None, "n": None}] * 50
     path = tmp_path / "d.json"
     path.write_text(json.dumps(records))
     tables = [b.table for b in iter_batches(resolve_inputs([str(path)]), batch_rows=64)]
@@ -391,7 +406,7 @@ def test_the_columns_of_a_json_array_come_from_every_record(tmp_path):
     path.write_text(json.dumps(records))
     assert column_names(resolve_inputs([str(path)])) == ["text", "source"]
     good = ",\n".join(json.dumps({"text": f"t{i}"}) for i in range(1034))
-    path.write_text("[\n" + good + ",\n{\"text\": \"broken\"\n]")
+    path.write_text("[\n" + good + ',\n{"text": "broken"\n]')
     expect_error(r"d.json line 1037: malformed JSON", column_names, resolve_inputs([str(path)]))
     expect_error(r"d.json line 1037: malformed JSON", read_all, [str(path)])
 
@@ -415,8 +430,7 @@ def test_a_jsonl_field_that_first_appears_late_is_found(tmp_path):
 def test_json_array_type_conflict(tmp_path):
     path = tmp_path / "d.json"
     path.write_text('[\n{"a": 1},\n{"a": "x"}\n]')
-    expect_error(r"d.json line 3: field 'a' is a string here but a number on line 2", read_all,
-                 [str(path)])
+    expect_error(r"d.json line 3: field 'a' is a string here but a number on line 2", read_all, [str(path)])
 
 
 def test_missing_file_and_glob_without_match(tmp_path):
@@ -432,8 +446,7 @@ def test_unreadable_file(tmp_path, monkeypatch):
 
 def test_unknown_format_lists_supported(tmp_path):
     (tmp_path / "d.txt").write_text("hello")
-    msg = expect_error(r"unknown input format '.txt' for .*d.txt: supported are", resolve_inputs,
-                       [str(tmp_path / "d.txt")])
+    msg = expect_error(r"unknown input format '.txt' for .*d.txt: supported are", resolve_inputs, [str(tmp_path / "d.txt")])
     assert ".jsonl" in msg and ".parquet" in msg and "save_to_disk" in msg
     (tmp_path / "empty_dir").mkdir()
     expect_error(r"holds no supported data files", resolve_inputs, [str(tmp_path / "empty_dir")])
@@ -460,23 +473,19 @@ def test_corrupt_parquet_and_arrow(tmp_path):
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
     data = (tmp_path / "d.parquet").read_bytes()
     (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
-    expect_error(r"t.parquet: not a readable Parquet file.*corrupt", read_all,
-                 [str(tmp_path / "t.parquet")])
+    expect_error(r"t.parquet: not a readable Parquet file.*corrupt", read_all, [str(tmp_path / "t.parquet")])
     (tmp_path / "g.arrow").write_bytes(b"this is not arrow at all" * 10)
-    expect_error(r"g.arrow: not a readable Arrow IPC file or stream", read_all,
-                 [str(tmp_path / "g.arrow")])
+    expect_error(r"g.arrow: not a readable Arrow IPC file or stream", read_all, [str(tmp_path / "g.arrow")])
     with pa.ipc.new_file(tmp_path / "d.arrow", pa.Table.from_pylist(ROWS).schema) as w:
         w.write_table(pa.Table.from_pylist(ROWS))
     data = (tmp_path / "d.arrow").read_bytes()
     (tmp_path / "t.arrow").write_bytes(data[: len(data) - 40])
-    expect_error(r"t.arrow: not a readable Arrow IPC file or stream", read_all,
-                 [str(tmp_path / "t.arrow")])
+    expect_error(r"t.arrow: not a readable Arrow IPC file or stream", read_all, [str(tmp_path / "t.arrow")])
 
 
 def test_malformed_csv(tmp_path):
     (tmp_path / "d.csv").write_text("a,b\n1,2\n3,4,5\n")
-    expect_error(r"d.csv: cannot read as CSV: .*same number of fields", read_all,
-                 [str(tmp_path / "d.csv")])
+    expect_error(r"d.csv: cannot read as CSV: .*same number of fields", read_all, [str(tmp_path / "d.csv")])
 
 
 # ------------------------------------------------------------------------------------ fingerprints
@@ -489,8 +498,12 @@ def test_fingerprints(tmp_path):
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
     files = resolve_inputs([str(path), str(tmp_path / "ds")])
     fp = input_fingerprints(files)
-    assert fp[0] == {"path": str(path), "kind": "jsonl", "bytes": path.stat().st_size,
-                     "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert fp[0] == {
+        "path": str(path),
+        "kind": "jsonl",
+        "bytes": path.stat().st_size,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
     assert fp[1]["kind"] == "hf_disk" and fp[1]["bytes"] == files[1].size > 0
     # the folder's hash follows its data, not its metadata
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds2"))
@@ -510,9 +523,10 @@ def test_sample_data_reads(tmp_path):
 SHARED = Path(__file__).resolve().parents[4] / "shared" / "datasets"
 
 
-@pytest.mark.skipif(not (SHARED / "gsm8k" / "train.jsonl").is_file()
-                    or not (SHARED / "codealpaca" / "code_alpaca.json").is_file(),
-                    reason="../shared/datasets not present")
+@pytest.mark.skipif(
+    not (SHARED / "gsm8k" / "train.jsonl").is_file() or not (SHARED / "codealpaca" / "code_alpaca.json").is_file(),
+    reason="../shared/datasets not present",
+)
 def test_real_datasets_read_in_order():
     gsm = SHARED / "gsm8k" / "train.jsonl"
     alpaca = SHARED / "codealpaca" / "code_alpaca.json"
@@ -581,8 +595,7 @@ def test_integer_and_list_columns_keep_their_types(tmp_path, kind):
     numbers (pre-tokenized ids) stay numbers."""
     rows = [{"input_ids": [1, 2, 3], "n": 5, "w": [0.5, 1.5]}, {"input_ids": [4], "n": 6, "w": [2.0]}]
     path = tmp_path / f"ids.{kind}"
-    path.write_text("\n".join(map(json.dumps, rows)) + "\n" if kind == "jsonl" else json.dumps(rows),
-                    encoding="utf-8")
+    path.write_text("\n".join(map(json.dumps, rows)) + "\n" if kind == "jsonl" else json.dumps(rows), encoding="utf-8")
     table, _ = read_all([str(path)])
     assert table.schema.field("n").type == pa.int64()
     assert pa.types.is_integer(table.schema.field("input_ids").type.value_type)

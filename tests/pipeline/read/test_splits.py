@@ -20,8 +20,20 @@ from pipeline.read.chunks import plan_chunks
 from pipeline.read.sources import input_fingerprints, resolve_inputs
 from pipeline.splits import split_share
 
-SLICES = ["train[:20%]", "train[10:100]", "train[-5%:]", "train[:1000]", "train[33%:67%]", "train[-15:-2]",
-          "train[5%:-5%]", "train[2:]", "train[:50%]", "train[1_0:]", "train[-1:]", "train[10%:-3]"]
+SLICES = [
+    "train[:20%]",
+    "train[10:100]",
+    "train[-5%:]",
+    "train[:1000]",
+    "train[33%:67%]",
+    "train[-15:-2]",
+    "train[5%:-5%]",
+    "train[2:]",
+    "train[:50%]",
+    "train[1_0:]",
+    "train[-1:]",
+    "train[10%:-3]",
+]
 
 
 def _jsonl(path: Path, first: int, stop: int) -> Path:
@@ -68,11 +80,13 @@ def test_a_share_counts_over_every_file_of_the_input_in_every_format(tmp_path: P
     pq.write_table(pa.table({"i": list(range(230))}), tmp_path / "t.parquet", row_group_size=7)
     (tmp_path / "a.json").write_text(json.dumps([{"i": i} for i in range(37)]))
     (tmp_path / "c.csv").write_text("i\n" + "".join(f"{i}\n" for i in range(29)))
-    cases = [("json", sorted(str(p) for p in (tmp_path / "g").glob("*.jsonl")), f"{tmp_path}/g/*.jsonl"),
-             ("json", [str(tmp_path / "g" / f"p{k}.jsonl") for k in range(3)], str(tmp_path / "g")),
-             ("parquet", str(tmp_path / "t.parquet"), str(tmp_path / "t.parquet")),
-             ("json", str(tmp_path / "a.json"), str(tmp_path / "a.json")),
-             ("csv", str(tmp_path / "c.csv"), str(tmp_path / "c.csv"))]
+    cases = [
+        ("json", sorted(str(p) for p in (tmp_path / "g").glob("*.jsonl")), f"{tmp_path}/g/*.jsonl"),
+        ("json", [str(tmp_path / "g" / f"p{k}.jsonl") for k in range(3)], str(tmp_path / "g")),
+        ("parquet", str(tmp_path / "t.parquet"), str(tmp_path / "t.parquet")),
+        ("json", str(tmp_path / "a.json"), str(tmp_path / "a.json")),
+        ("csv", str(tmp_path / "c.csv"), str(tmp_path / "c.csv")),
+    ]
     for builder, files, spec in cases:
         for split in ("train[:20%]", "train[10:30]", "train[-5%:]", "train[33%:67%]", "train[-15:-2]"):
             assert _read(f"{spec}:{split}") == _theirs(builder, files, split), (spec, split)
@@ -96,15 +110,18 @@ def test_a_shared_file_keeps_its_own_line_numbers_and_limit_counts_kept_rows(tmp
     assert len(plan_chunks(whole, 16)) > 1  # the same file unshared is cut into byte ranges
 
 
-@pytest.mark.parametrize(("split", "needle"), [
-    ("train[1:2:3]", "is no slice of a split"),
-    ("train[:200%]", "between -100% and 100%"),
-    ("train[:5](closest)", "for percent slices only"),
-    ("train[:5%](nearest)", "one of closest, pct1_dropremainder"),
-    ("test[:5]", "datasets' split 'train'"),
-    ("train[5:5]", "selects no examples of its 30"),
-    ("train[5:4]", "ends (row 4) before it starts (row 5) of its 30 examples"),
-])
+@pytest.mark.parametrize(
+    ("split", "needle"),
+    [
+        ("train[1:2:3]", "is no slice of a split"),
+        ("train[:200%]", "between -100% and 100%"),
+        ("train[:5](closest)", "for percent slices only"),
+        ("train[:5%](nearest)", "one of closest, pct1_dropremainder"),
+        ("test[:5]", "datasets' split 'train'"),
+        ("train[5:5]", "selects no examples of its 30"),
+        ("train[5:4]", "ends (row 4) before it starts (row 5) of its 30 examples"),
+    ],
+)
 def test_a_slice_datasets_would_not_read_is_one_line(tmp_path: Path, split: str, needle: str) -> None:
     data = _jsonl(tmp_path / "d.jsonl", 0, 30)
     with pytest.raises(UserError, match=re.escape(needle)) as info:
@@ -117,10 +134,12 @@ def hub_dataset(hf_home: Path, tmp_path: Path) -> Path:
     """someone/ds in the cache: train in two JSONL files (rows 0-39, 40-79), test in one (80-99),
     and a pretrain/ file outside the split conventions."""
     src = tmp_path / "src"
-    files = {"data/train-00000-of-00002.jsonl": _jsonl(src / "t0.jsonl", 0, 40),
-             "data/train-00001-of-00002.jsonl": _jsonl(src / "t1.jsonl", 40, 80),
-             "data/test-00000-of-00001.jsonl": _jsonl(src / "e.jsonl", 80, 100),
-             "pretrain/rp_sub.jsonl": _jsonl(src / "p.jsonl", 1000, 1010)}
+    files = {
+        "data/train-00000-of-00002.jsonl": _jsonl(src / "t0.jsonl", 0, 40),
+        "data/train-00001-of-00002.jsonl": _jsonl(src / "t1.jsonl", 40, 80),
+        "data/test-00000-of-00001.jsonl": _jsonl(src / "e.jsonl", 80, 100),
+        "pretrain/rp_sub.jsonl": _jsonl(src / "p.jsonl", 1000, 1010),
+    }
     return add_snapshot(hf_home, "dataset", "someone/ds", files, C1)
 
 
@@ -140,11 +159,13 @@ def test_hub_files_by_path_read_only_those_files(hub_dataset: Path) -> None:
     assert _read("hf://datasets/someone/ds/data/train-*.jsonl") == list(range(80))
     files = resolve_inputs([f"hf://datasets/someone/ds@{C1}/pretrain/rp_sub.jsonl"])
     assert files[0].hub["commit"] == C1 and files[0].hub["data_files"] == "pretrain/rp_sub.jsonl"
-    for spec, needle in [("hf://datasets/someone/ds/pretrain/nope.jsonl", "has no file 'pretrain/nope.jsonl'"),
-                         ("hf://datasets/someone/ds/../../etc/passwd", "climbs out"),
-                         ("hf://datasets/someone/ds/pretrain/rp_sub.jsonl:test[:5]", "split 'train'"),
-                         ("hf://datasets/someone", "hf://datasets/OWNER/NAME"),
-                         ("hf://datasets/someone/other/x.jsonl", "not in the local Hugging Face cache")]:
+    for spec, needle in [
+        ("hf://datasets/someone/ds/pretrain/nope.jsonl", "has no file 'pretrain/nope.jsonl'"),
+        ("hf://datasets/someone/ds/../../etc/passwd", "climbs out"),
+        ("hf://datasets/someone/ds/pretrain/rp_sub.jsonl:test[:5]", "split 'train'"),
+        ("hf://datasets/someone", "hf://datasets/OWNER/NAME"),
+        ("hf://datasets/someone/other/x.jsonl", "not in the local Hugging Face cache"),
+    ]:
         with pytest.raises(UserError, match=needle.replace("(", r"\(")) as info:
             resolve_inputs([spec])
         assert "\n" not in str(info.value)
@@ -152,6 +173,7 @@ def test_hub_files_by_path_read_only_those_files(hub_dataset: Path) -> None:
 
 def test_zstd_compressed_text_inputs_read_as_their_plain_files(tmp_path: Path) -> None:
     """.zst (Axolotl's ALST example reads pretrain/rp_sub.jsonl.zst) as .gz: JSON Lines, JSON arrays, CSV."""
+
     def zst(name: str, data: bytes) -> str:
         with pa.output_stream(tmp_path / name, compression="zstd") as f:
             f.write(data)
@@ -180,12 +202,16 @@ def test_pack_verify_deep_reads_the_same_share_and_files(hub_dataset: Path, hf_h
     (hf_home / "hub" / "datasets--someone--ds" / "refs" / "main").write_text(C1)
     for n, spec in enumerate(["someone/ds:train[25%:-10]", "hf://datasets/someone/ds/pretrain/rp_sub.jsonl:train[-4:]"]):
         out = tmp_path / f"packed{n}"
-        run_pack_data(PackConfig(inputs=[spec], tokenizer=tokenizer, max_len=64, out=str(out), num_proc=1,
-                                 progress=False, format="text", text_field="i"))
+        run_pack_data(
+            PackConfig(
+                inputs=[spec], tokenizer=tokenizer, max_len=64, out=str(out), num_proc=1, progress=False, format="text", text_field="i"
+            )
+        )
         manifest = verify_folder(out)
         pinned = pinned_config(manifest)["inputs"]
-        assert pinned == ([f"someone/ds@{C1}:train[25%:-10]"] if n == 0 else
-                          [f"hf://datasets/someone/ds@{C1}/pretrain/rp_sub.jsonl:train[-4:]"])
+        assert pinned == (
+            [f"someone/ds@{C1}:train[25%:-10]"] if n == 0 else [f"hf://datasets/someone/ds@{C1}/pretrain/rp_sub.jsonl:train[-4:]"]
+        )
         # datasets reads both bounds as percents when one is: -10 is -10% (8 rows)
         assert _read(pinned[0]) == (list(range(20, 72)) if n == 0 else [1006, 1007, 1008, 1009])
         assert deep_check(out, manifest, None, sample=10) == min(10, manifest.counts.examples_read)
@@ -198,7 +224,17 @@ def test_a_share_of_a_remote_input_is_taken_of_its_downloaded_copy(tmp_path: Pat
     data = _jsonl(tmp_path / "d.jsonl", 0, 50)
     tokenizer = str(Path(__file__).resolve().parents[3] / "data" / "tokenizer")
     for given, out in ((f"file://{data}:train[-20%:]", "remote"), (f"{data}:train[-20%:]", "local")):
-        manifest = run_pack_data(PackConfig(inputs=[given], tokenizer=tokenizer, max_len=64, out=str(tmp_path / out),
-                                            num_proc=1, progress=False, format="text", text_field="i"))
+        manifest = run_pack_data(
+            PackConfig(
+                inputs=[given],
+                tokenizer=tokenizer,
+                max_len=64,
+                out=str(tmp_path / out),
+                num_proc=1,
+                progress=False,
+                format="text",
+                text_field="i",
+            )
+        )
         assert manifest.counts.examples_read == 10 and manifest.inputs[0]["rows"] == [40, 50]
         assert manifest.config["inputs"] == [given]

@@ -16,8 +16,7 @@ from pipeline.report.flops import Sizes
 
 # rows [3, 5] and [8] in one shard; the second shard's row holds one example of 4 whose labels
 # are all -100 (no loss token)
-ROWS = [[(0, [11, 12, 13]), (1, [21, 22, 23, 24, 25])], [(2, list(range(31, 39)))],
-        [(3, [41, 42, 43, 44], [-100] * 4)]]
+ROWS = [[(0, [11, 12, 13]), (1, [21, 22, 23, 24, 25])], [(2, list(range(31, 39)))], [(3, [41, 42, 43, 44], [-100] * 4)]]
 # hidden 4, 1 layer, 1 head of 4, MLP 4, vocab 64: 6 x 112 = 672 FLOPs a token (layer weights
 # 2x16 q/o + 2x16 k/v + 48 MLP), 6 x 64 x 4 = 1,536 a loss token (the head), 12 x 4 = 48 a pair
 MODEL = ["--hidden", "4", "--layers", "1", "--heads", "1", "--kv-heads", "1", "--intermediate", "4"]
@@ -30,10 +29,8 @@ ROW_FLOPS = [672 * 8 + 1536 * 6 + 48 * 21, 672 * 8 + 1536 * 7 + 48 * 36, 672 * 4
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, str]:
     tmp = tmp_path_factory.mktemp("attn")
-    make_packed_folder(tmp / "p", ROWS, 8, rows_per_shard=2,
-                       tokenizer={"name": "<b>test</b>", "fingerprint": "0" * 64, "vocab_size": 64})
-    result = CliRunner().invoke(pack_report, [str(tmp / "p"), *MODEL, "--json", str(tmp / "r.json"),
-                                              "--html", str(tmp / "r.html")])
+    make_packed_folder(tmp / "p", ROWS, 8, rows_per_shard=2, tokenizer={"name": "<b>test</b>", "fingerprint": "0" * 64, "vocab_size": 64})
+    result = CliRunner().invoke(pack_report, [str(tmp / "p"), *MODEL, "--json", str(tmp / "r.json"), "--html", str(tmp / "r.html")])
     assert result.exit_code == 0, result.output
     return result.output, json.loads((tmp / "r.json").read_text()), (tmp / "r.html").read_text()
 
@@ -48,8 +45,7 @@ def test_the_share_in_all_and_per_row_is_the_hand_count(report: tuple[str, dict,
     assert a["attention_flops"] != 48 * (36 + 36 + 10)
     shares = [att / work for att, work in zip(ROW_ATTENTION, ROW_FLOPS)]  # 6.5%, 9.7%, 15.2%
     top = a["highest_share_rows"]
-    assert [(t["shard"], t["row"]) for t in top] == [("shard-00001.arrow", 0), ("shard-00000.arrow", 1),
-                                                      ("shard-00000.arrow", 0)]
+    assert [(t["shard"], t["row"]) for t in top] == [("shard-00001.arrow", 0), ("shard-00000.arrow", 1), ("shard-00000.arrow", 0)]
     assert [t["attention_share"] for t in top] == pytest.approx([shares[2], shares[1], shares[0]])
     assert [(t["tokens"], t["examples"], t["longest"]) for t in top] == [(4, 1, 4), (8, 1, 8), (8, 2, 5)]
     assert a["row_share"]["max"] == pytest.approx(shares[2]) and a["row_share"]["min"] == pytest.approx(shares[0])

@@ -34,20 +34,33 @@ ROWS = [
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rep") / "packed"
-    make_packed_folder(out, ROWS, MAX_LEN, rows_per_shard=2,
-                       counts=Counts(examples_read=7, examples_packed=5, truncated=1, dropped=1,
-                                     empty_skipped=1),
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": 64})
+    make_packed_folder(
+        out,
+        ROWS,
+        MAX_LEN,
+        rows_per_shard=2,
+        counts=Counts(examples_read=7, examples_packed=5, truncated=1, dropped=1, empty_skipped=1),
+        tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": 64},
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def cli_run(folder: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     out = tmp_path_factory.mktemp("rep-out")
-    result = CliRunner().invoke(pack_report, [
-        str(folder), "--batch-size", "2", *MODEL,
-        "--json", str(out / "r.json"), "--html", str(out / "r.html"),
-    ])
+    result = CliRunner().invoke(
+        pack_report,
+        [
+            str(folder),
+            "--batch-size",
+            "2",
+            *MODEL,
+            "--json",
+            str(out / "r.json"),
+            "--html",
+            str(out / "r.html"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     return result, json.loads((out / "r.json").read_text()), (out / "r.html").read_text()
 
@@ -88,8 +101,7 @@ def test_folder_figures(cli_run) -> None:  # noqa: ANN001
 def test_comparison_table(cli_run) -> None:  # noqa: ANN001
     _, r, _ = cli_run
     by = {row["layout"]: row for row in r["comparison"]}
-    assert list(by) == ["pad-to-longest", "pad-to-max", "minibatch", "sequential", "shuffle",
-                        "ffd", "bfd"]
+    assert list(by) == ["pad-to-longest", "pad-to-max", "minibatch", "sequential", "shuffle", "ffd", "bfd"]
     assert by["pad-to-longest"]["token_slots"] == 32
     assert by["pad-to-max"]["token_slots"] == 50
     # Packing 4,5,10,3,2 into rows of 10 needs 3 rows; next fit in id order: [4,5] [10] [3,2].
@@ -108,8 +120,7 @@ def test_terminal_summary(cli_run) -> None:  # noqa: ANN001
     assert "rows                         3   lower bound ceil(tokens/max_len) 3 (+0)" in out
     assert "examples/row    mean 1.67, max 2" in out
     assert "truncated 1, split 0, dropped 1" in out
-    assert "vs pad-to-longest (B=2): 2 padding tokens avoided, 1.61x less attention, " \
-           "est. speedup 1.06x" in out
+    assert "vs pad-to-longest (B=2): 2 padding tokens avoided, 1.61x less attention, est. speedup 1.06x" in out
     assert "shards: 2, sha256 all ok" in out
 
 
@@ -117,16 +128,23 @@ def test_html_is_self_contained(cli_run) -> None:  # noqa: ANN001
     _, _, page = cli_run
     assert page.count("data:image/png;base64,") == 4  # 3 distributions + comparison chart
     assert "<script" not in page and "http://" not in page and "https://" not in page
-    for text in ("80.0%", "shard-00000.arrow", "shard-00001.arrow", "pad-to-longest", "bfd",
-                 "1.06x", "examples per row (max 2)", "Attention's share of the work"):
+    for text in (
+        "80.0%",
+        "shard-00000.arrow",
+        "shard-00001.arrow",
+        "pad-to-longest",
+        "bfd",
+        "1.06x",
+        "examples per row (max 2)",
+        "Attention's share of the work",
+    ):
         assert text in page, text
 
 
 def test_split_example_counts_once(tmp_path: Path) -> None:
     rows = [[(0, list(range(3, 13)))], [(0, [20, 21, 22]), (1, [30, 31])]]
     make_packed_folder(tmp_path / "p", rows, 10)
-    result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--json",
-                                              str(tmp_path / "r.json")])
+    result = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     r = json.loads((tmp_path / "r.json").read_text())
     assert (r["examples"], r["sequences"], r["tokens"], r["rows"]) == (2, 3, 15, 2)
@@ -156,8 +174,7 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     make_packed_folder(tmp_path / "p", ROWS, MAX_LEN)
     result = runner.invoke(pack_report, [str(tmp_path / "p"), "--strategy", "best"])
     assert result.exit_code == 1 and "--strategy 'best'" in result.output
-    result = runner.invoke(pack_report, [str(tmp_path / "p"), "--json",
-                                         str(tmp_path / "nodir" / "r.json")])
+    result = runner.invoke(pack_report, [str(tmp_path / "p"), "--json", str(tmp_path / "nodir" / "r.json")])
     assert result.exit_code == 1 and "does not exist" in result.output
     assert not (tmp_path / "nodir").exists()
 
@@ -190,13 +207,26 @@ def test_whatif_cli_pretokenized(tmp_path: Path) -> None:
     if not Path("data/tokenizer/tokenizer.json").is_file():
         pytest.skip("data/tokenizer not generated")
     data = tmp_path / "tok.jsonl"
-    data.write_text("".join(json.dumps({"input_ids": list(range(1, n + 1))}) + "\n"
-                            for n in (3, 5, 7, 20)))
-    result = CliRunner().invoke(pack_report, [
-        "--input", str(data), "--format", "tokenized", "--tokenizer", "data/tokenizer",
-        "--max-len", "8,16", "--strategy", "ffd", "--json", str(tmp_path / "w.json"),
-        "--html", str(tmp_path / "w.html"),
-    ])
+    data.write_text("".join(json.dumps({"input_ids": list(range(1, n + 1))}) + "\n" for n in (3, 5, 7, 20)))
+    result = CliRunner().invoke(
+        pack_report,
+        [
+            "--input",
+            str(data),
+            "--format",
+            "tokenized",
+            "--tokenizer",
+            "data/tokenizer",
+            "--max-len",
+            "8,16",
+            "--strategy",
+            "ffd",
+            "--json",
+            str(tmp_path / "w.json"),
+            "--html",
+            str(tmp_path / "w.html"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     r = json.loads((tmp_path / "w.json").read_text())
     assert r["kind"] == "what-if" and r["examples"] == 4
@@ -233,8 +263,10 @@ def test_the_planners_first_compile_is_announced(folder: Path, monkeypatch: pyte
     monkeypatch.setattr(cli, "uncompiled", lambda strategies: [s for s in strategies if s in ("bfd", "shuffle")])
     result = CliRunner().invoke(pack_report, [str(folder)])
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == ["pack-report: compiling the planner's numba kernels for shuffle, bfd "
-                                          "(their first use here; cached for later runs): up to half a minute"]
+    assert result.stderr.splitlines() == [
+        "pack-report: compiling the planner's numba kernels for shuffle, bfd "
+        "(their first use here; cached for later runs): up to half a minute"
+    ]
     monkeypatch.setattr(cli, "uncompiled", lambda strategies: [])
     assert CliRunner().invoke(pack_report, [str(folder)]).stderr == ""
 
@@ -245,13 +277,19 @@ def test_uncompiled_tells_which_strategies_numba_would_compile(tmp_path: Path) -
     import subprocess
     import sys
 
-    code = ("import sys\nfrom pipeline.plan.binpack import STRATEGIES, assign_bins, uncompiled\n"
-            "print(uncompiled(STRATEGIES))\nassign_bins([3, 5, 2], 8, strategy='sequential')\n"
-            "print(uncompiled(['sequential', 'ffd']))")
+    code = (
+        "import sys\nfrom pipeline.plan.binpack import STRATEGIES, assign_bins, uncompiled\n"
+        "print(uncompiled(STRATEGIES))\nassign_bins([3, 5, 2], 8, strategy='sequential')\n"
+        "print(uncompiled(['sequential', 'ffd']))"
+    )
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
     root = Path(__file__).resolve().parents[3]
-    runs = [subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                           check=True, timeout=300).stdout.splitlines() for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True, timeout=300
+        ).stdout.splitlines()
+        for _ in range(2)
+    ]
     assert runs[0] == [str(["ffd", "bfd", "shuffle", "sequential", "minibatch", "pad"]), "['ffd']"]
     assert runs[1] == [str(["ffd", "bfd", "shuffle", "minibatch"]), "['ffd']"]  # pad needs only _scan
 
@@ -265,12 +303,16 @@ def test_a_folder_what_if_plans_the_stored_example_lengths_at_other_max_len(fold
     """Lengths 4, 5, 10, 3, 2 (24 tokens): at 20, ffd fits them in 2 rows; at 5, the 10 is longer and
     counts as 5 (19 tokens, 4 rows at least). One example was truncated and one dropped at 10, so
     the figures above 10 are lower bounds, and the report says so."""
-    result = CliRunner().invoke(pack_report, [str(folder), "--max-len", "5,20", "--strategy", "ffd",
-                                              "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")])
+    result = CliRunner().invoke(
+        pack_report,
+        [str(folder), "--max-len", "5,20", "--strategy", "ffd", "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")],
+    )
     assert result.exit_code == 0, result.output
     whatif = json.loads((tmp_path / "r.json").read_text())["whatif"]
     assert [(r["max_len"], r["over_max_len"], r["tokens"], r["lower_bound_rows"]) for r in whatif["runs"]] == [
-        (5, 1, 19, 4), (20, 0, 24, 2)]
+        (5, 1, 19, 4),
+        (20, 0, 24, 2),
+    ]
     ffd = {r["max_len"]: next(c for c in r["comparison"] if c["layout"] == "ffd") for r in whatif["runs"]}
     assert (ffd[5]["rows"], ffd[20]["rows"]) == (4, 2)
     assert whatif["limits"] == {"folder_max_len": 10, "truncated": 1, "dropped": 1, "exact_up_to": 10}
@@ -286,18 +328,50 @@ def test_the_reports_name_the_tokenizer_and_the_inputs(tmp_path: Path) -> None:
     data, tok = ROOT / "data/sample/instructions.jsonl", ROOT / "data/tokenizer"
     from pipeline.cli import pack_data
 
-    assert CliRunner().invoke(pack_data, [str(data), "--tokenizer", str(tok), "--max-len", "512", "--limit", "40",
-                                          "--out", str(tmp_path / "p"), "--no-progress", "--num-proc", "1"]).exit_code == 0
-    folder = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--json", str(tmp_path / "f.json"),
-                                              "--html", str(tmp_path / "f.html")])
+    assert (
+        CliRunner()
+        .invoke(
+            pack_data,
+            [
+                str(data),
+                "--tokenizer",
+                str(tok),
+                "--max-len",
+                "512",
+                "--limit",
+                "40",
+                "--out",
+                str(tmp_path / "p"),
+                "--no-progress",
+                "--num-proc",
+                "1",
+            ],
+        )
+        .exit_code
+        == 0
+    )
+    folder = CliRunner().invoke(pack_report, [str(tmp_path / "p"), "--json", str(tmp_path / "f.json"), "--html", str(tmp_path / "f.html")])
     assert folder.exit_code == 0, folder.output
     assert folder.output.startswith(f"tokenizer: {tok} (recorded by the folder)\ninputs: {data}\n")
     report = json.loads((tmp_path / "f.json").read_text())
     assert (report["tokenizer"], report["inputs"]) == (str(tok), [str(data)])
     assert f"Tokenizer <code>{tok}</code>" in (tmp_path / "f.html").read_text()
     # a what-if takes the tokenizer a packed folder records, and says so
-    whatif = CliRunner().invoke(pack_report, ["--input", str(data), "--tokenizer", str(tmp_path / "p"), "--limit", "40",
-                                              "--max-len", "256,512", "--json", str(tmp_path / "w.json")])
+    whatif = CliRunner().invoke(
+        pack_report,
+        [
+            "--input",
+            str(data),
+            "--tokenizer",
+            str(tmp_path / "p"),
+            "--limit",
+            "40",
+            "--max-len",
+            "256,512",
+            "--json",
+            str(tmp_path / "w.json"),
+        ],
+    )
     assert whatif.exit_code == 0, whatif.output
     assert f"tokenizer: {tok} (recorded by the packed folder {tmp_path / 'p'})" in whatif.output
     assert "across max_len (the best packing strategy of each)" in whatif.output
@@ -306,8 +380,7 @@ def test_the_reports_name_the_tokenizer_and_the_inputs(tmp_path: Path) -> None:
 
 
 def test_a_what_if_without_a_tokenizer_is_one_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(pack_report, ["--input", str(ROOT / "data/sample/text.jsonl"),
-                                              "--html", str(tmp_path / "w.html")])
+    result = CliRunner().invoke(pack_report, ["--input", str(ROOT / "data/sample/text.jsonl"), "--html", str(tmp_path / "w.html")])
     assert result.exit_code == 1 and not (tmp_path / "w.html").exists()
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--input needs --tokenizer" in lines[0], result.stderr
@@ -316,8 +389,10 @@ def test_a_what_if_without_a_tokenizer_is_one_line(tmp_path: Path) -> None:
 def test_every_value_on_the_what_if_page_is_escaped(tmp_path: Path) -> None:
     hostile = tmp_path / "<img src=x onerror=alert(1)>.jsonl"
     hostile.write_text("".join(json.dumps({"text": f"document {i} " * (i + 1)}) + "\n" for i in range(20)))
-    result = CliRunner().invoke(pack_report, ["--input", str(hostile), "--tokenizer", str(ROOT / "data/tokenizer"),
-                                              "--max-len", "16,64", "--html", str(tmp_path / "w.html")])
+    result = CliRunner().invoke(
+        pack_report,
+        ["--input", str(hostile), "--tokenizer", str(ROOT / "data/tokenizer"), "--max-len", "16,64", "--html", str(tmp_path / "w.html")],
+    )
     assert result.exit_code == 0, result.output
     page = (tmp_path / "w.html").read_text()
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;.jsonl" in page

@@ -100,18 +100,14 @@ def _negative_token(a: dict) -> None:
 
 
 SHARD_DEFECTS = {
-    "position": (0, _positions_continue, "shard-00000.arrow row 0 example 1 (id 1) token 0",
-                 "position_ids"),
-    "label-start": (0, _label_at_start, "shard-00000.arrow row 0 example 1 (id 1) token 0",
-                    "label at an example start"),
-    "label-shifted": (0, _label_shifted, "shard-00000.arrow row 0 example 1 (id 1) token 1",
-                      "neither -100 nor the input id"),
+    "position": (0, _positions_continue, "shard-00000.arrow row 0 example 1 (id 1) token 0", "position_ids"),
+    "label-start": (0, _label_at_start, "shard-00000.arrow row 0 example 1 (id 1) token 0", "label at an example start"),
+    "label-shifted": (0, _label_shifted, "shard-00000.arrow row 0 example 1 (id 1) token 1", "neither -100 nor the input id"),
     "seq-sum": (0, _seq_lens_sum, "shard-00000.arrow row 0", "seq_lens sum to 8"),
     "seq-zero": (0, _seq_len_zero, "shard-00000.arrow row 0 example 0 (id 0)", "must be >= 1"),
     "dup-id": (0, _duplicate_id, "example id 0 appears 2 times", "duplicated example"),
     "id-range": (1, _id_out_of_range, "example id 99", "counts.examples_read 6"),
-    "negative-token": (0, _negative_token, "shard-00000.arrow row 0 example 0 (id 0) token 2",
-                       "negative token id -5"),
+    "negative-token": (0, _negative_token, "shard-00000.arrow row 0 example 0 (id 0) token 2", "negative token id -5"),
 }
 
 
@@ -136,8 +132,7 @@ def test_column_length_mismatch(bad: Path) -> None:
     labels = table.column("labels").to_pylist()
     labels[0] = labels[0][:-1]
     # Copy every column out of the memory map before the file is overwritten.
-    cols = [pa.array(labels if n == "labels" else table.column(n).to_pylist(), SCHEMA.field(n).type)
-            for n in SCHEMA.names]
+    cols = [pa.array(labels if n == "labels" else table.column(n).to_pylist(), SCHEMA.field(n).type) for n in SCHEMA.names]
     del table
     new = pa.Table.from_arrays(cols, schema=SCHEMA)
     with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, SCHEMA) as w:
@@ -207,17 +202,20 @@ def test_not_arrow(bad: Path) -> None:
 MANIFEST_DEFECTS = {
     "version": (lambda m: m.update(format_version=99), "format_version 99 is not supported"),
     "format": (lambda m: m.update(format="other"), "format is 'other'"),
-    "packed": (lambda m: m["counts"].update(examples_packed=5, examples_read=7),
-               "counts.examples_packed is 5 but the shards hold 6 distinct example ids"),
+    "packed": (
+        lambda m: m["counts"].update(examples_packed=5, examples_read=7),
+        "counts.examples_packed is 5 but the shards hold 6 distinct example ids",
+    ),
     "split": (lambda m: m["counts"].update(split=0), "ids repeat but counts.split is 0"),
     "loss": (lambda m: m.update(loss_tokens=20), "loss_tokens is 20 but the shards hold 28"),
     "rows": (lambda m: m.update(rows=5, efficiency=36 / 50), "rows is 5 but the shards hold 4"),
-    "shard-entry": (lambda m: m["shards"][1].update(tokens=11),
-                    "shard-00001.arrow: has 2 rows / 17 tokens, manifest says 2 rows / 11 tokens"),
+    "shard-entry": (
+        lambda m: m["shards"][1].update(tokens=11),
+        "shard-00001.arrow: has 2 rows / 17 tokens, manifest says 2 rows / 11 tokens",
+    ),
     "efficiency": (lambda m: m.update(efficiency=0.5), "efficiency 0.5 != total_tokens"),
     "missing-field": (lambda m: m.pop("rows"), "missing field 'rows'"),
-    "read<packed": (lambda m: m["counts"].update(examples_read=3),
-                    "counts.examples_packed 6 > counts.examples_read 3"),
+    "read<packed": (lambda m: m["counts"].update(examples_read=3), "counts.examples_packed 6 > counts.examples_read 3"),
 }
 
 
@@ -255,8 +253,7 @@ def test_the_checksum_covers_content_not_layout(bad: Path) -> None:
     result = run_cli(bad)
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
-    assert "manifest.json: it has no checksum, so its figures (counts, max_len, strategy, ...) cannot be " \
-           "checked" in lines[0], lines[0]
+    assert "manifest.json: it has no checksum, so its figures (counts, max_len, strategy, ...) cannot be checked" in lines[0], lines[0]
     assert run_cli(bad, "--no-hash").exit_code == 0
     assert verify_folder(bad, check_hashes=False).checksum is None
 
@@ -323,8 +320,7 @@ def test_token_beyond_vocab(bad: Path) -> None:
     edit_manifest(bad, lambda m: m["tokenizer"].update(vocab_size=70))
     result = run_cli(bad)
     assert result.exit_code == 1
-    assert "shard-00001.arrow row 0 example 2 (id 5) token 0: token id 71 >= the tokenizer's " \
-           "vocab_size 70" in result.output
+    assert "shard-00001.arrow row 0 example 2 (id 5) token 0: token id 71 >= the tokenizer's vocab_size 70" in result.output
 
 
 @pytest.fixture(scope="module")
@@ -336,11 +332,23 @@ def sample_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pipeline.cli import pack_data  # noqa: PLC0415
 
     out = tmp_path_factory.mktemp("deep") / "packed"
-    result = CliRunner().invoke(pack_data, [
-        str(root / "data/sample/instructions.jsonl"), "--tokenizer", str(root / "data/tokenizer"),
-        "--max-len", "128", "--overlong", "split", "--limit", "40", "--out", str(out),
-        "--no-progress",
-    ])
+    result = CliRunner().invoke(
+        pack_data,
+        [
+            str(root / "data/sample/instructions.jsonl"),
+            "--tokenizer",
+            str(root / "data/tokenizer"),
+            "--max-len",
+            "128",
+            "--overlong",
+            "split",
+            "--limit",
+            "40",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -371,6 +379,7 @@ def test_deep_catches_changed_tokens(sample_pack: Path, tmp_path: Path) -> None:
 def test_several_defects_report_the_same_first_one_as_before(bad: Path) -> None:
     """Defect kinds keep their old precedence (ids, positions, start labels, other labels), not
     their order in the shard: a shifted label before a broken position reports the position."""
+
     def change(a: dict) -> None:
         a["labels"][1] = a["input_ids"][1] + 1  # row 0 example 0 token 1: shifted label
         a["position_ids"][6] = 9  # row 0 example 1 token 2: wrong position
@@ -378,12 +387,13 @@ def test_several_defects_report_the_same_first_one_as_before(bad: Path) -> None:
     _tamper(bad, 0, change)
     result = run_cli(bad)
     assert result.exit_code == 1
-    assert "shard-00000.arrow row 0 example 1 (id 1) token 2: position_ids do not restart/count up " \
-           "per example (got 9, expected 2)" in result.output
+    assert (
+        "shard-00000.arrow row 0 example 1 (id 1) token 2: position_ids do not restart/count up "
+        "per example (got 9, expected 2)" in result.output
+    )
 
 
-def test_checked_summaries_are_trusted_only_for_the_unchanged_file(
-        bad: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checked_summaries_are_trusted_only_for_the_unchanged_file(bad: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     paths = sorted(bad.glob("shard-*.arrow"))
     checked = {p.name: summarize_shard(p, MAX_LEN) for p in paths}
     assert [(s.rows, s.tokens, s.loss_tokens) for s in checked.values()] == [(2, 19, 16), (2, 17, 12)]  # 3+4+9, 2+0+1+9

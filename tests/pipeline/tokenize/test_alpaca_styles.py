@@ -18,8 +18,10 @@ from pipeline.tokenize.render import rows_where
 from pipeline.tokenize.tokenizer import load_tokenizer
 
 TOKENIZER = Path(__file__).resolve().parents[3] / "data" / "tokenizer"
-SYSTEM = ("Below is an instruction that describes a task, paired with an input that provides further context. "
-          "Write a response that appropriately completes the request.")
+SYSTEM = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request."
+)
 SYSTEM_NO_INPUT = "Below is an instruction that describes a task. Write a response that appropriately completes the request."
 
 
@@ -27,11 +29,16 @@ SYSTEM_NO_INPUT = "Below is an instruction that describes a task. Write a respon
 def axolotl_prompt(style: str, instruction: str, input_text: str) -> str:
     system_format, turn, turn_no_input = {
         "chat": ("SYSTEM: {system}\n", "USER: {instruction}\n{input}\nASSISTANT:", "USER: {instruction}\nASSISTANT:"),
-        "chatml": ("<|im_start|>system\n{system}<|im_end|>\n",
-                   "<|im_start|>user\n{instruction}\n{input}<|im_end|>\n<|im_start|>assistant\n",
-                   "<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n"),
-        "phi": ("<|system|>\n{system}<|end|>\n", "<|user|>\n{instruction}<|end|>{input}<|assistant|>",
-                "<|user|>\n{instruction}<|end|>\n<|assistant|>\n"),
+        "chatml": (
+            "<|im_start|>system\n{system}<|im_end|>\n",
+            "<|im_start|>user\n{instruction}\n{input}<|im_end|>\n<|im_start|>assistant\n",
+            "<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        "phi": (
+            "<|system|>\n{system}<|end|>\n",
+            "<|user|>\n{instruction}<|end|>{input}<|assistant|>",
+            "<|user|>\n{instruction}<|end|>\n<|assistant|>\n",
+        ),
     }[style]
     if input_text:
         return system_format.format(system=SYSTEM) + turn.format(instruction=instruction, input=input_text)
@@ -40,8 +47,7 @@ def axolotl_prompt(style: str, instruction: str, input_text: str) -> str:
 
 @pytest.mark.parametrize("style", ["chat", "chatml", "phi"])
 def test_each_style_packs_axolotls_prompt_with_its_markers_as_tokens(style: str):
-    markers = {"chat": [], "chatml": ["<|im_start|>", "<|im_end|>"],
-               "phi": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]}[style]
+    markers = {"chat": [], "chatml": ["<|im_start|>", "<|im_end|>"], "phi": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]}[style]
     tok = load_tokenizer(str(TOKENIZER), None, markers)
     rows = {"instruction": ["Add the numbers", "Say hi"], "input": ["2 and 3", ""], "output": ["5", "hi"]}
     table = pa.table(rows)
@@ -50,14 +56,13 @@ def test_each_style_packs_axolotls_prompt_with_its_markers_as_tokens(style: str)
     ids, labels = batch.input_ids.tolist(), batch.labels.tolist()
     at = 0
     for i, length in enumerate(batch.lengths.tolist()):
-        row, row_labels = ids[at:at + length], labels[at:at + length]
+        row, row_labels = ids[at : at + length], labels[at : at + length]
         at += length
         prompt = tok(axolotl_prompt(style, rows["instruction"][i], rows["input"][i]), add_special_tokens=False)
         response = tok(rows["output"][i], add_special_tokens=False)["input_ids"]
         body = row[1:] if row[0] == tok.bos_token_id else row
         assert body == prompt["input_ids"] + response + [tok.eos_token_id]
         for m in markers:  # each marker the prompt writes is one token of the row
-            assert body.count(tok.convert_tokens_to_ids(m)) == axolotl_prompt(style, rows["instruction"][i],
-                                                                                rows["input"][i]).count(m)
+            assert body.count(tok.convert_tokens_to_ids(m)) == axolotl_prompt(style, rows["instruction"][i], rows["input"][i]).count(m)
         trained = [t for t, label in zip(row, row_labels) if label != IGNORE_INDEX]
         assert trained == response + [tok.eos_token_id]  # the prompt carries no loss

@@ -60,11 +60,15 @@ def test_a_prompt_list_beside_a_completion_string_is_one_line():
         one(pa.table({"prompt": [[{"role": "user", "content": "hi"}]], "completion": ["hello"]}), tok)
 
 
-PARTS = [{"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "text", "text": "2+2?"}]},
-         {"role": "assistant", "content": [{"type": "text", "text": "4"}]}]
-READS_PARTS = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
-               "{% else %}{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PARTS = [
+    {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "text", "text": "2+2?"}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "4"}]},
+]
+READS_PARTS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def test_openai_content_lists_render_as_the_template_renders_them(tmp_path: Path):
@@ -85,8 +89,10 @@ def test_openai_content_lists_render_as_the_template_renders_them(tmp_path: Path
 
 def test_a_content_part_that_is_not_text_is_one_line():
     tok = load_tokenizer(str(TOKENIZER))
-    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "a cat"}]}]
+    msgs = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "a cat"}]},
+    ]
     with pytest.raises(UserError, match="x.jsonl row 1: a message content part of type 'image_url'"):
         one(pa.table({"messages": [msgs]}), tok)
 
@@ -95,16 +101,35 @@ def test_a_jsonl_file_mixing_text_and_content_lists_packs_as_the_text(tmp_path: 
     """OpenAI data writes a system prompt as text and a user turn as parts: the file packs, and to the
     same rows as the same conversations written as text."""
     system = {"role": "system", "content": "Be brief."}
-    mixed = [[system, {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "text", "text": "2+2?"}]},
-              {"role": "assistant", "content": "4"}],
-             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}]]
-    text = [[system, {"role": "user", "content": "Look:\n2+2?"}, {"role": "assistant", "content": "4"}],
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]]
+    mixed = [
+        [
+            system,
+            {"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "text", "text": "2+2?"}]},
+            {"role": "assistant", "content": "4"},
+        ],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}],
+    ]
+    text = [
+        [system, {"role": "user", "content": "Look:\n2+2?"}, {"role": "assistant", "content": "4"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    ]
     for name, rows in (("mixed", mixed), ("text", text)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows))
-        result = CliRunner().invoke(pack_data, [str(tmp_path / f"{name}.jsonl"), "--tokenizer", str(TOKENIZER),
-                                                "--max-len", "256", "--out", str(tmp_path / name), "--no-progress",
-                                                "--num-proc", "1"])
+        result = CliRunner().invoke(
+            pack_data,
+            [
+                str(tmp_path / f"{name}.jsonl"),
+                "--tokenizer",
+                str(TOKENIZER),
+                "--max-len",
+                "256",
+                "--out",
+                str(tmp_path / name),
+                "--no-progress",
+                "--num-proc",
+                "1",
+            ],
+        )
         assert result.exit_code == 0, result.output
     manifests = [json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("mixed", "text")]
     assert manifests[0]["total_tokens"] == manifests[1]["total_tokens"]
@@ -122,8 +147,7 @@ def test_chat_template_names_files_and_text():
 
 @pytest.mark.skipif(not LLAMA2.is_dir(), reason="the Llama-2 tokenizer is not beside the checkout")
 def test_chat_data_with_a_tokenizer_without_template_packs_with_chat_template(tmp_path: Path):
-    args = [str(CHAT), "--tokenizer", str(LLAMA2), "--max-len", "1024", "--limit", "20", "--no-progress",
-            "--num-proc", "1"]
+    args = [str(CHAT), "--tokenizer", str(LLAMA2), "--max-len", "1024", "--limit", "20", "--no-progress", "--num-proc", "1"]
     refused = CliRunner().invoke(pack_data, [*args, "--out", str(tmp_path / "none")])
     assert refused.exit_code == 1 and "has no chat template" in refused.stderr and "--chat-template" in refused.stderr
     assert not (tmp_path / "none").exists()
@@ -135,14 +159,19 @@ def test_chat_data_with_a_tokenizer_without_template_packs_with_chat_template(tm
     assert manifest["tokenizer"]["fingerprint"] == tokenizer_fingerprint(tok)
     assert manifest["tokenizer"]["fingerprint"] != tokenizer_fingerprint(load_tokenizer(str(LLAMA2)))
     assert manifest["loss_tokens"] > 0
-    deep = CliRunner().invoke(__import__("pipeline.cli", fromlist=["pack_verify"]).pack_verify,
-                              [str(tmp_path / "o"), "--deep", "--sample", "5"])
+    deep = CliRunner().invoke(
+        __import__("pipeline.cli", fromlist=["pack_verify"]).pack_verify, [str(tmp_path / "o"), "--deep", "--sample", "5"]
+    )
     assert deep.exit_code == 0 and "re-tokenized and matched" in deep.output, deep.output
 
 
 def test_an_unknown_chat_template_is_refused_before_any_work(tmp_path: Path):
-    result = CliRunner().invoke(pack_data, [str(CHAT), "--tokenizer", str(TOKENIZER), "--max-len", "512",
-                                            "--out", str(tmp_path / "o"), "--chat-template", "nope"])
+    result = CliRunner().invoke(
+        pack_data, [str(CHAT), "--tokenizer", str(TOKENIZER), "--max-len", "512", "--out", str(tmp_path / "o"), "--chat-template", "nope"]
+    )
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
-    assert "--chat-template 'nope': not a template name (chatml, llama3, llama2, qwen_25, qwen3, gemma, gemma3, phi_3, mistral_v1, mistral_v3_tekken, mistral_v7_tekken)" in result.stderr
+    assert (
+        "--chat-template 'nope': not a template name (chatml, llama3, llama2, qwen_25, qwen3, gemma, gemma3, phi_3, mistral_v1, mistral_v3_tekken, mistral_v7_tekken)"
+        in result.stderr
+    )
     assert not (tmp_path / "o").exists()

@@ -59,8 +59,7 @@ def conversation(n_pairs: int, system: bool = True) -> list[dict[str, str]]:
     answers = [m["content"] for m in turns if m["role"] == "assistant"]
     msgs = [{"role": "system", "content": "Be brief."}] if system else []
     for k in range(n_pairs):
-        msgs += [{"role": "user", "content": f" {users[k % len(users)]} "},
-                 {"role": "assistant", "content": answers[k % len(answers)]}]
+        msgs += [{"role": "user", "content": f" {users[k % len(users)]} "}, {"role": "assistant", "content": answers[k % len(answers)]}]
     return msgs
 
 
@@ -74,6 +73,7 @@ def tokenizer_with(template: str | None):
 def renderer(tok):
     def render(msgs, gen=False):
         return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen) if msgs else ""
+
     return render
 
 

@@ -41,11 +41,16 @@ def test_only_llama2_is_not_axolotls():
 
 def test_qwen3_trains_each_reply_and_not_the_reasoning_block_of_the_last():
     tok = load_tokenizer(str(TOKENIZER), "qwen3", ["<|im_start|>", "<|im_end|>"])
-    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-                {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
     segments = chat_segments(messages, tok, False)
     assert [text for text, loss in segments if loss] == ["4<|im_end|>", "6<|im_end|>"]
     # the whole rendering as Axolotl renders it: only the last reply after an (empty) reasoning block
     assert "".join(text for text, _ in segments) == (
         "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n6<|im_end|>\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n6<|im_end|>\n"
+    )

@@ -25,9 +25,13 @@ TOKENIZER = ROOT / "data" / "tokenizer"
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-     {"role": "assistant", "content": "4"}, {"role": "user", "content": " and 3+3? "},
-     {"role": "assistant", "content": "6\n"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": " and 3+3? "},
+        {"role": "assistant", "content": "6\n"},
+    ],
 ]
 
 
@@ -58,7 +62,8 @@ def test_the_sandbox_renders_as_transformers_does_and_marks_its_generation_block
     for messages in CONVERSATIONS:
         for gen in (False, True):
             assert apply_chat_template(tok, messages, add_generation_prompt=gen) == tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=gen)
+                messages, tokenize=False, add_generation_prompt=gen
+            )
         text, spans = apply_chat_template(tok, messages, spans=True)
         peer = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
@@ -66,26 +71,37 @@ def test_the_sandbox_renders_as_transformers_does_and_marks_its_generation_block
         assert any(ours) and ours == [bool(m) for m in peer["assistant_masks"]]
 
 
-@pytest.mark.parametrize("template", [
-    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
-    "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
-    "{{ 10**(10**10) }}", "{% set ns = namespace(n=3) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}"
-    "{% endfor %}", "{{ 'x' * 10**12 }}", "{{ [1] * 10**12 }}", "{{ 'x'.ljust(10**12) }}",
-    "{{ 'x'|center(10**12) }}", "{{ '%0999999999d' % 1 }}", "{{ '{:>999999999}'.format(1) }}",
-    "{{ ('x' * 100000).replace('', 'y' * 1000) }}",
-    "{% for i in range(100000) %}{{ 'y' * 1000000 }}{% endfor %}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-    "{% set s = 'x' * 60000000 %}{{ ([s] * 1000) | join }}", "{% set s = 'x' * 60000000 %}{{ [s, s] | tojson }}",
-    "{% set s = 'x' * 60000000 %}{{ ''.join([s] * 1000) }}", "{% set s = 'x' * 60000000 %}{{ [s] * 1000 }}",
-    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+        "{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",
+        "{{ 10**(10**10) }}",
+        "{% set ns = namespace(n=3) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
+        "{{ 'x' * 10**12 }}",
+        "{{ [1] * 10**12 }}",
+        "{{ 'x'.ljust(10**12) }}",
+        "{{ 'x'|center(10**12) }}",
+        "{{ '%0999999999d' % 1 }}",
+        "{{ '{:>999999999}'.format(1) }}",
+        "{{ ('x' * 100000).replace('', 'y' * 1000) }}",
+        "{% for i in range(100000) %}{{ 'y' * 1000000 }}{% endfor %}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{% set s = 'x' * 60000000 %}{{ ([s] * 1000) | join }}",
+        "{% set s = 'x' * 60000000 %}{{ [s, s] | tojson }}",
+        "{% set s = 'x' * 60000000 %}{{ ''.join([s] * 1000) }}",
+        "{% set s = 'x' * 60000000 %}{{ [s] * 1000 }}",
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    ],
+)
 def test_what_would_not_end_or_not_fit_is_stopped_in_one_line(template: str, monkeypatch):
     monkeypatch.setenv(SECONDS_ENV, "1")
     with pytest.raises(UserError, match="the chat template t.jinja (did not finish|exceeds a (size )?limit)"):
         render_template(template, "t.jinja", messages=[])
     # the thread renders again afterwards (the stopped rendering left nothing behind): control
-    assert render_template("{{ 2**100 }}{{ 'ab' * 3 }}{% for i in range(10) %}{{ i }}{% endfor %}",
-                           "t.jinja") == f"{2**100}ababab0123456789"
+    assert (
+        render_template("{{ 2**100 }}{{ 'ab' * 3 }}{% for i in range(10) %}{{ i }}{% endfor %}", "t.jinja") == f"{2**100}ababab0123456789"
+    )
 
 
 def test_strftime_now_prints_the_pinned_date():
@@ -109,13 +125,13 @@ def test_plain_text_that_spells_control_tokens_is_encoded_as_text(family):
 def test_control_tokens_in_messages_are_text_and_the_templates_own_stay_tokens(family):
     tok = family
     spelled = " ".join(literals(tok))
-    with_literals = [{"role": "user", "content": f"say {spelled} now"},
-                     {"role": "assistant", "content": f"ok {spelled} done"}]
+    with_literals = [{"role": "user", "content": f"say {spelled} now"}, {"role": "assistant", "content": f"ok {spelled} done"}]
     plain = [{"role": "user", "content": "say now"}, {"role": "assistant", "content": "ok done"}]
     ids, labels = rows(pa.table({"messages": [with_literals]}), tok)
     control_ids, _ = rows(pa.table({"messages": [plain]}), tok)
-    controls = {tok.convert_tokens_to_ids(t) for t in control_tokens(tok.backend_tokenizer, tok.chat_template)
-                if t != tok.unk_token}  # (a small vocabulary's text holds <unk>s)
+    controls = {
+        tok.convert_tokens_to_ids(t) for t in control_tokens(tok.backend_tokenizer, tok.chat_template) if t != tok.unk_token
+    }  # (a small vocabulary's text holds <unk>s)
     assert sorted(t for t in ids if t in controls) == sorted(t for t in control_ids if t in controls)
     if tok.unk_token_id is None or tok.unk_token_id not in ids:  # a vocabulary that spells every char
         rendered = tok.apply_chat_template(with_literals, tokenize=False)
@@ -144,18 +160,26 @@ def test_a_marker_character_in_user_text_is_refused():
 
 # ------------------------------------------------------------- loss: roles, end-of-turn tokens
 
-TURNS = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"},
-         {"role": "user", "content": "U2"}, {"role": "assistant", "content": "A2"}]
+TURNS = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U1"},
+    {"role": "assistant", "content": "A1"},
+    {"role": "user", "content": "U2"},
+    {"role": "assistant", "content": "A2"},
+]
 
 
 @pytest.mark.parametrize("template", [None, "chatml"], ids=["generation-blocks", "prefixes"])
-@pytest.mark.parametrize("roles, eos, trained", [
-    (("assistant",), "turn", "A1<|im_end|>A2<|im_end|>"),
-    (("assistant",), "last", "A1A2<|im_end|>"),
-    (("assistant",), "none", "A1A2"),
-    (("assistant",), "all", "<|im_end|><|im_end|>A1<|im_end|><|im_end|>A2<|im_end|>"),
-    (("user", "assistant"), "turn", "U1<|im_end|>A1<|im_end|>U2<|im_end|>A2<|im_end|>"),
-])
+@pytest.mark.parametrize(
+    "roles, eos, trained",
+    [
+        (("assistant",), "turn", "A1<|im_end|>A2<|im_end|>"),
+        (("assistant",), "last", "A1A2<|im_end|>"),
+        (("assistant",), "none", "A1A2"),
+        (("assistant",), "all", "<|im_end|><|im_end|>A1<|im_end|><|im_end|>A2<|im_end|>"),
+        (("user", "assistant"), "turn", "U1<|im_end|>A1<|im_end|>U2<|im_end|>A2<|im_end|>"),
+    ],
+)
 def test_roles_to_train_and_train_on_eos_pick_the_loss_tokens(template, roles, eos, trained):
     tok = load_tokenizer(str(TOKENIZER), template)
     table = pa.table({"messages": [TURNS]})
@@ -186,8 +210,11 @@ def test_a_template_whose_markers_are_no_tokens_is_refused_until_they_are_added(
     table = pa.table({"messages": [TURNS]})
     fmt = detect_format(table.column_names, FormatOptions())
     tok = load_tokenizer(str(llama2), "chatml")
-    with pytest.raises(UserError, match=r"writes the marker '<\|im_start\|>' \(and 1 more\), which is not a token .* "
-                                        r"--special-token NAME=<\|im_start\|>"):
+    with pytest.raises(
+        UserError,
+        match=r"writes the marker '<\|im_start\|>' \(and 1 more\), which is not a token .* "
+        r"--special-token NAME=<\|im_start\|>",
+    ):
         tokenize_batch(table, fmt, tok, rows_where("x.jsonl"))
     grown = load_tokenizer(str(llama2), "chatml", ["<|im_start|>"], {"eos_token": "<|im_end|>"})
     ids = tokenize_batch(table, fmt, grown, rows_where("x.jsonl")).input_ids.tolist()
@@ -226,13 +253,16 @@ def test_each_named_template_packs_as_apply_chat_template_renders_it(name: str):
     markers = list(dict.fromkeys(MARKER.findall(NAMED[name])))
     tok = load_tokenizer(str(TOKENIZER), name, [m for m in markers if m not in ("<|im_start|>", "<|im_end|>")])
     messages = ([] if name in NO_SYSTEM else [{"role": "system", "content": "Be brief."}]) + [
-        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4, since 2+2=4."},
-        {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}]
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4, since 2+2=4."},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
     ids, labels = rows(pa.table({"messages": [messages]}), tok)
     text = tok.apply_chat_template(messages, tokenize=False)
     peer = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     body = ids[1:] if ids[0] == tok.bos_token_id and peer["input_ids"][0] != tok.bos_token_id else ids
     assert body == peer["input_ids"]  # no EOS added: every one of these templates ends the turn itself
     ends = tuple(m for m in markers if "end" in m or "eot" in m) + (tok.eos_token,)
-    loss = [label != IGNORE_INDEX for label in labels][len(ids) - len(body):]
+    loss = [label != IGNORE_INDEX for label in labels][len(ids) - len(body) :]
     assert any(loss) and loss == _expected_loss(text, peer["offset_mapping"], messages, ends)

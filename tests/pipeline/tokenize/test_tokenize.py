@@ -64,13 +64,13 @@ def test_text_bos_eos_and_loss_on_everything_but_the_first_token(tok):
 def test_instruction_loss_only_on_response_and_its_eos(tok):
     table = pa.table({"question": ["What is 2+2?"], "answer": ["4"]})
     fmt = detect_format(table.column_names, FormatOptions())
-    (ids, labels), = split(tokenize_batch(table, fmt, tok, rows_where("q.jsonl")))
+    ((ids, labels),) = split(tokenize_batch(table, fmt, tok, rows_where("q.jsonl")))
     prompt = enc(tok, "Question: What is 2+2?\nAnswer:\n")
     response = enc(tok, "4")
     assert ids == [BOS, *prompt, *response, EOS]
     assert labels == [IGNORE_INDEX] * (1 + len(prompt)) + response + [EOS]
     fmt = detect_format(table.column_names, FormatOptions(train_on_prompt=True))
-    (ids2, labels2), = split(tokenize_batch(table, fmt, tok, rows_where("q.jsonl")))
+    ((ids2, labels2),) = split(tokenize_batch(table, fmt, tok, rows_where("q.jsonl")))
     assert ids2 == ids and labels2 == [IGNORE_INDEX, *ids[1:]]
 
 
@@ -80,10 +80,10 @@ def test_chat_loss_on_assistant_turns_and_the_templates_ids_as_they_are(tok):
     msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
     table = pa.table({"messages": [msgs]})
     fmt = detect_format(table.column_names, FormatOptions())
-    (ids, labels), = split(tokenize_batch(table, fmt, tok, rows_where("c.jsonl")))
+    ((ids, labels),) = split(tokenize_batch(table, fmt, tok, rows_where("c.jsonl")))
     assert ids == tok.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"]
     text = pa.table({"text": ["Hi"]})
-    (text_ids, _), = split(tokenize_batch(text, detect_format(text.column_names, FormatOptions()), tok, rows_where("t")))
+    ((text_ids, _),) = split(tokenize_batch(text, detect_format(text.column_names, FormatOptions()), tok, rows_where("t")))
     assert BOS not in ids and EOS not in ids and text_ids[0] == BOS  # control: text gets one
     trained = [t for t in labels if t != IGNORE_INDEX]
     assert tok.decode(trained) == "Hello there<|im_end|>"  # its generation block: not the "\n" after it
@@ -168,8 +168,7 @@ def any_tok(request):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.lists(st.sampled_from(PIECES), max_size=5).map("".join), min_size=1, max_size=4),
-                min_size=1, max_size=6))
+@given(st.lists(st.lists(st.lists(st.sampled_from(PIECES), max_size=5).map("".join), min_size=1, max_size=4), min_size=1, max_size=6))
 def test_segments_split_the_whole_texts_ids_at_their_cuts(any_tok, examples: list[list[str]]):
     """encode_segments: the ids of every whole text, cut into segments whose token counts add up
     and whose first token is the first one to end after the cut; the same from the ids' byte sizes
@@ -203,8 +202,11 @@ def test_tokenizers_whose_ids_do_not_tell_their_text_length_are_measured_with_of
     from tokenizers import Tokenizer
 
     spec = json.loads(tok.backend_tokenizer.to_str())
-    for change in ({"normalizer": {"type": "NFKC"}}, {"normalizer": {"type": "Lowercase"}},
-                   {"pre_tokenizer": {**spec["pre_tokenizer"], "add_prefix_space": True}}):
+    for change in (
+        {"normalizer": {"type": "NFKC"}},
+        {"normalizer": {"type": "Lowercase"}},
+        {"pre_tokenizer": {**spec["pre_tokenizer"], "add_prefix_space": True}},
+    ):
         assert token_sizes(Tokenizer.from_str(json.dumps({**spec, **change}))) is None
 
 
@@ -366,9 +368,7 @@ def test_encode_pool_matches_the_tokenizer_switches_tokenizers_and_reports_a_dea
     window_pages=st.integers(1, 3),
     seed=st.integers(0, 2**16),
 )
-def test_spill_pieces_read_through_map_windows_equal_the_slices(
-    tmp_path_factory, monkeypatch, sizes, window_pages, seed
-):
+def test_spill_pieces_read_through_map_windows_equal_the_slices(tmp_path_factory, monkeypatch, sizes, window_pages, seed):
     """Any pieces of a spill file, in any order, some crossing window edges or ending at the file's
     end, come back concatenated in the order asked, whatever the window size."""
     import pipeline.tokenize.spill
@@ -453,8 +453,10 @@ def _recording(encode):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.lists(st.sampled_from(LONG_PIECES), max_size=12).map("".join), min_size=1, max_size=4),
-                min_size=1, max_size=6), st.booleans())
+@given(
+    st.lists(st.lists(st.lists(st.sampled_from(LONG_PIECES), max_size=12).map("".join), min_size=1, max_size=4), min_size=1, max_size=6),
+    st.booleans(),
+)
 def test_long_texts_are_cut_only_where_no_id_changes(any_tok, small_limits, examples: list[list[str]], with_cuts: bool):
     """encode_bounded cuts texts longer than LONG_TEXT_CHARS into pieces and groups texts into calls
     of at most CALL_CHARS chars, and still gives the ids and segment lengths of every whole text
@@ -513,16 +515,20 @@ def test_a_long_text_that_cannot_be_cut_is_refused_naming_its_row(tok, small_lim
     monkeypatch.setattr(lt, "MAX_PIECE_CHARS", 40)
     fmt = detect_format(["text"], FormatOptions())
     table = pa.table({"text": ["fine", "x" * 41]})
-    with pytest.raises(UserError, match=r"^t.jsonl row 2: the text of 41 characters has no place within 40 "
-                                        r"characters where cutting it.*: split it into rows") as info:
+    with pytest.raises(
+        UserError,
+        match=r"^t.jsonl row 2: the text of 41 characters has no place within 40 "
+        r"characters where cutting it.*: split it into rows",
+    ) as info:
         tokenize_batch(table, fmt, tok, rows_where("t.jsonl"))
     assert "\n" not in str(info.value)
     spec = json.loads(tok.backend_tokenizer.to_str())
-    uncut = Tokenizer.from_str(json.dumps({**spec, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-        spec["pre_tokenizer"]]}}))
+    uncut = Tokenizer.from_str(json.dumps({**spec, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [spec["pre_tokenizer"]]}}))
     assert lt.cut_pattern(uncut) is None
     texts = ["a b " * 9, "word " * 9]  # 36 and 45 chars
-    with pytest.raises(UserError, match=r"^row 1: the text of 45 characters is longer than the 40 characters this tokenizer encodes at once"):
+    with pytest.raises(
+        UserError, match=r"^row 1: the text of 45 characters is longer than the 40 characters this tokenizer encodes at once"
+    ):
         lt.encode_bounded(lambda t, c: encode_segments(uncut, t, c), texts, None, lambda: uncut, lambda i: f"row {i}")
     record, calls = _recording(lambda t, c: encode_segments(uncut, t, c))
     got = lt.encode_bounded(record, texts[:1] * 2, None, lambda: uncut, lambda i: f"row {i}")
@@ -538,10 +544,12 @@ def test_cut_places_are_proven_only_for_pipelines_that_keep_them(tok):
 
     spec = json.loads(tok.backend_tokenizer.to_str())
     assert cut_pattern(tok.backend_tokenizer).pattern == r"(?<=[A-Za-z]) (?=[A-Za-z])"
-    for change in ({"normalizer": {"type": "Lowercase"}},
-                   {"pre_tokenizer": {**spec["pre_tokenizer"], "use_regex": False}},
-                   {"model": {**spec["model"], "dropout": 0.1}},
-                   {"model": {**spec["model"], "end_of_word_suffix": "</w>"}}):
+    for change in (
+        {"normalizer": {"type": "Lowercase"}},
+        {"pre_tokenizer": {**spec["pre_tokenizer"], "use_regex": False}},
+        {"model": {**spec["model"], "dropout": 0.1}},
+        {"model": {**spec["model"], "end_of_word_suffix": "</w>"}},
+    ):
         assert cut_pattern(Tokenizer.from_str(json.dumps({**spec, **change}))) is None, change
     for token in (AddedToken("<sep>", rstrip=True), AddedToken("a b", special=True)):
         backend = Tokenizer.from_str(json.dumps(spec))

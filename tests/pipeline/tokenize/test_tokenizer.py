@@ -34,8 +34,9 @@ def _byte_level_bpe(folder: Path) -> None:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|begin|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|begin|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(TEXTS * 20 + ["the quick brown fox jumps over the lazy dog"] * 20, trainer)
     PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin|>", eos_token="<|endoftext|>").save_pretrained(folder)
 
@@ -64,8 +65,9 @@ def _wordpiece(folder: Path) -> None:
     backend.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     backend.train_from_iterator(TEXTS * 20, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", sep_token="[SEP]", cls_token="[CLS]",
-                            pad_token="[PAD]", mask_token="[MASK]").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", sep_token="[SEP]", cls_token="[CLS]", pad_token="[PAD]", mask_token="[MASK]"
+    ).save_pretrained(folder)
 
 
 def _folder(tmp_path: Path, base: str, **config: Any) -> Path:
@@ -203,13 +205,15 @@ def no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
     return attempts
 
 
-@pytest.mark.parametrize("name, error", [
-    ("data/tokenizr", "tokenizer folder data/tokenizr not found"),  # data/ is a folder: a typo'd path
-    ("gpt2", "tokenizer folder gpt2 not found"),  # not org/name: a path
-    ("someone/missing-tokenizer", "tokenizer someone/missing-tokenizer is not in the local Hugging Face cache"),
-])
-def test_a_name_that_is_no_folder_and_not_cached_fails_at_once(no_network: list, name: str, error: str,
-                                                              monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(
+    "name, error",
+    [
+        ("data/tokenizr", "tokenizer folder data/tokenizr not found"),  # data/ is a folder: a typo'd path
+        ("gpt2", "tokenizer folder gpt2 not found"),  # not org/name: a path
+        ("someone/missing-tokenizer", "tokenizer someone/missing-tokenizer is not in the local Hugging Face cache"),
+    ],
+)
+def test_a_name_that_is_no_folder_and_not_cached_fails_at_once(no_network: list, name: str, error: str, monkeypatch: pytest.MonkeyPatch):
     """A mistyped folder such as data/tokenizr is a path, and a Hub id that is not cached offline
     fails at once, in one line, without asking the Hub (which retried for 54 s where there is no network):
     no connection is tried and nothing waits (a retry's back-off would sleep)."""
@@ -269,8 +273,7 @@ def test_fingerprint_identifies_what_the_tokenizer_does_not_how_its_files_are_wr
     original = load_tokenizer(str(folder))
     again = load_tokenizer(str(_resaved(original, tmp_path / "ckpt" / "model")))
     assert _tokenizer_files(tmp_path / "ckpt" / "model") != _tokenizer_files(folder)
-    assert {k: v for k, v in _facts(again).items() if k != "class"} == \
-        {k: v for k, v in _facts(original).items() if k != "class"}
+    assert {k: v for k, v in _facts(again).items() if k != "class"} == {k: v for k, v in _facts(original).items() if k != "class"}
     assert tokenizer_fingerprint(again) == tokenizer_fingerprint(original)
 
 
@@ -292,8 +295,7 @@ def test_negative_control_a_changed_merge_or_special_token_changes_the_fingerpri
     _edit_json(merged / "tokenizer.json", drop_first_merge)
     changed = load_tokenizer(str(merged))
     texts = TEXTS + ["the quick brown fox jumps over the lazy dog", "at the top"]
-    assert [changed.backend_tokenizer.encode(t).ids for t in texts] != \
-        [original.backend_tokenizer.encode(t).ids for t in texts]
+    assert [changed.backend_tokenizer.encode(t).ids for t in texts] != [original.backend_tokenizer.encode(t).ids for t in texts]
     assert tokenizer_fingerprint(changed) != want
 
     special = _resaved(original, tmp_path / "special")
@@ -327,7 +329,9 @@ def test_loading_a_tokenizer_folder_does_not_import_torch(repo_root: Path):
     import subprocess
     import sys
 
-    code = ("import sys; from pipeline.tokenize.tokenizer import load_tokenizer; "
-            "load_tokenizer('data/tokenizer'); print('torch' in sys.modules)")
+    code = (
+        "import sys; from pipeline.tokenize.tokenizer import load_tokenizer; "
+        "load_tokenizer('data/tokenizer'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -78,8 +78,11 @@ def test_sdpa_reference_never_attends_across_examples():
     torch.testing.assert_close(out[LENGTHS[0] :], base[LENGTHS[0] :], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("features", [kernel_features.Features(), kernel_features.Features(window=4), kernel_features.Features(chunk=5)],
-                         ids=["causal", "window", "chunk"])
+@pytest.mark.parametrize(
+    "features",
+    [kernel_features.Features(), kernel_features.Features(window=4), kernel_features.Features(chunk=5)],
+    ids=["causal", "window", "chunk"],
+)
 def test_sdpa_reference_runs_on_the_fused_cpu_kernel_alone(features):
     """The reference hands PyTorch 4-D [B, H, L, D] batches, which its fused (flash) CPU kernel
     takes: with only that kernel allowed it still runs and matches naive attention, gradients
@@ -110,8 +113,9 @@ def test_sdpa_reference_batches_examples_of_similar_length(monkeypatch):
     assert reference_kernels.length_buckets([4, 0, 2]) == [[0, 2]]  # empty examples attend to nothing
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(reference_kernels.F, "scaled_dot_product_attention",
-                        lambda q, *a, **kw: calls.append(tuple(q.shape)) or sdpa(q, *a, **kw))
+    monkeypatch.setattr(
+        reference_kernels.F, "scaled_dot_product_attention", lambda q, *a, **kw: calls.append(tuple(q.shape)) or sdpa(q, *a, **kw)
+    )
     q, k, v = (x.requires_grad_() for x in qkv(lengths, 4, 2))
     out = varlen_attention(q, k, v, cu_of(lengths), max(lengths), backend="sdpa")
     out.square().sum().backward()
@@ -222,11 +226,24 @@ def _reference(q, k, v, cu, max_len, scale=None):
 def fake_varlen_new(calls):
     """torch 2.13-style varlen_attn: causal via window_size, scale and enable_gqa keywords."""
 
-    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
-                    scale=None, window_size=(-1, -1), enable_gqa=False, seqused_k=None,
-                    block_table=None, num_splits=None):
-        calls.append(dict(window_size=window_size, enable_gqa=enable_gqa, scale=scale,
-                          heads=(query.shape[1], key.shape[1])))
+    def varlen_attn(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        seqused_k=None,
+        block_table=None,
+        num_splits=None,
+    ):
+        calls.append(dict(window_size=window_size, enable_gqa=enable_gqa, scale=scale, heads=(query.shape[1], key.shape[1])))
         assert window_size == (-1, 0), "must ask for causal attention"
         assert torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
         assert enable_gqa or key.shape[1] == query.shape[1]
@@ -294,16 +311,18 @@ def test_torch_backend_falls_back_to_aten_flash_op(monkeypatch):
 def test_flash_attn_backend_dispatch(monkeypatch):
     calls = []
 
-    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               dropout_p=0.0, softmax_scale=None, causal=False, **_):
+    def flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False, **_
+    ):
         calls.append((causal, dropout_p, softmax_scale, q.is_contiguous()))
         assert causal
         return _reference(q, k, v, cu_seqlens_q, max_seqlen_q, softmax_scale)
 
     monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
     q, k, v = qkv(LENGTHS, 6, 3, dtype=torch.float16)
-    out = varlen_attention(q.transpose(0, 1).contiguous().transpose(0, 1), k, v, cu_of(LENGTHS),
-                           max(LENGTHS), backend="flash_attn", scale=0.25)
+    out = varlen_attention(
+        q.transpose(0, 1).contiguous().transpose(0, 1), k, v, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn", scale=0.25
+    )
     torch.testing.assert_close(out.double(), naive_attention(q, k, v, LENGTHS, 0.25), atol=FP16_TOL, rtol=0)
     assert calls == [(True, 0.0, 0.25, True)]
 
@@ -316,31 +335,76 @@ def fake_fa4(monkeypatch, calls: list) -> None:
         assert (left is None) == (right is None) and right in (None, 0)
         return (-1 if left is None else left, 0)
 
-    def _flash_attn_fwd(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                        causal, window_size_left, window_size_right, softcap, return_lse):
+    def _flash_attn_fwd(
+        q,
+        k,
+        v,
+        *,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        window_size_left,
+        window_size_right,
+        softcap,
+        return_lse,
+    ):
         assert causal and return_lse and torch.equal(cu_seqlens_q, cu_seqlens_k) and max_seqlen_q == max_seqlen_k
-        calls.append(dict(window=window_of(window_size_left, window_size_right), softcap=softcap,
-                          dims={q.shape[-1], k.shape[-1], v.shape[-1]}, cu=cu_seqlens_q.tolist()))
+        calls.append(
+            dict(
+                window=window_of(window_size_left, window_size_right),
+                softcap=softcap,
+                dims={q.shape[-1], k.shape[-1], v.shape[-1]},
+                cu=cu_seqlens_q.tolist(),
+            )
+        )
         out = flash_semantics(q, k, v, cu_seqlens_q, softmax_scale, calls[-1]["window"], softcap)
         lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float32)
         return out.to(q.dtype), lse, None, None, None
 
-    def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale, causal, softcap, *, window_size_left,
-                        window_size_right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    def _flash_attn_bwd(
+        q,
+        k,
+        v,
+        out,
+        dout,
+        lse,
+        softmax_scale,
+        causal,
+        softcap,
+        *,
+        window_size_left,
+        window_size_right,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+    ):
         assert causal and lse.shape == (q.shape[1], q.shape[0]) and out.shape == dout.shape
         window = window_of(window_size_left, window_size_right)
-        _, vjp = torch.func.vjp(lambda a, b, c: flash_semantics(a, b, c, cu_seqlens_q, softmax_scale, window, softcap),
-                                q.double(), k.double(), v.double())  # (autograd is off inside a custom op)
+        _, vjp = torch.func.vjp(
+            lambda a, b, c: flash_semantics(a, b, c, cu_seqlens_q, softmax_scale, window, softcap), q.double(), k.double(), v.double()
+        )  # (autograd is off inside a custom op)
         return tuple(g.to(x.dtype) for g, x in zip(vjp(dout.double()), (q, k, v)))
 
-    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", types.SimpleNamespace(
-        _flash_attn_fwd=_flash_attn_fwd, _flash_attn_bwd=_flash_attn_bwd))
+    monkeypatch.setitem(
+        sys.modules, "flash_attn.cute.interface", types.SimpleNamespace(_flash_attn_fwd=_flash_attn_fwd, _flash_attn_bwd=_flash_attn_bwd)
+    )
 
 
-@pytest.mark.parametrize("features", [
-    kernel_features.Features(), kernel_features.Features(window=4), kernel_features.Features(softcap=0.5),
-    kernel_features.Features(chunk=3), kernel_features.Features(window=5, softcap=2.0),
-], ids=lambda f: ",".join(sorted(f.used())) or "plain")
+@pytest.mark.parametrize(
+    "features",
+    [
+        kernel_features.Features(),
+        kernel_features.Features(window=4),
+        kernel_features.Features(softcap=0.5),
+        kernel_features.Features(chunk=3),
+        kernel_features.Features(window=5, softcap=2.0),
+    ],
+    ids=lambda f: ",".join(sorted(f.used())) or "plain",
+)
 def test_fa4_backend_forward_and_backward_match_the_reference(monkeypatch, features):
     """FlashAttention-4's custom ops (kernel faked with its documented semantics): the window in its
     own terms (w - 1 keys to the left), softcap passed on, chunks as extra sequence starts, head dim
@@ -400,8 +464,10 @@ def packed_example_batch(lengths, vocab=4096, seed=1):
     ids = [rng.integers(3, vocab, n) for n in lengths]
     labels = [np.concatenate([[-100], x[1:]]) for x in ids]
     batch = collate_flat(
-        np.concatenate(ids), np.concatenate(labels),
-        np.concatenate([np.arange(n) for n in lengths]), np.asarray(lengths),
+        np.concatenate(ids),
+        np.concatenate(labels),
+        np.concatenate([np.arange(n) for n in lengths]),
+        np.asarray(lengths),
     )
     return batch, ids
 
@@ -465,9 +531,7 @@ def test_install_registers_every_backend_name():
     model, _ = build_model("tiny", attn="sdpa")
     for backend in BACKENDS:
         name = install(model, backend)
-        assert name.startswith("packlm_") and not any(
-            word in name for word in ("flash", "sdpa", "flex", "eager", "paged")
-        )
+        assert name.startswith("packlm_") and not any(word in name for word in ("flash", "sdpa", "flex", "eager", "paged"))
         assert model.config._attn_implementation == name
     with pytest.raises(UserError, match="unknown attention backend"):
         install(model, "eager")
@@ -520,8 +584,13 @@ def test_presets_sizes_and_gqa():
     assert tiny.num_attention_heads > tiny.num_key_value_heads  # GQA exercised by every test
     assert preset_config("tiny", vocab_size=32000).vocab_size == 32000
     big = preset_config("llama-1b")
-    assert (big.hidden_size, big.num_hidden_layers, big.num_attention_heads, big.intermediate_size,
-            big.vocab_size) == (2048, 16, 16, 5632, 32000)
+    assert (big.hidden_size, big.num_hidden_layers, big.num_attention_heads, big.intermediate_size, big.vocab_size) == (
+        2048,
+        16,
+        16,
+        5632,
+        32000,
+    )
 
 
 def test_build_model_is_seeded_and_overrides_vocab():
@@ -545,8 +614,9 @@ def test_build_model_from_local_folder(tmp_path):
 
 
 def test_build_model_refuses_unknown_names_and_bad_folders(tmp_path):
-    with pytest.raises(UserError, match="neither a preset \\(tiny, llama-100m, llama-1b, llama-8b\\), a local folder "
-                                        "with config.json, nor a Hub id"):
+    with pytest.raises(
+        UserError, match="neither a preset \\(tiny, llama-100m, llama-1b, llama-8b\\), a local folder with config.json, nor a Hub id"
+    ):
         build_model("tyni")
     with pytest.raises(UserError, match="no config.json"):
         build_model(str(tmp_path))
@@ -559,8 +629,7 @@ def test_kernel_backends_get_16bit_inputs_under_autocast(monkeypatch):
     receive all three in the autocast dtype, and genuine fp32 activations are refused."""
     seen = []
 
-    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
-                    window_size=(-1, -1), enable_gqa=False):
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
         seen.append((query.dtype, key.dtype, value.dtype))
         return _reference(query, key, value, cu_seq_q, max_q, scale)
 
@@ -581,8 +650,7 @@ def test_torch_backend_through_llama_under_autocast(monkeypatch):
     float64 reference): packed losses agree with the float32 sdpa backend to bf16 accuracy."""
     from trainer.model.loss import per_example_losses
 
-    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
-                    window_size=(-1, -1), enable_gqa=False):
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
         assert query.dtype == key.dtype == value.dtype == torch.bfloat16 and window_size == (-1, 0)
         return _reference(query, key, value, cu_seq_q, max_q, scale)
 
@@ -649,10 +717,17 @@ def flash_semantics(q, k, v, cu, scale, window_size=(-1, -1), softcap=0.0):
     return out
 
 
-@pytest.mark.parametrize("features", [
-    kernel_features.Features(window=4), kernel_features.Features(softcap=0.5), kernel_features.Features(chunk=3),
-    kernel_features.Features(window=5, softcap=2.0), kernel_features.Features(),
-], ids=lambda f: ",".join(sorted(f.used())) or "plain")
+@pytest.mark.parametrize(
+    "features",
+    [
+        kernel_features.Features(window=4),
+        kernel_features.Features(softcap=0.5),
+        kernel_features.Features(chunk=3),
+        kernel_features.Features(window=5, softcap=2.0),
+        kernel_features.Features(),
+    ],
+    ids=lambda f: ",".join(sorted(f.used())) or "plain",
+)
 @pytest.mark.parametrize("value_dim", [8, 6])
 def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, value_dim):
     """window w -> window_size=(w - 1, 0), softcap passed on, chunks as extra sequence starts, a
@@ -660,10 +735,10 @@ def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, va
     flash-attn's documented semantics) then matches the reference exactly."""
     calls = []
 
-    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None,
-                               causal=False, window_size=(-1, -1), softcap=0.0, **_):
-        calls.append(dict(window_size=window_size, softcap=softcap, dims={q.shape[-1], v.shape[-1]},
-                          cu=cu_q.tolist()))
+    def flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, **_
+    ):
+        calls.append(dict(window_size=window_size, softcap=softcap, dims={q.shape[-1], v.shape[-1]}, cu=cu_q.tolist()))
         assert causal and torch.equal(cu_q, cu_k)
         return flash_semantics(q, k, v, cu_q, softmax_scale, window_size, softcap).to(q.dtype)
 
@@ -671,8 +746,9 @@ def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, va
     q, k, _ = qkv(LENGTHS, 6, 2, d=8, dtype=torch.float16)
     v = torch.randn(q.shape[0], 2, value_dim, generator=torch.Generator().manual_seed(1)).half()
     out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="flash_attn", scale=0.3, features=features)
-    expected = varlen_attention(q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS),
-                                backend="sdpa", scale=0.3, features=features)
+    expected = varlen_attention(
+        q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS), backend="sdpa", scale=0.3, features=features
+    )
     assert out.shape == (q.shape[0], 6, value_dim)
     torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
     left = -1 if features.window is None else features.window - 1
@@ -688,8 +764,9 @@ def test_flash_attn_gets_the_features_in_its_own_terms(monkeypatch, features, va
 def test_torch_backend_gets_the_window_in_its_own_terms(monkeypatch):
     calls: list[dict] = []
 
-    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
-                    scale=None, window_size=(-1, -1), enable_gqa=False, **_):
+    def varlen_attn(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1), enable_gqa=False, **_
+    ):
         calls.append(dict(window_size=window_size))
         return flash_semantics(query, key, value, cu_seq_q, scale, window_size).to(query.dtype)
 
@@ -697,18 +774,23 @@ def test_torch_backend_gets_the_window_in_its_own_terms(monkeypatch):
     q, k, v = qkv(LENGTHS, 4, 2, dtype=torch.float16)
     feats = kernel_features.Features(window=3)
     out = varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=feats)
-    expected = varlen_attention(q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS),
-                                backend="sdpa", features=feats)
+    expected = varlen_attention(q.double(), k.double(), v.double(), cu_of(LENGTHS), max(LENGTHS), backend="sdpa", features=feats)
     torch.testing.assert_close(out.double(), expected, atol=FP16_TOL, rtol=0)
     assert calls == [dict(window_size=(2, 0))]
     with pytest.raises(UserError, match="cannot reproduce attention logit soft-capping"):
         varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="torch", features=kernel_features.Features(softcap=1.0))
 
 
-@pytest.mark.parametrize("features", [
-    kernel_features.Features(window=4), kernel_features.Features(chunk=3), kernel_features.Features(softcap=0.5),
-    kernel_features.Features(window=4, softcap=0.5),
-], ids=lambda f: ",".join(sorted(f.used())))
+@pytest.mark.parametrize(
+    "features",
+    [
+        kernel_features.Features(window=4),
+        kernel_features.Features(chunk=3),
+        kernel_features.Features(softcap=0.5),
+        kernel_features.Features(window=4, softcap=0.5),
+    ],
+    ids=lambda f: ",".join(sorted(f.used())),
+)
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_flex_forward_matches_the_reference_on_cpu(features, with_sinks):
     q, k, v = qkv(LENGTHS, 6, 2)
@@ -777,8 +859,7 @@ def test_layer_features_reads_the_layer_index_only_where_layers_differ():
 
 
 @torch.library.custom_op("packlm_test::varlen", mutates_args=())
-def _custom_op_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
-                      max_seqlen: int) -> torch.Tensor:
+def _custom_op_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_seqlen: int) -> torch.Tensor:
     """A CPU stand-in for flash-attn's varlen kernel, which flash-attn registers as a custom op
     (torch.library) so that torch.compile traces through it."""
     return reference_kernels.sdpa_varlen(q, k, v, cu, max_seqlen, None, kernel_features.Features(), None).contiguous()
@@ -796,8 +877,7 @@ def test_packed_attention_traces_into_one_graph(monkeypatch):
     With a kernel that is a custom op, as flash-attn's is, a decoder layer compiles whole
     (fullgraph=True raises at a break). Negative control: `supported` reading dataclass fields()
     while traced, as it once did, breaks the graph."""
-    monkeypatch.setitem(kernels._KERNELS, "flash_attn",
-                        lambda q, k, v, cu, m, scale, feats, sinks: _custom_op_kernel(q, k, v, cu, m))
+    monkeypatch.setitem(kernels._KERNELS, "flash_attn", lambda q, k, v, cu, m, scale, feats, sinks: _custom_op_kernel(q, k, v, cu, m))
     model, _ = build_model("tiny", attn="sdpa", seed=0)
     install(model, "flash_attn")
     model.model.compile(backend="eager", fullgraph=True, dynamic=True)

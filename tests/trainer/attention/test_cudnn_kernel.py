@@ -41,8 +41,11 @@ def cu_of(lengths):
 def qkv(hq=6, hkv=2, d=8, dv=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     t = sum(LENGTHS)
-    return (torch.randn(t, hq, d, generator=g).bfloat16(), torch.randn(t, hkv, d, generator=g).bfloat16(),
-            torch.randn(t, hkv, dv or d, generator=g).bfloat16())
+    return (
+        torch.randn(t, hq, d, generator=g).bfloat16(),
+        torch.randn(t, hkv, d, generator=g).bfloat16(),
+        torch.randn(t, hkv, dv or d, generator=g).bfloat16(),
+    )
 
 
 def reference(q, k, v, dout, lengths, scale, features):
@@ -51,12 +54,16 @@ def reference(q, k, v, dout, lengths, scale, features):
     return out, torch.autograd.grad(out, (qq, kk, vv), dout.double())
 
 
-@pytest.mark.parametrize("hq,hkv,dv,features", [
-    (6, 2, None, kernel_features.Features()),
-    (4, 4, None, kernel_features.Features()),
-    (6, 3, 4, kernel_features.Features()),  # value heads narrower than query heads: zero-padded
-    (6, 2, None, kernel_features.Features(chunk=4)),
-], ids=["gqa", "mha", "value_dim", "chunk"])
+@pytest.mark.parametrize(
+    "hq,hkv,dv,features",
+    [
+        (6, 2, None, kernel_features.Features()),
+        (4, 4, None, kernel_features.Features()),
+        (6, 3, 4, kernel_features.Features()),  # value heads narrower than query heads: zero-padded
+        (6, 2, None, kernel_features.Features(chunk=4)),
+    ],
+    ids=["gqa", "mha", "value_dim", "chunk"],
+)
 def test_cudnn_kernel_matches_the_reference_per_example(cpu_scope, hq, hkv, dv, features):
     """Output and q/k/v gradients equal the sdpa reference's (each example alone, float64).
     Negative control: the same kernel over one example holding the whole row (boundaries lost)
@@ -70,20 +77,17 @@ def test_cudnn_kernel_matches_the_reference_per_example(cpu_scope, hq, hkv, dv, 
     torch.testing.assert_close(out.double(), want, atol=TOL, rtol=0)
     for got, expected in zip(grads, want_grads):
         torch.testing.assert_close(got.double(), expected, atol=2 * TOL, rtol=0)
-    merged = varlen_attention(q, k, v, cu_of([sum(LENGTHS)]), sum(LENGTHS), backend="cudnn", scale=0.3,
-                              features=features)
+    merged = varlen_attention(q, k, v, cu_of([sum(LENGTHS)]), sum(LENGTHS), backend="cudnn", scale=0.3, features=features)
     assert float((merged.detach().double() - want.detach()).abs().max()) > 10 * TOL
 
 
 def test_cudnn_kernel_refuses_what_it_cannot_reproduce(cpu_scope):
     q, k, v = qkv()
-    for features, name in ((kernel_features.Features(window=4), "sliding-window"),
-                           (kernel_features.Features(softcap=2.0), "soft-capping")):
+    for features, name in ((kernel_features.Features(window=4), "sliding-window"), (kernel_features.Features(softcap=2.0), "soft-capping")):
         with pytest.raises(UserError, match=f"'cudnn' cannot reproduce .*{name}"):
             varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="cudnn", features=features)
     with pytest.raises(UserError, match="cannot attend a piece of an example"):
-        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="cudnn", cu_seqlens_k=cu_of(LENGTHS),
-                         max_seqlen_k=max(LENGTHS))
+        varlen_attention(q, k, v, cu_of(LENGTHS), max(LENGTHS), backend="cudnn", cu_seqlens_k=cu_of(LENGTHS), max_seqlen_k=max(LENGTHS))
 
 
 def test_a_shape_cudnn_refuses_is_one_line(monkeypatch):
@@ -96,8 +100,11 @@ def test_a_shape_cudnn_refuses_is_one_line(monkeypatch):
         yield
 
     monkeypatch.setattr(cudnn_kernel, "SDPA_SCOPE", refusing)
-    with pytest.raises(UserError, match=r"cuDNN attention cannot run this layer .*No available kernel\. Aborting "
-                                        r"execution\.; use --attn flash_attn"):
+    with pytest.raises(
+        UserError,
+        match=r"cuDNN attention cannot run this layer .*No available kernel\. Aborting "
+        r"execution\.; use --attn flash_attn",
+    ):
         varlen_attention(*qkv(), cu_of(LENGTHS), max(LENGTHS), backend="cudnn")
 
     @contextlib.contextmanager
@@ -145,7 +152,8 @@ def test_auto_pairs_flash_attn_with_cudnn_for_long_rows_on_hopper(monkeypatch):
     _gpu_with(monkeypatch)
     assert select_backend("auto", "cuda", torch.bfloat16) == "flash_attn+cudnn"
     assert "cuDNN for rows whose examples average 4,096 tokens" in attention.explain_choice(
-        "auto", "flash_attn+cudnn", "cuda", torch.bfloat16)
+        "auto", "flash_attn+cudnn", "cuda", torch.bfloat16
+    )
     assert attention.attention_name("flash_attn+cudnn") == "packlm_fa2_cudnn"
     assert select_backend("flash_attn", "cuda", torch.bfloat16) == "flash_attn"
     assert select_backend("auto", "cuda", torch.bfloat16, {"window"}) == "flash_attn"
@@ -156,13 +164,12 @@ def test_auto_pairs_flash_attn_with_cudnn_for_long_rows_on_hopper(monkeypatch):
 
 
 def test_a_paired_backend_runs_cudnn_on_rows_of_long_examples_only(cpu_scope, monkeypatch):
-    """"flash_attn+cudnn" takes cuDNN for a row whose examples average LONG_EXAMPLE_TOKENS or more
+    """ "flash_attn+cudnn" takes cuDNN for a row whose examples average LONG_EXAMPLE_TOKENS or more
     (exact per example, as cudnn alone), the first kernel otherwise; the choice reads shapes only."""
     from trainer.attention import kernels
 
     ran = []
-    monkeypatch.setitem(kernels._KERNELS, "flash_attn",
-                        lambda q, k, v, *args: ran.append("flash_attn") or torch.zeros_like(q))
+    monkeypatch.setitem(kernels._KERNELS, "flash_attn", lambda q, k, v, *args: ran.append("flash_attn") or torch.zeros_like(q))
     q, k, v = qkv()
     dout = torch.randn_like(q, dtype=torch.float64)
     monkeypatch.setattr(kernel_features, "LONG_EXAMPLE_TOKENS", 5)  # LENGTHS average 30 / 6 = 5 tokens
@@ -241,7 +248,8 @@ def test_examples_run_at_bucketed_lengths_and_stay_exact(cpu_scope, monkeypatch,
     monkeypatch.setattr(cudnn_kernel.F, "scaled_dot_product_attention", real)
     want, want_grads = reference(q, k, v, dout, lengths, 0.4, kernel_features.Features())
     matches = torch.allclose(out.double(), want, atol=TOL, rtol=0) and all(
-        torch.allclose(a.double(), b, atol=2 * TOL, rtol=0) for a, b in zip(grads, want_grads))
+        torch.allclose(a.double(), b, atol=2 * TOL, rtol=0) for a, b in zip(grads, want_grads)
+    )
     assert matches is causal
     if causal:
         k2 = k.detach().clone()

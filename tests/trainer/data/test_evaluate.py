@@ -36,8 +36,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _pack(out: Path, num_proc: int = 1, **kw):
-    return run_pack_data(PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=512, out=str(out), limit=200,
-                                    num_proc=num_proc, progress=False, **kw))
+    return run_pack_data(
+        PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=512, out=str(out), limit=200, num_proc=num_proc, progress=False, **kw)
+    )
 
 
 def _ids(folder: Path) -> np.ndarray:
@@ -83,16 +84,20 @@ def test_negative_control_an_example_in_both_folders_is_refused(packed: Path, tm
         verify_eval_folder(copy, read_manifest(copy), check_hashes=False)
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--eval-fraction", "0.1", "--eval-examples", "5"], "not both"),
-    (["--eval-fraction", "1.5"], "--eval-fraction must be between 0 and 1"),
-    (["--eval-examples", "0"], "--eval-examples must be >= 1"),
-    (["--eval-examples", "200"], "holds out 200 of the 200 packed examples"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--eval-fraction", "0.1", "--eval-examples", "5"], "not both"),
+        (["--eval-fraction", "1.5"], "--eval-fraction must be between 0 and 1"),
+        (["--eval-examples", "0"], "--eval-examples must be >= 1"),
+        (["--eval-examples", "200"], "holds out 200 of the 200 packed examples"),
+    ],
+)
 def test_bad_eval_options_are_one_line(tmp_path: Path, args: list[str], needle: str):
     out = tmp_path / "o"
-    result = CliRunner().invoke(pack_data, [SAMPLE, "--tokenizer", TOKENIZER, "--max-len", "512", "--out", str(out),
-                                            "--limit", "200", "--no-progress", *args])
+    result = CliRunner().invoke(
+        pack_data, [SAMPLE, "--tokenizer", TOKENIZER, "--max-len", "512", "--out", str(out), "--limit", "200", "--no-progress", *args]
+    )
     assert result.exit_code == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], result.stderr
@@ -100,9 +105,21 @@ def test_bad_eval_options_are_one_line(tmp_path: Path, args: list[str], needle: 
 
 
 def test_the_eval_loss_is_the_token_mean_over_every_eval_example(packed: Path, tmp_path: Path):
-    summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
-                                tokens_per_step=1024, max_steps=3, eval_every=2, lr=1e-3, num_workers=0,
-                                progress=False, log_every=1))
+    summary = train(
+        TrainConfig(
+            data=str(packed),
+            model="tiny",
+            tokenizer=TOKENIZER,
+            out=str(tmp_path / "run"),
+            tokens_per_step=1024,
+            max_steps=3,
+            eval_every=2,
+            lr=1e-3,
+            num_workers=0,
+            progress=False,
+            log_every=1,
+        )
+    )
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval_loss" in r]
     assert [r["step"] for r in evals] == [2, 3] and evals[-1]["eval_loss"] == summary["eval_loss"]
@@ -130,20 +147,28 @@ def test_the_eval_loss_is_the_token_mean_over_every_eval_example(packed: Path, t
 
 
 def test_eval_can_be_turned_off_or_pointed_elsewhere(packed: Path, tmp_path: Path):
-    base = dict(data=str(packed), model="tiny", tokenizer=TOKENIZER, tokens_per_step=1024, max_steps=1,
-                num_workers=0, progress=False)
+    base = dict(data=str(packed), model="tiny", tokenizer=TOKENIZER, tokens_per_step=1024, max_steps=1, num_workers=0, progress=False)
     assert train(TrainConfig(out=str(tmp_path / "off"), eval_data="none", **base))["eval_loss"] is None
     assert train(TrainConfig(out=str(tmp_path / "on"), eval_data=str(packed / "eval"), **base))["eval_loss"] > 0
-
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_eval_loss_is_exact_across_ranks(packed: Path, tmp_path: Path, parallel: str):
     """Two gloo ranks, each evaluating its share (one of them a micro-batch short, so it runs a
     forward that does not count): both report the loss one process computes on the same weights."""
-    config = TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "ddp"),
-                         tokens_per_step=600, max_steps=1, lr=1e-12, warmup=0, num_workers=0, progress=False,
-                         parallel=parallel)  # the weights barely move (--lr must be > 0, as pack-train's)
+    config = TrainConfig(
+        data=str(packed),
+        model="tiny",
+        tokenizer=TOKENIZER,
+        out=str(tmp_path / "ddp"),
+        tokens_per_step=600,
+        max_steps=1,
+        lr=1e-12,
+        warmup=0,
+        num_workers=0,
+        progress=False,
+        parallel=parallel,
+    )  # the weights barely move (--lr must be > 0, as pack-train's)
     ranks = train_on_two_ranks(config, tmp_path)
     from dataclasses import replace
 
@@ -154,9 +179,22 @@ def test_the_eval_loss_is_exact_across_ranks(packed: Path, tmp_path: Path, paral
 
 
 def test_save_best_keeps_the_checkpoint_with_the_lowest_eval_loss(packed: Path, tmp_path: Path):
-    summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
-                                tokens_per_step=1024, max_steps=6, eval_every=1, save_best=True, keep_last=1,
-                                lr=3e-2, num_workers=0, progress=False))  # a high rate: the eval loss goes up again
+    summary = train(
+        TrainConfig(
+            data=str(packed),
+            model="tiny",
+            tokenizer=TOKENIZER,
+            out=str(tmp_path / "run"),
+            tokens_per_step=1024,
+            max_steps=6,
+            eval_every=1,
+            save_best=True,
+            keep_last=1,
+            lr=3e-2,
+            num_workers=0,
+            progress=False,
+        )
+    )  # a high rate: the eval loss goes up again
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in evals if "eval_loss" in r]
     best = min(evals, key=lambda r: r["eval_loss"])
@@ -172,9 +210,21 @@ def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
-                      tokens_per_step=1024, max_steps=3, eval_every=3, log_every=1, num_workers=0, progress=False,
-                      report_to="tensorboard"))
+    train(
+        TrainConfig(
+            data=str(packed),
+            model="tiny",
+            tokenizer=TOKENIZER,
+            out=str(tmp_path / "run"),
+            tokens_per_step=1024,
+            max_steps=3,
+            eval_every=3,
+            log_every=1,
+            num_workers=0,
+            progress=False,
+            report_to="tensorboard",
+        )
+    )
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
@@ -189,9 +239,21 @@ def test_tensorboard_event_files_hold_the_logged_scalars(packed: Path, tmp_path:
 def test_pack_report_summarises_a_run_folder(packed: Path, tmp_path: Path):
     from pipeline.cli import pack_report
 
-    summary = train(TrainConfig(data=str(packed), model="tiny", tokenizer=TOKENIZER, out=str(tmp_path / "run"),
-                                tokens_per_step=1024, max_steps=2, eval_every=1, save_best=True, log_every=1,
-                                num_workers=0, progress=False))
+    summary = train(
+        TrainConfig(
+            data=str(packed),
+            model="tiny",
+            tokenizer=TOKENIZER,
+            out=str(tmp_path / "run"),
+            tokens_per_step=1024,
+            max_steps=2,
+            eval_every=1,
+            save_best=True,
+            log_every=1,
+            num_workers=0,
+            progress=False,
+        )
+    )
     result = CliRunner().invoke(pack_report, [str(tmp_path / "run"), "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert "pack-train run:" in result.output and "(finished)" in result.output and "best" in result.output
@@ -206,8 +268,7 @@ def _losses(run: Path) -> list[tuple]:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_data_replaced_under_a_running_train_is_never_read(packed: Path, tmp_path: Path, monkeypatch,
-                                                           num_workers: int):
+def test_data_replaced_under_a_running_train_is_never_read(packed: Path, tmp_path: Path, monkeypatch, num_workers: int):
     """pack-data --overwrite into --data after pack-train started: the run reads only the shards it
     checked at its start (training rows and the held-out eval alike), the same numbers as a run on
     an untouched copy."""
@@ -216,8 +277,18 @@ def test_data_replaced_under_a_running_train_is_never_read(packed: Path, tmp_pat
     data, control = tmp_path / "data", tmp_path / "control"
     shutil.copytree(packed, data)
     shutil.copytree(packed, control)
-    base = dict(model="tiny", tokenizer=TOKENIZER, tokens_per_step=1024, max_steps=3, eval_every=1, lr=1e-3,
-                num_workers=num_workers, progress=False, log_every=1, verify_hashes=False)
+    base = dict(
+        model="tiny",
+        tokenizer=TOKENIZER,
+        tokens_per_step=1024,
+        max_steps=3,
+        eval_every=1,
+        lr=1e-3,
+        num_workers=num_workers,
+        progress=False,
+        log_every=1,
+        verify_hashes=False,
+    )
     train(TrainConfig(data=str(control), out=str(tmp_path / "control-run"), **base))
     start = trainer.run.loop.start
 

@@ -34,7 +34,6 @@ MAX_LEN, VOCAB, ROWS = 64, 300, 8
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """ROWS rows of exactly MAX_LEN tokens, 2-4 examples each, in 3 shards (so a micro-batch of
@@ -49,8 +48,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             eid += 1
         rows.append(row)
     folder = tmp_path_factory.mktemp("packed")
-    make_packed_folder(folder, rows, MAX_LEN, rows_per_shard=3,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(folder, rows, MAX_LEN, rows_per_shard=3, tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
     return folder
 
 
@@ -66,7 +64,8 @@ def test_the_dataset_is_the_folders_rows_memory_mapped_in_place(packed: Path):
         for name in ("input_ids", "labels", "position_ids", "seq_lens", "example_ids"):
             assert np.array_equal(data[i][name], rows[i][name])
     assert sorted(Path(f["filename"]).name for f in data.cache_files) == sorted(
-        s.file for s in read_manifest(packed).shards)  # the shards themselves: nothing copied
+        s.file for s in read_manifest(packed).shards
+    )  # the shards themselves: nothing copied
 
 
 def test_a_damaged_folder_is_refused(packed: Path, tmp_path: Path):
@@ -172,9 +171,27 @@ STEPS, ACCUM, LR = 3, 2, 2e-3
 
 
 def _pack_train_losses(packed: Path, out: Path) -> list[float]:
-    train(TrainConfig(data=str(packed), model="tiny", out=str(out), tokens_per_step=MAX_LEN, grad_accum=ACCUM,
-                      lr=LR, warmup=0, schedule="constant", weight_decay=0.0, grad_clip=1.0, max_steps=STEPS,
-                      log_every=1, num_workers=0, progress=False, attn="sdpa", dtype="fp32", seed=0))
+    train(
+        TrainConfig(
+            data=str(packed),
+            model="tiny",
+            out=str(out),
+            tokens_per_step=MAX_LEN,
+            grad_accum=ACCUM,
+            lr=LR,
+            warmup=0,
+            schedule="constant",
+            weight_decay=0.0,
+            grad_clip=1.0,
+            max_steps=STEPS,
+            log_every=1,
+            num_workers=0,
+            progress=False,
+            attn="sdpa",
+            dtype="fp32",
+            seed=0,
+        )
+    )
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -188,11 +205,29 @@ def _pack_train_order(packed: Path) -> list[int]:
 
 
 def _hf_args(out: Path, cls):
-    return cls(output_dir=str(out), per_device_train_batch_size=1, gradient_accumulation_steps=ACCUM,
-               max_steps=STEPS, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-               adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, optim="adamw_torch",
-               logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-               train_sampling_strategy="sequential", dataloader_num_workers=0, seed=0, disable_tqdm=True)
+    return cls(
+        output_dir=str(out),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=ACCUM,
+        max_steps=STEPS,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        train_sampling_strategy="sequential",
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+    )
 
 
 def _logged_losses(trainer) -> list[float]:
@@ -208,8 +243,7 @@ def test_transformers_trainer_matches_pack_train_step_losses(packed: Path, tmp_p
     want = _pack_train_losses(packed, tmp_path / "pack")
     data = hf.packed_dataset(packed).select(_pack_train_order(packed))
     model = _model(attn).train()
-    trainer = Trainer(model=model, args=_hf_args(tmp_path / "hf", TrainingArguments), train_dataset=data,
-                      data_collator=hf.PackedCollator())
+    trainer = Trainer(model=model, args=_hf_args(tmp_path / "hf", TrainingArguments), train_dataset=data, data_collator=hf.PackedCollator())
     trainer.train()
     got = _logged_losses(trainer)
     assert len(got) == len(want) == STEPS
@@ -230,8 +264,9 @@ def test_trl_sft_trainer_matches_pack_train_step_losses(packed: Path, tmp_path: 
     args.dataset_kwargs = {"skip_prepare_dataset": True}  # the rows are tokenized and packed already
     args.remove_unused_columns = False  # SFTTrainer would keep only the columns it knows
     tokenizer = load_tokenizer(str(Path(__file__).parents[3] / "data" / "tokenizer"))  # unused: rows are tokens
-    trainer = trl.SFTTrainer(model=_model("sdpa").train(), args=args, train_dataset=data,
-                             data_collator=hf.PackedCollator(), processing_class=tokenizer)
+    trainer = trl.SFTTrainer(
+        model=_model("sdpa").train(), args=args, train_dataset=data, data_collator=hf.PackedCollator(), processing_class=tokenizer
+    )
     trainer.train()
     assert _logged_losses(trainer) == pytest.approx(want, rel=1e-4)
 
@@ -247,12 +282,24 @@ def test_trainer_under_ddp_gives_every_rank_the_same_steps_and_all_rows(tmp_path
 
     rng = np.random.default_rng(1)
     rows = [[(i, rng.integers(3, VOCAB, size=MAX_LEN))] for i in range(7)]
-    make_packed_folder(tmp_path / "odd", rows, MAX_LEN,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(tmp_path / "odd", rows, MAX_LEN, tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
     worker = Path(__file__).with_name("hf_ddp_worker.py")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3]), "OMP_NUM_THREADS": "1"}
-    proc = run_killable([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                         str(worker), str(tmp_path / "odd"), str(tmp_path / "run")], 300, env=env)
+    proc = run_killable(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--standalone",
+            str(worker),
+            str(tmp_path / "odd"),
+            str(tmp_path / "run"),
+        ],
+        300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / "run" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["steps"] == ranks[1]["steps"] == 2  # 4 batches each, 2 per step

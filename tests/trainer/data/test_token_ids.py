@@ -34,9 +34,20 @@ def folder_with(tmp_path: Path, bad: dict | None = None) -> Path:
 
 
 def run(tmp_path: Path, data: Path, workers: int) -> dict:
-    return train(TrainConfig(data=str(data), model="tiny", out=str(tmp_path / f"run-{workers}"), device="cpu",
-                             tokens_per_step=MAX_LEN, max_steps=4, num_workers=workers, progress=False,
-                             save_every=0, verify_hashes=False))
+    return train(
+        TrainConfig(
+            data=str(data),
+            model="tiny",
+            out=str(tmp_path / f"run-{workers}"),
+            device="cpu",
+            tokens_per_step=MAX_LEN,
+            max_steps=4,
+            num_workers=workers,
+            progress=False,
+            save_every=0,
+            verify_hashes=False,
+        )
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -47,8 +58,9 @@ def test_ids_outside_the_embedding_stop_in_one_line(tmp_path: Path, workers: int
         run(tmp_path, data, workers)
     message = str(caught.value)
     assert "\n" not in message and "Traceback" not in message
-    assert message.startswith(f"{data / 'shard-00001.arrow'}: row 1 holds token id {said}, outside the model's "
-                              "vocabulary of 4096 tokens"), message
+    assert message.startswith(
+        f"{data / 'shard-00001.arrow'}: row 1 holds token id {said}, outside the model's vocabulary of 4096 tokens"
+    ), message
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -33,8 +33,7 @@ from trainer.data.stream import (  # noqa: E402
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~60 rows of up to 64 tokens over 4 shards."""
-    return random_packed_folder(tmp_path_factory.mktemp("packed"), 64, count=150, low=3, high=50, seed=1,
-                                rows_per_shard=17)
+    return random_packed_folder(tmp_path_factory.mktemp("packed"), 64, count=150, low=3, high=50, seed=1, rows_per_shard=17)
 
 
 def test_row_lengths_match_rows(packed: Path) -> None:
@@ -78,9 +77,7 @@ def test_ranks_get_disjoint_data_and_equal_step_counts() -> None:
     planner = Planner(lengths, 128, seed=0, world_size=world, grad_accum=accum)
     for epoch in range(2):
         steps = planner.steps_in_epoch(epoch)
-        per_rank = [
-            [planner.local_rows(epoch, k, r) for k in range(steps * accum)] for r in range(world)
-        ]
+        per_rank = [[planner.local_rows(epoch, k, r) for k in range(steps * accum)] for r in range(world)]
         flat = [np.concatenate(rows) for rows in per_rank]
         assert all(len(rows) == steps * accum for rows in per_rank)
         for a in range(world):
@@ -136,8 +133,9 @@ def test_loader_leaves_the_thread_count_of_later_threads(packed: Path) -> None:
     before = _count_in_a_fresh_thread()
     manifest = read_manifest(packed)
     planner = Planner(row_lengths(packed, manifest), 100, seed=7, grad_accum=1)
-    loader = make_loader(MicroBatchDataset(ShardReader(packed, manifest), planner),
-                         CursorSampler(planner, Cursor(), 4), num_workers=2, prefetch_factor=2)
+    loader = make_loader(
+        MicroBatchDataset(ShardReader(packed, manifest), planner), CursorSampler(planner, Cursor(), 4), num_workers=2, prefetch_factor=2
+    )
     assert not loader.pin_memory  # a pinning DataLoader's thread would set the count to 1 (below)
     assert len(list(loader)) == 4
     assert _count_in_a_fresh_thread() == before
@@ -203,9 +201,7 @@ def test_open_data_refuses_a_damaged_folder(packed: Path, tmp_path: Path) -> Non
         open_data(TrainConfig(data=str(bad), model="tiny", out=str(tmp_path / "run")))
 
 
-def test_open_data_checks_the_tokenizer_fingerprint(
-    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_open_data_checks_the_tokenizer_fingerprint(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenize = pytest.importorskip("pipeline.tokenize.tokenizer")
     from trainer import TrainConfig
     from trainer.run.preflight import open_data
@@ -236,8 +232,11 @@ def test_open_data_takes_the_fingerprints_of_what_the_tokenizer_does_and_of_its_
     folder = Path(__file__).resolve().parents[3] / "data" / "tokenizer"
     tok = load_tokenizer(str(folder))
     rows = pack_lengths([5, 7, 9], 32, vocab=300)
-    for name, fingerprint, ok in (("now", tokenizer_fingerprint(tok), True), ("files", file_fingerprint(tok), True),
-                                  ("other", "0" * 64, False)):
+    for name, fingerprint, ok in (
+        ("now", tokenizer_fingerprint(tok), True),
+        ("files", file_fingerprint(tok), True),
+        ("other", "0" * 64, False),
+    ):
         make_packed_folder(tmp_path / name, rows, 32, tokenizer={"name": "t", "fingerprint": fingerprint})
         config = TrainConfig(data=str(tmp_path / name), model="tiny", out=str(tmp_path / "r"), tokenizer=str(folder))
         if ok:

@@ -43,7 +43,7 @@ def test_split_holds_every_token_once(lengths: list[int], n: int) -> None:
     shard = rs.RowShard.of(split, cu, 0)
     gathered = np.full(n * shard.width, -1)
     for r, share in enumerate(shares):
-        gathered[r * shard.width: r * shard.width + len(share)] = share
+        gathered[r * shard.width : r * shard.width + len(share)] = share
     assert np.array_equal(gathered[shard.slots], np.arange(total))
 
 
@@ -102,10 +102,23 @@ def _simulate(q, k, v, lengths, n, features, sinks=None):
         p = s.pieces(features.window, features.chunk)
         slots = torch.from_numpy(p.key_slots)
         whole = Features(window=features.window, softcap=features.softcap)
-        pieces_out.append((s.tokens, varlen_attention(
-            q[torch.from_numpy(s.tokens)], gathered(k)[slots], gathered(v)[slots], torch.from_numpy(p.cu_q),
-            p.max_q, backend="sdpa", features=whole, sinks=sinks, cu_seqlens_k=torch.from_numpy(p.cu_k),
-            max_seqlen_k=p.max_k)))
+        pieces_out.append(
+            (
+                s.tokens,
+                varlen_attention(
+                    q[torch.from_numpy(s.tokens)],
+                    gathered(k)[slots],
+                    gathered(v)[slots],
+                    torch.from_numpy(p.cu_q),
+                    p.max_q,
+                    backend="sdpa",
+                    features=whole,
+                    sinks=sinks,
+                    cu_seqlens_k=torch.from_numpy(p.cu_k),
+                    max_seqlen_k=p.max_k,
+                ),
+            )
+        )
     for tokens, o in pieces_out:
         out = out.index_copy(0, torch.from_numpy(tokens), o)
     return out
@@ -161,8 +174,7 @@ def test_pieces_without_earlier_keys_differ() -> None:
 def test_only_kernels_with_key_boundaries_run_shares() -> None:
     q = torch.randn(4, 2, 8)
     with pytest.raises(UserError, match="cannot attend a piece"):
-        varlen_attention(q, q, q, torch.tensor([0, 4]), 4, backend="flex", cu_seqlens_k=torch.tensor([0, 4]),
-                         max_seqlen_k=4)
+        varlen_attention(q, q, q, torch.tensor([0, 4]), 4, backend="flex", cu_seqlens_k=torch.tensor([0, 4]), max_seqlen_k=4)
 
 
 def test_a_share_reaches_attention_with_its_decoder_call_only() -> None:
@@ -199,7 +211,7 @@ def _row(vocab: int = 256):
     labels = ids.copy()
     starts = np.concatenate([[0], np.cumsum(ROW)[:-1]])
     labels[starts] = -100
-    labels[starts[0] + 10: starts[0] + 14] = -100  # a masked prompt inside the long example
+    labels[starts[0] + 10 : starts[0] + 14] = -100  # a masked prompt inside the long example
     positions = np.concatenate([np.arange(n) for n in ROW])
     return collate_flat(ids, labels, positions, np.array(ROW))
 
@@ -311,10 +323,22 @@ def test_train_under_context_parallel_gives_the_single_process_losses(long_rows,
     held = tmp_path / "held"
     lengths = np.random.default_rng(7).integers(30, 250, size=9).tolist()
     make_packed_folder(held, pack_lengths(lengths, 256, vocab=300, seed=7), 256)
-    base = dict(data=str(long_rows), model="tiny", tokens_per_step=256, lr=1e-3, warmup=1, max_steps=4,
-                log_every=1, num_workers=0, progress=False, attn="sdpa", eval_data=str(held))
-    ranks = run_on_ranks(_train_rank, world, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2,
-                                                        parallel=parallel),), deadline_s=400)
+    base = dict(
+        data=str(long_rows),
+        model="tiny",
+        tokens_per_step=256,
+        lr=1e-3,
+        warmup=1,
+        max_steps=4,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        attn="sdpa",
+        eval_data=str(held),
+    )
+    ranks = run_on_ranks(
+        _train_rank, world, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2, parallel=parallel),), deadline_s=400
+    )
     one = train(TrainConfig(**base, out=str(tmp_path / "one"), grad_accum=world // 2))
     got, want = logged_losses(tmp_path / "cp"), logged_losses(tmp_path / "one")
     assert len(got) == len(want) == 4
@@ -337,8 +361,9 @@ def test_a_row_shorter_than_the_group_is_refused_at_start(tmp_path) -> None:
     from packed_factory import make_packed_folder
 
     make_packed_folder(tmp_path / "data", [[(0, [5, 6, 7, 8])], [(1, [9])]], 8)
-    config = dict(data=str(tmp_path / "data"), model="tiny", out=str(tmp_path / "run"), context_parallel=2,
-                  max_steps=1, num_workers=0, progress=False)
+    config = dict(
+        data=str(tmp_path / "data"), model="tiny", out=str(tmp_path / "run"), context_parallel=2, max_steps=1, num_workers=0, progress=False
+    )
     lines = run_on_ranks(_refused_rank, 2, args=(config,), deadline_s=300)
     assert all("holds a row of 1 token(s), too short to split over 2 ranks" in line for line in lines), lines
     assert not (tmp_path / "run").exists()
@@ -375,8 +400,9 @@ def _families_rank(rank: int, world: int) -> dict:
     layout = cp.setup(rank, world, True, world)
     data = examples()
     lengths = np.array([len(d[0]) for d in data])
-    row = collate_flat(np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data]),
-                       np.concatenate([np.arange(n) for n in lengths]), lengths)
+    row = collate_flat(
+        np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data]), np.concatenate([np.arange(n) for n in lengths]), lengths
+    )
     share = rs.shard_microbatch(row, layout.cp_rank, layout.cp_size)
     ends = torch.tensor(np.cumsum(lengths))
     mix = torch.linspace(0.5, 2.0, len(lengths), dtype=torch.float64)

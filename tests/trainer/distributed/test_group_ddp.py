@@ -43,24 +43,27 @@ def grouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """26 examples in groups of 4: seven groups, the last of 2 (an odd number: two ranks end the
     epoch with a step of one group)."""
     out = tmp_path_factory.mktemp("grouped") / "packed"
-    run_pack_data(PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=256, out=str(out), limit=26,
-                             strategy="minibatch", group_size=4, progress=False))
+    run_pack_data(
+        PackConfig(
+            inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=256, out=str(out), limit=26, strategy="minibatch", group_size=4, progress=False
+        )
+    )
     return out
 
 
 def _planner(folder: Path, rank: int, world: int = 2, even: bool = False) -> tuple[Planner, ShardReader]:
     manifest = read_manifest(folder)
     reader = ShardReader(folder, manifest)
-    return Planner(reader.row_lengths(), BUDGET, seed=3, world_size=world, groups=manifest.groups,
-                   rank=rank, even=even), reader
+    return Planner(reader.row_lengths(), BUDGET, seed=3, world_size=world, groups=manifest.groups, rank=rank, even=even), reader
 
 
 def _model() -> LossModule:
     return LossModule(build_model("tiny", seed=1)[0])
 
 
-def _rank_epoch(rank: int, world: int, folder: str, parallel: str, out: str, takes: int | None = None,
-                by_rank: bool = False) -> list[list[int]]:
+def _rank_epoch(
+    rank: int, world: int, folder: str, parallel: str, out: str, takes: int | None = None, by_rank: bool = False
+) -> list[list[int]]:
     """One epoch on this rank as pack-train's loop takes it (DDP or FSDP2, SGD); rank 0 saves the
     weights to `out`. `takes`: the rank whose groups this one reads (the broken control's; None: its
     own); `by_rank`: --loss-average ranks. Returns each step's (micro-batches read, of them its own)."""
@@ -140,8 +143,7 @@ def test_the_plan_deals_one_group_a_rank(grouped: Path) -> None:
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_ranks_train_as_one_process_on_the_union_of_their_groups(grouped: Path, tmp_path: Path,
-                                                                      parallel: str) -> None:
+def test_two_ranks_train_as_one_process_on_the_union_of_their_groups(grouped: Path, tmp_path: Path, parallel: str) -> None:
     out = tmp_path / "w.pt"
     per_rank = run_on_ranks(_rank_epoch, 2, args=(str(grouped), parallel, str(out)), deadline_s=240)
     real = [[s[1] for s in rank] for rank in per_rank]
@@ -165,11 +167,23 @@ def _metrics(run: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_train_under_torchrun_steps_by_group_and_resumes_mid_epoch_exactly(grouped: Path, tmp_path: Path,
-                                                                         parallel: str, capfd) -> None:
-    config = TrainConfig(data=str(grouped), model="tiny", out=str(tmp_path / "full"), tokens_per_step=BUDGET,
-                         epochs=2, lr=1e-3, warmup=0, schedule="constant", log_every=1, num_workers=0,
-                         progress=False, device="cpu", eval_data="none", parallel=parallel)
+def test_train_under_torchrun_steps_by_group_and_resumes_mid_epoch_exactly(grouped: Path, tmp_path: Path, parallel: str, capfd) -> None:
+    config = TrainConfig(
+        data=str(grouped),
+        model="tiny",
+        out=str(tmp_path / "full"),
+        tokens_per_step=BUDGET,
+        epochs=2,
+        lr=1e-3,
+        warmup=0,
+        schedule="constant",
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        device="cpu",
+        eval_data="none",
+        parallel=parallel,
+    )
     for name in ("full-ranks", "part-ranks", "resume-ranks"):
         (tmp_path / name).mkdir()
     full = train_on_two_ranks(config, tmp_path / "full-ranks")
@@ -199,9 +213,21 @@ def test_loss_average_ranks_trains_the_mean_of_the_ranks_means(grouped: Path, tm
 
 
 def _first_step(grouped: Path, tmp_path: Path, name: str, **kw) -> dict:
-    config = TrainConfig(data=str(grouped), model="tiny", out=str(tmp_path / name), tokens_per_step=BUDGET,
-                         max_steps=1, lr=1e-3, warmup=0, log_every=1, num_workers=0, progress=False,
-                         device="cpu", eval_data="none", **kw)
+    config = TrainConfig(
+        data=str(grouped),
+        model="tiny",
+        out=str(tmp_path / name),
+        tokens_per_step=BUDGET,
+        max_steps=1,
+        lr=1e-3,
+        warmup=0,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        device="cpu",
+        eval_data="none",
+        **kw,
+    )
     (tmp_path / f"{name}-ranks").mkdir()
     train_on_two_ranks(config, tmp_path / f"{name}-ranks")
     return _metrics(tmp_path / name)[0]
@@ -214,8 +240,7 @@ def test_train_takes_loss_average_ranks_under_torchrun(grouped: Path, tmp_path: 
     tokens, ranks = (_first_step(grouped, tmp_path, average, loss_average=average) for average in ("tokens", "ranks"))
     assert tokens["loss"] == pytest.approx(ranks["loss"], rel=1e-6)
     assert tokens["grad_norm"] != pytest.approx(ranks["grad_norm"], rel=1e-4)
-    shared = [_first_step(grouped, tmp_path, f"cp-{average}", loss_average=average, context_parallel=2)
-              for average in ("tokens", "ranks")]
+    shared = [_first_step(grouped, tmp_path, f"cp-{average}", loss_average=average, context_parallel=2) for average in ("tokens", "ranks")]
     assert shared[0]["grad_norm"] == pytest.approx(shared[1]["grad_norm"], rel=1e-6)
 
 
@@ -229,8 +254,7 @@ def test_trls_average_tokens_across_devices_is_loss_average(tmp_path: Path, valu
     from trainer.config import TRAIN_CHECKS
 
     cfg = tmp_path / "sft.yaml"
-    cfg.write_text("model_name_or_path: tiny\nlearning_rate: 1.0e-4\n"
-                   + (f"average_tokens_across_devices: {value}\n" if value else ""))
+    cfg.write_text("model_name_or_path: tiny\nlearning_rate: 1.0e-4\n" + (f"average_tokens_across_devices: {value}\n" if value else ""))
     settings = read_config_file(cfg, pack_train, TRAIN_CHECKS, foreign="pack-train", mapping=[])
     assert settings.get("loss_average", "tokens") == want
     cfg.write_text("model_name_or_path: tiny\naverage_tokens_across_devices: sometimes\n")

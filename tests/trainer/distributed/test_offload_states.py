@@ -28,9 +28,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture()
 def config(tmp_path: Path) -> TrainConfig:
     data = random_packed_folder(tmp_path / "data", 96, count=48, low=4, high=60, seed=5)
-    return TrainConfig(data=str(data), model="tiny", out=str(tmp_path / "run"), tokens_per_step=192, max_steps=3,
-                       parallel="fsdp", lr=1e-3, num_workers=0, progress=False, device="cpu", log_every=1,
-                       eval_data="none")
+    return TrainConfig(
+        data=str(data),
+        model="tiny",
+        out=str(tmp_path / "run"),
+        tokens_per_step=192,
+        max_steps=3,
+        parallel="fsdp",
+        lr=1e-3,
+        num_workers=0,
+        progress=False,
+        device="cpu",
+        log_every=1,
+        eval_data="none",
+    )
 
 
 def _spy_on_fully_shard(monkeypatch, record: Path) -> None:
@@ -48,8 +59,7 @@ def _spy_on_fully_shard(monkeypatch, record: Path) -> None:
 
 
 @pytest.mark.parametrize("cp", [1, 2])
-def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_path: Path, monkeypatch,
-                                                      cp: int) -> None:
+def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_path: Path, monkeypatch, cp: int) -> None:
     """Two ranks as data-parallel FSDP2 (cp 1) or as one context-parallel group sharing each row (cp 2)."""
     config = replace(config, context_parallel=cp)
     calls = tmp_path / "fully_shard.calls"
@@ -59,8 +69,7 @@ def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_p
     plain = train_on_two_ranks(replace(config, out=str(tmp_path / "plain")), tmp_path / "plain-ranks")
     plain_calls = calls.read_text().split()
     calls.unlink()
-    offload = train_on_two_ranks(replace(config, out=str(tmp_path / "offload"), offload_states=True),
-                                 tmp_path / "offload-ranks")
+    offload = train_on_two_ranks(replace(config, out=str(tmp_path / "offload"), offload_states=True), tmp_path / "offload-ranks")
     assert plain[0]["steps"] == offload[0]["steps"] == 3
     assert logged_losses(tmp_path / "offload") == pytest.approx(logged_losses(tmp_path / "plain"), rel=1e-6)
     layers = 2  # the tiny preset's decoder layers, then the root, on each of two ranks
@@ -68,8 +77,7 @@ def test_fsdp_with_offloaded_states_trains_as_without(config: TrainConfig, tmp_p
     assert plain_calls == ["OffloadPolicy"] * (2 * (layers + 1))  # negative control
 
 
-def test_a_resumed_run_with_offloaded_states_ends_where_an_uninterrupted_one_does(config: TrainConfig,
-                                                                                  tmp_path: Path) -> None:
+def test_a_resumed_run_with_offloaded_states_ends_where_an_uninterrupted_one_does(config: TrainConfig, tmp_path: Path) -> None:
     offloaded = replace(config, offload_states=True)
     for name in "abc":
         (tmp_path / name).mkdir()

@@ -36,8 +36,9 @@ def _saved_bytes_and_grads(budget: float) -> tuple[int, dict[str, torch.Tensor]]
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     prepare(model, "sdpa", "cpu")
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules="all-linear",
-                                             init_lora_weights=False))  # B != 0: every adapter has gradients
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
+    )  # B != 0: every adapter has gradients
     compile_decoder_layers(model)  # as pack-train --compile does
     lens = np.array([40, 30, 58])
     ids = np.random.default_rng(0).integers(3, 300, int(lens.sum()))
@@ -70,8 +71,7 @@ def test_a_lower_budget_keeps_fewer_activations_and_computes_the_same_gradients(
 
 def _packed(tmp_path: Path) -> Path:
     folder = tmp_path / "packed"
-    make_packed_folder(folder, pack_lengths(np.random.default_rng(0).integers(4, 40, size=20).tolist(), 64,
-                                            vocab=300), 64)
+    make_packed_folder(folder, pack_lengths(np.random.default_rng(0).integers(4, 40, size=20).tolist(), 64, vocab=300), 64)
     return folder
 
 
@@ -79,18 +79,30 @@ def test_pack_train_holds_the_budget_while_its_layers_compile(tmp_path: Path, mo
     import trainer.run.loop
 
     seen = []
-    monkeypatch.setattr(trainer.run.loop, "_train", lambda config, opened: seen.append(
-        functorch_config.activation_memory_budget) or {})
-    train(TrainConfig(data=str(_packed(tmp_path)), model="tiny", out=str(tmp_path / "run"), compile=True,
-                      activation_memory_budget=0.7, progress=False))
+    monkeypatch.setattr(trainer.run.loop, "_train", lambda config, opened: seen.append(functorch_config.activation_memory_budget) or {})
+    train(
+        TrainConfig(
+            data=str(_packed(tmp_path)), model="tiny", out=str(tmp_path / "run"), compile=True, activation_memory_budget=0.7, progress=False
+        )
+    )
     assert seen == [0.7]
     assert functorch_config.activation_memory_budget == 1.0  # and only then
 
 
 def test_a_budget_without_compiled_layers_is_refused_in_one_line(tmp_path: Path):
-    config = TrainConfig(data=str(_packed(tmp_path)), model="tiny", out=str(tmp_path / "run"), max_steps=1,
-                         num_workers=0, progress=False, activation_memory_budget=0.7)
-    with pytest.raises(UserError, match=r"^activation_memory_budget 0\.7 applies to compiled layers, and this "
-                                        r"run compiles none: add compile"):
+    config = TrainConfig(
+        data=str(_packed(tmp_path)),
+        model="tiny",
+        out=str(tmp_path / "run"),
+        max_steps=1,
+        num_workers=0,
+        progress=False,
+        activation_memory_budget=0.7,
+    )
+    with pytest.raises(
+        UserError,
+        match=r"^activation_memory_budget 0\.7 applies to compiled layers, and this "
+        r"run compiles none: add compile",
+    ):
         train(config)  # on the CPU, layers compile only when asked
     train(TrainConfig(**{**config.__dict__, "activation_memory_budget": 1.0}))  # the control: the default runs

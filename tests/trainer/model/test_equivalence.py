@@ -273,8 +273,7 @@ def test_compiled_chunk_loss_compiles_once_whatever_the_chunking(models, example
         torch._dynamo.reset()
         chunk_losses = chunk_losses_of(backend)
         for chunk in chunkings:
-            total, _ = packed_loss(model, batch, chunk_tokens=chunk, chunk_losses=chunk_losses,
-                                   keep_logits_up_to=0)
+            total, _ = packed_loss(model, batch, chunk_tokens=chunk, chunk_losses=chunk_losses, keep_logits_up_to=0)
             total.backward()
         model.zero_grad(set_to_none=True)
         torch._dynamo.reset()

@@ -162,14 +162,35 @@ def test_pack_train_on_cpu_refuses_fp8_in_one_line(tmp_path):
 
     data = tmp_path / "data"
     make_packed_folder(data, pack_lengths([10, 20, 30], 64, vocab=300), 64)
-    proc = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'pack-train'; from trainer.cli import main; main()",
-                           "--data", str(data), "--model", "tiny", "--out", str(tmp_path / "run"), "--max-steps", "1",
-                           "--dtype", "fp8", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv[0] = 'pack-train'; from trainer.cli import main; main()",
+            "--data",
+            str(data),
+            "--model",
+            "tiny",
+            "--out",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "1",
+            "--dtype",
+            "fp8",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "Error: --dtype fp8 needs an NVIDIA GPU with float8 tensor cores (sm89 or newer: Ada, Hopper, Blackwell); "
-        "this run is on cpu: use --dtype bf16-weights"], proc.stderr
+        "this run is on cpu: use --dtype bf16-weights"
+    ], proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
 
 def _emulated_fp8(monkeypatch) -> dict:
     """pack-train's fp8 path on the CPU: the GPU check passes and torchao emulates the float8
@@ -178,8 +199,7 @@ def _emulated_fp8(monkeypatch) -> dict:
 
     monkeypatch.setattr(start, "check_fp8", lambda device: None)
     real_config, real_convert, seen = fp8.fp8_config, start.to_float8, {}
-    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False, fsdp=False: real_config(recipe, emulate=True,
-                                                                                                 fsdp=fsdp))
+    monkeypatch.setattr(fp8, "fp8_config", lambda recipe, emulate=False, fsdp=False: real_config(recipe, emulate=True, fsdp=fsdp))
 
     def convert(model, recipe, layers, **kwargs):
         seen.update(model=model, recipe=recipe, swapped=real_convert(model, recipe, layers, **kwargs))
@@ -203,9 +223,20 @@ def test_pack_train_fp8_trains_float8_layers_over_fp32_masters_and_saves_fp32(tm
     data = tmp_path / "data"
     make_packed_folder(data, pack_lengths(np.random.default_rng(0).integers(4, 40, 30).tolist(), 64, vocab=300), 64)
     seen = _emulated_fp8(monkeypatch)
-    config = TrainConfig(data=str(data), model="tiny", out=str(tmp_path / "run"), tokens_per_step=128, max_steps=2,
-                         dtype="fp8", lr=1e-3, num_workers=0, progress=False, device="cpu", log_every=1,
-                         eval_data="none")
+    config = TrainConfig(
+        data=str(data),
+        model="tiny",
+        out=str(tmp_path / "run"),
+        tokens_per_step=128,
+        max_steps=2,
+        dtype="fp8",
+        lr=1e-3,
+        num_workers=0,
+        progress=False,
+        device="cpu",
+        log_every=1,
+        eval_data="none",
+    )
     summary = train(config)
     assert seen["recipe"] == "rowwise_with_gw_hp" and seen["swapped"] == 14
     up = seen["model"].model.layers[0].mlp.up_proj
@@ -230,9 +261,21 @@ def test_pack_train_fp8_under_fsdp2_agrees_across_ranks_and_ddp_is_refused(tmp_p
     data = tmp_path / "data"
     make_packed_folder(data, pack_lengths(np.random.default_rng(1).integers(4, 40, 40).tolist(), 64, vocab=300), 64)
     seen = _emulated_fp8(monkeypatch)  # forked ranks inherit the patches
-    config = TrainConfig(data=str(data), model="tiny", out=str(tmp_path / "run"), tokens_per_step=128, max_steps=2,
-                         dtype="fp8", parallel="fsdp", lr=1e-3, num_workers=0, progress=False, device="cpu",
-                         log_every=1, eval_data="none")
+    config = TrainConfig(
+        data=str(data),
+        model="tiny",
+        out=str(tmp_path / "run"),
+        tokens_per_step=128,
+        max_steps=2,
+        dtype="fp8",
+        parallel="fsdp",
+        lr=1e-3,
+        num_workers=0,
+        progress=False,
+        device="cpu",
+        log_every=1,
+        eval_data="none",
+    )
     ranks = train_on_two_ranks(config, tmp_path)
     assert seen == {}  # the conversion ran in the ranks, not here
     assert ranks[0]["final_loss"] == ranks[1]["final_loss"] and np.isfinite(ranks[0]["final_loss"])
@@ -269,8 +312,7 @@ def test_tensorwise_under_fsdp2_all_gathers_float8_weights_and_computes_the_same
     def refresh(module):  # leaves a file per rank and step: how many weights all-gather in float8
         from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-        n = sum(isinstance(getattr(p, "_local_tensor", None), WeightWithDynamicFloat8CastTensor)
-                for p in module.parameters())
+        n = sum(isinstance(getattr(p, "_local_tensor", None), WeightWithDynamicFloat8CastTensor) for p in module.parameters())
         Path(tmp_path, f"refresh-{os.getpid()}-{next(calls)}").write_text(str(n))
         real_refresh(module)
 
@@ -287,9 +329,22 @@ def test_tensorwise_under_fsdp2_all_gathers_float8_weights_and_computes_the_same
     monkeypatch.setattr(start, "load_model", bf16_exact)
 
     def run(name: str, recipe: str) -> list[dict]:
-        config = TrainConfig(data=str(data), model="tiny", out=str(tmp_path / name), tokens_per_step=128,
-                             max_steps=3, dtype="fp8", fp8_recipe=recipe, parallel="fsdp", lr=1e-3, num_workers=0,
-                             progress=False, device="cpu", log_every=1, eval_data="none")
+        config = TrainConfig(
+            data=str(data),
+            model="tiny",
+            out=str(tmp_path / name),
+            tokens_per_step=128,
+            max_steps=3,
+            dtype="fp8",
+            fp8_recipe=recipe,
+            parallel="fsdp",
+            lr=1e-3,
+            num_workers=0,
+            progress=False,
+            device="cpu",
+            log_every=1,
+            eval_data="none",
+        )
         return train_on_two_ranks(config, tmp_path / name)
 
     gathered = run("fp8-gather", "tensorwise")
@@ -302,8 +357,10 @@ def test_tensorwise_under_fsdp2_all_gathers_float8_weights_and_computes_the_same
     run("bf16-gather", "tensorwise")
     assert not list(tmp_path.glob("refresh-*"))  # no float8 all-gather, nothing to refresh
     assert gathered[0]["final_loss"] == gathered[1]["final_loss"]
-    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-              for name in ("fp8-gather", "bf16-gather")}
+    losses = {
+        name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("fp8-gather", "bf16-gather")
+    }
     # step 1 from bf16-exact weights: the same float8 weights whether cast from the fp32 shard or its
     # bf16 copy; later steps' fp32 weights round to bf16 first on one side only
     assert losses["fp8-gather"][0] == pytest.approx(losses["bf16-gather"][0], rel=1e-6)

@@ -23,8 +23,9 @@ from trainer.model.loss import packed_loss
 def _row():
     data = examples()
     lengths = np.array([len(d[0]) for d in data])
-    return collate_flat(np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data]),
-                        np.concatenate([np.arange(n) for n in lengths]), lengths)
+    return collate_flat(
+        np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data]), np.concatenate([np.arange(n) for n in lengths]), lengths
+    )
 
 
 def _loss_and_grads(model, batch):
@@ -156,8 +157,18 @@ def test_a_run_with_tiles_and_offloaded_checkpoints_logs_the_same_losses(tmp_pat
     folder = tmp_path / "data"
     lengths = np.random.default_rng(2).integers(20, 200, size=24).tolist()
     make_packed_folder(folder, pack_lengths(lengths, 256, vocab=300), 256)
-    base = dict(data=str(folder), model="tiny", tokens_per_step=256, lr=1e-3, max_steps=3, log_every=1,
-                num_workers=0, progress=False, grad_checkpointing=1, lora_r=8 if compiled else 0)
+    base = dict(
+        data=str(folder),
+        model="tiny",
+        tokens_per_step=256,
+        lr=1e-3,
+        max_steps=3,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        grad_checkpointing=1,
+        lora_r=8 if compiled else 0,
+    )
     train(TrainConfig(**base, out=str(tmp_path / "plain")))
     train(TrainConfig(**base, out=str(tmp_path / "long"), tile_mlp=32, offload_activations=True, compile=compiled))
 

@@ -36,13 +36,13 @@ VOCAB = 300
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("lora")
     lengths = np.random.default_rng(0).integers(4, 40, size=40).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=VOCAB), 64,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(
+        folder, pack_lengths(lengths, 64, vocab=VOCAB), 64, tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB}
+    )
     return folder
 
 
@@ -63,8 +63,9 @@ def _rows(lengths: list[int]) -> list[dict[str, np.ndarray]]:
         ids = rng.integers(3, VOCAB, n).astype(np.int32)
         labels = ids.copy()
         labels[0] = -100
-        rows.append({"input_ids": ids, "labels": labels, "position_ids": np.arange(n, dtype=np.int32),
-                     "seq_lens": np.array([n], dtype=np.int32)})
+        rows.append(
+            {"input_ids": ids, "labels": labels, "position_ids": np.arange(n, dtype=np.int32), "seq_lens": np.array([n], dtype=np.int32)}
+        )
     return rows
 
 
@@ -100,8 +101,20 @@ def test_packed_lora_matches_each_example_alone(packed: Path):
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=1, lr=5e-3,
-                max_steps=4, log_every=1, num_workers=0, progress=False, lora_r=4, attn="sdpa")
+    base = dict(
+        data=str(packed),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=128,
+        grad_accum=1,
+        lr=5e-3,
+        max_steps=4,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        lora_r=4,
+        attn="sdpa",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -134,13 +147,16 @@ def test_pack_train_saves_only_the_adapter_which_reloads_with_peft(packed: Path,
 
 # bf16-weights: the adapters' fp32 masters; qlora: the NF4 base, quantized anew on resume
 @pytest.mark.parametrize("dtype", ["auto", "bf16-weights", "qlora"])
-def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtype: str,
-                                              request: pytest.FixtureRequest):
+def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtype: str, request: pytest.FixtureRequest):
     from safetensors.torch import load_file
 
     lengths = np.random.default_rng(1).integers(4, 40, size=12).tolist()  # a held-out folder of other rows
-    make_packed_folder(tmp_path / "held", pack_lengths(lengths, 64, vocab=VOCAB, seed=1), 64,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(
+        tmp_path / "held",
+        pack_lengths(lengths, 64, vocab=VOCAB, seed=1),
+        64,
+        tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB},
+    )
     held = dict(eval_data=str(tmp_path / "held"), eval_every=1, dtype=dtype)
     if dtype == "qlora":
         held.update(dtype="auto", qlora=True, model=str(request.getfixturevalue("nf4_model_folder")))
@@ -158,8 +174,7 @@ def test_resume_with_lora_and_eval_is_bitwise(packed: Path, tmp_path: Path, dtyp
     assert len(losses(tmp_path / "full", "eval_loss")) == 4 and full["eval_loss"] == rest["eval_loss"]
 
 
-def test_a_bf16_lora_base_is_loaded_and_frozen_on_the_cpu_before_it_moves(packed: Path, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch):
+def test_a_bf16_lora_base_is_loaded_and_frozen_on_the_cpu_before_it_moves(packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Under bf16 a LoRA base is loaded, proven, given its adapters and frozen in bf16 on the CPU, and
     only then moved to the device, so its fp32 weights never occupy the device; other runs load on
     the device. What moves: a bf16 base, fp32 adapters, fp32 rotary frequencies."""
@@ -174,8 +189,7 @@ def test_a_bf16_lora_base_is_loaded_and_frozen_on_the_cpu_before_it_moves(packed
 
     def freeze(model):
         real_freeze(model)
-        seen.update(model=model, dtypes={("adapter" if "lora_" in n else "base"): p.dtype
-                                         for n, p in model.named_parameters()})
+        seen.update(model=model, dtypes={("adapter" if "lora_" in n else "base"): p.dtype for n, p in model.named_parameters()})
 
     monkeypatch.setattr(start, "freeze_in_bf16", freeze)
     monkeypatch.setattr(start, "_wrap", lambda model, *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
@@ -190,8 +204,11 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
         train(_config(packed, tmp_path / "a", lora_r=0, merge_lora=True))
     with pytest.raises(UserError, match="lora_target nope"):
         train(_config(packed, tmp_path / "b", lora_target="nope"))
-    with pytest.raises(UserError, match=r"lora_target q_proj,bogus_proj: the model has no module named 'bogus_proj' "
-                                        r"\(its linear layers: .*q_proj"):
+    with pytest.raises(
+        UserError,
+        match=r"lora_target q_proj,bogus_proj: the model has no module named 'bogus_proj' "
+        r"\(its linear layers: .*q_proj",
+    ):
         train(_config(packed, tmp_path / "b2", lora_target="q_proj,bogus_proj"))  # peft alone adapts q_proj only
     assert not (tmp_path / "b2").exists()
     train(_config(packed, tmp_path / "c", lora_r=0, stop_at=1))  # a full fine-tune, resumed with an adapter
@@ -200,10 +217,8 @@ def test_bad_lora_options_are_one_line(packed: Path, tmp_path: Path):
     assert replace(_config(packed, tmp_path), lora_r=2).lora_r == 2
 
 
-
 @pytest.mark.parametrize("qlora", [False, True])
-def test_lora_under_ddp_matches_one_process_with_the_same_window(packed: Path, tmp_path: Path, qlora: bool,
-                                                                  request: pytest.FixtureRequest):
+def test_lora_under_ddp_matches_one_process_with_the_same_window(packed: Path, tmp_path: Path, qlora: bool, request: pytest.FixtureRequest):
     """Two gloo ranks of one micro-batch each per step: the same losses and adapter as one process
     accumulating both micro-batches; with --qlora too (DDP does not broadcast the frozen NF4 base,
     which every rank builds the same)."""
@@ -243,6 +258,7 @@ def _loss_and_grads(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ---- QLoRA (--qlora): the frozen base's decoder linear layers in torchao's 4-bit NF4
 
+
 @pytest.fixture(scope="module")
 def nf4_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama whose every decoder weight NF4 can hold (a multiple of 64 x 256 values)."""
@@ -250,9 +266,16 @@ def nf4_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     pytest.importorskip("torchao.quantization")
     folder = tmp_path_factory.mktemp("nf4-model")
-    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, vocab_size=VOCAB, max_position_embeddings=512,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
@@ -272,8 +295,10 @@ def test_qlora_stores_the_base_in_a_quarter_of_bf16_and_computes_with_its_dequan
 
     model = _qlora_model(nf4_model_folder)
     base = [m for m in model.modules() if isinstance(m, NF4Linear)]
-    stored = sum(sum(t.numel() * t.element_size() for t in (m.weight.quantized_data, m.weight.quantized_scalers,
-                                                             m.weight.quantization_factor)) for m in base)
+    stored = sum(
+        sum(t.numel() * t.element_size() for t in (m.weight.quantized_data, m.weight.quantized_scalers, m.weight.quantization_factor))
+        for m in base
+    )
     assert stored < 0.26 * sum(m.weight.numel() * 2 for m in base)  # bf16: 2 bytes a weight
     assert all(type(m.lora_A["default"]) is torch.nn.Linear for n, m in model.named_modules() if n.endswith("q_proj"))
 
@@ -300,11 +325,11 @@ def test_packed_qlora_matches_each_example_alone(nf4_model_folder):
 
 
 def test_pack_train_qlora_trains_saves_the_adapter_and_merges_into_the_dequantized_base(
-        packed: Path, tmp_path: Path, nf4_model_folder: Path, capsys: pytest.CaptureFixture):
+    packed: Path, tmp_path: Path, nf4_model_folder: Path, capsys: pytest.CaptureFixture
+):
     from safetensors.torch import load_file
 
-    summary = train(_config(packed, tmp_path / "run", model=str(nf4_model_folder), qlora=True, merge_lora=True,
-                            max_steps=3))
+    summary = train(_config(packed, tmp_path / "run", model=str(nf4_model_folder), qlora=True, merge_lora=True, max_steps=3))
     assert "--qlora: 14 linear layers of the decoder stored in 4-bit NF4" in capsys.readouterr().err
     assert np.isfinite(summary["final_loss"])
     saved = load_file(str(tmp_path / "run" / "checkpoints" / "step-00000003" / "model" / "adapter_model.safetensors"))
@@ -342,10 +367,10 @@ def test_a_lora_alpha_that_scales_the_adapter_to_nothing_is_refused(packed: Path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("change, flag", [({"lora_alpha": 32.0}, "lora_alpha 16.0"), ({"lora_r": 8}, "lora_r 4"),
-                                          ({"lora_target": "q_proj"}, "lora_target all")])
-def test_resuming_a_lora_run_with_another_adapter_option_is_one_line(packed: Path, tmp_path: Path, change: dict,
-                                                                      flag: str):
+@pytest.mark.parametrize(
+    "change, flag", [({"lora_alpha": 32.0}, "lora_alpha 16.0"), ({"lora_r": 8}, "lora_r 4"), ({"lora_target": "q_proj"}, "lora_target all")]
+)
+def test_resuming_a_lora_run_with_another_adapter_option_is_one_line(packed: Path, tmp_path: Path, change: dict, flag: str):
     train(_config(packed, tmp_path / "run", stop_at=2))
     with pytest.raises(UserError) as err:
         train(_config(packed, tmp_path / "run", resume="newest", **change))

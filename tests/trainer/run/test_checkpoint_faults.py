@@ -27,13 +27,19 @@ def model():
 
 def save(run: Path, step: int, model) -> Path:  # noqa: ANN001
     optimizer = torch.optim.AdamW(model.parameters())
-    return ckpt.save_checkpoint(run, step, model=model, model_state=None, optimizer_state=optimizer.state_dict(),
-                                scheduler_state={"step": step}, trainer_state={"step": step})
+    return ckpt.save_checkpoint(
+        run,
+        step,
+        model=model,
+        model_state=None,
+        optimizer_state=optimizer.state_dict(),
+        scheduler_state={"step": step},
+        trainer_state={"step": step},
+    )
 
 
 def tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def full_disk_in_torch_save(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,12 +65,13 @@ def full_disk_in_safetensors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mu, "safe_save_file", save_)
 
 
-@pytest.mark.parametrize("fault, file", [(full_disk_in_torch_save, "optimizer.pt"),
-                                          (full_disk_in_safetensors, "model")],
-                         ids=["torch.save", "safetensors"])
+@pytest.mark.parametrize(
+    "fault, file", [(full_disk_in_torch_save, "optimizer.pt"), (full_disk_in_safetensors, "model")], ids=["torch.save", "safetensors"]
+)
 @pytest.mark.parametrize("step", [2, 1], ids=["a new step", "the same step again"])
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
-        model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault, file: str, step: int) -> None:  # noqa: ANN001
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault, file: str, step: int
+) -> None:  # noqa: ANN001
     first = save(tmp_path, 1, model)
     before = tree(tmp_path)
     fault(monkeypatch)
@@ -88,8 +95,11 @@ def test_another_write_error_is_one_line_too(model, tmp_path: Path, monkeypatch:
         return real(obj, f, *a, **kw)
 
     monkeypatch.setattr(torch, "save", save_)
-    with pytest.raises(UserError, match=r"saving checkpoint .*step-00000003 failed while writing "
-                                        r"\.tmp-step-00000003/scheduler\.pt \(OSError: .*Input/output error"):
+    with pytest.raises(
+        UserError,
+        match=r"saving checkpoint .*step-00000003 failed while writing "
+        r"\.tmp-step-00000003/scheduler\.pt \(OSError: .*Input/output error",
+    ):
         save(tmp_path, 3, model)
     assert not list((tmp_path / "checkpoints").iterdir())
 
@@ -104,15 +114,19 @@ def test_a_torch_stream_write_failure_is_one_line(model, tmp_path: Path, monkeyp
         return real(obj, f, *a, **kw)
 
     monkeypatch.setattr(torch, "save", save_)
-    with pytest.raises(UserError, match=r"saving checkpoint .*step-00000002 failed while writing "
-                                        r"\.tmp-step-00000002/optimizer\.pt \(RuntimeError: .*unexpected pos.*\): "
-                                        r"check the disk"):
+    with pytest.raises(
+        UserError,
+        match=r"saving checkpoint .*step-00000002 failed while writing "
+        r"\.tmp-step-00000002/optimizer\.pt \(RuntimeError: .*unexpected pos.*\): "
+        r"check the disk",
+    ):
         save(tmp_path, 2, model)
     assert not list((tmp_path / "checkpoints").iterdir())
 
 
 def test_a_bug_in_the_saver_is_not_hidden(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """Negative control: an exception that is no write failure keeps its traceback (and the folder goes)."""
+
     def save_(obj, f, *a, **kw):  # noqa: ANN001, ANN202
         raise KeyError("a bug")
 
@@ -127,8 +141,9 @@ def test_a_real_full_disk_in_torch_save_is_one_line(model, tmp_path: Path) -> No
     a small tmpfs (needs root to mount, skipped otherwise) shows it is still named a full disk."""
     with small_disk(tmp_path / "small", "2m") as small:
         with pytest.raises(UserError, match=r"^disk full: saving checkpoint .*step-00000001 failed while writing"):
-            ckpt.save_checkpoint(small, 1, model=model, model_state=None, scheduler_state={},
-                                 optimizer_state={"m": torch.zeros(1 << 20)}, trainer_state={})  # 4 MiB
+            ckpt.save_checkpoint(
+                small, 1, model=model, model_state=None, scheduler_state={}, optimizer_state={"m": torch.zeros(1 << 20)}, trainer_state={}
+            )  # 4 MiB
         assert not list((small / "checkpoints").iterdir())
 
 
@@ -178,8 +193,9 @@ def test_disk_full_lines_fit_each_command(tmp_path: Path, monkeypatch: pytest.Mo
     runs = {
         "pack-verify": CliRunner().invoke(pcli.pack_verify, [str(tmp_path / "d")]),
         "pack-report": CliRunner().invoke(pcli.pack_report, [str(tmp_path / "d")]),
-        "pack-train": CliRunner().invoke(tcli.pack_train, ["--data", str(tmp_path / "d"), "--model", "tiny",
-                                                           "--out", str(tmp_path / "run")]),
+        "pack-train": CliRunner().invoke(
+            tcli.pack_train, ["--data", str(tmp_path / "d"), "--model", "tiny", "--out", str(tmp_path / "run")]
+        ),
     }
     lines = {}
     for name, result in runs.items():
@@ -206,12 +222,13 @@ def test_pack_train_out_below_a_regular_file_is_one_line(tmp_path: Path) -> None
     make_packed_folder(data, pack_lengths(np.full(8, 20).tolist(), 64, vocab=300), 64, rows_per_shard=4)
     (tmp_path / "notes.txt").write_text("mine")
     out = tmp_path / "notes.txt" / "run"
-    result = CliRunner().invoke(pack_train, ["--data", str(data), "--model", "tiny", "--out", str(out),
-                                             "--max-steps", "1", "--no-progress", "--num-workers", "0"])
+    result = CliRunner().invoke(
+        pack_train, ["--data", str(data), "--model", "tiny", "--out", str(out), "--max-steps", "1", "--no-progress", "--num-workers", "0"]
+    )
     assert result.exit_code == 1 and not isinstance(result.exception, OSError), result.output
     assert result.output.strip().splitlines()[-1] == (
-        f"Error: --out {out}: {tmp_path / 'notes.txt'} is a file, not a folder, so nothing can be written below it: "
-        "choose another --out"), result.output
+        f"Error: --out {out}: {tmp_path / 'notes.txt'} is a file, not a folder, so nothing can be written below it: choose another --out"
+    ), result.output
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

@@ -53,8 +53,10 @@ def test_the_chord_of_a_convex_peak_never_overstates_the_need() -> None:
     """The step's peak is the largest of its phases' lines (a constant loss chunk at short rows, the
     layers' activations at long ones): the chord through two probes, extended, stays at or below it,
     so a refusal is never wrong (the longest length named is an upper bound)."""
+
     def peak(t: float) -> float:
         return max(6e9 + 16e3 * t, 1e9 + 150e3 * t)
+
     for largest in (50_000, 196_608, 1_048_576):
         p = probe_tokens(128256, 8192, largest)
         probes = (p, 2 * p)
@@ -78,8 +80,12 @@ def test_the_largest_micro_batch_is_the_longest_row_or_the_fullest_group() -> No
     assert largest == Largest(900, "row 1 of shard-00001.arrow")  # global row 4 = shard 1, row 1
     short = largest_microbatch(Planner(lengths[[0, 1, 2, 3, 5]], 256, seed=0), paths, np.array([0, 5]))
     assert short.row is None and short.tokens <= 256
-    assert short.tokens == max(np.add.reduceat(lengths[[0, 1, 2, 3, 5]][Planner(lengths[[0, 1, 2, 3, 5]], 256).plan(0).order],
-                                               Planner(lengths[[0, 1, 2, 3, 5]], 256).plan(0).cuts[:-1]))
+    assert short.tokens == max(
+        np.add.reduceat(
+            lengths[[0, 1, 2, 3, 5]][Planner(lengths[[0, 1, 2, 3, 5]], 256).plan(0).order],
+            Planner(lengths[[0, 1, 2, 3, 5]], 256).plan(0).cuts[:-1],
+        )
+    )
 
 
 def test_optimizer_states_the_first_step_will_allocate() -> None:
@@ -108,8 +114,17 @@ def test_probes_are_this_ranks_share_of_a_synthetic_row() -> None:
         step(batch)
         return 1000 + 3 * batch.n_tokens, 0
 
-    need = measure_need(lambda b: seen.append(b), lambda: cleared.append(1), 40000, vocab=128256, tile_mlp=0,
-                        cp_rank=1, cp_size=2, device=torch.device("cpu"), measure=measure)
+    need = measure_need(
+        lambda b: seen.append(b),
+        lambda: cleared.append(1),
+        40000,
+        vocab=128256,
+        tile_mlp=0,
+        cp_rank=1,
+        cp_size=2,
+        device=torch.device("cpu"),
+        measure=measure,
+    )
     assert need.probes == (8192, 16384)
     assert [b.n_tokens for b in seen] == [8192, 16384] and len(cleared) == 2
     assert all(b.context is not None for b in seen)
@@ -120,8 +135,13 @@ def test_probes_are_this_ranks_share_of_a_synthetic_row() -> None:
 
 def _verdict(largest: Largest, **kw):
     need = Need(gpu=0, host=0, gpu_line=(10 * GIB, 0.25 * 2**20), host_line=(0.0, 0.0), probes=(20480, 40960))
-    need = Need(gpu=int(need.gpu_line[0] + need.gpu_line[1] * largest.tokens), host=0, gpu_line=need.gpu_line,
-                host_line=need.host_line, probes=need.probes)
+    need = Need(
+        gpu=int(need.gpu_line[0] + need.gpu_line[1] * largest.tokens),
+        host=0,
+        gpu_line=need.gpu_line,
+        host_line=need.host_line,
+        probes=need.probes,
+    )
     args = dict(cp_size=1, tokens_per_step=16384, data="packed", tile_mlp=0, offload=False, checkpointing=1)
     args.update(kw)
     return verdict(largest, need, 2 * GIB, 80 * GIB, None, **args)
@@ -155,10 +175,22 @@ def test_a_micro_batch_of_short_rows_names_tokens_per_step() -> None:
 def _host_verdict(host_cap: int, host_per_token: int = 2**19, gpu_cap: int = 80 * GIB):
     """An 8B-like row of 409,600 tokens, 20 GiB on the GPU whatever its length, `host_per_token`
     bytes a token offloaded (0.5 MiB: 200 GiB for the row)."""
-    need = Need(gpu=20 * GIB, host=409600 * host_per_token, gpu_line=(20 * GIB, 0.0),
-                host_line=(0.0, host_per_token), probes=(20480, 40960))
-    return verdict(Largest(409600, "row 0 of shard-00000.arrow"), need, 0, gpu_cap, host_cap, cp_size=1,
-                   tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1)
+    need = Need(
+        gpu=20 * GIB, host=409600 * host_per_token, gpu_line=(20 * GIB, 0.0), host_line=(0.0, host_per_token), probes=(20480, 40960)
+    )
+    return verdict(
+        Largest(409600, "row 0 of shard-00000.arrow"),
+        need,
+        0,
+        gpu_cap,
+        host_cap,
+        cp_size=1,
+        tokens_per_step=8192,
+        data="d",
+        tile_mlp=8192,
+        offload=True,
+        checkpointing=1,
+    )
 
 
 def test_offloaded_activations_that_fit_the_host_are_said() -> None:
@@ -174,8 +206,10 @@ def test_a_row_whose_offloaded_activations_exceed_the_host_is_named() -> None:
     194,560 tokens, in steps of 1,024) and what would help; the GPU's room is not the reason."""
     line, info = _host_verdict(100 * GIB)
     assert line is not None and "\n" not in line
-    assert line.startswith("d: row 0 of shard-00000.arrow holds 409,600 tokens, which need at least 200.0 GiB of "
-                           "host memory for what each rank offloads, which has 100.0 GiB")
+    assert line.startswith(
+        "d: row 0 of shard-00000.arrow holds 409,600 tokens, which need at least 200.0 GiB of "
+        "host memory for what each rank offloads, which has 100.0 GiB"
+    )
     assert "the longest row that could fit is at most about 194,560 tokens" in line
     assert "give each rank more host memory" in line and "GPU" not in line.split("(measured")[0]
     assert "--offload-activations" not in line  # the lever in use is not offered again
@@ -190,9 +224,21 @@ def test_offloaded_states_count_against_the_host_not_the_gpu() -> None:
     line, _ = _host_verdict(300 * GIB)
     assert line is None
     need = Need(gpu=20 * GIB, host=200 * GIB, gpu_line=(20 * GIB, 0.0), host_line=(0.0, 2**19), probes=(20480, 40960))
-    line, info = verdict(Largest(409600, "row 0 of s.arrow"), need, 0, 80 * GIB, 300 * GIB, cp_size=1,
-                         tokens_per_step=8192, data="d", tile_mlp=8192, offload=True, checkpointing=1,
-                         host_fixed=150 * GIB, offload_states=True)
+    line, info = verdict(
+        Largest(409600, "row 0 of s.arrow"),
+        need,
+        0,
+        80 * GIB,
+        300 * GIB,
+        cp_size=1,
+        tokens_per_step=8192,
+        data="d",
+        tile_mlp=8192,
+        offload=True,
+        checkpointing=1,
+        host_fixed=150 * GIB,
+        offload_states=True,
+    )
     assert line is not None and "350.0 GiB of host memory for what each rank offloads, which has 300.0 GiB" in line
     # (0.95 x 300 - 150) GiB / 0.5 MiB a token
     assert f"at most about {int((0.95 * 300 - 150) * 2048) // 1024 * 1024:,} tokens" in line
@@ -201,8 +247,9 @@ def test_offloaded_states_count_against_the_host_not_the_gpu() -> None:
 def test_a_step_measured_as_it_is_says_so() -> None:
     """A largest micro-batch no longer than the second probe is measured itself: one step, no rate."""
     need = Need(gpu=26 * GIB, host=0, gpu_line=(26 * GIB, 0.0), host_line=(0.0, 0.0), probes=(16384,))
-    _, info = verdict(Largest(65536), need, 0, 80 * GIB, None, cp_size=4, tokens_per_step=65536, data="d",
-                      tile_mlp=0, offload=False, checkpointing=1)
+    _, info = verdict(
+        Largest(65536), need, 0, 80 * GIB, None, cp_size=4, tokens_per_step=65536, data="d", tile_mlp=0, offload=False, checkpointing=1
+    )
     assert info.endswith("measured from a step of 65,536 tokens")
 
 
@@ -231,8 +278,18 @@ def test_the_probes_leave_the_run_unchanged(tmp_path: Path, forced, monkeypatch)
     folder = tmp_path / "data"
     lengths = np.random.default_rng(3).integers(20, 300, size=16).tolist()
     make_packed_folder(folder, pack_lengths(lengths, 320, vocab=300), 320)
-    base = dict(data=str(folder), model="tiny", tokens_per_step=256, lr=1e-3, max_steps=3, log_every=1,
-                num_workers=0, progress=False, lora_r=4, lora_dropout=0.1)
+    base = dict(
+        data=str(folder),
+        model="tiny",
+        tokens_per_step=256,
+        lr=1e-3,
+        max_steps=3,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        lora_r=4,
+        lora_dropout=0.1,
+    )
     train(TrainConfig(**base, out=str(tmp_path / "checked")))
     assert forced[0] == [64, 128]
     monkeypatch.setattr(fit_check, "applies", lambda run: False)
@@ -246,16 +303,18 @@ def test_a_row_too_long_stops_the_run_before_its_first_step(tmp_path: Path, forc
     make_packed_folder(folder, pack_lengths([100, 120, 900, 80], 1000, vocab=300), 1000)  # rows of 300, 900
     capacity[0] = 60_000  # room for (0.95 x 60,000 - 10,000 - optimizer) / 100 tokens
     with pytest.raises(UserError) as err:
-        train(TrainConfig(data=str(folder), model="tiny", tokens_per_step=256, max_steps=2, num_workers=0,
-                          progress=False, out=str(tmp_path / "run")))
+        train(
+            TrainConfig(
+                data=str(folder), model="tiny", tokens_per_step=256, max_steps=2, num_workers=0, progress=False, out=str(tmp_path / "run")
+            )
+        )
     line = str(err.value)
     assert "row 1 of " in line and "of shard-00000.arrow holds 900 tokens" in line
     assert "the longest row that could fit is none (the rest of the step alone needs about" in line
     assert "\n" not in line and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path: Path, forced,
-                                                                        monkeypatch) -> None:
+def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path: Path, forced, monkeypatch) -> None:
     """With --offload-activations the probes' moved bytes (here 1,000 a token) are held against the
     host memory each rank has: a 900-token row that the GPU holds but the host (500,000 bytes) does
     not is refused in one line; without offloading the host is not asked (negative control)."""
@@ -269,13 +328,14 @@ def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path
     monkeypatch.setattr(fit_check, "host_capacity", lambda: 500_000)
     folder = tmp_path / "data"
     make_packed_folder(folder, pack_lengths([100, 120, 900, 80], 1000, vocab=300), 1000)
-    base = dict(data=str(folder), model="tiny", tokens_per_step=256, max_steps=1, num_workers=0, progress=False,
-                grad_checkpointing=1)
+    base = dict(data=str(folder), model="tiny", tokens_per_step=256, max_steps=1, num_workers=0, progress=False, grad_checkpointing=1)
     with pytest.raises(UserError) as err:
         train(TrainConfig(**base, offload_activations=True, out=str(tmp_path / "run")))
     line = str(err.value)
-    assert ("row 1 of shard-00000.arrow holds 900 tokens, which need at least 0.9 MiB of host memory for what "
-            "each rank offloads, which has 0.5 MiB (measured from steps of 64 and 128 tokens)") in line
+    assert (
+        "row 1 of shard-00000.arrow holds 900 tokens, which need at least 0.9 MiB of host memory for what "
+        "each rank offloads, which has 0.5 MiB (measured from steps of 64 and 128 tokens)"
+    ) in line
     assert "the longest row that could fit is at most about 475 tokens" in line and "\n" not in line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     train(TrainConfig(**base, out=str(tmp_path / "plain")))

@@ -54,15 +54,16 @@ def test_dense_lora_against_full_fine_tune() -> None:
     # layer weights 100, adapters 10, head 50; 16 tokens, 10 of them loss tokens
     full = ModelShape(layers=(LayerShape(params=100, heads=2, head_dim=4),), head_params=50)
     assert step_flops(full, np.zeros(0), tokens=16, loss_tokens=10).dense == 6 * 100 * 16 + 6 * 50 * 10  # 12,600
-    lora = ModelShape(layers=(LayerShape(params=100, heads=2, head_dim=4, adapter_params=10),), head_params=50,
-                      lora=True)
+    lora = ModelShape(layers=(LayerShape(params=100, heads=2, head_dim=4, adapter_params=10),), head_params=50, lora=True)
     # frozen weights: forward 2 + input gradient 2; adapters 6
     assert step_flops(lora, np.zeros(0), tokens=16, loss_tokens=10).dense == 4 * 100 * 16 + 6 * 10 * 16 + 4 * 50 * 10
 
 
 def test_recompute_is_hardware_flops_only() -> None:
-    layers = (LayerShape(params=100, heads=2, head_dim=4, mlp_params=60, recompute=True),
-              LayerShape(params=100, heads=2, head_dim=4, mlp_params=60))
+    layers = (
+        LayerShape(params=100, heads=2, head_dim=4, mlp_params=60, recompute=True),
+        LayerShape(params=100, heads=2, head_dim=4, mlp_params=60),
+    )
     plain = step_flops(ModelShape(layers=layers, head_params=0), EXAMPLES)
     # layer 0 recomputes its forward: 2 x 100 x 16 dense + 4 x 2 x 4 x 57 attention = 3,200 + 1,824
     assert plain.recompute == 5024
@@ -82,9 +83,16 @@ def tiny(config_class: type, **kw: object) -> transformers.PreTrainedModel:
 
 def test_model_shape_counts_query_heads_and_each_layers_kind() -> None:
     """Qwen2 with 4 query heads sharing 1 K/V head (head_dim 8), layers full, sliding (window 4), full."""
-    model = tiny(transformers.Qwen2Config, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
-                 use_sliding_window=True, sliding_window=4, max_window_layers=1,
-                 layer_types=["full_attention", "sliding_attention", "full_attention"])
+    model = tiny(
+        transformers.Qwen2Config,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+    )
     shape = model_shape(model, TrainConfig(data="d", model="m", out="o", grad_checkpointing=2, tile_mlp=8))
     # q 32x32 + bias, k and v 32x8 + bias, o 32x32, MLP 3 x 32 x 64, two norms of 32
     assert [layer.params for layer in shape.layers] == [1056 + 264 + 264 + 1024 + 6144 + 64] * 3
@@ -126,8 +134,18 @@ def rows_folder(folder: Path) -> dict:
     rng = np.random.default_rng(0)
     ids = iter(range(3))  # example ids 0, 1, 2
     make_packed_folder(folder / "data", [[(next(ids), rng.integers(3, 300, n)) for n in row] for row in ROWS], 8)
-    return dict(data=str(folder / "data"), model="tiny", out=str(folder / "run"), tokens_per_step=16, max_steps=1,
-                log_every=1, num_workers=0, progress=False, peak_flops=1e12, save_every=0)
+    return dict(
+        data=str(folder / "data"),
+        model="tiny",
+        out=str(folder / "run"),
+        tokens_per_step=16,
+        max_steps=1,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        peak_flops=1e12,
+        save_every=0,
+    )
 
 
 # The tiny preset (hidden 64, 2 layers, 4 query heads of 16, 2 K/V heads, MLP 128, vocab 4096, untied
@@ -170,8 +188,13 @@ def test_pack_report_on_a_run_shows_its_flop_rates(tmp_path: Path) -> None:
     assert f"compute         {rates_line(summary)}" in result.output
     assert f"attention {100 * ATTENTION / (DENSE + ATTENTION):.1f}% of the model FLOPs" in result.output
     got = json.loads((tmp_path / "r.json").read_text())["flops"]
-    assert got == {"mfu": summary["mfu"], "tflops": summary["tflops"], "hfu": summary["hfu"],
-                   "attn_flop_share": summary["attn_flop_share"], "over": "run"}
+    assert got == {
+        "mfu": summary["mfu"],
+        "tflops": summary["tflops"],
+        "hfu": summary["hfu"],
+        "attn_flop_share": summary["attn_flop_share"],
+        "over": "run",
+    }
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     (tmp_path / "run" / "summary.json").write_text(json.dumps({**saved, "tflops": "fast"}))
     result = CliRunner().invoke(pack_report, [str(tmp_path / "run")])
@@ -199,8 +222,14 @@ def test_context_parallel_ranks_count_the_rows_once(tmp_path: Path) -> None:
 
 def test_a_mixture_of_experts_counts_the_experts_a_token_uses() -> None:
     """Mixtral with 4 experts, 2 a token: half the experts' weights count, the router and attention whole."""
-    model = tiny(transformers.MixtralConfig, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                 num_local_experts=4, num_experts_per_tok=2)
+    model = tiny(
+        transformers.MixtralConfig,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
     shape = model_shape(model, TrainConfig(data="d", model="m", out="o"))
     experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     everything = sum(p.numel() for p in model.model.layers[0].parameters())

@@ -38,8 +38,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def grouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """30 examples in groups of 4 (the last of 2), rows of <= 256 tokens."""
     out = tmp_path_factory.mktemp("grouped") / "packed"
-    run_pack_data(PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=256, out=str(out), limit=30,
-                             strategy="minibatch", group_size=GROUP, progress=False))
+    run_pack_data(
+        PackConfig(
+            inputs=[SAMPLE],
+            tokenizer=TOKENIZER,
+            max_len=256,
+            out=str(out),
+            limit=30,
+            strategy="minibatch",
+            group_size=GROUP,
+            progress=False,
+        )
+    )
     return out
 
 
@@ -48,8 +58,12 @@ def _examples(folder: Path) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
     rows = []
     for row in iter_rows(folder):
         cuts = np.cumsum([0, *row["seq_lens"]])
-        rows.append([(int(e), np.array(row["input_ids"][a:b]), np.array(row["labels"][a:b]))
-                     for e, a, b in zip(row["example_ids"], cuts[:-1], cuts[1:])])
+        rows.append(
+            [
+                (int(e), np.array(row["input_ids"][a:b]), np.array(row["labels"][a:b]))
+                for e, a, b in zip(row["example_ids"], cuts[:-1], cuts[1:])
+            ]
+        )
     return rows
 
 
@@ -64,8 +78,7 @@ def _padded_loss(model: torch.nn.Module, examples: list[tuple[int, np.ndarray, n
         ids[i, : len(x)], labels[i, : len(y)], mask[i, : len(x)] = torch.from_numpy(x), torch.from_numpy(y), 1
     logits = model(input_ids=ids, attention_mask=mask).logits.float()
     target = labels[:, 1:]
-    losses = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
-                             ignore_index=IGNORE_INDEX, reduction="sum")
+    losses = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
     return losses / (target != IGNORE_INDEX).sum()
 
 
@@ -84,6 +97,7 @@ def test_the_manifest_records_each_group_and_pack_verify_checks_it(grouped: Path
 
     def tampered(groups: list[int]) -> Path:
         import shutil
+
         copy = tmp_path / f"copy{len(list(tmp_path.iterdir()))}"
         shutil.copytree(grouped, copy)
         m = read_manifest(copy)
@@ -144,8 +158,18 @@ def test_a_group_step_computes_the_padded_batch_gradient(grouped: Path) -> None:
 
 
 def _config(data: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(data=str(data), model="tiny", out=str(out), tokens_per_step=300, lr=1e-3, warmup=0,
-                log_every=1, num_workers=0, progress=False, schedule="constant")
+    base = dict(
+        data=str(data),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=300,
+        lr=1e-3,
+        warmup=0,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        schedule="constant",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -181,8 +205,7 @@ def test_group_stepping_refuses_what_would_change_the_group(grouped: Path, tmp_p
         train(_config(grouped, tmp_path / "accum", max_steps=1, grad_accum=2))
     train(_config(grouped, tmp_path / "budget", max_steps=1, grad_accum=2, step_by_group=False))  # control
     plain = tmp_path / "plain"
-    run_pack_data(PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=256, out=str(plain), limit=12,
-                             progress=False))
+    run_pack_data(PackConfig(inputs=[SAMPLE], tokenizer=TOKENIZER, max_len=256, out=str(plain), limit=12, progress=False))
     assert read_manifest(plain).groups == [] and read_manifest(plain).group_size is None
     with pytest.raises(UserError, match="step_by_group=True: .* has no groups .*--strategy minibatch"):
         train(_config(plain, tmp_path / "nogroups", max_steps=1, step_by_group=True))

@@ -23,8 +23,18 @@ FLOPS = 6.0 * 1_000_000 * 1000 + 12 * 1000 * 1001 // 2
 def _logged(tmp_path: Path, **options: object) -> dict:
     config = TrainConfig(data="d", model="tiny", out=str(tmp_path), progress=False, **options)  # type: ignore[arg-type]
     ids = np.zeros(1000, np.int64)
-    with Meter(tmp_path, config, rank=0, world=1, device=torch.device("cpu"), shape=SHAPE, backend="sdpa",
-               start_step=0, total_steps=1, tokens_seen=0) as meter:
+    with Meter(
+        tmp_path,
+        config,
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+        shape=SHAPE,
+        backend="sdpa",
+        start_step=0,
+        total_steps=1,
+        tokens_seen=0,
+    ) as meter:
         meter.step([collate_flat(ids, ids, np.arange(1000), np.array([1000]))], 0.0, 1000)
         meter.log(1, 0, 2.0, 1e-3, 1.0)
     return json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
@@ -45,7 +55,11 @@ def test_mfu_against_the_peak_given(tmp_path: Path) -> None:
 
 
 def test_known_gpu_peaks(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, peak in (("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
-                       ("NVIDIA GeForce RTX 4090", None)):
+    for name, peak in (
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA GeForce RTX 4090", None),
+    ):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert known_peak_flops(torch.device("cuda", 0)) == peak, name

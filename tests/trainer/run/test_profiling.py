@@ -32,8 +32,17 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, max_steps=5,
-                log_every=1, num_workers=0, progress=False, attn="sdpa")
+    base = dict(
+        data=str(packed),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=128,
+        max_steps=5,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        attn="sdpa",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -56,12 +65,10 @@ def test_gap_summary_buckets_idle_time_between_kernels():
     name the kernels around them."""
     kernels = [(0, 10, "a"), (5, 30, "b"), (31, 40, "c"), (70, 80, "d"), (2080, 2090, "e")]
     g = profiling.gap_summary(kernels, steps=2, top=2)
-    assert g["gaps_per_step"] == {"<5us": 0.5, "5-20us": 0.0, "20-100us": 0.5, "100-1000us": 0.0,
-                                  ">=1000us": 0.5}
+    assert g["gaps_per_step"] == {"<5us": 0.5, "5-20us": 0.0, "20-100us": 0.5, "100-1000us": 0.0, ">=1000us": 0.5}
     assert g["idle_ms_per_step_by_gap"]["<5us"] == pytest.approx(0.001 / 2)
     assert g["idle_ms_per_step_by_gap"][">=1000us"] == pytest.approx(2.0 / 2)
-    assert g["longest_gaps"] == [{"us": 2000.0, "after": "d", "before": "e"},
-                                 {"us": 30.0, "after": "c", "before": "d"}]
+    assert g["longest_gaps"] == [{"us": 2000.0, "after": "d", "before": "e"}, {"us": 30.0, "after": "c", "before": "d"}]
 
 
 def test_the_profiler_runs_exactly_over_the_asked_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

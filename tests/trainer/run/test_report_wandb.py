@@ -38,8 +38,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _packed(folder: Path, n: int, seed: int) -> Path:
     lengths = np.random.default_rng(seed).integers(4, 40, size=n).tolist()
-    make_packed_folder(folder, pack_lengths(lengths, 64, vocab=VOCAB, seed=seed), 64,
-                       tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB})
+    make_packed_folder(
+        folder,
+        pack_lengths(lengths, 64, vocab=VOCAB, seed=seed),
+        64,
+        tokenizer={"name": "test", "fingerprint": "0" * 64, "vocab_size": VOCAB},
+    )
     return folder
 
 
@@ -69,8 +73,9 @@ def wandb_records(run: Path) -> list[dict[str, Any]]:
     prints them."""
     logs = list(run.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(logs) == 1, logs
-    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(logs[0])],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(logs[0])], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
@@ -103,8 +108,7 @@ def mismatches(metrics: list[dict[str, Any]], rows: list[tuple[int, dict[str, An
     The lines of one step (a training line and an eval line) make one W&B row."""
     expected: dict[int, dict[str, Any]] = {}
     for line in metrics:
-        expected.setdefault(line["step"], {}).update(
-            {k: v for k, v in line.items() if k != "step" and _is_scalar(v)})
+        expected.setdefault(line["step"], {}).update({k: v for k, v in line.items() if k != "step" and _is_scalar(v)})
     got: dict[int, dict[str, Any]] = {}
     problems = []
     for step, row in rows:
@@ -134,10 +138,32 @@ def test_wandb_records_the_scalars_of_metrics_jsonl_and_the_config(tmp_path: Pat
     data = _packed(tmp_path / "packed", 40, seed=0)
     held = _packed(tmp_path / "held", 12, seed=1)
     run = tmp_path / "run"
-    result = CliRunner().invoke(pack_train, [
-        "--data", str(data), "--model", "tiny", "--out", str(run), "--max-steps", str(STEPS),
-        "--tokens-per-step", "256", "--log-every", "1", "--eval-data", str(held), "--eval-every", "2",
-        "--report-to", "wandb", "--num-workers", "0", "--no-progress"])
+    result = CliRunner().invoke(
+        pack_train,
+        [
+            "--data",
+            str(data),
+            "--model",
+            "tiny",
+            "--out",
+            str(run),
+            "--max-steps",
+            str(STEPS),
+            "--tokens-per-step",
+            "256",
+            "--log-every",
+            "1",
+            "--eval-data",
+            str(held),
+            "--eval-every",
+            "2",
+            "--report-to",
+            "wandb",
+            "--num-workers",
+            "0",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert not [line for line in result.output.splitlines() if line.startswith("wandb")], result.output  # quiet
 
@@ -148,8 +174,20 @@ def test_wandb_records_the_scalars_of_metrics_jsonl_and_the_config(tmp_path: Pat
     assert not problems, problems
     assert [step for step, _ in rows] == list(range(1, STEPS + 1))
     logged = set().union(*(row.keys() for _, row in rows))
-    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "data_wait_s", "peak_mem_gib",
-            "epoch", "eval_loss", "eval_ppl", "eval_loss_tokens"} <= logged, logged
+    assert {
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens",
+        "tokens_per_s",
+        "step_time_s",
+        "data_wait_s",
+        "peak_mem_gib",
+        "epoch",
+        "eval_loss",
+        "eval_ppl",
+        "eval_loss_tokens",
+    } <= logged, logged
     assert compared >= STEPS * 9 + 2 * 3, compared  # every training line's scalars and two evaluations
 
     config = json.loads((run / "config.json").read_text())
@@ -164,5 +202,7 @@ def test_wandb_records_the_scalars_of_metrics_jsonl_and_the_config(tmp_path: Pat
     dropped = [(step, {k: v for k, v in row.items() if k != "eval_loss" or step != STEPS}) for step, row in rows]
     assert mismatches(metrics, dropped)[0] == [f"step {STEPS}: eval_loss missing in W&B"]
     shifted = [(step + 1 if step == STEPS else step, row) for step, row in rows]
-    assert mismatches(metrics, shifted)[0] == [f"step {STEPS}: in metrics.jsonl, not in W&B",
-                                               f"step {STEPS + 1}: in W&B, not in metrics.jsonl"]
+    assert mismatches(metrics, shifted)[0] == [
+        f"step {STEPS}: in metrics.jsonl, not in W&B",
+        f"step {STEPS + 1}: in W&B, not in metrics.jsonl",
+    ]

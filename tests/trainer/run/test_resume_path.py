@@ -32,8 +32,20 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=2, lr=2e-3,
-                warmup=2, max_steps=6, save_every=2, log_every=1, num_workers=0, progress=False)
+    base = dict(
+        data=str(packed),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=128,
+        grad_accum=2,
+        lr=2e-3,
+        warmup=2,
+        max_steps=6,
+        save_every=2,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -54,8 +66,7 @@ def _losses(run: Path) -> list[tuple]:
 
 
 def tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _copy(full: Path, to: Path) -> Path:
@@ -64,7 +75,8 @@ def _copy(full: Path, to: Path) -> Path:
 
 
 def test_an_older_checkpoint_rolls_back_and_keeps_the_newer_ones_aside(
-        packed: Path, full: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    packed: Path, full: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = _copy(full, tmp_path / "run")
     newer = {name: tree(run / "checkpoints" / name) for name in ("step-00000004", "step-00000006")}
     before = _metrics(run)
@@ -104,8 +116,11 @@ def test_a_checkpoint_of_another_folder_starts_a_new_history(packed: Path, full:
     assert _losses(fork) == _losses(full)[2:]  # steps 3-6, bitwise as the source run trained them
     assert sorted(p.name for p in (fork / "checkpoints").glob("step-*")) == ["step-00000004", "step-00000006"]
     # a folder with a history of its own is not forked into
-    with pytest.raises(UserError, match=r"a checkpoint of another run folder, but out .*fork holds checkpoints of "
-                                        r"its own run \(newest step-00000006\): to start a new run from .*give a new out"):
+    with pytest.raises(
+        UserError,
+        match=r"a checkpoint of another run folder, but out .*fork holds checkpoints of "
+        r"its own run \(newest step-00000006\): to start a new run from .*give a new out",
+    ):
         train(_config(packed, fork, max_steps=8, resume=str(full / "checkpoints" / "step-00000004")))
     with pytest.raises(UserError, match=r"resume='nowhere': expected newest, strict, or a checkpoint folder"):
         train(_config(packed, fork, max_steps=8, resume="nowhere"))
@@ -126,10 +141,10 @@ def test_a_renamed_checkpoint_is_not_resumed_as_the_step_its_name_says(packed: P
     assert train(_config(packed, run, resume="newest"))["steps"] == 6
 
 
-@pytest.mark.parametrize("cursor", [{"epoch": 0, "step_in_epoch": 10**9}, {"epoch": 10**9, "step_in_epoch": 0},
-                                    {"epoch": 0, "step_in_epoch": 1}])
-def test_a_data_cursor_that_is_not_the_checkpoints_step_is_one_line(packed: Path, full: Path, tmp_path: Path,
-                                                                     cursor: dict) -> None:
+@pytest.mark.parametrize(
+    "cursor", [{"epoch": 0, "step_in_epoch": 10**9}, {"epoch": 10**9, "step_in_epoch": 0}, {"epoch": 0, "step_in_epoch": 1}]
+)
+def test_a_data_cursor_that_is_not_the_checkpoints_step_is_one_line(packed: Path, full: Path, tmp_path: Path, cursor: dict) -> None:
     run = _copy(full, tmp_path / "run")
     shutil.rmtree(run / "checkpoints" / "step-00000006")
     shutil.rmtree(run / "checkpoints" / "step-00000004")
@@ -140,8 +155,11 @@ def test_a_data_cursor_that_is_not_the_checkpoints_step_is_one_line(packed: Path
     (checkpoint / ckpt.STATE_FILE).write_text(json.dumps(state))
     ckpt.write_file_list(checkpoint)  # the listing agrees: only the cursor is wrong
     before = tree(tmp_path)
-    with pytest.raises(UserError, match=rf"its data cursor \(epoch {cursor['epoch']}, step {cursor['step_in_epoch']} "
-                                        r"of that epoch\) is not where step 2 stands in .* \(epoch 0, step 2\)"):
+    with pytest.raises(
+        UserError,
+        match=rf"its data cursor \(epoch {cursor['epoch']}, step {cursor['step_in_epoch']} "
+        r"of that epoch\) is not where step 2 stands in .* \(epoch 0, step 2\)",
+    ):
         train(_config(packed, run, resume="newest"))
     assert tree(tmp_path) == before
 
@@ -153,15 +171,21 @@ def test_another_model_or_a_damaged_checkpoint_is_one_line(packed: Path, full: P
     config = AutoConfig.from_pretrained(full / "checkpoints" / "step-00000002" / "model")
     config.intermediate_size *= 2
     AutoModelForCausalLM.from_config(config).save_pretrained(other)
-    with pytest.raises(UserError, match=r"holds another model than model \(its intermediate_size is \d+, this "
-                                        r"model's \d+\): resume with the model it was trained with \(tiny\)"):
+    with pytest.raises(
+        UserError,
+        match=r"holds another model than model \(its intermediate_size is \d+, this "
+        r"model's \d+\): resume with the model it was trained with \(tiny\)",
+    ):
         train(_config(packed, tmp_path / "fork", model=str(other), resume=str(full / "checkpoints" / "step-00000002")))
     damaged = _copy(full, tmp_path / "damaged")
     weights = damaged / "checkpoints" / "step-00000004" / "model" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-8] ^= 1
     weights.write_bytes(bytes(data))
-    with pytest.raises(UserError, match=r"step-00000004: the checkpoint is damaged \(model/model.safetensors does "
-                                        r"not match its sha256\): give another one"):
+    with pytest.raises(
+        UserError,
+        match=r"step-00000004: the checkpoint is damaged \(model/model.safetensors does "
+        r"not match its sha256\): give another one",
+    ):
         train(_config(packed, damaged, resume=str(damaged / "checkpoints" / "step-00000004")))
     assert not (damaged / "superseded").exists()

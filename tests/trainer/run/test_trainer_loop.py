@@ -37,7 +37,6 @@ from trainer.run.optim import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About 18 rows of <= 64 tokens (token ids < 300) in 3 shards: ~4 steps per epoch."""
@@ -45,8 +44,19 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(packed: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(data=str(packed), model="tiny", out=str(out), tokens_per_step=128, grad_accum=2,
-                lr=2e-3, warmup=2, max_steps=6, log_every=1, num_workers=0, progress=False)
+    base = dict(
+        data=str(packed),
+        model="tiny",
+        out=str(out),
+        tokens_per_step=128,
+        grad_accum=2,
+        lr=2e-3,
+        warmup=2,
+        max_steps=6,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -84,8 +94,10 @@ class _CheckpointFails(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        raise CheckpointError("torch.utils.checkpoint: Recomputed values for the following tensors have "
-                              "different metadata than during the forward pass.\ntensor at position 17: ...")
+        raise CheckpointError(
+            "torch.utils.checkpoint: Recomputed values for the following tensors have "
+            "different metadata than during the forward pass.\ntensor at position 17: ..."
+        )
 
 
 def test_a_checkpoint_error_in_the_backward_is_one_line(packed: Path) -> None:
@@ -210,8 +222,11 @@ def test_resume_steps_over_a_damaged_checkpoint(packed: Path, tmp_path: Path, ca
     data = bytearray(weights.read_bytes())
     data[-100] ^= 1  # one flipped bit inside a tensor: safetensors itself would load it silently
     weights.write_bytes(bytes(data))
-    with pytest.raises(UserError, match=r"resume='strict': checkpoint .*step-00000004 is damaged "
-                                        r"\(model/model.safetensors does not match its sha256\)"):
+    with pytest.raises(
+        UserError,
+        match=r"resume='strict': checkpoint .*step-00000004 is damaged "
+        r"\(model/model.safetensors does not match its sha256\)",
+    ):
         train(_config(packed, run, max_steps=4, resume="strict"))
     with pytest.raises(UserError, match="already at step 4"):  # the intact one is never skipped
         train(_config(packed, tmp_path / "full", max_steps=4, resume="strict"))
@@ -258,8 +273,7 @@ def _listed(path: Path, name: str) -> int:
 
 def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
     """One DDP rank: record which rows it reads, train, write its summary."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                      RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -278,10 +292,19 @@ def _ddp_worker(rank: int, world: int, port: int, config: TrainConfig, record: s
     assert not dist.is_initialized(), "train() left its process group open"
 
 
-@pytest.mark.parametrize(("parallel", "accum", "reduce"),
-                         [("ddp", 1, "fp32"), ("fsdp", 1, "fp32"), ("fsdp", 2, "fp32"),
-                          ("ddp", 1, "bf16"), ("fsdp", 2, "bf16"), ("fsdp-keep", 2, "fp32"),
-                          ("fsdp-ckpt2", 1, "fp32"), ("ddp-b1", 2, "fp32")])
+@pytest.mark.parametrize(
+    ("parallel", "accum", "reduce"),
+    [
+        ("ddp", 1, "fp32"),
+        ("fsdp", 1, "fp32"),
+        ("fsdp", 2, "fp32"),
+        ("ddp", 1, "bf16"),
+        ("fsdp", 2, "bf16"),
+        ("fsdp-keep", 2, "fp32"),
+        ("fsdp-ckpt2", 1, "fp32"),
+        ("ddp-b1", 2, "fp32"),
+    ],
+)
 def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     packed: Path, tmp_path: Path, parallel: str, accum: int, reduce: str
 ) -> None:
@@ -290,11 +313,17 @@ def test_two_ranks_gloo_disjoint_data_and_same_losses_as_accumulation(
     # model's 2 recomputes its activations under FSDP2 (--grad-checkpointing 2), layer 1 keeps them;
     # "-b1": DDP buckets of 1 MiB (several for the tiny model), whose gradient views accumulate
     # over two micro-batches and are zeroed in place between steps
-    config = _config(packed, tmp_path / "ddp", grad_accum=accum, max_steps=steps,
-                     parallel=parallel.split("-")[0], grad_reduce=reduce,
-                     reshard_after_forward=not parallel.endswith("-keep"),
-                     grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0,
-                     ddp_bucket_mb=1 if parallel.endswith("-b1") else 250)
+    config = _config(
+        packed,
+        tmp_path / "ddp",
+        grad_accum=accum,
+        max_steps=steps,
+        parallel=parallel.split("-")[0],
+        grad_reduce=reduce,
+        reshard_after_forward=not parallel.endswith("-keep"),
+        grad_checkpointing=2 if parallel.endswith("-ckpt2") else 0,
+        ddp_bucket_mb=1 if parallel.endswith("-b1") else 250,
+    )
     fork_ranks(_ddp_worker, (2, free_port(), config, str(tmp_path)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     rows = [r["rows"] for r in ranks]
@@ -332,8 +361,10 @@ def _rows_with_and_without_loss(folder: Path) -> set[int]:
     """12 one-example rows of 60 tokens; the rows returned (half of them) have no loss token."""
     rng = np.random.default_rng(3)
     silent = {1, 2, 5, 7, 8, 11}
-    rows = [[(i, tokens, np.full(60, -100) if i in silent else default_labels(tokens))]
-            for i, tokens in enumerate(rng.integers(3, 300, size=(12, 60)))]
+    rows = [
+        [(i, tokens, np.full(60, -100) if i in silent else default_labels(tokens))]
+        for i, tokens in enumerate(rng.integers(3, 300, size=(12, 60)))
+    ]
     make_packed_folder(folder, rows, 64, rows_per_shard=4)
     return silent
 
@@ -361,16 +392,14 @@ def test_two_ranks_train_when_one_rank_has_no_loss_token_in_a_step(tmp_path: Pat
     in step (they used to mismatch their gradient collectives and abort) and the losses and
     weights equal one process over the same window."""
     silent = _rows_with_and_without_loss(tmp_path / "packed")
-    config = _config(tmp_path / "packed", tmp_path / "ranks", tokens_per_step=64, grad_accum=1,
-                     max_steps=6, parallel=parallel)
+    config = _config(tmp_path / "packed", tmp_path / "ranks", tokens_per_step=64, grad_accum=1, max_steps=6, parallel=parallel)
     fork_ranks(_ddp_worker, (2, free_port(), config, str(tmp_path)))
     rows = [json.loads((tmp_path / f"rank{r}.json").read_text())["rows"] for r in range(2)]
     lonely = [(a[0] in silent) != (b[0] in silent) for a, b in zip(*rows)]
     assert any(lonely), rows  # the case under test occurs in this run
     single = train(replace(config, out=str(tmp_path / "single"), grad_accum=2, parallel="ddp"))
     assert single["steps"] == 6
-    assert [m["loss"] for m in _metrics(tmp_path / "ranks")] == pytest.approx(
-        [m["loss"] for m in _metrics(tmp_path / "single")], rel=1e-5)
+    assert [m["loss"] for m in _metrics(tmp_path / "ranks")] == pytest.approx([m["loss"] for m in _metrics(tmp_path / "single")], rel=1e-5)
     wr = ckpt.load_model_weights(tmp_path / "ranks" / "checkpoints" / "step-00000006")
     ws = ckpt.load_model_weights(tmp_path / "single" / "checkpoints" / "step-00000006")
     for name in ws:
@@ -379,8 +408,7 @@ def test_two_ranks_train_when_one_rank_has_no_loss_token_in_a_step(tmp_path: Pat
 
 def _sigterm_worker(rank: int, world: int, port: int, config: TrainConfig, record: str) -> None:
     """One DDP rank; rank 1 alone gets SIGTERM while it reads its first micro-batch."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                      RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     import signal
 
@@ -443,8 +471,12 @@ def _layer_forwards_in_one_step(every: int | None) -> tuple[list[int], dict[str,
         layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
     lengths = [5, 9, 3]
     ids = np.arange(1, sum(lengths) + 1, dtype=np.int32)
-    row = dict(input_ids=ids, labels=ids.copy(), position_ids=np.concatenate([np.arange(n) for n in lengths]).astype(np.int32),
-               seq_lens=np.array(lengths, np.int32))
+    row = dict(
+        input_ids=ids,
+        labels=ids.copy(),
+        position_ids=np.concatenate([np.arange(n) for n in lengths]).astype(np.int32),
+        seq_lens=np.array(lengths, np.int32),
+    )
     total, _ = packed_loss(model, collate_rows([row]))
     total.backward()
     return calls, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -495,8 +527,7 @@ def test_grad_checkpointing_option_takes_an_optional_layer_interval(packed: Path
         original = command.callback
         command.callback = fake
         try:
-            result = CliRunner().invoke(command, ["--data", str(packed), "--model", "tiny", "--out",
-                                                  str(tmp_path / "run"), *args])
+            result = CliRunner().invoke(command, ["--data", str(packed), "--model", "tiny", "--out", str(tmp_path / "run"), *args])
         finally:
             command.callback = original
         assert result.exit_code == 0, result.output
@@ -533,7 +564,8 @@ def test_epochs_and_max_steps_set_the_schedule_length(packed: Path, tmp_path: Pa
 
 
 def test_the_heap_is_frozen_after_the_first_step_and_handed_back_when_the_run_ends(
-        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Once the first step has run (and compiled), the objects alive are set aside from Python's full
     garbage collections (`trainer.run.loop.freeze_heap`); when the run ends, or fails, they are the
     collector's again, so a process that trains twice frees the first run's model."""
@@ -693,8 +725,7 @@ def _compiled_master_steps(layers: int, steps: int = 3) -> tuple[Any, MasterAdam
 
     torch._dynamo.reset()
     counter = CompileCounter()
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
-                                  for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)) for _ in range(layers)])
     masters = MasterAdamW(param_groups(model.parameters(), 0.1), lr=1e-3)
     masters._update = torch.compile(adamw_update, backend=counter, dynamic=False, fullgraph=True)
     for step in range(steps):
@@ -743,9 +774,10 @@ def test_signature_chunks_keep_one_shape_per_chunk_in_order() -> None:
     chunks = signature_chunks([(m, m) for m in masters], size=2)
     assert [[next(i for i, m in enumerate(masters) if m is x) for x, _ in c] for c in chunks] == [[0, 2], [4], [1, 3]]
     rng = np.random.default_rng(0)
-    pairs = [(torch.zeros(int(a), int(b)), torch.zeros(int(a), int(b), dtype=dt))
-             for a, b, dt in zip(rng.integers(1, 4, 60), rng.integers(1, 4, 60),
-                                 rng.choice([torch.float32, torch.bfloat16], 60))]
+    pairs = [
+        (torch.zeros(int(a), int(b)), torch.zeros(int(a), int(b), dtype=dt))
+        for a, b, dt in zip(rng.integers(1, 4, 60), rng.integers(1, 4, 60), rng.choice([torch.float32, torch.bfloat16], 60))
+    ]
     chunks = signature_chunks(pairs, size=3)
     assert sorted(id(m) for c in chunks for m, _ in c) == sorted(id(m) for m, _ in pairs)
     for chunk in chunks:
@@ -756,8 +788,7 @@ def test_signature_chunks_keep_one_shape_per_chunk_in_order() -> None:
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_a_compiled_run_says_its_first_step_compiles(packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                     compiled: bool) -> None:
+def test_a_compiled_run_says_its_first_step_compiles(packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture, compiled: bool) -> None:
     """The first step of a compiled run is silent for minutes on a large model: the start-up lines say
     why (and how to skip it); an uncompiled run says nothing of it."""
     from trainer.run.start import start
@@ -786,8 +817,7 @@ def test_compiled_layers_keep_one_graph_for_every_row_length(monkeypatch: pytest
     torch._dynamo.reset()
     counters.clear()
     graphs = []
-    with torch._dynamo.config.patch(recompile_limit=8), \
-            inductor_config.patch({"triton.mix_order_reduction_non_strict_mode": False}):
+    with torch._dynamo.config.patch(recompile_limit=8), inductor_config.patch({"triton.mix_order_reduction_non_strict_mode": False}):
         model, _ = build_model("tiny", attn="sdpa", vocab_size=300)
         compile_decoder_layers(model)
         assert inductor_config.triton.mix_order_reduction_non_strict_mode is True
@@ -838,10 +868,8 @@ def as_rank_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(start, "setup_distributed", lambda device, **_: DistInfo(enabled=True, rank=0, world_size=2))
 
 
-@pytest.mark.parametrize("device, expected", [(torch.device("cuda", 3), {"device_ids": [3]}),
-                                              (torch.device("cpu"), {}), (None, {})])
-def test_barrier_names_this_ranks_gpu(monkeypatch: pytest.MonkeyPatch, device: torch.device | None,
-                                      expected: dict[str, Any]) -> None:
+@pytest.mark.parametrize("device, expected", [(torch.device("cuda", 3), {"device_ids": [3]}), (torch.device("cpu"), {}), (None, {})])
+def test_barrier_names_this_ranks_gpu(monkeypatch: pytest.MonkeyPatch, device: torch.device | None, expected: dict[str, Any]) -> None:
     """A CUDA rank's barrier names its own GPU (else PyTorch warns that it guesses the current
     one, on every multi-GPU run); a CPU (gloo) rank's names none, and a run of one rank waits for
     no one."""
@@ -911,8 +939,9 @@ def test_ddp_gradients_are_views_of_its_buckets_of_the_asked_size(tmp_path: Path
     from trainer.distributed.parallel import DistInfo, wrap_parallel
 
     # a time limit on the group's waits: this test hung once (not reproduced), and would then stall CI
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1, timeout=datetime.timedelta(seconds=120)
+    )
     try:
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
         ddp = wrap_parallel(model, [], DistInfo(enabled=True), fsdp=False, bf16=False, bucket_mb=3)
@@ -935,7 +964,8 @@ def test_ddp_gradients_are_views_of_its_buckets_of_the_asked_size(tmp_path: Path
 
 
 def test_a_loss_that_turns_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
-        packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Weights poisoned by the 3rd optimizer step: step 4's loss is NaN; the run stops at the
     next logged step (one line naming step 4 and the step-2 checkpoint) and saves nothing more."""
     real = torch.optim.AdamW.step
@@ -953,15 +983,19 @@ def test_a_loss_that_turns_nan_stops_naming_the_step_and_keeps_the_last_good_che
     with pytest.raises(UserError) as err:
         train(_config(packed, tmp_path / "run", save_every=2, log_every=2, max_steps=6))
     line = str(err.value)
-    assert "\n" not in line and line.startswith("the loss of step 4 is not finite (NaN or inf): training "
-                                                "stopped at step 4 without saving"), line
+    assert "\n" not in line and line.startswith(
+        "the loss of step 4 is not finite (NaN or inf): training stopped at step 4 without saving"
+    ), line
     assert "step-00000002, is intact" in line, line
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "run")] == ["step-00000002"]
 
 
 def test_weights_made_inf_by_an_update_are_never_saved(packed: Path, tmp_path: Path) -> None:
     """--lr 1e308: step 1's loss is finite, the weights after it are not; nothing is saved."""
-    with pytest.raises(UserError, match=r"^after step 1 a weight is not finite \(NaN or inf\): training stopped "
-                                        r"at step 1 without saving; no checkpoint was saved; lower lr"):  # the API spells options so
+    with pytest.raises(
+        UserError,
+        match=r"^after step 1 a weight is not finite \(NaN or inf\): training stopped "
+        r"at step 1 without saving; no checkpoint was saved; lower lr",
+    ):  # the API spells options so
         train(_config(packed, tmp_path / "run", lr=1e308, save_every=1, log_every=5, max_steps=3))
     assert ckpt.list_checkpoints(tmp_path / "run") == []
