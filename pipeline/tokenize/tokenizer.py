@@ -58,10 +58,10 @@ def load_tokenizer(
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
     if chat_template is not None:
-        from pipeline.tokenize.chat_templates import resolve_chat_template, template_label
+        from pipeline.tokenize.chat_templates import chosen_template
 
-        tok.chat_template = resolve_chat_template(chat_template)
-        tok._packlm_template_label = template_label(chat_template)  # how errors name it
+        # how errors and the manifest name it
+        tok.chat_template, tok._packlm_template_label = chosen_template(chat_template, tok.chat_template)
     grow_tokenizer(tok, add_tokens, special_tokens)
     return tok
 
@@ -285,7 +285,10 @@ def tokenizer_info(
         **({"added_tokens": list(add_tokens)} if add_tokens else {}),
         **({"special_tokens": dict(special_tokens)} if special_tokens else {}),
         **(
-            {"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
+            {
+                "chat_template": getattr(tokenizer, "_packlm_template_label", None) or template_label(chat_template),
+                "chat_template_text": tokenizer.chat_template,
+            }
             if chat_template is not None
             else {}
         ),
