@@ -15,12 +15,12 @@ The files are in `trl_templates/` beside this module, as TRL ships them; `PAIRS`
 from __future__ import annotations
 
 import hashlib
-import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.tokenize.chat_turns import GENERATION
 
 FOLDER = Path(__file__).with_name("trl_templates")
 
@@ -153,20 +153,12 @@ PAIRS: dict[str, tuple[str, str]] = {
 }
 
 
-def has_generation_markers(template: Any) -> bool:
-    """Whether a template (the `default` variant of a dict) writes `{% generation %}` blocks, as
-    TRL's `has_generation_markers` tells (the whitespace-trimming spellings too)."""
-    if isinstance(template, dict):
-        template = template.get("default")
-    return isinstance(template, str) and re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
-
-
 def training_version(template: Any) -> tuple[str, str] | None:
     """(name, text) of TRL's training template for `template` (its `default` variant if a dict):
     when it has no `{% generation %}` blocks and equals TRL's original `name` exactly; else None
     (a template TRL does not know, or one that needs no patching, is used as it is)."""
     text = template.get("default") if isinstance(template, dict) else template
-    if not isinstance(text, str) or has_generation_markers(text):
+    if not isinstance(text, str) or GENERATION.search(text):  # TRL's has_generation_markers
         return None
     for name in PAIRS:
         if text == _read(name):

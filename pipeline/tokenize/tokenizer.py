@@ -38,8 +38,9 @@ def load_tokenizer(
     """Load a fast Hugging Face tokenizer from a local folder, or a Hub id's (`org/name[@revision]`)
     files: from the local Hugging Face cache, downloaded when not there and not offline
     (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub.
-    `chat_template` (`--chat-template`: a name, a Jinja file or text,
-    `pipeline.tokenize.chat_templates`) replaces the tokenizer's own template; `add_tokens` and
+    `chat_template` (`--chat-template`: a name, a Jinja file or text, or a TRL file's
+    assistant_only_loss: `pipeline.tokenize.chat_templates.chosen_template`) replaces the tokenizer's
+    own template; `add_tokens` and
     `special_tokens` (`--add-token`, `--special-token`) are added to it (`grow_tokenizer`)."""
     folder = tokenizer_folder(name_or_path) or hub_folder(str(name_or_path))
     try:

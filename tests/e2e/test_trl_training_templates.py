@@ -66,6 +66,17 @@ def test_a_template_trl_ships_packs_with_its_training_version(tmp_path: Path, na
     assert verified.exit_code == 0, verified.output
 
 
+def test_conversational_prompt_completion_data_is_swapped_too(tmp_path: Path):
+    """TRL swaps the template for prompt/completion lists of messages as well: qwen3's, each reply
+    the completion of the turns before it."""
+    pytest.importorskip("trl")
+    tok = _tokenizer(tmp_path, _original("qwen3"))
+    rows = [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in THINKING + ROWS]
+    want = _trl_prepared(tok, rows, tmp_path, assistant_only_loss=True)
+    assert _packed(tmp_path, _trl_config(tmp_path, rows, "assistant_only_loss: true\n")) == want
+    assert _manifest(tmp_path)["tokenizer"]["chat_template_text"] == training_version(_original("qwen3"))[1]
+
+
 def test_the_mapping_line_names_it_and_chat_template_path_is_swapped_too(tmp_path: Path):
     """The start-up mapping says it in one line; a TRL file's chat_template_path (a .jinja file,
     which TRL sets before it swaps) holding TRL's qwen3 gets the training version as well."""
