@@ -115,6 +115,22 @@ def test_a_template_one_character_off_stays_as_today(tmp_path: Path):
     assert recorded["chat_template_text"] == off and "not one TRL 1.16 swaps" in recorded["chat_template"]
 
 
+def test_text_data_with_no_template_to_swap_verifies(tmp_path: Path):
+    """assistant_only_loss: true over text data and a tokenizer without a chat template: nothing to
+    swap, the manifest holds no template text, and pack-verify --deep re-checks it (the marker alone
+    names no template to read)."""
+    _tokenizer(tmp_path, None)
+    data = tmp_path / "text.jsonl"
+    data.write_text('{"text": "hello there"}\n{"text": "more text"}\n')
+    cfg = tmp_path / "trl.yaml"
+    cfg.write_text(f"model_name_or_path: {tmp_path / 'tok'}\ndataset_name: {data}\nmax_length: 64\nassistant_only_loss: true\n")
+    packed = CliRunner().invoke(pack_data, ["--config", str(cfg), "--out", str(tmp_path / "packed"), "--no-progress", "--num-proc", "1"])
+    assert packed.exit_code == 0, packed.output
+    assert _manifest(tmp_path)["tokenizer"]["chat_template_text"] is None
+    verified = CliRunner().invoke(pack_verify, [str(tmp_path / "packed"), "--deep"])
+    assert verified.exit_code == 0 and "2 examples re-tokenized and matched" in verified.output, verified.output
+
+
 def test_the_vendored_templates_are_the_installed_trls():
     """Each pair's SHA-256 is the installed TRL's file's, and the pairs are every original TRL ships
     with a training version (skipped without trl)."""
