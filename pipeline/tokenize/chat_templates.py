@@ -81,11 +81,13 @@ def resolve_chat_template(value: str) -> str:
     )
 
 
-def chosen_template(value: str, own: Any) -> tuple[Any, str]:
+def chosen_template(value: str | dict, own: Any) -> tuple[Any, str]:
     """The chat template `--chat-template VALUE` gives a tokenizer whose own template is `own`, and
     how the manifest names it. After `TRL_TRAINING` (a TRL file's assistant_only_loss: true), the
     template that follows it, or `own` when none does, is replaced by TRL's training version where TRL
     ships one (`templates_trl.training_version`, as TRL's SFTTrainer swaps it), else kept as it is."""
+    if isinstance(value, dict):  # a tokenizer's named variants, handed on as they are (to Ray's tasks)
+        return value, OWN
     if not value.startswith(TRL_TRAINING):
         return resolve_chat_template(value), template_label(value)
     from pipeline.tokenize.templates_trl import training_version

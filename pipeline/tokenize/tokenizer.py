@@ -288,7 +288,8 @@ def tokenizer_info(
         **(
             {
                 "chat_template": getattr(tokenizer, "_packlm_template_label", None) or template_label(chat_template),
-                "chat_template_text": tokenizer.chat_template,
+                # a tokenizer's own named variants (a dict) are its files', not recorded: as without the option
+                "chat_template_text": template if isinstance(template, str) else None,
             }
             if chat_template is not None
             else {}

@@ -115,6 +115,17 @@ def test_a_template_one_character_off_stays_as_today(tmp_path: Path):
     assert recorded["chat_template_text"] == off and "not one TRL 1.16 swaps" in recorded["chat_template"]
 
 
+def test_a_tokenizer_with_named_template_variants(tmp_path: Path):
+    """A tokenizer whose template is a dict of named variants: TRL looks at its `default` and, that
+    being TRL's llama3, renders with the training text instead of the whole dict; so does pack-data."""
+    pytest.importorskip("trl")
+    tok = _tokenizer(tmp_path, {"default": _original("llama3"), "tool_use": "{{ messages[0].content }}"})
+    assert isinstance(tok.chat_template, dict)
+    want = _trl_prepared(tok, ROWS, tmp_path, assistant_only_loss=True)
+    assert _packed(tmp_path, _trl_config(tmp_path, ROWS, "assistant_only_loss: true\n")) == want
+    assert _manifest(tmp_path)["tokenizer"]["chat_template_text"] == training_version(_original("llama3"))[1]
+
+
 def test_text_data_with_no_template_to_swap_verifies(tmp_path: Path):
     """assistant_only_loss: true over text data and a tokenizer without a chat template: nothing to
     swap, the manifest holds no template text, and pack-verify --deep re-checks it (the marker alone
