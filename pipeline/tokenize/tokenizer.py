@@ -40,8 +40,8 @@ def load_tokenizer(
     (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub.
     `chat_template` (`--chat-template`: a name, a Jinja file or text, or a TRL file's
     assistant_only_loss: `pipeline.tokenize.chat_templates.chosen_template`) replaces the tokenizer's
-    own template; `add_tokens` and
-    `special_tokens` (`--add-token`, `--special-token`) are added to it (`grow_tokenizer`)."""
+    own template; `add_tokens` and `special_tokens` (`--add-token`, `--special-token`) are added to
+    it (`grow_tokenizer`)."""
     folder = tokenizer_folder(name_or_path) or hub_folder(str(name_or_path))
     try:
         loader = declared_class(folder) or _auto_tokenizer()
