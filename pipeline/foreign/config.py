@@ -57,6 +57,7 @@ from pipeline.foreign.keys import (  # noqa: F401 (DATA, TRAIN, NotUsed, Unused:
     _same,
     _schedule,
     _trl_loss_key,
+    _trl_template_path,
     _val_set_size,
     _wandb_project,
     _whole,
@@ -192,10 +193,13 @@ KEYS: tuple[Key, ...] = (
         "conversation dropped before rendering")),
     Key("chat_template_jinja", AXOLOTL, DATA_KEY, Map(("chat_template",), _dropping(_chat_template_jinja),
         "with chat_template: jinja, the template text as --chat-template (drop_system_message: as chat_template)")),
-    Key("chat_template_path", TRL, DATA_KEY, _same("chat_template")),
+    Key("chat_template_path", TRL, DATA_KEY, Map(("chat_template",), _trl_template_path,
+        "as --chat-template (with assistant_only_loss: true, TRL's training version of it where TRL ships one)")),
     Key("train_on_inputs", AXOLOTL, DATA_KEY, _same("train_on_prompt")),
-    Key("assistant_only_loss", TRL, DATA_KEY, Map(("train_on_prompt",), _trl_loss_key("assistant_only_loss"),
-                                                  "true: loss on the assistant's turns only (no --train-on-prompt)")),
+    Key("assistant_only_loss", TRL, DATA_KEY, Map(("train_on_prompt", "chat_template"), _trl_loss_key("assistant_only_loss"),
+                                                  "true: loss on the assistant's turns only (no --train-on-prompt), rendered "
+                                                  "with TRL's training version of a template TRL ships (Qwen3, Llama 3, ...), "
+                                                  "as its SFTTrainer swaps it")),
     Key("completion_only_loss", TRL, DATA_KEY, Map(("train_on_prompt",), _trl_loss_key("completion_only_loss"),
                                                    "false: --train-on-prompt (unless assistant_only_loss); no effect "
                                                    "on messages data, as in TRL")),

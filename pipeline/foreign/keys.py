@@ -280,10 +280,25 @@ def _trl_loss_key(key: str) -> Convert:
         if not isinstance(value, bool):
             raise _refuse(key, value, "use true or false")
         if key == "assistant_only_loss":
-            return {"train_on_prompt": False} if value else {}
+            return {"train_on_prompt": False, **_trl_template_path(settings.get("chat_template_path"), settings)} if value else {}
         return {"train_on_prompt": True} if not value and settings.get("assistant_only_loss") is not True else {}
 
     return convert
+
+
+# put before a TRL file's chat template (none: the tokenizer's own) under assistant_only_loss: true: a
+# Jinja comment that `pipeline.tokenize.chat_templates` reads as "TRL's training version of this
+# template where TRL ships one" (`pipeline.tokenize.templates_trl`), as TRL's SFTTrainer swaps it
+TRL_TRAINING = "{#- TRL's training version where TRL ships it -#}"
+
+
+def _trl_template_path(value: Any, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """TRL's chat_template_path as --chat-template; under assistant_only_loss: true, after
+    `TRL_TRAINING` (the same value from either key)."""
+    template = "" if value is None else str(value)
+    if settings.get("assistant_only_loss") is True:
+        return {"chat_template": TRL_TRAINING + template}
+    return {"chat_template": template} if template else {}
 
 
 def _report_to(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:

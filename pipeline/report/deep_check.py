@@ -87,9 +87,11 @@ def recorded_template(manifest: Manifest) -> str | None:
                 "the template's text: pack the folder again"
             )
         return text
-    if named is None:
-        return None
+    from pipeline.foreign.keys import TRL_TRAINING
     from pipeline.tokenize.chat_templates import NAMED
+
+    if named is None or named == TRL_TRAINING:  # a TRL file's assistant_only_loss, no template to swap
+        return None
 
     if named in NAMED:
         return NAMED[named]

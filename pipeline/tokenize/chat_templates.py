@@ -11,9 +11,11 @@ tokenizer the same template before comparing fingerprints, and its checkpoints c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import UserError, one_line
 from pipeline.foreign.data import DROP_FIRST_SYSTEM
+from pipeline.foreign.keys import TRL_TRAINING
 from pipeline.tokenize.templates_axolotl import AXOLOTL
 from pipeline.tokenize.templates_axolotl_tools import AXOLOTL as AXOLOTL_TOOLS
 
@@ -42,6 +44,7 @@ _ORDER = (
     "mistral_v3_tekken",
     "mistral_v7_tekken",
 )
+OWN = "the tokenizer's own"  # how a label names the tokenizer's template
 NAMED: dict[str, str] = {name: {**AXOLOTL, **AXOLOTL_TOOLS, "llama2": _LLAMA2}[name] for name in _ORDER}
 
 
@@ -54,6 +57,9 @@ def resolve_chat_template(value: str) -> str:
     """
     if value in NAMED:
         return NAMED[value]
+    if value.startswith(TRL_TRAINING):  # a TRL file's assistant_only_loss, before its template (if any)
+        rest = value[len(TRL_TRAINING) :]
+        return TRL_TRAINING + (resolve_chat_template(rest) if rest else "")
     if value.startswith(DROP_FIRST_SYSTEM):  # an Axolotl file's drop_system_message, before its template
         return DROP_FIRST_SYSTEM + resolve_chat_template(value[len(DROP_FIRST_SYSTEM) :])
     if "{%" in value or "{{" in value:
@@ -75,6 +81,26 @@ def resolve_chat_template(value: str) -> str:
     )
 
 
+def chosen_template(value: str | dict, own: Any) -> tuple[Any, str]:
+    """The chat template `--chat-template VALUE` gives a tokenizer whose own template is `own`, and
+    how the manifest names it. After `TRL_TRAINING` (a TRL file's assistant_only_loss: true), the
+    template that follows it, or `own` when none does, is replaced by TRL's training version where TRL
+    ships one (`templates_trl.training_version`, as TRL's SFTTrainer swaps it), else kept as it is."""
+    if isinstance(value, dict):  # a tokenizer's named variants, handed on as they are (to Ray's tasks)
+        return value, OWN
+    if not value.startswith(TRL_TRAINING):
+        return resolve_chat_template(value), template_label(value)
+    from pipeline.tokenize.templates_trl import training_version
+
+    rest = value[len(TRL_TRAINING) :]
+    template = resolve_chat_template(rest) if rest else own
+    found = training_version(template)
+    label = template_label(rest) if rest else OWN
+    if found is None:
+        return template, f"{label} (not one TRL 1.16 swaps under assistant_only_loss)"
+    return found[1], f"TRL's {found[0]} training template (assistant_only_loss: {label} is TRL's {found[0]})"
+
+
 def checked(text: str, name: str) -> str:
     """`text` when it compiles as a chat template; else a UserError naming `name` and the line."""
     import jinja2
@@ -92,4 +118,7 @@ def template_label(value: str) -> str:
     """How the manifest names `--chat-template VALUE`: the name or path, or "inline" for template text."""
     if value.startswith(DROP_FIRST_SYSTEM):
         return f"{template_label(value[len(DROP_FIRST_SYSTEM) :])} (its first system message dropped)"
+    if value.startswith(TRL_TRAINING):
+        rest = value[len(TRL_TRAINING) :]
+        return f"{template_label(rest) if rest else OWN} (TRL's training version where TRL ships one)"
     return "inline" if value not in NAMED and ("{%" in value or "{{" in value) else value

@@ -38,9 +38,10 @@ def load_tokenizer(
     """Load a fast Hugging Face tokenizer from a local folder, or a Hub id's (`org/name[@revision]`)
     files: from the local Hugging Face cache, downloaded when not there and not offline
     (`pipeline.read.hub`). A path that names no folder fails at once, never asking the Hub.
-    `chat_template` (`--chat-template`: a name, a Jinja file or text,
-    `pipeline.tokenize.chat_templates`) replaces the tokenizer's own template; `add_tokens` and
-    `special_tokens` (`--add-token`, `--special-token`) are added to it (`grow_tokenizer`)."""
+    `chat_template` (`--chat-template`: a name, a Jinja file or text, or a TRL file's
+    assistant_only_loss: `pipeline.tokenize.chat_templates.chosen_template`) replaces the tokenizer's
+    own template; `add_tokens` and `special_tokens` (`--add-token`, `--special-token`) are added to
+    it (`grow_tokenizer`)."""
     folder = tokenizer_folder(name_or_path) or hub_folder(str(name_or_path))
     try:
         loader = declared_class(folder) or _auto_tokenizer()
@@ -58,10 +59,10 @@ def load_tokenizer(
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
     if chat_template is not None:
-        from pipeline.tokenize.chat_templates import resolve_chat_template, template_label
+        from pipeline.tokenize.chat_templates import chosen_template
 
-        tok.chat_template = resolve_chat_template(chat_template)
-        tok._packlm_template_label = template_label(chat_template)  # how errors name it
+        # how errors and the manifest name it
+        tok.chat_template, tok._packlm_template_label = chosen_template(chat_template, tok.chat_template)
     grow_tokenizer(tok, add_tokens, special_tokens)
     return tok
 
@@ -285,7 +286,11 @@ def tokenizer_info(
         **({"added_tokens": list(add_tokens)} if add_tokens else {}),
         **({"special_tokens": dict(special_tokens)} if special_tokens else {}),
         **(
-            {"chat_template": template_label(chat_template), "chat_template_text": tokenizer.chat_template}
+            {
+                "chat_template": getattr(tokenizer, "_packlm_template_label", None) or template_label(chat_template),
+                # a tokenizer's own named variants (a dict) are its files', not recorded: as without the option
+                "chat_template_text": template if isinstance(template, str) else None,
+            }
             if chat_template is not None
             else {}
         ),

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from pipeline.cli import pack_data
 from pipeline.config_file import read_config_file
+from pipeline.foreign.keys import TRL_TRAINING
 from trainer.cli import pack_train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -409,6 +410,7 @@ def test_a_trl_config_maps_key_by_key(tmp_path: Path):
         "inputs": ["trl-lib/Capybara:train"],
         "max_len": 2048,
         "train_on_prompt": False,
+        "chat_template": TRL_TRAINING,  # assistant_only_loss: TRL's training version of a template it ships
         "seed": 42,
         "num_proc": 4,
     }

@@ -73,7 +73,8 @@ pytestmark = pytest.mark.skipif(not (LLAMA2 / "tokenizer.json").is_file(), reaso
 def _template(name: str, training: bool) -> str:
     """chatml (Axolotl's, as pack-data names it) and TRL's own llama3 and qwen3 templates; `training`:
     TRL's training versions of those two, with {% generation %} blocks, which TRL uses as they are
-    under assistant_only_loss (it swaps the plain ones for them: pack-data does not, see the docs)."""
+    under assistant_only_loss (it swaps the plain ones for them, and so does pack-data:
+    test_trl_training_templates)."""
     trl_templates = pytest.importorskip("trl.chat_template_utils")
     if name == "chatml":
         return NAMED["chatml"]
