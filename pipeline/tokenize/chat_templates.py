@@ -81,6 +81,20 @@ def resolve_chat_template(value: str) -> str:
     )
 
 
+def default_variant(template: Any, name: str) -> Any:
+    """A tokenizer's chat template as transformers' apply_chat_template uses it without a template
+    name: of named variants (a dict, e.g. {"default": ..., "tool_use": ...}) the "default" one; a
+    dict without one is refused in one line naming `name` and its variants."""
+    if not isinstance(template, dict):
+        return template
+    if "default" not in template:
+        raise UserError(
+            f"tokenizer {name!r}: its chat template has named variants ({', '.join(map(str, template))}) "
+            "and none is 'default': pass --chat-template with the one to use (a name or a .jinja file)"
+        )
+    return template["default"]
+
+
 def chosen_template(value: str | dict, own: Any) -> tuple[Any, str]:
     """The chat template `--chat-template VALUE` gives a tokenizer whose own template is `own`, and
     how the manifest names it. After `TRL_TRAINING` (a TRL file's assistant_only_loss: true), the

@@ -58,6 +58,10 @@ def load_tokenizer(
     # anew each time, so turning them off changes nothing for them.
     tok.backend_tokenizer.no_truncation()
     tok.backend_tokenizer.no_padding()
+    if isinstance(tok.chat_template, dict):  # named variants: the one apply_chat_template uses by default
+        from pipeline.tokenize.chat_templates import default_variant
+
+        tok.chat_template = default_variant(tok.chat_template, str(name_or_path))
     if chat_template is not None:
         from pipeline.tokenize.chat_templates import chosen_template
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_hostile_inputs import TOKENIZER, cli, error_line, write_jsonl
 
-from pipeline.shards import IGNORE_INDEX, load_shard, read_manifest, shard_paths
+from pipeline.shards import IGNORE_INDEX, iter_rows, load_shard, read_manifest, shard_paths
 from pipeline.shards.manifest import manifest_checksum
 from pipeline.tokenize.tokenizer import load_tokenizer
 
@@ -252,3 +252,39 @@ def test_special_tokens_from_a_config_file_are_recorded_like_the_flag(tmp_path: 
     assert read_manifest(tmp_path / "packed").tokenizer["special_tokens"] == {"eos_token": "<|end|>"}
     flag = pack_chat(tmp_path, [CHAT] * 4, "--special-token", "eos_token=<|end|>", out="packed2")
     assert flag.returncode == 0 and read_manifest(tmp_path / "packed2").tokenizer["special_tokens"] == {"eos_token": "<|end|>"}
+
+
+def test_a_tokenizer_with_named_template_variants_uses_its_default_one(tmp_path: Path):
+    """A tokenizer whose chat template is a set of named variants ({"default": ..., "tool_use": ...},
+    as tokenizer_config.json stores a list of {name, template}) packs chat data with the "default"
+    variant, as apply_chat_template does without a name: the same ids as the same template given as
+    one string (control), and pack-verify --deep passes. Without a "default" one line names the
+    variants. (It was a TypeError traceback.)"""
+    import shutil
+
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    folders = {}
+    for name, value in {
+        "named": [{"name": "default", "template": template}, {"name": "tool_use", "template": "{{ 1 }}"}],
+        "plain": template,
+        "nodefault": [{"name": "a", "template": template}, {"name": "tool_use", "template": template}],
+    }.items():
+        folder = tmp_path / name
+        shutil.copytree(TOKENIZER, folder)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["chat_template"] = value
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        folders[name] = folder
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}] * 3)
+    runs = {}
+    for name in ("named", "plain"):
+        proc = cli("pack-data", data, "--tokenizer", folders[name], "--max-len", 256, "--out", f"p-{name}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr_text
+        runs[name] = [[int(t) for t in row["input_ids"]] for row in iter_rows(tmp_path / f"p-{name}")]
+    assert runs["named"] == runs["plain"]
+    assert cli("pack-verify", "p-named", "--deep", cwd=tmp_path).returncode == 0
+    line = error_line(cli("pack-data", data, "--tokenizer", folders["nodefault"], "--max-len", 256, "--out", "p-x", cwd=tmp_path))
+    assert "named variants (a, tool_use)" in line and "--chat-template" in line, line
