@@ -16,16 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.plan.rows import Pieces
+from pipeline.shards.example_hash import position_multipliers
 from pipeline.tokenize.spill import Spill
 
 WINDOW_TOKENS = 1 << 24  # tokens read at a time (about 128 MiB of ids and labels)
 _SEEDS = (0xDED0B1, 0xDED0B2, 0xDED0B3)
-
-
-def _multipliers(n: int) -> np.ndarray:
-    """(3, n) odd uint64 multipliers for positions 0..n-1, the same in every run."""
-    rows = [np.random.Generator(np.random.PCG64(s)).integers(0, 2**63, size=n, dtype=np.uint64) for s in _SEEDS]
-    return np.stack(rows) * np.uint64(2) + np.uint64(1)
 
 
 def fingerprints(spill: Spill, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -33,7 +28,7 @@ def fingerprints(spill: Spill, starts: np.ndarray, lengths: np.ndarray) -> np.nd
     n = len(lengths)
     out = np.zeros((n, 4), dtype=np.uint64)
     out[:, 0] = lengths
-    mult = _multipliers(max(int(lengths.max()) if n else 1, 1))
+    mult = position_multipliers(max(int(lengths.max()) if n else 1, 1), _SEEDS)
     ends = np.cumsum(lengths)
     first = 0
     while first < n:  # a window of whole pieces, at least one

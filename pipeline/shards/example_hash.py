@@ -23,16 +23,16 @@ from pipeline.shards.manifest import Manifest
 _SEEDS = (0x5EED0FE8A1, 0x5EED0FE8A2)
 
 
-def _multipliers(n: int) -> np.ndarray:
-    """(2, n) odd uint64 multipliers for positions 0..n-1, the same in every process and folder
-    (each row a stream of its own seed, so the first n do not depend on n)."""
-    rows = [np.random.Generator(np.random.PCG64(seed)).integers(0, 2**63, size=n, dtype=np.uint64) for seed in _SEEDS]
+def position_multipliers(n: int, seeds: tuple[int, ...] = _SEEDS) -> np.ndarray:
+    """(len(seeds), n) odd uint64 multipliers for positions 0..n-1, the same in every process and
+    folder (each row a stream of its own seed, so the first n do not depend on n)."""
+    rows = [np.random.Generator(np.random.PCG64(seed)).integers(0, 2**63, size=n, dtype=np.uint64) for seed in seeds]
     return np.stack(rows) * np.uint64(2) + np.uint64(1)
 
 
 def example_hashes(folder: str | os.PathLike[str], manifest: Manifest) -> np.ndarray:
     """(length, hash a, hash b) of every stored sequence of the folder's shards, as uint64 rows."""
-    mult = _multipliers(max(manifest.max_len, 1))
+    mult = position_multipliers(max(manifest.max_len, 1))
     out = []
     for path in shard_paths(Path(folder), manifest):
         cols = load_shard(path)
@@ -40,7 +40,7 @@ def example_hashes(folder: str | os.PathLike[str], manifest: Manifest) -> np.nda
         if not len(lens):
             continue
         if int(lens.max()) > mult.shape[1]:  # a folder not yet verified: longer than its max_len
-            mult = _multipliers(int(lens.max()))
+            mult = position_multipliers(int(lens.max()))
         starts = np.cumsum(lens) - lens
         pos = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(starts, lens)
         tokens = np.asarray(cols.input_ids[: int(lens.sum())], dtype=np.uint64) + np.uint64(1)
