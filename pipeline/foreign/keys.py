@@ -15,6 +15,7 @@ TRAIN, DATA = "pack-train", "pack-data"
 AXOLOTL, TRL, BOTH = "Axolotl", "TRL", "Axolotl, TRL"
 # TRL's SFTConfig default row length (`max_length`) when a TRL file gives a batch size without it
 TRL_MAX_LENGTH = 1024
+TRL_LEARNING_RATE = 2e-5  # SFTConfig's learning_rate (transformers' TrainingArguments has 5e-5)
 # Axolotl 0.19.0 drops, before packing, the examples whose input_ids (prompt, BOS and EOS included)
 # are fewer than `min_sample_len or 2` tokens: utils/data/utils.py handle_long_seq_in_dataset ->
 # _drop_outside_range / _filter_short_sequences, which filter with utils/trainer.py
@@ -200,12 +201,13 @@ SCHEDULE_NAMES = {
 
 def min_lr_rate(settings: Mapping[str, Any]) -> float | None:
     """transformers' `cosine_with_min_lr` floor as a share of the peak: `lr_scheduler_kwargs`'
-    min_lr_rate, or its min_lr over the learning rate (transformers' optimization.py,
+    min_lr_rate, or its min_lr over the learning rate (TRL's default when the file gives none;
+    transformers' optimization.py,
     get_cosine_with_min_lr_schedule_with_warmup: the cosine of ours, ending at that share)."""
     kwargs = settings.get("lr_scheduler_kwargs")
     if not isinstance(kwargs, Mapping):
         return None
-    rate, lowest, peak = kwargs.get("min_lr_rate"), kwargs.get("min_lr"), settings.get("learning_rate", 5e-5)
+    rate, lowest, peak = kwargs.get("min_lr_rate"), kwargs.get("min_lr"), settings.get("learning_rate", TRL_LEARNING_RATE)
     if isinstance(rate, (int, float)) and not isinstance(rate, bool):
         return float(rate)
     if isinstance(lowest, (int, float)) and isinstance(peak, (int, float)) and peak > 0:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.errors import UserError
 from pipeline.foreign.batch import group_size, padded
-from pipeline.foreign.keys import AXOLOTL_MIN_LEN, DATA, TRAIN, TRL, TRL_MAX_LENGTH, show, shown
+from pipeline.foreign.keys import AXOLOTL_MIN_LEN, DATA, TRAIN, TRL, TRL_LEARNING_RATE, TRL_MAX_LENGTH, show, shown
 
 
 def _names(text: str) -> frozenset[str]:
@@ -227,7 +227,7 @@ _HF = [
 ]
 TRAIN_DEFAULTS = {
     "TRL": [
-        ("lr", 2e-5, "lr 2e-5"),
+        ("lr", TRL_LEARNING_RATE, "lr 2e-5"),
         ("schedule", "linear", "linear"),
         ("min_lr_ratio", 0.0, "to 0"),
         *_HF,

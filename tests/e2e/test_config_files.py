@@ -594,6 +594,9 @@ def test_a_trl_recipe_of_open_r1s_kind_maps_its_schedule_eos_and_logging_keys(tm
     assert read_config_file(cfg, pack_data, foreign="pack-data")["special_tokens"] == {"eos_token": "<|im_end|>"}
     cfg.write_text(base + "lr_scheduler_kwargs: {min_lr: 4.0e-06}\n")
     assert read_config_file(cfg, pack_train, foreign="pack-train")["min_lr_ratio"] == pytest.approx(0.1)
+    # without learning_rate, min_lr is a share of TRL's default 2e-5 (SFTConfig), not transformers' 5e-5
+    cfg.write_text(base.replace("learning_rate: 4.0e-05\n", "") + "lr_scheduler_kwargs: {min_lr: 4.0e-06}\n")
+    assert read_config_file(cfg, pack_train, foreign="pack-train")["min_lr_ratio"] == pytest.approx(0.2)
     cfg.write_text(base)
     with pytest.raises(Exception, match="cosine_with_min_lr.*min_lr_rate or min_lr"):
         read_config_file(cfg, pack_train, foreign="pack-train")
