@@ -201,6 +201,12 @@ class TrainConfig:
         "Keep what the forward saves for the backward in (pinned) CPU memory; with "
         "--grad-checkpointing those are the decoder layers' inputs. For rows whose checkpoints "
         "do not fit the GPU; slower."))
+    keep_attention: bool = opt(False, section=MEMORY, help=(  # trainer.model.keep_attention
+        "With --grad-checkpointing: each recomputed layer keeps its attention output (and "
+        "log-sum-exp) for the backward instead of running attention's forward again there: the "
+        "same tensors, so the same gradients. At long rows attention is most of a layer's "
+        "recompute; the cost is GPU memory, T x hidden x 2 bytes a layer, also under "
+        "--offload-activations (the 8B at 131,072 tokens: 32 GiB)."))
     offload_states: bool = opt(False, section=MEMORY, help=(
         "With --parallel fsdp under torchrun: keep each rank's fp32 weight shards, their gradients "
         "and AdamW's moments in pinned CPU memory, and step the optimizer there (FSDP2's CPU "
@@ -314,6 +320,11 @@ def refuse_combinations(config: TrainConfig) -> None:
         raise UserError(
             "--unfrozen-parameters is not run with --parallel fsdp here (FSDP2 would shard frozen "
             "and trained parameters of a layer together): use --parallel ddp"
+        )
+    if config.keep_attention and not config.grad_checkpointing:
+        raise UserError(
+            "--keep-attention keeps attention's output in layers that are recomputed, and without "
+            "--grad-checkpointing none is: add --grad-checkpointing, or drop --keep-attention"
         )
     if config.offload_states and config.parallel != "fsdp":
         raise UserError(

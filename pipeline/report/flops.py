@@ -21,7 +21,8 @@ Model FLOPs of one optimizer step (what MFU divides by the time and the peak):
 Hardware FLOPs (HFU) add what is computed again (`StepFlops.recompute`):
 
 - `--grad-checkpointing`: each recomputed layer's forward once more (dense 2 x weights, plus the
-  adapters' 2 x, x tokens, and attention's forward 4 x heads x head_dim x pairs);
+  adapters' 2 x, x tokens, and attention's forward 4 x heads x head_dim x pairs, which
+  `--keep-attention` does not run again);
 - `--tile-mlp`: each layer's MLP forward once more (2 x MLP weights x tokens), on top of the above;
 - a loss whose logits are cut into checkpointed chunks: the head's forward once more (2 x head
   weights x loss tokens).
@@ -76,6 +77,7 @@ class LayerShape:
     mlp_params: int = 0  # of `params`, the MLP's (what --tile-mlp runs again)
     adapter_params: int = 0  # LoRA adapters in the layer
     recompute: bool = False  # --grad-checkpointing recomputes this layer
+    recompute_attention: bool = True  # ... and its attention (False: --keep-attention keeps its output)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def step_flops(
         dense += (base * layer.params + 6.0 * layer.adapter_params) * tokens
         attention += 3.0 * forward
         if layer.recompute:
-            recompute += 2.0 * (layer.params + layer.adapter_params) * tokens + forward
+            recompute += 2.0 * (layer.params + layer.adapter_params) * tokens + (forward if layer.recompute_attention else 0.0)
         if shape.tiled_mlp:
             recompute += 2.0 * layer.mlp_params * tokens
     if head_recompute:

@@ -17,6 +17,7 @@ from trainer.attention import backend as attention
 from trainer.attention import positions
 from trainer.distributed.context_parallel import ContextGroups
 from trainer.model.check import check_model
+from trainer.model.keep_attention import KeptAttention, checkpoint_kwargs
 from trainer.model.loss import find_decoder
 from trainer.model.presets import PRESETS, model_folder
 
@@ -197,7 +198,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> None:
         layer.compile(dynamic=True)
 
 
-def enable_grad_checkpointing(model: PreTrainedModel, every: int = 1) -> None:
+def enable_grad_checkpointing(model: PreTrainedModel, every: int = 1, keep: KeptAttention | None = None) -> None:
     """Non-reentrant activation checkpointing of every `every`-th decoder layer: layers 0, every,
     2 x every, ... recompute their activations in the backward, the others keep them.
 
@@ -207,9 +208,10 @@ def enable_grad_checkpointing(model: PreTrainedModel, every: int = 1) -> None:
     Per-layer choice needs decoder layers that checkpoint themselves (transformers'
     `GradientCheckpointingLayer`, which reads each layer's own `gradient_checkpointing`); a model
     whose decoder checkpoints its layers from its own loop gets a UserError for every > 1.
+    With `keep` the recomputed layers keep their attention output (`trainer.model.keep_attention`).
     (transformers 5 renamed the enabling method; both spellings are supported.)
     """
-    kwargs = {"use_reentrant": False}
+    kwargs = checkpoint_kwargs(keep)
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -272,6 +272,7 @@ def verdict(
     checkpointing: int,
     host_fixed: int = 0,
     offload_states: bool | None = None,
+    keep_attention: bool = False,
 ) -> tuple[str | None, str]:
     """(the one-line refusal or None, the start-up line saying what the largest micro-batch needs).
     Bytes per rank. The GPU's need (with the optimizer states it will hold) is held against
@@ -323,6 +324,8 @@ def verdict(
     fit = f"at most about {longest:,} tokens" if longest else f"none (the rest of the step alone needs about {size(rest)})"
     remedies = []
     if gpu_short:
+        if keep_attention:  # its kept attention outputs are the first memory to give back
+            remedies.append("drop --keep-attention")
         remedies.append(f"use {_levers(tile_mlp, offload, checkpointing, offload_states)}")
     if host_short:
         remedies.append("give each rank more host memory (fewer ranks a machine, or --context-parallel over several machines)")
@@ -388,6 +391,7 @@ def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
         checkpointing=int(config.grad_checkpointing),
         host_fixed=host_state_bytes(run.optimizer) if config.offload_states else 0,
         offload_states=None if config.lora_r else config.offload_states,
+        keep_attention=config.keep_attention,
     )
     if agree(line, run.info.enabled, run.device):
         raise UserError(line or "another rank's largest micro-batch does not fit its GPU (its line says why)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -148,6 +149,12 @@ def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> d
             watch.after_step(step, loss_sum)
             if step == run.start_step + 1:  # the layers and the optimizer are compiled now
                 freeze_heap()
+                if run.kept_attention is not None and not run.kept_attention.kept and info.rank == 0:
+                    print(
+                        f"pack-train: --keep-attention kept nothing: the {run.backend} kernel computes this model's "
+                        "attention as several operations, so its layers recompute attention as without the option",
+                        file=sys.stderr,
+                    )
             if run.profiler is not None:
                 run.profiler.after_step(step)
 

@@ -215,6 +215,7 @@ def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
                 adapter_params=adapters,
                 mlp_params=_split_params(mlp, active)[0] if mlp is not None else 0,
                 recompute=bool(every) and i % every == 0,
+                recompute_attention=not config.keep_attention,
             )
         )
     head = model.get_output_embeddings()

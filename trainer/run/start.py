@@ -36,6 +36,7 @@ from trainer.distributed.parallel import DistInfo, pick_device, seed_everything,
 from trainer.model.check import check_context_parallel
 from trainer.model.fp8 import check_fp8, float8_all_gather, recipe_note, to_float8
 from trainer.model.freeze import unfreeze_only
+from trainer.model.keep_attention import KeptAttention
 from trainer.model.load import compile_decoder_layers, count_params, decoder_layers, enable_grad_checkpointing, load_model, prepare
 from trainer.model.long_rows import tile_mlp
 from trainer.model.lora import NF4_BLOCK, add_lora, freeze_in_bf16, quantize_base_int8, quantize_base_nf4
@@ -161,7 +162,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
     fsdp = info.enabled and config.parallel == "fsdp"
     if dtype_name == "fp8":  # after resume and LoRA, before compile and sharding (trainer.model.fp8)
         to_float8(model, config.fp8_recipe, decoder_layers(model), fsdp=fsdp)
-    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16)
+    kept_attention = KeptAttention() if config.keep_attention else None
+    wrapper, module = _wrap(model, config, info, fsdp=fsdp, compiled=compiled, bf16=bf16, keep=kept_attention)
     # after resume (the masters start from its fp32 weights); under FSDP, plain bf16 already computes
     # with bf16 weights over fp32 shards (FSDP2's mixed precision), so bf16-weights is the same
     optimizer, scheduler = make_optimizer(
@@ -216,6 +218,7 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
         layout=layout,
         largest=largest_microbatch(planner, reader.paths, reader.starts),
         resumed_from=resume_from,
+        kept_attention=kept_attention,
     )
     if info.rank == 0:
         try:
@@ -304,13 +307,14 @@ def _wrap(
     fsdp: bool,
     compiled: bool,
     bf16: bool,
+    keep: KeptAttention | None,
 ) -> tuple[LossModule, torch.nn.Module]:
     """The model with the loss as its forward, and that wrapper as the step calls it (DDP, FSDP2
     or itself); decoder layers recompute activations and are compiled where asked, and so is
-    the loss of each chunk of tokens, except under FSDP (whose hooks on the output head's sharded
+    the loss of each chunk of tokens (`keep`: recomputed layers keep attention's output), except under FSDP (whose hooks on the output head's sharded
     weight torch.compile would have to trace)."""
     if config.grad_checkpointing:
-        enable_grad_checkpointing(model, every=int(config.grad_checkpointing))
+        enable_grad_checkpointing(model, every=int(config.grad_checkpointing), keep=keep)
     layers = decoder_layers(model)
     if config.tile_mlp:
         tile_mlp(layers, config.tile_mlp)

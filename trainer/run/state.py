@@ -17,6 +17,7 @@ from trainer.data.integrity import ShardHashCheck
 from trainer.data.stream import Cursor, Largest, Planner
 from trainer.distributed.context_parallel import Layout
 from trainer.distributed.parallel import DistInfo
+from trainer.model.keep_attention import KeptAttention
 from trainer.model.loss import LossModule
 from trainer.model.precision import MasterAdamW
 from trainer.run.profiling import StepProfiler
@@ -59,3 +60,4 @@ class Run:
     layout: Layout = field(default_factory=Layout)  # data x context parallel
     largest: Largest = Largest(0)  # the largest micro-batch (trainer.run.fit_check measures what it needs)
     resumed_from: Path | None = None  # the checkpoint this run continues (--resume), if any
+    kept_attention: KeptAttention | None = None  # --keep-attention: the recompute policy, counting what it kept
