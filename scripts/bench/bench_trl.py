@@ -66,7 +66,7 @@ from scripts.benchlib.trl_data import folder_totals  # noqa: E402
 from scripts.benchlib.trl_run import run_trl  # noqa: E402
 
 RUNNERS = ("trl", "packlm")
-OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload"), "packlm": ("ckpt", "long")}
+OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload"), "packlm": ("ckpt", "long", "keep")}
 DEFAULT_PATHS = "trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm"
 
 
@@ -79,7 +79,7 @@ def parse_path(path: str) -> tuple[str, set[str]]:
     """
     runner, *options = path.split("+")
     if runner not in RUNNERS or any(o not in OPTIONS[runner] for o in options) or len(set(options)) < len(options):
-        raise ValueError(f"path {path!r}: expected trl[+liger][+ckpt][+compile][+offload] or packlm[+ckpt][+long]")
+        raise ValueError(f"path {path!r}: expected trl[+liger][+ckpt][+compile][+offload] or packlm[+ckpt][+long][+keep]")
     return runner, set(options)
 
 
@@ -114,6 +114,7 @@ def run_packlm(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         progress=False,
         tile_mlp=8192 if "long" in options else 0,
         offload_activations="long" in options,
+        keep_attention="keep" in options,
     )
     try:
         with no_checkpoint_writes():

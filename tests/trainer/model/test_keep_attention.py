@@ -227,3 +227,42 @@ def test_a_run_with_attention_kept_logs_the_plain_checkpoints_losses(tmp_path, c
         losses[keep] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert len(losses[True]) == 3 and losses[True] == pytest.approx(losses[False], rel=1e-6)
     assert "kept nothing" not in capsys.readouterr().err
+
+
+def _train_rank(rank: int, world: int, config: dict) -> dict:
+    from trainer import train
+
+    return train(TrainConfig(**config))
+
+
+@pytest.mark.slow
+def test_attention_kept_under_context_parallel_gives_the_single_process_losses(tmp_path) -> None:
+    """Each row split over 2 gloo ranks, every layer recomputed with its attention kept (the gathered
+    keys' all-gather runs again in the recompute, the kernel does not): the losses of one process
+    without the option, step by step."""
+    from gloo_ranks import run_on_ranks
+    from packed_factory import make_packed_folder, pack_lengths
+    from run_metrics import logged_losses
+
+    from trainer import train
+
+    lengths = np.random.default_rng(1).integers(3, 200, size=24).tolist()
+    make_packed_folder(tmp_path / "long", pack_lengths(lengths, 256, vocab=300), 256, rows_per_shard=5)
+    base = dict(
+        data=str(tmp_path / "long"),
+        model="tiny",
+        tokens_per_step=256,
+        lr=1e-3,
+        warmup=1,
+        max_steps=3,
+        log_every=1,
+        num_workers=0,
+        progress=False,
+        attn="sdpa",
+        grad_checkpointing=1,
+    )
+    run_on_ranks(_train_rank, 2, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2, keep_attention=True),), deadline_s=300)
+    train(TrainConfig(**base, out=str(tmp_path / "one")))
+    got, want = logged_losses(tmp_path / "cp"), logged_losses(tmp_path / "one")
+    assert len(got) == len(want) == 3
+    assert got == pytest.approx(want, rel=1e-5)
