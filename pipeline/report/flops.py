@@ -23,7 +23,10 @@ Hardware FLOPs (HFU) add what is computed again (`StepFlops.recompute`):
 - `--grad-checkpointing`: each recomputed layer's forward once more (dense 2 x weights, plus the
   adapters' 2 x, x tokens, and attention's forward 4 x heads x head_dim x pairs, which
   `--keep-attention` does not run again);
-- `--tile-mlp`: each layer's MLP forward once more (2 x MLP weights x tokens), on top of the above;
+- `--tile-mlp T`: in a micro-batch longer than T tokens, each layer's MLP forward once more (2 x MLP
+  weights x tokens), tile by tile; a recomputed layer's own recompute then runs the MLP only over the
+  tiles before the last (it stops once it has the last tile's input), so its MLP counts those tokens;
+  a micro-batch of at most T tokens runs whole, as without the option;
 - a loss whose logits are cut into checkpointed chunks: the head's forward once more (2 x head
   weights x loss tokens).
 
@@ -88,7 +91,7 @@ class ModelShape:
     head_params: int  # vocab x hidden
     vocab: int = 0
     lora: bool = False  # frozen base weights: no weight gradients
-    tiled_mlp: bool = False  # --tile-mlp
+    tiled_mlp: int = 0  # --tile-mlp: tokens a tile (0: off)
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,12 @@ def step_flops(
     base = 4.0 if shape.lora else 6.0
     dense = base * shape.head_params * loss_tokens
     attention = recompute = 0.0
+    # --tile-mlp cuts a micro-batch longer than a tile into `tiles`, each run again in the backward; a
+    # recomputed layer's own recompute then stops (torch's checkpoint stops once it has every tensor
+    # the backward saved) at the last tile's input: it runs the MLP over the tiles before it only
+    tile = shape.tiled_mlp
+    tiles = -(-tokens // tile) if tile and tokens > tile else 0
+    mlp_again = (tiles - 1) * tile if tiles else tokens  # tokens a recomputed layer's MLP runs again
     pairs_of: dict[tuple[int | None, int | None], int] = {}  # layers of one kind share their count
     for layer in shape.layers:
         key = (layer.window, layer.chunk)
@@ -146,8 +155,9 @@ def step_flops(
         dense += (base * layer.params + 6.0 * layer.adapter_params) * tokens
         attention += 3.0 * forward
         if layer.recompute:
-            recompute += 2.0 * (layer.params + layer.adapter_params) * tokens + (forward if layer.recompute_attention else 0.0)
-        if shape.tiled_mlp:
+            mlp = layer.mlp_params * (mlp_again - tokens)  # the MLP tiles the layer's recompute skips
+            recompute += 2.0 * ((layer.params + layer.adapter_params) * tokens + mlp) + (forward if layer.recompute_attention else 0.0)
+        if tiles:
             recompute += 2.0 * layer.mlp_params * tokens
     if head_recompute:
         recompute += 2.0 * shape.head_params * loss_tokens

@@ -225,7 +225,7 @@ def model_shape(model: torch.nn.Module, config: TrainConfig) -> ModelShape:
         head_params=weight.numel(),
         vocab=int(weight.shape[0]),
         lora=bool(config.lora_r),
-        tiled_mlp=bool(config.tile_mlp),
+        tiled_mlp=int(config.tile_mlp),
     )
 
 

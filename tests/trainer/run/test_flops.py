@@ -68,8 +68,12 @@ def test_recompute_is_hardware_flops_only() -> None:
     # layer 0 recomputes its forward: 2 x 100 x 16 dense + 4 x 2 x 4 x 57 attention = 3,200 + 1,824
     assert plain.recompute == 5024
     assert plain.hardware == plain.model + 5024
-    tiled = step_flops(ModelShape(layers=layers, head_params=0, tiled_mlp=True), EXAMPLES)
-    assert tiled.recompute == 5024 + 2 * (2 * 60 * 16)  # each layer's MLP forward once more
+    # tiles of 5 tokens: 16 tokens are 4 tiles, each layer's MLP runs once more tile by tile, and
+    # layer 0's own recompute runs the MLP over the first 3 tiles (15 tokens), not 16
+    tiled = step_flops(ModelShape(layers=layers, head_params=0, tiled_mlp=5), EXAMPLES)
+    assert tiled.recompute == 5024 - 2 * 60 * 1 + 2 * (2 * 60 * 16)
+    whole = step_flops(ModelShape(layers=layers, head_params=0, tiled_mlp=16), EXAMPLES)
+    assert whole.recompute == plain.recompute  # a micro-batch of one tile runs whole: nothing more
     assert tiled.model == plain.model  # the model FLOPs (MFU) do not change
     head = step_flops(ModelShape(layers=(), head_params=50), EXAMPLES, loss_tokens=10, head_recompute=True)
     assert head.recompute == 2 * 50 * 10
@@ -100,7 +104,7 @@ def test_model_shape_counts_query_heads_and_each_layers_kind() -> None:
     assert [(layer.heads, layer.head_dim) for layer in shape.layers] == [(4, 8)] * 3  # not the 1 K/V head
     assert [layer.window for layer in shape.layers] == [None, 4, None]
     assert [layer.recompute for layer in shape.layers] == [True, False, True]  # layers 0, 2
-    assert shape.head_params == 100 * 32 and not shape.lora and shape.tiled_mlp
+    assert shape.head_params == 100 * 32 and not shape.lora and shape.tiled_mlp == 8
     # full layers 57 pairs each; the sliding one: 6 + (10 + 1 x 4) + (10 + 4 x 4) = 46
     assert step_flops(shape, EXAMPLES, tokens=0).attention == 12 * 4 * 8 * (57 + 46 + 57)
 
@@ -234,3 +238,41 @@ def test_a_mixture_of_experts_counts_the_experts_a_token_uses() -> None:
     experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     everything = sum(p.numel() for p in model.model.layers[0].parameters())
     assert experts > 0 and shape.layers[0].params == everything - experts // 2
+
+
+@pytest.mark.parametrize(
+    "checkpointing,tile,lengths",
+    [(1, 8, [5, 9, 3, 15]), (1, 8, [5, 9, 3, 16]), (1, 64, [5, 9, 3, 15]), (0, 8, [5, 9, 3, 15]), (1, 0, [5, 9, 3, 15]), (0, 0, [32])],
+)
+def test_recompute_counts_the_mlp_tokens_the_backward_runs(checkpointing: int, tile: int, lengths: list[int]) -> None:
+    """One forward + backward of a packed row through the tiny model: the tokens each layer's MLP
+    runs over beyond the forward's are what the count's recompute says (--grad-checkpointing with and
+    without --tile-mlp, a row of whole tiles and one with a short last tile, a row shorter than a
+    tile)."""
+    from trainer.data.batch import collate_rows
+    from trainer.model.load import build_model, decoder_layers, enable_grad_checkpointing
+    from trainer.model.long_rows import layer_mlp, tile_mlp
+    from trainer.model.loss import packed_loss
+
+    model, _ = build_model("tiny", attn="sdpa", seed=0)
+    if checkpointing:
+        enable_grad_checkpointing(model)
+    layers = decoder_layers(model)
+    ran = [0]
+    for layer in layers:
+        mlp = layer_mlp(layer)
+        whole = mlp.forward
+        mlp.forward = lambda hidden, *a, _whole=whole, **k: (ran.__setitem__(0, ran[0] + hidden.shape[-2]), _whole(hidden, *a, **k))[1]
+    if tile:
+        tile_mlp(layers, tile)
+    tokens = sum(lengths)
+    ids = np.arange(1, tokens + 1, dtype=np.int32)
+    positions = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
+    row = dict(input_ids=ids, labels=ids.copy(), position_ids=positions, seq_lens=np.array(lengths, np.int32))
+    total, _ = packed_loss(model, collate_rows([row]))
+    total.backward()
+    again = ran[0] / len(layers) - tokens  # tokens through each MLP beyond the forward's
+    layer = LayerShape(params=10, heads=0, head_dim=0, mlp_params=10, recompute=bool(checkpointing))
+    counted = step_flops(ModelShape(layers=(layer,), head_params=0, tiled_mlp=tile), np.zeros(0), tokens=tokens).recompute
+    assert counted == 2 * 10 * again
+    assert again > 0 or not (checkpointing or tile)  # control: something runs again where asked
