@@ -236,10 +236,11 @@ def _train_rank(rank: int, world: int, config: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_attention_kept_under_context_parallel_gives_the_single_process_losses(tmp_path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_attention_kept_under_context_parallel_gives_the_single_process_losses(tmp_path, parallel: str) -> None:
     """Each row split over 2 gloo ranks, every layer recomputed with its attention kept (the gathered
-    keys' all-gather runs again in the recompute, the kernel does not): the losses of one process
-    without the option, step by step."""
+    keys' all-gather runs again in the recompute, the kernel does not; under FSDP2 the layer's
+    weights are gathered again too): the losses of one process without the option, step by step."""
     from gloo_ranks import run_on_ranks
     from packed_factory import make_packed_folder, pack_lengths
     from run_metrics import logged_losses
@@ -261,7 +262,12 @@ def test_attention_kept_under_context_parallel_gives_the_single_process_losses(t
         attn="sdpa",
         grad_checkpointing=1,
     )
-    run_on_ranks(_train_rank, 2, args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2, keep_attention=True),), deadline_s=300)
+    run_on_ranks(
+        _train_rank,
+        2,
+        args=(dict(base, out=str(tmp_path / "cp"), context_parallel=2, keep_attention=True, parallel=parallel),),
+        deadline_s=300,
+    )
     train(TrainConfig(**base, out=str(tmp_path / "one")))
     got, want = logged_losses(tmp_path / "cp"), logged_losses(tmp_path / "one")
     assert len(got) == len(want) == 3
