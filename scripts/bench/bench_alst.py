@@ -3,7 +3,7 @@ long rows (issue 69 item 4): the same token ids and labels, one example a row, t
 random weights; its tokens/s, peak GPU memory and loss as one JSON file.
 
     python3 scripts/bench/bench_context_parallel.py data /tmp/long --lengths 131072 --rows 2
-    python3 scripts/bench/bench_alst.py setup --site /tmp/alst-site
+    python3 scripts/bench/bench_alst.py setup --site /tmp/alst-site --extra .devcarry/fa2
     python3 scripts/bench/bench_alst.py run --data /tmp/long/len-131072 --model llama-8b --lora-r 16 \
         --steps 3 --gpu-memory-gib 78 --timeout 480 --json $OUT/alst-131072.json
 
@@ -22,8 +22,13 @@ pack-train's preset) and seeded random bf16 weights (made once under the ALST pa
 the YAML is ALST's one-GPU Llama-8B recipe (projects/sequence-parallelism/run-h100-sp1-llama-8b.yml:
 ZeRO-3 with parameters and optimizer offloaded to the CPU, cpu_adam, tiled MLP, activation
 checkpoints offloaded to the CPU, Liger's fused logits+loss, flash_attention_2, bf16 communication)
-plus, with --lora-r R > 0, LoRA r=R, alpha 16 on every linear layer (pack-train's LoRA); --lora-r 0
-is the recipe's full fine-tune. ArcticTraining's entry point runs in one child process
+plus, with --lora-r R > 0, LoRA r=R, alpha 16 on every linear layer (pack-train's LoRA) on ZeRO-1
+(the optimizer still offloaded, cpu_adam; the frozen bf16 weights on the GPU, as pack-train keeps
+them): under ZeRO-3 deepspeed 0.19.8 stops at the first backward (`assert len(set(p.ds_id ...)) ==
+len(params_in_bucket)` in stage3.py) because the tiled MLP's shards each hand it the same LoRA
+gradient, and ZeRO-2 refuses a gradient reduced twice; ZeRO-1 reduces once after the backward.
+--lora-r 0 is the recipe's full fine-tune on ZeRO-3 (its fp32 master weights, Adam states and
+gradients, ~128 GB for the 8B, are beyond a 128 GiB host). ArcticTraining's entry point runs in one child process
 (scripts/benchlib/alst_child.py, `python -P`, --site first on PYTHONPATH so transformers 4.x shadows
 the system's 5.x for that process only) with --gpu-memory-gib applied inside it first; the child's
 process group is killed when --timeout (seconds, for the weights and the training together) runs
@@ -73,12 +78,18 @@ CONFIG_KEYS = (
 )
 
 
-def setup(carry: Path, site: Path) -> Path:
-    """Install the carried wheels and stubs into `site` (made by this function; left alone when its
-    stamp already names the same wheels). A folder without the stamp is not ours: refused."""
+def setup(carry: Path, site: Path, extra: tuple[Path, ...] = ()) -> Path:
+    """Install the carried wheels (and those of the `extra` folders: flash-attn's) and the stubs into
+    `site` (made by this function; left alone when its stamp already names the same wheels). A
+    folder without the stamp is not ours: refused."""
     wheels = sorted((carry / "wheels").glob("*.whl"))
     if not wheels:
         raise SystemExit(f"error: no wheels in {carry / 'wheels'}: carry .devcarry/alst (see this script's docstring)")
+    for folder in extra:
+        found = sorted(folder.glob("*.whl"))
+        if not found:
+            raise SystemExit(f"error: --extra {folder} holds no wheels: name a folder of .whl files")
+        wheels += found
     want = "\n".join(w.name for w in wheels) + "\n"
     stamp = site / STAMP
     if stamp.is_file() and stamp.read_text() == want:
@@ -87,7 +98,7 @@ def setup(carry: Path, site: Path) -> Path:
         raise SystemExit(f"error: --site {site} exists and was not made by this script: name a new folder")
     tmp = site.with_name(site.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(tmp)]
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile", "--target", str(tmp)]
     proc = subprocess.run([*pip, *map(str, wheels)], capture_output=True, text=True)
     if proc.returncode:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -339,6 +350,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     set_up = sub.add_parser("setup", help="install the carried wheels and stubs into --site")
     set_up.add_argument("--site", default="/tmp/alst-site")
     set_up.add_argument("--carry", default=str(CARRY), help="the folder holding wheels/ and stubs/")
+    set_up.add_argument("--extra", action="append", default=[], help="another folder of wheels (.devcarry/fa2: flash-attn)")
     r = sub.add_parser("run", help="ALST's recipe on a packed folder of one-example rows")
     r.add_argument("--data", required=True, help="a packed folder of one-example rows (bench_context_parallel.py data)")
     r.add_argument("--model", default="llama-8b", help="a pack-train preset (llama-8b; tiny for a CPU check)")
@@ -362,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     r.add_argument("--no-site-check", action="store_true", help="--site need not be setup's (a venv with the packages)")
     a = parser.parse_args(argv)
     if a.command == "setup":
-        print(setup(Path(a.carry), Path(a.site)))
+        print(setup(Path(a.carry), Path(a.site), tuple(map(Path, a.extra))))
         return None
     if a.steps < 2:
         parser.error("--steps must be at least 2: the first step is left out of tokens/s")

@@ -10,14 +10,15 @@ deepspeed, arctic_training from the carried site folder ahead of the system's): 
         rank (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the parent); with
         --gpu-memory-gib the allocator is capped first (torch.cuda.set_per_process_memory_fraction,
         as pack-train's runs stand an H200 in for an 80 GB GPU). The peak GPU memory
-        (torch.cuda.max_memory_allocated / max_memory_reserved) goes to PEAK.json on the way out,
-        whether training ended or failed.
+        (torch.cuda.max_memory_allocated / max_memory_reserved) and the packages' versions go to
+        PEAK.json on the way out, whether training ended, failed or was stopped (SIGTERM).
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def train(config: Path, peak_json: Path, gpu_memory_gib: float | None) -> None:
     if gpu_memory_gib is not None and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_gib * 2**30 / total), 0)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the parent's deadline: still write the peak
     sys.argv = ["arctic_training_run", "--mode", "train", "--config", str(config)]
     try:
         from arctic_training.entrypoint import launch
