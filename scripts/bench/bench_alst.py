@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import LLAMA2, REPO, OneLineParser, check_output, shared_dir, write_json  # noqa: E402
+from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, shared_dir, write_json  # noqa: E402
 
 CARRY = REPO / ".devcarry" / "alst"
 CHILD = REPO / "scripts" / "benchlib" / "alst_child.py"
@@ -130,9 +130,10 @@ def model_config_json(preset: str, vocab: int | None) -> dict[str, Any]:
     }
 
 
-def write_rows(folder: Path, out: Path) -> tuple[list[int], int, int | None]:
-    """The rows of a packed folder into `out` (.npz, `ids_<i>` and `labels_<i>`, int64, as written);
-    their lengths, loss tokens, and the vocab the manifest records (None: the preset's)."""
+def read_packed_rows(folder: Path) -> tuple[dict[str, Any], list[int], int, int | None]:
+    """The rows of a packed folder as the arrays of a rows.npz file (`ids_<i>` and `labels_<i>`,
+    int64, as written: `alst_source.read_rows` reads them back); their lengths, loss tokens, and the
+    vocab the manifest records (None: the preset's)."""
     import numpy as np
 
     from pipeline.errors import UserError
@@ -157,8 +158,7 @@ def write_rows(folder: Path, out: Path) -> tuple[list[int], int, int | None]:
         raise SystemExit(f"error: --data {folder}: {exc}") from None
     if not lengths:
         raise SystemExit(f"error: --data {folder} holds no rows: give a packed folder with rows")
-    np.savez(out, **arrays)
-    return lengths, loss_tokens, vocab
+    return arrays, lengths, loss_tokens, vocab
 
 
 def write_tokenizer(source: Path, out: Path) -> None:
@@ -269,6 +269,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    import numpy as np
     import yaml
 
     deadline = time.monotonic() + a.timeout
@@ -278,11 +281,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     tokenizer = Path(a.tokenizer) if a.tokenizer else shared_dir() / LLAMA2
     if not (tokenizer / "tokenizer.json").is_file():
         raise SystemExit(f"error: --tokenizer {tokenizer} has no tokenizer.json: name the Llama-2 tokenizer's folder")
-    work = Path(a.work)
-    if work.exists() and any(work.iterdir()):
-        raise SystemExit(f"error: --work {work} is not empty: name a new or empty folder")
+    if a.work and Path(a.work).exists() and (not Path(a.work).is_dir() or any(Path(a.work).iterdir())):
+        raise SystemExit(f"error: --work {a.work} is not an empty folder: name a new or empty one")
+    arrays, lengths, loss_tokens, vocab = read_packed_rows(Path(a.data))  # before anything is written
+    work = Path(a.work or tempfile.mkdtemp(prefix="alst-run-"))
     work.mkdir(parents=True, exist_ok=True)
-    lengths, loss_tokens, vocab = write_rows(Path(a.data), work / "rows.npz")
+    np.savez(work / "rows.npz", **arrays)
     shutil.copy(SOURCE, work / SOURCE.name)
     write_tokenizer(tokenizer, work / "tokenizer")
     model_dir = Path(a.model_dir or f"/tmp/alst-model-{a.model}-v{vocab or 'preset'}-s{a.seed}")
@@ -353,21 +357,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     set_up.add_argument("--extra", action="append", default=[], help="another folder of wheels (.devcarry/fa2: flash-attn)")
     r = sub.add_parser("run", help="ALST's recipe on a packed folder of one-example rows")
     r.add_argument("--data", required=True, help="a packed folder of one-example rows (bench_context_parallel.py data)")
-    r.add_argument("--model", default="llama-8b", help="a pack-train preset (llama-8b; tiny for a CPU check)")
-    r.add_argument("--lora-r", type=int, default=16, help="LoRA rank on every linear layer; 0: the recipe's full fine-tune")
+    add_bench_args(
+        r,
+        model=("llama-8b", "a pack-train preset (llama-8b; tiny for a CPU check)"),
+        lora_r=(16, "LoRA rank on every linear layer; 0: the recipe's full fine-tune"),
+        steps=(3, "steps (the first is left out of tokens/s)"),
+        lr=(1e-5, "the recipe's learning rate"),
+        seed=0,
+        json=str,
+        tokenizer=None,
+    )
     r.add_argument(
         "--zero-stage", type=int, choices=[1, 2, 3], default=None, help="3: the recipe's (default for --lora-r 0); 1: default with LoRA"
     )
-    r.add_argument("--steps", type=int, default=3, help="steps (the first is left out of tokens/s)")
-    r.add_argument("--lr", type=float, default=1e-5, help="the recipe's learning rate")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--json", required=True, help="the result file")
     r.add_argument("--gpu-memory-gib", type=float, default=None, help="cap the child's CUDA allocator (GiB)")
     r.add_argument("--timeout", type=float, default=480, help="seconds for weights + training; then the child group is killed")
     r.add_argument("--site", default="/tmp/alst-site", help="the folder `setup` filled")
     r.add_argument("--work", default=None, help="a new folder for the YAML, rows, cache and log (default: a fresh /tmp one)")
     r.add_argument("--model-dir", default=None, help="where the random weights are made once and reused")
-    r.add_argument("--tokenizer", default=None, help="the Llama-2 tokenizer's folder (default: ../shared's)")
     r.add_argument("--python", default=None, help="the interpreter of the ALST child (default: this one)")
     r.add_argument("--attn", default="flash_attention_2", help="the recipe's attention (sdpa for a CPU check)")
     r.add_argument("--model-type", default="liger", choices=["liger", "huggingface"], help="liger: the recipe's fused loss")
@@ -376,15 +383,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if a.command == "setup":
         print(setup(Path(a.carry), Path(a.site), tuple(map(Path, a.extra))))
         return None
+    if not a.json:
+        parser.error("run needs --json: the result file")
     if a.steps < 2:
         parser.error("--steps must be at least 2: the first step is left out of tokens/s")
     check_output(a.json, "--json")
     if a.zero_stage is None:
         a.zero_stage = 1 if a.lora_r > 0 else 3
-    if a.work is None:
-        import tempfile
-
-        a.work = tempfile.mkdtemp(prefix="alst-run-")
     record = run(a)
     write_json(a.json, record)
     print(json.dumps({k: record.get(k) for k in ("status", "tokens_per_s", "peak_max_memory_allocated_gib", "loss_first", "loss_last")}))

@@ -33,8 +33,9 @@ from scripts.benchlib.packing import write_long_folder  # noqa: E402
 def test_rows_reach_arctic_training_as_written(tmp_path: Path) -> None:
     folder = tmp_path / "long"
     write_long_folder(folder, 96, 3, seed=5, vocab=700)
-    lengths, loss_tokens, vocab = bench_alst.write_rows(folder, tmp_path / "rows.npz")
+    arrays, lengths, loss_tokens, vocab = bench_alst.read_packed_rows(folder)
     assert (lengths, loss_tokens, vocab) == ([96, 96, 96], 3 * 95, None)
+    np.savez(tmp_path / "rows.npz", **arrays)  # as `run` writes them
     rows = read_rows(tmp_path / "rows.npz")
     written = list(iter_rows(folder))
     assert rows["input_ids"] == [row["input_ids"].tolist() for row in written]
@@ -46,17 +47,16 @@ def test_a_folder_of_packed_rows_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "packed"
     make_packed_folder(folder, [[(0, [5, 6, 7])], [(1, [8, 9]), (2, [10, 11, 12])]], max_len=8)
     with pytest.raises(SystemExit) as exc:
-        bench_alst.write_rows(folder, tmp_path / "rows.npz")
+        bench_alst.read_packed_rows(folder)
     assert "row 1 packs 2 examples" in str(exc.value) and "\n" not in str(exc.value)
-    assert not (tmp_path / "rows.npz").exists()
     one = tmp_path / "one"  # negative control: the same examples one a row pass
     make_packed_folder(one, [[(0, [5, 6, 7])], [(1, [8, 9])], [(2, [10, 11, 12])]], max_len=8)
-    assert bench_alst.write_rows(one, tmp_path / "rows.npz")[0] == [3, 2, 3]
+    assert bench_alst.read_packed_rows(one)[1] == [3, 2, 3]
 
 
 def test_not_a_packed_folder_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
-        bench_alst.write_rows(tmp_path, tmp_path / "rows.npz")
+        bench_alst.read_packed_rows(tmp_path)
     assert str(exc.value).startswith(f"error: --data {tmp_path}") and "\n" not in str(exc.value)
 
 
@@ -133,7 +133,7 @@ def test_arctic_training_source_yields_the_rows(tmp_path: Path) -> None:
 
     folder = tmp_path / "long"
     write_long_folder(folder, 64, 2, vocab=500)
-    bench_alst.write_rows(folder, tmp_path / "rows.npz")
+    np.savez(tmp_path / "rows.npz", **bench_alst.read_packed_rows(folder)[0])
     from scripts.benchlib import alst_source as module  # imported above: its classes registered then
 
     assert get_registered_data_source(module.SOURCE_NAME) is not None
