@@ -34,7 +34,7 @@ the system's 5.x for that process only) with --gpu-memory-gib applied inside it 
 process group is killed when --timeout (seconds, for the weights and the training together) runs
 out. The JSON: every step's loss, step time and tokens (ArcticTraining's train-log-metrics.jsonl),
 tokens/s over the steps after the first, the peak GPU memory (torch.cuda.max_memory_allocated in
-the child), the versions, the YAML, the stubbed modules and, when it failed, the log's last lines.
+the child; nvidia-smi's and the host's used memory sampled every 2 s beside it), the versions, the YAML, the stubbed modules and, when it failed, the log's last lines.
 """
 
 from __future__ import annotations
@@ -217,15 +217,43 @@ def recipe(a: argparse.Namespace, work: Path, model_dir: Path, tokenizer: Path, 
     }
 
 
-def run_child(cmd: list[str], env: dict[str, str], log: Path, deadline: float) -> tuple[int | None, bool]:
-    """Run `cmd` in its own process group, output appended to `log`; the group is ended (TERM, then
-    KILL 15 s later) at `deadline` (time.monotonic). Returns (exit code, timed out)."""
+def sample_memory(peaks: dict[str, int]) -> None:
+    """Raise `peaks` to the host's used memory (MemTotal - MemAvailable) and the GPUs' used memory as
+    nvidia-smi reads it (MiB; nvidia-smi only where there is one)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        used = (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) // 1024
+        peaks["host_used_mib"] = max(peaks.get("host_used_mib", 0), used)
+    except (OSError, KeyError, ValueError):
+        pass
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        try:
+            out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.split()
+            peaks["nvidia_smi_used_mib"] = max([peaks.get("nvidia_smi_used_mib", 0), *map(int, out)])
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+
+
+def run_child(
+    cmd: list[str], env: dict[str, str], log: Path, deadline: float, peaks: dict[str, int] | None = None
+) -> tuple[int | None, bool]:
+    """Run `cmd` in its own process group, output appended to `log`, sampling memory into `peaks`
+    every 2 s; the group is ended (TERM, then KILL 15 s later) at `deadline` (time.monotonic).
+    Returns (exit code, timed out)."""
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            return proc.wait(timeout=max(1.0, deadline - time.monotonic())), False
+            while True:
+                try:
+                    return proc.wait(timeout=max(0.1, min(2.0, deadline - time.monotonic()))), False
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        raise
+                    if peaks is not None:
+                        sample_memory(peaks)
         except subprocess.TimeoutExpired:
             for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
                 try:
@@ -332,7 +360,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         cmd = [python, "-P", str(CHILD), "train", str(work / "alst.yaml"), "--peak-json", str(work / "peak.json")]
         if a.gpu_memory_gib is not None:
             cmd += ["--gpu-memory-gib", str(a.gpu_memory_gib)]
-        rc, timed_out = run_child(cmd, env, log, deadline)
+        peaks: dict[str, int] = {}
+        rc, timed_out = run_child(cmd, env, log, deadline, peaks)
+        record["memory_sampled_every_2s"] = peaks
     steps = read_jsonl(work / "train-log-metrics.jsonl")
     record["steps"] = steps
     record.update(summarize(steps))

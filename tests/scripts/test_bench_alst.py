@@ -108,8 +108,10 @@ def test_child_past_its_deadline_is_ended_with_its_group(tmp_path: Path) -> None
     pid_file = tmp_path / "grandchild.pid"
     script = f"sleep 300 & echo $! > {pid_file}; wait"
     start = time.monotonic()
-    rc, timed_out = bench_alst.run_child(["sh", "-c", script], dict(os.environ), tmp_path / "log", start + 2)
+    peaks: dict[str, int] = {}
+    rc, timed_out = bench_alst.run_child(["sh", "-c", script], dict(os.environ), tmp_path / "log", start + 5, peaks)
     assert timed_out and rc is not None
+    assert peaks["host_used_mib"] > 0  # sampled while it ran
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and Path(f"/proc/{grandchild}").exists():
