@@ -33,6 +33,18 @@ def read_rows(path: str | Path) -> dict[str, list[list[int]]]:
     return rows
 
 
+def registered() -> type | None:
+    """The source class ArcticTraining has under SOURCE_NAME (this module loaded before in the
+    process, e.g. by a second `get_config`), else None."""
+    from arctic_training.exceptions import RegistryError
+    from arctic_training.registry import get_registered_data_source
+
+    try:
+        return get_registered_data_source(SOURCE_NAME)
+    except RegistryError:
+        return None
+
+
 try:  # the classes at module level: the datasets library pickles them (by name) to fingerprint its steps
     from arctic_training import DataSource
     from arctic_training.config.data import DataSourceConfig
@@ -40,7 +52,10 @@ try:  # the classes at module level: the datasets library pickles them (by name)
 except ImportError:  # imported by a test without ArcticTraining: only read_rows is used
     DataSource = None
 
-if DataSource is not None:
+if DataSource is not None and registered() is not None:  # registering twice is an error: reuse it
+    PackedRowsSource = registered()
+    PackedRowsConfig = PackedRowsSource.__annotations__["config"]
+elif DataSource is not None:
 
     class PackedRowsConfig(DataSourceConfig):
         path: Path
