@@ -5,7 +5,14 @@ random weights; its tokens/s, peak GPU memory and loss as one JSON file.
     python3 scripts/bench/bench_context_parallel.py data /tmp/long --lengths 131072 --rows 2
     python3 scripts/bench/bench_alst.py setup --site /tmp/alst-site --extra .devcarry/fa2
     python3 scripts/bench/bench_alst.py run --data /tmp/long/len-131072 --model llama-8b --lora-r 16 \
-        --steps 3 --gpu-memory-gib 78 --timeout 480 --json $OUT/alst-131072.json
+        --steps 2 --gpu-memory-gib 78 --timeout 470 --json $OUT/alst_131072_8b_lora_h200_cap78.json
+
+On the CPU (no Liger, no flash-attn there: the recipe's Hugging Face model type and sdpa instead),
+with --site a folder `setup` filled for this interpreter:
+
+    python3 scripts/bench/bench_context_parallel.py data /tmp/cpu --lengths 512 --rows 2 --vocab 4096
+    python3 scripts/bench/bench_alst.py run --data /tmp/cpu/len-512 --model tiny --lora-r 4 --steps 3 \
+        --attn sdpa --model-type huggingface --json /tmp/alst-cpu.json
 
 `setup`: pip-installs the wheels of .devcarry/alst/wheels (arctic-training 0.8.0, deepspeed 0.19.8 built
 without ops, transformers 4.57.6 with the tokenizers / huggingface_hub it accepts, pydantic, datasets
@@ -52,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, shared_dir, write_json  # noqa: E402
+from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, jsonable, shared_dir, write_json  # noqa: E402
 
 CARRY = REPO / ".devcarry" / "alst"
 CHILD = REPO / "scripts" / "benchlib" / "alst_child.py"
@@ -343,6 +350,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     log = work / "alst.log"
     record: dict[str, Any] = {
         "tool": "arctic-training ALST (projects/sequence-parallelism run-h100-sp1-llama-8b.yml)",
+        "command": ["bench_alst.py", *sys.argv[1:]],
+        "args": jsonable(a),
         "data": str(a.data),
         "row_lengths": lengths,
         "loss_tokens": loss_tokens,
