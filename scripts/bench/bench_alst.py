@@ -35,13 +35,15 @@ them): under ZeRO-3 deepspeed 0.19.8 stops at the first backward (`assert len(se
 len(params_in_bucket)` in stage3.py) because the tiled MLP's shards each hand it the same LoRA
 gradient, and ZeRO-2 refuses a gradient reduced twice; ZeRO-1 reduces once after the backward.
 --lora-r 0 is the recipe's full fine-tune on ZeRO-3 (its fp32 master weights, Adam states and
-gradients, ~128 GB for the 8B, are beyond a 128 GiB host). ArcticTraining's entry point runs in one child process
-(scripts/benchlib/alst_child.py, `python -P`, --site first on PYTHONPATH so transformers 4.x shadows
-the system's 5.x for that process only) with --gpu-memory-gib applied inside it first; the child's
-process group is killed when --timeout (seconds, for the weights and the training together) runs
-out. The JSON: every step's loss, step time and tokens (ArcticTraining's train-log-metrics.jsonl),
-tokens/s over the steps after the first, the peak GPU memory (torch.cuda.max_memory_allocated in
-the child; nvidia-smi's and the host's used memory sampled every 2 s beside it), the versions, the YAML, the stubbed modules and, when it failed, the log's last lines.
+gradients, ~128 GB for the 8B, are beyond a 128 GiB host). ArcticTraining's entry point runs in one
+child process (scripts/benchlib/alst_child.py, `python -P`, --site first on PYTHONPATH so
+transformers 4.x shadows the system's 5.x for that process only) with --gpu-memory-gib applied
+inside it first; the child's process group is killed when --timeout (seconds, for the weights and
+the training together) runs out. The JSON: every step's loss, step time and tokens (ArcticTraining's
+train-log-metrics.jsonl), tokens/s over the steps after the first, the peak GPU memory
+(torch.cuda.max_memory_allocated in the child; nvidia-smi's and the host's used memory sampled every
+2 s beside it), the versions, the YAML, the stubbed modules and, when it failed, the log's last
+lines (and the exit code is 1).
 """
 
 from __future__ import annotations
@@ -436,4 +438,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
-    main()
+    result = main()
+    sys.exit(0 if result is None or result["status"] == "ok" else 1)  # the JSON says why
