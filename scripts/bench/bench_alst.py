@@ -62,6 +62,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
 from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, jsonable, shared_dir, write_json  # noqa: E402
+from scripts.benchlib.alst_results import counted_flops, read_jsonl, summarize  # noqa: E402
 
 CARRY = REPO / ".devcarry" / "alst"
 CHILD = REPO / "scripts" / "benchlib" / "alst_child.py"
@@ -283,28 +284,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def summarize(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tokens/s and step times over the steps after the first (the first warms up and compiles)."""
-    timed = steps[1:]
-    out: dict[str, Any] = {"steps_done": len(steps), "timed_steps": len(timed)}
-    if steps:
-        out["loss_first"], out["loss_last"] = steps[0].get("loss"), steps[-1].get("loss")
-    if timed and all("step_time" in s and "seqlen" in s for s in timed):
-        seconds = sum(s["step_time"] for s in timed)
-        out["tokens_per_s"] = sum(s["seqlen"] for s in timed) / seconds
-        out["step_time_s_mean"] = seconds / len(timed)
-        tflops = [s["step_tflops"] for s in timed if "step_tflops" in s]
-        if tflops:
-            out["arctic_step_tflops_mean"] = sum(tflops) / len(tflops)  # ArcticTraining's own count
-    return out
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def run(a: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
@@ -377,6 +356,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     steps = read_jsonl(work / "train-log-metrics.jsonl")
     record["steps"] = steps
     record.update(summarize(steps))
+    record.update(counted_flops(a, vocab, lengths, record))
     peak = json.loads((work / "peak.json").read_text()) if (work / "peak.json").is_file() else {}
     record["versions"] = peak.pop("versions", {})
     for key in ("max_memory_allocated", "max_memory_reserved", "total_memory"):

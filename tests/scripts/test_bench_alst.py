@@ -26,6 +26,7 @@ import bench_alst  # noqa: E402
 from packed_factory import make_packed_folder  # noqa: E402
 
 from pipeline.shards import iter_rows  # noqa: E402
+from scripts.benchlib.alst_results import summarize  # noqa: E402
 from scripts.benchlib.alst_source import read_rows  # noqa: E402
 from scripts.benchlib.packing import write_long_folder  # noqa: E402
 
@@ -124,7 +125,7 @@ def test_child_past_its_deadline_is_ended_with_its_group(tmp_path: Path) -> None
 def test_tokens_per_second_leave_out_the_first_step() -> None:
     steps = [{"loss": 9.0, "step_time": 50.0, "seqlen": 100.0}, {"loss": 8.0, "step_time": 2.0, "seqlen": 100.0}]
     steps.append({"loss": 7.0, "step_time": 3.0, "seqlen": 100.0, "step_tflops": 4.0})
-    summary = bench_alst.summarize(steps)
+    summary = summarize(steps)
     assert summary["tokens_per_s"] == pytest.approx(200 / 5)
     assert (summary["loss_first"], summary["loss_last"], summary["timed_steps"]) == (9.0, 7.0, 2)
 
@@ -145,3 +146,19 @@ def test_arctic_training_source_yields_the_rows(tmp_path: Path) -> None:
     assert dataset["input_ids"] == [row["input_ids"].tolist() for row in written]
     assert dataset["labels"] == [row["labels"].tolist() for row in written]
     assert np.asarray(dataset["labels"]).dtype == np.int64
+
+
+def test_alst_mfu_is_pack_trains_count_of_the_timed_rows() -> None:
+    """The timed steps (the first is not) counted by pipeline.report.flops as pack-train counts a
+    recomputed LoRA run of one example a row: its attention from the row's length; none untimed."""
+    from pipeline.report.flops import step_flops
+    from scripts.benchlib.alst_results import counted_flops
+    from scripts.benchlib.train_results import flop_shape
+    from trainer.model.load import preset_config
+
+    a = argparse.Namespace(model="tiny", lora_r=4)
+    got = counted_flops(a, None, [96, 64], {"timed_steps": 1, "step_time_s_mean": 2.0})
+    flops = step_flops(flop_shape(preset_config("tiny"), 4, 1), [64], loss_tokens=63)  # the second row: the timed step's
+    assert got["mfu"] == pytest.approx(flops.model / 2.0 / 989e12)
+    assert got["attn_flop_share"] == pytest.approx(flops.attention / flops.model) and got["attn_flop_share"] > 0
+    assert counted_flops(a, None, [96, 64], {"timed_steps": 0}) == {}  # nothing timed: nothing claimed
