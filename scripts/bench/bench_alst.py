@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, jsonable, shared_dir, write_json  # noqa: E402
+from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, jsonable, shared_dir, write_json, write_text_output  # noqa: E402
 from scripts.benchlib.alst_results import counted_flops, read_jsonl, summarize  # noqa: E402
 
 CARRY = REPO / ".devcarry" / "alst"
@@ -115,7 +115,7 @@ def setup(carry: Path, site: Path, extra: tuple[Path, ...] = ()) -> Path:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(f"error: pip could not install the wheels of {carry / 'wheels'} into {site}: {last}")
     shutil.copytree(carry / "stubs", tmp, dirs_exist_ok=True)
-    (tmp / STAMP).write_text(want)
+    write_text_output(tmp / STAMP, want, "--site")
     shutil.rmtree(site, ignore_errors=True)  # an older install of ours (its stamp was checked above)
     tmp.rename(site)
     return site
@@ -178,7 +178,7 @@ def write_tokenizer(source: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(source / "tokenizer.json", out / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    write_text_output(out / "tokenizer_config.json", json.dumps(config, indent=1), "--work")
 
 
 def recipe(a: argparse.Namespace, work: Path, model_dir: Path, tokenizer: Path, max_length: int) -> dict[str, Any]:
@@ -308,9 +308,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     model_dir = Path(a.model_dir or f"/tmp/alst-model-{a.model}-v{vocab or 'preset'}-s{a.seed}")
     config = model_config_json(a.model, vocab)
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(config, indent=1))
+    write_text_output(model_dir / "config.json", json.dumps(config, indent=1), "--model-dir")
     cfg = recipe(a, work, model_dir, work / "tokenizer", max(lengths))
-    (work / "alst.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_text_output(work / "alst.yaml", yaml.safe_dump(cfg, sort_keys=False), "--work")
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(

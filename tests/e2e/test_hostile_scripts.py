@@ -232,6 +232,7 @@ OWN_TEMPORARY = {
     "benchlib/pack_data_runs.py": 2,  # make_copies and replicate: inputs in the benchmark's temporary folder
     "tools/make_long_data.py": 1,  # one example counted in its temporary folder
     "tools/make_sample_data.py": 1,  # write_jsonl's writer of write_output's temporary file
+    "benchlib/alst_child.py": 1,  # the peak-memory JSON in bench_alst's own work folder (runs without packlm)
 }
 
 
