@@ -3,11 +3,12 @@
 A checkpointed decoder layer (`--grad-checkpointing`) runs its forward twice: once in the forward
 pass, keeping only its input, and once more in the backward to rebuild what the backward needs. At
 long rows most of that second forward is attention's: at 131,072 tokens in one example the 8B's
-causal attention is about 3.6 times its weights' FLOPs a token, so the recompute costs about a third
-of the step. With `--keep-attention` each checkpointed layer keeps the attention kernel's outputs
-(its [T, heads, head_dim] output and its log-sum-exp, which the kernel's backward reads) from the
-forward pass, and the recompute takes them instead of calling the kernel again: the layer's
-projections, norms, rotary embedding and MLP are recomputed as before, attention's forward is not.
+causal attention forward is about 2.4 times its weights' forward a token, so the recompute is about
+a quarter of the step's FLOPs and attention 70% of it. With `--keep-attention` each checkpointed
+layer keeps the attention kernel's outputs (its [T, heads, head_dim] output and its log-sum-exp,
+which the kernel's backward reads) from the forward pass, and the recompute takes them instead of
+calling the kernel again: the layer's projections, norms, rotary embedding and MLP are recomputed as
+before, attention's forward is not.
 
 It is torch's selective activation checkpointing (`create_selective_checkpoint_contexts`): a policy
 that marks the attention kernels' operators (`ATTENTION_OPS`) MUST_SAVE and everything else
