@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 TINY = dict(
     hidden_size=64,
@@ -236,3 +237,35 @@ def fresh_rope(model: torch.nn.Module) -> None:
         if hasattr(module, "original_inv_freq") and hasattr(module, "original_max_seq_len"):
             module._buffers["inv_freq"] = module.original_inv_freq.clone()
             module.max_seq_len_cached = module.original_max_seq_len
+
+
+def stock_alone(model, data, fresh: bool = False) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """Mean token loss of each example run alone through the stock eager model, and its gradients
+    (`fresh`: each on the RoPE state of a freshly built model)."""
+    means, grads = [], []
+    params = [p for p in model.parameters() if p.requires_grad]
+    for ids, labels in data:
+        if fresh:
+            fresh_rope(model)
+        logits = model(input_ids=torch.from_numpy(ids)[None]).logits[0]
+        mean = F.cross_entropy(logits[:-1].float(), torch.from_numpy(labels[1:]), ignore_index=-100)
+        means.append(mean.detach())
+        grads.append(torch.autograd.grad(mean, params, allow_unused=True))
+    return torch.stack(means), grads
+
+
+def gradient_error(packed, alone) -> tuple[float, int]:
+    """The largest difference between two lists of gradients, each relative to its own largest
+    entry (or to a hundredth of the largest gradient anywhere, for gradients that are zero but for
+    rounding: a key bias cannot change a softmax); and where it is."""
+    floor = 1e-2 * max(float(g.abs().max()) for g in alone if g is not None)
+    worst, where = 0.0, 0
+    for i, (gp, ga) in enumerate(zip(packed, alone)):
+        if ga is None and gp is None:
+            continue
+        gp = torch.zeros_like(ga) if gp is None else gp
+        ga = torch.zeros_like(gp) if ga is None else ga
+        err = float((gp.double() - ga.double()).abs().max()) / max(float(ga.abs().max()), floor)
+        if err > worst:
+            worst, where = err, i
+    return worst, where

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from families import FAMILIES, LENGTHS, ROPE_THRESHOLD, Family, examples, fresh_rope
+from families import FAMILIES, LENGTHS, ROPE_THRESHOLD, Family, examples, fresh_rope, gradient_error, stock_alone
 
 from pipeline.errors import UserError
 from trainer.attention import backend as attention
@@ -35,43 +35,11 @@ def _installed(family: Family) -> None:
         pytest.skip(f"transformers has no {family.model_type} here")
 
 
-def stock_alone(model, data, fresh: bool = False) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
-    """Mean token loss of each example run alone through the stock eager model, and its gradients
-    (`fresh`: each on the RoPE state of a freshly built model)."""
-    means, grads = [], []
-    params = [p for p in model.parameters() if p.requires_grad]
-    for ids, labels in data:
-        if fresh:
-            fresh_rope(model)
-        logits = model(input_ids=torch.from_numpy(ids)[None]).logits[0]
-        mean = F.cross_entropy(logits[:-1].float(), torch.from_numpy(labels[1:]), ignore_index=-100)
-        means.append(mean.detach())
-        grads.append(torch.autograd.grad(mean, params, allow_unused=True))
-    return torch.stack(means), grads
-
-
 def packed_batch(data):
     ids = np.concatenate([d[0] for d in data])
     labels = np.concatenate([d[1] for d in data])
     positions = np.concatenate([np.arange(len(d[0])) for d in data])
     return collate_flat(ids, labels, positions, np.array([len(d[0]) for d in data]))
-
-
-def gradient_error(packed, alone) -> tuple[float, int]:
-    """The largest difference between two lists of gradients, each relative to its own largest
-    entry (or to a hundredth of the largest gradient anywhere, for gradients that are zero but for
-    rounding: a key bias cannot change a softmax); and where it is."""
-    floor = 1e-2 * max(float(g.abs().max()) for g in alone if g is not None)
-    worst, where = 0.0, 0
-    for i, (gp, ga) in enumerate(zip(packed, alone)):
-        if ga is None and gp is None:
-            continue
-        gp = torch.zeros_like(ga) if gp is None else gp
-        ga = torch.zeros_like(gp) if ga is None else ga
-        err = float((gp.double() - ga.double()).abs().max()) / max(float(ga.abs().max()), floor)
-        if err > worst:
-            worst, where = err, i
-    return worst, where
 
 
 def packed_grads(model, batch, n: int) -> list[tuple[torch.Tensor | None, ...]]:

@@ -28,7 +28,6 @@ step.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -81,5 +80,5 @@ def checkpoint_kwargs(keep: KeptAttention | None) -> dict[str, Any]:
     `keep` the policy that keeps attention's outputs."""
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if keep is not None:
-        kwargs["context_fn"] = functools.partial(KeptAttention.context_fn, keep)
+        kwargs["context_fn"] = keep.context_fn
     return kwargs

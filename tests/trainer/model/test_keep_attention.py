@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from families import FAMILIES, examples
+from families import FAMILIES, examples, gradient_error, stock_alone
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.errors import UserError
@@ -74,26 +74,9 @@ def _example_grads(model, batch, n: int) -> list[list[torch.Tensor]]:
     return out
 
 
-def _alone_grads(name: str, data) -> list[list[torch.Tensor]]:
-    """Each example run alone through the stock (eager) model: the gradients of its mean token loss."""
-    model = _family(name).build()
-    params = [p for p in model.parameters() if p.requires_grad]
-    out = []
-    for ids, labels in data:
-        logits = model(input_ids=torch.from_numpy(ids)[None]).logits[0]
-        mean = F.cross_entropy(logits[:-1].float(), torch.from_numpy(labels[1:]), ignore_index=-100)
-        grads = torch.autograd.grad(mean, params, allow_unused=True)
-        out.append([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
-    return out
-
-
-def _worst(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> float:
-    """The largest gradient difference, each tensor's relative to its own largest entry (floored at a
-    hundredth of the largest gradient anywhere)."""
-    floor = 1e-2 * max(float(g.abs().max()) for grads in b for g in grads)
-    return max(
-        float((x.double() - y.double()).abs().max()) / max(float(y.abs().max()), floor) for xs, ys in zip(a, b) for x, y in zip(xs, ys)
-    )
+def _worst(packed: list[list[torch.Tensor]], alone: list[list[torch.Tensor]]) -> float:
+    """The largest `gradient_error` over the examples."""
+    return max(gradient_error(p, a)[0] for p, a in zip(packed, alone))
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "mistral", "llama4"])
@@ -104,7 +87,7 @@ def test_each_example_gets_its_alone_gradients_with_attention_kept(name: str) ->
     data = examples()
     keep = KeptAttention()
     model = _checkpointed(name, keep)
-    alone = _alone_grads(name, data)
+    alone = stock_alone(_family(name).build(), data)[1]
     assert _worst(_example_grads(model, _packed(data), len(data)), alone) <= RTOL
     assert keep.kept > 0
     leaked = _example_grads(model, _packed(data, boundaries=False), 1)
