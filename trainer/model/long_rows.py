@@ -23,7 +23,11 @@ power-of-two rounding and its cache, not what a row needs.
 Blocks of at least `EXACT_PIN_BYTES` are pinned at their exact size (`pinned_exact`) rather than
 by torch's pinned allocator, which rounds every block up to a power of two: an 8B layer input at
 327,680 tokens (2.5 GiB) would take 4 GiB there, and 32 of them 128 GiB instead of 80, more than a
-128 GiB host holds.
+128 GiB host holds. Page-locking is slow (the driver pins every page: cudaHostRegister and
+cudaHostUnregister took 11 s of host time for 8 GiB on an H200 box, the GPU idle meanwhile), so a
+block the backward has copied back goes to a pool (`PinnedBlocks`) and the next step's forward
+copies into it: a run registers its blocks once. The copies both ways are asynchronous, ordered on
+the current stream; a block is handed out again only after the copy out of it has ended.
 """
 
 from __future__ import annotations
@@ -102,12 +106,74 @@ def pinned_exact(size: torch.Size, dtype: torch.dtype) -> tuple[torch.Tensor, bo
     return tensor, True
 
 
+class _Block:
+    """A page-locked host block (`raw`, bytes) and the event after the last copy out of it."""
+
+    def __init__(self, raw: torch.Tensor) -> None:
+        self.raw, self.event = raw, None
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+
+class PinnedBlocks:
+    """Page-locked blocks kept for reuse (see the module): `take(n)` hands out the smallest free block
+    of at least n bytes, else page-locks a new one (first letting go of the free blocks smaller than
+    n: they were a shorter row's); a block comes back when the host tensor viewing it is freed.
+    `clear()` lets go of the free ones (the end of a run). Host memory held is then at most what the
+    longest step's forward moved into blocks of this size.
+
+    For example, two steps of a 131,072-token row of the 8B shape: the first registers 32 blocks of
+    1 GiB, the second copies into the same 32."""
+
+    def __init__(self) -> None:
+        self.free: list[_Block] = []
+
+    def take(self, size: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+        """A host tensor of `size` and `dtype` in a pooled page-locked block, or None where the driver
+        refuses to page-lock (then use pageable memory)."""
+        nbytes = torch.Size(size).numel() * torch.empty((), dtype=dtype).element_size()
+        fits = [b for b in self.free if b.nbytes >= nbytes]
+        if fits:
+            block = min(fits, key=lambda b: b.nbytes)
+            self.free.remove(block)
+            if block.event is not None:
+                block.event.synchronize()  # the backward's copy out of it has ended
+                block.event = None
+        else:
+            self._let_go([b for b in self.free if b.nbytes < nbytes])
+            raw, locked = pinned_exact(torch.Size([nbytes]), torch.uint8)
+            if not locked:
+                return None
+            block = _Block(raw)
+        view = block.raw[:nbytes].view(dtype).view(size)
+        view._packlm_block = block  # unpack records its copy's event here
+        weakref.finalize(view, self.free.append, block)
+        return view
+
+    def clear(self) -> None:
+        """Let go of the free blocks."""
+        self._let_go(list(self.free))
+
+    def _let_go(self, blocks: list[_Block]) -> None:
+        """Drop `blocks` from the pool once their copies have ended: `pinned_exact` unregisters each as
+        its memory is freed."""
+        for block in blocks:
+            if block.event is not None:
+                block.event.synchronize()
+            self.free.remove(block)
+
+
+PINNED = PinnedBlocks()  # the process's pool: HostOffload takes from it, the end of a run clears it
+
+
 class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     """While active: each tensor the forward saves for the backward is copied to host memory (pinned
-    with `pin`, so that the copy back is asynchronous) and copied back to its device when the
-    backward needs it, as `torch.autograd.graph.save_on_cpu` does. `HostOffload.moved` adds up the
-    bytes of every copy made (by any offload, since it was last set to 0): all of them wait in host
-    memory until the backward, so after a forward it is what that forward holds there.
+    with `pin`, so that the copies are asynchronous) and copied back to its device when the backward
+    needs it, as `torch.autograd.graph.save_on_cpu` does. `HostOffload.moved` adds up the bytes of
+    every copy made (by any offload, since it was last set to 0): all of them wait in host memory
+    until the backward, so after a forward it is what that forward holds there.
 
     For example, an 8B Llama in bf16 with every layer recomputed saves each layer's [T, 4096] input:
     a 1,024-token forward moves 32 x 1,024 x 4,096 x 2 bytes = 256 MiB of them (plus the few
@@ -118,21 +184,25 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     def __init__(self, pin: bool) -> None:
         def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor, bool]:
             nbytes = tensor.numel() * tensor.element_size()
-            if pin and not tensor.is_sparse and nbytes >= EXACT_PIN_BYTES:
-                packed, _ = pinned_exact(tensor.size(), tensor.dtype)
-                cached = False
+            pinned = pin and not tensor.is_sparse
+            if pinned and nbytes >= EXACT_PIN_BYTES:
+                packed = PINNED.take(tensor.size(), tensor.dtype)
+                if packed is None:  # the driver refused to page-lock: ordinary memory, synchronous copies
+                    packed, pinned = torch.empty(tensor.size(), dtype=tensor.dtype), False
             else:
-                packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin and not tensor.is_sparse)
-                cached = pin and not tensor.is_sparse
-            packed.copy_(tensor)
+                packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pinned)
+            packed.copy_(tensor, non_blocking=pinned)
             HostOffload.moved += nbytes
-            return tensor.device, packed, cached
+            return tensor.device, packed, pinned
 
         def unpack(packed: tuple[torch.device, torch.Tensor, bool]) -> torch.Tensor:
-            # asynchronous only from torch's pinned allocator, which keeps a block until its copies
-            # end; an exact block may be freed (and unregistered) as soon as this returns
-            device, tensor, cached = packed
-            return tensor.to(device, non_blocking=cached)
+            device, tensor, pinned = packed
+            back = tensor.to(device, non_blocking=pinned)
+            block = getattr(tensor, "_packlm_block", None)
+            if block is not None and device.type == "cuda":  # torch's pinned allocator tracks its own copies
+                block.event = torch.cuda.Event()
+                block.event.record()
+            return back
 
         super().__init__(pack, unpack)
 

@@ -41,7 +41,7 @@ from trainer.data.batch import MicroBatch
 from trainer.data.stream import Cursor, loader_batches, step_cursor
 from trainer.distributed.parallel import DistInfo, close_distributed, full_model_state, optimizer_state
 from trainer.model.fp8 import refresh_fp8_weight_scales
-from trainer.model.long_rows import offload_activations
+from trainer.model.long_rows import PINNED, offload_activations
 from trainer.model.lora import merged_model
 from trainer.model.precision import MasterAdamW
 from trainer.run import checkpoint as ckpt
@@ -77,6 +77,7 @@ def train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> di
             ) from None
         finally:
             gc.unfreeze()  # what freeze_heap set aside is the collector's again
+            PINNED.clear()  # the offload's page-locked blocks go back to the host
 
 
 def _train(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> dict[str, Any]:

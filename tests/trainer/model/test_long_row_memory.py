@@ -192,38 +192,106 @@ class _FakeCudart:
         return 0
 
 
-def test_large_offloaded_blocks_are_pinned_at_their_exact_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks of EXACT_PIN_BYTES or more are page-locked at their own byte count (not torch's pinned
-    allocator's power of two), unregistered when freed, and come back with the same gradients;
-    smaller blocks take torch's pinned allocator (negative control: never registered)."""
+def _pinned_host(monkeypatch: pytest.MonkeyPatch, exact_from: int) -> tuple[_FakeCudart, list[bool]]:
+    """No CUDA here: exact pinning registers with a fake driver (blocks of `exact_from` bytes or
+    more, into a fresh pool) and torch's pinned allocator hands out pageable memory; returns the fake
+    driver and the pin_memory flags torch.empty was called with."""
     from trainer.model import long_rows
 
     fake = _FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
-    monkeypatch.setattr(long_rows, "EXACT_PIN_BYTES", 3 * 64 * 4)  # a [3, 64] float32 block and larger
-    pinned_by_torch = []
+    monkeypatch.setattr(long_rows, "EXACT_PIN_BYTES", exact_from)
+    monkeypatch.setattr(long_rows, "PINNED", long_rows.PinnedBlocks())
+    pinned_by_torch: list[bool] = []
     real_empty = torch.empty
 
-    def empty(*args, pin_memory=False, **kwargs):  # no CUDA here: note the request, return pageable memory
+    def empty(*args, pin_memory=False, **kwargs):
         pinned_by_torch.append(pin_memory)
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
+    return fake, pinned_by_torch
+
+
+def _offloaded_step(x: torch.Tensor, w: torch.Tensor) -> list[int]:
+    """One forward of (x @ w).sum() under HostOffload(pin=True) and its backward, checked against the
+    plain gradients; returns the host addresses its saved tensors (x and w) went to."""
+    import gc
+
+    addresses: list[int] = []
+    offload = HostOffload(pin=True)
+
+    def pack(tensor: torch.Tensor):
+        packed = offload.pack_hook(tensor)
+        addresses.append(packed[1].data_ptr())
+        return packed
+
+    x.grad = w.grad = None
+    HostOffload.moved = 0
+    with torch.autograd.graph.saved_tensors_hooks(pack, offload.unpack_hook):
+        y = (x @ w).sum()
+    y.backward()
+    torch.testing.assert_close(x.grad, w.detach().sum(1).expand_as(x))
+    torch.testing.assert_close(w.grad, x.detach().sum(0, keepdim=True).T.expand_as(w))
+    del y
+    gc.collect()
+    return addresses
+
+
+def test_large_offloaded_blocks_are_pinned_at_their_exact_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of EXACT_PIN_BYTES or more are page-locked at their own byte count (not torch's pinned
+    allocator's power of two) and come back with the same gradients; smaller blocks take torch's
+    pinned allocator (negative control: never registered). A freed block stays registered in the
+    pool until the run ends (`PINNED.clear()`), then is unregistered once."""
+    from trainer.model import long_rows
+
+    fake, pinned_by_torch = _pinned_host(monkeypatch, exact_from=3 * 64 * 4)
     x = torch.randn(3, 64, requires_grad=True)  # 768 bytes: exact
     w = torch.randn(64, 2, requires_grad=True)  # 512 bytes: torch's pinned allocator
-    HostOffload.moved = 0
-    with HostOffload(pin=True):
-        y = (x @ w).sum()
+    _offloaded_step(x, w)
     assert sorted(n for _, n in fake.registered) == [768]  # x alone, at its size (1,024 rounded)
     assert pinned_by_torch.count(True) == 1  # w went to torch's pinned allocator
     assert HostOffload.moved == 768 + 512
-    y.backward()
-    torch.testing.assert_close(w.grad, x.detach().sum(0, keepdim=True).T.expand(64, 2))
-    del y
+    assert fake.unregistered == [] and len(long_rows.PINNED.free) == 1  # back in the pool
+    long_rows.PINNED.clear()
     import gc
 
     gc.collect()
-    assert fake.unregistered == [fake.registered[0][0]]  # freed with the graph, unregistered once
+    assert fake.unregistered == [fake.registered[0][0]]
+
+
+def test_the_next_step_copies_into_the_same_pinned_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page-locking is slow, so each step reuses the blocks the last one freed: three steps of the
+    same row register each block once and copy into the same addresses, with the same gradients; two
+    tensors saved by one forward never share a block (negative control: they are live together)."""
+    fake, _ = _pinned_host(monkeypatch, exact_from=256)
+    x = torch.randn(3, 64, requires_grad=True)  # 768 bytes
+    w = torch.randn(64, 2, requires_grad=True)  # 512 bytes: both exact
+    first = _offloaded_step(x, w)
+    assert len(set(first)) == 2 and len(fake.registered) == 2
+    for _ in range(2):
+        assert sorted(_offloaded_step(x, w)) == sorted(first)
+    assert len(fake.registered) == 2 and fake.unregistered == []
+
+
+def test_a_longer_row_lets_go_of_the_shorter_rows_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose tensor is larger than every free block unregisters those (a shorter row's) and
+    registers its own; a shorter step after it reuses the larger block: the pool holds at most what
+    the longest step needed."""
+    import gc
+
+    from trainer.model import long_rows
+
+    fake, _ = _pinned_host(monkeypatch, exact_from=512)
+    w = torch.randn(64, 1, requires_grad=True)  # 256 bytes: torch's pinned allocator
+    _offloaded_step(torch.randn(2, 64, requires_grad=True), w)  # x: 512 bytes
+    _offloaded_step(torch.randn(4, 64, requires_grad=True), w)  # 1,024: the 512 block goes
+    gc.collect()
+    assert [n for _, n in fake.registered] == [512, 1024]
+    assert fake.unregistered == [fake.registered[0][0]]
+    _offloaded_step(torch.randn(3, 64, requires_grad=True), w)  # 768 fits in the 1,024 block
+    assert len(fake.registered) == 2
+    assert [b.nbytes for b in long_rows.PINNED.free] == [1024]
 
 
 def test_exact_pinning_refused_by_the_driver_keeps_pageable_memory(monkeypatch: pytest.MonkeyPatch) -> None:
