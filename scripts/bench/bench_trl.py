@@ -22,12 +22,13 @@ A path is `trl` or `packlm` with options: `+ckpt` recomputes every decoder layer
 (TRL only) Liger's kernels (`use_liger_kernel=True`), `+compile` (TRL only) the Trainer's
 `torch_compile=True` (the whole model through torch.compile: inductor, default mode), `+offload`
 (TRL only) `activation_offloading=True` (what the forward saves for the backward in CPU memory),
+`+fa4` (TRL only) transformers' `flash_attention_4` (FlashAttention-4, where flash-attn-4 is installed),
 `+long` (pack-train only) its long-row levers, `--tile-mlp 8192 --offload-activations`. Both: bf16
 autocast on CUDA (fp32 on the CPU); `--lora-r 16` puts LoRA adapters on every linear layer of the
 decoder (pack-train's `--lora-target all`, alpha 16, no dropout) over a bf16 frozen base, `--lora-r 0` trains every
 weight (fp32 master weights); AdamW (fused on CUDA), constant learning rate, no warmup, no saving,
 no evaluation. TRL's model: the preset's config with random weights (seeded), FlashAttention-2 on
-CUDA, sdpa on the CPU. pack-train runs with its own defaults otherwise (its attention choice and,
+CUDA (FlashAttention-4 with `+fa4`), sdpa on the CPU. pack-train runs with its own defaults otherwise (its attention choice and,
 on CUDA, its compiled layers unless --no-compile).
 
 The longest example each path trains (`--lengths L1,L2,...`): instead of GSM8K + CodeAlpaca, rows
@@ -66,7 +67,7 @@ from scripts.benchlib.trl_data import folder_totals  # noqa: E402
 from scripts.benchlib.trl_run import run_trl  # noqa: E402
 
 RUNNERS = ("trl", "packlm")
-OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload"), "packlm": ("ckpt", "long", "keep")}
+OPTIONS = {"trl": ("liger", "ckpt", "compile", "offload", "fa4"), "packlm": ("ckpt", "long", "keep")}
 DEFAULT_PATHS = "trl+liger+ckpt,trl+liger,trl+ckpt,packlm+ckpt,packlm"
 
 
@@ -79,7 +80,7 @@ def parse_path(path: str) -> tuple[str, set[str]]:
     """
     runner, *options = path.split("+")
     if runner not in RUNNERS or any(o not in OPTIONS[runner] for o in options) or len(set(options)) < len(options):
-        raise ValueError(f"path {path!r}: expected trl[+liger][+ckpt][+compile][+offload] or packlm[+ckpt][+long][+keep]")
+        raise ValueError(f"path {path!r}: expected trl[+liger][+ckpt][+compile][+offload][+fa4] or packlm[+ckpt][+long][+keep]")
     return runner, set(options)
 
 

@@ -4,7 +4,8 @@ itself (`packing_strategy="bfd"`, padding-free, `completion_only_loss`), checked
 folder's examples, tokens and loss tokens before it trains; timed by a callback that waits for the
 GPU at each step's end, its tokens counted as the collator builds each batch, its FLOPs by the one
 count (`pipeline.report.flops`). The path's options: `ckpt` (HF gradient checkpointing), `liger`,
-`compile` (`torch_compile=True`), `offload` (`activation_offloading=True`)."""
+`compile` (`torch_compile=True`), `offload` (`activation_offloading=True`), `fa4` (transformers'
+`flash_attention_4` instead of `flash_attention_2`)."""
 
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     lora = a.lora_r > 0
+    attn = ("flash_attention_4" if "fa4" in options else "flash_attention_2") if cuda else "sdpa"
     torch.manual_seed(a.seed)
     with torch.device(device):  # initialized where it trains: an 8B model's random init is slow on the CPU
         model = AutoModelForCausalLM.from_config(
             model_config(a.model, vocab),
-            attn_implementation="flash_attention_2" if cuda else "sdpa",
+            attn_implementation=attn,
             dtype=torch.bfloat16 if lora and cuda else torch.float32,
         )
     peft_config = None
@@ -143,5 +145,5 @@ def run_trl(a: argparse.Namespace, options: set[str]) -> dict[str, Any]:
         "final_loss": losses[-1] if losses else None,
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
         "dataset": {"folder": want, "trl_packed": got, "same_examples": same},
-        "runner": f"trl SFTTrainer, {'flash_attention_2' if cuda else 'sdpa'}",
+        "runner": f"trl SFTTrainer, {attn}",
     }
