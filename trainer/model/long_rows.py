@@ -26,8 +26,17 @@ by torch's pinned allocator, which rounds every block up to a power of two: an 8
 128 GiB host holds. Page-locking is slow (the driver pins every page: cudaHostRegister and
 cudaHostUnregister took 11 s of host time for 8 GiB on an H200 box, the GPU idle meanwhile), so a
 block the backward has copied back goes to a pool (`PinnedBlocks`) and the next step's forward
-copies into it: a run registers its blocks once. The copies both ways are asynchronous, ordered on
-the current stream; a block is handed out again only after the copy out of it has ended.
+copies into it: a run registers its blocks once; a block is handed out again only after the copy
+out of it has ended.
+
+On a GPU the copies run on a stream of their own (`copy_stream`), beside the compute: the forward's
+copy of a saved tensor to the host starts once the compute stream has produced it (the allocator
+keeps the tensor's memory until the copy has read it), and in the backward, as one saved tensor is
+copied back, the ones saved just before it (as many bytes as it holds: the previous layer's input,
+when it is a layer's input) start their copy back too, so that they are on the GPU when the backward
+reaches them. The compute stream waits only for the copy of the tensor it asks for. A parameter
+(or a view of one, such as the transposed output head a matmul saves) stays where it is: it lives
+on the GPU anyway, and copying it out and back would only cost time.
 """
 
 from __future__ import annotations
@@ -168,12 +177,79 @@ class PinnedBlocks:
 PINNED = PinnedBlocks()  # the process's pool: HostOffload takes from it, the end of a run clears it
 
 
+_COPY_STREAMS: dict[torch.device, Any] = {}
+
+
+def copy_stream(device: torch.device) -> Any:
+    """The stream the offload's copies to and from `device` (a GPU) run on, one a device."""
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return _COPY_STREAMS[device]
+
+
+class _Saved:
+    """A tensor the forward saved, waiting in host memory: `host`, where it goes back (`device`),
+    whether its copies are asynchronous (pinned host memory, a GPU), its place in the forward's order
+    (`order`: weak references to every `_Saved` of that forward, `index` its own) and, once its copy
+    back has started, `back`: (the tensor on the device, the event after its copy or None)."""
+
+    __slots__ = ("host", "device", "asynchronous", "order", "index", "back", "used", "__weakref__")
+
+    def __init__(self, host: torch.Tensor, device: torch.device, asynchronous: bool, order: list) -> None:
+        self.host, self.device, self.asynchronous = host, device, asynchronous
+        self.order, self.index = order, len(order)
+        self.back: tuple[torch.Tensor, Any] | None = None
+        self.used = False
+        order.append(weakref.ref(self))
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.numel() * self.host.element_size()
+
+    def fetch(self) -> None:
+        """Start the copy back (on the copy stream where asynchronous); `back` holds it."""
+        if not self.asynchronous:
+            self.back = (self.host.to(self.device), None)
+            return
+        # allocated from the compute stream's memory, as the tensor it replaces was; the copy waits
+        # for the compute queued so far, which may still read that memory's earlier contents
+        tensor = torch.empty_like(self.host, device=self.device)
+        stream = copy_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            tensor.copy_(self.host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        tensor.record_stream(stream)
+        block = getattr(self.host, "_packlm_block", None)
+        if block is not None:  # the pool hands the block out again only after this copy
+            block.event = event
+        self.back = (tensor, event)
+
+    def earlier(self, budget: int) -> list[_Saved]:
+        """The tensors saved before this one, nearest first, that are to start their copy back so
+        that `budget` bytes of them are on their way (those on their way already count): at most
+        about `budget` bytes wait on the device ahead of the backward."""
+        found: list[_Saved] = []
+        for ref in reversed(self.order[: self.index]):
+            if budget <= 0:
+                break
+            saved = ref()
+            if saved is None or saved.used:
+                continue
+            if saved.back is None:
+                found.append(saved)
+            budget -= saved.nbytes
+        return found
+
+
 class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     """While active: each tensor the forward saves for the backward is copied to host memory (pinned
     with `pin`, so that the copies are asynchronous) and copied back to its device when the backward
-    needs it, as `torch.autograd.graph.save_on_cpu` does. `HostOffload.moved` adds up the bytes of
-    every copy made (by any offload, since it was last set to 0): all of them wait in host memory
-    until the backward, so after a forward it is what that forward holds there.
+    needs it, as `torch.autograd.graph.save_on_cpu` does, on a GPU beside the compute and ahead of
+    the backward (see the module). `HostOffload.moved` adds up the bytes of every copy made (by any
+    offload, since it was last set to 0): all of them wait in host memory until the backward, so
+    after a forward it is what that forward holds there.
 
     For example, an 8B Llama in bf16 with every layer recomputed saves each layer's [T, 4096] input:
     a 1,024-token forward moves 32 x 1,024 x 4,096 x 2 bytes = 256 MiB of them (plus the few
@@ -182,27 +258,43 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     moved = 0
 
     def __init__(self, pin: bool) -> None:
-        def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor, bool]:
+        order: list = []  # this forward's saved tensors, in the order saved
+
+        def pack(tensor: torch.Tensor) -> _Saved | torch.Tensor:
+            if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
+                return tensor  # lives on its device anyway
             nbytes = tensor.numel() * tensor.element_size()
             pinned = pin and not tensor.is_sparse
             if pinned and nbytes >= EXACT_PIN_BYTES:
-                packed = PINNED.take(tensor.size(), tensor.dtype)
-                if packed is None:  # the driver refused to page-lock: ordinary memory, synchronous copies
-                    packed, pinned = torch.empty(tensor.size(), dtype=tensor.dtype), False
+                host = PINNED.take(tensor.size(), tensor.dtype)
+                if host is None:  # the driver refused to page-lock: ordinary memory, synchronous copies
+                    host, pinned = torch.empty(tensor.size(), dtype=tensor.dtype), False
             else:
-                packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pinned)
-            packed.copy_(tensor, non_blocking=pinned)
+                host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pinned)
+            asynchronous = pinned and tensor.device.type == "cuda"
+            if asynchronous:
+                stream = copy_stream(tensor.device)
+                stream.wait_stream(torch.cuda.current_stream(tensor.device))  # once it is computed
+                with torch.cuda.stream(stream):
+                    host.copy_(tensor, non_blocking=True)
+                tensor.record_stream(stream)  # its memory is not reused before the copy has read it
+            else:
+                host.copy_(tensor)
             HostOffload.moved += nbytes
-            return tensor.device, packed, pinned
+            return _Saved(host, tensor.device, asynchronous, order)
 
-        def unpack(packed: tuple[torch.device, torch.Tensor, bool]) -> torch.Tensor:
-            device, tensor, pinned = packed
-            back = tensor.to(device, non_blocking=pinned)
-            block = getattr(tensor, "_packlm_block", None)
-            if block is not None and device.type == "cuda":  # torch's pinned allocator tracks its own copies
-                block.event = torch.cuda.Event()
-                block.event.record()
-            return back
+        def unpack(saved: _Saved | torch.Tensor) -> torch.Tensor:
+            if isinstance(saved, torch.Tensor):
+                return saved
+            if saved.back is None:
+                saved.fetch()
+            tensor, event = saved.back
+            saved.back, saved.used = None, True
+            for earlier in saved.earlier(saved.nbytes):  # the backward needs these next
+                earlier.fetch()
+            if event is not None:
+                torch.cuda.current_stream(saved.device).wait_event(event)
+            return tensor
 
         super().__init__(pack, unpack)
 

@@ -117,6 +117,27 @@ def test_offloaded_activations_wait_on_the_cpu() -> None:
     torch.testing.assert_close(w.grad, want_w)
 
 
+def test_parameters_and_their_views_stay_where_they_are() -> None:
+    """A weight the forward saves (itself, or transposed as a matmul saves it) is not copied out:
+    it lives on its device anyway. Its gradients are those of the plain forward; negative control:
+    the same weight as a plain tensor is copied."""
+    x = torch.randn(8, 8, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    HostOffload.moved = 0
+    with offload_activations(True, torch.device("cpu")):
+        y = (x @ w.t()).tanh().sum() + (x * w).sum()
+    assert HostOffload.moved == 3 * 64 * 4  # x twice and tanh's output; neither w nor w.t()
+    y.backward()
+    want_x, want_w = torch.autograd.grad((x @ w.t()).tanh().sum() + (x * w).sum(), (x, w))
+    torch.testing.assert_close(x.grad, want_x)
+    torch.testing.assert_close(w.grad, want_w)
+    plain = w.detach().clone().requires_grad_()
+    HostOffload.moved = 0
+    with offload_activations(True, torch.device("cpu")):
+        (x @ plain.t()).sum().backward()
+    assert HostOffload.moved == 2 * 64 * 4
+
+
 def _moved(layers: int, tokens: int, checkpointed: bool = True) -> int:
     """Bytes the forward of one `tokens`-token example through a tiny float32 Llama of `layers`
     decoder layers moves to the host (every layer recomputed, or none)."""
@@ -146,6 +167,64 @@ def test_with_every_layer_recomputed_a_layer_offloads_its_input_alone() -> None:
     for tokens in (40, 96):
         assert _moved(4, tokens) - _moved(2, tokens) == 2 * tokens * 64 * 4
     assert _moved(4, 40, checkpointed=False) - _moved(2, 40, checkpointed=False) > 4 * 2 * 40 * 64 * 4
+
+
+def _backward_fetches(monkeypatch: pytest.MonkeyPatch, prefetch: bool) -> tuple[list[tuple[int, bool]], int, int]:
+    """The offloaded backward of a tiny float32 Llama with 4 decoder layers, every one recomputed:
+    for each saved tensor the backward asks for, in order, (its size, whether its copy back had
+    started before it was asked for); the most bytes waiting copied back ahead of the backward at
+    once; the largest saved tensor. `prefetch=False` starts no copy early (the negative control)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.model import long_rows
+
+    if not prefetch:
+        monkeypatch.setattr(long_rows._Saved, "earlier", lambda self, budget: [])
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", **{**TINY, "num_hidden_layers": 4})
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    prepare(model, "sdpa", "cpu")
+    enable_grad_checkpointing(model)
+    ids = np.arange(48) % 200 + 3
+    batch = collate_flat(ids, ids, np.arange(48), np.array([48]))
+    offload = HostOffload(pin=False)
+    saved_all: list = []
+    asked: list[tuple[int, bool]] = []
+    ahead = [0]
+
+    def pack(tensor: torch.Tensor):
+        saved = offload.pack_hook(tensor)
+        if isinstance(saved, long_rows._Saved):  # not a parameter, which stays where it is
+            saved_all.append(saved)
+        return saved
+
+    def unpack(saved):
+        if isinstance(saved, long_rows._Saved):
+            asked.append((saved.nbytes, saved.back is not None))
+        tensor = offload.unpack_hook(saved)
+        waiting = sum(s.nbytes for s in saved_all if s.back is not None)
+        ahead[0] = max(ahead[0], waiting)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss, _ = packed_loss(model, batch)
+    loss.backward()
+    return asked, ahead[0], max(s.nbytes for s in saved_all)
+
+
+def test_the_backward_starts_copying_back_the_layer_before_it_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the backward takes a layer's offloaded input, the input of the layer before it starts its
+    copy back (on a GPU, on the copy stream beside the compute), so every layer input is on its way
+    before the backward asks for it (the last layer's when the final norm's tensors are taken); at
+    most about one saved tensor's worth waits ahead. Negative control: with nothing started early,
+    none is."""
+    hidden = 48 * 64 * 4  # a layer input: [48, 64] float32
+    asked, ahead, largest = _backward_fetches(monkeypatch, prefetch=True)
+    inputs = [early for nbytes, early in asked if nbytes == hidden]
+    assert len(inputs) >= 4 and all(inputs), asked
+    assert ahead <= 2 * largest
+    asked, _, _ = _backward_fetches(monkeypatch, prefetch=False)
+    assert not any(early for _, early in asked)
 
 
 @pytest.mark.slow
@@ -223,7 +302,7 @@ def _offloaded_step(x: torch.Tensor, w: torch.Tensor) -> list[int]:
 
     def pack(tensor: torch.Tensor):
         packed = offload.pack_hook(tensor)
-        addresses.append(packed[1].data_ptr())
+        addresses.append(packed.host.data_ptr())
         return packed
 
     x.grad = w.grad = None
