@@ -23,11 +23,10 @@ power-of-two rounding and its cache, not what a row needs.
 Blocks of at least `EXACT_PIN_BYTES` are pinned at their exact size (`pinned_exact`) rather than
 by torch's pinned allocator, which rounds every block up to a power of two: an 8B layer input at
 327,680 tokens (2.5 GiB) would take 4 GiB there, and 32 of them 128 GiB instead of 80, more than a
-128 GiB host holds. Page-locking is slow (the driver pins every page: cudaHostRegister and
-cudaHostUnregister took 11 s of host time for 8 GiB on an H200 box, the GPU idle meanwhile), so a
-block the backward has copied back goes to a pool (`PinnedBlocks`) and the next step's forward
-copies into it: a run registers its blocks once; a block is handed out again only after the copy
-out of it has ended.
+128 GiB host holds. Page-locking is slow (cudaHostRegister and cudaHostUnregister walk every page
+on the host while the GPU waits), so a block the backward has copied back goes to a pool
+(`PinnedBlocks`) and the next step's forward copies into it: a run registers its blocks once; a
+block is handed out again only after the copy out of it has ended.
 
 On a GPU the copies run on a stream of their own (`copy_stream`), beside the compute: the forward's
 copy of a saved tensor to the host starts once the compute stream has produced it (the allocator
