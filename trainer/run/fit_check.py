@@ -55,7 +55,7 @@ from pipeline.contract import UserError
 from trainer.data.batch import MicroBatch, collate_flat
 from trainer.data.row_split import shard_microbatch
 from trainer.data.stream import Largest
-from trainer.model.long_rows import HostOffload
+from trainer.model.long_rows import PINNED, HostOffload
 from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.run.state import Run
 
@@ -176,9 +176,11 @@ def host_capacity() -> int | None:
 
 
 def empty_caches() -> None:
-    """Hand the blocks torch's GPU and pinned-host allocators keep cached back, so that a probe's
-    peak counts its own blocks only, and the training after the probes starts without theirs (a
+    """Hand the blocks torch's GPU and pinned-host allocators keep cached back, and those the
+    offload's pool keeps (`PINNED`), so that a probe's peak counts its own blocks only, the host
+    memory read after it is free again, and the training after the probes starts without theirs (a
     cached pinned block serves only requests of its own power-of-two size)."""
+    PINNED.clear()
     torch.cuda.empty_cache()
     empty_host = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
     if empty_host is not None:
