@@ -61,8 +61,19 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `scripts.benchlib`, pipeline, trainer
-from scripts.benchlib import LLAMA2, REPO, OneLineParser, add_bench_args, check_output, jsonable, shared_dir, write_json, write_text_output  # noqa: E402
-from scripts.benchlib.alst_results import counted_flops, read_jsonl, summarize  # noqa: E402
+from scripts.benchlib import (  # noqa: E402
+    LLAMA2,
+    REPO,
+    OneLineParser,
+    add_bench_args,
+    check_output,
+    jsonable,
+    read_records,
+    shared_dir,
+    write_json,
+    write_text_output,
+)
+from scripts.benchlib.alst_results import counted_flops, summarize  # noqa: E402
 
 CARRY = REPO / ".devcarry" / "alst"
 CHILD = REPO / "scripts" / "benchlib" / "alst_child.py"
@@ -353,7 +364,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         peaks: dict[str, int] = {}
         rc, timed_out = run_child(cmd, env, log, deadline, peaks)
         record["memory_sampled_every_2s"] = peaks
-    steps = read_jsonl(work / "train-log-metrics.jsonl")
+    metrics = work / "train-log-metrics.jsonl"
+    steps = read_records(metrics) if metrics.is_file() else []
     record["steps"] = steps
     record.update(summarize(steps))
     record.update(counted_flops(a, vocab, lengths, record))

@@ -5,8 +5,6 @@ of the same steps (`pipeline.report.flops`), so that ALST's MFU is counted as pa
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 
@@ -43,9 +41,3 @@ def counted_flops(a: argparse.Namespace, vocab: int | None, lengths: list[int], 
     rows = [lengths[i % len(lengths)] for i in range(1, 1 + timed)]  # the first step's row is not timed
     flops = sum((step_flops(shape, [n], loss_tokens=n - 1) for n in rows), StepFlops())
     return {"counted": "pipeline.report.flops over the timed steps", **flop_rates(flops.model, flops.attention, seconds)}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

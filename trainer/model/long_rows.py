@@ -141,7 +141,7 @@ class PinnedBlocks:
     def take(self, size: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
         """A host tensor of `size` and `dtype` in a pooled page-locked block, or None where the driver
         refuses to page-lock (then use pageable memory)."""
-        nbytes = torch.Size(size).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(size).numel() * dtype.itemsize
         fits = [b for b in self.free if b.nbytes >= nbytes]
         if fits:
             block = min(fits, key=lambda b: b.nbytes)

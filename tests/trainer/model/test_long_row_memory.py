@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fake_cudart import FakeCudart
 from families import FAMILIES, TINY, examples
 from packed_factory import make_packed_folder, pack_lengths
 from run_metrics import logged_losses
@@ -254,30 +255,13 @@ def test_a_run_with_tiles_and_offloaded_checkpoints_logs_the_same_losses(tmp_pat
     assert logged_losses(tmp_path / "long") == pytest.approx(logged_losses(tmp_path / "plain"), rel=1e-5)
 
 
-class _FakeCudart:
-    """torch.cuda.cudart() as the exact pinning calls it: records registrations, refuses on demand."""
-
-    def __init__(self, refuse: bool = False) -> None:
-        self.refuse, self.registered, self.unregistered = refuse, [], []
-
-    def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
-        if self.refuse:
-            return 1  # cudaErrorInvalidValue
-        self.registered.append((ptr, nbytes))
-        return 0
-
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
-        self.unregistered.append(ptr)
-        return 0
-
-
-def _pinned_host(monkeypatch: pytest.MonkeyPatch, exact_from: int) -> tuple[_FakeCudart, list[bool]]:
+def _pinned_host(monkeypatch: pytest.MonkeyPatch, exact_from: int) -> tuple[FakeCudart, list[bool]]:
     """No CUDA here: exact pinning registers with a fake driver (blocks of `exact_from` bytes or
     more, into a fresh pool) and torch's pinned allocator hands out pageable memory; returns the fake
     driver and the pin_memory flags torch.empty was called with."""
     from trainer.model import long_rows
 
-    fake = _FakeCudart()
+    fake = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     monkeypatch.setattr(long_rows, "EXACT_PIN_BYTES", exact_from)
     monkeypatch.setattr(long_rows, "PINNED", long_rows.PinnedBlocks())
@@ -377,6 +361,6 @@ def test_exact_pinning_refused_by_the_driver_keeps_pageable_memory(monkeypatch: 
     """Where cudaHostRegister fails the block stays ordinary memory (copies synchronous), never lost."""
     from trainer.model.long_rows import pinned_exact
 
-    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(refuse=True))
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(refuse=True))
     tensor, locked = pinned_exact(torch.Size([4, 4]), torch.float32)
     assert not locked and tensor.shape == (4, 4) and tensor.dtype == torch.float32

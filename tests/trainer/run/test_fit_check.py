@@ -367,35 +367,23 @@ def test_the_probes_hand_the_offloads_pooled_blocks_back(monkeypatch) -> None:
     """The offload keeps its page-locked blocks for the next step; after a probe they go back to the
     host, so that the host memory the check reads next is not short by a probe's blocks. Negative
     control: before, the pool holds them."""
+    from fake_cudart import FakeCudart
+
     from trainer.model import long_rows
 
-    fake = _FakeDriver()
+    fake = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     monkeypatch.setattr(long_rows, "PINNED", long_rows.PinnedBlocks())
     monkeypatch.setattr(fit_check, "PINNED", long_rows.PINNED)
     monkeypatch.setattr(torch.accelerator, "empty_host_cache", lambda: None, raising=False)  # no CUDA here
     view = long_rows.PINNED.take(torch.Size([4, 4]), torch.float32)
     del view
-    assert len(long_rows.PINNED.free) == 1 and fake.unregistered == 0
+    assert len(long_rows.PINNED.free) == 1 and fake.unregistered == []
     fit_check.empty_caches()
     import gc
 
     gc.collect()
-    assert long_rows.PINNED.free == [] and fake.unregistered == 1
-
-
-class _FakeDriver:
-    """torch.cuda.cudart() as exact pinning calls it, counting what it unregisters."""
-
-    def __init__(self) -> None:
-        self.unregistered = 0
-
-    def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
-        return 0
-
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
-        self.unregistered += 1
-        return 0
+    assert long_rows.PINNED.free == [] and len(fake.unregistered) == 1
 
 
 def test_gpu_capacity_stops_at_a_per_process_memory_cap(monkeypatch) -> None:
