@@ -63,16 +63,20 @@ class KeptAttention:
     def __init__(self) -> None:
         self.kept = 0
 
+        def context_fn() -> Any:
+            """What torch.utils.checkpoint's `context_fn` calls for each checkpointed forward: a plain
+            function, not a bound method, since torch.compile traces a checkpoint only with a
+            function or functools.partial as its `context_fn` (compiled layers, `--compile`)."""
+            return create_selective_checkpoint_contexts(self.policy)
+
+        self.context_fn = context_fn
+
     def policy(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if op_name(op) in ATTENTION_OPS:
             if not ctx.is_recompute:
                 self.kept += 1
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
-
-    def context_fn(self) -> Any:
-        """What torch.utils.checkpoint's `context_fn` calls for each checkpointed forward."""
-        return create_selective_checkpoint_contexts(self.policy)
 
 
 def checkpoint_kwargs(keep: KeptAttention | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from fake_fa4 import fake_fa4, flash_semantics
 
 from pipeline.errors import UserError
 from trainer.attention import backend as attention
@@ -327,73 +328,6 @@ def test_flash_attn_backend_dispatch(monkeypatch):
     assert calls == [(True, 0.0, 0.25, True)]
 
 
-def fake_fa4(monkeypatch, calls: list) -> None:
-    """Stand in for flash_attn.cute.interface with FlashAttention's documented semantics (float64):
-    the forward returns (out, lse, ...), the backward the gradients of that same function."""
-
-    def window_of(left, right):
-        assert (left is None) == (right is None) and right in (None, 0)
-        return (-1 if left is None else left, 0)
-
-    def _flash_attn_fwd(
-        q,
-        k,
-        v,
-        *,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        softmax_scale,
-        causal,
-        window_size_left,
-        window_size_right,
-        softcap,
-        return_lse,
-    ):
-        assert causal and return_lse and torch.equal(cu_seqlens_q, cu_seqlens_k) and max_seqlen_q == max_seqlen_k
-        calls.append(
-            dict(
-                window=window_of(window_size_left, window_size_right),
-                softcap=softcap,
-                dims={q.shape[-1], k.shape[-1], v.shape[-1]},
-                cu=cu_seqlens_q.tolist(),
-            )
-        )
-        out = flash_semantics(q, k, v, cu_seqlens_q, softmax_scale, calls[-1]["window"], softcap)
-        lse = torch.zeros(q.shape[1], q.shape[0], dtype=torch.float32)
-        return out.to(q.dtype), lse, None, None, None
-
-    def _flash_attn_bwd(
-        q,
-        k,
-        v,
-        out,
-        dout,
-        lse,
-        softmax_scale,
-        causal,
-        softcap,
-        *,
-        window_size_left,
-        window_size_right,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-    ):
-        assert causal and lse.shape == (q.shape[1], q.shape[0]) and out.shape == dout.shape
-        window = window_of(window_size_left, window_size_right)
-        _, vjp = torch.func.vjp(
-            lambda a, b, c: flash_semantics(a, b, c, cu_seqlens_q, softmax_scale, window, softcap), q.double(), k.double(), v.double()
-        )  # (autograd is off inside a custom op)
-        return tuple(g.to(x.dtype) for g, x in zip(vjp(dout.double()), (q, k, v)))
-
-    monkeypatch.setitem(
-        sys.modules, "flash_attn.cute.interface", types.SimpleNamespace(_flash_attn_fwd=_flash_attn_fwd, _flash_attn_bwd=_flash_attn_bwd)
-    )
-
-
 @pytest.mark.parametrize(
     "features",
     [
@@ -693,28 +627,6 @@ def test_cpu_trains_with_the_reference_whatever_the_features():
         select_backend("flex", "cpu")
     why = attention.explain_choice("auto", "sdpa", "cpu", features={"sinks"})
     assert "uses attention sinks" in why and "not flex: PyTorch has no FlexAttention backward" in why
-
-
-def flash_semantics(q, k, v, cu, scale, window_size=(-1, -1), softcap=0.0):
-    """What flash-attn documents for causal=True: query i sees keys j with i - left <= j <= i
-    (left = window_size[0], -1 for no limit), scores soft-capped as softcap * tanh(s / softcap)."""
-    q, k, v = q.double(), k.double(), v.double()
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
-    bounds = cu.tolist()
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        scores = torch.einsum("ihd,jhd->hij", q[s:e], k[s:e]) * scale
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
-        i = torch.arange(e - s)
-        keep = i[None, :] <= i[:, None]
-        if window_size[0] >= 0:
-            keep &= i[None, :] >= i[:, None] - window_size[0]
-        scores = scores.masked_fill(~keep, float("-inf"))
-        out[s:e] = torch.einsum("hij,jhd->ihd", torch.softmax(scores, -1), v[s:e])
-    return out
 
 
 @pytest.mark.parametrize(

@@ -132,6 +132,53 @@ def test_the_backward_does_not_run_attention_again() -> None:
     assert counts == {"plain": 2 * layers, "kept": layers}
 
 
+def _fa4_layers(name: str, keep: KeptAttention | None, compiled: bool):
+    """`_checkpointed` in bf16 on the "fa4" kernel (faked on the CPU: `fake_fa4`), its layers compiled
+    or not."""
+    from trainer.attention import backend, positions
+    from trainer.model.load import compile_decoder_layers
+    from trainer.model.loss import find_decoder
+
+    model = _family(name).build().to(torch.bfloat16)
+    positions.install(model, find_decoder(model))
+    backend.install(model, "fa4")
+    model.train()
+    enable_grad_checkpointing(model, keep=keep)
+    if compiled:
+        compile_decoder_layers(model)
+    return model
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_compiled_layers_keep_attention_too(monkeypatch) -> None:
+    """--compile --grad-checkpointing --keep-attention: torch.compile traces each recomputed layer
+    with the policy (a checkpoint's `context_fn` must be a plain function for it to), and the
+    compiled backward does not run attention's forward again: the FlashAttention-4 custom op (its
+    kernel faked on the CPU, bf16) runs once a layer a step, twice in the compiled plain checkpoint
+    and in the eager one (controls). The gradients are the compiled plain checkpoint's bit for bit."""
+    from fake_fa4 import fake_fa4
+
+    calls: list[dict] = []
+    fake_fa4(monkeypatch, calls)
+    batch = _packed(examples())
+    counts, grads = {}, {}
+    for label, keep, compiled in (("eager", None, False), ("compiled", None, True), ("kept", KeptAttention(), True)):
+        torch._dynamo.reset()
+        model = _fa4_layers("llama", keep, compiled)
+        per_example_losses(model, batch).sum().backward()  # the first step compiles
+        model.zero_grad()
+        calls.clear()
+        per_example_losses(model, batch).sum().backward()
+        counts[label] = len(calls)
+        grads[label] = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._dynamo.reset()
+    layers = len(decoder_layers(_family("llama").build()))
+    assert counts == {"eager": 2 * layers, "compiled": 2 * layers, "kept": layers}
+    assert len(grads["kept"]) == len(grads["compiled"]) > 0
+    for kept, plain in zip(grads["kept"], grads["compiled"]):
+        torch.testing.assert_close(kept, plain, rtol=0, atol=0)
+
+
 def test_the_policy_keeps_only_attention() -> None:
     """A checkpointed function of attention and other operators: attention's output is kept, the
     others recomputed; written-out attention (matmul, softmax) keeps nothing."""
