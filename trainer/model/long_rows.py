@@ -230,10 +230,10 @@ class _Saved:
         that `budget` bytes of them are on their way (those on their way already count): at most
         about `budget` bytes wait on the device ahead of the backward."""
         found: list[_Saved] = []
-        for ref in reversed(self.order[: self.index]):
+        for i in range(self.index - 1, -1, -1):  # no copy of the list: a backward asks once a tensor
             if budget <= 0:
                 break
-            saved = ref()
+            saved = self.order[i]()
             if saved is None or saved.used:
                 continue
             if saved.back is None:
