@@ -191,7 +191,7 @@ class TrainConfig:
         "examples longer than one GPU holds: each rank keeps a share of the row's tokens and "
         "attention gathers the row's keys and values, so every example computes what it does in "
         "one process. N divides the number of ranks; the rest is data parallelism (DDP, or FSDP2 "
-        "sharding over all ranks). Attention: flash_attn (GPU) or sdpa."))
+        "sharding over all ranks). Attention: fa4 or flash_attn (GPU), or sdpa."))
     tile_mlp: int = opt(0, low=0, metavar="TOKENS", section=MEMORY, help=(  # trainer.model.long_rows
         "Run each decoder layer's MLP over the sequence TOKENS at a time, each tile recomputed in "
         "the backward, so a long row keeps one tile's MLP activations instead of the whole "
@@ -336,9 +336,9 @@ def refuse_combinations(config: TrainConfig) -> None:
             "--offload-states does not combine with --dtype fp8 (its float8 all-gathers run on the "
             "GPU's copies of the weights): use --dtype bf16"
         )
-    if config.context_parallel > 1 and config.attn not in ("auto", "flash_attn", "sdpa"):
+    if config.context_parallel > 1 and config.attn not in ("auto", "fa4", "flash_attn", "sdpa"):  # PIECE_KERNELS
         raise UserError(
-            f"--context-parallel needs --attn flash_attn (GPU) or sdpa: {config.attn} cannot attend a "
+            f"--context-parallel needs --attn fa4 or flash_attn (GPU), or sdpa: {config.attn} cannot attend a "
             "share of an example to the keys of the whole row"
         )
     if config.optimizer in ("adamw8bit", "adamw4bit") and config.parallel == "fsdp":

@@ -13,7 +13,7 @@ L tokens (random ids below --vocab, 32,000, loss on every token but the first), 
 contract's own writer (`pipeline.shards`): the same rows for every run at that length.
 
 `check` (under torchrun, one GPU per rank): a 4-layer Llama of the 8B's width, bf16 autocast, the
-flash_attn kernel, on one row of mixed example lengths (one spans every rank): each example's loss
+kernel `--attn auto` takes under context parallelism (FlashAttention-4 where installed) and flash_attn, on one row of mixed example lengths (one spans every rank): each example's loss
 and the gradients of their sum, context-parallel against the whole row on one GPU, as relative
 errors; the same comparison in float32 with the sdpa kernel bounds what rounding alone gives.
 
@@ -53,6 +53,7 @@ def check(json_path: str | None) -> None:
     import torch.distributed as dist
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from trainer.attention.backend import piece_backend
     from trainer.data.batch import collate_flat
     from trainer.data.row_split import shard_microbatch
     from trainer.distributed import context_parallel as cp
@@ -71,7 +72,8 @@ def check(json_path: str | None) -> None:
     share = shard_microbatch(row, layout.cp_rank, layout.cp_size)
     ends = torch.tensor(np.cumsum(lengths), device=device)
     results = {}
-    for kernel, dtype in (("flash_attn", torch.bfloat16), ("sdpa", torch.float32)):
+    kernels = [(k, torch.bfloat16) for k in dict.fromkeys((piece_backend(device), "flash_attn"))] + [("sdpa", torch.float32)]
+    for kernel, dtype in kernels:
         torch.manual_seed(0)
         config = LlamaConfig(
             hidden_size=4096,

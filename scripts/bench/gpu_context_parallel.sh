@@ -4,7 +4,7 @@
 #   OUT=folder bash scripts/bench/gpu_context_parallel.sh check|short|long|one|four|full
 #
 # Every run recomputes every layer and, unless COMPILE=1, runs eager (--no-compile).
-# check: scripts/bench/bench_context_parallel.py check (flash_attn bf16 and sdpa fp32, context-parallel
+# check: scripts/bench/bench_context_parallel.py check (fa4 where installed and flash_attn in bf16, sdpa fp32, context-parallel
 #        against the whole row) -> $OUT/check.json
 # short: the 8B shape, LoRA r16, every layer recomputed, no compile, rows of one 32,768-token example:
 #        one GPU, then two with --context-parallel 2 -> $OUT/short.json

@@ -152,6 +152,15 @@ def select_backend(
     return requested
 
 
+def piece_backend(device: torch.device | str) -> str:
+    """auto's choice under context parallelism, where a share of a row attends the keys of the whole
+    row: on a GPU FlashAttention-4 where it can run there, else flash_attn (whose request then says
+    in one line what is missing); sdpa elsewhere."""
+    if not _is_cuda(device):
+        return "sdpa"
+    return "fa4" if _why_not("fa4", device, None) is None else "flash_attn"
+
+
 def explain_choice(
     requested: str,
     backend: str,

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 # choice, which stops at "sdpa" (it runs anywhere): on a Hopper GPU auto pairs it with flash_attn
 # or torch for rows of long examples (`row_kernel`)
 KERNELS = ("fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")
+# the kernels that attend a piece of an example to keys of its own (context parallelism), fastest first
+PIECE_KERNELS = ("fa4", "flash_attn", "sdpa")
 
 # A row whose examples average this many tokens or more takes cuDNN under a paired backend
 # ("flash_attn+cudnn"): one kernel launch an example is then cheap beside cuDNN's faster kernel

@@ -35,7 +35,9 @@ layer exactly as transformers' eager attention computes them (see `Features`):
 
 "sdpa" and "flex" live in `trainer.attention.reference_kernels`, "fa4" in `trainer.attention.fa4_ops`, "torch" and
 "flash_attn" here; `Features` and the helpers they share in `trainer.attention.features`. This module
-checks what a kernel can reproduce and dispatches (`varlen_attention`).
+checks what a kernel can reproduce and dispatches (`varlen_attention`). Under context parallelism a
+share's queries attend keys with boundaries of their own: "fa4", "flash_attn" and "sdpa" take them
+(`PIECE_KERNELS`).
 
 Windows: transformers' window `w` lets query i see keys i-w+1 .. i (w keys, `kv > q - w`); the
 FlashAttention kernels count the keys to the left instead, so they get `window_size=(w - 1, 0)`.
@@ -57,6 +59,7 @@ from trainer.attention.features import (
     EVERY_FEATURE,
     FEATURE_NAMES,
     KERNELS,
+    PIECE_KERNELS,
     Features,
     pad_last,
     repeat_kv,
@@ -276,17 +279,17 @@ def varlen_attention(
     value_dim flags are taken from the tensors). Returns [T, Hq, Dv]. A feature `backend` cannot
     reproduce raises UserError naming it.
 
-    `cu_seqlens_k` / `max_seqlen_k` (context parallelism, "sdpa" and "flash_attn" only): k and v
+    `cu_seqlens_k` / `max_seqlen_k` (context parallelism: "sdpa", "fa4" and "flash_attn"): k and v
     hold pieces of keys of their own ([Tk, Hkv, D]), each piece's queries being the last tokens of
     its keys (`trainer.data.row_split` builds them); chunks must be cut by the caller.
     """
     n_examples = cu_seqlens.shape[0] - 1
     backend = row_kernel(backend, q.shape[0], n_examples, q.shape[-1]) if cu_seqlens_k is None else backend.partition("+")[0]
     if cu_seqlens_k is not None:
-        if backend not in ("sdpa", "flash_attn"):
+        if backend not in PIECE_KERNELS:
             raise UserError(
                 f"attention backend {backend!r} cannot attend a piece of an example to its earlier "
-                "keys (context parallelism); use --attn flash_attn (GPU) or sdpa"
+                "keys (context parallelism); use --attn fa4 or flash_attn (GPU), or sdpa"
             )
         if features.chunk is not None:
             raise ValueError("cut chunked attention into pieces before passing cu_seqlens_k")
@@ -316,7 +319,7 @@ def varlen_attention(
     if feats.chunk is not None:
         cu_seqlens, max_seqlen = split_chunks(cu_seqlens, feats.chunk)
     if cu_seqlens_k is not None:
-        out = _flash_attn_varlen(q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks, cu_seqlens_k, int(max_seqlen_k))
+        out = _KERNELS[backend](q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks, cu_seqlens_k, int(max_seqlen_k))
     else:
         out = _KERNELS[backend](q, k, v, cu_seqlens, int(max_seqlen), scale, feats, sinks)
     return out[..., :value_dim]

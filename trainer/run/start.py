@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from pipeline.contract import PROFILE, Manifest, UserError, added_count, manifest_vocab
-from trainer.attention.backend import select_backend
+from trainer.attention.backend import piece_backend, select_backend
 from trainer.config import TrainConfig, parse_step_range, per_epoch, resolved, validate
 from trainer.data.evaluate import Evaluator, held_out_folder
 from trainer.data.integrity import ShardHashCheck
@@ -69,8 +69,8 @@ def start(config: TrainConfig, opened: tuple[Manifest, Any] | None = None) -> Ru
             "--nproc-per-node N $(which pack-train) ... --parallel fsdp --offload-states (N may be 1)"
         )
     layout = context_parallel.setup(info.rank, info.world_size, info.enabled, config.context_parallel)
-    if layout.cp_size > 1 and config.attn == "auto":  # the kernels that attend a share to the whole row
-        config = replace(config, attn="flash_attn" if device.type == "cuda" else "sdpa")
+    if layout.cp_size > 1 and config.attn == "auto":  # a kernel that attends a share to the whole row
+        config = replace(config, attn=piece_backend(device))
     seed_everything(config.seed + info.rank)
     dtype_name = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     bf16 = dtype_name != "fp32"  # bf16 or bf16-weights

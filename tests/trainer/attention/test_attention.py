@@ -196,6 +196,23 @@ def test_select_backend_auto_order_on_cuda(fake_cuda):
         select_backend("torch", "cuda", torch.bfloat16)
 
 
+def test_context_parallel_takes_the_fastest_kernel_that_attends_pieces(fake_cuda):
+    """--context-parallel with --attn auto: FlashAttention-4 where it runs, else flash_attn (which
+    says what is missing when it is not there either), sdpa on the CPU; never a kernel that cannot
+    attend a piece to keys of its own (torch, flex, cudnn)."""
+    from trainer.attention.backend import piece_backend
+    from trainer.attention.features import PIECE_KERNELS
+
+    assert piece_backend("cuda") == "fa4" and piece_backend("cpu") == "sdpa"
+    fake_cuda["fa4"] = False
+    assert piece_backend("cuda:0") == "flash_attn"
+    fake_cuda["flash_attn"] = False
+    assert piece_backend("cuda") == "flash_attn"
+    with pytest.raises(UserError, match="flash-attn package is not installed"):
+        select_backend(piece_backend("cuda"), "cuda")
+    assert set(PIECE_KERNELS) == {"fa4", "flash_attn", "sdpa"}
+
+
 def test_select_backend_cuda_float32_and_old_gpu(fake_cuda):
     assert select_backend("auto", "cuda", torch.float32) == "flex"
     with pytest.raises(UserError, match="bfloat16 or float16"):

@@ -82,7 +82,7 @@ def test_pieces_worked_example() -> None:
     assert chunked.cu_q.tolist() == [0, 2, 4] and chunked.cu_k.tolist() == [0, 2, 4]
 
 
-def _simulate(q, k, v, lengths, n, features, sinks=None):
+def _simulate(q, k, v, lengths, n, features, sinks=None, backend="sdpa"):
     """Every rank's attention, in one process: each rank's queries against the gathered row."""
     cu_np = np.concatenate([[0], np.cumsum(lengths)])
     split = rs.split_row(np.array(lengths), n)
@@ -111,7 +111,7 @@ def _simulate(q, k, v, lengths, n, features, sinks=None):
                     gathered(v)[slots],
                     torch.from_numpy(p.cu_q),
                     p.max_q,
-                    backend="sdpa",
+                    backend=backend,
                     features=whole,
                     sinks=sinks,
                     cu_seqlens_k=torch.from_numpy(p.cu_k),
@@ -150,6 +150,40 @@ def test_pieces_attend_as_the_whole_row(features: Features, n: int, sinks: bool)
     have = torch.autograd.grad((got * weights).sum(), (q, k, v))
     for a, b in zip(have, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: ",".join(sorted(f.used())) or "causal")
+@pytest.mark.parametrize("n", [2, 4])
+def test_fa4_pieces_attend_as_the_whole_row(monkeypatch, features: Features, n: int) -> None:
+    """FlashAttention-4 attends each rank's pieces to keys of their own (its kernel faked on the CPU
+    with FlashAttention's documented bottom-right causal mask, float16 in and out): the whole row's
+    output and gradients (sdpa on the same values in float64), every call with key boundaries of its
+    own. Negative control: the same pieces with the keys' boundaries dropped are far off."""
+    from fake_fa4 import fake_fa4
+
+    from trainer.attention import kernels
+
+    calls: list[dict] = []
+    fake_fa4(monkeypatch, calls)
+    lengths = [37, 3, 1, 5, 19, 2, 24]
+    torch.manual_seed(0)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, h, 8).half().requires_grad_() for h in (4, 2, 2))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    exact = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    expected = varlen_attention(*exact, cu, max(lengths), backend="sdpa", features=features)
+    got = _simulate(q, k, v, lengths, n, features, backend="fa4")
+    assert len(calls) == n and all(c["cu_k"] != c["cu"] for c in calls)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=2e-3)
+    weights = torch.randn(expected.shape, dtype=torch.float64)
+    want = torch.autograd.grad((expected * weights).sum(), exact)
+    have = torch.autograd.grad((got.double() * weights).sum(), (q, k, v))
+    for a, b in zip(have, want):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-2 * float(b.abs().max()))
+    fa4 = kernels._KERNELS["fa4"]
+    monkeypatch.setitem(kernels._KERNELS, "fa4", lambda *args: fa4(*args[:8]))  # the keys' boundaries dropped
+    wrong = _simulate(q, k, v, lengths, n, features, backend="fa4")
+    assert float((wrong.double() - expected).abs().max().detach()) > 0.1
 
 
 def test_pieces_without_earlier_keys_differ() -> None:
@@ -378,7 +412,7 @@ def test_context_parallel_refusals(long_rows, tmp_path) -> None:
         train(TrainConfig(**base, out=str(tmp_path / "a"), context_parallel=2))
     with pytest.raises(UserError, match="does not divide the 4 ranks"):
         cp.setup(0, 4, True, 3)
-    with pytest.raises(UserError, match="needs (--)?attn flash_attn"):
+    with pytest.raises(UserError, match="needs (--)?attn fa4 or flash_attn"):
         train(TrainConfig(**base, out=str(tmp_path / "b"), context_parallel=2, attn="flex"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
