@@ -3,7 +3,8 @@
 #
 #   OUT=folder bash scripts/bench/gpu_context_parallel.sh check|short|long|one|four|full
 #
-# Every run recomputes every layer and, unless COMPILE=1, runs eager (--no-compile).
+# Every run recomputes every layer and, unless COMPILE=1, runs eager (--no-compile); ATTN=KERNEL passes --attn KERNEL
+# (default auto: fa4 where installed, one GPU or context-parallel).
 # check: scripts/bench/bench_context_parallel.py check (fa4 where installed and flash_attn in bf16, sdpa fp32, context-parallel
 #        against the whole row) -> $OUT/check.json
 # short: the 8B shape, LoRA r16, every layer recomputed, no compile, rows of one 32,768-token example:
@@ -41,10 +42,11 @@ train() {  # NAME NPROC LENGTH [extra pack-train flags...]: 8B LoRA r16 (FULL=1:
   local lora=(--lora-r 16)
   [ -n "${FULL:-}" ] && lora=()
   mkdir -p /tmp/runs
-  local eager=(--no-compile)
-  [ -n "${COMPILE:-}" ] && eager=()
+  local flags=()
+  [ -z "${COMPILE:-}" ] && flags+=(--no-compile)
+  [ -n "${ATTN:-}" ] && flags+=(--attn "$ATTN")
   timeout "${LIMIT:-540}" torchrun --nproc-per-node "$nproc" --master-port "${PORT:-29500}" -m trainer.cli \
-    --data "$DATA/len-$length" --model llama-8b --grad-checkpointing "${eager[@]}" --tokens-per-step "$length" \
+    --data "$DATA/len-$length" --model llama-8b --grad-checkpointing "${flags[@]}" --tokens-per-step "$length" \
     --max-steps "$STEPS" --log-every 1 --no-progress --out "/tmp/runs/$name" "${lora[@]}" "$@" > "/tmp/runs/$name.log" 2>&1
   local rc=$?
   grep -v "^W1" "/tmp/runs/$name.log" | grep -v "^\s*$" | tail -40
