@@ -12,7 +12,7 @@ exactness check on the GPU kernels, and a summary of the runs.
 L tokens (random ids below --vocab, 32,000, loss on every token but the first), written with the shard
 contract's own writer (`pipeline.shards`): the same rows for every run at that length.
 
-`check` (under torchrun, one GPU per rank): a 4-layer Llama of the 8B's width, bf16 autocast, the
+`check` (under torchrun, one GPU per rank, or ranks sharing one GPU with `--backend gloo`): a 4-layer Llama of the 8B's width, bf16 autocast, the
 kernel `--attn auto` takes under context parallelism (FlashAttention-4 where installed) and flash_attn, on one row of mixed example lengths (one spans every rank): each example's loss
 and the gradients of their sum, context-parallel against the whole row on one GPU, as relative
 errors; the same comparison in float32 with the sdpa kernel bounds what rounding alone gives.
@@ -47,7 +47,7 @@ from scripts.benchlib import add_bench_args, check_output, check_output_folder, 
 from scripts.benchlib.packing import write_long_folder  # noqa: E402
 
 
-def check(json_path: str | None) -> None:
+def check(json_path: str | None, backend: str = "nccl") -> None:
     """Context-parallel against the whole row on the GPU kernels (see the module)."""
     import torch
     import torch.distributed as dist
@@ -60,9 +60,10 @@ def check(json_path: str | None) -> None:
     from trainer.model.load import prepare
     from trainer.model.loss import token_losses
 
-    dist.init_process_group("nccl")
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    # gloo lets ranks share a GPU (NCCL refuses that): the kernels' exactness checked on a one-GPU machine
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     torch.cuda.set_device(device)
     layout = cp.setup(rank, world, True, world)
     lengths = np.array([6000, 17, 300, 1, 2500, 3000, 99])  # the first spans every share
@@ -111,7 +112,13 @@ def check(json_path: str | None) -> None:
         del model
         torch.cuda.empty_cache()
     if rank == 0:
-        payload = {"world": world, "lengths": lengths.tolist(), "device": torch.cuda.get_device_name(device), "results": results}
+        payload = {
+            "world": world,
+            "backend": backend,
+            "lengths": lengths.tolist(),
+            "device": torch.cuda.get_device_name(device),
+            "results": results,
+        }
         print(json.dumps(payload, indent=1))
         if json_path:
             write_text_output(json_path, json.dumps(payload, indent=1))
@@ -165,6 +172,7 @@ def main() -> None:
     data.add_argument("--vocab", type=int, default=32000, help="token ids below this (the tiny preset: 4096)")
     checked = sub.add_parser("check", help="context-parallel against the whole row (under torchrun)")
     add_bench_args(checked, json=str)
+    checked.add_argument("--backend", choices=("nccl", "gloo"), default="nccl", help="gloo: the ranks may share one GPU")
     reported = sub.add_parser("report", help="summarize run folders")
     reported.add_argument("runs", nargs="+")
     add_bench_args(reported, json=str, warmup=(1, "steps left out of the rate"))
@@ -182,7 +190,7 @@ def main() -> None:
         for length in (int(x) for x in args.lengths.split(",")):
             write_long_folder(Path(args.out) / f"len-{length}", length, args.rows, vocab=args.vocab)
     elif args.command == "check":
-        check(args.json)
+        check(args.json, args.backend)
     elif args.command == "peer":
         from scripts.benchlib.ring_peer import peer_main
 
