@@ -33,7 +33,11 @@ copy of a saved tensor to the host starts once the compute stream has produced i
 keeps the tensor's memory until the copy has read it), and in the backward, as one saved tensor is
 copied back, the ones saved just before it (as many bytes as it holds: the previous layer's input,
 when it is a layer's input) start their copy back too, so that they are on the GPU when the backward
-reaches them. The compute stream waits only for the copy of the tensor it asks for. A parameter
+reaches them. The compute stream waits only for the copy of the tensor it asks for. That read-ahead
+holds one more layer input on the GPU while a layer's backward runs (8B at 524,288 tokens: 4 GiB);
+where the GPU has no room for it the memory check turns it off (`HostOffload.prefetch = False`) and
+each saved tensor is copied back when the backward asks for it, the compute waiting for that copy
+(one a layer, beside the layer's seconds of backward at such lengths). A parameter
 (or a view of one, such as the transposed output head a matmul saves) stays where it is: it lives
 on the GPU anyway, and copying it out and back would only cost time.
 """
@@ -248,16 +252,22 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     needs it, as `torch.autograd.graph.save_on_cpu` does, on a GPU beside the compute and ahead of
     the backward (see the module). `HostOffload.moved` adds up the bytes of every copy made (by any
     offload, since it was last set to 0): all of them wait in host memory until the backward, so
-    after a forward it is what that forward holds there.
+    after a forward it is what that forward holds there. `HostOffload.prefetch` (True unless the
+    memory check found no room): whether copying a tensor back starts the copy of as many bytes saved
+    before it (see the module); `HostOffload.ahead`, the most bytes those copies have held on the
+    device ahead of the backward since it was last set to 0 (what turning them off gives back).
 
     For example, an 8B Llama in bf16 with every layer recomputed saves each layer's [T, 4096] input:
     a 1,024-token forward moves 32 x 1,024 x 4,096 x 2 bytes = 256 MiB of them (plus the few
     tensors the loss and the final norm save)."""
 
     moved = 0
+    ahead = 0
+    prefetch = True
 
     def __init__(self, pin: bool) -> None:
         order: list = []  # this forward's saved tensors, in the order saved
+        waiting = [0]  # bytes of them copied back ahead of need and not yet taken
 
         def pack(tensor: torch.Tensor) -> _Saved | torch.Tensor:
             if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
@@ -287,10 +297,15 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
                 return saved
             if saved.back is None:
                 saved.fetch()
+            else:  # copied back ahead of need
+                waiting[0] -= saved.nbytes
             tensor, event = saved.back
             saved.back, saved.used = None, True
-            for earlier in saved.earlier(saved.nbytes):  # the backward needs these next
-                earlier.fetch()
+            if HostOffload.prefetch:
+                for earlier in saved.earlier(saved.nbytes):  # the backward needs these next
+                    earlier.fetch()
+                    waiting[0] += earlier.nbytes
+                HostOffload.ahead = max(HostOffload.ahead, waiting[0])
             if event is not None:
                 torch.cuda.current_stream(saved.device).wait_event(event)
             return tensor

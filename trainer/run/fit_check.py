@@ -26,7 +26,9 @@ and a row whose count exceeds the host memory a rank has is refused like one the
 Under --offload-states the optimizer states and gradients still to come in host memory are added to
 that count, and taken out of the GPU's.
 The count is what the row needs at the least: torch's pinned allocator rounds each block up to a
-power of two, so the host may hold up to twice that. The probes leave no trace in the run:
+power of two, so the host may hold up to twice that. The offload's backward copies the next layer's
+input back ahead of need (`HostOffload.prefetch`); the probes measure what that holds
+(`HostOffload.ahead`, a line too), and a row that fits only without it trains without it. The probes leave no trace in the run:
 gradients are zeroed and the random number generators restored, so the steps that follow are those
 of a run without the check.
 
@@ -40,11 +42,12 @@ need read here, which is that of every later step (whose backward runs beside th
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +63,7 @@ from trainer.model.loss import KEEP_LOGITS_UP_TO
 from trainer.run.state import Run
 
 Step = Callable[[MicroBatch], None]
-Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int]]
+Measure = Callable[[Step, MicroBatch, torch.device], tuple[int, int, int]]
 
 MARGIN = 0.95  # the share of a GPU's memory a step may plan to use: the rest is slack
 # for the allocator's fragmentation and what other libraries take later
@@ -77,6 +80,15 @@ class Need:
     gpu_line: tuple[float, float]  # (intercept, per token) on the GPU
     host_line: tuple[float, float]
     probes: tuple[int, ...]  # the measured tokens per rank
+    ahead: int = 0  # of `gpu`: what the offload's copies back hold ahead of the backward (HostOffload.ahead)
+    ahead_line: tuple[float, float] = (0.0, 0.0)
+
+    def without_prefetch(self) -> Need:
+        """The need with the offload's read-ahead off (`HostOffload.prefetch = False`): its bytes,
+        measured at the probes, taken from the GPU's. At any moment the run without it holds what
+        the run with it holds less the tensors copied back early, so this is a lower bound too."""
+        line = (self.gpu_line[0] - self.ahead_line[0], max(0.0, self.gpu_line[1] - self.ahead_line[1]))
+        return replace(self, gpu=self.gpu - self.ahead, gpu_line=line, ahead=0, ahead_line=(0.0, 0.0))
 
 
 def probe_tokens(vocab: int, tile_mlp: int, largest_local: int = 0) -> int:
@@ -187,18 +199,19 @@ def empty_caches() -> None:
         empty_host()
 
 
-def measure_peaks(step: Step, batch: MicroBatch, device: torch.device) -> tuple[int, int]:
+def measure_peaks(step: Step, batch: MicroBatch, device: torch.device) -> tuple[int, int, int]:
     """(GPU bytes at the peak of `step(batch)`, allocated, not cached; bytes its forward moved to
-    host memory with --offload-activations, 0 without)."""
+    host memory with --offload-activations, 0 without; the most bytes its backward copied back from
+    there ahead of need, `HostOffload.ahead`)."""
     torch.cuda.synchronize(device)
     empty_caches()
     torch.cuda.reset_peak_memory_stats(device)
-    HostOffload.moved = 0
+    HostOffload.moved = HostOffload.ahead = 0
     step(batch)
     torch.cuda.synchronize(device)
-    moved = HostOffload.moved
+    moved, ahead = HostOffload.moved, HostOffload.ahead
     empty_caches()
-    return int(torch.cuda.max_memory_allocated(device)), int(moved)
+    return int(torch.cuda.max_memory_allocated(device)), int(moved), int(ahead)
 
 
 def measure_need(
@@ -217,15 +230,16 @@ def measure_need(
     and evaluate them at `largest_local` tokens per rank."""
     p = probe_tokens(vocab, tile_mlp, largest_local)
     probes = (largest_local,) if largest_local <= 2 * p else (p, 2 * p)
-    gpu_points, host_points = [], []
+    gpu_points, host_points, ahead_points = [], [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for tokens in probes:
             row = synthetic_row(tokens * cp_size, vocab)
-            gpu, host = measure(step, shard_microbatch(row, cp_rank, cp_size), device)
+            gpu, host, ahead = measure(step, shard_microbatch(row, cp_rank, cp_size), device)
             clear()
             gpu_points.append((tokens, gpu))
             host_points.append((tokens, host))
-    gpu_line, host_line = fit_line(gpu_points), fit_line(host_points)
+            ahead_points.append((tokens, ahead))
+    gpu_line, host_line, ahead_line = fit_line(gpu_points), fit_line(host_points), fit_line(ahead_points)
     at = float(largest_local)
     return Need(
         gpu=int(gpu_line[0] + gpu_line[1] * at),
@@ -233,6 +247,8 @@ def measure_need(
         gpu_line=gpu_line,
         host_line=host_line,
         probes=probes,
+        ahead=int(ahead_line[0] + ahead_line[1] * at),
+        ahead_line=ahead_line,
     )
 
 
@@ -364,6 +380,7 @@ def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
     the largest micro-batch needs, or raises the one-line UserError on every rank. `step(batch)` is
     the loop's forward + backward of one micro-batch; `clear()` zeroes the gradients."""
     config, layout = run.config, run.layout
+    HostOffload.prefetch = True  # measured with the read-ahead; turned off below where only that fits
     vocab = int(run.model.get_input_embeddings().num_embeddings)
     largest_local = -(-run.largest.tokens // layout.cp_size)
     need = measure_need(
@@ -379,12 +396,12 @@ def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
     )
     gpu_cap, host_cap = gpu_capacity(run.device), host_capacity()
     offloads = config.offload_activations or config.offload_states
-    line, info = verdict(
-        run.largest,
-        need,
-        optimizer_state_bytes(run.optimizer, run.device.type),
-        gpu_cap,
-        host_cap if offloads else None,
+    judge = functools.partial(
+        verdict,
+        largest=run.largest,
+        optimizer_bytes=optimizer_state_bytes(run.optimizer, run.device.type),
+        gpu_cap=gpu_cap,
+        host_cap=host_cap if offloads else None,
         cp_size=layout.cp_size,
         tokens_per_step=config.tokens_per_step,
         data=str(config.data),
@@ -395,6 +412,15 @@ def check_fits(run: Run, step: Step, clear: Callable[[], None]) -> None:
         offload_states=None if config.lora_r else config.offload_states,
         keep_attention=config.keep_attention,
     )
+    line, info = judge(need=need)
+    if line is not None and need.ahead > 0:  # without the offload's read-ahead, if that fits
+        lean_line, lean_info = judge(need=need.without_prefetch())
+        if lean_line is None:
+            HostOffload.prefetch = False
+            lean_info += (
+                f"; no room to copy {size(need.ahead)} of saved tensors back ahead of the backward: each comes back as it is needed"
+            )
+        line, info = lean_line, lean_info
     if agree(line, run.info.enabled, run.device):
         raise UserError(line or "another rank's largest micro-batch does not fit its GPU (its line says why)")
     if run.info.rank == 0:

@@ -170,17 +170,18 @@ def test_with_every_layer_recomputed_a_layer_offloads_its_input_alone() -> None:
     assert _moved(4, 40, checkpointed=False) - _moved(2, 40, checkpointed=False) > 4 * 2 * 40 * 64 * 4
 
 
-def _backward_fetches(monkeypatch: pytest.MonkeyPatch, prefetch: bool) -> tuple[list[tuple[int, bool]], int, int]:
+def _backward_fetches(monkeypatch: pytest.MonkeyPatch, prefetch: bool) -> tuple[list[tuple[int, bool]], int, int, int]:
     """The offloaded backward of a tiny float32 Llama with 4 decoder layers, every one recomputed:
     for each saved tensor the backward asks for, in order, (its size, whether its copy back had
     started before it was asked for); the most bytes waiting copied back ahead of the backward at
-    once; the largest saved tensor. `prefetch=False` starts no copy early (the negative control)."""
+    once, as the test counts it and as `HostOffload.ahead` (what the memory check reads) counts it;
+    the largest saved tensor. `prefetch=False` turns the read-ahead off (`HostOffload.prefetch`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trainer.model import long_rows
 
-    if not prefetch:
-        monkeypatch.setattr(long_rows._Saved, "earlier", lambda self, budget: [])
+    monkeypatch.setattr(HostOffload, "prefetch", prefetch)
+    monkeypatch.setattr(HostOffload, "ahead", 0)
     torch.manual_seed(0)
     config = AutoConfig.for_model("llama", **{**TINY, "num_hidden_layers": 4})
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
@@ -210,22 +211,23 @@ def _backward_fetches(monkeypatch: pytest.MonkeyPatch, prefetch: bool) -> tuple[
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         loss, _ = packed_loss(model, batch)
     loss.backward()
-    return asked, ahead[0], max(s.nbytes for s in saved_all)
+    return asked, ahead[0], HostOffload.ahead, max(s.nbytes for s in saved_all)
 
 
 def test_the_backward_starts_copying_back_the_layer_before_it_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """As the backward takes a layer's offloaded input, the input of the layer before it starts its
     copy back (on a GPU, on the copy stream beside the compute), so every layer input is on its way
     before the backward asks for it (the last layer's when the final norm's tensors are taken); at
-    most about one saved tensor's worth waits ahead. Negative control: with nothing started early,
-    none is."""
+    most about one saved tensor's worth waits ahead, and `HostOffload.ahead` counts the most that
+    did. Negative control: with the read-ahead off (the memory check's switch) none is started early
+    and none is counted."""
     hidden = 48 * 64 * 4  # a layer input: [48, 64] float32
-    asked, ahead, largest = _backward_fetches(monkeypatch, prefetch=True)
+    asked, ahead, counted, largest = _backward_fetches(monkeypatch, prefetch=True)
     inputs = [early for nbytes, early in asked if nbytes == hidden]
     assert len(inputs) >= 4 and all(inputs), asked
-    assert ahead <= 2 * largest
-    asked, _, _ = _backward_fetches(monkeypatch, prefetch=False)
-    assert not any(early for _, early in asked)
+    assert hidden <= ahead <= 2 * largest and counted == ahead
+    asked, ahead, counted, _ = _backward_fetches(monkeypatch, prefetch=False)
+    assert not any(early for _, early in asked) and ahead == counted == 0
 
 
 @pytest.mark.slow

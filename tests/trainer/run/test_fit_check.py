@@ -19,6 +19,7 @@ from run_metrics import logged_losses
 from pipeline.errors import UserError
 from trainer import TrainConfig, train
 from trainer.data.stream import Largest, Planner, largest_microbatch
+from trainer.model.long_rows import HostOffload
 from trainer.run import fit_check
 from trainer.run.fit_check import (
     MARGIN,
@@ -112,7 +113,7 @@ def test_probes_are_this_ranks_share_of_a_synthetic_row() -> None:
 
     def measure(step, batch, device):
         step(batch)
-        return 1000 + 3 * batch.n_tokens, 0
+        return 1000 + 3 * batch.n_tokens, 0, 0
 
     need = measure_need(
         lambda b: seen.append(b),
@@ -256,20 +257,22 @@ def test_a_step_measured_as_it_is_says_so() -> None:
 @pytest.fixture()
 def forced(monkeypatch):
     """The check on the CPU: probes of 64 and 128 tokens, peaks on a line of the probe's tokens
-    (10,000 bytes + 100 a token, the step itself really run), a GPU of `capacity[0]` bytes."""
-    calls, capacity = [], [10**9]
+    (10,000 bytes + 100 a token, the step itself really run, `ahead[0]` bytes a token of them the
+    offload's read-ahead), a GPU of `capacity[0]` bytes."""
+    calls, capacity, ahead = [], [10**9], [0]
 
     def measure(step, batch, device):
         step(batch)
         calls.append(batch.n_tokens)
-        return 10_000 + 100 * batch.n_tokens, 0
+        return 10_000 + 100 * batch.n_tokens, 0, ahead[0] * batch.n_tokens
 
     monkeypatch.setattr(fit_check, "applies", lambda run: True)
     monkeypatch.setattr(fit_check, "probe_tokens", lambda vocab, tile, largest=0: 64)
     monkeypatch.setattr(fit_check, "measure_peaks", measure)
     monkeypatch.setattr(fit_check, "gpu_capacity", lambda device: capacity[0])
     monkeypatch.setattr(fit_check, "host_capacity", lambda: None)
-    return calls, capacity
+    monkeypatch.setattr(HostOffload, "prefetch", True)  # the check sets it for its run
+    return calls, capacity, ahead
 
 
 def test_the_probes_leave_the_run_unchanged(tmp_path: Path, forced, monkeypatch) -> None:
@@ -298,7 +301,7 @@ def test_the_probes_leave_the_run_unchanged(tmp_path: Path, forced, monkeypatch)
 
 
 def test_a_row_too_long_stops_the_run_before_its_first_step(tmp_path: Path, forced) -> None:
-    calls, capacity = forced
+    calls, capacity, _ = forced
     folder = tmp_path / "data"
     make_packed_folder(folder, pack_lengths([100, 120, 900, 80], 1000, vocab=300), 1000)  # rows of 300, 900
     capacity[0] = 60_000  # room for (0.95 x 60,000 - 10,000 - optimizer) / 100 tokens
@@ -318,11 +321,11 @@ def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path
     """With --offload-activations the probes' moved bytes (here 1,000 a token) are held against the
     host memory each rank has: a 900-token row that the GPU holds but the host (500,000 bytes) does
     not is refused in one line; without offloading the host is not asked (negative control)."""
-    calls, capacity = forced
+    calls, capacity, _ = forced
 
     def measure(step, batch, device):
         step(batch)
-        return 10_000 + 100 * batch.n_tokens, 1_000 * batch.n_tokens
+        return 10_000 + 100 * batch.n_tokens, 1_000 * batch.n_tokens, 0
 
     monkeypatch.setattr(fit_check, "measure_peaks", measure)
     monkeypatch.setattr(fit_check, "host_capacity", lambda: 500_000)
@@ -342,9 +345,59 @@ def test_a_row_past_the_host_memory_stops_the_run_before_its_first_step(tmp_path
     assert (tmp_path / "plain" / "metrics.jsonl").exists()
 
 
+def test_the_need_without_the_read_ahead_drops_what_it_held() -> None:
+    """`Need.without_prefetch`: the GPU's line less the read-ahead's line (measured at the probes),
+    the host's untouched: at 524,288 tokens 8 KiB a token less is 4 GiB less."""
+    need = Need(
+        gpu=70 * GIB,
+        host=128 * GIB,
+        gpu_line=(7 * GIB, 126 * 2**10),
+        host_line=(0.0, 2**18),
+        probes=(65536, 131072),
+        ahead=4 * GIB,
+        ahead_line=(0.0, 8 * 2**10),
+    )
+    lean = need.without_prefetch()
+    assert lean.gpu == 66 * GIB and lean.gpu_line == (7 * GIB, 118 * 2**10)
+    assert (lean.host, lean.host_line, lean.ahead, lean.ahead_line) == (128 * GIB, (0.0, 2**18), 0, (0.0, 0.0))
+
+
+def test_a_row_that_fits_only_without_the_read_ahead_trains_without_it(tmp_path: Path, forced, monkeypatch, capsys) -> None:
+    """A 900-token row needs 100,000 bytes with the offload's read-ahead (30 a token of them) and
+    73,000 without, on a GPU of 90,000 (85,500 usable): the run turns the read-ahead off, says so on
+    its memory line, and logs the losses of a run without the check. Negative control: a step whose
+    backward reads nothing ahead is refused at the same capacity."""
+
+    calls, capacity, ahead = forced
+    monkeypatch.setattr(fit_check, "optimizer_state_bytes", lambda optimizer, where="cuda": 0)
+    capacity[0], ahead[0] = 90_000, 30
+    folder = tmp_path / "data"
+    make_packed_folder(folder, pack_lengths([100, 120, 900, 80], 1000, vocab=300), 1000)
+    base = dict(
+        data=str(folder), model="tiny", tokens_per_step=256, max_steps=2, log_every=1, num_workers=0, progress=False,
+        grad_checkpointing=1, offload_activations=True,
+    )  # fmt: skip
+    train(TrainConfig(**base, out=str(tmp_path / "lean")))
+    assert HostOffload.prefetch is False
+    err = capsys.readouterr().err
+    assert "needs at least 71.3 KiB of the 87.9 KiB a GPU holds" in err
+    assert "no room to copy 26.4 KiB of saved tensors back ahead of the backward: each comes back as it is needed" in err
+    monkeypatch.setattr(HostOffload, "prefetch", True)
+    monkeypatch.setattr(fit_check, "applies", lambda run: False)
+    train(TrainConfig(**base, out=str(tmp_path / "plain")))
+    assert logged_losses(tmp_path / "lean") == logged_losses(tmp_path / "plain")
+    monkeypatch.setattr(fit_check, "applies", lambda run: True)
+    ahead[0] = 0
+    with pytest.raises(UserError, match="holds 900 tokens, which need at least 97.7 KiB on each GPU"):
+        train(TrainConfig(**base, out=str(tmp_path / "refused")))
+    assert HostOffload.prefetch is True
+
+
 def test_the_host_figure_is_the_bytes_the_step_offloads(monkeypatch) -> None:
     """`measure_peaks` reads what the step's forward moved to host memory (HostOffload's count, from
-    zero at each probe), not an allocator's statistics. The CUDA calls are stubbed on the CPU."""
+    zero at each probe), not an allocator's statistics, and what its backward copied back ahead of
+    need: as tanh's backward takes its [16, 8] output, as many bytes saved before it start back (the
+    matmul's [16, 8] input). The CUDA calls are stubbed on the CPU."""
     from trainer.model.long_rows import offload_activations
 
     for name in ("synchronize", "reset_peak_memory_stats"):
@@ -360,7 +413,7 @@ def test_the_host_figure_is_the_bytes_the_step_offloads(monkeypatch) -> None:
         y.backward()
 
     for _ in range(2):  # each probe counts its own bytes only
-        assert fit_check.measure_peaks(step, None, torch.device("cpu")) == (12345, (16 * 8 + 8 * 8 + 16 * 8) * 4)
+        assert fit_check.measure_peaks(step, None, torch.device("cpu")) == (12345, (16 * 8 + 8 * 8 + 16 * 8) * 4, 16 * 8 * 4)
 
 
 def test_the_probes_hand_the_offloads_pooled_blocks_back(monkeypatch) -> None:
