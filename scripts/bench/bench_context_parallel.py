@@ -12,7 +12,7 @@ exactness check on the GPU kernels, and a summary of the runs.
 L tokens (random ids below --vocab, 32,000, loss on every token but the first), written with the shard
 contract's own writer (`pipeline.shards`): the same rows for every run at that length.
 
-`check` (under torchrun, one GPU per rank, or ranks sharing one GPU with `--backend gloo`): a 4-layer Llama of the 8B's width, bf16 autocast, the
+`check` (under torchrun, one GPU per rank, or ranks sharing one GPU with `--backend gloo`): a 4-layer (`--layers`) Llama of the 8B's width, bf16 autocast, the
 kernel `--attn auto` takes under context parallelism (FlashAttention-4 where installed) and flash_attn, on one row of mixed example lengths (one spans every rank): each example's loss
 and the gradients of their sum, context-parallel against the whole row on one GPU, as relative
 errors; the same comparison in float32 with the sdpa kernel bounds what rounding alone gives.
@@ -47,7 +47,7 @@ from scripts.benchlib import add_bench_args, check_output, check_output_folder, 
 from scripts.benchlib.packing import write_long_folder  # noqa: E402
 
 
-def check(json_path: str | None, backend: str = "nccl") -> None:
+def check(json_path: str | None, backend: str = "nccl", layers: int = 4) -> None:
     """Context-parallel against the whole row on the GPU kernels (see the module)."""
     import torch
     import torch.distributed as dist
@@ -78,7 +78,7 @@ def check(json_path: str | None, backend: str = "nccl") -> None:
         torch.manual_seed(0)
         config = LlamaConfig(
             hidden_size=4096,
-            num_hidden_layers=4,
+            num_hidden_layers=layers,
             num_attention_heads=32,
             num_key_value_heads=8,
             intermediate_size=14336,
@@ -115,6 +115,7 @@ def check(json_path: str | None, backend: str = "nccl") -> None:
         payload = {
             "world": world,
             "backend": backend,
+            "layers": layers,
             "lengths": lengths.tolist(),
             "device": torch.cuda.get_device_name(device),
             "results": results,
@@ -173,6 +174,7 @@ def main() -> None:
     checked = sub.add_parser("check", help="context-parallel against the whole row (under torchrun)")
     add_bench_args(checked, json=str)
     checked.add_argument("--backend", choices=("nccl", "gloo"), default="nccl", help="gloo: the ranks may share one GPU")
+    checked.add_argument("--layers", type=int, default=4, help="decoder layers (2 keeps two ranks within one H200)")
     reported = sub.add_parser("report", help="summarize run folders")
     reported.add_argument("runs", nargs="+")
     add_bench_args(reported, json=str, warmup=(1, "steps left out of the rate"))
@@ -190,7 +192,7 @@ def main() -> None:
         for length in (int(x) for x in args.lengths.split(",")):
             write_long_folder(Path(args.out) / f"len-{length}", length, args.rows, vocab=args.vocab)
     elif args.command == "check":
-        check(args.json, args.backend)
+        check(args.json, args.backend, args.layers)
     elif args.command == "peer":
         from scripts.benchlib.ring_peer import peer_main
 
