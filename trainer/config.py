@@ -200,7 +200,8 @@ class TrainConfig:
     offload_activations: bool = opt(False, section=MEMORY, help=(
         "Keep what the forward saves for the backward in (pinned) CPU memory; with "
         "--grad-checkpointing those are the decoder layers' inputs. For rows whose checkpoints "
-        "do not fit the GPU; slower."))
+        "do not fit the GPU; slower. The backward copies the next layer's input back while a layer "
+        "runs, unless the memory check finds room for the row only without that."))
     keep_attention: bool = opt(False, section=MEMORY, help=(  # trainer.model.keep_attention
         "With --grad-checkpointing: each recomputed layer keeps its attention output (and "
         "log-sum-exp) for the backward instead of running attention's forward again there: the "
