@@ -25,6 +25,7 @@ OPTIMIZERS = ("adamw", "adamw8bit", "adamw4bit", "adafactor")
 WARMUP_RULES = ("hf", "axolotl")
 LOSS_AVERAGES = ("tokens", "ranks")  # trainer.run.loop.backward_window
 ATTENTION = ("auto", "fa4", "flash_attn", "torch", "flex", "sdpa", "cudnn")  # auto, trainer.attention BACKENDS
+PIECE_ATTENTION = ("fa4", "flash_attn", "sdpa")  # trainer.attention.features.PIECE_KERNELS (--context-parallel)
 # Micro-batch token budget when none is given: a GPU step's worth on CUDA; on the CPU one row of the
 # README's 8192-token packing, so that a step of the tiny model takes a second rather than several.
 TOKENS_PER_STEP = {"cuda": 16384, "cpu": 8192}
@@ -337,7 +338,7 @@ def refuse_combinations(config: TrainConfig) -> None:
             "--offload-states does not combine with --dtype fp8 (its float8 all-gathers run on the "
             "GPU's copies of the weights): use --dtype bf16"
         )
-    if config.context_parallel > 1 and config.attn not in ("auto", "fa4", "flash_attn", "sdpa"):  # PIECE_KERNELS
+    if config.context_parallel > 1 and config.attn not in ("auto", *PIECE_ATTENTION):
         raise UserError(
             f"--context-parallel needs --attn fa4 or flash_attn (GPU), or sdpa: {config.attn} cannot attend a "
             "share of an example to the keys of the whole row"

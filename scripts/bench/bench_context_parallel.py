@@ -12,10 +12,12 @@ exactness check on the GPU kernels, and a summary of the runs.
 L tokens (random ids below --vocab, 32,000, loss on every token but the first), written with the shard
 contract's own writer (`pipeline.shards`): the same rows for every run at that length.
 
-`check` (under torchrun, one GPU per rank, or ranks sharing one GPU with `--backend gloo`): a 4-layer (`--layers`) Llama of the 8B's width, bf16 autocast, the
-kernel `--attn auto` takes under context parallelism (FlashAttention-4 where installed) and flash_attn, on one row of mixed example lengths (one spans every rank): each example's loss
-and the gradients of their sum, context-parallel against the whole row on one GPU, as relative
-errors; the same comparison in float32 with the sdpa kernel bounds what rounding alone gives.
+`check` (under torchrun, one GPU per rank, or ranks sharing one GPU with `--backend gloo`): a
+4-layer (`--layers`) Llama of the 8B's width, bf16 autocast, the kernel `--attn auto` takes under
+context parallelism (FlashAttention-4 where installed) and flash_attn, on one row of mixed example
+lengths (one spans every rank): each example's loss and the gradients of their sum,
+context-parallel against the whole row on one GPU, as relative errors; the same comparison in
+float32 with the sdpa kernel bounds what rounding alone gives.
 
 `report`: per run folder, tokens/s over the steps after the first --warmup (1: the first compiles
 and warms up), tokens/s per GPU, pack-train's TFLOP/s a GPU, MFU, HFU and attention share (medians of

@@ -28,9 +28,9 @@ that count, and taken out of the GPU's.
 The count is what the row needs at the least: torch's pinned allocator rounds each block up to a
 power of two, so the host may hold up to twice that. The offload's backward copies the next layer's
 input back ahead of need (`HostOffload.prefetch`); the probes measure what that holds
-(`HostOffload.ahead`, a line too), and a row that fits only without it trains without it. The probes leave no trace in the run:
-gradients are zeroed and the random number generators restored, so the steps that follow are those
-of a run without the check.
+(`HostOffload.ahead`, a line too), and a row that fits only without it trains without it. The
+probes leave no trace in the run: gradients are zeroed and the random number generators restored,
+so the steps that follow are those of a run without the check.
 
 The weights count as they sit on the GPU, measured with the rest: a --qlora base at about half a
 byte a weight, an --int8-base one at 1 byte a weight plus a float32 scale per row, each with the one

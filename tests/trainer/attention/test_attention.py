@@ -202,6 +202,7 @@ def test_context_parallel_takes_the_fastest_kernel_that_attends_pieces(fake_cuda
     attend a piece to keys of its own (torch, flex, cudnn)."""
     from trainer.attention.backend import piece_backend
     from trainer.attention.features import PIECE_KERNELS
+    from trainer.config import PIECE_ATTENTION
 
     assert piece_backend("cuda") == "fa4" and piece_backend("cpu") == "sdpa"
     fake_cuda["fa4"] = False
@@ -211,6 +212,7 @@ def test_context_parallel_takes_the_fastest_kernel_that_attends_pieces(fake_cuda
     with pytest.raises(UserError, match="flash-attn package is not installed"):
         select_backend(piece_backend("cuda"), "cuda")
     assert set(PIECE_KERNELS) == {"fa4", "flash_attn", "sdpa"}
+    assert PIECE_KERNELS == PIECE_ATTENTION  # what the config accepts with --context-parallel
 
 
 def test_select_backend_cuda_float32_and_old_gpu(fake_cuda):
